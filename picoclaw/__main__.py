@@ -1,0 +1,3 @@
+from picoclaw.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""config.json: pydantic models for every key (DESIGN §2.1), loading, and where things live on disk."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from picoclaw.clock import resolve_timezone
+from picoclaw.errors import ConfigError
+from picoclaw.jsonio import read_json_object
+from picoclaw.memory.policy import POLICY_KEYS, MemoryPolicy
+from picoclaw.validation import describe_error
+
+HOME_ENV = "PICOCLAW_HOME"
+CONFIG_FILE = "config.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AgentDefaults(_Strict):
+    provider: str = "openai"
+    model: str = "gpt-4o-mini"
+    max_tokens: int = Field(4096, ge=1, le=1_000_000)
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    context_window: int = Field(128_000, ge=1024, le=10_000_000)
+    max_tool_iterations: int = Field(20, ge=1, le=200)
+
+
+class AgentsConfig(_Strict):
+    defaults: AgentDefaults = AgentDefaults()
+
+
+class ProviderConfig(_Strict):
+    api_key: str = ""
+    api_base: str
+
+
+def _default_providers() -> dict[str, ProviderConfig]:
+    return {
+        "openai": ProviderConfig(api_base="https://api.openai.com/v1"),
+        "deepseek": ProviderConfig(api_base="https://api.deepseek.com/v1"),
+        "ollama": ProviderConfig(api_key="ollama", api_base="http://localhost:11434/v1"),
+    }
+
+
+class TelegramConfig(_Strict):
+    enabled: bool = False
+    token: str = ""
+    allow_from: list[int | str] = []
+    api_base: str | None = None
+    memory_scope: Literal["shared", "per_user"] = "shared"
+    group_trigger: Literal["mention", "always"] = "mention"
+
+
+class ChannelsConfig(_Strict):
+    telegram: TelegramConfig = TelegramConfig()
+
+
+class IndexConfig(_Strict):
+    enabled: bool = False
+    sources: list[Literal["memory", "notes", "sessions"]] = ["memory", "notes"]
+    embeddings: None = None
+
+
+class MemoryConfig(MemoryPolicy):
+    """The `memory` block: every policy key (DESIGN §3) plus store settings that are not tunable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    backup_keep: int = Field(50, ge=1, le=100_000)
+    index: IndexConfig = IndexConfig()
+
+    def policy_values(self) -> dict[str, Any]:
+        """Only the policy keys the user actually wrote, so `policy show` can tell config from default."""
+        return {key: getattr(self, key) for key in POLICY_KEYS if key in self.model_fields_set}
+
+
+class Config(_Strict):
+    """The whole config.json. Unknown keys are errors: a typo must not be silently ignored."""
+
+    workspace: str | None = None
+    timezone: str = "local"
+    agents: AgentsConfig = AgentsConfig()
+    providers: dict[str, ProviderConfig] = Field(default_factory=_default_providers)
+    channels: ChannelsConfig = ChannelsConfig()
+    memory: MemoryConfig = MemoryConfig()
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        resolve_timezone(value)
+        return value
+
+    def api_key_for(self, provider: str) -> str:
+        """The provider's api_key, else `<NAME>_API_KEY` from the environment, else ""."""
+        entry = self.providers.get(provider)
+        if entry is not None and entry.api_key:
+            return entry.api_key
+        return os.environ.get(f"{provider.upper().replace('-', '_')}_API_KEY", "")
+
+    def telegram_token(self) -> str:
+        """channels.telegram.token, else TELEGRAM_BOT_TOKEN from the environment."""
+        return self.channels.telegram.token or os.environ.get("TELEGRAM_BOT_TOKEN", "")
+
+
+def home_dir() -> Path:
+    """`$PICOCLAW_HOME`, else `~/.picoclaw`."""
+    override = os.environ.get(HOME_ENV)
+    return Path(override).expanduser() if override else Path("~/.picoclaw").expanduser()
+
+
+def workspace_dir(config: Config, home: Path) -> Path:
+    """Where the workspace lives: config `workspace` (`~` expanded, relative to home) or `<home>/workspace`."""
+    if not config.workspace:
+        return home / "workspace"
+    path = Path(config.workspace).expanduser()
+    return path if path.is_absolute() else home / path
+
+
+def parse_config(data: dict[str, Any], source: Path | str) -> Config:
+    """Validate a config mapping; any problem is one ConfigError line naming the file and the key."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_error(Config, exc)}") from None
+
+
+def load_config(home: Path | None = None) -> Config:
+    """Read and validate `<home>/config.json`."""
+    home = home or home_dir()
+    path = home / CONFIG_FILE
+    if not path.exists():
+        raise ConfigError(f"{path}: no config file; run `picoclaw onboard` to create one")
+    return parse_config(read_json_object(path), path)

@@ -1,0 +1,1 @@
+"""Memory: the Markdown store, the policy that drives it, and retrieval over it."""

@@ -1,0 +1,193 @@
+"""Retrieval over MEMORY.md and daily notes: split into blocks, score with BM25, return the best.
+
+A block is a `## ` section, split further at blank lines with every part keeping its heading (a date
+heading stays with its entry). Each file is parsed and indexed once and reused until its size, mtime or
+inode changes, so a query on an unchanged MEMORY.md costs one stat per file plus the scoring.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.terms import normalize, phrases, terms
+
+K1 = 1.2
+B = 0.75
+PHRASE_BONUS = 0.5  # relative boost for a block containing the query (or a quoted part) verbatim
+
+
+@dataclass(frozen=True)
+class Block:
+    """One retrieval unit: its text (heading included) and where it sits in its file (1-based lines)."""
+
+    path: Path
+    heading: str
+    text: str
+    start_line: int
+    end_line: int
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A block that matched a query, with its score (higher is better)."""
+
+    block: Block
+    score: float
+
+
+def _is_fence(line: str) -> bool:
+    stripped = line.lstrip()
+    return stripped.startswith("```") or stripped.startswith("~~~")
+
+
+def _is_section_heading(line: str) -> bool:
+    return line.startswith("## ") or line.rstrip() == "##"
+
+
+def split_blocks(text: str, path: Path) -> list[Block]:
+    """Split Markdown into blocks; blank lines and `## ` inside fenced code do not split."""
+    blocks: list[Block] = []
+    heading = ""
+    heading_line = 0
+    paragraph: list[str] = []
+    para_start = 0
+    heading_used = True
+    in_fence = False
+
+    def flush() -> None:
+        nonlocal paragraph, heading_used
+        if paragraph:
+            start = heading_line if (heading and not heading_used) else para_start
+            body = "\n".join(paragraph)
+            blocks.append(Block(path, heading, f"{heading}\n{body}" if heading else body, start,
+                                para_start + len(paragraph) - 1))
+            heading_used = True
+            paragraph = []
+
+    def close_section() -> None:
+        flush()
+        if heading and not heading_used:  # a heading with nothing under it is still a block
+            blocks.append(Block(path, heading, heading, heading_line, heading_line))
+
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not in_fence and _is_section_heading(line):
+            close_section()
+            heading, heading_line, heading_used = line.rstrip(), number, False
+            continue
+        if _is_fence(line):
+            in_fence = not in_fence
+        if not in_fence and not line.strip():
+            flush()
+            continue
+        if not paragraph:
+            para_start = number
+        paragraph.append(line)
+    close_section()
+    return blocks
+
+
+@dataclass
+class FileIndex:
+    """BM25 statistics of one file's blocks."""
+
+    blocks: list[Block]
+    lengths: list[int]
+    postings: dict[str, list[tuple[int, int]]]
+    normalized: list[str]
+    total_length: int = 0
+
+    @classmethod
+    def build(cls, blocks: list[Block]) -> FileIndex:
+        postings: dict[str, list[tuple[int, int]]] = {}
+        lengths = []
+        for number, block in enumerate(blocks):
+            counts = Counter(terms(block.text))
+            lengths.append(sum(counts.values()))
+            for term, tf in counts.items():
+                postings.setdefault(term, []).append((number, tf))
+        return cls(blocks, lengths, postings, [normalize(b.text) for b in blocks], sum(lengths))
+
+
+@dataclass
+class _Cached:
+    key: tuple[int, int, int]
+    index: FileIndex
+
+
+@dataclass
+class BlockCache:
+    """Parsed, indexed files keyed by path, each reused until its (mtime, size, inode) changes."""
+
+    entries: dict[Path, _Cached] = field(default_factory=dict)
+
+    def get(self, path: Path) -> FileIndex | None:
+        """The index of `path`, re-read only when the file changed; None when it does not exist."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self.entries.pop(path, None)
+            return None
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = self.entries.get(path)
+        if cached is None or cached.key != key:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            cached = _Cached(key, FileIndex.build(split_blocks(text, path)))
+            self.entries[path] = cached
+        return cached.index
+
+
+def rank(indexes: list[FileIndex], query: str, limit: int) -> list[Hit]:
+    """BM25 over all blocks of `indexes` as one corpus, plus a bonus for an exact phrase hit."""
+    query_terms = list(dict.fromkeys(terms(query)))
+    total_blocks = sum(len(ix.blocks) for ix in indexes)
+    if not query_terms or total_blocks == 0 or limit <= 0:
+        return []
+    avg_length = (sum(ix.total_length for ix in indexes) / total_blocks) or 1.0
+    wanted = phrases(query)
+    scored: list[tuple[float, int, int]] = []
+    idf = {}
+    for term in query_terms:
+        df = sum(len(ix.postings.get(term, ())) for ix in indexes)
+        if df:
+            idf[term] = math.log(1 + (total_blocks - df + 0.5) / (df + 0.5))
+    for file_number, ix in enumerate(indexes):
+        scores: dict[int, float] = {}
+        for term, weight in idf.items():
+            for block_number, tf in ix.postings.get(term, ()):
+                norm = K1 * (1 - B + B * ix.lengths[block_number] / avg_length)
+                scores[block_number] = scores.get(block_number, 0.0) + weight * tf * (K1 + 1) / (tf + norm)
+        for block_number, score in scores.items():
+            text = ix.normalized[block_number]
+            if any(phrase in text for phrase in wanted):
+                score *= 1 + PHRASE_BONUS
+            # On equal scores the later block wins: newer memories are likelier to be current.
+            scored.append((score, file_number, block_number))
+    best = heapq.nlargest(limit, scored)
+    return [Hit(indexes[f].blocks[b], s) for s, f, b in best]
+
+
+class MemoryRetriever:
+    """Searches one memory folder's MEMORY.md (and optionally its daily notes) with a warm cache."""
+
+    def __init__(self, store: MemoryStore):
+        self.store = store
+        self.cache = BlockCache()
+
+    def long_term_blocks(self) -> list[Block]:
+        """MEMORY.md's blocks in file order."""
+        index = self.cache.get(self.store.long_term_path)
+        return list(index.blocks) if index else []
+
+    def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
+        """The best `limit` blocks for `query`, best first; daily notes join when `include_notes`."""
+        paths = [self.store.long_term_path]
+        if include_notes:
+            paths.extend(self.store.note_files())
+        indexes = [ix for ix in (self.cache.get(p) for p in paths) if ix is not None]
+        return rank(indexes, query, limit)

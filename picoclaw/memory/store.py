@@ -1,0 +1,166 @@
+"""MemoryStore: the only writer of memory files (MEMORY.md, daily notes, MEMORY.md backups).
+
+Every change happens under one cross-process lock per memory folder and is written atomically, so the
+bot, the REPL and the CLI can write at the same time without losing or tearing an entry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, tzinfo
+from pathlib import Path
+
+from filelock import FileLock
+
+from picoclaw import clock
+from picoclaw.errors import MemoryStoreError
+from picoclaw.fsutil import atomic_write, reserve_stamped_path, stamped_files
+
+LONG_TERM_FILE = "MEMORY.md"
+BACKUPS_DIR = "backups"
+BACKUP_SUFFIX = "_MEMORY.md"
+MAX_ENTRY_CHARS = 100_000
+
+# A line inside an entry that would start a new "## " block (or a title) is demoted so the entry
+# stays one block under its date heading.
+_TOP_HEADING = re.compile(r"^(#{1,2})(?=\s)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class DailyNote:
+    """One day's notes file."""
+
+    day: date
+    path: Path
+    text: str
+
+
+def _clean_entry(content: str) -> str:
+    text = content.replace("\r\n", "\n").strip()
+    if not text:
+        raise MemoryStoreError("nothing to store: the entry is empty")
+    if len(text) > MAX_ENTRY_CHARS:
+        raise MemoryStoreError(f"entry too long: {len(text)} characters (at most {MAX_ENTRY_CHARS})")
+    return _TOP_HEADING.sub("###", text)
+
+
+def _joined(existing: str, block: str) -> str:
+    if not existing.strip():
+        return block
+    return existing.rstrip("\n") + "\n\n" + block
+
+
+class MemoryStore:
+    """MEMORY.md, daily notes `YYYYMM/YYYYMMDD.md` and backups inside one memory folder."""
+
+    def __init__(self, memory_dir: Path, tz: tzinfo, backup_keep: int = 50):
+        self.memory_dir = Path(memory_dir)
+        self.tz = tz
+        self.backup_keep = backup_keep
+        self.long_term_path = self.memory_dir / LONG_TERM_FILE
+        self.backups_dir = self.memory_dir / BACKUPS_DIR
+        self._lock = FileLock(str(self.memory_dir / ".memory.lock"))
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the cross-process memory lock (reentrant within one store object)."""
+        self.memory_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            yield
+
+    def today(self) -> date:
+        """Today's date in the configured timezone."""
+        return clock.now(self.tz).date()
+
+    # -- MEMORY.md ---------------------------------------------------------------------------------
+
+    def read_long_term(self) -> str:
+        """MEMORY.md's text ("" when it does not exist yet)."""
+        try:
+            return self.long_term_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return ""
+
+    def append_long_term(self, content: str) -> str:
+        """Append `## YYYY-MM-DD` + content to MEMORY.md; returns the entry as written."""
+        entry = f"## {self.today().isoformat()}\n{_clean_entry(content)}\n"
+        with self.locked():
+            current = self.read_long_term()
+            self._backup_long_term(current)
+            atomic_write(self.long_term_path, _joined(current, entry))
+        return entry
+
+    def rewrite_long_term(self, content: str) -> Path | None:
+        """Replace MEMORY.md whole (after a backup); returns the backup taken, if there was a file."""
+        with self.locked():
+            backup = self._backup_long_term(self.read_long_term())
+            atomic_write(self.long_term_path, content)
+        return backup
+
+    # -- backups -----------------------------------------------------------------------------------
+
+    def backups(self) -> list[Path]:
+        """Backups of MEMORY.md, oldest first."""
+        return stamped_files(self.backups_dir, BACKUP_SUFFIX)
+
+    def restore_backup(self, name: str) -> Path | None:
+        """Make the backup called `name` the current MEMORY.md (the current one is backed up first)."""
+        chosen = next((path for path in self.backups() if path.name == name), None)
+        if chosen is None:
+            raise MemoryStoreError(f"no backup named {name!r} in {self.backups_dir}; see `picoclaw memory backups`")
+        return self.rewrite_long_term(chosen.read_text(encoding="utf-8"))
+
+    def _backup_long_term(self, current: str) -> Path | None:
+        # Called with the lock held. Nothing to keep when MEMORY.md does not exist yet.
+        if not self.long_term_path.exists():
+            return None
+        target = reserve_stamped_path(self.backups_dir, clock.stamp(clock.now(self.tz)), BACKUP_SUFFIX)
+        atomic_write(target, current)
+        for stale in self.backups()[: -self.backup_keep]:
+            stale.unlink(missing_ok=True)
+        return target
+
+    # -- daily notes -------------------------------------------------------------------------------
+
+    def note_path(self, day: date) -> Path:
+        """`memory/YYYYMM/YYYYMMDD.md` for that day."""
+        return self.memory_dir / day.strftime("%Y%m") / f"{day.strftime('%Y%m%d')}.md"
+
+    def append_note(self, content: str, at: datetime | None = None) -> Path:
+        """Append `## HH:MM` + content to the daily note of `at` (default: now, local time)."""
+        moment = (at or clock.now(self.tz)).astimezone(self.tz)
+        path = self.note_path(moment.date())
+        entry = f"## {moment.strftime('%H:%M')}\n{_clean_entry(content)}\n"
+        with self.locked():
+            try:
+                current = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                current = f"# {moment.date().isoformat()}\n"
+            atomic_write(path, _joined(current, entry))
+        return path
+
+    def note_files(self) -> list[Path]:
+        """Every daily note file, oldest first."""
+        found = [
+            path
+            for month in self.memory_dir.glob("[0-9][0-9][0-9][0-9][0-9][0-9]")
+            if month.is_dir()
+            for path in month.glob("[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9].md")
+        ]
+        return sorted(found, key=lambda path: path.name)
+
+    def read_recent_notes(self, days: int) -> list[DailyNote]:
+        """The notes of the last `days` days including today, oldest first (days without notes skipped)."""
+        today = self.today()
+        notes = []
+        for offset in range(days - 1, -1, -1):
+            day = today - timedelta(days=offset)
+            path = self.note_path(day)
+            try:
+                notes.append(DailyNote(day, path, path.read_text(encoding="utf-8")))
+            except FileNotFoundError:
+                continue
+        return notes
