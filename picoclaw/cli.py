@@ -1,0 +1,247 @@
+"""The `picoclaw` command line. Every failure is one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from picoclaw import __version__
+from picoclaw.config import home_dir
+from picoclaw.errors import PicoclawError
+from picoclaw.memory.policy import POLICY_KEYS, parse_cli_value
+from picoclaw.onboard import onboard
+from picoclaw.workspace import Workspace
+
+log = logging.getLogger("picoclaw")
+
+
+class UsageError(PicoclawError):
+    """Bad command-line usage."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints usage plus the error over several lines; we want one clear line.
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+# -- onboard ---------------------------------------------------------------------------------------
+
+def cmd_onboard(args: argparse.Namespace) -> int:
+    home = home_dir()
+    steps = onboard(home)
+    for step in steps:
+        note = {"created": "created", "unchanged": "already there, unchanged",
+                "kept": "already there, left as you have it"}[step.outcome]
+        print(f"{note:34} {step.path}")
+    if all(step.outcome != "created" for step in steps):
+        print("Nothing to do: picoclaw is already set up here; no file was changed.")
+    else:
+        print(f"Done. Add an API key to {home / 'config.json'} (or set OPENAI_API_KEY), then run `picoclaw chat`.")
+    return 0
+
+
+# -- memory ----------------------------------------------------------------------------------------
+
+def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def cmd_memory_show(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    text = ws.store.read_long_term()
+    print(text.rstrip("\n") if text.strip() else f"(MEMORY.md is empty: {ws.store.long_term_path})")
+    return 0
+
+
+def cmd_memory_search(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    limit = args.limit or ws.policy.current().retrieve_limit
+    hits = ws.retriever.search(args.query, limit, include_notes=True)
+    if not hits:
+        print(f"no memory matches {args.query!r}")
+        return 0
+    for rank_number, hit in enumerate(hits, start=1):
+        where = hit.block.path.relative_to(ws.root)
+        print(f"{rank_number}. score {hit.score:.3f}  {where}:{hit.block.start_line}-{hit.block.end_line}")
+        for line in hit.block.text.splitlines():
+            print(f"   {line}")
+    return 0
+
+
+def cmd_memory_append(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    if args.today:
+        path = ws.store.append_note(args.text)
+        print(f"appended to {path}")
+    else:
+        ws.store.append_long_term(args.text)
+        print(f"appended to {ws.store.long_term_path}")
+    return 0
+
+
+def cmd_memory_notes(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    days = ws.policy.current().recent_days if args.days is None else args.days
+    notes = ws.store.read_recent_notes(days)
+    if not notes:
+        print(f"no daily notes in the last {days} day(s)")
+    for note in notes:
+        print(f"==> {note.path.relative_to(ws.root)} <==")
+        print(note.text.rstrip("\n"))
+    return 0
+
+
+def cmd_memory_backups(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    backups = ws.store.backups()
+    if not backups:
+        print(f"no backups yet in {ws.store.backups_dir}")
+    for path in reversed(backups):
+        print(f"{path.name}  {path.stat().st_size} bytes")
+    return 0
+
+
+def cmd_memory_restore(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    saved = ws.store.restore_backup(args.backup)
+    print(f"restored {args.backup} into {ws.store.long_term_path}")
+    if saved is not None:
+        print(f"the previous MEMORY.md was saved as {saved.name}")
+    return 0
+
+
+# -- policy ----------------------------------------------------------------------------------------
+
+def cmd_policy_show(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    effective = ws.policy.effective()
+    width = max(len(key) for key in POLICY_KEYS)
+    for key in POLICY_KEYS:
+        value = getattr(effective.policy, key)
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        print(f"{key:{width}}  {shown:>8}  ({effective.sources[key]})")
+    return 0
+
+
+def cmd_policy_set(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    changes = {}
+    for item in args.assignments:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"expected KEY=VALUE, got {item!r}")
+        changes[key.strip()] = parse_cli_value(value.strip())
+    snapshot = ws.policy.set(changes, source="cli", reason="picoclaw policy set")
+    for key, value in changes.items():
+        print(f"{key} = {value}")
+    print(f"previous overrides saved as {snapshot.name}")
+    return 0
+
+
+def cmd_policy_snapshots(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    snapshots = ws.policy.snapshots()
+    if not snapshots:
+        print(f"no snapshots yet in {ws.policy.snapshots_dir}")
+    for path in reversed(snapshots):
+        print(f"{path.name}  {path.read_text(encoding='utf-8').strip()}")
+    return 0
+
+
+def cmd_policy_rollback(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    restored = ws.policy.rollback(args.snapshot)
+    print(f"restored policy overrides from {restored.name} (the overrides before it were snapshotted too)")
+    return 0
+
+
+def cmd_policy_reset(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    snapshot = ws.policy.reset()
+    print(f"policy overrides cleared; the previous ones are in {snapshot.name}")
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree."""
+    parser = _Parser(prog="picoclaw", description="A personal assistant with Markdown memory.")
+    parser.add_argument("--version", action="version", version=f"picoclaw {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more detail to stderr")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    commands.add_parser("onboard", help="create ~/.picoclaw, config.json and the workspace").set_defaults(
+        handler=cmd_onboard)
+
+    memory = commands.add_parser("memory", help="read, search and write long-term memory and notes")
+    memory_commands = memory.add_subparsers(dest="memory_command", metavar="ACTION", parser_class=_Parser)
+    memory_commands.add_parser("show", help="print MEMORY.md").set_defaults(handler=cmd_memory_show)
+    search = memory_commands.add_parser("search", help="search MEMORY.md and daily notes")
+    search.add_argument("query")
+    search.add_argument("--limit", type=_bounded_int(1, 1000), help="most hits (default: retrieve_limit)")
+    search.set_defaults(handler=cmd_memory_search)
+    append = memory_commands.add_parser("append", help="add an entry to MEMORY.md (or today's note)")
+    append.add_argument("text")
+    append.add_argument("--today", action="store_true", help="append to today's daily note instead")
+    append.set_defaults(handler=cmd_memory_append)
+    notes = memory_commands.add_parser("notes", help="print the last days' daily notes")
+    notes.add_argument("--days", type=_bounded_int(0, 3660), help="how many days (default: recent_days)")
+    notes.set_defaults(handler=cmd_memory_notes)
+    memory_commands.add_parser("backups", help="list MEMORY.md backups, newest first").set_defaults(
+        handler=cmd_memory_backups)
+    restore = memory_commands.add_parser("restore", help="restore MEMORY.md from a backup")
+    restore.add_argument("backup", help="a file name from `picoclaw memory backups`")
+    restore.set_defaults(handler=cmd_memory_restore)
+
+    policy = commands.add_parser("policy", help="show and tune the memory policy")
+    policy_commands = policy.add_subparsers(dest="policy_command", metavar="ACTION", parser_class=_Parser)
+    policy_commands.add_parser("show", help="each key's value and where it comes from").set_defaults(
+        handler=cmd_policy_show)
+    set_ = policy_commands.add_parser("set", help="override keys: KEY=VALUE …")
+    set_.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
+    set_.set_defaults(handler=cmd_policy_set)
+    policy_commands.add_parser("snapshots", help="list override snapshots, newest first").set_defaults(
+        handler=cmd_policy_snapshots)
+    rollback = policy_commands.add_parser("rollback", help="restore a snapshot (default: the newest)")
+    rollback.add_argument("snapshot", nargs="?")
+    rollback.set_defaults(handler=cmd_policy_rollback)
+    policy_commands.add_parser("reset", help="drop every override").set_defaults(handler=cmd_policy_reset)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `picoclaw` script; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="picoclaw: %(levelname)s: %(message)s")
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            sub = {"memory": "memory", "policy": "policy"}.get(args.command or "")
+            raise UsageError(f"missing {'an action' if sub else 'a command'} (see `picoclaw {sub or ''} --help`)".replace("  ", " "))
+        return handler(args)
+    except PicoclawError as exc:
+        print(f"picoclaw: error: {exc}", file=sys.stderr)
+        return 1 if not isinstance(exc, UsageError) else 2
+    except KeyboardInterrupt:
+        print("picoclaw: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"picoclaw: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1

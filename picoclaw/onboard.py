@@ -1,0 +1,58 @@
+"""`picoclaw onboard`: create the home folder, config.json and the workspace from the templates."""
+
+from __future__ import annotations
+
+import filecmp
+from dataclasses import dataclass
+from pathlib import Path
+
+import picoclaw
+from picoclaw.config import CONFIG_FILE, parse_config, workspace_dir
+from picoclaw.fsutil import atomic_write
+from picoclaw.jsonio import dumps_pretty, read_json_object
+
+
+def template_paths() -> tuple[Path, Path]:
+    """(workspace template folder, example config): inside the wheel, or at the top of a source checkout."""
+    package = Path(picoclaw.__file__).resolve().parent
+    bundled = package / "_template"
+    if (bundled / "workspace").is_dir():
+        return bundled / "workspace", bundled / "config.example.json"
+    return package.parent / "workspace_template", package.parent / "config.example.json"
+
+
+@dataclass(frozen=True)
+class OnboardStep:
+    """What onboarding did with one file: created, kept as it was, or kept although it differs."""
+
+    path: Path
+    outcome: str  # "created" | "unchanged" | "kept"
+
+
+def onboard(home: Path) -> list[OnboardStep]:
+    """Create what is missing; never touch a file that exists (the user may have edited it)."""
+    template_dir, example = template_paths()
+    steps: list[OnboardStep] = []
+    home.mkdir(parents=True, exist_ok=True)
+    config_path = home / CONFIG_FILE
+    if config_path.exists():
+        steps.append(OnboardStep(config_path, "kept"))
+        config = parse_config(read_json_object(config_path), config_path)
+    else:
+        data = read_json_object(example)
+        default_home = Path("~/.picoclaw").expanduser()
+        data["workspace"] = "~/.picoclaw/workspace" if home == default_home else str(home / "workspace")
+        config = parse_config(data, example)
+        atomic_write(config_path, dumps_pretty(data), mode=0o600)
+        steps.append(OnboardStep(config_path, "created"))
+    root = workspace_dir(config, home)
+    for source in sorted(p for p in template_dir.rglob("*") if p.is_file()):
+        target = root / source.relative_to(template_dir)
+        if not target.exists():
+            atomic_write(target, source.read_bytes())
+            steps.append(OnboardStep(target, "created"))
+        elif filecmp.cmp(source, target, shallow=False):
+            steps.append(OnboardStep(target, "unchanged"))
+        else:
+            steps.append(OnboardStep(target, "kept"))
+    return steps

@@ -1,0 +1,46 @@
+"""A workspace opened from config: the objects every command and channel works through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import tzinfo
+from pathlib import Path
+
+from picoclaw.clock import resolve_timezone
+from picoclaw.config import Config, home_dir, load_config, workspace_dir
+from picoclaw.memory.policy import PolicyManager
+from picoclaw.memory.retrieval import MemoryRetriever
+from picoclaw.memory.store import MemoryStore
+
+
+@dataclass
+class Workspace:
+    """Config, paths, and the memory objects of one workspace (or one user's memory folder)."""
+
+    home: Path
+    config: Config
+    root: Path
+    tz: tzinfo
+    store: MemoryStore
+    policy: PolicyManager
+    retriever: MemoryRetriever
+
+    @property
+    def memory_dir(self) -> Path:
+        return self.store.memory_dir
+
+    @classmethod
+    def from_config(cls, config: Config, home: Path) -> Workspace:
+        """Build the workspace objects for an already validated config."""
+        root = workspace_dir(config, home)
+        tz = resolve_timezone(config.timezone)
+        memory_dir = root / "memory"
+        store = MemoryStore(memory_dir, tz, backup_keep=config.memory.backup_keep)
+        policy = PolicyManager(memory_dir, config.memory.policy_values(), tz)
+        return cls(home, config, root, tz, store, policy, MemoryRetriever(store))
+
+    @classmethod
+    def open(cls, home: Path | None = None) -> Workspace:
+        """Load `<home>/config.json` (home from PICOCLAW_HOME or ~/.picoclaw) and open its workspace."""
+        home = home or home_dir()
+        return cls.from_config(load_config(home), home)
