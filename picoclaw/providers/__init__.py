@@ -1,0 +1,1 @@
+"""Model providers: any OpenAI-compatible chat completions endpoint."""

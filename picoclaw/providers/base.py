@@ -1,0 +1,64 @@
+"""What the agent loop sees of a model: replies, tool calls, usage, and errors sorted by kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Message = dict[str, Any]  # one OpenAI chat message: {"role": ..., "content": ..., ...}
+
+ErrorKind = Literal["context_too_long", "auth", "rate_limit", "unavailable", "bad_response"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model asked for; `arguments` is the raw JSON text (it may be malformed)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts the provider reported for one call."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One model answer: text, tool calls, or both."""
+
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None
+    finish_reason: str | None = None
+
+    def as_message(self) -> Message:
+        """The assistant message to put back into the history."""
+        message: Message = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return message
+
+
+class ProviderError(Exception):
+    """A failed model call, with a kind the loop can act on and a one-line message for the user."""
+
+    def __init__(self, kind: ErrorKind, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class ChatProvider(Protocol):
+    """Anything that can answer a chat: the OpenAI-compatible provider, or a test double."""
+
+    model: str
+
+    async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
+                   *, max_tokens: int | None = None) -> ChatReply: ...

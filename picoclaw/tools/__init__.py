@@ -1,0 +1,1 @@
+"""Tools the model can call: memory search/append and workspace file access."""

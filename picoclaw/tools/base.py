@@ -1,0 +1,75 @@
+"""The tool contract: one pydantic model per tool gives both its JSON schema and its argument checks."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from picoclaw.errors import PicoclawError
+
+log = logging.getLogger(__name__)
+
+
+class ToolError(PicoclawError):
+    """A tool could not do what was asked; the message goes back to the model as the tool result."""
+
+
+class Tool(ABC):
+    """A function the model may call. Subclasses set `name`, `description` and `Args`, and implement run."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Args: ClassVar[type[BaseModel]]
+
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """The OpenAI `tools` entry, generated from `Args`."""
+        parameters = cls.Args.model_json_schema()
+        parameters.pop("title", None)
+        for prop in parameters.get("properties", {}).values():
+            prop.pop("title", None)
+        return {"type": "function", "function": {"name": cls.name, "description": cls.description,
+                                                  "parameters": parameters}}
+
+    @abstractmethod
+    async def run(self, args: Any) -> str:
+        """Do the work; raise ToolError with a clear message when it cannot be done."""
+
+
+class ToolRegistry:
+    """The tools of one agent; `execute` never raises, so a bad call never kills a turn."""
+
+    def __init__(self, tools: list[Tool]):
+        self.tools = {tool.name: tool for tool in tools}
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """Every tool's schema, in registration order."""
+        return [tool.schema() for tool in self.tools.values()]
+
+    async def execute(self, name: str, arguments: str) -> str:
+        """Run a tool call from the model and return the text to send back as the tool result."""
+        tool = self.tools.get(name)
+        if tool is None:
+            return f"error: unknown tool {name!r}; available: {', '.join(self.tools)}"
+        try:
+            raw = orjson.loads(arguments or "{}")
+        except orjson.JSONDecodeError as exc:
+            return f"error: the arguments are not valid JSON ({exc.msg}); send a JSON object"
+        if not isinstance(raw, dict):
+            return "error: the arguments must be a JSON object"
+        try:
+            args = tool.Args.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+            return f"error: invalid arguments for {name}: {problems}"
+        try:
+            return await tool.run(args)
+        except ToolError as exc:
+            return f"error: {exc}"
+        except Exception as exc:  # a tool bug must not end the turn; the model sees a short reason
+            log.exception("tool %s failed", name)
+            return f"error: {name} failed: {type(exc).__name__}: {exc}"
