@@ -1,0 +1,1 @@
+"""The agent: context building, the turn loop, sessions, and their background work."""

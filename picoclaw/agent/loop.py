@@ -1,0 +1,211 @@
+"""AgentLoop: the only place that calls the model. One turn = context → model → tools → … → reply.
+
+Turns of one session run one at a time; different sessions run concurrently. After the reply is
+saved, background work (the session summary) runs without holding up the next message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from picoclaw import clock
+from picoclaw.agent.context import ContextBuilder
+from picoclaw.agent.history import keep_last, safe_start
+from picoclaw.agent.session import Session, SessionStore
+from picoclaw.agent.summary import accept_summary, summary_request
+from picoclaw.memory.policy import MemoryPolicy
+from picoclaw.providers.base import ChatProvider, Message, ProviderError
+from picoclaw.tokens import count_tokens
+from picoclaw.tools.base import ToolRegistry
+from picoclaw.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[str, str], Awaitable[None]]
+
+SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
+TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    """What a summary did: how many messages it folded in, and the summary text."""
+
+    compacted: int
+    summary: str
+
+
+class AgentLoop:
+    """Runs turns for every session of one workspace against one provider."""
+
+    def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry,
+                 *, notify: Notify | None = None):
+        self.workspace = workspace
+        self.provider = provider
+        self.tools = tools
+        self.notify = notify
+        self.context = ContextBuilder(workspace)
+        self.sessions = SessionStore(workspace.root / "sessions")
+        self._loaded: dict[str, Session] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._summarizing: set[str] = set()
+
+    # -- sessions ----------------------------------------------------------------------------------
+
+    def session(self, key: str) -> Session:
+        """The session for `key`, loaded from disk once and then kept in memory."""
+        if key not in self._loaded:
+            self._loaded[key] = self.sessions.load(key)
+        return self._loaded[key]
+
+    def lock(self, key: str) -> asyncio.Lock:
+        """The lock that keeps one session's turns in order."""
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    def reset_session(self, key: str) -> str | None:
+        """Archive the session's file and start it afresh; returns the archive's name."""
+        archived = self.sessions.archive(key)
+        self._loaded.pop(key, None)
+        return archived.name if archived else None
+
+    # -- a turn ------------------------------------------------------------------------------------
+
+    async def handle(self, key: str, text: str) -> str:
+        """Answer one user message of session `key` (slash commands included)."""
+        from picoclaw.agent.commands import run_command  # commands call back into the loop
+
+        async with self.lock(key):
+            command_reply = await run_command(self, key, text)
+            if command_reply is not None:
+                return command_reply
+            try:
+                reply = await self._turn(key, text)
+            except ProviderError as exc:
+                log.warning("session %s: model call failed (%s): %s", key, exc.kind, exc)
+                return f"Sorry, I could not get an answer from the model: {exc}"
+        self._spawn(self._after_turn(key))
+        return reply
+
+    async def _turn(self, key: str, text: str) -> str:
+        session = self.session(key)
+        policy = self.workspace.policy.current()
+        now = clock.now(self.workspace.tz)
+        defaults = self.workspace.config.agents.defaults
+        schemas = self.tools.schemas()
+        user: Message = {"role": "user", "content": text}
+        turn: list[Message] = [user]
+        usage: list[int | None] = [None]
+        notice = ""
+        messages = self.context.build(policy, session, text, now).messages
+        final: str | None = None
+        for _ in range(defaults.max_tool_iterations):
+            try:
+                reply = await self.provider.chat(messages, schemas)
+            except ProviderError as exc:
+                if exc.kind != "context_too_long" or notice:
+                    raise
+                self.force_compress(session)
+                notice = TRIMMED_NOTICE
+                messages = self.context.build(policy, session, text, now).messages + turn[1:]
+                continue
+            assistant = reply.as_message()
+            messages.append(assistant)
+            turn.append(assistant)
+            usage.append(reply.usage.prompt_tokens if reply.usage else None)
+            if not reply.tool_calls:
+                final = reply.content or ""
+                break
+            for call in reply.tool_calls:
+                result = await self.tools.execute(call.name, call.arguments)
+                log.info("session %s: tool %s → %d chars", key, call.name, len(result))
+                result_message: Message = {"role": "tool", "tool_call_id": call.id, "content": result}
+                messages.append(result_message)
+                turn.append(result_message)
+                usage.append(None)
+        if final is None:
+            final = (f"I stopped after {defaults.max_tool_iterations} tool steps without finishing. "
+                     "Tell me to go on if you want me to continue.")
+            turn.append({"role": "assistant", "content": final})
+            usage.append(None)
+        self.sessions.append_messages(session, turn, usage)
+        answer = final.strip() or "(the model returned an empty answer)"
+        return f"{notice}\n\n{answer}" if notice else answer
+
+    def force_compress(self, session: Session) -> int:
+        """Set aside the oldest half of the active history (never splitting a tool call from its results)."""
+        active = session.active()
+        cut = safe_start([m.message for m in active], len(active) // 2)
+        if cut == 0:
+            return 0
+        self.sessions.add_compaction(session, active[cut - 1].id, None, "context_too_long")
+        log.warning("session %s: context too long, set aside %d oldest messages", session.key, cut)
+        return cut
+
+    # -- background work ---------------------------------------------------------------------------
+
+    def _spawn(self, job: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(job)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def wait_background(self) -> None:
+        """Wait until every background job (summaries …) has finished."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    async def _after_turn(self, key: str) -> None:
+        try:
+            if self.needs_summary(self.session(key), self.workspace.policy.current()):
+                if self.notify is not None:
+                    await self.notify(key, SUMMARY_NOTICE)
+                await self.compact(key)
+        except Exception:
+            log.exception("session %s: background work failed", key)
+
+    def needs_summary(self, session: Session, policy: MemoryPolicy) -> bool:
+        """History over the message threshold, or over the token share of the context window."""
+        active = session.active()
+        if len(active) > policy.session_summary_message_threshold:
+            return True
+        tokens = session.last_prompt_tokens()
+        if tokens is None:  # no provider count yet: the local count (it drifts, above all for Chinese)
+            tokens = sum(count_tokens(str(m.message.get("content") or "")) for m in active)
+        window = self.workspace.config.agents.defaults.context_window
+        return tokens > window * policy.session_summary_token_percent / 100
+
+    async def compact(self, key: str) -> CompactResult | None:
+        """Summarise all but the last `session_summary_keep_count` messages; None when nothing was done.
+
+        The model call runs without the session lock: messages that arrive meanwhile are newer than
+        the compacted range and are kept.
+        """
+        if key in self._summarizing:
+            return None
+        self._summarizing.add(key)
+        try:
+            session = self.session(key)
+            policy = self.workspace.policy.current()
+            active = session.active()
+            cut = keep_last([m.message for m in active], policy.session_summary_keep_count)
+            if cut == 0:
+                return None
+            folded = active[:cut]
+            request = summary_request(session.summary, [m.message for m in folded])
+            try:
+                reply = await self.provider.chat(request, None)
+            except ProviderError as exc:
+                log.warning("session %s: summary failed (%s); history kept as it was", key, exc)
+                return None
+            summary = accept_summary(reply.content)
+            if summary is None:
+                log.warning("session %s: the model's summary was empty or malformed; history kept as it was", key)
+                return None
+            self.sessions.add_compaction(session, folded[-1].id, summary, "summary")
+            self.workspace.store.append_note(f"Summary of session {key}:\n{summary}")
+            return CompactResult(len(folded), summary)
+        finally:
+            self._summarizing.discard(key)

@@ -1,0 +1,163 @@
+"""Sessions on disk: `sessions/<key>.jsonl`, one JSON record a line, append-only.
+
+Records are messages (numbered), compactions ("messages up to id N are covered by this summary") and
+reflections. Compacted messages stay in the file; the counters that drive summaries and reflection are
+derived from the records, so they survive restarts. A torn last line (a crash mid-append) is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from picoclaw import clock
+from picoclaw.fsutil import atomic_write, reserve_stamped_path
+from picoclaw.providers.base import Message
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_DIR = "archive"
+
+
+@dataclass
+class StoredMessage:
+    """A message of the history with its number and, for assistant replies, the prompt size reported."""
+
+    id: int
+    message: Message
+    prompt_tokens: int | None = None
+
+
+@dataclass
+class Session:
+    """A session's history as loaded from its file."""
+
+    key: str
+    path: Path
+    messages: list[StoredMessage] = field(default_factory=list)
+    summary: str | None = None
+    compacted_through: int = 0
+    reflected_through: int = 0
+
+    @property
+    def last_id(self) -> int:
+        return self.messages[-1].id if self.messages else 0
+
+    def active(self) -> list[StoredMessage]:
+        """Messages not covered by a compaction, oldest first."""
+        return [m for m in self.messages if m.id > self.compacted_through]
+
+    def active_messages(self) -> list[Message]:
+        """The active history as plain chat messages."""
+        return [m.message for m in self.active()]
+
+    def last_prompt_tokens(self) -> int | None:
+        """Prompt tokens the provider reported for the newest active reply, if any."""
+        for stored in reversed(self.active()):
+            if stored.prompt_tokens is not None:
+                return stored.prompt_tokens
+        return None
+
+    def messages_since_reflection(self) -> int:
+        return sum(1 for m in self.messages if m.id > self.reflected_through)
+
+
+def session_filename(key: str) -> str:
+    """A file name for any session key (`telegram:42` → `telegram%3A42.jsonl`), safe on every OS."""
+    return quote(key, safe="-_.@") + ".jsonl"
+
+
+class SessionStore:
+    """Loads and appends session files in one folder."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def path_for(self, key: str) -> Path:
+        return self.folder / session_filename(key)
+
+    def load(self, key: str) -> Session:
+        """Read a session (an empty one when the file does not exist)."""
+        path = self.path_for(key)
+        session = Session(key, path)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return session
+        lines = raw.split(b"\n")
+        if raw and not raw.endswith(b"\n"):
+            log.warning("%s: dropping a torn last line (the writer stopped mid-line)", path)
+            atomic_write(path, b"\n".join(lines[:-1]) + b"\n" if len(lines) > 1 else b"")
+            lines = lines[:-1]
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                self._apply(session, orjson.loads(line))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                log.warning("%s:%d: skipping an unreadable record", path, number)
+        return session
+
+    @staticmethod
+    def _apply(session: Session, record: dict[str, Any]) -> None:
+        kind = record["type"]
+        if kind == "message":
+            session.messages.append(StoredMessage(int(record["id"]), dict(record["message"]),
+                                                  record.get("prompt_tokens")))
+        elif kind == "compaction":
+            session.compacted_through = max(session.compacted_through, int(record["through"]))
+            if record.get("summary"):
+                session.summary = record["summary"]
+        elif kind == "reflection":
+            session.reflected_through = max(session.reflected_through, int(record["through"]))
+
+    def append_messages(self, session: Session, messages: list[Message],
+                        prompt_tokens: list[int | None] | None = None) -> None:
+        """Number and append messages (one write, fsynced) and add them to `session`."""
+        stored = []
+        for offset, message in enumerate(messages):
+            tokens = prompt_tokens[offset] if prompt_tokens else None
+            stored.append(StoredMessage(session.last_id + 1 + offset, message, tokens))
+        records = [{"type": "message", "id": s.id, "time": clock.now().isoformat(), "message": s.message,
+                    **({"prompt_tokens": s.prompt_tokens} if s.prompt_tokens is not None else {})}
+                   for s in stored]
+        self._append(session.path, records)
+        session.messages.extend(stored)
+
+    def add_compaction(self, session: Session, through: int, summary: str | None, reason: str) -> None:
+        """Mark messages up to `through` as compacted, with the summary that replaces them (if any)."""
+        self._append(session.path, [{"type": "compaction", "time": clock.now().isoformat(), "through": through,
+                                     "summary": summary, "reason": reason}])
+        session.compacted_through = max(session.compacted_through, through)
+        if summary:
+            session.summary = summary
+
+    def add_reflection(self, session: Session, through: int) -> None:
+        """Record that reflection has seen the messages up to `through`."""
+        self._append(session.path, [{"type": "reflection", "time": clock.now().isoformat(), "through": through}])
+        session.reflected_through = max(session.reflected_through, through)
+
+    def archive(self, key: str) -> Path | None:
+        """Move a session file into `archive/` (for /new); returns where it went."""
+        path = self.path_for(key)
+        if not path.exists():
+            return None
+        target = reserve_stamped_path(self.folder / ARCHIVE_DIR, clock.stamp(clock.now()),
+                                      "_" + session_filename(key))
+        os.replace(path, target)
+        return target
+
+    @staticmethod
+    def _append(path: Path, records: list[dict[str, Any]]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = b"".join(orjson.dumps(r) + b"\n" for r in records)
+        with open(path, "ab") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())

@@ -1,0 +1,63 @@
+"""Session summaries: the prompt that asks for one, and the check a summary must pass to be used."""
+
+from __future__ import annotations
+
+import re
+
+from picoclaw.providers.base import Message
+
+SECTIONS = ("Goal", "Constraints and preferences", "Progress", "Key decisions", "Next steps", "Key context")
+MIN_SECTIONS = 3  # fewer recognisable sections than this means the model did not write a summary
+TOOL_RESULT_CHARS = 2000
+
+SUMMARY_INSTRUCTIONS = (
+    "You compact a conversation between a user and an assistant so it can continue with less context. "
+    "Write a summary in the conversation's language with exactly these Markdown headings, in this order: "
+    + ", ".join(f"'## {s}'" for s in SECTIONS)
+    + ". Keep exact file paths, names, numbers, dates, identifiers and the user's stated preferences. "
+    "Write only the summary."
+)
+
+
+def render_transcript(messages: list[Message]) -> str:
+    """The messages as plain text for the summariser (long tool results shortened)."""
+    lines = []
+    for message in messages:
+        role = message.get("role")
+        content = str(message.get("content") or "")
+        if role == "tool":
+            if len(content) > TOOL_RESULT_CHARS:
+                content = content[:TOOL_RESULT_CHARS] + " […]"
+            lines.append(f"Tool result: {content}")
+            continue
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {})
+            lines.append(f"Assistant called {function.get('name')}({function.get('arguments')})")
+        if content:
+            lines.append(f"{'User' if role == 'user' else 'Assistant'}: {content}")
+    return "\n".join(lines)
+
+
+def summary_request(previous: str | None, messages: list[Message]) -> list[Message]:
+    """Messages asking the model to fold `messages` (and an earlier summary) into one summary."""
+    parts = []
+    if previous:
+        parts.append(f"Summary of the conversation before this part:\n{previous.strip()}")
+    parts.append(f"Conversation to summarise:\n{render_transcript(messages)}")
+    return [{"role": "system", "content": SUMMARY_INSTRUCTIONS}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+_HEADING = re.compile(r"^#{1,4}\s*(.+?)\s*:?\s*$", re.MULTILINE)
+
+
+def accept_summary(text: str | None) -> str | None:
+    """The summary, cleaned, if it looks like one (not empty, enough of the sections); else None."""
+    if not text or not text.strip():
+        return None
+    cleaned = text.strip()
+    if cleaned.startswith("```"):
+        cleaned = cleaned.strip("`").removeprefix("markdown").strip()
+    found = {h.lower() for h in _HEADING.findall(cleaned)}
+    if sum(section.lower() in found for section in SECTIONS) < MIN_SECTIONS:
+        return None
+    return cleaned
