@@ -66,10 +66,9 @@ def reserve_stamped_path(folder: Path, stamp: str, suffix: str) -> Path:
     Creation uses O_EXCL, so two processes can never be handed the same name.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    counter = 0
+    counter = _next_counter(folder, stamp, suffix)
     while True:
-        name = f"{stamp}{suffix}" if counter == 0 else f"{stamp}_{counter}{suffix}"
-        candidate = folder / name
+        candidate = folder / _stamped_name(stamp, counter, suffix)
         try:
             fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
@@ -77,6 +76,60 @@ def reserve_stamped_path(folder: Path, stamp: str, suffix: str) -> Path:
             continue
         os.close(fd)
         return candidate
+
+
+def write_stamped(folder: Path, stamp: str, suffix: str, data: str | bytes) -> Path:
+    """Write `data` to a new, never-before-used file named as by `reserve_stamped_path`; returns it.
+
+    Unlike reserving the name and then writing, the file appears under its name only when complete:
+    the data goes to a temp file (flush, fsync) that is then hard-linked to the name, which fails
+    rather than overwrite. So a crash never leaves an empty or partial file under a stamped name.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{stamp}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(payload)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp_name, 0o644 & ~_umask())  # the mode reserve_stamped_path gives
+        counter = _next_counter(folder, stamp, suffix)
+        while True:
+            candidate = folder / _stamped_name(stamp, counter, suffix)
+            try:
+                os.link(tmp_name, candidate)
+            except FileExistsError:
+                counter += 1
+                continue
+            except OSError:  # no hard links on this file system: reserve the name, then replace it
+                candidate = reserve_stamped_path(folder, stamp, suffix)
+                os.replace(tmp_name, candidate)
+            break
+    finally:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+    fsync_dir(folder)
+    return candidate
+
+
+def _stamped_name(stamp: str, counter: int, suffix: str) -> str:
+    return f"{stamp}{suffix}" if counter == 0 else f"{stamp}_{counter}{suffix}"
+
+
+def _next_counter(folder: Path, stamp: str, suffix: str) -> int:
+    """One past the highest counter in use for `stamp`. A lower name freed by pruning is not reused:
+    it would sort as the oldest file of that second and be the next one pruned."""
+    highest = -1
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            match = _STAMPED.match(entry.name)
+            if match and match.group(1) == stamp and match.group(3) == suffix:
+                highest = max(highest, int(match.group(2) or 0))
+    return highest + 1
 
 
 _STAMPED = re.compile(r"^(\d{8}_\d{6})(?:_(\d+))?(.*)$")

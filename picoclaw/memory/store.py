@@ -17,7 +17,7 @@ from filelock import FileLock
 
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
-from picoclaw.fsutil import atomic_write, reserve_stamped_path, stamped_files
+from picoclaw.fsutil import atomic_write, stamped_files, write_stamped
 
 LONG_TERM_FILE = "MEMORY.md"
 BACKUPS_DIR = "backups"
@@ -25,8 +25,9 @@ BACKUP_SUFFIX = "_MEMORY.md"
 MAX_ENTRY_CHARS = 100_000
 
 # A line inside an entry that would start a new "## " block (or a title) is demoted so the entry
-# stays one block under its date heading.
-_TOP_HEADING = re.compile(r"^(#{1,2})(?=\s)", re.MULTILINE)
+# stays one block under its date heading. Matched per line (see _clean_entry), "$" so that a bare
+# "##" as the last line counts too.
+_TOP_HEADING = re.compile(r"^#{1,2}(?=\s|$)")
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,14 @@ class DailyNote:
 
 
 def _clean_entry(content: str) -> str:
-    text = content.replace("\r\n", "\n").strip()
+    # A lone "\r" would come back as "\n" when the file is read (universal newlines), so store it as one.
+    text = content.replace("\r\n", "\n").replace("\r", "\n").strip()
     if not text:
         raise MemoryStoreError("nothing to store: the entry is empty")
     if len(text) > MAX_ENTRY_CHARS:
         raise MemoryStoreError(f"entry too long: {len(text)} characters (at most {MAX_ENTRY_CHARS})")
-    return _TOP_HEADING.sub("###", text)
+    # str.splitlines breaks lines where the block splitter does (also at \u2028, \x0c …), unlike "^".
+    return "".join(_TOP_HEADING.sub("###", line, count=1) for line in text.splitlines(keepends=True))
 
 
 def _joined(existing: str, block: str) -> str:
@@ -117,8 +120,8 @@ class MemoryStore:
         # Called with the lock held. Nothing to keep when MEMORY.md does not exist yet.
         if not self.long_term_path.exists():
             return None
-        target = reserve_stamped_path(self.backups_dir, clock.stamp(clock.now(self.tz)), BACKUP_SUFFIX)
-        atomic_write(target, current)
+        # write_stamped, not reserve-then-write: a crash must not leave an empty "backup" to restore.
+        target = write_stamped(self.backups_dir, clock.stamp(clock.now(self.tz)), BACKUP_SUFFIX, current)
         for stale in self.backups()[: -self.backup_keep]:
             stale.unlink(missing_ok=True)
         return target

@@ -1,0 +1,296 @@
+"""fsutil: atomic_write leaves the old file or the new one, and stamped names are never handed out twice."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from picoclaw import fsutil
+from picoclaw.fsutil import atomic_write, reserve_stamped_path, stamped_files, write_stamped
+
+STAMP = "20260310_100000"
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """A known umask, so the default mode of new files is predictable."""
+    previous = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+# -- atomic_write: success ------------------------------------------------------------------------
+
+
+def test_replaces_content_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    target = tmp_path / "MEMORY.md"
+    target.write_text("old content\n", encoding="utf-8")
+
+    atomic_write(target, "新的内容 new content\n")
+    assert target.read_bytes() == "新的内容 new content\n".encode("utf-8")
+
+    atomic_write(target, b"\x00\xffraw bytes")
+    assert target.read_bytes() == b"\x00\xffraw bytes"
+    # Only the target: every temp file was renamed into place or removed.
+    assert sorted(os.listdir(tmp_path)) == ["MEMORY.md"]
+
+
+def test_creates_missing_folders(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "note.md"
+    atomic_write(target, "x")
+    assert target.read_text(encoding="utf-8") == "x"
+    assert os.listdir(target.parent) == ["note.md"]
+
+
+def test_new_file_gets_default_mode_from_umask(tmp_path: Path, umask_022: None) -> None:
+    target = tmp_path / "new.md"
+    atomic_write(target, "x")
+    # mkstemp creates 0o600; a normal file must not end up private by accident.
+    assert _mode(target) == 0o644
+
+
+def test_existing_file_keeps_its_mode(tmp_path: Path) -> None:
+    target = tmp_path / "config.json"
+    target.write_text("{}", encoding="utf-8")
+    os.chmod(target, 0o640)
+    atomic_write(target, '{"a": 1}')
+    assert target.read_text(encoding="utf-8") == '{"a": 1}'
+    assert _mode(target) == 0o640
+
+
+def test_explicit_mode_is_honoured_for_new_and_existing_files(tmp_path: Path, umask_022: None) -> None:
+    fresh = tmp_path / "secret.json"
+    atomic_write(fresh, "{}", mode=0o600)
+    assert _mode(fresh) == 0o600
+
+    existing = tmp_path / "was_public.json"
+    existing.write_text("{}", encoding="utf-8")
+    os.chmod(existing, 0o644)
+    atomic_write(existing, '{"token": "t"}', mode=0o600)
+    assert _mode(existing) == 0o600
+    assert existing.read_text(encoding="utf-8") == '{"token": "t"}'
+
+
+# -- atomic_write: failures -----------------------------------------------------------------------
+
+
+def _assert_untouched(folder: Path, target: Path, original: bytes) -> None:
+    assert target.read_bytes() == original
+    assert sorted(os.listdir(folder)) == [target.name], "a temp file was left behind"
+
+
+def test_failing_write_keeps_original_and_removes_temp(tmp_path: Path) -> None:
+    target = tmp_path / "MEMORY.md"
+    original = "## 2026-03-10\n原来的记忆\n".encode("utf-8")
+    target.write_bytes(original)
+
+    # Not bytes: the temp file is already created when write() raises.
+    with pytest.raises(TypeError):
+        atomic_write(target, object())  # type: ignore[arg-type]
+    _assert_untouched(tmp_path, target, original)
+
+
+@pytest.mark.parametrize("error", [OSError(5, "Input/output error"), KeyboardInterrupt()])
+def test_failing_fsync_keeps_original_and_removes_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    target = tmp_path / "MEMORY.md"
+    original = b"original\n"
+    target.write_bytes(original)
+
+    def broken_fsync(fd: int) -> None:
+        raise error
+
+    # The data is written but not yet durable: an I/O error (or Ctrl-C) here must not publish it.
+    monkeypatch.setattr(fsutil.os, "fsync", broken_fsync)
+    with pytest.raises(type(error)):
+        atomic_write(target, "new content that must not appear")
+    monkeypatch.undo()
+    _assert_untouched(tmp_path, target, original)
+
+
+def test_failing_replace_keeps_original_and_removes_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "MEMORY.md"
+    original = b"original\n"
+    target.write_bytes(original)
+    real_replace = os.replace
+    attempts: list[str] = []
+
+    def failing_replace(src: str, dst: str | Path) -> None:
+        if Path(dst) == target:
+            attempts.append(src)
+            raise OSError(18, "Invalid cross-device link")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(fsutil.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="cross-device"):
+        atomic_write(target, "new")
+    monkeypatch.undo()
+    assert len(attempts) == 1  # the failure really came from the rename
+    _assert_untouched(tmp_path, target, original)
+
+
+def test_replace_onto_a_folder_fails_cleanly(tmp_path: Path) -> None:
+    # A real os.replace failure: the target name is taken by a folder.
+    target = tmp_path / "MEMORY.md"
+    target.mkdir()
+    (target / "inside.txt").write_text("keep", encoding="utf-8")
+    with pytest.raises(OSError):
+        atomic_write(target, "new")
+    assert os.listdir(tmp_path) == ["MEMORY.md"]
+    assert (target / "inside.txt").read_text(encoding="utf-8") == "keep"
+
+
+def test_parent_that_is_a_file_fails_without_changes(tmp_path: Path) -> None:
+    blocker = tmp_path / "memory"
+    blocker.write_bytes(b"I am a file")
+    with pytest.raises(OSError):
+        atomic_write(blocker / "MEMORY.md", "new")
+    assert blocker.read_bytes() == b"I am a file"
+    assert os.listdir(tmp_path) == ["memory"]
+
+
+# -- stamped names ---------------------------------------------------------------------------------
+
+
+def test_reserve_stamped_path_adds_a_counter_within_one_stamp(tmp_path: Path) -> None:
+    names = [reserve_stamped_path(tmp_path, STAMP, "_MEMORY.md").name for _ in range(3)]
+    assert names == [f"{STAMP}_MEMORY.md", f"{STAMP}_1_MEMORY.md", f"{STAMP}_2_MEMORY.md"]
+    for name in names:
+        assert (tmp_path / name).read_bytes() == b""  # reserved means: exists, so nobody else gets it
+
+
+def test_reserve_stamped_path_never_reuses_an_existing_file(tmp_path: Path) -> None:
+    (tmp_path / f"{STAMP}_MEMORY.md").write_text("precious", encoding="utf-8")
+    (tmp_path / f"{STAMP}_1_MEMORY.md").write_text("also precious", encoding="utf-8")
+    reserved = reserve_stamped_path(tmp_path, STAMP, "_MEMORY.md")
+    assert reserved.name == f"{STAMP}_2_MEMORY.md"
+    assert (tmp_path / f"{STAMP}_MEMORY.md").read_text(encoding="utf-8") == "precious"
+    assert (tmp_path / f"{STAMP}_1_MEMORY.md").read_text(encoding="utf-8") == "also precious"
+
+
+def _from_threads(make: Callable[[], Path], threads: int = 8, each: int = 40) -> list[Path]:
+    results: list[Path] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(threads)
+
+    def work() -> None:
+        barrier.wait()  # all threads race for the same names at once
+        for _ in range(each):
+            path = make()
+            with lock:
+                results.append(path)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return results
+
+
+def test_reserve_stamped_path_is_unique_across_threads(tmp_path: Path) -> None:
+    paths = _from_threads(lambda: reserve_stamped_path(tmp_path, STAMP, ".json"))
+    assert len(paths) == 8 * 40
+    assert len(set(paths)) == len(paths)
+    assert all(path.exists() for path in paths)
+    # No gaps and no doubles: counters 0..319, listed in counter order.
+    expected = [f"{STAMP}.json"] + [f"{STAMP}_{n}.json" for n in range(1, 8 * 40)]
+    assert [path.name for path in stamped_files(tmp_path, ".json")] == expected
+
+
+def test_stamped_files_orders_by_stamp_then_numeric_counter(tmp_path: Path) -> None:
+    names = [
+        "20260101_000001_MEMORY.md",
+        "20260101_000000_10_MEMORY.md",
+        "20251231_235959_MEMORY.md",
+        "20260101_000000_2_MEMORY.md",
+        "20260101_000000_MEMORY.md",
+    ]
+    for name in names:
+        (tmp_path / name).write_text(name, encoding="utf-8")
+    # Not backups: other suffix, no stamp, a temp file, and a folder with a backup-like name.
+    for other in ("20260101_000000.json", "notes_MEMORY.md", ".20260101_000000_MEMORY.md.x.tmp"):
+        (tmp_path / other).write_text("", encoding="utf-8")
+    (tmp_path / "20260102_000000_MEMORY.md").mkdir()
+
+    assert [p.name for p in stamped_files(tmp_path, "_MEMORY.md")] == [
+        "20251231_235959_MEMORY.md",
+        "20260101_000000_MEMORY.md",
+        "20260101_000000_2_MEMORY.md",  # counter 2 before 10: numeric, not text order
+        "20260101_000000_10_MEMORY.md",
+        "20260101_000001_MEMORY.md",
+    ]
+    assert stamped_files(tmp_path / "missing", "_MEMORY.md") == []
+
+
+# -- write_stamped: a stamped file that only ever appears complete -----------------------------------
+
+
+def test_write_stamped_writes_whole_files_under_unique_names(tmp_path: Path, umask_022: None) -> None:
+    first = write_stamped(tmp_path, STAMP, "_MEMORY.md", "第一版 v1")
+    second = write_stamped(tmp_path, STAMP, "_MEMORY.md", b"v2")
+    assert (first.name, second.name) == (f"{STAMP}_MEMORY.md", f"{STAMP}_1_MEMORY.md")
+    assert first.read_text(encoding="utf-8") == "第一版 v1"
+    assert second.read_bytes() == b"v2"
+    assert _mode(first) == 0o644
+    assert sorted(os.listdir(tmp_path)) == sorted([first.name, second.name])  # temp files gone
+
+
+def test_write_stamped_is_unique_across_threads(tmp_path: Path) -> None:
+    counter = iter(range(10_000))
+    lock = threading.Lock()
+
+    def make() -> Path:
+        with lock:
+            number = next(counter)
+        return write_stamped(tmp_path, STAMP, ".json", f"payload {number}")
+
+    paths = _from_threads(make)
+    assert len(set(paths)) == len(paths) == 8 * 40
+    # Each file holds exactly one payload, and no payload was overwritten by another thread.
+    payloads = {path.read_text(encoding="utf-8") for path in paths}
+    assert payloads == {f"payload {n}" for n in range(8 * 40)}
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_write_stamped_without_hard_links_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / f"{STAMP}.json").write_text("older", encoding="utf-8")
+
+    def no_links(src: str, dst: str | Path) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    # Some file systems (FAT, some network mounts) refuse hard links.
+    monkeypatch.setattr(fsutil.os, "link", no_links)
+    path = write_stamped(tmp_path, STAMP, ".json", "newer")
+    monkeypatch.undo()
+    assert path.name == f"{STAMP}_1.json"
+    assert path.read_text(encoding="utf-8") == "newer"
+    assert (tmp_path / f"{STAMP}.json").read_text(encoding="utf-8") == "older"
+    assert sorted(os.listdir(tmp_path)) == [f"{STAMP}.json", f"{STAMP}_1.json"]
+
+
+@pytest.mark.parametrize("make", ["reserve", "write"])
+def test_a_name_freed_by_pruning_is_not_handed_out_again(tmp_path: Path, make: str) -> None:
+    def new_file() -> Path:
+        if make == "reserve":
+            return reserve_stamped_path(tmp_path, STAMP, "_MEMORY.md")
+        return write_stamped(tmp_path, STAMP, "_MEMORY.md", "x")
+
+    first, second = new_file(), new_file()
+    first.unlink()  # pruned as the oldest of that second
+    third = new_file()
+    # Reusing the freed counter 0 would make the newest file sort as the oldest, next to be pruned.
+    assert third.name == f"{STAMP}_2_MEMORY.md"
+    assert stamped_files(tmp_path, "_MEMORY.md") == [second, third]

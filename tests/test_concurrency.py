@@ -1,0 +1,158 @@
+"""Real processes: concurrent appends lose nothing, and SIGKILL mid-write leaves a whole MEMORY.md."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from picoclaw.memory.store import MemoryStore
+
+# "spawn": each child is a fresh interpreter with its own imports and its own FileLock, as when the
+# bot, the REPL and the CLI run side by side.
+CTX = multiprocessing.get_context("spawn")
+TZ_NAME = "Asia/Shanghai"
+
+WORKERS = 4
+ENTRIES_EACH = 250
+ROUNDS = 30
+
+
+def _entry(worker: int, number: int) -> str:
+    # Two lines and some Chinese, so a torn or interleaved write would show.
+    return f"worker {worker} entry {number:03d}：用户偏好第{number}条\nline two of w{worker}e{number:03d}"
+
+
+def _append_many(memory_dir: str, worker: int, count: int, go: Event) -> None:
+    store = MemoryStore(Path(memory_dir), ZoneInfo(TZ_NAME))
+    go.wait()  # start together, so the appends really overlap
+    for number in range(count):
+        store.append_long_term(_entry(worker, number))
+
+
+def test_four_processes_append_without_losing_an_entry(tmp_path: Path) -> None:
+    memory_dir = tmp_path / "memory"
+    store = MemoryStore(memory_dir, ZoneInfo(TZ_NAME))
+    store.rewrite_long_term("# Long-term memory\n")  # a preamble, as a person might write
+    go = CTX.Event()
+    workers = [
+        CTX.Process(target=_append_many, args=(str(memory_dir), worker, ENTRIES_EACH, go))
+        for worker in range(WORKERS)
+    ]
+    for process in workers:
+        process.start()
+    started = time.perf_counter()
+    go.set()
+    for process in workers:
+        process.join(timeout=120)
+    elapsed = time.perf_counter() - started
+    for process in workers:
+        if process.is_alive():
+            process.kill()
+    print(f"\n{WORKERS}x{ENTRIES_EACH} appends from {WORKERS} processes: {elapsed:.2f} s", file=sys.stderr)
+    assert [process.exitcode for process in workers] == [0] * WORKERS
+
+    text = store.read_long_term()
+    parts = re.split(r"^(?=## )", text, flags=re.MULTILINE)
+    preamble, blocks = parts[0], parts[1:]
+    assert preamble == "# Long-term memory\n\n"
+    assert len(blocks) == WORKERS * ENTRIES_EACH
+
+    seen: Counter[str] = Counter()
+    order: dict[int, list[int]] = {worker: [] for worker in range(WORKERS)}
+    for index, block in enumerate(blocks):
+        match = re.fullmatch(r"## (\d{4}-\d{2}-\d{2})\n(worker (\d) entry (\d{3})：.*\n.*)\n\n?", block)
+        assert match, f"block {index} is not one intact entry: {block!r}"
+        seen[match.group(2)] += 1
+        order[int(match.group(3))].append(int(match.group(4)))
+    expected = {_entry(w, n) for w in range(WORKERS) for n in range(ENTRIES_EACH)}
+    assert set(seen) == expected
+    assert max(seen.values()) == 1
+    # Each process appended in order, and nobody's entry overwrote an earlier one.
+    assert all(numbers == list(range(ENTRIES_EACH)) for numbers in order.values())
+
+    # Backups are whole earlier versions (prefixes of the final text), and the newest ones are kept:
+    # the versions just before each of the last backup_keep appends.
+    backups = store.backups()
+    assert len(backups) == store.backup_keep
+    sizes = []
+    for backup in backups:
+        content = backup.read_text(encoding="utf-8")
+        assert text.startswith(content)
+        sizes.append(content.count("\n## ") + content.startswith("## "))
+    total = WORKERS * ENTRIES_EACH
+    assert sizes == list(range(total - store.backup_keep, total))
+
+
+def _rewrite_forever(memory_dir: str, a: str, b: str, started: Event) -> None:
+    store = MemoryStore(Path(memory_dir), ZoneInfo(TZ_NAME), backup_keep=3)
+    written = 0
+    while True:
+        store.rewrite_long_term(a if written % 2 else b)
+        written += 1
+        if written == 3:
+            started.set()  # the parent's random delay starts from here, mid-loop
+
+
+def _big(unit: str, size: int = 200_000) -> str:
+    return unit * (size // len(unit.encode("utf-8")))
+
+
+def test_sigkill_during_rewrites_leaves_one_whole_version(tmp_path: Path) -> None:
+    a = _big("长期记忆版本甲：用户喜欢无糖拿铁。Version A of the memory file.\n")
+    b = _big("另一个版本乙：用户住在杭州，周末去西湖。Version B, a different text!\n")
+    assert a != b and len(a.encode("utf-8")) > 190_000 and len(b.encode("utf-8")) > 190_000
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    outcomes: Counter[str] = Counter()
+    started_at = time.perf_counter()
+
+    for round_number in range(ROUNDS):
+        where = f"round {round_number}, seed {seed}"
+        memory_dir = tmp_path / f"round{round_number}"
+        store = MemoryStore(memory_dir, ZoneInfo(TZ_NAME), backup_keep=3)
+        store.rewrite_long_term(a)
+        original = store.read_long_term()
+        assert original in (a, b)
+
+        started = CTX.Event()
+        child = CTX.Process(target=_rewrite_forever, args=(str(memory_dir), a, b, started))
+        child.start()
+        assert started.wait(timeout=30), f"{where}: the writer never started"
+        time.sleep(rng.uniform(0, 0.05))
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(timeout=10)
+        assert child.exitcode == -signal.SIGKILL, where
+
+        current = store.read_long_term()
+        assert current in (a, b), f"{where}: MEMORY.md is torn ({len(current)} characters)"
+        outcomes["A" if current == a else "B"] += 1
+        # Every backup left behind is a whole earlier version too, never an empty or partial file.
+        for backup in store.backups():
+            assert backup.read_text(encoding="utf-8") in (a, b), f"{where}: bad backup {backup.name}"
+
+        # The killed writer's lock died with it: a new store gets it at once. (A thread with a
+        # deadline, because FileLock would otherwise wait forever.)
+        appended: list[str] = []
+        appender = threading.Thread(
+            target=lambda: appended.append(MemoryStore(memory_dir, ZoneInfo(TZ_NAME)).append_long_term("after")),
+            daemon=True,
+        )
+        appender.start()
+        appender.join(timeout=5)
+        assert not appender.is_alive(), f"{where}: the memory lock is still held after the kill"
+        assert store.read_long_term() == current + "\n" + appended[0]
+
+    elapsed = time.perf_counter() - started_at
+    print(f"\n{ROUNDS} SIGKILL rounds: {elapsed:.2f} s, outcomes {dict(outcomes)}", file=sys.stderr)
+    # The kills landed at different points of the loop, not always after the same write.
+    assert set(outcomes) == {"A", "B"}, f"seed {seed}: {dict(outcomes)}"

@@ -1,0 +1,153 @@
+"""tokens: the offline estimate (Chinese is not under-counted) and the tiktoken fallback that never raises."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiktoken
+
+from picoclaw import tokens
+from picoclaw.tokens import count_tokens, estimate_tokens, is_exact
+
+COFFEE = "我的咖啡偏好是无糖拿铁"  # 11 Han characters
+
+
+@pytest.fixture(autouse=True)
+def fresh_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test loads the encoder anew (it is cached module-wide after the first count)."""
+    monkeypatch.setattr(tokens, "_encoder", None)
+
+
+@pytest.fixture
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cached encoding and no name resolution: what a machine without internet looks like.
+
+    An empty TIKTOKEN_CACHE_DIR keeps a cache from an earlier online run from hiding the fallback, and
+    failing DNS makes the test the same on a machine that does have internet (nothing is sent).
+    """
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
+
+    def no_dns(*args: Any, **kwargs: Any) -> Any:
+        raise socket.gaierror(socket.EAI_NONAME, "offline test: no name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "picoclaw.tokens" and r.levelno == logging.WARNING]
+
+
+# -- estimate --------------------------------------------------------------------------------------
+
+
+def test_chinese_character_counts_as_one_token() -> None:
+    assert estimate_tokens(COFFEE) == 11
+    assert estimate_tokens("，。！") == 3  # full-width punctuation is CJK too
+    assert estimate_tokens("ひらがなカタカナ") == 8
+    assert estimate_tokens("안녕하세요") == 5
+
+
+def test_english_counts_as_a_quarter_of_its_length() -> None:
+    assert estimate_tokens("abcd") == 1
+    assert estimate_tokens("abcde") == 2  # rounded up: a short word is never 0 tokens
+    assert estimate_tokens("hello world!") == 3
+    text = "The user prefers oat milk lattes without sugar. " * 10
+    assert estimate_tokens(text) == -(-len(text) // 4)
+
+
+def test_mixed_text_adds_both_parts() -> None:
+    # 3 Han characters + " coffee" (7 other characters → 2).
+    assert estimate_tokens("我喜欢 coffee") == 5
+    # 11 Han + ", oat milk" (10 other → 3).
+    assert estimate_tokens(COFFEE + ", oat milk") == 14
+
+
+def test_chinese_is_not_under_counted_fourfold() -> None:
+    # The naive len/4 would count the 11 characters as 3 tokens.
+    assert estimate_tokens(COFFEE) > 3 * estimate_tokens("x" * len(COFFEE))
+
+
+def test_empty_text_is_zero_tokens() -> None:
+    assert estimate_tokens("") == 0
+
+
+# -- count_tokens ----------------------------------------------------------------------------------
+
+
+def test_offline_count_falls_back_to_the_estimate_and_warns_once(
+    offline: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="picoclaw.tokens")
+    assert count_tokens(COFFEE) == 11
+    assert count_tokens("hello world!") == 3
+    assert count_tokens("") == 0
+    assert is_exact() is False
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "estimated" in warnings[0].getMessage()
+
+
+def test_get_encoding_error_falls_back_to_the_estimate(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(name: str) -> Any:
+        raise RuntimeError(f"cannot load {name}")
+
+    # tiktoken imports fine but its encoding cannot be loaded (e.g. a corrupt cache).
+    monkeypatch.setattr(tiktoken, "get_encoding", broken)
+    caplog.set_level(logging.WARNING, logger="picoclaw.tokens")
+    text = COFFEE + " and some English"
+    assert count_tokens(text) == estimate_tokens(text) == 11 + 5
+    assert count_tokens(text) == 16
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1
+    assert "RuntimeError" in warnings[0].getMessage()
+
+
+class _FakeEncoding:
+    """Stands in for a loaded tiktoken encoding: one token per character, and records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
+        self.calls.append(kwargs)
+        return list(range(len(text)))
+
+
+def test_loaded_encoding_is_used_once_for_all_threads(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    encoding = _FakeEncoding()
+    loads: list[str] = []
+
+    def get_encoding(name: str) -> _FakeEncoding:
+        loads.append(name)
+        return encoding
+
+    monkeypatch.setattr(tiktoken, "get_encoding", get_encoding)
+    caplog.set_level(logging.WARNING, logger="picoclaw.tokens")
+    results: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def work() -> None:
+        barrier.wait()
+        results.append(count_tokens("<|endoftext|> text"))
+
+    workers = [threading.Thread(target=work) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+    assert results == [18] * 8  # the encoding's count, not the estimate (which would be 5)
+    assert loads == ["o200k_base"]  # loaded once, although 8 threads asked at the same moment
+    assert is_exact() is True
+    # Text that looks like a special token is counted, never rejected.
+    assert all(call == {"disallowed_special": ()} for call in encoding.calls)
+    assert _warnings(caplog) == []
