@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+import orjson
+
 from picoclaw import __version__
 from picoclaw.config import home_dir
 from picoclaw.errors import PicoclawError
@@ -147,9 +149,19 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
         changes[key.strip()] = parse_cli_value(value.strip())
     snapshot = ws.policy.set(changes, source="cli", reason="picoclaw policy set")
     for key, value in changes.items():
-        print(f"{key} = {value}")
+        # JSON spelling (true, not True), the way the value is typed and the way `policy show` prints it.
+        print(f"{key} = {orjson.dumps(value).decode('utf-8')}")
     print(f"previous overrides saved as {snapshot.name}")
     return 0
+
+
+def _one_line_json(raw: bytes) -> str:
+    # Snapshots are stored indented; a listing wants one line per snapshot. Unparseable content is
+    # still shown (whitespace collapsed) so a damaged snapshot is visible, not hidden.
+    try:
+        return orjson.dumps(orjson.loads(raw)).decode("utf-8")
+    except orjson.JSONDecodeError:
+        return " ".join(raw.decode("utf-8", "replace").split())
 
 
 def cmd_policy_snapshots(args: argparse.Namespace) -> int:
@@ -158,7 +170,7 @@ def cmd_policy_snapshots(args: argparse.Namespace) -> int:
     if not snapshots:
         print(f"no snapshots yet in {ws.policy.snapshots_dir}")
     for path in reversed(snapshots):
-        print(f"{path.name}  {path.read_text(encoding='utf-8').strip()}")
+        print(f"{path.name}  {_one_line_json(path.read_bytes())}")
     return 0
 
 

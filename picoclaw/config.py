@@ -109,9 +109,11 @@ class Config(_Strict):
 
 
 def home_dir() -> Path:
-    """`$PICOCLAW_HOME`, else `~/.picoclaw`."""
+    """`$PICOCLAW_HOME`, else `~/.picoclaw`; always absolute."""
     override = os.environ.get(HOME_ENV)
-    return Path(override).expanduser() if override else Path("~/.picoclaw").expanduser()
+    # Absolute, because onboard writes `<home>/workspace` into config.json and a relative workspace is
+    # resolved against home: a relative PICOCLAW_HOME would otherwise give <home>/<home>/workspace.
+    return (Path(override).expanduser() if override else Path("~/.picoclaw").expanduser()).absolute()
 
 
 def workspace_dir(config: Config, home: Path) -> Path:

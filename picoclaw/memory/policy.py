@@ -153,17 +153,34 @@ class PolicyManager:
         sources: dict[str, Source] = {key: "default" for key in POLICY_KEYS}
         for key in self._config_values:
             sources[key] = "config"
+        pending: dict[str, Any] = {}
         for key, value in self.read_overrides().items():
             if key not in POLICY_KEYS:
                 log.warning("%s: ignoring unknown key %r", self.overrides_path, key)
                 continue
-            try:
-                MemoryPolicy(**{**values, key: value})
-            except ValidationError as exc:
-                log.warning("%s: ignoring %s", self.overrides_path, describe_error(MemoryPolicy, exc))
-                continue
-            values[key] = value
-            sources[key] = "overrides"
+            pending[key] = value
+        # Keys checked against each other (keep_count < threshold) may be valid only together, e.g. after
+        # `policy set session_summary_keep_count=30 session_summary_message_threshold=50`: retry rejected
+        # keys while others still apply, so file order never matters; what is left is really invalid.
+        errors: dict[str, str] = {}
+        progress = True
+        while pending and progress:
+            progress = False
+            for key, value in list(pending.items()):
+                try:
+                    MemoryPolicy(**{**values, key: value})
+                except ValidationError as exc:
+                    errors[key] = describe_error(MemoryPolicy, exc)
+                    continue
+                values[key] = value
+                sources[key] = "overrides"
+                del pending[key]
+                progress = True
+        for key in pending:
+            detail = errors[key]
+            if not detail.startswith(f"{key}:"):  # a cross-key check reports no key of its own
+                detail = f"{key}: {detail.removeprefix('(top level): ')}"
+            log.warning("%s: ignoring %s", self.overrides_path, detail)
         return EffectivePolicy(MemoryPolicy(**values), sources)
 
     def snapshots(self) -> list[Path]:
