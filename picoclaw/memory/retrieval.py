@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,18 @@ def _is_section_heading(line: str) -> bool:
     return line.startswith("## ") or line.rstrip() == "##"
 
 
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _lines(text: str) -> list[str]:
+    # Lines as editors and `sed -n N,Mp` count them. str.splitlines also breaks at \u2028, \x0c, \x85 …,
+    # which would shift the line numbers of every later block and rewrite the block's text.
+    lines = _LINE_BREAK.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def split_blocks(text: str, path: Path) -> list[Block]:
     """Split Markdown into blocks; blank lines and `## ` inside fenced code do not split."""
     blocks: list[Block] = []
@@ -75,7 +88,7 @@ def split_blocks(text: str, path: Path) -> list[Block]:
         if heading and not heading_used:  # a heading with nothing under it is still a block
             blocks.append(Block(path, heading, heading, heading_line, heading_line))
 
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(_lines(text), start=1):
         if not in_fence and _is_section_heading(line):
             close_section()
             heading, heading_line, heading_used = line.rstrip(), number, False
@@ -149,25 +162,38 @@ def rank(indexes: list[FileIndex], query: str, limit: int) -> list[Hit]:
     if not query_terms or total_blocks == 0 or limit <= 0:
         return []
     avg_length = (sum(ix.total_length for ix in indexes) / total_blocks) or 1.0
-    wanted = phrases(query)
-    scored: list[tuple[float, int, int]] = []
     idf = {}
     for term in query_terms:
         df = sum(len(ix.postings.get(term, ())) for ix in indexes)
         if df:
             idf[term] = math.log(1 + (total_blocks - df + 0.5) / (df + 0.5))
+    # tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avg)), with the constants out of the inner loop.
+    base = K1 * (1 - B)
+    per_length = K1 * B / avg_length
+    raw: list[tuple[float, int, int]] = []
     for file_number, ix in enumerate(indexes):
         scores: dict[int, float] = {}
+        get = scores.get
+        lengths = ix.lengths
         for term, weight in idf.items():
+            boost = weight * (K1 + 1)
             for block_number, tf in ix.postings.get(term, ()):
-                norm = K1 * (1 - B + B * ix.lengths[block_number] / avg_length)
-                scores[block_number] = scores.get(block_number, 0.0) + weight * tf * (K1 + 1) / (tf + norm)
-        for block_number, score in scores.items():
-            text = ix.normalized[block_number]
+                norm = base + per_length * lengths[block_number]
+                scores[block_number] = get(block_number, 0.0) + boost * tf / (tf + norm)
+        raw.extend((score, file_number, block_number) for block_number, score in scores.items())
+    # The phrase check scans the block's text, so only blocks that could still reach the top `limit`
+    # with the bonus are checked.
+    wanted = phrases(query)
+    bonus = 1 + PHRASE_BONUS
+    floor = heapq.nlargest(limit, raw)[-1][0] if len(raw) >= limit else 0.0
+    scored: list[tuple[float, int, int]] = []
+    for score, file_number, block_number in raw:
+        if score * bonus >= floor:
+            text = indexes[file_number].normalized[block_number]
             if any(phrase in text for phrase in wanted):
-                score *= 1 + PHRASE_BONUS
-            # On equal scores the later block wins: newer memories are likelier to be current.
-            scored.append((score, file_number, block_number))
+                score *= bonus
+        # On equal scores the later block wins: newer memories are likelier to be current.
+        scored.append((score, file_number, block_number))
     best = heapq.nlargest(limit, scored)
     return [Hit(indexes[f].blocks[b], s) for s, f, b in best]
 

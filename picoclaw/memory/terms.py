@@ -2,13 +2,17 @@
 
 Latin-script text gives lower-cased words (stop words dropped); identifiers, e-mail addresses, paths and
 error codes are kept whole (`handleWebSocketReconnect`, `ECONNREFUSED`, `alice@example.com`) and their
-parts are added too. CJK text has no spaces, so each run of CJK characters gives its character bigrams
-("宠物狗叫" → 宠物 物狗 狗叫); a lone CJK character is kept as itself.
+parts are added too. CJK text has no spaces, so each run of CJK characters gives its characters and its
+character bigrams ("宠物狗叫" → 宠 宠物 物 物狗 狗 狗叫 叫). The bigrams carry most of the meaning; the single
+characters catch what bigrams miss: one-character words (猫, 画) and names transliterated differently in
+different places (梅拉妮 / 梅兰妮). Very common characters (的, 了, 我, 什, 么 …) are not kept on their own,
+only inside bigrams; a lone CJK character is always kept.
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _WORD = rf"[^\W{_CJK_RANGES}]+"
@@ -28,14 +32,30 @@ STOP_WORDS = frozenset(
     """.split()
 )
 
+# Particles, pronouns and question characters: as single-character terms they match nearly every block.
+CJK_STOP_CHARS = frozenset("的了是在我你他她它们吗呢吧啊呀哦嗯和也都就很这那有一个不么什哪何谁时候为")
 
-def _word_terms(word: str) -> list[str]:
+
+@lru_cache(maxsize=1 << 16)  # words repeat a lot (Zipf); splitting each one again dominated indexing time
+def _word_terms(word: str) -> tuple[str, ...]:
     whole = word.lower()
     terms = [] if whole in STOP_WORDS else [whole]
     pieces = [p for chunk in _PART_SPLIT.split(word) for p in _CAMEL.findall(chunk) or [chunk]]
     if len(pieces) > 1:
         terms.extend(p.lower() for p in pieces if p and p.lower() not in STOP_WORDS)
-    return terms
+    return tuple(terms)
+
+
+def _cjk_terms(run: str) -> list[str]:
+    if len(run) == 1:
+        return [run]
+    out: list[str] = []
+    for i, char in enumerate(run):
+        if char not in CJK_STOP_CHARS:
+            out.append(char)
+        if i + 1 < len(run):
+            out.append(run[i : i + 2])
+    return out
 
 
 def terms(text: str) -> list[str]:
@@ -44,10 +64,7 @@ def terms(text: str) -> list[str]:
     for match in _TOKEN.finditer(text):
         run = match.group("cjk")
         if run is not None:
-            if len(run) == 1:
-                out.append(run)
-            else:
-                out.extend(run[i : i + 2] for i in range(len(run) - 1))
+            out.extend(_cjk_terms(run))
         else:
             out.extend(_word_terms(match.group("word")))
     return out

@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""Retrieval quality of picoclaw's memory search on LoCoMo-10 (English and Chinese).
+
+What is measured
+    Each LoCoMo conversation goes into a fresh temporary workspace the way the runtime would store it:
+    every session is a day of daily notes, written through ``MemoryStore.append_note(text, at=<session
+    date and time>)``, one note per turn, the note text being ``"Speaker: text"`` (plus
+    ``" [shares a photo: <caption>]"`` when the turn shares an image; ``[分享了一张照片：<caption>]`` in
+    the Chinese file). So each turn is one retrieval block (``## HH:MM`` heading + the line).
+
+    Every question of categories 1-4 that has evidence is a query against its own conversation:
+    ``MemoryRetriever.search(question, <all blocks>, include_notes=True)``. Each returned block is mapped
+    back to its (session, turn) through its file (the day) and line range. Metrics, averaged over
+    questions:
+
+    * turn recall@5 / @10: fraction of the question's evidence turns inside the top-k blocks;
+    * session recall@1 / @3 / @5: fraction of the question's evidence sessions among the first k
+      distinct sessions of the ranked block list (the whole ranked list is used, so a session further
+      down than block 10 still counts).
+
+    The same metrics are reported for a PicoClaw-style scorer implemented here (see ``picoclaw_rank``):
+    the same blocks, block score = number of query keywords occurring as substrings of the lower-cased
+    block text; keywords = distinct lower-cased ASCII words ``[a-z0-9]+`` of length >= 2 (no stop-word
+    list) plus whitespace-separated non-ASCII tokens (what ``strings.Contains`` on the query's words
+    could find; a Chinese question has no spaces, so in practice only its Latin words such as "LGBTQ"
+    ever match); ties keep file order; blocks scoring 0 are never returned.
+
+    The BM25 reference rows are copied from ../shared/bench-data/README.md (plain BM25 over all 10
+    conversations); compare them with ``--split all``. Their turn recall is like for like with ours
+    (turns ranked as units). Their session recall is not: it is reproduced to +-0.003 by ranking whole
+    sessions as BM25 documents, which a block retriever never does; plain BM25 over turns scored the
+    way this script scores session recall gets 0.561 / 0.744 / 0.809 in English (all 10).
+
+    Evidence ids are normalised with a regex ("D8:6; D9:17" → two ids, "D:11:26" → D11:26, "D30:05" →
+    D30:5); the two that still point at no turn (conv-42 D10:19, conv-47 D4:36) are dropped.
+
+Data: ``../shared/bench-data/locomo/locomo10.json`` and ``locomo10_CN.json`` (never committed). By default
+only the dev conversations (conv-26 conv-30 conv-41 conv-42 conv-43) are used; ``--split heldout`` /
+``--split all`` are for reporting only, never for choosing parameters.
+
+Run (from the repository root):
+    python bench/retrieval_quality.py                 # dev split, both languages
+    python bench/retrieval_quality.py --split all     # like-for-like with the README's BM25 numbers
+    python bench/retrieval_quality.py --lang en --by-category
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as `python bench/retrieval_quality.py` without installing picoclaw
+    sys.path.insert(0, str(REPO))
+
+from picoclaw.memory.retrieval import Block, MemoryRetriever, split_blocks  # noqa: E402
+from picoclaw.memory.store import MemoryStore  # noqa: E402
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/bench-data/locomo"
+FILES = {"en": "locomo10.json", "zh": "locomo10_CN.json"}
+LANG_NAMES = {"en": "English", "zh": "Chinese"}
+PHOTO = {"en": "[shares a photo: {}]", "zh": "[分享了一张照片：{}]"}
+DEV = ("conv-26", "conv-30", "conv-41", "conv-42", "conv-43")
+CATEGORIES = (1, 2, 3, 4)
+CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+TURN_KS = (5, 10)
+SESSION_KS = (1, 3, 5)
+COLUMNS = ("turn R@5", "turn R@10", "sess R@1", "sess R@3", "sess R@5")
+
+# README reference (plain BM25, all 10 conversations), in COLUMNS order.
+REFERENCE = {
+    "en": (0.500, 0.564, 0.579, 0.760, 0.821),
+    "zh": (0.510, 0.601, 0.578, 0.762, 0.832),
+}
+
+MONTHS = {
+    name: number
+    for number, name in enumerate(
+        "january february march april may june july august september october november december".split(), 1
+    )
+}
+_EN_DATE = re.compile(r"(\d{1,2}):(\d{2})\s*([ap]m)\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})", re.I)
+_ZH_DATE = re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月\s*(\d{1,2})\s*日[\s,，]*(上午|下午|晚上|凌晨|中午|早上)?\s*(\d{1,2})[:：](\d{2})")
+_EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
+_SESSION_KEY = re.compile(r"session_(\d+)")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def parse_session_time(text: str) -> datetime:
+    """ "1:56 pm on 8 May, 2023" or "2023年5月8日下午1:56" (上午/下午/晚上/凌晨/中午, optional) → UTC datetime."""
+    match = _EN_DATE.search(text)
+    if match:
+        hour, minute, half, day, month_name, year = match.groups()
+        month = MONTHS.get(month_name.lower())
+        if month is None:
+            raise ValueError(f"unknown month in session time {text!r}")
+        h = int(hour) % 12 + (12 if half.lower() == "pm" else 0)
+        return datetime(int(year), month, int(day), h, int(minute), tzinfo=timezone.utc)
+    match = _ZH_DATE.search(text)
+    if match:
+        year, month_number, day, period, hour, minute = match.groups()
+        h = int(hour)
+        if period in ("下午", "晚上") and h < 12:
+            h += 12
+        elif period == "中午" and h < 11:
+            h += 12
+        elif period in ("上午", "凌晨", "早上") and h == 12:
+            h = 0
+        return datetime(int(year), int(month_number), int(day), h, int(minute), tzinfo=timezone.utc)
+    raise ValueError(f"cannot parse session time {text!r}")
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    category: int
+    turns: frozenset[str]  # evidence dia_ids that exist in the conversation
+    sessions: frozenset[int]
+
+
+@dataclass
+class Conversation:
+    sample_id: str
+    sessions: list[tuple[int, datetime, list[dict[str, object]]]]
+    turn_session: dict[str, int]
+    questions: list[Question]
+    dropped_evidence: int = 0
+
+
+def turn_text(turn: dict[str, object], lang: str) -> str:
+    text = f"{turn['speaker']}: {str(turn.get('text') or '').strip()}"
+    caption = str(turn.get("blip_caption") or "").strip()
+    if caption:
+        text += " " + PHOTO[lang].format(caption)
+    return text
+
+
+def in_split(sample_id: str, split: str) -> bool:
+    """dev: the five tuning conversations; heldout: the other five; all: every one."""
+    return split == "all" or (sample_id in DEV) == (split == "dev")
+
+
+def load_conversations(path: Path, split: str) -> list[Conversation]:
+    out: list[Conversation] = []
+    for sample in json.loads(path.read_text(encoding="utf-8")):
+        if not in_split(str(sample["sample_id"]), split):
+            continue
+        conv = sample["conversation"]
+        sessions: list[tuple[int, datetime, list[dict[str, object]]]] = []
+        for key, turns in conv.items():
+            m = _SESSION_KEY.fullmatch(key)
+            if m and turns:  # some conversations list dates of sessions that have no turns
+                number = int(m.group(1))
+                sessions.append((number, parse_session_time(conv[f"{key}_date_time"]), turns))
+        sessions.sort(key=lambda item: item[0])
+        turn_session = {str(t["dia_id"]): n for n, _, turns in sessions for t in turns}
+        questions: list[Question] = []
+        dropped = 0
+        for qa in sample["qa"]:
+            if qa.get("category") not in CATEGORIES:
+                continue
+            # "D8:6; D9:17" → two ids, "D:11:26" → D11:26, "D30:05" → D30:5
+            ids = [f"D{int(s)}:{int(t)}" for e in qa.get("evidence") or [] for s, t in _EVIDENCE.findall(str(e))]
+            known = frozenset(i for i in ids if i in turn_session)
+            dropped += len(set(ids) - known)
+            if not known:
+                continue
+            questions.append(Question(str(qa["question"]), int(qa["category"]), known,
+                                      frozenset(turn_session[i] for i in known)))
+        out.append(Conversation(sample["sample_id"], sessions, turn_session, questions, dropped))
+    return out
+
+
+@dataclass
+class Workspace:
+    """One conversation written as daily notes, and the (file, line) → turn map to read hits back."""
+
+    store: MemoryStore
+    line_turn: dict[str, list[str | None]] = field(default_factory=dict)  # path → turn per line (1-based)
+
+    def block_turns(self, block: Block) -> list[str]:
+        """The turns (dia_ids) whose lines the block covers, in order; none for the day's title line."""
+        lines = self.line_turn[str(block.path)]  # a KeyError here means a hit from a file we did not write
+        found = (lines[n] for n in range(block.start_line, block.end_line + 1) if n < len(lines))
+        return list(dict.fromkeys(t for t in found if t is not None))
+
+
+def build_workspace(root: Path, conv: Conversation, lang: str) -> Workspace:
+    store = MemoryStore(root / "memory", timezone.utc)
+    file_turns: dict[str, list[str]] = {}
+    for _, moment, turns in conv.sessions:
+        for turn in turns:
+            written = store.append_note(turn_text(turn, lang), at=moment)
+            file_turns.setdefault(str(written), []).append(str(turn["dia_id"]))
+    ws = Workspace(store)
+    # Each append_note adds exactly one "## HH:MM" section (the store demotes headings inside the text),
+    # so the n-th section of a day file is the n-th turn appended to it.
+    for path, ids in file_turns.items():
+        lines: list[str | None] = [None]
+        section = -1
+        # Count lines as the block splitter does: only \r\n, \r and \n break a line (not \u2028 …).
+        for line in _LINE_BREAK.split(Path(path).read_text(encoding="utf-8").rstrip("\r\n")):
+            if line.startswith("## ") or line.rstrip() == "##":
+                section += 1
+            lines.append(ids[section] if section >= 0 else None)
+        if section + 1 != len(ids):
+            raise RuntimeError(f"{path}: {section + 1} sections for {len(ids)} notes; the format changed?")
+        ws.line_turn[path] = lines
+    return ws
+
+
+# -- the PicoClaw-style scorer ---------------------------------------------------------------------
+
+_ASCII_WORD = re.compile(r"[a-z0-9]+")
+_EDGE = re.compile(r"^[\W_]+|[\W_]+$")
+
+
+def picoclaw_keywords(query: str) -> list[str]:
+    """Lower-cased ASCII words (length >= 2) + whitespace-separated tokens with non-ASCII characters."""
+    lowered = query.lower()
+    words = [w for w in _ASCII_WORD.findall(lowered) if len(w) >= 2]
+    others = [_EDGE.sub("", tok) for tok in lowered.split() if not tok.isascii()]
+    return list(dict.fromkeys(words + [o for o in others if o]))
+
+
+def picoclaw_rank(blocks: Sequence[tuple[Block, str]], query: str) -> list[Block]:
+    """Blocks by number of keywords found as substrings, ties in file order, score 0 dropped."""
+    keywords = picoclaw_keywords(query)
+    scored = [(sum(1 for kw in keywords if kw in low), n) for n, (_, low) in enumerate(blocks)]
+    scored = [(s, n) for s, n in scored if s > 0]
+    scored.sort(key=lambda item: (-item[0], item[1]))
+    return [blocks[n][0] for _, n in scored]
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+
+
+def question_metrics(ranked: Sequence[list[str]], q: Question, turn_session: dict[str, int]) -> list[float]:
+    """[turn R@5, turn R@10, session R@1, R@3, R@5] of one question given its ranked blocks' turns."""
+    out: list[float] = []
+    for k in TURN_KS:
+        covered = {t for turns in ranked[:k] for t in turns}
+        out.append(len(q.turns & covered) / len(q.turns))
+    order: list[int] = []
+    for turns in ranked:
+        for t in turns:
+            s = turn_session[t]
+            if s not in order:
+                order.append(s)
+        if len(order) >= max(SESSION_KS):
+            break
+    for k in SESSION_KS:
+        out.append(len(q.sessions & set(order[:k])) / len(q.sessions))
+    return out
+
+
+@dataclass
+class Tally:
+    rows: list[tuple[int, list[float]]] = field(default_factory=list)  # (category, metrics)
+
+    def add(self, category: int, metrics: list[float]) -> None:
+        self.rows.append((category, metrics))
+
+    def mean(self, category: int | None = None) -> tuple[int, list[float]]:
+        chosen = [m for c, m in self.rows if category is None or c == category]
+        if not chosen:
+            return 0, [float("nan")] * len(COLUMNS)
+        return len(chosen), [sum(col) / len(chosen) for col in zip(*chosen)]
+
+
+def search_ours(ws: Workspace, retriever: MemoryRetriever, total: int, query: str) -> list[list[str]]:
+    """Every matching block, best first (the whole ranking, for session recall), as lists of turns."""
+    return [ws.block_turns(hit.block) for hit in retriever.search(query, total, include_notes=True)]
+
+
+def run_language(data: Path, lang: str, split: str, quiet: bool) -> dict[str, Tally]:
+    convs = load_conversations(data / FILES[lang], split)
+    tallies = {"picoclaw": Tally(), "PicoClaw-style": Tally()}
+    write_s = query_s = base_s = 0.0
+    for conv in convs:
+        with tempfile.TemporaryDirectory(prefix="picoclaw-locomo-") as tmp:
+            t0 = time.perf_counter()
+            ws = build_workspace(Path(tmp), conv, lang)
+            write_s += time.perf_counter() - t0
+            retriever = MemoryRetriever(ws.store)
+            blocks = [b for p in ws.store.note_files() for b in split_blocks(p.read_text(encoding="utf-8"), p)]
+            lowered = [(b, b.text.lower()) for b in blocks]
+            t0 = time.perf_counter()
+            for q in conv.questions:
+                ranked = search_ours(ws, retriever, len(blocks), q.text)
+                tallies["picoclaw"].add(q.category, question_metrics(ranked, q, conv.turn_session))
+            query_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for q in conv.questions:
+                ranked = [ws.block_turns(b) for b in picoclaw_rank(lowered, q.text)]
+                tallies["PicoClaw-style"].add(q.category, question_metrics(ranked, q, conv.turn_session))
+            base_s += time.perf_counter() - t0
+        if not quiet:
+            print(f"  {lang} {conv.sample_id}: {len(conv.sessions)} sessions, {len(blocks)} blocks, "
+                  f"{len(conv.questions)} questions, {conv.dropped_evidence} evidence ids pointing at no turn",
+                  file=sys.stderr)
+    if not quiet:
+        n = sum(len(c.questions) for c in convs)
+        print(f"  {lang}: write {write_s:.1f} s, picoclaw queries {query_s:.2f} s "
+              f"({1000 * query_s / max(n, 1):.2f} ms/question), PicoClaw-style {base_s:.2f} s", file=sys.stderr)
+    return tallies
+
+
+def print_table(rows: list[tuple[str, str, int | str, Sequence[float]]], title: str) -> None:
+    print(title)
+    header = f"| {'language':<8} | {'scorer':<31} | {'questions':>9} | " + " | ".join(f"{c:>9}" for c in COLUMNS) + " |"
+    print(header)
+    print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
+    for lang, scorer, n, values in rows:
+        cells = " | ".join(f"{v:>9.3f}" for v in values)
+        print(f"| {lang:<8} | {scorer:<31} | {n!s:>9} | {cells} |")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"LoCoMo folder (default {DEFAULT_DATA})")
+    parser.add_argument("--split", choices=("dev", "heldout", "all"), default="dev",
+                        help="dev (default; tune here), heldout or all (report only)")
+    parser.add_argument("--lang", choices=("en", "zh", "both"), default="both")
+    parser.add_argument("--by-category", action="store_true", help="also print one table per category")
+    parser.add_argument("--quiet", action="store_true", help="no per-conversation progress on stderr")
+    args = parser.parse_args(argv)
+
+    langs = ("en", "zh") if args.lang == "both" else (args.lang,)
+
+    started = time.perf_counter()
+    results = {lang: run_language(args.data, lang, args.split, args.quiet) for lang in langs}
+    elapsed = time.perf_counter() - started
+
+    rows: list[tuple[str, str, int | str, Sequence[float]]] = []
+    for lang in langs:
+        for scorer, tally in results[lang].items():
+            n, values = tally.mean()
+            rows.append((LANG_NAMES[lang], scorer, n, values))
+        rows.append((LANG_NAMES[lang], "BM25 reference (README, all 10)", "-", REFERENCE[lang]))
+    print_table(rows, f"LoCoMo-10 retrieval, split {args.split}, categories 1-4")
+    print("(README reference: plain BM25 over all 10 conversations; its session recall ranks whole sessions as\n"
+          " documents, ours takes the first k distinct sessions of the ranked turn blocks, so compare session\n"
+          " columns with care; turn columns are like for like with --split all)")
+    if args.by_category:
+        for cat in CATEGORIES:
+            cat_rows: list[tuple[str, str, int | str, Sequence[float]]] = []
+            for lang in langs:
+                for scorer, tally in results[lang].items():
+                    n, values = tally.mean(cat)
+                    cat_rows.append((LANG_NAMES[lang], scorer, n, values))
+            print()
+            print_table(cat_rows, f"category {cat} ({CATEGORY_NAMES[cat]})")
+    print(f"\ntotal {elapsed:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

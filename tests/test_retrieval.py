@@ -1,0 +1,412 @@
+"""Retrieval: block splitting, search terms, BM25 search over MEMORY.md and notes, and the file cache."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+from freezegun import freeze_time
+
+from picoclaw.memory import retrieval
+from picoclaw.memory.retrieval import Block, Hit, MemoryRetriever, split_blocks
+from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.terms import phrases, terms
+
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+P = Path("MEMORY.md")
+
+# The facts of seed 004 §4.2, in Chinese and in English, plus a second paragraph and an identifier.
+MEMORY = """\
+# Long-term memory
+
+Facts picoclaw keeps about you.
+
+## 2025-03-01
+项目 A 的截止日期是 3 月 15 日。
+
+## 2025-03-02
+宠物狗叫 Bob，是一只柯基。
+
+它最喜欢在公园追球。
+It loves chasing balls in the park.
+
+## 2025-03-03
+常用邮箱是 alice@example.com。
+
+## 2025-03-04
+我的咖啡偏好是无糖拿铁，大杯。
+
+## 2025-03-05
+The deadline for project A is March 15.
+
+## 2025-03-06
+My pet dog is called Bob, a corgi.
+
+## 2025-03-07
+My usual email address is alice@example.com.
+
+## 2025-03-08
+修复了 handleWebSocketReconnect 在 ECONNREFUSED 时不重试的问题。
+Fixed handleWebSocketReconnect not retrying on ECONNREFUSED.
+"""
+
+
+def shape(blocks: list[Block]) -> list[tuple[str, int, int, str]]:
+    return [(b.heading, b.start_line, b.end_line, b.text) for b in blocks]
+
+
+def last_line(hit: Hit) -> str:
+    return hit.block.text.splitlines()[-1]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> MemoryStore:
+    memory = MemoryStore(tmp_path / "memory", SHANGHAI)
+    memory.rewrite_long_term(MEMORY)
+    return memory
+
+
+@pytest.fixture
+def retriever(store: MemoryStore) -> MemoryRetriever:
+    return MemoryRetriever(store)
+
+
+# -- split_blocks ------------------------------------------------------------------------------------
+
+
+def test_sections_paragraphs_preamble_and_empty_heading() -> None:
+    text = (
+        "# Long-term memory\n"            # 1
+        "\n"                              # 2
+        "Intro line.\n"                   # 3
+        "\n"                              # 4
+        "## 2025-03-01\n"                 # 5
+        "项目 A 的截止日期是 3 月 15 日。\n"  # 6
+        "\n"                              # 7
+        "Second paragraph about A.\n"     # 8
+        "More of it.\n"                   # 9
+        "\n"                              # 10
+        "## Empty heading\n"              # 11
+        "## 2025-03-02\n"                 # 12
+        "宠物狗叫 Bob。\n"                  # 13
+    )
+    assert shape(split_blocks(text, P)) == [
+        ("", 1, 1, "# Long-term memory"),
+        ("", 3, 3, "Intro line."),
+        ("## 2025-03-01", 5, 6, "## 2025-03-01\n项目 A 的截止日期是 3 月 15 日。"),
+        # A later paragraph keeps its heading (the date stays with the entry) but its own lines.
+        ("## 2025-03-01", 8, 9, "## 2025-03-01\nSecond paragraph about A.\nMore of it."),
+        ("## Empty heading", 11, 11, "## Empty heading"),
+        ("## 2025-03-02", 12, 13, "## 2025-03-02\n宠物狗叫 Bob。"),
+    ]
+    assert all(b.path == P for b in split_blocks(text, P))
+
+
+def test_heading_then_blank_line_then_body_starts_at_the_heading() -> None:
+    assert shape(split_blocks("## 偏好\n\n无糖拿铁\n", P)) == [("## 偏好", 1, 3, "## 偏好\n无糖拿铁")]
+
+
+def test_subheadings_and_bare_hashes() -> None:
+    text = "## Coffee\n### Morning\nlatte\n##\nafter a bare heading\n"
+    assert shape(split_blocks(text, P)) == [
+        ("## Coffee", 1, 3, "## Coffee\n### Morning\nlatte"),
+        ("##", 4, 5, "##\nafter a bare heading"),
+    ]
+
+
+@pytest.mark.parametrize("fence", ["```", "~~~"])
+def test_fenced_code_is_never_split(fence: str) -> None:
+    text = (
+        "## Snippet 代码\n"                     # 1
+        "Reconnect code:\n"                     # 2
+        f"{fence}python\n"                      # 3
+        "def handleWebSocketReconnect():\n"     # 4
+        "\n"                                    # 5
+        "    ## not a heading\n"                # 6
+        "## also not a heading\n"               # 7
+        f"{fence}\n"                            # 8
+        "\n"                                    # 9
+        "## After\n"                            # 10
+        "完成 done\n"                            # 11
+    )
+    blocks = split_blocks(text, P)
+    assert shape(blocks) == [
+        ("## Snippet 代码", 1, 8, "\n".join(text.splitlines()[0:8])),
+        ("## After", 10, 11, "## After\n完成 done"),
+    ]
+
+
+def test_line_numbers_count_only_real_line_breaks() -> None:
+    # Regression: str.splitlines also breaks at \u2028 and form feeds, which shifted every later block's
+    # line range away from the lines an editor (or `sed -n`) shows, and rewrote the block text.
+    text = "## a\nline one\u2028still one\nline two\n\n## b\nx\x0cy\nz\n"
+    assert shape(split_blocks(text, P)) == [
+        ("## a", 1, 3, "## a\nline one\u2028still one\nline two"),
+        ("## b", 5, 7, "## b\nx\x0cy\nz"),
+    ]
+
+
+def test_crlf_text_and_empty_text() -> None:
+    assert shape(split_blocks("## A\r\n狗叫 Bob\r\n\r\nsecond\r\n", P)) == [
+        ("## A", 1, 2, "## A\n狗叫 Bob"), ("## A", 4, 4, "## A\nsecond")]
+    assert split_blocks("", P) == []
+    assert split_blocks("\n\n  \n", P) == []
+
+
+# -- terms -------------------------------------------------------------------------------------------------
+
+
+def test_chinese_runs_become_characters_and_bigrams() -> None:
+    assert terms("宠物狗叫") == ["宠", "宠物", "物", "物狗", "狗", "狗叫", "叫"]
+    assert terms("狗") == ["狗"]
+    assert terms("的") == ["的"]  # a lone character is kept even when it is a common one
+    # Common characters (什 么 时 候) only count inside bigrams.
+    assert terms("项目 A 什么时候截止？") == ["项", "项目", "目", "什么", "么时", "时候", "候截", "截", "截止", "止"]
+
+
+def test_chinese_single_characters_match_variant_transliterations() -> None:
+    assert {"梅", "妮"} <= set(terms("梅拉妮画了什么？")) & set(terms("梅兰妮：我画了一幅日出。"))
+
+
+def test_mixed_chinese_and_english() -> None:
+    assert terms("宠物狗叫 Bob，是一只柯基。") == [
+        "宠", "宠物", "物", "物狗", "狗", "狗叫", "叫", "bob", "是一", "一只", "只", "只柯", "柯", "柯基", "基"
+    ]
+
+
+def test_identifiers_stay_whole_and_add_their_parts() -> None:
+    got = terms("handleWebSocketReconnect failed: ECONNREFUSED")
+    assert got[:5] == ["handlewebsocketreconnect", "handle", "web", "socket", "reconnect"]
+    assert "econnrefused" in got and "failed" in got
+    assert terms("alice@example.com") == ["alice@example.com", "alice", "example", "com"]
+    assert terms("retrieve_limit") == ["retrieve_limit", "retrieve", "limit"]
+
+
+def test_stop_words_are_dropped_and_words_lower_cased() -> None:
+    assert terms("What is the name of my Dog?") == ["name", "dog"]
+    assert terms("the of and") == []
+
+
+def test_phrases_prefer_quoted_parts() -> None:
+    assert phrases('find "Deadline  Moved" please') == ["deadline moved"]
+    assert phrases("「无糖拿铁」和别的") == ["无糖拿铁"]
+    assert phrases("项目 A 什么时候截止？") == ["项目 a 什么时候截止"]
+
+
+# -- search ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        pytest.param("项目 A 什么时候截止？", "项目 A 的截止日期是 3 月 15 日。", id="zh-deadline"),
+        pytest.param("我的狗叫什么", "宠物狗叫 Bob，是一只柯基。", id="zh-dog"),
+        pytest.param("邮箱", "常用邮箱是 alice@example.com。", id="zh-email"),
+        pytest.param("When is the deadline for project A?", "The deadline for project A is March 15.", id="en-deadline"),
+        pytest.param("What is my dog called?", "My pet dog is called Bob, a corgi.", id="en-dog"),
+        pytest.param("What is my email address?", "My usual email address is alice@example.com.", id="en-email"),
+        pytest.param("咖啡", "我的咖啡偏好是无糖拿铁，大杯。", id="zh-coffee"),
+    ],
+)
+def test_seed_004_queries_find_the_right_block_first(
+    retriever: MemoryRetriever, query: str, expected: str
+) -> None:
+    hits = retriever.search(query, 10)
+    assert hits, query
+    assert last_line(hits[0]) == expected
+
+
+def test_identifier_queries(retriever: MemoryRetriever) -> None:
+    for query in ("handleWebSocketReconnect", "ECONNREFUSED", "websocket reconnect"):
+        hits = retriever.search(query, 10)
+        assert len(hits) == 1, query
+        assert "handleWebSocketReconnect" in hits[0].block.text
+        assert hits[0].block.heading == "## 2025-03-08"
+    email = retriever.search("alice@example.com", 10)
+    assert {last_line(h) for h in email} == {
+        "常用邮箱是 alice@example.com。", "My usual email address is alice@example.com."}
+
+
+@pytest.mark.parametrize(
+    ("query", "phrase_block", "other_block"),
+    [("deadline moved", "## Project", "## Notes"), ("无糖 拿铁", "## 点单", "## 口味")],
+)
+def test_exact_phrase_bonus_changes_the_ranking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, query: str, phrase_block: str, other_block: str
+) -> None:
+    # Both blocks of each pair hold both query terms; only one holds them as the exact phrase, and it
+    # is the longer one, so plain BM25 prefers the other.
+    store = MemoryStore(tmp_path / "memory", SHANGHAI)
+    store.rewrite_long_term(
+        "## Project\nThe client says the deadline moved to next Friday, and the review too.\n\n"
+        "## Notes\nReview moved; deadline unclear.\n\n"
+        "## 点单\n常点无糖 拿铁，大杯，外带。\n\n"
+        "## 口味\n拿铁要无糖，少冰。\n"
+    )
+    with_bonus = [h.block.heading for h in MemoryRetriever(store).search(query, 2)]
+    monkeypatch.setattr(retrieval, "PHRASE_BONUS", 0.0)
+    without_bonus = [h.block.heading for h in MemoryRetriever(store).search(query, 2)]
+    assert with_bonus == [phrase_block, other_block]
+    assert without_bonus == [other_block, phrase_block]
+
+
+def test_limit_is_respected_and_hits_are_best_first(retriever: MemoryRetriever) -> None:
+    everything = retriever.search("Bob 狗 dog 项目 project", 50)
+    assert len(everything) >= 4
+    assert [h.score for h in everything] == sorted((h.score for h in everything), reverse=True)
+    assert retriever.search("Bob 狗 dog 项目 project", 2) == everything[:2]
+    assert len(retriever.search("Bob", 1)) == 1
+    assert retriever.search("Bob", 0) == []
+
+
+@pytest.mark.parametrize("query", ["量子计算", "quantum physics", "", "   ", "the of and", "？！"])
+def test_no_hit_gives_empty_list(retriever: MemoryRetriever, query: str) -> None:
+    assert retriever.search(query, 10) == []
+
+
+def test_missing_memory_file_gives_no_hits(tmp_path: Path) -> None:
+    assert MemoryRetriever(MemoryStore(tmp_path / "empty", SHANGHAI)).search("Bob", 5) == []
+
+
+def test_daily_notes_only_with_include_notes(store: MemoryStore, retriever: MemoryRetriever) -> None:
+    note = store.append_note("和朋友去爬山，看到了日出。\nHiked with friends and saw the sunrise.",
+                             at=datetime(2025, 3, 9, 8, 30, tzinfo=SHANGHAI))
+    assert note == store.memory_dir / "202503" / "20250309.md"
+    for query in ("爬山", "sunrise"):
+        assert retriever.search(query, 10) == []
+        hits = retriever.search(query, 10, include_notes=True)
+        assert [h.block.path for h in hits] == [note]
+        assert hits[0].block.heading == "## 08:30"
+        assert "日出" in hits[0].block.text
+
+
+def test_memory_and_notes_rank_together(store: MemoryStore, retriever: MemoryRetriever) -> None:
+    note = store.append_note("给 Bob 洗澡 / gave Bob a bath", at=datetime(2025, 3, 9, 20, 0, tzinfo=SHANGHAI))
+    paths = {h.block.path for h in retriever.search("Bob", 10, include_notes=True)}
+    assert paths == {store.long_term_path, note}
+
+
+def test_hit_line_ranges_point_at_the_real_file(store: MemoryStore, retriever: MemoryRetriever) -> None:
+    lines = store.long_term_path.read_text(encoding="utf-8").split("\n")
+    queries = ["项目 A 什么时候截止？", "我的狗叫什么", "邮箱", "追球 chasing balls", "ECONNREFUSED", "email"]
+    checked = 0
+    for query in queries:
+        for hit in retriever.search(query, 10):
+            block = hit.block
+            assert block.path == store.long_term_path
+            span = lines[block.start_line - 1 : block.end_line]
+            if span[0] == block.heading:  # first paragraph: the range covers heading and body
+                assert "\n".join(span) == block.text
+            else:  # a later paragraph: its own lines, shown under its heading
+                assert f"{block.heading}\n" + "\n".join(span) == block.text
+            checked += 1
+    assert checked >= len(queries)
+    second = retriever.search("追球 chasing balls", 1)[0].block
+    assert (second.start_line, second.end_line) == (11, 12)
+    assert lines[10] == "它最喜欢在公园追球。"
+    assert second.text.startswith("## 2025-03-02\n")
+
+
+# -- cache ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def counters(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count split_blocks calls and reads of MEMORY.md made by retrieval."""
+    counts = {"split": 0, "read": 0}
+    real_split = retrieval.split_blocks
+    real_read = Path.read_text
+
+    def counting_split(text: str, path: Path) -> list[Block]:
+        counts["split"] += 1
+        return real_split(text, path)
+
+    def counting_read(self: Path, *args: object, **kwargs: object) -> str:
+        if self.name == "MEMORY.md":
+            counts["read"] += 1
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(retrieval, "split_blocks", counting_split)
+    monkeypatch.setattr(Path, "read_text", counting_read)
+    return counts
+
+
+def test_unchanged_file_is_not_reread_or_resplit(retriever: MemoryRetriever, counters: dict[str, int]) -> None:
+    first = retriever.search("我的狗叫什么", 3)
+    assert counters == {"split": 1, "read": 1}
+    second = retriever.search("What is my dog called?", 3)
+    third = retriever.search("我的狗叫什么", 3)
+    assert counters == {"split": 1, "read": 1}
+    assert third == first and last_line(second[0]) == "My pet dog is called Bob, a corgi."
+
+
+@freeze_time("2025-03-10 02:00:00")
+def test_append_is_picked_up_on_next_query(
+    store: MemoryStore, retriever: MemoryRetriever, counters: dict[str, int]
+) -> None:
+    assert retriever.search("猫咪", 5) == [] and retriever.search("cat", 5) == []
+    store.append_long_term("新养了一只猫咪，叫 Mimi。\nAdopted a cat named Mimi.")
+    hits = retriever.search("猫咪", 5)
+    assert counters["split"] == 2
+    assert [h.block.heading for h in hits] == ["## 2025-03-10"]
+    assert last_line(retriever.search("cat", 5)[0]) == "Adopted a cat named Mimi."
+    assert counters["split"] == 2
+
+
+def test_in_place_edit_keeping_size_is_picked_up(
+    store: MemoryStore, retriever: MemoryRetriever, counters: dict[str, int]
+) -> None:
+    path = store.long_term_path
+    assert retriever.search("柯基", 5) and retriever.search("corgi", 5)
+    before = os.stat(path)
+    raw = path.read_bytes()
+    # Same byte length (柯基/柴犬 are 6 bytes each in UTF-8, corgi/shiba 5 each), same inode.
+    edited = raw.replace("柯基".encode(), "柴犬".encode()).replace(b"corgi", b"shiba")
+    assert len(edited) == len(raw) and edited != raw
+    with open(path, "r+b") as fh:
+        fh.write(edited)
+    # Make the mtime change explicit rather than relying on the clock having ticked.
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    assert retriever.search("柯基", 5) == [] and retriever.search("corgi", 5) == []
+    assert "柴犬" in retriever.search("柴犬", 5)[0].block.text
+    assert "shiba" in retriever.search("shiba", 5)[0].block.text
+    assert counters["split"] == 2
+
+
+def test_replaced_file_with_same_size_and_mtime_is_picked_up(
+    store: MemoryStore, retriever: MemoryRetriever, counters: dict[str, int]
+) -> None:
+    # An editor that saves by writing a new file and renaming it over the old: only the inode differs.
+    path = store.long_term_path
+    assert retriever.search("Bob", 5)
+    before = os.stat(path)
+    temp = path.with_name(".MEMORY.md.swp")
+    temp.write_bytes(path.read_bytes().replace(b"Bob", b"Max"))
+    os.utime(temp, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(temp, path)
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert after.st_ino != before.st_ino
+    assert retriever.search("Bob", 5) == []
+    assert len(retriever.search("Max", 5)) >= 2
+    assert counters["split"] == 2
+
+
+def test_deleted_file_drops_out_of_the_cache(store: MemoryStore, retriever: MemoryRetriever) -> None:
+    assert retriever.search("Bob", 5)
+    store.long_term_path.unlink()
+    assert retriever.search("Bob", 5) == []
+    assert retriever.long_term_blocks() == []
+    assert store.long_term_path not in retriever.cache.entries
+
+
+def test_long_term_blocks_in_file_order(retriever: MemoryRetriever) -> None:
+    blocks = retriever.long_term_blocks()
+    assert [b.start_line for b in blocks] == sorted(b.start_line for b in blocks)
+    assert blocks[0].text == "# Long-term memory"
+    assert blocks[-1].heading == "## 2025-03-08"
