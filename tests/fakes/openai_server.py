@@ -1,0 +1,465 @@
+"""A real local HTTP server that speaks the OpenAI Chat Completions and Embeddings protocol.
+
+Tests point the official `openai` client (through picoclaw's provider) at it, script what it answers,
+and read back what it was sent:
+
+    with FakeOpenAIServer() as server:
+        server.reply_tool_calls([("memory_append", {"content": "喜欢绿茶", "slot": "long_term"})])
+        server.reply_text("记住了 / noted")
+        ...  # talk to server.base_url
+        assert server.chat_requests()[0]["model"] == "gpt-4o-mini"
+
+Chat requests take scripted replies from a FIFO queue; when it is empty, `responder(request_json)` answers
+if set, else the text "ok". Embedding requests get deterministic vectors unless an error is scripted for
+them. The server runs aiohttp on its own event loop in a background thread, so sync tests and tests that
+run their own `asyncio.run` can both use it. Like the real API it rejects malformed requests (bad message
+order around tool calls, `tool_choice` without `tools`, empty embedding input) with a 400, so code that
+would fail against OpenAI fails here too; pass `validate=False` to turn that off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import math
+import re
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal
+
+from aiohttp import web
+
+Endpoint = Literal["chat", "embeddings"]
+UsageSpec = Mapping[str, int] | Literal[False] | None  # None: estimate; False: leave `usage` out
+
+
+@dataclass(frozen=True)
+class Text:
+    """A plain assistant answer."""
+
+    text: str
+    usage: UsageSpec = None
+    delay: float = 0.0
+    finish_reason: str = "stop"
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """An assistant turn that calls tools; a `str` argument is sent as is (it may be malformed JSON)."""
+
+    calls: Sequence[tuple[str, Mapping[str, Any] | str]]
+    content: str | None = None
+    usage: UsageSpec = None
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Error:
+    """An OpenAI-shaped error body: {"error": {"message", "type", "param", "code"}}."""
+
+    status: int
+    message: str
+    code: str | None = None
+    headers: Mapping[str, str] | None = None
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Any body at all, for replies the client must cope with (garbage, odd provider dialects)."""
+
+    body: str | Mapping[str, Any] | list[Any]
+    status: int = 200
+    content_type: str = "application/json"
+    delay: float = 0.0
+
+
+Reply = Text | ToolCalls | Error | Raw
+GARBAGE = "<html><body><h1>502 Bad Gateway</h1>nginx</body></html>"
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the server saw it; `json` is None when the body was not JSON."""
+
+    path: str
+    headers: dict[str, str]  # lower-cased names
+    json: Any
+    received_at: float = field(default_factory=time.monotonic)
+
+
+class FakeOpenAIServer:
+    """OpenAI-compatible HTTP server on 127.0.0.1 (free port); use as a context manager."""
+
+    def __init__(self, *, api_key: str | None = None, validate: bool = True,
+                 default_dimensions: int = 16) -> None:
+        self.api_key = api_key  # when set, any other bearer token gets a 401 like OpenAI's
+        self.validate = validate
+        self.default_dimensions = default_dimensions
+        self.responder: Callable[[dict[str, Any]], Reply | str] | None = None
+        self.embedder: Callable[[str, int], list[float]] | None = None
+        self._lock = threading.Lock()
+        self._queues: dict[Endpoint, deque[Reply]] = {"chat": deque(), "embeddings": deque()}
+        self._requests: list[RecordedRequest] = []
+        self._counter = 0
+        self._port: int | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing: asyncio.Event | None = None
+        self._runner: web.AppRunner | None = None
+        self._startup_error: BaseException | None = None
+
+    # -- scripting ---------------------------------------------------------------------------------
+
+    def reply_text(self, text: str, *, usage: UsageSpec = None, delay: float = 0.0,
+                   finish_reason: str = "stop") -> None:
+        self.enqueue(Text(text, usage=usage, delay=delay, finish_reason=finish_reason))
+
+    def reply_tool_calls(self, calls: Sequence[tuple[str, Mapping[str, Any] | str]], *,
+                         content: str | None = None, usage: UsageSpec = None, delay: float = 0.0) -> None:
+        self.enqueue(ToolCalls(list(calls), content=content, usage=usage, delay=delay))
+
+    def reply_error(self, status: int, message: str, code: str | None = None,
+                    headers: Mapping[str, str] | None = None, *, delay: float = 0.0,
+                    endpoint: Endpoint = "chat") -> None:
+        self.enqueue(Error(status, message, code=code, headers=headers, delay=delay), endpoint)
+
+    def reply_garbage(self, *, delay: float = 0.0, endpoint: Endpoint = "chat") -> None:
+        """A 200 whose body is an HTML page, as a misconfigured proxy would send."""
+        self.enqueue(Raw(GARBAGE, content_type="text/html", delay=delay), endpoint)
+
+    def reply_raw(self, body: str | Mapping[str, Any] | list[Any], *, status: int = 200,
+                  content_type: str = "application/json", delay: float = 0.0,
+                  endpoint: Endpoint = "chat") -> None:
+        self.enqueue(Raw(body, status=status, content_type=content_type, delay=delay), endpoint)
+
+    def enqueue(self, reply: Reply, endpoint: Endpoint = "chat") -> None:
+        with self._lock:
+            self._queues[endpoint].append(reply)
+
+    def pending(self, endpoint: Endpoint = "chat") -> int:
+        """Scripted replies not used yet (a test can assert the code made every expected call)."""
+        with self._lock:
+            return len(self._queues[endpoint])
+
+    # -- what was sent -----------------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    def chat_requests(self) -> list[dict[str, Any]]:
+        """The JSON bodies of every chat completion request, oldest first."""
+        return [r.json for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def embedding_requests(self) -> list[dict[str, Any]]:
+        return [r.json for r in self.requests if r.path.endswith("/embeddings")]
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """What to give the client as `base_url` / config `api_base`."""
+        if self._port is None:
+            raise RuntimeError("FakeOpenAIServer is not running")
+        return f"http://127.0.0.1:{self._port}/v1"
+
+    def start(self) -> FakeOpenAIServer:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="fake-openai", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("FakeOpenAIServer did not start within 10 s")
+        if self._startup_error is not None:
+            raise RuntimeError("FakeOpenAIServer failed to start") from self._startup_error
+        return self
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        # Wake handlers that are sleeping out a scripted delay, so stopping never waits for them.
+        loop.call_soon_threadsafe(self._wake_and_stop)
+        thread.join(10)
+        self._loop = self._thread = None
+        self._port = None
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _wake_and_stop(self) -> None:
+        assert self._closing is not None and self._loop is not None
+        self._closing.set()
+        self._loop.stop()
+
+    def _run(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._listen())
+        except BaseException as exc:  # reported to the starting thread, which raises it
+            self._startup_error = exc
+            ready.set()
+            loop.close()
+            return
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            assert self._runner is not None
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+    async def _listen(self) -> None:
+        self._closing = asyncio.Event()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self._port = int(self._runner.addresses[0][1])
+
+    # -- handlers ----------------------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        refused = self._check_auth(request) or self._check_chat(body)
+        if refused is not None:
+            return refused
+        reply = self._next("chat")
+        if reply is None:
+            responder = self.responder
+            reply = responder(body) if responder is not None else Text("ok")
+            if isinstance(reply, str):
+                reply = Text(reply)
+        await self._sleep(reply.delay)
+        if isinstance(reply, Error | Raw):
+            return _render(reply)
+        return _json(self._completion(body, reply))
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        refused = self._check_auth(request) or self._check_embeddings(body)
+        if refused is not None:
+            return refused
+        scripted = self._next("embeddings")
+        if scripted is not None:
+            await self._sleep(scripted.delay)
+            return _render(scripted) if isinstance(scripted, Error | Raw) else _bad_request(
+                "only errors and raw bodies can be scripted for embeddings")
+        inputs = [body["input"]] if isinstance(body["input"], str) else list(body["input"])
+        dimensions = body.get("dimensions") or self.default_dimensions
+        embed = self.embedder or default_embedding
+        base64_wanted = body.get("encoding_format") == "base64"
+        data = []
+        for index, text in enumerate(inputs):
+            vector = [float(x) for x in embed(text, dimensions)]
+            encoded: Any = (base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+                            if base64_wanted else vector)
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = sum(rough_tokens(text) for text in inputs)
+        return _json({"object": "list", "data": data, "model": body["model"],
+                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def _record(self, request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        with self._lock:
+            self._requests.append(RecordedRequest(request.path, headers, body))
+        return body
+
+    def _next(self, endpoint: Endpoint) -> Reply | None:
+        with self._lock:
+            queue = self._queues[endpoint]
+            return queue.popleft() if queue else None
+
+    async def _sleep(self, delay: float) -> None:
+        if delay > 0:
+            assert self._closing is not None
+            try:
+                await asyncio.wait_for(self._closing.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+
+    def _check_auth(self, request: web.Request) -> web.Response | None:
+        if self.api_key is None:
+            return None
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if given == self.api_key:
+            return None
+        # OpenAI echoes a masked key; the provider must still never show any of it to the user.
+        masked = f"{given[:3]}{'*' * max(len(given) - 7, 0)}{given[-4:]}" if len(given) > 7 else given
+        return _render(Error(401, f"Incorrect API key provided: {masked}. You can find your API key at "
+                                  "https://platform.openai.com/account/api-keys.", code="invalid_api_key"))
+
+    def _check_chat(self, body: Any) -> web.Response | None:
+        if not isinstance(body, dict):
+            return _bad_request("We could not parse the JSON body of your request.")
+        if not self.validate:
+            return None
+        problem = chat_request_problem(body)
+        return _bad_request(problem) if problem else None
+
+    def _check_embeddings(self, body: Any) -> web.Response | None:
+        if not isinstance(body, dict):
+            return _bad_request("We could not parse the JSON body of your request.")
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(body.get("model"), str) or not isinstance(inputs, list) or not inputs:
+            return _bad_request("'model' and a non-empty 'input' are required.")
+        if self.validate and not all(isinstance(text, str) and text for text in inputs):
+            return _bad_request("'$.input' is invalid: every input must be a non-empty string.")
+        return None
+
+    # -- bodies ------------------------------------------------------------------------------------
+
+    def _completion(self, request: dict[str, Any], reply: Text | ToolCalls) -> dict[str, Any]:
+        with self._lock:
+            self._counter += 1
+            serial = self._counter
+        message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
+        if isinstance(reply, Text):
+            message["content"] = reply.text
+            finish_reason, produced = reply.finish_reason, reply.text
+        else:
+            message["content"] = reply.content
+            message["tool_calls"] = [
+                {"id": f"call_{serial}_{i}", "type": "function",
+                 "function": {"name": name,
+                              "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
+                for i, (name, args) in enumerate(reply.calls)
+            ]
+            finish_reason = "tool_calls"
+            produced = (reply.content or "") + "".join(c["function"]["arguments"] for c in message["tool_calls"])
+        completion: dict[str, Any] = {
+            "id": f"chatcmpl-fake{serial}", "object": "chat.completion", "created": int(time.time()),
+            "model": request.get("model", "fake-model"), "system_fingerprint": "fp_fake",
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+        }
+        if reply.usage is not False:
+            usage = dict(reply.usage or {"prompt_tokens": _prompt_tokens(request),
+                                         "completion_tokens": rough_tokens(produced)})
+            usage.setdefault("total_tokens", usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
+            completion["usage"] = usage
+        return completion
+
+
+# -- helpers (module level so other fakes and tests can reuse them) -----------------------------------
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_WORD = re.compile(r"[^\W\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
+
+
+def rough_tokens(text: str) -> int:
+    """About what a BPE tokenizer counts: one per CJK character, one per four other characters."""
+    cjk = len(_CJK.findall(text))
+    return max(1, cjk + math.ceil((len(text) - cjk) / 4))
+
+
+def _prompt_tokens(request: dict[str, Any]) -> int:
+    total = 0
+    for message in request.get("messages", []):
+        content = message.get("content") if isinstance(message, dict) else None
+        total += 4 + (rough_tokens(content) if isinstance(content, str) else 0)
+    return total
+
+
+def default_embedding(text: str, dimensions: int) -> list[float]:
+    """Deterministic unit vector from hashed words and CJK characters/bigrams.
+
+    Texts that share words get a higher cosine similarity, which is enough to test vector ranking
+    without a model; the same text always gives the same vector, in any process.
+    """
+    vector = [0.0] * dimensions
+    chars = _CJK.findall(text)
+    features = [w.lower() for w in _WORD.findall(text)] + chars + [a + b for a, b in zip(chars, chars[1:])]
+    for feature in features or [text]:
+        digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
+        slot = int.from_bytes(digest[:4], "little") % dimensions
+        vector[slot] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    if norm == 0:  # every feature cancelled out: still a unit vector, still deterministic
+        vector[int(hashlib.blake2b(text.encode(), digest_size=4).hexdigest(), 16) % dimensions] = 1.0
+        return vector
+    return [x / norm for x in vector]
+
+
+def chat_request_problem(body: dict[str, Any]) -> str | None:
+    """The 400 message OpenAI would give this chat request, or None if it would accept it."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "you must provide a model parameter"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty array"
+    if body.get("stream"):
+        return "the fake server does not stream"
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(
+                isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str) for t in tools):
+            return "Invalid 'tools': every tool must be {'type': 'function', 'function': {'name': ...}}"
+    if "tool_choice" in body and not tools:
+        return "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified."
+    awaiting: list[str] = []  # tool_call ids still owed a tool message
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            return f"Invalid value for 'messages[{i}].role': {role!r}"
+        if role == "tool":
+            if message.get("tool_call_id") not in awaiting:
+                return (f"Invalid parameter: messages with role 'tool' must be a response to a preceding "
+                        f"message with 'tool_calls' (messages[{i}]).")
+            awaiting.remove(message["tool_call_id"])
+            continue
+        if awaiting:
+            return ("An assistant message with 'tool_calls' must be followed by tool messages responding to "
+                    f"each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                    f"{', '.join(awaiting)}")
+        if role == "assistant" and message.get("tool_calls"):
+            awaiting = [call.get("id") for call in message["tool_calls"]]
+    if awaiting:
+        return ("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(awaiting)}")
+    return None
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
+                404: "invalid_request_error", 429: "rate_limit_error"}
+_json_dumps = partial(json.dumps, ensure_ascii=False)  # real providers send UTF-8, not \u escapes
+
+
+def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.json_response(data, status=status, headers=dict(headers or {}), dumps=_json_dumps)
+
+
+def _render(reply: Error | Raw) -> web.Response:
+    if isinstance(reply, Error):
+        kind = _ERROR_TYPES.get(reply.status, "server_error" if reply.status >= 500 else "invalid_request_error")
+        return _json({"error": {"message": reply.message, "type": kind, "param": None, "code": reply.code}},
+                     status=reply.status, headers=reply.headers)
+    text = reply.body if isinstance(reply.body, str) else _json_dumps(reply.body)
+    return web.Response(text=text, status=reply.status, content_type=reply.content_type)
+
+
+def _bad_request(message: str) -> web.Response:
+    return _render(Error(400, message))
