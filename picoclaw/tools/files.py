@@ -1,0 +1,424 @@
+"""File tools for the model: read, write, edit, append and list inside the workspace only.
+
+Every path goes through `resolve_in_workspace`. Memory files belong to MemoryStore, so writes to them are
+routed through it instead of touching the file:
+
+- `memory/MEMORY.md`: write_file and append_file add a `## YYYY-MM-DD` entry (never an overwrite, seed 004
+  §2.2); edit_file reads, replaces and calls `rewrite_long_term` under the memory lock (a backup is taken).
+- `memory/YYYYMM/YYYYMMDD.md` (daily notes): write_file and append_file add a `## HH:MM` entry to that
+  day's note via `append_note` (a daily note is never overwritten, so no earlier note is lost); edit_file
+  rewrites it atomically under the memory lock.
+- A per-user workspace (store in `users/<key>/memory/`) sees its own memory folder as `memory/`; every
+  `users/…` path outside its own memory folder is refused, even for reading.
+- Store and policy bookkeeping (`memory/backups/`, `memory/policy_*`, `memory/index/`, the memory folder's
+  dot files, `sessions/`) is refused for writing; the home's config.json (secrets) is refused entirely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from picoclaw import clock
+from picoclaw.config import CONFIG_FILE
+from picoclaw.errors import MemoryStoreError
+from picoclaw.fsutil import atomic_write
+from picoclaw.tools.base import Tool, ToolError
+from picoclaw.tools.sandbox import resolve_in_workspace
+from picoclaw.workspace import Workspace
+
+MAX_READ_CHARS = 50_000
+MAX_READ_LINES = 100_000
+MAX_WRITE_BYTES = 1_000_000
+MAX_LIST_ENTRIES = 500
+
+MEMORY_FOLDER = "memory"
+USERS_FOLDER = "users"  # users/<user_key>/memory/ with Telegram memory_scope "per_user"
+
+_MONTH_DIR = re.compile(r"^\d{6}$")
+_NOTE_FILE = re.compile(r"^(\d{8})\.md$")
+# Top-level entries of the memory folder that the store or the policy own (compared case-folded, so a
+# case-insensitive file system cannot be used to slip past).
+_STORE_OWNED = ("backups", "index")
+_POLICY_PREFIX = "policy_"
+
+TargetKind = Literal["file", "long_term", "note"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved tool path: where it really is, how to show it to the model, and who owns the file."""
+
+    path: Path
+    shown: str
+    kind: TargetKind
+    day: date | None = None
+
+
+class WorkspaceFiles:
+    """The path rules of one workspace: sandboxing, memory-owned files, and what tools may not write."""
+
+    def __init__(self, workspace: Workspace):
+        self.workspace = workspace
+        self.root = Path(os.path.realpath(workspace.root))
+        self.memory_dir = Path(os.path.realpath(workspace.store.memory_dir))
+        self.long_term = Path(os.path.realpath(workspace.store.long_term_path))
+        self.shared_memory = self.root / MEMORY_FOLDER
+        self.users_dir = self.root / USERS_FOLDER
+        self.sessions_dir = self.root / "sessions"
+        self.config_file = Path(os.path.realpath(workspace.home / CONFIG_FILE))
+
+    def shown(self, path: Path) -> str:
+        """`path` as the model should see it: relative to the workspace (own memory as `memory/…`)."""
+        for candidate in (path, Path(os.path.realpath(path))):  # store paths are not resolved; ours are
+            if candidate.is_relative_to(self.memory_dir):
+                return (Path(MEMORY_FOLDER) / candidate.relative_to(self.memory_dir)).as_posix()
+            if candidate.is_relative_to(self.root):
+                return candidate.relative_to(self.root).as_posix() or "."
+        return path.as_posix()
+
+    def target(self, user_path: str, *, writing: bool) -> Target:
+        """Sandbox `user_path` and classify it; ToolError for paths the tools must not touch."""
+        path = resolve_in_workspace(self.workspace.root, user_path)
+        if self.memory_dir != self.shared_memory and path.is_relative_to(self.shared_memory):
+            # A per-user workspace (memory in users/<key>/memory): "memory/…" means this user's own
+            # memory folder, as the system prompt says, never the shared one.
+            path = resolve_in_workspace(self.memory_dir, str(path.relative_to(self.shared_memory)))
+        shown = self.shown(path)
+        if _same_file(path, self.config_file):
+            raise ToolError(f"{shown} is picoclaw's config file (it holds secrets); file tools cannot open it")
+        if _same_file(path, self.long_term):
+            return Target(path, shown, "long_term")
+        if not path.is_relative_to(self.memory_dir):
+            if path.is_relative_to(self.users_dir):  # other users' memory is private, even to read
+                raise ToolError(f"{shown} holds a user's private memory; file tools cannot open it "
+                                "(your own memory is under memory/)")
+            if writing and path.is_relative_to(self.sessions_dir):
+                raise ToolError(f"{shown} belongs to the session store; file tools cannot write there")
+            return Target(path, shown, "file")
+        parts = path.relative_to(self.memory_dir).parts
+        if not parts:
+            return Target(path, shown, "file")  # the memory folder itself (list_dir)
+        first = parts[0].casefold()
+        if writing and (first in _STORE_OWNED or first.startswith(_POLICY_PREFIX)
+                        or (len(parts) == 1 and first.startswith("."))):
+            raise ToolError(f"{shown} is managed by picoclaw's memory store or policy; file tools cannot write "
+                            "there (use memory_append to save memories)")
+        day = self._note_day(parts, shown) if writing else None
+        if day is not None:
+            return Target(path, shown, "note", day)
+        return Target(path, shown, "file")
+
+    @staticmethod
+    def _note_day(parts: tuple[str, ...], shown: str) -> date | None:
+        # Anything shaped like YYYYMM/YYYYMMDD.md is read as a daily note by the store, so a malformed
+        # one is refused rather than written where retrieval would pick it up under a wrong date.
+        if len(parts) != 2 or not _MONTH_DIR.match(parts[0]):
+            return None
+        match = _NOTE_FILE.match(parts[1])
+        if match is None:
+            return None
+        stamp = match.group(1)
+        try:
+            day = date(int(stamp[:4]), int(stamp[4:6]), int(stamp[6:]))
+        except ValueError:
+            raise ToolError(f"{shown} is not a valid daily note: {stamp} is not a date (use YYYYMM/YYYYMMDD.md)") from None
+        if stamp[:6] != parts[0]:
+            raise ToolError(f"{shown} is not a valid daily note: it belongs in memory/{stamp[:6]}/")
+        return day
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    if path == other:
+        return True
+    try:  # also catches a hard link, or another spelling on a case-insensitive file system
+        return os.path.samefile(path, other)
+    except OSError:
+        return False
+
+
+def check_size(content: str) -> None:
+    """Refuse content larger than MAX_WRITE_BYTES (a runaway model must not fill the disk)."""
+    size = len(content.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_WRITE_BYTES:
+        raise ToolError(f"content too large: {size} bytes (at most {MAX_WRITE_BYTES})")
+
+
+@contextmanager
+def os_errors(action: str, shown: str) -> Iterator[None]:
+    """Turn file-system and store failures into one-line ToolErrors the model can act on."""
+    try:
+        yield
+    except ToolError:
+        raise
+    except MemoryStoreError as exc:
+        raise ToolError(f"cannot {action} {shown}: {exc}") from exc
+    except FileNotFoundError as exc:
+        raise ToolError(f"no such file or folder: {shown}") from exc
+    except IsADirectoryError as exc:
+        raise ToolError(f"{shown} is a folder, not a file") from exc
+    except NotADirectoryError as exc:
+        raise ToolError(f"a part of {shown} is a file, not a folder") from exc
+    except UnicodeError as exc:
+        raise ToolError(f"{shown} is not a UTF-8 text file") from exc
+    except OSError as exc:
+        raise ToolError(f"cannot {action} {shown}: {exc.strerror or exc}") from exc
+
+
+class WorkspaceTool(Tool):
+    """A tool bound to one workspace (a per-user workspace gets its own instances)."""
+
+    def __init__(self, workspace: Workspace, files: WorkspaceFiles | None = None):
+        self.workspace = workspace
+        self.files = files or WorkspaceFiles(workspace)
+
+    async def run(self, args: Any) -> str:
+        """Run `run_sync` in a worker thread: file I/O and the cross-process memory lock must not stall
+        the event loop that serves every other session."""
+        return await asyncio.to_thread(self.run_sync, args)
+
+    @abstractmethod
+    def run_sync(self, args: Any) -> str:
+        """Do the work (blocking is fine here); raise ToolError when it cannot be done."""
+
+    def _append_memory(self, target: Target, content: str) -> str:
+        """Add `content` to MEMORY.md or a daily note through the store; the result text for the model."""
+        store = self.workspace.store
+        if target.kind == "long_term":
+            heading = store.append_long_term(content).split("\n", 1)[0]
+            return f"appended a '{heading}' entry to {target.shown}"
+        assert target.day is not None
+        now = clock.now(store.tz)
+        # The note's own day with the current time of day, so append_note writes to the file named.
+        at = now.replace(year=target.day.year, month=target.day.month, day=target.day.day)
+        store.append_note(content, at=at)
+        return f"appended a '## {at.strftime('%H:%M')}' entry to the daily note {target.shown}"
+
+
+class ReadFile(WorkspaceTool):
+    """read_file: a text file's lines, capped so one call cannot flood the context."""
+
+    name = "read_file"
+    description = (f"Read a UTF-8 text file in the workspace. Output is cut at {MAX_READ_CHARS:,} characters; "
+                   "use offset (first line, 1-based) and limit (number of lines) to read further.")
+
+    class Args(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        path: str = Field(description="file path relative to the workspace, e.g. 'memory/MEMORY.md'")
+        offset: int = Field(1, ge=1, description="first line to return (1-based)")
+        limit: int = Field(MAX_READ_LINES, ge=1, le=MAX_READ_LINES, description="most lines to return")
+
+    def run_sync(self, args: ReadFile.Args) -> str:
+        target = self.files.target(args.path, writing=False)
+        if target.path.is_dir():
+            raise ToolError(f"{target.shown} is a folder; use list_dir")
+        with os_errors("read", target.shown):
+            return self._read(target, args.offset, args.limit)
+
+    @staticmethod
+    def _read(target: Target, offset: int, limit: int) -> str:
+        chunks: list[str] = []
+        size = 0
+        last = offset - 1
+        seen = 0
+        note = ""
+        # newline="" keeps the file's own line endings, so old_text copied from here matches edit_file.
+        with open(target.path, encoding="utf-8", newline="") as handle:
+            for number, line in enumerate(handle, start=1):
+                seen = number
+                if number < offset:
+                    continue
+                if number - offset >= limit:
+                    note = f"[showing lines {offset}-{last}; more follows: read_file with offset={last + 1}]"
+                    break
+                if size + len(line) > MAX_READ_CHARS:
+                    if not chunks:  # one huge line: show its start rather than nothing
+                        chunks.append(line[:MAX_READ_CHARS])
+                        note = (f"[line {number} is longer than {MAX_READ_CHARS:,} characters and was cut; "
+                                f"the rest of the file starts at offset={number + 1}]")
+                    else:
+                        note = (f"[truncated at {MAX_READ_CHARS:,} characters: showing lines {offset}-{last}; "
+                                f"continue with offset={last + 1}]")
+                    break
+                chunks.append(line)
+                size += len(line)
+                last = number
+        if not chunks:
+            if offset > 1:
+                return f"{target.shown} has only {seen} lines; offset {offset} is past its end"
+            return f"({target.shown} is empty)"
+        text = "".join(chunks)
+        if note:
+            return f"{text.rstrip(chr(10))}\n{note}"
+        if offset > 1:
+            return f"{text.rstrip(chr(10))}\n[lines {offset}-{last}, end of file]"
+        return text
+
+
+class WriteFile(WorkspaceTool):
+    """write_file: create or replace a file; memory files are appended to through the store instead."""
+
+    name = "write_file"
+    description = ("Create or replace a text file in the workspace (folders are created). "
+                   "memory/MEMORY.md and daily notes memory/YYYYMM/YYYYMMDD.md are never replaced: the content "
+                   "is appended as a new dated entry. Use edit_file to change existing text.")
+
+    class Args(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        path: str = Field(description="file path relative to the workspace")
+        content: str = Field(description="the complete new file content")
+
+    def run_sync(self, args: WriteFile.Args) -> str:
+        check_size(args.content)
+        target = self.files.target(args.path, writing=True)
+        with os_errors("write", target.shown):
+            if target.kind == "long_term":
+                return self._write_long_term(target, args.content)
+            if target.kind == "note":
+                return self._append_memory(target, args.content) + " (daily notes are never overwritten)"
+            if target.path.is_dir():
+                raise ToolError(f"{target.shown} is a folder, not a file")
+            existed = target.path.exists()
+            atomic_write(target.path, args.content)
+        return f"{'replaced' if existed else 'created'} {target.shown} ({len(args.content)} characters)"
+
+    def _write_long_term(self, target: Target, content: str) -> str:
+        # A model often reads MEMORY.md and writes it back whole with its addition; appending all of that
+        # would duplicate the file, so only the part after the current text becomes the new entry.
+        current = self.workspace.store.read_long_term().strip()
+        new = content.strip()
+        if current and new.startswith(current):
+            new = new[len(current):]
+            if not new.strip():
+                return f"{target.shown} already holds this text; nothing was appended"
+        result = self._append_memory(target, new)
+        return f"{result} (MEMORY.md is never overwritten; use edit_file to change existing entries)"
+
+
+class EditFile(WorkspaceTool):
+    """edit_file: replace one exact, unique occurrence of a text."""
+
+    name = "edit_file"
+    description = ("Replace old_text with new_text in a workspace file. old_text must occur exactly once: copy it "
+                   "exactly from read_file, with enough surrounding text to be unique.")
+
+    class Args(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        path: str = Field(description="file path relative to the workspace")
+        old_text: str = Field(min_length=1, description="the exact text to replace (must occur once)")
+        new_text: str = Field(description="the replacement text (may be empty to delete)")
+
+    def run_sync(self, args: EditFile.Args) -> str:
+        check_size(args.new_text)
+        target = self.files.target(args.path, writing=True)
+        if target.path.is_dir():
+            raise ToolError(f"{target.shown} is a folder, not a file")
+        store = self.workspace.store
+        with os_errors("edit", target.shown):
+            if target.kind == "long_term":
+                # Read and rewrite under one lock hold, so an entry appended meanwhile is not lost.
+                with store.locked():
+                    updated = self._replace(target, store.read_long_term(), args)
+                    store.rewrite_long_term(updated)
+                return f"edited {target.shown} (the previous version was backed up)"
+            if target.kind == "note":
+                with store.locked():
+                    self._edit_plain(target, args)
+                return f"edited {target.shown}"
+            self._edit_plain(target, args)
+        return f"edited {target.shown}"
+
+    def _edit_plain(self, target: Target, args: EditFile.Args) -> None:
+        with open(target.path, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+        atomic_write(target.path, self._replace(target, text, args))
+
+    @staticmethod
+    def _replace(target: Target, text: str, args: EditFile.Args) -> str:
+        count = text.count(args.old_text)
+        if count == 0:
+            raise ToolError(f"old_text was not found in {target.shown}; read_file it and copy the text exactly")
+        if count > 1:
+            raise ToolError(f"old_text occurs {count} times in {target.shown}; include more surrounding text "
+                            "so it matches exactly once")
+        updated = text.replace(args.old_text, args.new_text, 1)
+        check_size(updated)
+        return updated
+
+
+class AppendFile(WorkspaceTool):
+    """append_file: add text at the end of a file; memory files get a dated entry through the store."""
+
+    name = "append_file"
+    description = ("Append content to the end of a workspace file (created if missing), exactly as given. "
+                   "On memory/MEMORY.md it adds a '## YYYY-MM-DD' entry; on a daily note a '## HH:MM' entry.")
+
+    class Args(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        path: str = Field(description="file path relative to the workspace")
+        content: str = Field(description="text to add at the end")
+
+    def run_sync(self, args: AppendFile.Args) -> str:
+        check_size(args.content)
+        target = self.files.target(args.path, writing=True)
+        with os_errors("append to", target.shown):
+            if target.kind in ("long_term", "note"):
+                return self._append_memory(target, args.content)
+            if target.path.is_dir():
+                raise ToolError(f"{target.shown} is a folder, not a file")
+            existing = target.path.read_bytes() if target.path.exists() else b""
+            updated = existing + args.content.encode("utf-8")
+            if len(updated) > MAX_WRITE_BYTES:
+                raise ToolError(f"{target.shown} would grow to {len(updated)} bytes (at most {MAX_WRITE_BYTES})")
+            atomic_write(target.path, updated)
+        return f"appended {len(args.content)} characters to {target.shown}"
+
+
+class ListDir(WorkspaceTool):
+    """list_dir: a folder's entries, folders first."""
+
+    name = "list_dir"
+    description = ("List a folder in the workspace (default: the workspace itself). Folders end with '/', "
+                   "files show their size in bytes, symbolic links are marked '@'.")
+
+    class Args(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        path: str = Field(".", description="folder path relative to the workspace")
+
+    def run_sync(self, args: ListDir.Args) -> str:
+        target = self.files.target(args.path, writing=False)
+        with os_errors("list", target.shown):
+            if not target.path.exists():
+                raise ToolError(f"no such folder: {target.shown}")
+            if not target.path.is_dir():
+                raise ToolError(f"{target.shown} is a file; use read_file")
+            entries = sorted(os.scandir(target.path),
+                             key=lambda e: (not e.is_dir(follow_symlinks=False), e.name.casefold()))
+            lines = [_describe(entry) for entry in entries[:MAX_LIST_ENTRIES]]
+        if not lines:
+            return f"{target.shown}/ is empty"
+        if len(entries) > MAX_LIST_ENTRIES:
+            lines.append(f"… and {len(entries) - MAX_LIST_ENTRIES} more entries")
+        return f"{target.shown}/ ({len(entries)} entries)\n" + "\n".join(lines)
+
+
+def _describe(entry: os.DirEntry[str]) -> str:
+    # A symlink is shown as a link and not followed: its target may be outside the workspace.
+    if entry.is_symlink():
+        return f"{entry.name}@"
+    if entry.is_dir(follow_symlinks=False):
+        return f"{entry.name}/"
+    try:
+        return f"{entry.name} ({entry.stat(follow_symlinks=False).st_size} bytes)"
+    except OSError:
+        return entry.name

@@ -1,0 +1,75 @@
+"""Memory tools for the model: memory_search (BM25 over MEMORY.md and daily notes) and memory_append."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from picoclaw.memory.retrieval import Hit
+from picoclaw.tools.files import WorkspaceTool, check_size, os_errors
+
+MAX_SEARCH_LIMIT = 50
+MAX_SNIPPET_CHARS = 2_000
+
+
+class MemorySearch(WorkspaceTool):
+    """memory_search: the best-matching memory passages, each with its file, lines and score."""
+
+    name = "memory_search"
+    description = ("Search long-term memory (memory/MEMORY.md) and daily notes by keywords or a question, "
+                   "in any language. Returns the best passages with file:lines and a relevance score.")
+
+    class Args(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        query: str = Field(min_length=1, description="keywords or a question, e.g. 'dog name' or '我的狗叫什么'")
+        limit: int = Field(10, ge=1, le=MAX_SEARCH_LIMIT, description="most passages to return")
+
+        @field_validator("query")
+        @classmethod
+        def _not_blank(cls, value: str) -> str:
+            if not value.strip():
+                raise ValueError("the query is blank")
+            return value.strip()
+
+    def run_sync(self, args: MemorySearch.Args) -> str:
+        with os_errors("search", "memory"):
+            hits = self.workspace.retriever.search(args.query, args.limit, include_notes=True)
+        if not hits:
+            return f"no matches in memory for {args.query!r}; try other keywords"
+        found = "1 match" if len(hits) == 1 else f"{len(hits)} matches"
+        parts = [f"{found} for {args.query!r} (best first):"]
+        parts.extend(self._format(number, hit) for number, hit in enumerate(hits, start=1))
+        return "\n\n".join(parts)
+
+    def _format(self, number: int, hit: Hit) -> str:
+        block = hit.block
+        lines = f"{block.start_line}" if block.start_line == block.end_line else f"{block.start_line}-{block.end_line}"
+        text = block.text
+        if len(text) > MAX_SNIPPET_CHARS:
+            text = text[:MAX_SNIPPET_CHARS] + "… [cut; read_file for the rest]"
+        return f"[{number}] {self.files.shown(block.path)}:{lines} (score {hit.score:.2f})\n{text}"
+
+
+class MemoryAppend(WorkspaceTool):
+    """memory_append: save a fact to MEMORY.md (dated entry) or a note to today's daily note."""
+
+    name = "memory_append"
+    description = ("Save something to memory. slot 'long_term' (default): a lasting fact or preference, added to "
+                   "memory/MEMORY.md under today's date. slot 'today': a note for today's daily note.")
+
+    class Args(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        content: str = Field(min_length=1, description="what to remember, as a short self-contained statement")
+        slot: Literal["long_term", "today"] = Field("long_term", description="where to save it")
+
+    def run_sync(self, args: MemoryAppend.Args) -> str:
+        check_size(args.content)
+        store = self.workspace.store
+        if args.slot == "long_term":
+            with os_errors("save to", self.files.shown(self.files.long_term)):
+                heading = store.append_long_term(args.content).split("\n", 1)[0]
+            return f"saved to {self.files.shown(self.files.long_term)} under '{heading}'"
+        with os_errors("save to", "today's daily note"):
+            path = store.append_note(args.content)
+        return f"saved to today's daily note {self.files.shown(path)}"

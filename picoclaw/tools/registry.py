@@ -1,0 +1,16 @@
+"""Assemble the model's tools for one workspace."""
+
+from __future__ import annotations
+
+from picoclaw.tools.base import ToolRegistry
+from picoclaw.tools.files import AppendFile, EditFile, ListDir, ReadFile, WorkspaceFiles, WriteFile
+from picoclaw.tools.memory import MemoryAppend, MemorySearch
+from picoclaw.workspace import Workspace
+
+TOOL_CLASSES = (MemorySearch, MemoryAppend, ReadFile, WriteFile, EditFile, AppendFile, ListDir)
+
+
+def build_tools(workspace: Workspace) -> ToolRegistry:
+    """All seven tools, bound to `workspace` (a per-user workspace gets its own registry)."""
+    files = WorkspaceFiles(workspace)  # one set of path rules shared by the tools of this workspace
+    return ToolRegistry([cls(workspace, files) for cls in TOOL_CLASSES])
