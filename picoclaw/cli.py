@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -188,6 +189,18 @@ def cmd_policy_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- chat ------------------------------------------------------------------------------------------
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from picoclaw.channels.repl import chat  # the agent stack loads only for commands that talk
+
+    if args.message is not None and not args.message.strip():
+        raise UsageError("the message given with -m is empty")
+    ws = Workspace.open()
+    asyncio.run(chat(ws, session_key=args.session, message=args.message))
+    return 0
+
+
 # -- parser ----------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("onboard", help="create ~/.picoclaw, config.json and the workspace").set_defaults(
         handler=cmd_onboard)
+
+    chat = commands.add_parser("chat", help="talk to the assistant in this terminal")
+    chat.add_argument("-m", "--message", help="send one message, print the answer and exit")
+    chat.add_argument("--session", metavar="KEY", help="conversation to continue (default: cli:default)")
+    chat.set_defaults(handler=cmd_chat)
 
     memory = commands.add_parser("memory", help="read, search and write long-term memory and notes")
     memory_commands = memory.add_subparsers(dest="memory_command", metavar="ACTION", parser_class=_Parser)

@@ -1,0 +1,1 @@
+"""Channels turn their world (terminal lines, Telegram updates) into AgentLoop.handle calls."""
