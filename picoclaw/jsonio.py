@@ -18,6 +18,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    # Windows editors (Notepad) save UTF-8 with a byte-order mark; the JSON is fine, so accept it.
+    raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -216,6 +216,15 @@ def test_malformed_json_names_line_and_column(tmp_path: Path) -> None:
     assert "line 3 column" in message
 
 
+def test_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    # Notepad on Windows saves UTF-8 with a BOM; the file is still the user's valid JSON.
+    path = write_config(tmp_path / "home", "")
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"timezone": "Asia/Shanghai", "workspace": "工作区"},
+                                                     ensure_ascii=False).encode("utf-8"))
+    config = load_config(tmp_path / "home")
+    assert config.timezone == "Asia/Shanghai" and config.workspace == "工作区"
+
+
 def test_empty_file_is_malformed_json(tmp_path: Path) -> None:
     message = config_error(tmp_path / "home", "")
     assert "not valid JSON at line 1" in message
