@@ -37,7 +37,7 @@ class AgentsConfig(_Strict):
 
 class ProviderConfig(_Strict):
     api_key: str = ""
-    api_base: str
+    api_base: str = ""  # empty: taken from <NAME>_API_BASE in the environment
 
 
 def _default_providers() -> dict[str, ProviderConfig]:
@@ -99,13 +99,21 @@ class Config(_Strict):
     def api_key_for(self, provider: str) -> str:
         """The provider's api_key, else `<NAME>_API_KEY` from the environment, else ""."""
         entry = self.providers.get(provider)
-        if entry is not None and entry.api_key:
-            return entry.api_key
-        return os.environ.get(f"{provider.upper().replace('-', '_')}_API_KEY", "")
+        return (entry.api_key if entry else "") or os.environ.get(provider_env_name(provider, "API_KEY"), "")
+
+    def api_base_for(self, provider: str) -> str:
+        """The provider's api_base, else `<NAME>_API_BASE` from the environment, else ""."""
+        entry = self.providers.get(provider)
+        return (entry.api_base if entry else "") or os.environ.get(provider_env_name(provider, "API_BASE"), "")
 
     def telegram_token(self) -> str:
         """channels.telegram.token, else TELEGRAM_BOT_TOKEN from the environment."""
         return self.channels.telegram.token or os.environ.get("TELEGRAM_BOT_TOKEN", "")
+
+
+def provider_env_name(provider: str, what: str) -> str:
+    """The environment variable for a provider setting: ("deepseek", "API_KEY") → DEEPSEEK_API_KEY."""
+    return f"{provider.upper().replace('-', '_')}_{what}"
 
 
 def home_dir() -> Path:

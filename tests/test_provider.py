@@ -379,6 +379,22 @@ def test_from_config_takes_the_key_from_the_environment(fake_openai: FakeOpenAIS
     assert fake_openai.requests[0].headers["authorization"] == "Bearer sk-from-env"
 
 
+def test_from_config_takes_the_base_url_from_the_environment(fake_openai: FakeOpenAIServer,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_VLLM_API_BASE", fake_openai.base_url)
+    config = config_with("my-vllm", **{"my-vllm": ProviderConfig(api_key="sk-local")})
+    assert chat(from_config(config, timeout=3, max_retries=0)).content == "ok"
+    assert [r.path for r in fake_openai.requests] == ["/v1/chat/completions"]
+
+
+def test_from_config_missing_base_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QWEN_API_BASE", raising=False)
+    with pytest.raises(ConfigError) as caught:
+        from_config(config_with("qwen", qwen=ProviderConfig(api_key="k")))
+    assert str(caught.value) == ("provider 'qwen' has no api_base: set providers.qwen.api_base in config.json "
+                                 "or the QWEN_API_BASE environment variable")
+
+
 def test_out_of_quota_says_so(fake_openai: FakeOpenAIServer) -> None:
     # OpenAI's billing limit is a 429 too, but waiting will not fix it: the message must say which it is.
     fake_openai.reply_error(429, "You exceeded your current quota", code="insufficient_quota",

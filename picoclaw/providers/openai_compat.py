@@ -13,7 +13,7 @@ from typing import Any
 
 import openai
 
-from picoclaw.config import AgentDefaults, Config
+from picoclaw.config import AgentDefaults, Config, provider_env_name
 from picoclaw.errors import ConfigError
 from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, ToolCall, Usage
 
@@ -167,7 +167,7 @@ class OpenAICompatProvider:
             if status in (401, 403):
                 # No server text: OpenAI's 401 echoes part of the key.
                 return "auth", (f"{who} refused the API key ({status}); check providers.{self.name}.api_key "
-                                f"or {env_key_name(self.name)}")
+                                f"or {provider_env_name(self.name, 'API_KEY')}")
             if status == 429:
                 if exc.code == "insufficient_quota":
                     return "rate_limit", f"{who} says the account is out of quota (429): {said}"
@@ -195,11 +195,6 @@ class OpenAICompatProvider:
         return text.replace(self._api_key, "***") if len(self._api_key) >= _SECRET_MIN_LENGTH else text
 
 
-def env_key_name(provider: str) -> str:
-    """The environment variable that supplies provider NAME's key (same rule as Config.api_key_for)."""
-    return f"{provider.upper().replace('-', '_')}_API_KEY"
-
-
 def from_config(config: Config, provider_name: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
                 max_retries: int = DEFAULT_MAX_RETRIES) -> OpenAICompatProvider:
     """The provider named by `agents.defaults.provider` (or `provider_name`), checked before any call."""
@@ -208,10 +203,14 @@ def from_config(config: Config, provider_name: str | None = None, *, timeout: fl
     if entry is None:
         known = ", ".join(sorted(config.providers)) or "none"
         raise ConfigError(f"provider '{name}' is not in config.json providers (known: {known})")
+    api_base = config.api_base_for(name)
+    if not api_base:
+        raise ConfigError(f"provider '{name}' has no api_base: set providers.{name}.api_base in config.json or "
+                          f"the {provider_env_name(name, 'API_BASE')} environment variable")
     api_key = config.api_key_for(name)
     if not api_key:
         raise ConfigError(f"provider '{name}' has no API key: set providers.{name}.api_key in config.json or "
-                          f"the {env_key_name(name)} environment variable (a local server such as Ollama "
-                          "accepts any non-empty placeholder)")
-    return OpenAICompatProvider(name=name, api_base=entry.api_base, api_key=api_key,
+                          f"the {provider_env_name(name, 'API_KEY')} environment variable (a local server such as "
+                          "Ollama accepts any non-empty placeholder)")
+    return OpenAICompatProvider(name=name, api_base=api_base, api_key=api_key,
                                 defaults=config.agents.defaults, timeout=timeout, max_retries=max_retries)
