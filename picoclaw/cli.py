@@ -127,6 +127,42 @@ def cmd_memory_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_memory_compress(args: argparse.Namespace) -> int:
+    # The provider (and the openai client) load only for commands that talk to the model.
+    from picoclaw.memory.compression import CompressionResult, LongTermCompressor, why_not_due
+    from picoclaw.providers.openai_compat import from_config
+
+    ws = Workspace.open()
+    policy = ws.policy.current()
+    blocker = why_not_due(ws.store, policy)
+    if blocker is not None and not args.force:
+        print(f"not compressing: {blocker}; use --force to compress anyway")
+        return 0
+
+    async def run() -> CompressionResult | None:
+        async with from_config(ws.config) as provider:
+            return await LongTermCompressor(ws.store, provider).run(policy, force=args.force, dry_run=args.dry_run)
+
+    result = asyncio.run(run())
+    if result is None:  # another process compressed it between the check and the claim
+        print(f"not compressing: {why_not_due(ws.store, policy)}")
+        return 0
+    if result.status in ("refused", "failed"):
+        if args.dry_run and result.after:
+            print(result.after.rstrip("\n"))  # what the model proposed, to see why it was refused
+        raise PicoclawError(f"compression {result.status}: {result.detail}; MEMORY.md was left unchanged")
+    if result.status == "dry_run":
+        print((result.after or "").rstrip("\n"))
+        print(f"--- dry run, nothing written: {result.detail}")
+        return 0
+    print(f"compressed {ws.store.long_term_path}: {result.detail}")
+    if result.backup is not None:
+        print(f"the previous version was saved as {result.backup.name} (`picoclaw memory restore` undoes this)")
+    if result.carried_over:
+        print(f"kept what was appended meanwhile: {' '.join(result.carried_over.split())[:200]}")
+    return 0
+
+
 # -- policy ----------------------------------------------------------------------------------------
 
 def cmd_policy_show(args: argparse.Namespace) -> int:
@@ -189,6 +225,27 @@ def cmd_policy_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_value(value: object) -> str:
+    return orjson.dumps(value).decode("utf-8")
+
+
+def cmd_policy_history(args: argparse.Namespace) -> int:
+    ws = Workspace.open()
+    entries = ws.policy.history()
+    if not entries:
+        print(f"no policy changes yet ({ws.policy.history_path})")
+    for entry in entries:
+        # "effective" holds the values in force (older records only have the overrides layer).
+        changes = entry.get("effective", entry.get("changes")) or {}
+        shown = ", ".join(f"{key} {_json_value(change.get('old'))} → {_json_value(change.get('new'))}"
+                          for key, change in changes.items()) or "no value in force changed"
+        who = str(entry.get("source", "?")) + (f" (session {entry['session']})" if entry.get("session") else "")
+        print(f"{entry.get('time', '?')}  {who}  {shown}  [before: {entry.get('snapshot', '?')}]")
+        if entry.get("reason"):
+            print(f"    reason: {entry['reason']}")
+    return 0
+
+
 # -- chat ------------------------------------------------------------------------------------------
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -237,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     restore = memory_commands.add_parser("restore", help="restore MEMORY.md from a backup")
     restore.add_argument("backup", help="a file name from `picoclaw memory backups`")
     restore.set_defaults(handler=cmd_memory_restore)
+    compress = memory_commands.add_parser(
+        "compress", help="let the model rewrite MEMORY.md shorter (when over the threshold, once a day)")
+    compress.add_argument("--force", action="store_true", help="ignore the threshold and the 24-hour gate")
+    compress.add_argument("--dry-run", action="store_true",
+                          help="print the rewrite and a diff summary; write nothing")
+    compress.set_defaults(handler=cmd_memory_compress)
 
     policy = commands.add_parser("policy", help="show and tune the memory policy")
     policy_commands = policy.add_subparsers(dest="policy_command", metavar="ACTION", parser_class=_Parser)
@@ -251,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     rollback.add_argument("snapshot", nargs="?")
     rollback.set_defaults(handler=cmd_policy_rollback)
     policy_commands.add_parser("reset", help="drop every override").set_defaults(handler=cmd_policy_reset)
+    policy_commands.add_parser("history", help="every policy change, oldest first: who, old → new, why"
+                               ).set_defaults(handler=cmd_policy_history)
     return parser
 
 

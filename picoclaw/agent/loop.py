@@ -1,7 +1,8 @@
 """AgentLoop: the only place that calls the model. One turn = context → model → tools → … → reply.
 
 Turns of one session run one at a time; different sessions run concurrently. After the reply is
-saved, background work (the session summary) runs without holding up the next message.
+saved, background work (session summary, long-term compression, reflection) runs without holding up
+the next message.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from picoclaw.agent.context import ContextBuilder
 from picoclaw.agent.history import keep_last, safe_start
 from picoclaw.agent.session import Session, SessionStore
 from picoclaw.agent.summary import accept_summary, summary_request
+from picoclaw.memory.compression import LongTermCompressor
+from picoclaw.memory.evolution import Reflector
 from picoclaw.memory.policy import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 from picoclaw.tokens import count_tokens
@@ -49,6 +52,8 @@ class AgentLoop:
         self.notify = notify
         self.context = ContextBuilder(workspace)
         self.sessions = SessionStore(workspace.root / "sessions")
+        self.compressor = LongTermCompressor(workspace.store, provider)
+        self.reflector = Reflector(workspace.policy, provider)
         self._loaded: dict[str, Session] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -158,13 +163,23 @@ class AgentLoop:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
     async def _after_turn(self, key: str) -> None:
-        try:
-            if self.needs_summary(self.session(key), self.workspace.policy.current()):
-                if self.notify is not None:
-                    await self.notify(key, SUMMARY_NOTICE)
-                await self.compact(key)
-        except Exception:
-            log.exception("session %s: background work failed", key)
+        # Each job on its own: a bug in one must not stop the others. Each checks whether it is due.
+        jobs: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("session summary", lambda: self._summarize_if_needed(key)),
+            ("long-term compression", lambda: self.compressor.run_if_due(self.workspace.policy.current())),
+            ("reflection", lambda: self.reflector.maybe_reflect(self.sessions, self.session(key))),
+        ]
+        for name, job in jobs:
+            try:
+                await job()
+            except Exception:
+                log.exception("session %s: background %s failed", key, name)
+
+    async def _summarize_if_needed(self, key: str) -> None:
+        if self.needs_summary(self.session(key), self.workspace.policy.current()):
+            if self.notify is not None:
+                await self.notify(key, SUMMARY_NOTICE)
+            await self.compact(key)
 
     def needs_summary(self, session: Session, policy: MemoryPolicy) -> bool:
         """History over the message threshold, or over the token share of the context window."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from picoclaw import clock
 from picoclaw.errors import ConfigError, PicoclawError
-from picoclaw.fsutil import atomic_write, reserve_stamped_path, stamped_files
+from picoclaw.fsutil import atomic_write, stamped_files, write_stamped
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.validation import describe_error
 
@@ -250,19 +250,28 @@ class PolicyManager:
     def _replace_overrides(self, before: dict[str, Any], after: dict[str, Any], *, source: str, reason: str,
                            session: str | None = None, raw: bytes | None = None) -> Path:
         moment = clock.now(self._tz)
-        snapshot = reserve_stamped_path(self.snapshots_dir, clock.stamp(moment), SNAPSHOT_SUFFIX)
         previous = self.overrides_path.read_bytes() if self.overrides_path.exists() else b"{}\n"
-        atomic_write(snapshot, previous)
+        in_force = self.current()
+        # write_stamped: a crash must not leave an empty snapshot that a rollback would then restore.
+        snapshot = write_stamped(self.snapshots_dir, clock.stamp(moment), SNAPSHOT_SUFFIX, previous)
         atomic_write(self.overrides_path, raw if raw is not None else dumps_pretty(after))
+        self._cached = None
         changed = {
             key: {"old": before.get(key), "new": after.get(key)}
             for key in sorted(set(before) | set(after))
             if before.get(key) != after.get(key)
         }
+        # "changes" is the overrides layer (old null = not overridden); "effective" is the value in force,
+        # which is what a person reading the history wants to see (retrieve_limit 10 → 15).
+        now_in_force = self.current()
+        effective = {
+            key: {"old": getattr(in_force, key), "new": getattr(now_in_force, key)}
+            for key in POLICY_KEYS
+            if getattr(in_force, key) != getattr(now_in_force, key)
+        }
         record = {"time": moment.isoformat(), "source": source, "session": session, "changes": changed,
-                  "reason": reason, "snapshot": snapshot.name}
+                  "effective": effective, "reason": reason, "snapshot": snapshot.name}
         self._append_history(record)
-        self._cached = None
         return snapshot
 
     def _append_history(self, record: dict[str, Any]) -> None:

@@ -56,6 +56,25 @@ def _joined(existing: str, block: str) -> str:
     return existing.rstrip("\n") + "\n\n" + block
 
 
+def _appended_since(expected: str, current: str) -> str | None:
+    """The text appended to `expected` to make `current` ("" for none), or None if it was changed otherwise."""
+    base = expected.rstrip("\n")
+    if current.rstrip("\n") == base:
+        return ""
+    # Appends join at a line break (see _joined); a longer last line is an edit, not an append.
+    if base and not current.startswith(base + "\n"):
+        return None
+    return current[len(base):].strip("\n") + "\n"
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What a compare-and-replace of MEMORY.md did: the backup taken and the entries carried over."""
+
+    backup: Path | None
+    carried_over: str
+
+
 class MemoryStore:
     """MEMORY.md, daily notes `YYYYMM/YYYYMMDD.md` and backups inside one memory folder."""
 
@@ -102,6 +121,23 @@ class MemoryStore:
             backup = self._backup_long_term(self.read_long_term())
             atomic_write(self.long_term_path, content)
         return backup
+
+    def replace_long_term_keeping_appends(self, expected: str, content: str) -> Replacement:
+        """Replace MEMORY.md by `content` if it still is `expected` plus, maybe, entries appended since.
+
+        For a rewrite made without the lock (a model call takes seconds): entries appended meanwhile are
+        carried over to the end of `content`. Any other change meanwhile (a hand edit, a restore) raises
+        MemoryStoreError and leaves the file as it is.
+        """
+        with self.locked():
+            current = self.read_long_term()
+            carried = _appended_since(expected, current)
+            if carried is None:
+                raise MemoryStoreError(f"{self.long_term_path} was changed (not just appended to) while it was "
+                                       "being rewritten; the changed file was kept and the rewrite dropped")
+            backup = self._backup_long_term(current)
+            atomic_write(self.long_term_path, _joined(content, carried) if carried else content)
+        return Replacement(backup, carried)
 
     # -- backups -----------------------------------------------------------------------------------
 
