@@ -111,12 +111,13 @@ class AgentLoop:
             try:
                 reply = await self.provider.chat(messages, schemas)
             except ProviderError as exc:
-                if exc.kind != "context_too_long" or notice:
+                # Nothing set aside means the same request again: it could only fail the same way.
+                if exc.kind != "context_too_long" or notice or not self.force_compress(session):
                     raise
-                self.force_compress(session)
                 notice = TRIMMED_NOTICE
                 messages = self.context.build(policy, session, text, now).messages + turn[1:]
-                continue
+                # The one retry happens here, not as a loop step: it must not use up a tool step.
+                reply = await self.provider.chat(messages, schemas)
             assistant = reply.as_message()
             messages.append(assistant)
             turn.append(assistant)
@@ -176,7 +177,8 @@ class AgentLoop:
                 log.exception("session %s: background %s failed", key, name)
 
     async def _summarize_if_needed(self, key: str) -> None:
-        if self.needs_summary(self.session(key), self.workspace.policy.current()):
+        # A summary already being written covers this turn's check too: no second notice, no second call.
+        if key not in self._summarizing and self.needs_summary(self.session(key), self.workspace.policy.current()):
             if self.notify is not None:
                 await self.notify(key, SUMMARY_NOTICE)
             await self.compact(key)
@@ -218,6 +220,11 @@ class AgentLoop:
             summary = accept_summary(reply.content)
             if summary is None:
                 log.warning("session %s: the model's summary was empty or malformed; history kept as it was", key)
+                return None
+            if self._loaded.get(key) is not session:
+                # /new archived the session meanwhile: the record would land in the fresh file and hide
+                # its first messages.
+                log.info("session %s was reset while its summary was written; summary dropped", key)
                 return None
             self.sessions.add_compaction(session, folded[-1].id, summary, "summary")
             self.workspace.store.append_note(f"Summary of session {key}:\n{summary}")

@@ -7,6 +7,15 @@ import re
 from picoclaw.providers.base import Message
 
 SECTIONS = ("Goal", "Constraints and preferences", "Progress", "Key decisions", "Next steps", "Key context")
+# Models writing in Chinese often translate the headings; these are seed 001's names for the sections.
+SECTION_NAMES: dict[str, tuple[str, ...]] = {
+    "Goal": ("goal", "目标"),
+    "Constraints and preferences": ("constraints and preferences", "约束和偏好", "约束与偏好"),
+    "Progress": ("progress", "进展"),
+    "Key decisions": ("key decisions", "关键决策"),
+    "Next steps": ("next steps", "下一步"),
+    "Key context": ("key context", "关键上下文"),
+}
 MIN_SECTIONS = 3  # fewer recognisable sections than this means the model did not write a summary
 TOOL_RESULT_CHARS = 2000
 
@@ -47,7 +56,14 @@ def summary_request(previous: str | None, messages: list[Message]) -> list[Messa
     return [{"role": "system", "content": SUMMARY_INSTRUCTIONS}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-_HEADING = re.compile(r"^#{1,4}\s*(.+?)\s*:?\s*$", re.MULTILINE)
+_HEADING = re.compile(r"^#{1,4}\s*(.+?)\s*$", re.MULTILINE)
+# Decoration around a heading's name: emoji, numbering ("1."), bold markers, a trailing colon.
+_DECORATION = re.compile(r"^[\W\d_]+|[\W_]+$")
+
+
+def _section_of(heading: str) -> str | None:
+    name = _DECORATION.sub("", heading).lower()
+    return next((section for section, names in SECTION_NAMES.items() if name in names), None)
 
 
 def accept_summary(text: str | None) -> str | None:
@@ -57,7 +73,7 @@ def accept_summary(text: str | None) -> str | None:
     cleaned = text.strip()
     if cleaned.startswith("```"):
         cleaned = cleaned.strip("`").removeprefix("markdown").strip()
-    found = {h.lower() for h in _HEADING.findall(cleaned)}
-    if sum(section.lower() in found for section in SECTIONS) < MIN_SECTIONS:
+    found = {_section_of(heading) for heading in _HEADING.findall(cleaned)} - {None}
+    if len(found) < MIN_SECTIONS:
         return None
     return cleaned

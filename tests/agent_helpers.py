@@ -1,0 +1,180 @@
+"""Helpers for the agent tests: a real AgentLoop, with the real provider, talking HTTP to the fake server.
+
+Each helper call runs its own `asyncio.run`, creating and closing the provider inside that loop (the
+client's connection pool belongs to one loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+from freezegun import freeze_time
+from freezegun.api import _freeze_time
+
+from picoclaw.agent.loop import AgentLoop
+from picoclaw.agent.session import session_filename
+from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS
+from picoclaw.providers.openai_compat import OpenAICompatProvider
+from picoclaw.tools.registry import build_tools
+from picoclaw.workspace import Workspace
+from tests.fakes import FakeOpenAIServer
+
+T = TypeVar("T")
+
+# 02:00 UTC is 10:00 in Asia/Shanghai, the timezone onboarding writes.
+FROZEN = "2025-03-10 02:00:00"
+TODAY = "2025-03-10"
+API_KEY = "sk-agent-test-0123456789"
+FAST_RETRY = {"retry-after-ms": "5"}  # the client honours it, so a scripted retry costs milliseconds
+SESSION = "cli:test"
+
+SUMMARY_EN = ("## Goal\nPick the user's usual coffee order.\n"
+              "## Constraints and preferences\nOat-milk latte, large, no sugar.\n"
+              "## Progress\nThe preference is stored in memory/MEMORY.md.\n"
+              "## Key decisions\nOrder from the cafe on 5th Street.\n"
+              "## Next steps\nAsk about snacks.\n"
+              "## Key context\nBudget 30 USD; ticket CAF-42.")
+SUMMARY_ZH = ("## Goal\n为用户确定常点的咖啡。\n"
+              "## Constraints and preferences\n燕麦拿铁，大杯，无糖。\n"
+              "## Progress\n偏好已存入 memory/MEMORY.md。\n"
+              "## Key decisions\n在五号街的咖啡店下单。\n"
+              "## Next steps\n问问要不要点心。\n"
+              "## Key context\n预算 30 元；工单 CAF-42。")
+
+
+def frozen(when: str = FROZEN) -> _freeze_time:
+    """Frozen wall-clock time that still lets asyncio (and the fake server's delays) run in real time."""
+    return freeze_time(when, real_asyncio=True)
+
+
+def make_provider(workspace: Workspace, server: FakeOpenAIServer | None, *, max_retries: int = 0,
+                  api_base: str | None = None) -> OpenAICompatProvider:
+    """The real provider, pointed at the fake server (or at `api_base`); call inside the event loop."""
+    base = api_base if api_base is not None else (server.base_url if server else "")
+    return OpenAICompatProvider(name="openai", api_base=base, api_key=API_KEY,
+                                defaults=workspace.config.agents.defaults, timeout=5.0, max_retries=max_retries)
+
+
+@dataclass
+class Notices:
+    """What the loop told the user on the side (the REPL prints these), as (session key, text)."""
+
+    sent: list[tuple[str, str]] = field(default_factory=list)
+
+    async def __call__(self, key: str, text: str) -> None:
+        self.sent.append((key, text))
+
+
+def with_agent(workspace: Workspace, server: FakeOpenAIServer | None,
+               body: Callable[[AgentLoop], Awaitable[T]], *, notices: Notices | None = None,
+               max_retries: int = 0, api_base: str | None = None) -> T:
+    """Run `body(loop)` with a fresh AgentLoop in a fresh event loop; background work is awaited after."""
+    async def main() -> T:
+        async with make_provider(workspace, server, max_retries=max_retries, api_base=api_base) as provider:
+            loop = AgentLoop(workspace, provider, build_tools(workspace), notify=notices)
+            try:
+                return await body(loop)
+            finally:
+                await loop.wait_background()
+    return asyncio.run(main())
+
+
+def chat(workspace: Workspace, server: FakeOpenAIServer | None, texts: list[str], key: str = SESSION, *,
+         notices: Notices | None = None, max_retries: int = 0, api_base: str | None = None) -> list[str]:
+    """Send `texts` one after the other to one session, waiting for background work after each turn."""
+    async def body(loop: AgentLoop) -> list[str]:
+        replies = []
+        for text in texts:
+            replies.append(await loop.handle(key, text))
+            await loop.wait_background()
+        return replies
+    return with_agent(workspace, server, body, notices=notices, max_retries=max_retries, api_base=api_base)
+
+
+def reopen(home: Path, **agent_defaults: Any) -> Workspace:
+    """Change `agents.defaults` keys in config.json and open the workspace again."""
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["agents"]["defaults"].update(agent_defaults)
+    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    return Workspace.open(home)
+
+
+def set_policy(workspace: Workspace, **changes: Any) -> None:
+    """Change policy keys the way `picoclaw policy set` does (the overrides layer)."""
+    workspace.policy.set(changes, source="test", reason="agent test")
+
+
+def write_memory(workspace: Workspace, blocks: list[str]) -> str:
+    """MEMORY.md made of `blocks` (each a `## ` section), written directly; returns the text."""
+    text = "# Long-term memory\n\n" + "\n\n".join(block.strip() for block in blocks) + "\n"
+    workspace.store.long_term_path.write_text(text, encoding="utf-8")
+    return text
+
+
+# -- what the model was sent ---------------------------------------------------------------------------
+
+
+def is_summary_request(body: dict[str, Any]) -> bool:
+    return body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
+
+
+def turn_requests(server: FakeOpenAIServer) -> list[dict[str, Any]]:
+    """Chat requests of turns (summary requests left out)."""
+    return [body for body in server.chat_requests() if not is_summary_request(body)]
+
+
+def system_prompt(body: dict[str, Any]) -> str:
+    first = body["messages"][0]
+    assert first["role"] == "system", first
+    return str(first["content"])
+
+
+def history(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages after the system prompt."""
+    return list(body["messages"][1:])
+
+
+def contents(messages: list[dict[str, Any]]) -> list[str]:
+    return [str(m.get("content") or "") for m in messages]
+
+
+def memory_section(system: str) -> str:
+    """The text inside <memory> … </memory> ("" when no memory was injected)."""
+    if "<memory>" not in system:
+        return ""
+    return system.split("<memory>", 1)[1].split("</memory>", 1)[0]
+
+
+def injected_blocks(system: str) -> list[str]:
+    """The MEMORY.md blocks in the prompt, each as its text without the [file:lines] label."""
+    parts = memory_section(system).split("\n[")[1:]
+    return [part.split("]\n", 1)[1].strip() for part in parts]
+
+
+# -- the session file ------------------------------------------------------------------------------------
+
+
+def session_path(workspace: Workspace, key: str = SESSION) -> Path:
+    return workspace.root / "sessions" / session_filename(key)
+
+
+def session_records(workspace: Workspace, key: str = SESSION) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in session_path(workspace, key).read_bytes().splitlines() if line.strip()]
+
+
+def records_of(workspace: Workspace, kind: str, key: str = SESSION) -> list[dict[str, Any]]:
+    return [r for r in session_records(workspace, key) if r["type"] == kind]
+
+
+def today_note(workspace: Workspace) -> str:
+    """The daily note of the frozen day."""
+    path = workspace.store.note_path(date.fromisoformat(TODAY))
+    return path.read_text(encoding="utf-8") if path.exists() else ""

@@ -1,0 +1,161 @@
+"""Seed 004 §4.1–4.4, the manual verification script, as tests: real AgentLoop, real provider, fake model."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from picoclaw.agent.loop import SUMMARY_NOTICE, AgentLoop
+from picoclaw.workspace import Workspace
+from tests.agent_helpers import (
+    SESSION,
+    SUMMARY_EN,
+    SUMMARY_ZH,
+    TODAY,
+    Notices,
+    chat,
+    frozen,
+    history,
+    injected_blocks,
+    is_summary_request,
+    memory_section,
+    records_of,
+    set_policy,
+    system_prompt,
+    today_note,
+    turn_requests,
+    with_agent,
+    write_memory,
+)
+from tests.fakes import FakeOpenAIServer, Text
+
+DISTRACTORS = ["## 2025-03-01\nMy dog is called Bob. 我的狗叫 Bob。",
+               "## 2025-03-02\nProject Alpha is due on March 15. 阿尔法项目三月十五日截止。"]
+
+REMEMBER = {
+    "english": ("remember: my coffee preference is an oat-milk latte",
+                "The user's coffee preference: oat-milk latte, large", "what coffee do I like?"),
+    "chinese": ("请记住：我的咖啡偏好是燕麦拿铁，大杯。", "用户的咖啡偏好：燕麦拿铁，大杯", "我喜欢什么咖啡？"),
+}
+
+
+@pytest.mark.parametrize("language", REMEMBER)
+def test_remembered_fact_is_a_dated_entry_recalled_by_a_new_session(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, language: str) -> None:
+    message, content, question = REMEMBER[language]
+    write_memory(workspace, DISTRACTORS)
+    fake_openai.reply_tool_calls([("memory_append", {"content": content, "slot": "long_term"})])
+    fake_openai.reply_text("Noted. / 记住了。")
+    fake_openai.reply_text("An oat-milk latte. / 燕麦拿铁。")
+
+    with frozen():
+        assert chat(workspace, fake_openai, [message], key="cli:first") == ["Noted. / 记住了。"]
+        assert workspace.store.read_long_term().endswith(f"\n\n## {TODAY}\n{content}\n")
+        # The tool result went back to the model, naming where the entry went.
+        tool_result = history(fake_openai.chat_requests()[1])[-1]
+        assert tool_result["role"] == "tool" and f"memory/MEMORY.md under '## {TODAY}'" in tool_result["content"]
+
+        assert chat(workspace, fake_openai, [question], key="cli:second") == ["An oat-milk latte. / 燕麦拿铁。"]
+
+    asked = fake_openai.chat_requests()[2]
+    assert history(asked) == [{"role": "user", "content": question}]  # a new session: no old messages
+    # The question found the stored block and only that one (ranked, not the whole file).
+    assert injected_blocks(system_prompt(asked)) == [f"## {TODAY}\n{content}"]
+
+
+def test_memory_search_tool_finds_the_stored_fact_in_english_and_chinese(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    write_memory(workspace, [*DISTRACTORS, "## 2025-03-03\nCoffee: oat-milk latte. 咖啡：燕麦拿铁。"])
+    for query in ("coffee", "咖啡"):
+        fake_openai.reply_tool_calls([("memory_search", {"query": query, "limit": 5})])
+        fake_openai.reply_text(f"found {query}")
+
+    replies = chat(workspace, fake_openai, ["use memory_search for coffee", "用 memory_search 查一下咖啡"])
+
+    assert replies == ["found coffee", "found 咖啡"]
+    for request in (fake_openai.chat_requests()[1], fake_openai.chat_requests()[3]):
+        result = history(request)[-1]
+        assert result["role"] == "tool"
+        assert result["content"].startswith("1 match for")
+        assert "memory/MEMORY.md:9-10" in result["content"] and "燕麦拿铁" in result["content"]
+
+
+COFFEE_BLOCKS = [f"## 2025-02-0{n}\nCoffee note {n}: cafe number {n}. 咖啡笔记 {n}：第 {n} 家咖啡店。" for n in range(1, 7)]
+
+
+def test_retrieve_limit_and_recent_days_apply_on_the_next_turn(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    write_memory(workspace, COFFEE_BLOCKS)
+    with frozen():
+        now = datetime.now(workspace.tz)
+        workspace.store.append_note("Yesterday: tried a flat white. 昨天：试了馥芮白。", at=now - timedelta(days=1))
+        workspace.store.append_note("Today: bought beans. 今天：买了咖啡豆。", at=now)
+
+        async def body(loop: AgentLoop) -> None:
+            await loop.handle(SESSION, "coffee?")
+            set_policy(workspace, retrieve_limit=3, recent_days=1)  # no restart: read at every turn
+            await loop.handle(SESSION, "coffee?")
+            await loop.handle(SESSION, "咖啡？")
+
+        with_agent(workspace, fake_openai, body)
+
+    before, english, chinese = (system_prompt(b) for b in fake_openai.chat_requests())
+    assert len(injected_blocks(before)) == 6
+    assert "flat white" in before and "bought beans" in before
+    for system in (english, chinese):
+        blocks = injected_blocks(system)
+        assert len(blocks) == 3 and all(block in COFFEE_BLOCKS for block in blocks)
+        assert "bought beans" in system and "flat white" not in system
+
+
+SUMMARY_CASES = {
+    "english": (["hi", "I want coffee", "make it large", "and oat milk"], SUMMARY_EN),
+    "chinese": (["你好", "我想喝咖啡", "要大杯", "加燕麦奶"], SUMMARY_ZH),
+}
+
+
+@pytest.mark.parametrize("language", SUMMARY_CASES)
+def test_threshold_five_summarises_and_the_chat_goes_on(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, language: str) -> None:
+    texts, summary = SUMMARY_CASES[language]
+    set_policy(workspace, session_summary_message_threshold=5)
+    answers = iter(f"answer {n}" for n in range(1, 10))
+    fake_openai.responder = lambda body: summary if is_summary_request(body) else next(answers)
+    notices = Notices()
+
+    with frozen():
+        replies = chat(workspace, fake_openai, texts, notices=notices)
+
+    assert replies == ["answer 1", "answer 2", "answer 3", "answer 4"]
+    kinds = ["summary" if is_summary_request(b) else "turn" for b in fake_openai.chat_requests()]
+    # 3 turns = 6 messages > 5: summary; it keeps 4, turn 4 makes it 6 again: a second summary.
+    assert kinds == ["turn", "turn", "turn", "summary", "turn", "summary"]
+    assert notices.sent == [(SESSION, SUMMARY_NOTICE)] * 2
+    first, second = records_of(workspace, "compaction")
+    assert (first["through"], first["summary"], first["reason"]) == (2, summary, "summary")
+    assert second["through"] == 4
+    # The compacted messages stay in the file.
+    assert [r["message"]["content"] for r in records_of(workspace, "message")][:2] == [texts[0], "answer 1"]
+    note = today_note(workspace)
+    assert note.count(f"Summary of session {SESSION}:") == 2 and "### Key context" in note
+    # Turn 4 went on from the summary and the 4 kept messages.
+    fourth = turn_requests(fake_openai)[3]
+    assert f"## Summary of the earlier conversation\n{summary}" in system_prompt(fourth)
+    assert [m["content"] for m in history(fourth)] == [texts[1], "answer 2", texts[2], "answer 3", texts[3]]
+    second_summary_request = fake_openai.chat_requests()[5]["messages"][1]["content"]
+    assert second_summary_request.startswith(f"Summary of the conversation before this part:\n{summary}")
+
+
+def test_summary_replaces_itself_not_the_memory(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    """The stored fact is still injected after a summary: summaries fold history, never memory."""
+    write_memory(workspace, ["## 2025-03-03\nCoffee: oat-milk latte. 咖啡：燕麦拿铁。"])
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    responder: Any = lambda body: Text(SUMMARY_EN) if is_summary_request(body) else "ok"
+    fake_openai.responder = responder
+
+    chat(workspace, fake_openai, ["hello", "hi again", "still here", "我喜欢什么咖啡？"])
+
+    last = system_prompt(turn_requests(fake_openai)[-1])
+    assert "## Summary of the earlier conversation" in last
+    assert "咖啡：燕麦拿铁" in memory_section(last)

@@ -1,0 +1,119 @@
+"""Sessions: they survive a restart, run in parallel without mixing, and run one turn at a time each."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from picoclaw.agent.loop import AgentLoop
+from picoclaw.workspace import Workspace
+from tests.agent_helpers import (
+    SESSION,
+    SUMMARY_ZH,
+    chat,
+    contents,
+    history,
+    is_summary_request,
+    records_of,
+    session_path,
+    set_policy,
+    system_prompt,
+    turn_requests,
+    with_agent,
+)
+from tests.fakes import FakeOpenAIServer, Text
+
+
+def last_user(body: dict[str, Any]) -> str:
+    return str(body["messages"][-1]["content"])
+
+
+def test_restart_mid_conversation_keeps_the_session(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.responder = lambda body: f"re: {last_user(body)}"
+    chat(Workspace.open(home), fake_openai, ["my name is 李雷", "my locker is number 42"])
+
+    # A new process: config read again, a new provider, a new AgentLoop on the same workspace.
+    assert chat(Workspace.open(home), fake_openai, ["what is my locker? 我的柜子是几号？"]) == [
+        "re: what is my locker? 我的柜子是几号？"]
+
+    after_restart = fake_openai.chat_requests()[-1]
+    assert contents(history(after_restart)) == [
+        "my name is 李雷", "re: my name is 李雷", "my locker is number 42", "re: my locker is number 42",
+        "what is my locker? 我的柜子是几号？"]
+    assert [r["id"] for r in records_of(Workspace.open(home), "message")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_restart_after_a_summary_continues_from_the_summary(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    workspace = Workspace.open(home)
+    set_policy(workspace, session_summary_message_threshold=5)
+    fake_openai.responder = lambda body: SUMMARY_ZH if is_summary_request(body) else f"好的：{last_user(body)}"
+    chat(workspace, fake_openai, ["第一", "第二", "第三"])
+
+    chat(Workspace.open(home), fake_openai, ["第四"])
+
+    after_restart = turn_requests(fake_openai)[-1]
+    assert SUMMARY_ZH in system_prompt(after_restart)
+    assert contents(history(after_restart)) == ["第二", "好的：第二", "第三", "好的：第三", "第四"]
+
+
+def test_a_torn_last_line_is_dropped_and_the_session_goes_on(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.responder = lambda body: f"re: {last_user(body)}"
+    chat(workspace, fake_openai, ["hello 你好"])
+    path = session_path(workspace)
+    with open(path, "ab") as fh:
+        fh.write(b'{"type": "message", "id": 3, "message": {"role": "user", "content": "half')  # crash mid-append
+
+    assert chat(workspace, fake_openai, ["again 再来"]) == ["re: again 再来"]
+
+    assert contents(history(fake_openai.chat_requests()[-1])) == ["hello 你好", "re: hello 你好", "again 再来"]
+    assert [r["id"] for r in records_of(workspace, "message")] == [1, 2, 3, 4]
+
+
+def test_two_sessions_in_parallel_do_not_mix(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    slow, fast = "telegram:1", "telegram:2"
+
+    def answer(body: dict[str, Any]) -> Text:
+        text = last_user(body)
+        return Text(f"re: {text}", delay=0.25 if text.startswith("slow") else 0.02)
+    fake_openai.responder = answer
+
+    async def body(loop: AgentLoop) -> list[list[str]]:
+        async def talk(key: str, texts: list[str]) -> list[str]:
+            return [await loop.handle(key, text) for text in texts]
+        return list(await asyncio.gather(talk(slow, ["slow one", "slow two"]), talk(fast, ["快 一", "快 二"])))
+
+    assert with_agent(workspace, fake_openai, body) == [["re: slow one", "re: slow two"], ["re: 快 一", "re: 快 二"]]
+
+    order = [last_user(b) for b in fake_openai.chat_requests()]
+    assert order.index("快 二") < order.index("slow two")  # the fast session did not wait for the slow one
+    for request in fake_openai.chat_requests():
+        said = contents(history(request))
+        own = "slow" if said[-1].startswith("slow") else "快"
+        assert all(text.removeprefix("re: ").startswith(own) for text in said), said
+    assert contents(history(fake_openai.chat_requests()[order.index("slow two")])) == [
+        "slow one", "re: slow one", "slow two"]
+    assert [r["message"]["content"] for r in records_of(workspace, "message", fast)] == [
+        "快 一", "re: 快 一", "快 二", "re: 快 二"]
+
+
+def test_turns_of_one_session_run_one_at_a_time(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.responder = lambda body: Text(f"re: {last_user(body)}", delay=0.05)
+
+    async def body(loop: AgentLoop) -> list[str]:
+        return list(await asyncio.gather(loop.handle(SESSION, "first 第一"), loop.handle(SESSION, "second 第二")))
+
+    assert with_agent(workspace, fake_openai, body) == ["re: first 第一", "re: second 第二"]
+    second = fake_openai.chat_requests()[1]
+    assert contents(history(second)) == ["first 第一", "re: first 第一", "second 第二"]
+
+
+def test_session_keys_become_safe_file_names(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    keys = ["telegram:42", "user/../../etc", "微信:张三"]
+    for key in keys:
+        chat(workspace, fake_openai, [f"hi from {key}"], key=key)
+
+    files = sorted(p.name for p in (workspace.root / "sessions").iterdir())
+    assert files == sorted(session_path(workspace, key).name for key in keys)
+    assert all(session_path(workspace, key).parent == workspace.root / "sessions" for key in keys)
+    assert "telegram%3A42.jsonl" in files and "user%2F..%2F..%2Fetc.jsonl" in files
