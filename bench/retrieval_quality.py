@@ -31,6 +31,14 @@ What is measured
     sessions as BM25 documents, which a block retriever never does; plain BM25 over turns scored the
     way this script scores session recall gets 0.561 / 0.744 / 0.809 in English (all 10).
 
+    Index modes (the optional memory index, ``picoclaw.memory.index``), on the same notes written by the
+    same store: ``index keyword`` (SQLite FTS5 over picoclaw's terms, no embeddings) and ``index hybrid``
+    (the same plus real vectors from the local all-MiniLM-L6-v2 of the ``local`` extra; 0.7 / 0.3 weights,
+    default candidate_multiplier and min_score). Each question is ``MemoryIndex.search(question, <all
+    chunks>)`` against its own conversation's index; chunks are the store's blocks (a turn each), cut to
+    the model's 256-token input limit for hybrid. Hybrid is skipped, with a note, when sentence-transformers
+    is not installed.
+
     Evidence ids are normalised with a regex ("D8:6; D9:17" → two ids, "D:11:26" → D11:26, "D30:05" →
     D30:5); the two that still point at no turn (conv-42 D10:19, conv-47 D4:36) are dropped.
 
@@ -42,6 +50,7 @@ Run (from the repository root):
     python bench/retrieval_quality.py                 # dev split, both languages
     python bench/retrieval_quality.py --split all     # like-for-like with the README's BM25 numbers
     python bench/retrieval_quality.py --lang en --by-category
+    python bench/retrieval_quality.py --modes plain index-keyword index-hybrid
 """
 
 from __future__ import annotations
@@ -57,10 +66,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as `python bench/retrieval_quality.py` without installing picoclaw
     sys.path.insert(0, str(REPO))
 
+from picoclaw.config import EmbeddingsConfig, IndexConfig  # noqa: E402
+from picoclaw.memory.index import EmbeddingUnavailable, LocalEmbedder, MemoryIndex  # noqa: E402
+from picoclaw.memory.index.chunks import TokenLimit  # noqa: E402
+from picoclaw.memory.index.embedders import Embedder  # noqa: E402
 from picoclaw.memory.retrieval import Block, MemoryRetriever, split_blocks  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 
@@ -74,6 +89,9 @@ CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-ho
 TURN_KS = (5, 10)
 SESSION_KS = (1, 3, 5)
 COLUMNS = ("turn R@5", "turn R@10", "sess R@1", "sess R@3", "sess R@5")
+# --modes name → row label in the table
+MODES = {"plain": "picoclaw", "picoclaw-style": "PicoClaw-style", "index-keyword": "index keyword",
+         "index-hybrid": "index hybrid (MiniLM, 0.7/0.3)"}
 
 # README reference (plain BM25, all 10 conversations), in COLUMNS order.
 REFERENCE = {
@@ -281,37 +299,86 @@ def search_ours(ws: Workspace, retriever: MemoryRetriever, total: int, query: st
     return [ws.block_turns(hit.block) for hit in retriever.search(query, total, include_notes=True)]
 
 
-def run_language(data: Path, lang: str, split: str, quiet: bool) -> dict[str, Tally]:
+class SharedEmbedder:
+    """One loaded model for every conversation's index (closing an index must not unload it)."""
+
+    def __init__(self, inner: Embedder):
+        self.inner = inner
+        self.key, self.label = inner.key, inner.label
+
+    def token_limit(self) -> TokenLimit:
+        return self.inner.token_limit()
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self.inner.embed(texts)
+
+    def close(self) -> None:
+        pass
+
+
+def local_embedder() -> Embedder | None:
+    """The packaged all-MiniLM-L6-v2, or None (with a note) when the `local` extra is not installed."""
+    model = LocalEmbedder()
+    try:
+        model.token_limit()  # loads it
+    except EmbeddingUnavailable as exc:
+        print(f"index-hybrid skipped: {exc}", file=sys.stderr)
+        return None
+    return SharedEmbedder(model)
+
+
+def open_index(store: MemoryStore, embedder: Embedder | None) -> MemoryIndex:
+    """An index over the conversation's notes with the default settings; hybrid when `embedder` is given."""
+    embeddings = EmbeddingsConfig(provider="local") if embedder is not None else None
+    return MemoryIndex(store, IndexConfig(enabled=True, sources=["notes"], embeddings=embeddings), embedder)
+
+
+def run_language(data: Path, lang: str, split: str, quiet: bool, modes: Sequence[str],
+                 embedder: Embedder | None) -> dict[str, Tally]:
     convs = load_conversations(data / FILES[lang], split)
-    tallies = {"picoclaw": Tally(), "PicoClaw-style": Tally()}
-    write_s = query_s = base_s = 0.0
+    tallies = {MODES[mode]: Tally() for mode in modes}
+    seconds = {MODES[mode]: 0.0 for mode in modes}  # queries (and the index build, for index modes)
+    write_s = 0.0
     for conv in convs:
         with tempfile.TemporaryDirectory(prefix="picoclaw-locomo-") as tmp:
             t0 = time.perf_counter()
             ws = build_workspace(Path(tmp), conv, lang)
             write_s += time.perf_counter() - t0
-            retriever = MemoryRetriever(ws.store)
             blocks = [b for p in ws.store.note_files() for b in split_blocks(p.read_text(encoding="utf-8"), p)]
-            lowered = [(b, b.text.lower()) for b in blocks]
-            t0 = time.perf_counter()
-            for q in conv.questions:
-                ranked = search_ours(ws, retriever, len(blocks), q.text)
-                tallies["picoclaw"].add(q.category, question_metrics(ranked, q, conv.turn_session))
-            query_s += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            for q in conv.questions:
-                ranked = [ws.block_turns(b) for b in picoclaw_rank(lowered, q.text)]
-                tallies["PicoClaw-style"].add(q.category, question_metrics(ranked, q, conv.turn_session))
-            base_s += time.perf_counter() - t0
+            for mode in modes:
+                t0 = time.perf_counter()
+                for q, ranked in zip(conv.questions, rank_all(mode, ws, blocks, conv.questions, embedder)):
+                    tallies[MODES[mode]].add(q.category, question_metrics(ranked, q, conv.turn_session))
+                seconds[MODES[mode]] += time.perf_counter() - t0
         if not quiet:
             print(f"  {lang} {conv.sample_id}: {len(conv.sessions)} sessions, {len(blocks)} blocks, "
                   f"{len(conv.questions)} questions, {conv.dropped_evidence} evidence ids pointing at no turn",
                   file=sys.stderr)
     if not quiet:
-        n = sum(len(c.questions) for c in convs)
-        print(f"  {lang}: write {write_s:.1f} s, picoclaw queries {query_s:.2f} s "
-              f"({1000 * query_s / max(n, 1):.2f} ms/question), PicoClaw-style {base_s:.2f} s", file=sys.stderr)
+        n = max(sum(len(c.questions) for c in convs), 1)
+        spent = ", ".join(f"{name} {s:.1f} s ({1000 * s / n:.1f} ms/question)" for name, s in seconds.items())
+        print(f"  {lang}: write {write_s:.1f} s; {spent} (index modes include building the index)", file=sys.stderr)
     return tallies
+
+
+def rank_all(mode: str, ws: Workspace, blocks: list[Block], questions: list[Question],
+             embedder: Embedder | None) -> list[list[list[str]]]:
+    """For each question, every block the mode returns, best first, as lists of turns."""
+    if mode == "plain":
+        retriever = MemoryRetriever(ws.store)
+        return [search_ours(ws, retriever, len(blocks), q.text) for q in questions]
+    if mode == "picoclaw-style":
+        lowered = [(b, b.text.lower()) for b in blocks]
+        return [[ws.block_turns(b) for b in picoclaw_rank(lowered, q.text)] for q in questions]
+    index = open_index(ws.store, embedder if mode == "index-hybrid" else None)
+    try:
+        report = index.sync()
+        if report.embed_error:
+            raise RuntimeError(f"embeddings failed: {report.embed_error}")
+        total = index.status().chunks
+        return [[ws.block_turns(hit.block) for hit in index.search(q.text, total)] for q in questions]
+    finally:
+        index.close()
 
 
 def print_table(rows: list[tuple[str, str, int | str, Sequence[float]]], title: str) -> None:
@@ -333,12 +400,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lang", choices=("en", "zh", "both"), default="both")
     parser.add_argument("--by-category", action="store_true", help="also print one table per category")
     parser.add_argument("--quiet", action="store_true", help="no per-conversation progress on stderr")
+    parser.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES),
+                        help="what to measure (default: all)")
     args = parser.parse_args(argv)
 
     langs = ("en", "zh") if args.lang == "both" else (args.lang,)
+    modes = list(dict.fromkeys(args.modes))
+    embedder = local_embedder() if "index-hybrid" in modes else None
+    if "index-hybrid" in modes and embedder is None:
+        modes.remove("index-hybrid")
 
     started = time.perf_counter()
-    results = {lang: run_language(args.data, lang, args.split, args.quiet) for lang in langs}
+    results = {lang: run_language(args.data, lang, args.split, args.quiet, modes, embedder) for lang in langs}
     elapsed = time.perf_counter() - started
 
     rows: list[tuple[str, str, int | str, Sequence[float]]] = []

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import orjson
 
@@ -17,6 +17,9 @@ from picoclaw.errors import PicoclawError
 from picoclaw.memory.policy import POLICY_KEYS, parse_cli_value
 from picoclaw.onboard import onboard
 from picoclaw.workspace import Workspace
+
+if TYPE_CHECKING:
+    from picoclaw.memory.index.index import MemoryIndex
 
 log = logging.getLogger("picoclaw")
 
@@ -73,7 +76,7 @@ def cmd_memory_show(args: argparse.Namespace) -> int:
 def cmd_memory_search(args: argparse.Namespace) -> int:
     ws = Workspace.open()
     limit = args.limit or ws.policy.current().retrieve_limit
-    hits = ws.retriever.search(args.query, limit, include_notes=True)
+    hits = ws.searcher.search(args.query, limit, include_notes=True)
     if not hits:
         print(f"no memory matches {args.query!r}")
         return 0
@@ -82,6 +85,43 @@ def cmd_memory_search(args: argparse.Namespace) -> int:
         print(f"{rank_number}. score {hit.score:.3f}  {where}:{hit.block.start_line}-{hit.block.end_line}")
         for line in hit.block.text.splitlines():
             print(f"   {line}")
+    return 0
+
+
+_INDEX_OFF = "the memory index is disabled (set memory.index.enabled to true in config.json to use it)"
+
+
+def _memory_index(ws: Workspace) -> MemoryIndex | None:
+    if not ws.config.memory.index.enabled:
+        return None
+    from picoclaw.memory.index.searcher import index_of  # numpy loads only when the index is used
+
+    return index_of(ws.searcher)
+
+
+def cmd_memory_status(args: argparse.Namespace) -> int:
+    index = _memory_index(Workspace.open())
+    if index is None:
+        print(f"{_INDEX_OFF}; searches read the memory files directly")
+        return 0
+    from picoclaw.memory.index.report import status_lines
+
+    print("\n".join(status_lines(index.status())))
+    return 0
+
+
+def cmd_memory_reindex(args: argparse.Namespace) -> int:
+    index = _memory_index(Workspace.open())
+    if index is None:
+        raise PicoclawError(_INDEX_OFF)
+    from picoclaw.memory.index.report import ProgressBar, reindex_lines
+
+    bar = ProgressBar()
+    try:
+        report = index.reindex(bar)
+    finally:
+        bar.close()
+    print("\n".join(reindex_lines(report, index.status())))
     return 0
 
 
@@ -282,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("query")
     search.add_argument("--limit", type=_bounded_int(1, 1000), help="most hits (default: retrieve_limit)")
     search.set_defaults(handler=cmd_memory_search)
+    memory_commands.add_parser("status", help="the optional index: files, chunks, vectors, last sync, stale files"
+                               ).set_defaults(handler=cmd_memory_status)
+    memory_commands.add_parser("reindex", help="rebuild the optional index from the memory files"
+                               ).set_defaults(handler=cmd_memory_reindex)
     append = memory_commands.add_parser("append", help="add an entry to MEMORY.md (or today's note)")
     append.add_argument("text")
     append.add_argument("--today", action="store_true", help="append to today's daily note instead")

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from picoclaw.clock import resolve_timezone
 from picoclaw.errors import ConfigError
@@ -61,10 +61,32 @@ class ChannelsConfig(_Strict):
     telegram: TelegramConfig = TelegramConfig()
 
 
+class EmbeddingsConfig(_Strict):
+    """memory.index.embeddings: provider "local" (sentence-transformers, optional extra) or a providers entry."""
+
+    provider: str = Field(min_length=1)
+    model: str = ""  # empty: all-MiniLM-L6-v2 for "local", text-embedding-3-small for an endpoint
+    dimensions: int | None = Field(None, ge=1, le=16_384)
+    batch_size: int = Field(64, ge=1, le=2048)
+
+
 class IndexConfig(_Strict):
+    """memory.index: the optional SQLite FTS5 + vector index (derived from the memory files)."""
+
     enabled: bool = False
-    sources: list[Literal["memory", "notes", "sessions"]] = ["memory", "notes"]
-    embeddings: None = None
+    sources: list[Literal["memory", "notes", "sessions"]] = Field(["memory", "notes"], min_length=1)
+    embeddings: EmbeddingsConfig | None = None  # None: keyword search only
+    vector_weight: float = Field(0.7, ge=0.0, le=1.0)
+    text_weight: float = Field(0.3, ge=0.0, le=1.0)
+    candidate_multiplier: int = Field(4, ge=1, le=50)
+    # Hybrid only. 0.15 lets a keyword-only hit with text score ≥ 0.5 through even at vector score 0.
+    min_score: float = Field(0.15, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> IndexConfig:
+        if self.vector_weight + self.text_weight <= 0:
+            raise ValueError("vector_weight and text_weight cannot both be 0")
+        return self
 
 
 class MemoryConfig(MemoryPolicy):
@@ -95,6 +117,15 @@ class Config(_Strict):
     def _known_timezone(cls, value: str) -> str:
         resolve_timezone(value)
         return value
+
+    @model_validator(mode="after")
+    def _known_embeddings_provider(self) -> Config:
+        embeddings = self.memory.index.embeddings
+        if embeddings is not None and embeddings.provider != "local" and embeddings.provider not in self.providers:
+            known = ", ".join(["local", *sorted(self.providers)])
+            raise ValueError(f"memory.index.embeddings.provider '{embeddings.provider}' is not \"local\" and not "
+                             f"in providers (known: {known})")
+        return self
 
     def api_key_for(self, provider: str) -> str:
         """The provider's api_key, else `<NAME>_API_KEY` from the environment, else ""."""

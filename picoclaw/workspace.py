@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import tzinfo
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from picoclaw.clock import resolve_timezone
 from picoclaw.config import Config, home_dir, load_config, workspace_dir
 from picoclaw.memory.policy import PolicyManager
 from picoclaw.memory.retrieval import MemoryRetriever
 from picoclaw.memory.store import MemoryStore
+
+if TYPE_CHECKING:
+    from picoclaw.memory.index.searcher import Searcher
 
 
 @dataclass
@@ -24,6 +28,12 @@ class Workspace:
     store: MemoryStore
     policy: PolicyManager
     retriever: MemoryRetriever
+    # What to search with: the index when enabled, else `retriever`. Derived, so that a copy made with
+    # dataclasses.replace for another memory folder (a per-user scope) gets that folder's own index.
+    searcher: Searcher = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.searcher = _searcher(self.config, self.retriever)
 
     @property
     def memory_dir(self) -> Path:
@@ -44,3 +54,12 @@ class Workspace:
         """Load `<home>/config.json` (home from PICOCLAW_HOME or ~/.picoclaw) and open its workspace."""
         home = home or home_dir()
         return cls.from_config(load_config(home), home)
+
+
+def _searcher(config: Config, retriever: MemoryRetriever) -> Searcher:
+    if not config.memory.index.enabled:
+        return retriever
+    # Imported only when enabled: the index brings numpy (and, for local embeddings, torch) with it.
+    from picoclaw.memory.index.searcher import open_searcher
+
+    return open_searcher(config, retriever)

@@ -84,7 +84,7 @@ class ContextBuilder:
     def select_memory(self, policy: MemoryPolicy, query: str) -> InjectedMemory:
         """Retrieved blocks and recent notes for `query`, held to the policy's token budget."""
         budget = policy.memory_token_budget
-        hits = self.workspace.retriever.search(query, policy.retrieve_limit) if query.strip() else []
+        hits = self.workspace.searcher.search(query, policy.retrieve_limit) if query.strip() else []
         ranked = bool(hits)
         if not ranked:
             # No query or no hit: the whole file if it fits, else its newest blocks.

@@ -7,7 +7,7 @@ bot, the REPL and the CLI can write at the same time without losing or tearing a
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
@@ -85,6 +85,16 @@ class MemoryStore:
         self.long_term_path = self.memory_dir / LONG_TERM_FILE
         self.backups_dir = self.memory_dir / BACKUPS_DIR
         self._lock = FileLock(str(self.memory_dir / ".memory.lock"))
+        self._listeners: list[Callable[[Path], None]] = []
+
+    def on_change(self, listener: Callable[[Path], None]) -> None:
+        """Call `listener(path)` after every write of a memory file (the optional index marks it changed)."""
+        self._listeners.append(listener)
+
+    def _write(self, path: Path, text: str) -> None:
+        atomic_write(path, text)
+        for listener in self._listeners:
+            listener(path)
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -112,14 +122,14 @@ class MemoryStore:
         with self.locked():
             current = self.read_long_term()
             self._backup_long_term(current)
-            atomic_write(self.long_term_path, _joined(current, entry))
+            self._write(self.long_term_path, _joined(current, entry))
         return entry
 
     def rewrite_long_term(self, content: str) -> Path | None:
         """Replace MEMORY.md whole (after a backup); returns the backup taken, if there was a file."""
         with self.locked():
             backup = self._backup_long_term(self.read_long_term())
-            atomic_write(self.long_term_path, content)
+            self._write(self.long_term_path, content)
         return backup
 
     def replace_long_term_keeping_appends(self, expected: str, content: str) -> Replacement:
@@ -136,7 +146,7 @@ class MemoryStore:
                 raise MemoryStoreError(f"{self.long_term_path} was changed (not just appended to) while it was "
                                        "being rewritten; the changed file was kept and the rewrite dropped")
             backup = self._backup_long_term(current)
-            atomic_write(self.long_term_path, _joined(content, carried) if carried else content)
+            self._write(self.long_term_path, _joined(content, carried) if carried else content)
         return Replacement(backup, carried)
 
     # -- backups -----------------------------------------------------------------------------------
@@ -178,7 +188,7 @@ class MemoryStore:
                 current = path.read_text(encoding="utf-8")
             except FileNotFoundError:
                 current = f"# {moment.date().isoformat()}\n"
-            atomic_write(path, _joined(current, entry))
+            self._write(path, _joined(current, entry))
         return path
 
     def note_files(self) -> list[Path]:

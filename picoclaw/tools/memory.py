@@ -34,7 +34,7 @@ class MemorySearch(WorkspaceTool):
 
     def run_sync(self, args: MemorySearch.Args) -> str:
         with os_errors("search", "memory"):
-            hits = self.workspace.retriever.search(args.query, args.limit, include_notes=True)
+            hits = self.workspace.searcher.search(args.query, args.limit, include_notes=True)
         if not hits:
             return f"no matches in memory for {args.query!r}; try other keywords"
         found = "1 match" if len(hits) == 1 else f"{len(hits)} matches"

@@ -1,0 +1,14 @@
+"""The optional memory index: SQLite FTS5 + vectors, hybrid search, fed by the same store.
+
+Derived data only (`memory/index/index.sqlite3`): it can be deleted at any time and is rebuilt from the
+Markdown files (and session files) on the next search or by `picoclaw memory reindex`.
+"""
+
+from __future__ import annotations
+
+from picoclaw.memory.index.embedders import EmbeddingUnavailable, LocalEmbedder, OpenAICompatEmbedder, build_embedder
+from picoclaw.memory.index.index import IndexStatus, MemoryIndex
+from picoclaw.memory.index.searcher import IndexedRetriever, Searcher, open_searcher
+
+__all__ = ["EmbeddingUnavailable", "IndexStatus", "IndexedRetriever", "LocalEmbedder", "MemoryIndex",
+           "OpenAICompatEmbedder", "Searcher", "build_embedder", "open_searcher"]

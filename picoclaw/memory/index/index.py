@@ -1,0 +1,283 @@
+"""MemoryIndex: the optional index of one memory folder (`memory/index/index.sqlite3`).
+
+Fed by the same store: every search first syncs what changed, so the index never answers from text the
+files no longer hold. Keyword search always works; with an embedder, search is hybrid, and a failing
+embedder makes that one search keyword-only, with the reason kept for `picoclaw memory status`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from picoclaw.config import IndexConfig
+from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
+from picoclaw.memory.index.embedders import Embedder, EmbeddingUnavailable
+from picoclaw.memory.index.schema import INDEX_FILE, file_identity, is_unusable, open_database, remove_files
+from picoclaw.memory.index.scoring import KeywordQuery, Weights, keyword_scores, keyword_scores_of, merge
+from picoclaw.memory.index.sync import (
+    Progress,
+    Syncer,
+    SyncReport,
+    forget_everything,
+    get_meta,
+    set_meta,
+    source_files,
+    transaction,
+)
+from picoclaw.memory.index.vectors import VectorMatrix
+from picoclaw.memory.retrieval import Block, Hit
+from picoclaw.memory.store import MemoryStore
+
+log = logging.getLogger(__name__)
+
+INDEX_DIR = "index"
+CANDIDATE_CAP = 200  # most candidates taken from each side for a hybrid search (unless limit is larger)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class IndexStatus:
+    """What `picoclaw memory status` shows."""
+
+    path: Path
+    built: bool
+    sources: list[str]
+    model: str | None  # the embedder's label; None for keyword-only
+    files: int
+    chunks: int
+    vectors: int
+    last_sync: str | None
+    stale: list[str]  # files changed, added or removed since the last sync
+    warning: str | None  # the last embedding failure, if the last attempt failed
+
+
+class MemoryIndex:
+    """SQLite FTS5 + vector index over a memory folder's files; safe to share between threads."""
+
+    def __init__(self, store: MemoryStore, settings: IndexConfig, embedder: Embedder | None = None):
+        self.store = store
+        self.settings = settings
+        self.embedder = embedder
+        self.path = store.memory_dir / INDEX_DIR / INDEX_FILE
+        self.weights = Weights(settings.vector_weight, settings.text_weight, settings.min_score)
+        self.last_notice: str | None = None  # why the last search fell back to keywords, if it did
+        self._base = store.memory_dir.parent
+        self._lock = threading.RLock()
+        self._dirty_lock = threading.Lock()  # apart, so a store write never waits for a running sync
+        self._dirty: set[str] = set()
+        self._conn: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
+        self._vectors = VectorMatrix()
+        self._limit: TokenLimit | None = None
+
+    # -- the database ------------------------------------------------------------------------------
+
+    def mark_changed(self, path: Path) -> None:
+        """Note that the store wrote `path`: the next sync re-reads it whatever its stat says."""
+        try:
+            key = Path(path).relative_to(self._base).as_posix()
+        except ValueError:
+            return
+        with self._dirty_lock:
+            self._dirty.add(key)
+
+    def close(self) -> None:
+        """Close the database and the embedder."""
+        with self._lock:
+            self._close_db()
+            if self.embedder is not None:
+                self.embedder.close()
+
+    def _close_db(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+        self._identity = None
+        self._vectors.clear()
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is not None and file_identity(self.path) != self._identity:
+            # The file was deleted or replaced (someone removed memory/index/): start a new one.
+            log.info("memory index %s is gone; rebuilding it", self.path)
+            self._close_db()
+        if self._conn is None:
+            self._conn = open_database(self.path)
+            self._identity = file_identity(self.path)
+        return self._conn
+
+    def _run(self, operation: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `operation` on the database; a damaged database is rebuilt and the operation run again."""
+        with self._lock:
+            try:
+                return operation(self._db())
+            except sqlite3.DatabaseError as exc:
+                if not is_unusable(exc):
+                    raise
+                log.warning("memory index %s is damaged (%s); rebuilding it from the memory files", self.path, exc)
+                self._close_db()
+                remove_files(self.path)
+                return operation(self._db())
+
+    # -- sync --------------------------------------------------------------------------------------
+
+    def sync(self, progress: Progress | None = None) -> SyncReport:
+        """Bring the index up to date with the files (only what changed)."""
+        return self._run(lambda conn: self._sync(conn, progress))
+
+    def reindex(self, progress: Progress | None = None) -> SyncReport:
+        """Rebuild every file's chunks from scratch (cached embeddings are reused, nothing else)."""
+        def rebuild(conn: sqlite3.Connection) -> SyncReport:
+            with transaction(conn):
+                forget_everything(conn)
+            return self._sync(conn, progress)
+        return self._run(rebuild)
+
+    def _token_limit(self, report: SyncReport) -> TokenLimit:
+        if self.embedder is None:
+            return DEFAULT_LIMIT
+        if self._limit is None:
+            try:
+                self._limit = self.embedder.token_limit()
+            except EmbeddingUnavailable as exc:
+                report.embed_error = str(exc)
+                return DEFAULT_LIMIT
+        return self._limit
+
+    def _sync(self, conn: sqlite3.Connection, progress: Progress | None) -> SyncReport:
+        report = SyncReport()
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        try:
+            syncer = Syncer(conn, self._token_limit(report), progress)
+            syncer.sync_files(source_files(self.store, self.settings.sources), dirty, report)
+            if self.embedder is not None:
+                if report.embed_error is None:
+                    syncer.embed_missing(self.embedder, report)
+                else:
+                    self._record_failure(conn, report.embed_error)
+        except BaseException:
+            with self._dirty_lock:
+                self._dirty |= dirty
+            raise
+        if report.changed or get_meta(conn, "last_sync") is None:
+            with transaction(conn):
+                set_meta(conn, "last_sync", str(time.time_ns()))
+        return report
+
+    def _record_failure(self, conn: sqlite3.Connection, reason: str) -> None:
+        log.warning("memory index: embeddings unavailable, searching with keywords only: %s", reason)
+        with transaction(conn):
+            set_meta(conn, "embed_error", reason)
+            set_meta(conn, "embed_error_at", str(time.time_ns()))
+
+    # -- search ------------------------------------------------------------------------------------
+
+    def search(self, query: str, limit: int, sources: frozenset[str] | None = None) -> list[Hit]:
+        """The best `limit` chunks for `query`, best first; `sources` restricts to memory / notes / sessions."""
+        if limit <= 0 or not query.strip():
+            return []
+        return self._run(lambda conn: self._search(conn, query, limit, sources))
+
+    def _search(self, conn: sqlite3.Connection, query: str, limit: int,
+                sources: frozenset[str] | None) -> list[Hit]:
+        report = self._sync(conn, None)
+        keyword_query = KeywordQuery.prepare(conn, query)
+        self.last_notice = report.embed_error
+        vector = None
+        if self.embedder is not None and report.embed_error is None and self.weights.vector > 0:
+            try:
+                vector = self.embedder.embed([query])[0]
+            except EmbeddingUnavailable as exc:
+                self.last_notice = str(exc)
+                self._record_failure(conn, str(exc))
+        if vector is None:
+            if keyword_query is None:
+                return []
+            scores = keyword_scores(conn, keyword_query, limit, sources)
+            return self._hits(conn, sorted(((score, i) for i, score in scores.items()), reverse=True))
+        return self._hits(conn, self._hybrid(conn, keyword_query, vector, limit, sources)[:limit])
+
+    def _hybrid(self, conn: sqlite3.Connection, keyword_query: KeywordQuery | None, query_vector: np.ndarray,
+                limit: int, sources: frozenset[str] | None) -> list[tuple[float, int]]:
+        assert self.embedder is not None
+        wanted = max(limit, min(limit * self.settings.candidate_multiplier, CANDIDATE_CAP))
+        keyword = keyword_scores(conn, keyword_query, wanted, sources) if keyword_query else {}
+        self._vectors.refresh(conn, self.embedder.key, get_meta(conn, "generation") or "0")
+        ids, similarity = self._vectors.cosine(query_vector, sources)
+        if len(ids) > wanted:
+            best = np.argpartition(-similarity, wanted - 1)[:wanted]
+        else:
+            best = np.arange(len(ids))
+        vector = {int(ids[n]): float(similarity[n]) for n in best}
+        # Every chunk of the union gets its real score on both sides, not 0 for the list it missed.
+        positions = np.searchsorted(ids, list(keyword)) if len(ids) else np.zeros(0, dtype=np.int64)
+        for chunk_id, position in zip(keyword, positions):
+            if position < len(ids) and ids[position] == chunk_id:
+                vector[chunk_id] = float(similarity[position])
+        if keyword_query is not None:
+            keyword.update(keyword_scores_of(conn, keyword_query, [i for i in vector if i not in keyword]))
+        return merge(keyword, vector, self.weights)
+
+    def _hits(self, conn: sqlite3.Connection, ranked: list[tuple[float, int]]) -> list[Hit]:
+        if not ranked:
+            return []
+        marks = ",".join("?" * len(ranked))
+        rows = {row[0]: row[1:] for row in conn.execute(
+            f"SELECT id, path, heading, text, start_line, end_line FROM chunks WHERE id IN ({marks})",
+            [chunk_id for _, chunk_id in ranked])}
+        hits = []
+        for score, chunk_id in ranked:
+            path, heading, text, start, end = rows[chunk_id]
+            hits.append(Hit(Block(self._base / path, heading, text, start, end), score))
+        return hits
+
+    # -- status ------------------------------------------------------------------------------------
+
+    def status(self) -> IndexStatus:
+        """Counts, model, last sync, stale files and the last embedding failure; never syncs."""
+        files = source_files(self.store, self.settings.sources)
+        model = self.embedder.label if self.embedder is not None else None
+        if not self.path.exists():
+            return IndexStatus(self.path, False, list(self.settings.sources), model, 0, 0, 0, None,
+                               [file.key for file in files], None)
+        return self._run(lambda conn: self._status(conn, files, model))
+
+    def _status(self, conn: sqlite3.Connection, files: list, model: str | None) -> IndexStatus:
+        known = {row[0]: row[1:] for row in conn.execute("SELECT path, mtime_ns, size, inode FROM files")}
+        with self._dirty_lock:
+            dirty = set(self._dirty)
+        stale = sorted(set(known) - {file.key for file in files})
+        for file in files:
+            try:
+                st = os.stat(file.path)
+            except FileNotFoundError:
+                continue
+            if file.key in dirty or known.get(file.key) != (st.st_mtime_ns, st.st_size, st.st_ino):
+                stale.append(file.key)
+        vectors = 0
+        if self.embedder is not None:
+            vectors = conn.execute("SELECT count(*) FROM chunks c JOIN embedding_cache e ON e.model = ? "
+                                   "AND e.text_hash = c.hash", (self.embedder.key,)).fetchone()[0]
+        warning = get_meta(conn, "embed_error")
+        if warning is not None:
+            warning = f"{self._when(get_meta(conn, 'embed_error_at'))}: {warning}"
+        return IndexStatus(self.path, True, list(self.settings.sources), model, len(known),
+                           conn.execute("SELECT count(*) FROM chunks").fetchone()[0], vectors,
+                           self._when(get_meta(conn, "last_sync")), sorted(stale), warning)
+
+    def _when(self, stamp_ns: str | None) -> str | None:
+        if stamp_ns is None:
+            return None
+        return datetime.fromtimestamp(int(stamp_ns) / 1e9, tz=self.store.tz).isoformat(timespec="seconds")

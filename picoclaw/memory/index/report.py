@@ -1,0 +1,77 @@
+"""What `picoclaw memory status` and `picoclaw memory reindex` print: the status lines and a progress bar."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from picoclaw.memory.index.index import IndexStatus
+from picoclaw.memory.index.sync import SyncReport
+
+BAR_WIDTH = 30
+STALE_SHOWN = 5
+
+
+class ProgressBar:
+    """`phase [#####.....] done/total` on a stream: redrawn in place on a terminal, one line per phase otherwise."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream or sys.stderr
+        self.interactive = self.stream.isatty()
+        self._phase: str | None = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase != self._phase:
+            self._end_line()
+            self._phase = phase
+        if self.interactive or done >= total:
+            filled = BAR_WIDTH * done // total if total else BAR_WIDTH
+            line = f"{phase:<10} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}"
+            self.stream.write(f"\r{line}" if self.interactive else f"{line}\n")
+            self.stream.flush()
+            if done >= total:
+                self._phase = None
+
+    def close(self) -> None:
+        """End a line left open by an interrupted phase."""
+        self._end_line()
+
+    def _end_line(self) -> None:
+        if self._phase is not None and self.interactive:
+            self.stream.write("\n")
+        self._phase = None
+
+
+def status_lines(status: IndexStatus) -> list[str]:
+    """The status as `name: value` lines."""
+    lines = [f"memory index: enabled, {'built' if status.built else 'not built yet (it builds on the next search)'}",
+             f"  file:       {status.path}",
+             f"  sources:    {', '.join(status.sources)}",
+             f"  embeddings: {status.model or 'none (keyword search only)'}",
+             f"  files:      {status.files}",
+             f"  chunks:     {status.chunks}"]
+    if status.model:
+        lines.append(f"  vectors:    {status.vectors}" + (
+            f" ({status.chunks - status.vectors} chunks not embedded yet)" if status.vectors < status.chunks else ""))
+    lines.append(f"  last sync:  {status.last_sync or 'never'}")
+    if status.stale:
+        shown = ", ".join(status.stale[:STALE_SHOWN]) + (" …" if len(status.stale) > STALE_SHOWN else "")
+        lines.append(f"  stale:      {len(status.stale)} file(s) changed since the last sync, synced on the next "
+                     f"search: {shown}")
+    else:
+        lines.append("  stale:      none")
+    if status.warning:
+        lines.append(f"  warning:    embeddings failed ({status.warning}); searches used keyword results only")
+    return lines
+
+
+def reindex_lines(report: SyncReport, status: IndexStatus) -> list[str]:
+    """A summary of a rebuild."""
+    lines = [f"reindexed {status.files} file(s) into {status.chunks} chunk(s) at {status.path}"]
+    if status.model:
+        cached = status.vectors - report.embedded
+        lines.append(f"vectors: {status.vectors} ({report.embedded} embedded now, {max(cached, 0)} from the cache)")
+    if report.embed_error:
+        lines.append(f"warning: embeddings failed ({report.embed_error}); keyword search works, and the missing "
+                     "vectors are made on a later search")
+    return lines
