@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Whole-turn time of picoclaw's AgentLoop against a model that answers at once: our overhead per turn.
+
+What is measured
+    A temporary home is onboarded; MEMORY.md gets 10,000 synthetic ``## YYYY-MM-DD`` entries (the
+    generator of ``bench/retrieval.py``: half Chinese, half English, seeded) and the session a history of
+    200 messages (100 user/assistant pairs, English and Chinese). The fake OpenAI-compatible server of the
+    tests (``tests/fakes``, a real aiohttp server on 127.0.0.1) answers every request at once with "ok".
+    Summaries, compression and reflection are kept from firing (thresholds at their maximum, evolution
+    off) so that every turn does the same work.
+
+    Each of ``--turns`` turns (default 200) sends one question (the 20 queries of ``bench/retrieval.py``
+    in turn) through ``AgentLoop.handle``: build the context (bootstrap files, retrieval over the
+    10,000 blocks, notes, history), one HTTP round trip through the real ``openai`` client, save the turn
+    to the session file (fsynced). Interleaved with the turns, in the same event loop and client:
+
+    * bare round trip: ``provider.chat`` with one short user message (the HTTP floor of any turn);
+    * same-payload round trip: ``provider.chat`` with exactly the messages and tool schemas that turn
+      sent (what the JSON and HTTP of a request that size cost by themselves).
+
+    overhead = turn − bare round trip (the issue's measure); compute = turn − same-payload round trip
+    (what picoclaw itself spends: context, retrieval, session write). The background work after each
+    turn is awaited outside the timed region. ``--runs`` runs (default 3) each use a fresh home; the
+    table shows each run's median and p95 and, last, the median over the runs.
+
+Run (from the repository root):
+    python bench/turn.py
+    python bench/turn.py --turns 100 --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+for folder in (REPO, REPO / "bench"):  # run as `python bench/turn.py` without installing picoclaw
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+from retrieval import QUERIES, synthetic_memory  # noqa: E402
+
+from picoclaw.agent.loop import AgentLoop  # noqa: E402
+from picoclaw.onboard import onboard  # noqa: E402
+from picoclaw.providers.base import Message  # noqa: E402
+from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
+from picoclaw.tools.registry import build_tools  # noqa: E402
+from picoclaw.workspace import Workspace  # noqa: E402
+from tests.fakes import FakeOpenAIServer  # noqa: E402
+
+SESSION = "cli:bench"
+MEMORY_BLOCKS = 10_000
+HISTORY_MESSAGES = 200
+QUIET_POLICY = {"session_summary_message_threshold": 1000, "session_summary_token_percent": 95,
+                "long_term_compress_char_threshold": 0, "evolution_enabled": False}
+
+
+@dataclass
+class RunTimes:
+    """Per-turn milliseconds of one run."""
+
+    turn: list[float]
+    bare: list[float]
+    payload: list[float]
+
+    def overhead(self) -> list[float]:
+        return [t - b for t, b in zip(self.turn, self.bare)]
+
+    def compute(self) -> list[float]:
+        return [t - p for t, p in zip(self.turn, self.payload)]
+
+
+def p95(values: Sequence[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[18]
+
+
+def prepare_home(home: Path, base_url: str) -> Workspace:
+    """An onboarded home pointed at the fake server, with the big MEMORY.md and the long session."""
+    onboard(home)
+    config_path = home / "config.json"
+    config = orjson.loads(config_path.read_bytes())
+    config["agents"]["defaults"]["provider"] = "openai"
+    config["providers"]["openai"] = {"api_key": "sk-bench", "api_base": base_url}
+    config["memory"].update(QUIET_POLICY)
+    config_path.write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2))
+    workspace = Workspace.open(home)
+    workspace.store.rewrite_long_term(synthetic_memory(MEMORY_BLOCKS, seed=7))
+    return workspace
+
+
+def history() -> list[Message]:
+    """200 messages: alternating user and assistant, every other pair in Chinese."""
+    messages: list[Message] = []
+    for i in range(HISTORY_MESSAGES // 2):
+        if i % 2:
+            messages += [{"role": "user", "content": f"第 {i} 个问题：明天杭州的天气怎么样？要带伞吗？"},
+                         {"role": "assistant", "content": f"第 {i} 个回答：可能有小雨，建议带伞。"}]
+        else:
+            messages += [{"role": "user", "content": f"Question {i}: can you remind me what we decided about the deploy?"},
+                         {"role": "assistant", "content": f"Answer {i}: we deploy on Thursdays after the review."}]
+    return messages
+
+
+async def one_run(server: FakeOpenAIServer, turns: int) -> RunTimes:
+    times = RunTimes([], [], [])
+    with tempfile.TemporaryDirectory(prefix="picoclaw-bench-turn-") as tmp:
+        workspace = prepare_home(Path(tmp) / "home", server.base_url)
+        defaults = workspace.config.agents.defaults
+        async with OpenAICompatProvider(name="openai", api_base=server.base_url, api_key="sk-bench",
+                                        defaults=defaults, timeout=10.0, max_retries=0) as provider:
+            loop = AgentLoop(workspace, provider, build_tools(workspace))
+            loop.sessions.append_messages(loop.session(SESSION), history())
+            ping: list[Message] = [{"role": "user", "content": "ping"}]
+            await loop.handle(SESSION, "warm up")  # builds the retrieval index and opens the connection
+            await loop.wait_background()
+            for i in range(turns):
+                t0 = time.perf_counter()
+                await provider.chat(ping)
+                times.bare.append(1000 * (time.perf_counter() - t0))
+
+                t0 = time.perf_counter()
+                await loop.handle(SESSION, QUERIES[i % len(QUERIES)])
+                times.turn.append(1000 * (time.perf_counter() - t0))
+                await loop.wait_background()
+
+                sent = server.chat_requests()[-1]
+                t0 = time.perf_counter()
+                await provider.chat(sent["messages"], sent.get("tools"))
+                times.payload.append(1000 * (time.perf_counter() - t0))
+            assert len(loop.session(SESSION).active()) == HISTORY_MESSAGES + 2 * (turns + 1), "a summary fired"
+    return times
+
+
+def print_table(runs: list[RunTimes]) -> None:
+    rows = [("bare round trip", [r.bare for r in runs]), ("same-payload round trip", [r.payload for r in runs]),
+            ("whole turn", [r.turn for r in runs]), ("overhead = turn − bare", [r.overhead() for r in runs]),
+            ("compute = turn − same payload", [r.compute() for r in runs])]
+    runs_header = " | ".join(f"run {i + 1} median / p95" for i in range(len(runs)))
+    print(f"| {'ms per turn':<29} | {runs_header} | median of runs (median / p95) |")
+    print("|" + "|".join("-" * (len(c) + 2) for c in ["x" * 29, *runs_header.split(" | "), "x" * 29]) + "|")
+    for name, per_run in rows:
+        cells = " | ".join(f"{statistics.median(v):>9.2f} / {p95(v):>7.2f}".ljust(len("run 1 median / p95"))
+                           for v in per_run)
+        med = statistics.median(statistics.median(v) for v in per_run)
+        tail = statistics.median(p95(v) for v in per_run)
+        print(f"| {name:<29} | {cells} | {med:>13.2f} / {tail:>7.2f} |")
+    overhead = statistics.median(statistics.median(r.overhead()) for r in runs)
+    verdict = "under" if overhead < 15 else "NOT under"
+    print(f"\noverhead median {overhead:.2f} ms: {verdict} the 15 ms target "
+          f"({MEMORY_BLOCKS:,}-block MEMORY.md, {HISTORY_MESSAGES}-message session)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=200, help="timed turns per run (default 200)")
+    parser.add_argument("--runs", type=int, default=3, help="runs, each with a fresh home (default 3)")
+    args = parser.parse_args(argv)
+    if args.turns < 2 or args.runs < 1:
+        parser.error("--turns must be at least 2 and --runs at least 1")
+    logging.basicConfig(level=logging.WARNING)
+    runs = []
+    for i in range(args.runs):
+        with FakeOpenAIServer() as server:
+            runs.append(asyncio.run(one_run(server, args.turns)))
+        print(f"run {i + 1}/{args.runs} done", file=sys.stderr)
+    print_table(runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
