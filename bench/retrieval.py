@@ -21,29 +21,48 @@ What is measured
     Baseline and warm: the median over all queries of ``--reps`` repetitions of the query set (>= 5).
     Cold: the median over ``--reps`` fresh retrievers, each timed on one query of the set in turn.
 
+    The optional memory index (``picoclaw.memory.index``, second table): the same generator writes
+    N chunks (default 10,000 and 100,000) as daily notes of 100 entries each, so that "one changed file"
+    means what it does for a user: one day's note. Timed, median over ``--reps`` runs of the query set:
+    ``MemoryIndex.search(q, 10)`` keyword-only (FTS5) and hybrid, where the hybrid's vectors come from a
+    deterministic hash embedder (384 dimensions, like all-MiniLM-L6-v2) so the numbers are the index's
+    own cost (SQLite, numpy, the sync check before every search) and not a model's; a real model adds its
+    own time to embed the query. Also timed: building the index from nothing (keyword-only, and hybrid
+    with the hash embedder), and the sync after one entry is appended to one day's note through the store
+    (median of ``--reps`` appends; the changed chunk is the only one embedded).
+
 Run (from the repository root):
     python bench/retrieval.py
     python bench/retrieval.py --sizes 1000 10000 --reps 7 --show-queries
+    python bench/retrieval.py --sizes 10000 --index-sizes 10000    # --index-sizes with no value: skip it
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import heapq
+import os
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from datetime import date, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as `python bench/retrieval.py` without installing picoclaw
     sys.path.insert(0, str(REPO))
 
+from picoclaw.config import EmbeddingsConfig, IndexConfig  # noqa: E402
+from picoclaw.memory.index import MemoryIndex  # noqa: E402
+from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit  # noqa: E402
 from picoclaw.memory.retrieval import MemoryRetriever  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 
@@ -294,6 +313,101 @@ def measure(size: int, seed: int, reps: int, details: list[str] | None) -> tuple
             ms(statistics.median(cold)), ms(p95))
 
 
+class HashEmbedder:
+    """Deterministic 384-dimension unit vectors from a text's hash: the index's cost without a model's."""
+
+    key = label = "bench-hash-384"
+
+    def token_limit(self) -> TokenLimit:
+        return DEFAULT_LIMIT
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        rows = [np.random.default_rng(int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest())
+                                      ).standard_normal(384) for t in texts]
+        matrix = np.asarray(rows, dtype=np.float32).reshape(len(texts), 384)
+        return matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+
+    def close(self) -> None:
+        pass
+
+
+NOTE_ENTRIES = 100  # entries per daily note in the index bench
+
+
+def write_notes(store: MemoryStore, chunks: int, seed: int) -> list[date]:
+    """`chunks` synthetic entries as daily notes of NOTE_ENTRIES entries each; returns the days."""
+    entries = synthetic_memory(chunks, seed).split("\n\n## ")
+    days = []
+    for n, start in enumerate(range(0, len(entries), NOTE_ENTRIES)):
+        day = date(2020, 1, 1) + timedelta(days=n)
+        # A note's entries are `## HH:MM` + text, as MemoryStore.append_note writes them.
+        body = "\n".join(f"## {i // 60 % 24:02d}:{i % 60:02d}\n{e.split(chr(10), 1)[1].strip()}\n"
+                          for i, e in enumerate(entries[start:start + NOTE_ENTRIES]))
+        path = store.note_path(day)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {day.isoformat()}\n\n{body}", encoding="utf-8")
+        # Notes written an hour ago, as a user's are: a file changed within the last moments is re-hashed
+        # on every sync (its mtime cannot yet be trusted), which is not the steady state being measured.
+        an_hour_ago = time.time() - 3600
+        os.utime(path, (an_hour_ago, an_hour_ago))
+        days.append(day)
+    return days
+
+
+def measure_index(chunks: int, seed: int, reps: int) -> dict[str, float]:
+    """Milliseconds: build (keyword, hybrid), search median (keyword, hybrid), sync after one append."""
+    result: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="picoclaw-bench-index-") as tmp:
+        store = MemoryStore(Path(tmp) / "workspace" / "memory", timezone.utc)
+        store.long_term_path.parent.mkdir(parents=True, exist_ok=True)
+        days = write_notes(store, chunks, seed)
+        for mode, embedder in (("keyword", None), ("hybrid", HashEmbedder())):
+            settings = IndexConfig(enabled=True, sources=["notes"],
+                                   embeddings=EmbeddingsConfig(provider="local") if embedder else None)
+            index = MemoryIndex(store, settings, embedder)
+            store.on_change(index.mark_changed)
+            try:
+                t0 = time.perf_counter()
+                index.sync()
+                result[f"build {mode}"] = ms(time.perf_counter() - t0)
+                assert index.status().chunks == chunks, (index.status().chunks, chunks)
+                index.search(QUERIES[0], 10)  # warm-up: loads the vectors
+                times = []
+                for _ in range(reps):
+                    for q in QUERIES:
+                        t0 = time.perf_counter()
+                        index.search(q, 10)
+                        times.append(time.perf_counter() - t0)
+                result[f"search {mode}"] = ms(statistics.median(times))
+                if embedder is not None:
+                    syncs = []
+                    for rep in range(reps):
+                        at = datetime.combine(days[rep % len(days)], datetime.min.time(), timezone.utc)
+                        store.append_note(f"bench entry {rep}: 新的一条记录 number {rep}", at=at + timedelta(hours=23))
+                        t0 = time.perf_counter()
+                        report = index.sync()
+                        syncs.append(time.perf_counter() - t0)
+                        assert report.embedded == 1 and len(report.files_changed) == 1, report
+                    result["sync one file"] = ms(statistics.median(syncs))
+            finally:
+                index.close()
+            shutil.rmtree(store.memory_dir / "index")
+    return result
+
+
+def print_index_table(sizes: Sequence[int], seed: int, reps: int) -> None:
+    print(f"\nMemoryIndex (optional) over daily notes of {NOTE_ENTRIES} entries, {len(QUERIES)} queries x {reps} reps;"
+          " hybrid with a hash embedder (index cost only)")
+    header = (f"| {'chunks':>7} | {'build keyword s':>15} | {'build hybrid s':>14} | {'search keyword ms':>17} | "
+              f"{'search hybrid ms':>16} | {'sync one changed file ms':>24} |")
+    print(header)
+    print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
+    for size in sizes:
+        r = measure_index(size, seed, reps)
+        print(f"| {size:>7,} | {r['build keyword'] / 1000:>15.1f} | {r['build hybrid'] / 1000:>14.1f} | "
+              f"{r['search keyword']:>17.2f} | {r['search hybrid']:>16.2f} | {r['sync one file']:>24.1f} |", flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -302,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5, help="repetitions of the query set (default 5, at least 5)")
     parser.add_argument("--seed", type=int, default=4, help="seed of the synthetic MEMORY.md (default 4)")
     parser.add_argument("--show-queries", action="store_true", help="print hits and time of each query")
+    parser.add_argument("--index-sizes", type=int, nargs="*", default=[10_000, 100_000],
+                        help="chunks for the optional index table (default 10000 100000; none: skip it)")
     args = parser.parse_args(argv)
     if args.reps < 5:
         parser.error("--reps must be at least 5")
@@ -319,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{base / warm:>12.0f}x |", flush=True)
     if details:
         print("\n".join(details))
+    if args.index_sizes:
+        print_index_table(args.index_sizes, args.seed, args.reps)
     print(f"\ntotal {time.perf_counter() - started:.1f} s")
     return 0
 
