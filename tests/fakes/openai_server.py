@@ -19,7 +19,6 @@ would fail against OpenAI fails here too; pass `validate=False` to turn that off
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -35,6 +34,8 @@ from functools import partial
 from typing import Any, Literal
 
 from aiohttp import web
+
+from tests.fakes.http_server import BackgroundHTTPServer
 
 Endpoint = Literal["chat", "embeddings"]
 UsageSpec = Mapping[str, int] | Literal[False] | None  # None: estimate; False: leave `usage` out
@@ -95,11 +96,14 @@ class RecordedRequest:
     received_at: float = field(default_factory=time.monotonic)
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(BackgroundHTTPServer):
     """OpenAI-compatible HTTP server on 127.0.0.1 (free port); use as a context manager."""
+
+    name = "fake-openai"
 
     def __init__(self, *, api_key: str | None = None, validate: bool = True,
                  default_dimensions: int = 16) -> None:
+        super().__init__()
         self.api_key = api_key  # when set, any other bearer token gets a 401 like OpenAI's
         self.validate = validate
         self.default_dimensions = default_dimensions
@@ -109,12 +113,6 @@ class FakeOpenAIServer:
         self._queues: dict[Endpoint, deque[Reply]] = {"chat": deque(), "embeddings": deque()}
         self._requests: list[RecordedRequest] = []
         self._counter = 0
-        self._port: int | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._closing: asyncio.Event | None = None
-        self._runner: web.AppRunner | None = None
-        self._startup_error: BaseException | None = None
 
     # -- scripting ---------------------------------------------------------------------------------
 
@@ -168,70 +166,11 @@ class FakeOpenAIServer:
     @property
     def base_url(self) -> str:
         """What to give the client as `base_url` / config `api_base`."""
-        if self._port is None:
-            raise RuntimeError("FakeOpenAIServer is not running")
-        return f"http://127.0.0.1:{self._port}/v1"
+        return f"{self.origin}/v1"
 
-    def start(self) -> FakeOpenAIServer:
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="fake-openai", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("FakeOpenAIServer did not start within 10 s")
-        if self._startup_error is not None:
-            raise RuntimeError("FakeOpenAIServer failed to start") from self._startup_error
-        return self
-
-    def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        # Wake handlers that are sleeping out a scripted delay, so stopping never waits for them.
-        loop.call_soon_threadsafe(self._wake_and_stop)
-        thread.join(10)
-        self._loop = self._thread = None
-        self._port = None
-
-    def __enter__(self) -> FakeOpenAIServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def _wake_and_stop(self) -> None:
-        assert self._closing is not None and self._loop is not None
-        self._closing.set()
-        self._loop.stop()
-
-    def _run(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._listen())
-        except BaseException as exc:  # reported to the starting thread, which raises it
-            self._startup_error = exc
-            ready.set()
-            loop.close()
-            return
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            assert self._runner is not None
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-    async def _listen(self) -> None:
-        self._closing = asyncio.Event()
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = int(self._runner.addresses[0][1])
 
     # -- handlers ----------------------------------------------------------------------------------
 
@@ -246,7 +185,7 @@ class FakeOpenAIServer:
             reply = responder(body) if responder is not None else Text("ok")
             if isinstance(reply, str):
                 reply = Text(reply)
-        await self._sleep(reply.delay)
+        await self.pause(reply.delay)
         if isinstance(reply, Error | Raw):
             return _render(reply)
         return _json(self._completion(body, reply))
@@ -258,7 +197,7 @@ class FakeOpenAIServer:
             return refused
         scripted = self._next("embeddings")
         if scripted is not None:
-            await self._sleep(scripted.delay)
+            await self.pause(scripted.delay)
             return _render(scripted) if isinstance(scripted, Error | Raw) else _bad_request(
                 "only errors and raw bodies can be scripted for embeddings")
         inputs = [body["input"]] if isinstance(body["input"], str) else list(body["input"])
@@ -290,14 +229,6 @@ class FakeOpenAIServer:
         with self._lock:
             queue = self._queues[endpoint]
             return queue.popleft() if queue else None
-
-    async def _sleep(self, delay: float) -> None:
-        if delay > 0:
-            assert self._closing is not None
-            try:
-                await asyncio.wait_for(self._closing.wait(), timeout=delay)
-            except TimeoutError:
-                pass
 
     def _check_auth(self, request: web.Request) -> web.Response | None:
         if self.api_key is None:
