@@ -298,6 +298,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_telegram(args: argparse.Namespace) -> int:
+    from picoclaw.channels.telegram import serve
+
+    asyncio.run(serve(Workspace.open()))
+    return 0
+
+
 # -- parser ----------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -314,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("-m", "--message", help="send one message, print the answer and exit")
     chat.add_argument("--session", metavar="KEY", help="conversation to continue (default: cli:default)")
     chat.set_defaults(handler=cmd_chat)
+    commands.add_parser("telegram", help="run the assistant as a Telegram bot (long polling; Ctrl-C stops)"
+                        ).set_defaults(handler=cmd_telegram)
 
     memory = commands.add_parser("memory", help="read, search and write long-term memory and notes")
     memory_commands = memory.add_subparsers(dest="memory_command", metavar="ACTION", parser_class=_Parser)

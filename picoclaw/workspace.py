@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +15,9 @@ from picoclaw.memory.store import MemoryStore
 
 if TYPE_CHECKING:
     from picoclaw.memory.index.searcher import Searcher
+
+
+USERS_DIR = "users"  # users/<user_key>/memory/: one memory folder per user with memory_scope "per_user"
 
 
 @dataclass
@@ -38,6 +41,14 @@ class Workspace:
     @property
     def memory_dir(self) -> Path:
         return self.store.memory_dir
+
+    def for_user(self, user_key: str) -> Workspace:
+        """The same workspace with the memory folder `users/<user_key>/memory/` (memory_scope "per_user")."""
+        if not user_key or not all(c.isalnum() or c in "-_" for c in user_key):
+            raise ValueError(f"unsafe user key {user_key!r}")
+        store = MemoryStore(self.root / USERS_DIR / user_key / "memory", self.tz,
+                            backup_keep=self.config.memory.backup_keep)
+        return replace(self, store=store, retriever=MemoryRetriever(store))
 
     @classmethod
     def from_config(cls, config: Config, home: Path) -> Workspace:

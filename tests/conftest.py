@@ -8,7 +8,7 @@ import pytest
 
 from picoclaw.onboard import onboard
 from picoclaw.workspace import Workspace
-from tests.fakes.fixtures import fake_openai  # noqa: F401  (fixture, used by name)
+from tests.fakes.fixtures import fake_openai, fake_telegram  # noqa: F401  (fixtures, used by name)
 
 
 @pytest.fixture

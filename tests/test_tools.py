@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 from freezegun import freeze_time
 
-from picoclaw.memory.retrieval import MemoryRetriever
-from picoclaw.memory.store import MemoryStore
 from picoclaw.onboard import onboard
 from picoclaw.tools.base import ToolError, ToolRegistry
 from picoclaw.tools.files import MAX_READ_CHARS, MAX_WRITE_BYTES
@@ -490,8 +488,7 @@ def test_concurrent_calls_all_complete(tools: ToolRegistry, workspace: Workspace
 @pytest.fixture
 def user_workspace(workspace: Workspace) -> Workspace:
     """A per-user workspace as with memory_scope "per_user": same root, memory in users/42/memory/."""
-    store = MemoryStore(workspace.root / "users" / "42" / "memory", workspace.tz)
-    return dataclasses.replace(workspace, store=store, retriever=MemoryRetriever(store))
+    return workspace.for_user("42")
 
 
 @freeze_time(FROZEN)

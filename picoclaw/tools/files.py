@@ -35,7 +35,7 @@ from picoclaw.errors import MemoryStoreError
 from picoclaw.fsutil import atomic_write
 from picoclaw.tools.base import Tool, ToolError
 from picoclaw.tools.sandbox import resolve_in_workspace
-from picoclaw.workspace import Workspace
+from picoclaw.workspace import USERS_DIR, Workspace
 
 MAX_READ_CHARS = 50_000
 MAX_READ_LINES = 100_000
@@ -43,7 +43,6 @@ MAX_WRITE_BYTES = 1_000_000
 MAX_LIST_ENTRIES = 500
 
 MEMORY_FOLDER = "memory"
-USERS_FOLDER = "users"  # users/<user_key>/memory/ with Telegram memory_scope "per_user"
 
 _MONTH_DIR = re.compile(r"^\d{6}$")
 _NOTE_FILE = re.compile(r"^(\d{8})\.md$")
@@ -74,7 +73,7 @@ class WorkspaceFiles:
         self.memory_dir = Path(os.path.realpath(workspace.store.memory_dir))
         self.long_term = Path(os.path.realpath(workspace.store.long_term_path))
         self.shared_memory = self.root / MEMORY_FOLDER
-        self.users_dir = self.root / USERS_FOLDER
+        self.users_dir = self.root / USERS_DIR
         self.sessions_dir = self.root / "sessions"
         self.config_file = Path(os.path.realpath(workspace.home / CONFIG_FILE))
 

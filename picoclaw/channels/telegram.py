@@ -1,0 +1,278 @@
+"""`picoclaw telegram`: the assistant as a Telegram bot (aiogram 3, long polling).
+
+Each chat is a session (`telegram:<chat_id>`); one chat's messages are answered in order, different chats
+at once. Only users in `channels.telegram.allow_from` are served; a stranger is told their id once and
+nothing they wrote is kept. With memory_scope "per_user" each user has a memory folder of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from aiogram import Bot, Dispatcher, Router
+from aiogram.client.session.aiohttp import AiohttpSession
+from aiogram.client.telegram import TelegramAPIServer
+from aiogram.enums import ChatAction, ChatType
+from aiogram.exceptions import TelegramAPIError, TelegramBadRequest, TelegramRetryAfter, TelegramUnauthorizedError
+from aiogram.types import BotCommand, Message, User
+from aiogram.utils.token import TokenValidationError
+
+from picoclaw.agent.loop import AgentLoop
+from picoclaw.channels.telegram_format import render_html, split_markdown
+from picoclaw.config import TelegramConfig
+from picoclaw.errors import ConfigError, PicoclawError
+from picoclaw.providers.base import ChatProvider
+from picoclaw.providers.openai_compat import from_config
+from picoclaw.tools.registry import build_tools
+from picoclaw.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None]]
+
+COMMANDS = [
+    BotCommand(command="new", description="start a fresh conversation"),
+    BotCommand(command="compact", description="summarise the conversation now"),
+    BotCommand(command="memory", description="what memory a query would bring up"),
+    BotCommand(command="policy", description="the memory policy in force"),
+    BotCommand(command="help", description="what I can do"),
+]
+APOLOGY = "Sorry, something went wrong on my side while answering. Please try again in a moment."
+NOT_TEXT = "I can only read text messages."
+RETRY_AFTER_ATTEMPTS = 3  # Telegram's 429s honoured per call before the call is given up
+TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
+
+
+def not_authorised(user_id: int) -> str:
+    return f"not authorised — your id is {user_id}; add it to channels.telegram.allow_from"
+
+
+class Allowlist:
+    """`allow_from`: numeric user ids and @usernames (case-insensitive). Empty lets nobody in."""
+
+    def __init__(self, entries: list[int | str]):
+        self.ids = {int(e) for e in entries if isinstance(e, int) or str(e).lstrip("-").isdigit()}
+        self.usernames = {str(e).lstrip("@").lower() for e in entries
+                          if isinstance(e, str) and not e.lstrip("-").isdigit()}
+
+    def allows(self, user: User) -> bool:
+        return user.id in self.ids or (user.username or "").lower() in self.usernames
+
+
+def make_bot(settings: TelegramConfig, token: str) -> Bot:
+    """An aiogram Bot; `api_base` points it at a self-hosted Bot API server."""
+    if not token:
+        raise ConfigError("no Telegram bot token: set channels.telegram.token in config.json or the "
+                          "TELEGRAM_BOT_TOKEN environment variable (create a bot with @BotFather)")
+    session = AiohttpSession(api=TelegramAPIServer.from_base(settings.api_base)) if settings.api_base else None
+    try:
+        return Bot(token, session=session)
+    except TokenValidationError:
+        raise ConfigError("the Telegram bot token is malformed (expected the form 123456:ABC… that "
+                          "@BotFather gives)") from None
+
+
+class TelegramChannel:
+    """Serves one workspace's assistant to Telegram; `run()` polls until SIGINT/SIGTERM or `stop()`."""
+
+    def __init__(self, workspace: Workspace, provider: ChatProvider, bot: Bot, *,
+                 typing_interval: float = TYPING_INTERVAL, shutdown_timeout: float = 30.0,
+                 sleep: Sleep = asyncio.sleep):
+        self.workspace = workspace
+        self.provider = provider
+        self.bot = bot
+        self.settings = workspace.config.channels.telegram
+        self.allowlist = Allowlist(self.settings.allow_from)
+        self.typing_interval = typing_interval
+        self.shutdown_timeout = shutdown_timeout
+        self.sleep = sleep
+        self.dispatcher = Dispatcher()
+        router = Router(name="picoclaw")
+        router.message.register(self.on_message)
+        self.dispatcher.include_router(router)
+        self.me: User | None = None
+        self._loops: dict[str, AgentLoop] = {}
+        self._chat_locks: dict[str, asyncio.Lock] = {}
+        self._chat_of: dict[str, int] = {}
+        self._told: set[int] = set()  # strangers already told their id (kept in memory only)
+        self._in_flight: set[asyncio.Task[object]] = set()
+
+    # -- life cycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> User:
+        """Check the token, drop any webhook, register the command menu."""
+        try:
+            self.me = await self.bot.get_me()
+        except TelegramUnauthorizedError:
+            raise PicoclawError("Telegram rejected the bot token (401 Unauthorized): it is wrong or was revoked; "
+                                "check channels.telegram.token or TELEGRAM_BOT_TOKEN") from None
+        await self.bot.delete_webhook(drop_pending_updates=False)
+        await self._with_retry(lambda: self.bot.set_my_commands(COMMANDS))
+        log.info("telegram: serving as @%s (id %s), memory scope %s", self.me.username, self.me.id,
+                 self.settings.memory_scope)
+        return self.me
+
+    async def run(self, *, handle_signals: bool = True, polling_timeout: int = 10) -> None:
+        """Poll until stopped, then let in-flight turns finish (bounded) and close everything."""
+        await self.start()
+        try:
+            await self.dispatcher.start_polling(self.bot, handle_signals=handle_signals, close_bot_session=False,
+                                                polling_timeout=polling_timeout)
+        finally:
+            await self.finish()
+
+    async def stop(self) -> None:
+        """Stop polling (what SIGINT/SIGTERM do); `run()` then finishes the turns under way."""
+        await self.dispatcher.stop_polling()
+
+    async def finish(self) -> None:
+        if self._in_flight:
+            log.info("telegram: waiting for %d turn(s) to finish", len(self._in_flight))
+            _, late = await asyncio.wait(set(self._in_flight), timeout=self.shutdown_timeout)
+            if late:
+                log.warning("telegram: %d turn(s) still running after %.0f s; stopping anyway",
+                            len(late), self.shutdown_timeout)
+        for loop in self._loops.values():
+            await loop.wait_background()
+        await self.bot.session.close()
+
+    # -- messages -------------------------------------------------------------------------------------
+
+    async def on_message(self, message: Message) -> None:
+        """Every message update: check who and whether it is for us, then answer it in chat order."""
+        user, chat = message.from_user, message.chat
+        if user is None or user.is_bot or not self._addressed(message):
+            return
+        if not self.allowlist.allows(user):
+            await self._refuse(chat.id, user.id)
+            return
+        key = self._session_key(chat.id, chat.type, user.id)
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_flight.add(task)
+        try:
+            # The lock is the first thing awaited, so one chat's updates queue in the order they came.
+            async with self._chat_locks.setdefault(key, asyncio.Lock()):
+                await self._answer(message, user, key)
+        finally:
+            if task is not None:
+                self._in_flight.discard(task)
+
+    async def _answer(self, message: Message, user: User, key: str) -> None:
+        chat_id = message.chat.id
+        if message.text is None:
+            await self.send_reply(chat_id, NOT_TEXT)
+            return
+        text = self._without_mention(message.text)
+        self._chat_of[key] = chat_id
+        log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))
+        typing = asyncio.create_task(self._keep_typing(chat_id))
+        try:
+            reply = await self._loop_for(user).handle(key, text)
+        except Exception:
+            log.exception("telegram: chat %s user %s: the turn failed", chat_id, user.id)
+            reply = APOLOGY
+        finally:
+            typing.cancel()
+        await self.send_reply(chat_id, reply)
+
+    async def _refuse(self, chat_id: int, user_id: int) -> None:
+        log.info("telegram: refused chat %s user %s (not in allow_from)", chat_id, user_id)
+        if user_id in self._told:
+            return
+        self._told.add(user_id)
+        await self._send_part(chat_id, not_authorised(user_id), html=False)
+
+    def _addressed(self, message: Message) -> bool:
+        if message.chat.type == ChatType.PRIVATE or self.settings.group_trigger == "always":
+            return True
+        assert self.me is not None
+        replied = message.reply_to_message
+        if replied is not None and replied.from_user is not None and replied.from_user.id == self.me.id:
+            return True
+        return f"@{self.me.username}".lower() in (message.text or "").lower()
+
+    def _without_mention(self, text: str) -> str:
+        if self.me is None or not self.me.username:
+            return text.strip()
+        mention = f"@{self.me.username}"
+        start = text.lower().find(mention.lower())
+        return (text[:start] + text[start + len(mention):]).strip() if start >= 0 else text.strip()
+
+    def _session_key(self, chat_id: int, chat_type: str, user_id: int) -> str:
+        # Per-user memory in a group: each member keeps a history of their own, so no one's
+        # remembered facts reach the others through the shared conversation.
+        if self.settings.memory_scope == "per_user" and chat_type != ChatType.PRIVATE:
+            return f"telegram:{chat_id}:{user_id}"
+        return f"telegram:{chat_id}"
+
+    def _loop_for(self, user: User) -> AgentLoop:
+        scope = "shared" if self.settings.memory_scope == "shared" else str(user.id)
+        loop = self._loops.get(scope)
+        if loop is None:
+            workspace = self.workspace if scope == "shared" else self.workspace.for_user(scope)
+            loop = AgentLoop(workspace, self.provider, build_tools(workspace), notify=self._notify)
+            self._loops[scope] = loop
+        return loop
+
+    async def _notify(self, key: str, text: str) -> None:
+        chat_id = self._chat_of.get(key)
+        if chat_id is not None:
+            await self._send_part(chat_id, text, html=False)
+
+    async def _keep_typing(self, chat_id: int) -> None:
+        while True:
+            try:
+                await self.bot.send_chat_action(chat_id, ChatAction.TYPING)
+            except TelegramAPIError as exc:
+                log.debug("telegram: chat %s: typing action failed: %s", chat_id, exc)
+            await asyncio.sleep(self.typing_interval)
+
+    # -- sending ------------------------------------------------------------------------------------
+
+    async def send_reply(self, chat_id: int, markdown: str) -> None:
+        """The model's Markdown as HTML messages of at most 4,096 characters, in order."""
+        for part in split_markdown(markdown) or ["(empty reply)"]:
+            await self._send_part(chat_id, part, html=True)
+
+    async def _send_part(self, chat_id: int, text: str, *, html: bool) -> None:
+        try:
+            if html:
+                try:
+                    await self._with_retry(lambda: self.bot.send_message(chat_id, render_html(text),
+                                                                         parse_mode="HTML"))
+                    return
+                except TelegramBadRequest as exc:
+                    if "parse entities" not in exc.message.lower():
+                        raise
+                    log.warning("telegram: chat %s: Telegram refused the HTML (%s); sent as plain text",
+                                chat_id, exc.message)
+            await self._with_retry(lambda: self.bot.send_message(chat_id, text, parse_mode=None))
+        except TelegramAPIError as exc:
+            log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)
+
+    async def _with_retry(self, call: Callable[[], Awaitable[T]]) -> T:
+        for attempt in range(RETRY_AFTER_ATTEMPTS):
+            try:
+                return await call()
+            except TelegramRetryAfter as exc:
+                if attempt == RETRY_AFTER_ATTEMPTS - 1:
+                    raise
+                log.warning("telegram: rate limited; retrying in %s s", exc.retry_after)
+                await self.sleep(exc.retry_after)
+        raise AssertionError("unreachable")
+
+
+async def serve(workspace: Workspace) -> None:
+    """`picoclaw telegram`: run the bot with the configured provider until SIGINT/SIGTERM."""
+    settings = workspace.config.channels.telegram
+    bot = make_bot(settings, workspace.config.telegram_token())
+    try:
+        async with from_config(workspace.config) as provider:
+            await TelegramChannel(workspace, provider, bot).run()
+    finally:
+        await bot.session.close()

@@ -1,0 +1,227 @@
+"""A real local HTTP server speaking enough of the Telegram Bot API for aiogram's long polling.
+
+Tests point aiogram at it (`channels.telegram.api_base`), feed it user messages, and read back every
+call the bot made:
+
+    with FakeTelegramServer() as telegram:
+        telegram.send_text(chat_id=42, user_id=42, text="hello")
+        ...  # run the bot against telegram.origin
+        assert telegram.sent_texts(42) == ["hi!"]
+
+Methods: getMe, getUpdates (long polling; an `offset` confirms earlier updates, as Telegram does),
+sendMessage, sendChatAction, setMyCommands, deleteWebhook. Errors can be scripted per method (400
+"can't parse entities", 429 with retry_after); a wrong or revoked token gets 401 Unauthorized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from tests.fakes.http_server import BackgroundHTTPServer
+
+TOKEN = "123456:TEST-fake-telegram-token"
+BOT_ID = 123456
+BOT_USERNAME = "picoclaw_test_bot"
+ENTITY_ERROR = "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0"
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One request the bot made: method name and its parameters (JSON-decoded where they were JSON)."""
+
+    method: str
+    params: dict[str, Any]
+    at: float
+
+
+@dataclass(frozen=True)
+class ScriptedError:
+    status: int
+    description: str
+    retry_after: int | None = None
+
+
+class FakeTelegramServer(BackgroundHTTPServer):
+    """Bot API stand-in on 127.0.0.1; thread-safe for the test thread and the bot's loop."""
+
+    name = "fake-telegram"
+
+    def __init__(self, token: str = TOKEN) -> None:
+        super().__init__()
+        self.token = token
+        self.revoked = False  # every call then gets 401, as after /revoke in @BotFather
+        self._lock = threading.Condition()
+        self._updates: list[dict[str, Any]] = []
+        self._confirmed = 0  # updates below this id were confirmed by an offset and are gone
+        self._calls: list[ApiCall] = []
+        self._errors: dict[str, deque[ScriptedError]] = {}
+        self._message_ids = 0
+        self._arrived: asyncio.Event | None = None
+        # Called on the server's loop after each successful sendMessage with its params (a bench uses it
+        # to send a chat's next message as soon as the answer arrives).
+        self.on_sent: Callable[[dict[str, Any]], None] | None = None
+
+    # -- what users do ----------------------------------------------------------------------------
+
+    def send_text(self, chat_id: int, user_id: int, text: str, *, username: str | None = None,
+                  chat_type: str = "private", reply_to_bot: bool = False) -> int:
+        """Queue a text message from a user; returns its update_id."""
+        user = {"id": user_id, "is_bot": False, "first_name": f"user{user_id}",
+                **({"username": username} if username else {})}
+        chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
+        if chat_type != "private":
+            chat["title"] = f"group {chat_id}"
+        with self._lock:
+            self._message_ids += 1
+            message: dict[str, Any] = {"message_id": self._message_ids, "date": int(time.time()),
+                                       "chat": chat, "from": user, "text": text}
+            if reply_to_bot:
+                message["reply_to_message"] = {"message_id": 1, "date": int(time.time()), "chat": chat,
+                                               "from": self._bot_user(), "text": "earlier answer"}
+            update_id = len(self._updates) + 1
+            self._updates.append({"update_id": update_id, "message": message})
+        if self._arrived is not None:
+            self.call_in_loop(self._arrived.set)
+        return update_id
+
+    def fail_next(self, method: str, status: int, description: str, *, retry_after: int | None = None,
+                  times: int = 1) -> None:
+        """The next `times` calls of `method` fail like Telegram would."""
+        with self._lock:
+            self._errors.setdefault(method, deque()).extend(
+                [ScriptedError(status, description, retry_after)] * times)
+
+    # -- what the bot did ---------------------------------------------------------------------------
+
+    def calls(self, method: str | None = None) -> list[ApiCall]:
+        with self._lock:
+            return [c for c in self._calls if method is None or c.method == method]
+
+    def sent_texts(self, chat_id: int | None = None) -> list[str]:
+        """Texts of sendMessage calls that succeeded, in order (for one chat when given)."""
+        with self._lock:
+            return [c.params["text"] for c in self._calls
+                    if c.method == "sendMessage" and c.params.get("_ok")
+                    and (chat_id is None or int(c.params["chat_id"]) == chat_id)]
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Block until `condition()` holds (re-checked after every API call), or fail after `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not condition():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out after {timeout} s waiting for the bot")
+                self._lock.wait(left)
+
+    # -- the API ------------------------------------------------------------------------------------
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/bot{token}/{method}", self._api)
+
+    async def _api(self, request: web.Request) -> web.Response:
+        if self._arrived is None:
+            self._arrived = asyncio.Event()
+        method = request.match_info["method"]
+        params = await _params(request)
+        if request.match_info["token"] != self.token or self.revoked:
+            return _error(ScriptedError(401, "Unauthorized"))
+        scripted = self._take_error(method)
+        handler = {"getMe": self._get_me, "getUpdates": self._get_updates, "sendMessage": self._send_message,
+                   "sendChatAction": _true, "setMyCommands": _true, "deleteWebhook": _true}.get(method)
+        if scripted is None and handler is None:
+            scripted = ScriptedError(404, "Not Found: method not found")
+        # Recorded on arrival (a test can wait for the first long poll), marked "_ok" once it succeeded.
+        self._record(method, params)
+        if scripted is not None:
+            return _error(scripted)
+        result = await handler(params)
+        self._record(method, params, ok=True)
+        if method == "sendMessage" and self.on_sent is not None:
+            self.on_sent(params)
+        return web.json_response({"ok": True, "result": result})
+
+    def _record(self, method: str, params: dict[str, Any], *, ok: bool = False) -> None:
+        with self._lock:
+            if ok:
+                params["_ok"] = True
+            else:
+                self._calls.append(ApiCall(method, params, time.monotonic()))
+            self._lock.notify_all()
+
+    def _take_error(self, method: str) -> ScriptedError | None:
+        with self._lock:
+            queue = self._errors.get(method)
+            return queue.popleft() if queue else None
+
+    def _bot_user(self) -> dict[str, Any]:
+        return {"id": BOT_ID, "is_bot": True, "first_name": "picoclaw", "username": BOT_USERNAME}
+
+    async def _get_me(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {**self._bot_user(), "can_join_groups": True, "can_read_all_group_messages": False,
+                "supports_inline_queries": False}
+
+    async def _get_updates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        assert self._arrived is not None
+        offset = int(params.get("offset") or 0)
+        deadline = time.monotonic() + min(float(params.get("timeout") or 0), 5.0)
+        while True:
+            with self._lock:
+                self._confirmed = max(self._confirmed, offset)
+                pending = [u for u in self._updates if u["update_id"] >= max(self._confirmed, 1)]
+            left = deadline - time.monotonic()
+            if pending or left <= 0:
+                return pending
+            self._arrived.clear()
+            with self._lock:  # an update may have landed between the check and the clear
+                if any(u["update_id"] >= self._confirmed for u in self._updates):
+                    continue
+            # Stopping the server ends a long poll at once instead of making shutdown wait it out.
+            assert self._closing is not None
+            waiters = {asyncio.ensure_future(self._arrived.wait()), asyncio.ensure_future(self._closing.wait())}
+            _, pending_waiters = await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in pending_waiters:
+                waiter.cancel()
+            if self._closing.is_set():
+                return []
+
+    async def _send_message(self, params: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self._message_ids += 1
+            message_id = self._message_ids
+        return {"message_id": message_id, "date": int(time.time()), "from": self._bot_user(),
+                "chat": {"id": int(params["chat_id"]), "type": "private"}, "text": params["text"]}
+
+
+async def _params(request: web.Request) -> dict[str, Any]:
+    # aiogram sends form fields, JSON-encoding the structured ones.
+    if request.content_type == "application/json":
+        return dict(await request.json())
+    params: dict[str, Any] = {}
+    for name, value in (await request.post()).items():
+        text = value if isinstance(value, str) else ""
+        try:
+            params[name] = json.loads(text) if text[:1] in "[{" else text
+        except ValueError:
+            params[name] = text
+    return params
+
+
+async def _true(params: dict[str, Any]) -> bool:
+    return True
+
+
+def _error(error: ScriptedError) -> web.Response:
+    body: dict[str, Any] = {"ok": False, "error_code": error.status, "description": error.description}
+    if error.retry_after is not None:
+        body["parameters"] = {"retry_after": error.retry_after}
+    return web.json_response(body, status=error.status)

@@ -1,0 +1,419 @@
+"""The Telegram channel: real aiogram over HTTP to the fake Bot API, real openai client to the fake model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from picoclaw.channels.telegram import APOLOGY, COMMANDS, TelegramChannel, make_bot, not_authorised
+from picoclaw.workspace import Workspace
+from tests.agent_helpers import API_KEY, make_provider, session_records
+from tests.fakes import FakeOpenAIServer, Text
+from tests.fakes.telegram_server import BOT_USERNAME, ENTITY_ERROR, TOKEN, FakeTelegramServer
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[1]
+OWNER = 1001
+FRIEND = 1002
+STRANGER = 6666
+
+
+def configure(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, **settings: Any) -> Workspace:
+    """Point config.json at both fakes; `settings` go into channels.telegram (allow_from: the owner)."""
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["providers"]["openai"] = {"api_key": API_KEY, "api_base": model.base_url}
+    config["channels"]["telegram"].update({"enabled": True, "token": TOKEN, "api_base": telegram.origin,
+                                          "allow_from": [OWNER], **settings})
+    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    return Workspace.open(home)
+
+
+class Sleeps:
+    """Stands in for asyncio.sleep where the channel honours Telegram's retry_after: records, never waits."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+
+
+def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIServer,
+          body: Callable[[TelegramChannel], Awaitable[T]], *, sleeps: Sleeps | None = None) -> T:
+    """Run the bot until `body(channel)` returns, then stop it the way SIGTERM does and wait for it."""
+    async def main() -> T:
+        bot = make_bot(workspace.config.channels.telegram, workspace.config.telegram_token())
+        async with make_provider(workspace, model) as provider:
+            channel = TelegramChannel(workspace, provider, bot, typing_interval=0.05, sleep=sleeps or Sleeps())
+            running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
+            await until(telegram, lambda: bool(telegram.calls("getUpdates")))
+            try:
+                return await body(channel)
+            finally:
+                await channel.stop()
+                await running
+    return asyncio.run(main())
+
+
+async def until(telegram: FakeTelegramServer, condition: Callable[[], bool]) -> None:
+    await asyncio.to_thread(telegram.wait_until, condition)
+
+
+def replied(telegram: FakeTelegramServer, chat_id: int, count: int = 1) -> Callable[[], bool]:
+    return lambda: len(telegram.sent_texts(chat_id)) >= count
+
+
+def echo(body: dict[str, Any]) -> str:
+    """The fake model's answer: the last user message, so a reply shows which chat it was for."""
+    return "echo: " + [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+
+
+def tree(home: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(home)): p.read_bytes() for p in sorted(home.rglob("*")) if p.is_file()}
+
+
+# -- the basics -------------------------------------------------------------------------------------------
+
+
+def test_an_allowed_user_is_answered_in_english_and_chinese(home: Path, fake_telegram: FakeTelegramServer,
+                                                            fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_text("Hello **Ada** & <friends>", delay=0.3)  # typing shows while the model works
+    fake_openai.reply_text("你好，**阿达**！")
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "hi there")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        fake_telegram.send_text(OWNER, OWNER, "你好")
+        await until(fake_telegram, replied(fake_telegram, OWNER, 2))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(OWNER) == ["Hello <b>Ada</b> &amp; &lt;friends&gt;", "你好，<b>阿达</b>！"]
+    assert {c.params["parse_mode"] for c in fake_telegram.calls("sendMessage")} == {"HTML"}
+    assert len(fake_telegram.calls("sendChatAction")) >= 2  # shown, then refreshed
+    assert fake_telegram.calls("deleteWebhook")
+    [menu] = fake_telegram.calls("setMyCommands")
+    assert [c["command"] for c in menu.params["commands"]] == [c.command for c in COMMANDS]
+    messages = [r["message"] for r in session_records(workspace, f"telegram:{OWNER}")]
+    assert [m["content"] for m in messages] == ["hi there", "Hello **Ada** & <friends>", "你好", "你好，**阿达**！"]
+
+
+def test_a_stranger_is_told_their_id_once_and_leaves_no_trace(home: Path, fake_telegram: FakeTelegramServer,
+                                                              fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    before = tree(home)
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(STRANGER, STRANGER, "remember: my password is hunter2")
+        fake_telegram.send_text(STRANGER, STRANGER, "记住：我的密码是 hunter2")
+        fake_telegram.send_text(OWNER, OWNER, "ping")  # answered after both, so both were handled
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(STRANGER) == [not_authorised(STRANGER)]
+    assert all("hunter2" not in json.dumps(b) for b in fake_openai.chat_requests())
+    after = tree(home)
+    assert {k: v for k, v in after.items() if "hunter2".encode() in v} == {}
+    assert [k for k in after if k not in before and f"{STRANGER}" in k] == []
+    new = sorted(k for k in after if k not in before and not k.endswith(".lock"))
+    assert new == [f"workspace/sessions/telegram%3A{OWNER}.jsonl"]  # the owner's turn, nothing else
+
+
+def test_allow_from_takes_usernames_with_or_without_the_at(home: Path, fake_telegram: FakeTelegramServer,
+                                                           fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai, allow_from=["@Alice_W", "bob"])
+    fake_openai.responder = echo
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(11, 11, "from alice", username="alice_w")
+        fake_telegram.send_text(12, 12, "from bob", username="Bob")
+        fake_telegram.send_text(13, 13, "from carol", username="carol")
+        await until(fake_telegram, lambda: all(fake_telegram.sent_texts(c) for c in (11, 12, 13)))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(11) == ["echo: from alice"]
+    assert fake_telegram.sent_texts(12) == ["echo: from bob"]
+    assert fake_telegram.sent_texts(13) == [not_authorised(13)]
+
+
+# -- replies that arrive ----------------------------------------------------------------------------------
+
+
+def test_a_10000_character_reply_arrives_in_ordered_parts(home: Path, fake_telegram: FakeTelegramServer,
+                                                          fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    english = "\n\n".join(f"Paragraph {i}: " + ("the quick brown fox jumps. " * 14).strip() for i in range(26))
+    chinese = "\n\n".join(f"第{i}段：" + "我们明天在杭州见面，记得带伞。" * 30 for i in range(23))
+    assert len(english) > 10_000 and len(chinese) > 10_000
+    fake_openai.reply_text(english)
+    fake_openai.reply_text(chinese)
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "write a lot")
+        fake_telegram.send_text(OWNER, OWNER, "写很多")
+        await until(fake_telegram, lambda: fake_telegram.sent_texts(OWNER)[-1:] != []
+                    and fake_telegram.sent_texts(OWNER)[-1].endswith(chinese[-20:]))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    sent = fake_telegram.sent_texts(OWNER)
+    assert all(len(part) <= 4096 for part in sent) and len(sent) >= 6
+    english_parts = [p for p in sent if p.startswith("Paragraph")]
+    assert "\n\n".join(english_parts) == english  # in order, nothing lost, cut only between paragraphs
+    assert "\n\n".join(p for p in sent if p.startswith("第")) == chinese
+
+
+def test_an_entity_error_falls_back_to_plain_text(home: Path, fake_telegram: FakeTelegramServer,
+                                                  fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_text("**粗体** and <b>odd</b> markup")
+    fake_telegram.fail_next("sendMessage", 400, ENTITY_ERROR)
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "hi")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    first, second = fake_telegram.calls("sendMessage")
+    assert first.params["parse_mode"] == "HTML" and "_ok" not in first.params
+    assert "parse_mode" not in second.params
+    assert fake_telegram.sent_texts(OWNER) == ["**粗体** and <b>odd</b> markup"]
+
+
+def test_telegrams_retry_after_is_honoured(home: Path, fake_telegram: FakeTelegramServer,
+                                           fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_telegram.fail_next("sendMessage", 429, "Too Many Requests: retry after 7", retry_after=7, times=2)
+    sleeps = Sleeps()
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "hi")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    serve(workspace, fake_telegram, fake_openai, body, sleeps=sleeps)
+
+    assert sleeps.seconds == [7, 7]
+    assert fake_telegram.sent_texts(OWNER) == ["ok"]
+    assert len(fake_telegram.calls("sendMessage")) == 3
+
+
+def test_a_model_failure_is_an_apology_and_the_bot_keeps_serving(home: Path, fake_telegram: FakeTelegramServer,
+                                                                 fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_error(500, "the model is on fire")
+    fake_openai.reply_raw({"choices": "not a list"})
+    fake_openai.reply_text("back again")
+
+    async def body(channel: TelegramChannel) -> None:
+        for text in ("one", "two", "three"):
+            fake_telegram.send_text(OWNER, OWNER, text)
+        await until(fake_telegram, replied(fake_telegram, OWNER, 3))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    first, second, third = fake_telegram.sent_texts(OWNER)
+    assert first.startswith("Sorry") and second.startswith("Sorry") and third == "back again"
+    assert len(first.splitlines()) == 1 and APOLOGY.startswith("Sorry")
+
+
+# -- chats at once, in order -------------------------------------------------------------------------------
+
+
+def test_twenty_chats_at_once_get_their_own_answers(home: Path, fake_telegram: FakeTelegramServer,
+                                                    fake_openai: FakeOpenAIServer) -> None:
+    chats = [2000 + n for n in range(20)]
+    workspace = configure(home, fake_telegram, fake_openai, allow_from=chats)
+    fake_openai.responder = lambda body: Text(echo(body), delay=0.3)
+
+    async def body(channel: TelegramChannel) -> None:
+        for n, chat in enumerate(chats):
+            fake_telegram.send_text(chat, chat, f"chat {n} 秘密 {chat * 7}")
+        await until(fake_telegram, lambda: all(fake_telegram.sent_texts(c) for c in chats))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    for n, chat in enumerate(chats):
+        assert fake_telegram.sent_texts(chat) == [f"echo: chat {n} 秘密 {chat * 7}"]
+    # Every chat's model call had arrived before the first answer went out: they ran at once.
+    first_answer = min(c.at for c in fake_telegram.calls("sendMessage"))
+    assert max(r.received_at for r in fake_openai.requests) < first_answer
+
+
+def test_one_chats_messages_are_answered_in_order(home: Path, fake_telegram: FakeTelegramServer,
+                                                  fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.responder = lambda body: Text(echo(body), delay=0.05)
+    texts = [f"message {n} / 第{n}条" for n in range(6)]
+
+    async def body(channel: TelegramChannel) -> None:
+        for text in texts:
+            fake_telegram.send_text(OWNER, OWNER, text)
+        await until(fake_telegram, replied(fake_telegram, OWNER, len(texts)))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(OWNER) == [f"echo: {t}" for t in texts]
+    # Each turn saw the ones before it: the history sent with the last call has all earlier messages.
+    last = fake_openai.chat_requests()[-1]["messages"]
+    assert [m["content"] for m in last if m["role"] == "user"] == texts
+
+
+# -- whose memory ------------------------------------------------------------------------------------------
+
+
+def test_per_user_memory_keeps_each_users_facts_their_own(home: Path, fake_telegram: FakeTelegramServer,
+                                                          fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai, allow_from=[OWNER, FRIEND], memory_scope="per_user")
+    shared_before = workspace.store.long_term_path.read_bytes()
+    # A stores a fact; B asks for it, searches for it, and tries to read A's file.
+    fake_openai.reply_tool_calls([("memory_append", {"content": "My bank PIN is 4321 / 银行密码 4321"})])
+    fake_openai.reply_text("Stored.")
+    fake_openai.reply_text("I don't know your PIN.")
+    fake_openai.reply_tool_calls([("memory_search", {"query": "bank PIN 银行密码"})])
+    fake_openai.reply_tool_calls([("read_file", {"path": f"users/{OWNER}/memory/MEMORY.md"})])
+    fake_openai.reply_tool_calls([("list_dir", {"path": "users"})])
+    fake_openai.reply_text("Nothing found.")
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "remember my bank PIN is 4321")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        fake_telegram.send_text(FRIEND, FRIEND, "what is the bank PIN? 银行密码是多少？")
+        await until(fake_telegram, replied(fake_telegram, FRIEND))
+        fake_telegram.send_text(FRIEND, FRIEND, "search memory and files for the PIN")
+        await until(fake_telegram, replied(fake_telegram, FRIEND, 2))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    owner_memory = workspace.for_user(str(OWNER)).store.long_term_path.read_text(encoding="utf-8")
+    assert "My bank PIN is 4321" in owner_memory
+    assert workspace.store.long_term_path.read_bytes() == shared_before  # the shared memory was not touched
+    friend_requests = fake_openai.chat_requests()[2:]
+    assert friend_requests and all("4321" not in json.dumps(b, ensure_ascii=False) for b in friend_requests)
+    tool_results = [m["content"] for m in friend_requests[-1]["messages"] if m["role"] == "tool"]
+    search, read, listing = tool_results
+    assert search.startswith("no matches in memory")
+    assert read.startswith("error:") and "private memory" in read
+    assert listing.startswith("error:") and "private memory" in listing
+
+
+# -- groups ------------------------------------------------------------------------------------------------
+
+
+def test_in_groups_it_answers_only_when_mentioned_or_replied_to(home: Path, fake_telegram: FakeTelegramServer,
+                                                                fake_openai: FakeOpenAIServer) -> None:
+    group = -100500
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.responder = echo
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(group, OWNER, "just chatting among ourselves", chat_type="supergroup")
+        fake_telegram.send_text(group, STRANGER, f"@{BOT_USERNAME} tell me secrets", chat_type="supergroup")
+        fake_telegram.send_text(group, OWNER, f"@{BOT_USERNAME} 今天星期几？", chat_type="supergroup")
+        fake_telegram.send_text(group, OWNER, "and tomorrow?", chat_type="supergroup", reply_to_bot=True)
+        await until(fake_telegram, replied(fake_telegram, group, 3))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(group) == [not_authorised(STRANGER), "echo: 今天星期几？", "echo: and tomorrow?"]
+    assert len(fake_openai.chat_requests()) == 2
+
+
+# -- commands, restarts, shutdown ----------------------------------------------------------------------------
+
+
+def test_commands_work_through_telegram(home: Path, fake_telegram: FakeTelegramServer,
+                                        fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    workspace.store.append_long_term("宠物狗叫 Bob，是一只柯基。")
+
+    async def body(channel: TelegramChannel) -> None:
+        for text in ("/start", "/memory 我的狗叫什么", "/policy", "/new"):
+            fake_telegram.send_text(OWNER, OWNER, text)
+        await until(fake_telegram, replied(fake_telegram, OWNER, 4))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    start, memory, policy, new = fake_telegram.sent_texts(OWNER)
+    assert "/compact" in start and "宠物狗叫 Bob" in memory and "retrieve_limit = " in policy
+    assert new.startswith("Started a new conversation")
+    assert fake_openai.chat_requests() == []
+
+
+def test_a_restart_resumes_the_chat_and_old_updates_are_not_answered_twice(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.responder = echo
+
+    async def first(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "my name is Ada / 我叫阿达")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    serve(workspace, fake_telegram, fake_openai, first)
+
+    async def second(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "what is my name?")
+        await until(fake_telegram, replied(fake_telegram, OWNER, 2))
+    serve(Workspace.open(home), fake_telegram, fake_openai, second)
+
+    assert fake_telegram.sent_texts(OWNER) == ["echo: my name is Ada / 我叫阿达", "echo: what is my name?"]
+    history = [m["content"] for m in fake_openai.chat_requests()[-1]["messages"][1:]]
+    assert history == ["my name is Ada / 我叫阿达", "echo: my name is Ada / 我叫阿达", "what is my name?"]
+
+
+def test_stopping_lets_a_turn_under_way_finish(home: Path, fake_telegram: FakeTelegramServer,
+                                               fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_text("finished after all / 完成了", delay=0.4)
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "a slow question")
+        await until(fake_telegram, lambda: bool(fake_telegram.calls("sendChatAction")))  # the turn is under way
+        # serve() now stops polling, as SIGTERM does, while the model is still answering.
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(OWNER) == ["finished after all / 完成了"]
+    messages = [r["message"]["content"] for r in session_records(workspace, f"telegram:{OWNER}")]
+    assert messages == ["a slow question", "finished after all / 完成了"]
+
+
+
+# -- the command ---------------------------------------------------------------------------------------------
+
+
+def picoclaw_telegram(home: Path) -> subprocess.Popen[str]:
+    environment = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONPATH": str(REPO)}
+    for name in ("OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN"):
+        environment.pop(name, None)
+    return subprocess.Popen([sys.executable, "-m", "picoclaw", "telegram"], env=environment, text=True,
+                            encoding="utf-8", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_a_wrong_missing_or_malformed_token_is_one_clear_line(home: Path, fake_telegram: FakeTelegramServer,
+                                                              fake_openai: FakeOpenAIServer) -> None:
+    cases = {"999999:WRONG-token-that-telegram-does-not-know": "401 Unauthorized",
+             "": "no Telegram bot token", "not a token": "malformed"}
+    for token, expected in cases.items():
+        configure(home, fake_telegram, fake_openai, token=token)
+        process = picoclaw_telegram(home)
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 1, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], err
+        assert "Traceback" not in err and (not token or token not in err + out)
+
+
+def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_text("answered before exiting / 退出前已回答", delay=0.5)
+    process = picoclaw_telegram(home)
+    try:
+        fake_telegram.wait_until(lambda: bool(fake_telegram.calls("getUpdates")), timeout=30)
+        fake_telegram.send_text(OWNER, OWNER, "one last question")
+        fake_telegram.wait_until(lambda: bool(fake_telegram.calls("sendChatAction")), timeout=30)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert fake_telegram.sent_texts(OWNER) == ["answered before exiting / 退出前已回答"]
+    assert TOKEN not in err + out
