@@ -275,6 +275,7 @@ def test_per_user_memory_keeps_each_users_facts_their_own(home: Path, fake_teleg
     fake_openai.reply_tool_calls([("memory_search", {"query": "bank PIN 银行密码"})])
     fake_openai.reply_tool_calls([("read_file", {"path": f"users/{OWNER}/memory/MEMORY.md"})])
     fake_openai.reply_tool_calls([("list_dir", {"path": "users"})])
+    fake_openai.reply_tool_calls([("read_file", {"path": f"sessions/telegram%3A{OWNER}.jsonl"})])
     fake_openai.reply_text("Nothing found.")
 
     async def body(channel: TelegramChannel) -> None:
@@ -292,10 +293,11 @@ def test_per_user_memory_keeps_each_users_facts_their_own(home: Path, fake_teleg
     friend_requests = fake_openai.chat_requests()[2:]
     assert friend_requests and all("4321" not in json.dumps(b, ensure_ascii=False) for b in friend_requests)
     tool_results = [m["content"] for m in friend_requests[-1]["messages"] if m["role"] == "tool"]
-    search, read, listing = tool_results
+    search, read, listing, transcript = tool_results
     assert search.startswith("no matches in memory")
     assert read.startswith("error:") and "private memory" in read
     assert listing.startswith("error:") and "private memory" in listing
+    assert transcript.startswith("error:") and "conversations of all users" in transcript
 
 
 # -- groups ------------------------------------------------------------------------------------------------

@@ -104,6 +104,9 @@ class WorkspaceFiles:
                                 "(your own memory is under memory/)")
             if writing and path.is_relative_to(self.sessions_dir):
                 raise ToolError(f"{shown} belongs to the session store; file tools cannot write there")
+            if self.memory_dir != self.shared_memory and path.is_relative_to(self.sessions_dir):
+                # Per-user memory: the transcripts of every user's chats are as private as their memory.
+                raise ToolError(f"{shown} holds conversations of all users; file tools cannot open it here")
             return Target(path, shown, "file")
         parts = path.relative_to(self.memory_dir).parts
         if not parts:
