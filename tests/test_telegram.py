@@ -391,10 +391,14 @@ def picoclaw_telegram(home: Path) -> subprocess.Popen[str]:
 
 def test_a_wrong_missing_or_malformed_token_is_one_clear_line(home: Path, fake_telegram: FakeTelegramServer,
                                                               fake_openai: FakeOpenAIServer) -> None:
-    cases = {"999999:WRONG-token-that-telegram-does-not-know": "401 Unauthorized",
-             "": "no Telegram bot token", "not a token": "malformed"}
-    for token, expected in cases.items():
-        configure(home, fake_telegram, fake_openai, token=token)
+    closed = FakeTelegramServer().start()
+    unreachable = closed.origin
+    closed.stop()
+    cases = [("999999:WRONG-token-that-telegram-does-not-know", {}, "401 Unauthorized"),
+             ("", {}, "no Telegram bot token"), ("not a token", {}, "malformed"),
+             (TOKEN, {"api_base": unreachable}, f"cannot start the Telegram bot: {unreachable} answered getMe")]
+    for token, settings, expected in cases:
+        configure(home, fake_telegram, fake_openai, token=token, **settings)
         process = picoclaw_telegram(home)
         out, err = process.communicate(timeout=60)
         assert process.returncode == 1, err

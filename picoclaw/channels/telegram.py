@@ -110,6 +110,9 @@ class TelegramChannel:
         except TelegramUnauthorizedError:
             raise PicoclawError("Telegram rejected the bot token (401 Unauthorized): it is wrong or was revoked; "
                                 "check channels.telegram.token or TELEGRAM_BOT_TOKEN") from None
+        except TelegramAPIError as exc:  # network errors included; the message never holds the token
+            where = self.settings.api_base or "api.telegram.org"
+            raise PicoclawError(f"cannot start the Telegram bot: {where} answered getMe with: {exc.message}") from None
         await self.bot.delete_webhook(drop_pending_updates=False)
         await self._with_retry(lambda: self.bot.set_my_commands(COMMANDS))
         log.info("telegram: serving as @%s (id %s), memory scope %s", self.me.username, self.me.id,
