@@ -113,8 +113,11 @@ class TelegramChannel:
         except TelegramAPIError as exc:  # network errors included; the message never holds the token
             where = self.settings.api_base or "api.telegram.org"
             raise PicoclawError(f"cannot start the Telegram bot: {where} answered getMe with: {exc.message}") from None
-        await self.bot.delete_webhook(drop_pending_updates=False)
-        await self._with_retry(lambda: self.bot.set_my_commands(COMMANDS))
+        await self.bot.delete_webhook(drop_pending_updates=False)  # long polling gets nothing while one is set
+        try:
+            await self._with_retry(lambda: self.bot.set_my_commands(COMMANDS))
+        except TelegramAPIError as exc:  # only the menu is missing; the commands still work when typed
+            log.warning("telegram: could not register the command menu: %s", exc)
         log.info("telegram: serving as @%s (id %s), memory scope %s", self.me.username, self.me.id,
                  self.settings.memory_scope)
         return self.me
@@ -133,6 +136,7 @@ class TelegramChannel:
         await self.dispatcher.stop_polling()
 
     async def finish(self) -> None:
+        """Wait for turns under way (at most `shutdown_timeout`) and background work, then close the bot."""
         if self._in_flight:
             log.info("telegram: waiting for %d turn(s) to finish", len(self._in_flight))
             _, late = await asyncio.wait(set(self._in_flight), timeout=self.shutdown_timeout)
