@@ -423,3 +423,17 @@ def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(
     assert process.returncode == 0, err
     assert fake_telegram.sent_texts(OWNER) == ["answered before exiting / 退出前已回答"]
     assert TOKEN not in err + out
+
+
+def test_a_refused_command_menu_does_not_stop_the_bot(home: Path, fake_telegram: FakeTelegramServer,
+                                                      fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_telegram.fail_next("setMyCommands", 400, "Bad Request: BOT_COMMANDS_TOO_MUCH")
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "/help")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert len(fake_telegram.calls("setMyCommands")) == 1
+    assert "/new" in fake_telegram.sent_texts(OWNER)[0]
