@@ -24,6 +24,7 @@ _ITALIC = re.compile(r"(?<![A-Za-z0-9*])\*(?=\S)([^*\n]+?)(?<=\S)\*(?![A-Za-z0-9
 _STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
 _HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.MULTILINE)
 _PLACEHOLDER = "\x00{}\x00"
+_TAG = re.compile(r"<(/?)([a-z]+)[^>]*>")  # only tags we made: the text itself is escaped by then
 
 
 def render_html(markdown: str) -> str:
@@ -55,10 +56,31 @@ def _render_prose(text: str) -> str:
     text = html.escape(_INLINE_CODE.sub(keep_code, text), quote=False)
     text = _LINK.sub(lambda m: f'<a href="{html.escape(html.unescape(m.group(2)))}">{m.group(1)}</a>', text)
     text = _HEADING.sub(lambda m: f"<b>{m.group(1)}</b>", text)
-    text = _BOLD.sub(lambda m: f"<b>{m.group(1) or m.group(2)}</b>", text)
-    text = _ITALIC.sub(lambda m: f"<i>{m.group(1) or m.group(2)}</i>", text)
-    text = _STRIKE.sub(lambda m: f"<s>{m.group(1)}</s>", text)
+    text = _BOLD.sub(_wrap("b"), text)
+    text = _ITALIC.sub(_wrap("i"), text)
+    text = _STRIKE.sub(_wrap("s"), text)
     return re.sub("\x00(\\d+)\x00", lambda m: codes[int(m.group(1))], text)
+
+
+def _wrap(tag: str) -> Callable[[re.Match[str]], str]:
+    """A substitution setting the match's text in `tag`, unless that would cross a tag set earlier."""
+    def replace(match: re.Match[str]) -> str:
+        inner = next(group for group in match.groups() if group is not None)
+        # Markers overlapping another pair (`**a *b** c*`) would give <b>a <i>b</b> c</i>, which Telegram
+        # refuses; such markers are left as typed.
+        return f"<{tag}>{inner}</{tag}>" if _balanced(inner) else match.group(0)
+    return replace
+
+
+def _balanced(fragment: str) -> bool:
+    """Whether every tag in `fragment` is closed inside it, in nesting order."""
+    open_tags: list[str] = []
+    for closing, name in _TAG.findall(fragment):
+        if not closing:
+            open_tags.append(name)
+        elif not open_tags or open_tags.pop() != name:
+            return False
+    return not open_tags
 
 
 def split_markdown(markdown: str, limit: int = MESSAGE_LIMIT) -> list[str]:
