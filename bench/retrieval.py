@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -271,7 +271,7 @@ def measure(size: int, seed: int, reps: int, details: list[str] | None) -> tuple
     With `details`, appends one line per query: hits of ours and of the baseline, ours warm ms.
     """
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-") as tmp:
-        store = MemoryStore(Path(tmp) / "workspace" / "memory", timezone.utc)
+        store = MemoryStore(Path(tmp) / "workspace" / "memory", UTC)
         store.rewrite_long_term(synthetic_memory(size, seed))
         path = store.long_term_path
         megabytes = path.stat().st_size / 1e6
@@ -358,13 +358,13 @@ def measure_index(chunks: int, seed: int, reps: int) -> dict[str, float]:
     """Milliseconds: build (keyword, hybrid), search median (keyword, hybrid), sync after one append."""
     result: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-index-") as tmp:
-        store = MemoryStore(Path(tmp) / "workspace" / "memory", timezone.utc)
+        store = MemoryStore(Path(tmp) / "workspace" / "memory", UTC)
         store.long_term_path.parent.mkdir(parents=True, exist_ok=True)
         days = write_notes(store, chunks, seed)
         for mode, embedder in (("keyword", None), ("hybrid", HashEmbedder())):
             settings = IndexConfig(enabled=True, sources=["notes"],
                                    embeddings=EmbeddingsConfig(provider="local") if embedder else None)
-            index = MemoryIndex(store, settings, embedder)
+            index = MemoryIndex(store, settings, embedder, sessions_dir=Path(tmp) / "workspace" / "sessions")
             store.on_change(index.mark_changed)
             try:
                 t0 = time.perf_counter()
@@ -382,7 +382,7 @@ def measure_index(chunks: int, seed: int, reps: int) -> dict[str, float]:
                 if embedder is not None:
                     syncs = []
                     for rep in range(reps):
-                        at = datetime.combine(days[rep % len(days)], datetime.min.time(), timezone.utc)
+                        at = datetime.combine(days[rep % len(days)], datetime.min.time(), UTC)
                         store.append_note(f"bench entry {rep}: 新的一条记录 number {rep}", at=at + timedelta(hours=23))
                         t0 = time.perf_counter()
                         report = index.sync()

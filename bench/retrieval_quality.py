@@ -63,7 +63,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +121,7 @@ def parse_session_time(text: str) -> datetime:
         if month is None:
             raise ValueError(f"unknown month in session time {text!r}")
         h = int(hour) % 12 + (12 if half.lower() == "pm" else 0)
-        return datetime(int(year), month, int(day), h, int(minute), tzinfo=timezone.utc)
+        return datetime(int(year), month, int(day), h, int(minute), tzinfo=UTC)
     match = _ZH_DATE.search(text)
     if match:
         year, month_number, day, period, hour, minute = match.groups()
@@ -132,7 +132,7 @@ def parse_session_time(text: str) -> datetime:
             h += 12
         elif period in ("上午", "凌晨", "早上") and h == 12:
             h = 0
-        return datetime(int(year), int(month_number), int(day), h, int(minute), tzinfo=timezone.utc)
+        return datetime(int(year), int(month_number), int(day), h, int(minute), tzinfo=UTC)
     raise ValueError(f"cannot parse session time {text!r}")
 
 
@@ -212,7 +212,7 @@ class Workspace:
 
 
 def build_workspace(root: Path, conv: Conversation, lang: str) -> Workspace:
-    store = MemoryStore(root / "memory", timezone.utc)
+    store = MemoryStore(root / "memory", UTC)
     file_turns: dict[str, list[str]] = {}
     for _, moment, turns in conv.sessions:
         for turn in turns:
@@ -330,7 +330,8 @@ def local_embedder() -> Embedder | None:
 def open_index(store: MemoryStore, embedder: Embedder | None) -> MemoryIndex:
     """An index over the conversation's notes with the default settings; hybrid when `embedder` is given."""
     embeddings = EmbeddingsConfig(provider="local") if embedder is not None else None
-    return MemoryIndex(store, IndexConfig(enabled=True, sources=["notes"], embeddings=embeddings), embedder)
+    return MemoryIndex(store, IndexConfig(enabled=True, sources=["notes"], embeddings=embeddings), embedder,
+                       sessions_dir=store.memory_dir.parent / "sessions")  # not a source here
 
 
 def run_language(data: Path, lang: str, split: str, quiet: bool, modes: Sequence[str],

@@ -46,10 +46,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as `python bench/telegram.py` without installing picoclaw
     sys.path.insert(0, str(REPO))
 
+from picoclaw.app import App  # noqa: E402
 from picoclaw.channels.telegram import TelegramChannel, make_bot  # noqa: E402
+from picoclaw.config import Config  # noqa: E402
+from picoclaw.memory.workspace import Workspace  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
-from picoclaw.workspace import Workspace  # noqa: E402
 from tests.fakes import FakeOpenAIServer  # noqa: E402
 from tests.fakes.telegram_server import TOKEN, FakeTelegramServer  # noqa: E402
 
@@ -87,7 +89,7 @@ def prepare_home(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServ
                                           "allow_from": chats})
     config["memory"].update(QUIET_POLICY)
     path.write_bytes(orjson.dumps(config))
-    return Workspace.open(home)
+    return App.open(home).workspace
 
 
 class Conversation:
@@ -133,11 +135,13 @@ async def one_run(chats: int, per_chat: int) -> RunResult:
             tempfile.TemporaryDirectory(prefix="picoclaw-bench-telegram-") as tmp:
         workspace = prepare_home(Path(tmp) / "home", telegram, model, ids)
         bot = make_bot(workspace.config.channels.telegram, TOKEN)
-        async with OpenAICompatProvider(name="openai", api_base=model.base_url, api_key="sk-bench",
-                                        defaults=workspace.config.agents.defaults, timeout=30.0,
-                                        max_retries=0) as provider:
-            bare = await bare_round_trip(provider)
-            channel = TelegramChannel(workspace, provider, bot)
+        def connect(config: Config) -> OpenAICompatProvider:
+            return OpenAICompatProvider(name="openai", api_base=model.base_url, api_key="sk-bench",
+                                        defaults=config.agents.defaults, timeout=30.0, max_retries=0)
+
+        async with App(workspace.config, workspace.home, make_provider=connect) as app:
+            bare = await bare_round_trip(app.provider())
+            channel = TelegramChannel(workspace.config.channels.telegram, bot, app.agent)
             running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
             await asyncio.to_thread(telegram.wait_until, lambda: bool(telegram.calls("getUpdates")))
             conversation = Conversation(telegram, ids, per_chat)

@@ -51,11 +51,12 @@ for folder in (REPO, REPO / "bench"):  # run as `python bench/turn.py` without i
 from retrieval import QUERIES, synthetic_memory  # noqa: E402
 
 from picoclaw.agent.loop import AgentLoop  # noqa: E402
+from picoclaw.app import App  # noqa: E402
+from picoclaw.memory.workspace import Workspace  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.base import Message  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
 from picoclaw.tools.registry import build_tools  # noqa: E402
-from picoclaw.workspace import Workspace  # noqa: E402
 from tests.fakes import FakeOpenAIServer  # noqa: E402
 
 SESSION = "cli:bench"
@@ -93,7 +94,7 @@ def prepare_home(home: Path, base_url: str) -> Workspace:
     config["providers"]["openai"] = {"api_key": "sk-bench", "api_base": base_url}
     config["memory"].update(QUIET_POLICY)
     config_path.write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2))
-    workspace = Workspace.open(home)
+    workspace = App.open(home).workspace
     workspace.store.rewrite_long_term(synthetic_memory(MEMORY_BLOCKS, seed=7))
     return workspace
 

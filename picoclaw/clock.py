@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone, tzinfo
+from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 LOCAL = "local"
@@ -12,7 +12,7 @@ def resolve_timezone(name: str) -> tzinfo:
     """Turn a config timezone name ("Asia/Shanghai", "UTC", or "local") into a tzinfo."""
     if name == LOCAL:
         local = datetime.now().astimezone().tzinfo
-        return local if local is not None else timezone.utc
+        return local if local is not None else UTC
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
@@ -21,7 +21,7 @@ def resolve_timezone(name: str) -> tzinfo:
 
 def now(tz: tzinfo | None = None) -> datetime:
     """The current time, timezone-aware; in `tz` when given, else UTC."""
-    current = datetime.now(timezone.utc)
+    current = datetime.now(UTC)
     return current.astimezone(tz) if tz is not None else current
 
 

@@ -1,11 +1,18 @@
-"""File helpers shared by every writer: atomic writes and collision-free timestamped names."""
+"""File helpers shared by every reader and writer: atomic writes, stamped names, change-aware caches, JSONL appends."""
 
 from __future__ import annotations
 
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import orjson
+
+T = TypeVar("T")
 
 
 def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> None:
@@ -81,39 +88,67 @@ def reserve_stamped_path(folder: Path, stamp: str, suffix: str) -> Path:
 def write_stamped(folder: Path, stamp: str, suffix: str, data: str | bytes) -> Path:
     """Write `data` to a new, never-before-used file named as by `reserve_stamped_path`; returns it.
 
-    Unlike reserving the name and then writing, the file appears under its name only when complete:
-    the data goes to a temp file (flush, fsync) that is then hard-linked to the name, which fails
-    rather than overwrite. So a crash never leaves an empty or partial file under a stamped name.
+    Unlike reserving the name and then writing, the file appears under its name only when complete
+    (see `write_new`), so a crash never leaves an empty or partial file under a stamped name.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    with _complete_temp(folder, f".{stamp}.", data) as tmp_name:
+        counter = _next_counter(folder, stamp, suffix)
+        while not _publish(tmp_name, folder / _stamped_name(stamp, counter, suffix)):
+            counter += 1
+    fsync_dir(folder)
+    return folder / _stamped_name(stamp, counter, suffix)
+
+
+def write_new(path: Path, data: str | bytes) -> bool:
+    """Create `path` holding `data` unless it exists (then nothing is written and False returned).
+
+    The data goes to a temp file (flush, fsync) that is then hard-linked to the name, which fails rather
+    than overwrite: no lock is needed, and a crash leaves no file or the whole one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _complete_temp(path.parent, f".{path.name}.", data) as tmp_name:
+        created = _publish(tmp_name, path)
+    if created:
+        fsync_dir(path.parent)
+    return created
+
+
+@contextmanager
+def _complete_temp(folder: Path, prefix: str, data: str | bytes) -> Iterator[str]:
+    """A flushed, fsynced temp file in `folder` holding `data`, removed afterwards (its links stay)."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{stamp}.", suffix=".tmp")
+    fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as tmp:
             tmp.write(payload)
             tmp.flush()
             os.fsync(tmp.fileno())
         os.chmod(tmp_name, 0o644 & ~_umask())  # the mode reserve_stamped_path gives
-        counter = _next_counter(folder, stamp, suffix)
-        while True:
-            candidate = folder / _stamped_name(stamp, counter, suffix)
-            try:
-                os.link(tmp_name, candidate)
-            except FileExistsError:
-                counter += 1
-                continue
-            except OSError:  # no hard links on this file system: reserve the name, then replace it
-                candidate = reserve_stamped_path(folder, stamp, suffix)
-                os.replace(tmp_name, candidate)
-            break
+        yield tmp_name
     finally:
         try:
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
-    fsync_dir(folder)
-    return candidate
+
+
+def _publish(tmp_name: str, target: Path) -> bool:
+    """Give the complete temp file the name `target` unless that name is taken; False if it is."""
+    try:
+        os.link(tmp_name, target)
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links on this file system: claim the name, then move the data in
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        os.replace(tmp_name, target)
+    return True
 
 
 def _stamped_name(stamp: str, counter: int, suffix: str) -> str:
@@ -146,3 +181,50 @@ def stamped_files(folder: Path, suffix: str) -> list[Path]:
             found.append((match.group(1), int(match.group(2) or 0), entry))
     found.sort(key=lambda item: (item[0], item[1]))
     return [path for _, _, path in found]
+
+
+# -- reading what changed, appending records ---------------------------------------------------------
+
+FileKey = tuple[int, int, int]  # (mtime_ns, size, inode): changes whenever the file is rewritten or replaced
+
+
+def file_key(path: Path) -> FileKey | None:
+    """The file's (mtime_ns, size, inode), or None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+class FileCache(Generic[T]):
+    """Values derived from files (parsed, indexed …), each rebuilt only when its file's `file_key` changes."""
+
+    def __init__(self, load: Callable[[Path], T]):
+        self._load = load
+        self._entries: dict[Path, tuple[FileKey, T]] = {}
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._entries
+
+    def get(self, path: Path) -> T | None:
+        """The value for `path`, loaded again only if the file changed; None when it does not exist."""
+        key = file_key(path)
+        if key is None:
+            self._entries.pop(path, None)
+            return None
+        cached = self._entries.get(path)
+        if cached is None or cached[0] != key:
+            cached = (key, self._load(path))
+            self._entries[path] = cached
+        return cached[1]
+
+
+def append_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    """Append records as JSON lines in one write, flushed and fsynced (a crash may tear only the last line)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = b"".join(orjson.dumps(record) + b"\n" for record in records)
+    with open(path, "ab") as fh:
+        fh.write(payload)
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import picoclaw
-from picoclaw.config import CONFIG_FILE, parse_config, workspace_dir
+from picoclaw.clock import resolve_timezone
+from picoclaw.config import CONFIG_FILE, parse_config
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import dumps_pretty, read_json_object
+from picoclaw.layout import WorkspaceLayout
+from picoclaw.memory.store import MemoryStore
 
 
 def template_paths() -> tuple[Path, Path]:
@@ -45,11 +48,15 @@ def onboard(home: Path) -> list[OnboardStep]:
         config = parse_config(data, example)
         atomic_write(config_path, dumps_pretty(data), mode=0o600)
         steps.append(OnboardStep(config_path, "created"))
-    root = workspace_dir(config, home)
+    layout = WorkspaceLayout.of(config, home)
+    store = MemoryStore(layout.memory_dir, resolve_timezone(config.timezone))
     for source in sorted(p for p in template_dir.rglob("*") if p.is_file()):
-        target = root / source.relative_to(template_dir)
+        target = layout.root / source.relative_to(template_dir)
         if not target.exists():
-            atomic_write(target, source.read_bytes())
+            if target == store.long_term_path:  # the store is MEMORY.md's only writer
+                store.create_long_term(source.read_text(encoding="utf-8"))
+            else:
+                atomic_write(target, source.read_bytes())
             steps.append(OnboardStep(target, "created"))
         elif filecmp.cmp(source, target, shallow=False):
             steps.append(OnboardStep(target, "unchanged"))

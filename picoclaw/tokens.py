@@ -13,7 +13,7 @@ import logging
 import math
 import re
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,12 @@ from freezegun import freeze_time
 from freezegun.api import _freeze_time
 
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.session import session_filename
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS
+from picoclaw.app import App
+from picoclaw.memory.session import session_filename
+from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.openai_compat import OpenAICompatProvider
 from picoclaw.tools.registry import build_tools
-from picoclaw.workspace import Workspace
 from tests.fakes import FakeOpenAIServer
 
 T = TypeVar("T")
@@ -73,12 +74,11 @@ class Notices:
 
 
 def with_agent(workspace: Workspace, server: FakeOpenAIServer | None,
-               body: Callable[[AgentLoop], Awaitable[T]], *, notices: Notices | None = None,
-               max_retries: int = 0, api_base: str | None = None) -> T:
+               body: Callable[[AgentLoop], Awaitable[T]], *, max_retries: int = 0, api_base: str | None = None) -> T:
     """Run `body(loop)` with a fresh AgentLoop in a fresh event loop; background work is awaited after."""
     async def main() -> T:
         async with make_provider(workspace, server, max_retries=max_retries, api_base=api_base) as provider:
-            loop = AgentLoop(workspace, provider, build_tools(workspace), notify=notices)
+            loop = AgentLoop(workspace, provider, build_tools(workspace))
             try:
                 return await body(loop)
             finally:
@@ -92,10 +92,10 @@ def chat(workspace: Workspace, server: FakeOpenAIServer | None, texts: list[str]
     async def body(loop: AgentLoop) -> list[str]:
         replies = []
         for text in texts:
-            replies.append(await loop.handle(key, text))
+            replies.append(await loop.handle(key, text, notify=notices))
             await loop.wait_background()
         return replies
-    return with_agent(workspace, server, body, notices=notices, max_retries=max_retries, api_base=api_base)
+    return with_agent(workspace, server, body, max_retries=max_retries, api_base=api_base)
 
 
 def reopen(home: Path, **agent_defaults: Any) -> Workspace:
@@ -104,7 +104,7 @@ def reopen(home: Path, **agent_defaults: Any) -> Workspace:
     config = json.loads(path.read_text(encoding="utf-8"))
     config["agents"]["defaults"].update(agent_defaults)
     path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
-    return Workspace.open(home)
+    return App.open(home).workspace
 
 
 def set_policy(workspace: Workspace, **changes: Any) -> None:

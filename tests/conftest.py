@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from picoclaw.app import App
+from picoclaw.memory.workspace import Workspace
 from picoclaw.onboard import onboard
-from picoclaw.workspace import Workspace
 from tests.fakes.fixtures import fake_openai, fake_telegram  # noqa: F401  (fixtures, used by name)
 
 
@@ -25,4 +26,4 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def workspace(home: Path) -> Workspace:
     """The workspace of `home`, opened from its config.json."""
-    return Workspace.open(home)
+    return App.open(home).workspace

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from picoclaw.agent.commands import HELP
-from picoclaw.memory.policy import POLICY_KEYS
-from picoclaw.workspace import Workspace
+from picoclaw.config import POLICY_KEYS
+from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import SESSION, chat, frozen, session_path, set_policy, turn_requests, write_memory
 from tests.fakes import FakeOpenAIServer
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from picoclaw.agent.context import MEMORY_FRAME, TOOL_GUIDANCE, ContextBuilder
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.session import Session, StoredMessage
+from picoclaw.memory.session import Session, StoredMessage
+from picoclaw.memory.workspace import Workspace
 from picoclaw.tokens import count_tokens
-from picoclaw.workspace import Workspace
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_EN,

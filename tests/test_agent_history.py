@@ -12,8 +12,9 @@ import pytest
 
 from picoclaw.agent.history import keep_last, safe_start, turns
 from picoclaw.agent.loop import TRIMMED_NOTICE, AgentLoop
+from picoclaw.app import App
+from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import ProviderError
-from picoclaw.workspace import Workspace
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_EN,
@@ -134,7 +135,7 @@ def test_context_too_long_twice_is_one_clear_line(workspace: Workspace, fake_ope
 
 def test_context_too_long_is_retried_even_when_one_tool_step_is_allowed(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
-    two_turns_with_tools(Workspace.open(home), fake_openai)
+    two_turns_with_tools(App.open(home).workspace, fake_openai)
     workspace = reopen(home, max_tool_iterations=1)
     fake_openai.reply_error(400, CONTEXT_TOO_LONG, code="context_length_exceeded")
     fake_openai.reply_text("answer after trimming / 裁剪后的回答")
@@ -142,7 +143,8 @@ def test_context_too_long_is_retried_even_when_one_tool_step_is_allowed(
     assert chat(workspace, fake_openai, ["third"]) == [f"{TRIMMED_NOTICE}\n\nanswer after trimming / 裁剪后的回答"]
 
 
-def test_context_too_long_with_nothing_to_drop_is_not_retried(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+def test_context_too_long_with_nothing_to_drop_is_not_retried(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     fake_openai.reply_error(400, CONTEXT_TOO_LONG, code="context_length_exceeded")
     fake_openai.reply_text("never sent")
 

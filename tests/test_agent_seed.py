@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from picoclaw.agent.loop import SUMMARY_NOTICE, AgentLoop
-from picoclaw.workspace import Workspace
+from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_EN,
@@ -82,10 +82,12 @@ def test_memory_search_tool_finds_the_stored_fact_in_english_and_chinese(
         assert "memory/MEMORY.md:9-10" in result["content"] and "燕麦拿铁" in result["content"]
 
 
-COFFEE_BLOCKS = [f"## 2025-02-0{n}\nCoffee note {n}: cafe number {n}. 咖啡笔记 {n}：第 {n} 家咖啡店。" for n in range(1, 7)]
+COFFEE_BLOCKS = [f"## 2025-02-0{n}\nCoffee note {n}: cafe number {n}. 咖啡笔记 {n}：第 {n} 家咖啡店。"
+                 for n in range(1, 7)]
 
 
-def test_retrieve_limit_and_recent_days_apply_on_the_next_turn(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+def test_retrieve_limit_and_recent_days_apply_on_the_next_turn(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     write_memory(workspace, COFFEE_BLOCKS)
     with frozen():
         now = datetime.now(workspace.tz)
@@ -151,7 +153,8 @@ def test_summary_replaces_itself_not_the_memory(workspace: Workspace, fake_opena
     """The stored fact is still injected after a summary: summaries fold history, never memory."""
     write_memory(workspace, ["## 2025-03-03\nCoffee: oat-milk latte. 咖啡：燕麦拿铁。"])
     set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
-    responder: Any = lambda body: Text(SUMMARY_EN) if is_summary_request(body) else "ok"
+    def responder(body: dict[str, Any]) -> Text | str:
+        return Text(SUMMARY_EN) if is_summary_request(body) else "ok"
     fake_openai.responder = responder
 
     chat(workspace, fake_openai, ["hello", "hi again", "still here", "我喜欢什么咖啡？"])

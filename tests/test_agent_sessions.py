@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.workspace import Workspace
+from picoclaw.app import App
+from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_ZH,
@@ -31,33 +32,34 @@ def last_user(body: dict[str, Any]) -> str:
 
 def test_restart_mid_conversation_keeps_the_session(home: Path, fake_openai: FakeOpenAIServer) -> None:
     fake_openai.responder = lambda body: f"re: {last_user(body)}"
-    chat(Workspace.open(home), fake_openai, ["my name is 李雷", "my locker is number 42"])
+    chat(App.open(home).workspace, fake_openai, ["my name is 李雷", "my locker is number 42"])
 
     # A new process: config read again, a new provider, a new AgentLoop on the same workspace.
-    assert chat(Workspace.open(home), fake_openai, ["what is my locker? 我的柜子是几号？"]) == [
+    assert chat(App.open(home).workspace, fake_openai, ["what is my locker? 我的柜子是几号？"]) == [
         "re: what is my locker? 我的柜子是几号？"]
 
     after_restart = fake_openai.chat_requests()[-1]
     assert contents(history(after_restart)) == [
         "my name is 李雷", "re: my name is 李雷", "my locker is number 42", "re: my locker is number 42",
         "what is my locker? 我的柜子是几号？"]
-    assert [r["id"] for r in records_of(Workspace.open(home), "message")] == [1, 2, 3, 4, 5, 6]
+    assert [r["id"] for r in records_of(App.open(home).workspace, "message")] == [1, 2, 3, 4, 5, 6]
 
 
 def test_restart_after_a_summary_continues_from_the_summary(home: Path, fake_openai: FakeOpenAIServer) -> None:
-    workspace = Workspace.open(home)
+    workspace = App.open(home).workspace
     set_policy(workspace, session_summary_message_threshold=5)
     fake_openai.responder = lambda body: SUMMARY_ZH if is_summary_request(body) else f"好的：{last_user(body)}"
     chat(workspace, fake_openai, ["第一", "第二", "第三"])
 
-    chat(Workspace.open(home), fake_openai, ["第四"])
+    chat(App.open(home).workspace, fake_openai, ["第四"])
 
     after_restart = turn_requests(fake_openai)[-1]
     assert SUMMARY_ZH in system_prompt(after_restart)
     assert contents(history(after_restart)) == ["第二", "好的：第二", "第三", "好的：第三", "第四"]
 
 
-def test_a_torn_last_line_is_dropped_and_the_session_goes_on(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+def test_a_torn_last_line_is_dropped_and_the_session_goes_on(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     fake_openai.responder = lambda body: f"re: {last_user(body)}"
     chat(workspace, fake_openai, ["hello 你好"])
     path = session_path(workspace)

@@ -3,7 +3,6 @@ provider's own token count when it sends one."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import pytest
 
 from picoclaw.agent.loop import SUMMARY_NOTICE, AgentLoop
 from picoclaw.agent.summary import SECTIONS, accept_summary
-from picoclaw.workspace import Workspace
+from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_EN,
@@ -32,6 +31,7 @@ from tests.agent_helpers import (
     with_agent,
 )
 from tests.fakes import Error, FakeOpenAIServer, Text
+from tests.waiting import wait_until
 
 ZH_HEADINGS = ("## 🎯 目标\n学中文。\n## ⚙️ 约束和偏好\n每天十分钟。\n## 📈 进展\n学了 42 个字。\n"
                "## 🔑 关键决策\n用 Anki。\n## ➡️ 下一步\n复习声调。\n## 📌 关键上下文\n卡组在 ~/anki/中文.apkg。")
@@ -74,7 +74,8 @@ def test_a_bad_summary_is_refused_and_the_history_kept(workspace: Workspace, fak
     assert sum(is_summary_request(b) for b in fake_openai.chat_requests()) == 2  # tried after turns 3 and 4
 
 
-def test_messages_arriving_while_a_summary_is_written_are_kept(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+def test_messages_arriving_while_a_summary_is_written_are_kept(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     set_policy(workspace, session_summary_message_threshold=5)
 
     def model(body: dict[str, Any]) -> Text:
@@ -86,16 +87,16 @@ def test_messages_arriving_while_a_summary_is_written_are_kept(workspace: Worksp
 
     async def body(loop: AgentLoop) -> tuple[str, list[dict[str, Any]]]:
         for text in ["一", "二", "三"]:
-            await loop.handle(SESSION, text)
-        while not any(is_summary_request(b) for b in fake_openai.chat_requests()):
-            await asyncio.sleep(0.01)  # turn 3's summary is now being written
-        reply = await loop.handle(SESSION, "four 第四")  # answered without waiting for the summary
+            await loop.handle(SESSION, text, notify=notices)
+        await wait_until(lambda: any(is_summary_request(b) for b in fake_openai.chat_requests()),
+                         what="turn 3's summary request to reach the model")  # it is now being written
+        reply = await loop.handle(SESSION, "four 第四", notify=notices)  # answered without waiting for the summary
         compactions_meanwhile = records_of(workspace, "compaction")
         await loop.wait_background()
-        await loop.handle(SESSION, "five 第五")
+        await loop.handle(SESSION, "five 第五", notify=notices)
         return reply, compactions_meanwhile
 
-    reply, meanwhile = with_agent(workspace, fake_openai, body, notices=notices)
+    reply, meanwhile = with_agent(workspace, fake_openai, body)
 
     assert reply == "re: four 第四" and meanwhile == []
     [compaction] = records_of(workspace, "compaction")[:1]
@@ -117,8 +118,8 @@ def test_new_while_a_summary_is_written_leaves_the_new_session_alone(
     async def body(loop: AgentLoop) -> None:
         for text in ["one", "two", "three"]:
             await loop.handle(SESSION, text)
-        while not any(is_summary_request(b) for b in fake_openai.chat_requests()):
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: any(is_summary_request(b) for b in fake_openai.chat_requests()),
+                         what="turn 3's summary request to reach the model")
         await loop.handle(SESSION, "/new")
         await loop.handle(SESSION, "fresh start 重新开始")
 

@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from picoclaw.workspace import Workspace
+from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     FAST_RETRY,
-    SESSION,
     chat,
     contents,
     history,
@@ -31,7 +30,8 @@ def message_roles(workspace: Workspace) -> list[str]:
 # -- the tool loop ---------------------------------------------------------------------------------------
 
 
-def test_tool_loop_runs_each_call_and_feeds_the_result_back(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+def test_tool_loop_runs_each_call_and_feeds_the_result_back(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     fake_openai.reply_tool_calls([("memory_append", {"content": "Tea: 龙井 (Longjing), no sugar"})])
     fake_openai.reply_tool_calls([("memory_search", {"query": "龙井"}), ("list_dir", {"path": "memory"})])
     fake_openai.reply_text("Saved and checked: 龙井.")
@@ -56,7 +56,8 @@ def test_tool_loop_runs_each_call_and_feeds_the_result_back(workspace: Workspace
 
 def test_iteration_cap_stops_the_loop_and_the_session_stays_usable(home: Path, fake_openai: FakeOpenAIServer) -> None:
     workspace = reopen(home, max_tool_iterations=3)
-    fake_openai.responder = lambda body: ToolCalls([("list_dir", {"path": "."})]) if len(body["messages"]) < 9 else "好的"
+    fake_openai.responder = lambda body: (ToolCalls([("list_dir", {"path": "."})]) if len(body["messages"]) < 9
+                                          else "好的")
 
     replies = chat(workspace, fake_openai, ["列出文件，一直列下去", "停下来吧"])
 
@@ -85,7 +86,8 @@ def test_bad_tool_call_goes_back_to_the_model_and_the_turn_goes_on(
     fake_openai.reply_tool_calls([(name, raw_arguments)])
     fake_openai.reply_text("抱歉，我重新试一下。Sorry, retrying.")
 
-    assert chat(workspace, fake_openai, ["记住：燕麦奶 / remember: oat milk"]) == ["抱歉，我重新试一下。Sorry, retrying."]
+    replies = chat(workspace, fake_openai, ["记住：燕麦奶 / remember: oat milk"])
+    assert replies == ["抱歉，我重新试一下。Sorry, retrying."]
 
     sent_back = history(fake_openai.chat_requests()[1])[-1]
     assert sent_back["role"] == "tool" and sent_back["content"].startswith(expected), sent_back

@@ -38,7 +38,7 @@ def test_replaces_content_and_leaves_no_temp_files(tmp_path: Path) -> None:
     target.write_text("old content\n", encoding="utf-8")
 
     atomic_write(target, "新的内容 new content\n")
-    assert target.read_bytes() == "新的内容 new content\n".encode("utf-8")
+    assert target.read_bytes() == "新的内容 new content\n".encode()
 
     atomic_write(target, b"\x00\xffraw bytes")
     assert target.read_bytes() == b"\x00\xffraw bytes"
@@ -92,7 +92,7 @@ def _assert_untouched(folder: Path, target: Path, original: bytes) -> None:
 
 def test_failing_write_keeps_original_and_removes_temp(tmp_path: Path) -> None:
     target = tmp_path / "MEMORY.md"
-    original = "## 2026-03-10\n原来的记忆\n".encode("utf-8")
+    original = "## 2026-03-10\n原来的记忆\n".encode()
     target.write_bytes(original)
 
     # Not bytes: the temp file is already created when write() raises.

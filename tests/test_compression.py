@@ -9,7 +9,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import timedelta, timezone
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,9 @@ import pytest
 from freezegun import freeze_time
 
 from picoclaw.agent.loop import AgentLoop
+from picoclaw.app import App
 from picoclaw.cli import main
-from picoclaw.config import AgentDefaults
+from picoclaw.config import AgentDefaults, MemoryPolicy
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import compression
 from picoclaw.memory.compression import (
@@ -29,11 +30,10 @@ from picoclaw.memory.compression import (
     split_preamble,
     why_not_due,
 )
-from picoclaw.memory.policy import MemoryPolicy
 from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.openai_compat import OpenAICompatProvider, from_config
 from picoclaw.tools.registry import build_tools
-from picoclaw.workspace import Workspace
 from tests.fakes import FakeOpenAIServer
 from tests.test_repl import configure, picoclaw
 
@@ -264,16 +264,17 @@ def test_a_hand_edit_during_compression_wins(workspace: Workspace, fake_openai: 
     ],
 )
 def test_replace_keeping_appends(tmp_path: Path, expected: str, current: str, carried: str) -> None:
-    store = MemoryStore(tmp_path, timezone.utc)
+    store = MemoryStore(tmp_path, UTC)
     store.long_term_path.write_text(current, encoding="utf-8")
     replaced = store.replace_long_term_keeping_appends(expected, "## new\nrewritten\n")
     assert replaced.carried_over == carried
     assert store.read_long_term() == "## new\nrewritten\n" + (f"\n{carried}" if carried else "")
 
 
-@pytest.mark.parametrize("current", ["## a\nxy\n", "## b\nx\n## a\nx\n", ""], ids=["longer-line", "prepended", "deleted"])
+@pytest.mark.parametrize("current", ["## a\nxy\n", "## b\nx\n## a\nx\n", ""],
+                         ids=["longer-line", "prepended", "deleted"])
 def test_replace_keeping_appends_refuses_other_changes(tmp_path: Path, current: str) -> None:
-    store = MemoryStore(tmp_path, timezone.utc)
+    store = MemoryStore(tmp_path, UTC)
     store.long_term_path.write_text(current, encoding="utf-8")
     with pytest.raises(MemoryStoreError, match="was changed"):
         store.replace_long_term_keeping_appends("## a\nx\n", "## new\n")
@@ -358,7 +359,7 @@ def test_dry_run_writes_nothing(workspace: Workspace, fake_openai: FakeOpenAISer
 
 def agent_turns(home: Path, server: FakeOpenAIServer, texts: list[str], key: str = "cli:test") -> list[str]:
     """Run turns through a real AgentLoop (provider from config.json), waiting for background work each time."""
-    workspace = Workspace.open(home)
+    workspace = App.open(home).workspace
 
     async def go() -> list[str]:
         async with from_config(workspace.config, max_retries=0) as provider:
@@ -378,7 +379,7 @@ def model_that(compress_with: Callable[[dict[str, Any]], str], answer: str = "�
 
 def test_a_turn_compresses_in_the_background_once_a_day(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai, long_term_compress_char_threshold=THRESHOLD)
-    store = Workspace.open(home).store
+    store = App.open(home).workspace.store
     write_memory(store, CHINESE)
     fake_openai.responder = model_that(drop_last_block)
 
@@ -406,7 +407,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 def test_cli_compress_not_due_dry_run_and_force(home: Path, fake_openai: FakeOpenAIServer,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     configure(home, fake_openai)  # threshold 0: compression is off
-    store = Workspace.open(home).store
+    store = App.open(home).workspace.store
     original = write_memory(store, ENGLISH)
 
     code, out, _ = run_cli(capsys, "memory", "compress")
@@ -434,7 +435,7 @@ def test_cli_compress_not_due_dry_run_and_force(home: Path, fake_openai: FakeOpe
 def test_cli_refused_rewrite_is_one_line_and_changes_nothing(home: Path, fake_openai: FakeOpenAIServer,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     configure(home, fake_openai, long_term_compress_char_threshold=THRESHOLD)
-    store = Workspace.open(home).store
+    store = App.open(home).workspace.store
     write_memory(store, CHINESE)
     before = store.long_term_path.read_bytes()
     fake_openai.reply_text("我无法压缩这些内容。")  # "I cannot compress this": no ## blocks
@@ -453,7 +454,7 @@ def test_cli_refused_rewrite_is_one_line_and_changes_nothing(home: Path, fake_op
 
 def test_cli_refusal_is_one_line_on_stderr_in_a_real_process(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai, long_term_compress_char_threshold=THRESHOLD)
-    store = Workspace.open(home).store
+    store = App.open(home).workspace.store
     write_memory(store, ENGLISH)
     before = store.long_term_path.read_bytes()
     fake_openai.reply_text("")

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from picoclaw.config import Config, home_dir, load_config, parse_config, workspace_dir
+from picoclaw.app import App
+from picoclaw.config import POLICY_KEYS, Config, MemoryPolicy, home_dir, load_config, parse_config, workspace_dir
 from picoclaw.errors import ConfigError
-from picoclaw.memory.policy import POLICY_KEYS, MemoryPolicy
 from picoclaw.onboard import onboard, template_paths
-from picoclaw.workspace import Workspace
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,7 +114,7 @@ def test_relative_picoclaw_home_is_made_absolute(tmp_path: Path, monkeypatch: py
     home = home_dir()
     assert home == tmp_path / "rel-home" and home.is_absolute()
     onboard(home)
-    workspace = Workspace.open()
+    workspace = App.open().workspace
     assert workspace.root == tmp_path / "rel-home" / "workspace"
     assert workspace.store.long_term_path.is_file()
     assert not (tmp_path / "rel-home" / "rel-home").exists()

@@ -15,20 +15,16 @@ import pytest
 from freezegun import freeze_time
 
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.session import SessionStore
+from picoclaw.agent.reflection import ReflectionOutcome, Reflector
+from picoclaw.app import App
+from picoclaw.config import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.memory import evolution
-from picoclaw.memory.evolution import (
-    ReflectionOutcome,
-    Reflector,
-    SuggestionError,
-    key_guide,
-    parse_suggestion,
-    validate_suggestion,
-)
-from picoclaw.memory.policy import TUNABLE_KEYS, MemoryPolicy
+from picoclaw.memory.evolution import SuggestionError, key_guide, parse_suggestion, validate_suggestion
+from picoclaw.memory.policy import ValueChange
+from picoclaw.memory.session import SessionStore
+from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.openai_compat import from_config
 from picoclaw.tools.registry import build_tools
-from picoclaw.workspace import Workspace
 from tests.fakes import FakeOpenAIServer
 from tests.test_compression import agent_turns, fake_provider, run_cli
 from tests.test_repl import configure
@@ -50,7 +46,7 @@ def is_reflection(body: dict[str, Any]) -> bool:
 def evolving(home: Path, server: FakeOpenAIServer, **memory: Any) -> Workspace:
     """Point config.json at the fake server with evolution on (plus `memory` keys); open the workspace."""
     configure(home, server, **{"evolution_enabled": True, **memory})
-    return Workspace.open(home)
+    return App.open(home).workspace
 
 
 def reflect(workspace: Workspace, server: FakeOpenAIServer, messages: list[dict[str, Any]] = CONVERSATION
@@ -81,7 +77,8 @@ def written_files(workspace: Workspace) -> list[str]:
         pytest.param('根据对话，我建议：\n```json\n{"recent_days": 7, "reason": "用户常提上周"}\n```\n以上。',
                      {"recent_days": 7, "reason": "用户常提上周"}, id="chinese-prose-and-fence"),
         pytest.param('Set {braces} aside: {"retrieve_limit": 12}', {"retrieve_limit": 12}, id="brace-before"),
-        pytest.param('{"reason": {"nested": true}, "retrieve_limit": 3}', {"reason": {"nested": True}, "retrieve_limit": 3},
+        pytest.param('{"reason": {"nested": true}, "retrieve_limit": 3}',
+                     {"reason": {"nested": True}, "retrieve_limit": 3},
                      id="nested"),
         pytest.param("{}", {}, id="empty-object"),
     ],
@@ -153,10 +150,10 @@ def test_valid_suggestion_snapshots_writes_and_records_history(
     assert json.loads(workspace.policy.overrides_path.read_text()) == {"retrieve_limit": 15, "recent_days": 7}
     assert workspace.policy.current().retrieve_limit == 15
     [entry] = workspace.policy.history()
-    assert entry["time"] == "2025-03-10T10:00:00+08:00"
-    assert entry["source"] == "evolution" and entry["session"] == "telegram:42"
-    assert entry["effective"] == {"recent_days": {"old": 3, "new": 7}, "retrieve_limit": {"old": 10, "new": 15}}
-    assert entry["reason"] == REASON_ZH
+    assert entry.time == "2025-03-10T10:00:00+08:00"
+    assert entry.source == "evolution" and entry.session == "telegram:42"
+    assert entry.effective == {"recent_days": ValueChange(3, 7), "retrieve_limit": ValueChange(10, 15)}
+    assert entry.reason == REASON_ZH
 
     # What the model was sent: the keys with their bounds, and the conversation (Chinese kept as is).
     [request] = fake_openai.chat_requests()
@@ -179,7 +176,8 @@ def test_valid_suggestion_snapshots_writes_and_records_history(
     [
         pytest.param('Looking at the chat, I would raise it: {"retrieve_limit": 15, "reason": "misses"} Done.',
                      id="english-prose"),
-        pytest.param('建议如下：```json\n{"retrieve_limit": 15, "reason": "' + REASON_ZH + '"}\n```', id="chinese-fence"),
+        pytest.param('建议如下：```json\n{"retrieve_limit": 15, "reason": "' + REASON_ZH + '"}\n```',
+                     id="chinese-fence"),
     ],
 )
 def test_json_inside_prose_is_applied(home: Path, fake_openai: FakeOpenAIServer, answer: str) -> None:
@@ -280,7 +278,7 @@ def test_reflection_fires_at_the_interval_and_not_before(home: Path, fake_openai
     second = fake_openai.chat_requests()[-1]["messages"][1]["content"]
     assert "第一条" not in second and "User: third" in second and "User: 第四条" in second
     # It suggested what is already in force, so only the first changed anything.
-    assert [entry["source"] for entry in Workspace.open(home).policy.history()] == ["evolution"]
+    assert [entry.source for entry in App.open(home).workspace.policy.history()] == ["evolution"]
 
 
 def test_no_reflection_when_evolution_is_off(home: Path, fake_openai: FakeOpenAIServer) -> None:
@@ -316,7 +314,7 @@ def test_change_is_used_by_the_next_turn_of_every_running_agent(home: Path, fake
 
     async def two_agents() -> None:
         # Two agents, each with its own Workspace (own policy cache), as the bot and the REPL would be.
-        first, second = Workspace.open(home), Workspace.open(home)
+        first, second = App.open(home).workspace, App.open(home).workspace
         async with from_config(first.config, max_retries=0) as provider:
             bot = AgentLoop(first, provider, build_tools(first))
             repl = AgentLoop(second, provider, build_tools(second))
@@ -333,7 +331,7 @@ def test_change_is_used_by_the_next_turn_of_every_running_agent(home: Path, fake
 
     turns = [body for body in fake_openai.chat_requests() if not is_reflection(body)]
     assert [falcon_blocks(body) for body in turns] == [3, 3, 1, 1]
-    assert Workspace.open(home).policy.current().retrieve_limit == 1
+    assert App.open(home).workspace.policy.current().retrieve_limit == 1
 
 
 @freeze_time(FROZEN)

@@ -13,28 +13,29 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from picoclaw.agent.context import ContextBuilder
+from picoclaw.app import App, build_embedder
 from picoclaw.cli import main
 from picoclaw.config import Config, parse_config
 from picoclaw.errors import ConfigError
-from picoclaw.memory.index import IndexedRetriever, MemoryIndex, build_embedder
+from picoclaw.memory.index import IndexedRetriever, MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit, markdown_chunks, session_chunks
 from picoclaw.memory.index.schema import SCHEMA_VERSION
 from picoclaw.memory.retrieval import MemoryRetriever, split_blocks
 from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.registry import build_tools
-from picoclaw.workspace import Workspace
 from tests.fakes import FakeOpenAIServer
 
 KEY = "sk-index-test-0123456789"
 FAST_RETRY = {"retry-after-ms": "5"}
-UTC = timezone.utc
+UTC = UTC
 
 ENTRIES = [
     "我养了一只柯基，叫豆豆，最喜欢在公园里追球。",
@@ -68,7 +69,8 @@ def open_index(store: MemoryStore) -> Iterator[Callable[..., MemoryIndex]]:
     made: list[MemoryIndex] = []
 
     def make(config: Config, on: MemoryStore = store) -> MemoryIndex:
-        index = MemoryIndex(on, config.memory.index, build_embedder(config))
+        index = MemoryIndex(on, config.memory.index, build_embedder(config),
+                            sessions_dir=on.memory_dir.parent / "sessions")
         on.on_change(index.mark_changed)
         made.append(index)
         return index
@@ -76,6 +78,8 @@ def open_index(store: MemoryStore) -> Iterator[Callable[..., MemoryIndex]]:
     yield make
     for index in made:
         index.close()
+        if index.embedder is not None:
+            index.embedder.close()
 
 
 def texts(hits: list[Any]) -> list[str]:
@@ -463,7 +467,8 @@ def test_sessions_are_searchable_when_configured(
     sessions.mkdir()
     path = sessions / "telegram%3A42.jsonl"
     path.write_text("\n".join(json.dumps({"type": "message", "id": n, "message": m}, ensure_ascii=False) for n, m in [
-        (1, {"role": "user", "content": "推荐一本科幻小说"}), (2, {"role": "assistant", "content": "《三体》 by Liu Cixin"}),
+        (1, {"role": "user", "content": "推荐一本科幻小说"}),
+        (2, {"role": "assistant", "content": "《三体》 by Liu Cixin"}),
     ]) + "\n", encoding="utf-8")
     index = open_index(make_config(sources=["memory", "sessions"]))
     hits = index.search("科幻 Cixin", 3)
@@ -515,7 +520,7 @@ def enable_index(home: Path, server: FakeOpenAIServer | None = None, **index: An
 def indexed_workspace(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[Workspace]:
     enable_index(home, fake_openai)
     fake_openai.embedder = _pinned_vectors({"beverage": 0, "drink": 0, "green tea": 0})
-    ws = Workspace.open(home)
+    ws = App.open(home).workspace
     ws.store.append_long_term("I prefer green tea over coffee in the morning.")
     ws.store.append_long_term("我养了一只柯基，叫豆豆。")
     yield ws
@@ -524,7 +529,7 @@ def indexed_workspace(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[Wor
 
 
 def test_workspace_uses_the_plain_retriever_unless_the_index_is_enabled(home: Path) -> None:
-    ws = Workspace.open(home)
+    ws = App.open(home).workspace
     assert ws.searcher is ws.retriever
     ws.store.append_long_term("我养了一只柯基")
     assert ws.searcher.search("柯基", 3)

@@ -6,14 +6,15 @@ The model is loaded once for the module (a few seconds on a CPU); it never touch
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timezone
+from datetime import UTC
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from picoclaw.app import build_embedder
 from picoclaw.config import parse_config
-from picoclaw.memory.index import EmbeddingUnavailable, LocalEmbedder, MemoryIndex, build_embedder
+from picoclaw.memory.index import EmbeddingUnavailable, LocalEmbedder, MemoryIndex
 from picoclaw.memory.index.chunks import markdown_chunks
 from picoclaw.memory.store import MemoryStore
 
@@ -54,11 +55,11 @@ def test_the_token_limit_is_the_models_own(embedder: LocalEmbedder, tmp_path: Pa
 
 
 def test_hybrid_search_with_the_local_model(embedder: LocalEmbedder, tmp_path: Path) -> None:
-    store = MemoryStore(tmp_path / "memory", timezone.utc)
+    store = MemoryStore(tmp_path / "memory", UTC)
     for fact in FACTS:
         store.append_long_term(fact)
     config = parse_config({"memory": {"index": {"enabled": True, "embeddings": {"provider": "local"}}}}, "c")
-    index = MemoryIndex(store, config.memory.index, embedder)
+    index = MemoryIndex(store, config.memory.index, embedder, sessions_dir=tmp_path / "sessions")
     try:
         hits = index.search("what beverage do I enjoy", 3)
         assert hits[0].block.text.endswith(FACTS[0])  # no shared word: found by meaning
@@ -75,11 +76,11 @@ def test_a_model_that_is_not_on_disk_is_a_clear_warning(tmp_path: Path) -> None:
     missing = LocalEmbedder(str(tmp_path / "no-such-model"))
     with pytest.raises(EmbeddingUnavailable, match="neither a packaged model .* nor a sentence-transformers"):
         missing.embed(["x"])
-    store = MemoryStore(tmp_path / "memory", timezone.utc)
+    store = MemoryStore(tmp_path / "memory", UTC)
     store.append_long_term("我养了一只柯基")
     config = parse_config({"memory": {"index": {"enabled": True, "embeddings": {
         "provider": "local", "model": str(tmp_path / "no-such-model")}}}}, "c")
-    index = MemoryIndex(store, config.memory.index, build_embedder(config))
+    index = MemoryIndex(store, config.memory.index, build_embedder(config), sessions_dir=tmp_path / "sessions")
     try:
         assert "柯基" in index.search("柯基", 1)[0].block.text
         assert "no-such-model" in (index.status().warning or "")

@@ -11,10 +11,11 @@ from zoneinfo import ZoneInfo
 import pytest
 from freezegun import freeze_time
 
+from picoclaw.config import POLICY_KEYS, TUNABLE_KEYS, MemoryPolicy
 from picoclaw.errors import ConfigError
 from picoclaw.memory import policy as policy_module
-from picoclaw.memory.policy import POLICY_KEYS, TUNABLE_KEYS, MemoryPolicy, PolicyError, PolicyManager
-from picoclaw.workspace import Workspace
+from picoclaw.memory.policy import PolicyError, PolicyManager, ValueChange
+from picoclaw.memory.workspace import Workspace
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 # 02:00 UTC is 10:00 in Shanghai: snapshot names must use the configured timezone.
@@ -244,11 +245,11 @@ def test_set_snapshots_previous_overrides_and_records_history(manager: PolicyMan
     assert json.loads(manager.overrides_path.read_text()) == {"retrieve_limit": 5}
     assert manager.effective().sources["retrieve_limit"] == "overrides"
     [entry] = manager.history()
-    assert entry["time"] == "2025-03-10T10:00:00+08:00"
-    assert entry["source"] == "reflection" and entry["session"] == "telegram:42"
-    assert entry["changes"] == {"retrieve_limit": {"old": None, "new": 5}}
-    assert entry["reason"] == "用户说记忆太多 / too much memory"
-    assert entry["snapshot"] == "20250310_100000.json"
+    assert entry.time == "2025-03-10T10:00:00+08:00"
+    assert entry.source == "reflection" and entry.session == "telegram:42"
+    assert entry.overrides == {"retrieve_limit": ValueChange(None, 5)}
+    assert entry.reason == "用户说记忆太多 / too much memory"
+    assert entry.snapshot == "20250310_100000.json"
 
 
 @freeze_time(FROZEN)
@@ -264,10 +265,10 @@ def test_snapshot_names_are_unique_within_one_frozen_second(manager: PolicyManag
     assert json.loads(second.read_text()) == {"retrieve_limit": 5}
     assert json.loads(third.read_text()) == {"retrieve_limit": 6}
     history = manager.history()
-    assert [h["changes"] for h in history] == [
-        {"retrieve_limit": {"old": None, "new": 5}},
-        {"retrieve_limit": {"old": 5, "new": 6}},
-        {"recent_days": {"old": None, "new": 1}},
+    assert [h.overrides for h in history] == [
+        {"retrieve_limit": ValueChange(None, 5)},
+        {"retrieve_limit": ValueChange(5, 6)},
+        {"recent_days": ValueChange(None, 1)},
     ]
     assert len(manager.history_path.read_text().splitlines()) == 3
 
@@ -305,7 +306,7 @@ def test_rollback_restores_newest_snapshot_byte_for_byte(manager: PolicyManager)
         "retrieve_limit": 7, "recent_days": 1, "备注": "手工"}
     manager.rollback()
     assert manager.current().retrieve_limit == 7
-    reasons = [h["reason"] for h in manager.history()]
+    reasons = [h.reason for h in manager.history()]
     assert reasons[1] == "rollback to 20250310_100000.json"
 
 
@@ -328,8 +329,8 @@ def test_reset_drops_overrides_and_can_be_undone(manager: PolicyManager) -> None
     assert json.loads(manager.overrides_path.read_text()) == {}
     assert manager.current().retrieve_limit == 8 and manager.current().evolution_enabled is False
     assert json.loads(snapshot.read_text()) == {"retrieve_limit": 5, "evolution_enabled": True}
-    assert manager.history()[-1]["reason"] == "reset"
-    assert manager.history()[-1]["changes"]["evolution_enabled"] == {"old": True, "new": None}
+    assert manager.history()[-1].reason == "reset"
+    assert manager.history()[-1].overrides["evolution_enabled"] == ValueChange(True, None)
     manager.rollback()
     assert manager.current().retrieve_limit == 5 and manager.current().evolution_enabled is True
 

@@ -205,7 +205,8 @@ def test_phrases_prefer_quoted_parts() -> None:
         pytest.param("项目 A 什么时候截止？", "项目 A 的截止日期是 3 月 15 日。", id="zh-deadline"),
         pytest.param("我的狗叫什么", "宠物狗叫 Bob，是一只柯基。", id="zh-dog"),
         pytest.param("邮箱", "常用邮箱是 alice@example.com。", id="zh-email"),
-        pytest.param("When is the deadline for project A?", "The deadline for project A is March 15.", id="en-deadline"),
+        pytest.param("When is the deadline for project A?", "The deadline for project A is March 15.",
+                     id="en-deadline"),
         pytest.param("What is my dog called?", "My pet dog is called Bob, a corgi.", id="en-dog"),
         pytest.param("What is my email address?", "My usual email address is alice@example.com.", id="en-email"),
         pytest.param("咖啡", "我的咖啡偏好是无糖拿铁，大杯。", id="zh-coffee"),
@@ -402,7 +403,7 @@ def test_deleted_file_drops_out_of_the_cache(store: MemoryStore, retriever: Memo
     store.long_term_path.unlink()
     assert retriever.search("Bob", 5) == []
     assert retriever.long_term_blocks() == []
-    assert store.long_term_path not in retriever.cache.entries
+    assert store.long_term_path not in retriever.cache
 
 
 def test_long_term_blocks_in_file_order(retriever: MemoryRetriever) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import date, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -12,7 +12,7 @@ from freezegun import freeze_time
 from picoclaw.errors import MemoryStoreError, PicoclawError
 from picoclaw.memory.retrieval import split_blocks
 from picoclaw.memory.store import MAX_ENTRY_CHARS, MemoryStore
-from picoclaw.workspace import Workspace
+from picoclaw.memory.workspace import Workspace
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")  # UTC+8, no daylight saving time
 UTC = ZoneInfo("UTC")
@@ -394,7 +394,7 @@ def test_workspace_store_uses_the_configured_memory_folder(workspace: Workspace)
     store.append_long_term(COFFEE)
     assert COFFEE in (workspace.root / "memory" / "MEMORY.md").read_text(encoding="utf-8")
     # Real clock here: read it on both sides, in case the test runs across midnight.
-    before = datetime.now(timezone.utc).astimezone(workspace.tz).date()
+    before = datetime.now(UTC).astimezone(workspace.tz).date()
     today = store.today()
-    after = datetime.now(timezone.utc).astimezone(workspace.tz).date()
+    after = datetime.now(UTC).astimezone(workspace.tz).date()
     assert today in (before, after)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -12,8 +13,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+from aiogram import loggers as aiogram_loggers
+
+from picoclaw.app import App
 from picoclaw.channels.telegram import APOLOGY, COMMANDS, TelegramChannel, make_bot, not_authorised
-from picoclaw.workspace import Workspace
+from picoclaw.cli import main
+from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import API_KEY, make_provider, session_records
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import BOT_USERNAME, ENTITY_ERROR, TOKEN, FakeTelegramServer
@@ -33,7 +39,7 @@ def configure(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer,
     config["channels"]["telegram"].update({"enabled": True, "token": TOKEN, "api_base": telegram.origin,
                                           "allow_from": [OWNER], **settings})
     path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
-    return Workspace.open(home)
+    return App.open(home).workspace
 
 
 class Sleeps:
@@ -50,9 +56,12 @@ def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIS
           body: Callable[[TelegramChannel], Awaitable[T]], *, sleeps: Sleeps | None = None) -> T:
     """Run the bot until `body(channel)` returns, then stop it the way SIGTERM does and wait for it."""
     async def main() -> T:
-        bot = make_bot(workspace.config.channels.telegram, workspace.config.telegram_token())
-        async with make_provider(workspace, model) as provider:
-            channel = TelegramChannel(workspace, provider, bot, typing_interval=0.05, sleep=sleeps or Sleeps())
+        settings = workspace.config.channels.telegram
+        bot = make_bot(settings, workspace.config.telegram_token())
+        app = App(workspace.config, workspace.home,  # the provider with a short timeout and no retries
+                  make_provider=lambda _config: make_provider(workspace, model))
+        async with app:
+            channel = TelegramChannel(settings, bot, app.agent, typing_interval=0.05, sleep=sleeps or Sleeps())
             running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
             await until(telegram, lambda: bool(telegram.calls("getUpdates")))
             try:
@@ -121,7 +130,7 @@ def test_a_stranger_is_told_their_id_once_and_leaves_no_trace(home: Path, fake_t
     assert fake_telegram.sent_texts(STRANGER) == [not_authorised(STRANGER)]
     assert all("hunter2" not in json.dumps(b) for b in fake_openai.chat_requests())
     after = tree(home)
-    assert {k: v for k, v in after.items() if "hunter2".encode() in v} == {}
+    assert {k: v for k, v in after.items() if b"hunter2" in v} == {}
     assert [k for k in after if k not in before and f"{STRANGER}" in k] == []
     new = sorted(k for k in after if k not in before and not k.endswith(".lock"))
     assert new == [f"workspace/sessions/telegram%3A{OWNER}.jsonl"]  # the owner's turn, nothing else
@@ -321,6 +330,26 @@ def test_in_groups_it_answers_only_when_mentioned_or_replied_to(home: Path, fake
     assert len(fake_openai.chat_requests()) == 2
 
 
+def test_group_trigger_always_answers_every_message_of_an_allowed_user(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
+    group = -100600
+    workspace = configure(home, fake_telegram, fake_openai, group_trigger="always")
+    fake_openai.responder = echo
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(group, OWNER, "no mention here", chat_type="group")
+        fake_telegram.send_text(group, STRANGER, "me neither", chat_type="group")
+        fake_telegram.send_text(group, OWNER, "也没有提到机器人", chat_type="group")
+        await until(fake_telegram, replied(fake_telegram, group, 3))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    sent = fake_telegram.sent_texts(group)  # the refusal needs no model, so it may come first
+    assert [t for t in sent if t.startswith("echo")] == ["echo: no mention here", "echo: 也没有提到机器人"]
+    assert sorted(sent) == sorted(["echo: no mention here", "echo: 也没有提到机器人", not_authorised(STRANGER)])
+    messages = [r["message"]["content"] for r in session_records(workspace, f"telegram:{group}")]
+    assert "me neither" not in messages and len(messages) == 4
+
+
 # -- commands, restarts, shutdown ----------------------------------------------------------------------------
 
 
@@ -354,28 +383,59 @@ def test_a_restart_resumes_the_chat_and_old_updates_are_not_answered_twice(
     async def second(channel: TelegramChannel) -> None:
         fake_telegram.send_text(OWNER, OWNER, "what is my name?")
         await until(fake_telegram, replied(fake_telegram, OWNER, 2))
-    serve(Workspace.open(home), fake_telegram, fake_openai, second)
+    serve(App.open(home).workspace, fake_telegram, fake_openai, second)
 
     assert fake_telegram.sent_texts(OWNER) == ["echo: my name is Ada / 我叫阿达", "echo: what is my name?"]
     history = [m["content"] for m in fake_openai.chat_requests()[-1]["messages"][1:]]
     assert history == ["my name is Ada / 我叫阿达", "echo: my name is Ada / 我叫阿达", "what is my name?"]
 
 
-def test_stopping_lets_a_turn_under_way_finish(home: Path, fake_telegram: FakeTelegramServer,
-                                               fake_openai: FakeOpenAIServer) -> None:
-    workspace = configure(home, fake_telegram, fake_openai)
-    fake_openai.reply_text("finished after all / 完成了", delay=0.4)
+def test_stopping_lets_every_turn_under_way_or_queued_finish(home: Path, fake_telegram: FakeTelegramServer,
+                                                             fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai, allow_from=[OWNER, FRIEND])
+    fake_openai.responder = lambda body: Text(echo(body), delay=0.3)
+    texts = {OWNER: ["a slow question", "然后呢？"], FRIEND: ["another slow one / 另一个"]}
 
     async def body(channel: TelegramChannel) -> None:
-        fake_telegram.send_text(OWNER, OWNER, "a slow question")
-        await until(fake_telegram, lambda: bool(fake_telegram.calls("sendChatAction")))  # the turn is under way
+        last = max(fake_telegram.send_text(chat, chat, text) for chat, chat_texts in texts.items()
+                   for text in chat_texts)
+        # Every update was handed to the bot (its next poll confirms them) and a turn is under way; the
+        # owner's second message still waits behind the first in its chat.
+        await until(fake_telegram, lambda: fake_telegram.calls("sendChatAction") != [] and any(
+            int(c.params.get("offset") or 0) > last for c in fake_telegram.calls("getUpdates")))
+        assert fake_telegram.sent_texts() == []
         # serve() now stops polling, as SIGTERM does, while the model is still answering.
     serve(workspace, fake_telegram, fake_openai, body)
 
-    assert fake_telegram.sent_texts(OWNER) == ["finished after all / 完成了"]
-    messages = [r["message"]["content"] for r in session_records(workspace, f"telegram:{OWNER}")]
-    assert messages == ["a slow question", "finished after all / 完成了"]
+    for chat, chat_texts in texts.items():
+        assert fake_telegram.sent_texts(chat) == [f"echo: {t}" for t in chat_texts]
+        messages = [r["message"]["content"] for r in session_records(workspace, f"telegram:{chat}")]
+        assert messages == [m for t in chat_texts for m in (t, f"echo: {t}")]
 
+
+def test_logs_name_the_chat_and_user_and_never_the_token(home: Path, fake_telegram: FakeTelegramServer,
+                                                          fake_openai: FakeOpenAIServer,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_error(500, "the model is on fire")
+    url = f"{fake_telegram.origin}/bot{TOKEN}/getUpdates"
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "hi / 你好")
+        fake_telegram.send_text(STRANGER, STRANGER, "let me in")
+        await until(fake_telegram, lambda: bool(fake_telegram.sent_texts(OWNER) and fake_telegram.sent_texts(STRANGER)))
+        # What aiogram logs when a request fails: aiohttp's error text quotes the URL with the token in it.
+        try:
+            raise ConnectionError(f"InvalidUrlClientError: {url}")
+        except ConnectionError:
+            aiogram_loggers.dispatcher.exception("Failed to fetch updates - %s", url)
+    with caplog.at_level(logging.DEBUG):
+        serve(workspace, fake_telegram, fake_openai, body)
+
+    logged = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
+    assert f"chat {OWNER} user {OWNER}" in logged and f"refused chat {STRANGER} user {STRANGER}" in logged
+    assert "session telegram:1001: model call failed" in logged
+    assert TOKEN not in logged + caplog.text and "bot<token>/getUpdates" in logged
 
 
 # -- the command ---------------------------------------------------------------------------------------------
@@ -389,22 +449,42 @@ def picoclaw_telegram(home: Path) -> subprocess.Popen[str]:
                             encoding="utf-8", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_a_wrong_missing_or_malformed_token_is_one_clear_line(home: Path, fake_telegram: FakeTelegramServer,
-                                                              fake_openai: FakeOpenAIServer) -> None:
+@pytest.mark.parametrize(("token", "settings", "expected"), [
+    ("999999:WRONG-token-that-telegram-does-not-know", {}, "401 Unauthorized"),
+    ("", {}, "no Telegram bot token"),
+    ("not a token", {}, "malformed"),
+    # aiohttp quotes the whole request URL, token included, when it cannot use it: the line must not.
+    (TOKEN, {"api_base": "http://[::1"}, "answered getMe with: InvalidUrlClientError: http://[::1/bot<token>/getMe"),
+    (TOKEN, {"api_base": "127.0.0.1:8081"}, "channels.telegram.api_base must be an http(s) URL"),
+])
+def test_a_bad_token_or_api_base_is_one_clear_line(home: Path, fake_telegram: FakeTelegramServer,
+                                                   fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str],
+                                                   token: str, settings: dict[str, Any], expected: str) -> None:
+    configure(home, fake_telegram, fake_openai, token=token, **settings)
+    before = tree(home)
+    code = main(["telegram"])
+    out, err = capsys.readouterr()
+    assert code == 1 and err.count("\n") == 1 and err.startswith("picoclaw: error: ") and expected in err, err
+    assert "Traceback" not in err and (not token or token not in err + out)
+    assert tree(home) == before
+
+
+def test_an_unreachable_bot_api_or_a_revoked_token_is_one_clear_line(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     closed = FakeTelegramServer().start()
     unreachable = closed.origin
     closed.stop()
-    cases = [("999999:WRONG-token-that-telegram-does-not-know", {}, "401 Unauthorized"),
-             ("", {}, "no Telegram bot token"), ("not a token", {}, "malformed"),
-             (TOKEN, {"api_base": unreachable}, f"cannot start the Telegram bot: {unreachable} answered getMe")]
-    for token, settings, expected in cases:
-        configure(home, fake_telegram, fake_openai, token=token, **settings)
-        process = picoclaw_telegram(home)
-        out, err = process.communicate(timeout=60)
-        assert process.returncode == 1, err
-        lines = err.strip().splitlines()
-        assert len(lines) == 1 and expected in lines[0], err
-        assert "Traceback" not in err and (not token or token not in err + out)
+    configure(home, fake_telegram, fake_openai, token="", api_base=unreachable)
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", TOKEN)  # the token may come from the environment instead
+    assert main(["telegram"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot start the Telegram bot: {unreachable} answered getMe" in err, err
+    configure(home, fake_telegram, fake_openai, token="")
+    fake_telegram.revoked = True  # as after /revoke in @BotFather: the environment's token is now refused
+    assert main(["telegram"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Telegram rejected the bot token (401 Unauthorized)" in err and TOKEN not in err
 
 
 def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(
@@ -422,6 +502,7 @@ def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(
         process.kill()
     assert process.returncode == 0, err
     assert fake_telegram.sent_texts(OWNER) == ["answered before exiting / 退出前已回答"]
+    assert f"chat {OWNER} user {OWNER}" in err and "Traceback" not in err  # the daemon's log, by default
     assert TOKEN not in err + out
 
 

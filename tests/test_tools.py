@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from freezegun import freeze_time
 
+from picoclaw.app import App
+from picoclaw.memory.workspace import Workspace
 from picoclaw.onboard import onboard
 from picoclaw.tools.base import ToolError, ToolRegistry
 from picoclaw.tools.files import MAX_READ_CHARS, MAX_WRITE_BYTES
 from picoclaw.tools.registry import TOOL_CLASSES, build_tools
 from picoclaw.tools.sandbox import resolve_in_workspace
-from picoclaw.workspace import Workspace
 
 # 04:00 UTC is 12:00 in Asia/Shanghai (the example config's timezone): the same date everywhere.
 FROZEN = "2024-03-05 04:00:00"
@@ -242,7 +243,8 @@ def test_protected_files_can_still_be_read(tools: ToolRegistry, root: Path) -> N
 def test_config_file_with_secrets_is_never_opened(workspace: Workspace) -> None:
     # A config whose workspace is the home folder itself puts config.json inside the workspace.
     (workspace.root / "config.json").write_text('{"api_key": "sk-secret"}', encoding="utf-8")
-    tools = build_tools(dataclasses.replace(workspace, home=workspace.root))
+    home_is_root = dataclasses.replace(workspace.layout, home=workspace.root)
+    tools = build_tools(dataclasses.replace(workspace, layout=home_is_root))
     result = call(tools, "read_file", path="config.json")
     assert result.startswith("error:") and "secrets" in result and "sk-secret" not in result
     assert call(tools, "write_file", path="config.json", content="{}").startswith("error:")
@@ -462,7 +464,7 @@ def test_schemas_are_generated_from_args(tools: ToolRegistry) -> None:
 def test_each_workspace_gets_its_own_tools(tmp_path: Path, workspace: Workspace, tools: ToolRegistry) -> None:
     other_home = tmp_path / "other-home"
     onboard(other_home)
-    other = Workspace.open(other_home)
+    other = App.open(other_home).workspace
     other_tools = build_tools(other)
     call(other_tools, "write_file", path="mine.md", content="other")
     call(other_tools, "memory_append", content="only in the other workspace")

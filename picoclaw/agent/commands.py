@@ -1,13 +1,17 @@
-"""Slash commands, answered without the model: /new /compact /memory /policy /help."""
+"""Slash commands, answered without the model: /new /compact /memory /policy /help.
+
+Parsing and the replies' wording live here; the loop runs a command with its own parts (AgentLoop.command).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
 
-from picoclaw.memory.policy import POLICY_KEYS
-
-if TYPE_CHECKING:
-    from picoclaw.agent.loop import AgentLoop
+from picoclaw.agent.context import InjectedMemory
+from picoclaw.agent.summary import CompactResult
+from picoclaw.config import POLICY_KEYS
+from picoclaw.memory.policy import EffectivePolicy
 
 HELP = """Commands:
 /new — start a fresh conversation (the old one is archived)
@@ -18,38 +22,46 @@ HELP = """Commands:
 Anything else goes to the assistant."""
 
 
-async def run_command(loop: AgentLoop, key: str, text: str) -> str | None:
-    """The reply to a slash command, or None when `text` is not one."""
+@dataclass(frozen=True)
+class Command:
+    """A slash command as typed: its name ("/memory") and the rest of the line."""
+
+    name: str
+    argument: str
+
+
+def parse_command(text: str) -> Command | None:
+    """The command in `text`, or None when it is not one."""
     stripped = text.strip()
     if not stripped.startswith("/"):
         return None
     name, _, argument = stripped.partition(" ")
-    name = name.split("@", 1)[0].lower()  # Telegram appends @botname in groups
-    argument = argument.strip()
-    if name in ("/help", "/start"):
-        return HELP
-    if name == "/new":
-        archived = loop.reset_session(key)
-        return "Started a new conversation." + (f" The previous one is archived as {archived}." if archived else "")
-    if name == "/compact":
-        result = await loop.compact(key)
-        if result is None:
-            return "Nothing to compact (or the summary was refused); the conversation is unchanged."
-        return f"Compact complete: {result.compacted} messages compacted.\n\n{result.summary}"
-    if name == "/memory":
-        return memory_report(loop, argument)
-    if name == "/policy":
-        effective = loop.workspace.policy.effective()
-        return "\n".join(f"{k} = {getattr(effective.policy, k)} ({effective.sources[k]})" for k in POLICY_KEYS)
-    return f"Unknown command {name}; see /help."
+    return Command(name.split("@", 1)[0].lower(), argument.strip())  # Telegram appends @botname in groups
 
 
-def memory_report(loop: AgentLoop, query: str) -> str:
-    """What would be injected for `query`, with scores and where each block lives."""
-    memory = loop.context.select_memory(loop.workspace.policy.current(), query)
+def unknown_reply(command: Command) -> str:
+    return f"Unknown command {command.name}; see /help."
+
+
+def new_reply(archived: str | None) -> str:
+    return "Started a new conversation." + (f" The previous one is archived as {archived}." if archived else "")
+
+
+def compact_reply(result: CompactResult | None) -> str:
+    if result is None:
+        return "Nothing to compact (or the summary was refused); the conversation is unchanged."
+    return f"Compact complete: {result.compacted} messages compacted.\n\n{result.summary}"
+
+
+def policy_report(effective: EffectivePolicy) -> str:
+    """Each policy key with its value and the layer it comes from."""
+    return "\n".join(f"{k} = {getattr(effective.policy, k)} ({effective.sources[k]})" for k in POLICY_KEYS)
+
+
+def memory_report(memory: InjectedMemory, query: str, root: Path) -> str:
+    """What would be injected for `query`, with scores and where each block lives (relative to `root`)."""
     if not memory.blocks and not memory.notes:
         return "No memory would be injected (MEMORY.md and recent notes are empty)."
-    root = loop.workspace.root
     lines = [f"Memory for {query!r}:" if memory.ranked else
              ("No block matches; the newest blocks that fit the budget:" if query else "Whole memory (no query):")]
     for hit in memory.blocks:
@@ -59,5 +71,6 @@ def memory_report(loop: AgentLoop, query: str) -> str:
     if memory.notes:
         lines.append("Recent notes:")
         for block in memory.notes:
-            lines.append(f"- {block.path.relative_to(root)}:{block.start_line}-{block.end_line}  {block.text.strip().splitlines()[-1]}")
+            lines.append(f"- {block.path.relative_to(root)}:{block.start_line}-{block.end_line}  "
+                         f"{block.text.strip().splitlines()[-1]}")
     return "\n".join(lines)

@@ -8,19 +8,19 @@ the user stored, never as instructions.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from picoclaw.agent.history import keep_last, safe_start, turns
-from picoclaw.agent.session import Session
-from picoclaw.memory.policy import MemoryPolicy
+from picoclaw.config import MemoryPolicy
+from picoclaw.fsutil import FileCache
 from picoclaw.memory.retrieval import Block, FileIndex, Hit, rank, split_blocks
+from picoclaw.memory.session import Session
 from picoclaw.memory.store import DailyNote
+from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import Message
 from picoclaw.tokens import count_tokens
-from picoclaw.workspace import Workspace
 
 BOOTSTRAP_FILES = ("IDENTITY.md", "SOUL.md", "AGENTS.md", "USER.md")
 
@@ -53,31 +53,13 @@ class BuiltContext:
     memory: InjectedMemory
 
 
-class _TextCache:
-    """Small files read once and reused until they change on disk."""
-
-    def __init__(self) -> None:
-        self._entries: dict[Path, tuple[tuple[int, int, int], str]] = {}
-
-    def read(self, path: Path) -> str:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return ""
-        key = (st.st_mtime_ns, st.st_size, st.st_ino)
-        cached = self._entries.get(path)
-        if cached is None or cached[0] != key:
-            cached = (key, path.read_text(encoding="utf-8", errors="replace"))
-            self._entries[path] = cached
-        return cached[1]
-
-
 class ContextBuilder:
     """Builds the prompt for one workspace (one memory scope)."""
 
     def __init__(self, workspace: Workspace):
         self.workspace = workspace
-        self._files = _TextCache()
+        # Bootstrap files are read once and again only when they change on disk.
+        self._files = FileCache(lambda path: path.read_text(encoding="utf-8", errors="replace"))
 
     # -- memory selection --------------------------------------------------------------------------
 
@@ -134,7 +116,7 @@ class ContextBuilder:
 
     def stable_prefix(self, now: datetime) -> str:
         """The part of the system prompt that only changes when a bootstrap file or the date does."""
-        parts = [self._files.read(self.workspace.root / name).strip() for name in BOOTSTRAP_FILES]
+        parts = [(self._files.get(self.workspace.root / name) or "").strip() for name in BOOTSTRAP_FILES]
         parts.append(TOOL_GUIDANCE)
         parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({self.workspace.config.timezone})")
         return "\n\n".join(part for part in parts if part)

@@ -10,20 +10,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from picoclaw import clock
+from picoclaw.agent.commands import (
+    HELP,
+    Command,
+    compact_reply,
+    memory_report,
+    new_reply,
+    parse_command,
+    policy_report,
+    unknown_reply,
+)
 from picoclaw.agent.context import ContextBuilder
 from picoclaw.agent.history import keep_last, safe_start
-from picoclaw.agent.session import Session, SessionStore
-from picoclaw.agent.summary import accept_summary, summary_request
+from picoclaw.agent.reflection import Reflector
+from picoclaw.agent.summary import CompactResult, accept_summary, summary_request
+from picoclaw.config import MemoryPolicy
 from picoclaw.memory.compression import LongTermCompressor
-from picoclaw.memory.evolution import Reflector
-from picoclaw.memory.policy import MemoryPolicy
+from picoclaw.memory.session import Session
+from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 from picoclaw.tokens import count_tokens
 from picoclaw.tools.base import ToolRegistry
-from picoclaw.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -33,25 +42,15 @@ SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
 TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
 
 
-@dataclass(frozen=True)
-class CompactResult:
-    """What a summary did: how many messages it folded in, and the summary text."""
-
-    compacted: int
-    summary: str
-
-
 class AgentLoop:
     """Runs turns for every session of one workspace against one provider."""
 
-    def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry,
-                 *, notify: Notify | None = None):
+    def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry):
         self.workspace = workspace
         self.provider = provider
         self.tools = tools
-        self.notify = notify
         self.context = ContextBuilder(workspace)
-        self.sessions = SessionStore(workspace.root / "sessions")
+        self.sessions = workspace.sessions()
         self.compressor = LongTermCompressor(workspace.store, provider)
         self.reflector = Reflector(workspace.policy, provider)
         self._loaded: dict[str, Session] = {}
@@ -79,21 +78,37 @@ class AgentLoop:
 
     # -- a turn ------------------------------------------------------------------------------------
 
-    async def handle(self, key: str, text: str) -> str:
-        """Answer one user message of session `key` (slash commands included)."""
-        from picoclaw.agent.commands import run_command  # commands call back into the loop
+    async def handle(self, key: str, text: str, *, notify: Notify | None = None) -> str:
+        """Answer one user message of session `key` (slash commands included).
 
+        `notify(key, text)` tells the sender about work done after the reply (a summary starting).
+        """
         async with self.lock(key):
-            command_reply = await run_command(self, key, text)
-            if command_reply is not None:
-                return command_reply
+            command = parse_command(text)
+            if command is not None:
+                return await self.command(key, command)
             try:
                 reply = await self._turn(key, text)
             except ProviderError as exc:
                 log.warning("session %s: model call failed (%s): %s", key, exc.kind, exc)
                 return f"Sorry, I could not get an answer from the model: {exc}"
-        self._spawn(self._after_turn(key))
+        self._spawn(self._after_turn(key, notify))
         return reply
+
+    async def command(self, key: str, command: Command) -> str:
+        """The reply to a slash command of session `key`."""
+        if command.name in ("/help", "/start"):
+            return HELP
+        if command.name == "/new":
+            return new_reply(self.reset_session(key))
+        if command.name == "/compact":
+            return compact_reply(await self.compact(key))
+        if command.name == "/memory":
+            memory = self.context.select_memory(self.workspace.policy.current(), command.argument)
+            return memory_report(memory, command.argument, self.workspace.root)
+        if command.name == "/policy":
+            return policy_report(self.workspace.policy.effective())
+        return unknown_reply(command)
 
     async def _turn(self, key: str, text: str) -> str:
         session = self.session(key)
@@ -163,10 +178,10 @@ class AgentLoop:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    async def _after_turn(self, key: str) -> None:
+    async def _after_turn(self, key: str, notify: Notify | None) -> None:
         # Each job on its own: a bug in one must not stop the others. Each checks whether it is due.
         jobs: list[tuple[str, Callable[[], Awaitable[object]]]] = [
-            ("session summary", lambda: self._summarize_if_needed(key)),
+            ("session summary", lambda: self._summarize_if_needed(key, notify)),
             ("long-term compression", lambda: self.compressor.run_if_due(self.workspace.policy.current())),
             ("reflection", lambda: self.reflector.maybe_reflect(self.sessions, self.session(key))),
         ]
@@ -176,11 +191,11 @@ class AgentLoop:
             except Exception:
                 log.exception("session %s: background %s failed", key, name)
 
-    async def _summarize_if_needed(self, key: str) -> None:
+    async def _summarize_if_needed(self, key: str, notify: Notify | None) -> None:
         # A summary already being written covers this turn's check too: no second notice, no second call.
         if key not in self._summarizing and self.needs_summary(self.session(key), self.workspace.policy.current()):
-            if self.notify is not None:
-                await self.notify(key, SUMMARY_NOTICE)
+            if notify is not None:
+                await notify(key, SUMMARY_NOTICE)
             await self.compact(key)
 
     def needs_summary(self, session: Session, policy: MemoryPolicy) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from picoclaw.providers.base import Message
 
@@ -18,6 +19,14 @@ SECTION_NAMES: dict[str, tuple[str, ...]] = {
 }
 MIN_SECTIONS = 3  # fewer recognisable sections than this means the model did not write a summary
 TOOL_RESULT_CHARS = 2000
+
+@dataclass(frozen=True)
+class CompactResult:
+    """What a summary did: how many messages it folded in, and the summary text."""
+
+    compacted: int
+    summary: str
+
 
 SUMMARY_INSTRUCTIONS = (
     "You compact a conversation between a user and an assistant so it can continue with less context. "

@@ -6,10 +6,7 @@ import asyncio
 import sys
 from typing import TextIO
 
-from picoclaw.agent.loop import AgentLoop
-from picoclaw.providers.openai_compat import from_config
-from picoclaw.tools.registry import build_tools
-from picoclaw.workspace import Workspace
+from picoclaw.agent.loop import AgentLoop, Notify
 
 PROMPT = "you> "
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
@@ -24,26 +21,26 @@ def _enable_line_editing() -> None:
         pass
 
 
-async def chat(workspace: Workspace, *, session_key: str | None = None, message: str | None = None,
+async def chat(agent: AgentLoop, *, session_key: str | None = None, message: str | None = None,
                out: TextIO = sys.stdout) -> None:
-    """Run the REPL (or answer one `message`) against the configured provider."""
+    """Run the REPL (or answer one `message`) with `agent`."""
     session_key = session_key or DEFAULT_SESSION
-    # The client's connection pool belongs to the running loop, so the provider is made (and closed) here.
-    async with from_config(workspace.config) as provider:
-        async def notify(_key: str, text: str) -> None:
-            out.write(text + "\n")
-            out.flush()
+    if message is not None:
+        await run_once(agent, session_key, message, out)
+    else:
+        await run_interactive(agent, session_key, out)
 
-        loop = AgentLoop(workspace, provider, build_tools(workspace), notify=notify)
-        if message is not None:
-            await run_once(loop, session_key, message, out)
-        else:
-            await run_interactive(loop, session_key, out)
+
+def _printer(out: TextIO) -> Notify:
+    async def notify(_key: str, text: str) -> None:
+        out.write(text + "\n")
+        out.flush()
+    return notify
 
 
 async def run_once(loop: AgentLoop, session_key: str, text: str, out: TextIO = sys.stdout) -> None:
     """Answer one message, wait for its background work (summary …), then return."""
-    out.write(await loop.handle(session_key, text) + "\n")
+    out.write(await loop.handle(session_key, text, notify=_printer(out)) + "\n")
     out.flush()
     await loop.wait_background()
 
@@ -51,6 +48,7 @@ async def run_once(loop: AgentLoop, session_key: str, text: str, out: TextIO = s
 async def run_interactive(loop: AgentLoop, session_key: str, out: TextIO = sys.stdout) -> None:
     """Read lines until EOF or `exit`, answering each; background work finishes before returning."""
     interactive = sys.stdin.isatty()
+    notify = _printer(out)
     if interactive:
         _enable_line_editing()
         out.write(f"picoclaw chat — session {session_key}. /help for commands, Ctrl-D to leave.\n")
@@ -64,6 +62,6 @@ async def run_interactive(loop: AgentLoop, session_key: str, out: TextIO = sys.s
             continue
         if text.lower() in EXIT_WORDS:
             break
-        out.write(await loop.handle(session_key, text) + "\n")
+        out.write(await loop.handle(session_key, text, notify=notify) + "\n")
         out.flush()
     await loop.wait_background()

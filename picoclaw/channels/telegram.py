@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from aiogram import Bot, Dispatcher, Router
+from aiogram import loggers as aiogram_loggers
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
 from aiogram.enums import ChatAction, ChatType
@@ -24,22 +26,21 @@ from picoclaw.agent.loop import AgentLoop
 from picoclaw.channels.telegram_format import render_html, split_markdown
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import ConfigError, PicoclawError
-from picoclaw.providers.base import ChatProvider
-from picoclaw.providers.openai_compat import from_config
-from picoclaw.tools.registry import build_tools
-from picoclaw.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
+# The agent of the shared memory (None) or of one user's memory (a user key): App.agent.
+AgentFor = Callable[[str | None], AgentLoop]
 
 COMMANDS = [
+    BotCommand(command="start", description="what I can do"),
     BotCommand(command="new", description="start a fresh conversation"),
     BotCommand(command="compact", description="summarise the conversation now"),
     BotCommand(command="memory", description="what memory a query would bring up"),
     BotCommand(command="policy", description="the memory policy in force"),
-    BotCommand(command="help", description="what I can do"),
+    BotCommand(command="help", description="the commands"),
 ]
 APOLOGY = "Sorry, something went wrong on my side while answering. Please try again in a moment."
 NOT_TEXT = "I can only read text messages."
@@ -49,6 +50,32 @@ TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
 
 def not_authorised(user_id: int) -> str:
     return f"not authorised — your id is {user_id}; add it to channels.telegram.allow_from"
+
+
+def redact(text: str, token: str) -> str:
+    """`text` with the bot token replaced (aiohttp's URL errors quote the request URL, token included)."""
+    return text.replace(token, "<token>") if token else text
+
+
+class TokenRedactor(logging.Filter):
+    """Keeps the bot token out of log lines and tracebacks of the loggers it is added to."""
+
+    def __init__(self, token: str):
+        super().__init__()
+        self.token = token
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self.token and self.token in message:
+            record.msg, record.args = redact(message, self.token), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info), self.token)
+        return True
+
+
+def _guarded_loggers() -> list[logging.Logger]:
+    """aiogram's loggers (they report network errors) and this module's."""
+    return [log, *(value for value in vars(aiogram_loggers).values() if isinstance(value, logging.Logger))]
 
 
 class Allowlist:
@@ -68,6 +95,9 @@ def make_bot(settings: TelegramConfig, token: str) -> Bot:
     if not token:
         raise ConfigError("no Telegram bot token: set channels.telegram.token in config.json or the "
                           "TELEGRAM_BOT_TOKEN environment variable (create a bot with @BotFather)")
+    if settings.api_base and not re.match(r"https?://[^/\s]+", settings.api_base):
+        raise ConfigError(f"channels.telegram.api_base must be an http(s) URL such as http://localhost:8081, "
+                          f"got {settings.api_base!r}")
     session = AiohttpSession(api=TelegramAPIServer.from_base(settings.api_base)) if settings.api_base else None
     try:
         return Bot(token, session=session)
@@ -77,15 +107,14 @@ def make_bot(settings: TelegramConfig, token: str) -> Bot:
 
 
 class TelegramChannel:
-    """Serves one workspace's assistant to Telegram; `run()` polls until SIGINT/SIGTERM or `stop()`."""
+    """Serves the assistant to Telegram; `run()` polls until SIGINT/SIGTERM or `stop()`."""
 
-    def __init__(self, workspace: Workspace, provider: ChatProvider, bot: Bot, *,
+    def __init__(self, settings: TelegramConfig, bot: Bot, agent_for: AgentFor, *,
                  typing_interval: float = TYPING_INTERVAL, shutdown_timeout: float = 30.0,
                  sleep: Sleep = asyncio.sleep):
-        self.workspace = workspace
-        self.provider = provider
+        self.settings = settings
         self.bot = bot
-        self.settings = workspace.config.channels.telegram
+        self.agent_for = agent_for
         self.allowlist = Allowlist(self.settings.allow_from)
         self.typing_interval = typing_interval
         self.shutdown_timeout = shutdown_timeout
@@ -95,7 +124,7 @@ class TelegramChannel:
         router.message.register(self.on_message)
         self.dispatcher.include_router(router)
         self.me: User | None = None
-        self._loops: dict[str, AgentLoop] = {}
+        self._loops: dict[str | None, AgentLoop] = {}  # the agents this channel has used, by scope
         self._chat_locks: dict[str, asyncio.Lock] = {}
         self._chat_of: dict[str, int] = {}
         self._told: set[int] = set()  # strangers already told their id (kept in memory only)
@@ -110,9 +139,10 @@ class TelegramChannel:
         except TelegramUnauthorizedError:
             raise PicoclawError("Telegram rejected the bot token (401 Unauthorized): it is wrong or was revoked; "
                                 "check channels.telegram.token or TELEGRAM_BOT_TOKEN") from None
-        except TelegramAPIError as exc:  # network errors included; the message never holds the token
+        except TelegramAPIError as exc:  # network errors included; they may quote the URL, token and all
             where = self.settings.api_base or "api.telegram.org"
-            raise PicoclawError(f"cannot start the Telegram bot: {where} answered getMe with: {exc.message}") from None
+            raise PicoclawError(f"cannot start the Telegram bot: {where} answered getMe with: "
+                                f"{redact(exc.message, self.bot.token)}") from None
         await self.bot.delete_webhook(drop_pending_updates=False)  # long polling gets nothing while one is set
         try:
             await self._with_retry(lambda: self.bot.set_my_commands(COMMANDS))
@@ -124,12 +154,20 @@ class TelegramChannel:
 
     async def run(self, *, handle_signals: bool = True, polling_timeout: int = 10) -> None:
         """Poll until stopped, then let in-flight turns finish (bounded) and close everything."""
-        await self.start()
+        redactor = TokenRedactor(self.bot.token)
+        guarded = _guarded_loggers()
+        for logger in guarded:
+            logger.addFilter(redactor)
         try:
-            await self.dispatcher.start_polling(self.bot, handle_signals=handle_signals, close_bot_session=False,
-                                                polling_timeout=polling_timeout)
+            await self.start()
+            try:
+                await self.dispatcher.start_polling(self.bot, handle_signals=handle_signals,
+                                                    close_bot_session=False, polling_timeout=polling_timeout)
+            finally:
+                await self.finish()
         finally:
-            await self.finish()
+            for logger in guarded:
+                logger.removeFilter(redactor)
 
     async def stop(self) -> None:
         """Stop polling (what SIGINT/SIGTERM do); `run()` then finishes the turns under way."""
@@ -137,12 +175,16 @@ class TelegramChannel:
 
     async def finish(self) -> None:
         """Wait for turns under way (at most `shutdown_timeout`) and background work, then close the bot."""
+        await asyncio.sleep(0)  # updates handed out just before the stop reach on_message and count
+        deadline = asyncio.get_running_loop().time() + self.shutdown_timeout
         if self._in_flight:
             log.info("telegram: waiting for %d turn(s) to finish", len(self._in_flight))
-            _, late = await asyncio.wait(set(self._in_flight), timeout=self.shutdown_timeout)
-            if late:
-                log.warning("telegram: %d turn(s) still running after %.0f s; stopping anyway",
-                            len(late), self.shutdown_timeout)
+        # Loop, not one wait: an update handed out just before the stop may join the set after it began.
+        while self._in_flight and (left := deadline - asyncio.get_running_loop().time()) > 0:
+            await asyncio.wait(set(self._in_flight), timeout=left)
+        if self._in_flight:
+            log.warning("telegram: %d turn(s) still running after %.0f s; stopping anyway",
+                        len(self._in_flight), self.shutdown_timeout)
         for loop in self._loops.values():
             await loop.wait_background()
         await self.bot.session.close()
@@ -179,7 +221,7 @@ class TelegramChannel:
         log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))
         typing = asyncio.create_task(self._keep_typing(chat_id))
         try:
-            reply = await self._loop_for(user).handle(key, text)
+            reply = await self._loop_for(user).handle(key, text, notify=self._notify)
         except Exception:
             log.exception("telegram: chat %s user %s: the turn failed", chat_id, user.id)
             reply = APOLOGY
@@ -218,12 +260,10 @@ class TelegramChannel:
         return f"telegram:{chat_id}"
 
     def _loop_for(self, user: User) -> AgentLoop:
-        scope = "shared" if self.settings.memory_scope == "shared" else str(user.id)
+        scope = None if self.settings.memory_scope == "shared" else str(user.id)
         loop = self._loops.get(scope)
         if loop is None:
-            workspace = self.workspace if scope == "shared" else self.workspace.for_user(scope)
-            loop = AgentLoop(workspace, self.provider, build_tools(workspace), notify=self._notify)
-            self._loops[scope] = loop
+            loop = self._loops[scope] = self.agent_for(scope)
         return loop
 
     async def _notify(self, key: str, text: str) -> None:
@@ -272,14 +312,3 @@ class TelegramChannel:
                 log.warning("telegram: rate limited; retrying in %s s", exc.retry_after)
                 await self.sleep(exc.retry_after)
         raise AssertionError("unreachable")
-
-
-async def serve(workspace: Workspace) -> None:
-    """`picoclaw telegram`: run the bot with the configured provider until SIGINT/SIGTERM."""
-    settings = workspace.config.channels.telegram
-    bot = make_bot(settings, workspace.config.telegram_token())
-    try:
-        async with from_config(workspace.config) as provider:
-            await TelegramChannel(workspace, provider, bot).run()
-    finally:
-        await bot.session.close()

@@ -7,19 +7,20 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
 from picoclaw import __version__
-from picoclaw.config import home_dir
+from picoclaw.app import App
+from picoclaw.cli.output import ProgressBar, history_lines, one_line_json, reindex_lines, status_lines
+from picoclaw.config import POLICY_KEYS, home_dir
 from picoclaw.errors import PicoclawError
-from picoclaw.memory.policy import POLICY_KEYS, parse_cli_value
 from picoclaw.onboard import onboard
-from picoclaw.workspace import Workspace
 
 if TYPE_CHECKING:
     from picoclaw.memory.index.index import MemoryIndex
+    from picoclaw.memory.workspace import Workspace
 
 log = logging.getLogger("picoclaw")
 
@@ -50,6 +51,30 @@ def cmd_onboard(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- opening the app ---------------------------------------------------------------------------------
+
+_opened: list[App] = []
+
+
+def _app() -> App:
+    """The App of this command (closed by `main` when the command ends)."""
+    app = App.open()
+    _opened.append(app)
+    return app
+
+
+def _workspace() -> Workspace:
+    return _app().workspace
+
+
+def parse_cli_value(text: str) -> Any:
+    """`policy set` values are JSON scalars (15, true); anything else stays a string and fails validation."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
 # -- memory ----------------------------------------------------------------------------------------
 
 def _bounded_int(low: int, high: int) -> Callable[[str], int]:
@@ -67,14 +92,14 @@ def _bounded_int(low: int, high: int) -> Callable[[str], int]:
 
 
 def cmd_memory_show(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     text = ws.store.read_long_term()
     print(text.rstrip("\n") if text.strip() else f"(MEMORY.md is empty: {ws.store.long_term_path})")
     return 0
 
 
 def cmd_memory_search(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     limit = args.limit or ws.policy.current().retrieve_limit
     hits = ws.searcher.search(args.query, limit, include_notes=True)
     if not hits:
@@ -100,22 +125,18 @@ def _memory_index(ws: Workspace) -> MemoryIndex | None:
 
 
 def cmd_memory_status(args: argparse.Namespace) -> int:
-    index = _memory_index(Workspace.open())
+    index = _memory_index(_workspace())
     if index is None:
         print(f"{_INDEX_OFF}; searches read the memory files directly")
         return 0
-    from picoclaw.memory.index.report import status_lines
-
     print("\n".join(status_lines(index.status())))
     return 0
 
 
 def cmd_memory_reindex(args: argparse.Namespace) -> int:
-    index = _memory_index(Workspace.open())
+    index = _memory_index(_workspace())
     if index is None:
         raise PicoclawError(_INDEX_OFF)
-    from picoclaw.memory.index.report import ProgressBar, reindex_lines
-
     bar = ProgressBar()
     try:
         report = index.reindex(bar)
@@ -126,7 +147,7 @@ def cmd_memory_reindex(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_append(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     if args.today:
         path = ws.store.append_note(args.text)
         print(f"appended to {path}")
@@ -137,7 +158,7 @@ def cmd_memory_append(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_notes(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     days = ws.policy.current().recent_days if args.days is None else args.days
     notes = ws.store.read_recent_notes(days)
     if not notes:
@@ -149,7 +170,7 @@ def cmd_memory_notes(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_backups(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     backups = ws.store.backups()
     if not backups:
         print(f"no backups yet in {ws.store.backups_dir}")
@@ -159,7 +180,7 @@ def cmd_memory_backups(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_restore(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     saved = ws.store.restore_backup(args.backup)
     print(f"restored {args.backup} into {ws.store.long_term_path}")
     if saved is not None:
@@ -168,24 +189,24 @@ def cmd_memory_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_compress(args: argparse.Namespace) -> int:
-    # The provider (and the openai client) load only for commands that talk to the model.
+    # The memory.compression module and the openai client load only for commands that talk to the model.
     from picoclaw.memory.compression import CompressionResult, LongTermCompressor, why_not_due
-    from picoclaw.providers.openai_compat import from_config
 
-    ws = Workspace.open()
-    policy = ws.policy.current()
-    blocker = why_not_due(ws.store, policy)
+    app = _app()
+    store = app.workspace.store
+    policy = app.workspace.policy.current()
+    blocker = why_not_due(store, policy)
     if blocker is not None and not args.force:
         print(f"not compressing: {blocker}; use --force to compress anyway")
         return 0
 
     async def run() -> CompressionResult | None:
-        async with from_config(ws.config) as provider:
-            return await LongTermCompressor(ws.store, provider).run(policy, force=args.force, dry_run=args.dry_run)
+        async with app:
+            return await LongTermCompressor(store, app.provider()).run(policy, force=args.force, dry_run=args.dry_run)
 
     result = asyncio.run(run())
     if result is None:  # another process compressed it between the check and the claim
-        print(f"not compressing: {why_not_due(ws.store, policy)}")
+        print(f"not compressing: {why_not_due(store, policy)}")
         return 0
     if result.status in ("refused", "failed"):
         if args.dry_run and result.after:
@@ -195,7 +216,7 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
         print((result.after or "").rstrip("\n"))
         print(f"--- dry run, nothing written: {result.detail}")
         return 0
-    print(f"compressed {ws.store.long_term_path}: {result.detail}")
+    print(f"compressed {store.long_term_path}: {result.detail}")
     if result.backup is not None:
         print(f"the previous version was saved as {result.backup.name} (`picoclaw memory restore` undoes this)")
     if result.carried_over:
@@ -206,7 +227,7 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
 # -- policy ----------------------------------------------------------------------------------------
 
 def cmd_policy_show(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     effective = ws.policy.effective()
     width = max(len(key) for key in POLICY_KEYS)
     for key in POLICY_KEYS:
@@ -217,7 +238,7 @@ def cmd_policy_show(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_set(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     changes = {}
     for item in args.assignments:
         key, sep, value = item.partition("=")
@@ -232,57 +253,37 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_line_json(raw: bytes) -> str:
-    # Snapshots are stored indented; a listing wants one line per snapshot. Unparseable content is
-    # still shown (whitespace collapsed) so a damaged snapshot is visible, not hidden.
-    try:
-        return orjson.dumps(orjson.loads(raw)).decode("utf-8")
-    except orjson.JSONDecodeError:
-        return " ".join(raw.decode("utf-8", "replace").split())
-
-
 def cmd_policy_snapshots(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     snapshots = ws.policy.snapshots()
     if not snapshots:
         print(f"no snapshots yet in {ws.policy.snapshots_dir}")
     for path in reversed(snapshots):
-        print(f"{path.name}  {_one_line_json(path.read_bytes())}")
+        print(f"{path.name}  {one_line_json(path.read_bytes())}")
     return 0
 
 
 def cmd_policy_rollback(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     restored = ws.policy.rollback(args.snapshot)
     print(f"restored policy overrides from {restored.name} (the overrides before it were snapshotted too)")
     return 0
 
 
 def cmd_policy_reset(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
+    ws = _workspace()
     snapshot = ws.policy.reset()
     print(f"policy overrides cleared; the previous ones are in {snapshot.name}")
     return 0
 
 
-def _json_value(value: object) -> str:
-    return orjson.dumps(value).decode("utf-8")
-
-
 def cmd_policy_history(args: argparse.Namespace) -> int:
-    ws = Workspace.open()
-    entries = ws.policy.history()
-    if not entries:
+    ws = _workspace()
+    changes = ws.policy.history()
+    if not changes:
         print(f"no policy changes yet ({ws.policy.history_path})")
-    for entry in entries:
-        # "effective" holds the values in force (older records only have the overrides layer).
-        changes = entry.get("effective", entry.get("changes")) or {}
-        shown = ", ".join(f"{key} {_json_value(change.get('old'))} → {_json_value(change.get('new'))}"
-                          for key, change in changes.items()) or "no value in force changed"
-        who = str(entry.get("source", "?")) + (f" (session {entry['session']})" if entry.get("session") else "")
-        print(f"{entry.get('time', '?')}  {who}  {shown}  [before: {entry.get('snapshot', '?')}]")
-        if entry.get("reason"):
-            print(f"    reason: {entry['reason']}")
+    for change in changes:
+        print("\n".join(history_lines(change)))
     return 0
 
 
@@ -293,15 +294,39 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     if args.message is not None and not args.message.strip():
         raise UsageError("the message given with -m is empty")
-    ws = Workspace.open()
-    asyncio.run(chat(ws, session_key=args.session, message=args.message))
+    app = _app()
+
+    async def run() -> None:
+        async with app:
+            await chat(app.agent(), session_key=args.session, message=args.message)
+
+    asyncio.run(run())
     return 0
 
 
 def cmd_telegram(args: argparse.Namespace) -> int:
-    from picoclaw.channels.telegram import serve
+    from picoclaw.channels.telegram import TelegramChannel, make_bot
 
-    asyncio.run(serve(Workspace.open()))
+    app = _app()
+    settings = app.config.channels.telegram
+
+    async def run() -> None:
+        bot = make_bot(settings, app.config.telegram_token())
+        try:
+            async with app:
+                app.provider()  # a missing key or URL stops the bot now, not at the first message
+                await TelegramChannel(settings, bot, app.agent).run()
+        finally:
+            await bot.session.close()
+
+    # A bot runs unattended: its log says which chat and user each turn came from, even without -v.
+    picoclaw_log = logging.getLogger("picoclaw")
+    level = picoclaw_log.level
+    picoclaw_log.setLevel(logging.INFO)
+    try:
+        asyncio.run(run())
+    finally:
+        picoclaw_log.setLevel(level)
     return 0
 
 
@@ -382,8 +407,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = getattr(args, "handler", None)
         if handler is None:
             sub = {"memory": "memory", "policy": "policy"}.get(args.command or "")
-            raise UsageError(f"missing {'an action' if sub else 'a command'} (see `picoclaw {sub or ''} --help`)".replace("  ", " "))
-        return handler(args)
+            what = "an action" if sub else "a command"
+            raise UsageError(f"missing {what} (see `{' '.join(['picoclaw', *([sub] if sub else [])])} --help`)")
+        try:
+            return handler(args)
+        finally:
+            while _opened:
+                _opened.pop().close()
     except PicoclawError as exc:
         print(f"picoclaw: error: {exc}", file=sys.stderr)
         return 1 if not isinstance(exc, UsageError) else 2

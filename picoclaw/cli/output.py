@@ -1,12 +1,17 @@
-"""What `picoclaw memory status` and `picoclaw memory reindex` print: the status lines and a progress bar."""
+"""What the CLI prints beyond single lines: index status, a progress bar, policy history and snapshots."""
 
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from picoclaw.memory.index.index import IndexStatus
-from picoclaw.memory.index.sync import SyncReport
+import orjson
+
+from picoclaw.memory.policy import PolicyChange
+
+if TYPE_CHECKING:  # the index (and numpy) load only for the commands that use it
+    from picoclaw.memory.index.index import IndexStatus
+    from picoclaw.memory.index.sync import SyncReport
 
 BAR_WIDTH = 30
 STALE_SHOWN = 5
@@ -75,3 +80,26 @@ def reindex_lines(report: SyncReport, status: IndexStatus) -> list[str]:
         lines.append(f"warning: embeddings failed ({report.embed_error}); keyword search works, and the missing "
                      "vectors are made on a later search")
     return lines
+
+
+def _json(value: object) -> str:
+    return orjson.dumps(value).decode("utf-8")
+
+
+def history_lines(change: PolicyChange) -> list[str]:
+    """One policy change: `time  who  key old → new  [before: snapshot]`, and the reason beneath."""
+    shown = ", ".join(f"{key} {_json(value.old)} → {_json(value.new)}"
+                      for key, value in change.effective.items()) or "no value in force changed"
+    who = change.source + (f" (session {change.session})" if change.session else "")
+    lines = [f"{change.time}  {who}  {shown}  [before: {change.snapshot}]"]
+    if change.reason:
+        lines.append(f"    reason: {change.reason}")
+    return lines
+
+
+def one_line_json(raw: bytes) -> str:
+    """A snapshot on one line. Unparseable content is still shown (whitespace collapsed), not hidden."""
+    try:
+        return orjson.dumps(orjson.loads(raw)).decode("utf-8")
+    except orjson.JSONDecodeError:
+        return " ".join(raw.decode("utf-8", "replace").split())

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 from picoclaw import clock
+from picoclaw.config import MemoryPolicy
 from picoclaw.errors import MemoryStoreError
-from picoclaw.fsutil import atomic_write
-from picoclaw.memory.policy import MemoryPolicy
 from picoclaw.memory.retrieval import split_blocks
 from picoclaw.memory.store import LONG_TERM_FILE, MemoryStore
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
@@ -222,5 +221,5 @@ class LongTermCompressor:
         with self.store.locked():
             if not force and why_not_due(self.store, policy) is not None:
                 return False
-            atomic_write(self.gate_path, clock.now(self.store.tz).isoformat(timespec="seconds") + "\n")
+            self.store.write_marker(GATE_FILE, clock.now(self.store.tz).isoformat(timespec="seconds") + "\n")
         return True

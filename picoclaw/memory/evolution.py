@@ -1,33 +1,25 @@
-"""Reflection: every `evolution_interval_messages` messages of a session, the model may tune the policy.
+"""Policy suggestions: the model reads a conversation and proposes changes to the tunable policy keys.
 
-The model sees the recent conversation and each tunable key's value, meaning and bounds, and answers with
-a JSON object. The answer is parsed tolerantly (an object in prose or in a code fence) and validated
-strictly, all or nothing: only tunable keys, exact types, inside the bounds (refused, never clamped). A
-valid change goes through PolicyManager.set: snapshot, atomic write of the overrides, a history line; every
-running agent reads it on its next turn.
+The model sees the conversation and each tunable key's value, meaning and bounds, and answers with a JSON
+object. The answer is parsed tolerantly (an object in prose or in a code fence) and validated strictly,
+all or nothing: only tunable keys, exact types, inside the bounds (refused, never clamped). When to ask,
+and applying the suggestion, is the agent's reflection (agent/reflection.py).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from picoclaw.agent.session import Session, SessionStore
-from picoclaw.agent.summary import render_transcript
+from picoclaw.config import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.errors import PicoclawError
-from picoclaw.memory.policy import TUNABLE_KEYS, MemoryPolicy, PolicyError, PolicyManager
+from picoclaw.memory.policy import PolicyError, PolicyManager
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
-from picoclaw.validation import bounds_of
+from picoclaw.pydantic_errors import bounds_of
 
-log = logging.getLogger(__name__)
-
-SOURCE = "evolution"
 REASON_KEY = "reason"
 MAX_REASON_CHARS = 500
-TRANSCRIPT_CHARS = 12_000  # the newest part of the conversation; enough to judge, cheap to send
 MAX_ANSWER_CHARS = 20_000  # longer answers are not searched for an object (the scan is quadratic)
 
 INSTRUCTIONS = (
@@ -55,16 +47,6 @@ class Suggestion:
     reason: str
 
 
-@dataclass(frozen=True)
-class ReflectionOutcome:
-    """What one reflection did: the changes applied (empty: none), or why nothing was written."""
-
-    changes: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""
-    snapshot: Path | None = None
-    refused: str | None = None
-
-
 def key_guide(policy: MemoryPolicy) -> str:
     """One line per tunable key: `- key = value (allowed A–B): meaning`."""
     lines = []
@@ -76,11 +58,8 @@ def key_guide(policy: MemoryPolicy) -> str:
     return "\n".join(lines)
 
 
-def reflection_request(policy: MemoryPolicy, messages: list[Message]) -> list[Message]:
-    """The messages asking the model for a policy suggestion."""
-    transcript = render_transcript(messages)
-    if len(transcript) > TRANSCRIPT_CHARS:
-        transcript = "[…]\n" + transcript[-TRANSCRIPT_CHARS:]
+def reflection_request(policy: MemoryPolicy, transcript: str) -> list[Message]:
+    """The messages asking the model for a policy suggestion about `transcript`."""
     return [{"role": "system", "content": INSTRUCTIONS},
             {"role": "user", "content": f"Policy keys you may change:\n{key_guide(policy)}\n\n"
                                         f"Recent conversation:\n{transcript}"}]
@@ -126,53 +105,12 @@ def validate_suggestion(raw: dict[str, Any], manager: PolicyManager) -> Suggesti
     return Suggestion(effective, reason[:MAX_REASON_CHARS])
 
 
-def reflection_due(policy: MemoryPolicy, session: Session) -> bool:
-    """Evolution is on and the session has had `evolution_interval_messages` messages since the last one."""
-    return policy.evolution_enabled and session.messages_since_reflection() >= policy.evolution_interval_messages
 
 
-class Reflector:
-    """Asks one provider for policy suggestions and applies the valid ones to one PolicyManager."""
-
-    def __init__(self, policy: PolicyManager, provider: ChatProvider):
-        self.policy = policy
-        self.provider = provider
-
-    async def maybe_reflect(self, sessions: SessionStore, session: Session) -> ReflectionOutcome | None:
-        """Reflect on the session's messages since the last reflection, if due; else None."""
-        if not reflection_due(self.policy.current(), session):
-            return None
-        recent = [m.message for m in session.messages if m.id > session.reflected_through]
-        # Recorded before the model call: a turn ending meanwhile does not start a second reflection, and
-        # a failing model is asked once per interval, not after every turn.
-        sessions.add_reflection(session, session.last_id)
-        return await self.reflect(session.key, recent)
-
-    async def reflect(self, session_key: str, messages: list[Message]) -> ReflectionOutcome:
-        """Ask for a suggestion about `messages` and apply it if it is valid."""
-        try:
-            reply = await self.provider.chat(reflection_request(self.policy.current(), messages), None)
-        except ProviderError as exc:
-            return self._refused(session_key, f"the model call failed: {exc}")
-        try:
-            suggestion = validate_suggestion(parse_suggestion(reply.content), self.policy)
-        except SuggestionError as exc:
-            return self._refused(session_key, str(exc))
-        if not suggestion.changes:
-            log.info("session %s: reflection suggests no change", session_key)
-            return ReflectionOutcome(reason=suggestion.reason)
-        if not self.policy.current().evolution_enabled:  # switched off while the model was thinking
-            return self._refused(session_key, "evolution was switched off meanwhile")
-        try:
-            snapshot = self.policy.set(suggestion.changes, source=SOURCE, session=session_key,
-                                       reason=suggestion.reason)
-        except PolicyError as exc:  # the policy changed meanwhile (another process) and no longer fits
-            return self._refused(session_key, str(exc))
-        log.info("session %s: reflection changed the policy %s (%s)", session_key, suggestion.changes,
-                 suggestion.reason)
-        return ReflectionOutcome(suggestion.changes, suggestion.reason, snapshot)
-
-    @staticmethod
-    def _refused(session_key: str, why: str) -> ReflectionOutcome:
-        log.warning("session %s: reflection wrote nothing: %s", session_key, why)
-        return ReflectionOutcome(refused=why)
+async def suggest_policy_change(provider: ChatProvider, manager: PolicyManager, transcript: str) -> Suggestion:
+    """The model's validated suggestion for the policy in force; SuggestionError (nothing to apply) otherwise."""
+    try:
+        reply = await provider.chat(reflection_request(manager.current(), transcript), None)
+    except ProviderError as exc:
+        raise SuggestionError(f"the model call failed: {exc}") from None
+    return validate_suggestion(parse_suggestion(reply.content), manager)

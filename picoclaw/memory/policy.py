@@ -1,4 +1,6 @@
-"""MemoryPolicy: the tunable memory settings, layered defaults ← config.json ← policy_overrides.json.
+"""PolicyManager: the memory policy in force, layered defaults ← config.json ← policy_overrides.json.
+
+The keys, defaults and bounds (MemoryPolicy) are config.py's; this module owns the overrides layer.
 
 The overrides file is re-read whenever it changes on disk (one stat per turn), so a change written by
 reflection or by `picoclaw policy set` applies on the next turn of every running agent. Every change of
@@ -8,20 +10,21 @@ the overrides first snapshots the previous overrides and is recorded in policy_h
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import orjson
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from picoclaw import clock
+from picoclaw.config import POLICY_KEYS, MemoryPolicy
 from picoclaw.errors import ConfigError, PicoclawError
-from picoclaw.fsutil import atomic_write, stamped_files, write_stamped
+from picoclaw.fsutil import FileKey, append_jsonl, atomic_write, file_key, stamped_files, write_stamped
 from picoclaw.jsonio import dumps_pretty, read_json_object
-from picoclaw.validation import describe_error
+from picoclaw.pydantic_errors import describe_error
 
 log = logging.getLogger(__name__)
 
@@ -33,58 +36,51 @@ HISTORY_FILE = "policy_history.jsonl"
 SNAPSHOT_SUFFIX = ".json"
 
 
-class MemoryPolicy(BaseModel):
-    """Every policy key with its default and bounds (DESIGN §3). Strict: "15" is not an int."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    retrieve_limit: int = Field(10, ge=1, le=50, description="most MEMORY.md blocks injected for a query")
-    recent_days: int = Field(3, ge=0, le=30, description="days of daily notes injected")
-    session_summary_message_threshold: int = Field(
-        20, ge=4, le=1000, description="summarise the session when its history has more messages than this"
-    )
-    session_summary_token_percent: int = Field(
-        75, ge=10, le=95, description="…or when its history is over this % of the context window"
-    )
-    session_summary_keep_count: int = Field(
-        4, ge=1, le=100, description="recent messages kept verbatim after a summary (< the threshold)"
-    )
-    session_relevant_history_limit: int = Field(
-        0, ge=0, le=100, description=">0: inject only this many past turns, chosen by relevance to the query"
-    )
-    session_relevant_fallback_keep: int = Field(
-        8, ge=0, le=100, description="recent messages kept when no past turn is relevant"
-    )
-    long_term_compress_char_threshold: int = Field(
-        0, ge=0, description=">0: compress MEMORY.md when longer than this (≥ 1000), at most once per 24 h"
-    )
-    evolution_enabled: bool = Field(False, description="reflection may tune the policy")
-    evolution_interval_messages: int = Field(
-        20, ge=2, le=1000, description="reflect every this many messages of a session"
-    )
-    memory_token_budget: int = Field(
-        2000, ge=200, le=32000, description="most tokens of retrieved memory + notes put into one prompt"
-    )
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> MemoryPolicy:
-        if self.session_summary_keep_count >= self.session_summary_message_threshold:
-            raise ValueError(
-                "session_summary_keep_count must be smaller than session_summary_message_threshold "
-                f"({self.session_summary_keep_count} ≥ {self.session_summary_message_threshold})"
-            )
-        if 0 < self.long_term_compress_char_threshold < 1000:
-            raise ValueError("long_term_compress_char_threshold must be 0 (off) or at least 1000")
-        return self
-
-
-POLICY_KEYS: tuple[str, ...] = tuple(MemoryPolicy.model_fields)
-# Reflection may change every key but the switch that lets it change keys.
-TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key != "evolution_enabled")
-
-
 class PolicyError(PicoclawError):
     """A requested policy change is invalid; nothing was written."""
+
+
+@dataclass(frozen=True)
+class ValueChange:
+    """One key's value before and after a change (None: not set in that layer)."""
+
+    old: Any
+    new: Any
+
+
+@dataclass(frozen=True)
+class PolicyChange:
+    """One line of policy_history.jsonl: when, who, what changed, why, and the snapshot taken before."""
+
+    time: str
+    source: str
+    session: str | None
+    overrides: dict[str, ValueChange]  # the overrides layer (old None: the key was not overridden)
+    effective: dict[str, ValueChange]  # the values in force, which is what a person wants to see
+    reason: str
+    snapshot: str
+
+    def to_record(self) -> dict[str, Any]:
+        def plain(changes: dict[str, ValueChange]) -> dict[str, Any]:
+            return {key: {"old": change.old, "new": change.new} for key, change in changes.items()}
+        return {"time": self.time, "source": self.source, "session": self.session,
+                "changes": plain(self.overrides), "effective": plain(self.effective), "reason": self.reason,
+                "snapshot": self.snapshot}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> PolicyChange:
+        """Parse a history line; older lines have no "effective", so the overrides layer stands in."""
+        def changes(raw: Any) -> dict[str, ValueChange]:
+            if not isinstance(raw, dict):
+                return {}
+            return {str(key): ValueChange(value.get("old"), value.get("new"))
+                    for key, value in raw.items() if isinstance(value, dict)}
+        overrides = changes(record.get("changes"))
+        effective = changes(record["effective"]) if "effective" in record else overrides
+        session = record.get("session")
+        return cls(str(record.get("time", "?")), str(record.get("source", "?")),
+                   str(session) if session else None, overrides, effective, str(record.get("reason") or ""),
+                   str(record.get("snapshot", "?")))
 
 
 @dataclass(frozen=True)
@@ -93,14 +89,6 @@ class EffectivePolicy:
 
     policy: MemoryPolicy
     sources: dict[str, Source]
-
-
-def parse_cli_value(text: str) -> Any:
-    """`policy set` values are JSON scalars (15, true); anything else stays a string and fails validation."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
 
 
 class PolicyManager:
@@ -114,7 +102,7 @@ class PolicyManager:
         self._config_values = dict(config_values or {})
         self._tz = tz
         self._lock = FileLock(str(self.memory_dir / ".policy.lock"))
-        self._cache_key: tuple[int, int, int] | None = None
+        self._cache_key: FileKey | None = None
         self._cached: EffectivePolicy | None = None
         unknown = set(self._config_values) - set(POLICY_KEYS)
         if unknown:
@@ -124,11 +112,7 @@ class PolicyManager:
 
     def effective(self) -> EffectivePolicy:
         """The policy in force now; re-reads the overrides only when the file changed."""
-        try:
-            st = os.stat(self.overrides_path)
-            key = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except FileNotFoundError:
-            key = (0, -1, 0)
+        key = file_key(self.overrides_path)  # None (no overrides file) is cached like any other state
         if self._cached is None or key != self._cache_key:
             self._cached = self._load()
             self._cache_key = key
@@ -187,16 +171,18 @@ class PolicyManager:
         """Snapshot files, oldest first."""
         return stamped_files(self.snapshots_dir, SNAPSHOT_SUFFIX)
 
-    def history(self) -> list[dict[str, Any]]:
+    def history(self) -> list[PolicyChange]:
         """Every recorded policy change, oldest first (unreadable lines are skipped)."""
         if not self.history_path.exists():
             return []
         entries = []
         for line in self.history_path.read_bytes().splitlines():
             try:
-                entries.append(orjson.loads(line))
+                record = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
+            if isinstance(record, dict):
+                entries.append(PolicyChange.from_record(record))
         return entries
 
     # -- changing ----------------------------------------------------------------------------------
@@ -256,27 +242,18 @@ class PolicyManager:
         snapshot = write_stamped(self.snapshots_dir, clock.stamp(moment), SNAPSHOT_SUFFIX, previous)
         atomic_write(self.overrides_path, raw if raw is not None else dumps_pretty(after))
         self._cached = None
-        changed = {
-            key: {"old": before.get(key), "new": after.get(key)}
+        overrides = {
+            key: ValueChange(before.get(key), after.get(key))
             for key in sorted(set(before) | set(after))
             if before.get(key) != after.get(key)
         }
-        # "changes" is the overrides layer (old null = not overridden); "effective" is the value in force,
-        # which is what a person reading the history wants to see (retrieve_limit 10 → 15).
         now_in_force = self.current()
         effective = {
-            key: {"old": getattr(in_force, key), "new": getattr(now_in_force, key)}
+            key: ValueChange(getattr(in_force, key), getattr(now_in_force, key))
             for key in POLICY_KEYS
             if getattr(in_force, key) != getattr(now_in_force, key)
         }
-        record = {"time": moment.isoformat(), "source": source, "session": session, "changes": changed,
-                  "effective": effective, "reason": reason, "snapshot": snapshot.name}
-        self._append_history(record)
-        return snapshot
-
-    def _append_history(self, record: dict[str, Any]) -> None:
+        change = PolicyChange(moment.isoformat(), source, session, overrides, effective, reason, snapshot.name)
         # Append-only log written under the policy lock; a torn last line is skipped by history().
-        with open(self.history_path, "ab") as fh:
-            fh.write(orjson.dumps(record) + b"\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_jsonl(self.history_path, [change.to_record()])
+        return snapshot

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import heapq
 import math
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from picoclaw.fsutil import FileCache
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.terms import normalize, phrases, terms
 
@@ -144,32 +144,8 @@ class FileIndex:
         return cls(blocks, lengths, postings, [normalize(b.text) for b in blocks], sum(lengths))
 
 
-@dataclass
-class _Cached:
-    key: tuple[int, int, int]
-    index: FileIndex
-
-
-@dataclass
-class BlockCache:
-    """Parsed, indexed files keyed by path, each reused until its (mtime, size, inode) changes."""
-
-    entries: dict[Path, _Cached] = field(default_factory=dict)
-
-    def get(self, path: Path) -> FileIndex | None:
-        """The index of `path`, re-read only when the file changed; None when it does not exist."""
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            self.entries.pop(path, None)
-            return None
-        key = (st.st_mtime_ns, st.st_size, st.st_ino)
-        cached = self.entries.get(path)
-        if cached is None or cached.key != key:
-            text = path.read_text(encoding="utf-8", errors="replace")
-            cached = _Cached(key, FileIndex.build(split_blocks(text, path)))
-            self.entries[path] = cached
-        return cached.index
+def _index_file(path: Path) -> FileIndex:
+    return FileIndex.build(split_blocks(path.read_text(encoding="utf-8", errors="replace"), path))
 
 
 def rank(indexes: list[FileIndex], query: str, limit: int) -> list[Hit]:
@@ -214,12 +190,15 @@ class MemoryRetriever:
 
     def __init__(self, store: MemoryStore):
         self.store = store
-        self.cache = BlockCache()
+        self.cache: FileCache[FileIndex] = FileCache(_index_file)
 
     def long_term_blocks(self) -> list[Block]:
         """MEMORY.md's blocks in file order."""
         index = self.cache.get(self.store.long_term_path)
         return list(index.blocks) if index else []
+
+    def close(self) -> None:
+        """Nothing to close: the cache is plain memory (the index-backed searcher has a database)."""
 
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         """The best `limit` blocks for `query`, best first; daily notes join when `include_notes`."""

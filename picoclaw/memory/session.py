@@ -3,12 +3,14 @@
 Records are messages (numbered), compactions ("messages up to id N are covered by this summary") and
 reflections. Compacted messages stay in the file; the counters that drive summaries and reflection are
 derived from the records, so they survive restarts. A torn last line (a crash mid-append) is dropped.
+This module alone knows the record format: the index reads transcripts through `said_lines`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,13 @@ from urllib.parse import quote
 import orjson
 
 from picoclaw import clock
-from picoclaw.fsutil import atomic_write, reserve_stamped_path
+from picoclaw.fsutil import append_jsonl, atomic_write, reserve_stamped_path
 from picoclaw.providers.base import Message
 
 log = logging.getLogger(__name__)
 
 ARCHIVE_DIR = "archive"
+SUFFIX = ".jsonl"
 
 
 @dataclass
@@ -70,14 +73,22 @@ class Session:
 
 def session_filename(key: str) -> str:
     """A file name for any session key (`telegram:42` → `telegram%3A42.jsonl`), safe on every OS."""
-    return quote(key, safe="-_.@") + ".jsonl"
+    return quote(key, safe="-_.@") + SUFFIX
+
+
+def transcript_files(folder: Path) -> list[Path]:
+    """Every session file in `folder`, those archived by /new included, sorted by path."""
+    return sorted([*folder.glob(f"*{SUFFIX}"), *(folder / ARCHIVE_DIR).glob(f"*{SUFFIX}")])
 
 
 class SessionStore:
     """Loads and appends session files in one folder."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, *, moved_from: Path | None = None):
         self.folder = Path(folder)
+        # Per-user scopes keep transcripts in their own folder; older versions kept them all in the
+        # workspace's sessions/, so a transcript still there is moved over when its session is first loaded.
+        self.moved_from = moved_from
 
     def path_for(self, key: str) -> Path:
         return self.folder / session_filename(key)
@@ -85,6 +96,7 @@ class SessionStore:
     def load(self, key: str) -> Session:
         """Read a session (an empty one when the file does not exist)."""
         path = self.path_for(key)
+        self._move_old_transcript(key, path)
         session = Session(key, path)
         try:
             raw = path.read_bytes()
@@ -146,6 +158,7 @@ class SessionStore:
     def archive(self, key: str) -> Path | None:
         """Move a session file into `archive/` (for /new); returns where it went."""
         path = self.path_for(key)
+        self._move_old_transcript(key, path)  # else the old transcript would come back on the next load
         if not path.exists():
             return None
         target = reserve_stamped_path(self.folder / ARCHIVE_DIR, clock.stamp(clock.now()),
@@ -153,11 +166,35 @@ class SessionStore:
         os.replace(path, target)
         return target
 
+    def _move_old_transcript(self, key: str, path: Path) -> None:
+        if self.moved_from is None or path.exists():
+            return
+        old = self.moved_from / session_filename(key)
+        if old.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(old, path)
+            log.info("session %s: moved its transcript from %s to %s", key, old, path)
+
     @staticmethod
     def _append(path: Path, records: list[dict[str, Any]]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = b"".join(orjson.dumps(r) + b"\n" for r in records)
-        with open(path, "ab") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_jsonl(path, records)
+
+
+def said_lines(text: str) -> Iterator[tuple[int, str, str]]:
+    """(line number, role, text) of each user or assistant message with text in a session file's content.
+
+    Damaged lines are passed over, as the loader skips them.
+    """
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        message = record.get("message") if isinstance(record, dict) and record.get("type") == "message" else None
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            continue
+        content = message.get("content")
+        if isinstance(content, str) and content.strip():
+            yield number, str(message["role"]), content.strip()

@@ -17,7 +17,7 @@ from filelock import FileLock
 
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
-from picoclaw.fsutil import atomic_write, stamped_files, write_stamped
+from picoclaw.fsutil import atomic_write, stamped_files, write_new, write_stamped
 
 LONG_TERM_FILE = "MEMORY.md"
 BACKUPS_DIR = "backups"
@@ -116,6 +116,14 @@ class MemoryStore:
         except FileNotFoundError:
             return ""
 
+    def create_long_term(self, content: str) -> bool:
+        """Write a first MEMORY.md (onboarding's template); False, and nothing written, if one exists."""
+        if not write_new(self.long_term_path, content):
+            return False
+        for listener in self._listeners:
+            listener(self.long_term_path)
+        return True
+
     def append_long_term(self, content: str) -> str:
         """Append `## YYYY-MM-DD` + content to MEMORY.md; returns the entry as written."""
         entry = f"## {self.today().isoformat()}\n{_clean_entry(content)}\n"
@@ -172,6 +180,14 @@ class MemoryStore:
             stale.unlink(missing_ok=True)
         return target
 
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def write_marker(self, name: str, text: str) -> Path:
+        """Write a small bookkeeping file of the memory folder (say, when compression last ran); atomic."""
+        path = self.memory_dir / name
+        atomic_write(path, text)
+        return path
+
     # -- daily notes -------------------------------------------------------------------------------
 
     def note_path(self, day: date) -> Path:
@@ -190,6 +206,16 @@ class MemoryStore:
                 current = f"# {moment.date().isoformat()}\n"
             self._write(path, _joined(current, entry))
         return path
+
+    def edit_note(self, path: Path, edit: Callable[[str], str]) -> None:
+        """Rewrite the daily note `path` as `edit(its text)`, read and written under one lock hold.
+
+        The text keeps its own line endings, so an edit made by exact text matching fits what was read.
+        """
+        with self.locked():
+            with open(path, encoding="utf-8", newline="") as handle:
+                current = handle.read()
+            self._write(path, edit(current))
 
     def note_files(self) -> list[Path]:
         """Every daily note file, oldest first."""

@@ -1,4 +1,4 @@
-"""A workspace opened from config: the objects every command and channel works through."""
+"""A workspace opened from config: its folders and the memory objects of one memory scope."""
 
 from __future__ import annotations
 
@@ -8,69 +8,81 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from picoclaw.clock import resolve_timezone
-from picoclaw.config import Config, home_dir, load_config, workspace_dir
+from picoclaw.config import Config
+from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory.policy import PolicyManager
 from picoclaw.memory.retrieval import MemoryRetriever
+from picoclaw.memory.session import SessionStore
 from picoclaw.memory.store import MemoryStore
 
 if TYPE_CHECKING:
+    from picoclaw.memory.index.embedders import Embedder
     from picoclaw.memory.index.searcher import Searcher
-
-
-USERS_DIR = "users"  # users/<user_key>/memory/: one memory folder per user with memory_scope "per_user"
 
 
 @dataclass
 class Workspace:
-    """Config, paths, and the memory objects of one workspace (or one user's memory folder)."""
+    """Config, folders, and the memory objects of one workspace (or of one user's scope in it)."""
 
-    home: Path
     config: Config
-    root: Path
+    layout: WorkspaceLayout
     tz: tzinfo
     store: MemoryStore
     policy: PolicyManager
     retriever: MemoryRetriever
+    embedder: Embedder | None = None  # for the optional index; one model serves every scope
     # What to search with: the index when enabled, else `retriever`. Derived, so that a copy made with
-    # dataclasses.replace for another memory folder (a per-user scope) gets that folder's own index.
+    # dataclasses.replace for another scope (per-user memory) gets that scope's own index.
     searcher: Searcher = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.searcher = _searcher(self.config, self.retriever)
+        self.searcher = _searcher(self)
+
+    @classmethod
+    def from_config(cls, config: Config, home: Path, embedder: Embedder | None = None) -> Workspace:
+        """The shared scope of the workspace of an already validated config."""
+        layout = WorkspaceLayout.of(config, home)
+        tz = resolve_timezone(config.timezone)
+        store = MemoryStore(layout.memory_dir, tz, backup_keep=config.memory.backup_keep)
+        policy = PolicyManager(layout.memory_dir, config.memory.policy_values(), tz)
+        return cls(config, layout, tz, store, policy, MemoryRetriever(store), embedder)
+
+    def for_user(self, user_key: str) -> Workspace:
+        """The same workspace with the scope `users/<user_key>/` (memory_scope "per_user").
+
+        The policy stays the workspace's own: it is the owner's setting, not each user's.
+        """
+        layout = self.layout.for_user(user_key)
+        store = MemoryStore(layout.memory_dir, self.tz, backup_keep=self.config.memory.backup_keep)
+        return replace(self, layout=layout, store=store, retriever=MemoryRetriever(store))
+
+    @property
+    def home(self) -> Path:
+        return self.layout.home
+
+    @property
+    def root(self) -> Path:
+        return self.layout.root
 
     @property
     def memory_dir(self) -> Path:
         return self.store.memory_dir
 
-    def for_user(self, user_key: str) -> Workspace:
-        """The same workspace with the memory folder `users/<user_key>/memory/` (memory_scope "per_user")."""
-        if not user_key or not all(c.isalnum() or c in "-_" for c in user_key):
-            raise ValueError(f"unsafe user key {user_key!r}")
-        store = MemoryStore(self.root / USERS_DIR / user_key / "memory", self.tz,
-                            backup_keep=self.config.memory.backup_keep)
-        return replace(self, store=store, retriever=MemoryRetriever(store))
+    def sessions(self) -> SessionStore:
+        """The conversations of this scope; a per-user scope takes over its transcripts left in `sessions/`."""
+        moved_from = self.layout.shared_sessions_dir if self.layout.is_per_user else None
+        return SessionStore(self.layout.sessions_dir, moved_from=moved_from)
 
-    @classmethod
-    def from_config(cls, config: Config, home: Path) -> Workspace:
-        """Build the workspace objects for an already validated config."""
-        root = workspace_dir(config, home)
-        tz = resolve_timezone(config.timezone)
-        memory_dir = root / "memory"
-        store = MemoryStore(memory_dir, tz, backup_keep=config.memory.backup_keep)
-        policy = PolicyManager(memory_dir, config.memory.policy_values(), tz)
-        return cls(home, config, root, tz, store, policy, MemoryRetriever(store))
-
-    @classmethod
-    def open(cls, home: Path | None = None) -> Workspace:
-        """Load `<home>/config.json` (home from PICOCLAW_HOME or ~/.picoclaw) and open its workspace."""
-        home = home or home_dir()
-        return cls.from_config(load_config(home), home)
+    def close(self) -> None:
+        """Close the index's database, if this scope has one."""
+        self.searcher.close()
 
 
-def _searcher(config: Config, retriever: MemoryRetriever) -> Searcher:
-    if not config.memory.index.enabled:
-        return retriever
+def _searcher(workspace: Workspace) -> Searcher:
+    settings = workspace.config.memory.index
+    if not settings.enabled:
+        return workspace.retriever
     # Imported only when enabled: the index brings numpy (and, for local embeddings, torch) with it.
     from picoclaw.memory.index.searcher import open_searcher
 
-    return open_searcher(config, retriever)
+    return open_searcher(settings, workspace.retriever, workspace.embedder, sessions_dir=workspace.layout.sessions_dir)

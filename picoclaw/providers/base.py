@@ -62,3 +62,11 @@ class ChatProvider(Protocol):
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
                    *, max_tokens: int | None = None) -> ChatReply: ...
+
+
+class EmbeddingClient(Protocol):
+    """Anything that turns texts into vectors through an `/embeddings` endpoint (the index's remote embedder)."""
+
+    async def embed(self, texts: list[str], model: str, dimensions: int | None = None) -> list[list[float]]: ...
+
+    async def aclose(self) -> None: ...

@@ -30,25 +30,24 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from picoclaw import clock
-from picoclaw.config import CONFIG_FILE
 from picoclaw.errors import MemoryStoreError
 from picoclaw.fsutil import atomic_write
+from picoclaw.layout import INDEX_DIR, MEMORY_DIR
+from picoclaw.memory.store import BACKUPS_DIR
+from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.base import Tool, ToolError
 from picoclaw.tools.sandbox import resolve_in_workspace
-from picoclaw.workspace import USERS_DIR, Workspace
 
 MAX_READ_CHARS = 50_000
 MAX_READ_LINES = 100_000
 MAX_WRITE_BYTES = 1_000_000
 MAX_LIST_ENTRIES = 500
 
-MEMORY_FOLDER = "memory"
-
 _MONTH_DIR = re.compile(r"^\d{6}$")
 _NOTE_FILE = re.compile(r"^(\d{8})\.md$")
 # Top-level entries of the memory folder that the store or the policy own (compared case-folded, so a
 # case-insensitive file system cannot be used to slip past).
-_STORE_OWNED = ("backups", "index")
+_STORE_OWNED = (BACKUPS_DIR, INDEX_DIR)
 _POLICY_PREFIX = "policy_"
 
 TargetKind = Literal["file", "long_term", "note"]
@@ -69,19 +68,20 @@ class WorkspaceFiles:
 
     def __init__(self, workspace: Workspace):
         self.workspace = workspace
-        self.root = Path(os.path.realpath(workspace.root))
+        layout = workspace.layout
+        self.root = Path(os.path.realpath(layout.root))
         self.memory_dir = Path(os.path.realpath(workspace.store.memory_dir))
         self.long_term = Path(os.path.realpath(workspace.store.long_term_path))
-        self.shared_memory = self.root / MEMORY_FOLDER
-        self.users_dir = self.root / USERS_DIR
-        self.sessions_dir = self.root / "sessions"
-        self.config_file = Path(os.path.realpath(workspace.home / CONFIG_FILE))
+        self.shared_memory = Path(os.path.realpath(layout.shared_memory_dir))
+        self.users_dir = Path(os.path.realpath(layout.users_dir))  # per-user scopes, this one's included
+        self.sessions_dir = Path(os.path.realpath(layout.shared_sessions_dir))
+        self.config_file = Path(os.path.realpath(layout.config_file))
 
     def shown(self, path: Path) -> str:
         """`path` as the model should see it: relative to the workspace (own memory as `memory/…`)."""
         for candidate in (path, Path(os.path.realpath(path))):  # store paths are not resolved; ours are
             if candidate.is_relative_to(self.memory_dir):
-                return (Path(MEMORY_FOLDER) / candidate.relative_to(self.memory_dir)).as_posix()
+                return (Path(MEMORY_DIR) / candidate.relative_to(self.memory_dir)).as_posix()
             if candidate.is_relative_to(self.root):
                 return candidate.relative_to(self.root).as_posix() or "."
         return path.as_posix()
@@ -134,7 +134,8 @@ class WorkspaceFiles:
         try:
             day = date(int(stamp[:4]), int(stamp[4:6]), int(stamp[6:]))
         except ValueError:
-            raise ToolError(f"{shown} is not a valid daily note: {stamp} is not a date (use YYYYMM/YYYYMMDD.md)") from None
+            raise ToolError(f"{shown} is not a valid daily note: {stamp} is not a date "
+                            "(use YYYYMM/YYYYMMDD.md)") from None
         if stamp[:6] != parts[0]:
             raise ToolError(f"{shown} is not a valid daily note: it belongs in memory/{stamp[:6]}/")
         return day
@@ -334,16 +335,12 @@ class EditFile(WorkspaceTool):
                     store.rewrite_long_term(updated)
                 return f"edited {target.shown} (the previous version was backed up)"
             if target.kind == "note":
-                with store.locked():
-                    self._edit_plain(target, args)
+                store.edit_note(target.path, lambda text: self._replace(target, text, args))
                 return f"edited {target.shown}"
-            self._edit_plain(target, args)
+            with open(target.path, encoding="utf-8", newline="") as handle:
+                text = handle.read()
+            atomic_write(target.path, self._replace(target, text, args))
         return f"edited {target.shown}"
-
-    def _edit_plain(self, target: Target, args: EditFile.Args) -> None:
-        with open(target.path, encoding="utf-8", newline="") as handle:
-            text = handle.read()
-        atomic_write(target.path, self._replace(target, text, args))
 
     @staticmethod
     def _replace(target: Target, text: str, args: EditFile.Args) -> str:

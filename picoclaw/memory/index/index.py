@@ -21,6 +21,7 @@ from typing import TypeVar
 import numpy as np
 
 from picoclaw.config import IndexConfig
+from picoclaw.layout import INDEX_DIR
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
 from picoclaw.memory.index.embedders import Embedder, EmbeddingUnavailable
 from picoclaw.memory.index.schema import INDEX_FILE, file_identity, is_unusable, open_database, remove_files
@@ -29,6 +30,7 @@ from picoclaw.memory.index.sync import (
     Progress,
     Syncer,
     SyncReport,
+    files_base,
     forget_everything,
     get_meta,
     set_meta,
@@ -41,7 +43,6 @@ from picoclaw.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
 
-INDEX_DIR = "index"
 CANDIDATE_CAP = 200  # most candidates taken from each side for a hybrid search (unless limit is larger)
 
 T = TypeVar("T")
@@ -66,14 +67,16 @@ class IndexStatus:
 class MemoryIndex:
     """SQLite FTS5 + vector index over a memory folder's files; safe to share between threads."""
 
-    def __init__(self, store: MemoryStore, settings: IndexConfig, embedder: Embedder | None = None):
+    def __init__(self, store: MemoryStore, settings: IndexConfig, embedder: Embedder | None = None, *,
+                 sessions_dir: Path):
         self.store = store
+        self.sessions_dir = sessions_dir
         self.settings = settings
         self.embedder = embedder
         self.path = store.memory_dir / INDEX_DIR / INDEX_FILE
         self.weights = Weights(settings.vector_weight, settings.text_weight, settings.min_score)
         self.last_notice: str | None = None  # why the last search fell back to keywords, if it did
-        self._base = store.memory_dir.parent
+        self._base = files_base(store, sessions_dir)
         self._lock = threading.RLock()
         self._dirty_lock = threading.Lock()  # apart, so a store write never waits for a running sync
         self._dirty: set[str] = set()
@@ -94,11 +97,9 @@ class MemoryIndex:
             self._dirty.add(key)
 
     def close(self) -> None:
-        """Close the database and the embedder."""
+        """Close the database (the embedder belongs to whoever made it, and may serve other indexes)."""
         with self._lock:
             self._close_db()
-            if self.embedder is not None:
-                self.embedder.close()
 
     def _close_db(self) -> None:
         if self._conn is not None:
@@ -161,7 +162,7 @@ class MemoryIndex:
             dirty, self._dirty = self._dirty, set()
         try:
             syncer = Syncer(conn, self._token_limit(report), progress)
-            syncer.sync_files(source_files(self.store, self.settings.sources), dirty, report)
+            syncer.sync_files(source_files(self.store, self.sessions_dir, self.settings.sources), dirty, report)
             if self.embedder is not None:
                 if report.embed_error is None:
                     syncer.embed_missing(self.embedder, report)
@@ -247,7 +248,7 @@ class MemoryIndex:
 
     def status(self) -> IndexStatus:
         """Counts, model, last sync, stale files and the last embedding failure; never syncs."""
-        files = source_files(self.store, self.settings.sources)
+        files = source_files(self.store, self.sessions_dir, self.settings.sources)
         model = self.embedder.label if self.embedder is not None else None
         if not self.path.exists():
             return IndexStatus(self.path, False, list(self.settings.sources), model, 0, 0, 0, None,

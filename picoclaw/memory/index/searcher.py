@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from pathlib import Path
 from typing import Protocol
 
-from picoclaw.config import Config
-from picoclaw.memory.index.embedders import build_embedder
+from picoclaw.config import IndexConfig
+from picoclaw.memory.index.embedders import Embedder
 from picoclaw.memory.index.index import MemoryIndex
 from picoclaw.memory.retrieval import Block, Hit, MemoryRetriever
 
@@ -22,6 +23,8 @@ class Searcher(Protocol):
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]: ...
 
     def long_term_blocks(self) -> list[Block]: ...
+
+    def close(self) -> None: ...
 
 
 class IndexedRetriever:
@@ -51,12 +54,12 @@ class IndexedRetriever:
         self.index.close()
 
 
-def open_searcher(config: Config, plain: MemoryRetriever) -> MemoryRetriever | IndexedRetriever:
+def open_searcher(settings: IndexConfig, plain: MemoryRetriever, embedder: Embedder | None, *,
+                  sessions_dir: Path) -> MemoryRetriever | IndexedRetriever:
     """The index-backed searcher when `memory.index.enabled`, else `plain` itself."""
-    settings = config.memory.index
     if not settings.enabled:
         return plain
-    return IndexedRetriever(plain, MemoryIndex(plain.store, settings, build_embedder(config)))
+    return IndexedRetriever(plain, MemoryIndex(plain.store, settings, embedder, sessions_dir=sessions_dir))
 
 
 def index_of(searcher: object) -> MemoryIndex | None:

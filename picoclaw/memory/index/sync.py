@@ -14,7 +14,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ import numpy as np
 
 from picoclaw.memory.index.chunks import Chunk, TokenLimit, markdown_chunks, session_chunks
 from picoclaw.memory.index.embedders import Embedder, EmbeddingUnavailable
+from picoclaw.memory.session import transcript_files
 from picoclaw.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -43,17 +44,21 @@ class SourceFile:
     source: str
 
 
-def source_files(store: MemoryStore, sources: list[str]) -> list[SourceFile]:
-    """Every file of the configured sources, as they are on disk now."""
-    base = store.memory_dir.parent
+def files_base(store: MemoryStore, sessions_dir: Path) -> Path:
+    """The folder index keys are relative to: the scope folder holding `memory/` and `sessions/`."""
+    return Path(os.path.commonpath([store.memory_dir.parent, sessions_dir.parent]))
+
+
+def source_files(store: MemoryStore, sessions_dir: Path, sources: Sequence[str]) -> list[SourceFile]:
+    """Every file of the configured sources, as they are on disk now (keys relative to `files_base`)."""
+    base = files_base(store, sessions_dir)
     found: list[tuple[Path, str]] = []
     if "memory" in sources and store.long_term_path.exists():
         found.append((store.long_term_path, "memory"))
     if "notes" in sources:
         found.extend((path, "notes") for path in store.note_files())
     if "sessions" in sources:
-        folder = base / "sessions"
-        found.extend((path, "sessions") for path in sorted([*folder.glob("*.jsonl"), *folder.glob("archive/*.jsonl")]))
+        found.extend((path, "sessions") for path in transcript_files(sessions_dir))
     return [SourceFile(path, path.relative_to(base).as_posix(), source) for path, source in found]
 
 
@@ -224,7 +229,8 @@ class Syncer:
         now = time.time_ns()
         with transaction(self.conn):
             self.conn.executemany(
-                "INSERT OR REPLACE INTO embedding_cache(model, text_hash, dims, vector, used_ns) VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO embedding_cache(model, text_hash, dims, vector, used_ns) "
+                "VALUES (?, ?, ?, ?, ?)",
                 [(model, digest, int(row.shape[0]), row.astype(np.float32).tobytes(), now)
                  for digest, row in zip(hashes, vectors)])
             bump_generation(self.conn)

@@ -1,0 +1,89 @@
+"""Reflection: every `evolution_interval_messages` messages of a session, the model may tune the policy.
+
+The suggestion itself (prompt, tolerant parsing, strict validation) is memory/evolution.py. Here: when a
+session is due, what it is shown, and applying a valid change through PolicyManager.set (snapshot, atomic
+write of the overrides, a history line), which every running agent reads on its next turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from picoclaw.agent.summary import render_transcript
+from picoclaw.config import MemoryPolicy
+from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
+from picoclaw.memory.policy import PolicyError, PolicyManager
+from picoclaw.memory.session import Session, SessionStore
+from picoclaw.providers.base import ChatProvider, Message
+
+log = logging.getLogger(__name__)
+
+SOURCE = "evolution"
+TRANSCRIPT_CHARS = 12_000  # the newest part of the conversation; enough to judge, cheap to send
+
+
+@dataclass(frozen=True)
+class ReflectionOutcome:
+    """What one reflection did: the changes applied (empty: none), or why nothing was written."""
+
+    changes: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    snapshot: Path | None = None
+    refused: str | None = None
+
+
+def reflection_due(policy: MemoryPolicy, session: Session) -> bool:
+    """Evolution is on and the session has had `evolution_interval_messages` messages since the last one."""
+    return policy.evolution_enabled and session.messages_since_reflection() >= policy.evolution_interval_messages
+
+
+def recent_transcript(messages: list[Message]) -> str:
+    """The conversation as text for the model, cut to its newest TRANSCRIPT_CHARS characters."""
+    transcript = render_transcript(messages)
+    return "[…]\n" + transcript[-TRANSCRIPT_CHARS:] if len(transcript) > TRANSCRIPT_CHARS else transcript
+
+
+class Reflector:
+    """Asks one provider for policy suggestions and applies the valid ones to one PolicyManager."""
+
+    def __init__(self, policy: PolicyManager, provider: ChatProvider):
+        self.policy = policy
+        self.provider = provider
+
+    async def maybe_reflect(self, sessions: SessionStore, session: Session) -> ReflectionOutcome | None:
+        """Reflect on the session's messages since the last reflection, if due; else None."""
+        if not reflection_due(self.policy.current(), session):
+            return None
+        recent = [m.message for m in session.messages if m.id > session.reflected_through]
+        # Recorded before the model call: a turn ending meanwhile does not start a second reflection, and
+        # a failing model is asked once per interval, not after every turn.
+        sessions.add_reflection(session, session.last_id)
+        return await self.reflect(session.key, recent)
+
+    async def reflect(self, session_key: str, messages: list[Message]) -> ReflectionOutcome:
+        """Ask for a suggestion about `messages` and apply it if it is valid."""
+        try:
+            suggestion = await suggest_policy_change(self.provider, self.policy, recent_transcript(messages))
+        except SuggestionError as exc:
+            return self._refused(session_key, str(exc))
+        if not suggestion.changes:
+            log.info("session %s: reflection suggests no change", session_key)
+            return ReflectionOutcome(reason=suggestion.reason)
+        if not self.policy.current().evolution_enabled:  # switched off while the model was thinking
+            return self._refused(session_key, "evolution was switched off meanwhile")
+        try:
+            snapshot = self.policy.set(suggestion.changes, source=SOURCE, session=session_key,
+                                       reason=suggestion.reason)
+        except PolicyError as exc:  # the policy changed meanwhile (another process) and no longer fits
+            return self._refused(session_key, str(exc))
+        log.info("session %s: reflection changed the policy %s (%s)", session_key, suggestion.changes,
+                 suggestion.reason)
+        return ReflectionOutcome(suggestion.changes, suggestion.reason, snapshot)
+
+    @staticmethod
+    def _refused(session_key: str, why: str) -> ReflectionOutcome:
+        log.warning("session %s: reflection wrote nothing: %s", session_key, why)
+        return ReflectionOutcome(refused=why)

@@ -1,0 +1,112 @@
+"""The composition root: config → workspace → provider → tools → agent loops, and their lifetimes.
+
+The CLI makes one App per command; channels receive what it built (an AgentLoop, or `App.agent` to get
+one per memory scope) and never build a provider or tools themselves. The model client is made on first
+use, inside the event loop that will close it (its connection pool belongs to that loop). The agent stack
+and the openai client are imported only then too, so `picoclaw memory show` starts quickly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from picoclaw.config import Config, home_dir, load_config
+from picoclaw.memory.workspace import Workspace
+
+if TYPE_CHECKING:
+    from picoclaw.agent.loop import AgentLoop
+    from picoclaw.memory.index.embedders import Embedder
+    from picoclaw.providers.openai_compat import OpenAICompatProvider
+
+ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
+
+
+class App:
+    """One configured picoclaw: the workspace, the model client, and an agent per memory scope."""
+
+    def __init__(self, config: Config, home: Path, *, make_provider: ProviderFactory | None = None):
+        self.config = config
+        self.home = home
+        self.embedder = build_embedder(config)
+        self.workspace = Workspace.from_config(config, home, self.embedder)
+        self._make_provider = make_provider
+        self._provider: OpenAICompatProvider | None = None
+        self._agents: dict[str | None, AgentLoop] = {}
+
+    @classmethod
+    def open(cls, home: Path | None = None) -> App:
+        """The app of `<home>/config.json` (home from PICOCLAW_HOME, else ~/.picoclaw)."""
+        home = home or home_dir()
+        return cls(load_config(home), home)
+
+    def provider(self) -> OpenAICompatProvider:
+        """The chat model's client, made on the first call: a missing key or URL is a ConfigError then."""
+        if self._provider is None:
+            make = self._make_provider or _configured_provider
+            self._provider = make(self.config)
+        return self._provider
+
+    def agent(self, user_key: str | None = None) -> AgentLoop:
+        """The agent of the shared memory (None), or of one user's memory (memory_scope "per_user")."""
+        from picoclaw.agent.loop import AgentLoop
+        from picoclaw.tools.registry import build_tools
+
+        loop = self._agents.get(user_key)
+        if loop is None:
+            workspace = self.workspace if user_key is None else self.workspace.for_user(user_key)
+            loop = AgentLoop(workspace, self.provider(), build_tools(workspace))
+            self._agents[user_key] = loop
+        return loop
+
+    async def aclose(self) -> None:
+        """Let background work (summaries …) finish, then close the model client, indexes and embedder."""
+        for loop in self._agents.values():
+            await loop.wait_background()
+        if self._provider is not None:
+            await self._provider.aclose()
+            self._provider = None
+        self.close()
+
+    def close(self) -> None:
+        """Close what needs no event loop: the indexes' databases and the embedding model."""
+        for loop in self._agents.values():
+            loop.workspace.close()
+        self.workspace.close()
+        if self.embedder is not None:
+            self.embedder.close()
+
+    async def __aenter__(self) -> App:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _configured_provider(config: Config) -> OpenAICompatProvider:
+    from picoclaw.providers.openai_compat import from_config
+
+    return from_config(config)
+
+
+def build_embedder(config: Config) -> Embedder | None:
+    """The embedder `memory.index.embeddings` asks for; None for keyword-only search (or no index)."""
+    settings = config.memory.index.embeddings
+    if settings is None or not config.memory.index.enabled:
+        return None
+    # Imported only when asked for: the index brings numpy (and, for local embeddings, torch) with it.
+    from picoclaw.memory.index.embedders import (
+        DEFAULT_LOCAL_MODEL,
+        LOCAL,
+        REMOTE_RETRIES,
+        REMOTE_TIMEOUT,
+        LocalEmbedder,
+        OpenAICompatEmbedder,
+    )
+    from picoclaw.providers.openai_compat import from_config
+
+    if settings.provider == LOCAL:
+        return LocalEmbedder(settings.model or DEFAULT_LOCAL_MODEL, settings.batch_size)
+    return OpenAICompatEmbedder(settings, lambda: from_config(config, settings.provider, timeout=REMOTE_TIMEOUT,
+                                                              max_retries=REMOTE_RETRIES))

@@ -1,0 +1,75 @@
+"""Where a workspace keeps each thing on disk: the one place these folders are spelled out.
+
+With Telegram's memory_scope "per_user", each user's memory and conversations live in a scope folder of
+their own, `users/<user_key>/`, laid out like the workspace itself (`memory/`, `sessions/`). Everything
+that reads or writes these folders asks the layout for them, so a per-user scope can never be half
+applied (its memory in one place, its transcripts searched in another).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from picoclaw.config import CONFIG_FILE, Config, workspace_dir
+
+MEMORY_DIR = "memory"
+SESSIONS_DIR = "sessions"
+USERS_DIR = "users"
+INDEX_DIR = "index"
+
+
+@dataclass(frozen=True)
+class WorkspaceLayout:
+    """The folders of one workspace, and of the memory scope in use (the workspace, or one user's folder)."""
+
+    home: Path
+    root: Path
+    scope_dir: Path  # `root`, or `root/users/<user_key>` for one user's own memory
+
+    @classmethod
+    def of(cls, config: Config, home: Path) -> WorkspaceLayout:
+        """The shared scope of the workspace `config` names (relative to `home`)."""
+        root = workspace_dir(config, home)
+        return cls(home, root, root)
+
+    def for_user(self, user_key: str) -> WorkspaceLayout:
+        """The same workspace with `users/<user_key>/` as the scope; the key must be a safe folder name."""
+        if not user_key or not all(c.isalnum() or c in "-_" for c in user_key):
+            raise ValueError(f"unsafe user key {user_key!r}")
+        return replace(self, scope_dir=self.root / USERS_DIR / user_key)
+
+    @property
+    def is_per_user(self) -> bool:
+        return self.scope_dir != self.root
+
+    @property
+    def memory_dir(self) -> Path:
+        """MEMORY.md, daily notes, backups, policy files and the index of this scope."""
+        return self.scope_dir / MEMORY_DIR
+
+    @property
+    def sessions_dir(self) -> Path:
+        """The conversation transcripts (`<key>.jsonl`) of this scope."""
+        return self.scope_dir / SESSIONS_DIR
+
+    @property
+    def shared_memory_dir(self) -> Path:
+        return self.root / MEMORY_DIR
+
+    @property
+    def shared_sessions_dir(self) -> Path:
+        """Where transcripts live in the shared scope (and where per-user ones lived before they moved)."""
+        return self.root / SESSIONS_DIR
+
+    @property
+    def users_dir(self) -> Path:
+        return self.root / USERS_DIR
+
+    @property
+    def index_dir(self) -> Path:
+        return self.memory_dir / INDEX_DIR
+
+    @property
+    def config_file(self) -> Path:
+        return self.home / CONFIG_FILE

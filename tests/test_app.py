@@ -1,0 +1,129 @@
+"""The composition root: what App builds for each memory scope, and where each scope keeps its files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from picoclaw.app import App
+from picoclaw.errors import ConfigError
+from picoclaw.memory.session import session_filename
+from tests.fakes import FakeOpenAIServer
+from tests.test_repl import configure
+
+T = TypeVar("T")
+OWNER, FRIEND = "1001", "1002"
+KEY = f"telegram:{OWNER}"
+
+
+def with_sessions_indexed(home: Path, server: FakeOpenAIServer) -> None:
+    """The fake model, and the keyword index over memory, notes and conversation transcripts."""
+    configure(home, server, index={"enabled": True, "sources": ["memory", "notes", "sessions"]})
+
+
+def run(home: Path, body: Callable[[App], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with App.open(home) as app:
+            return await body(app)
+    return asyncio.run(main())
+
+
+def test_per_user_scopes_index_their_own_conversations(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    # Before the layout had one place for paths, a user's index looked for transcripts in
+    # users/<id>/sessions while the loop wrote them to the shared sessions/: nothing was indexed.
+    with_sessions_indexed(home, fake_openai)
+    fake_openai.reply_text("Noted: locker 7319.")
+
+    async def body(app: App) -> tuple[list[str], list[str]]:
+        await app.agent(OWNER).handle(KEY, "my gym locker code is 7319 / 健身房柜子密码是 7319")
+        mine = app.agent(OWNER).workspace.searcher.search("locker code 柜子密码", 5, include_notes=True)
+        theirs = app.agent(FRIEND).workspace.searcher.search("locker code 柜子密码", 5, include_notes=True)
+        return [hit.block.text for hit in mine], [hit.block.text for hit in theirs]
+
+    mine, theirs = run(home, body)
+
+    assert any("7319" in text and "user:" in text for text in mine)  # the transcript's chunk
+    assert theirs == []  # another user's scope never sees it
+    transcript = home / "workspace" / "users" / OWNER / "sessions" / session_filename(KEY)
+    assert transcript.exists() and not (home / "workspace" / "sessions" / session_filename(KEY)).exists()
+
+
+def test_a_per_user_transcript_left_in_the_shared_folder_moves_to_its_scope(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_openai)
+    old = home / "workspace" / "sessions" / session_filename(KEY)
+    old.parent.mkdir(parents=True, exist_ok=True)
+    record = {"type": "message", "id": 1, "time": "2025-03-10T02:00:00+00:00",
+              "message": {"role": "user", "content": "我叫阿达 / my name is Ada"}}
+    old.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
+    fake_openai.reply_text("Hello again, Ada.")
+
+    async def body(app: App) -> str:
+        return await app.agent(OWNER).handle(KEY, "what is my name?")
+
+    assert run(home, body) == "Hello again, Ada."
+    sent = [m["content"] for m in fake_openai.chat_requests()[-1]["messages"][1:]]
+    assert sent == ["我叫阿达 / my name is Ada", "what is my name?"]  # the conversation went on
+    assert not old.exists()
+    moved = home / "workspace" / "users" / OWNER / "sessions" / session_filename(KEY)
+    assert moved.read_text(encoding="utf-8").startswith(json.dumps(record, ensure_ascii=False))
+
+
+def test_one_agent_per_scope_and_each_scope_its_own_memory(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_openai)
+
+    async def body(app: App) -> None:
+        shared, owner = app.agent(), app.agent(OWNER)
+        assert app.agent() is shared and app.agent(OWNER) is owner and app.agent(FRIEND) is not owner
+        assert shared.workspace is app.workspace
+        assert owner.workspace.memory_dir == home / "workspace" / "users" / OWNER / "memory"
+        assert owner.provider is shared.provider is app.provider()  # one client, one connection pool
+
+    run(home, body)
+
+
+def test_an_unsafe_user_key_is_refused(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_openai)
+
+    async def body(app: App) -> None:
+        with pytest.raises(ValueError, match="unsafe user key"):
+            app.agent("../shared")
+
+    run(home, body)
+    assert not (home / "shared").exists()
+
+
+def test_a_missing_key_is_a_config_error_when_the_model_is_first_needed(home: Path) -> None:
+    app = App.open(home)  # commands that do not talk to the model need no key
+    try:
+        with pytest.raises(ConfigError, match="provider 'openai' has no API key"):
+            app.provider()
+    finally:
+        app.close()
+
+
+def test_new_archives_a_transcript_still_in_the_shared_folder(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_openai)
+    old = home / "workspace" / "sessions" / session_filename(KEY)
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_text(json.dumps({"type": "message", "id": 1, "time": "2025-03-10T02:00:00+00:00",
+                               "message": {"role": "user", "content": "旧的对话 / the old talk"}}) + "\n",
+                   encoding="utf-8")
+    fake_openai.reply_text("A fresh start.")
+
+    async def body(app: App) -> list[str]:
+        return [await app.agent(OWNER).handle(KEY, "/new"), await app.agent(OWNER).handle(KEY, "hello")]
+
+    archived, reply = run(home, body)
+
+    assert archived.startswith("Started a new conversation. The previous one is archived as ")
+    assert reply == "A fresh start." and not old.exists()
+    sent = [m["content"] for m in fake_openai.chat_requests()[-1]["messages"][1:]]
+    assert sent == ["hello"]  # the old conversation did not come back
+    archive = home / "workspace" / "users" / OWNER / "sessions" / "archive"
+    assert [p.name.endswith(session_filename(KEY)) for p in archive.iterdir()] == [True]
