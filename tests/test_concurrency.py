@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import random
 import re
 import signal
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from picoclaw.memory.store import MemoryStore
+from tests.waiting import Deadline
 
 # "spawn": each child is a fresh interpreter with its own imports and its own FileLock, as when the
 # bot, the REPL and the CLI run side by side.
@@ -25,6 +25,11 @@ TZ_NAME = "Asia/Shanghai"
 WORKERS = 4
 ENTRIES_EACH = 250
 ROUNDS = 30
+# Round n kills the writer KILL_WINDOW * n / (ROUNDS - 1) seconds after its third write: fixed points spread
+# evenly over about twenty 200 kB rewrites, so the kills land at different points of the work and a failing
+# round can be rerun with the same delay.
+KILL_WINDOW = 0.05
+WRITER_TIMEOUT = 120.0  # a writer nobody killed stops by itself (and fails its round) instead of running on
 
 
 def _entry(worker: int, number: int) -> str:
@@ -96,11 +101,13 @@ def test_four_processes_append_without_losing_an_entry(tmp_path: Path) -> None:
 def _rewrite_forever(memory_dir: str, a: str, b: str, started: Event) -> None:
     store = MemoryStore(Path(memory_dir), ZoneInfo(TZ_NAME), backup_keep=3)
     written = 0
+    deadline = Deadline(WRITER_TIMEOUT, "the test to SIGKILL this writer")
     while True:
+        deadline.check()
         store.rewrite_long_term(a if written % 2 else b)
         written += 1
         if written == 3:
-            started.set()  # the parent's random delay starts from here, mid-loop
+            started.set()  # the parent's delay starts from here, mid-loop
 
 
 def _big(unit: str, size: int = 200_000) -> str:
@@ -111,13 +118,12 @@ def test_sigkill_during_rewrites_leaves_one_whole_version(tmp_path: Path) -> Non
     a = _big("长期记忆版本甲：用户喜欢无糖拿铁。Version A of the memory file.\n")
     b = _big("另一个版本乙：用户住在杭州，周末去西湖。Version B, a different text!\n")
     assert a != b and len(a.encode("utf-8")) > 190_000 and len(b.encode("utf-8")) > 190_000
-    seed = random.randrange(2**32)
-    rng = random.Random(seed)
     outcomes: Counter[str] = Counter()
     started_at = time.perf_counter()
 
     for round_number in range(ROUNDS):
-        where = f"round {round_number}, seed {seed}"
+        delay = KILL_WINDOW * round_number / (ROUNDS - 1)
+        where = f"round {round_number}, killed {delay * 1000:.1f} ms after the third write"
         memory_dir = tmp_path / f"round{round_number}"
         store = MemoryStore(memory_dir, ZoneInfo(TZ_NAME), backup_keep=3)
         store.rewrite_long_term(a)
@@ -128,7 +134,7 @@ def test_sigkill_during_rewrites_leaves_one_whole_version(tmp_path: Path) -> Non
         child = CTX.Process(target=_rewrite_forever, args=(str(memory_dir), a, b, started))
         child.start()
         assert started.wait(timeout=30), f"{where}: the writer never started"
-        time.sleep(rng.uniform(0, 0.05))
+        time.sleep(delay)
         os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
         child.join(timeout=10)
         assert child.exitcode == -signal.SIGKILL, where
@@ -155,4 +161,4 @@ def test_sigkill_during_rewrites_leaves_one_whole_version(tmp_path: Path) -> Non
     elapsed = time.perf_counter() - started_at
     print(f"\n{ROUNDS} SIGKILL rounds: {elapsed:.2f} s, outcomes {dict(outcomes)}", file=sys.stderr)
     # The kills landed at different points of the loop, not always after the same write.
-    assert set(outcomes) == {"A", "B"}, f"seed {seed}: {dict(outcomes)}"
+    assert set(outcomes) == {"A", "B"}, dict(outcomes)

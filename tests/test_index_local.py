@@ -18,6 +18,9 @@ from picoclaw.memory.index import EmbeddingUnavailable, LocalEmbedder, MemoryInd
 from picoclaw.memory.index.chunks import markdown_chunks
 from picoclaw.memory.store import MemoryStore
 
+# Skipped by conftest.py when the extra is not installed; CI installs it, so there these run.
+pytestmark = pytest.mark.local
+
 FACTS = [
     "I prefer green tea over coffee in the morning.",
     "My dog Bob loves chasing balls in the park.",
