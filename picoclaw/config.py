@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -39,8 +39,40 @@ class AgentsConfig(_Strict):
 
 
 class ProviderConfig(_Strict):
+    """One `providers.NAME` entry: where the endpoint is, and how patiently to talk to it.
+
+    `timeout` (seconds) and `max_retries` are per provider because servers differ by orders of magnitude:
+    a hosted API answers in seconds, llama.cpp on a small CPU may need minutes for one turn. A timed-out
+    request is re-sent only when `max_retries` is written here (the provider reads `model_fields_set`):
+    re-sending work a slow server is still doing only queues more of it, so the user must ask for that.
+    `text_tool_calls` ("auto" | "off") says whether the agent may read tool calls that a model wrote as
+    plain text (small local models often do) instead of the `tool_calls` field.
+    `timeout` and `max_retries` are strict (`"600"` or `true` is an error, not a silent conversion) and
+    their range checks name the whole allowed range in the message.
+    """
+
+    TIMEOUT_MAX: ClassVar[float] = 3600.0
+    MAX_RETRIES_MAX: ClassVar[int] = 10
+
     api_key: str = ""
     api_base: str = ""  # empty: taken from <NAME>_API_BASE in the environment
+    timeout: float = Field(60.0, strict=True)
+    max_retries: int = Field(3, strict=True)
+    text_tool_calls: Literal["auto", "off"] = "auto"
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout_in_range(cls, value: float) -> float:
+        if not 0 < value <= cls.TIMEOUT_MAX:  # also refuses NaN and infinity
+            raise ValueError(f"must be more than 0 and at most {cls.TIMEOUT_MAX:g} seconds")
+        return value
+
+    @field_validator("max_retries")
+    @classmethod
+    def _max_retries_in_range(cls, value: int) -> int:
+        if not 0 <= value <= cls.MAX_RETRIES_MAX:
+            raise ValueError(f"must be from 0 to {cls.MAX_RETRIES_MAX}")
+        return value
 
 
 def _default_providers() -> dict[str, ProviderConfig]:

@@ -12,14 +12,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from picoclaw.config import AgentDefaults, Config, ProviderConfig
+from picoclaw.config import AgentDefaults, Config, ProviderConfig, parse_config
 from picoclaw.errors import ConfigError
-from picoclaw.providers.base import ProviderError, ToolCall, Usage
+from picoclaw.providers.base import ChatReply, ProviderError, ToolCall, Usage
 from picoclaw.providers.openai_compat import OpenAICompatProvider, from_config
 from tests.fakes import FakeOpenAIServer
 
 KEY = "sk-test-0123456789abcdef"
-# The client honours retry-after-ms (up to 2 minutes), so scripted failures cost milliseconds, not the
+# The provider honours retry-after-ms (up to 60 s), so scripted failures cost milliseconds, not the
 # 0.5 s, 1 s, 2 s … of its own backoff.
 FAST_RETRY = {"retry-after-ms": "5"}
 HELLO = [{"role": "user", "content": "hello"}]
@@ -32,9 +32,11 @@ T = TypeVar("T")
 
 
 def make_provider(server: FakeOpenAIServer, *, timeout: float = 5.0, max_retries: int = 2,
-                  name: str = "openai", api_key: str = KEY, **defaults: Any) -> OpenAICompatProvider:
+                  name: str = "openai", api_key: str = KEY, retry_timeouts: bool = False,
+                  **defaults: Any) -> OpenAICompatProvider:
     return OpenAICompatProvider(name=name, api_base=server.base_url, api_key=api_key,
-                                defaults=AgentDefaults(**defaults), timeout=timeout, max_retries=max_retries)
+                                defaults=AgentDefaults(**defaults), timeout=timeout, max_retries=max_retries,
+                                retry_timeouts=retry_timeouts)
 
 
 def run(provider: OpenAICompatProvider, call: Callable[[OpenAICompatProvider], Awaitable[T]]) -> T:
@@ -54,6 +56,18 @@ def failure(provider: OpenAICompatProvider, messages: list[dict[str, Any]] = HEL
     with pytest.raises(ProviderError) as caught:
         chat(provider, messages)
     return caught.value
+
+
+def streamed(provider: OpenAICompatProvider, messages: list[dict[str, Any]] = HELLO,
+             tools: list[dict[str, Any]] | None = None) -> tuple[ChatReply, list[str]]:
+    """One streamed call: the reply and the pieces `on_text` received, in order."""
+    pieces: list[str] = []
+
+    async def sink(piece: str) -> None:
+        pieces.append(piece)
+
+    reply = run(provider, lambda p: p.chat(messages, tools, on_text=sink))
+    return reply, pieces
 
 
 # -- replies -----------------------------------------------------------------------------------------
@@ -435,3 +449,335 @@ def test_sync_client_works_and_stop_does_not_wait_for_a_delayed_reply() -> None:
     started = time.monotonic()
     server.stop()
     assert time.monotonic() - started < 2
+
+
+# -- streaming ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["Hello there, this answer arrives piece by piece.",
+                                  "你好！这个回答是一段一段到达的。"])
+def test_streamed_text_arrives_in_pieces_and_equals_the_plain_reply(fake_openai: FakeOpenAIServer,
+                                                                     text: str) -> None:
+    usage = {"prompt_tokens": 21, "completion_tokens": 9}
+    fake_openai.reply_text(text, usage=usage)
+    fake_openai.reply_text(text, usage=usage)
+    provider = make_provider(fake_openai)
+
+    reply, pieces = streamed(provider)
+    plain = chat(make_provider(fake_openai))
+
+    assert len(pieces) > 1 and "".join(pieces) == text
+    assert reply == plain == ChatReply(text, [], Usage(21, 9), "stop")
+    assert provider.last_usage == Usage(21, 9) and provider.calls == 1
+    stream_request, plain_request = fake_openai.chat_requests()
+    assert stream_request["stream"] is True and stream_request["stream_options"] == {"include_usage": True}
+    assert "stream" not in plain_request and "stream_options" not in plain_request
+    assert {k: v for k, v in stream_request.items() if not k.startswith("stream")} == plain_request
+
+
+def test_streamed_tool_calls_are_assembled(fake_openai: FakeOpenAIServer) -> None:
+    calls = [("memory_append", {"content": "用户喜欢龙井茶，住在杭州", "slot": "long_term"}),
+             ("list_dir", {"path": "笔记/notes"})]
+    fake_openai.reply_tool_calls(calls, content="我记一下 / noting it")
+    fake_openai.reply_tool_calls(calls, content="我记一下 / noting it")
+
+    reply, pieces = streamed(make_provider(fake_openai), tools=[MEMORY_TOOL])
+    plain = chat(make_provider(fake_openai), tools=[MEMORY_TOOL])
+
+    assert "".join(pieces) == reply.content == "我记一下 / noting it"
+    assert reply.finish_reason == plain.finish_reason == "tool_calls"
+    assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [(n, a) for n, a in calls]
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [(c.name, c.arguments) for c in plain.tool_calls]
+    assert len({c.id for c in reply.tool_calls}) == 2 and all(c.id.startswith("call_") for c in reply.tool_calls)
+    assert reply.usage == plain.usage
+
+
+def test_streamed_tool_calls_without_text_give_no_piece_and_no_content(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_tool_calls([("memory_search", {"query": "茶"})])
+    reply, pieces = streamed(make_provider(fake_openai), tools=[MEMORY_TOOL])
+    assert pieces == []
+    assert reply.content is None
+    assert reply.tool_calls[0].name == "memory_search" and json.loads(reply.tool_calls[0].arguments) == {"query": "茶"}
+
+
+def test_a_server_that_refuses_streaming_gets_one_plain_request() -> None:
+    with FakeOpenAIServer(streaming=False) as server:
+        server.reply_text("完整的回答，一次到达 / the whole answer at once", usage={"prompt_tokens": 5,
+                                                                              "completion_tokens": 7})
+        server.reply_text("第二次 / second")
+        provider = make_provider(server)
+
+        async def two_calls(p: OpenAICompatProvider) -> tuple[list[ChatReply], list[str]]:
+            pieces: list[str] = []
+
+            async def sink(piece: str) -> None:
+                pieces.append(piece)
+
+            return [await p.chat(HELLO, on_text=sink), await p.chat(HELLO, on_text=sink)], pieces
+
+        (first, second), pieces = run(provider, two_calls)
+        assert pieces == ["完整的回答，一次到达 / the whole answer at once", "第二次 / second"]
+        assert first == ChatReply("完整的回答，一次到达 / the whole answer at once", [], Usage(5, 7), "stop")
+        # The streamed attempt, the plain one; then the provider remembers and asks plainly straight away.
+        assert [r.get("stream", False) for r in server.chat_requests()] == [True, False, False]
+        assert server.pending() == 0
+
+
+def test_a_server_that_ignores_stream_is_asked_only_once(fake_openai: FakeOpenAIServer) -> None:
+    # Some servers answer a streamed request with a whole completion: it is used, not requested again.
+    fake_openai.reply_raw({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "local",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "整段回答 whole reply"}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+    })
+    reply, pieces = streamed(make_provider(fake_openai))
+    assert pieces == ["整段回答 whole reply"]
+    assert reply == ChatReply("整段回答 whole reply", [], Usage(3, 4), "stop")
+    assert len(fake_openai.chat_requests()) == 1
+
+
+def test_a_streamed_request_is_retried_before_any_text(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_error(503, "overloaded, 请稍后再试", headers=FAST_RETRY)
+    fake_openai.reply_text("after the wait / 等了一下")
+    reply, pieces = streamed(make_provider(fake_openai))
+    assert "".join(pieces) == reply.content == "after the wait / 等了一下"
+    assert [r["stream"] for r in fake_openai.chat_requests()] == [True, True]
+
+
+def test_streaming_errors_are_sorted_like_plain_ones(fake_openai: FakeOpenAIServer) -> None:
+    # A 401 or 429 is not "this server cannot stream": no plain request follows.
+    fake_openai.reply_error(401, "Incorrect API key provided")
+    with pytest.raises(ProviderError) as caught:
+        streamed(make_provider(fake_openai))
+    assert caught.value.kind == "auth"
+    for _ in range(2):
+        fake_openai.reply_error(429, "Rate limit reached", headers=FAST_RETRY)
+    with pytest.raises(ProviderError) as caught:
+        streamed(make_provider(fake_openai, max_retries=1))
+    assert caught.value.kind == "rate_limit"
+    assert [r["stream"] for r in fake_openai.chat_requests()] == [True, True, True]
+
+
+def test_a_slow_stream_is_fine_while_every_piece_comes_within_the_timeout(fake_openai: FakeOpenAIServer) -> None:
+    # Like llama.cpp on a small CPU: the whole answer takes longer than the timeout, each token does not.
+    fake_openai.reply_text("慢慢地写 slowly", chunk_delay=0.1)
+    started = time.monotonic()
+    reply, pieces = streamed(make_provider(fake_openai, timeout=0.3, max_retries=0))
+    assert reply.content == "慢慢地写 slowly" and len(pieces) == 4  # 0.1 s before each later chunk: 0.5 s in all
+    assert time.monotonic() - started > 0.3
+
+
+def test_text_already_shown_is_never_sent_again(fake_openai: FakeOpenAIServer) -> None:
+    # The server stalls after the first piece; even with timeouts retried, a retry would show it twice.
+    fake_openai.reply_text("你好，然后就没有然后了", chunk_delay=5)
+    with pytest.raises(ProviderError) as caught:
+        streamed(make_provider(fake_openai, timeout=0.2, max_retries=2, retry_timeouts=True))
+    assert caught.value.kind == "unavailable" and "0.2 s" in str(caught.value)
+    assert len(fake_openai.chat_requests()) == 1
+
+
+def test_an_error_in_on_text_propagates_unchanged(fake_openai: FakeOpenAIServer) -> None:
+    class Closed(Exception):
+        pass
+
+    async def sink(piece: str) -> None:
+        raise Closed(f"the chat window closed at {piece!r}")
+
+    fake_openai.reply_text("有人在吗 anyone there")
+    with pytest.raises(Closed):
+        run(make_provider(fake_openai), lambda p: p.chat(HELLO, on_text=sink))
+    assert len(fake_openai.chat_requests()) == 1
+
+
+# -- retries: the provider's, not the client's -------------------------------------------------------
+
+
+def test_a_timed_out_request_is_not_sent_again_by_default(fake_openai: FakeOpenAIServer) -> None:
+    # A slow local server is still working on the first request; a second copy would queue behind it.
+    config = config_with("local", local=ProviderConfig(api_key="sk-local", api_base=fake_openai.base_url,
+                                                       timeout=0.2))
+    fake_openai.reply_text("太晚了 too late", delay=2.0)
+    provider = from_config(config)
+    assert (provider.max_retries, provider.retry_timeouts) == (3, False)
+    error = failure(provider)
+    assert error.kind == "unavailable"
+    assert str(error) == "the model provider 'local' did not answer within 0.2 s"
+    assert len(fake_openai.chat_requests()) == 1
+
+
+def test_a_timed_out_request_is_sent_again_when_max_retries_is_in_config(fake_openai: FakeOpenAIServer) -> None:
+    config = parse_config({"agents": {"defaults": {"provider": "local"}}, "providers": {"local": {
+        "api_key": "sk-local", "api_base": fake_openai.base_url, "timeout": 0.2, "max_retries": 1}}}, "config.json")
+    fake_openai.reply_text("太晚了 too late", delay=2.0)
+    fake_openai.reply_text("这次及时 in time")
+    provider = from_config(config)
+    assert (provider.max_retries, provider.retry_timeouts) == (1, True)
+    assert chat(provider).content == "这次及时 in time"
+    assert len(fake_openai.chat_requests()) == 2
+
+
+@pytest.mark.parametrize("headers", [FAST_RETRY, {"retry-after": "0.005"}])
+def test_500_then_success_is_retried(fake_openai: FakeOpenAIServer, headers: dict[str, str]) -> None:
+    fake_openai.reply_error(500, "internal error / 内部错误", headers=headers)
+    fake_openai.reply_text("好了 fine now")
+    assert chat(make_provider(fake_openai, max_retries=1)).content == "好了 fine now"
+    first, second = fake_openai.chat_requests()
+    assert first == second
+
+
+@pytest.mark.parametrize(("status", "kind"), [(400, "bad_response"), (404, "bad_response"), (422, "bad_response"),
+                                              (501, "unavailable")])
+def test_statuses_that_will_not_change_are_not_retried(fake_openai: FakeOpenAIServer, status: int, kind: str) -> None:
+    fake_openai.reply_error(status, "will not change / 不会变", headers=FAST_RETRY)
+    error = failure(make_provider(fake_openai, max_retries=3))
+    assert error.kind == kind and f"HTTP {status}" in str(error)
+    assert len(fake_openai.chat_requests()) == 1
+
+
+def test_the_client_itself_never_retries(fake_openai: FakeOpenAIServer) -> None:
+    # max_retries=0 is the provider's own count; the client underneath must not add any retries.
+    fake_openai.reply_error(503, "overloaded", headers=FAST_RETRY)
+    assert failure(make_provider(fake_openai, max_retries=0)).kind == "unavailable"
+    assert len(fake_openai.chat_requests()) == 1
+    assert make_provider(fake_openai)._client.max_retries == 0
+
+
+def test_embeddings_are_retried_too(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_error(502, "bad gateway", headers=FAST_RETRY, endpoint="embeddings")
+    vectors = run(make_provider(fake_openai, max_retries=1), lambda p: p.embed(["绿茶 green tea"], "m", 8))
+    assert len(vectors) == 1 and len(vectors[0]) == 8
+    assert len(fake_openai.embedding_requests()) == 2
+
+
+# -- per-provider settings in config.json ------------------------------------------------------------
+
+
+def provider_entry(**settings: Any) -> dict[str, Any]:
+    return {"providers": {"llamacpp": {"api_key": "sk-local", "api_base": "http://127.0.0.1:8765/v1", **settings}}}
+
+
+def test_provider_settings_parse_and_reach_the_provider() -> None:
+    config = parse_config({**provider_entry(timeout=600, max_retries=0, text_tool_calls="off"),
+                           "agents": {"defaults": {"provider": "llamacpp", "model": "qwen2.5-7b"}}}, "config.json")
+    entry = config.providers["llamacpp"]
+    assert (entry.timeout, entry.max_retries, entry.text_tool_calls) == (600.0, 0, "off")
+    provider = from_config(config)
+    assert (provider.timeout, provider.max_retries, provider.text_tool_calls) == (600.0, 0, "off")
+    # Arguments win over the entry (the index's embedder brings its own short timeout).
+    override = from_config(config, timeout=20, max_retries=1)
+    assert (override.timeout, override.max_retries) == (20, 1)
+
+
+def test_provider_settings_have_defaults() -> None:
+    config = parse_config(provider_entry(), "config.json")
+    entry = config.providers["llamacpp"]
+    assert (entry.timeout, entry.max_retries, entry.text_tool_calls) == (60.0, 3, "auto")
+    provider = from_config(config, "llamacpp")
+    assert (provider.timeout, provider.max_retries, provider.retry_timeouts, provider.text_tool_calls) == (
+        60.0, 3, False, "auto")
+    assert from_config(Config(), "ollama").timeout == 60.0  # the built-in entries too
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("timeout", 0, "must be more than 0 and at most 3600 seconds (got 0)"),
+    ("timeout", -5, "must be more than 0 and at most 3600 seconds (got -5)"),
+    ("timeout", 3601, "must be more than 0 and at most 3600 seconds (got 3601)"),
+    ("timeout", "600", "Input should be a valid number (got '600')"),
+    ("max_retries", 11, "must be from 0 to 10 (got 11)"),
+    ("max_retries", -1, "must be from 0 to 10 (got -1)"),
+    ("max_retries", 1.5, "Input should be a valid integer (got 1.5)"),
+    ("max_retries", True, "Input should be a valid integer (got True)"),
+    ("text_tool_calls", "on", "Input should be 'auto' or 'off' (got 'on')"),
+    ("retries", 2, "unknown key (check the spelling)"),
+])
+def test_bad_provider_settings_name_the_key_and_the_range(key: str, value: Any, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(provider_entry(**{key: value}), "config.json")
+    assert str(caught.value) == f"config.json: providers.llamacpp.{key}: {expected}"
+
+
+# -- cached prompt tokens ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_cached_tokens_from_prompt_tokens_details(fake_openai: FakeOpenAIServer, stream: bool) -> None:
+    fake_openai.reply_text("缓存命中 cache hit", usage={"prompt_tokens": 1200, "completion_tokens": 6},
+                           cached_tokens=1024)
+    provider = make_provider(fake_openai)
+    reply = streamed(provider)[0] if stream else chat(provider)
+    assert reply.usage == Usage(1200, 6, cached_tokens=1024)
+    assert provider.total_usage == Usage(1200, 6, 1024)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_cached_tokens_from_deepseek(fake_openai: FakeOpenAIServer, stream: bool) -> None:
+    fake_openai.reply_text("深度求索 DeepSeek", usage={"prompt_tokens": 300, "completion_tokens": 4,
+                                                       "prompt_cache_hit_tokens": 256, "prompt_cache_miss_tokens": 44})
+    provider = make_provider(fake_openai, name="deepseek")
+    reply = streamed(provider)[0] if stream else chat(provider)
+    assert reply.usage == Usage(300, 4, 256)
+
+
+def test_cached_tokens_from_llama_cpp_timings(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_raw({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "qwen2.5-7b",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "本地 local"}}],
+        "usage": {"prompt_tokens": 900, "completion_tokens": 3, "total_tokens": 903},
+        "timings": {"cache_n": 850, "prompt_n": 50, "predicted_n": 3, "predicted_per_second": 19.7},
+    })
+    assert chat(make_provider(fake_openai)).usage == Usage(900, 3, 850)
+
+
+def test_cached_tokens_are_none_when_not_reported(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_text("one", usage={"prompt_tokens": 10, "completion_tokens": 1}, cached_tokens=8)
+    fake_openai.reply_text("two", usage={"prompt_tokens": 20, "completion_tokens": 2})
+    provider = make_provider(fake_openai)
+
+    async def two_calls(p: OpenAICompatProvider) -> list[Usage | None]:
+        return [(await p.chat(HELLO)).usage for _ in range(2)]
+
+    assert run(provider, two_calls) == [Usage(10, 1, 8), Usage(20, 2, None)]
+    assert provider.total_usage == Usage(30, 3, 8)
+
+
+# -- llama.cpp compatibility -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_call_turn_goes_back_with_empty_content(stream: bool) -> None:
+    # llama.cpp's server answers 500 to `content: null` beside tool_calls; OpenAI accepts "".
+    with FakeOpenAIServer(strict_content=True) as server:
+        server.reply_tool_calls([("memory_append", {"content": "喜欢龙井 likes Longjing"})])
+        server.reply_text("记住了 / noted")
+        provider = make_provider(server, max_retries=0)
+
+        async def sink(piece: str) -> None:
+            pass
+
+        async def turn(p: OpenAICompatProvider) -> str | None:
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "记住：我喜欢龙井"}]
+            first = await p.chat(messages, [MEMORY_TOOL], on_text=sink if stream else None)
+            assert first.content is None
+            messages.append(first.as_message())
+            messages += [{"role": "tool", "tool_call_id": c.id, "content": "stored"} for c in first.tool_calls]
+            return (await p.chat(messages, [MEMORY_TOOL], on_text=sink if stream else None)).content
+
+        assert run(provider, turn) == "记住了 / noted"
+        assert server.chat_requests()[1]["messages"][1]["content"] == ""
+
+
+def test_a_strict_content_server_refuses_null_content() -> None:
+    with FakeOpenAIServer(strict_content=True) as server:
+        call = {"id": "call_1", "type": "function", "function": {"name": "memory_append", "arguments": "{}"}}
+        messages: list[dict[str, Any]] = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [call]},
+                                          {"role": "tool", "tool_call_id": "call_1", "content": "stored"}]
+        error = failure(make_provider(server, max_retries=0), messages)
+        assert error.kind == "unavailable" and "HTTP 500" in str(error)
+
+
+def test_as_message_keeps_text_and_null_without_calls() -> None:
+    call = ToolCall("call_1", "memory_append", "{}")
+    assert ChatReply(None, [call]).as_message()["content"] == ""
+    assert ChatReply("我来记 / noting", [call]).as_message()["content"] == "我来记 / noting"
+    assert ChatReply(None).as_message() == {"role": "assistant", "content": None}

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Message = dict[str, Any]  # one OpenAI chat message: {"role": ..., "content": ..., ...}
+
+# Receives the reply text piece by piece while the model is still writing, so a user on a slow (local)
+# model sees the answer grow instead of waiting for all of it.
+TextSink = Callable[[str], Awaitable[None]]
 
 ErrorKind = Literal["context_too_long", "auth", "rate_limit", "unavailable", "bad_response"]
 
@@ -21,10 +26,15 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts the provider reported for one call."""
+    """Token counts the provider reported for one call.
+
+    `cached_tokens` is the part of the prompt the server took from its prompt cache (cheaper, and on a
+    local server much faster); None when the provider does not say, which is not the same as 0.
+    """
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -37,8 +47,13 @@ class ChatReply:
     finish_reason: str | None = None
 
     def as_message(self) -> Message:
-        """The assistant message to put back into the history."""
-        message: Message = {"role": "assistant", "content": self.content}
+        """The assistant message to put back into the history.
+
+        A tool-call turn without text gets `content: ""`, not null: llama.cpp's server answers HTTP 500 to
+        a null content beside `tool_calls`, and OpenAI accepts "".
+        """
+        content = "" if self.content is None and self.tool_calls else self.content
+        message: Message = {"role": "assistant", "content": content}
         if self.tool_calls:
             message["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -61,7 +76,10 @@ class ChatProvider(Protocol):
     model: str
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
-                   *, max_tokens: int | None = None) -> ChatReply: ...
+                   *, max_tokens: int | None = None, on_text: TextSink | None = None) -> ChatReply:
+        """One answer. With `on_text`, the text is also handed over piece by piece as it arrives (each
+        piece once; the pieces join to `content`), and the same ChatReply is returned at the end."""
+        ...
 
 
 class EmbeddingClient(Protocol):

@@ -1,25 +1,49 @@
-"""The provider for any OpenAI-compatible endpoint (OpenAI, DeepSeek, Qwen, Ollama …), on the `openai` client.
+"""The provider for any OpenAI-compatible endpoint (OpenAI, DeepSeek, Ollama, llama.cpp …), on the `openai` client.
 
-Retries are the client's: it retries 408/409/429/5xx, timeouts and connection errors with exponential
-backoff and honours `retry-after`/`retry-after-ms`. What reaches this module is a failure that retrying
-did not fix; it is sorted into a ProviderError kind the agent loop can act on, with one line for the user.
+Retries are this module's, not the client's (its `max_retries` is 0). The client re-sends a request that
+timed out, and a slow local server (llama.cpp on a small CPU: minutes per turn) is then still working on
+the first copy while the second queues behind it. So 408/409/429/500/502/503/504 and connection errors
+are retried with exponential backoff (honouring `retry-after-ms`/`retry-after`), but a timeout only when
+the user set `max_retries` for that provider in config.json. Other statuses will not change on retry.
+What fails anyway is sorted into a ProviderError kind the agent loop can act on, with one line for the user.
+
+With `on_text`, a reply is streamed (the user sees it grow; a server that refuses streaming gets one plain
+request instead), and the same ChatReply as a plain call comes back at the end.
 """
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
 import json
+import logging
+import math
+import random
 import re
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import openai
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from picoclaw.config import AgentDefaults, Config, provider_env_name
+from picoclaw.config import AgentDefaults, Config, ProviderConfig, provider_env_name
 from picoclaw.errors import ConfigError
-from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, ToolCall, Usage
+from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, TextSink, ToolCall, Usage
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_RETRIES = 3
+DEFAULT_TEXT_TOOL_CALLS = "auto"
+
+# What a later attempt may fix: request timeout, lock conflict, rate limit, and the server-side failures
+# that are usually transient. 501 (not implemented), 4xx client errors and the like never change.
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+BACKOFF_FIRST = 0.5  # seconds before the first retry; doubled for each further one
+BACKOFF_MAX = 8.0
+RETRY_AFTER_MAX = 60.0  # a server's own retry hint is honoured up to this; a longer one is cut to it
 
 # Providers word "prompt too long" differently; OpenAI sets code context_length_exceeded, others don't.
 _CONTEXT_TOO_LONG = re.compile(
@@ -28,25 +52,66 @@ _CONTEXT_TOO_LONG = re.compile(
 _SERVER_MESSAGE_LIMIT = 200
 _SECRET_MIN_LENGTH = 8
 
+T = TypeVar("T")
+
+
+class _SinkFailed(Exception):
+    """The caller's `on_text` raised: carried past the error sorting and retrying, then re-raised as is."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class _PartialCall:
+    """A streamed tool call being put together from its deltas."""
+
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Stream:
+    """What one streamed reply has delivered so far; once text reached the caller it must not be re-sent."""
+
+    delivered: bool = False
+    content: list[str] | None = None  # None: no content delta at all (a tool-call-only turn)
+    calls: dict[int, _PartialCall] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: object = None
+    timings: object = None
+    chunks_with_choices: int = 0
+
 
 class OpenAICompatProvider:
     """Chat completions and embeddings through `openai.AsyncOpenAI`; every failure is a ProviderError.
 
     One instance belongs to one event loop (the client's connection pool does); close it with `aclose()`
-    or `async with`.
+    or `async with`. `max_retries` counts re-sends after the first attempt; `retry_timeouts` lets a timed-out
+    request be one of them (off by default: see the module docstring). `text_tool_calls` is the provider
+    entry's setting, kept here for the agent loop, which decides whether to read tool calls written as text.
     """
 
     def __init__(self, *, name: str, api_base: str, api_key: str, defaults: AgentDefaults,
-                 timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
+                 retry_timeouts: bool = False, text_tool_calls: str = DEFAULT_TEXT_TOOL_CALLS) -> None:
         self.name = name
         self.api_base = api_base
         self.model = defaults.model
         self.temperature = defaults.temperature
         self.max_tokens = defaults.max_tokens
         self.timeout = timeout
+        self.max_retries = max_retries
+        self.retry_timeouts = retry_timeouts
+        self.text_tool_calls = text_tool_calls
         self._api_key = api_key
-        self._client = openai.AsyncOpenAI(base_url=api_base, api_key=api_key, timeout=timeout,
-                                          max_retries=max_retries)
+        # The client's own retries are off (documented: max_retries=0); `_retrying` decides instead.
+        self._client = openai.AsyncOpenAI(base_url=api_base, api_key=api_key, timeout=timeout, max_retries=0)
+        # Set once a streamed request was refused and the same request then worked without streaming:
+        # later calls go straight to the plain request instead of paying for the refusal every turn.
+        self._streaming_refused = False
         self.last_usage: Usage | None = None
         self.total_usage = Usage(prompt_tokens=0, completion_tokens=0)
         self.calls = 0  # chat calls that returned a reply
@@ -61,26 +126,34 @@ class OpenAICompatProvider:
         await self._client.close()
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
-                   *, max_tokens: int | None = None) -> ChatReply:
-        """One chat completion; tools (with tool_choice "auto") only when given."""
+                   *, max_tokens: int | None = None, on_text: TextSink | None = None) -> ChatReply:
+        """One chat completion; tools (with tool_choice "auto") only when given.
+
+        With `on_text`, the reply is streamed and each content piece goes to `on_text` as it arrives; the
+        returned ChatReply is the one a plain call would give. Once a piece was delivered the request is
+        never re-sent (the user would see the text twice), whatever fails afterwards. An exception from
+        `on_text` itself propagates unchanged.
+        """
+        # Messages last: everything before them is the same from turn to turn, so each request's bytes
+        # begin with the previous request's (bench/prompt_cache.py), and tool schemas lead the prefix.
         body: dict[str, Any] = {
-            "model": self.model, "messages": messages, "temperature": self.temperature,
+            "model": self.model, "temperature": self.temperature,
             "max_tokens": max_tokens if max_tokens is not None else self.max_tokens,
             **({"tools": tools, "tool_choice": "auto"} if tools else {}),
+            "messages": messages,
         }
         try:
-            # The client's documented `post` rather than `chat.completions.create`: create() walks every
-            # message through its TypedDict transform, ~60 ms for a 200-message history (bench/turn.py),
-            # a no-op for our messages, which are already plain JSON. Retries and errors are the same.
-            completion = await self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+            reply = await (self._plain(body) if on_text is None else self._streamed(body, on_text))
+        except _SinkFailed as failed:
+            raise failed.error from None
+        except ProviderError:
+            raise
         except Exception as exc:
             raise self._sorted(exc) from exc
-        reply = self._parse_completion(completion)
         self.calls += 1
         self.last_usage = reply.usage
         if reply.usage is not None:
-            self.total_usage = Usage(self.total_usage.prompt_tokens + reply.usage.prompt_tokens,
-                                     self.total_usage.completion_tokens + reply.usage.completion_tokens)
+            self.total_usage = _added(self.total_usage, reply.usage)
         return reply
 
     async def embed(self, texts: list[str], model: str, dimensions: int | None = None) -> list[list[float]]:
@@ -90,8 +163,8 @@ class OpenAICompatProvider:
         extra: dict[str, Any] = {"dimensions": dimensions} if dimensions is not None else {}
         try:
             # "float" explicitly: the client otherwise asks for base64, which some compatible servers lack.
-            result = await self._client.embeddings.create(input=texts, model=model, encoding_format="float",
-                                                          **extra)
+            result = await self._retrying(lambda: self._client.embeddings.create(
+                input=texts, model=model, encoding_format="float", **extra))
         except Exception as exc:
             raise self._sorted(exc) from exc
         data = getattr(result, "data", None)
@@ -107,6 +180,124 @@ class OpenAICompatProvider:
                 raise self._bad_response(f"embedding has {len(vector)} dimensions, asked for {dimensions}")
             vectors.append([float(x) for x in vector])
         return vectors
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    async def _plain(self, body: dict[str, Any]) -> ChatReply:
+        # The client's documented `post` rather than `chat.completions.create`: create() walks every
+        # message through its TypedDict transform, ~60 ms for a 200-message history (bench/turn.py),
+        # a no-op for our messages, which are already plain JSON. Errors are the same.
+        completion = await self._retrying(
+            lambda: self._client.post("/chat/completions", body=body, cast_to=ChatCompletion))
+        return self._parse_completion(completion)
+
+    async def _whole(self, body: dict[str, Any], on_text: TextSink) -> ChatReply:
+        """A plain request for a streamed call: its whole text goes to `on_text` in one piece."""
+        reply = await self._plain(body)
+        if reply.content:
+            await _deliver(on_text, reply.content)
+        return reply
+
+    async def _streamed(self, body: dict[str, Any], on_text: TextSink) -> ChatReply:
+        if self._streaming_refused:
+            return await self._whole(body, on_text)
+        attempts: list[_Stream] = []  # one per attempt; a retry starts from nothing
+        try:
+            reply = await self._retrying(lambda: self._stream_once(body, on_text, attempts),
+                                         may_retry=lambda: not attempts or not attempts[-1].delivered)
+        except openai.APIStatusError as exc:
+            if not self._refuses_streaming(exc):
+                raise
+            log.info("provider %s refused a streamed request (HTTP %s); asking without streaming",
+                     self.name, exc.status_code)
+            reply = await self._whole(body, on_text)
+            self._streaming_refused = True
+            return reply
+        if reply is None:  # a 200 that is neither an event stream nor a completion: ask plainly once
+            return await self._whole(body, on_text)
+        return reply
+
+    async def _stream_once(self, body: dict[str, Any], on_text: TextSink,
+                           attempts: list[_Stream]) -> ChatReply | None:
+        """One streamed attempt; None when the answer is not an event stream and not a completion either.
+
+        Its state goes on `attempts`, where the retry loop sees whether text was delivered (then it must
+        not re-send).
+        """
+        state = _Stream()
+        attempts.append(state)
+        # `post` with the client's stream class, for the reason `_plain` gives (create() would also put the
+        # messages first in the body, before the tool schemas that never change).
+        streamed = {key: value for key, value in body.items() if key != "messages"}
+        streamed.update(stream=True, stream_options={"include_usage": True}, messages=body["messages"])
+        stream = await self._client.post("/chat/completions", body=streamed, cast_to=ChatCompletion, stream=True,
+                                         stream_cls=openai.AsyncStream[ChatCompletionChunk])
+        async with stream:
+            content_type = stream.response.headers.get("content-type", "")
+            if not content_type.startswith("text/event-stream"):
+                # The server ignored `stream` (or a proxy answered). A whole completion is used as is:
+                # asking again would make a slow server do the same work twice.
+                return await self._completion_instead_of_stream(await stream.response.aread(), on_text, state)
+            async for chunk in stream:
+                piece = self._take_chunk(chunk, state)
+                if piece:
+                    state.delivered = True
+                    await _deliver(on_text, piece)
+        return self._assembled(state)
+
+    async def _completion_instead_of_stream(self, raw: bytes, on_text: TextSink, state: _Stream) -> ChatReply | None:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            return None
+        reply = self._parse_completion(ChatCompletion.construct(**data))
+        if reply.content:
+            state.delivered = True
+            await _deliver(on_text, reply.content)
+        return reply
+
+    def _refuses_streaming(self, exc: openai.APIStatusError) -> bool:
+        """A 4xx that is about the request as such (a server without streaming says 400 or 404), not the
+        key, the rate, nor the conversation's length, which a plain request would hit as well."""
+        if not 400 <= exc.status_code < 500 or exc.status_code in RETRY_STATUSES:
+            return False
+        kind, _ = self._kind_and_message(exc)
+        return kind == "bad_response"
+
+    # -- retries -----------------------------------------------------------------------------------
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]],
+                        may_retry: Callable[[], bool] = lambda: True) -> T:
+        """`attempt()`, re-run after a failure that a later attempt may fix, at most `max_retries` times."""
+        retries = 0
+        while True:
+            try:
+                return await attempt()
+            except Exception as exc:
+                delay = self._retry_delay(exc, retries) if retries < self.max_retries and may_retry() else None
+                if delay is None:
+                    raise
+                retries += 1
+                log.info("provider %s: %s; retry %d of %d in %.2f s", self.name, type(exc).__name__, retries,
+                         self.max_retries, delay)
+                await asyncio.sleep(delay)
+
+    def _retry_delay(self, exc: Exception, retries: int) -> float | None:
+        """Seconds to wait before re-sending after `exc`, or None when re-sending will not help."""
+        if isinstance(exc, openai.APITimeoutError):  # before APIConnectionError, its base class
+            return _backoff(retries) if self.retry_timeouts else None
+        if isinstance(exc, openai.APIConnectionError):
+            return _backoff(retries)
+        if not isinstance(exc, openai.APIStatusError) or exc.status_code not in RETRY_STATUSES:
+            return None
+        headers = exc.response.headers
+        # OpenAI's own hint (it says "false" for an exhausted quota, which waiting does not refill).
+        if headers.get("x-should-retry") == "false" or exc.code == "insufficient_quota":
+            return None
+        hinted = _retry_after(headers)
+        return min(hinted, RETRY_AFTER_MAX) if hinted is not None else _backoff(retries)
 
     # -- replies -----------------------------------------------------------------------------------
 
@@ -124,13 +315,74 @@ class OpenAICompatProvider:
         if content is not None and not isinstance(content, str):
             raise self._bad_response("content is not text")
         calls = [self._tool_call(call, i) for i, call in enumerate(getattr(message, "tool_calls", None) or [])]
-        usage = getattr(completion, "usage", None)
-        prompt = getattr(usage, "prompt_tokens", None)
-        produced = getattr(usage, "completion_tokens", None)
-        return ChatReply(
-            content=content, tool_calls=calls,
-            usage=Usage(prompt, produced) if isinstance(prompt, int) and isinstance(produced, int) else None,
-            finish_reason=getattr(choice, "finish_reason", None))
+        return ChatReply(content=content, tool_calls=calls,
+                         usage=_usage(getattr(completion, "usage", None), getattr(completion, "timings", None)),
+                         finish_reason=getattr(choice, "finish_reason", None))
+
+    def _take_chunk(self, chunk: object, state: _Stream) -> str:
+        """Fold one `chat.completion.chunk` into `state`; the content piece to hand over ("" for none)."""
+        if getattr(chunk, "usage", None) is not None:  # the last chunk, with include_usage
+            state.usage = getattr(chunk, "usage", None)
+        if getattr(chunk, "timings", None) is not None:  # llama.cpp's server
+            state.timings = getattr(chunk, "timings", None)
+        choices = getattr(chunk, "choices", None)
+        if choices is None:
+            return ""
+        if not isinstance(choices, list):
+            raise self._bad_response("stream chunk choices are not a list")
+        piece = ""
+        for choice in choices:
+            if getattr(choice, "index", 0) not in (0, None):  # n > 1 is never asked for
+                continue
+            state.chunks_with_choices += 1
+            delta = getattr(choice, "delta", None)
+            content = getattr(delta, "content", None)
+            if isinstance(content, str):
+                state.content = [*(state.content or []), content]
+                piece += content
+            elif content is not None:
+                raise self._bad_response("content is not text")
+            for position, call in enumerate(getattr(delta, "tool_calls", None) or []):
+                self._take_call_delta(call, position, state)
+            finish_reason = getattr(choice, "finish_reason", None)
+            if isinstance(finish_reason, str) and finish_reason:
+                state.finish_reason = finish_reason
+        return piece
+
+    def _take_call_delta(self, call: object, position: int, state: _Stream) -> None:
+        # OpenAI: the first delta of a call carries index, id and name, later ones argument fragments
+        # with the same index. Some servers leave out the index (one call per chunk) or repeat id and
+        # name in every delta, so the index falls back to the position and repeats are not appended.
+        index = getattr(call, "index", None)
+        if not isinstance(index, int):
+            index = position
+        partial = state.calls.setdefault(index, _PartialCall())
+        call_id = getattr(call, "id", None)
+        if isinstance(call_id, str) and call_id and not partial.id:
+            partial.id = call_id
+        function = getattr(call, "function", None)
+        name = getattr(function, "name", None)
+        if isinstance(name, str) and name and name != partial.name:
+            partial.name += name
+        arguments = getattr(function, "arguments", None)
+        if isinstance(arguments, str):
+            partial.arguments.append(arguments)
+        elif arguments is not None:  # an object, as older Ollama sends in plain replies
+            partial.arguments.append(json.dumps(arguments, ensure_ascii=False))
+
+    def _assembled(self, state: _Stream) -> ChatReply:
+        """The ChatReply for a finished stream, checked like a plain completion."""
+        if not state.chunks_with_choices:
+            raise self._bad_response("no choices")
+        calls = []
+        for position, index in enumerate(sorted(state.calls)):
+            partial = state.calls[index]
+            if not partial.name:
+                raise self._bad_response("a tool call has no function name")
+            calls.append(ToolCall(id=partial.id or f"call_{position}", name=partial.name,
+                                  arguments="".join(partial.arguments)))
+        return ChatReply(content=None if state.content is None else "".join(state.content), tool_calls=calls,
+                         usage=_usage(state.usage, state.timings), finish_reason=state.finish_reason)
 
     def _tool_call(self, call: object, position: int) -> ToolCall:
         function = getattr(call, "function", None)
@@ -200,9 +452,14 @@ class OpenAICompatProvider:
         return text.replace(self._api_key, "***") if len(self._api_key) >= _SECRET_MIN_LENGTH else text
 
 
-def from_config(config: Config, provider_name: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                max_retries: int = DEFAULT_MAX_RETRIES) -> OpenAICompatProvider:
-    """The provider named by `agents.defaults.provider` (or `provider_name`), checked before any call."""
+def from_config(config: Config, provider_name: str | None = None, *, timeout: float | None = None,
+                max_retries: int | None = None) -> OpenAICompatProvider:
+    """The provider named by `agents.defaults.provider` (or `provider_name`), checked before any call.
+
+    `timeout` and `max_retries` given here win over the provider entry (an embedder wants its own short
+    timeout); otherwise the entry's values (defaults 60 s and 3) apply. Timed-out requests are re-sent only
+    when the entry sets `max_retries` itself: that is the user saying re-sending is fine for this server.
+    """
     name = provider_name or config.agents.defaults.provider
     entry = config.providers.get(name)
     if entry is None:
@@ -217,5 +474,79 @@ def from_config(config: Config, provider_name: str | None = None, *, timeout: fl
         raise ConfigError(f"provider '{name}' has no API key: set providers.{name}.api_key in config.json or "
                           f"the {provider_env_name(name, 'API_KEY')} environment variable (a local server such as "
                           "Ollama accepts any non-empty placeholder)")
-    return OpenAICompatProvider(name=name, api_base=api_base, api_key=api_key,
-                                defaults=config.agents.defaults, timeout=timeout, max_retries=max_retries)
+    return OpenAICompatProvider(
+        name=name, api_base=api_base, api_key=api_key, defaults=config.agents.defaults,
+        timeout=entry.timeout if timeout is None else timeout,
+        max_retries=entry.max_retries if max_retries is None else max_retries,
+        retry_timeouts=_user_set_retries(entry), text_tool_calls=entry.text_tool_calls)
+
+
+def _user_set_retries(entry: ProviderConfig) -> bool:
+    """Whether config.json itself has `max_retries` for this provider (not just the default)."""
+    return "max_retries" in entry.model_fields_set
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+async def _deliver(on_text: TextSink, piece: str) -> None:
+    """Hand a piece to the caller; its failure is marked so it is neither sorted nor retried."""
+    try:
+        await on_text(piece)
+    except Exception as exc:
+        raise _SinkFailed(exc) from exc
+
+
+def _backoff(retries: int) -> float:
+    """0.5 s, 1 s, 2 s … up to 8 s, less up to a fifth so clients that failed together spread out."""
+    return min(BACKOFF_FIRST * 2.0 ** min(retries, 32), BACKOFF_MAX) * random.uniform(0.8, 1.0)
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """The server's wait hint in seconds: `retry-after-ms`, else `retry-after` (seconds or an HTTP date)."""
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / divisor
+        except ValueError:
+            continue
+        return max(seconds, 0.0) if not math.isnan(seconds) else None
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def _number(container: object, key: str) -> object:
+    """`container.key` or `container[key]`: extra fields of the client's models may be plain dicts."""
+    if isinstance(container, Mapping):
+        return container.get(key)
+    return getattr(container, key, None)
+
+
+def _usage(usage: object, timings: object = None) -> Usage | None:
+    """Token counts from a completion's `usage` (and llama.cpp's `timings`); None when incomplete.
+
+    The cached part of the prompt comes from `prompt_tokens_details.cached_tokens` (OpenAI, vLLM),
+    `prompt_cache_hit_tokens` (DeepSeek) or `timings.cache_n` (llama.cpp's server), whichever is there.
+    """
+    prompt, produced = _number(usage, "prompt_tokens"), _number(usage, "completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(produced, int):
+        return None
+    for cached in (_number(_number(usage, "prompt_tokens_details"), "cached_tokens"),
+                   _number(usage, "prompt_cache_hit_tokens"), _number(timings, "cache_n")):
+        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+            return Usage(prompt, produced, cached)
+    return Usage(prompt, produced)
+
+
+def _added(total: Usage, more: Usage) -> Usage:
+    """Running totals; the cached count stays None until some reply reported one."""
+    cached = total.cached_tokens if more.cached_tokens is None else (total.cached_tokens or 0) + more.cached_tokens
+    return Usage(total.prompt_tokens + more.prompt_tokens, total.completion_tokens + more.completion_tokens, cached)

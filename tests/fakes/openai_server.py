@@ -13,8 +13,17 @@ Chat requests take scripted replies from a FIFO queue; when it is empty, `respon
 if set, else the text "ok". Embedding requests get deterministic vectors unless an error is scripted for
 them. The server runs aiohttp on its own event loop in a background thread, so sync tests and tests that
 run their own `asyncio.run` can both use it. Like the real API it rejects malformed requests (bad message
-order around tool calls, `tool_choice` without `tools`, empty embedding input) with a 400, so code that
-would fail against OpenAI fails here too; pass `validate=False` to turn that off.
+order around tool calls, `tool_choice` without `tools`, `stream_options` without `stream`, empty embedding
+input) with a 400, so code that would fail against OpenAI fails here too; pass `validate=False` to turn
+that off.
+
+A request with `"stream": true` gets the scripted reply as server-sent events, the way OpenAI sends them:
+`chat.completion.chunk`s with the text in pieces of a few characters (so a test sees more than one piece),
+tool calls as deltas (index, id and name first, then argument fragments), a chunk with the finish reason,
+a usage chunk when `stream_options.include_usage` is set, then `data: [DONE]`. Two switches mimic servers
+met in the wild: `streaming=False` answers any streamed request with a 400 "streaming is not supported"
+(leaving the scripted reply for the plain request that should follow), and `strict_content=True` answers
+an assistant message with `content: null` beside `tool_calls` with a 500, as llama.cpp's server does.
 """
 
 from __future__ import annotations
@@ -39,26 +48,40 @@ from tests.fakes.http_server import BackgroundHTTPServer
 
 Endpoint = Literal["chat", "embeddings"]
 UsageSpec = Mapping[str, int] | Literal[False] | None  # None: estimate; False: leave `usage` out
+STREAM_PIECE_CHARS = 3  # characters of text per streamed delta
+STREAM_ARGUMENT_CHARS = 7  # characters of tool-call arguments per streamed delta
 
 
 @dataclass(frozen=True)
 class Text:
-    """A plain assistant answer."""
+    """A plain assistant answer.
+
+    `cached_tokens` adds `usage.prompt_tokens_details.cached_tokens` (OpenAI's prompt-cache report);
+    `chunk_delay` is the pause before each streamed chunk after the first piece of text, as a slow server
+    writes tokens (the role chunk and the first piece go out at once, so a client sees text before a stall).
+    """
 
     text: str
     usage: UsageSpec = None
     delay: float = 0.0
     finish_reason: str = "stop"
+    cached_tokens: int | None = None
+    chunk_delay: float = 0.0
 
 
 @dataclass(frozen=True)
 class ToolCalls:
-    """An assistant turn that calls tools; a `str` argument is sent as is (it may be malformed JSON)."""
+    """An assistant turn that calls tools; a `str` argument is sent as is (it may be malformed JSON).
+
+    `cached_tokens` and `chunk_delay` work as for Text.
+    """
 
     calls: Sequence[tuple[str, Mapping[str, Any] | str]]
     content: str | None = None
     usage: UsageSpec = None
     delay: float = 0.0
+    cached_tokens: int | None = None
+    chunk_delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +117,7 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-cased names
     json: Any
     received_at: float = field(default_factory=time.monotonic)
+    raw: bytes = b""  # the body's bytes as they came (what a prompt cache would compare)
 
 
 class FakeOpenAIServer(BackgroundHTTPServer):
@@ -102,10 +126,12 @@ class FakeOpenAIServer(BackgroundHTTPServer):
     name = "fake-openai"
 
     def __init__(self, *, api_key: str | None = None, validate: bool = True,
-                 default_dimensions: int = 16) -> None:
+                 default_dimensions: int = 16, streaming: bool = True, strict_content: bool = False) -> None:
         super().__init__()
         self.api_key = api_key  # when set, any other bearer token gets a 401 like OpenAI's
         self.validate = validate
+        self.streaming = streaming  # False: a streamed request gets a 400, like a server without streaming
+        self.strict_content = strict_content  # True: content null beside tool_calls is a 500 (llama.cpp)
         self.default_dimensions = default_dimensions
         self.responder: Callable[[dict[str, Any]], Reply | str] | None = None
         self.embedder: Callable[[str, int], list[float]] | None = None
@@ -117,12 +143,14 @@ class FakeOpenAIServer(BackgroundHTTPServer):
     # -- scripting ---------------------------------------------------------------------------------
 
     def reply_text(self, text: str, *, usage: UsageSpec = None, delay: float = 0.0,
-                   finish_reason: str = "stop") -> None:
-        self.enqueue(Text(text, usage=usage, delay=delay, finish_reason=finish_reason))
+                   finish_reason: str = "stop", cached_tokens: int | None = None, chunk_delay: float = 0.0) -> None:
+        self.enqueue(Text(text, usage=usage, delay=delay, finish_reason=finish_reason,
+                          cached_tokens=cached_tokens, chunk_delay=chunk_delay))
 
     def reply_tool_calls(self, calls: Sequence[tuple[str, Mapping[str, Any] | str]], *,
-                         content: str | None = None, usage: UsageSpec = None, delay: float = 0.0) -> None:
-        self.enqueue(ToolCalls(list(calls), content=content, usage=usage, delay=delay))
+                         content: str | None = None, usage: UsageSpec = None, delay: float = 0.0,
+                         cached_tokens: int | None = None) -> None:
+        self.enqueue(ToolCalls(list(calls), content=content, usage=usage, delay=delay, cached_tokens=cached_tokens))
 
     def reply_error(self, status: int, message: str, code: str | None = None,
                     headers: Mapping[str, str] | None = None, *, delay: float = 0.0,
@@ -174,20 +202,25 @@ class FakeOpenAIServer(BackgroundHTTPServer):
 
     # -- handlers ----------------------------------------------------------------------------------
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
         refused = self._check_auth(request) or self._check_chat(body)
         if refused is not None:
             return refused
-        reply = self._next("chat")
-        if reply is None:
+        streamed = bool(body.get("stream"))
+        if streamed and not self.streaming:  # before taking a reply: the plain retry should get it
+            return _bad_request("streaming is not supported")
+        scripted = self._next("chat")
+        if scripted is None:
             responder = self.responder
-            reply = responder(body) if responder is not None else Text("ok")
-            if isinstance(reply, str):
-                reply = Text(reply)
+            answered = responder(body) if responder is not None else Text("ok")
+            scripted = Text(answered) if isinstance(answered, str) else answered
+        reply: Reply = scripted
         await self.pause(reply.delay)
         if isinstance(reply, Error | Raw):
             return _render(reply)
+        if streamed:
+            return await self._stream(request, body, reply)
         return _json(self._completion(body, reply))
 
     async def _embeddings(self, request: web.Request) -> web.Response:
@@ -222,7 +255,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
             body = None
         headers = {name.lower(): value for name, value in request.headers.items()}
         with self._lock:
-            self._requests.append(RecordedRequest(request.path, headers, body))
+            self._requests.append(RecordedRequest(request.path, headers, body, raw=raw))
         return body
 
     def _next(self, endpoint: Endpoint) -> Reply | None:
@@ -244,6 +277,9 @@ class FakeOpenAIServer(BackgroundHTTPServer):
     def _check_chat(self, body: Any) -> web.Response | None:
         if not isinstance(body, dict):
             return _bad_request("We could not parse the JSON body of your request.")
+        if self.strict_content and null_content_beside_tool_calls(body):
+            # What llama.cpp's server does (it parses content as a string and fails), status and all.
+            return _render(Error(500, "[json.exception.type_error.302] type must be string, but is null"))
         if not self.validate:
             return None
         problem = chat_request_problem(body)
@@ -263,10 +299,13 @@ class FakeOpenAIServer(BackgroundHTTPServer):
 
     # -- bodies ------------------------------------------------------------------------------------
 
-    def _completion(self, request: dict[str, Any], reply: Text | ToolCalls) -> dict[str, Any]:
+    def _serial(self) -> int:
         with self._lock:
             self._counter += 1
-            serial = self._counter
+            return self._counter
+
+    def _completion(self, request: dict[str, Any], reply: Text | ToolCalls) -> dict[str, Any]:
+        serial = self._serial()
         message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
         if isinstance(reply, Text):
             message["content"] = reply.text
@@ -286,12 +325,58 @@ class FakeOpenAIServer(BackgroundHTTPServer):
             "model": request.get("model", "fake-model"), "system_fingerprint": "fp_fake",
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
         }
-        if reply.usage is not False:
-            usage = dict(reply.usage or {"prompt_tokens": _prompt_tokens(request),
-                                         "completion_tokens": rough_tokens(produced)})
-            usage.setdefault("total_tokens", usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
+        usage = _usage(request, reply, produced)
+        if usage is not None:
             completion["usage"] = usage
         return completion
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], reply: Text | ToolCalls) -> web.StreamResponse:
+        """The reply as OpenAI streams it: server-sent `chat.completion.chunk`s, then `data: [DONE]`."""
+        serial = self._serial()
+        base = {"id": f"chatcmpl-fake{serial}", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": body.get("model", "fake-model"), "system_fingerprint": "fp_fake"}
+        options = body.get("stream_options")
+        with_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+            data: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                         "finish_reason": finish_reason}]}
+            if with_usage:  # OpenAI: null on every chunk but the last one
+                data["usage"] = None
+            return data
+
+        text: str | None
+        if isinstance(reply, Text):
+            text, finish_reason, calls = reply.text, reply.finish_reason, []
+        else:
+            text, finish_reason = reply.content, "tool_calls"
+            calls = [(name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+                     for name, args in reply.calls]
+        # OpenAI's first chunk names the role, with content "" for text and null for a tool-call turn.
+        chunks = [chunk({"role": "assistant", "content": "" if isinstance(reply, Text) else None,
+                         "refusal": None})]
+        chunks += [chunk({"content": piece}) for piece in _pieces(text or "", STREAM_PIECE_CHARS)]
+        for index, (name, arguments) in enumerate(calls):
+            chunks.append(chunk({"tool_calls": [{"index": index, "id": f"call_{serial}_{index}", "type": "function",
+                                                 "function": {"name": name, "arguments": ""}}]}))
+            chunks += [chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                       for piece in _pieces(arguments, STREAM_ARGUMENT_CHARS)]
+        chunks.append(chunk({}, finish_reason))
+        produced = (text or "") + "".join(arguments for _, arguments in calls)
+        usage = _usage(body, reply, produced)
+        if with_usage and usage is not None:
+            chunks.append({**base, "choices": [], "usage": usage})
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for number, data in enumerate(chunks):
+            if number > 1:  # chunks[0] names the role, chunks[1] is the first piece
+                await self.pause(reply.chunk_delay)
+            await response.write(f"data: {_json_dumps(data)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
 
 # -- helpers (module level so other fakes and tests can reuse them) -----------------------------------
@@ -304,6 +389,23 @@ def rough_tokens(text: str) -> int:
     """About what a BPE tokenizer counts: one per CJK character, one per four other characters."""
     cjk = len(_CJK.findall(text))
     return max(1, cjk + math.ceil((len(text) - cjk) / 4))
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """`text` cut into pieces of `size` characters (code points, so Chinese is never split mid-character)."""
+    return [text[start:start + size] for start in range(0, len(text), size)]
+
+
+def _usage(request: dict[str, Any], reply: Text | ToolCalls, produced: str) -> dict[str, Any] | None:
+    """The `usage` object for a reply: scripted, or estimated from the text; None when scripted away."""
+    if reply.usage is False:
+        return None
+    usage: dict[str, Any] = dict(reply.usage or {"prompt_tokens": _prompt_tokens(request),
+                                                 "completion_tokens": rough_tokens(produced)})
+    usage.setdefault("total_tokens", usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
+    if reply.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens, "audio_tokens": 0}
+    return usage
 
 
 def _prompt_tokens(request: dict[str, Any]) -> int:
@@ -341,8 +443,10 @@ def chat_request_problem(body: dict[str, Any]) -> str | None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "'messages' must be a non-empty array"
-    if body.get("stream"):
-        return "the fake server does not stream"
+    if "stream" in body and not isinstance(body["stream"], bool):
+        return "Invalid type for 'stream': expected a boolean."
+    if body.get("stream_options") is not None and not body.get("stream"):
+        return "The 'stream_options' parameter is only allowed when 'stream' is enabled."
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list) or not all(
@@ -372,6 +476,14 @@ def chat_request_problem(body: dict[str, Any]) -> str | None:
         return ("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
                 f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(awaiting)}")
     return None
+
+
+def null_content_beside_tool_calls(body: dict[str, Any]) -> bool:
+    """Whether an assistant message has `tool_calls` and a null (or missing) `content`."""
+    messages = body.get("messages")
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls") and m.get("content") is None
+        for m in messages)
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
