@@ -92,7 +92,7 @@ def chat(workspace: Workspace, server: FakeOpenAIServer | None, texts: list[str]
     async def body(loop: AgentLoop) -> list[str]:
         replies = []
         for text in texts:
-            replies.append(await loop.handle(key, text, notify=notices))
+            replies.append((await loop.handle(key, text, notify=notices)).text)
             await loop.wait_background()
         return replies
     return with_agent(workspace, server, body, max_retries=max_retries, api_base=api_base)
@@ -142,20 +142,35 @@ def history(body: dict[str, Any]) -> list[dict[str, Any]]:
     return list(body["messages"][1:])
 
 
+def said(message: dict[str, Any]) -> str:
+    """A message's text without the <context> data block picoclaw puts in front of a user's text."""
+    text = str(message.get("content") or "")
+    if message.get("role") == "user" and text.startswith("<context>\n"):
+        return text.split("</context>\n\n", 1)[1]
+    return text
+
+
 def contents(messages: list[dict[str, Any]]) -> list[str]:
-    return [str(m.get("content") or "") for m in messages]
+    """What each message says (user messages without their data block)."""
+    return [said(m) for m in messages]
 
 
-def memory_section(system: str) -> str:
+def turn_context(body: dict[str, Any]) -> str:
+    """The data block in front of the request's last user message ("" when there is none)."""
+    text = str([m for m in body["messages"] if m["role"] == "user"][-1]["content"])
+    return text.split("\n</context>", 1)[0] + "\n</context>" if text.startswith("<context>\n") else ""
+
+
+def memory_section(context: str) -> str:
     """The text inside <memory> … </memory> ("" when no memory was injected)."""
-    if "<memory>" not in system:
+    if "<memory>" not in context:
         return ""
-    return system.split("<memory>", 1)[1].split("</memory>", 1)[0]
+    return context.split("<memory>", 1)[1].split("</memory>", 1)[0]
 
 
-def injected_blocks(system: str) -> list[str]:
-    """The MEMORY.md blocks in the prompt, each as its text without the [file:lines] label."""
-    parts = memory_section(system).split("\n[")[1:]
+def injected_blocks(context: str) -> list[str]:
+    """The MEMORY.md blocks in a turn's data block, each as its text without the [file:lines] label."""
+    parts = memory_section(context).split("\n[")[1:]
     return [part.split("]\n", 1)[1].strip() for part in parts]
 
 

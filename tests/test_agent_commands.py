@@ -5,7 +5,7 @@ from __future__ import annotations
 from picoclaw.agent.commands import HELP
 from picoclaw.config import POLICY_KEYS
 from picoclaw.memory.workspace import Workspace
-from tests.agent_helpers import SESSION, chat, frozen, session_path, set_policy, turn_requests, write_memory
+from tests.agent_helpers import SESSION, chat, contents, frozen, session_path, set_policy, turn_requests, write_memory
 from tests.fakes import FakeOpenAIServer
 
 
@@ -67,7 +67,7 @@ def test_new_archives_the_session_and_the_next_turn_starts_empty(workspace: Work
     archives = [p for p in session_path(workspace).parent.rglob("*") if p.is_file() and p != session_path(workspace)]
     assert [p.read_bytes() for p in archives] == [old]  # the old conversation is kept whole
     last = turn_requests(fake_openai)[-1]["messages"]
-    assert [m["content"] for m in last[1:]] == ["hello again"]  # nothing of the old session is sent
+    assert contents(last[1:]) == ["hello again"]  # nothing of the old session is sent
 
 
 def test_new_on_a_fresh_session_archives_nothing(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:

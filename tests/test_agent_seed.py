@@ -16,6 +16,7 @@ from tests.agent_helpers import (
     TODAY,
     Notices,
     chat,
+    contents,
     frozen,
     history,
     injected_blocks,
@@ -25,6 +26,7 @@ from tests.agent_helpers import (
     set_policy,
     system_prompt,
     today_note,
+    turn_context,
     turn_requests,
     with_agent,
     write_memory,
@@ -60,9 +62,9 @@ def test_remembered_fact_is_a_dated_entry_recalled_by_a_new_session(
         assert chat(workspace, fake_openai, [question], key="cli:second") == ["An oat-milk latte. / 燕麦拿铁。"]
 
     asked = fake_openai.chat_requests()[2]
-    assert history(asked) == [{"role": "user", "content": question}]  # a new session: no old messages
+    assert contents(history(asked)) == [question]  # a new session: no old messages
     # The question found the stored block and only that one (ranked, not the whole file).
-    assert injected_blocks(system_prompt(asked)) == [f"## {TODAY}\n{content}"]
+    assert injected_blocks(turn_context(asked)) == [f"## {TODAY}\n{content}"]
 
 
 def test_memory_search_tool_finds_the_stored_fact_in_english_and_chinese(
@@ -97,18 +99,19 @@ def test_retrieve_limit_and_recent_days_apply_on_the_next_turn(
         async def body(loop: AgentLoop) -> None:
             await loop.handle(SESSION, "coffee?")
             set_policy(workspace, retrieve_limit=3, recent_days=1)  # no restart: read at every turn
-            await loop.handle(SESSION, "coffee?")
-            await loop.handle(SESSION, "咖啡？")
+            # New conversations: in the first one, every block is already in the context and is not sent again.
+            await loop.handle("cli:english", "coffee?")
+            await loop.handle("cli:chinese", "咖啡？")
 
         with_agent(workspace, fake_openai, body)
 
-    before, english, chinese = (system_prompt(b) for b in fake_openai.chat_requests())
+    before, english, chinese = (turn_context(b) for b in fake_openai.chat_requests())
     assert len(injected_blocks(before)) == 6
     assert "flat white" in before and "bought beans" in before
-    for system in (english, chinese):
-        blocks = injected_blocks(system)
+    for context in (english, chinese):
+        blocks = injected_blocks(context)
         assert len(blocks) == 3 and all(block in COFFEE_BLOCKS for block in blocks)
-        assert "bought beans" in system and "flat white" not in system
+        assert "bought beans" in context and "flat white" not in context
 
 
 SUMMARY_CASES = {
@@ -144,7 +147,7 @@ def test_threshold_five_summarises_and_the_chat_goes_on(
     # Turn 4 went on from the summary and the 4 kept messages.
     fourth = turn_requests(fake_openai)[3]
     assert f"## Summary of the earlier conversation\n{summary}" in system_prompt(fourth)
-    assert [m["content"] for m in history(fourth)] == [texts[1], "answer 2", texts[2], "answer 3", texts[3]]
+    assert contents(history(fourth)) == [texts[1], "answer 2", texts[2], "answer 3", texts[3]]
     second_summary_request = fake_openai.chat_requests()[5]["messages"][1]["content"]
     assert second_summary_request.startswith(f"Summary of the conversation before this part:\n{summary}")
 
@@ -159,6 +162,7 @@ def test_summary_replaces_itself_not_the_memory(workspace: Workspace, fake_opena
 
     chat(workspace, fake_openai, ["hello", "hi again", "still here", "我喜欢什么咖啡？"])
 
-    last = system_prompt(turn_requests(fake_openai)[-1])
-    assert "## Summary of the earlier conversation" in last
-    assert "咖啡：燕麦拿铁" in memory_section(last)
+    last = turn_requests(fake_openai)[-1]
+    assert "## Summary of the earlier conversation" in system_prompt(last)
+    # The turn that carried the fact was folded into the summary, so the fact is sent again.
+    assert "咖啡：燕麦拿铁" in memory_section(turn_context(last))

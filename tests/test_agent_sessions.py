@@ -17,6 +17,7 @@ from tests.agent_helpers import (
     history,
     is_summary_request,
     records_of,
+    said,
     session_path,
     set_policy,
     system_prompt,
@@ -27,7 +28,7 @@ from tests.fakes import FakeOpenAIServer, Text
 
 
 def last_user(body: dict[str, Any]) -> str:
-    return str(body["messages"][-1]["content"])
+    return said(body["messages"][-1])
 
 
 def test_restart_mid_conversation_keeps_the_session(home: Path, fake_openai: FakeOpenAIServer) -> None:
@@ -82,7 +83,7 @@ def test_two_sessions_in_parallel_do_not_mix(workspace: Workspace, fake_openai: 
 
     async def body(loop: AgentLoop) -> list[list[str]]:
         async def talk(key: str, texts: list[str]) -> list[str]:
-            return [await loop.handle(key, text) for text in texts]
+            return [(await loop.handle(key, text)).text for text in texts]
         return list(await asyncio.gather(talk(slow, ["slow one", "slow two"]), talk(fast, ["快 一", "快 二"])))
 
     assert with_agent(workspace, fake_openai, body) == [["re: slow one", "re: slow two"], ["re: 快 一", "re: 快 二"]]
@@ -103,7 +104,8 @@ def test_turns_of_one_session_run_one_at_a_time(workspace: Workspace, fake_opena
     fake_openai.responder = lambda body: Text(f"re: {last_user(body)}", delay=0.05)
 
     async def body(loop: AgentLoop) -> list[str]:
-        return list(await asyncio.gather(loop.handle(SESSION, "first 第一"), loop.handle(SESSION, "second 第二")))
+        replies = await asyncio.gather(loop.handle(SESSION, "first 第一"), loop.handle(SESSION, "second 第二"))
+        return [reply.text for reply in replies]
 
     assert with_agent(workspace, fake_openai, body) == ["re: first 第一", "re: second 第二"]
     second = fake_openai.chat_requests()[1]

@@ -23,6 +23,7 @@ from tests.agent_helpers import (
     is_summary_request,
     records_of,
     reopen,
+    said,
     session_path,
     set_policy,
     system_prompt,
@@ -81,7 +82,7 @@ def test_messages_arriving_while_a_summary_is_written_are_kept(
     def model(body: dict[str, Any]) -> Text:
         if is_summary_request(body):
             return Text(SUMMARY_ZH, delay=0.3)
-        return Text(f"re: {body['messages'][-1]['content']}")
+        return Text(f"re: {said(body['messages'][-1])}")
     fake_openai.responder = model
     notices = Notices()
 
@@ -90,7 +91,8 @@ def test_messages_arriving_while_a_summary_is_written_are_kept(
             await loop.handle(SESSION, text, notify=notices)
         await wait_until(lambda: any(is_summary_request(b) for b in fake_openai.chat_requests()),
                          what="turn 3's summary request to reach the model")  # it is now being written
-        reply = await loop.handle(SESSION, "four 第四", notify=notices)  # answered without waiting for the summary
+        # Answered without waiting for the summary:
+        reply = (await loop.handle(SESSION, "four 第四", notify=notices)).text
         compactions_meanwhile = records_of(workspace, "compaction")
         await loop.wait_background()
         await loop.handle(SESSION, "five 第五", notify=notices)

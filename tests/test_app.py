@@ -13,6 +13,7 @@ import pytest
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
 from picoclaw.memory.session import session_filename
+from tests.agent_helpers import contents
 from tests.fakes import FakeOpenAIServer
 from tests.test_repl import configure
 
@@ -64,10 +65,10 @@ def test_a_per_user_transcript_left_in_the_shared_folder_moves_to_its_scope(
     fake_openai.reply_text("Hello again, Ada.")
 
     async def body(app: App) -> str:
-        return await app.agent(OWNER).handle(KEY, "what is my name?")
+        return (await app.agent(OWNER).handle(KEY, "what is my name?")).text
 
     assert run(home, body) == "Hello again, Ada."
-    sent = [m["content"] for m in fake_openai.chat_requests()[-1]["messages"][1:]]
+    sent = contents(fake_openai.chat_requests()[-1]["messages"][1:])
     assert sent == ["我叫阿达 / my name is Ada", "what is my name?"]  # the conversation went on
     assert not old.exists()
     moved = home / "workspace" / "users" / OWNER / "sessions" / session_filename(KEY)
@@ -117,13 +118,13 @@ def test_new_archives_a_transcript_still_in_the_shared_folder(home: Path, fake_o
     fake_openai.reply_text("A fresh start.")
 
     async def body(app: App) -> list[str]:
-        return [await app.agent(OWNER).handle(KEY, "/new"), await app.agent(OWNER).handle(KEY, "hello")]
+        return [(await app.agent(OWNER).handle(KEY, text)).text for text in ("/new", "hello")]
 
     archived, reply = run(home, body)
 
     assert archived.startswith("Started a new conversation. The previous one is archived as ")
     assert reply == "A fresh start." and not old.exists()
-    sent = [m["content"] for m in fake_openai.chat_requests()[-1]["messages"][1:]]
+    sent = contents(fake_openai.chat_requests()[-1]["messages"][1:])
     assert sent == ["hello"]  # the old conversation did not come back
     archive = home / "workspace" / "users" / OWNER / "sessions" / "archive"
     assert [p.name.endswith(session_filename(KEY)) for p in archive.iterdir()] == [True]

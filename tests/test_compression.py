@@ -366,7 +366,7 @@ def agent_turns(home: Path, server: FakeOpenAIServer, texts: list[str], key: str
             loop = AgentLoop(workspace, provider, build_tools(workspace))
             replies = []
             for text in texts:
-                replies.append(await loop.handle(key, text))
+                replies.append((await loop.handle(key, text)).text)
                 await loop.wait_background()
             return replies
     return asyncio.run(go())

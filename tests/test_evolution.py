@@ -25,6 +25,7 @@ from picoclaw.memory.session import SessionStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.openai_compat import from_config
 from picoclaw.tools.registry import build_tools
+from tests.agent_helpers import turn_context
 from tests.fakes import FakeOpenAIServer
 from tests.test_compression import agent_turns, fake_provider, run_cli
 from tests.test_repl import configure
@@ -295,7 +296,8 @@ FALCON = ["## 2025-01-01\nProject Falcon deadline is March 15.", "## 2025-01-02\
 
 
 def falcon_blocks(body: dict[str, Any]) -> int:
-    return body["messages"][0]["content"].count("Project Falcon ")
+    """Falcon blocks in the turn's data block."""
+    return turn_context(body).count("Project Falcon ")
 
 
 def test_change_is_used_by_the_next_turn_of_every_running_agent(home: Path, fake_openai: FakeOpenAIServer) -> None:
@@ -322,8 +324,9 @@ def test_change_is_used_by_the_next_turn_of_every_running_agent(home: Path, fake
             await repl.wait_background()
             await bot.handle("telegram:1", "Project Falcon — 回答里无关的记忆太多了")
             await bot.wait_background()  # the reflection sets retrieve_limit 1
-            await bot.handle("telegram:1", "Project Falcon?")
-            await repl.handle("cli:other", "Project Falcon?")
+            # New conversations, so that no block is already in the context and left out for that reason.
+            await bot.handle("telegram:2", "Project Falcon?")
+            await repl.handle("cli:third", "Project Falcon?")
             await repl.wait_background()
             await bot.wait_background()
 

@@ -572,8 +572,9 @@ def test_cli_status_and_reindex(home: Path, fake_openai: FakeOpenAIServer, capsy
     code, out, err = run_cli(capsys, "memory", "reindex")
     assert code == 0
     assert err.splitlines() == ["files      [##############################] 1/1",
-                                "embeddings [##############################] 2/2"]
-    assert "into 2 chunk(s)" in out and "vectors: 2 (2 embedded now, 0 from the cache)" in out
+                                "embeddings [##############################] 1/1"]
+    # MEMORY.md's title and intro are not a chunk: only the entry is.
+    assert "into 1 chunk(s)" in out and "vectors: 1 (1 embedded now, 0 from the cache)" in out
     code, out, _ = run_cli(capsys, "memory", "search", "柯基")
     assert code == 0 and "豆豆" in out and "memory/MEMORY.md:" in out
     for _ in range(2):
@@ -582,4 +583,4 @@ def test_cli_status_and_reindex(home: Path, fake_openai: FakeOpenAIServer, capsy
     code, out, _ = run_cli(capsys, "memory", "search", "green tea")
     assert code == 0 and "Green tea in the morning" in out
     code, out, _ = run_cli(capsys, "memory", "status")
-    assert "warning:    embeddings failed" in out and "no capacity" in out and "vectors:    2 (1 chunks" in out
+    assert "warning:    embeddings failed" in out and "no capacity" in out and "vectors:    1 (1 chunks" in out

@@ -409,5 +409,5 @@ def test_deleted_file_drops_out_of_the_cache(store: MemoryStore, retriever: Memo
 def test_long_term_blocks_in_file_order(retriever: MemoryRetriever) -> None:
     blocks = retriever.long_term_blocks()
     assert [b.start_line for b in blocks] == sorted(b.start_line for b in blocks)
-    assert blocks[0].text == "# Long-term memory"
+    assert blocks[0].heading == "## 2025-03-01"  # the title and intro above it are not memories
     assert blocks[-1].heading == "## 2025-03-08"

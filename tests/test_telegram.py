@@ -20,7 +20,7 @@ from picoclaw.app import App
 from picoclaw.channels.telegram import APOLOGY, COMMANDS, TelegramChannel, make_bot, not_authorised
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
-from tests.agent_helpers import API_KEY, make_provider, session_records
+from tests.agent_helpers import API_KEY, contents, make_provider, said, session_records
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import BOT_USERNAME, ENTITY_ERROR, TOKEN, FakeTelegramServer
 
@@ -82,7 +82,7 @@ def replied(telegram: FakeTelegramServer, chat_id: int, count: int = 1) -> Calla
 
 def echo(body: dict[str, Any]) -> str:
     """The fake model's answer: the last user message, so a reply shows which chat it was for."""
-    return "echo: " + [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+    return "echo: " + said([m for m in body["messages"] if m["role"] == "user"][-1])
 
 
 def tree(home: Path) -> dict[str, bytes]:
@@ -112,7 +112,7 @@ def test_an_allowed_user_is_answered_in_english_and_chinese(home: Path, fake_tel
     [menu] = fake_telegram.calls("setMyCommands")
     assert [c["command"] for c in menu.params["commands"]] == [c.command for c in COMMANDS]
     messages = [r["message"] for r in session_records(workspace, f"telegram:{OWNER}")]
-    assert [m["content"] for m in messages] == ["hi there", "Hello **Ada** & <friends>", "你好", "你好，**阿达**！"]
+    assert contents(messages) == ["hi there", "Hello **Ada** & <friends>", "你好", "你好，**阿达**！"]
 
 
 def test_a_stranger_is_told_their_id_once_and_leaves_no_trace(home: Path, fake_telegram: FakeTelegramServer,
@@ -267,7 +267,7 @@ def test_one_chats_messages_are_answered_in_order(home: Path, fake_telegram: Fak
     assert fake_telegram.sent_texts(OWNER) == [f"echo: {t}" for t in texts]
     # Each turn saw the ones before it: the history sent with the last call has all earlier messages.
     last = fake_openai.chat_requests()[-1]["messages"]
-    assert [m["content"] for m in last if m["role"] == "user"] == texts
+    assert [said(m) for m in last if m["role"] == "user"] == texts
 
 
 # -- whose memory ------------------------------------------------------------------------------------------
@@ -386,7 +386,7 @@ def test_a_restart_resumes_the_chat_and_old_updates_are_not_answered_twice(
     serve(App.open(home).workspace, fake_telegram, fake_openai, second)
 
     assert fake_telegram.sent_texts(OWNER) == ["echo: my name is Ada / 我叫阿达", "echo: what is my name?"]
-    history = [m["content"] for m in fake_openai.chat_requests()[-1]["messages"][1:]]
+    history = contents(fake_openai.chat_requests()[-1]["messages"][1:])
     assert history == ["my name is Ada / 我叫阿达", "echo: my name is Ada / 我叫阿达", "what is my name?"]
 
 

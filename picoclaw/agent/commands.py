@@ -1,4 +1,4 @@
-"""Slash commands, answered without the model: /new /compact /memory /policy /help.
+"""Slash commands, answered without the model: /new /compact /memory /policy /status /help.
 
 Parsing and the replies' wording live here; the loop runs a command with its own parts (AgentLoop.command).
 """
@@ -12,12 +12,14 @@ from picoclaw.agent.context import InjectedMemory
 from picoclaw.agent.summary import CompactResult
 from picoclaw.config import POLICY_KEYS
 from picoclaw.memory.policy import EffectivePolicy
+from picoclaw.memory.session import Session
 
 HELP = """Commands:
 /new — start a fresh conversation (the old one is archived)
 /compact — summarise the conversation now to free context
 /memory [query] — show what memory would be put in front of the model for a query
 /policy — show the memory policy in force
+/status — the model, this conversation's size, the last prompt's tokens (and how many were cached)
 /help — this list
 Anything else goes to the assistant."""
 
@@ -73,4 +75,32 @@ def memory_report(memory: InjectedMemory, query: str, root: Path) -> str:
         for block in memory.notes:
             lines.append(f"- {block.path.relative_to(root)}:{block.start_line}-{block.end_line}  "
                          f"{block.text.strip().splitlines()[-1]}")
+    return "\n".join(lines)
+
+
+def status_report(model: str, provider: str, session: Session, effective: EffectivePolicy) -> str:
+    """The model, the conversation's size, the last prompt (cached share), the last turn's memory, the policy."""
+    active = session.active()
+    lines = [f"model: {model} (provider {provider})",
+             f"conversation {session.key}: {len(session.messages)} messages, {len(active)} since the last summary"
+             + ("" if session.summary else " (none yet)")]
+    usage = session.last_usage()
+    if usage is None or usage.prompt_tokens is None:
+        lines.append("last prompt: no token count from the provider yet")
+    else:
+        cached = ("the provider did not say how many were cached" if usage.cached_tokens is None
+                  else f"{usage.cached_tokens:,} of them cached by the provider")
+        lines.append(f"last prompt: {usage.prompt_tokens:,} tokens, {cached}")
+    last_user = next((m for m in reversed(active) if m.message.get("role") == "user"), None)
+    if last_user is not None:
+        carried = len(session.injected_blocks())
+        lines.append(f"last turn: {len(last_user.blocks)} new blocks of memory and notes injected "
+                     f"({carried} in the conversation so far)")
+    layers: dict[str, list[str]] = {}
+    for key, source in effective.sources.items():
+        layers.setdefault(source, []).append(key)
+    described = [f"{', '.join(layers['overrides'])} from policy_overrides.json"] if "overrides" in layers else []
+    described += [f"{len(layers['config'])} key(s) from config.json"] if "config" in layers else []
+    described += [f"{len(layers['default'])} default(s)"] if "default" in layers else []
+    lines.append("policy: " + "; ".join(described) + " (/policy shows each value)")
     return "\n".join(lines)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from picoclaw import clock
 from picoclaw.agent.commands import (
@@ -20,26 +22,38 @@ from picoclaw.agent.commands import (
     new_reply,
     parse_command,
     policy_report,
+    status_report,
     unknown_reply,
 )
 from picoclaw.agent.context import ContextBuilder
 from picoclaw.agent.history import keep_last, safe_start
 from picoclaw.agent.reflection import Reflector
+from picoclaw.agent.streaming import StreamGate, TextSink
 from picoclaw.agent.summary import CompactResult, accept_summary, summary_request
+from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
 from picoclaw.config import MemoryPolicy
 from picoclaw.memory.compression import LongTermCompressor
-from picoclaw.memory.session import Session
+from picoclaw.memory.session import Session, StoredMessage
 from picoclaw.memory.workspace import Workspace
-from picoclaw.providers.base import ChatProvider, Message, ProviderError
+from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
 from picoclaw.tokens import count_tokens
 from picoclaw.tools.base import ToolRegistry
 
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str, str], Awaitable[None]]
+ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSON text)
 
 SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
 TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to one message; `error` is set when it is an apology because the model could not answer."""
+
+    text: str
+    error: ProviderError | None = None
 
 
 class AgentLoop:
@@ -49,6 +63,7 @@ class AgentLoop:
         self.workspace = workspace
         self.provider = provider
         self.tools = tools
+        self._offered = offered_tools(tools)  # tool name → its Args model, for calls written as text
         self.context = ContextBuilder(workspace)
         self.sessions = workspace.sessions()
         self.compressor = LongTermCompressor(workspace.store, provider)
@@ -78,22 +93,25 @@ class AgentLoop:
 
     # -- a turn ------------------------------------------------------------------------------------
 
-    async def handle(self, key: str, text: str, *, notify: Notify | None = None) -> str:
+    async def handle(self, key: str, text: str, *, notify: Notify | None = None, on_text: TextSink | None = None,
+                     on_tool: ToolSink | None = None) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
-        `notify(key, text)` tells the sender about work done after the reply (a summary starting).
+        `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
+        as it starts, and `notify(key, text)` work done after the reply (a summary starting).
         """
         async with self.lock(key):
             command = parse_command(text)
             if command is not None:
-                return await self.command(key, command)
+                return Reply(await self.command(key, command))
             try:
-                reply = await self._turn(key, text)
+                answer = await self._turn(key, text, on_text, on_tool)
             except ProviderError as exc:
-                log.warning("session %s: model call failed (%s): %s", key, exc.kind, exc)
-                return f"Sorry, I could not get an answer from the model: {exc}"
+                # Info, not a warning: the channel shows the failure itself, once.
+                log.info("session %s: model call failed (%s): %s", key, exc.kind, exc)
+                return Reply(f"Sorry, I could not get an answer from the model: {exc}", error=exc)
         self._spawn(self._after_turn(key, notify))
-        return reply
+        return Reply(answer)
 
     async def command(self, key: str, command: Command) -> str:
         """The reply to a slash command of session `key`."""
@@ -108,53 +126,79 @@ class AgentLoop:
             return memory_report(memory, command.argument, self.workspace.root)
         if command.name == "/policy":
             return policy_report(self.workspace.policy.effective())
+        if command.name == "/status":
+            return status_report(self.provider.model, getattr(self.provider, "name", "?"), self.session(key),
+                                 self.workspace.policy.effective())
         return unknown_reply(command)
 
-    async def _turn(self, key: str, text: str) -> str:
+    async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None) -> str:
         session = self.session(key)
         policy = self.workspace.policy.current()
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
         schemas = self.tools.schemas()
-        user: Message = {"role": "user", "content": text}
-        turn: list[Message] = [user]
-        usage: list[int | None] = [None]
         notice = ""
-        messages = self.context.build(policy, session, text, now).messages
+        built = self.context.build(policy, session, text, now)
+        messages = built.messages
+        turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None
         for _ in range(defaults.max_tool_iterations):
             try:
-                reply = await self.provider.chat(messages, schemas)
+                reply = await self._ask(messages, schemas, on_text)
             except ProviderError as exc:
                 # Nothing set aside means the same request again: it could only fail the same way.
                 if exc.kind != "context_too_long" or notice or not self.force_compress(session):
                     raise
                 notice = TRIMMED_NOTICE
-                messages = self.context.build(policy, session, text, now).messages + turn[1:]
+                if on_text is not None:
+                    await on_text(f"{notice}\n\n")
+                built = self.context.build(policy, session, text, now)
+                turn[0] = built.user
+                messages = built.messages + [stored.as_sent() for stored in turn[1:]]
                 # The one retry happens here, not as a loop step: it must not use up a tool step.
-                reply = await self.provider.chat(messages, schemas)
+                reply = await self._ask(messages, schemas, on_text)
             assistant = reply.as_message()
             messages.append(assistant)
-            turn.append(assistant)
-            usage.append(reply.usage.prompt_tokens if reply.usage else None)
+            usage = reply.usage
+            turn.append(StoredMessage(0, assistant, usage.prompt_tokens if usage else None,
+                                      usage.cached_tokens if usage else None))
             if not reply.tool_calls:
                 final = reply.content or ""
                 break
             for call in reply.tool_calls:
+                if on_tool is not None:
+                    await on_tool(call.name, call.arguments)
                 result = await self.tools.execute(call.name, call.arguments)
                 log.info("session %s: tool %s → %d chars", key, call.name, len(result))
                 result_message: Message = {"role": "tool", "tool_call_id": call.id, "content": result}
                 messages.append(result_message)
-                turn.append(result_message)
-                usage.append(None)
+                turn.append(StoredMessage(0, result_message))
         if final is None:
             final = (f"I stopped after {defaults.max_tool_iterations} tool steps without finishing. "
                      "Tell me to go on if you want me to continue.")
-            turn.append({"role": "assistant", "content": final})
-            usage.append(None)
-        self.sessions.append_messages(session, turn, usage)
+            turn.append(StoredMessage(0, {"role": "assistant", "content": final}))
+            if on_text is not None:
+                await on_text(final)
+        self.sessions.append_messages(session, turn)
         answer = final.strip() or "(the model returned an empty answer)"
         return f"{notice}\n\n{answer}" if notice else answer
+
+    async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None
+                   ) -> ChatReply:
+        """One model call; a tool call the model wrote as text (small local models do) becomes a real one."""
+        text_calls = getattr(self.provider, "text_tool_calls", "auto") == "auto"
+        gate = StreamGate(on_text, hold_calls=text_calls) if on_text is not None else None
+        reply = await self.provider.chat(messages, schemas, on_text=gate.feed if gate is not None else None)
+        call = None
+        if text_calls and not reply.tool_calls:
+            call = find_text_tool_call(reply.content, self._offered)
+        if gate is not None:
+            await gate.finish(was_call=call is not None)
+        if call is None:
+            return reply
+        log.info("the model wrote a call of %s as text; running it as a tool call", call.name)
+        return ChatReply(call.before or None, [ToolCall(f"call_text_{len(messages)}", call.name, call.arguments)],
+                         reply.usage, "tool_calls")
 
     def force_compress(self, session: Session) -> int:
         """Set aside the oldest half of the active history (never splitting a tool call from its results)."""

@@ -1,34 +1,116 @@
-"""`picoclaw chat`: the assistant in a terminal (line editing and history where readline exists)."""
+"""`picoclaw chat`: the assistant in a terminal, its answers printed as they are written.
+
+On a terminal, prompt_toolkit reads the lines (editing, history, Ctrl-C and Ctrl-D that act at once); from a
+pipe, a reader thread does. Ctrl-C at the prompt leaves; Ctrl-C during an answer cancels that answer (nothing
+of it is stored) and returns to the prompt.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
-from typing import TextIO
+import threading
+from collections.abc import Iterator
+from typing import Protocol, TextIO
 
-from picoclaw.agent.loop import AgentLoop, Notify
+from picoclaw.agent.loop import AgentLoop, Notify, Reply
 
 PROMPT = "you> "
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
 DEFAULT_SESSION = "cli:default"
+TOOL_LINE_CHARS = 100
+CANCELLED = "(cancelled; nothing of this answer was kept)"
 
 
-def _enable_line_editing() -> None:
-    # Importing readline gives input() arrow keys and history; it is missing on some platforms.
-    try:
-        import readline  # noqa: F401
-    except ImportError:
-        pass
+class LineReader(Protocol):
+    """Where the REPL's lines come from; `read` raises EOFError at the end, KeyboardInterrupt on Ctrl-C."""
+
+    async def read(self, prompt: str) -> str: ...
 
 
 async def chat(agent: AgentLoop, *, session_key: str | None = None, message: str | None = None,
-               out: TextIO = sys.stdout) -> None:
-    """Run the REPL (or answer one `message`) with `agent`."""
+               out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Run the REPL (or answer one `message`) with `agent`; returns the exit code."""
     session_key = session_key or DEFAULT_SESSION
     if message is not None:
-        await run_once(agent, session_key, message, out)
+        return await run_once(agent, session_key, message, out, err)
+    return await run_interactive(agent, session_key, out, err)
+
+
+async def run_once(loop: AgentLoop, session_key: str, text: str, out: TextIO = sys.stdout,
+                   err: TextIO = sys.stderr) -> int:
+    """Answer one message, wait for its background work (summary …); 1 when no answer could be had."""
+    reply = await answer(loop, session_key, text, out, err)
+    await loop.wait_background()
+    return 1 if reply.error is not None else 0
+
+
+async def run_interactive(loop: AgentLoop, session_key: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+                          lines: LineReader | None = None) -> int:
+    """Read lines until EOF or `exit`, answering each; background work finishes before returning."""
+    interactive = lines is None and sys.stdin.isatty()
+    reader = lines or (_TerminalLines() if interactive else _PipedLines())
+    if interactive:
+        out.write(f"picoclaw chat — session {session_key}. /help for commands, Ctrl-D or Ctrl-C to leave.\n")
+    while True:
+        try:
+            line = await reader.read(PROMPT if interactive else "")
+        except EOFError:
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if text.lower() in EXIT_WORDS:
+            break
+        turn = asyncio.ensure_future(answer(loop, session_key, text, out, err))
+        with _ctrl_c_cancels(turn):
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if not turn.cancelled():
+                    raise  # we were cancelled ourselves, not the answer
+                out.write(f"\n{CANCELLED}\n")
+                out.flush()
+    await loop.wait_background()
+    return 0
+
+
+async def answer(loop: AgentLoop, session_key: str, text: str, out: TextIO, err: TextIO) -> Reply:
+    """One message: the answer streamed to `out` (tool calls as one short line each), a failure as one line
+    on `err`."""
+    streamed = False
+    notify = _printer(out)
+
+    async def on_text(delta: str) -> None:
+        nonlocal streamed
+        streamed = True
+        out.write(delta)
+        out.flush()
+
+    async def on_tool(name: str, arguments: str) -> None:
+        nonlocal streamed
+        shown = " ".join(arguments.split())
+        if len(shown) > TOOL_LINE_CHARS:
+            shown = shown[:TOOL_LINE_CHARS] + "…"
+        out.write(f"{chr(10) if streamed else ''}· {name} {shown}\n")
+        out.flush()
+        streamed = False  # the answer starts on a line of its own
+
+    reply = await loop.handle(session_key, text, notify=notify, on_text=on_text, on_tool=on_tool)
+    if reply.error is not None:
+        if streamed:
+            out.write("\n")
+        out.flush()
+        err.write(f"picoclaw: error: {reply.error}\n")
+        err.flush()
+    elif streamed:
+        out.write("\n")
     else:
-        await run_interactive(agent, session_key, out)
+        out.write(reply.text + "\n")  # a command's reply, or an answer that came with no text at all
+    out.flush()
+    return reply
 
 
 def _printer(out: TextIO) -> Notify:
@@ -38,30 +120,52 @@ def _printer(out: TextIO) -> Notify:
     return notify
 
 
-async def run_once(loop: AgentLoop, session_key: str, text: str, out: TextIO = sys.stdout) -> None:
-    """Answer one message, wait for its background work (summary …), then return."""
-    out.write(await loop.handle(session_key, text, notify=_printer(out)) + "\n")
-    out.flush()
-    await loop.wait_background()
+@contextlib.contextmanager
+def _ctrl_c_cancels(task: asyncio.Future[Reply]) -> Iterator[None]:
+    """While `task` runs, Ctrl-C cancels it instead of ending the program."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+    except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, or not the main thread)
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
-async def run_interactive(loop: AgentLoop, session_key: str, out: TextIO = sys.stdout) -> None:
-    """Read lines until EOF or `exit`, answering each; background work finishes before returning."""
-    interactive = sys.stdin.isatty()
-    notify = _printer(out)
-    if interactive:
-        _enable_line_editing()
-        out.write(f"picoclaw chat — session {session_key}. /help for commands, Ctrl-D to leave.\n")
-    while True:
+class _TerminalLines:
+    """prompt_toolkit: line editing and history; Ctrl-C raises KeyboardInterrupt at once, Ctrl-D EOFError."""
+
+    def __init__(self) -> None:
+        from prompt_toolkit import PromptSession
+
+        self._session: PromptSession[str] = PromptSession()
+
+    async def read(self, prompt: str) -> str:
+        return await self._session.prompt_async(prompt)
+
+
+class _PipedLines:
+    """Lines from a pipe, read by a daemon thread: waiting for one never keeps the program from exiting
+    (a worker of asyncio's default executor would, until the next line came)."""
+
+    def __init__(self) -> None:
+        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        threading.Thread(target=self._pump, name="picoclaw-stdin", daemon=True).start()
+
+    def _pump(self) -> None:
         try:
-            line = await asyncio.to_thread(input, PROMPT if interactive else "")
-        except EOFError:
-            break
-        text = line.strip()
-        if not text:
-            continue
-        if text.lower() in EXIT_WORDS:
-            break
-        out.write(await loop.handle(session_key, text, notify=notify) + "\n")
-        out.flush()
-    await loop.wait_background()
+            for line in sys.stdin:
+                self._loop.call_soon_threadsafe(self._lines.put_nowait, line)
+            self._loop.call_soon_threadsafe(self._lines.put_nowait, None)
+        except RuntimeError:  # the event loop is closed: the program is ending
+            return
+
+    async def read(self, prompt: str) -> str:
+        line = await self._lines.get()
+        if line is None:
+            raise EOFError
+        return line

@@ -40,6 +40,7 @@ COMMANDS = [
     BotCommand(command="compact", description="summarise the conversation now"),
     BotCommand(command="memory", description="what memory a query would bring up"),
     BotCommand(command="policy", description="the memory policy in force"),
+    BotCommand(command="status", description="model, conversation size, cached tokens"),
     BotCommand(command="help", description="the commands"),
 ]
 APOLOGY = "Sorry, something went wrong on my side while answering. Please try again in a moment."
@@ -221,7 +222,7 @@ class TelegramChannel:
         log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))
         typing = asyncio.create_task(self._keep_typing(chat_id))
         try:
-            reply = await self._loop_for(user).handle(key, text, notify=self._notify)
+            reply = (await self._loop_for(user).handle(key, text, notify=self._notify)).text
         except Exception:
             log.exception("telegram: chat %s user %s: the turn failed", chat_id, user.id)
             reply = APOLOGY

@@ -296,12 +296,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
         raise UsageError("the message given with -m is empty")
     app = _app()
 
-    async def run() -> None:
+    async def run() -> int:
         async with app:
-            await chat(app.agent(), session_key=args.session, message=args.message)
+            return await chat(app.agent(), session_key=args.session, message=args.message)
 
-    asyncio.run(run())
-    return 0
+    return asyncio.run(run())
 
 
 def cmd_telegram(args: argparse.Namespace) -> int:

@@ -144,8 +144,18 @@ class FileIndex:
         return cls(blocks, lengths, postings, [normalize(b.text) for b in blocks], sum(lengths))
 
 
-def _index_file(path: Path) -> FileIndex:
+def entry_blocks(text: str, path: Path) -> list[Block]:
+    """MEMORY.md's blocks without its title and intro (everything above the first `## `): they describe
+    the file, they are not memories, and must never be injected or found."""
+    return [block for block in split_blocks(text, path) if block.heading]
+
+
+def _index_note(path: Path) -> FileIndex:
     return FileIndex.build(split_blocks(path.read_text(encoding="utf-8", errors="replace"), path))
+
+
+def _index_long_term(path: Path) -> FileIndex:
+    return FileIndex.build(entry_blocks(path.read_text(encoding="utf-8", errors="replace"), path))
 
 
 def rank(indexes: list[FileIndex], query: str, limit: int) -> list[Hit]:
@@ -190,7 +200,8 @@ class MemoryRetriever:
 
     def __init__(self, store: MemoryStore):
         self.store = store
-        self.cache: FileCache[FileIndex] = FileCache(_index_file)
+        self.cache: FileCache[FileIndex] = FileCache(_index_long_term)  # MEMORY.md
+        self.notes_cache: FileCache[FileIndex] = FileCache(_index_note)
 
     def long_term_blocks(self) -> list[Block]:
         """MEMORY.md's blocks in file order."""
@@ -202,8 +213,7 @@ class MemoryRetriever:
 
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         """The best `limit` blocks for `query`, best first; daily notes join when `include_notes`."""
-        paths = [self.store.long_term_path]
+        found = [self.cache.get(self.store.long_term_path)]
         if include_notes:
-            paths.extend(self.store.note_files())
-        indexes = [ix for ix in (self.cache.get(p) for p in paths) if ix is not None]
-        return rank(indexes, query, limit)
+            found.extend(self.notes_cache.get(path) for path in self.store.note_files())
+        return rank([index for index in found if index is not None], query, limit)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -30,11 +30,40 @@ SUFFIX = ".jsonl"
 
 @dataclass
 class StoredMessage:
-    """A message of the history with its number and, for assistant replies, the prompt size reported."""
+    """A message of the history, its number, and what came with it.
+
+    A user message keeps the data block that was sent in front of its text (`context`: retrieved memory,
+    notes, the time) and the keys of the memory blocks in it, so the history is sent again byte for byte
+    (providers' prompt caches match it) and a block already in the context is not injected twice. An
+    assistant reply keeps the prompt size the provider reported, and how much of it the provider had cached.
+    """
 
     id: int
     message: Message
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    context: str | None = None
+    blocks: tuple[str, ...] = ()
+
+    def as_sent(self) -> Message:
+        """The message as the model is sent it: a user message with its data block in front of the text."""
+        if self.context:
+            return {**self.message, "content": with_context(self.context, str(self.message.get("content") or ""))}
+        if self.message.get("tool_calls") and self.message.get("content") is None:
+            return {**self.message, "content": ""}  # older files; llama.cpp's server refuses null here
+        return self.message
+
+    def record(self) -> dict[str, Any]:
+        """The JSONL record of this message (optional fields only when set)."""
+        extras = {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                  "context": self.context, "blocks": list(self.blocks) or None}
+        return {"type": "message", "id": self.id, "time": clock.now().isoformat(), "message": self.message,
+                **{key: value for key, value in extras.items() if value is not None}}
+
+
+def with_context(context: str, text: str) -> str:
+    """A user message's text with its data block in front: the one way the two are joined."""
+    return f"{context}\n\n{text}"
 
 
 @dataclass
@@ -57,15 +86,21 @@ class Session:
         return [m for m in self.messages if m.id > self.compacted_through]
 
     def active_messages(self) -> list[Message]:
-        """The active history as plain chat messages."""
-        return [m.message for m in self.active()]
+        """The active history as it is sent to the model (user messages with their data blocks)."""
+        return [m.as_sent() for m in self.active()]
+
+    def injected_blocks(self) -> set[str]:
+        """Keys of the memory blocks the active history already carries."""
+        return {key for m in self.active() for key in m.blocks}
+
+    def last_usage(self) -> StoredMessage | None:
+        """The newest active reply for which the provider reported the prompt size."""
+        return next((m for m in reversed(self.active()) if m.prompt_tokens is not None), None)
 
     def last_prompt_tokens(self) -> int | None:
         """Prompt tokens the provider reported for the newest active reply, if any."""
-        for stored in reversed(self.active()):
-            if stored.prompt_tokens is not None:
-                return stored.prompt_tokens
-        return None
+        stored = self.last_usage()
+        return stored.prompt_tokens if stored is not None else None
 
     def messages_since_reflection(self) -> int:
         return sum(1 for m in self.messages if m.id > self.reflected_through)
@@ -120,8 +155,11 @@ class SessionStore:
     def _apply(session: Session, record: dict[str, Any]) -> None:
         kind = record["type"]
         if kind == "message":
-            session.messages.append(StoredMessage(int(record["id"]), dict(record["message"]),
-                                                  record.get("prompt_tokens")))
+            blocks = record.get("blocks") or ()
+            context = record.get("context")
+            session.messages.append(StoredMessage(
+                int(record["id"]), dict(record["message"]), record.get("prompt_tokens"), record.get("cached_tokens"),
+                context if isinstance(context, str) else None, tuple(str(key) for key in blocks)))
         elif kind == "compaction":
             session.compacted_through = max(session.compacted_through, int(record["through"]))
             if record.get("summary"):
@@ -129,17 +167,10 @@ class SessionStore:
         elif kind == "reflection":
             session.reflected_through = max(session.reflected_through, int(record["through"]))
 
-    def append_messages(self, session: Session, messages: list[Message],
-                        prompt_tokens: list[int | None] | None = None) -> None:
+    def append_messages(self, session: Session, messages: list[StoredMessage]) -> None:
         """Number and append messages (one write, fsynced) and add them to `session`."""
-        stored = []
-        for offset, message in enumerate(messages):
-            tokens = prompt_tokens[offset] if prompt_tokens else None
-            stored.append(StoredMessage(session.last_id + 1 + offset, message, tokens))
-        records = [{"type": "message", "id": s.id, "time": clock.now().isoformat(), "message": s.message,
-                    **({"prompt_tokens": s.prompt_tokens} if s.prompt_tokens is not None else {})}
-                   for s in stored]
-        self._append(session.path, records)
+        stored = [replace(message, id=session.last_id + 1 + offset) for offset, message in enumerate(messages)]
+        self._append(session.path, [message.record() for message in stored])
         session.messages.extend(stored)
 
     def add_compaction(self, session: Session, through: int, summary: str | None, reason: str) -> None:

@@ -14,12 +14,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from picoclaw.memory.retrieval import Block, split_blocks
+from picoclaw.memory.retrieval import Block, entry_blocks, split_blocks
 from picoclaw.memory.session import said_lines
 from picoclaw.memory.terms import terms
 from picoclaw.tokens import count_tokens
 
 DEFAULT_CHUNK_TOKENS = 400
+CHUNKING_RULES = 2  # bumped when what becomes a chunk changes (2: MEMORY.md's title and intro are left out)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class TokenLimit:
     @property
     def key(self) -> str:
         """Changes whenever chunk boundaries could: stored in the index so a change re-chunks every file."""
-        return f"{self.name}:{self.limit}"
+        return f"{self.name}:{self.limit}:{CHUNKING_RULES}"
 
 
 DEFAULT_LIMIT = TokenLimit("o200k", DEFAULT_CHUNK_TOKENS)
@@ -120,9 +121,11 @@ def _pieces(block: Block, limit: TokenLimit) -> list[Chunk]:
     return chunks
 
 
-def markdown_chunks(text: str, path: Path, limit: TokenLimit) -> list[Chunk]:
-    """The chunks of a Markdown memory file (MEMORY.md or a daily note)."""
-    return [chunk for block in split_blocks(text, path) if not _is_title(block) for chunk in _pieces(block, limit)]
+def markdown_chunks(text: str, path: Path, limit: TokenLimit, *, entries_only: bool = False) -> list[Chunk]:
+    """The chunks of a Markdown memory file: a daily note, or MEMORY.md (`entries_only`: its title and
+    intro above the first `## ` are left out, as the plain retriever leaves them out)."""
+    blocks = entry_blocks(text, path) if entries_only else split_blocks(text, path)
+    return [chunk for block in blocks if not _is_title(block) for chunk in _pieces(block, limit)]
 
 
 def session_chunks(text: str, path: Path, limit: TokenLimit) -> list[Chunk]:

@@ -126,7 +126,7 @@ def forget_everything(conn: sqlite3.Connection) -> None:
 def _chunks_of(file: SourceFile, text: str, limit: TokenLimit) -> list[Chunk]:
     if file.source == "sessions":
         return session_chunks(text, file.path, limit)
-    return markdown_chunks(text, file.path, limit)
+    return markdown_chunks(text, file.path, limit, entries_only=file.source == "memory")
 
 
 class Syncer:

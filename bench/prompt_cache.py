@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""How much of each request is a byte-identical prefix of the previous one: what a prompt cache can reuse.
+
+What is measured
+    A temporary home is onboarded; MEMORY.md gets 60 short facts, half English, half Chinese, each naming
+    two people or places (fact n names thing n and thing n+1), so that every message of the session
+    matches a different pair of blocks, one of them new. One session of ``--turns`` turns (default 50)
+    asks about thing 1, 2, 3 … through the real AgentLoop and openai client; the fake OpenAI-compatible
+    server of the tests answers each turn with one short sentence and records every request's raw bytes.
+    Summaries are kept from firing (``--summaries`` lets them), so the table shows the prompt itself.
+
+    share = (bytes at the start of this request identical to the start of the previous request) /
+    (bytes of this request). A provider or a local server (llama.cpp, vLLM) reuses its cache for that
+    prefix: the closer to 1, the less it has to read again. Before the prompt was reordered (issue 11),
+    this was 0.53-0.70 and fell as the session grew; the target is >= 0.95 from turn 3 on.
+
+Run (from the repository root):
+    python bench/prompt_cache.py
+    python bench/prompt_cache.py --turns 80 --summaries
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from picoclaw.app import App  # noqa: E402
+from picoclaw.config import Config, load_config  # noqa: E402
+from picoclaw.onboard import onboard  # noqa: E402
+from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
+from tests.fakes import FakeOpenAIServer, Text  # noqa: E402
+
+SESSION = "cli:bench"
+TARGET = 0.95
+THINGS_EN = ["Aurora", "Bramble", "Cobalt", "Dahlia", "Ember", "Fjord", "Garnet", "Harbor", "Indigo", "Juniper",
+             "Kestrel", "Lagoon", "Meadow", "Nimbus", "Orchid", "Pebble", "Quartz", "Russet", "Saffron", "Tundra",
+             "Umber", "Violet", "Willow", "Xenon", "Yarrow", "Zephyr", "Alder", "Birch", "Cedar", "Dune"]
+# No character in two names: Chinese is matched by characters and pairs, and the bench wants each question
+# to find its own fact (and its neighbour's), not every name that shares a character.
+THINGS_ZH = ["青岛", "桂林", "丽江", "大理", "厦门", "苏州", "洛阳", "开封", "敦煌", "拉萨", "喀什", "漠河", "三亚",
+             "凤凰", "婺源", "黄山", "平遥", "周庄", "乌镇", "南宁", "鼓浪屿", "张家界", "九寨沟", "香格里", "泰安",
+             "峨眉", "成都", "重庆", "昆明", "贵阳"]
+
+
+def facts() -> tuple[list[str], list[str]]:
+    """The MEMORY.md entries and one question per entry (English and Chinese alternating)."""
+    things = [thing for pair in zip(THINGS_EN, THINGS_ZH) for thing in pair]
+    entries, questions = [], []
+    for n, thing in enumerate(things):
+        following = things[(n + 1) % len(things)]
+        day = f"2025-{1 + n // 28:02d}-{1 + n % 28:02d}"
+        if n % 2 == 0:
+            entries.append(f"## {day}\n{thing} is where we met; {following} came up on the same trip.")
+            questions.append(f"What happened at {thing}?")
+        else:
+            entries.append(f"## {day}\n{thing}是我们常去的地方；{following}也在计划里。")
+            questions.append(f"{thing}怎么样？")
+    return entries, questions
+
+
+def shared_prefix(previous: bytes, current: bytes) -> int:
+    """Length of the common start of two byte strings."""
+    limit = min(len(previous), len(current))
+    low, high = 0, limit
+    while low < high:  # binary search on equal prefixes: fast for the ~100 KB requests of a long session
+        middle = (low + high + 1) // 2
+        if previous[:middle] == current[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+async def run_session(turns: int, summaries: bool) -> list[bytes]:
+    entries, questions = facts()
+    with FakeOpenAIServer() as model, tempfile.TemporaryDirectory(prefix="picoclaw-bench-cache-") as tmp:
+        home = Path(tmp) / "home"
+        onboard(home)
+        config_path = home / "config.json"
+        data = json.loads(config_path.read_text(encoding="utf-8"))
+        if not summaries:
+            data["memory"].update(session_summary_message_threshold=1000, session_summary_token_percent=95)
+        config_path.write_text(json.dumps(data), encoding="utf-8")
+        memory = home / "workspace" / "memory" / "MEMORY.md"
+        memory.write_text("# Long-term memory\n\n" + "\n\n".join(entries) + "\n", encoding="utf-8")
+        model.responder = lambda body: Text("Noted; that matches what you told me before. 好的。")
+
+        def connect(config: Config) -> OpenAICompatProvider:
+            return OpenAICompatProvider(name="openai", api_base=model.base_url, api_key="sk-bench",
+                                        defaults=config.agents.defaults, timeout=30.0, max_retries=0)
+
+        async with App(load_config(home), home, make_provider=connect) as app:
+            agent = app.agent()
+            for n in range(turns):
+                await agent.handle(SESSION, questions[n % len(questions)])
+                await agent.wait_background()
+        return [request.raw for request in model.requests if request.path.endswith("/chat/completions")
+                and not _is_summary(request.raw)]
+
+
+def _is_summary(raw: bytes) -> bool:
+    return b"You compact a conversation" in raw[:2000]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=50, help="turns of the session (default 50)")
+    parser.add_argument("--summaries", action="store_true", help="let session summaries fire (default: off)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    requests = asyncio.run(run_session(args.turns, args.summaries))
+    print(f"{len(requests)} turns of one session; share = byte-identical prefix of the previous request")
+    print(f"| {'turn':>4} | {'request bytes':>13} | {'shared bytes':>12} | {'share':>6} |")
+    print(f"|{'-' * 6}|{'-' * 15}|{'-' * 14}|{'-' * 8}|")
+    shares = []
+    for n, (previous, current) in enumerate(zip(requests, requests[1:]), start=2):
+        shared = shared_prefix(previous, current)
+        share = shared / len(current)
+        shares.append((n, share))
+        print(f"| {n:>4} | {len(current):>13,} | {shared:>12,} | {share:>6.3f} |")
+    later = [share for n, share in shares if n >= 3]
+    print(f"\nfrom turn 3 on: min {min(later):.3f}, median {statistics.median(later):.3f} "
+          f"(target >= {TARGET}; before issue 11: 0.53-0.70, falling): "
+          f"{'met' if min(later) >= TARGET else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
