@@ -13,7 +13,7 @@ from picoclaw.agent.text_tool_calls import MAX_CHARS, TextToolCall, find_text_to
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.registry import TOOL_CLASSES, build_tools
 
-CORPUS_PATH = Path(__file__).resolve().parents[2] / "shared" / "real-model" / "text_tool_calls.json"
+CORPUS_PATH = Path(__file__).resolve().parent / "data" / "real-model" / "text_tool_calls.json"
 CORPUS: list[dict[str, Any]] = json.loads(CORPUS_PATH.read_text(encoding="utf-8"))
 ALL_TOOLS: dict[str, type[BaseModel]] = {cls.name: cls.Args for cls in TOOL_CLASSES}
 
