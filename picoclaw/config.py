@@ -156,6 +156,9 @@ class MemoryPolicy(BaseModel):
     memory_token_budget: int = Field(
         2000, ge=200, le=32000, description="most tokens of retrieved memory + notes put into one prompt"
     )
+    memory_flush_enabled: bool = Field(
+        True, description="before a summary or /new, ask the model for the lasting facts and store them in MEMORY.md"
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> MemoryPolicy:
@@ -170,8 +173,9 @@ class MemoryPolicy(BaseModel):
 
 
 POLICY_KEYS: tuple[str, ...] = tuple(MemoryPolicy.model_fields)
-# Reflection may change every key but the switch that lets it change keys.
-TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key != "evolution_enabled")
+# Reflection tunes numbers; the switches (its own above all) are the user's.
+SWITCHES = ("evolution_enabled", "memory_flush_enabled")
+TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key not in SWITCHES)
 
 
 class MemoryConfig(MemoryPolicy):

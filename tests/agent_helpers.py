@@ -21,6 +21,7 @@ from freezegun.api import _freeze_time
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS
 from picoclaw.app import App
+from picoclaw.memory.flush import FLUSH_INSTRUCTIONS
 from picoclaw.memory.session import session_filename
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.openai_compat import OpenAICompatProvider
@@ -56,11 +57,14 @@ def frozen(when: str = FROZEN) -> _freeze_time:
 
 
 def make_provider(workspace: Workspace, server: FakeOpenAIServer | None, *, max_retries: int = 0,
-                  api_base: str | None = None) -> OpenAICompatProvider:
-    """The real provider, pointed at the fake server (or at `api_base`); call inside the event loop."""
+                  api_base: str | None = None, text_tool_calls: str = "auto") -> OpenAICompatProvider:
+    """The real provider, pointed at the fake server (or at `api_base`); call inside the event loop.
+
+    `text_tool_calls` is the provider entry's setting ("auto" reads tool calls written as text, "off" not)."""
     base = api_base if api_base is not None else (server.base_url if server else "")
     return OpenAICompatProvider(name="openai", api_base=base, api_key=API_KEY,
-                                defaults=workspace.config.agents.defaults, timeout=5.0, max_retries=max_retries)
+                                defaults=workspace.config.agents.defaults, timeout=5.0, max_retries=max_retries,
+                                text_tool_calls=text_tool_calls)
 
 
 @dataclass
@@ -74,10 +78,12 @@ class Notices:
 
 
 def with_agent(workspace: Workspace, server: FakeOpenAIServer | None,
-               body: Callable[[AgentLoop], Awaitable[T]], *, max_retries: int = 0, api_base: str | None = None) -> T:
+               body: Callable[[AgentLoop], Awaitable[T]], *, max_retries: int = 0, api_base: str | None = None,
+               text_tool_calls: str = "auto") -> T:
     """Run `body(loop)` with a fresh AgentLoop in a fresh event loop; background work is awaited after."""
     async def main() -> T:
-        async with make_provider(workspace, server, max_retries=max_retries, api_base=api_base) as provider:
+        async with make_provider(workspace, server, max_retries=max_retries, api_base=api_base,
+                                 text_tool_calls=text_tool_calls) as provider:
             loop = AgentLoop(workspace, provider, build_tools(workspace))
             try:
                 return await body(loop)
@@ -87,7 +93,8 @@ def with_agent(workspace: Workspace, server: FakeOpenAIServer | None,
 
 
 def chat(workspace: Workspace, server: FakeOpenAIServer | None, texts: list[str], key: str = SESSION, *,
-         notices: Notices | None = None, max_retries: int = 0, api_base: str | None = None) -> list[str]:
+         notices: Notices | None = None, max_retries: int = 0, api_base: str | None = None,
+         text_tool_calls: str = "auto") -> list[str]:
     """Send `texts` one after the other to one session, waiting for background work after each turn."""
     async def body(loop: AgentLoop) -> list[str]:
         replies = []
@@ -95,7 +102,8 @@ def chat(workspace: Workspace, server: FakeOpenAIServer | None, texts: list[str]
             replies.append((await loop.handle(key, text, notify=notices)).text)
             await loop.wait_background()
         return replies
-    return with_agent(workspace, server, body, max_retries=max_retries, api_base=api_base)
+    return with_agent(workspace, server, body, max_retries=max_retries, api_base=api_base,
+                      text_tool_calls=text_tool_calls)
 
 
 def reopen(home: Path, **agent_defaults: Any) -> Workspace:
@@ -126,9 +134,14 @@ def is_summary_request(body: dict[str, Any]) -> bool:
     return body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
 
 
+def is_flush_request(body: dict[str, Any]) -> bool:
+    """The memory flush before a summary or /new (memory/flush.py)."""
+    return body["messages"][0]["content"] == FLUSH_INSTRUCTIONS
+
+
 def turn_requests(server: FakeOpenAIServer) -> list[dict[str, Any]]:
-    """Chat requests of turns (summary requests left out)."""
-    return [body for body in server.chat_requests() if not is_summary_request(body)]
+    """Chat requests of turns (summary and memory-flush requests left out)."""
+    return [body for body in server.chat_requests() if not (is_summary_request(body) or is_flush_request(body))]
 
 
 def system_prompt(body: dict[str, Any]) -> str:

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
-from picoclaw.agent.commands import HELP
+import pytest
+
+from picoclaw.agent.commands import HELP, Command, parse_command
+from picoclaw.agent.loop import AgentLoop
+from picoclaw.channels.telegram import COMMANDS
 from picoclaw.config import POLICY_KEYS
 from picoclaw.memory.workspace import Workspace
-from tests.agent_helpers import SESSION, chat, contents, frozen, session_path, set_policy, turn_requests, write_memory
-from tests.fakes import FakeOpenAIServer
+from tests.agent_helpers import (
+    SESSION,
+    chat,
+    contents,
+    frozen,
+    records_of,
+    session_path,
+    set_policy,
+    turn_requests,
+    with_agent,
+    write_memory,
+)
+from tests.fakes import FakeOpenAIServer, Text
 
 
 def test_commands_never_reach_the_model(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
@@ -76,3 +91,86 @@ def test_new_on_a_fresh_session_archives_nothing(workspace: Workspace, fake_open
     assert reply == "Started a new conversation."
     sessions = session_path(workspace).parent
     assert not sessions.exists() or [p for p in sessions.rglob("*") if p.is_file()] == []
+
+
+# -- /status ---------------------------------------------------------------------------------------------
+
+
+def status_lines(workspace: Workspace, fake_openai: FakeOpenAIServer) -> list[str]:
+    """/status's reply, checked to have been answered without the model."""
+    before = len(fake_openai.chat_requests())
+    [reply] = chat(workspace, fake_openai, ["/status"])
+    assert len(fake_openai.chat_requests()) == before  # answered by the loop, not the model
+    return reply.splitlines()
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+def test_status_shows_what_the_provider_said_and_what_the_last_turn_injected(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool) -> None:
+    write_memory(workspace, ["## 2025-03-01\nMy dog is called Bob, a corgi.",
+                             "## 2025-03-02\n我的狗叫 Bob，是一只柯基。",
+                             "## 2025-03-03\nThe server runs on port 8443."])
+    fake_openai.enqueue(Text("你的狗叫 Bob。Your dog is Bob.", usage={"prompt_tokens": 900, "completion_tokens": 5},
+                             cached_tokens=800))
+    fake_openai.enqueue(Text("它是柯基。A corgi.", usage={"prompt_tokens": 1234, "completion_tokens": 6}))
+    pieces: list[str] = []
+
+    async def on_text(piece: str) -> None:
+        pieces.append(piece)
+
+    async def body(loop: AgentLoop) -> None:
+        for text in ("我的狗叫什么？ what is my dog called?", "我的狗是什么品种？ what breed is my dog?"):
+            reply = await loop.handle(SESSION, text, on_text=on_text if streamed else None)
+            assert reply.error is None
+            await loop.wait_background()
+
+    with frozen():
+        with_agent(workspace, fake_openai, body)
+        user, assistant = records_of(workspace, "message")[:2]
+        assert (assistant["prompt_tokens"], assistant["cached_tokens"]) == (900, 800)
+        assert len(user["blocks"]) == 2  # the two blocks about the dog, not the port
+        assert "".join(pieces) == ("你的狗叫 Bob。Your dog is Bob.它是柯基。A corgi." if streamed else "")
+        assert all(body.get("stream", False) is streamed for body in fake_openai.chat_requests())
+        lines = status_lines(workspace, fake_openai)
+    last = records_of(workspace, "message")[-1]
+    assert last["prompt_tokens"] == 1234 and "cached_tokens" not in last  # "not said" is not 0
+
+    assert lines[0] == f"model: {workspace.config.agents.defaults.model} (provider openai)"
+    assert lines[1] == "conversation cli:test: 4 messages, 4 since the last summary (none yet)"
+    assert lines[2] == "last prompt: 1,234 tokens, the provider did not say how many were cached"
+    # The second turn's blocks were already in the conversation: none injected again.
+    assert lines[3] == "last turn: 0 new blocks of memory and notes injected (2 in the conversation so far)"
+    assert lines[4].startswith("policy: ")
+
+
+def test_status_shows_the_cached_share_of_the_last_prompt(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    write_memory(workspace, ["## 2025-03-01\nMy coffee is an oat-milk latte / 我喝燕麦拿铁。"])
+    fake_openai.enqueue(Text("燕麦拿铁。Oat-milk latte.", usage={"prompt_tokens": 900, "completion_tokens": 5},
+                             cached_tokens=800))
+
+    with frozen():
+        chat(workspace, fake_openai, ["我喝什么咖啡？ what coffee do I drink?"])
+        lines = status_lines(workspace, fake_openai)
+
+    assert lines[1] == "conversation cli:test: 2 messages, 2 since the last summary (none yet)"
+    assert lines[2] == "last prompt: 900 tokens, 800 of them cached by the provider"
+    assert lines[3] == "last turn: 1 new blocks of memory and notes injected (1 in the conversation so far)"
+    assert len(fake_openai.chat_requests()) == 1
+
+
+def test_status_of_a_new_conversation_needs_no_model_and_writes_nothing(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    lines = status_lines(workspace, fake_openai)
+
+    assert lines[0] == f"model: {workspace.config.agents.defaults.model} (provider openai)"
+    assert lines[1] == "conversation cli:test: 0 messages, 0 since the last summary (none yet)"
+    assert lines[2] == "last prompt: no token count from the provider yet"
+    assert not any(line.startswith("last turn:") for line in lines)
+    assert fake_openai.requests == []
+    assert not session_path(workspace).exists()
+
+
+def test_status_is_listed_in_help_and_in_the_telegram_menu() -> None:
+    assert any(line.startswith("/status — ") and "cached" in line for line in HELP.splitlines())
+    assert "status" in [command.command for command in COMMANDS]
+    assert parse_command("/status@picoclaw_bot") == Command("/status", "")

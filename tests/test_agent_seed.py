@@ -20,6 +20,7 @@ from tests.agent_helpers import (
     frozen,
     history,
     injected_blocks,
+    is_flush_request,
     is_summary_request,
     memory_section,
     records_of,
@@ -126,16 +127,19 @@ def test_threshold_five_summarises_and_the_chat_goes_on(
     texts, summary = SUMMARY_CASES[language]
     set_policy(workspace, session_summary_message_threshold=5)
     answers = iter(f"answer {n}" for n in range(1, 10))
-    fake_openai.responder = lambda body: summary if is_summary_request(body) else next(answers)
+    fake_openai.responder = lambda body: (summary if is_summary_request(body) else "NONE" if is_flush_request(body)
+                                          else next(answers))
     notices = Notices()
 
     with frozen():
         replies = chat(workspace, fake_openai, texts, notices=notices)
 
     assert replies == ["answer 1", "answer 2", "answer 3", "answer 4"]
-    kinds = ["summary" if is_summary_request(b) else "turn" for b in fake_openai.chat_requests()]
-    # 3 turns = 6 messages > 5: summary; it keeps 4, turn 4 makes it 6 again: a second summary.
-    assert kinds == ["turn", "turn", "turn", "summary", "turn", "summary"]
+    kinds = ["summary" if is_summary_request(b) else "flush" if is_flush_request(b) else "turn"
+             for b in fake_openai.chat_requests()]
+    # 3 turns = 6 messages > 5: summary (after the memory flush of what it folds); it keeps 4, turn 4 makes
+    # it 6 again: a second summary.
+    assert kinds == ["turn", "turn", "turn", "flush", "summary", "turn", "flush", "summary"]
     assert notices.sent == [(SESSION, SUMMARY_NOTICE)] * 2
     first, second = records_of(workspace, "compaction")
     assert (first["through"], first["summary"], first["reason"]) == (2, summary, "summary")
@@ -148,7 +152,7 @@ def test_threshold_five_summarises_and_the_chat_goes_on(
     fourth = turn_requests(fake_openai)[3]
     assert f"## Summary of the earlier conversation\n{summary}" in system_prompt(fourth)
     assert contents(history(fourth)) == [texts[1], "answer 2", texts[2], "answer 3", texts[3]]
-    second_summary_request = fake_openai.chat_requests()[5]["messages"][1]["content"]
+    second_summary_request = fake_openai.chat_requests()[7]["messages"][1]["content"]
     assert second_summary_request.startswith(f"Summary of the conversation before this part:\n{summary}")
 
 

@@ -16,6 +16,7 @@ from tests.agent_helpers import (
     chat,
     contents,
     history,
+    records_of,
     reopen,
     session_path,
     session_records,
@@ -169,7 +170,7 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize("failure", ["503 until out of retries", "connection refused", "503 after a tool call"])
+@pytest.mark.parametrize("failure", ["503 until out of retries", "connection refused"])
 def test_provider_down_is_one_line_and_the_session_file_is_unchanged(
         workspace: Workspace, fake_openai: FakeOpenAIServer, failure: str) -> None:
     fake_openai.reply_text("first answer / 第一个回答")
@@ -192,4 +193,22 @@ def test_provider_down_is_one_line_and_the_session_file_is_unchanged(
     expected = "could not connect" if api_base else "is unavailable (HTTP 503)"
     assert expected in reply
     assert session_path(workspace).read_bytes() == before
+    assert fake_openai.pending() == 0
+
+
+def test_a_turn_cut_short_after_a_tool_ran_keeps_the_tool_on_record(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_tool_calls([("memory_append", {"content": "Allergic to penicillin / 青霉素过敏"})])
+    for _ in range(3):
+        fake_openai.reply_error(503, "The server is overloaded", headers=FAST_RETRY)
+
+    [reply] = chat(workspace, fake_openai, ["remember: I am allergic to penicillin / 我对青霉素过敏"], max_retries=2)
+
+    assert reply.startswith("Sorry, I could not get an answer from the model: ") and "\n" not in reply
+    assert workspace.store.read_long_term().count("青霉素过敏") == 1
+    # The entry exists, so the session says so: the next turn (and the model) can see it was stored.
+    records = records_of(workspace, "message")
+    assert [r["message"]["role"] for r in records] == ["user", "assistant", "tool", "assistant"]
+    assert records[2]["message"]["content"].startswith("saved to memory/MEMORY.md")
+    assert records[3]["message"]["content"].startswith("(The answer was cut short: ")
     assert fake_openai.pending() == 0

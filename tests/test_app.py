@@ -13,7 +13,7 @@ import pytest
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
 from picoclaw.memory.session import session_filename
-from tests.agent_helpers import contents
+from tests.agent_helpers import contents, is_flush_request, turn_requests
 from tests.fakes import FakeOpenAIServer
 from tests.test_repl import configure
 
@@ -115,7 +115,8 @@ def test_new_archives_a_transcript_still_in_the_shared_folder(home: Path, fake_o
     old.write_text(json.dumps({"type": "message", "id": 1, "time": "2025-03-10T02:00:00+00:00",
                                "message": {"role": "user", "content": "旧的对话 / the old talk"}}) + "\n",
                    encoding="utf-8")
-    fake_openai.reply_text("A fresh start.")
+    # /new flushes the old conversation's facts in the background: answer that call apart from the turn's.
+    fake_openai.responder = lambda body: "NONE" if is_flush_request(body) else "A fresh start."
 
     async def body(app: App) -> list[str]:
         return [(await app.agent(OWNER).handle(KEY, text)).text for text in ("/new", "hello")]
@@ -124,7 +125,7 @@ def test_new_archives_a_transcript_still_in_the_shared_folder(home: Path, fake_o
 
     assert archived.startswith("Started a new conversation. The previous one is archived as ")
     assert reply == "A fresh start." and not old.exists()
-    sent = contents(fake_openai.chat_requests()[-1]["messages"][1:])
+    sent = contents(turn_requests(fake_openai)[-1]["messages"][1:])
     assert sent == ["hello"]  # the old conversation did not come back
     archive = home / "workspace" / "users" / OWNER / "sessions" / "archive"
     assert [p.name.endswith(session_filename(KEY)) for p in archive.iterdir()] == [True]

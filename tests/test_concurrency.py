@@ -150,7 +150,7 @@ def test_sigkill_during_rewrites_leaves_one_whole_version(tmp_path: Path) -> Non
         # deadline, because FileLock would otherwise wait forever.)
         appended: list[str] = []
         appender = threading.Thread(
-            target=lambda: appended.append(MemoryStore(memory_dir, ZoneInfo(TZ_NAME)).append_long_term("after")),
+            target=lambda: appended.append(MemoryStore(memory_dir, ZoneInfo(TZ_NAME)).append_long_term("after").text),
             daemon=True,
         )
         appender.start()

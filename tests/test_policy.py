@@ -86,7 +86,8 @@ def test_unknown_config_policy_key_is_a_config_error(memory_dir: Path) -> None:
 
 def test_evolution_switch_is_not_tunable_by_reflection() -> None:
     assert "evolution_enabled" in POLICY_KEYS and "evolution_enabled" not in TUNABLE_KEYS
-    assert set(TUNABLE_KEYS) == set(POLICY_KEYS) - {"evolution_enabled"}
+    # The switches are the user's: reflection tunes numbers only.
+    assert set(TUNABLE_KEYS) == set(POLICY_KEYS) - {"evolution_enabled", "memory_flush_enabled"}
 
 
 # -- live re-reading ------------------------------------------------------------------------------------

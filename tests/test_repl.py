@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
+from picoclaw.channels.repl import CANCELLED
 from tests.agent_helpers import said
-from tests.fakes import FakeOpenAIServer
+from tests.fakes import FakeOpenAIServer, Text
+from tests.waiting import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-repl-test-0123456789"
@@ -72,6 +78,7 @@ def test_one_shot_waits_for_the_summary_before_exiting(home: Path, fake_openai: 
     assert picoclaw(home, "chat", "-m", "first").returncode == 0
     assert picoclaw(home, "chat", "-m", "second").returncode == 0
     fake_openai.reply_text("three")
+    fake_openai.reply_text("NONE")  # the memory flush before the summary: nothing worth keeping
     fake_openai.reply_text("## Goal\nTest summaries\n## Progress\nThree messages\n## Next steps\nNone\n"
                            "## Key context\n数字 1, 2, 3", delay=0.3)
 
@@ -121,3 +128,120 @@ def test_empty_message_is_a_usage_error(home: Path) -> None:
     result = picoclaw(home, "chat", "-m", "   ")
     assert result.returncode == 2
     assert result.stderr.strip() == "picoclaw: error: the message given with -m is empty"
+
+
+def test_one_shot_streams_the_answer_and_shows_a_tool_call_as_one_line(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_openai)
+    fake_openai.reply_tool_calls([("memory_append", {"content": "Tea: 龙井 (Longjing), no sugar / 不加糖"})])
+    fake_openai.reply_text("记住了：龙井，不加糖。Noted: Longjing, no sugar.")
+
+    result = picoclaw(home, "chat", "-m", "remember my tea: 龙井, no sugar")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ['· memory_append {"content": "Tea: 龙井 (Longjing), no sugar / 不加糖"}',
+                                          "记住了：龙井，不加糖。Noted: Longjing, no sugar."]
+    requests = fake_openai.chat_requests()
+    assert len(requests) == 2 and all(body["stream"] is True for body in requests)  # -m streams too
+    memory = (home / "workspace" / "memory" / "MEMORY.md").read_text(encoding="utf-8")
+    assert "Tea: 龙井 (Longjing), no sugar / 不加糖" in memory
+
+
+class Repl:
+    """`picoclaw chat` on pipes held open: lines are sent one at a time, output is read as it comes."""
+
+    def __init__(self, home: Path) -> None:
+        environment = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONPATH": str(REPO)}
+        environment.pop("OPENAI_API_KEY", None)
+        self.process = subprocess.Popen([sys.executable, "-m", "picoclaw", "chat"], env=environment,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, encoding="utf-8")
+        self._out: list[str] = []
+        self._err: list[str] = []
+        for stream, sink in ((self.process.stdout, self._out), (self.process.stderr, self._err)):
+            threading.Thread(target=self._pump, args=(stream, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(stream: Any, sink: list[str]) -> None:
+        for line in iter(stream.readline, ""):
+            sink.append(line)
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self._out)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._err)
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def close_stdin(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+
+    def wait_for_output(self, text: str, timeout: float = 20) -> None:
+        wait_until_sync(lambda: text in self.stdout or self.process.poll() is not None, timeout=timeout,
+                        what=f"{text!r} on the REPL's stdout")
+        assert text in self.stdout, (self.stdout, self.stderr)
+
+    def wait_exit(self, timeout: float) -> int:
+        """The exit code; fails when the process is still running after `timeout` seconds."""
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"picoclaw chat still running {timeout:g} s later; stdout: {self.stdout!r}, "
+                                 f"stderr: {self.stderr!r}") from None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def repl(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[Repl]:
+    configure(home, fake_openai)
+    session = Repl(home)
+    try:
+        yield session
+    finally:
+        session.kill()
+
+
+def test_ctrl_c_at_the_idle_prompt_ends_at_once(repl: Repl, fake_openai: FakeOpenAIServer) -> None:
+    """The prompt waits on a pipe that stays open: Ctrl-C must end the program there and then, not after
+    another line comes."""
+    fake_openai.reply_text("你好！Hello there.")
+    repl.send("你好 hello")
+    repl.wait_for_output("你好！Hello there.\n")
+
+    repl.process.send_signal(signal.SIGINT)
+
+    assert repl.wait_exit(timeout=5) == 130, repl.stderr
+    assert repl.stdout == "你好！Hello there.\n"
+
+
+def test_ctrl_c_during_an_answer_cancels_it_and_the_repl_goes_on(
+        home: Path, repl: Repl, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(Text("slow answer that never arrives / 慢", delay=30))
+    fake_openai.reply_text("第二个回答。Second answer.")
+    repl.send("第一个问题 first question")
+    wait_until_sync(lambda: fake_openai.chat_requests(), timeout=20, what="the first question to reach the model")
+
+    repl.process.send_signal(signal.SIGINT)
+    repl.wait_for_output(CANCELLED)
+    repl.send("第二个问题 second question")
+    repl.wait_for_output("第二个回答。Second answer.\n")
+    repl.close_stdin()
+
+    assert repl.wait_exit(timeout=10) == 0, repl.stderr
+    assert repl.stdout == f"\n{CANCELLED}\n第二个回答。Second answer.\n"
+    said_in_file = [(r["message"]["role"], said(r["message"])) for r in session_records(home) if r["type"] == "message"]
+    assert said_in_file == [("user", "第二个问题 second question"), ("assistant", "第二个回答。Second answer.")]
+    # The second request carried nothing of the cancelled turn either.
+    second = fake_openai.chat_requests()[1]
+    assert [said(m) for m in second["messages"][1:]] == ["第二个问题 second question"]

@@ -40,9 +40,9 @@ def _section_headings(text: str) -> list[str]:
 @freeze_time("2026-03-10 02:00:00")  # 10:00 in Shanghai
 def test_entries_have_a_date_heading_and_a_blank_line_between(store: MemoryStore) -> None:
     assert store.read_long_term() == ""  # no file yet is not an error
-    first = store.append_long_term(COFFEE)
+    first = store.append_long_term(COFFEE).text
     assert first == f"## 2026-03-10\n{COFFEE}\n"
-    second = store.append_long_term("  Lives in Hangzhou.\r\nWorks remotely.  \n\n")
+    second = store.append_long_term("  Lives in Hangzhou.\r\nWorks remotely.  \n\n").text
     assert second == "## 2026-03-10\nLives in Hangzhou.\nWorks remotely.\n"
     assert store.long_term_path == store.memory_dir / "MEMORY.md"
     assert store.long_term_path.read_text(encoding="utf-8") == first + "\n" + second
@@ -62,8 +62,8 @@ def test_entry_follows_a_hand_written_preamble(store: MemoryStore) -> None:
 def test_entry_date_is_the_local_date_in_the_configured_timezone(memory_dir: Path) -> None:
     # 17:00 UTC on 31 March is already 01:00 on 1 April in Shanghai.
     with freeze_time("2026-03-31 17:00:00"):
-        shanghai = MemoryStore(memory_dir / "sh", SHANGHAI).append_long_term("x")
-        utc = MemoryStore(memory_dir / "utc", UTC).append_long_term("x")
+        shanghai = MemoryStore(memory_dir / "sh", SHANGHAI).append_long_term("x").text
+        utc = MemoryStore(memory_dir / "utc", UTC).append_long_term("x").text
     assert shanghai.startswith("## 2026-04-01\n")
     assert utc.startswith("## 2026-03-31\n")
 
@@ -81,7 +81,7 @@ def test_entry_date_is_the_local_date_in_the_configured_timezone(memory_dir: Pat
 )
 def test_heading_lines_inside_an_entry_keep_it_one_block(store: MemoryStore, content: str) -> None:
     store.append_long_term("an earlier entry")
-    entry = store.append_long_term(content)
+    entry = store.append_long_term(content).text
     text = store.read_long_term()
     assert text.endswith(entry)  # what was written is what the file holds
     assert len(_section_headings(text)) == 2  # one per entry: the date headings only
@@ -94,7 +94,7 @@ def test_heading_lines_inside_an_entry_keep_it_one_block(store: MemoryStore, con
 
 def test_chinese_content_round_trips_exactly_as_utf8(store: MemoryStore) -> None:
     content = "用户喜欢：无糖拿铁☕，周末去西湖散步。\n「引号」与全角符号——保持原样 🎉"
-    entry = store.append_long_term(content)
+    entry = store.append_long_term(content).text
     raw = store.long_term_path.read_bytes()
     assert raw == entry.encode("utf-8")
     assert store.read_long_term().endswith(content + "\n")
@@ -137,7 +137,7 @@ def test_over_long_entry_is_refused_and_nothing_changes(store: MemoryStore) -> N
 
 def test_entry_of_exactly_the_limit_is_accepted(store: MemoryStore) -> None:
     # Surrounding whitespace does not count against the limit.
-    entry = store.append_long_term("  " + "x" * MAX_ENTRY_CHARS + "\n\n")
+    entry = store.append_long_term("  " + "x" * MAX_ENTRY_CHARS + "\n\n").text
     assert entry.count("x") == MAX_ENTRY_CHARS
     assert store.read_long_term() == entry
 
@@ -164,10 +164,10 @@ def test_daily_notes_across_a_month_boundary(store: MemoryStore) -> None:
     # Local (Shanghai) 2026-01-31 23:30 is 15:30 UTC.
     with freeze_time("2026-01-31 15:30:00") as frozen:
         january = store.append_note("late-night note")
-        first_entry = store.append_long_term("January fact")
+        first_entry = store.append_long_term("January fact").text
         frozen.move_to("2026-01-31 16:10:00")  # 00:10 on 1 February in Shanghai
         february = store.append_note("just after midnight")
-        second_entry = store.append_long_term("February fact")
+        second_entry = store.append_long_term("February fact").text
         recent = store.read_recent_notes(2)
 
     assert january == store.memory_dir / "202601" / "20260131.md"
@@ -187,7 +187,7 @@ def test_daily_note_uses_the_local_date_of_the_configured_timezone(memory_dir: P
     path = shanghai.append_note("早上好")
     assert path == memory_dir / "sh" / "202604" / "20260401.md"
     assert path.read_text(encoding="utf-8") == "# 2026-04-01\n\n## 01:00\n早上好\n"
-    assert shanghai.append_long_term("早上好").startswith("## 2026-04-01\n")
+    assert shanghai.append_long_term("早上好").text.startswith("## 2026-04-01\n")
 
     utc = MemoryStore(memory_dir / "utc", UTC)
     assert utc.append_note("good evening") == memory_dir / "utc" / "202603" / "20260331.md"
@@ -256,7 +256,7 @@ def test_first_rewrite_has_nothing_to_back_up(store: MemoryStore) -> None:
 
 @freeze_time("2026-03-10 02:00:00")  # one frozen second: 10:00:00 in Shanghai
 def test_every_change_is_backed_up_with_unique_names_within_one_second(store: MemoryStore) -> None:
-    versions = [store.append_long_term("one")]
+    versions = [store.append_long_term("one").text]
     for content in ("two", "three", "four"):
         versions.append(store.read_long_term())
         store.append_long_term(content)

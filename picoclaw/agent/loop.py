@@ -29,10 +29,11 @@ from picoclaw.agent.context import ContextBuilder
 from picoclaw.agent.history import keep_last, safe_start
 from picoclaw.agent.reflection import Reflector
 from picoclaw.agent.streaming import StreamGate, TextSink
-from picoclaw.agent.summary import CompactResult, accept_summary, summary_request
+from picoclaw.agent.summary import CompactResult, accept_summary, render_transcript, summary_request
 from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
 from picoclaw.config import MemoryPolicy
 from picoclaw.memory.compression import LongTermCompressor
+from picoclaw.memory.flush import flush_facts
 from picoclaw.memory.session import Session, StoredMessage
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
@@ -118,7 +119,11 @@ class AgentLoop:
         if command.name in ("/help", "/start"):
             return HELP
         if command.name == "/new":
-            return new_reply(self.reset_session(key))
+            set_aside = [m.message for m in self.session(key).active()]
+            reply = new_reply(self.reset_session(key))
+            if set_aside and self.workspace.policy.current().memory_flush_enabled:
+                self._spawn(self._flush(key, set_aside))
+            return reply
         if command.name == "/compact":
             return compact_reply(await self.compact(key))
         if command.name == "/memory":
@@ -142,37 +147,44 @@ class AgentLoop:
         messages = built.messages
         turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None
-        for _ in range(defaults.max_tool_iterations):
-            try:
-                reply = await self._ask(messages, schemas, on_text)
-            except ProviderError as exc:
-                # Nothing set aside means the same request again: it could only fail the same way.
-                if exc.kind != "context_too_long" or notice or not self.force_compress(session):
-                    raise
-                notice = TRIMMED_NOTICE
-                if on_text is not None:
-                    await on_text(f"{notice}\n\n")
-                built = self.context.build(policy, session, text, now)
-                turn[0] = built.user
-                messages = built.messages + [stored.as_sent() for stored in turn[1:]]
-                # The one retry happens here, not as a loop step: it must not use up a tool step.
-                reply = await self._ask(messages, schemas, on_text)
-            assistant = reply.as_message()
-            messages.append(assistant)
-            usage = reply.usage
-            turn.append(StoredMessage(0, assistant, usage.prompt_tokens if usage else None,
-                                      usage.cached_tokens if usage else None))
-            if not reply.tool_calls:
-                final = reply.content or ""
-                break
-            for call in reply.tool_calls:
-                if on_tool is not None:
-                    await on_tool(call.name, call.arguments)
-                result = await self.tools.execute(call.name, call.arguments)
-                log.info("session %s: tool %s → %d chars", key, call.name, len(result))
-                result_message: Message = {"role": "tool", "tool_call_id": call.id, "content": result}
-                messages.append(result_message)
-                turn.append(StoredMessage(0, result_message))
+        try:
+            for _ in range(defaults.max_tool_iterations):
+                try:
+                    reply = await self._ask(messages, schemas, on_text)
+                except ProviderError as exc:
+                    # Nothing set aside means the same request again: it could only fail the same way.
+                    if exc.kind != "context_too_long" or notice or not self.force_compress(session):
+                        raise
+                    notice = TRIMMED_NOTICE
+                    if on_text is not None:
+                        await on_text(f"{notice}\n\n")
+                    built = self.context.build(policy, session, text, now)
+                    turn[0] = built.user
+                    messages = built.messages + [stored.as_sent() for stored in turn[1:]]
+                    # The one retry happens here, not as a loop step: it must not use up a tool step.
+                    reply = await self._ask(messages, schemas, on_text)
+                assistant = reply.as_message()
+                messages.append(assistant)
+                usage = reply.usage
+                turn.append(StoredMessage(0, assistant, usage.prompt_tokens if usage else None,
+                                          usage.cached_tokens if usage else None))
+                if not reply.tool_calls:
+                    final = reply.content or ""
+                    break
+                for call in reply.tool_calls:
+                    if on_tool is not None:
+                        await on_tool(call.name, call.arguments)
+                    result = await self.tools.execute(call.name, call.arguments)
+                    log.info("session %s: tool %s → %d chars", key, call.name, len(result))
+                    result_message: Message = {"role": "tool", "tool_call_id": call.id, "content": result}
+                    messages.append(result_message)
+                    turn.append(StoredMessage(0, result_message))
+        except ProviderError as exc:
+            if len(turn) > 1:  # tools ran: what they did stays on record, so nothing is done twice
+                note = f"(The answer was cut short: {exc}. The tool calls above did run.)"
+                turn.append(StoredMessage(0, {"role": "assistant", "content": note}))
+                self.sessions.append_messages(session, turn)
+            raise
         if final is None:
             final = (f"I stopped after {defaults.max_tool_iterations} tool steps without finishing. "
                      "Tell me to go on if you want me to continue.")
@@ -253,6 +265,19 @@ class AgentLoop:
         window = self.workspace.config.agents.defaults.context_window
         return tokens > window * policy.session_summary_token_percent / 100
 
+    async def _flush(self, key: str, messages: list[Message]) -> None:
+        """Store the lasting facts of `messages` in MEMORY.md (memory/flush.py); never raises."""
+        try:
+            result = await flush_facts(self.provider, self.workspace.store, render_transcript(messages))
+        except Exception:  # a bug here must not cost the summary
+            log.exception("session %s: memory flush failed", key)
+            return
+        if result.refused:
+            log.info("session %s: memory flush stored nothing: %s", key, result.refused)
+        else:
+            log.info("session %s: memory flush stored %d fact(s), %d already known", key, len(result.stored),
+                     len(result.known))
+
     async def compact(self, key: str) -> CompactResult | None:
         """Summarise all but the last `session_summary_keep_count` messages; None when nothing was done.
 
@@ -270,6 +295,8 @@ class AgentLoop:
             if cut == 0:
                 return None
             folded = active[:cut]
+            if policy.memory_flush_enabled:  # the facts in what is folded away go to MEMORY.md first
+                await self._flush(key, [m.message for m in folded])
             request = summary_request(session.summary, [m.message for m in folded])
             try:
                 reply = await self.provider.chat(request, None)

@@ -152,8 +152,11 @@ def cmd_memory_append(args: argparse.Namespace) -> int:
         path = ws.store.append_note(args.text)
         print(f"appended to {path}")
     else:
-        ws.store.append_long_term(args.text)
-        print(f"appended to {ws.store.long_term_path}")
+        entry = ws.store.append_long_term(args.text)
+        if entry.new:
+            print(f"appended to {ws.store.long_term_path}")
+        else:
+            print(f"already stored: {ws.store.long_term_path}:{entry.line} under '{entry.heading}'; nothing was added")
     return 0
 
 
@@ -190,7 +193,7 @@ def cmd_memory_restore(args: argparse.Namespace) -> int:
 
 def cmd_memory_compress(args: argparse.Namespace) -> int:
     # The memory.compression module and the openai client load only for commands that talk to the model.
-    from picoclaw.memory.compression import CompressionResult, LongTermCompressor, why_not_due
+    from picoclaw.memory.compression import CompressionResult, LongTermCompressor, format_missing, why_not_due
 
     app = _app()
     store = app.workspace.store
@@ -208,15 +211,25 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
     if result is None:  # another process compressed it between the check and the claim
         print(f"not compressing: {why_not_due(store, policy)}")
         return 0
+    several = len(result.groups) > 1
+    if args.dry_run:
+        if result.after:  # what would be written, or what the model proposed, to see why it was refused
+            print(result.after.rstrip("\n"))
+        if several or result.missing:  # what the real run would do with each group, and why
+            print("\n".join(f"--- {line}" for line in result.group_report()))
     if result.status in ("refused", "failed"):
-        if args.dry_run and result.after:
-            print(result.after.rstrip("\n"))  # what the model proposed, to see why it was refused
-        raise PicoclawError(f"compression {result.status}: {result.detail}; MEMORY.md was left unchanged")
+        lines = [f"compression {result.status}: {result.detail}; MEMORY.md was left unchanged"]
+        if not args.dry_run and several:
+            lines += result.kept_report()
+        elif not args.dry_run and result.missing:
+            lines.append(f"missing: {format_missing(result.missing)}")
+        raise PicoclawError("\n".join(lines))
     if result.status == "dry_run":
-        print((result.after or "").rstrip("\n"))
         print(f"--- dry run, nothing written: {result.detail}")
         return 0
     print(f"compressed {store.long_term_path}: {result.detail}")
+    for line in result.kept_report():
+        print(line)
     if result.backup is not None:
         print(f"the previous version was saved as {result.backup.name} (`picoclaw memory restore` undoes this)")
     if result.carried_over:

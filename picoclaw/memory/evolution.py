@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from picoclaw.config import TUNABLE_KEYS, MemoryPolicy
+from picoclaw.config import SWITCHES, TUNABLE_KEYS, MemoryPolicy
 from picoclaw.errors import PicoclawError
 from picoclaw.memory.policy import PolicyError, PolicyManager
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
@@ -91,8 +91,8 @@ def validate_suggestion(raw: dict[str, Any], manager: PolicyManager) -> Suggesti
     reason = (reason if isinstance(reason, str) else json.dumps(reason, ensure_ascii=False)).strip()
     changes = {key: value for key, value in raw.items() if key != REASON_KEY}
     for key in changes:
-        if key == "evolution_enabled":
-            raise SuggestionError("reflection may not change evolution_enabled")
+        if key in SWITCHES:
+            raise SuggestionError(f"reflection may not change {key}")
         if key not in TUNABLE_KEYS:
             raise SuggestionError(f"unknown policy key {key!r}")
     try:

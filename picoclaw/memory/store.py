@@ -7,6 +7,7 @@ bot, the REPL and the CLI can write at the same time without losing or tearing a
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,6 +49,37 @@ def _clean_entry(content: str) -> str:
         raise MemoryStoreError(f"entry too long: {len(text)} characters (at most {MAX_ENTRY_CHARS})")
     # str.splitlines breaks lines where the block splitter does (also at \u2028, \x0c …), unlike "^".
     return "".join(_TOP_HEADING.sub("###", line, count=1) for line in text.splitlines(keepends=True))
+
+
+def fingerprint(text: str) -> str:
+    """What two entries must share to say the same thing: letters and digits only, in one width and case.
+
+    NFKC folds full-width forms (ＡＢＣ１２３ → ABC123) and compatibility characters; casefold lowers
+    Latin; punctuation, spaces and line breaks do not count ("My dog is Bob." = "my dog is bob").
+    """
+    return "".join(ch for ch in unicodedata.normalize("NFKC", text).casefold() if ch.isalnum())
+
+
+@dataclass(frozen=True)
+class LongTermEntry:
+    """An entry of MEMORY.md: its `## date` heading, its text as in the file, and its first line there."""
+
+    heading: str
+    text: str
+    line: int
+    new: bool = True  # False: the same content was already stored and nothing was written
+
+
+def _entries(text: str) -> Iterator[LongTermEntry]:
+    """The `## ` sections of MEMORY.md, in file order."""
+    lines = text.split("\n")
+    starts = [n for n, line in enumerate(lines) if _SECTION.match(line)]
+    for start, end in zip(starts, [*starts[1:], len(lines)]):
+        body = "\n".join(lines[start:end]).rstrip("\n") + "\n"
+        yield LongTermEntry(lines[start].rstrip(), body, start + 1, new=False)
+
+
+_SECTION = re.compile(r"^##(?=\s|$)")
 
 
 def _joined(existing: str, block: str) -> str:
@@ -124,14 +156,33 @@ class MemoryStore:
             listener(self.long_term_path)
         return True
 
-    def append_long_term(self, content: str) -> str:
-        """Append `## YYYY-MM-DD` + content to MEMORY.md; returns the entry as written."""
-        entry = f"## {self.today().isoformat()}\n{_clean_entry(content)}\n"
+    def append_long_term(self, content: str) -> LongTermEntry:
+        """Append `## YYYY-MM-DD` + content to MEMORY.md; returns the entry as written.
+
+        Content that an entry already holds (compared by `fingerprint`: case, width, spaces and punctuation
+        aside) is not written twice: the existing entry comes back, with `new` False.
+        """
+        body = _clean_entry(content)
+        heading = f"## {self.today().isoformat()}"
         with self.locked():
             current = self.read_long_term()
+            existing = self.find_long_term(body, current)
+            if existing is not None:
+                return existing
             self._backup_long_term(current)
-            self._write(self.long_term_path, _joined(current, entry))
-        return entry
+            joined = _joined(current, f"{heading}\n{body}\n")
+            self._write(self.long_term_path, joined)
+        return LongTermEntry(heading, f"{heading}\n{body}\n", joined.count("\n") - body.count("\n") - 1)
+
+    def find_long_term(self, content: str, text: str | None = None) -> LongTermEntry | None:
+        """The entry of MEMORY.md (or of `text`) whose content is `content`, by fingerprint; None if none."""
+        wanted = fingerprint(content)
+        if not wanted:
+            return None
+        for entry in _entries(self.read_long_term() if text is None else text):
+            if fingerprint(entry.text.split("\n", 1)[1] if "\n" in entry.text else "") == wanted:
+                return entry
+        return None
 
     def rewrite_long_term(self, content: str) -> Path | None:
         """Replace MEMORY.md whole (after a backup); returns the backup taken, if there was a file."""

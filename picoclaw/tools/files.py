@@ -33,7 +33,7 @@ from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
 from picoclaw.fsutil import atomic_write
 from picoclaw.layout import INDEX_DIR, MEMORY_DIR
-from picoclaw.memory.store import BACKUPS_DIR
+from picoclaw.memory.store import BACKUPS_DIR, LongTermEntry
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.base import Tool, ToolError
 from picoclaw.tools.sandbox import resolve_in_workspace
@@ -150,6 +150,11 @@ def _same_file(path: Path, other: Path) -> bool:
         return False
 
 
+def already_stored(entry: LongTermEntry, shown: str) -> str:
+    """The tool result for content MEMORY.md already holds: where, so the model can say so."""
+    return f"already stored: {shown}:{entry.line} under '{entry.heading}' says this; nothing was added"
+
+
 def check_size(content: str) -> None:
     """Refuse content larger than MAX_WRITE_BYTES (a runaway model must not fill the disk)."""
     size = len(content.encode("utf-8", errors="surrogatepass"))
@@ -198,8 +203,10 @@ class WorkspaceTool(Tool):
         """Add `content` to MEMORY.md or a daily note through the store; the result text for the model."""
         store = self.workspace.store
         if target.kind == "long_term":
-            heading = store.append_long_term(content).split("\n", 1)[0]
-            return f"appended a '{heading}' entry to {target.shown}"
+            entry = store.append_long_term(content)
+            if not entry.new:
+                return already_stored(entry, target.shown)
+            return f"appended a '{entry.heading}' entry to {target.shown}"
         assert target.day is not None
         now = clock.now(store.tz)
         # The note's own day with the current time of day, so append_note writes to the file named.

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from picoclaw.memory.retrieval import Hit
-from picoclaw.tools.files import WorkspaceTool, check_size, os_errors
+from picoclaw.tools.files import WorkspaceTool, already_stored, check_size, os_errors
 
 MAX_SEARCH_LIMIT = 50
 MAX_SNIPPET_CHARS = 2_000
@@ -67,9 +67,12 @@ class MemoryAppend(WorkspaceTool):
         check_size(args.content)
         store = self.workspace.store
         if args.slot == "long_term":
-            with os_errors("save to", self.files.shown(self.files.long_term)):
-                heading = store.append_long_term(args.content).split("\n", 1)[0]
-            return f"saved to {self.files.shown(self.files.long_term)} under '{heading}'"
+            shown = self.files.shown(self.files.long_term)
+            with os_errors("save to", shown):
+                entry = store.append_long_term(args.content)
+            if not entry.new:
+                return already_stored(entry, shown)
+            return f"saved to {shown} under '{entry.heading}'"
         with os_errors("save to", "today's daily note"):
             path = store.append_note(args.content)
         return f"saved to today's daily note {self.files.shown(path)}"

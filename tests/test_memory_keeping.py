@@ -1,0 +1,139 @@
+"""What goes into MEMORY.md: facts kept though the model never calls a tool (the memory flush), and nothing
+stored twice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from picoclaw.memory.flush import parse_facts
+from picoclaw.memory.store import fingerprint
+from picoclaw.memory.workspace import Workspace
+from tests.agent_helpers import (
+    FAST_RETRY,
+    chat,
+    frozen,
+    history,
+    is_flush_request,
+    is_summary_request,
+    said,
+    set_policy,
+)
+from tests.fakes import FakeOpenAIServer, Text
+
+FACTS = ["My daughter Lily studies in Shanghai.", "我对青霉素过敏。", "My work phone is +86 138 0013 8000.",
+         "我的健身房柜子是 217 号。", "My cat is called Mimi."]
+CHATTER = ["how are you?", "今天天气怎么样？", "tell me a joke", "谢谢！", "ok, bye for now"]
+SUMMARY = ("## Goal\nChat.\n## Constraints and preferences\nNone.\n## Progress\nTalked.\n## Key decisions\nNone.\n"
+           "## Next steps\nNone.\n## Key context\nSee memory.")
+
+
+def forgetful_model(body: dict[str, Any]) -> str:
+    """A model that never calls a tool and claims to remember; asked to flush, it lists the facts it read."""
+    if is_summary_request(body):
+        return SUMMARY
+    if is_flush_request(body):
+        conversation = body["messages"][1]["content"]
+        found = [fact for fact in FACTS if fact in conversation]
+        return "Here is what to keep:\n" + "\n".join(f"- {fact}" for fact in found) if found else "NONE"
+    return "I have stored that in your long-term memory. 好的，我已经记住了。"
+
+
+def memory_entries(workspace: Workspace) -> list[str]:
+    text = workspace.store.read_long_term()
+    return [block.split("\n", 1)[1].strip() for block in text.split("\n## ")[1:]]
+
+
+def test_facts_told_to_a_model_that_never_saves_them_reach_memory_once(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, session_summary_message_threshold=6, session_summary_keep_count=2)
+    fake_openai.responder = forgetful_model
+    texts = [text for pair in zip(FACTS, CHATTER) for text in pair]  # ten turns, a fact every other one
+
+    with frozen():
+        chat(workspace, fake_openai, texts)
+        chat(workspace, fake_openai, ["/new"])  # what the last summary kept is flushed when it is set aside
+
+    entries = memory_entries(workspace)
+    assert sorted(entries) == sorted(FACTS)  # all five, each once
+    # Flushed before each summary and at /new; the model never called memory_append.
+    assert sum(is_flush_request(body) for body in fake_openai.chat_requests()) >= 3
+
+
+def test_the_flush_can_be_turned_off(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2,
+               memory_flush_enabled=False)
+    fake_openai.responder = forgetful_model
+
+    chat(workspace, fake_openai, FACTS[:3])
+
+    assert not any(is_flush_request(body) for body in fake_openai.chat_requests())
+    assert memory_entries(workspace) == []
+
+
+@pytest.mark.parametrize("answer", [
+    "I'm sorry, I can't help with that.",
+    "NONE",
+    "",
+    '{"facts": ["my cat is Mimi"]}',
+    "Sure! The user likes coffee.\nThey also mentioned a cat.\n- maybe Mimi\nThat is all I can say here.",
+    "- \n- 123\n- ---",
+])
+def test_a_flush_answer_that_is_not_a_list_of_facts_writes_nothing(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, answer: str) -> None:
+    before = workspace.store.long_term_path.read_bytes()
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    fake_openai.responder = lambda body: (SUMMARY if is_summary_request(body) else answer if is_flush_request(body)
+                                          else "ok")
+
+    chat(workspace, fake_openai, ["My cat is called Mimi.", "我的猫叫咪咪。", "hello"])
+
+    assert any(is_flush_request(body) for body in fake_openai.chat_requests())
+    assert workspace.store.long_term_path.read_bytes() == before
+
+
+def test_parse_facts_reads_lists_in_both_languages() -> None:
+    assert parse_facts("Facts:\n- My cat is Mimi.\n* 我对青霉素过敏。\n1. Locker 217") == [
+        "My cat is Mimi.", "我对青霉素过敏。", "Locker 217"]
+    assert parse_facts("none.") == []
+
+
+# -- no duplicates -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("first", "again"), [
+    ("My dog is called Bob.", "my dog is called bob"),
+    ("我的猫叫咪咪，三岁。", "我的猫叫咪咪, 三岁"),
+    ("Locker 217, gym B", "ＬＯＣＫＥＲ ２１７ gym b"),  # full-width forms
+])
+def test_the_same_memory_append_twice_leaves_one_entry(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, first: str, again: str) -> None:
+    fake_openai.reply_tool_calls([("memory_append", {"content": first})])
+    fake_openai.reply_text("saved")
+    fake_openai.reply_tool_calls([("memory_append", {"content": again})])
+    fake_openai.reply_text("already there")
+
+    chat(workspace, fake_openai, ["remember this", "remember this again"])
+
+    assert memory_entries(workspace) == [first]
+    second_result = history(fake_openai.chat_requests()[3])[-1]
+    assert second_result["role"] == "tool" and second_result["content"].startswith("already stored: memory/MEMORY.md:")
+    assert fingerprint(first) == fingerprint(again)
+
+
+def test_a_retried_failed_turn_leaves_one_entry(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    fact = "Allergic to penicillin / 青霉素过敏"
+    fake_openai.reply_tool_calls([("memory_append", {"content": fact})])
+    fake_openai.reply_error(503, "overloaded", headers=FAST_RETRY)  # the answer after the tool fails
+    fake_openai.reply_tool_calls([("memory_append", {"content": fact})])  # the user sends it again
+    fake_openai.reply_text(Text("Noted. 记住了。").text)
+
+    first, second = chat(workspace, fake_openai, ["remember: penicillin allergy / 我对青霉素过敏"] * 2)
+
+    assert first.startswith("Sorry, I could not get an answer") and second == "Noted. 记住了。"
+    assert memory_entries(workspace) == [fact]
+    # The second turn's request showed the first turn's tool call and its result.
+    retried = fake_openai.chat_requests()[2]
+    assert any(m.get("tool_calls") for m in history(retried))
+    assert said(history(retried)[-1]).startswith("remember: penicillin")
