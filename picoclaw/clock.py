@@ -25,6 +25,18 @@ def now(tz: tzinfo | None = None) -> datetime:
     return current.astimezone(tz) if tz is not None else current
 
 
+STAMP_UTC_MARK = "Z"
+
+
 def stamp(moment: datetime) -> str:
-    """`YYYYMMDD_HHMMSS`, the form used in backup and snapshot file names."""
-    return moment.strftime("%Y%m%d_%H%M%S")
+    """`YYYYMMDD_HHMMSSZ`: `moment` in UTC, the form used in backup, snapshot and archive file names.
+
+    Always UTC, whatever timezone `moment` carries: these names are sorted as text to find the newest
+    (and the oldest, which pruning deletes). Local-time names go backwards when the configured timezone
+    changes or a daylight-saving hour repeats, and the file just written would then sort as the oldest.
+    The trailing "Z" marks the name as UTC, telling it apart from the local-time names of older versions
+    (see `fsutil.stamped_files`). A naive `moment` is taken as UTC, never as the machine's local time.
+    """
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y%m%d_%H%M%S") + STAMP_UTC_MARK

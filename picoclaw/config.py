@@ -84,12 +84,26 @@ def _default_providers() -> dict[str, ProviderConfig]:
 
 
 class TelegramConfig(_Strict):
+    """channels.telegram. `enabled` must be true for `picoclaw telegram` to run (a switch the user can flip)."""
+
     enabled: bool = False
     token: str = ""
     allow_from: list[int | str] = []
     api_base: str | None = None
     memory_scope: Literal["shared", "per_user"] = "shared"
     group_trigger: Literal["mention", "always"] = "mention"
+
+    @field_validator("allow_from")
+    @classmethod
+    def _no_entry_matches_everyone(cls, entries: list[int | str]) -> list[int | str]:
+        # "" or "@" reads as an empty username, and a user without one has exactly that: such an entry
+        # would let in every stranger who never set a username. Refused rather than skipped, so the
+        # owner learns that the entry they wrote does nothing.
+        for entry in entries:
+            if isinstance(entry, str) and not entry.strip().lstrip("@").strip():
+                raise ValueError(f"entry {entry!r} is empty: each entry must be a numeric user id or an "
+                                 f"@username (an empty one would match every user without a username)")
+        return entries
 
 
 class ChannelsConfig(_Strict):
@@ -147,7 +161,8 @@ class MemoryPolicy(BaseModel):
         8, ge=0, le=100, description="recent messages kept when no past turn is relevant"
     )
     long_term_compress_char_threshold: int = Field(
-        0, ge=0, description=">0: compress MEMORY.md when longer than this (≥ 1000), at most once per 24 h"
+        0, ge=0, le=10_000_000,
+        description=">0: compress MEMORY.md when longer than this (≥ 1000), at most once per 24 h"
     )
     evolution_enabled: bool = Field(False, description="reflection may tune the policy")
     evolution_interval_messages: int = Field(
@@ -201,10 +216,23 @@ class Config(_Strict):
     channels: ChannelsConfig = ChannelsConfig()
     memory: MemoryConfig = MemoryConfig()
 
+    @field_validator("workspace")
+    @classmethod
+    def _no_nul_in_workspace(cls, value: str | None) -> str | None:
+        # The OS cannot take a path with a NUL byte: without this, the first file access would fail
+        # with a bare ValueError traceback instead of an error naming the key.
+        if value is not None and "\x00" in value:
+            raise ValueError("contains a NUL byte (\\x00), which no file path can hold")
+        return value
+
     @field_validator("timezone")
     @classmethod
     def _known_timezone(cls, value: str) -> str:
-        resolve_timezone(value)
+        try:
+            resolve_timezone(value)
+        except OSError:  # zoneinfo opens the name as a file: a huge one fails as "file name too long"
+            raise ValueError(f"unknown timezone {value!r} (use an IANA name such as 'Asia/Shanghai', "
+                             f"or 'local')") from None
         return value
 
     @model_validator(mode="after")

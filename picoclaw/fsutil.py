@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -167,20 +168,41 @@ def _next_counter(folder: Path, stamp: str, suffix: str) -> int:
     return highest + 1
 
 
-_STAMPED = re.compile(r"^(\d{8}_\d{6})(?:_(\d+))?(.*)$")
+# The stamp, with the "Z" of UTC names (clock.stamp); older versions wrote local time without it.
+_STAMPED = re.compile(r"^(\d{8}_\d{6}Z?)(?:_(\d+))?(.*)$")
+_UTC_MARK = "Z"
 
 
 def stamped_files(folder: Path, suffix: str) -> list[Path]:
-    """Files made by `reserve_stamped_path` with this suffix, oldest first (by stamp, then counter)."""
+    """Files made by `reserve_stamped_path` with this suffix, oldest first; pruning deletes from the front.
+
+    Ordered by time, never by a local-time name. UTC-marked names (`…Z`, see `clock.stamp`) sort by stamp,
+    then numeric counter: fixed-width UTC text sorts in time order, and a name keeps its place when the
+    folder is copied without its modification times. Names without the mark were written by older
+    versions in the local time of the day, which may have changed since (a new timezone, a repeated
+    daylight-saving hour), so they sort by modification time instead (then stamp and counter, for ties),
+    and all before the UTC-marked ones: this version writes only UTC names, so every unmarked file is
+    older than every marked one, and a file just written (the newest UTC stamp) is never put in front
+    of an old one to be pruned, whatever its name or mtime claims.
+    """
     if not folder.is_dir():
         return []
-    found: list[tuple[str, int, Path]] = []
+    found: list[tuple[tuple[bool, int, str, int], Path]] = []
     for entry in folder.iterdir():
         match = _STAMPED.match(entry.name)
-        if match and match.group(3) == suffix and entry.is_file():
-            found.append((match.group(1), int(match.group(2) or 0), entry))
-    found.sort(key=lambda item: (item[0], item[1]))
-    return [path for _, _, path in found]
+        if not match or match.group(3) != suffix:
+            continue
+        stamp, counter = match.group(1), int(match.group(2) or 0)
+        try:
+            info = entry.stat()
+        except FileNotFoundError:  # pruned by another process meanwhile
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        utc = stamp.endswith(_UTC_MARK)
+        found.append(((utc, 0 if utc else info.st_mtime_ns, stamp, counter), entry))
+    found.sort(key=lambda item: item[0])
+    return [path for _, path in found]
 
 
 # -- reading what changed, appending records ---------------------------------------------------------
@@ -221,10 +243,21 @@ class FileCache(Generic[T]):
 
 
 def append_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    """Append records as JSON lines in one write, flushed and fsynced (a crash may tear only the last line)."""
+    """Append records as JSON lines in one write, flushed and fsynced (a crash may tear only the last line).
+
+    When the file does not end with a newline (a crash tore the last append), the records start on a new
+    line: glued to the torn line they would be unreadable too, and lost with it. The torn line is left
+    as it is rather than cut off, since it may be a whole record missing only its newline; readers skip
+    a line that does not parse.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = b"".join(orjson.dumps(record) + b"\n" for record in records)
-    with open(path, "ab") as fh:
-        fh.write(payload)
+    with open(path, "a+b") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        if end > 0:
+            fh.seek(end - 1)
+            if fh.read(1) != b"\n":
+                payload = b"\n" + payload
+        fh.write(payload)  # append mode: written at the end, wherever the read left the position
         fh.flush()
         os.fsync(fh.fileno())

@@ -4,6 +4,11 @@ With Telegram's memory_scope "per_user", each user's memory and conversations li
 their own, `users/<user_key>/`, laid out like the workspace itself (`memory/`, `sessions/`). Everything
 that reads or writes these folders asks the layout for them, so a per-user scope can never be half
 applied (its memory in one place, its transcripts searched in another).
+
+The file tools are rooted in the scope folder too: a per-user model reaches only `users/<user_key>/`
+(its `memory/` is that user's memory, any other file it writes lives there as well), so nothing one user's
+model writes can be read by another's. The shared bootstrap files at the workspace root, which every
+user's system prompt carries, are read-only to a per-user model (see `bootstrap_path`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ MEMORY_DIR = "memory"
 SESSIONS_DIR = "sessions"
 USERS_DIR = "users"
 INDEX_DIR = "index"
+# The workspace's own files that go into every system prompt, in this order (the prompt of every scope).
+BOOTSTRAP_FILES = ("IDENTITY.md", "SOUL.md", "AGENTS.md", "USER.md")
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,21 @@ class WorkspaceLayout:
     @property
     def is_per_user(self) -> bool:
         return self.scope_dir != self.root
+
+    @property
+    def files_root(self) -> Path:
+        """Where the model's file tools are rooted: the workspace, or the user's own folder.
+
+        Per user means per user for every path a model can reach: were a per-user model's tools rooted in
+        the workspace, what one user's model wrote there (a note, USER.md) would reach the next user.
+        """
+        return self.scope_dir
+
+    def bootstrap_path(self, name: str) -> Path | None:
+        """The shared bootstrap file `name` names (compared case-folded), or None if it names none."""
+        folded = name.casefold()
+        match = next((known for known in BOOTSTRAP_FILES if known.casefold() == folded), None)
+        return self.root / match if match is not None else None
 
     @property
     def memory_dir(self) -> Path:

@@ -32,6 +32,20 @@ def _field_model(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[type[Bas
     return current, str(loc[-1])
 
 
+QUOTE_LIMIT = 80  # characters of a value quoted in an error; a config value can be megabytes long
+MESSAGE_LIMIT = 300  # characters of one problem's message (a validator may quote the value itself)
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, ending in "…" when anything was cut."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def quote(value: Any) -> str:
+    """repr(value) of at most QUOTE_LIMIT characters, so a huge value still gives a one-line error of sane size."""
+    return shorten(repr(value), QUOTE_LIMIT)
+
+
 def describe_error(model: type[BaseModel], exc: ValidationError, prefix: str = "") -> str:
     """All problems of `exc` on one line: `key: what is wrong (got X; allowed A–B)`."""
     parts = []
@@ -44,9 +58,12 @@ def describe_error(model: type[BaseModel], exc: ValidationError, prefix: str = "
         message = err["msg"]
         if message.startswith("Value error, "):
             message = message[len("Value error, "):]
-        detail = f"{key}: {message}"
-        if err["type"] != "missing" and "input" in err and not isinstance(err["input"], (dict, list)):
-            detail += f" (got {err['input']!r}"
+        quotable = err["type"] != "missing" and "input" in err and not isinstance(err["input"], (dict, list))
+        if quotable:  # a validator's own message may quote the value too (the timezone check does)
+            message = message.replace(repr(err["input"]), quote(err["input"]))
+        detail = f"{key}: {shorten(message, MESSAGE_LIMIT)}"
+        if quotable:
+            detail += f" (got {quote(err['input'])}"
             owner, name = _field_model(model, loc) if loc else (None, "")
             low, high = bounds_of(owner, name) if owner else (None, None)
             if low is not None and high is not None:

@@ -6,6 +6,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.memory.workspace import Workspace
@@ -25,6 +27,7 @@ from tests.agent_helpers import (
     with_agent,
 )
 from tests.fakes import FakeOpenAIServer, Text
+from tests.test_repl import configure
 
 
 def last_user(body: dict[str, Any]) -> str:
@@ -121,3 +124,59 @@ def test_session_keys_become_safe_file_names(workspace: Workspace, fake_openai: 
     assert files == sorted(session_path(workspace, key).name for key in keys)
     assert all(session_path(workspace, key).parent == workspace.root / "sessions" for key in keys)
     assert "telegram%3A42.jsonl" in files and "user%2F..%2F..%2Fetc.jsonl" in files
+
+
+def test_two_processes_on_one_session_take_turns_without_reusing_ids(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    # An open `chat` and a `chat -m` on the same session: two Apps on one home, each with its own
+    # SessionStore and AgentLoop, as two processes have. Each turn must see what the other appended.
+    configure(home, fake_openai)
+    fake_openai.responder = lambda body: f"re: {last_user(body)}"
+    key = "cli:default"
+    script = [(0, "first from the open chat 开着的"), (1, "one-off message 一次性"), (0, "back in the open chat"),
+              (1, "another one-off 又一次"), (0, "last word 最后")]
+
+    async def main() -> None:
+        apps = (App.open(home), App.open(home))
+        try:
+            for turn, (which, text) in enumerate(script):
+                await apps[which].agent().handle(key, text)
+                if turn == 0:
+                    apps[1].agent().session(key)  # the second process loaded the session early on
+        finally:
+            for app in apps:
+                await app.aclose()
+
+    asyncio.run(main())
+
+    records = records_of(App.open(home).workspace, "message", key)
+    assert [r["id"] for r in records] == list(range(1, 2 * len(script) + 1))
+    expected = [part for _, text in script for part in (text, f"re: {text}")]
+    assert [r["message"]["content"] for r in records] == expected
+    requests = fake_openai.chat_requests()
+    for index, request in enumerate(requests):  # each prompt carries every earlier message, either process's
+        assert contents(history(request)) == expected[: 2 * index] + [script[index][1]]
+
+
+def test_a_compaction_record_whose_summary_is_not_text_is_skipped(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    fake_openai.responder = lambda body: f"re: {last_user(body)}"
+    chat(workspace, fake_openai, ["hello 你好"])
+    with open(session_path(workspace), "ab") as fh:  # a hand-edited (or foreign) file: an object as summary
+        fh.write(b'{"type": "compaction", "through": 2, "summary": {"goal": "x"}, "reason": "summary"}\n')
+
+    assert chat(workspace, fake_openai, ["again 再来"]) == ["re: again 再来"]
+    assert chat(workspace, fake_openai, ["and again 又来"]) == ["re: and again 又来"]
+
+    # The record is skipped as a whole: nothing it claimed to cover goes missing from the prompt.
+    assert contents(history(fake_openai.chat_requests()[-1]))[:2] == ["hello 你好", "re: hello 你好"]
+    assert "summary is not text" in caplog.text
+
+
+def test_a_lone_surrogate_in_the_text_is_replaced_not_fatal(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    # `picoclaw chat -m $'\udcff'`: Python hands a byte that is not UTF-8 over as a lone surrogate.
+    fake_openai.responder = lambda body: f"re: {last_user(body)}"
+    assert chat(workspace, fake_openai, ["bad byte \udcff 坏字节"]) == ["re: bad byte \ufffd 坏字节"]
+    assert [r["message"]["content"] for r in records_of(workspace, "message")] == [
+        "bad byte \ufffd 坏字节", "re: bad byte \ufffd 坏字节"]

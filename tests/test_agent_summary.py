@@ -72,7 +72,8 @@ def test_a_bad_summary_is_refused_and_the_history_kept(workspace: Workspace, fak
     last = turn_requests(fake_openai)[-1]
     assert "Summary of the earlier conversation" not in system_prompt(last)
     assert contents(history(last)) == ["one 一", "好", "two 二", "好", "three 三", "好", "four 四"]
-    assert sum(is_summary_request(b) for b in fake_openai.chat_requests()) == 2  # tried after turns 3 and 4
+    # Tried after turn 3; turn 4 is within the back-off (4 more messages) after a failure, so no second try.
+    assert sum(is_summary_request(b) for b in fake_openai.chat_requests()) == 1
 
 
 def test_messages_arriving_while_a_summary_is_written_are_kept(
@@ -182,3 +183,24 @@ def test_summary_goes_to_the_session_file_and_todays_note(workspace: Workspace, 
     note = today_note(workspace)
     assert f"Summary of session {SESSION}:" in note and "### Key context\n预算 30 元；工单 CAF-42。" in note
     assert all(f"## {s}" in compaction["summary"] for s in SECTIONS)
+
+
+def test_a_model_that_never_writes_a_summary_is_asked_again_only_after_a_growing_wait(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    # The rule: after a refused or failed summary, the next attempt waits until `wait` more messages have
+    # arrived; `wait` starts at session_summary_keep_count (4) and doubles after each failure. Threshold 5:
+    # attempts after messages 6, 10, 18 and 34 of the 40, so at most 4 requests (and notices), not 18.
+    set_policy(workspace, session_summary_message_threshold=5)
+    fake_openai.responder = lambda body: "no / 不" if is_summary_request(body) else f"re: {said(body['messages'][-1])}"
+    notices = Notices()
+    texts = [f"message {n} 第{n}条" for n in range(1, 21)]
+
+    with frozen():
+        replies = chat(workspace, fake_openai, texts, notices=notices)
+
+    assert replies == [f"re: {text}" for text in texts]  # the conversation goes on
+    summaries = [b for b in fake_openai.chat_requests() if is_summary_request(b)]
+    assert len(summaries) == 4
+    assert notices.sent == [(SESSION, SUMMARY_NOTICE)] * 4  # no notice for a turn that does not try
+    assert records_of(workspace, "compaction") == []
+    assert len(contents(history(turn_requests(fake_openai)[-1]))) == 39

@@ -13,7 +13,7 @@ import pytest
 from picoclaw import fsutil
 from picoclaw.fsutil import atomic_write, reserve_stamped_path, stamped_files, write_stamped
 
-STAMP = "20260310_100000"
+STAMP = "20260310_020000Z"  # as clock.stamp writes it: UTC, marked "Z"
 
 
 def _mode(path: Path) -> int:
@@ -212,27 +212,77 @@ def test_reserve_stamped_path_is_unique_across_threads(tmp_path: Path) -> None:
 
 def test_stamped_files_orders_by_stamp_then_numeric_counter(tmp_path: Path) -> None:
     names = [
-        "20260101_000001_MEMORY.md",
-        "20260101_000000_10_MEMORY.md",
-        "20251231_235959_MEMORY.md",
-        "20260101_000000_2_MEMORY.md",
-        "20260101_000000_MEMORY.md",
+        "20260101_000001Z_MEMORY.md",
+        "20260101_000000Z_10_MEMORY.md",
+        "20251231_235959Z_MEMORY.md",
+        "20260101_000000Z_2_MEMORY.md",
+        "20260101_000000Z_MEMORY.md",
     ]
     for name in names:
         (tmp_path / name).write_text(name, encoding="utf-8")
     # Not backups: other suffix, no stamp, a temp file, and a folder with a backup-like name.
-    for other in ("20260101_000000.json", "notes_MEMORY.md", ".20260101_000000_MEMORY.md.x.tmp"):
+    for other in ("20260101_000000Z.json", "notes_MEMORY.md", ".20260101_000000Z_MEMORY.md.x.tmp"):
         (tmp_path / other).write_text("", encoding="utf-8")
-    (tmp_path / "20260102_000000_MEMORY.md").mkdir()
+    (tmp_path / "20260102_000000Z_MEMORY.md").mkdir()
 
     assert [p.name for p in stamped_files(tmp_path, "_MEMORY.md")] == [
-        "20251231_235959_MEMORY.md",
-        "20260101_000000_MEMORY.md",
-        "20260101_000000_2_MEMORY.md",  # counter 2 before 10: numeric, not text order
-        "20260101_000000_10_MEMORY.md",
-        "20260101_000001_MEMORY.md",
+        "20251231_235959Z_MEMORY.md",
+        "20260101_000000Z_MEMORY.md",
+        "20260101_000000Z_2_MEMORY.md",  # counter 2 before 10: numeric, not text order
+        "20260101_000000Z_10_MEMORY.md",
+        "20260101_000001Z_MEMORY.md",
     ]
     assert stamped_files(tmp_path / "missing", "_MEMORY.md") == []
+
+
+def _legacy(folder: Path, name: str, mtime: int) -> Path:
+    path = folder / name
+    path.write_text(name, encoding="utf-8")
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_stamped_files_orders_legacy_local_time_names_by_mtime_before_utc_names(tmp_path: Path) -> None:
+    # Older versions stamped local time without a mark: after a timezone change (Shanghai, then Berlin) the
+    # names no longer sort in time order, so their modification times order them.
+    shanghai = _legacy(tmp_path, "20260310_100000_MEMORY.md", 1_773_108_000)  # 02:00 UTC
+    berlin = _legacy(tmp_path, "20260310_030001_MEMORY.md", 1_773_108_001)  # 02:00:01 UTC
+    same_second = [_legacy(tmp_path, name, 1_773_108_002) for name in
+                   ("20260310_030002_10_MEMORY.md", "20260310_030002_2_MEMORY.md")]  # equal mtimes: counters
+    # Every UTC-marked name was written by this version, so after every legacy one, whatever the mtimes say.
+    utc = _legacy(tmp_path, "20260310_020000Z_MEMORY.md", 1_000_000_000)
+    assert stamped_files(tmp_path, "_MEMORY.md") == [shanghai, berlin, same_second[1], same_second[0], utc]
+
+
+def test_a_utc_name_continues_the_counters_of_its_own_stamp_only(tmp_path: Path) -> None:
+    (tmp_path / "20260310_020000_MEMORY.md").write_text("legacy, same digits", encoding="utf-8")
+    first = write_stamped(tmp_path, STAMP, "_MEMORY.md", "new")
+    assert first.name == "20260310_020000Z_MEMORY.md"
+    assert stamped_files(tmp_path, "_MEMORY.md")[-1] == first
+
+
+# -- append_jsonl: a torn last line does not swallow the next record ---------------------------------
+
+
+def test_append_jsonl_starts_a_new_line_after_a_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b'{"n":1}\n{"n":2,"te')  # a crash mid-append
+    fsutil.append_jsonl(path, [{"n": 3}, {"n": 4}])
+    assert path.read_bytes() == b'{"n":1}\n{"n":2,"te\n{"n":3}\n{"n":4}\n'
+
+
+def test_append_jsonl_keeps_a_whole_record_that_lost_only_its_newline(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b'{"n":1}')
+    fsutil.append_jsonl(path, [{"n": 2}])
+    fsutil.append_jsonl(path, [{"n": 3}])
+    assert path.read_bytes() == b'{"n":1}\n{"n":2}\n{"n":3}\n'
+
+
+def test_append_jsonl_creates_the_file_and_its_folder(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "log.jsonl"
+    fsutil.append_jsonl(path, [{"n": 1}])
+    assert path.read_bytes() == b'{"n":1}\n'
 
 
 # -- write_stamped: a stamped file that only ever appears complete -----------------------------------

@@ -206,18 +206,18 @@ def test_memory_backups_and_restore(home: Path, capsys: pytest.CaptureFixture[st
     after_second = memory.read_bytes()
     code, out, _ = run(capsys, "memory", "backups")
     names = [line.split()[0] for line in out.splitlines()]
-    # Stamped in local time (Shanghai), newest first, unique within the frozen second.
-    assert names == ["20250311_023000_1_MEMORY.md", "20250311_023000_MEMORY.md"]
+    # Stamped in UTC, newest first, unique within the frozen second.
+    assert names == ["20250310_183000Z_1_MEMORY.md", "20250310_183000Z_MEMORY.md"]
     assert f"{len(original)} bytes" in out.splitlines()[1]
 
-    code, out, err = run(capsys, "memory", "restore", "20250311_023000_MEMORY.md")
+    code, out, err = run(capsys, "memory", "restore", "20250310_183000Z_MEMORY.md")
     assert (code, err) == (0, "")
     assert memory.read_bytes() == original
     assert "the previous MEMORY.md was saved as" in out
     # The restore itself was backed up, so it can be undone.
     saved = out.split("saved as ")[1].strip()
     assert (memory_dir(home) / "backups" / saved).read_bytes() == after_second
-    run(capsys, "memory", "restore", "20250311_023000_1_MEMORY.md")
+    run(capsys, "memory", "restore", "20250310_183000Z_1_MEMORY.md")
     assert memory.read_bytes() == after_first
 
 
@@ -281,7 +281,7 @@ def test_policy_set_show_snapshots_rollback_reset(home: Path, capsys: pytest.Cap
     code, out, err = run(capsys, "policy", "set", "retrieve_limit=5", "evolution_enabled=true")
     assert (code, err) == (0, "")
     assert out == ("retrieve_limit = 5\nevolution_enabled = true\n"
-                   "previous overrides saved as 20250311_023000.json\n")
+                   "previous overrides saved as 20250310_183000Z.json\n")
     assert json.loads(overrides.read_text()) == {"retrieve_limit": 5, "evolution_enabled": True}
     rows = policy_rows(run(capsys, "policy", "show")[1])
     assert rows["retrieve_limit"] == ("5", "overrides")
@@ -290,16 +290,16 @@ def test_policy_set_show_snapshots_rollback_reset(home: Path, capsys: pytest.Cap
 
     run(capsys, "policy", "set", "retrieve_limit = 7")  # spaces around "=" are fine
     code, out, _ = run(capsys, "policy", "snapshots")
-    assert [line.split()[0] for line in out.splitlines()] == ["20250311_023000_1.json", "20250311_023000.json"]
+    assert [line.split()[0] for line in out.splitlines()] == ["20250310_183000Z_1.json", "20250310_183000Z.json"]
     # One line per snapshot, showing what it holds.
-    assert out.splitlines()[0] == '20250311_023000_1.json  {"retrieve_limit":5,"evolution_enabled":true}'
-    assert out.splitlines()[1] == "20250311_023000.json  {}"
+    assert out.splitlines()[0] == '20250310_183000Z_1.json  {"retrieve_limit":5,"evolution_enabled":true}'
+    assert out.splitlines()[1] == "20250310_183000Z.json  {}"
 
     code, out, _ = run(capsys, "policy", "rollback")
-    assert code == 0 and "20250311_023000_1.json" in out
+    assert code == 0 and "20250310_183000Z_1.json" in out
     assert policy_rows(run(capsys, "policy", "show")[1])["retrieve_limit"] == ("5", "overrides")
 
-    code, out, _ = run(capsys, "policy", "rollback", "20250311_023000.json")
+    code, out, _ = run(capsys, "policy", "rollback", "20250310_183000Z.json")
     assert code == 0 and json.loads(overrides.read_text()) == {}
     assert policy_rows(run(capsys, "policy", "show")[1])["retrieve_limit"] == ("10", "config")
 

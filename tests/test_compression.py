@@ -433,11 +433,11 @@ def test_cli_compress_not_due_dry_run_and_force(home: Path, fake_openai: FakeOpe
     fake_openai.reply_text(ENGLISH_REWRITE)
     code, out, _ = run_cli(capsys, "memory", "compress", "--force")
     assert code == 0 and out.startswith(f"compressed {store.long_term_path}: characters")
-    assert "the previous version was saved as 20250310_100000_MEMORY.md" in out
+    assert "the previous version was saved as 20250310_020000Z_MEMORY.md" in out
     assert store.read_long_term() == PREAMBLE + "\n" + ENGLISH_REWRITE
 
     # The previous version comes back with `memory restore`.
-    assert run_cli(capsys, "memory", "restore", "20250310_100000_MEMORY.md")[0] == 0
+    assert run_cli(capsys, "memory", "restore", "20250310_020000Z_MEMORY.md")[0] == 0
     assert store.read_long_term() == original
 
 

@@ -6,9 +6,24 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from picoclaw.app import App
-from picoclaw.config import POLICY_KEYS, Config, MemoryPolicy, home_dir, load_config, parse_config, workspace_dir
+from picoclaw.config import (
+    POLICY_KEYS,
+    AgentDefaults,
+    Config,
+    EmbeddingsConfig,
+    IndexConfig,
+    MemoryConfig,
+    MemoryPolicy,
+    ProviderConfig,
+    TelegramConfig,
+    home_dir,
+    load_config,
+    parse_config,
+    workspace_dir,
+)
 from picoclaw.errors import ConfigError
 from picoclaw.onboard import onboard, template_paths
 
@@ -293,3 +308,54 @@ def test_config_model_is_strict_about_unknown_keys_directly() -> None:
     # The model itself, not only load_config, refuses typos: other code builds Config objects too.
     with pytest.raises(Exception):
         Config.model_validate({"timezne": "UTC"})
+
+
+@pytest.mark.parametrize(("data", "key"), [
+    pytest.param({"timezone": "x" * 1_000_000}, "timezone", id="validator-quotes-the-value"),
+    pytest.param({"agents": {"defaults": {"max_tokens": "9" * 1_000_000 + "x"}}}, "agents.defaults.max_tokens",
+                 id="string-for-int"),
+    pytest.param({"channels": {"telegram": {"memory_scope": "字" * 1_000_000}}}, "channels.telegram.memory_scope",
+                 id="chinese-enum"),
+])
+def test_a_huge_value_is_quoted_short(tmp_path: Path, data: dict, key: str) -> None:
+    message = config_error(tmp_path / "home", data)
+    assert key in message and "…" in message and len(message) < 400 + len(str(tmp_path)), message[:1000]
+
+
+def test_a_short_value_is_quoted_whole(tmp_path: Path) -> None:
+    value = "Mars/" + "o" * 60  # 65 characters: under the cap, so nothing is cut
+    message = config_error(tmp_path / "home", {"timezone": value})
+    assert f"'{value}'" in message and "…" not in message
+
+
+def _numeric_fields(model: type[BaseModel]) -> list[str]:
+    names = []
+    for name, field in model.model_fields.items():
+        text = str(field.annotation)
+        if field.annotation is not bool and ("int" in text or "float" in text) and "str" not in text:
+            names.append(name)
+    return names
+
+
+@pytest.mark.parametrize("model", [MemoryPolicy, MemoryConfig, AgentDefaults, IndexConfig, EmbeddingsConfig,
+                                   ProviderConfig, TelegramConfig], ids=lambda m: m.__name__)
+def test_every_numeric_key_has_an_upper_bound(model: type[BaseModel]) -> None:
+    # Reflection and hand edits can write any number; none may be astronomically large.
+    base = {"provider": "local"} if model is EmbeddingsConfig else {}
+    for name in _numeric_fields(model):
+        with pytest.raises(ValidationError) as info:
+            model.model_validate({**base, name: 10 ** 15})
+        assert any(err["loc"][:1] == (name,) for err in info.value.errors()), name
+
+
+def test_compress_threshold_is_bounded(tmp_path: Path) -> None:
+    message = config_error(tmp_path / "home", {"memory": {"long_term_compress_char_threshold": 999_999_999_999}})
+    assert "memory.long_term_compress_char_threshold" in message and "0–10000000" in message, message
+    assert MemoryPolicy(long_term_compress_char_threshold=10_000_000).long_term_compress_char_threshold == 10_000_000
+
+
+@pytest.mark.parametrize("workspace", ["ws\x00evil", "\x00", "~/工作\x00区"])
+def test_a_nul_byte_in_workspace_is_a_config_error(tmp_path: Path, workspace: str) -> None:
+    message = config_error(tmp_path / "home", {"workspace": workspace})
+    assert "workspace:" in message and "NUL" in message, message
+    assert "\x00" not in message  # the terminal gets no raw NUL

@@ -101,7 +101,8 @@ def test_key_guide_lists_every_tunable_key_with_value_bounds_and_meaning() -> No
     assert [line.split()[1] for line in lines] == list(TUNABLE_KEYS)
     assert "- retrieve_limit = 12 (allowed 1–50): most MEMORY.md blocks injected for a query" in lines
     assert "evolution_enabled" not in guide
-    assert "allowed ≥ 0" in guide  # long_term_compress_char_threshold has no upper bound
+    # Every key has both bounds, so the model is never invited to go as high as it likes.
+    assert "long_term_compress_char_threshold = 0 (allowed 0–10000000)" in guide
 
 
 @pytest.mark.parametrize(
@@ -146,7 +147,7 @@ def test_valid_suggestion_snapshots_writes_and_records_history(
     outcome = reflect(workspace, fake_openai)
 
     assert outcome.refused is None and outcome.changes == {"retrieve_limit": 15, "recent_days": 7}
-    assert outcome.snapshot is not None and outcome.snapshot.name == "20250310_100000.json"
+    assert outcome.snapshot is not None and outcome.snapshot.name == "20250310_020000Z.json"
     assert outcome.snapshot.read_bytes() == b"{}\n"
     assert json.loads(workspace.policy.overrides_path.read_text()) == {"retrieve_limit": 15, "recent_days": 7}
     assert workspace.policy.current().retrieve_limit == 15
@@ -167,7 +168,7 @@ def test_valid_suggestion_snapshots_writes_and_records_history(
     assert code == 0
     assert out.splitlines() == [
         "2025-03-10T10:00:00+08:00  evolution (session telegram:42)  retrieve_limit 10 → 15, recent_days 3 → 7"
-        "  [before: 20250310_100000.json]",
+        "  [before: 20250310_020000Z.json]",
         f"    reason: {REASON_ZH}",
     ]
 
@@ -349,15 +350,15 @@ def test_rollback_restores_the_exact_previous_overrides_file(
 
     code, out, _ = run_cli(capsys, "policy", "rollback")
 
-    assert code == 0 and "20250310_100000.json" in out
+    assert code == 0 and "20250310_020000Z.json" in out
     assert workspace.policy.overrides_path.read_text(encoding="utf-8") == hand_written
     assert workspace.policy.current().retrieve_limit == 10 and workspace.policy.current().recent_days == 2
     code, out, _ = run_cli(capsys, "policy", "history")
     lines = out.splitlines()
     assert lines[0].startswith("2025-03-10T10:00:00+08:00  evolution (session telegram:42)  retrieve_limit 10 → 20")
     assert lines[1] == f"    reason: {REASON_ZH}"
-    assert lines[2] == ("2025-03-10T10:00:00+08:00  cli  retrieve_limit 20 → 10  [before: 20250310_100000_1.json]")
-    assert lines[3] == "    reason: rollback to 20250310_100000.json"
+    assert lines[2] == ("2025-03-10T10:00:00+08:00  cli  retrieve_limit 20 → 10  [before: 20250310_020000Z_1.json]")
+    assert lines[3] == "    reason: rollback to 20250310_020000Z.json"
 
 
 def test_policy_history_when_empty(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -18,7 +20,7 @@ from picoclaw.memory.policy import PolicyError, PolicyManager, ValueChange
 from picoclaw.memory.workspace import Workspace
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
-# 02:00 UTC is 10:00 in Shanghai: snapshot names must use the configured timezone.
+# 02:00 UTC is 10:00 in Shanghai: history times are in the configured timezone, snapshot names in UTC.
 FROZEN = "2025-03-10 02:00:00"
 
 
@@ -241,7 +243,7 @@ def test_set_rejects_bad_changes_and_writes_nothing(
 def test_set_snapshots_previous_overrides_and_records_history(manager: PolicyManager) -> None:
     snapshot = manager.set({"retrieve_limit": 5}, source="reflection", reason="用户说记忆太多 / too much memory",
                            session="telegram:42")
-    assert snapshot.name == "20250310_100000.json"
+    assert snapshot.name == "20250310_020000Z.json"
     assert snapshot.read_bytes() == b"{}\n"  # there were no overrides before
     assert json.loads(manager.overrides_path.read_text()) == {"retrieve_limit": 5}
     assert manager.effective().sources["retrieve_limit"] == "overrides"
@@ -250,7 +252,7 @@ def test_set_snapshots_previous_overrides_and_records_history(manager: PolicyMan
     assert entry.source == "reflection" and entry.session == "telegram:42"
     assert entry.overrides == {"retrieve_limit": ValueChange(None, 5)}
     assert entry.reason == "用户说记忆太多 / too much memory"
-    assert entry.snapshot == "20250310_100000.json"
+    assert entry.snapshot == "20250310_020000Z.json"
 
 
 @freeze_time(FROZEN)
@@ -259,7 +261,7 @@ def test_snapshot_names_are_unique_within_one_frozen_second(manager: PolicyManag
     second = manager.set({"retrieve_limit": 6}, source="cli")
     third = manager.set({"recent_days": 1}, source="cli")
     assert [first.name, second.name, third.name] == [
-        "20250310_100000.json", "20250310_100000_1.json", "20250310_100000_2.json"]
+        "20250310_020000Z.json", "20250310_020000Z_1.json", "20250310_020000Z_2.json"]
     assert manager.snapshots() == [first, second, third]
     # Each snapshot holds the overrides as they were before its change.
     assert json.loads(first.read_text()) == {}
@@ -298,17 +300,17 @@ def test_rollback_restores_newest_snapshot_byte_for_byte(manager: PolicyManager)
     manager.set({"retrieve_limit": 7}, source="cli")
     assert manager.current().retrieve_limit == 7
     restored = manager.rollback()
-    assert restored.name == "20250310_100000.json"
+    assert restored.name == "20250310_020000Z.json"
     assert manager.overrides_path.read_text(encoding="utf-8") == hand_written
     assert manager.current().retrieve_limit == 3 and manager.current().recent_days == 1
     # The overrides before the rollback were snapshotted, so the rollback can itself be undone.
     assert len(manager.snapshots()) == 2
     assert json.loads(manager.snapshots()[-1].read_text()) == {
         "retrieve_limit": 7, "recent_days": 1, "备注": "手工"}
-    manager.rollback()
-    assert manager.current().retrieve_limit == 7
     reasons = [h.reason for h in manager.history()]
-    assert reasons[1] == "rollback to 20250310_100000.json"
+    assert reasons[1] == "rollback to 20250310_020000Z.json"
+    manager.rollback(manager.snapshots()[-1].name)  # undone by name; a bare rollback walks further back
+    assert manager.current().retrieve_limit == 7
 
 
 @freeze_time(FROZEN)
@@ -316,9 +318,9 @@ def test_rollback_to_a_named_snapshot(manager: PolicyManager) -> None:
     manager.set({"retrieve_limit": 5}, source="cli")  # snapshot 0: {}
     manager.set({"retrieve_limit": 6}, source="cli")  # snapshot _1: {5}
     manager.set({"retrieve_limit": 7}, source="cli")  # snapshot _2: {6}
-    manager.rollback("20250310_100000_1.json")
+    manager.rollback("20250310_020000Z_1.json")
     assert manager.current().retrieve_limit == 5
-    manager.rollback("20250310_100000")  # the stem works too
+    manager.rollback("20250310_020000Z")  # the stem works too
     assert manager.current().retrieve_limit == 8  # back to config: that snapshot had no overrides
     assert manager.effective().sources["retrieve_limit"] == "config"
 
@@ -351,3 +353,101 @@ def test_rollback_to_unknown_snapshot_is_an_error(manager: PolicyManager, name: 
         manager.rollback(name)
     assert manager.overrides_path.read_bytes() == before
     assert manager.snapshots() == snapshots
+
+
+# -- issue 13: time order across timezones, rollback as a stack, locked validation, torn history -----------
+
+
+def test_changing_the_timezone_keeps_snapshots_in_time_order(memory_dir: Path) -> None:
+    with freeze_time(FROZEN) as frozen:
+        shanghai = PolicyManager(memory_dir, {}, SHANGHAI)
+        eleven = shanghai.set({"retrieve_limit": 11}, source="cli")
+        frozen.tick(1)
+        twelve = shanghai.set({"retrieve_limit": 12}, source="cli")
+        # 10:00 in Shanghai is 03:00 in Berlin: local-time names would file the next snapshot first.
+        berlin = PolicyManager(memory_dir, {}, ZoneInfo("Europe/Berlin"))
+        frozen.tick(1)
+        thirteen = berlin.set({"retrieve_limit": 13}, source="cli")
+        assert berlin.snapshots() == [eleven, twelve, thirteen]
+        berlin.rollback()
+    assert berlin.current().retrieve_limit == 12
+
+
+@freeze_time(FROZEN)
+def test_repeated_rollbacks_walk_back_one_change_at_a_time(manager: PolicyManager) -> None:
+    for limit in (11, 12, 13):
+        manager.set({"retrieve_limit": limit}, source="cli")
+    manager.rollback()
+    assert manager.current().retrieve_limit == 12
+    manager.rollback()
+    assert manager.current().retrieve_limit == 11
+    manager.rollback()
+    assert manager.current().retrieve_limit == 8  # the config value: the first change is undone too
+    assert manager.effective().sources["retrieve_limit"] == "config"
+    before = manager.overrides_path.read_bytes()
+    with pytest.raises(PolicyError, match="nothing further back"):
+        manager.rollback()
+    assert manager.overrides_path.read_bytes() == before
+    # Each rollback is in the history, naming the change it undid.
+    history = manager.history()
+    assert [entry.reason.split(" (")[0] for entry in history[3:]] == ["rollback to " + history[2].snapshot,
+                                                                      "rollback to " + history[1].snapshot,
+                                                                      "rollback to " + history[0].snapshot]
+    assert [entry.undoes for entry in history] == [None, None, None, history[2].snapshot, history[1].snapshot,
+                                                   history[0].snapshot]
+
+
+@freeze_time(FROZEN)
+def test_a_change_after_rollbacks_is_undone_first_then_the_walk_goes_on(manager: PolicyManager) -> None:
+    for limit in (11, 12, 13):
+        manager.set({"retrieve_limit": limit}, source="cli")
+    manager.rollback()  # → 12
+    manager.set({"recent_days": 1}, source="cli")
+    manager.rollback()  # undoes recent_days=1
+    assert (manager.current().retrieve_limit, manager.current().recent_days) == (12, 5)
+    manager.rollback()  # 13 is undone already: undoes 12
+    assert manager.current().retrieve_limit == 11
+
+
+def _set_in_process(memory_dir: str, changes: dict[str, int], go: Any, results: Any) -> None:
+    manager = PolicyManager(Path(memory_dir))
+    go.wait()  # both processes set at once
+    try:
+        manager.set(changes, source="cli")
+    except PolicyError:
+        results.put("refused")
+    else:
+        results.put("set")
+
+
+def test_concurrent_sets_never_write_an_invalid_policy(tmp_path: Path) -> None:
+    # Each change is valid alone (keep 10 < default threshold 20; default keep 4 < threshold 5), not together.
+    ctx = multiprocessing.get_context("spawn")
+    for trial in range(12):
+        memory_dir = tmp_path / f"trial{trial}"
+        memory_dir.mkdir()
+        go = ctx.Barrier(2)
+        results = ctx.Queue()
+        workers = [
+            ctx.Process(target=_set_in_process, args=(str(memory_dir), changes, go, results))
+            for changes in ({"session_summary_message_threshold": 5}, {"session_summary_keep_count": 10})
+        ]
+        for process in workers:
+            process.start()
+        for process in workers:
+            process.join(timeout=60)
+        assert [process.exitcode for process in workers] == [0, 0], f"trial {trial}"
+        outcomes = sorted(results.get(timeout=10) for _ in workers)
+        assert outcomes == ["refused", "set"], f"trial {trial}"
+        overrides = PolicyManager(memory_dir).read_overrides()
+        MemoryPolicy(**overrides)  # the written overrides are a valid policy as a whole
+
+
+def test_a_set_after_a_torn_history_line_is_recorded(manager: PolicyManager) -> None:
+    manager.set({"retrieve_limit": 5}, source="cli")
+    with open(manager.history_path, "ab") as fh:
+        fh.write(b'{"time": "2025-')  # a crash mid-append
+    manager.set({"retrieve_limit": 6}, source="cli")
+    history = manager.history()
+    assert [entry.overrides for entry in history] == [
+        {"retrieve_limit": ValueChange(None, 5)}, {"retrieve_limit": ValueChange(5, 6)}]

@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from freezegun import freeze_time
 
+from picoclaw import clock
 from picoclaw.errors import MemoryStoreError, PicoclawError
 from picoclaw.memory.retrieval import split_blocks
 from picoclaw.memory.store import MAX_ENTRY_CHARS, MemoryStore
@@ -254,7 +255,7 @@ def test_first_rewrite_has_nothing_to_back_up(store: MemoryStore) -> None:
     assert store.read_long_term() == "fresh"
 
 
-@freeze_time("2026-03-10 02:00:00")  # one frozen second: 10:00:00 in Shanghai
+@freeze_time("2026-03-10 02:00:00")  # one frozen second; names are in UTC, whatever the timezone
 def test_every_change_is_backed_up_with_unique_names_within_one_second(store: MemoryStore) -> None:
     versions = [store.append_long_term("one").text]
     for content in ("two", "three", "four"):
@@ -262,9 +263,9 @@ def test_every_change_is_backed_up_with_unique_names_within_one_second(store: Me
         store.append_long_term(content)
     backups = store.backups()
     assert [path.name for path in backups] == [
-        "20260310_100000_MEMORY.md",
-        "20260310_100000_1_MEMORY.md",
-        "20260310_100000_2_MEMORY.md",
+        "20260310_020000Z_MEMORY.md",
+        "20260310_020000Z_1_MEMORY.md",
+        "20260310_020000Z_2_MEMORY.md",
     ]
     # Each backup is MEMORY.md as it was just before that change.
     assert [path.read_text(encoding="utf-8") for path in backups] == versions[1:]
@@ -276,7 +277,7 @@ def test_rewrite_returns_the_backup_of_the_previous_text(store: MemoryStore) -> 
         store.rewrite_long_term("version A\n")
     with freeze_time("2026-03-10 02:00:07"):
         backup = store.rewrite_long_term("version B\n")
-    assert backup == store.backups_dir / "20260310_100007_MEMORY.md"
+    assert backup == store.backups_dir / "20260310_020007Z_MEMORY.md"
     assert backup.read_text(encoding="utf-8") == "version A\n"
     assert store.read_long_term() == "version B\n"
 
@@ -299,12 +300,12 @@ def test_backups_are_pruned_to_backup_keep_oldest_first(memory_dir: Path) -> Non
 
     remaining = store.backups()
     assert [path.name for path in remaining] == [
-        "20260310_100005_MEMORY.md",
-        "20260310_100006_MEMORY.md",
-        "20260310_100010_MEMORY.md",
+        "20260310_020005Z_MEMORY.md",
+        "20260310_020006Z_MEMORY.md",
+        "20260310_020010Z_MEMORY.md",
     ]
     assert [path.read_text(encoding="utf-8") for path in remaining] == ["v4", "v5", "v6"]
-    assert before_change["20260310_100005_MEMORY.md"] == "v4"
+    assert before_change["20260310_020005Z_MEMORY.md"] == "v4"
     assert (store.backups_dir / "README.txt").read_text(encoding="utf-8") == "mine"
 
 
@@ -317,9 +318,9 @@ def test_pruning_within_one_second_keeps_the_highest_counters(memory_dir: Path) 
     remaining = store.backups()
     # Counter 10 sorts after 9 (as text it would sort before 2 and be pruned too early).
     assert [path.name for path in remaining] == [
-        "20260310_100000_9_MEMORY.md",
-        "20260310_100000_10_MEMORY.md",
-        "20260310_100000_11_MEMORY.md",
+        "20260310_020000Z_9_MEMORY.md",
+        "20260310_020000Z_10_MEMORY.md",
+        "20260310_020000Z_11_MEMORY.md",
     ]
     assert [path.read_text(encoding="utf-8") for path in remaining] == ["v9", "v10", "v11"]
     assert sorted(p.name for p in store.backups_dir.iterdir()) == sorted(p.name for p in remaining)
@@ -336,7 +337,7 @@ def test_restore_backup_backs_up_the_current_file_first(store: MemoryStore) -> N
 
     assert store.long_term_path.read_bytes() == old.read_bytes()
     assert store.read_long_term() == "# 记忆\n\n## 2026-03-10\n原来的版本\n"
-    assert safety == store.backups_dir / "20260310_100002_MEMORY.md"
+    assert safety == store.backups_dir / "20260310_020002Z_MEMORY.md"
     assert safety.read_text(encoding="utf-8") == "a bad rewrite\n"  # the restore can itself be undone
     assert store.backups() == [old, safety]
 
@@ -398,3 +399,60 @@ def test_workspace_store_uses_the_configured_memory_folder(workspace: Workspace)
     today = store.today()
     after = datetime.now(UTC).astimezone(workspace.tz).date()
     assert today in (before, after)
+
+
+# -- backups are ordered by time, whatever the timezone (issue 13) -----------------------------------
+
+
+def test_changing_the_timezone_keeps_the_newest_backup(memory_dir: Path) -> None:
+    with freeze_time("2026-03-10 02:00:00") as frozen:
+        shanghai = MemoryStore(memory_dir, SHANGHAI, backup_keep=50)
+        for number in range(52):
+            frozen.tick(1)
+            shanghai.append_long_term(f"fact {number}")
+        # 10:00 in Shanghai is 03:00 in Berlin: local-time names would file the next backup as the oldest.
+        berlin = MemoryStore(memory_dir, ZoneInfo("Europe/Berlin"), backup_keep=50)
+        frozen.tick(1)
+        before_last = berlin.read_long_term()
+        berlin.append_long_term("fact 52")
+        newest = berlin.backups()[-1]
+        assert len(berlin.backups()) == 50
+        assert newest.read_text(encoding="utf-8") == before_last  # not pruned as it was written
+        frozen.tick(1)
+        berlin.restore_backup(newest.name)
+    assert "fact 51" in berlin.read_long_term()
+
+
+def test_a_daylight_saving_fall_back_does_not_reorder_backups(memory_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    store = MemoryStore(memory_dir, ZoneInfo("Europe/Berlin"), backup_keep=2)
+
+    def at(utc: str) -> None:
+        # Real datetimes, not freezegun's: its astimezone drops `fold`, the bit that tells the repeated hour apart.
+        moment = datetime.fromisoformat(utc)
+        monkeypatch.setattr(clock, "now", lambda tz=None: moment.astimezone(tz) if tz is not None else moment)
+
+    at("2026-10-25T00:00:00+00:00")
+    store.rewrite_long_term("v0")
+    at("2026-10-25T00:30:00+00:00")  # 02:30 summer time
+    store.rewrite_long_term("v1")
+    at("2026-10-25T00:59:00+00:00")  # 02:59 summer time
+    store.rewrite_long_term("v2")
+    at("2026-10-25T01:10:00+00:00")  # 02:10 winter time: earlier on the wall clock, yet later
+    newest = store.rewrite_long_term("v3")
+    assert [path.read_text(encoding="utf-8") for path in store.backups()] == ["v1", "v2"]
+    assert store.backups()[-1] == newest
+
+
+def test_a_legacy_backup_named_in_the_future_does_not_push_out_the_new_one(memory_dir: Path) -> None:
+    store = MemoryStore(memory_dir, SHANGHAI, backup_keep=2)
+    store.rewrite_long_term("v0")
+    store.backups_dir.mkdir(parents=True, exist_ok=True)
+    # Written by an older picoclaw in a local time now unknown, the name claims a far-future moment.
+    legacy = store.backups_dir / "20991231_235959_MEMORY.md"
+    legacy.write_text("legacy", encoding="utf-8")
+    first = store.rewrite_long_term("v1")
+    second = store.rewrite_long_term("v2")
+    assert first is not None and second is not None
+    assert store.backups() == [first, second]  # the legacy file was the oldest, so it was pruned
+    assert [path.read_text(encoding="utf-8") for path in store.backups()] == ["v0", "v1"]

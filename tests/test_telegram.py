@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 
 import pytest
 from aiogram import loggers as aiogram_loggers
+from aiogram.types import User
 
 from picoclaw.app import App
-from picoclaw.channels.telegram import APOLOGY, COMMANDS, TelegramChannel, make_bot, not_authorised
+from picoclaw.channels.telegram import APOLOGY, COMMANDS, Allowlist, TelegramChannel, make_bot, not_authorised
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import API_KEY, contents, make_provider, said, session_records
@@ -151,6 +152,32 @@ def test_allow_from_takes_usernames_with_or_without_the_at(home: Path, fake_tele
     assert fake_telegram.sent_texts(11) == ["echo: from alice"]
     assert fake_telegram.sent_texts(12) == ["echo: from bob"]
     assert fake_telegram.sent_texts(13) == [not_authorised(13)]
+
+
+@pytest.mark.parametrize("allow_from", [[OWNER, ""], ["@"], [" "], ["@ "], [OWNER, "\t@\n"]],
+                         ids=["empty", "at", "space", "at-space", "tab-at-newline"])
+def test_an_allow_from_entry_that_would_match_everyone_is_a_config_error(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
+        capsys: pytest.CaptureFixture[str], allow_from: list[int | str]) -> None:
+    configure(home, fake_telegram, fake_openai)  # written valid, then broken: configure() opens the App
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["channels"]["telegram"]["allow_from"] = allow_from
+    path.write_text(json.dumps(config), encoding="utf-8")
+    assert main(["telegram"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "channels.telegram.allow_from" in err and "Traceback" not in err, err
+    assert not fake_telegram.calls()  # refused before the bot said a word
+
+
+def test_the_allowlist_never_matches_a_user_without_a_username() -> None:
+    # Config validation refuses such entries; the allowlist must not rely on that alone.
+    nameless = User(id=STRANGER, is_bot=False, first_name="stranger")
+    blank = User(id=STRANGER, is_bot=False, first_name="stranger", username="")
+    for entries in ([OWNER, ""], ["@"], [" "], ["@ "]):
+        allowlist = Allowlist(entries)
+        assert not allowlist.allows(nameless) and not allowlist.allows(blank), entries
+    assert Allowlist(["@Alice_W"]).allows(User(id=5, is_bot=False, first_name="a", username="alice_w"))
 
 
 # -- replies that arrive ----------------------------------------------------------------------------------
@@ -438,6 +465,32 @@ def test_logs_name_the_chat_and_user_and_never_the_token(home: Path, fake_telegr
     assert TOKEN not in logged + caplog.text and "bot<token>/getUpdates" in logged
 
 
+@pytest.mark.parametrize("echoed", [TOKEN, TOKEN.replace(":", "%3A")], ids=["plain", "url-quoted"])
+def test_a_bot_api_error_echoing_the_token_is_logged_redacted(home: Path, fake_telegram: FakeTelegramServer,
+                                                               fake_openai: FakeOpenAIServer,
+                                                               caplog: pytest.LogCaptureFixture, echoed: str) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_text("an answer that will not arrive")
+    fake_openai.reply_text("this one will")
+    # A proxy or self-hosted Bot API that quotes the request path in its error description.
+    fake_telegram.fail_next("sendMessage", 400, f"Bad Request: POST /bot{echoed}/sendMessage: chat is gone")
+    fake_telegram.fail_next("setMyCommands", 400, f"Bad Request: /bot{echoed}/setMyCommands refused")
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "first")
+        await until(fake_telegram, lambda: bool(fake_telegram.calls("sendMessage")))
+        fake_telegram.send_text(OWNER, OWNER, "second")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    with caplog.at_level(logging.DEBUG):
+        serve(workspace, fake_telegram, fake_openai, body)
+
+    logged = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records) + caplog.text
+    assert "could not send a reply" in logged and "could not register the command menu" in logged
+    secret = TOKEN.split(":", 1)[1]
+    assert TOKEN not in logged and secret not in logged, logged
+    assert "/bot<token>/sendMessage" in logged or "/bot123456%3A<token>/sendMessage" in logged
+
+
 # -- the command ---------------------------------------------------------------------------------------------
 
 
@@ -485,6 +538,31 @@ def test_an_unreachable_bot_api_or_a_revoked_token_is_one_clear_line(
     assert main(["telegram"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Telegram rejected the bot token (401 Unauthorized)" in err and TOKEN not in err
+
+
+def test_a_non_json_get_me_reply_is_one_clear_line(home: Path, fake_telegram: FakeTelegramServer,
+                                                   fake_openai: FakeOpenAIServer,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    configure(home, fake_telegram, fake_openai)
+    page = ("<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+            "<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+            + "<!-- padding -->\r\n" * 50 + "</body>\r\n</html>\r\n")
+    fake_telegram.fail_next_with_page("getMe", 502, page)
+    assert main(["telegram"]) == 1
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("picoclaw: error: cannot start the Telegram bot: "), err
+    assert "not a Bot API answer" in err and "502 Bad Gateway" in err and len(err) < 400, err
+    assert "Traceback" not in err and TOKEN not in err + out
+
+
+def test_a_disabled_channel_refuses_to_start(home: Path, fake_telegram: FakeTelegramServer,
+                                             fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    configure(home, fake_telegram, fake_openai, enabled=False)
+    assert main(["telegram"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("picoclaw: error: channels.telegram.enabled is false in config.json; "
+                   "set it to true to run the bot\n"), err
+    assert not fake_telegram.calls()
 
 
 def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(

@@ -520,3 +520,27 @@ def test_per_user_tools_see_only_their_own_memory(workspace: Workspace, user_wor
     assert other_user.read_text(encoding="utf-8") == "## 2024-01-01\nuser 7's secret diary\n"
     # Escaping the memory folder through the alias is still an escape.
     assert "outside the workspace" in call(tools, "read_file", path="memory/../../x")
+
+
+@freeze_time(FROZEN)
+def test_per_user_tools_are_rooted_in_the_users_folder(workspace: Workspace, user_workspace: Workspace) -> None:
+    # memory_scope "per_user": every path is in users/42/; the shared bootstrap files read, never written.
+    tools = build_tools(user_workspace)
+    own = workspace.root / "users" / "42"
+    user_md = (workspace.root / "USER.md").read_text(encoding="utf-8")
+    assert call(tools, "write_file", path="notes/todo.md", content="买牛奶 / buy milk") == (
+        "created notes/todo.md (14 characters)")
+    assert (own / "notes" / "todo.md").read_text(encoding="utf-8") == "买牛奶 / buy milk"
+    assert not (workspace.root / "notes").exists()
+    for path in ("USER.md", "user.md", "./SOUL.md", "memory/../AGENTS.md", "IDENTITY.md"):
+        for tool in ("write_file", "edit_file", "append_file"):
+            result = call(tools, tool, **file_args(tool, path))
+            assert result.startswith("error:") and "read-only" in result, (tool, path, result)
+    assert call(tools, "read_file", path="USER.md") == user_md
+    assert not any((own / name).exists() for name in ("USER.md", "user.md", "SOUL.md", "AGENTS.md"))
+    for path in ("sessions", "sessions/telegram%3A42.jsonl", "../7/memory/MEMORY.md", "../../USER.md"):
+        assert call(tools, "read_file", path=path).startswith("error:"), path
+
+
+def test_a_new_users_folder_lists_as_empty(user_workspace: Workspace) -> None:
+    assert call(build_tools(user_workspace), "list_dir") == "./ is empty"

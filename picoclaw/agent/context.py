@@ -20,14 +20,13 @@ from pathlib import Path
 from picoclaw.agent.history import keep_last, safe_start, turns
 from picoclaw.config import MemoryPolicy
 from picoclaw.fsutil import FileCache
+from picoclaw.layout import BOOTSTRAP_FILES
 from picoclaw.memory.retrieval import Block, FileIndex, Hit, rank, split_blocks
 from picoclaw.memory.session import Session, StoredMessage
 from picoclaw.memory.store import DailyNote
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import Message
 from picoclaw.tokens import count_tokens
-
-BOOTSTRAP_FILES = ("IDENTITY.md", "SOUL.md", "AGENTS.md", "USER.md")
 
 MEMORY_FRAME = ("A user message may begin with a <context> block that picoclaw attached: memory the user "
                 "stored earlier (each block with its file and lines), recent daily notes, and the time. "
@@ -40,6 +39,10 @@ TOOL_GUIDANCE = f"""## Tools and memory
 - {MEMORY_FRAME} Memory shown once stays valid for the rest of the conversation.
   When it is not enough, call memory_search.
 - File tools (read_file, write_file, edit_file, append_file, list_dir) work inside the workspace only."""
+
+# Per-user scopes: the model should know where its files go, and that the shared files will refuse it.
+PER_USER_GUIDANCE = ("- This conversation has its own folder: file paths are relative to it, and what you write there "
+                     "is this user's alone. " + ", ".join(BOOTSTRAP_FILES) + " are shared by all users and read-only.")
 
 
 def block_key(block: Block) -> str:
@@ -146,6 +149,8 @@ class ContextBuilder:
         """The part of the system prompt that only changes when a bootstrap file or the date does."""
         parts = [(self._files.get(self.workspace.root / name) or "").strip() for name in BOOTSTRAP_FILES]
         parts.append(TOOL_GUIDANCE)
+        if self.workspace.layout.is_per_user:
+            parts.append(PER_USER_GUIDANCE)
         parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({self.workspace.config.timezone})")
         return "\n\n".join(part for part in parts if part)
 

@@ -3,6 +3,11 @@
 Turns of one session run one at a time; different sessions run concurrently. After the reply is
 saved, background work (session summary, long-term compression, reflection) runs without holding up
 the next message.
+
+A summary the model fails to write (refused as malformed, or the call failed) is not asked for again on
+the next turn: the next automatic attempt waits until `wait` more messages have arrived, where `wait`
+starts at `session_summary_keep_count` and doubles after each further failure (a success resets it; /compact
+always tries). A turn that does not attempt sends no "Memory threshold reached" notice.
 """
 
 from __future__ import annotations
@@ -50,6 +55,39 @@ TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside i
 
 
 @dataclass(frozen=True)
+class SummaryBackoff:
+    """After a failed summary: no automatic attempt before message id `retry_at`; `wait` grows per failure."""
+
+    retry_at: int
+    wait: int
+
+
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD (pairs joined into their character).
+
+    A byte that is not UTF-8 in argv or stdin (`chat -m $'\\udcff'`) reaches Python as a lone surrogate,
+    which no JSON encoder accepts: left in, it would fail the model call (looking like a provider failure)
+    or the session write after tools already ran.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def clean_message(value: Any) -> Any:
+    """A message (nested dicts, lists, strings) with `clean_text` applied to every string in it."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {key: clean_message(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [clean_message(item) for item in value]
+    return value
+
+
+@dataclass(frozen=True)
 class Reply:
     """The answer to one message; `error` is set when it is an apology because the model could not answer."""
 
@@ -73,14 +111,19 @@ class AgentLoop:
         self._locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._summarizing: set[str] = set()
+        self._summary_backoff: dict[str, SummaryBackoff] = {}
 
     # -- sessions ----------------------------------------------------------------------------------
 
     def session(self, key: str) -> Session:
-        """The session for `key`, loaded from disk once and then kept in memory."""
-        if key not in self._loaded:
-            self._loaded[key] = self.sessions.load(key)
-        return self._loaded[key]
+        """The session for `key`, loaded from disk once and kept in memory, with what another process
+        (a `chat -m` next to an open chat) appended to its file since taken in."""
+        session = self._loaded.get(key)
+        if session is None:
+            session = self._loaded[key] = self.sessions.load(key)
+        else:
+            self.sessions.refresh(session)
+        return session
 
     def lock(self, key: str) -> asyncio.Lock:
         """The lock that keeps one session's turns in order."""
@@ -90,6 +133,7 @@ class AgentLoop:
         """Archive the session's file and start it afresh; returns the archive's name."""
         archived = self.sessions.archive(key)
         self._loaded.pop(key, None)
+        self._summary_backoff.pop(key, None)
         return archived.name if archived else None
 
     # -- a turn ------------------------------------------------------------------------------------
@@ -101,6 +145,7 @@ class AgentLoop:
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
         as it starts, and `notify(key, text)` work done after the reply (a summary starting).
         """
+        text = clean_text(text)
         async with self.lock(key):
             command = parse_command(text)
             if command is not None:
@@ -132,7 +177,7 @@ class AgentLoop:
         if command.name == "/policy":
             return policy_report(self.workspace.policy.effective())
         if command.name == "/status":
-            return status_report(self.provider.model, getattr(self.provider, "name", "?"), self.session(key),
+            return status_report(self.provider.model, self.provider.name, self.session(key),
                                  self.workspace.policy.effective())
         return unknown_reply(command)
 
@@ -163,7 +208,7 @@ class AgentLoop:
                     messages = built.messages + [stored.as_sent() for stored in turn[1:]]
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
                     reply = await self._ask(messages, schemas, on_text)
-                assistant = reply.as_message()
+                assistant = clean_message(reply.as_message())
                 messages.append(assistant)
                 usage = reply.usage
                 turn.append(StoredMessage(0, assistant, usage.prompt_tokens if usage else None,
@@ -174,7 +219,7 @@ class AgentLoop:
                 for call in reply.tool_calls:
                     if on_tool is not None:
                         await on_tool(call.name, call.arguments)
-                    result = await self.tools.execute(call.name, call.arguments)
+                    result = clean_text(await self.tools.execute(call.name, call.arguments))
                     log.info("session %s: tool %s → %d chars", key, call.name, len(result))
                     result_message: Message = {"role": "tool", "tool_call_id": call.id, "content": result}
                     messages.append(result_message)
@@ -198,7 +243,7 @@ class AgentLoop:
     async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None
                    ) -> ChatReply:
         """One model call; a tool call the model wrote as text (small local models do) becomes a real one."""
-        text_calls = getattr(self.provider, "text_tool_calls", "auto") == "auto"
+        text_calls = self.provider.text_tool_calls == "auto"
         gate = StreamGate(on_text, hold_calls=text_calls) if on_text is not None else None
         reply = await self.provider.chat(messages, schemas, on_text=gate.feed if gate is not None else None)
         call = None
@@ -249,7 +294,12 @@ class AgentLoop:
 
     async def _summarize_if_needed(self, key: str, notify: Notify | None) -> None:
         # A summary already being written covers this turn's check too: no second notice, no second call.
-        if key not in self._summarizing and self.needs_summary(self.session(key), self.workspace.policy.current()):
+        # So does a failed summary not long ago (see SummaryBackoff): no attempt, so no notice either.
+        session = self.session(key)
+        backoff = self._summary_backoff.get(key)
+        if backoff is not None and session.last_id < backoff.retry_at:
+            return
+        if key not in self._summarizing and self.needs_summary(session, self.workspace.policy.current()):
             if notify is not None:
                 await notify(key, SUMMARY_NOTICE)
             await self.compact(key)
@@ -278,6 +328,13 @@ class AgentLoop:
             log.info("session %s: memory flush stored %d fact(s), %d already known", key, len(result.stored),
                      len(result.known))
 
+    def _back_off(self, key: str, session: Session, policy: MemoryPolicy) -> None:
+        """After a failed summary: the next automatic attempt waits for more messages (see the module doc)."""
+        previous = self._summary_backoff.get(key)
+        wait = previous.wait * 2 if previous is not None else max(policy.session_summary_keep_count, 2)
+        self._summary_backoff[key] = SummaryBackoff(session.last_id + wait, wait)
+        log.info("session %s: next summary attempt after message %d", key, session.last_id + wait)
+
     async def compact(self, key: str) -> CompactResult | None:
         """Summarise all but the last `session_summary_keep_count` messages; None when nothing was done.
 
@@ -302,16 +359,19 @@ class AgentLoop:
                 reply = await self.provider.chat(request, None)
             except ProviderError as exc:
                 log.warning("session %s: summary failed (%s); history kept as it was", key, exc)
+                self._back_off(key, session, policy)
                 return None
             summary = accept_summary(reply.content)
             if summary is None:
                 log.warning("session %s: the model's summary was empty or malformed; history kept as it was", key)
+                self._back_off(key, session, policy)
                 return None
             if self._loaded.get(key) is not session:
                 # /new archived the session meanwhile: the record would land in the fresh file and hide
                 # its first messages.
                 log.info("session %s was reset while its summary was written; summary dropped", key)
                 return None
+            self._summary_backoff.pop(key, None)
             self.sessions.add_compaction(session, folded[-1].id, summary, "summary")
             self.workspace.store.append_note(f"Summary of session {key}:\n{summary}")
             return CompactResult(len(folded), summary)

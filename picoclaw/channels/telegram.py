@@ -18,7 +18,13 @@ from aiogram import loggers as aiogram_loggers
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
 from aiogram.enums import ChatAction, ChatType
-from aiogram.exceptions import TelegramAPIError, TelegramBadRequest, TelegramRetryAfter, TelegramUnauthorizedError
+from aiogram.exceptions import (
+    ClientDecodeError,
+    TelegramAPIError,
+    TelegramBadRequest,
+    TelegramRetryAfter,
+    TelegramUnauthorizedError,
+)
 from aiogram.types import BotCommand, Message, User
 from aiogram.utils.token import TokenValidationError
 
@@ -54,8 +60,23 @@ def not_authorised(user_id: int) -> str:
 
 
 def redact(text: str, token: str) -> str:
-    """`text` with the bot token replaced (aiohttp's URL errors quote the request URL, token included)."""
-    return text.replace(token, "<token>") if token else text
+    """`text` with the bot token replaced (aiohttp's URL errors quote the request URL, token included).
+
+    The secret half (after the colon) is replaced on its own too: a server that echoes the request path
+    may percent-encode the colon (`123456%3AABC…`), and the bot id before it is public anyway.
+    """
+    if not token:
+        return text
+    text = text.replace(token, "<token>")
+    _, _, secret = token.partition(":")
+    return text.replace(secret, "<token>") if len(secret) >= 8 else text
+
+
+def _page_excerpt(content: object) -> str:
+    """The gist of a non-JSON reply (usually an HTML error page) on one short line: tags dropped, capped."""
+    text = re.sub(r"<[^>]*>", " ", str(content))
+    text = " ".join(text.split())
+    return text if len(text) <= 80 else text[:79] + "…"
 
 
 class TokenRedactor(logging.Filter):
@@ -67,8 +88,9 @@ class TokenRedactor(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if self.token and self.token in message:
-            record.msg, record.args = redact(message, self.token), None
+        redacted = redact(message, self.token)
+        if redacted != message:
+            record.msg, record.args = redacted, None
         if record.exc_info and not record.exc_text:
             record.exc_text = redact(logging.Formatter().formatException(record.exc_info), self.token)
         return True
@@ -84,11 +106,13 @@ class Allowlist:
 
     def __init__(self, entries: list[int | str]):
         self.ids = {int(e) for e in entries if isinstance(e, int) or str(e).lstrip("-").isdigit()}
-        self.usernames = {str(e).lstrip("@").lower() for e in entries
-                          if isinstance(e, str) and not e.lstrip("-").isdigit()}
+        # Blank entries ("", "@", " ") are dropped: they would equal the "" of a user without a username.
+        # Config validation refuses them already; this keeps a Config built in code from letting all in.
+        self.usernames = {name for e in entries if isinstance(e, str) and not e.lstrip("-").isdigit()
+                          if (name := e.strip().lstrip("@").strip().lower())}
 
     def allows(self, user: User) -> bool:
-        return user.id in self.ids or (user.username or "").lower() in self.usernames
+        return user.id in self.ids or bool(user.username and user.username.lower() in self.usernames)
 
 
 def make_bot(settings: TelegramConfig, token: str) -> Bot:
@@ -137,14 +161,17 @@ class TelegramChannel:
         """Check the token, drop any webhook, register the command menu."""
         try:
             self.me = await self.bot.get_me()
+            await self.bot.delete_webhook(drop_pending_updates=False)  # long polling gets nothing while set
         except TelegramUnauthorizedError:
             raise PicoclawError("Telegram rejected the bot token (401 Unauthorized): it is wrong or was revoked; "
                                 "check channels.telegram.token or TELEGRAM_BOT_TOKEN") from None
         except TelegramAPIError as exc:  # network errors included; they may quote the URL, token and all
-            where = self.settings.api_base or "api.telegram.org"
-            raise PicoclawError(f"cannot start the Telegram bot: {where} answered getMe with: "
-                                f"{redact(exc.message, self.bot.token)}") from None
-        await self.bot.delete_webhook(drop_pending_updates=False)  # long polling gets nothing while one is set
+            raise PicoclawError(f"cannot start the Telegram bot: {self._where()} answered "
+                                f"{self._method_name(exc)} with: {redact(exc.message, self.bot.token)}") from None
+        except ClientDecodeError as exc:  # e.g. a reverse proxy's 502 page: aiogram's text is the whole page
+            raise PicoclawError(f"cannot start the Telegram bot: {self._where()} gave a reply that is not a Bot "
+                                f"API answer (a proxy's error page?): "
+                                f"{redact(_page_excerpt(exc.data), self.bot.token)}") from None
         try:
             await self._with_retry(lambda: self.bot.set_my_commands(COMMANDS))
         except TelegramAPIError as exc:  # only the menu is missing; the commands still work when typed
@@ -152,6 +179,15 @@ class TelegramChannel:
         log.info("telegram: serving as @%s (id %s), memory scope %s", self.me.username, self.me.id,
                  self.settings.memory_scope)
         return self.me
+
+    def _where(self) -> str:
+        """The server start-up errors name, so a self-hosted Bot API's failure is not blamed on Telegram."""
+        return self.settings.api_base or "api.telegram.org"
+
+    @staticmethod
+    def _method_name(exc: TelegramAPIError) -> str:
+        """The Bot API method that failed (getMe or deleteWebhook): start-up makes more than one call."""
+        return exc.method.__api_method__
 
     async def run(self, *, handle_signals: bool = True, polling_timeout: int = 10) -> None:
         """Poll until stopped, then let in-flight turns finish (bounded) and close everything."""
@@ -276,7 +312,7 @@ class TelegramChannel:
         while True:
             try:
                 await self.bot.send_chat_action(chat_id, ChatAction.TYPING)
-            except TelegramAPIError as exc:
+            except (TelegramAPIError, ClientDecodeError) as exc:
                 log.debug("telegram: chat %s: typing action failed: %s", chat_id, exc)
             await asyncio.sleep(self.typing_interval)
 
@@ -302,6 +338,9 @@ class TelegramChannel:
             await self._with_retry(lambda: self.bot.send_message(chat_id, text, parse_mode=None))
         except TelegramAPIError as exc:
             log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)
+        except ClientDecodeError as exc:  # a proxy's error page: logged short, and the bot serves on
+            log.error("telegram: chat %s: could not send a reply: not a Bot API answer: %s", chat_id,
+                      _page_excerpt(exc.data))
 
     async def _with_retry(self, call: Callable[[], Awaitable[T]]) -> T:
         for attempt in range(RETRY_AFTER_ATTEMPTS):

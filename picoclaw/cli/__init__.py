@@ -318,9 +318,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def cmd_telegram(args: argparse.Namespace) -> int:
     from picoclaw.channels.telegram import TelegramChannel, make_bot
+    from picoclaw.errors import ConfigError
 
     app = _app()
     settings = app.config.channels.telegram
+    if not settings.enabled:  # the config's switch wins: a bot turned off must not answer anyone
+        raise ConfigError("channels.telegram.enabled is false in config.json; set it to true to run the bot")
 
     async def run() -> None:
         bot = make_bot(settings, app.config.telegram_token())
@@ -412,8 +415,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `picoclaw` script; returns the exit code."""
     parser = build_parser()
+    arguments = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        # An argument that is not valid UTF-8 reaches Python as lone surrogates (surrogateescape): stored,
+        # sent or printed it would crash a command half-way, so it is refused before any command runs.
+        for argument in arguments:
+            try:
+                argument.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                code = ord(argument[exc.start])
+                what = f"the byte 0x{code - 0xDC00:02X}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+                try:  # the bytes as given, shown as \xNN
+                    raw = argument.encode("utf-8", "surrogateescape")
+                except UnicodeEncodeError:
+                    raw = argument.encode("utf-8", "surrogatepass")
+                shown = raw.decode("utf-8", "backslashreplace")
+                raise UsageError(f"the argument '{shown}' is not valid UTF-8 ({what}): set the terminal to "
+                                 "UTF-8 and try again; nothing was done") from None
+        args = parser.parse_args(arguments)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="picoclaw: %(levelname)s: %(message)s")
         handler = getattr(args, "handler", None)
@@ -434,4 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except OSError as exc:
         print(f"picoclaw: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1
+    except UnicodeError as exc:  # a last line of defence: bad input is one line, never a traceback
+        print(f"picoclaw: error: text that is not valid UTF-8: {exc}", file=sys.stderr)
         return 1

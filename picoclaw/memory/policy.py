@@ -4,7 +4,8 @@ The keys, defaults and bounds (MemoryPolicy) are config.py's; this module owns t
 
 The overrides file is re-read whenever it changes on disk (one stat per turn), so a change written by
 reflection or by `picoclaw policy set` applies on the next turn of every running agent. Every change of
-the overrides first snapshots the previous overrides and is recorded in policy_history.jsonl.
+the overrides first snapshots the previous overrides and is recorded in policy_history.jsonl; a bare
+rollback walks that history back one change at a time, like an undo stack.
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ class ValueChange:
 
 @dataclass(frozen=True)
 class PolicyChange:
-    """One line of policy_history.jsonl: when, who, what changed, why, and the snapshot taken before."""
+    """One line of policy_history.jsonl: when, who, what changed, why, and the snapshot taken before.
+
+    `undoes` is set on the records of step-back rollbacks: the snapshot name of the change undone, so the
+    next rollback skips that change and walks further back instead of redoing it.
+    """
 
     time: str
     source: str
@@ -59,13 +64,17 @@ class PolicyChange:
     effective: dict[str, ValueChange]  # the values in force, which is what a person wants to see
     reason: str
     snapshot: str
+    undoes: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         def plain(changes: dict[str, ValueChange]) -> dict[str, Any]:
             return {key: {"old": change.old, "new": change.new} for key, change in changes.items()}
-        return {"time": self.time, "source": self.source, "session": self.session,
-                "changes": plain(self.overrides), "effective": plain(self.effective), "reason": self.reason,
-                "snapshot": self.snapshot}
+        record = {"time": self.time, "source": self.source, "session": self.session,
+                  "changes": plain(self.overrides), "effective": plain(self.effective), "reason": self.reason,
+                  "snapshot": self.snapshot}
+        if self.undoes is not None:
+            record["undoes"] = self.undoes
+        return record
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> PolicyChange:
@@ -78,9 +87,10 @@ class PolicyChange:
         overrides = changes(record.get("changes"))
         effective = changes(record["effective"]) if "effective" in record else overrides
         session = record.get("session")
+        undoes = record.get("undoes")
         return cls(str(record.get("time", "?")), str(record.get("source", "?")),
                    str(session) if session else None, overrides, effective, str(record.get("reason") or ""),
-                   str(record.get("snapshot", "?")))
+                   str(record.get("snapshot", "?")), str(undoes) if undoes else None)
 
 
 @dataclass(frozen=True)
@@ -199,21 +209,41 @@ class PolicyManager:
             raise PolicyError(describe_error(MemoryPolicy, exc)) from None
 
     def set(self, changes: Mapping[str, Any], *, source: str, reason: str = "", session: str | None = None) -> Path:
-        """Validate and apply `changes` on top of the current overrides; returns the snapshot taken."""
+        """Validate and apply `changes` on top of the current overrides; returns the snapshot taken.
+
+        Validated under the lock of the write, against the overrides as they are then: checked only before
+        taking it, two changes valid alone but not together (keep_count 10 and threshold 5) could both
+        pass, each checked against the file without the other, and both be written. The check before the
+        lock refuses a change that is invalid anyway without creating the lock file or any other file.
+        """
         self.validate_changes(changes)
         with self._lock:
+            self._cached = None  # read the overrides afresh: another process may have just changed them
+            self.validate_changes(changes)
             before = self.read_overrides()
             after = {**before, **changes}
             return self._replace_overrides(before, after, source=source, reason=reason, session=session)
 
     def rollback(self, snapshot: str | None = None, *, source: str = "cli") -> Path:
-        """Restore a snapshot (newest when None); the current overrides are snapshotted first."""
+        """Undo the most recent change not yet undone (`snapshot` None), or restore the named snapshot.
+
+        A bare rollback is a step back: it restores the snapshot taken before that change and records
+        which change it undid, so repeated rollbacks keep walking back (restoring merely the newest
+        snapshot would return to the state just left, since a rollback snapshots the current overrides
+        first, and two rollbacks would undo each other). PolicyError when nothing is left to undo. A
+        rollback to a named snapshot is an ordinary change, which a later bare rollback undoes.
+        Returns the snapshot restored; the current overrides are snapshotted first.
+        """
         with self._lock:
-            target = self._find_snapshot(snapshot)
+            undoes: str | None = None
+            if snapshot is None:
+                target, undoes = self._step_back()
+            else:
+                target = self._find_snapshot(snapshot)
             restored = read_json_object(target)
             before = self.read_overrides()
             self._replace_overrides(before, restored, source=source, reason=f"rollback to {target.name}",
-                                    raw=target.read_bytes())
+                                    raw=target.read_bytes(), undoes=undoes)
             return target
 
     def reset(self, *, source: str = "cli") -> Path:
@@ -222,19 +252,39 @@ class PolicyManager:
             before = self.read_overrides()
             return self._replace_overrides(before, {}, source=source, reason="reset")
 
-    def _find_snapshot(self, name: str | None) -> Path:
+    def _step_back(self) -> tuple[Path, str]:
+        """The snapshot before the most recent change not yet undone, and that change's snapshot name.
+
+        Walks the history newest first; each step-back record marks the change it undid, which is then
+        passed over (step-backs themselves are not changes to undo: that would redo).
+        """
+        undone: set[str] = set()
+        for change in reversed(self.history()):
+            if change.undoes is not None:
+                undone.add(change.undoes)
+            elif change.snapshot not in undone:
+                # Looked up among the snapshot files, so a hand-edited history cannot name a path elsewhere.
+                found = next((path for path in self.snapshots() if path.name == change.snapshot), None)
+                if found is None:
+                    raise PolicyError(f"cannot undo the change of {change.time}: its snapshot {change.snapshot!r} "
+                                      f"is not in {self.snapshots_dir}; see `picoclaw policy snapshots`")
+                return found, change.snapshot
+        if not self.snapshots():
+            raise PolicyError(f"no policy snapshots in {self.snapshots_dir}")
+        raise PolicyError(f"nothing further back to roll back: every change in {self.history_path} is undone "
+                          "already (`picoclaw policy rollback <snapshot>` restores any snapshot)")
+
+    def _find_snapshot(self, name: str) -> Path:
         snapshots = self.snapshots()
         if not snapshots:
             raise PolicyError(f"no policy snapshots in {self.snapshots_dir}")
-        if name is None:
-            return snapshots[-1]
         for path in snapshots:
             if name in (path.name, path.stem):
                 return path
         raise PolicyError(f"no snapshot named {name!r}; see `picoclaw policy snapshots`")
 
     def _replace_overrides(self, before: dict[str, Any], after: dict[str, Any], *, source: str, reason: str,
-                           session: str | None = None, raw: bytes | None = None) -> Path:
+                           session: str | None = None, raw: bytes | None = None, undoes: str | None = None) -> Path:
         moment = clock.now(self._tz)
         previous = self.overrides_path.read_bytes() if self.overrides_path.exists() else b"{}\n"
         in_force = self.current()
@@ -253,7 +303,9 @@ class PolicyManager:
             for key in POLICY_KEYS
             if getattr(in_force, key) != getattr(now_in_force, key)
         }
-        change = PolicyChange(moment.isoformat(), source, session, overrides, effective, reason, snapshot.name)
-        # Append-only log written under the policy lock; a torn last line is skipped by history().
+        change = PolicyChange(moment.isoformat(), source, session, overrides, effective, reason, snapshot.name,
+                              undoes)
+        # Append-only log written under the policy lock; after a torn last line (skipped by history())
+        # append_jsonl starts this record on a line of its own.
         append_jsonl(self.history_path, [change.to_record()])
         return snapshot

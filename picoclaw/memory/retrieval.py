@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from picoclaw.fsutil import FileCache
-from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.store import MemoryStore, is_fence
 from picoclaw.memory.terms import normalize, phrases, terms
 
 K1 = 1.2
@@ -42,11 +42,6 @@ class Hit:
     score: float
 
 
-def _is_fence(line: str) -> bool:
-    stripped = line.lstrip()
-    return stripped.startswith("```") or stripped.startswith("~~~")
-
-
 def _is_section_heading(line: str) -> bool:
     return line.startswith("## ") or line.rstrip() == "##"
 
@@ -64,7 +59,12 @@ def _lines(text: str) -> list[str]:
 
 
 def split_blocks(text: str, path: Path) -> list[Block]:
-    """Split Markdown into blocks; blank lines and `## ` inside fenced code do not split."""
+    """Split Markdown into blocks; blank lines inside fenced code do not split.
+
+    A `## ` line at the start of a line is a section heading wherever it is, and closes a fence left
+    open before it: one entry's unclosed ``` must not swallow every later entry. (The store demotes
+    `## ` lines inside the entries it writes, so only a hand edit puts one inside a fence.)
+    """
     blocks: list[Block] = []
     heading = ""
     heading_line = 0
@@ -75,6 +75,8 @@ def split_blocks(text: str, path: Path) -> list[Block]:
 
     def flush() -> None:
         nonlocal paragraph, heading_used
+        while paragraph and not paragraph[-1].strip():  # blank lines of a fence a heading closed
+            paragraph.pop()
         if paragraph:
             start = heading_line if (heading and not heading_used) else para_start
             body = "\n".join(paragraph)
@@ -89,11 +91,11 @@ def split_blocks(text: str, path: Path) -> list[Block]:
             blocks.append(Block(path, heading, heading, heading_line, heading_line))
 
     for number, line in enumerate(_lines(text), start=1):
-        if not in_fence and _is_section_heading(line):
+        if _is_section_heading(line):
             close_section()
-            heading, heading_line, heading_used = line.rstrip(), number, False
+            heading, heading_line, heading_used, in_fence = line.rstrip(), number, False, False
             continue
-        if _is_fence(line):
+        if is_fence(line):
             in_fence = not in_fence
         if not in_fence and not line.strip():
             flush()

@@ -2,8 +2,15 @@
 
 Records are messages (numbered), compactions ("messages up to id N are covered by this summary") and
 reflections. Compacted messages stay in the file; the counters that drive summaries and reflection are
-derived from the records, so they survive restarts. A torn last line (a crash mid-append) is dropped.
-This module alone knows the record format: the index reads transcripts through `said_lines`.
+derived from the records, so they survive restarts. A torn last line (a crash mid-append) is ignored
+when read and cut off before the next append. This module alone knows the record format: the index
+reads transcripts through `said_lines`; a record of the wrong shape is skipped with a warning, so one
+bad line never makes every turn of its session fail.
+
+One writer at a time, across processes (an open `chat` and a `chat -m` on the same session, the bot and
+the CLI): every append happens under a file lock on the sessions folder, after reading what other
+processes appended since this one last read the file. Ids are assigned under that lock, so they stay
+unique and increasing, and the in-memory Session includes the other process's messages too.
 """
 
 from __future__ import annotations
@@ -17,15 +24,21 @@ from typing import Any
 from urllib.parse import quote
 
 import orjson
+from filelock import FileLock
 
 from picoclaw import clock
-from picoclaw.fsutil import append_jsonl, atomic_write, reserve_stamped_path
+from picoclaw.fsutil import FileKey, append_jsonl, atomic_write, file_key, reserve_stamped_path
 from picoclaw.providers.base import Message
 
 log = logging.getLogger(__name__)
 
 ARCHIVE_DIR = "archive"
 SUFFIX = ".jsonl"
+LOCK_FILE = ".sessions.lock"  # the cross-process lock of one sessions folder
+
+
+class _BadRecord(ValueError):
+    """A record of the wrong shape; the message says what is wrong with it."""
 
 
 @dataclass
@@ -76,6 +89,8 @@ class Session:
     summary: str | None = None
     compacted_through: int = 0
     reflected_through: int = 0
+    # The file as this Session last read or wrote it: another process changed it when its key differs.
+    synced: FileKey | None = field(default=None, repr=False)
 
     @property
     def last_id(self) -> int:
@@ -119,8 +134,11 @@ def transcript_files(folder: Path) -> list[Path]:
 class SessionStore:
     """Loads and appends session files in one folder."""
 
-    def __init__(self, folder: Path, *, moved_from: Path | None = None):
+    def __init__(self, folder: Path, *, moved_from: Path | None = None, lock_path: Path | None = None):
         self.folder = Path(folder)
+        # Outside the sessions folder, which holds transcripts only (the workspace passes the memory
+        # folder's lock-file place); by default a dot file next to the folder.
+        self.lock_path = Path(lock_path) if lock_path is not None else self.folder.parent / LOCK_FILE
         # Per-user scopes keep transcripts in their own folder; older versions kept them all in the
         # workspace's sessions/, so a transcript still there is moved over when its session is first loaded.
         self.moved_from = moved_from
@@ -133,68 +151,112 @@ class SessionStore:
         path = self.path_for(key)
         self._move_old_transcript(key, path)
         session = Session(key, path)
+        self._read(session)
+        return session
+
+    def refresh(self, session: Session) -> bool:
+        """Read `session`'s file again if it changed since (another process appended or archived it)."""
+        if file_key(session.path) == session.synced:
+            return False
+        self._read(session)
+        return True
+
+    def _read(self, session: Session) -> None:
+        """Rebuild `session` from its file, in place (the object stays the one the loop holds)."""
+        session.messages, session.summary = [], None
+        session.compacted_through = session.reflected_through = 0
+        key = file_key(session.path)
         try:
-            raw = path.read_bytes()
+            raw = session.path.read_bytes()
         except FileNotFoundError:
-            return session
+            session.synced = None
+            return
         lines = raw.split(b"\n")
         if raw and not raw.endswith(b"\n"):
-            log.warning("%s: dropping a torn last line (the writer stopped mid-line)", path)
-            atomic_write(path, b"\n".join(lines[:-1]) + b"\n" if len(lines) > 1 else b"")
+            # Torn by a crash, or (read without the lock) a line another process is writing right now:
+            # either way not a record yet. `_locked_append` cuts a torn one off before appending.
             lines = lines[:-1]
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                self._apply(session, orjson.loads(line))
+                record = orjson.loads(line)
+                if not isinstance(record, dict):
+                    raise _BadRecord("not a JSON object")
+                self._apply(session, record)
+            except _BadRecord as exc:
+                log.warning("%s:%d: skipping a record: %s", session.path, number, exc)
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                log.warning("%s:%d: skipping an unreadable record", path, number)
-        return session
+                log.warning("%s:%d: skipping an unreadable record", session.path, number)
+        session.synced = key
 
     @staticmethod
     def _apply(session: Session, record: dict[str, Any]) -> None:
         kind = record["type"]
         if kind == "message":
+            message = record["message"]
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise _BadRecord("its message is not a message object with a role")
             blocks = record.get("blocks") or ()
             context = record.get("context")
             session.messages.append(StoredMessage(
-                int(record["id"]), dict(record["message"]), record.get("prompt_tokens"), record.get("cached_tokens"),
+                int(record["id"]), dict(message), record.get("prompt_tokens"), record.get("cached_tokens"),
                 context if isinstance(context, str) else None, tuple(str(key) for key in blocks)))
         elif kind == "compaction":
+            summary = record.get("summary")
+            if summary is not None and not isinstance(summary, str):
+                # Skipped whole: without its summary, the messages it covers stay in the history instead.
+                raise _BadRecord(f"the compaction's summary is not text ({type(summary).__name__})")
             session.compacted_through = max(session.compacted_through, int(record["through"]))
-            if record.get("summary"):
-                session.summary = record["summary"]
+            if summary:
+                session.summary = summary
         elif kind == "reflection":
             session.reflected_through = max(session.reflected_through, int(record["through"]))
 
+    def lock(self) -> FileLock:
+        """The cross-process lock every writer of this folder's sessions holds while it appends or archives."""
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.lock_path))
+
     def append_messages(self, session: Session, messages: list[StoredMessage]) -> None:
-        """Number and append messages (one write, fsynced) and add them to `session`."""
-        stored = [replace(message, id=session.last_id + 1 + offset) for offset, message in enumerate(messages)]
-        self._append(session.path, [message.record() for message in stored])
-        session.messages.extend(stored)
+        """Number and append messages (one write, fsynced) and add them to `session`.
+
+        Under the lock, after taking in what another process appended meanwhile: the ids follow its.
+        """
+        with self.lock():
+            self._catch_up(session)
+            stored = [replace(message, id=session.last_id + 1 + offset) for offset, message in enumerate(messages)]
+            self._locked_append(session, [message.record() for message in stored])
+            session.messages.extend(stored)
 
     def add_compaction(self, session: Session, through: int, summary: str | None, reason: str) -> None:
         """Mark messages up to `through` as compacted, with the summary that replaces them (if any)."""
-        self._append(session.path, [{"type": "compaction", "time": clock.now().isoformat(), "through": through,
-                                     "summary": summary, "reason": reason}])
-        session.compacted_through = max(session.compacted_through, through)
-        if summary:
-            session.summary = summary
+        with self.lock():
+            self._catch_up(session)
+            self._locked_append(session, [{"type": "compaction", "time": clock.now().isoformat(),
+                                           "through": through, "summary": summary, "reason": reason}])
+            session.compacted_through = max(session.compacted_through, through)
+            if summary:
+                session.summary = summary
 
     def add_reflection(self, session: Session, through: int) -> None:
         """Record that reflection has seen the messages up to `through`."""
-        self._append(session.path, [{"type": "reflection", "time": clock.now().isoformat(), "through": through}])
-        session.reflected_through = max(session.reflected_through, through)
+        with self.lock():
+            self._catch_up(session)
+            self._locked_append(session, [{"type": "reflection", "time": clock.now().isoformat(),
+                                           "through": through}])
+            session.reflected_through = max(session.reflected_through, through)
 
     def archive(self, key: str) -> Path | None:
         """Move a session file into `archive/` (for /new); returns where it went."""
         path = self.path_for(key)
-        self._move_old_transcript(key, path)  # else the old transcript would come back on the next load
-        if not path.exists():
-            return None
-        target = reserve_stamped_path(self.folder / ARCHIVE_DIR, clock.stamp(clock.now()),
-                                      "_" + session_filename(key))
-        os.replace(path, target)
+        with self.lock():  # not while another process appends to it
+            self._move_old_transcript(key, path)  # else the old transcript would come back on the next load
+            if not path.exists():
+                return None
+            target = reserve_stamped_path(self.folder / ARCHIVE_DIR, clock.stamp(clock.now()),
+                                          "_" + session_filename(key))
+            os.replace(path, target)
         return target
 
     def _move_old_transcript(self, key: str, path: Path) -> None:
@@ -206,9 +268,27 @@ class SessionStore:
             os.replace(old, path)
             log.info("session %s: moved its transcript from %s to %s", key, old, path)
 
+    def _catch_up(self, session: Session) -> None:
+        """Take in what another process wrote since `session` last read its file (call under the lock)."""
+        if self.refresh(session):
+            log.info("session %s: took in what another process wrote to %s", session.key, session.path)
+
     @staticmethod
-    def _append(path: Path, records: list[dict[str, Any]]) -> None:
+    def _locked_append(session: Session, records: list[dict[str, Any]]) -> None:
+        """Append records to the session's file (under the lock), cutting off a torn last line first."""
+        path = session.path
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                torn = fh.tell() > 0 and (fh.seek(-1, os.SEEK_END), fh.read(1))[1] != b"\n"
+        except FileNotFoundError:
+            torn = False
+        if torn:  # no writer is mid-line while we hold the lock: a crash tore it
+            log.warning("%s: dropping a torn last line (the writer stopped mid-line)", path)
+            raw = path.read_bytes()
+            atomic_write(path, raw[: raw.rfind(b"\n") + 1])
         append_jsonl(path, records)
+        session.synced = file_key(path)
 
 
 def said_lines(text: str) -> Iterator[tuple[int, str, str]]:

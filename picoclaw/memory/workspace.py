@@ -12,7 +12,7 @@ from picoclaw.config import Config
 from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory.policy import PolicyManager
 from picoclaw.memory.retrieval import MemoryRetriever
-from picoclaw.memory.session import SessionStore
+from picoclaw.memory.session import LOCK_FILE, SessionStore
 from picoclaw.memory.store import MemoryStore
 
 if TYPE_CHECKING:
@@ -71,7 +71,9 @@ class Workspace:
     def sessions(self) -> SessionStore:
         """The conversations of this scope; a per-user scope takes over its transcripts left in `sessions/`."""
         moved_from = self.layout.shared_sessions_dir if self.layout.is_per_user else None
-        return SessionStore(self.layout.sessions_dir, moved_from=moved_from)
+        # The lock beside the memory folder's own locks: a dot file there that the file tools cannot write.
+        return SessionStore(self.layout.sessions_dir, moved_from=moved_from,
+                            lock_path=self.layout.memory_dir / LOCK_FILE)
 
     def close(self) -> None:
         """Close the index's database, if this scope has one."""

@@ -73,7 +73,9 @@ class ProviderError(Exception):
 class ChatProvider(Protocol):
     """Anything that can answer a chat: the OpenAI-compatible provider, or a test double."""
 
+    name: str  # the providers entry it was made from, for /status and messages
     model: str
+    text_tool_calls: str  # "auto": a tool call the model writes as text is still run; "off": only tool_calls
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
                    *, max_tokens: int | None = None, on_text: TextSink | None = None) -> ChatReply:

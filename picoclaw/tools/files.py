@@ -8,8 +8,11 @@ routed through it instead of touching the file:
 - `memory/YYYYMM/YYYYMMDD.md` (daily notes): write_file and append_file add a `## HH:MM` entry to that
   day's note via `append_note` (a daily note is never overwritten, so no earlier note is lost); edit_file
   rewrites it atomically under the memory lock.
-- A per-user workspace (store in `users/<key>/memory/`) sees its own memory folder as `memory/`; every
-  `users/…` path outside its own memory folder is refused, even for reading.
+- A per-user workspace (memory_scope "per_user") is rooted in its own folder `users/<key>/`: `memory/` is
+  that user's memory and every other file it writes lives there too, so one user's model can neither
+  read nor plant what another's wrote. The shared bootstrap files (USER.md, AGENTS.md, SOUL.md,
+  IDENTITY.md) go into every user's prompt: such a model may read them, never write them. `users/…` and
+  `sessions/` are refused there outright, even for reading.
 - Store and policy bookkeeping (`memory/backups/`, `memory/policy_*`, `memory/index/`, the memory folder's
   dot files, `sessions/`) is refused for writing; the home's config.json (secrets) is refused entirely.
 """
@@ -33,7 +36,7 @@ from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
 from picoclaw.fsutil import atomic_write
 from picoclaw.layout import INDEX_DIR, MEMORY_DIR
-from picoclaw.memory.store import BACKUPS_DIR, LongTermEntry
+from picoclaw.memory.store import BACKUPS_DIR, LongTermEntry, demote_headings
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.base import Tool, ToolError
 from picoclaw.tools.sandbox import resolve_in_workspace
@@ -69,16 +72,19 @@ class WorkspaceFiles:
     def __init__(self, workspace: Workspace):
         self.workspace = workspace
         layout = workspace.layout
-        self.root = Path(os.path.realpath(layout.root))
+        self.layout = layout
+        self.per_user = layout.is_per_user
+        # The folder the tools are rooted in: the workspace, or (per user) the user's own folder.
+        self.files_root = layout.files_root
+        self.root = Path(os.path.realpath(layout.files_root))
         self.memory_dir = Path(os.path.realpath(workspace.store.memory_dir))
         self.long_term = Path(os.path.realpath(workspace.store.long_term_path))
-        self.shared_memory = Path(os.path.realpath(layout.shared_memory_dir))
-        self.users_dir = Path(os.path.realpath(layout.users_dir))  # per-user scopes, this one's included
-        self.sessions_dir = Path(os.path.realpath(layout.shared_sessions_dir))
+        self.users_dir = Path(os.path.realpath(layout.users_dir))  # per-user scopes (shared scope's view)
+        self.sessions_dir = Path(os.path.realpath(layout.sessions_dir))
         self.config_file = Path(os.path.realpath(layout.config_file))
 
     def shown(self, path: Path) -> str:
-        """`path` as the model should see it: relative to the workspace (own memory as `memory/…`)."""
+        """`path` as the model should see it: relative to the tools' root (own memory as `memory/…`)."""
         for candidate in (path, Path(os.path.realpath(path))):  # store paths are not resolved; ours are
             if candidate.is_relative_to(self.memory_dir):
                 return (Path(MEMORY_DIR) / candidate.relative_to(self.memory_dir)).as_posix()
@@ -88,25 +94,22 @@ class WorkspaceFiles:
 
     def target(self, user_path: str, *, writing: bool) -> Target:
         """Sandbox `user_path` and classify it; ToolError for paths the tools must not touch."""
-        path = resolve_in_workspace(self.workspace.root, user_path)
-        if self.memory_dir != self.shared_memory and path.is_relative_to(self.shared_memory):
-            # A per-user workspace (memory in users/<key>/memory): "memory/…" means this user's own
-            # memory folder, as the system prompt says, never the shared one.
-            path = resolve_in_workspace(self.memory_dir, str(path.relative_to(self.shared_memory)))
+        path = resolve_in_workspace(self.files_root, user_path)
+        if self.per_user:
+            shared = self._per_user_rules(path, writing=writing)
+            if shared is not None:
+                return shared
         shown = self.shown(path)
         if _same_file(path, self.config_file):
             raise ToolError(f"{shown} is picoclaw's config file (it holds secrets); file tools cannot open it")
         if _same_file(path, self.long_term):
             return Target(path, shown, "long_term")
         if not path.is_relative_to(self.memory_dir):
-            if path.is_relative_to(self.users_dir):  # other users' memory is private, even to read
+            if not self.per_user and path.is_relative_to(self.users_dir):  # users' memory is private, even to read
                 raise ToolError(f"{shown} holds a user's private memory; file tools cannot open it "
                                 "(your own memory is under memory/)")
             if writing and path.is_relative_to(self.sessions_dir):
                 raise ToolError(f"{shown} belongs to the session store; file tools cannot write there")
-            if self.memory_dir != self.shared_memory and path.is_relative_to(self.sessions_dir):
-                # Per-user memory: the transcripts of every user's chats are as private as their memory.
-                raise ToolError(f"{shown} holds conversations of all users; file tools cannot open it here")
             return Target(path, shown, "file")
         parts = path.relative_to(self.memory_dir).parts
         if not parts:
@@ -120,6 +123,35 @@ class WorkspaceFiles:
         if day is not None:
             return Target(path, shown, "note", day)
         return Target(path, shown, "file")
+
+    def _per_user_rules(self, path: Path, *, writing: bool) -> Target | None:
+        """The paths of a per-user folder that are not simply that user's files (`path` is sandboxed).
+
+        The names a model knows from the workspace mean, in its own folder:
+        - a bootstrap file at the top (USER.md …): the shared one, read-only (it is in every user's prompt);
+        - `users/…`: other users' folders, refused even to read (its own folder is its root);
+        - `sessions/…`: the session store, refused even to read (as when it held every user's chats).
+        None: an ordinary path of the user's folder.
+        """
+        parts = path.relative_to(self.root).parts if path.is_relative_to(self.root) else ()
+        if not parts:
+            path.mkdir(parents=True, exist_ok=True)  # a new user's folder: list_dir "." shows it empty
+            return None
+        first = parts[0].casefold()
+        shown = "/".join(parts)
+        if first == self.layout.users_dir.name.casefold():
+            raise ToolError(f"{shown} holds a user's private memory; file tools cannot open it "
+                            "(your own memory is under memory/)")
+        if first == self.layout.sessions_dir.name.casefold():
+            raise ToolError(f"{shown} is the session store (it held the conversations of all users); "
+                            "file tools cannot open it here")
+        bootstrap = self.layout.bootstrap_path(parts[0]) if len(parts) == 1 else None
+        if bootstrap is None:
+            return None
+        if writing:
+            raise ToolError(f"{bootstrap.name} is read-only here: it is the bootstrap file every user's prompt "
+                            "carries (shared by all users); save what you learn with memory_append")
+        return Target(resolve_in_workspace(self.layout.root, bootstrap.name), bootstrap.name, "file")
 
     @staticmethod
     def _note_day(parts: tuple[str, ...], shown: str) -> date | None:
@@ -334,16 +366,24 @@ class EditFile(WorkspaceTool):
         if target.path.is_dir():
             raise ToolError(f"{target.shown} is a folder, not a file")
         store = self.workspace.store
+        note = ""
         with os_errors("edit", target.shown):
+            if target.kind in ("long_term", "note"):
+                new_text, demoted = _entry_safe(args.old_text, args.new_text)
+                args = args.model_copy(update={"new_text": new_text})
+                note = "" if not demoted else (
+                    f"; {demoted} heading line(s) of new_text became '###' so they stay inside their entry "
+                    "(use memory_append to add an entry)")
             if target.kind == "long_term":
-                # Read and rewrite under one lock hold, so an entry appended meanwhile is not lost.
+                # Read and rewrite under one lock hold, so an entry appended meanwhile is not lost. (warn
+                # False: the rewrite itself warns about bytes that were not UTF-8, naming the backup.)
                 with store.locked():
-                    updated = self._replace(target, store.read_long_term(), args)
+                    updated = self._replace(target, store.read_long_term(warn=False), args)
                     store.rewrite_long_term(updated)
-                return f"edited {target.shown} (the previous version was backed up)"
+                return f"edited {target.shown} (the previous version was backed up){note}"
             if target.kind == "note":
                 store.edit_note(target.path, lambda text: self._replace(target, text, args))
-                return f"edited {target.shown}"
+                return f"edited {target.shown}{note}"
             with open(target.path, encoding="utf-8", newline="") as handle:
                 text = handle.read()
             atomic_write(target.path, self._replace(target, text, args))
@@ -360,6 +400,27 @@ class EditFile(WorkspaceTool):
         updated = text.replace(args.old_text, args.new_text, 1)
         check_size(updated)
         return updated
+
+
+def _entry_safe(old_text: str, new_text: str) -> tuple[str, int]:
+    """new_text for an edit of MEMORY.md or a daily note, and how many of its heading lines were demoted.
+
+    An edit may keep or correct the `## ` / `# ` heading lines it replaces (a model copies a date heading
+    into old_text to make it unique), but may not add more: an extra one would be a fake entry. Extra
+    lines are demoted by the store's rule (`demote_headings`), the way appended content is.
+    """
+    allowed = demote_headings(old_text)[1]
+    kept: list[str] = []
+    demoted = 0
+    for line in new_text.splitlines(keepends=True):
+        safe, changed = demote_headings(line)
+        if changed and allowed > 0:
+            allowed -= 1
+            safe = line
+        elif changed:
+            demoted += 1
+        kept.append(safe)
+    return "".join(kept), demoted
 
 
 class AppendFile(WorkspaceTool):

@@ -10,7 +10,8 @@ call the bot made:
 
 Methods: getMe, getUpdates (long polling; an `offset` confirms earlier updates, as Telegram does),
 sendMessage, sendChatAction, setMyCommands, deleteWebhook. Errors can be scripted per method (400
-"can't parse entities", 429 with retry_after); a wrong or revoked token gets 401 Unauthorized.
+"can't parse entities", 429 with retry_after, or a non-JSON page such as a proxy's 502); a wrong or
+revoked token gets 401 Unauthorized.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class ScriptedError:
     status: int
     description: str
     retry_after: int | None = None
+    page: str | None = None  # sent as text/html instead of the Bot API's JSON error (a proxy's page)
 
 
 class FakeTelegramServer(BackgroundHTTPServer):
@@ -99,6 +101,11 @@ class FakeTelegramServer(BackgroundHTTPServer):
         with self._lock:
             self._errors.setdefault(method, deque()).extend(
                 [ScriptedError(status, description, retry_after)] * times)
+
+    def fail_next_with_page(self, method: str, status: int, page: str) -> None:
+        """The next call of `method` gets an HTML page, as from a reverse proxy whose upstream is down."""
+        with self._lock:
+            self._errors.setdefault(method, deque()).append(ScriptedError(status, "", page=page))
 
     # -- what the bot did ---------------------------------------------------------------------------
 
@@ -221,6 +228,8 @@ async def _true(params: dict[str, Any]) -> bool:
 
 
 def _error(error: ScriptedError) -> web.Response:
+    if error.page is not None:
+        return web.Response(text=error.page, status=error.status, content_type="text/html")
     body: dict[str, Any] = {"ok": False, "error_code": error.status, "description": error.description}
     if error.retry_after is not None:
         body["parameters"] = {"retry_after": error.retry_after}
