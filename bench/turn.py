@@ -52,6 +52,7 @@ from retrieval import QUERIES, synthetic_memory  # noqa: E402
 
 from picoclaw.agent.loop import AgentLoop  # noqa: E402
 from picoclaw.app import App  # noqa: E402
+from picoclaw.memory.session import StoredMessage  # noqa: E402
 from picoclaw.memory.workspace import Workspace  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.base import Message  # noqa: E402
@@ -120,7 +121,7 @@ async def one_run(server: FakeOpenAIServer, turns: int) -> RunTimes:
         async with OpenAICompatProvider(name="openai", api_base=server.base_url, api_key="sk-bench",
                                         defaults=defaults, timeout=10.0, max_retries=0) as provider:
             loop = AgentLoop(workspace, provider, build_tools(workspace))
-            loop.sessions.append_messages(loop.session(SESSION), history())
+            loop.sessions.append_messages(loop.session(SESSION), [StoredMessage(0, m) for m in history()])
             ping: list[Message] = [{"role": "user", "content": "ping"}]
             await loop.handle(SESSION, "warm up")  # builds the retrieval index and opens the connection
             await loop.wait_background()
