@@ -137,3 +137,37 @@ def test_a_retried_failed_turn_leaves_one_entry(workspace: Workspace, fake_opena
     retried = fake_openai.chat_requests()[2]
     assert any(m.get("tool_calls") for m in history(retried))
     assert said(history(retried)[-1]).startswith("remember: penicillin")
+
+
+# -- updates -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("old", "update"), [
+    ("My dog is called Bob.", "My dog is now called Max."),
+    ("我的狗叫豆豆。", "我的狗现在叫旺财。"),
+    ("My gym locker is number 217.", "My gym locker is number 305."),
+])
+def test_an_update_keeps_the_older_entry_and_marks_it_superseded(
+        workspace: Workspace, old: str, update: str) -> None:
+    store = workspace.store
+    with frozen("2025-03-01 02:00:00"):
+        store.append_long_term(old)
+        store.append_long_term("My cat is called Mimi. 我的猫叫咪咪。")
+    with frozen("2025-03-12 02:00:00"):
+        entry = store.append_long_term(update)
+
+    text = store.read_long_term()
+    assert entry.new and text.endswith(f"## 2025-03-12\n{update}\n")
+    older = text.split(old, 1)[1].split("\n## ", 1)[0]
+    assert older.strip() == f"> superseded by the 2025-03-12 entry: {update}"  # nothing deleted, marked
+    assert "Mimi" in text and text.count("> superseded") == 1  # the unrelated entry is left alone
+    assert len(store.backups()) >= 1  # the marked file was backed up first, like any change
+
+
+def test_what_is_not_an_update_marks_nothing(workspace: Workspace) -> None:
+    store = workspace.store
+    store.append_long_term("My dog is called Bob.")
+    for text in ("My dog likes the park.", "I now live in Berlin.", "我现在住在杭州。",
+                 "My sister Anna lives in Munich."):
+        store.append_long_term(text)
+    assert "superseded" not in store.read_long_term()

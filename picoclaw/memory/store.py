@@ -25,6 +25,7 @@ from filelock import FileLock
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
 from picoclaw.fsutil import FileKey, atomic_write, file_key, stamped_files, write_new, write_stamped
+from picoclaw.memory.updates import supersedes
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,20 @@ def _entries(text: str) -> Iterator[LongTermEntry]:
 
 
 _SECTION = re.compile(r"^##(?=\s|$)")
+SUPERSEDED = "> superseded"  # how a marked entry's last line begins
+
+
+def _mark_superseded(text: str, entries: list[LongTermEntry], marker: str) -> str:
+    """`text` with `marker` added as the last line of each of `entries` (found by their first line)."""
+    lines = text.split("\n")
+    for entry in sorted(entries, key=lambda e: e.line, reverse=True):
+        end = entry.line - 1 + entry.text.rstrip("\n").count("\n") + 1  # one past the entry's last line
+        lines.insert(end, marker)
+    return "\n".join(lines)
+
+
+def _is_marked(entry: LongTermEntry) -> bool:
+    return any(line.startswith(SUPERSEDED) for line in entry.text.splitlines())
 
 
 def _joined(existing: str, block: str) -> str:
@@ -290,6 +305,12 @@ class MemoryStore:
             # The backup holds the file's bytes as they were: if some were not UTF-8, the rewrite below
             # has U+FFFD in their place, and the backup is where the originals can be recovered.
             backup = self._backup_long_term()
+            older = [entry for entry in _entries(current) if not _is_marked(entry)
+                     and supersedes(body, entry.text.split("\n", 1)[-1])]
+            if older:  # kept, never deleted: a wrong guess costs one line, a deleted fact would be lost
+                summary = " ".join(body.split())
+                marker = f"{SUPERSEDED} by the {self.today().isoformat()} entry: {summary[:80]}"
+                current = _mark_superseded(current, older, marker + ("…" if len(summary) > 80 else ""))
             joined = _joined(current, f"{heading}\n{body}\n")
             self._write(self.long_term_path, joined)
             _warn_rewritten(self.long_term_path, read, backup)
