@@ -216,14 +216,9 @@ class AgentLoop:
                 if not reply.tool_calls:
                     final = reply.content or ""
                     break
-                for call in reply.tool_calls:
-                    if on_tool is not None:
-                        await on_tool(call.name, call.arguments)
-                    result = clean_text(await self.tools.execute(call.name, call.arguments))
-                    log.info("session %s: tool %s → %d chars", key, call.name, len(result))
-                    result_message: Message = {"role": "tool", "tool_call_id": call.id, "content": result}
-                    messages.append(result_message)
-                    turn.append(StoredMessage(0, result_message))
+                results = await self._run_tools(key, reply.tool_calls, on_tool)
+                messages.extend(results)
+                turn.extend(StoredMessage(0, result) for result in results)
         except ProviderError as exc:
             if len(turn) > 1:  # tools ran: what they did stays on record, so nothing is done twice
                 note = f"(The answer was cut short: {exc}. The tool calls above did run.)"
@@ -239,6 +234,17 @@ class AgentLoop:
         self.sessions.append_messages(session, turn)
         answer = final.strip() or "(the model returned an empty answer)"
         return f"{notice}\n\n{answer}" if notice else answer
+
+    async def _run_tools(self, key: str, calls: list[ToolCall], on_tool: ToolSink | None) -> list[Message]:
+        """Run the model's tool calls in order; their results as tool messages (a tool never raises)."""
+        results: list[Message] = []
+        for call in calls:
+            if on_tool is not None:
+                await on_tool(call.name, call.arguments)
+            result = clean_text(await self.tools.execute(call.name, call.arguments))
+            log.info("session %s: tool %s → %d chars", key, call.name, len(result))
+            results.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        return results
 
     async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None
                    ) -> ChatReply:
