@@ -121,7 +121,7 @@ async def one_run(server: FakeOpenAIServer, turns: int) -> RunTimes:
         async with OpenAICompatProvider(name="openai", api_base=server.base_url, api_key="sk-bench",
                                         defaults=defaults, timeout=10.0, max_retries=0) as provider:
             loop = AgentLoop(workspace, provider, build_tools(workspace))
-            loop.sessions.append_messages(loop.session(SESSION), [StoredMessage(0, m) for m in history()])
+            loop.sessions.append_messages(await loop.session(SESSION), [StoredMessage(0, m) for m in history()])
             ping: list[Message] = [{"role": "user", "content": "ping"}]
             await loop.handle(SESSION, "warm up")  # builds the retrieval index and opens the connection
             await loop.wait_background()
@@ -139,7 +139,7 @@ async def one_run(server: FakeOpenAIServer, turns: int) -> RunTimes:
                 t0 = time.perf_counter()
                 await provider.chat(sent["messages"], sent.get("tools"))
                 times.payload.append(1000 * (time.perf_counter() - t0))
-            assert len(loop.session(SESSION).active()) == HISTORY_MESSAGES + 2 * (turns + 1), "a summary fired"
+            assert len((await loop.session(SESSION)).active()) == HISTORY_MESSAGES + 2 * (turns + 1), "a summary fired"
     return times
 
 

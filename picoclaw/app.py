@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from picoclaw.config import Config, home_dir, load_config
+from picoclaw.keyed import LruCache
 from picoclaw.memory.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -21,6 +22,11 @@ if TYPE_CHECKING:
     from picoclaw.providers.openai_compat import OpenAICompatProvider
 
 ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
+
+# Per-user agents kept open ("per_user" memory scope): each holds a workspace and, with the index on, a
+# database connection. A bot used by thousands of people keeps the most recent ones; an idle agent that
+# falls out is closed and made again (cheaply) when its user comes back.
+AGENT_CACHE_SIZE = 64
 
 
 class App:
@@ -33,7 +39,9 @@ class App:
         self.workspace = Workspace.from_config(config, home, self.embedder)
         self._make_provider = make_provider
         self._provider: OpenAICompatProvider | None = None
-        self._agents: dict[str | None, AgentLoop] = {}
+        self._shared: AgentLoop | None = None
+        self._agents: LruCache[str, AgentLoop] = LruCache(
+            AGENT_CACHE_SIZE, keep=lambda key: self._busy(key), on_evict=lambda key, agent: agent.workspace.close())
 
     @classmethod
     def open(cls, home: Path | None = None) -> App:
@@ -53,16 +61,27 @@ class App:
         from picoclaw.agent.loop import AgentLoop
         from picoclaw.tools.registry import build_tools
 
+        if user_key is None:
+            if self._shared is None:
+                self._shared = AgentLoop(self.workspace, self.provider(), build_tools(self.workspace))
+            return self._shared
         loop = self._agents.get(user_key)
         if loop is None:
-            workspace = self.workspace if user_key is None else self.workspace.for_user(user_key)
+            workspace = self.workspace.for_user(user_key)
             loop = AgentLoop(workspace, self.provider(), build_tools(workspace))
-            self._agents[user_key] = loop
+            self._agents.put(user_key, loop)
         return loop
+
+    def _busy(self, user_key: str) -> bool:
+        agent = self._agents.peek(user_key)
+        return agent is not None and not agent.idle()
+
+    def _loops(self) -> list[AgentLoop]:
+        return ([self._shared] if self._shared is not None else []) + self._agents.values()
 
     async def aclose(self) -> None:
         """Let background work (summaries …) finish, then close the model client, indexes and embedder."""
-        for loop in self._agents.values():
+        for loop in self._loops():
             await loop.wait_background()
         if self._provider is not None:
             await self._provider.aclose()
@@ -71,7 +90,7 @@ class App:
 
     def close(self) -> None:
         """Close what needs no event loop: the indexes' databases and the embedding model."""
-        for loop in self._agents.values():
+        for loop in self._loops():
             loop.workspace.close()
         self.workspace.close()
         if self.embedder is not None:

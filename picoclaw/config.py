@@ -117,6 +117,9 @@ class EmbeddingsConfig(_Strict):
     model: str = ""  # empty: all-MiniLM-L6-v2 for "local", text-embedding-3-small for an endpoint
     dimensions: int | None = Field(None, ge=1, le=16_384)
     batch_size: int = Field(64, ge=1, le=2048)
+    # A turn waits this long for embeddings (new memory's, then the query's) before it searches by keywords
+    # alone: a slow or dead endpoint delays that one turn, boundedly, and no other chat.
+    max_wait_seconds: float = Field(5.0, gt=0, le=600)
 
 
 class IndexConfig(_Strict):

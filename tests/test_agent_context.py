@@ -3,6 +3,7 @@ its budget, the no-hit fallback, and relevant-history mode."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime
 from pathlib import Path
@@ -134,7 +135,7 @@ def test_a_block_over_the_budget_is_skipped_and_smaller_ones_still_fit(workspace
     write_memory(workspace, [huge, "## 2025-01-02\nCoffee: oat-milk latte."])
     policy = workspace.policy.current().model_copy(update={"memory_token_budget": 200})
 
-    memory = ContextBuilder(workspace).select_memory(policy, "coffee beans Yunnan")
+    memory = asyncio.run(ContextBuilder(workspace).select_memory(policy, "coffee beans Yunnan"))
 
     assert memory.ranked and [hit.block.text for hit in memory.blocks] == ["## 2025-01-02\nCoffee: oat-milk latte."]
 
@@ -147,7 +148,7 @@ def test_no_hit_injects_the_whole_file_when_it_fits(workspace: Workspace, fake_o
     # The first turn brings the whole file (without its title and intro); the second has nothing to add.
     first, second = (injected_blocks(turn_context(request)) for request in fake_openai.chat_requests())
     assert first == FACTS and second == []
-    memory = ContextBuilder(workspace).select_memory(workspace.policy.current(), "")
+    memory = asyncio.run(ContextBuilder(workspace).select_memory(workspace.policy.current(), ""))
     assert not memory.ranked and len(memory.blocks) == 3
 
 
@@ -173,7 +174,7 @@ def test_recent_notes_share_the_budget(workspace: Workspace, fake_openai: FakeOp
         for n in range(30):
             workspace.store.append_note(f"Note {n}: drank latte number {n}. 第 {n} 杯拿铁。")
         chat(workspace, fake_openai, ["latte?"])
-        memory = ContextBuilder(workspace).select_memory(workspace.policy.current(), "latte?")
+        memory = asyncio.run(ContextBuilder(workspace).select_memory(workspace.policy.current(), "latte?"))
 
     total = sum(count_tokens(hit.block.text) for hit in memory.blocks) + sum(count_tokens(b.text) for b in memory.notes)
     assert total <= 300

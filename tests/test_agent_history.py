@@ -182,9 +182,9 @@ def test_force_compress_directly_never_orphans(workspace: Workspace, fake_openai
     two_turns_with_tools(workspace, fake_openai)
 
     async def body(loop: AgentLoop) -> list[str]:
-        session = loop.session(SESSION)
-        dropped = [loop.force_compress(session)]
-        dropped.append(loop.force_compress(session))
+        session = await loop.session(SESSION)
+        dropped = [await loop.force_compress(session)]
+        dropped.append(await loop.force_compress(session))
         return [str(n) for n in dropped] + [m["role"] for m in session.active_messages()]
 
     # 7 → cut at 4 (not the tool result at 3); then 3 → cut at 1.

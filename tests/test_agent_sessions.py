@@ -142,7 +142,7 @@ def test_two_processes_on_one_session_take_turns_without_reusing_ids(
             for turn, (which, text) in enumerate(script):
                 await apps[which].agent().handle(key, text)
                 if turn == 0:
-                    apps[1].agent().session(key)  # the second process loaded the session early on
+                    await apps[1].agent().session(key)  # the second process loaded the session early on
         finally:
             for app in apps:
                 await app.aclose()

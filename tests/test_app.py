@@ -42,8 +42,8 @@ def test_per_user_scopes_index_their_own_conversations(home: Path, fake_openai: 
 
     async def body(app: App) -> tuple[list[str], list[str]]:
         await app.agent(OWNER).handle(KEY, "my gym locker code is 7319 / 健身房柜子密码是 7319")
-        mine = app.agent(OWNER).workspace.searcher.search("locker code 柜子密码", 5, include_notes=True)
-        theirs = app.agent(FRIEND).workspace.searcher.search("locker code 柜子密码", 5, include_notes=True)
+        mine = await app.agent(OWNER).workspace.searcher.search_async("locker code 柜子密码", 5, include_notes=True)
+        theirs = await app.agent(FRIEND).workspace.searcher.search_async("locker code 柜子密码", 5, include_notes=True)
         return [hit.block.text for hit in mine], [hit.block.text for hit in theirs]
 
     mine, theirs = run(home, body)

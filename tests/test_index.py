@@ -28,6 +28,7 @@ from picoclaw.memory.index import IndexedRetriever, MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit, markdown_chunks, session_chunks
 from picoclaw.memory.index.schema import SCHEMA_VERSION
 from picoclaw.memory.retrieval import MemoryRetriever, split_blocks
+from picoclaw.memory.search import FileSearcher
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.registry import build_tools
@@ -530,7 +531,7 @@ def indexed_workspace(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[Wor
 
 def test_workspace_uses_the_plain_retriever_unless_the_index_is_enabled(home: Path) -> None:
     ws = App.open(home).workspace
-    assert ws.searcher is ws.retriever
+    assert isinstance(ws.searcher, FileSearcher) and ws.searcher.plain is ws.retriever
     ws.store.append_long_term("我养了一只柯基")
     assert ws.searcher.search("柯基", 3)
     assert not (ws.memory_dir / "index").exists()
@@ -546,7 +547,7 @@ def test_memory_search_tool_uses_the_index(indexed_workspace: Workspace) -> None
 
 def test_context_builder_injects_what_the_index_finds(indexed_workspace: Workspace) -> None:
     policy = indexed_workspace.policy.current()
-    memory = ContextBuilder(indexed_workspace).select_memory(policy, "any drink recommendations?")
+    memory = asyncio.run(ContextBuilder(indexed_workspace).select_memory(policy, "any drink recommendations?"))
     assert memory.ranked and [h.block.text.split("\n")[1] for h in memory.blocks] == [
         "I prefer green tea over coffee in the morning."]
     plain = MemoryRetriever(indexed_workspace.store).search("any drink recommendations?", 10)

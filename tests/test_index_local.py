@@ -5,6 +5,7 @@ The model is loaded once for the module (a few seconds on a CPU); it never touch
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
@@ -38,12 +39,12 @@ def embedder() -> Iterator[LocalEmbedder]:
 
 
 def test_the_packaged_model_embeds_unit_vectors_and_ranks_by_meaning(embedder: LocalEmbedder) -> None:
-    vectors = embedder.embed(FACTS)
+    vectors = asyncio.run(embedder.embed(FACTS))
     assert vectors.shape == (len(FACTS), 384) and vectors.dtype == np.float32
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     for query, expected in [("what do I like to drink?", 0), ("tell me about my puppy", 1),
                             ("when is the finance meeting", 2), ("connection refused bug", 4)]:
-        similarity = vectors @ embedder.embed([query])[0]
+        similarity = vectors @ asyncio.run(embedder.embed([query]))[0]
         assert int(np.argmax(similarity)) == expected, (query, similarity)
 
 
@@ -78,7 +79,7 @@ def test_hybrid_search_with_the_local_model(embedder: LocalEmbedder, tmp_path: P
 def test_a_model_that_is_not_on_disk_is_a_clear_warning(tmp_path: Path) -> None:
     missing = LocalEmbedder(str(tmp_path / "no-such-model"))
     with pytest.raises(EmbeddingUnavailable, match="neither a packaged model .* nor a sentence-transformers"):
-        missing.embed(["x"])
+        asyncio.run(missing.embed(["x"]))
     store = MemoryStore(tmp_path / "memory", UTC)
     store.append_long_term("我养了一只柯基")
     config = parse_config({"memory": {"index": {"enabled": True, "embeddings": {

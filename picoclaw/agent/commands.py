@@ -82,7 +82,7 @@ def status_report(model: str, provider: str, session: Session, effective: Effect
     """The model, the conversation's size, the last prompt (cached share), the last turn's memory, the policy."""
     active = session.active()
     lines = [f"model: {model} (provider {provider})",
-             f"conversation {session.key}: {len(session.messages)} messages, {len(active)} since the last summary"
+             f"conversation {session.key}: {session.last_id} messages, {len(active)} since the last summary"
              + ("" if session.summary else " (none yet)")]
     usage = session.last_usage()
     if usage is None or usage.prompt_tokens is None:

@@ -11,6 +11,7 @@ already carries is not injected again. Memory is framed as data the user stored,
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Set
 from dataclasses import dataclass
@@ -82,17 +83,23 @@ class ContextBuilder:
 
     # -- memory selection --------------------------------------------------------------------------
 
-    def select_memory(self, policy: MemoryPolicy, query: str, present: Set[str] = frozenset()) -> InjectedMemory:
+    async def select_memory(self, policy: MemoryPolicy, query: str, present: Set[str] = frozenset()
+                            ) -> InjectedMemory:
         """Retrieved blocks and recent notes for `query`, held to the policy's token budget.
 
         Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing.
         """
+        searcher = self.workspace.searcher
+        hits = await searcher.search_async(query, policy.retrieve_limit) if query.strip() else []
+        # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
+        return await asyncio.to_thread(self._fit_memory, policy, hits, present)
+
+    def _fit_memory(self, policy: MemoryPolicy, hits: list[Hit], present: Set[str]) -> InjectedMemory:
         budget = policy.memory_token_budget
-        hits = self.workspace.searcher.search(query, policy.retrieve_limit) if query.strip() else []
         ranked = bool(hits)
         if not ranked:
             # No query or no hit: the whole file if it fits, else its newest blocks.
-            hits = [Hit(block, 0.0) for block in reversed(self.workspace.retriever.long_term_blocks())]
+            hits = [Hit(block, 0.0) for block in reversed(self.workspace.searcher.long_term_blocks())]
         chosen: list[Hit] = []
         for hit in hits:
             if block_key(hit.block) in present:
@@ -154,9 +161,9 @@ class ContextBuilder:
         parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({self.workspace.config.timezone})")
         return "\n\n".join(part for part in parts if part)
 
-    def build(self, policy: MemoryPolicy, session: Session, user_text: str, now: datetime) -> BuiltContext:
+    async def build(self, policy: MemoryPolicy, session: Session, user_text: str, now: datetime) -> BuiltContext:
         """System prompt + history as sent + this turn's user message with its data block."""
-        memory = self.select_memory(policy, user_text, session.injected_blocks())
+        memory = await self.select_memory(policy, user_text, session.injected_blocks())
         prefix = self.stable_prefix(now)
         system = prefix
         if session.summary:

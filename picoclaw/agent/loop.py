@@ -2,7 +2,9 @@
 
 Turns of one session run one at a time; different sessions run concurrently. After the reply is
 saved, background work (session summary, long-term compression, reflection) runs without holding up
-the next message.
+the next message. Nothing here waits on the event loop: session files are read and appended (fsync,
+cross-process lock) in worker threads, and memory search is awaited. Loaded sessions are kept in a bounded
+LRU cache and per-session locks exist only while in use, so a bot that sees thousands of chats stays small.
 
 A summary the model fails to write (refused as malformed, or the call failed) is not asked for again on
 the next turn: the next automatic attempt waits until `wait` more messages have arrived, where `wait`
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +40,7 @@ from picoclaw.agent.streaming import StreamGate, TextSink
 from picoclaw.agent.summary import CompactResult, accept_summary, render_transcript, summary_request
 from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
 from picoclaw.config import MemoryPolicy
+from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory.compression import LongTermCompressor
 from picoclaw.memory.flush import flush_facts
 from picoclaw.memory.session import Session, StoredMessage
@@ -46,6 +50,12 @@ from picoclaw.tokens import count_tokens
 from picoclaw.tools.base import ToolRegistry
 
 log = logging.getLogger(__name__)
+
+# Sessions kept loaded. A loaded session is its active history (bounded by the summary thresholds, at most
+# a context window of text, typically 10–100 KB) plus a few compacted messages: 256 of them stay well under
+# 100 MB even at their largest, and cover every chat a family's or a team's bot has going at once. An
+# evicted session is read again from its file (a few ms) when its chat next speaks.
+SESSION_CACHE_SIZE = 256
 
 Notify = Callable[[str, str], Awaitable[None]]
 ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSON text)
@@ -98,7 +108,8 @@ class Reply:
 class AgentLoop:
     """Runs turns for every session of one workspace against one provider."""
 
-    def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry):
+    def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry, *,
+                 session_cache_size: int = SESSION_CACHE_SIZE):
         self.workspace = workspace
         self.provider = provider
         self.tools = tools
@@ -107,34 +118,48 @@ class AgentLoop:
         self.sessions = workspace.sessions()
         self.compressor = LongTermCompressor(workspace.store, provider)
         self.reflector = Reflector(workspace.policy, provider)
-        self._loaded: dict[str, Session] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._locks: KeyedLocks[str] = KeyedLocks()
         self._summarizing: set[str] = set()
-        self._summary_backoff: dict[str, SummaryBackoff] = {}
+        self._summary_backoff: dict[str, SummaryBackoff] = {}  # kept only for sessions in the cache
+        # A session in use (a turn or a summary under way) is never evicted under its user's feet.
+        self._loaded: LruCache[str, Session] = LruCache(
+            session_cache_size, keep=lambda key: self._locks.busy(key) or key in self._summarizing,
+            on_evict=self._forget)
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- sessions ----------------------------------------------------------------------------------
 
-    def session(self, key: str) -> Session:
-        """The session for `key`, loaded from disk once and kept in memory, with what another process
-        (a `chat -m` next to an open chat) appended to its file since taken in."""
+    async def session(self, key: str) -> Session:
+        """The session for `key`, from the cache or its file, with what another process (a `chat -m` next
+        to an open chat) appended to the file since taken in."""
         session = self._loaded.get(key)
         if session is None:
-            session = self._loaded[key] = self.sessions.load(key)
+            session = await asyncio.to_thread(self.sessions.load, key)
+            self._loaded.put(key, session)
         else:
-            self.sessions.refresh(session)
+            await asyncio.to_thread(self.sessions.refresh, session)
         return session
 
-    def lock(self, key: str) -> asyncio.Lock:
-        """The lock that keeps one session's turns in order."""
-        return self._locks.setdefault(key, asyncio.Lock())
+    def hold(self, key: str) -> AbstractAsyncContextManager[None]:
+        """The lock that keeps one session's turns in order (`async with loop.hold(key):`)."""
+        return self._locks.hold(key)
 
-    def reset_session(self, key: str) -> str | None:
+    def idle(self) -> bool:
+        """No turn, summary or other background work under way."""
+        return not self._locks and not self._summarizing and not self._background
+
+    async def reset_session(self, key: str) -> str | None:
         """Archive the session's file and start it afresh; returns the archive's name."""
-        archived = self.sessions.archive(key)
-        self._loaded.pop(key, None)
+        archived = await asyncio.to_thread(self.sessions.archive, key)
+        self._loaded.pop(key)
         self._summary_backoff.pop(key, None)
         return archived.name if archived else None
+
+    def _forget(self, key: str, session: Session) -> None:
+        self._summary_backoff.pop(key, None)
+
+    async def _append(self, session: Session, messages: list[StoredMessage]) -> None:
+        await asyncio.to_thread(self.sessions.append_messages, session, messages)
 
     # -- a turn ------------------------------------------------------------------------------------
 
@@ -146,7 +171,7 @@ class AgentLoop:
         as it starts, and `notify(key, text)` work done after the reply (a summary starting).
         """
         text = clean_text(text)
-        async with self.lock(key):
+        async with self.hold(key):
             command = parse_command(text)
             if command is not None:
                 return Reply(await self.command(key, command))
@@ -164,31 +189,31 @@ class AgentLoop:
         if command.name in ("/help", "/start"):
             return HELP
         if command.name == "/new":
-            set_aside = [m.message for m in self.session(key).active()]
-            reply = new_reply(self.reset_session(key))
+            set_aside = [m.message for m in (await self.session(key)).active()]
+            reply = new_reply(await self.reset_session(key))
             if set_aside and self.workspace.policy.current().memory_flush_enabled:
                 self._spawn(self._flush(key, set_aside))
             return reply
         if command.name == "/compact":
             return compact_reply(await self.compact(key))
         if command.name == "/memory":
-            memory = self.context.select_memory(self.workspace.policy.current(), command.argument)
+            memory = await self.context.select_memory(self.workspace.policy.current(), command.argument)
             return memory_report(memory, command.argument, self.workspace.root)
         if command.name == "/policy":
             return policy_report(self.workspace.policy.effective())
         if command.name == "/status":
-            return status_report(self.provider.model, self.provider.name, self.session(key),
+            return status_report(self.provider.model, self.provider.name, await self.session(key),
                                  self.workspace.policy.effective())
         return unknown_reply(command)
 
     async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None) -> str:
-        session = self.session(key)
+        session = await self.session(key)
         policy = self.workspace.policy.current()
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
         schemas = self.tools.schemas()
         notice = ""
-        built = self.context.build(policy, session, text, now)
+        built = await self.context.build(policy, session, text, now)
         messages = built.messages
         turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None
@@ -198,12 +223,12 @@ class AgentLoop:
                     reply = await self._ask(messages, schemas, on_text)
                 except ProviderError as exc:
                     # Nothing set aside means the same request again: it could only fail the same way.
-                    if exc.kind != "context_too_long" or notice or not self.force_compress(session):
+                    if exc.kind != "context_too_long" or notice or not await self.force_compress(session):
                         raise
                     notice = TRIMMED_NOTICE
                     if on_text is not None:
                         await on_text(f"{notice}\n\n")
-                    built = self.context.build(policy, session, text, now)
+                    built = await self.context.build(policy, session, text, now)
                     turn[0] = built.user
                     messages = built.messages + [stored.as_sent() for stored in turn[1:]]
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
@@ -223,7 +248,7 @@ class AgentLoop:
             if len(turn) > 1:  # tools ran: what they did stays on record, so nothing is done twice
                 note = f"(The answer was cut short: {exc}. The tool calls above did run.)"
                 turn.append(StoredMessage(0, {"role": "assistant", "content": note}))
-                self.sessions.append_messages(session, turn)
+                await self._append(session, turn)
             raise
         if final is None:
             final = (f"I stopped after {defaults.max_tool_iterations} tool steps without finishing. "
@@ -231,7 +256,7 @@ class AgentLoop:
             turn.append(StoredMessage(0, {"role": "assistant", "content": final}))
             if on_text is not None:
                 await on_text(final)
-        self.sessions.append_messages(session, turn)
+        await self._append(session, turn)
         answer = final.strip() or "(the model returned an empty answer)"
         return f"{notice}\n\n{answer}" if notice else answer
 
@@ -263,13 +288,13 @@ class AgentLoop:
         return ChatReply(call.before or None, [ToolCall(f"call_text_{len(messages)}", call.name, call.arguments)],
                          reply.usage, "tool_calls")
 
-    def force_compress(self, session: Session) -> int:
+    async def force_compress(self, session: Session) -> int:
         """Set aside the oldest half of the active history (never splitting a tool call from its results)."""
         active = session.active()
         cut = safe_start([m.message for m in active], len(active) // 2)
         if cut == 0:
             return 0
-        self.sessions.add_compaction(session, active[cut - 1].id, None, "context_too_long")
+        await asyncio.to_thread(self.sessions.add_compaction, session, active[cut - 1].id, None, "context_too_long")
         log.warning("session %s: context too long, set aside %d oldest messages", session.key, cut)
         return cut
 
@@ -290,7 +315,7 @@ class AgentLoop:
         jobs: list[tuple[str, Callable[[], Awaitable[object]]]] = [
             ("session summary", lambda: self._summarize_if_needed(key, notify)),
             ("long-term compression", lambda: self.compressor.run_if_due(self.workspace.policy.current())),
-            ("reflection", lambda: self.reflector.maybe_reflect(self.sessions, self.session(key))),
+            ("reflection", lambda: self._reflect_if_due(key)),
         ]
         for name, job in jobs:
             try:
@@ -298,10 +323,13 @@ class AgentLoop:
             except Exception:
                 log.exception("session %s: background %s failed", key, name)
 
+    async def _reflect_if_due(self, key: str) -> None:
+        await self.reflector.maybe_reflect(self.sessions, await self.session(key))
+
     async def _summarize_if_needed(self, key: str, notify: Notify | None) -> None:
         # A summary already being written covers this turn's check too: no second notice, no second call.
         # So does a failed summary not long ago (see SummaryBackoff): no attempt, so no notice either.
-        session = self.session(key)
+        session = await self.session(key)
         backoff = self._summary_backoff.get(key)
         if backoff is not None and session.last_id < backoff.retry_at:
             return
@@ -351,7 +379,7 @@ class AgentLoop:
             return None
         self._summarizing.add(key)
         try:
-            session = self.session(key)
+            session = await self.session(key)
             policy = self.workspace.policy.current()
             active = session.active()
             cut = keep_last([m.message for m in active], policy.session_summary_keep_count)
@@ -378,8 +406,8 @@ class AgentLoop:
                 log.info("session %s was reset while its summary was written; summary dropped", key)
                 return None
             self._summary_backoff.pop(key, None)
-            self.sessions.add_compaction(session, folded[-1].id, summary, "summary")
-            self.workspace.store.append_note(f"Summary of session {key}:\n{summary}")
+            await asyncio.to_thread(self.sessions.add_compaction, session, folded[-1].id, summary, "summary")
+            await asyncio.to_thread(self.workspace.store.append_note, f"Summary of session {key}:\n{summary}")
             return CompactResult(len(folded), summary)
         finally:
             self._summarizing.discard(key)

@@ -7,6 +7,7 @@ write of the overrides, a history line), which every running agent reads on its 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,7 @@ class Reflector:
         recent = [m.message for m in session.messages if m.id > session.reflected_through]
         # Recorded before the model call: a turn ending meanwhile does not start a second reflection, and
         # a failing model is asked once per interval, not after every turn.
-        sessions.add_reflection(session, session.last_id)
+        await asyncio.to_thread(sessions.add_reflection, session, session.last_id)
         return await self.reflect(session.key, recent)
 
     async def reflect(self, session_key: str, messages: list[Message]) -> ReflectionOutcome:
@@ -75,8 +76,8 @@ class Reflector:
         if not self.policy.current().evolution_enabled:  # switched off while the model was thinking
             return self._refused(session_key, "evolution was switched off meanwhile")
         try:
-            snapshot = self.policy.set(suggestion.changes, source=SOURCE, session=session_key,
-                                       reason=suggestion.reason)
+            snapshot = await asyncio.to_thread(self.policy.set, suggestion.changes, source=SOURCE,
+                                               session=session_key, reason=suggestion.reason)
         except PolicyError as exc:  # the policy changed meanwhile (another process) and no longer fits
             return self._refused(session_key, str(exc))
         log.info("session %s: reflection changed the policy %s (%s)", session_key, suggestion.changes,

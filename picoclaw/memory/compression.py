@@ -13,6 +13,7 @@ the first `## ` heading are kept verbatim and never sent.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import logging
 import re
@@ -327,11 +328,12 @@ class LongTermCompressor:
         The gate is claimed before the model calls, so other turns and processes stay out meanwhile. A dry
         run makes the same calls and the same checks and writes nothing, not even the gate.
         """
-        if not dry_run and not self._claim(policy, force):
+        # The memory lock, the gate and MEMORY.md are disk work: in a worker thread, off the event loop.
+        if not dry_run and not await asyncio.to_thread(self._claim, policy, force):
             return None
-        if dry_run and not force and why_not_due(self.store, policy) is not None:
+        if dry_run and not force and await asyncio.to_thread(why_not_due, self.store, policy) is not None:
             return None
-        before = self.store.read_long_term()
+        before = await asyncio.to_thread(self.store.read_long_term)
         preamble, body = split_preamble(before)
         if not body.strip():
             return CompressionResult("refused", "MEMORY.md has no '## ' blocks to compress", before)
@@ -355,7 +357,7 @@ class LongTermCompressor:
         if dry_run:
             return CompressionResult("dry_run", summary, before, after, groups=groups)
         try:
-            replaced = self.store.replace_long_term_keeping_appends(before, after)
+            replaced = await asyncio.to_thread(self.store.replace_long_term_keeping_appends, before, after)
         except (MemoryStoreError, OSError) as exc:  # either way the file as it is now stands
             return CompressionResult("failed", str(exc), before, after, groups=groups)
         return CompressionResult("compressed", summary, before, after, replaced.backup, replaced.carried_over,

@@ -10,6 +10,7 @@ compares content, case, width and punctuation aside).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from dataclasses import dataclass, field
@@ -85,7 +86,7 @@ async def flush_facts(provider: ChatProvider, store: MemoryStore, transcript: st
         return result
     for fact in facts:
         try:
-            entry = store.append_long_term(fact)
+            entry = await asyncio.to_thread(store.append_long_term, fact)
         except MemoryStoreError as exc:
             log.warning("memory flush: could not store %r: %s", fact[:80], exc)
             continue

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 ARCHIVE_DIR = "archive"
 SUFFIX = ".jsonl"
 LOCK_FILE = ".sessions.lock"  # the cross-process lock of one sessions folder
+# Compacted messages kept in memory: reflection reads the newest of them; the file keeps them all. Without
+# a bound, a chat of a year would hold every message it ever had in a process that runs for months.
+KEPT_COMPACTED = 50
 
 
 class _BadRecord(ValueError):
@@ -91,6 +95,9 @@ class Session:
     reflected_through: int = 0
     # The file as this Session last read or wrote it: another process changed it when its key differs.
     synced: FileKey | None = field(default=None, repr=False)
+    # Held by every read and write of the store on this session: they run in worker threads (off the event
+    # loop), and a turn's append must not interleave with a background summary's compaction record.
+    guard: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
     def last_id(self) -> int:
@@ -118,7 +125,15 @@ class Session:
         return stored.prompt_tokens if stored is not None else None
 
     def messages_since_reflection(self) -> int:
-        return sum(1 for m in self.messages if m.id > self.reflected_through)
+        # From the ids, which count every message (the oldest compacted ones are not kept in memory).
+        return max(0, self.last_id - self.reflected_through)
+
+    def forget_compacted(self) -> None:
+        """Drop all but the newest KEPT_COMPACTED compacted messages from memory (ids keep increasing)."""
+        compacted = sum(1 for m in self.messages if m.id <= self.compacted_through)
+        if compacted > KEPT_COMPACTED:
+            # A new list, not a deletion in place: a reader on another thread keeps a consistent one.
+            self.messages = self.messages[compacted - KEPT_COMPACTED:]
 
 
 def session_filename(key: str) -> str:
@@ -156,15 +171,21 @@ class SessionStore:
 
     def refresh(self, session: Session) -> bool:
         """Read `session`'s file again if it changed since (another process appended or archived it)."""
-        if file_key(session.path) == session.synced:
-            return False
-        self._read(session)
-        return True
+        with session.guard:
+            if file_key(session.path) == session.synced:
+                return False
+            self._read(session)
+            return True
 
     def _read(self, session: Session) -> None:
         """Rebuild `session` from its file, in place (the object stays the one the loop holds)."""
-        session.messages, session.summary = [], None
-        session.compacted_through = session.reflected_through = 0
+        fresh = Session(session.key, session.path)  # filled apart, then swapped in: no half-read state shows
+        self._parse(fresh)
+        session.messages, session.summary = fresh.messages, fresh.summary
+        session.compacted_through, session.reflected_through = fresh.compacted_through, fresh.reflected_through
+        session.synced = fresh.synced
+
+    def _parse(self, session: Session) -> None:
         key = file_key(session.path)
         try:
             raw = session.path.read_bytes()
@@ -188,6 +209,7 @@ class SessionStore:
                 log.warning("%s:%d: skipping a record: %s", session.path, number, exc)
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 log.warning("%s:%d: skipping an unreadable record", session.path, number)
+        session.forget_compacted()
         session.synced = key
 
     @staticmethod
@@ -223,7 +245,7 @@ class SessionStore:
 
         Under the lock, after taking in what another process appended meanwhile: the ids follow its.
         """
-        with self.lock():
+        with session.guard, self.lock():
             self._catch_up(session)
             stored = [replace(message, id=session.last_id + 1 + offset) for offset, message in enumerate(messages)]
             self._locked_append(session, [message.record() for message in stored])
@@ -231,17 +253,18 @@ class SessionStore:
 
     def add_compaction(self, session: Session, through: int, summary: str | None, reason: str) -> None:
         """Mark messages up to `through` as compacted, with the summary that replaces them (if any)."""
-        with self.lock():
+        with session.guard, self.lock():
             self._catch_up(session)
             self._locked_append(session, [{"type": "compaction", "time": clock.now().isoformat(),
                                            "through": through, "summary": summary, "reason": reason}])
             session.compacted_through = max(session.compacted_through, through)
             if summary:
                 session.summary = summary
+            session.forget_compacted()
 
     def add_reflection(self, session: Session, through: int) -> None:
         """Record that reflection has seen the messages up to `through`."""
-        with self.lock():
+        with session.guard, self.lock():
             self._catch_up(session)
             self._locked_append(session, [{"type": "reflection", "time": clock.now().isoformat(),
                                            "through": through}])

@@ -12,12 +12,12 @@ from picoclaw.config import Config
 from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory.policy import PolicyManager
 from picoclaw.memory.retrieval import MemoryRetriever
+from picoclaw.memory.search import FileSearcher, Searcher
 from picoclaw.memory.session import LOCK_FILE, SessionStore
 from picoclaw.memory.store import MemoryStore
 
 if TYPE_CHECKING:
     from picoclaw.memory.index.embedders import Embedder
-    from picoclaw.memory.index.searcher import Searcher
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Workspace:
 def _searcher(workspace: Workspace) -> Searcher:
     settings = workspace.config.memory.index
     if not settings.enabled:
-        return workspace.retriever
+        return FileSearcher(workspace.retriever)
     # Imported only when enabled: the index brings numpy (and, for local embeddings, torch) with it.
     from picoclaw.memory.index.searcher import open_searcher
 

@@ -32,9 +32,19 @@ class MemorySearch(WorkspaceTool):
                 raise ValueError("the query is blank")
             return value.strip()
 
+    async def run(self, args: MemorySearch.Args) -> str:
+        # Awaited, not in a worker thread like the other file tools: the search bounds its own wait for
+        # embeddings and does its disk work off the event loop.
+        with os_errors("search", "memory"):
+            hits = await self.workspace.searcher.search_async(args.query, args.limit, include_notes=True)
+        return self._report(args, hits)
+
     def run_sync(self, args: MemorySearch.Args) -> str:
         with os_errors("search", "memory"):
             hits = self.workspace.searcher.search(args.query, args.limit, include_notes=True)
+        return self._report(args, hits)
+
+    def _report(self, args: MemorySearch.Args, hits: list[Hit]) -> str:
         if not hits:
             return f"no matches in memory for {args.query!r}; try other keywords"
         found = "1 match" if len(hits) == 1 else f"{len(hits)} matches"

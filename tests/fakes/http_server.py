@@ -67,6 +67,10 @@ class BackgroundHTTPServer:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(callback, *args)  # type: ignore[arg-type]
 
+    def stopping(self) -> bool:
+        """Whether the server has begun to stop (held requests should give up)."""
+        return self._closing is not None and self._closing.is_set()
+
     async def pause(self, delay: float) -> None:
         """Sleep `delay` seconds, or less when the server is stopping."""
         if delay > 0:

@@ -106,6 +106,7 @@ class Raw:
 
 
 Reply = Text | ToolCalls | Error | Raw
+HOLD_LIMIT = 10.0
 GARBAGE = "<html><body><h1>502 Bad Gateway</h1>nginx</body></html>"
 
 
@@ -135,6 +136,10 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         self.default_dimensions = default_dimensions
         self.responder: Callable[[dict[str, Any]], Reply | str] | None = None
         self.embedder: Callable[[str, int], list[float]] | None = None
+        # An embeddings request whose inputs this picks waits until `release_embeddings()` (a slow endpoint
+        # without real waiting), at most HOLD_LIMIT seconds, so a test of code that blocks fails, not hangs.
+        self.hold_embeddings: Callable[[list[str]], bool] | None = None
+        self._released = threading.Event()
         self._lock = threading.Lock()
         self._queues: dict[Endpoint, deque[Reply]] = {"chat": deque(), "embeddings": deque()}
         self._requests: list[RecordedRequest] = []
@@ -234,6 +239,8 @@ class FakeOpenAIServer(BackgroundHTTPServer):
             return _render(scripted) if isinstance(scripted, Error | Raw) else _bad_request(
                 "only errors and raw bodies can be scripted for embeddings")
         inputs = [body["input"]] if isinstance(body["input"], str) else list(body["input"])
+        if self.hold_embeddings is not None and self.hold_embeddings(inputs):
+            await self._held()
         dimensions = body.get("dimensions") or self.default_dimensions
         embed = self.embedder or default_embedding
         base64_wanted = body.get("encoding_format") == "base64"
@@ -246,6 +253,15 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         tokens = sum(rough_tokens(text) for text in inputs)
         return _json({"object": "list", "data": data, "model": body["model"],
                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    def release_embeddings(self) -> None:
+        """Let every held embeddings request (and any later one) answer."""
+        self._released.set()
+
+    async def _held(self) -> None:
+        deadline = time.monotonic() + HOLD_LIMIT
+        while not self._released.is_set() and not self.stopping() and time.monotonic() < deadline:
+            await self.pause(0.005)
 
     async def _record(self, request: web.Request) -> Any:
         raw = await request.read()

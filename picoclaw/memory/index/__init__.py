@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from picoclaw.memory.index.embedders import EmbeddingUnavailable, LocalEmbedder, OpenAICompatEmbedder
 from picoclaw.memory.index.index import IndexStatus, MemoryIndex
-from picoclaw.memory.index.searcher import IndexedRetriever, Searcher, open_searcher
+from picoclaw.memory.index.searcher import IndexedRetriever, open_searcher
 
 __all__ = ["EmbeddingUnavailable", "IndexStatus", "IndexedRetriever", "LocalEmbedder", "MemoryIndex",
-           "OpenAICompatEmbedder", "Searcher", "open_searcher"]
+           "OpenAICompatEmbedder", "open_searcher"]

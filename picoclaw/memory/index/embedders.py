@@ -1,14 +1,17 @@
 """Embedders for the index: an OpenAI-compatible `/embeddings` endpoint, or a local sentence-transformers model.
 
-Both are synchronous (search runs from sync code and from inside the agent's event loop) and return
-float32 unit vectors, one row per text. Any failure is an EmbeddingUnavailable with one line saying why;
-the index then answers with keyword results. `local` needs the optional extra (`pip install
+Both are awaited without blocking the caller's event loop (a bot serving other chats meanwhile): the local
+model runs in a worker thread, the endpoint is called through the async OpenAI client on the embedder's
+own event loop (one HTTP pool, usable from any caller's loop and from sync code). Both return float32 unit
+vectors, one row per text. Any failure is an EmbeddingUnavailable with one line saying why; the index then
+answers with keyword results. `local` needs the optional extra (`pip install
 'picoclaw[local]'`) and never downloads anything: the model must already be on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import logging
 import threading
@@ -52,7 +55,7 @@ class Embedder(Protocol):
     def token_limit(self) -> TokenLimit:
         """How chunks are measured and the most tokens the model reads of one input."""
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: list[str]) -> np.ndarray:
         """(len(texts), dims) float32 unit rows; raises EmbeddingUnavailable."""
 
     def close(self) -> None:
@@ -124,7 +127,11 @@ class LocalEmbedder:
         return TokenLimit(self.key, limit,
                           lambda text: len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]))
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        # A worker thread: loading and running the model take seconds of CPU that the event loop must not wait on.
+        return await asyncio.to_thread(self._encode, texts)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         model = self._loaded()
@@ -161,14 +168,19 @@ class _LoopThread:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the private loop; cancelling the future cancels it there."""
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=self._loop.run_forever, name=self._name, daemon=True)
                 self._thread.start()
             loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the private loop and wait for it (from sync code)."""
+        return self.submit(coro).result()
 
     def stop(self) -> None:
         with self._lock:
@@ -202,12 +214,14 @@ class OpenAICompatEmbedder:
     def token_limit(self) -> TokenLimit:
         return DEFAULT_LIMIT
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         rows: list[list[float]] = []
         for start in range(0, len(texts), self.batch_size):
-            rows.extend(self._thread.run(self._embed(texts[start:start + self.batch_size])))
+            # Awaited, not waited on: a slow endpoint holds up only the search that asked.
+            batch = texts[start:start + self.batch_size]
+            rows.extend(await asyncio.wrap_future(self._thread.submit(self._embed(batch))))
         return unit_rows(rows)
 
     async def _embed(self, texts: list[str]) -> list[list[float]]:

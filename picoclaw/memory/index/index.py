@@ -7,6 +7,7 @@ embedder makes that one search keyword-only, with the reason kept for `picoclaw 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
@@ -27,6 +28,7 @@ from picoclaw.memory.index.embedders import Embedder, EmbeddingUnavailable
 from picoclaw.memory.index.schema import INDEX_FILE, file_identity, is_unusable, open_database, remove_files
 from picoclaw.memory.index.scoring import KeywordQuery, Weights, keyword_scores, keyword_scores_of, merge
 from picoclaw.memory.index.sync import (
+    EMBED_BATCH,
     Progress,
     Syncer,
     SyncReport,
@@ -64,6 +66,12 @@ class IndexStatus:
     warning: str | None  # the last embedding failure, if the last attempt failed
 
 
+def _log_backfill_failure(task: asyncio.Task[tuple[int, str | None]]) -> None:
+    # A backfill nobody waits for any more (its search gave up waiting) must not fail unheard.
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("memory index: making embeddings failed: %s: %s", type(exc).__name__, exc)
+
+
 class MemoryIndex:
     """SQLite FTS5 + vector index over a memory folder's files; safe to share between threads."""
 
@@ -84,6 +92,7 @@ class MemoryIndex:
         self._identity: tuple[int, int] | None = None
         self._vectors = VectorMatrix()
         self._limit: TokenLimit | None = None
+        self._backfill: asyncio.Task[tuple[int, str | None]] | None = None
 
     # -- the database ------------------------------------------------------------------------------
 
@@ -131,19 +140,31 @@ class MemoryIndex:
                 remove_files(self.path)
                 return operation(self._db())
 
-    # -- sync --------------------------------------------------------------------------------------
+    # -- sync ----------------------------------------------------------------------------------------
 
     def sync(self, progress: Progress | None = None) -> SyncReport:
-        """Bring the index up to date with the files (only what changed)."""
-        return self._run(lambda conn: self._sync(conn, progress))
+        """Bring the index up to date with the files (only what changed), embeddings included (sync code)."""
+        return asyncio.run(self.sync_async(progress))
 
     def reindex(self, progress: Progress | None = None) -> SyncReport:
         """Rebuild every file's chunks from scratch (cached embeddings are reused, nothing else)."""
-        def rebuild(conn: sqlite3.Connection) -> SyncReport:
+        def forget(conn: sqlite3.Connection) -> None:
             with transaction(conn):
                 forget_everything(conn)
-            return self._sync(conn, progress)
-        return self._run(rebuild)
+        self._run(forget)
+        return self.sync(progress)
+
+    async def sync_async(self, progress: Progress | None = None, *, wait: float | None = None) -> SyncReport:
+        """Bring the index up to date; new chunks' embeddings are waited for at most `wait` s (None: until made).
+
+        SQLite work runs in a worker thread and the embedder is awaited, so the caller's event loop serves
+        others meanwhile. Embeddings not made in time go on being made in the background.
+        """
+        report = await self._in_thread(lambda conn: self._sync_files(conn, progress))
+        if self.embedder is not None and report.embed_error is None:
+            await self._wait_for_vectors(report, progress, wait)
+        await self._in_thread(lambda conn: self._stamp(conn, report))
+        return report
 
     def _token_limit(self, report: SyncReport) -> TokenLimit:
         if self.embedder is None:
@@ -156,53 +177,108 @@ class MemoryIndex:
                 return DEFAULT_LIMIT
         return self._limit
 
-    def _sync(self, conn: sqlite3.Connection, progress: Progress | None) -> SyncReport:
+    def _sync_files(self, conn: sqlite3.Connection, progress: Progress | None) -> SyncReport:
         report = SyncReport()
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         try:
             syncer = Syncer(conn, self._token_limit(report), progress)
             syncer.sync_files(source_files(self.store, self.sessions_dir, self.settings.sources), dirty, report)
-            if self.embedder is not None:
-                if report.embed_error is None:
-                    syncer.embed_missing(self.embedder, report)
-                else:
-                    self._record_failure(conn, report.embed_error)
+            if report.embed_error is not None:
+                self._record_failure(conn, report.embed_error)
         except BaseException:
             with self._dirty_lock:
                 self._dirty |= dirty
             raise
+        return report
+
+    @staticmethod
+    def _stamp(conn: sqlite3.Connection, report: SyncReport) -> None:
         if report.changed or get_meta(conn, "last_sync") is None:
             with transaction(conn):
                 set_meta(conn, "last_sync", str(time.time_ns()))
-        return report
+
+    async def _wait_for_vectors(self, report: SyncReport, progress: Progress | None, wait: float | None) -> None:
+        # One backfill per index at a time: two turns arriving together must not embed the same texts twice.
+        task = self._backfill
+        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+            task = self._backfill = asyncio.ensure_future(self._embed_missing(progress))
+            task.add_done_callback(_log_backfill_failure)
+        done, _ = await asyncio.wait({task}, timeout=wait)
+        if not done:
+            report.embed_error = f"embedding new memory took longer than {wait:g} s (it goes on in the background)"
+            log.info("memory index: %s; this search uses keywords only", report.embed_error)
+            return
+        report.embedded, report.embed_error = task.result()
+
+    async def _embed_missing(self, progress: Progress | None) -> tuple[int, str | None]:
+        """Embed every chunk text without a cached vector, batch by batch; (texts embedded, failure if any)."""
+        embedder = self.embedder
+        assert embedder is not None
+        limit = self._limit or DEFAULT_LIMIT
+        missing = await self._in_thread(lambda conn: Syncer(conn, limit).missing_texts(embedder.key))
+        if missing is None:
+            return 0, None
+        done = 0
+        try:
+            for start in range(0, len(missing), EMBED_BATCH):
+                batch = missing[start:start + EMBED_BATCH]
+                vectors = await embedder.embed([text for _, text in batch])
+                hashes = [digest for digest, _ in batch]
+                await self._in_thread(lambda conn: Syncer(conn, limit).store_vectors(embedder.key, hashes, vectors))
+                done += len(batch)
+                if progress is not None:
+                    progress("embeddings", done, len(missing))
+        except EmbeddingUnavailable as exc:
+            reason = str(exc)
+            await self._in_thread(lambda conn: self._record_failure(conn, reason))
+            return done, reason
+        await self._in_thread(lambda conn: Syncer(conn, limit).finish_embedding(embedder.key))
+        return done, None
 
     def _record_failure(self, conn: sqlite3.Connection, reason: str) -> None:
         log.warning("memory index: embeddings unavailable, searching with keywords only: %s", reason)
-        with transaction(conn):
-            set_meta(conn, "embed_error", reason)
-            set_meta(conn, "embed_error_at", str(time.time_ns()))
+        Syncer(conn, self._limit or DEFAULT_LIMIT).record_failure(reason)
+
+    async def _in_thread(self, operation: Callable[[sqlite3.Connection], T]) -> T:
+        """`operation` on the database, in a worker thread (SQLite waits for disk and for other writers)."""
+        return await asyncio.to_thread(self._run, operation)
 
     # -- search ------------------------------------------------------------------------------------
 
     def search(self, query: str, limit: int, sources: frozenset[str] | None = None) -> list[Hit]:
-        """The best `limit` chunks for `query`, best first; `sources` restricts to memory / notes / sessions."""
+        """The best `limit` chunks for `query`, best first; `sources` restricts to memory / notes / sessions.
+
+        For sync code (the CLI): waits for every embedding it needs.
+        """
+        return asyncio.run(self.search_async(query, limit, sources))
+
+    async def search_async(self, query: str, limit: int, sources: frozenset[str] | None = None, *,
+                           wait: float | None = None) -> list[Hit]:
+        """`search` for async code: embeddings (new chunks', then the query's) are waited for at most `wait`
+        seconds in all; past that, or when they fail, the results come from keywords alone."""
         if limit <= 0 or not query.strip():
             return []
-        return self._run(lambda conn: self._search(conn, query, limit, sources))
-
-    def _search(self, conn: sqlite3.Connection, query: str, limit: int,
-                sources: frozenset[str] | None) -> list[Hit]:
-        report = self._sync(conn, None)
-        keyword_query = KeywordQuery.prepare(conn, query)
+        clock = asyncio.get_running_loop().time
+        deadline = None if wait is None else clock() + wait
+        report = await self.sync_async(wait=wait)
         self.last_notice = report.embed_error
         vector = None
         if self.embedder is not None and report.embed_error is None and self.weights.vector > 0:
+            left = None if deadline is None else max(0.0, deadline - clock())
             try:
-                vector = self.embedder.embed([query])[0]
+                vector = (await asyncio.wait_for(self.embedder.embed([query]), left))[0]
             except EmbeddingUnavailable as exc:
-                self.last_notice = str(exc)
-                self._record_failure(conn, str(exc))
+                reason = self.last_notice = str(exc)
+                await self._in_thread(lambda conn: self._record_failure(conn, reason))
+            except TimeoutError:
+                self.last_notice = f"embedding the query took longer than {wait:g} s"
+                log.warning("memory index: %s; this search uses keywords only", self.last_notice)
+        return await self._in_thread(lambda conn: self._ranked(conn, query, limit, sources, vector))
+
+    def _ranked(self, conn: sqlite3.Connection, query: str, limit: int, sources: frozenset[str] | None,
+                vector: np.ndarray | None) -> list[Hit]:
+        keyword_query = KeywordQuery.prepare(conn, query)
         if vector is None:
             if keyword_query is None:
                 return []

@@ -3,8 +3,9 @@
 A file is re-read when its (mtime, size, inode) differs from what the index recorded, when the store
 marked it changed, or when it was modified so shortly before it was last hashed that a same-size edit in
 the same clock tick could hide (as git does for "racily clean" files). It is re-chunked only when its
-hash differs. Then chunks without a vector are embedded; the embedding cache, keyed by (model, text
-hash), means only new or changed chunk texts reach the embedder.
+hash differs. Chunks without a vector are then embedded (the index awaits the embedder between the
+steps here, each of which is plain SQLite work); the embedding cache, keyed by (model, text hash), means
+only new or changed chunk texts reach the embedder.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from picoclaw.memory.index.chunks import Chunk, TokenLimit, markdown_chunks, session_chunks
-from picoclaw.memory.index.embedders import Embedder, EmbeddingUnavailable
+from picoclaw.memory.index.embedders import EmbeddingUnavailable
 from picoclaw.memory.session import transcript_files
 from picoclaw.memory.store import MemoryStore
 
@@ -192,38 +193,37 @@ class Syncer:
         report.files_changed.append(file.key)
         report.chunks_written += len(chunks)
 
-    def embed_missing(self, embedder: Embedder, report: SyncReport) -> None:
-        """Embed every chunk text that has no cached vector for this model; stop at the first failure."""
-        conn = self.conn
-        marker = f"{embedder.key}@{get_meta(conn, 'generation')}"
-        if get_meta(conn, "embedded") == marker:
-            return  # nothing changed since every chunk last had its vector
-        missing = conn.execute(
+    def missing_texts(self, model: str) -> list[tuple[str, str]] | None:
+        """(hash, text) of every chunk text with no cached vector for `model`; None when all had one at the
+        last check and nothing changed since."""
+        if get_meta(self.conn, "embedded") == f"{model}@{get_meta(self.conn, 'generation')}":
+            return None
+        return self.conn.execute(
             "SELECT c.hash, min(c.text) FROM chunks c LEFT JOIN embedding_cache e "
             "ON e.model = ? AND e.text_hash = c.hash WHERE e.text_hash IS NULL GROUP BY c.hash",
-            (embedder.key,)).fetchall()
-        try:
-            for start in range(0, len(missing), EMBED_BATCH):
-                batch = missing[start:start + EMBED_BATCH]
-                vectors = embedder.embed([text for _, text in batch])
-                self._store_vectors(embedder.key, [digest for digest, _ in batch], vectors)
-                report.embedded += len(batch)
-                self.progress("embeddings", report.embedded, len(missing))
-        except EmbeddingUnavailable as exc:
-            report.embed_error = str(exc)
-            log.warning("memory index: embeddings unavailable, searches use keywords only: %s", exc)
-            with transaction(conn):
-                set_meta(conn, "embed_error", str(exc))
-                set_meta(conn, "embed_error_at", str(time.time_ns()))
-            return
-        with transaction(conn):
-            set_meta(conn, "embed_error", None)
-            set_meta(conn, "embed_error_at", None)
-            if missing:
-                self._prune_cache(embedder.key)
-            set_meta(conn, "embedded", f"{embedder.key}@{get_meta(conn, 'generation')}")
+            (model,)).fetchall()
 
-    def _store_vectors(self, model: str, hashes: list[str], vectors: np.ndarray) -> None:
+    def record_failure(self, reason: str) -> None:
+        """Keep why embeddings failed, for `picoclaw memory status`."""
+        with transaction(self.conn):
+            set_meta(self.conn, "embed_error", reason)
+            set_meta(self.conn, "embed_error_at", str(time.time_ns()))
+
+    def finish_embedding(self, model: str) -> bool:
+        """After a backfill: mark the index fully embedded if no chunk still lacks a vector (a file may have
+        changed while the vectors were being made); clear the last failure and prune the cache."""
+        with transaction(self.conn):
+            set_meta(self.conn, "embed_error", None)
+            set_meta(self.conn, "embed_error_at", None)
+            if self.conn.execute("SELECT 1 FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM embedding_cache e "
+                                 "WHERE e.model = ? AND e.text_hash = c.hash) LIMIT 1", (model,)).fetchone():
+                return False
+            self._prune_cache(model)
+            set_meta(self.conn, "embedded", f"{model}@{get_meta(self.conn, 'generation')}")
+        return True
+
+    def store_vectors(self, model: str, hashes: list[str], vectors: np.ndarray) -> None:
+        """Cache `vectors` (one row per hash) for `model`."""
         if len(vectors) != len(hashes):
             raise EmbeddingUnavailable(f"asked for {len(hashes)} embeddings, got {len(vectors)}")
         now = time.time_ns()
