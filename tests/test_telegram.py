@@ -9,19 +9,46 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
 import pytest
 from aiogram import loggers as aiogram_loggers
 from aiogram.types import User
 
+from picoclaw.agent.loop import SUMMARY_NOTICE
 from picoclaw.app import App
-from picoclaw.channels.telegram import APOLOGY, COMMANDS, Allowlist, TelegramChannel, make_bot, not_authorised
+from picoclaw.channels import telegram as telegram_channel
+from picoclaw.channels.telegram import (
+    APOLOGY,
+    COMMANDS,
+    NOT_TEXT,
+    RETRY_AFTER_ATTEMPTS,
+    RETRY_AFTER_MAX_WAIT,
+    Allowlist,
+    RetryAfterMiddleware,
+    TelegramChannel,
+    chat_of,
+    make_bot,
+    not_authorised,
+)
 from picoclaw.cli import main
+from picoclaw.memory.session import session_filename
 from picoclaw.memory.workspace import Workspace
-from tests.agent_helpers import API_KEY, contents, make_provider, said, session_records
+from tests.agent_helpers import (
+    API_KEY,
+    SUMMARY_EN,
+    contents,
+    is_flush_request,
+    is_summary_request,
+    make_provider,
+    said,
+    session_records,
+    set_policy,
+)
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import BOT_USERNAME, ENTITY_ERROR, TOKEN, FakeTelegramServer
 
@@ -209,7 +236,7 @@ def test_a_10000_character_reply_arrives_in_ordered_parts(home: Path, fake_teleg
 def test_an_entity_error_falls_back_to_plain_text(home: Path, fake_telegram: FakeTelegramServer,
                                                   fake_openai: FakeOpenAIServer) -> None:
     workspace = configure(home, fake_telegram, fake_openai)
-    fake_openai.reply_text("**粗体** and <b>odd</b> markup")
+    fake_openai.reply_text("**粗体** and <b>odd</b> markup, see [docs](https://x.com/_a_)")
     fake_telegram.fail_next("sendMessage", 400, ENTITY_ERROR)
 
     async def body(channel: TelegramChannel) -> None:
@@ -219,8 +246,11 @@ def test_an_entity_error_falls_back_to_plain_text(home: Path, fake_telegram: Fak
 
     first, second = fake_telegram.calls("sendMessage")
     assert first.params["parse_mode"] == "HTML" and "_ok" not in first.params
+    assert first.params["text"] == ('<b>粗体</b> and &lt;b&gt;odd&lt;/b&gt; markup, see '
+                                    '<a href="https://x.com/_a_">docs</a>')
     assert "parse_mode" not in second.params
-    assert fake_telegram.sent_texts(OWNER) == ["**粗体** and <b>odd</b> markup"]
+    # The plain twin: what the HTML shows, with the link's URL after its text.
+    assert fake_telegram.sent_texts(OWNER) == ["粗体 and <b>odd</b> markup, see docs (https://x.com/_a_)"]
 
 
 def test_telegrams_retry_after_is_honoured(home: Path, fake_telegram: FakeTelegramServer,
@@ -596,3 +626,240 @@ def test_a_refused_command_menu_does_not_stop_the_bot(home: Path, fake_telegram:
 
     assert len(fake_telegram.calls("setMyCommands")) == 1
     assert "/new" in fake_telegram.sent_texts(OWNER)[0]
+
+
+# -- promises of issue 14: every message kind, notices, per-user groups, flood control, bounded state ----------
+
+
+def test_a_sticker_or_a_photo_is_answered_that_only_text_is_read(home: Path, fake_telegram: FakeTelegramServer,
+                                                                 fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_sticker(OWNER, OWNER)
+        fake_telegram.send_photo(OWNER, OWNER, caption="what is this? 这是什么？")
+        await until(fake_telegram, replied(fake_telegram, OWNER, 2))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(OWNER) == [NOT_TEXT, NOT_TEXT]
+    assert fake_openai.chat_requests() == []  # nothing reached the model
+    assert not (workspace.root / "sessions" / session_filename(f"telegram:{OWNER}")).exists()
+
+
+def test_without_always_a_group_message_needs_a_mention(home: Path, fake_telegram: FakeTelegramServer,
+                                                        fake_openai: FakeOpenAIServer) -> None:
+    """The other half of group_trigger "always" (tested above): by default the same message is not answered."""
+    group = -100601
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.responder = echo
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(group, OWNER, "no mention here", chat_type="group")
+        fake_telegram.send_text(group, OWNER, f"@{BOT_USERNAME} now with one", chat_type="group")
+        await until(fake_telegram, replied(fake_telegram, group))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(group) == ["echo: now with one"]
+    assert len(fake_openai.chat_requests()) == 1
+
+
+@pytest.mark.parametrize("where", ["private", "per_user_group"])
+def test_the_summary_notice_reaches_the_chat(home: Path, fake_telegram: FakeTelegramServer,
+                                             fake_openai: FakeOpenAIServer, where: str) -> None:
+    group = -100700
+    chat = OWNER if where == "private" else group
+    settings: dict[str, Any] = {} if where == "private" else {"memory_scope": "per_user", "group_trigger": "always"}
+    workspace = configure(home, fake_telegram, fake_openai, **settings)
+    set_policy(workspace, session_summary_message_threshold=5)
+    fake_openai.responder = lambda body: (SUMMARY_EN if is_summary_request(body) else "NONE" if is_flush_request(body)
+                                          else echo(body))
+    texts = ["one 一", "two 二", "three 三"]  # six messages after the third turn: over the threshold of 5
+
+    async def body(channel: TelegramChannel) -> None:
+        for number, text in enumerate(texts, 1):
+            fake_telegram.send_text(chat, OWNER, text, chat_type="private" if chat == OWNER else "supergroup")
+            await until(fake_telegram, replied(fake_telegram, chat, number))
+        await until(fake_telegram, lambda: SUMMARY_NOTICE in fake_telegram.sent_texts(chat))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    sent = fake_telegram.sent_texts(chat)  # the notice comes from background work: it may beat the last answer
+    assert [t for t in sent if t != SUMMARY_NOTICE] == [f"echo: {t}" for t in texts]
+    assert sent.count(SUMMARY_NOTICE) == 1
+    [notice] = [c for c in fake_telegram.calls("sendMessage") if c.params["text"] == SUMMARY_NOTICE]
+    assert "parse_mode" not in notice.params and int(notice.params["chat_id"]) == chat
+    assert any(is_summary_request(b) for b in fake_openai.chat_requests())
+
+
+def test_per_user_scope_in_a_group_keeps_each_member_apart(home: Path, fake_telegram: FakeTelegramServer,
+                                                           fake_openai: FakeOpenAIServer) -> None:
+    group = -100800
+    workspace = configure(home, fake_telegram, fake_openai, allow_from=[OWNER, FRIEND], memory_scope="per_user",
+                          group_trigger="always")
+    fake_openai.reply_tool_calls([("memory_append", {"content": "Owner drinks oolong / 喝乌龙茶"})])
+    fake_openai.reply_text("Noted, owner.")
+    fake_openai.reply_tool_calls([("memory_append", {"content": "Friend drinks espresso / 喝浓缩咖啡"})])
+    fake_openai.reply_text("Noted, friend.")
+    fake_openai.responder = echo  # once the scripted replies are used up
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(group, OWNER, "remember: I drink oolong", chat_type="supergroup")
+        await until(fake_telegram, replied(fake_telegram, group))
+        fake_telegram.send_text(group, FRIEND, "remember: I drink espresso", chat_type="supergroup")
+        await until(fake_telegram, replied(fake_telegram, group, 2))
+        fake_telegram.send_text(group, FRIEND, "what do I drink?", chat_type="supergroup")
+        await until(fake_telegram, replied(fake_telegram, group, 3))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(group) == ["Noted, owner.", "Noted, friend.", "echo: what do I drink?"]
+
+    def transcript(user: int) -> list[str]:
+        scope = workspace.for_user(str(user))
+        path = scope.layout.sessions_dir / session_filename(f"telegram:{group}:{user}")
+        return [str(orjson.loads(line)["message"].get("content") or "")
+                for line in path.read_bytes().splitlines() if line.strip()]
+
+    assert transcript(OWNER)[0] == "remember: I drink oolong" and "espresso" not in " ".join(transcript(OWNER))
+    assert transcript(FRIEND)[0] == "remember: I drink espresso" and "oolong" not in " ".join(transcript(FRIEND))
+    assert not (workspace.root / "sessions" / session_filename(f"telegram:{group}")).exists()
+    owner_memory = workspace.for_user(str(OWNER)).store.long_term_path.read_text(encoding="utf-8")
+    friend_memory = workspace.for_user(str(FRIEND)).store.long_term_path.read_text(encoding="utf-8")
+    assert "oolong" in owner_memory and "espresso" not in owner_memory
+    assert "espresso" in friend_memory and "oolong" not in friend_memory
+    # The friend's question went to the model with the friend's memory only.
+    question = fake_openai.chat_requests()[-1]
+    assert "oolong" not in json.dumps(question, ensure_ascii=False)
+
+
+def test_a_429_on_send_chat_action_is_waited_out_and_retried(home: Path, fake_telegram: FakeTelegramServer,
+                                                             fake_openai: FakeOpenAIServer,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_text("typed and answered", delay=0.2)
+    fake_telegram.fail_next("sendChatAction", 429, "Too Many Requests: retry after 3", retry_after=3)
+    sleeps = Sleeps()
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "hi")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    with caplog.at_level(logging.DEBUG, logger="picoclaw.channels.telegram"):
+        serve(workspace, fake_telegram, fake_openai, body, sleeps=sleeps)
+
+    assert sleeps.seconds == [3]
+    first, second, *_ = fake_telegram.calls("sendChatAction")
+    assert "_ok" not in first.params and second.params.get("_ok")
+    assert "typing action failed" not in caplog.text  # the 429 never reached the channel
+    assert "sendChatAction rate limited" in caplog.text
+
+
+def test_a_429_on_start_up_and_on_send_message_is_retried_with_the_wait_capped(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_telegram.fail_next("deleteWebhook", 429, "Too Many Requests: retry after 2", retry_after=2)
+    fake_telegram.fail_next("sendMessage", 429, "Too Many Requests: retry after 900", retry_after=900)
+    sleeps = Sleeps()
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "hi")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    serve(workspace, fake_telegram, fake_openai, body, sleeps=sleeps)
+
+    assert sleeps.seconds == [2, RETRY_AFTER_MAX_WAIT]  # a flood ban's 900 s is not sat out by one call
+    assert [bool(c.params.get("_ok")) for c in fake_telegram.calls("deleteWebhook")] == [False, True]
+    assert fake_telegram.sent_texts(OWNER) == ["ok"]
+
+
+def test_a_call_still_limited_after_its_tries_is_given_up_and_the_bot_serves_on(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_text("lost to the flood")
+    fake_openai.reply_text("this one arrives")
+    fake_telegram.fail_next("sendMessage", 429, "Too Many Requests: retry after 5", retry_after=5,
+                            times=RETRY_AFTER_ATTEMPTS)
+    sleeps = Sleeps()
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "first")
+        await until(fake_telegram, lambda: len(fake_telegram.calls("sendMessage")) == RETRY_AFTER_ATTEMPTS)
+        fake_telegram.send_text(OWNER, OWNER, "second")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    with caplog.at_level(logging.WARNING):
+        serve(workspace, fake_telegram, fake_openai, body, sleeps=sleeps)
+
+    assert sleeps.seconds == [5] * (RETRY_AFTER_ATTEMPTS - 1)
+    assert fake_telegram.sent_texts(OWNER) == ["this one arrives"]
+    assert "could not send a reply" in caplog.text
+
+
+def test_the_retry_middleware_is_installed_once_per_bot(home: Path, fake_telegram: FakeTelegramServer,
+                                                        fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    settings = workspace.config.channels.telegram
+
+    async def main() -> list[object]:
+        bot = make_bot(settings, TOKEN)
+        try:
+            for _ in range(3):
+                TelegramChannel(settings, bot, lambda scope: pytest.fail("no agent is needed"))
+            return list(bot.session.middleware)
+        finally:
+            await bot.session.close()
+    middlewares = asyncio.run(main())
+
+    assert [type(m) for m in middlewares] == [RetryAfterMiddleware]
+
+
+def test_per_chat_locks_exist_only_while_a_chat_is_busy(home: Path, fake_telegram: FakeTelegramServer,
+                                                        fake_openai: FakeOpenAIServer) -> None:
+    chats = [3001, 3002, 3003]
+    workspace = configure(home, fake_telegram, fake_openai, allow_from=chats)
+    fake_openai.responder = lambda body: Text(echo(body), delay=0.4)
+
+    async def body(channel: TelegramChannel) -> tuple[TelegramChannel, int]:
+        for chat in chats:
+            fake_telegram.send_text(chat, chat, f"hello from {chat}")
+            fake_telegram.send_text(chat, chat, f"again from {chat}")  # waits behind the first: same lock
+        await asyncio.to_thread(fake_openai_waits, fake_openai, len(chats))
+        busy = len(channel._chat_locks)  # every chat's first turn is with the model now
+        await until(fake_telegram, lambda: all(len(fake_telegram.sent_texts(c)) == 2 for c in chats))
+        return channel, busy
+    channel, busy = serve(workspace, fake_telegram, fake_openai, body)
+
+    assert busy == len(chats)
+    assert len(channel._chat_locks) == 0  # every turn is over: no chat keeps a lock
+    for chat in chats:
+        assert fake_telegram.sent_texts(chat) == [f"echo: hello from {chat}", f"echo: again from {chat}"]
+
+
+def fake_openai_waits(model: FakeOpenAIServer, count: int, timeout: float = 10.0) -> None:
+    """Block until `count` chat requests have reached the fake model."""
+    deadline = time.monotonic() + timeout
+    while len(model.chat_requests()) < count:
+        assert time.monotonic() < deadline, f"timed out waiting for {count} model calls"
+        time.sleep(0.01)
+
+
+def test_strangers_told_their_id_are_remembered_within_a_bound(home: Path, fake_telegram: FakeTelegramServer,
+                                                                fake_openai: FakeOpenAIServer,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    monkeypatch.setattr(telegram_channel, "TOLD_SIZE", 2)
+    strangers = [7001, 7002, 7003]
+
+    async def body(channel: TelegramChannel) -> None:
+        for stranger in strangers:
+            fake_telegram.send_text(stranger, stranger, "hello?")
+            await until(fake_telegram, replied(fake_telegram, stranger))
+        fake_telegram.send_text(7003, 7003, "hello again")  # still remembered: not told twice
+        fake_telegram.send_text(7001, 7001, "hello again")  # forgotten (the oldest of three): told again
+        await until(fake_telegram, replied(fake_telegram, 7001, 2))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(7001) == [not_authorised(7001)] * 2
+    assert fake_telegram.sent_texts(7003) == [not_authorised(7003)]
+
+
+@pytest.mark.parametrize(("key", "chat"), [("telegram:42", 42), ("telegram:-100500:1001", -100500),
+                                           ("cli:default", None), ("telegram:abc", None), ("telegram", None)])
+def test_the_chat_of_a_session_key(key: str, chat: int | None) -> None:
+    assert chat_of(key) == chat

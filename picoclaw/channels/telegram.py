@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import weakref
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 from aiogram import Bot, Dispatcher, Router
 from aiogram import loggers as aiogram_loggers
 from aiogram.client.session.aiohttp import AiohttpSession
+from aiogram.client.session.middlewares.base import BaseRequestMiddleware, NextRequestMiddlewareType
 from aiogram.client.telegram import TelegramAPIServer
 from aiogram.enums import ChatAction, ChatType
 from aiogram.exceptions import (
@@ -25,17 +26,19 @@ from aiogram.exceptions import (
     TelegramRetryAfter,
     TelegramUnauthorizedError,
 )
+from aiogram.methods import Response, TelegramMethod
+from aiogram.methods.base import TelegramType
 from aiogram.types import BotCommand, Message, User
 from aiogram.utils.token import TokenValidationError
 
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.channels.telegram_format import render_html, split_markdown
+from picoclaw.channels.telegram_format import EMPTY_REPLY, MessagePart, telegram_parts
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import ConfigError, PicoclawError
+from picoclaw.keyed import KeyedLocks, LruCache
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
 # The agent of the shared memory (None) or of one user's memory (a user key): App.agent.
 AgentFor = Callable[[str | None], AgentLoop]
@@ -51,8 +54,21 @@ COMMANDS = [
 ]
 APOLOGY = "Sorry, something went wrong on my side while answering. Please try again in a moment."
 NOT_TEXT = "I can only read text messages."
-RETRY_AFTER_ATTEMPTS = 3  # Telegram's 429s honoured per call before the call is given up
+RETRY_AFTER_ATTEMPTS = 3  # tries of one Bot API call while Telegram answers 429, before it is given up
+RETRY_AFTER_MAX_WAIT = 60.0  # seconds: a longer retry_after (a flood ban) is not sat out by one call
+# Strangers already told their id: enough to cover any real crowd of unknown users, and small (ints).
+TOLD_SIZE = 10_000
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
+
+
+def chat_of(session_key: str) -> int | None:
+    """The chat id in a session key `telegram:<chat_id>` or `telegram:<chat_id>:<user_id>`, else None."""
+    channel, _, rest = session_key.partition(":")
+    chat, _, _ = rest.partition(":")
+    try:
+        return int(chat) if channel == "telegram" else None
+    except ValueError:
+        return None
 
 
 def not_authorised(user_id: int) -> str:
@@ -131,6 +147,40 @@ def make_bot(settings: TelegramConfig, token: str) -> Bot:
                           "@BotFather gives)") from None
 
 
+class RetryAfterMiddleware(BaseRequestMiddleware):
+    """Flood control for every Bot API call: on Telegram's 429 wait `retry_after` (capped), then retry (bounded)."""
+
+    def __init__(self, sleep: Sleep = asyncio.sleep, *, attempts: int = RETRY_AFTER_ATTEMPTS,
+                 max_wait: float = RETRY_AFTER_MAX_WAIT):
+        self.sleep = sleep
+        self.attempts = attempts
+        self.max_wait = max_wait
+
+    async def __call__(self, make_request: NextRequestMiddlewareType[TelegramType], bot: Bot,
+                       method: TelegramMethod[TelegramType]) -> Response[TelegramType]:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return await make_request(bot, method)
+            except TelegramRetryAfter as exc:
+                if attempt == self.attempts:
+                    raise
+                wait = min(float(exc.retry_after), self.max_wait)
+                log.warning("telegram: %s rate limited (429, retry after %s s); retrying in %s s (try %d of %d)",
+                            method.__api_method__, exc.retry_after, wait, attempt + 1, self.attempts)
+                await self.sleep(wait)
+        raise AssertionError("unreachable")
+
+
+def install_retry_after(bot: Bot, sleep: Sleep = asyncio.sleep) -> RetryAfterMiddleware:
+    """Give `bot` exactly one RetryAfterMiddleware (replacing one installed before), using `sleep`."""
+    for middleware in list(bot.session.middleware):
+        if isinstance(middleware, RetryAfterMiddleware):
+            bot.session.middleware.unregister(middleware)
+    middleware = RetryAfterMiddleware(sleep)
+    bot.session.middleware(middleware)
+    return middleware
+
+
 class TelegramChannel:
     """Serves the assistant to Telegram; `run()` polls until SIGINT/SIGTERM or `stop()`."""
 
@@ -143,16 +193,19 @@ class TelegramChannel:
         self.allowlist = Allowlist(self.settings.allow_from)
         self.typing_interval = typing_interval
         self.shutdown_timeout = shutdown_timeout
-        self.sleep = sleep
+        # Every call this bot makes, polling included, waits out a 429 instead of failing.
+        install_retry_after(bot, sleep)
         self.dispatcher = Dispatcher()
         router = Router(name="picoclaw")
         router.message.register(self.on_message)
         self.dispatcher.include_router(router)
         self.me: User | None = None
-        self._loops: dict[str | None, AgentLoop] = {}  # the agents this channel has used, by scope
-        self._chat_locks: dict[str, asyncio.Lock] = {}
-        self._chat_of: dict[str, int] = {}
-        self._told: set[int] = set()  # strangers already told their id (kept in memory only)
+        # The agents this channel used, to wait for their background work at the end. Weak: the app keeps
+        # a bounded number of them and drops idle ones, which need no waiting.
+        self._agents_used: weakref.WeakSet[AgentLoop] = weakref.WeakSet()
+        # One lock per session key while a turn holds or awaits it: an idle chat costs nothing.
+        self._chat_locks: KeyedLocks[str] = KeyedLocks()
+        self._told: LruCache[int, bool] = LruCache(TOLD_SIZE)  # strangers told their id (in memory only)
         self._in_flight: set[asyncio.Task[object]] = set()
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -173,7 +226,7 @@ class TelegramChannel:
                                 f"API answer (a proxy's error page?): "
                                 f"{redact(_page_excerpt(exc.data), self.bot.token)}") from None
         try:
-            await self._with_retry(lambda: self.bot.set_my_commands(COMMANDS))
+            await self.bot.set_my_commands(COMMANDS)
         except TelegramAPIError as exc:  # only the menu is missing; the commands still work when typed
             log.warning("telegram: could not register the command menu: %s", exc)
         log.info("telegram: serving as @%s (id %s), memory scope %s", self.me.username, self.me.id,
@@ -222,8 +275,8 @@ class TelegramChannel:
         if self._in_flight:
             log.warning("telegram: %d turn(s) still running after %.0f s; stopping anyway",
                         len(self._in_flight), self.shutdown_timeout)
-        for loop in self._loops.values():
-            await loop.wait_background()
+        for agent in list(self._agents_used):
+            await agent.wait_background()
         await self.bot.session.close()
 
     # -- messages -------------------------------------------------------------------------------------
@@ -242,7 +295,7 @@ class TelegramChannel:
             self._in_flight.add(task)
         try:
             # The lock is the first thing awaited, so one chat's updates queue in the order they came.
-            async with self._chat_locks.setdefault(key, asyncio.Lock()):
+            async with self._chat_locks.hold(key):
                 await self._answer(message, user, key)
         finally:
             if task is not None:
@@ -254,7 +307,6 @@ class TelegramChannel:
             await self.send_reply(chat_id, NOT_TEXT)
             return
         text = self._without_mention(message.text)
-        self._chat_of[key] = chat_id
         log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))
         typing = asyncio.create_task(self._keep_typing(chat_id))
         try:
@@ -270,8 +322,8 @@ class TelegramChannel:
         log.info("telegram: refused chat %s user %s (not in allow_from)", chat_id, user_id)
         if user_id in self._told:
             return
-        self._told.add(user_id)
-        await self._send_part(chat_id, not_authorised(user_id), html=False)
+        self._told.put(user_id, True)
+        await self._send(chat_id, not_authorised(user_id))
 
     def _addressed(self, message: Message) -> bool:
         if message.chat.type == ChatType.PRIVATE or self.settings.group_trigger == "always":
@@ -298,15 +350,14 @@ class TelegramChannel:
 
     def _loop_for(self, user: User) -> AgentLoop:
         scope = None if self.settings.memory_scope == "shared" else str(user.id)
-        loop = self._loops.get(scope)
-        if loop is None:
-            loop = self._loops[scope] = self.agent_for(scope)
-        return loop
+        agent = self.agent_for(scope)  # the app's, made once per scope and kept while in use
+        self._agents_used.add(agent)
+        return agent
 
     async def _notify(self, key: str, text: str) -> None:
-        chat_id = self._chat_of.get(key)
+        chat_id = chat_of(key)
         if chat_id is not None:
-            await self._send_part(chat_id, text, html=False)
+            await self._send(chat_id, text)
 
     async def _keep_typing(self, chat_id: int) -> None:
         while True:
@@ -319,36 +370,25 @@ class TelegramChannel:
     # -- sending ------------------------------------------------------------------------------------
 
     async def send_reply(self, chat_id: int, markdown: str) -> None:
-        """The model's Markdown as HTML messages of at most 4,096 characters, in order."""
-        for part in split_markdown(markdown) or ["(empty reply)"]:
-            await self._send_part(chat_id, part, html=True)
+        """The model's Markdown as HTML messages of at most 4,096 characters each, in order."""
+        for part in telegram_parts(markdown) or [MessagePart(EMPTY_REPLY, EMPTY_REPLY)]:
+            await self._send(chat_id, part.plain, html=part.html)
 
-    async def _send_part(self, chat_id: int, text: str, *, html: bool) -> None:
+    async def _send(self, chat_id: int, plain: str, *, html: str | None = None) -> None:
+        """`html` if given, else (or when Telegram refuses the HTML) `plain`; a failure is logged, not raised."""
         try:
-            if html:
+            if html is not None:
                 try:
-                    await self._with_retry(lambda: self.bot.send_message(chat_id, render_html(text),
-                                                                         parse_mode="HTML"))
+                    await self.bot.send_message(chat_id, html, parse_mode="HTML")
                     return
                 except TelegramBadRequest as exc:
                     if "parse entities" not in exc.message.lower():
                         raise
                     log.warning("telegram: chat %s: Telegram refused the HTML (%s); sent as plain text",
                                 chat_id, exc.message)
-            await self._with_retry(lambda: self.bot.send_message(chat_id, text, parse_mode=None))
+            await self.bot.send_message(chat_id, plain, parse_mode=None)
         except TelegramAPIError as exc:
             log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)
         except ClientDecodeError as exc:  # a proxy's error page: logged short, and the bot serves on
             log.error("telegram: chat %s: could not send a reply: not a Bot API answer: %s", chat_id,
                       _page_excerpt(exc.data))
-
-    async def _with_retry(self, call: Callable[[], Awaitable[T]]) -> T:
-        for attempt in range(RETRY_AFTER_ATTEMPTS):
-            try:
-                return await call()
-            except TelegramRetryAfter as exc:
-                if attempt == RETRY_AFTER_ATTEMPTS - 1:
-                    raise
-                log.warning("telegram: rate limited; retrying in %s s", exc.retry_after)
-                await self.sleep(exc.retry_after)
-        raise AssertionError("unreachable")

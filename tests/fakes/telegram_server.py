@@ -8,10 +8,10 @@ call the bot made:
         ...  # run the bot against telegram.origin
         assert telegram.sent_texts(42) == ["hi!"]
 
-Methods: getMe, getUpdates (long polling; an `offset` confirms earlier updates, as Telegram does),
-sendMessage, sendChatAction, setMyCommands, deleteWebhook. Errors can be scripted per method (400
-"can't parse entities", 429 with retry_after, or a non-JSON page such as a proxy's 502); a wrong or
-revoked token gets 401 Unauthorized.
+Users send text, stickers or photos. Methods: getMe, getUpdates (long polling; an `offset` confirms earlier
+updates, as Telegram does), sendMessage, sendChatAction, setMyCommands, deleteWebhook. Errors can be
+scripted for any method (400 "can't parse entities", 429 with retry_after, or a non-JSON page such as a
+proxy's 502); a wrong or revoked token gets 401 Unauthorized.
 """
 
 from __future__ import annotations
@@ -77,6 +77,24 @@ class FakeTelegramServer(BackgroundHTTPServer):
     def send_text(self, chat_id: int, user_id: int, text: str, *, username: str | None = None,
                   chat_type: str = "private", reply_to_bot: bool = False) -> int:
         """Queue a text message from a user; returns its update_id."""
+        return self._queue_message(chat_id, user_id, {"text": text}, username=username, chat_type=chat_type,
+                                   reply_to_bot=reply_to_bot)
+
+    def send_sticker(self, chat_id: int, user_id: int, *, chat_type: str = "private") -> int:
+        """Queue a sticker (a message without text); returns its update_id."""
+        sticker = {"file_id": "sticker-1", "file_unique_id": "s1", "type": "regular", "width": 512,
+                   "height": 512, "is_animated": False, "is_video": False, "emoji": "👍"}
+        return self._queue_message(chat_id, user_id, {"sticker": sticker}, chat_type=chat_type)
+
+    def send_photo(self, chat_id: int, user_id: int, *, caption: str | None = None,
+                   chat_type: str = "private") -> int:
+        """Queue a photo, with a caption if given (still no text); returns its update_id."""
+        photo = [{"file_id": "photo-1", "file_unique_id": "p1", "width": 90, "height": 60}]
+        return self._queue_message(chat_id, user_id, {"photo": photo, **({"caption": caption} if caption else {})},
+                                   chat_type=chat_type)
+
+    def _queue_message(self, chat_id: int, user_id: int, content: dict[str, Any], *, username: str | None = None,
+                       chat_type: str = "private", reply_to_bot: bool = False) -> int:
         user = {"id": user_id, "is_bot": False, "first_name": f"user{user_id}",
                 **({"username": username} if username else {})}
         chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
@@ -85,7 +103,7 @@ class FakeTelegramServer(BackgroundHTTPServer):
         with self._lock:
             self._message_ids += 1
             message: dict[str, Any] = {"message_id": self._message_ids, "date": int(time.time()),
-                                       "chat": chat, "from": user, "text": text}
+                                       "chat": chat, "from": user, **content}
             if reply_to_bot:
                 message["reply_to_message"] = {"message_id": 1, "date": int(time.time()), "chat": chat,
                                                "from": self._bot_user(), "text": "earlier answer"}
@@ -97,7 +115,8 @@ class FakeTelegramServer(BackgroundHTTPServer):
 
     def fail_next(self, method: str, status: int, description: str, *, retry_after: int | None = None,
                   times: int = 1) -> None:
-        """The next `times` calls of `method` fail like Telegram would."""
+        """The next `times` calls of `method` (any method, even one the fake does not serve) fail like
+        Telegram would: e.g. 429 with `retry_after`, or 400 "can't parse entities"."""
         with self._lock:
             self._errors.setdefault(method, deque()).extend(
                 [ScriptedError(status, description, retry_after)] * times)
