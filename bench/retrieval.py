@@ -24,8 +24,8 @@ What is measured
     The optional memory index (``picoclaw.memory.index``, second table): the same generator writes
     N chunks (default 10,000 and 100,000) as daily notes of 100 entries each, so that "one changed file"
     means what it does for a user: one day's note. Timed, median over ``--reps`` runs of the query set:
-    ``MemoryIndex.search(q, 10)`` keyword-only (FTS5) and hybrid, where the hybrid's vectors come from a
-    deterministic hash embedder (384 dimensions, like all-MiniLM-L6-v2) so the numbers are the index's
+    ``MemoryIndex.search_async(q, 10)`` (in one event loop, as a turn searches) keyword-only (FTS5) and
+    hybrid, where the hybrid's vectors come from a deterministic hash embedder (384 dimensions, like all-MiniLM-L6-v2) so the numbers are the index's
     own cost (SQLite, numpy, the sync check before every search) and not a model's; a real model adds its
     own time to embed the query. Also timed: building the index from nothing (keyword-only, and hybrid
     with the hash embedder), and the sync after one entry is appended to one day's note through the store
@@ -40,6 +40,7 @@ Run (from the repository root):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import heapq
 import os
@@ -321,7 +322,7 @@ class HashEmbedder:
     def token_limit(self) -> TokenLimit:
         return DEFAULT_LIMIT
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: list[str]) -> np.ndarray:
         rows = [np.random.default_rng(int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest())
                                       ).standard_normal(384) for t in texts]
         matrix = np.asarray(rows, dtype=np.float32).reshape(len(texts), 384)
@@ -354,6 +355,18 @@ def write_notes(store: MemoryStore, chunks: int, seed: int) -> list[date]:
     return days
 
 
+async def timed_searches(index: MemoryIndex, reps: int) -> list[float]:
+    """Seconds per search, each query `reps` times, in one event loop as the agent searches."""
+    await index.search_async(QUERIES[0], 10)  # warm-up: loads the vectors
+    times = []
+    for _ in range(reps):
+        for q in QUERIES:
+            t0 = time.perf_counter()
+            await index.search_async(q, 10)
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 def measure_index(chunks: int, seed: int, reps: int) -> dict[str, float]:
     """Milliseconds: build (keyword, hybrid), search median (keyword, hybrid), sync after one append."""
     result: dict[str, float] = {}
@@ -371,13 +384,7 @@ def measure_index(chunks: int, seed: int, reps: int) -> dict[str, float]:
                 index.sync()
                 result[f"build {mode}"] = ms(time.perf_counter() - t0)
                 assert index.status().chunks == chunks, (index.status().chunks, chunks)
-                index.search(QUERIES[0], 10)  # warm-up: loads the vectors
-                times = []
-                for _ in range(reps):
-                    for q in QUERIES:
-                        t0 = time.perf_counter()
-                        index.search(q, 10)
-                        times.append(time.perf_counter() - t0)
+                times = asyncio.run(timed_searches(index, reps))
                 result[f"search {mode}"] = ms(statistics.median(times))
                 if embedder is not None:
                     syncs = []
