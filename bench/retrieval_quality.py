@@ -18,6 +18,13 @@ What is measured
       distinct sessions of the ranked block list (the whole ranked list is used, so a session further
       down than block 10 still counts).
 
+    The same conversation is also stored the way long-term memory holds it (the ``memory`` layout, what
+    a user's prompt gets): every five turns of a session, in order, are one ``## <session date>`` block
+    of MEMORY.md (one line "Speaker: text" a turn, whitespace inside a turn collapsed), written with
+    ``MemoryStore.rewrite_long_term``. Each question is ``search(question, 10)`` over MEMORY.md only, and
+    B@k is the fraction of its evidence turns whose block is among the top k blocks (averaged over
+    questions): what the top 10 injected blocks actually carry.
+
     The same metrics are reported for a PicoClaw-style scorer implemented here (see ``picoclaw_rank``):
     the same blocks, block score = number of query keywords occurring as substrings of the lower-cased
     block text; keywords = distinct lower-cased ASCII words ``[a-z0-9]+`` of length >= 2 (no stop-word
@@ -47,7 +54,9 @@ only the dev conversations (conv-26 conv-30 conv-41 conv-42 conv-43) are used; `
 ``--split all`` are for reporting only, never for choosing parameters.
 
 Run (from the repository root):
-    python bench/retrieval_quality.py                 # dev split, both languages
+    python bench/retrieval_quality.py                 # dev split, both languages, both layouts
+    python bench/retrieval_quality.py --split heldout # report only: never tune on it
+    python bench/retrieval_quality.py --modes plain --layouts memory
     python bench/retrieval_quality.py --split all     # like-for-like with the README's BM25 numbers
     python bench/retrieval_quality.py --lang en --by-category
     python bench/retrieval_quality.py --modes plain index-keyword index-hybrid
@@ -88,12 +97,17 @@ CATEGORIES = (1, 2, 3, 4)
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 TURN_KS = (5, 10)
 SESSION_KS = (1, 3, 5)
-COLUMNS = ("turn R@5", "turn R@10", "sess R@1", "sess R@3", "sess R@5")
+NOTE_COLUMNS = ("turn R@5", "turn R@10", "sess R@1", "sess R@3", "sess R@5")
+BLOCK_KS = (5, 10)
+MEMORY_COLUMNS = tuple(f"mem B@{k}" for k in BLOCK_KS)
+COLUMNS = MEMORY_COLUMNS + NOTE_COLUMNS
+LAYOUTS = ("memory", "notes")
+TURNS_PER_BLOCK = 5  # the memory layout: this many turns of a session make one MEMORY.md block
 # --modes name → row label in the table
 MODES = {"plain": "picoclaw", "picoclaw-style": "PicoClaw-style", "index-keyword": "index keyword",
          "index-hybrid": "index hybrid (MiniLM, 0.7/0.3)"}
 
-# README reference (plain BM25, all 10 conversations), in COLUMNS order.
+# README reference (plain BM25, all 10 conversations), in NOTE_COLUMNS order (it has no memory layout).
 REFERENCE = {
     "en": (0.500, 0.564, 0.579, 0.760, 0.821),
     "zh": (0.510, 0.601, 0.578, 0.762, 0.832),
@@ -106,7 +120,8 @@ MONTHS = {
     )
 }
 _EN_DATE = re.compile(r"(\d{1,2}):(\d{2})\s*([ap]m)\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})", re.I)
-_ZH_DATE = re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月\s*(\d{1,2})\s*日[\s,，]*(上午|下午|晚上|凌晨|中午|早上)?\s*(\d{1,2})[:：](\d{2})")
+_ZH_DATE = re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月\s*(\d{1,2})\s*日[\s,，]*"
+                      r"(上午|下午|晚上|凌晨|中午|早上)?\s*(\d{1,2})[:：](\d{2})")
 _EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
 _SESSION_KEY = re.compile(r"session_(\d+)")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -235,6 +250,37 @@ def build_workspace(root: Path, conv: Conversation, lang: str) -> Workspace:
     return ws
 
 
+def build_memory_workspace(root: Path, conv: Conversation, lang: str) -> Workspace:
+    """The conversation as MEMORY.md: each TURNS_PER_BLOCK turns of a session one `## <date>` block."""
+    store = MemoryStore(root / "memory", UTC)
+    parts = ["# Long-term memory\n"]
+    groups: list[list[str]] = []
+    for _, moment, turns in conv.sessions:
+        for start in range(0, len(turns), TURNS_PER_BLOCK):
+            group = turns[start:start + TURNS_PER_BLOCK]
+            # One line a turn: a line break inside a turn would shift the line → turn map.
+            lines = [" ".join(turn_text(turn, lang).split()) for turn in group]
+            parts.append(f"## {moment.date().isoformat()}\n" + "\n".join(lines) + "\n")
+            groups.append([str(turn["dia_id"]) for turn in group])
+    store.rewrite_long_term("\n".join(parts))
+    ws = Workspace(store)
+    line_turn: list[str | None] = [None]
+    section, offset = -1, 0
+    for line in _LINE_BREAK.split(store.long_term_path.read_text(encoding="utf-8").rstrip("\r\n")):
+        if line.startswith("## "):
+            section, offset = section + 1, 0
+            line_turn.append(None)
+        elif section >= 0 and line.strip():
+            line_turn.append(groups[section][offset])
+            offset += 1
+        else:
+            line_turn.append(None)
+    if section + 1 != len(groups):
+        raise RuntimeError(f"MEMORY.md: {section + 1} sections for {len(groups)} blocks; the format changed?")
+    ws.line_turn[str(store.long_term_path)] = line_turn
+    return ws
+
+
 # -- the PicoClaw-style scorer ---------------------------------------------------------------------
 
 _ASCII_WORD = re.compile(r"[a-z0-9]+")
@@ -280,8 +326,14 @@ def question_metrics(ranked: Sequence[list[str]], q: Question, turn_session: dic
     return out
 
 
+def memory_metrics(ranked: Sequence[list[str]], q: Question) -> list[float]:
+    """[B@5, B@10] of one question: the fraction of its evidence turns inside the top-k blocks."""
+    return [len(q.turns & {t for turns in ranked[:k] for t in turns}) / len(q.turns) for k in BLOCK_KS]
+
+
 @dataclass
 class Tally:
+    width: int  # metrics per question
     rows: list[tuple[int, list[float]]] = field(default_factory=list)  # (category, metrics)
 
     def add(self, category: int, metrics: list[float]) -> None:
@@ -290,13 +342,13 @@ class Tally:
     def mean(self, category: int | None = None) -> tuple[int, list[float]]:
         chosen = [m for c, m in self.rows if category is None or c == category]
         if not chosen:
-            return 0, [float("nan")] * len(COLUMNS)
+            return 0, [float("nan")] * self.width
         return len(chosen), [sum(col) / len(chosen) for col in zip(*chosen)]
 
 
-def search_ours(ws: Workspace, retriever: MemoryRetriever, total: int, query: str) -> list[list[str]]:
-    """Every matching block, best first (the whole ranking, for session recall), as lists of turns."""
-    return [ws.block_turns(hit.block) for hit in retriever.search(query, total, include_notes=True)]
+def search_ours(ws: Workspace, retriever: MemoryRetriever, limit: int, query: str, notes: bool) -> list[list[str]]:
+    """The best `limit` blocks, best first, as lists of turns (notes layout: MEMORY.md and notes)."""
+    return [ws.block_turns(hit.block) for hit in retriever.search(query, limit, include_notes=notes)]
 
 
 class SharedEmbedder:
@@ -309,8 +361,8 @@ class SharedEmbedder:
     def token_limit(self) -> TokenLimit:
         return self.inner.token_limit()
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        return self.inner.embed(texts)
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        return await self.inner.embed(texts)
 
     def close(self) -> None:
         pass
@@ -327,68 +379,100 @@ def local_embedder() -> Embedder | None:
     return SharedEmbedder(model)
 
 
-def open_index(store: MemoryStore, embedder: Embedder | None) -> MemoryIndex:
-    """An index over the conversation's notes with the default settings; hybrid when `embedder` is given."""
+def open_index(store: MemoryStore, embedder: Embedder | None, source: str) -> MemoryIndex:
+    """An index over the conversation's `source` with the default settings; hybrid when `embedder` is given."""
     embeddings = EmbeddingsConfig(provider="local") if embedder is not None else None
-    return MemoryIndex(store, IndexConfig(enabled=True, sources=["notes"], embeddings=embeddings), embedder,
+    return MemoryIndex(store, IndexConfig(enabled=True, sources=[source], embeddings=embeddings), embedder,
                        sessions_dir=store.memory_dir.parent / "sessions")  # not a source here
 
 
-def run_language(data: Path, lang: str, split: str, quiet: bool, modes: Sequence[str],
-                 embedder: Embedder | None) -> dict[str, Tally]:
+Tallies = dict[tuple[str, str], Tally]  # (mode, layout) → its tally
+
+
+def run_language(data: Path, lang: str, split: str, quiet: bool, modes: Sequence[str], layouts: Sequence[str],
+                 embedder: Embedder | None) -> Tallies:
     convs = load_conversations(data / FILES[lang], split)
-    tallies = {MODES[mode]: Tally() for mode in modes}
-    seconds = {MODES[mode]: 0.0 for mode in modes}  # queries (and the index build, for index modes)
+    widths = {"notes": len(NOTE_COLUMNS), "memory": len(MEMORY_COLUMNS)}
+    tallies = {(mode, layout): Tally(widths[layout]) for mode in modes for layout in layouts}
+    seconds = {mode: 0.0 for mode in modes}  # queries (and the index build, for index modes)
     write_s = 0.0
     for conv in convs:
-        with tempfile.TemporaryDirectory(prefix="picoclaw-locomo-") as tmp:
-            t0 = time.perf_counter()
-            ws = build_workspace(Path(tmp), conv, lang)
-            write_s += time.perf_counter() - t0
-            blocks = [b for p in ws.store.note_files() for b in split_blocks(p.read_text(encoding="utf-8"), p)]
-            for mode in modes:
+        for layout in layouts:
+            with tempfile.TemporaryDirectory(prefix="picoclaw-locomo-") as tmp:
                 t0 = time.perf_counter()
-                for q, ranked in zip(conv.questions, rank_all(mode, ws, blocks, conv.questions, embedder)):
-                    tallies[MODES[mode]].add(q.category, question_metrics(ranked, q, conv.turn_session))
-                seconds[MODES[mode]] += time.perf_counter() - t0
-        if not quiet:
-            print(f"  {lang} {conv.sample_id}: {len(conv.sessions)} sessions, {len(blocks)} blocks, "
-                  f"{len(conv.questions)} questions, {conv.dropped_evidence} evidence ids pointing at no turn",
-                  file=sys.stderr)
+                build = build_workspace if layout == "notes" else build_memory_workspace
+                ws = build(Path(tmp), conv, lang)
+                write_s += time.perf_counter() - t0
+                files = ws.store.note_files() if layout == "notes" else [ws.store.long_term_path]
+                blocks = [b for p in files for b in split_blocks(p.read_text(encoding="utf-8"), p)
+                          if layout == "notes" or b.heading]
+                for mode in modes:
+                    t0 = time.perf_counter()
+                    rankings = rank_all(mode, layout, ws, blocks, conv.questions, embedder)
+                    for q, ranked in zip(conv.questions, rankings):
+                        metrics = (question_metrics(ranked, q, conv.turn_session) if layout == "notes"
+                                   else memory_metrics(ranked, q))
+                        tallies[(mode, layout)].add(q.category, metrics)
+                    seconds[mode] += time.perf_counter() - t0
+            if not quiet:
+                print(f"  {lang} {conv.sample_id} {layout}: {len(conv.sessions)} sessions, {len(blocks)} blocks, "
+                      f"{len(conv.questions)} questions, {conv.dropped_evidence} evidence ids pointing at no turn",
+                      file=sys.stderr)
     if not quiet:
-        n = max(sum(len(c.questions) for c in convs), 1)
-        spent = ", ".join(f"{name} {s:.1f} s ({1000 * s / n:.1f} ms/question)" for name, s in seconds.items())
+        n = max(len(layouts) * sum(len(c.questions) for c in convs), 1)
+        spent = ", ".join(f"{MODES[m]} {s:.1f} s ({1000 * s / n:.1f} ms/question)" for m, s in seconds.items())
         print(f"  {lang}: write {write_s:.1f} s; {spent} (index modes include building the index)", file=sys.stderr)
     return tallies
 
 
-def rank_all(mode: str, ws: Workspace, blocks: list[Block], questions: list[Question],
+def rank_all(mode: str, layout: str, ws: Workspace, blocks: list[Block], questions: list[Question],
              embedder: Embedder | None) -> list[list[list[str]]]:
-    """For each question, every block the mode returns, best first, as lists of turns."""
+    """For each question, the blocks the mode returns, best first, as lists of turns: every block for the
+    notes layout (session recall reads the whole ranking), the top 10 for the memory layout."""
+    notes = layout == "notes"
+    limit = len(blocks) if notes else max(BLOCK_KS)
     if mode == "plain":
         retriever = MemoryRetriever(ws.store)
-        return [search_ours(ws, retriever, len(blocks), q.text) for q in questions]
+        return [search_ours(ws, retriever, limit, q.text, notes) for q in questions]
     if mode == "picoclaw-style":
         lowered = [(b, b.text.lower()) for b in blocks]
-        return [[ws.block_turns(b) for b in picoclaw_rank(lowered, q.text)] for q in questions]
-    index = open_index(ws.store, embedder if mode == "index-hybrid" else None)
+        return [[ws.block_turns(b) for b in picoclaw_rank(lowered, q.text)[:limit]] for q in questions]
+    index = open_index(ws.store, embedder if mode == "index-hybrid" else None, layout)
     try:
         report = index.sync()
         if report.embed_error:
             raise RuntimeError(f"embeddings failed: {report.embed_error}")
-        total = index.status().chunks
+        total = index.status().chunks if notes else limit
         return [[ws.block_turns(hit.block) for hit in index.search(q.text, total)] for q in questions]
     finally:
         index.close()
 
 
-def print_table(rows: list[tuple[str, str, int | str, Sequence[float]]], title: str) -> None:
+Row = tuple[str, str, int | str, Sequence[float]]
+
+
+def table_rows(lang: str, tallies: Tallies, modes: Sequence[str], category: int | None = None) -> list[Row]:
+    """One row per mode: the memory layout's columns then the notes layout's (nan where not measured)."""
+    rows: list[Row] = []
+    for mode in modes:
+        values: list[float] = []
+        count = 0
+        for layout, width in (("memory", len(MEMORY_COLUMNS)), ("notes", len(NOTE_COLUMNS))):
+            tally = tallies.get((mode, layout))
+            n, part = tally.mean(category) if tally else (0, [float("nan")] * width)
+            count = max(count, n)
+            values.extend(part)
+        rows.append((LANG_NAMES[lang], MODES[mode], count, values))
+    return rows
+
+
+def print_table(rows: list[Row], title: str) -> None:
     print(title)
     header = f"| {'language':<8} | {'scorer':<31} | {'questions':>9} | " + " | ".join(f"{c:>9}" for c in COLUMNS) + " |"
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
     for lang, scorer, n, values in rows:
-        cells = " | ".join(f"{v:>9.3f}" for v in values)
+        cells = " | ".join(f"{v:>9.3f}" if v == v else f"{'-':>9}" for v in values)
         print(f"| {lang:<8} | {scorer:<31} | {n!s:>9} | {cells} |")
 
 
@@ -403,35 +487,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no per-conversation progress on stderr")
     parser.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES),
                         help="what to measure (default: all)")
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
+                        help="how the conversation is stored (default: both)")
     args = parser.parse_args(argv)
 
     langs = ("en", "zh") if args.lang == "both" else (args.lang,)
     modes = list(dict.fromkeys(args.modes))
+    layouts = [layout for layout in LAYOUTS if layout in args.layouts]
     embedder = local_embedder() if "index-hybrid" in modes else None
     if "index-hybrid" in modes and embedder is None:
         modes.remove("index-hybrid")
 
     started = time.perf_counter()
-    results = {lang: run_language(args.data, lang, args.split, args.quiet, modes, embedder) for lang in langs}
+    results = {lang: run_language(args.data, lang, args.split, args.quiet, modes, layouts, embedder)
+               for lang in langs}
     elapsed = time.perf_counter() - started
 
-    rows: list[tuple[str, str, int | str, Sequence[float]]] = []
+    rows: list[Row] = []
     for lang in langs:
-        for scorer, tally in results[lang].items():
-            n, values = tally.mean()
-            rows.append((LANG_NAMES[lang], scorer, n, values))
-        rows.append((LANG_NAMES[lang], "BM25 reference (README, all 10)", "-", REFERENCE[lang]))
-    print_table(rows, f"LoCoMo-10 retrieval, split {args.split}, categories 1-4")
-    print("(README reference: plain BM25 over all 10 conversations; its session recall ranks whole sessions as\n"
-          " documents, ours takes the first k distinct sessions of the ranked turn blocks, so compare session\n"
-          " columns with care; turn columns are like for like with --split all)")
+        rows.extend(table_rows(lang, results[lang], modes))
+        if "notes" in layouts:
+            reference = [float("nan")] * len(MEMORY_COLUMNS) + list(REFERENCE[lang])
+            rows.append((LANG_NAMES[lang], "BM25 reference (README, all 10)", "-", reference))
+    print_table(rows, f"LoCoMo-10 retrieval, split {args.split}, categories 1-4 "
+                      f"(mem B@k: MEMORY.md layout, {TURNS_PER_BLOCK} turns a block; the rest: notes layout)")
+    if "notes" in layouts:
+        print("(README reference: plain BM25 over all 10 conversations; its session recall ranks whole sessions\n"
+              " as documents, ours takes the first k distinct sessions of the ranked turn blocks, so compare\n"
+              " session columns with care; turn columns are like for like with --split all)")
     if args.by_category:
         for cat in CATEGORIES:
-            cat_rows: list[tuple[str, str, int | str, Sequence[float]]] = []
-            for lang in langs:
-                for scorer, tally in results[lang].items():
-                    n, values = tally.mean(cat)
-                    cat_rows.append((LANG_NAMES[lang], scorer, n, values))
+            cat_rows = [row for lang in langs for row in table_rows(lang, results[lang], modes, cat)]
             print()
             print_table(cat_rows, f"category {cat} ({CATEGORY_NAMES[cat]})")
     print(f"\ntotal {elapsed:.1f} s")

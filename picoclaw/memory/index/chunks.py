@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from picoclaw.memory.retrieval import Block, entry_blocks, split_blocks
+from picoclaw.memory.retrieval import Block, entry_blocks, is_title, split_blocks
 from picoclaw.memory.session import said_lines
-from picoclaw.memory.terms import terms
+from picoclaw.memory.terms import TERMS_VERSION, block_terms
 from picoclaw.tokens import count_tokens
 
 DEFAULT_CHUNK_TOKENS = 400
@@ -37,8 +37,9 @@ class TokenLimit:
 
     @property
     def key(self) -> str:
-        """Changes whenever chunk boundaries could: stored in the index so a change re-chunks every file."""
-        return f"{self.name}:{self.limit}:{CHUNKING_RULES}"
+        """Changes whenever chunk boundaries or their search terms could: stored in the index so a change
+        re-chunks (and re-tokenises) every file."""
+        return f"{self.name}:{self.limit}:{CHUNKING_RULES}:terms{TERMS_VERSION}"
 
 
 DEFAULT_LIMIT = TokenLimit("o200k", DEFAULT_CHUNK_TOKENS)
@@ -52,6 +53,7 @@ class Chunk:
     end_line: int
     heading: str
     text: str
+    path: Path | None = None  # its file: a daily note's name gives the chunk's date (see `terms`)
 
     @property
     def hash(self) -> str:
@@ -59,18 +61,14 @@ class Chunk:
 
     @property
     def terms(self) -> str:
-        """The text as FTS tokens: picoclaw's search terms joined by spaces."""
-        return " ".join(terms(self.text))
+        """The text as FTS tokens: the plain retriever's terms of the same block (date words included),
+        joined by spaces."""
+        return " ".join(block_terms(self.text, self.heading, self.path))
 
 
 def text_hash(text: str) -> str:
     """sha256 of the UTF-8 text, hex."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _is_title(block: Block) -> bool:
-    # A lone "# Title" line (a daily note's "# YYYY-MM-DD") carries nothing to find.
-    return not block.heading and "\n" not in block.text and block.text.startswith("# ")
 
 
 def _cut_line(line: str, budget: int, limit: TokenLimit) -> Iterator[str]:
@@ -87,7 +85,7 @@ def _cut_line(line: str, budget: int, limit: TokenLimit) -> Iterator[str]:
 def _pieces(block: Block, limit: TokenLimit) -> list[Chunk]:
     """The block as one chunk, or cut into chunks that each fit `limit`, each keeping the heading."""
     if limit.fits(block.text):
-        return [Chunk(block.start_line, block.end_line, block.heading, block.text)]
+        return [Chunk(block.start_line, block.end_line, block.heading, block.text, block.path)]
     lines = block.text.split("\n")
     has_heading = bool(block.heading) and lines[0] == block.heading and len(lines) > 1
     body = lines[1:] if has_heading else lines
@@ -104,7 +102,7 @@ def _pieces(block: Block, limit: TokenLimit) -> list[Chunk]:
         if parts:
             start = block.start_line if not chunks else parts[0][0]
             chunks.append(Chunk(start, parts[-1][0], block.heading if has_heading else "",
-                                prefix + "\n".join(text for _, text in parts)))
+                                prefix + "\n".join(text for _, text in parts), block.path))
             parts.clear()
             used = 0
 
@@ -125,7 +123,7 @@ def markdown_chunks(text: str, path: Path, limit: TokenLimit, *, entries_only: b
     """The chunks of a Markdown memory file: a daily note, or MEMORY.md (`entries_only`: its title and
     intro above the first `## ` are left out, as the plain retriever leaves them out)."""
     blocks = entry_blocks(text, path) if entries_only else split_blocks(text, path)
-    return [chunk for block in blocks if not _is_title(block) for chunk in _pieces(block, limit)]
+    return [chunk for block in blocks if not is_title(block) for chunk in _pieces(block, limit)]
 
 
 def session_chunks(text: str, path: Path, limit: TokenLimit) -> list[Chunk]:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from picoclaw.memory.retrieval import PHRASE_BONUS
-from picoclaw.memory.terms import normalize, phrases, terms
+from picoclaw.memory.terms import normalize, phrases, query_terms
 
 _IDF_FLOOR = 1e-6  # what FTS5's bm25() uses for a term in half the chunks or more
 _BATCH = 900
@@ -35,7 +35,7 @@ class KeywordQuery:
     @classmethod
     def prepare(cls, conn: sqlite3.Connection, query: str) -> KeywordQuery | None:
         """None when the query has no search terms (only stop words or punctuation)."""
-        distinct = list(dict.fromkeys(terms(query)))
+        distinct = query_terms(query)  # the plain retriever's: question words left out
         if not distinct:
             return None
         total = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
