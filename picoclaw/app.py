@@ -120,12 +120,15 @@ def build_embedder(config: Config) -> Embedder | None:
         LOCAL,
         REMOTE_RETRIES,
         REMOTE_TIMEOUT,
+        E5Embedder,
         LocalEmbedder,
         OpenAICompatEmbedder,
     )
     from picoclaw.providers.openai_compat import from_config
 
     if settings.provider == LOCAL:
-        return LocalEmbedder(settings.model or DEFAULT_LOCAL_MODEL, settings.batch_size)
+        if settings.model in ("", DEFAULT_LOCAL_MODEL):
+            return E5Embedder()
+        return LocalEmbedder(settings.model, settings.batch_size)
     return OpenAICompatEmbedder(settings, lambda: from_config(config, settings.provider, timeout=REMOTE_TIMEOUT,
                                                               max_retries=REMOTE_RETRIES))

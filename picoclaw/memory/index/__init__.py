@@ -6,9 +6,9 @@ Markdown files (and session files) on the next search or by `picoclaw memory rei
 
 from __future__ import annotations
 
-from picoclaw.memory.index.embedders import EmbeddingUnavailable, LocalEmbedder, OpenAICompatEmbedder
+from picoclaw.memory.index.embedders import E5Embedder, EmbeddingUnavailable, LocalEmbedder, OpenAICompatEmbedder
 from picoclaw.memory.index.index import IndexStatus, MemoryIndex
 from picoclaw.memory.index.searcher import IndexedRetriever, open_searcher
 
-__all__ = ["EmbeddingUnavailable", "IndexStatus", "IndexedRetriever", "LocalEmbedder", "MemoryIndex",
+__all__ = ["E5Embedder", "EmbeddingUnavailable", "IndexStatus", "IndexedRetriever", "LocalEmbedder", "MemoryIndex",
            "OpenAICompatEmbedder", "open_searcher"]

