@@ -261,3 +261,54 @@ def test_relevant_history_mode_is_read_at_each_turn(workspace: Workspace, fake_o
     full, relevant = (history(b) for b in fake_openai.chat_requests()[-2:])
     assert len(full) == 10 + 1
     assert contents(relevant)[:2] == ["my dog Bob loves the park", "noted: dog"] and len(relevant) == 3
+
+
+# -- daily-note hits come with the entries around them ----------------------------------------------------
+
+DAY = [("09:00", "Melanie and I walked to the bakery on Elm Street.", "我和梅兰妮走路去了榆树街的面包店。"),
+       ("09:20", "She ordered two croissants.", "她点了两个牛角包。"),
+       ("09:40", "The baker told us the cake was lemon flavoured.", "面包师说蛋糕是柠檬味的。"),
+       ("10:00", "We sat by the window for an hour.", "我们在窗边坐了一个小时。"),
+       ("10:20", "Then she went home to paint.", "然后她回家画画了。"),
+       ("10:40", "Later it rained over the harbour.", "后来港口下起了雨。")]
+
+
+def _old_day_of_notes(workspace: Workspace, lang: int) -> None:
+    for hhmm, *texts in DAY:
+        workspace.store.append_note(texts[lang], at=datetime.fromisoformat(f"2024-01-10T{hhmm}:00+08:00"))
+
+
+def _injected(workspace: Workspace, query: str, budget: int) -> list[str]:
+    policy = workspace.policy.current().model_copy(update={"memory_token_budget": budget})
+    memory = asyncio.run(ContextBuilder(workspace).select_memory(policy, query))
+    return [hit.block.text for hit in memory.blocks]
+
+
+def _entries(workspace: Workspace, query: str) -> tuple[list[str], int]:
+    """The day's entries as blocks, in file order, and the position of the best hit for `query`."""
+    [note] = workspace.store.note_files()
+    top = workspace.searcher.search(query, 1, include_notes=True)[0].block
+    blocks = [b.text for b in workspace.retriever.neighbours(top, 10, 10)]
+    return blocks, blocks.index(top.text)
+
+
+def test_a_note_hit_comes_with_two_entries_on_each_side_in_file_order(workspace: Workspace) -> None:
+    for lang, query in ((0, "what flavour was the cake"), (1, "蛋糕是什么味的")):
+        for path in workspace.store.note_files():
+            path.unlink()
+        _old_day_of_notes(workspace, lang)
+        blocks, at = _entries(workspace, query)
+        injected = _injected(workspace, query, 1000)
+        assert any(DAY[2][1 + lang] in text for text in injected)  # the entry that answers
+        assert injected == blocks[max(at - 2, 0):at + 3] and len(injected) < len(DAY)
+
+
+def test_neighbours_of_a_note_hit_fit_the_budget_nearest_first(workspace: Workspace) -> None:
+    for lang, query in ((0, "what flavour was the cake"), (1, "蛋糕是什么味的")):
+        for path in workspace.store.note_files():
+            path.unlink()
+        _old_day_of_notes(workspace, lang)
+        blocks, at = _entries(workspace, query)
+        nearest = blocks[at - 1:at + 2]
+        assert _injected(workspace, query, sum(count_tokens(text) for text in nearest)) == nearest
+        assert _injected(workspace, query, count_tokens(blocks[at])) == [blocks[at]]

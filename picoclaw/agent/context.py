@@ -46,6 +46,10 @@ PER_USER_GUIDANCE = ("- This conversation has its own folder: file paths are rel
                      "is this user's alone. " + ", ".join(BOOTSTRAP_FILES) + " are shared by all users and read-only.")
 
 
+# Entries of a daily note injected on each side of a note entry that was found (when the budget allows).
+NOTE_NEIGHBOURS = 2
+
+
 def block_key(block: Block) -> str:
     """What identifies a memory block in the history: its text (an edited block is a new one)."""
     return hashlib.blake2b(block.text.encode("utf-8"), digest_size=8).hexdigest()
@@ -90,30 +94,37 @@ class ContextBuilder:
         Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing.
         """
         searcher = self.workspace.searcher
-        hits = await searcher.search_async(query, policy.retrieve_limit) if query.strip() else []
+        hits = (await searcher.search_async(query, policy.retrieve_limit, include_notes=True)
+                if query.strip() else [])
         # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
         return await asyncio.to_thread(self._fit_memory, policy, hits, present)
 
     def _fit_memory(self, policy: MemoryPolicy, hits: list[Hit], present: Set[str]) -> InjectedMemory:
         budget = policy.memory_token_budget
         ranked = bool(hits)
-        if not ranked:
-            # No query or no hit: the whole file if it fits, else its newest blocks.
-            hits = [Hit(block, 0.0) for block in reversed(self.workspace.searcher.long_term_blocks())]
         chosen: list[Hit] = []
-        for hit in hits:
-            if block_key(hit.block) in present:
-                continue
-            cost = count_tokens(hit.block.text)
-            if cost <= budget:
-                chosen.append(hit)
+        taken = set(present)
+        recent = self.workspace.store.read_recent_notes(policy.recent_days)
+        if ranked:
+            # The recent days' notes come whole in <notes> below, newest first: not again as hits.
+            recent_files = {note.path for note in recent}
+            for hit in hits:
+                if hit.block.path not in recent_files:
+                    group, budget = self._fit_hit(hit, taken, budget)
+                    chosen.extend(group)
+        else:
+            # No query or no hit: the whole file if it fits, else its newest contiguous run of blocks.
+            for block in reversed(self.workspace.searcher.long_term_blocks()):
+                if block_key(block) in taken:
+                    continue
+                cost = count_tokens(block.text)
+                if cost > budget:
+                    break
+                chosen.append(Hit(block, 0.0))
                 budget -= cost
-            elif not ranked:
-                break  # newest-first fallback: keep the newest contiguous run
-        if not ranked:
             chosen.reverse()
         notes: list[Block] = []
-        for note in reversed(self.workspace.store.read_recent_notes(policy.recent_days)):
+        for note in reversed(recent):
             for block in reversed(_note_blocks(note)):
                 if block_key(block) in present:
                     continue
@@ -127,6 +138,34 @@ class ContextBuilder:
             break
         notes.reverse()
         return InjectedMemory(chosen, notes, ranked)
+
+    def _fit_hit(self, hit: Hit, taken: set[str], budget: int) -> tuple[list[Hit], int]:
+        """`hit` and, for a daily-note entry, its neighbouring entries (nearest first while the budget lasts),
+        in file order; what is taken and the budget left. A note entry is one moment of a day: what was
+        said around it is often the answer."""
+        if block_key(hit.block) in taken:
+            return [], budget
+        cost = count_tokens(hit.block.text)
+        if cost > budget:
+            return [], budget
+        taken.add(block_key(hit.block))
+        group, budget = [hit], budget - cost
+        if hit.block.path == self.workspace.store.long_term_path:
+            return group, budget  # a MEMORY.md entry stands on its own
+        around = self.workspace.searcher.neighbours(hit.block, NOTE_NEIGHBOURS, NOTE_NEIGHBOURS)
+        at = next((n for n, block in enumerate(around) if block.start_line == hit.block.start_line), None)
+        if at is None:
+            return group, budget
+        nearest_first = sorted((b for b in around if b.start_line != hit.block.start_line),
+                               key=lambda b: abs(around.index(b) - at))
+        for block in nearest_first:
+            cost = count_tokens(block.text)
+            if block_key(block) in taken or cost > budget:
+                continue
+            taken.add(block_key(block))
+            group.append(Hit(block, 0.0))
+            budget -= cost
+        return sorted(group, key=lambda h: h.block.start_line), budget
 
     # -- history selection -------------------------------------------------------------------------
 

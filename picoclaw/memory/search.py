@@ -23,6 +23,8 @@ class Searcher(Protocol):
 
     def long_term_blocks(self) -> list[Block]: ...
 
+    def neighbours(self, block: Block, before: int, after: int) -> list[Block]: ...
+
     def close(self) -> None: ...
 
 
@@ -36,6 +38,11 @@ class FileSearcher:
     def long_term_blocks(self) -> list[Block]:
         with self._lock:
             return self.plain.long_term_blocks()
+
+    def neighbours(self, block: Block, before: int, after: int) -> list[Block]:
+        """`block` with up to `before` blocks above and `after` below it in its file, in file order."""
+        with self._lock:
+            return self.plain.neighbours(block, before, after)
 
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         with self._lock:

@@ -32,6 +32,10 @@ class IndexedRetriever:
         """MEMORY.md's blocks in file order (for the no-hit fallback of the context builder)."""
         return self.files.long_term_blocks()
 
+    def neighbours(self, block: Block, before: int, after: int) -> list[Block]:
+        """From the files, as they are now (a chunk cut from a longer block has none)."""
+        return self.files.neighbours(block, before, after)
+
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         """The best `limit` chunks; MEMORY.md only, or every indexed source with `include_notes`."""
         if not include_notes and "memory" not in self.index.settings.sources:
