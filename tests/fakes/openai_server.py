@@ -11,7 +11,8 @@ and read back what it was sent:
 
 Chat requests take scripted replies from a FIFO queue; when it is empty, `responder(request_json)` answers
 if set, else the text "ok". Embedding requests get deterministic vectors unless an error is scripted for
-them. The server runs aiohttp on its own event loop in a background thread, so sync tests and tests that
+them; `hold_embeddings` (until released) or `delay_embeddings` (for so many seconds) make chosen ones wait.
+The server runs aiohttp on its own event loop in a background thread, so sync tests and tests that
 run their own `asyncio.run` can both use it. Like the real API it rejects malformed requests (bad message
 order around tool calls, `tool_choice` without `tools`, `stream_options` without `stream`, empty embedding
 input) with a 400, so code that would fail against OpenAI fails here too; pass `validate=False` to turn
@@ -139,6 +140,9 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         # An embeddings request whose inputs this picks waits until `release_embeddings()` (a slow endpoint
         # without real waiting), at most HOLD_LIMIT seconds, so a test of code that blocks fails, not hangs.
         self.hold_embeddings: Callable[[list[str]], bool] | None = None
+        # Seconds an embeddings request waits before answering, chosen by its inputs (a slow endpoint that
+        # really is slow, for a benchmark); None or 0: at once.
+        self.delay_embeddings: Callable[[list[str]], float] | None = None
         self._released = threading.Event()
         self._lock = threading.Lock()
         self._queues: dict[Endpoint, deque[Reply]] = {"chat": deque(), "embeddings": deque()}
@@ -241,6 +245,8 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         inputs = [body["input"]] if isinstance(body["input"], str) else list(body["input"])
         if self.hold_embeddings is not None and self.hold_embeddings(inputs):
             await self._held()
+        if self.delay_embeddings is not None:
+            await self.pause(self.delay_embeddings(inputs))
         dimensions = body.get("dimensions") or self.default_dimensions
         embed = self.embedder or default_embedding
         base64_wanted = body.get("encoding_format") == "base64"
