@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -863,3 +864,18 @@ def test_strangers_told_their_id_are_remembered_within_a_bound(home: Path, fake_
                                            ("cli:default", None), ("telegram:abc", None), ("telegram", None)])
 def test_the_chat_of_a_session_key(key: str, chat: int | None) -> None:
     assert chat_of(key) == chat
+
+
+def test_while_serving_the_startup_objects_are_frozen_out_of_full_collections(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.responder = echo
+
+    async def body(channel: TelegramChannel) -> int:
+        fake_telegram.send_text(OWNER, OWNER, "hi 你好")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        return gc.get_freeze_count()
+
+    frozen_while_serving = serve(workspace, fake_telegram, fake_openai, body)
+    assert frozen_while_serving > 10_000  # modules and all: a full pass no longer walks them
+    assert gc.get_freeze_count() == 0  # and thawed when the bot stops

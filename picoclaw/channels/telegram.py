@@ -8,6 +8,7 @@ nothing they wrote is kept. With memory_scope "per_user" each user has a memory 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import weakref
@@ -250,10 +251,15 @@ class TelegramChannel:
             logger.addFilter(redactor)
         try:
             await self.start()
+            # Everything loaded so far (modules, config, the model client) lives as long as the process:
+            # frozen, it is left out of the garbage collector's full passes, which otherwise stop every
+            # chat for ~250 ms each time (bench/telegram.py's open loop).
+            gc.freeze()
             try:
                 await self.dispatcher.start_polling(self.bot, handle_signals=handle_signals,
                                                     close_bot_session=False, polling_timeout=polling_timeout)
             finally:
+                gc.unfreeze()  # back to normal collection: the process may go on to do other things
                 await self.finish()
         finally:
             for logger in guarded:
