@@ -18,6 +18,8 @@ from picoclaw.memory.workspace import Workspace
 
 if TYPE_CHECKING:
     from picoclaw.agent.loop import AgentLoop
+    from picoclaw.agent.scheduler import Deliver, Scheduler, Sleep
+    from picoclaw.jobs import JobStore
     from picoclaw.memory.index.embedders import Embedder
     from picoclaw.providers.openai_compat import OpenAICompatProvider
 
@@ -71,6 +73,23 @@ class App:
             loop = AgentLoop(workspace, self.provider(), build_tools(workspace))
             self._agents.put(user_key, loop)
         return loop
+
+    def jobs(self) -> JobStore:
+        """The scheduled jobs of this workspace (`cron/jobs.json`, every scope's)."""
+        from picoclaw.jobs import JobStore
+
+        return JobStore(self.workspace.layout.jobs_path, self.workspace.tz)
+
+    def scheduler(self, deliver: Deliver, *, channels: tuple[str, ...] = ("telegram",),
+                  poll_interval: float | None = None, sleep: Sleep | None = None) -> Scheduler:
+        """The scheduler of jobs and the heartbeat, running agent jobs on this app's agents and handing
+        what is due to `deliver(session_key, text)` (a channel's) for the sessions of `channels`."""
+        from picoclaw.agent.scheduler import POLL_INTERVAL, Scheduler
+
+        return Scheduler(self.jobs(), self.agent, deliver, memory_scope=self.config.channels.telegram.memory_scope,
+                         channels=channels, heartbeat=self.config.heartbeat,
+                         heartbeat_path=self.workspace.layout.heartbeat_path,
+                         poll_interval=POLL_INTERVAL if poll_interval is None else poll_interval, sleep=sleep)
 
     def _busy(self, user_key: str) -> bool:
         agent = self._agents.peek(user_key)

@@ -7,6 +7,7 @@ memory/policy.py layers the overrides file on top of it.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -108,6 +109,26 @@ class TelegramConfig(_Strict):
 
 class ChannelsConfig(_Strict):
     telegram: TelegramConfig = TelegramConfig()
+
+
+class HeartbeatConfig(_Strict):
+    """heartbeat: every `interval_minutes` the bot reads workspace/HEARTBEAT.md and, if it lists tasks, runs
+    them as a turn of `session` (the owner's chat), sending the reply only when there is something to say."""
+
+    enabled: bool = False
+    # At least 5 minutes: each beat with tasks is a model call, and standing tasks are not that urgent.
+    interval_minutes: int = Field(30, ge=5, le=7 * 24 * 60)
+    session: str = ""  # the owner's session key, e.g. "telegram:123456789"
+
+    @model_validator(mode="after")
+    def _session_when_enabled(self) -> HeartbeatConfig:
+        if self.session and not re.match(r"^(telegram:-?\d+(:\d+)?|cli:[\w.-]+)$", self.session):
+            raise ValueError(f"heartbeat.session {self.session!r} is not a session key (expected "
+                             "telegram:<chat_id> or cli:<name>)")
+        if self.enabled and not self.session:
+            raise ValueError("heartbeat.session is required when heartbeat.enabled is true: the session key "
+                             "of the chat that gets the results, e.g. \"telegram:123456789\"")
+        return self
 
 
 class EmbeddingsConfig(_Strict):
@@ -218,6 +239,7 @@ class Config(_Strict):
     providers: dict[str, ProviderConfig] = Field(default_factory=_default_providers)
     channels: ChannelsConfig = ChannelsConfig()
     memory: MemoryConfig = MemoryConfig()
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
 
     @field_validator("workspace")
     @classmethod

@@ -22,6 +22,9 @@ MEMORY_DIR = "memory"
 SESSIONS_DIR = "sessions"
 USERS_DIR = "users"
 INDEX_DIR = "index"
+CRON_DIR = "cron"
+JOBS_FILE = "jobs.json"
+HEARTBEAT_FILE = "HEARTBEAT.md"
 # The workspace's own files that go into every system prompt, in this order (the prompt of every scope).
 BOOTSTRAP_FILES = ("IDENTITY.md", "SOUL.md", "AGENTS.md", "USER.md")
 
@@ -91,6 +94,16 @@ class WorkspaceLayout:
     @property
     def index_dir(self) -> Path:
         return self.memory_dir / INDEX_DIR
+
+    @property
+    def jobs_path(self) -> Path:
+        """Scheduled jobs of every scope: one file at the workspace root (a job names its own scope)."""
+        return self.root / CRON_DIR / JOBS_FILE
+
+    @property
+    def heartbeat_path(self) -> Path:
+        """The owner's standing tasks, read by the scheduler every heartbeat interval."""
+        return self.root / HEARTBEAT_FILE
 
     @property
     def config_file(self) -> Path:

@@ -442,10 +442,11 @@ def test_bad_calls_return_error_text(tools: ToolRegistry, root: Path, name: str,
 def test_schemas_are_generated_from_args(tools: ToolRegistry) -> None:
     schemas = tools.schemas()
     assert [s["function"]["name"] for s in schemas] == [
-        "memory_search", "memory_append", "read_file", "write_file", "edit_file", "append_file", "list_dir"]
+        "memory_search", "memory_append", "read_file", "write_file", "edit_file", "append_file", "list_dir",
+        "cron"]
     required = {"memory_search": ["query"], "memory_append": ["content"], "read_file": ["path"],
                 "write_file": ["path", "content"], "edit_file": ["path", "old_text", "new_text"],
-                "append_file": ["path", "content"], "list_dir": []}
+                "append_file": ["path", "content"], "list_dir": [], "cron": ["action"]}
     for schema, cls in zip(schemas, TOOL_CLASSES, strict=True):
         assert schema["type"] == "function"
         function = schema["function"]

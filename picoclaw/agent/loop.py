@@ -47,7 +47,7 @@ from picoclaw.memory.session import Session, StoredMessage
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
 from picoclaw.tokens import count_tokens
-from picoclaw.tools.base import ToolRegistry
+from picoclaw.tools.base import ToolRegistry, current_session
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,7 @@ class AgentLoop:
         """
         text = clean_text(text)
         async with self.hold(key):
+            current_session.set(key)  # for tools acting on "this chat" (cron); the turn's own task's context
             command = parse_command(text)
             if command is not None:
                 return Reply(await self.command(key, command))

@@ -33,6 +33,7 @@ from aiogram.types import BotCommand, Message, User
 from aiogram.utils.token import TokenValidationError
 
 from picoclaw.agent.loop import AgentLoop
+from picoclaw.agent.scheduler import Scheduler
 from picoclaw.channels.telegram_format import EMPTY_REPLY, MessagePart, telegram_parts
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import ConfigError, PicoclawError
@@ -243,8 +244,13 @@ class TelegramChannel:
         """The Bot API method that failed (getMe or deleteWebhook): start-up makes more than one call."""
         return exc.method.__api_method__
 
-    async def run(self, *, handle_signals: bool = True, polling_timeout: int = 10) -> None:
-        """Poll until stopped, then let in-flight turns finish (bounded) and close everything."""
+    async def run(self, *, handle_signals: bool = True, polling_timeout: int = 10,
+                  scheduler: Scheduler | None = None) -> None:
+        """Poll until stopped, then let in-flight turns finish (bounded) and close everything.
+
+        A `scheduler` (reminders, recurring jobs, the heartbeat) runs beside polling once the bot has
+        started, delivering through `deliver`; it stops with the bot, after the job under way.
+        """
         redactor = TokenRedactor(self.bot.token)
         guarded = _guarded_loggers()
         for logger in guarded:
@@ -255,11 +261,15 @@ class TelegramChannel:
             # frozen, it is left out of the garbage collector's full passes, which otherwise stop every
             # chat for ~250 ms each time (bench/telegram.py's open loop).
             gc.freeze()
+            jobs = asyncio.create_task(scheduler.run()) if scheduler is not None else None
             try:
                 await self.dispatcher.start_polling(self.bot, handle_signals=handle_signals,
                                                     close_bot_session=False, polling_timeout=polling_timeout)
             finally:
                 gc.unfreeze()  # back to normal collection: the process may go on to do other things
+                if scheduler is not None and jobs is not None:
+                    await scheduler.stop(self.shutdown_timeout)
+                    await asyncio.gather(jobs, return_exceptions=True)
                 await self.finish()
         finally:
             for logger in guarded:
@@ -375,13 +385,22 @@ class TelegramChannel:
 
     # -- sending ------------------------------------------------------------------------------------
 
-    async def send_reply(self, chat_id: int, markdown: str) -> None:
+    async def deliver(self, session_key: str, markdown: str) -> None:
+        """A scheduled job's text to the chat of `session_key` (a per-user key's chat too); raises on failure,
+        so the job's outcome says it was not delivered."""
+        chat_id = chat_of(session_key)
+        if chat_id is None:
+            raise PicoclawError(f"{session_key} is not a Telegram session")
+        await self.send_reply(chat_id, markdown, strict=True)
+
+    async def send_reply(self, chat_id: int, markdown: str, *, strict: bool = False) -> None:
         """The model's Markdown as HTML messages of at most 4,096 characters each, in order."""
         for part in telegram_parts(markdown) or [MessagePart(EMPTY_REPLY, EMPTY_REPLY)]:
-            await self._send(chat_id, part.plain, html=part.html)
+            await self._send(chat_id, part.plain, html=part.html, strict=strict)
 
-    async def _send(self, chat_id: int, plain: str, *, html: str | None = None) -> None:
-        """`html` if given, else (or when Telegram refuses the HTML) `plain`; a failure is logged, not raised."""
+    async def _send(self, chat_id: int, plain: str, *, html: str | None = None, strict: bool = False) -> None:
+        """`html` if given, else (or when Telegram refuses the HTML) `plain`; a failure is logged, and raised
+        again when `strict`."""
         try:
             if html is not None:
                 try:
@@ -395,6 +414,10 @@ class TelegramChannel:
             await self.bot.send_message(chat_id, plain, parse_mode=None)
         except TelegramAPIError as exc:
             log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)
+            if strict:
+                raise
         except ClientDecodeError as exc:  # a proxy's error page: logged short, and the bot serves on
             log.error("telegram: chat %s: could not send a reply: not a Bot API answer: %s", chat_id,
                       _page_excerpt(exc.data))
+            if strict:
+                raise

@@ -13,7 +13,14 @@ import orjson
 
 from picoclaw import __version__
 from picoclaw.app import App
-from picoclaw.cli.output import ProgressBar, history_lines, one_line_json, reindex_lines, status_lines
+from picoclaw.cli.output import (
+    ProgressBar,
+    history_lines,
+    job_lines,
+    one_line_json,
+    reindex_lines,
+    status_lines,
+)
 from picoclaw.config import POLICY_KEYS, home_dir
 from picoclaw.errors import PicoclawError
 from picoclaw.onboard import onboard
@@ -330,7 +337,8 @@ def cmd_telegram(args: argparse.Namespace) -> int:
         try:
             async with app:
                 app.provider()  # a missing key or URL stops the bot now, not at the first message
-                await TelegramChannel(settings, bot, app.agent).run()
+                channel = TelegramChannel(settings, bot, app.agent)
+                await channel.run(scheduler=app.scheduler(channel.deliver))
         finally:
             await bot.session.close()
 
@@ -342,6 +350,58 @@ def cmd_telegram(args: argparse.Namespace) -> int:
         asyncio.run(run())
     finally:
         picoclaw_log.setLevel(level)
+    return 0
+
+
+# -- cron ------------------------------------------------------------------------------------------
+
+def cmd_cron_list(args: argparse.Namespace) -> int:
+    app = _app()
+    jobs = app.jobs()
+    listed = jobs.load()
+    if not listed:
+        print(f"no scheduled jobs ({jobs.path})")
+        return 0
+    for line in job_lines(listed, jobs.tz):
+        print(line)
+    return 0
+
+
+def cmd_cron_add(args: argparse.Namespace) -> int:
+    from picoclaw.jobs import JobError, check_session_key, make_schedule, scope_for
+
+    app = _app()
+    jobs = app.jobs()
+    try:
+        check_session_key(args.session)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        schedule = make_schedule(at=args.at, in_=args.in_, every=args.every, cron=args.cron, tz=jobs.tz)
+        scope = scope_for(args.session, app.config.channels.telegram.memory_scope)
+        if args.message is not None:
+            job = jobs.add(schedule, "message", args.message, args.session, created_by="cli", scope=scope)
+        else:
+            job = jobs.add(schedule, "agent", args.agent, args.session, created_by="cli", scope=scope)
+    except JobError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"added job {job.id}")
+    print("\n".join(job_lines([job], jobs.tz)))
+    if not args.session.startswith("telegram:"):
+        print("note: only `picoclaw telegram` delivers jobs, to telegram: sessions; this one will be "
+              "marked skipped when due")
+    return 0
+
+
+def cmd_cron_remove(args: argparse.Namespace) -> int:
+    from picoclaw.jobs import JobError
+
+    jobs = _app().jobs()
+    try:
+        job = jobs.remove(args.id)
+    except JobError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"removed job {job.id} ({job.schedule.describe(jobs.tz)} for {job.target})")
     return 0
 
 
@@ -394,6 +454,28 @@ def build_parser() -> argparse.ArgumentParser:
                           help="print the rewrite and a diff summary; write nothing")
     compress.set_defaults(handler=cmd_memory_compress)
 
+    cron = commands.add_parser("cron", help="reminders and recurring tasks that `picoclaw telegram` delivers")
+    cron_commands = cron.add_subparsers(dest="cron_command", metavar="ACTION", parser_class=_Parser)
+    cron_commands.add_parser("list", help="every job: id, schedule, next run, target, action, last outcome"
+                             ).set_defaults(handler=cmd_cron_list)
+    add = cron_commands.add_parser("add", help="schedule a message or an agent task for a chat")
+    when = add.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at", metavar="TIME", help="once, ISO 8601: 2026-12-01T09:00+08:00 (no offset: "
+                                                   "the configured timezone)")
+    when.add_argument("--in", dest="in_", metavar="DELAY", help="once, after a delay: '20 minutes', '2 hours'")
+    when.add_argument("--every", type=_bounded_int(60, 366 * 86400), metavar="SECONDS",
+                      help="repeatedly, every this many seconds (at least 60)")
+    when.add_argument("--cron", metavar="EXPR", help="repeatedly, on a 5-field cron expression in the "
+                                                     "configured timezone: '0 8 * * 1'")
+    what = add.add_mutually_exclusive_group(required=True)
+    what.add_argument("--message", metavar="TEXT", help="text sent to the chat as it is")
+    what.add_argument("--agent", metavar="PROMPT", help="a prompt run as a turn of the session; the reply is sent")
+    add.add_argument("--session", required=True, metavar="KEY", help="target: telegram:<chat_id> or cli:<name>")
+    add.set_defaults(handler=cmd_cron_add)
+    remove = cron_commands.add_parser("remove", help="delete a job by id")
+    remove.add_argument("id")
+    remove.set_defaults(handler=cmd_cron_remove)
+
     policy = commands.add_parser("policy", help="show and tune the memory policy")
     policy_commands = policy.add_subparsers(dest="policy_command", metavar="ACTION", parser_class=_Parser)
     policy_commands.add_parser("show", help="each key's value and where it comes from").set_defaults(
@@ -437,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             format="picoclaw: %(levelname)s: %(message)s")
         handler = getattr(args, "handler", None)
         if handler is None:
-            sub = {"memory": "memory", "policy": "policy"}.get(args.command or "")
+            sub = {"memory": "memory", "policy": "policy", "cron": "cron"}.get(args.command or "")
             what = "an action" if sub else "a command"
             raise UsageError(f"missing {what} (see `{' '.join(['picoclaw', *([sub] if sub else [])])} --help`)")
         try:

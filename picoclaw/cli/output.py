@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import tzinfo
 from typing import TYPE_CHECKING, TextIO
 
 import orjson
@@ -10,6 +11,7 @@ import orjson
 from picoclaw.memory.policy import PolicyChange
 
 if TYPE_CHECKING:  # the index (and numpy) load only for the commands that use it
+    from picoclaw.jobs import Job
     from picoclaw.memory.index.index import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
 
@@ -103,3 +105,21 @@ def one_line_json(raw: bytes) -> str:
         return orjson.dumps(orjson.loads(raw)).decode("utf-8")
     except orjson.JSONDecodeError:
         return " ".join(raw.decode("utf-8", "replace").split())
+
+
+def job_lines(jobs: list[Job], tz: tzinfo) -> list[str]:
+    """One line a job: id, schedule, next run (local time), target, action and text, last outcome."""
+    lines = []
+    for job in jobs:
+        if not job.enabled:
+            when = "off"
+        elif job.next_run is None:
+            when = "done"
+        else:
+            when = f"next {job.next_run.astimezone(tz):%Y-%m-%d %H:%M %Z}"
+        text = " ".join(job.text.split())
+        text = text if len(text) <= 60 else text[:59] + "…"
+        last = job.last_outcome or "not run yet"
+        lines.append(f"{job.id}  {job.schedule.describe(tz)}  {when}  {job.target}  {job.action}: {text}  "
+                     f"[{last}]")
+    return lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 import orjson
@@ -12,6 +13,10 @@ from pydantic import BaseModel, ValidationError
 from picoclaw.errors import PicoclawError
 
 log = logging.getLogger(__name__)
+
+# The session whose turn is running (AgentLoop.handle sets it): tools that act for "this chat", such as
+# cron, read it. A context variable, so each concurrent turn (its own asyncio task) sees its own.
+current_session: ContextVar[str | None] = ContextVar("current_session", default=None)
 
 
 class ToolError(PicoclawError):

@@ -14,7 +14,8 @@ routed through it instead of touching the file:
   IDENTITY.md) go into every user's prompt: such a model may read them, never write them. `users/…` and
   `sessions/` are refused there outright, even for reading.
 - Store and policy bookkeeping (`memory/backups/`, `memory/policy_*`, `memory/index/`, the memory folder's
-  dot files, `sessions/`) is refused for writing; the home's config.json (secrets) is refused entirely.
+  dot files, `sessions/`, the jobs in `cron/`) is refused for writing; the home's config.json (secrets) is
+  refused entirely.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class WorkspaceFiles:
         self.long_term = Path(os.path.realpath(workspace.store.long_term_path))
         self.users_dir = Path(os.path.realpath(layout.users_dir))  # per-user scopes (shared scope's view)
         self.sessions_dir = Path(os.path.realpath(layout.sessions_dir))
+        self.cron_dir = Path(os.path.realpath(layout.jobs_path.parent))
         self.config_file = Path(os.path.realpath(layout.config_file))
 
     def shown(self, path: Path) -> str:
@@ -110,6 +112,8 @@ class WorkspaceFiles:
                                 "(your own memory is under memory/)")
             if writing and path.is_relative_to(self.sessions_dir):
                 raise ToolError(f"{shown} belongs to the session store; file tools cannot write there")
+            if writing and path.is_relative_to(self.cron_dir):  # jobs of every chat: only through cron
+                raise ToolError(f"{shown} holds the scheduled jobs; use the cron tool to change them")
             return Target(path, shown, "file")
         parts = path.relative_to(self.memory_dir).parts
         if not parts:

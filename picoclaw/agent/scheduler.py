@@ -1,0 +1,291 @@
+"""The scheduler: runs due jobs of `workspace/cron/jobs.json`, and the heartbeat, beside a channel.
+
+It sleeps until the next job is due, waking every `poll_interval` seconds to see whether jobs.json changed
+(another process, `picoclaw cron add`, may have written it). A job is claimed before it runs: its next run
+(none, for a one-time job) and last run are written first, under the file lock, so a crash or a second
+scheduler never runs it twice. A job whose time passed while nothing ran is run once, marked "late"; a
+recurring one then continues from now, the missed runs not made up. A job that fails is logged and its
+outcome recorded; the others run on.
+
+Agent jobs and the heartbeat go through `AgentLoop.handle`, so they queue behind a chat's turn (the same
+per-session lock) and are kept in that session's history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from picoclaw import clock
+from picoclaw.agent.loop import AgentLoop
+from picoclaw.config import HeartbeatConfig
+from picoclaw.fsutil import FileKey, file_key
+from picoclaw.jobs import Job, JobsFileError, JobStore, following_run, scope_for
+
+log = logging.getLogger(__name__)
+
+AgentFor = Callable[[str | None], AgentLoop]
+Deliver = Callable[[str, str], Awaitable[None]]
+Sleep = Callable[[float], Awaitable[None]]
+
+POLL_INTERVAL = 3.0  # seconds between looks at jobs.json: a job added by another process starts this late
+LATE_AFTER = timedelta(minutes=1)  # a run this long after its time is "late" (the bot was down, or busy)
+OUTCOME_CHARS = 200
+RUNNING = "running"
+INTERRUPTED = "interrupted: the bot stopped while it ran; not run again"
+# The heartbeat's reply when there is nothing to tell; AgentLoop's words for an empty answer are quiet too.
+HEARTBEAT_QUIET = "HEARTBEAT_OK"
+EMPTY_ANSWER = "(the model returned an empty answer)"
+HEARTBEAT_FRAME = (
+    "Periodic check ({now}). These are your standing tasks from HEARTBEAT.md:\n\n{tasks}\n\n"
+    "Do what they ask now. Reply only if something needs the user's attention; if nothing does, "
+    f"reply with exactly {HEARTBEAT_QUIET}."
+)
+AGENT_FRAME = "[Scheduled task {id}, set by {by}; the user is not typing this right now]\n{text}"
+
+_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+
+
+def heartbeat_tasks(text: str) -> str:
+    """What HEARTBEAT.md asks for: the file without HTML comments, headings and blank lines ("" = nothing)."""
+    lines = [line for line in _COMMENT.sub("", text).splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    return "\n".join(lines).strip()
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One job the scheduler ran, and how it went."""
+
+    job_id: str
+    outcome: str
+
+
+class Scheduler:
+    """Runs due jobs and the heartbeat until `stop()`; `run_due()` is one pass, for a step-by-step test."""
+
+    def __init__(self, store: JobStore, agent_for: AgentFor, deliver: Deliver, *, memory_scope: str = "shared",
+                 channels: tuple[str, ...] = ("telegram",), heartbeat: HeartbeatConfig | None = None,
+                 heartbeat_path: Path | None = None, poll_interval: float = POLL_INTERVAL,
+                 sleep: Sleep | None = None):
+        self.store = store
+        self.agent_for = agent_for
+        self.deliver = deliver
+        self.memory_scope = memory_scope
+        self.channels = channels  # session key prefixes `deliver` can reach; other jobs are skipped
+        self.heartbeat = heartbeat if heartbeat is not None and heartbeat.enabled else None
+        self.heartbeat_path = heartbeat_path
+        self.poll_interval = poll_interval
+        self._sleep = sleep
+        self._jobs: list[Job] = []  # the last good state of the file
+        self._seen: FileKey | None = None
+        self._bad: str | None = None  # the error of a malformed file, logged once per version of it
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._skipped_logged: set[str] = set()
+        self.next_heartbeat: datetime | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    # -- life cycle -------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run jobs as they fall due until `stop()`."""
+        self.task = asyncio.current_task()
+        self._stopping = False
+        await asyncio.to_thread(self._mark_interrupted)
+        if self.heartbeat is not None:
+            self.next_heartbeat = clock.now() + timedelta(minutes=self.heartbeat.interval_minutes)
+        log.info("scheduler: started (%s)", self.store.path)
+        while not self._stopping:
+            await self.run_due()
+            if self.heartbeat is not None and self.next_heartbeat is not None and clock.now() >= self.next_heartbeat:
+                self.next_heartbeat = clock.now() + timedelta(minutes=self.heartbeat.interval_minutes)
+                await self.beat()
+            if self._stopping:
+                break
+            await self._pause(self._seconds_to_wait())
+        log.info("scheduler: stopped")
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the job under way (given at most `timeout` seconds, then cancelled)."""
+        self._stopping = True
+        self._wake.set()
+        task = self.task
+        if task is None or task is asyncio.current_task() or task.done():
+            return
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            log.warning("scheduler: a job still ran after %.0f s; stopping it", timeout)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def poke(self) -> None:
+        """Look at jobs.json now (a job was added in this process)."""
+        self._wake.set()
+
+    def _seconds_to_wait(self) -> float:
+        now = clock.now()
+        wait = self.poll_interval
+        upcoming = [job.next_run for job in self._jobs if not job.done and job.next_run is not None]
+        if self.next_heartbeat is not None:
+            upcoming.append(self.next_heartbeat)
+        if upcoming:
+            wait = min(wait, (min(upcoming) - now).total_seconds())
+        return max(wait, 0.0)
+
+    async def _pause(self, seconds: float) -> None:
+        if self._sleep is not None:
+            await self._sleep(seconds)
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    def _mark_interrupted(self) -> None:
+        """A job left "running" by a process that died: it is not run again (it may have been delivered)."""
+        try:
+            stuck = [job.id for job in self.store.load() if job.last_outcome == RUNNING]
+        except JobsFileError:
+            return
+        for job_id in stuck:
+            self.store.update(job_id, lambda job: _set(job, last_outcome=INTERRUPTED))
+
+    # -- jobs -------------------------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Take in jobs.json if it changed; a malformed file keeps the last good state (logged once)."""
+        key = file_key(self.store.path)
+        if key == self._seen and key is not None:
+            return
+        try:
+            self._jobs = self.store.load()
+        except JobsFileError as exc:
+            if str(exc) != self._bad:
+                log.error("scheduler: %s (no job runs until it is fixed)", exc)
+                self._bad = str(exc)
+            return
+        self._seen, self._bad = key, None
+
+    def due(self) -> list[Job]:
+        """The jobs due now, in the file's last good state."""
+        now = clock.now()
+        return [job for job in self._jobs if not job.done and job.next_run is not None and job.next_run <= now]
+
+    async def run_due(self) -> list[Ran]:
+        """Run every job due now, one after the other; what ran and how it went."""
+        await asyncio.to_thread(self._refresh)
+        ran = []
+        for job in self.due():
+            if self._bad is not None:
+                break  # claiming would mean rewriting a file the user is fixing
+            outcome = await self._run_one(job)
+            if outcome is not None:
+                ran.append(Ran(job.id, outcome))
+        if ran:
+            await asyncio.to_thread(self._refresh)
+        return ran
+
+    async def _run_one(self, job: Job) -> str | None:
+        now = clock.now()
+        assert job.next_run is not None
+        late = now - job.next_run > LATE_AFTER
+        claimed = await asyncio.to_thread(self._claim, job, now)
+        if claimed is None:
+            return None  # removed, changed or claimed by someone else meanwhile
+        outcome = "late" if late else "ok"
+        try:
+            if not job.target.startswith(tuple(f"{channel}:" for channel in self.channels)):
+                outcome = self._skip(job)
+            elif job.action == "message":
+                await self.deliver(job.target, job.text)
+            else:
+                agent = self.agent_for(job.scope)
+                prompt = AGENT_FRAME.format(id=job.id, by=job.created_by, text=job.text)
+                reply = await agent.handle(job.target, prompt)
+                await self.deliver(job.target, reply.text)
+                if reply.error is not None:
+                    outcome = f"error: {reply.error}"
+        except Exception as exc:  # one job's failure must never stop the others
+            log.exception("scheduler: job %s failed", job.id)
+            outcome = f"error: {type(exc).__name__}: {exc}"
+        outcome = " ".join(outcome.split())[:OUTCOME_CHARS]
+        log.info("scheduler: job %s (%s for %s): %s", job.id, job.action, job.target, outcome)
+        try:
+            await asyncio.to_thread(self.store.update, job.id, lambda stored: _set(stored, last_outcome=outcome))
+        except Exception:  # the run is claimed already: a failure to record its outcome only loses the word
+            log.exception("scheduler: could not record the outcome of job %s", job.id)
+        return outcome
+
+    def _claim(self, seen: Job, now: datetime) -> Job | None:
+        """Move the job's next run on (off, for a one-time job) before it runs: it is never run twice."""
+        following = following_run(seen, now, self.store.tz)
+
+        def claim(job: Job) -> bool:
+            if job.done or job.next_run != seen.next_run:
+                return False
+            _set(job, next_run=following, last_run=now, last_outcome=RUNNING)
+            return True
+
+        try:
+            return self.store.update(seen.id, claim)
+        except JobsFileError as exc:
+            log.error("scheduler: %s", exc)
+            return None
+
+    def _skip(self, job: Job) -> str:
+        channel = job.target.partition(":")[0]
+        if job.id not in self._skipped_logged:
+            self._skipped_logged.add(job.id)
+            log.warning("scheduler: job %s is for %s, which this process does not serve; skipped",
+                        job.id, job.target)
+        return f"skipped: no channel for {channel} sessions"
+
+    # -- heartbeat --------------------------------------------------------------------------------------
+
+    async def beat(self) -> str | None:
+        """One heartbeat: run HEARTBEAT.md's tasks as a turn of the owner's session; what was delivered."""
+        if self.heartbeat is None or self.heartbeat_path is None:
+            return None
+        try:
+            text = await asyncio.to_thread(self.heartbeat_path.read_text, encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            log.error("scheduler: cannot read %s: %s", self.heartbeat_path, exc)
+            return None
+        tasks = heartbeat_tasks(text)
+        if not tasks:
+            return None  # nothing to do: no model call at all
+        session = self.heartbeat.session
+        try:
+            agent = self.agent_for(scope_for(session, self.memory_scope))
+            now = clock.now(self.store.tz)
+            reply = await agent.handle(session, HEARTBEAT_FRAME.format(now=f"{now:%Y-%m-%d %H:%M %Z}", tasks=tasks))
+            answer = reply.text.strip()
+            if reply.error is not None:
+                log.error("scheduler: heartbeat: the model could not answer: %s", reply.error)
+                return None
+            if not answer or answer in (EMPTY_ANSWER, HEARTBEAT_QUIET) or answer.endswith(HEARTBEAT_QUIET):
+                log.info("scheduler: heartbeat: nothing to report")
+                return None
+            if not session.startswith(tuple(f"{channel}:" for channel in self.channels)):
+                log.warning("scheduler: heartbeat: no channel for %s; the reply is only in its history", session)
+                return None
+            await self.deliver(session, answer)
+            return answer
+        except Exception:
+            log.exception("scheduler: heartbeat failed")
+            return None
+
+
+def _set(job: Job, **values: object) -> bool:
+    for name, value in values.items():
+        setattr(job, name, value)
+    return True

@@ -1,0 +1,89 @@
+"""cron: the model sets, lists and removes reminders and recurring tasks for the chat it is talking in.
+
+Every job the tool touches belongs to the current session (the chat of the turn) and to this agent's
+memory scope: a chat never sees, nor removes, another chat's jobs, and with memory_scope "per_user" a user
+never sees another user's. The bot delivers what comes due (see agent/scheduler.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from picoclaw.errors import PicoclawError
+from picoclaw.jobs import Job, JobStore, make_schedule
+from picoclaw.memory.workspace import Workspace
+from picoclaw.tools.base import ToolError, current_session
+from picoclaw.tools.files import WorkspaceFiles, WorkspaceTool, os_errors
+
+MAX_LISTED = 50
+
+
+class Cron(WorkspaceTool):
+    """cron: add / list / remove scheduled jobs of the current chat."""
+
+    name = "cron"
+    description = ("Reminders and recurring tasks for this chat. add: one schedule (at: ISO time; in: delay like "
+                   "'20 minutes'; every: seconds ≥ 60; cron: 5 fields, local time) and either message (sent as "
+                   "is) or prompt (run as your task then). list: this chat's jobs. remove: by id.")
+
+    class Args(BaseModel):
+        model_config = ConfigDict(extra="forbid", populate_by_name=True)
+        # Plain strings and numbers, empty when not given: simple schemas suit small local models best.
+        action: Literal["add", "list", "remove"] = Field(description="add a job, list this chat's jobs, remove one")
+        at: str = Field("", description="one time, ISO 8601, e.g. 2026-12-01T09:00 (local time if no offset)")
+        in_: str = Field("", alias="in", description="one time after a delay: '20 minutes', '2 hours', '3 days'")
+        every: int = Field(0, ge=0, description="repeat every this many seconds (at least 60)")
+        cron: str = Field("", description="repeat on a cron expression, e.g. '0 8 * * 1' = Mondays 08:00")
+        message: str = Field("", description="text sent to the chat when due, in any language")
+        prompt: str = Field("", description="a task you run when due, e.g. 'summarise this week's notes'")
+        id: str = Field("", description="the job to remove")
+
+    def __init__(self, workspace: Workspace, files: WorkspaceFiles | None = None):
+        super().__init__(workspace, files)
+        self.jobs = JobStore(workspace.layout.jobs_path, workspace.tz)
+        self.scope = workspace.layout.scope_dir.name if workspace.layout.is_per_user else None
+
+    def run_sync(self, args: Cron.Args) -> str:
+        session = current_session.get()
+        if session is None:
+            raise ToolError("cron works only inside a chat session")
+        try:
+            with os_errors("change", "the job list"):
+                if args.action == "add":
+                    return self._add(args, session)
+                if args.action == "remove":
+                    if not args.id:
+                        raise ToolError("remove needs the id of a job (see action 'list')")
+                    job = self.jobs.remove(args.id.strip(), allowed=lambda job: self._ours(job, session))
+                    return f"removed job {job.id} ({job.schedule.describe(self.jobs.tz)}: {job.text[:80]})"
+                mine = [job for job in self.jobs.load() if self._ours(job, session)]
+        except PicoclawError as exc:  # a bad schedule, an unknown id, a malformed jobs.json
+            raise ToolError(str(exc)) from None
+        if not mine:
+            return "this chat has no scheduled jobs"
+        lines = [self._line(job) for job in mine[:MAX_LISTED]]
+        if len(mine) > MAX_LISTED:
+            lines.append(f"… and {len(mine) - MAX_LISTED} more")
+        return "\n".join(lines)
+
+    def _ours(self, job: Job, session: str) -> bool:
+        return job.target == session and job.scope == self.scope
+
+    def _add(self, args: Cron.Args, session: str) -> str:
+        texts = [(kind, text) for kind, text in (("message", args.message), ("agent", args.prompt)) if text]
+        if len(texts) != 1:
+            raise ToolError("add needs exactly one of message (text to send) or prompt (a task to run)")
+        action, text = texts[0]
+        schedule = make_schedule(at=args.at or None, in_=args.in_ or None, every=args.every or None,
+                                 cron=args.cron or None, tz=self.jobs.tz)
+        job = self.jobs.add(schedule, "message" if action == "message" else "agent", text, session,
+                            created_by=session, scope=self.scope)
+        return f"added job {job.id}: {self._line(job)}"
+
+    def _line(self, job: Job) -> str:
+        tz = self.jobs.tz
+        when = f"next {job.next_run.astimezone(tz):%Y-%m-%d %H:%M %Z}" if job.next_run and job.enabled else "done"
+        last = f", last: {job.last_outcome}" if job.last_outcome else ""
+        return f"[{job.id}] {job.schedule.describe(tz)} ({when}{last}) {job.action}: {job.text[:200]}"

@@ -1,0 +1,385 @@
+"""The scheduler (picoclaw/agent/scheduler.py), driven step by step under frozen time: jobs fire at their
+instants, restarts neither lose nor repeat a job, failures are recorded, and the heartbeat."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import pytest
+from freezegun import freeze_time
+
+from picoclaw.agent.scheduler import HEARTBEAT_QUIET, INTERRUPTED, RUNNING, Scheduler, heartbeat_tasks
+from picoclaw.app import App
+from picoclaw.config import Config, parse_config
+from picoclaw.errors import ConfigError
+from picoclaw.jobs import JobStore, make_schedule
+from picoclaw.onboard import template_paths
+from tests.agent_helpers import make_provider, said
+from tests.fakes import FakeOpenAIServer
+
+T = TypeVar("T")
+NOW = "2025-03-10 02:00:00"  # 10:00 in Shanghai, the onboarded timezone
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+class Delivered:
+    """The channel's deliver callback: records (session key, text); fails for the keys in `failing`."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.at: list[datetime] = []
+        self.failing: set[str] = set()
+
+    async def __call__(self, key: str, text: str) -> None:
+        if key in self.failing:
+            raise RuntimeError(f"chat {key} is gone")
+        self.sent.append((key, text))
+        self.at.append(datetime.now(UTC))
+
+
+def set_config(home: Path, **changes: Any) -> None:
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.update(changes)
+    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+
+
+def open_app(home: Path, model: FakeOpenAIServer | None = None) -> App:
+    app = App.open(home)
+    if model is not None:
+        workspace = app.workspace
+        app = App(app.config, home, make_provider=lambda _config: make_provider(workspace, model))
+    return app
+
+
+def no_agent(scope: str | None) -> Any:
+    raise AssertionError("a message job must not need an agent")
+
+
+def in_loop(body: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(body())
+
+
+def stored(app: App) -> dict[str, dict[str, Any]]:
+    return {job["id"]: job for job in orjson.loads(app.jobs().path.read_bytes())["jobs"]}
+
+
+# -- jobs fire at their instants ------------------------------------------------------------------------------
+
+
+def test_one_time_interval_and_cron_jobs_fire_at_their_instants_in_shanghai(home: Path) -> None:
+    app = open_app(home)
+    jobs = app.jobs()
+    delivered = Delivered()
+    scheduler = Scheduler(jobs, no_agent, delivered)
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        once = jobs.add(make_schedule(at="2025-03-10T11:30", tz=jobs.tz), "message", "给银行打电话", "telegram:1")
+        hourly = jobs.add(make_schedule(every=3600, tz=jobs.tz), "message", "stretch", "telegram:2")
+        noon = jobs.add(make_schedule(cron="0 12 * * *", tz=jobs.tz), "message", "lunch", "telegram:3")
+
+        def step(when: str) -> list[str]:
+            frozen.move_to(when)
+            before = len(delivered.sent)
+            in_loop(scheduler.run_due)
+            return [text for _, text in delivered.sent[before:]]
+
+        assert step("2025-03-10 02:59:59") == []
+        assert step("2025-03-10 03:00:00") == ["stretch"]
+        assert step("2025-03-10 03:29:59") == []
+        assert step("2025-03-10 03:30:00") == ["给银行打电话"]  # 11:30 Shanghai
+        assert step("2025-03-10 03:59:59") == []
+        assert step("2025-03-10 04:00:00") == ["stretch", "lunch"]  # 12:00 Shanghai
+        assert step("2025-03-10 04:00:30") == []
+        assert step("2025-03-11 03:59:59") == ["stretch"]  # missed hours: once, not 23 times
+        assert step("2025-03-11 04:00:00") == ["lunch"]
+    assert delivered.sent[1] == ("telegram:1", "给银行打电话")
+    after = stored(app)
+    assert after[once.id]["next_run"] is None and after[once.id]["last_outcome"] == "ok"
+    assert after[hourly.id]["last_outcome"] == "late"  # the run a day after its hour
+    assert after[noon.id]["next_run"] == "2025-03-12T04:00:00Z" and after[noon.id]["last_outcome"] == "ok"
+
+
+def test_a_daily_job_across_berlin_dst_changes(home: Path) -> None:
+    set_config(home, timezone="Europe/Berlin")
+    app = open_app(home)
+    jobs = app.jobs()
+    delivered = Delivered()
+    scheduler = Scheduler(jobs, no_agent, delivered)
+    with freeze_time("2026-03-27 12:00:00", real_asyncio=True) as frozen:
+        jobs.add(make_schedule(cron="30 7 * * *", tz=jobs.tz), "message", "Guten Morgen", "telegram:1")
+        for day in ("2026-03-28", "2026-03-29", "2026-03-30"):
+            for hour in range(0, 24):
+                frozen.move_to(f"{day} {hour:02}:30:00")
+                in_loop(scheduler.run_due)
+    # 07:30 CET is 06:30 UTC; from 29 March, 07:30 CEST is 05:30 UTC.
+    assert delivered.at == [utc("2026-03-28 06:30"), utc("2026-03-29 05:30"), utc("2026-03-30 05:30")]
+
+
+def test_the_run_loop_sleeps_exactly_until_the_next_job(home: Path) -> None:
+    app = open_app(home)
+    jobs = app.jobs()
+    delivered = Delivered()
+    waits: list[float] = []
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        jobs.add(make_schedule(in_="90 minutes", tz=jobs.tz), "message", "tea", "telegram:1")
+
+        async def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            frozen.tick(timedelta(seconds=seconds))
+            if delivered.sent:
+                await scheduler.stop()
+
+        scheduler = Scheduler(jobs, no_agent, delivered, poll_interval=3600, sleep=sleep)
+        in_loop(scheduler.run)
+    assert waits == [3600, 1800, 3600]  # an hour (the poll), the half hour left, then polling again
+    assert delivered.sent == [("telegram:1", "tea")] and delivered.at == [utc("2025-03-10 03:30")]
+
+
+# -- restarts --------------------------------------------------------------------------------------------------
+
+
+def test_a_job_due_while_down_runs_once_at_start_marked_late(home: Path) -> None:
+    app = open_app(home)
+    jobs = app.jobs()
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        once = jobs.add(make_schedule(in_="10 minutes", tz=jobs.tz), "message", "while you were away", "telegram:1")
+        daily = jobs.add(make_schedule(cron="0 9 * * *", tz=jobs.tz), "message", "daily", "telegram:1")
+        frozen.move_to("2025-03-13 02:00:00")  # the bot was down for three days
+        first, second = Delivered(), Delivered()
+        ran = in_loop(Scheduler(jobs, no_agent, first).run_due)
+        assert sorted(r.outcome for r in ran) == ["late", "late"]
+        assert sorted(first.sent) == [("telegram:1", "daily"), ("telegram:1", "while you were away")]
+        in_loop(Scheduler(JobStore(jobs.path, jobs.tz), no_agent, second).run_due)  # restarted again
+        assert second.sent == []
+    after = stored(app)
+    assert after[once.id]["next_run"] is None and after[once.id]["last_outcome"] == "late"
+    assert after[daily.id]["next_run"] == "2025-03-14T01:00:00Z"  # from now on, not the missed days
+
+
+def test_a_one_time_job_is_marked_run_before_it_is_delivered(home: Path) -> None:
+    app = open_app(home)
+    jobs = app.jobs()
+    seen: list[dict[str, Any]] = []
+
+    async def crash(key: str, text: str) -> None:
+        seen.append(stored(app)[job.id])  # what is on disk while the message goes out
+        raise KeyboardInterrupt  # the process dies here: not an Exception, nothing catches it
+
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        job = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "once", "telegram:1")
+        frozen.tick(timedelta(minutes=1))
+        with pytest.raises(KeyboardInterrupt):
+            in_loop(Scheduler(jobs, no_agent, crash).run_due)
+        assert seen[0]["next_run"] is None and seen[0]["last_outcome"] == RUNNING
+        delivered = Delivered()
+        restarted = Scheduler(jobs, no_agent, delivered, sleep=lambda s: restarted.stop())
+        in_loop(restarted.run)
+    assert delivered.sent == []  # never twice
+    assert stored(app)[job.id]["last_outcome"] == INTERRUPTED
+
+
+# -- removal, failures, a broken file ---------------------------------------------------------------------------
+
+
+def test_removing_a_job_stops_it(home: Path) -> None:
+    app = open_app(home)
+    jobs = app.jobs()
+    delivered = Delivered()
+    scheduler = Scheduler(jobs, no_agent, delivered)
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        job = jobs.add(make_schedule(every=600, tz=jobs.tz), "message", "ping", "telegram:1")
+        frozen.tick(timedelta(minutes=10))
+        in_loop(scheduler.run_due)
+        JobStore(jobs.path, jobs.tz).remove(job.id)  # as `picoclaw cron remove` does, from another process
+        for _ in range(3):
+            frozen.tick(timedelta(minutes=10))
+            in_loop(scheduler.run_due)
+    assert delivered.sent == [("telegram:1", "ping")]
+
+
+def test_a_failing_job_is_recorded_and_the_others_still_run(home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    app = open_app(home)
+    jobs = app.jobs()
+    delivered = Delivered()
+    delivered.failing.add("telegram:1")
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        bad = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "lost", "telegram:1")
+        good = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "fine", "telegram:2")
+        skipped = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "terminal", "cli:default")
+        frozen.tick(timedelta(minutes=1))
+        with caplog.at_level(logging.ERROR, logger="picoclaw.agent.scheduler"):
+            in_loop(Scheduler(jobs, no_agent, delivered).run_due)
+    assert delivered.sent == [("telegram:2", "fine")]
+    after = stored(app)
+    assert after[bad.id]["last_outcome"] == "error: RuntimeError: chat telegram:1 is gone"
+    assert after[bad.id]["next_run"] is None  # not retried: the outcome says what happened
+    assert after[good.id]["last_outcome"] == "ok"
+    assert after[skipped.id]["last_outcome"] == "skipped: no channel for cli sessions"
+    assert "job " + bad.id + " failed" in caplog.text
+
+
+def test_a_malformed_jobs_file_runs_nothing_and_stays_as_it_is(home: Path, caplog: pytest.LogCaptureFixture
+                                                               ) -> None:
+    app = open_app(home)
+    jobs = app.jobs()
+    delivered = Delivered()
+    scheduler = Scheduler(jobs, no_agent, delivered)
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "hello", "telegram:1")
+        in_loop(scheduler.run_due)  # the last good state
+        good = jobs.path.read_bytes()
+        broken = good.replace(b'"message"', b'"shout"')  # a hand edit gone wrong
+        jobs.path.write_bytes(broken)
+        frozen.tick(timedelta(minutes=1))
+        with caplog.at_level(logging.ERROR, logger="picoclaw.agent.scheduler"):
+            in_loop(scheduler.run_due)
+            in_loop(scheduler.run_due)
+        assert delivered.sent == [] and jobs.path.read_bytes() == broken
+        assert caplog.text.count(str(jobs.path)) == 1  # one clear line, not one per poll
+        jobs.path.write_bytes(good)  # fixed
+        in_loop(scheduler.run_due)
+    assert delivered.sent == [("telegram:1", "hello")]
+
+
+# -- agent jobs -------------------------------------------------------------------------------------------------
+
+
+def test_an_agent_job_runs_as_a_turn_of_its_session_and_the_reply_is_delivered(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    app = open_app(home, fake_openai)
+    jobs = app.jobs()
+    delivered = Delivered()
+    fake_openai.reply_text("本周：买了咖啡豆，约了牙医。")
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        jobs.add(make_schedule(cron="0 11 * * 1", tz=jobs.tz), "agent", "总结我这周的笔记", "telegram:42")
+        frozen.move_to("2025-03-10 03:00:00")
+
+        async def body() -> None:
+            async with app:
+                await app.scheduler(delivered).run_due()
+        in_loop(body)
+    assert delivered.sent == [("telegram:42", "本周：买了咖啡豆，约了牙医。")]
+    [request] = fake_openai.chat_requests()
+    asked = said(request["messages"][-1])
+    assert "总结我这周的笔记" in asked and "Scheduled task" in asked
+    history = App.open(home).workspace.sessions().load("telegram:42")
+    assert [m.message["role"] for m in history.active()] == ["user", "assistant"]
+
+
+# -- heartbeat --------------------------------------------------------------------------------------------------
+
+
+def enable_heartbeat(home: Path, **settings: Any) -> None:
+    set_config(home, heartbeat={"enabled": True, "interval_minutes": 30, "session": "telegram:42", **settings})
+
+
+def beat(home: Path, model: FakeOpenAIServer, delivered: Delivered) -> str | None:
+    app = open_app(home, model)
+
+    async def body() -> str | None:
+        async with app:
+            return await app.scheduler(delivered).beat()
+    with freeze_time(NOW, real_asyncio=True):
+        return in_loop(body)
+
+
+@pytest.mark.parametrize("content", [None, "", "\n\n", "# Heartbeat\n\n## Tasks\n<!-- nothing yet -->\n"],
+                         ids=["missing", "empty", "blank", "headings-and-comments"])
+def test_a_heartbeat_without_tasks_makes_no_model_call(home: Path, fake_openai: FakeOpenAIServer,
+                                                       content: str | None) -> None:
+    enable_heartbeat(home)
+    path = home / "workspace" / "HEARTBEAT.md"
+    path.unlink(missing_ok=True)
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    delivered = Delivered()
+    assert beat(home, fake_openai, delivered) is None
+    assert fake_openai.chat_requests() == [] and delivered.sent == []
+
+
+def test_the_shipped_heartbeat_file_lists_no_tasks(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    template = template_paths()[0] / "HEARTBEAT.md"
+    assert template.is_file() and (home / "workspace" / "HEARTBEAT.md").read_bytes() == template.read_bytes()
+    assert "- " in template.read_text(encoding="utf-8")  # an example is there, inside a comment
+    assert heartbeat_tasks(template.read_text(encoding="utf-8")) == ""
+    enable_heartbeat(home)
+    assert beat(home, fake_openai, Delivered()) is None
+    assert fake_openai.chat_requests() == []
+
+
+def test_a_heartbeat_with_tasks_is_one_turn_of_the_owners_session(home: Path, fake_openai: FakeOpenAIServer
+                                                                  ) -> None:
+    enable_heartbeat(home)
+    (home / "workspace" / "HEARTBEAT.md").write_text(
+        "# Heartbeat\n<!-- standing tasks -->\n- 检查今天的日记里有没有待办事项\n", encoding="utf-8")
+    fake_openai.reply_text("你今天还要给牙医打电话。")
+    delivered = Delivered()
+    assert beat(home, fake_openai, delivered) == "你今天还要给牙医打电话。"
+    assert delivered.sent == [("telegram:42", "你今天还要给牙医打电话。")]
+    [request] = fake_openai.chat_requests()
+    asked = said(request["messages"][-1])
+    assert "检查今天的日记里有没有待办事项" in asked and "Periodic check" in asked
+    assert "standing tasks -->" not in asked and "# Heartbeat" not in asked
+
+
+@pytest.mark.parametrize("answer", [HEARTBEAT_QUIET, "", f"All fine. {HEARTBEAT_QUIET}"],
+                         ids=["quiet", "empty", "quiet-at-the-end"])
+def test_a_heartbeat_with_nothing_to_say_sends_nothing(home: Path, fake_openai: FakeOpenAIServer,
+                                                       answer: str) -> None:
+    enable_heartbeat(home)
+    (home / "workspace" / "HEARTBEAT.md").write_text("- check the weather for rain\n", encoding="utf-8")
+    fake_openai.reply_text(answer)
+    delivered = Delivered()
+    assert beat(home, fake_openai, delivered) is None
+    assert len(fake_openai.chat_requests()) == 1 and delivered.sent == []
+
+
+def test_the_heartbeat_beats_on_its_interval(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    enable_heartbeat(home, interval_minutes=5)
+    (home / "workspace" / "HEARTBEAT.md").write_text("- look at the calendar\n", encoding="utf-8")
+    for _ in range(2):
+        fake_openai.reply_text("Meeting at 11.")
+    delivered = Delivered()
+    app = open_app(home, fake_openai)
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        async def sleep(seconds: float) -> None:
+            frozen.tick(timedelta(seconds=seconds))
+            if len(delivered.sent) == 2:
+                await scheduler.stop()
+
+        scheduler = app.scheduler(delivered, poll_interval=3600, sleep=sleep)
+
+        async def body() -> None:
+            async with app:
+                await scheduler.run()
+        in_loop(body)
+    assert delivered.at == [utc("2025-03-10 02:05"), utc("2025-03-10 02:10")]
+
+
+def config_with(heartbeat: dict[str, Any]) -> Config:
+    return parse_config({"heartbeat": heartbeat}, "config.json")
+
+
+def test_heartbeat_settings_are_validated() -> None:
+    assert config_with({}).heartbeat.enabled is False
+    five = config_with({"enabled": True, "interval_minutes": 5, "session": "telegram:1"})
+    assert five.heartbeat.interval_minutes == 5
+    with pytest.raises(ConfigError, match="heartbeat.interval_minutes") as caught:
+        config_with({"enabled": True, "interval_minutes": 4, "session": "telegram:1"})
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="heartbeat.session is required"):
+        config_with({"enabled": True})
+    with pytest.raises(ConfigError, match="not a session key"):
+        config_with({"session": "my chat"})
+    with pytest.raises(ConfigError, match="unknown key"):
+        config_with({"interval": 30})
