@@ -322,7 +322,7 @@ class HashEmbedder:
     def token_limit(self) -> TokenLimit:
         return DEFAULT_LIMIT
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
         rows = [np.random.default_rng(int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest())
                                       ).standard_normal(384) for t in texts]
         matrix = np.asarray(rows, dtype=np.float32).reshape(len(texts), 384)

