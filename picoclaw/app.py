@@ -8,7 +8,7 @@ and the openai client are imported only then too, so `picoclaw memory show` star
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from picoclaw.jobs import JobStore
     from picoclaw.memory.index.embedders import Embedder
     from picoclaw.providers.openai_compat import OpenAICompatProvider
+    from picoclaw.tools.base import Tool
+    from picoclaw.tools.mcp import McpServers
 
 ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
 
@@ -42,6 +44,7 @@ class App:
         self._make_provider = make_provider
         self._provider: OpenAICompatProvider | None = None
         self._shared: AgentLoop | None = None
+        self._mcp: McpServers | None = None
         self._agents: LruCache[str, AgentLoop] = LruCache(
             AGENT_CACHE_SIZE, keep=lambda key: self._busy(key), on_evict=lambda key, agent: agent.workspace.close())
 
@@ -58,19 +61,41 @@ class App:
             self._provider = make(self.config)
         return self._provider
 
+    async def start_mcp(self) -> McpServers:
+        """Start the MCP servers of `tools.mcp` (once per process), so their tools join every agent's. A server
+        that fails is logged and shown by /status, never raised. Chat and the bot call this before `agent`."""
+        from picoclaw.tools.mcp import McpServers
+
+        if self._mcp is None:
+            self._mcp = McpServers(self.config.tools.mcp)
+            await self._mcp.start()
+        return self._mcp
+
+    def _mcp_tools(self) -> Sequence[Tool]:
+        if self._mcp is not None:
+            return self._mcp.tools()
+        if any(server.enabled for server in self.config.tools.mcp.servers.values()):
+            # One code path for every front end: an agent without its configured MCP tools is a bug here,
+            # never a mode in which they are silently missing.
+            raise RuntimeError("MCP servers are configured: await App.start_mcp() before App.agent()")
+        return ()
+
     def agent(self, user_key: str | None = None) -> AgentLoop:
         """The agent of the shared memory (None), or of one user's memory (memory_scope "per_user")."""
         from picoclaw.agent.loop import AgentLoop
         from picoclaw.tools.registry import build_tools
 
+        extra = self._mcp_tools()
+        status = self._mcp.status_lines if self._mcp is not None else None
         if user_key is None:
             if self._shared is None:
-                self._shared = AgentLoop(self.workspace, self.provider(), build_tools(self.workspace))
+                self._shared = AgentLoop(self.workspace, self.provider(), build_tools(self.workspace, extra),
+                                         status=status)
             return self._shared
         loop = self._agents.get(user_key)
         if loop is None:
             workspace = self.workspace.for_user(user_key)
-            loop = AgentLoop(workspace, self.provider(), build_tools(workspace))
+            loop = AgentLoop(workspace, self.provider(), build_tools(workspace, extra), status=status)
             self._agents.put(user_key, loop)
         return loop
 
@@ -99,9 +124,12 @@ class App:
         return ([self._shared] if self._shared is not None else []) + self._agents.values()
 
     async def aclose(self) -> None:
-        """Let background work (summaries …) finish, then close the model client, indexes and embedder."""
+        """Let background work (summaries …) finish, then stop the MCP servers and close the model client,
+        indexes and embedder."""
         for loop in self._loops():
             await loop.wait_background()
+        if self._mcp is not None:
+            await self._mcp.aclose()
         if self._provider is not None:
             await self._provider.aclose()
             self._provider = None

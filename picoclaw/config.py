@@ -111,6 +111,119 @@ class ChannelsConfig(_Strict):
     telegram: TelegramConfig = TelegramConfig()
 
 
+class WebSearchConfig(_Strict):
+    """tools.web.search: the search API behind web_search. An empty api_key is read from BRAVE_API_KEY or
+    TAVILY_API_KEY; `base_url` (empty: the provider's own) is required for searxng."""
+
+    provider: Literal["brave", "tavily", "searxng"]
+    api_key: str = ""
+    base_url: str = ""
+    max_results: int = Field(5, ge=1, le=20)
+
+    @model_validator(mode="after")
+    def _searxng_needs_a_url(self) -> WebSearchConfig:
+        if self.provider == "searxng" and not self.base_url:
+            raise ValueError("tools.web.search.base_url is required for provider searxng (e.g. http://localhost:8888)")
+        return self
+
+
+class WebConfig(_Strict):
+    """tools.web: web_fetch (on unless `fetch_enabled` is false) and web_search (on when `search` is set).
+
+    `allow_private` lets web_fetch reach loopback, private and link-local addresses (the user's own
+    network); off, a page cannot make the model probe the router or a local admin page."""
+
+    fetch_enabled: bool = True
+    allow_private: bool = False
+    timeout: float = Field(15.0, gt=0, le=300)
+    max_bytes: int = Field(2_000_000, ge=1_000, le=100_000_000)
+    max_chars: int = Field(20_000, ge=500, le=1_000_000)
+    max_redirects: int = Field(5, ge=0, le=20)
+    search: WebSearchConfig | None = None
+
+
+class ExecConfig(_Strict):
+    """tools.exec: the exec tool, off unless enabled. Its deny list is a seat belt, not a sandbox: the
+    command runs as the user who runs picoclaw."""
+
+    enabled: bool = False
+    timeout: float = Field(30.0, gt=0, le=3600)
+    shell: bool = False  # false: the command is split into arguments and run without a shell
+    max_output_chars: int = Field(10_000, ge=500, le=1_000_000)
+    deny_patterns: list[str] = []  # extra regular expressions; a command matching one is refused
+
+    @field_validator("deny_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from exc
+        return patterns
+
+
+MCP_SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+
+
+class McpServerConfig(_Strict):
+    """tools.mcp.servers.NAME: one Model Context Protocol server, run as a command (stdio) or reached at a URL
+    (streamable HTTP). Exactly one of `command` and `url`; `tools` limits which of its tools the model gets."""
+
+    enabled: bool = True
+    command: list[str] | None = Field(None, min_length=1)  # the program and its arguments, e.g. ["npx", "-y", …]
+    env: dict[str, str] = {}  # added to the few variables a stdio server inherits (PATH, HOME, …)
+    url: str | None = None
+    headers: dict[str, str] = {}  # sent with every HTTP request, e.g. {"Authorization": "Bearer …"}
+    tools: list[str] | None = None  # None: every tool the server offers
+    timeout: float = Field(30.0, gt=0, le=3600)  # seconds for start-up (connect, list tools) and for each call
+
+    @field_validator("command")
+    @classmethod
+    def _program_named(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value[0].strip():
+            raise ValueError("the first item must name the program to run")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of \"command\" (a program to run, talking over stdio) and \"url\" "
+                             "(a streamable HTTP endpoint)")
+        if self.url is not None and not re.match(r"^https?://[^/\s]+", self.url):
+            raise ValueError(f"url {self.url!r} must start with http:// or https:// and name a host")
+        if self.command is not None and self.headers:
+            raise ValueError("\"headers\" applies to a \"url\" server only (a command server takes \"env\")")
+        if self.url is not None and self.env:
+            raise ValueError("\"env\" applies to a \"command\" server only (a url server takes \"headers\")")
+        if not all(f"{key}{value}".isascii() for key, value in self.headers.items()):
+            raise ValueError("header names and values must be ASCII (HTTP sends nothing else)")
+        return self
+
+
+class McpConfig(_Strict):
+    """tools.mcp: the MCP servers whose tools the model gets, as mcp__<server>__<tool>."""
+
+    servers: dict[str, McpServerConfig] = {}
+
+    @field_validator("servers")
+    @classmethod
+    def _names_fit_tool_names(cls, servers: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        # The name becomes part of every tool name the model sees, and models accept only these characters.
+        for name in servers:
+            if not MCP_SERVER_NAME.match(name):
+                raise ValueError(f"server name {name!r} must be 1-32 letters, digits, '_' or '-'")
+        return servers
+
+
+class ToolsConfig(_Strict):
+    """tools: settings of the model's optional tools (web, exec, MCP servers); each is off until configured."""
+
+    web: WebConfig = WebConfig()
+    exec: ExecConfig = ExecConfig()
+    mcp: McpConfig = McpConfig()
+
+
 class HeartbeatConfig(_Strict):
     """heartbeat: every `interval_minutes` the bot reads workspace/HEARTBEAT.md and, if it lists tasks, runs
     them as a turn of `session` (the owner's chat), sending the reply only when there is something to say."""
@@ -243,6 +356,7 @@ class Config(_Strict):
     channels: ChannelsConfig = ChannelsConfig()
     memory: MemoryConfig = MemoryConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
+    tools: ToolsConfig = ToolsConfig()
 
     @field_validator("workspace")
     @classmethod

@@ -25,6 +25,7 @@ INDEX_DIR = "index"
 CRON_DIR = "cron"
 JOBS_FILE = "jobs.json"
 HEARTBEAT_FILE = "HEARTBEAT.md"
+SKILLS_DIR = "skills"
 # The workspace's own files that go into every system prompt, in this order (the prompt of every scope).
 BOOTSTRAP_FILES = ("IDENTITY.md", "SOUL.md", "AGENTS.md", "USER.md")
 
@@ -99,6 +100,11 @@ class WorkspaceLayout:
     def jobs_path(self) -> Path:
         """Scheduled jobs of every scope: one file at the workspace root (a job names its own scope)."""
         return self.root / CRON_DIR / JOBS_FILE
+
+    @property
+    def skills_dir(self) -> Path:
+        """The installed skills (`<name>/SKILL.md`), shared by every scope of the workspace."""
+        return self.root / SKILLS_DIR
 
     @property
     def heartbeat_path(self) -> Path:

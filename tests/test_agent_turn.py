@@ -49,7 +49,7 @@ def test_tool_loop_runs_each_call_and_feeds_the_result_back(
     assert "MEMORY.md" in listing["content"]
     assert [tool["function"]["name"] for tool in first["tools"]] == [
         "memory_search", "memory_append", "read_file", "write_file", "edit_file", "append_file", "list_dir",
-        "cron"]
+        "cron", "skill", "web_fetch"]
     # The whole turn is in the session file and goes back to the model next turn (the fake checks pairing).
     turn = ["user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
     assert message_roles(workspace) == turn + ["user", "assistant"]

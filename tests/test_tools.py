@@ -443,10 +443,11 @@ def test_schemas_are_generated_from_args(tools: ToolRegistry) -> None:
     schemas = tools.schemas()
     assert [s["function"]["name"] for s in schemas] == [
         "memory_search", "memory_append", "read_file", "write_file", "edit_file", "append_file", "list_dir",
-        "cron"]
+        "cron", "skill", "web_fetch"]
     required = {"memory_search": ["query"], "memory_append": ["content"], "read_file": ["path"],
                 "write_file": ["path", "content"], "edit_file": ["path", "old_text", "new_text"],
-                "append_file": ["path", "content"], "list_dir": [], "cron": ["action"]}
+                "append_file": ["path", "content"], "list_dir": [], "cron": ["action"], "skill": ["name"],
+                "web_fetch": ["url"]}
     for schema, cls in zip(schemas, TOOL_CLASSES, strict=True):
         assert schema["type"] == "function"
         function = schema["function"]

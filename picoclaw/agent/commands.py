@@ -5,6 +5,7 @@ Parsing and the replies' wording live here; the loop runs a command with its own
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +79,10 @@ def memory_report(memory: InjectedMemory, query: str, root: Path) -> str:
     return "\n".join(lines)
 
 
-def status_report(model: str, provider: str, session: Session, effective: EffectivePolicy) -> str:
-    """The model, the conversation's size, the last prompt (cached share), the last turn's memory, the policy."""
+def status_report(model: str, provider: str, session: Session, effective: EffectivePolicy,
+                  extra: Sequence[str] = ()) -> str:
+    """The model, the conversation's size, the last prompt (cached share), the last turn's memory, the policy,
+    then `extra` lines (the MCP servers' states)."""
     active = session.active()
     lines = [f"model: {model} (provider {provider})",
              f"conversation {session.key}: {session.last_id} messages, {len(active)} since the last summary"
@@ -103,4 +106,5 @@ def status_report(model: str, provider: str, session: Session, effective: Effect
     described += [f"{len(layers['config'])} key(s) from config.json"] if "config" in layers else []
     described += [f"{len(layers['default'])} default(s)"] if "default" in layers else []
     lines.append("policy: " + "; ".join(described) + " (/policy shows each value)")
+    lines += extra
     return "\n".join(lines)

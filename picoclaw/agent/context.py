@@ -28,6 +28,7 @@ from picoclaw.memory.store import DailyNote
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import Message
 from picoclaw.tokens import count_tokens
+from picoclaw.tools.skills import SkillCatalog, skills_prompt
 
 MEMORY_FRAME = ("A user message may begin with a <context> block that picoclaw attached: memory the user "
                 "stored earlier (each block with its file and lines), recent daily notes, and the time. "
@@ -84,6 +85,8 @@ class ContextBuilder:
         self.workspace = workspace
         # Bootstrap files are read once and again only when they change on disk.
         self._files = FileCache(lambda path: path.read_text(encoding="utf-8", errors="replace"))
+        # The skill list is part of the stable prefix: scanned again only when a SKILL.md changes.
+        self.skills = SkillCatalog(workspace.layout.skills_dir)
 
     # -- memory selection --------------------------------------------------------------------------
 
@@ -192,11 +195,12 @@ class ContextBuilder:
     # -- the prompt --------------------------------------------------------------------------------
 
     def stable_prefix(self, now: datetime) -> str:
-        """The part of the system prompt that only changes when a bootstrap file or the date does."""
+        """The part of the system prompt that only changes when a bootstrap file, a skill or the date does."""
         parts = [(self._files.get(self.workspace.root / name) or "").strip() for name in BOOTSTRAP_FILES]
         parts.append(TOOL_GUIDANCE)
         if self.workspace.layout.is_per_user:
             parts.append(PER_USER_GUIDANCE)
+        parts.append(skills_prompt(self.skills.scan()))
         parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({self.workspace.config.timezone})")
         return "\n\n".join(part for part in parts if part)
 

@@ -109,10 +109,11 @@ class AgentLoop:
     """Runs turns for every session of one workspace against one provider."""
 
     def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry, *,
-                 session_cache_size: int = SESSION_CACHE_SIZE):
+                 session_cache_size: int = SESSION_CACHE_SIZE, status: Callable[[], list[str]] | None = None):
         self.workspace = workspace
         self.provider = provider
         self.tools = tools
+        self._status = status  # more lines for /status (the MCP servers' states), read at each /status
         self._offered = offered_tools(tools)  # tool name → its Args model, for calls written as text
         self.context = ContextBuilder(workspace)
         self.sessions = workspace.sessions()
@@ -204,7 +205,7 @@ class AgentLoop:
             return policy_report(self.workspace.policy.effective())
         if command.name == "/status":
             return status_report(self.provider.model, self.provider.name, await self.session(key),
-                                 self.workspace.policy.effective())
+                                 self.workspace.policy.effective(), self._status() if self._status else ())
         return unknown_reply(command)
 
     async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None) -> str:

@@ -318,6 +318,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with app:
+            app.provider()  # a missing key or URL is reported before any MCP server starts
+            await app.start_mcp()
             return await chat(app.agent(), session_key=args.session, message=args.message)
 
     return asyncio.run(run())
@@ -337,6 +339,7 @@ def cmd_telegram(args: argparse.Namespace) -> int:
         try:
             async with app:
                 app.provider()  # a missing key or URL stops the bot now, not at the first message
+                await app.start_mcp()  # the same MCP tools as in chat: one code path
                 channel = TelegramChannel(settings, bot, app.agent)
                 await channel.run(scheduler=app.scheduler(channel.deliver))
         finally:
@@ -351,6 +354,45 @@ def cmd_telegram(args: argparse.Namespace) -> int:
     finally:
         picoclaw_log.setLevel(level)
     return 0
+
+
+# -- skills ----------------------------------------------------------------------------------------
+
+def cmd_skills_list(args: argparse.Namespace) -> int:
+    from picoclaw.tools.skills import SkillCatalog
+
+    folder = _workspace().layout.skills_dir
+    scan = SkillCatalog(folder).scan()
+    if not scan.skills and not scan.problems:
+        print(f"no skills installed ({folder})")
+    for skill in scan.skills:
+        print(f"{skill.name}: {skill.description}")
+    for problem in scan.problems:
+        print(f"failed: {problem.path}: {problem.reason}")
+    return 1 if scan.problems else 0
+
+
+# -- mcp -------------------------------------------------------------------------------------------
+
+def cmd_mcp_list(args: argparse.Namespace) -> int:
+    app = _app()
+    if not app.config.tools.mcp.servers:
+        print(f"no MCP servers configured (add them under tools.mcp.servers in {app.home / 'config.json'})")
+        return 0
+
+    async def run() -> tuple[list[str], bool]:
+        async with app:  # the servers start as they do for chat and the bot, and stop when this ends
+            servers = await app.start_mcp()
+            lines = []
+            for server in servers.servers:
+                lines.append(f"{server.name}: {server.status()}  [{server.describe()}]")
+                lines += [f"  {tool.name}  {tool.description.strip().split(chr(10), 1)[0]}".rstrip()
+                          for tool in server.tools]
+            return lines, any(server.state == "failed" for server in servers.servers)
+
+    lines, failed = asyncio.run(run())
+    print("\n".join(lines))
+    return 1 if failed else 0
 
 
 # -- cron ------------------------------------------------------------------------------------------
@@ -476,6 +518,16 @@ def build_parser() -> argparse.ArgumentParser:
     remove.add_argument("id")
     remove.set_defaults(handler=cmd_cron_remove)
 
+    skills = commands.add_parser("skills", help="the skills in workspace/skills/ that the model can load")
+    skills_commands = skills.add_subparsers(dest="skills_command", metavar="ACTION", parser_class=_Parser)
+    skills_commands.add_parser("list", help="installed skills (name: description) and any that failed to load"
+                               ).set_defaults(handler=cmd_skills_list)
+
+    mcp = commands.add_parser("mcp", help="the MCP servers of tools.mcp in config.json and their tools")
+    mcp_commands = mcp.add_subparsers(dest="mcp_command", metavar="ACTION", parser_class=_Parser)
+    mcp_commands.add_parser("list", help="start each server, show its state (ready / failed: why / disabled) "
+                            "and its tools, stop it").set_defaults(handler=cmd_mcp_list)
+
     policy = commands.add_parser("policy", help="show and tune the memory policy")
     policy_commands = policy.add_subparsers(dest="policy_command", metavar="ACTION", parser_class=_Parser)
     policy_commands.add_parser("show", help="each key's value and where it comes from").set_defaults(
@@ -519,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             format="picoclaw: %(levelname)s: %(message)s")
         handler = getattr(args, "handler", None)
         if handler is None:
-            sub = {"memory": "memory", "policy": "policy", "cron": "cron"}.get(args.command or "")
+            sub = {"memory": "memory", "policy": "policy", "cron": "cron", "mcp": "mcp"}.get(args.command or "")
             what = "an action" if sub else "a command"
             raise UsageError(f"missing {what} (see `{' '.join(['picoclaw', *([sub] if sub else [])])} --help`)")
         try:

@@ -1,0 +1,398 @@
+"""MCP servers' tools (tools.mcp): config checks, and a real MCP server written with the official SDK
+(tests/fakes/mcp_server.py) run over stdio and over streamable HTTP on 127.0.0.1, driven through the real
+AgentLoop and the fake model: tools listed, calls and their results, failures contained, `mcp list`, /status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from picoclaw.agent.commands import Command
+from picoclaw.app import App
+from picoclaw.cli import main
+from picoclaw.config import load_config, parse_config
+from picoclaw.errors import ConfigError
+from picoclaw.tools.mcp import McpServer
+from tests.agent_helpers import API_KEY, history, make_provider
+from tests.fakes import FakeOpenAIServer
+
+T = TypeVar("T")
+
+SERVER_SCRIPT = Path(__file__).parent / "fakes" / "mcp_server.py"
+SERVER_TOOLS = ["add", "crash", "echo", "fail", "picture", "sleep"]  # what the fake server offers
+SESSION = "cli:mcp"
+HTTP_HEADER = ("X-Token", "s3cret-token")  # the HTTP server refuses requests without it
+
+
+def stdio(**settings: Any) -> dict[str, Any]:
+    """A tools.mcp.servers entry that runs the fake server over stdio."""
+    return {"command": [sys.executable, str(SERVER_SCRIPT)], **settings}
+
+
+def configure(home: Path, servers: dict[str, Any], fake_openai: FakeOpenAIServer | None = None) -> None:
+    """Write `servers` into config.json's tools.mcp (and point the provider at the fake model)."""
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.setdefault("tools", {})["mcp"] = {"servers": servers}
+    if fake_openai is not None:
+        config["providers"]["openai"] = {"api_key": API_KEY, "api_base": fake_openai.base_url}
+    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+
+
+def with_app(home: Path, fake_openai: FakeOpenAIServer | None, body: Callable[[App], Awaitable[T]]) -> T:
+    """Run `body(app)` with the MCP servers started the way chat and the bot start them, then close the app."""
+    async def run() -> T:
+        app = App(load_config(home), home, make_provider=lambda config: make_provider(app.workspace, fake_openai))
+        async with app:
+            await app.start_mcp()
+            return await body(app)
+    return asyncio.run(run())
+
+
+def tool_names(app: App) -> list[str]:
+    return [schema["function"]["name"] for schema in app.agent().tools.schemas()]
+
+
+def mcp_names(app: App) -> list[str]:
+    return [name for name in tool_names(app) if name.startswith("mcp__")]
+
+
+def tool_results(body: dict[str, Any]) -> list[str]:
+    """The tool results at the end of a request, in call order."""
+    results = []
+    for message in reversed(history(body)):
+        if message["role"] != "tool":
+            break
+        results.insert(0, message["content"])
+    return results
+
+
+async def server_of(app: App, name: str) -> McpServer:
+    servers = await app.start_mcp()  # started already: the same servers again
+    return next(server for server in servers.servers if server.name == name)
+
+
+# -- config ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("entry", "expected"), [
+    ({"command": ["x"], "url": "http://127.0.0.1:1/mcp"}, "give exactly one of \"command\""),
+    ({"enabled": True}, "give exactly one of \"command\""),
+    ({"command": []}, "command"),
+    ({"command": [" "]}, "the first item must name the program"),
+    ({"url": "127.0.0.1:8080/mcp"}, "must start with http:// or https://"),
+    ({"command": ["x"], "headers": {"A": "b"}}, "\"headers\" applies to a \"url\" server only"),
+    ({"url": "http://127.0.0.1:1/mcp", "env": {"A": "b"}}, "\"env\" applies to a \"command\" server only"),
+    ({"command": ["x"], "timeout": 0}, "timeout"),
+    ({"url": "http://127.0.0.1:1/mcp", "headers": {"X-Token": "令牌"}}, "must be ASCII"),
+    ({"command": ["x"], "args": ["y"]}, "args"),  # unknown keys stay an error
+])
+def test_a_bad_server_entry_is_a_clear_config_error(entry: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"tools": {"mcp": {"servers": {"files": entry}}}}, "config.json")
+    assert "tools.mcp.servers.files" in str(caught.value) and expected in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["my files", "a.b", "", "x" * 33, "文件"])
+def test_a_server_name_that_cannot_be_part_of_a_tool_name_is_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="letters, digits"):
+        parse_config({"tools": {"mcp": {"servers": {name: {"command": ["x"]}}}}}, "config.json")
+
+
+def test_a_good_entry_has_the_documented_defaults() -> None:
+    config = parse_config({"tools": {"mcp": {"servers": {"web-1": {"url": "https://example.com/mcp"}}}}}, "c.json")
+    server = config.tools.mcp.servers["web-1"]
+    assert (server.enabled, server.tools, server.timeout, server.headers) == (True, None, 30.0, {})
+
+
+# -- stdio: listing and calling ----------------------------------------------------------------------------
+
+
+def test_tools_are_listed_sorted_with_the_servers_schema(home: Path) -> None:
+    configure(home, {"files": stdio()})
+
+    async def body(app: App) -> tuple[list[str], list[str], dict[str, Any], bool]:
+        schemas = app.agent().tools.schemas()
+        echo = next(s for s in schemas if s["function"]["name"] == "mcp__files__echo")
+        # A per-user agent gets the same MCP tools, and the list is built once (the prompt prefix stays put).
+        return (tool_names(app), [s["function"]["name"] for s in app.agent("42").tools.schemas()], echo,
+                schemas is app.agent().tools.schemas())
+
+    names, per_user, echo, same = with_app(home, None, body)
+
+    assert names[:2] == ["memory_search", "memory_append"]  # the built-in tools first, as before
+    assert [n for n in names if n.startswith("mcp__")] == [f"mcp__files__{tool}" for tool in SERVER_TOOLS]
+    assert per_user == names and same
+    assert echo["function"]["description"] == "Say the text back, `times` times."
+    parameters = echo["function"]["parameters"]
+    assert parameters["properties"]["text"]["type"] == "string"
+    assert parameters["properties"]["times"] == {"default": 1, "title": "Times", "type": "integer"}
+    assert parameters["required"] == ["text"]
+
+
+def test_a_call_through_the_model_reaches_the_server_and_its_result_the_next_request(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, {"files": stdio()})
+    fake_openai.reply_tool_calls([("mcp__files__echo", {"text": "你好，世界", "times": 2}),
+                                  ("mcp__files__picture", {"caption": "一只猫"}),
+                                  ("mcp__files__fail", {"reason": "磁盘已满"}),
+                                  ("mcp__files__add", {"a": "not a number", "b": 2})])
+    fake_openai.reply_text("完成了。")
+
+    async def body(app: App) -> str:
+        return (await app.agent().handle(SESSION, "说两遍你好")).text
+
+    assert with_app(home, fake_openai, body) == "完成了。"
+    first, second = fake_openai.chat_requests()
+    assert "mcp__files__echo" in [tool["function"]["name"] for tool in first["tools"]]
+    echo, picture, fail, add = tool_results(second)
+    assert echo == "你好，世界 你好，世界"
+    assert picture == "一只猫\n[image content not shown]"
+    assert fail.startswith("error: ") and "磁盘已满" in fail  # isError: an error the model sees
+    assert add.startswith("error: ") and "validation error" in add  # the server checks its own schema
+
+
+def test_a_server_that_exits_mid_session_gives_tool_errors_and_the_turn_completes(
+        home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    configure(home, {"files": stdio()})
+    fake_openai.reply_tool_calls([("mcp__files__crash", {})])
+    fake_openai.reply_tool_calls([("mcp__files__echo", {"text": "still there?"}), ("list_dir", {"path": "."})])
+    fake_openai.reply_text("The file server is gone; the rest works.")
+    fake_openai.reply_text("Second turn fine.")
+
+    async def body(app: App) -> tuple[list[str], str]:
+        agent = app.agent()
+        replies = [(await agent.handle(SESSION, "crash it")).text, (await agent.handle(SESSION, "and now?")).text]
+        return replies, await agent.command(SESSION, Command("/status", ""))
+
+    with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
+        replies, status = with_app(home, fake_openai, body)
+
+    assert replies == ["The file server is gone; the rest works.", "Second turn fine."]
+    _, second, third, _ = fake_openai.chat_requests()
+    [crash] = tool_results(second)
+    assert crash.startswith("error: MCP server files stopped during the call")
+    echo, listing = tool_results(third)
+    assert echo.startswith("error: MCP server files is not available (failed: the server closed the connection")
+    assert not listing.startswith("error")  # the built-in tools keep working
+    assert "MCP files: failed: the server closed the connection" in status
+    failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert failures == ["MCP server files failed: the server closed the connection (it exited; its own output "
+                        "may say why)"]
+
+
+def test_a_server_that_never_starts_is_one_log_line_and_the_others_work(
+        home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    configure(home, {"broken": {"command": [str(home / "no-such-server"), "--stdio"]}, "files": stdio()})
+    fake_openai.reply_tool_calls([("mcp__files__add", {"a": 2, "b": 3}), ("memory_search", {"query": "tea"})])
+    fake_openai.reply_text("5")
+
+    async def body(app: App) -> tuple[list[str], str, str]:
+        agent = app.agent()
+        return mcp_names(app), (await agent.handle(SESSION, "2+3?")).text, await agent.command(
+            SESSION, Command("/status", ""))
+
+    with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
+        names, reply, status = with_app(home, fake_openai, body)
+
+    assert reply == "5"
+    assert names == [f"mcp__files__{tool}" for tool in SERVER_TOOLS]
+    add, search = tool_results(fake_openai.chat_requests()[1])
+    assert add == "5" and not search.startswith("error")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"MCP server broken failed: cannot run '{home / 'no-such-server'}': program not found"]
+    assert f"MCP broken: failed: cannot run '{home / 'no-such-server'}': program not found" in status.splitlines()
+    assert "MCP files: ready, 6 tools" in status.splitlines()
+
+
+def test_a_server_that_does_not_answer_at_start_times_out(home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A program that reads nothing and says nothing: the handshake never completes.
+    configure(home, {"mute": {"command": [sys.executable, "-c", "import time; time.sleep(60)"], "timeout": 0.5}})
+
+    async def body(app: App) -> tuple[list[str], str]:
+        return mcp_names(app), (await server_of(app, "mute")).status()
+
+    with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
+        names, status = with_app(home, None, body)
+
+    assert names == [] and status == "failed: no answer within 0.5 s while starting"
+    assert [r.getMessage() for r in caplog.records] == ["MCP server mute failed: no answer within 0.5 s while starting"]
+
+
+def test_a_call_that_times_out_is_a_tool_error_and_the_server_stays_usable(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, {"files": stdio(timeout=1, tools=["sleep", "echo"])})
+    fake_openai.reply_tool_calls([("mcp__files__sleep", {"seconds": 5})])
+    fake_openai.reply_tool_calls([("mcp__files__echo", {"text": "awake"})])
+    fake_openai.reply_text("ok")
+
+    async def body(app: App) -> str:
+        return (await app.agent().handle(SESSION, "sleep")).text
+
+    assert with_app(home, fake_openai, body) == "ok"
+    _, second, third = fake_openai.chat_requests()
+    assert tool_results(second) == ["error: mcp__files__sleep timed out after 1 s"]
+    assert tool_results(third) == ["awake"]
+
+
+def test_an_allow_list_registers_only_the_listed_tools(home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    configure(home, {"files": stdio(tools=["echo", "add", "rm"])})
+
+    async def body(app: App) -> tuple[list[str], str]:
+        return mcp_names(app), (await server_of(app, "files")).status()
+
+    with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
+        names, status = with_app(home, None, body)
+
+    assert names == ["mcp__files__add", "mcp__files__echo"]
+    # A listed tool the server lacks is said, not silently ignored.
+    assert status == "ready, 2 tools (not offered by the server: rm)"
+    assert [r.getMessage() for r in caplog.records] == [
+        "MCP server files: tools in its allow-list that it does not offer: rm"]
+
+
+def test_a_disabled_server_is_not_started(home: Path) -> None:
+    configure(home, {"files": stdio(enabled=False)})
+
+    async def body(app: App) -> tuple[list[str], str]:
+        return mcp_names(app), await app.agent().command(SESSION, Command("/status", ""))
+
+    names, status = with_app(home, None, body)
+    assert names == [] and "MCP files: disabled" in status.splitlines()
+
+
+def test_an_agent_without_its_configured_mcp_servers_is_refused(home: Path) -> None:
+    configure(home, {"files": stdio()})
+    app = App.open(home)
+    try:
+        with pytest.raises(RuntimeError, match="start_mcp"):
+            app.agent()
+    finally:
+        app.close()
+
+
+# -- streamable HTTP ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def http_url() -> Iterator[str]:
+    """The fake server over streamable HTTP on 127.0.0.1 (a free port it binds itself), once per module."""
+    process = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), "--http", "--header", "=".join(HTTP_HEADER)],
+                               stdout=subprocess.PIPE, text=True, encoding="utf-8")
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("PORT "), f"the HTTP MCP server did not start: {line!r}"
+        yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_a_streamable_http_server_with_headers_works_like_a_stdio_one(
+        home: Path, fake_openai: FakeOpenAIServer, http_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    configure(home, {"remote": {"url": http_url, "headers": dict([HTTP_HEADER]), "tools": ["echo", "picture"]},
+                     "nokey": {"url": http_url}})
+    fake_openai.reply_tool_calls([("mcp__remote__echo", {"text": "远程 echo"}),
+                                  ("mcp__remote__picture", {"caption": "图"})])
+    fake_openai.reply_text("done")
+
+    async def body(app: App) -> tuple[list[str], str, str]:
+        agent = app.agent()
+        return mcp_names(app), (await agent.handle(SESSION, "echo remotely")).text, await agent.command(
+            SESSION, Command("/status", ""))
+
+    with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
+        names, reply, status = with_app(home, fake_openai, body)
+
+    assert names == ["mcp__remote__echo", "mcp__remote__picture"] and reply == "done"
+    assert tool_results(fake_openai.chat_requests()[1]) == ["远程 echo", "图\n[image content not shown]"]
+    assert "MCP remote: ready, 2 tools" in status.splitlines()
+    # Without the header the server answers 401: that server fails, visibly, and alone.
+    assert any(line.startswith("MCP nokey: failed: ") for line in status.splitlines())
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["MCP server nokey failed"]
+
+
+def test_an_http_server_that_is_not_there_fails_at_start(home: Path) -> None:
+    configure(home, {"gone": {"url": "http://127.0.0.1:9/mcp", "timeout": 5}})
+
+    async def body(app: App) -> str:
+        return (await server_of(app, "gone")).status()
+
+    assert with_app(home, None, body).startswith("failed: ")
+
+
+# -- the command line: mcp list, chat, telegram -------------------------------------------------------------
+
+
+def test_mcp_list_shows_each_server_its_state_and_its_tools(
+        home: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    configure(home, {"files": stdio(tools=["echo", "add"]), "broken": {"command": ["no-such-mcp-server-xyz"]},
+                     "off": {"url": "http://127.0.0.1:9/mcp", "enabled": False}})
+
+    with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
+        code = main(["mcp", "list"])
+
+    out = capsys.readouterr().out
+    assert code == 1  # a server failed
+    assert out.splitlines() == [
+        "broken: failed: cannot run 'no-such-mcp-server-xyz': program not found  [stdio: no-such-mcp-server-xyz]",
+        f"files: ready, 2 tools  [stdio: {sys.executable} {SERVER_SCRIPT}]",
+        "  mcp__files__add  Add two whole numbers.",
+        "  mcp__files__echo  Say the text back, `times` times.",
+        "off: disabled  [http: http://127.0.0.1:9/mcp]",
+    ]
+    assert [r.getMessage() for r in caplog.records] == [
+        "MCP server broken failed: cannot run 'no-such-mcp-server-xyz': program not found"]
+
+
+def test_mcp_list_without_servers_says_where_to_add_them(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mcp", "list"]) == 0
+    assert capsys.readouterr().out == (f"no MCP servers configured (add them under tools.mcp.servers in "
+                                       f"{home / 'config.json'})\n")
+
+
+def test_chat_offers_the_mcp_tools(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, {"files": stdio(tools=["echo"])}, fake_openai)
+    fake_openai.reply_tool_calls([("mcp__files__echo", {"text": "from chat"})])
+    fake_openai.reply_text("echoed")
+
+    assert main(["chat", "-m", "echo from chat"]) == 0
+
+    first, second = fake_openai.chat_requests()
+    assert [t["function"]["name"] for t in first["tools"]][-1] == "mcp__files__echo"
+    assert tool_results(second) == ["from chat"]
+
+
+def test_telegram_offers_the_same_mcp_tools(home: Path, fake_openai: FakeOpenAIServer,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from picoclaw.channels.telegram import TelegramChannel
+
+    configure(home, {"files": stdio(tools=["echo"])}, fake_openai)
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["channels"]["telegram"].update({"enabled": True, "token": "123456:TEST-token", "api_base":
+                                           "http://127.0.0.1:9", "memory_scope": "per_user"})
+    path.write_text(json.dumps(config), encoding="utf-8")
+    seen: list[list[str]] = []
+
+    async def run(self: TelegramChannel, **kwargs: Any) -> None:  # instead of polling: look at the agents
+        for user in (None, "42"):
+            seen.append([s["function"]["name"] for s in self.agent_for(user).tools.schemas()
+                         if s["function"]["name"].startswith("mcp__")])
+
+    monkeypatch.setattr(TelegramChannel, "run", run)
+    assert main(["telegram"]) == 0
+    assert seen == [["mcp__files__echo"], ["mcp__files__echo"]]
