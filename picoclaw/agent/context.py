@@ -159,9 +159,9 @@ class ContextBuilder:
         at = next((n for n, block in enumerate(around) if block.start_line == hit.block.start_line), None)
         if at is None:
             return group, budget
-        nearest_first = sorted((b for b in around if b.start_line != hit.block.start_line),
-                               key=lambda b: abs(around.index(b) - at))
-        for block in nearest_first:
+        nearest_first = sorted(((abs(n - at), block) for n, block in enumerate(around) if n != at),
+                               key=lambda pair: pair[0])
+        for _, block in nearest_first:
             cost = count_tokens(block.text)
             if block_key(block) in taken or cost > budget:
                 continue

@@ -42,10 +42,14 @@ from picoclaw.memory.index.sync import (
     Syncer,
     SyncReport,
     files_base,
+    finish_embedding,
     forget_everything,
     get_meta,
+    missing_texts,
+    record_embed_failure,
     set_meta,
     source_files,
+    store_vectors,
     transaction,
 )
 from picoclaw.memory.index.vectors import VectorMatrix
@@ -225,8 +229,7 @@ class MemoryIndex:
         """Embed every chunk text without a cached vector, batch by batch; (texts embedded, failure if any)."""
         embedder = self.embedder
         assert embedder is not None
-        limit = self._limit or DEFAULT_LIMIT
-        missing = await self._in_thread(lambda conn: Syncer(conn, limit).missing_texts(embedder.key))
+        missing = await self._in_thread(lambda conn: missing_texts(conn, embedder.key))
         if missing is None:
             return 0, None
         done = 0
@@ -235,7 +238,7 @@ class MemoryIndex:
                 batch = missing[start:start + EMBED_BATCH]
                 vectors = await embedder.embed([text for _, text in batch])
                 hashes = [digest for digest, _ in batch]
-                await self._in_thread(lambda conn: Syncer(conn, limit).store_vectors(embedder.key, hashes, vectors))
+                await self._in_thread(lambda conn: store_vectors(conn, embedder.key, hashes, vectors))
                 done += len(batch)
                 if progress is not None:
                     progress("embeddings", done, len(missing))
@@ -243,12 +246,12 @@ class MemoryIndex:
             reason = str(exc)
             await self._in_thread(lambda conn: self._record_failure(conn, reason))
             return done, reason
-        await self._in_thread(lambda conn: Syncer(conn, limit).finish_embedding(embedder.key))
+        await self._in_thread(lambda conn: finish_embedding(conn, embedder.key))
         return done, None
 
     def _record_failure(self, conn: sqlite3.Connection, reason: str) -> None:
         log.warning("memory index: embeddings unavailable, searching with keywords only: %s", reason)
-        Syncer(conn, self._limit or DEFAULT_LIMIT).record_failure(reason)
+        record_embed_failure(conn, reason)
 
     async def _in_thread(self, operation: Callable[[sqlite3.Connection], T]) -> T:
         """`operation` on the database, in a worker thread (SQLite waits for disk and for other writers)."""

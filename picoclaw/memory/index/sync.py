@@ -193,51 +193,59 @@ class Syncer:
         report.files_changed.append(file.key)
         report.chunks_written += len(chunks)
 
-    def missing_texts(self, model: str) -> list[tuple[str, str]] | None:
-        """(hash, text) of every chunk text with no cached vector for `model`; None when all had one at the
-        last check and nothing changed since."""
-        if get_meta(self.conn, "embedded") == f"{model}@{get_meta(self.conn, 'generation')}":
-            return None
-        return self.conn.execute(
-            "SELECT c.hash, min(c.text) FROM chunks c LEFT JOIN embedding_cache e "
-            "ON e.model = ? AND e.text_hash = c.hash WHERE e.text_hash IS NULL GROUP BY c.hash",
-            (model,)).fetchall()
 
-    def record_failure(self, reason: str) -> None:
-        """Keep why embeddings failed, for `picoclaw memory status`."""
-        with transaction(self.conn):
-            set_meta(self.conn, "embed_error", reason)
-            set_meta(self.conn, "embed_error_at", str(time.time_ns()))
+# -- the embedding cache: plain SQLite steps; the index awaits the embedder between them ------------------
 
-    def finish_embedding(self, model: str) -> bool:
-        """After a backfill: mark the index fully embedded if no chunk still lacks a vector (a file may have
-        changed while the vectors were being made); clear the last failure and prune the cache."""
-        with transaction(self.conn):
-            set_meta(self.conn, "embed_error", None)
-            set_meta(self.conn, "embed_error_at", None)
-            if self.conn.execute("SELECT 1 FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM embedding_cache e "
-                                 "WHERE e.model = ? AND e.text_hash = c.hash) LIMIT 1", (model,)).fetchone():
-                return False
-            self._prune_cache(model)
-            set_meta(self.conn, "embedded", f"{model}@{get_meta(self.conn, 'generation')}")
-        return True
 
-    def store_vectors(self, model: str, hashes: list[str], vectors: np.ndarray) -> None:
-        """Cache `vectors` (one row per hash) for `model`."""
-        if len(vectors) != len(hashes):
-            raise EmbeddingUnavailable(f"asked for {len(hashes)} embeddings, got {len(vectors)}")
-        now = time.time_ns()
-        with transaction(self.conn):
-            self.conn.executemany(
-                "INSERT OR REPLACE INTO embedding_cache(model, text_hash, dims, vector, used_ns) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [(model, digest, int(row.shape[0]), row.astype(np.float32).tobytes(), now)
-                 for digest, row in zip(hashes, vectors)])
-            bump_generation(self.conn)
+def missing_texts(conn: sqlite3.Connection, model: str) -> list[tuple[str, str]] | None:
+    """(hash, text) of every chunk text with no cached vector for `model`; None when all had one at the
+    last check and nothing changed since."""
+    if get_meta(conn, "embedded") == f"{model}@{get_meta(conn, 'generation')}":
+        return None
+    return conn.execute(
+        "SELECT c.hash, min(c.text) FROM chunks c LEFT JOIN embedding_cache e "
+        "ON e.model = ? AND e.text_hash = c.hash WHERE e.text_hash IS NULL GROUP BY c.hash",
+        (model,)).fetchall()
 
-    def _prune_cache(self, model: str) -> None:
-        # Vectors no chunk uses (old texts, other models) are kept up to CACHE_SPARE, newest first.
-        self.conn.execute(
-            "DELETE FROM embedding_cache WHERE rowid IN (SELECT e.rowid FROM embedding_cache e "
-            "WHERE NOT (e.model = ? AND EXISTS (SELECT 1 FROM chunks c WHERE c.hash = e.text_hash)) "
-            "ORDER BY e.used_ns DESC LIMIT -1 OFFSET ?)", (model, CACHE_SPARE))
+
+def record_embed_failure(conn: sqlite3.Connection, reason: str) -> None:
+    """Keep why embeddings failed, for `picoclaw memory status`."""
+    with transaction(conn):
+        set_meta(conn, "embed_error", reason)
+        set_meta(conn, "embed_error_at", str(time.time_ns()))
+
+
+def finish_embedding(conn: sqlite3.Connection, model: str) -> bool:
+    """After a backfill: mark the index fully embedded if no chunk still lacks a vector (a file may have
+    changed while the vectors were being made); clear the last failure and prune the cache."""
+    with transaction(conn):
+        set_meta(conn, "embed_error", None)
+        set_meta(conn, "embed_error_at", None)
+        if conn.execute("SELECT 1 FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM embedding_cache e "
+                        "WHERE e.model = ? AND e.text_hash = c.hash) LIMIT 1", (model,)).fetchone():
+            return False
+        _prune_cache(conn, model)
+        set_meta(conn, "embedded", f"{model}@{get_meta(conn, 'generation')}")
+    return True
+
+
+def store_vectors(conn: sqlite3.Connection, model: str, hashes: list[str], vectors: np.ndarray) -> None:
+    """Cache `vectors` (one row per hash) for `model`."""
+    if len(vectors) != len(hashes):
+        raise EmbeddingUnavailable(f"asked for {len(hashes)} embeddings, got {len(vectors)}")
+    now = time.time_ns()
+    with transaction(conn):
+        conn.executemany(
+            "INSERT OR REPLACE INTO embedding_cache(model, text_hash, dims, vector, used_ns) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(model, digest, int(row.shape[0]), row.astype(np.float32).tobytes(), now)
+             for digest, row in zip(hashes, vectors)])
+        bump_generation(conn)
+
+
+def _prune_cache(conn: sqlite3.Connection, model: str) -> None:
+    # Vectors no chunk uses (old texts, other models) are kept up to CACHE_SPARE, newest first.
+    conn.execute(
+        "DELETE FROM embedding_cache WHERE rowid IN (SELECT e.rowid FROM embedding_cache e "
+        "WHERE NOT (e.model = ? AND EXISTS (SELECT 1 FROM chunks c WHERE c.hash = e.text_hash)) "
+        "ORDER BY e.used_ns DESC LIMIT -1 OFFSET ?)", (model, CACHE_SPARE))
