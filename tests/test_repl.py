@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from picoclaw.channels.repl import CANCELLED
+from picoclaw.channels.repl import CANCELLED, _ctrl_c_cancels
 from tests.agent_helpers import said
 from tests.fakes import FakeOpenAIServer, Text
 from tests.waiting import wait_until_sync
@@ -223,6 +224,21 @@ def test_ctrl_c_at_the_idle_prompt_ends_at_once(repl: Repl, fake_openai: FakeOpe
 
     assert repl.wait_exit(timeout=5) == 130, repl.stderr
     assert repl.stdout == "你好！Hello there.\n"
+
+
+def test_a_ctrl_c_after_the_answer_is_done_but_before_the_prompt_is_back_still_ends_the_program() -> None:
+    """The gap the test above can hit only by chance (it did, in CI): the answer's task has finished, its
+    Ctrl-C handler is still installed. Cancelling a finished task does nothing, so the Ctrl-C must leave."""
+    async def main() -> None:
+        turn = asyncio.get_running_loop().create_future()
+        turn.set_result(None)
+        with _ctrl_c_cancels(turn):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(20):  # the loop reads the signal from its wake-up pipe, then runs the handler
+                await asyncio.sleep(0)
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
 
 
 def test_ctrl_c_during_an_answer_cancels_it_and_the_repl_goes_on(

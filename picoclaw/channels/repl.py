@@ -122,10 +122,20 @@ def _printer(out: TextIO) -> Notify:
 
 @contextlib.contextmanager
 def _ctrl_c_cancels(task: asyncio.Future[Reply]) -> Iterator[None]:
-    """While `task` runs, Ctrl-C cancels it instead of ending the program."""
+    """While `task` runs, Ctrl-C cancels it instead of ending the program; once it is done, Ctrl-C leaves."""
     loop = asyncio.get_running_loop()
+    late: list[bool] = []
+
+    def on_ctrl_c() -> None:
+        # The answer may be printed and its task done before this context is left: a Ctrl-C in that gap
+        # is meant for the prompt, so it must end the program rather than cancel nothing and be lost.
+        if task.done():
+            late.append(True)
+        else:
+            task.cancel()
+
     try:
-        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
     except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, or not the main thread)
         yield
         return
@@ -133,6 +143,8 @@ def _ctrl_c_cancels(task: asyncio.Future[Reply]) -> Iterator[None]:
         yield
     finally:
         loop.remove_signal_handler(signal.SIGINT)
+    if late:
+        raise KeyboardInterrupt
 
 
 class _TerminalLines:
