@@ -70,6 +70,39 @@ def test_a_slow_embedding_endpoint_holds_up_only_the_turn_that_waits_for_it(
     assert "慢 slow" in user_text(second) and "green tea" in user_text(second)
 
 
+def test_new_memory_stuck_on_a_slow_endpoint_holds_up_only_the_search_that_started_embedding_it(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    """Chat 1's search starts embedding a new entry and waits for it; chat 2, asking meanwhile, must not
+    wait for that too: it answers from keywords at once."""
+    configure(home, fake_openai, max_wait_seconds=60)
+    App.open(home).workspace.store.append_long_term(FACT)
+    fake_openai.responder = lambda body: "ok"
+
+    async def main() -> tuple[bool, str | None]:
+        async with App.open(home) as app:
+            agent = app.agent()
+            await agent.handle("telegram:1", "warm up: tea?")  # the index is built and every entry embedded
+            fake_openai.hold_embeddings = lambda inputs: any("Mimi" in text for text in inputs)
+            app.workspace.store.append_long_term("My cat is called Mimi. 我的猫叫咪咪。")
+            slow = asyncio.create_task(agent.handle("telegram:1", "what is my cat called?"))
+            await wait_until(lambda: embedded(fake_openai, "Mimi"), what="the new entry's embedding request")
+            try:
+                await asyncio.wait_for(agent.handle("telegram:2", "which tea do I like? 我喜欢什么茶"), 30)
+                slow_still_waiting = not slow.done()
+            finally:
+                fake_openai.release_embeddings()
+            await asyncio.wait_for(slow, 30)
+            index = index_of(agent.workspace.searcher)
+            assert index is not None
+            return slow_still_waiting, index.last_notice
+
+    slow_still_waiting, notice = asyncio.run(main())
+    assert slow_still_waiting
+    other = next(r for r in fake_openai.chat_requests() if "我喜欢什么茶" in user_text(r))
+    assert "green tea" in user_text(other)  # found by its keywords
+    assert notice is None  # the slow chat's own search got its vectors once they came
+
+
 def test_a_dead_embedding_endpoint_costs_a_turn_max_wait_seconds_then_keywords_answer(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai, max_wait_seconds=0.3)

@@ -107,6 +107,7 @@ class MemoryIndex:
         self._vectors = VectorMatrix()
         self._limit: TokenLimit | None = None
         self._backfill: asyncio.Task[tuple[int, str | None]] | None = None
+        self._backfilling = False  # the backfill task found texts to embed and is embedding them
 
     # -- the database ------------------------------------------------------------------------------
 
@@ -218,6 +219,12 @@ class MemoryIndex:
         if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
             task = self._backfill = asyncio.ensure_future(self._embed_missing(progress))
             task.add_done_callback(_log_backfill_failure)
+        elif wait is not None and self._backfilling:
+            # Another search started embedding new memory and waits for it. Waiting here too would let one
+            # slow endpoint hold up every chat; this search answers from keywords now, as after a timeout.
+            report.embed_error = "new memory is still being embedded for an earlier search"
+            log.info("memory index: %s; this search uses keywords only", report.embed_error)
+            return
         done, _ = await asyncio.wait({task}, timeout=wait)
         if not done:
             report.embed_error = f"embedding new memory took longer than {wait:g} s (it goes on in the background)"
@@ -233,6 +240,7 @@ class MemoryIndex:
         if missing is None:
             return 0, None
         done = 0
+        self._backfilling = bool(missing)
         try:
             for start in range(0, len(missing), EMBED_BATCH):
                 batch = missing[start:start + EMBED_BATCH]
@@ -246,6 +254,8 @@ class MemoryIndex:
             reason = str(exc)
             await self._in_thread(lambda conn: self._record_failure(conn, reason))
             return done, reason
+        finally:
+            self._backfilling = False
         await self._in_thread(lambda conn: finish_embedding(conn, embedder.key))
         return done, None
 
