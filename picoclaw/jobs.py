@@ -192,7 +192,8 @@ _RELATIVE_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+|[\u4e00-\u9fff]+)")
 def parse_relative(text: str) -> timedelta:
     """"in 20 minutes", "2 hours", "1h 30m", "3 days", "20分钟后" → a timedelta; JobError otherwise."""
     spoken = text.strip().lower()
-    spoken = spoken.removeprefix("in ").removesuffix(" from now").removesuffix("后").removesuffix("以后").strip()
+    spoken = spoken.removeprefix("in ").removesuffix(" from now").removesuffix("以后").removesuffix("之后")
+    spoken = spoken.removesuffix("后").strip()
     parts = _RELATIVE_PART.findall(spoken)
     leftover = _RELATIVE_PART.sub("", spoken).replace("and", "").replace(",", "").strip()
     if not parts or leftover:
@@ -262,14 +263,14 @@ def make_schedule(*, at: str | None = None, in_: str | None = None, every: int |
 def cron_after(expression: str, after: datetime, tz: tzinfo) -> datetime:
     """The first time the cron expression matches strictly after `after`, in UTC (wall clock of `tz`).
 
-    Across a fall-back change the repeated hour would match twice (02:30 CEST, then 02:30 CET); like cron,
-    a job runs once per wall-clock time, so the second match is skipped.
+    Across a fall-back change the clock repeats an hour (02:00–02:59 CEST, then CET); like cron, a job runs
+    once per wall-clock time, so a match whose wall-clock time is not after `after`'s is skipped.
     """
     start = after.astimezone(tz)
     times = croniter(expression, start)
     while True:
         candidate: datetime = times.get_next(datetime)
-        if candidate.replace(tzinfo=None) != start.replace(tzinfo=None):
+        if candidate.replace(tzinfo=None) > start.replace(tzinfo=None):
             return candidate.astimezone(UTC)
 
 

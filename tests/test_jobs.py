@@ -76,9 +76,37 @@ def test_the_missing_and_the_repeated_hour_in_berlin() -> None:
     assert cron_after("30 2 * * *", first, BERLIN) == utc("2026-10-26 01:30")
 
 
+def test_a_half_hourly_job_runs_once_per_wall_clock_time_through_the_repeated_hour() -> None:
+    runs = [utc("2026-10-24 23:45")]  # 01:45 CEST on 25 October 2026
+    while runs[-1] < utc("2026-10-25 03:00"):
+        runs.append(cron_after("*/30 * * * *", runs[-1], BERLIN))
+    walls = [f"{run.astimezone(BERLIN):%H:%M %Z}" for run in runs[1:]]
+    # 02:00 and 02:30 CET come again an hour later; cron does not run them twice.
+    assert walls == ["02:00 CEST", "02:30 CEST", "03:00 CET", "03:30 CET", "04:00 CET"]
+
+
+def test_one_time_and_interval_jobs_across_berlin_changes_keep_real_time() -> None:
+    # An interval is real seconds: an hourly job runs every 60 minutes through both changes.
+    for start in (utc("2026-03-29 00:30"), utc("2026-10-25 00:30")):
+        job = Job(id="a", schedule=Schedule(every=3600), action="message", text="x", target="telegram:1",
+                  created_at=start, next_run=start)
+        following = following_run(job, start, BERLIN)
+        assert following == start + timedelta(hours=1)
+    # "at 02:30" given without an offset on the day of the repeated hour is the first 02:30 (CEST).
+    with freeze_time("2026-10-24 12:00:00"):
+        at = make_schedule(at="2026-10-25T02:30", tz=BERLIN)
+        assert first_run(at, datetime.now(UTC), BERLIN) == utc("2026-10-25 00:30")
+    # A relative time is real time too: "in 2 hours" at 01:30 CEST is 02:30 CET.
+    with freeze_time("2026-10-24 23:30:00"):
+        later = make_schedule(in_="in 2 hours", tz=BERLIN).at
+    assert later is not None
+    # (read back outside freezegun, whose datetimes lose zoneinfo's fold)
+    assert f"{datetime.fromtimestamp(later.timestamp(), BERLIN):%H:%M %Z}" == "02:30 CET"
+
+
 @pytest.mark.parametrize(("text", "seconds"), [
     ("in 20 minutes", 1200), ("2 hours", 7200), ("in 3 days", 3 * 86400), ("1h 30m", 5400),
-    ("in 1 week", 7 * 86400), ("20分钟后", 1200), ("2小时", 7200), ("3天后", 3 * 86400), ("90 seconds", 90),
+    ("in 1 week", 7 * 86400), ("20分钟后", 1200), ("20分钟以后", 1200), ("10分钟之后", 600), ("2小时", 7200), ("3天后", 3 * 86400), ("90 seconds", 90),
 ])
 def test_relative_times(text: str, seconds: int) -> None:
     assert parse_relative(text) == timedelta(seconds=seconds)
