@@ -108,7 +108,8 @@ class App:
     def scheduler(self, deliver: Deliver, *, channels: tuple[str, ...] = ("telegram",),
                   poll_interval: float | None = None, sleep: Sleep | None = None) -> Scheduler:
         """The scheduler of jobs and the heartbeat, running agent jobs on this app's agents and handing
-        what is due to `deliver(session_key, text)` (a channel's) for the sessions of `channels`."""
+        what is due to `deliver(session_key, text)` (a channel's) for the sessions of `channels` (channel
+        names such as "telegram", or single session keys such as "cli:default")."""
         from picoclaw.agent.scheduler import POLL_INTERVAL, Scheduler
 
         return Scheduler(self.jobs(), self.agent, deliver, memory_scope=self.config.channels.telegram.memory_scope,

@@ -10,13 +10,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from picoclaw.channels.repl import CANCELLED, _ctrl_c_cancels
+from picoclaw.channels.repl import CANCELLED, SCHEDULED_MARK, _ctrl_c_cancels
 from tests.agent_helpers import said
 from tests.fakes import FakeOpenAIServer, Text
 from tests.waiting import wait_until_sync
@@ -261,3 +262,43 @@ def test_ctrl_c_during_an_answer_cancels_it_and_the_repl_goes_on(
     # The second request carried nothing of the cancelled turn either.
     second = fake_openai.chat_requests()[1]
     assert [said(m) for m in second["messages"][1:]] == ["第二个问题 second question"]
+
+
+def test_a_reminder_for_this_terminal_session_is_printed_once_while_the_chat_runs(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_openai)
+    due = (datetime.now(UTC) + timedelta(seconds=3)).isoformat(timespec="seconds")
+    for key, text in (("cli:default", "给银行打电话 call the bank"), ("cli:work", "not this terminal's")):
+        added = picoclaw(home, "cron", "add", "--at", due, "--message", text, "--session", key)
+        assert added.returncode == 0, added.stderr
+        assert f"delivered while `picoclaw chat --session {key}` runs" in added.stdout
+    session = Repl(home)
+    try:
+        session.wait_for_output(f"{SCHEDULED_MARK}给银行打电话 call the bank\n")
+        fake_openai.reply_text("好的。OK.")
+        session.send("谢谢 thanks")
+        session.wait_for_output("好的。OK.\n")
+        session.close_stdin()
+        assert session.wait_exit(timeout=20) == 0, session.stderr
+    finally:
+        session.kill()
+    assert session.stdout.count("给银行打电话") == 1 and "not this terminal's" not in session.stdout
+    jobs = {job["text"]: job for job in orjson.loads((home / "workspace" / "cron" / "jobs.json").read_bytes())["jobs"]}
+    assert jobs["给银行打电话 call the bank"]["last_outcome"] == "ok"
+    assert jobs["not this terminal's"]["last_outcome"] is None  # left for `picoclaw chat --session cli:work`
+
+
+def test_a_named_terminal_session_is_cli_name_and_an_older_bare_transcript_is_carried_over(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_openai)
+    sessions = home / "workspace" / "sessions"
+    fake_openai.reply_text("Noted. 记住了。")
+    assert picoclaw(home, "chat", "--session", "work", "-m", "my desk is 4B 我的工位是4B").returncode == 0
+    named = sessions / "cli%3Awork.jsonl"  # the key a job can name: cli:work
+    assert named.is_file() and not (sessions / "work.jsonl").exists()
+    named.rename(sessions / "work.jsonl")  # how versions before cli: keys kept it
+    fake_openai.reply_text("4B.")
+    result = picoclaw(home, "chat", "--session", "work", "-m", "where is my desk?")
+    assert result.returncode == 0, result.stderr
+    assert named.is_file() and not (sessions / "work.jsonl").exists()
+    assert "我的工位是4B" in json.dumps(fake_openai.chat_requests()[-1]["messages"], ensure_ascii=False)

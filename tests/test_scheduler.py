@@ -98,7 +98,7 @@ def test_one_time_interval_and_cron_jobs_fire_at_their_instants_in_shanghai(home
         assert step("2025-03-10 03:29:59") == []
         assert step("2025-03-10 03:30:00") == ["给银行打电话"]  # 11:30 Shanghai
         assert step("2025-03-10 03:59:59") == []
-        assert step("2025-03-10 04:00:00") == ["stretch", "lunch"]  # 12:00 Shanghai
+        assert sorted(step("2025-03-10 04:00:00")) == ["lunch", "stretch"]  # 12:00 Shanghai; two chats at once
         assert step("2025-03-10 04:00:30") == []
         assert step("2025-03-11 03:59:59") == ["stretch"]  # missed hours: once, not 23 times
         assert step("2025-03-11 04:00:00") == ["lunch"]
@@ -224,8 +224,49 @@ def test_a_failing_job_is_recorded_and_the_others_still_run(home: Path, caplog: 
     assert after[bad.id]["last_outcome"] == "error: RuntimeError: chat telegram:1 is gone"
     assert after[bad.id]["next_run"] is None  # not retried: the outcome says what happened
     assert after[good.id]["last_outcome"] == "ok"
-    assert after[skipped.id]["last_outcome"] == "skipped: no channel for cli sessions"
     assert "job " + bad.id + " failed" in caplog.text
+    # A cli: job is not this (telegram) scheduler's: left as it was for `picoclaw chat` to deliver.
+    assert after[skipped.id]["last_outcome"] is None and after[skipped.id]["next_run"] == "2025-03-10T02:01:00Z"
+
+
+def test_a_scheduler_delivers_only_the_sessions_it_serves_and_leaves_the_rest_as_they_are(home: Path) -> None:
+    app = open_app(home)
+    jobs = app.jobs()
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        mine = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "你的提醒", "cli:default")
+        other = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "not yours", "cli:work")
+        chat = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "bot's", "telegram:1")
+        frozen.tick(timedelta(minutes=1))
+        terminal, bot = Delivered(), Delivered()
+        repl = Scheduler(jobs, no_agent, terminal, channels=("cli:default",))
+        assert [r.job_id for r in in_loop(repl.run_due)] == [mine.id]
+        assert repl._seconds_to_wait() > 0  # the jobs it leaves do not keep it spinning
+        assert [r.job_id for r in in_loop(Scheduler(jobs, no_agent, bot).run_due)] == [chat.id]
+    assert terminal.sent == [("cli:default", "你的提醒")] and bot.sent == [("telegram:1", "bot's")]
+    assert stored(app)[other.id]["last_outcome"] is None
+
+
+def test_a_slow_job_holds_up_no_other_job_due_at_the_same_time(home: Path) -> None:
+    app = open_app(home)
+    jobs = app.jobs()
+    sent: list[str] = []
+
+    async def deliver(key: str, text: str) -> None:
+        if key == "telegram:1":  # this chat's delivery waits until the other chat's has gone out
+            while "fast" not in sent:
+                await asyncio.sleep(0.01)
+        sent.append(text)
+
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "slow", "telegram:1")
+        jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "fast", "telegram:2")
+        frozen.tick(timedelta(minutes=1))
+
+        async def body() -> list[str]:
+            ran = await asyncio.wait_for(Scheduler(jobs, no_agent, deliver).run_due(), 10)
+            return [r.outcome for r in ran]
+        assert in_loop(body) == ["ok", "ok"]
+    assert sent == ["fast", "slow"]
 
 
 def test_a_malformed_jobs_file_runs_nothing_and_stays_as_it_is(home: Path, caplog: pytest.LogCaptureFixture
@@ -342,6 +383,15 @@ def test_a_heartbeat_with_nothing_to_say_sends_nothing(home: Path, fake_openai: 
     delivered = Delivered()
     assert beat(home, fake_openai, delivered) is None
     assert len(fake_openai.chat_requests()) == 1 and delivered.sent == []
+
+
+def test_a_heartbeat_for_a_session_this_process_does_not_serve_makes_no_model_call(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    enable_heartbeat(home, session="cli:default")  # `picoclaw chat` beats for it, not the bot
+    (home / "workspace" / "HEARTBEAT.md").write_text("- look at the calendar\n", encoding="utf-8")
+    delivered = Delivered()
+    assert beat(home, fake_openai, delivered) is None
+    assert fake_openai.chat_requests() == [] and delivered.sent == []
 
 
 def test_the_heartbeat_beats_on_its_interval(home: Path, fake_openai: FakeOpenAIServer) -> None:

@@ -5,7 +5,9 @@ It sleeps until the next job is due, waking every `poll_interval` seconds to see
 (none, for a one-time job) and last run are written first, under the file lock, so a crash or a second
 scheduler never runs it twice. A job whose time passed while nothing ran is run once, marked "late"; a
 recurring one then continues from now, the missed runs not made up. A job that fails is logged and its
-outcome recorded; the others run on.
+outcome recorded; the others run on, each due job in a task of its own (a slow one holds up no other).
+A scheduler serves some sessions (`picoclaw telegram` every telegram: one, `picoclaw chat` its own);
+a job for another is left untouched for the process that serves it.
 
 Agent jobs and the heartbeat go through `AgentLoop.handle`, so they queue behind a chat's turn (the same
 per-session lock) and are kept in that session's history.
@@ -36,6 +38,7 @@ Sleep = Callable[[float], Awaitable[None]]
 POLL_INTERVAL = 3.0  # seconds between looks at jobs.json: a job added by another process starts this late
 LATE_AFTER = timedelta(minutes=1)  # a run this long after its time is "late" (the bot was down, or busy)
 OUTCOME_CHARS = 200
+MAX_PARALLEL_JOBS = 4  # due jobs run at once: enough that one slow agent job delays no reminder
 RUNNING = "running"
 INTERRUPTED = "interrupted: the bot stopped while it ran; not run again"
 # The heartbeat's reply when there is nothing to tell; AgentLoop's words for an empty answer are quiet too.
@@ -77,7 +80,7 @@ class Scheduler:
         self.agent_for = agent_for
         self.deliver = deliver
         self.memory_scope = memory_scope
-        self.channels = channels  # session key prefixes `deliver` can reach; other jobs are skipped
+        self.channels = channels  # channels ("telegram") or session keys ("cli:default") `deliver` reaches
         self.heartbeat = heartbeat if heartbeat is not None and heartbeat.enabled else None
         self.heartbeat_path = heartbeat_path
         self.poll_interval = poll_interval
@@ -87,7 +90,7 @@ class Scheduler:
         self._bad: str | None = None  # the error of a malformed file, logged once per version of it
         self._wake = asyncio.Event()
         self._stopping = False
-        self._skipped_logged: set[str] = set()
+        self._unserved_logged: set[str] = set()
         self.next_heartbeat: datetime | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -131,7 +134,8 @@ class Scheduler:
     def _seconds_to_wait(self) -> float:
         now = clock.now()
         wait = self.poll_interval
-        upcoming = [job.next_run for job in self._jobs if not job.done and job.next_run is not None]
+        upcoming = [job.next_run for job in self._jobs
+                    if not job.done and job.next_run is not None and self.serves(job.target)]
         if self.next_heartbeat is not None:
             upcoming.append(self.next_heartbeat)
         if upcoming:
@@ -173,21 +177,38 @@ class Scheduler:
             return
         self._seen, self._bad = key, None
 
+    def serves(self, session_key: str) -> bool:
+        """Whether this scheduler's `deliver` reaches `session_key`."""
+        return any(session_key == served or session_key.startswith(f"{served}:") for served in self.channels)
+
     def due(self) -> list[Job]:
-        """The jobs due now, in the file's last good state."""
+        """The jobs this scheduler serves that are due now, in the file's last good state."""
         now = clock.now()
-        return [job for job in self._jobs if not job.done and job.next_run is not None and job.next_run <= now]
+        due = [job for job in self._jobs if not job.done and job.next_run is not None and job.next_run <= now]
+        for job in due:
+            if not self.serves(job.target) and job.id not in self._unserved_logged:
+                self._unserved_logged.add(job.id)
+                log.info("scheduler: job %s is for %s, which this process does not serve; left for one that does",
+                         job.id, job.target)
+        return [job for job in due if self.serves(job.target)]
 
     async def run_due(self) -> list[Ran]:
-        """Run every job due now, one after the other; what ran and how it went."""
+        """Run every job due now: one session's jobs in the file's order, sessions side by side (at most
+        MAX_PARALLEL_JOBS at once); what ran and how it went."""
         await asyncio.to_thread(self._refresh)
-        ran = []
+        if self._bad is not None:
+            return []  # claiming would mean rewriting a file the user is fixing
+        by_session: dict[str, list[Job]] = {}
         for job in self.due():
-            if self._bad is not None:
-                break  # claiming would mean rewriting a file the user is fixing
-            outcome = await self._run_one(job)
-            if outcome is not None:
-                ran.append(Ran(job.id, outcome))
+            by_session.setdefault(job.target, []).append(job)
+        parallel = asyncio.Semaphore(MAX_PARALLEL_JOBS)
+
+        async def run_in_order(jobs: list[Job]) -> list[Ran]:
+            async with parallel:
+                outcomes = [(job.id, await self._run_one(job)) for job in jobs]
+            return [Ran(job_id, outcome) for job_id, outcome in outcomes if outcome is not None]
+
+        ran = [one for session in await asyncio.gather(*map(run_in_order, by_session.values())) for one in session]
         if ran:
             await asyncio.to_thread(self._refresh)
         return ran
@@ -201,9 +222,7 @@ class Scheduler:
             return None  # removed, changed or claimed by someone else meanwhile
         outcome = "late" if late else "ok"
         try:
-            if not job.target.startswith(tuple(f"{channel}:" for channel in self.channels)):
-                outcome = self._skip(job)
-            elif job.action == "message":
+            if job.action == "message":
                 await self.deliver(job.target, job.text)
             else:
                 agent = self.agent_for(job.scope)
@@ -239,14 +258,6 @@ class Scheduler:
             log.error("scheduler: %s", exc)
             return None
 
-    def _skip(self, job: Job) -> str:
-        channel = job.target.partition(":")[0]
-        if job.id not in self._skipped_logged:
-            self._skipped_logged.add(job.id)
-            log.warning("scheduler: job %s is for %s, which this process does not serve; skipped",
-                        job.id, job.target)
-        return f"skipped: no channel for {channel} sessions"
-
     # -- heartbeat --------------------------------------------------------------------------------------
 
     async def beat(self) -> str | None:
@@ -264,6 +275,8 @@ class Scheduler:
         if not tasks:
             return None  # nothing to do: no model call at all
         session = self.heartbeat.session
+        if not self.serves(session):
+            return None  # the process that serves that session beats for it: no model call here
         try:
             agent = self.agent_for(scope_for(session, self.memory_scope))
             now = clock.now(self.store.tz)
@@ -274,9 +287,6 @@ class Scheduler:
                 return None
             if not answer or answer in (EMPTY_ANSWER, HEARTBEAT_QUIET) or answer.endswith(HEARTBEAT_QUIET):
                 log.info("scheduler: heartbeat: nothing to report")
-                return None
-            if not session.startswith(tuple(f"{channel}:" for channel in self.channels)):
-                log.warning("scheduler: heartbeat: no channel for %s; the reply is only in its history", session)
                 return None
             await self.deliver(session, answer)
             return answer

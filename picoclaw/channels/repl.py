@@ -2,7 +2,8 @@
 
 On a terminal, prompt_toolkit reads the lines (editing, history, Ctrl-C and Ctrl-D that act at once); from a
 pipe, a reader thread does. Ctrl-C at the prompt leaves; Ctrl-C during an answer cancels that answer (nothing
-of it is stored) and returns to the prompt.
+of it is stored) and returns to the prompt. While it runs, the session's scheduled jobs (and its heartbeat)
+are delivered here, between answers.
 """
 
 from __future__ import annotations
@@ -12,16 +13,22 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol, TextIO
 
 from picoclaw.agent.loop import AgentLoop, Notify, Reply
+from picoclaw.agent.scheduler import Deliver, Scheduler
 
 PROMPT = "you> "
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
 DEFAULT_SESSION = "cli:default"
 TOOL_LINE_CHARS = 100
 CANCELLED = "(cancelled; nothing of this answer was kept)"
+SCHEDULED_MARK = "⏰ "
+SCHEDULER_STOP_SECONDS = 10.0
+
+# Made by the composition root: the scheduler for one session, delivering through the given callback.
+SchedulerFor = Callable[[Deliver, str], Scheduler]
 
 
 class LineReader(Protocol):
@@ -31,12 +38,23 @@ class LineReader(Protocol):
 
 
 async def chat(agent: AgentLoop, *, session_key: str | None = None, message: str | None = None,
-               out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Run the REPL (or answer one `message`) with `agent`; returns the exit code."""
-    session_key = session_key or DEFAULT_SESSION
+               out: TextIO = sys.stdout, err: TextIO = sys.stderr, scheduler: SchedulerFor | None = None) -> int:
+    """Run the REPL (or answer one `message`) with `agent`; returns the exit code. The REPL runs the
+    session's jobs with the `scheduler` made for it, if one is given."""
+    session_key = await _terminal_session(agent, session_key or DEFAULT_SESSION)
     if message is not None:
         return await run_once(agent, session_key, message, out, err)
-    return await run_interactive(agent, session_key, out, err)
+    return await run_interactive(agent, session_key, out, err, scheduler=scheduler)
+
+
+async def _terminal_session(agent: AgentLoop, given: str) -> str:
+    """`--session work` is the session `cli:work` (a key jobs can name); a transcript that older versions
+    kept under the bare name is carried over."""
+    if ":" in given:
+        return given
+    key = f"cli:{given}"
+    await asyncio.to_thread(agent.sessions.rename, given, key)
+    return key
 
 
 async def run_once(loop: AgentLoop, session_key: str, text: str, out: TextIO = sys.stdout,
@@ -48,15 +66,37 @@ async def run_once(loop: AgentLoop, session_key: str, text: str, out: TextIO = s
 
 
 async def run_interactive(loop: AgentLoop, session_key: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-                          lines: LineReader | None = None) -> int:
+                          lines: LineReader | None = None, scheduler: SchedulerFor | None = None) -> int:
     """Read lines until EOF or `exit`, answering each; background work finishes before returning."""
     interactive = lines is None and sys.stdin.isatty()
     reader = lines or (_TerminalLines() if interactive else _PipedLines())
     if interactive:
         out.write(f"picoclaw chat — session {session_key}. /help for commands, Ctrl-D or Ctrl-C to leave.\n")
+    answering = asyncio.Lock()  # a scheduled message waits for the answer being written, not cut into it
+
+    async def deliver(_key: str, text: str) -> None:
+        async with answering:
+            await _print_above_prompt(out, SCHEDULED_MARK + text)
+
+    jobs = scheduler(deliver, session_key) if scheduler is not None else None
+    running = asyncio.create_task(jobs.run()) if jobs is not None else None
+    try:
+        await _read_and_answer(loop, session_key, reader, PROMPT if interactive else "", answering, out, err)
+    except BaseException:
+        if running is not None:
+            running.cancel()  # leaving on Ctrl-C or an error: a job cut short is marked interrupted next time
+        raise
+    if jobs is not None:
+        await jobs.stop(SCHEDULER_STOP_SECONDS)
+    await loop.wait_background()
+    return 0
+
+
+async def _read_and_answer(loop: AgentLoop, session_key: str, reader: LineReader, prompt: str,
+                           answering: asyncio.Lock, out: TextIO, err: TextIO) -> None:
     while True:
         try:
-            line = await reader.read(PROMPT if interactive else "")
+            line = await reader.read(prompt)
         except EOFError:
             break
         text = line.strip()
@@ -64,17 +104,16 @@ async def run_interactive(loop: AgentLoop, session_key: str, out: TextIO = sys.s
             continue
         if text.lower() in EXIT_WORDS:
             break
-        turn = asyncio.ensure_future(answer(loop, session_key, text, out, err))
-        with _ctrl_c_cancels(turn):
-            try:
-                await turn
-            except asyncio.CancelledError:
-                if not turn.cancelled():
-                    raise  # we were cancelled ourselves, not the answer
-                out.write(f"\n{CANCELLED}\n")
-                out.flush()
-    await loop.wait_background()
-    return 0
+        async with answering:
+            turn = asyncio.ensure_future(answer(loop, session_key, text, out, err))
+            with _ctrl_c_cancels(turn):
+                try:
+                    await turn
+                except asyncio.CancelledError:
+                    if not turn.cancelled():
+                        raise  # we were cancelled ourselves, not the answer
+                    out.write(f"\n{CANCELLED}\n")
+                    out.flush()
 
 
 async def answer(loop: AgentLoop, session_key: str, text: str, out: TextIO, err: TextIO) -> Reply:
@@ -111,6 +150,16 @@ async def answer(loop: AgentLoop, session_key: str, text: str, out: TextIO, err:
         out.write(reply.text + "\n")  # a command's reply, or an answer that came with no text at all
     out.flush()
     return reply
+
+
+async def _print_above_prompt(out: TextIO, text: str) -> None:
+    """Print a line that comes unasked; on a terminal, prompt_toolkit redraws its prompt below it."""
+    from prompt_toolkit.application import run_in_terminal
+
+    def show() -> None:
+        out.write(text + "\n")
+        out.flush()
+    await run_in_terminal(show)
 
 
 def _printer(out: TextIO) -> Notify:

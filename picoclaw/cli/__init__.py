@@ -320,7 +320,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         async with app:
             app.provider()  # a missing key or URL is reported before any MCP server starts
             await app.start_mcp()
-            return await chat(app.agent(), session_key=args.session, message=args.message)
+            # The terminal is this session's channel while it is open: its reminders and heartbeat come here.
+            return await chat(app.agent(), session_key=args.session, message=args.message,
+                              scheduler=lambda deliver, key: app.scheduler(deliver, channels=(key,)))
 
     return asyncio.run(run())
 
@@ -429,9 +431,9 @@ def cmd_cron_add(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(f"added job {job.id}")
     print("\n".join(job_lines([job], jobs.tz)))
-    if not args.session.startswith("telegram:"):
-        print("note: only `picoclaw telegram` delivers jobs, to telegram: sessions; this one will be "
-              "marked skipped when due")
+    if args.session.startswith("cli:"):
+        print(f"note: delivered while `picoclaw chat --session {args.session}` runs "
+              "(a job due while it is closed comes when it opens, marked late)")
     return 0
 
 

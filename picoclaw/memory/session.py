@@ -282,6 +282,16 @@ class SessionStore:
             os.replace(path, target)
         return target
 
+    def rename(self, old_key: str, new_key: str) -> bool:
+        """Give the transcript of `old_key` to `new_key`, unless `new_key` has one already; whether it moved."""
+        old, new = self.path_for(old_key), self.path_for(new_key)
+        with self.lock():
+            if not old.exists() or new.exists():
+                return False
+            os.replace(old, new)
+        log.info("session %s is now %s (transcript %s → %s)", old_key, new_key, old.name, new.name)
+        return True
+
     def _move_old_transcript(self, key: str, path: Path) -> None:
         if self.moved_from is None or path.exists():
             return

@@ -2,7 +2,8 @@
 
 Every job the tool touches belongs to the current session (the chat of the turn) and to this agent's
 memory scope: a chat never sees, nor removes, another chat's jobs, and with memory_scope "per_user" a user
-never sees another user's. The bot delivers what comes due (see agent/scheduler.py).
+never sees another user's. The process serving the session delivers what comes due: the bot for telegram:
+chats, `picoclaw chat` for its own cli: session while it is open (see agent/scheduler.py).
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ class Cron(WorkspaceTool):
                                  cron=args.cron or None, tz=self.jobs.tz)
         job = self.jobs.add(schedule, "message" if action == "message" else "agent", text, session,
                             created_by=session, scope=self.scope)
-        return f"added job {job.id}: {self._line(job)}"
+        added = f"added job {job.id}: {self._line(job)}"
+        if session.startswith("cli:"):  # the user should know a closed terminal cannot remind them
+            added += " (delivered while this terminal chat is open; if it is closed then, when it next opens)"
+        return added
 
     def _line(self, job: Job) -> str:
         tz = self.jobs.tz
