@@ -99,9 +99,14 @@ def test_bad_calls_are_clear_errors_and_write_nothing(workspace: Workspace) -> N
     assert not (workspace.root / "cron" / "jobs.json").exists()
 
 
-def test_file_tools_cannot_write_the_jobs(workspace: Workspace) -> None:
+def test_file_tools_can_neither_write_nor_read_the_jobs(workspace: Workspace) -> None:
     tools = build_tools(workspace)
     result = asyncio.run(tools.execute("write_file", orjson.dumps(
         {"path": "cron/jobs.json", "content": "{}"}).decode()))
     assert result.startswith("error:") and "cron tool" in result
     assert not (workspace.root / "cron" / "jobs.json").exists()
+    with freeze_time(NOW):
+        call(tools, OWNER, action="add", in_="1 hour", message="secret plan 秘密计划")
+    for name, path in (("read_file", "cron/jobs.json"), ("list_dir", "cron")):
+        shown = asyncio.run(tools.execute(name, orjson.dumps({"path": path}).decode()))
+        assert shown.startswith("error:") and "cron tool" in shown and "秘密计划" not in shown

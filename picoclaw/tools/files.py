@@ -112,8 +112,8 @@ class WorkspaceFiles:
                                 "(your own memory is under memory/)")
             if writing and path.is_relative_to(self.sessions_dir):
                 raise ToolError(f"{shown} belongs to the session store; file tools cannot write there")
-            if writing and path.is_relative_to(self.cron_dir):  # jobs of every chat: only through cron
-                raise ToolError(f"{shown} holds the scheduled jobs; use the cron tool to change them")
+            if path.is_relative_to(self.cron_dir):  # every chat's jobs: the cron tool shows each chat its own
+                raise ToolError(f"{shown} holds the scheduled jobs; use the cron tool to see or change them")
             return Target(path, shown, "file")
         parts = path.relative_to(self.memory_dir).parts
         if not parts:
