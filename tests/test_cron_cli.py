@@ -3,7 +3,7 @@ in its Telegram chat exactly once."""
 
 from __future__ import annotations
 
-import asyncio
+import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -11,15 +11,13 @@ import orjson
 import pytest
 from freezegun import freeze_time
 
-from picoclaw.app import App
-from picoclaw.channels.telegram import TelegramChannel, make_bot
 from picoclaw.cli import main
-from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer
+from tests.test_repl import picoclaw
 from tests.test_scheduler import NOW, set_config
-from tests.test_telegram import OWNER, configure, until
-from tests.waiting import wait_until
+from tests.test_telegram import OWNER, configure, picoclaw_telegram
+from tests.waiting import wait_until_sync
 
 
 def jobs_file(home: Path) -> Path:
@@ -93,34 +91,25 @@ def test_per_user_scope_comes_from_the_session(home: Path) -> None:
     assert [job["scope"] for job in stored(home)] == ["7", "42"]
 
 
-def test_a_job_added_while_the_bot_runs_arrives_once(home: Path, fake_telegram: FakeTelegramServer,
-                                                     fake_openai: FakeOpenAIServer) -> None:
-    workspace = configure(home, fake_telegram, fake_openai)
-
-    async def run() -> None:
-        settings = workspace.config.channels.telegram
-        bot = make_bot(settings, workspace.config.telegram_token())
-        app = App(workspace.config, workspace.home, make_provider=lambda _config: make_provider(workspace, fake_openai))
-        async with app:
-            channel = TelegramChannel(settings, bot, app.agent, typing_interval=0.05)
-            scheduler = app.scheduler(channel.deliver, poll_interval=0.05)
-            running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1, scheduler=scheduler))
-            await until(fake_telegram, lambda: bool(fake_telegram.calls("getUpdates")))
-            try:
-                at = (datetime.now(UTC) + timedelta(seconds=2)).isoformat(timespec="milliseconds")
-                # As another process would: main() writes jobs.json, which the bot notices by polling it.
-                code = await asyncio.to_thread(main, ["cron", "add", "--at", at, "--message", "**X** 打电话",
-                                                      "--session", f"telegram:{OWNER}"])
-                assert code == 0
-                await wait_until(lambda: fake_telegram.sent_texts(OWNER), what="the reminder", timeout=15)
-                await asyncio.sleep(0.3)  # several more polls of the file: a second delivery would show
-            finally:
-                await channel.stop()
-                await running
-            assert scheduler.task is not None and scheduler.task.done()
-
-    asyncio.run(run())
-    assert fake_telegram.sent_texts(OWNER) == ["<b>X</b> 打电话"]  # Markdown as Telegram HTML
+def test_a_job_added_while_picoclaw_telegram_runs_arrives_once(home: Path, fake_telegram: FakeTelegramServer,
+                                                               fake_openai: FakeOpenAIServer) -> None:
+    """Two real processes, as a user runs them: the bot, and `picoclaw cron add` beside it."""
+    configure(home, fake_telegram, fake_openai)
+    bot = picoclaw_telegram(home)
+    try:
+        fake_telegram.wait_until(lambda: bool(fake_telegram.calls("getUpdates")), timeout=30)
+        at = (datetime.now(UTC) + timedelta(seconds=2)).isoformat(timespec="milliseconds")
+        added = picoclaw(home, "cron", "add", "--at", at, "--message", "**X** 打电话", "--session", f"telegram:{OWNER}")
+        assert added.returncode == 0, added.stderr
+        # The bot looks at jobs.json every 3 s: the reminder is due 2 s from now, so it comes within ~5 s.
+        fake_telegram.wait_until(lambda: bool(fake_telegram.sent_texts(OWNER)), timeout=30)
+        wait_until_sync(lambda: stored(home)[0]["last_outcome"] == "ok", timeout=10, what="the outcome on disk")
+        bot.send_signal(signal.SIGTERM)
+        out, err = bot.communicate(timeout=30)
+    finally:
+        bot.kill()
+    assert bot.returncode == 0, err
+    assert fake_telegram.sent_texts(OWNER) == ["<b>X</b> 打电话"]  # once, Markdown as Telegram HTML
     [job] = stored(home)
     assert job["next_run"] is None and job["last_outcome"] == "ok"
     assert fake_openai.chat_requests() == []
