@@ -17,7 +17,7 @@ from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools import skills as skills_module
 from picoclaw.tools.registry import build_tools
-from picoclaw.tools.skills import SkillCatalog, SkillFormatError, parse_skill
+from picoclaw.tools.skills import SkillCatalog, SkillFormatError, parse_skill, shared_catalog
 
 NOW = datetime(2024, 3, 5, 12, 0)
 SHIPPED = ("memory-policy", "weekly-review")
@@ -81,10 +81,7 @@ def test_an_unchanged_folder_is_not_parsed_again(workspace: Workspace, monkeypat
 
 
 def test_no_skills_no_section(workspace: Workspace) -> None:
-    for name in SHIPPED:
-        for path in (workspace.layout.skills_dir / name).iterdir():
-            path.unlink()
-        (workspace.layout.skills_dir / name).rmdir()
+    remove_shipped_skills(workspace)
     assert "## Skills" not in ContextBuilder(workspace).stable_prefix(NOW)
 
 
@@ -130,6 +127,70 @@ def test_a_skill_without_front_matter_is_rejected_with_one_log_line(
                      "name: and description:, then '---')"]
     assert "broken" not in prefix
     assert call(workspace, name="broken").startswith("error: no skill named 'broken'")
+
+
+def test_a_broken_skill_is_logged_once_whoever_reads_the_folder(
+        workspace: Workspace, caplog: pytest.LogCaptureFixture) -> None:
+    # The prompt builder and the skill tool of the shared agent and of a per-user agent read one catalog.
+    bad = workspace.layout.skills_dir / "broken" / "SKILL.md"
+    bad.parent.mkdir()
+    bad.write_text("no front matter", encoding="utf-8")
+    per_user = workspace.for_user("tg_42")
+
+    def read_everywhere() -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="picoclaw.tools.skills"):
+            for scope in (workspace, per_user):
+                ContextBuilder(scope).stable_prefix(NOW)
+                assert call(scope, name="weekly-review").startswith("# Skill: weekly-review")
+                assert call(scope, name="broken").startswith("error: no skill named 'broken'")
+        return [r.getMessage() for r in caplog.records if r.name == "picoclaw.tools.skills"]
+
+    assert read_everywhere() == [f"skill {bad} rejected: no YAML front matter (the file must start with a '---' "
+                                 "line, then name: and description:, then '---')"]
+    assert read_everywhere() == []  # unchanged: not parsed, not logged again
+    bad.write_text("---\nname: broken\n---\nstill no description", encoding="utf-8")
+    os.utime(bad, ns=(1, 1))  # a different mtime even on a coarse clock
+    assert read_everywhere() == [f"skill {bad} rejected: the front matter has no description"]  # once per change
+
+
+def test_the_shared_catalog_is_one_per_folder(workspace: Workspace) -> None:
+    folder = workspace.layout.skills_dir
+    catalog = shared_catalog(folder)
+    assert shared_catalog(folder / ".." / folder.name) is catalog
+    assert shared_catalog(workspace.for_user("tg_42").layout.skills_dir) is catalog
+    assert ContextBuilder(workspace).skills is catalog
+
+
+def test_an_unreadable_skill_file_is_a_tool_error(workspace: Workspace, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    folder = workspace.layout.skills_dir
+    write_skill(folder, "tea-log", "log tea tastings", body="Use template.md.")
+    (folder / "tea-log" / "template.md").write_text("| date | tea |", encoding="utf-8")
+
+    def unreadable(path: Path, limit: int) -> str:  # what a file without read permission gives a non-root user
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(skills_module, "read_text", unreadable)
+    with caplog.at_level(logging.WARNING):
+        out = call(workspace, name="tea-log", file="template.md")
+    assert out == "error: could not read template.md of skill 'tea-log': Permission denied"
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]  # no "tool skill failed" traceback
+
+
+def test_a_large_skill_file_is_read_only_up_to_the_limit(workspace: Workspace) -> None:
+    folder = workspace.layout.skills_dir
+    write_skill(folder, "big", "a big data file beside it")
+    (folder / "big" / "data.txt").write_text("x" * (skills_module.MAX_FILE_CHARS + 10), encoding="utf-8")
+    assert call(workspace, name="big", file="data.txt") == (
+        "x" * skills_module.MAX_FILE_CHARS + f"\n[… truncated at {skills_module.MAX_FILE_CHARS} characters]")
+
+
+def remove_shipped_skills(workspace: Workspace) -> None:
+    for name in SHIPPED:
+        for path in (workspace.layout.skills_dir / name).iterdir():
+            path.unlink()
+        (workspace.layout.skills_dir / name).rmdir()
 
 
 @pytest.mark.parametrize(("text", "reason"), [

@@ -28,7 +28,7 @@ from picoclaw.memory.store import DailyNote
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import Message
 from picoclaw.tokens import count_tokens
-from picoclaw.tools.skills import SkillCatalog, skills_prompt
+from picoclaw.tools.skills import shared_catalog, skills_prompt
 
 MEMORY_FRAME = ("A user message may begin with a <context> block that picoclaw attached: memory the user "
                 "stored earlier (each block with its file and lines), recent daily notes, and the time. "
@@ -85,8 +85,9 @@ class ContextBuilder:
         self.workspace = workspace
         # Bootstrap files are read once and again only when they change on disk.
         self._files = FileCache(lambda path: path.read_text(encoding="utf-8", errors="replace"))
-        # The skill list is part of the stable prefix: scanned again only when a SKILL.md changes.
-        self.skills = SkillCatalog(workspace.layout.skills_dir)
+        # The skill list is part of the stable prefix: scanned again only when a SKILL.md changes. The catalog
+        # is the one the skill tool reads, so a broken SKILL.md is logged once, not by each reader.
+        self.skills = shared_catalog(workspace.layout.skills_dir)
 
     # -- memory selection --------------------------------------------------------------------------
 

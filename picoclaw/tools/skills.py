@@ -4,13 +4,19 @@ A SKILL.md starts with YAML front matter between `---` lines holding `name` (the
 one-line `description`; the rest is the instructions. The system prompt lists every skill's name and
 description (sorted by name, so the prompt prefix stays byte-identical while the skills do not change);
 the `skill` tool returns a skill's instructions, or a file beside its SKILL.md, on demand.
+
+A process keeps one catalog per skills folder (`shared_catalog`): the prompt builder and the skill tool of
+every agent, shared or per user, read the same scan, so a broken SKILL.md is parsed and logged once per
+change of the file, not once per reader.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,9 +134,16 @@ class SkillCatalog:
         self._files: FileCache[Skill | SkillProblem] = FileCache(_load_or_problem)
         self._scan_key: tuple[tuple[str, FileKey | None], ...] | None = None
         self._scan = SkillScan((), ())
+        # The skill tool scans in a worker thread while a prompt may be built on the event loop: one scan
+        # at a time, or both would parse (and log) a changed file.
+        self._lock = threading.Lock()
 
     def scan(self) -> SkillScan:
         """Every skill, sorted by name; cheap when nothing changed (one stat per skill folder)."""
+        with self._lock:
+            return self._rescan()
+
+    def _rescan(self) -> SkillScan:
         paths = self._skill_files()
         key = tuple((str(path), file_key(path)) for path in paths)
         if key == self._scan_key:
@@ -154,6 +167,20 @@ class SkillCatalog:
             return []
         return [Path(entry.path) / SKILL_FILE for entry in entries
                 if entry.is_dir() and not entry.name.startswith(".") and (Path(entry.path) / SKILL_FILE).is_file()]
+
+
+_catalogs: dict[Path, SkillCatalog] = {}
+_catalogs_lock = threading.Lock()
+
+
+def shared_catalog(folder: Path) -> SkillCatalog:
+    """The process's one catalog of `folder`, shared by the prompt builders and skill tools of every agent."""
+    key = Path(os.path.abspath(folder))
+    with _catalogs_lock:
+        catalog = _catalogs.get(key)
+        if catalog is None:
+            catalog = _catalogs[key] = SkillCatalog(key)
+        return catalog
 
 
 def skills_prompt(scan: SkillScan) -> str:
@@ -185,15 +212,22 @@ class SkillTool(Tool):
     Args = SkillArgs
 
     def __init__(self, workspace: Workspace, files: object = None, catalog: SkillCatalog | None = None):
-        self.catalog = catalog or SkillCatalog(workspace.layout.skills_dir)
+        self.catalog = catalog or shared_catalog(workspace.layout.skills_dir)
 
     async def run(self, args: SkillArgs) -> str:
+        # Scanning, listing and reading wait for the disk: in a worker thread, like the file tools.
+        return await asyncio.to_thread(self.run_sync, args)
+
+    def run_sync(self, args: SkillArgs) -> str:
         scan = self.catalog.scan()
         skill = scan.get(args.name.strip())
         if skill is None:
             known = ", ".join(s.name for s in scan.skills) or "none"
             raise ToolError(f"no skill named {args.name!r}; installed: {known}")
-        listed = skill.files()
+        try:
+            listed = skill.files()
+        except OSError as exc:
+            raise ToolError(f"could not list the files of skill {skill.name!r}: {exc.strerror or exc}") from exc
         if not args.file.strip():
             text = f"# Skill: {skill.name}\n\n{skill.body}"
             if listed:
@@ -203,7 +237,16 @@ class SkillTool(Tool):
         wanted = args.file.strip().removeprefix("./")
         if wanted not in listed:  # only listed files: no path tricks can leave the skill's folder
             raise ToolError(f"skill {skill.name!r} has no file {args.file!r}; it has: {', '.join(listed) or 'none'}")
-        text = (skill.folder / wanted).read_text(encoding="utf-8", errors="replace")
+        try:
+            text = read_text(skill.folder / wanted, MAX_FILE_CHARS + 1)
+        except OSError as exc:  # a file that is listed but unreadable (permissions, I/O): the model is told why
+            raise ToolError(f"could not read {wanted} of skill {skill.name!r}: {exc.strerror or exc}") from exc
         if len(text) > MAX_FILE_CHARS:
             text = text[:MAX_FILE_CHARS] + f"\n[… truncated at {MAX_FILE_CHARS} characters]"
         return text
+
+
+def read_text(path: Path, limit: int) -> str:
+    """At most `limit` characters of a text file: a large file beside a skill is not read whole."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read(limit)
