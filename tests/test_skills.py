@@ -193,6 +193,41 @@ def remove_shipped_skills(workspace: Workspace) -> None:
         (workspace.layout.skills_dir / name).rmdir()
 
 
+def bare_workspace(workspace: Workspace, home: Path) -> Workspace:
+    """A second workspace of the same config, with no skills installed."""
+    return Workspace.from_config(workspace.config.model_copy(update={"workspace": str(home / "bare")}), home)
+
+
+def test_the_skill_tool_is_offered_only_when_a_skill_loads(workspace: Workspace, home: Path) -> None:
+    assert "skill" in build_tools(workspace).tools
+    bare = bare_workspace(workspace, home)
+    bad = bare.layout.skills_dir / "broken" / "SKILL.md"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("no front matter", encoding="utf-8")
+    tools = build_tools(bare)
+    assert "skill" not in tools.tools and "skill" not in [s["function"]["name"] for s in tools.schemas()]
+    assert "## Skills" not in ContextBuilder(bare).stable_prefix(NOW)
+
+
+def test_offering_skills_is_decided_once_per_process(workspace: Workspace, home: Path) -> None:
+    # An agent's tool schemas are made once: a skill tool that appeared with the first skill would be missing
+    # from the agents built before it, whose prompts would list skills for it. So a first skill added while
+    # running waits for the next start (a new catalog) ...
+    bare = bare_workspace(workspace, home)
+    assert "skill" not in build_tools(bare).tools
+    write_skill(bare.layout.skills_dir, "tea-log", "log tea tastings")
+    assert "skill" not in build_tools(bare).tools
+    assert "## Skills" not in ContextBuilder(bare).stable_prefix(NOW)
+    assert SkillCatalog(bare.layout.skills_dir).offered()
+
+    # ... and a skill tool once offered stays, answering for what is installed now.
+    assert "skill" in build_tools(workspace).tools
+    remove_shipped_skills(workspace)
+    assert "skill" in build_tools(workspace).tools
+    assert call(workspace, name="weekly-review") == "error: no skill named 'weekly-review'; installed: none"
+    assert "## Skills" not in ContextBuilder(workspace).stable_prefix(NOW)
+
+
 @pytest.mark.parametrize(("text", "reason"), [
     ("---\ndescription: x\n---\nbody", "the front matter has no name"),
     ("---\nname: demo\n---\nbody", "the front matter has no description"),

@@ -201,7 +201,8 @@ class ContextBuilder:
         parts.append(TOOL_GUIDANCE)
         if self.workspace.layout.is_per_user:
             parts.append(PER_USER_GUIDANCE)
-        parts.append(skills_prompt(self.skills.scan()))
+        if self.skills.offered():  # no skill tool, no list that would send the model to call it
+            parts.append(skills_prompt(self.skills.scan()))
         parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({self.workspace.config.timezone})")
         return "\n\n".join(part for part in parts if part)
 

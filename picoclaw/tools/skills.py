@@ -134,6 +134,7 @@ class SkillCatalog:
         self._files: FileCache[Skill | SkillProblem] = FileCache(_load_or_problem)
         self._scan_key: tuple[tuple[str, FileKey | None], ...] | None = None
         self._scan = SkillScan((), ())
+        self._offered: bool | None = None
         # The skill tool scans in a worker thread while a prompt may be built on the event loop: one scan
         # at a time, or both would parse (and log) a changed file.
         self._lock = threading.Lock()
@@ -142,6 +143,17 @@ class SkillCatalog:
         """Every skill, sorted by name; cheap when nothing changed (one stat per skill folder)."""
         with self._lock:
             return self._rescan()
+
+    def offered(self) -> bool:
+        """Whether skills are offered at all (the skill tool and the prompt's list): decided at the first call,
+        by whether a skill loads then, and kept for the life of the catalog (the process)."""
+        # Kept, not re-decided: an agent's tool schemas are made once (ToolRegistry), so a skill tool that
+        # appeared with the first skill would be missing from the agents built before, whose prompts would
+        # then name a tool they do not have. A first skill added while running is picked up at the next start.
+        with self._lock:
+            if self._offered is None:
+                self._offered = bool(self._rescan().skills)
+            return self._offered
 
     def _rescan(self) -> SkillScan:
         paths = self._skill_files()
