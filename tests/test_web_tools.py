@@ -67,8 +67,10 @@ class FakeWeb(BackgroundHTTPServer):
         app.router.add_get("/searx/search", self._searxng)
 
     def _record(self, request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+        # `peer` (the client's address and port) tells which connection a request came on.
         self.requests.append({"path": request.path, "query": dict(request.query),
-                              "headers": dict(request.headers)})
+                              "headers": dict(request.headers), "peer": request.transport and
+                              request.transport.get_extra_info("peername")})
         if isinstance(response, web.HTTPException):
             raise response
         return response
@@ -149,18 +151,22 @@ def call(tools: ToolRegistry, name: str, **arguments: Any) -> str:
     return asyncio.run(tools.execute(name, json.dumps(arguments, ensure_ascii=False)))
 
 
-def fetcher(workspace: Workspace, *, resolver: dict[str, str] | None = None, loopback_is_public: bool = False,
-            **web_config: Any) -> ToolRegistry:
-    """A registry with only web_fetch; `resolver` maps host names (no real DNS in tests)."""
+def fetcher(workspace: Workspace, *, resolver: dict[str, str | list[str]] | None = None,
+            loopback_is_public: bool = False, also_public: tuple[str, ...] = (), **web_config: Any) -> ToolRegistry:
+    """A registry with only web_fetch; `resolver` maps host names to one address or several (no real DNS in
+    tests). With `loopback_is_public`, 127.0.0.1 and the addresses in `also_public` count as public."""
     names = resolver or {}
 
     def resolve(host: str) -> list[str]:
         if host not in names:
             raise OSError(f"unknown host {host}")
-        return [names[host]]
+        answer = names[host]
+        return [answer] if isinstance(answer, str) else answer
+
+    stand_ins = {ipaddress.ip_address(address) for address in ("127.0.0.1", *also_public)}
 
     def allowed(address: IPAddress) -> bool:  # 127.0.0.1 stands in for a public server
-        return (loopback_is_public and address == ipaddress.ip_address("127.0.0.1")) or is_public(address)
+        return (loopback_is_public and address in stand_ins) or is_public(address)
 
     ws = with_tools(workspace, web=WebConfig(**web_config))
     return ToolRegistry([WebFetch(ws, resolver=resolve, allowed=allowed if loopback_is_public else None)])
@@ -253,6 +259,38 @@ def test_the_checked_address_is_the_one_connected_to(workspace: Workspace, serve
     out = call(tools, "web_fetch", url=f"http://public.example:{port}/host")
     assert out.startswith(f"URL: http://public.example:{port}/host\n")
     assert out.endswith(f"host=public.example:{port}")
+
+
+def test_each_hop_gets_its_own_connection(workspace: Workspace, server: FakeWeb) -> None:
+    # Both names are the same address: a pooled connection of the first hop would match the second one, and
+    # over https the second name's certificate would then never be checked.
+    port = server.origin.rsplit(":", 1)[1]
+    server.redirect_to = f"http://b.example:{port}/host"
+    tools = fetcher(workspace, resolver={"a.example": "127.0.0.1", "b.example": "127.0.0.1"},
+                    loopback_is_public=True)
+    before = len(server.requests)
+    out = call(tools, "web_fetch", url=f"http://a.example:{port}/hop")
+    assert out.endswith(f"host=b.example:{port}")
+    first, second = server.requests[before:]
+    assert (first["path"], second["path"]) == ("/hop", "/host")
+    assert first["peer"] != second["peer"]  # a new connection (another client port) for the second hop
+
+
+def test_the_next_checked_address_is_tried_when_one_refuses(workspace: Workspace, server: FakeWeb) -> None:
+    # Nothing listens on 127.0.0.2 (the server is bound to 127.0.0.1): the connection is refused there.
+    port = server.origin.rsplit(":", 1)[1]
+    tools = fetcher(workspace, resolver={"two.example": ["127.0.0.2", "127.0.0.1"],
+                                         "dead.example": ["127.0.0.2", "127.0.0.3"]},
+                    loopback_is_public=True, also_public=("127.0.0.2", "127.0.0.3"))
+    before = len(server.requests)
+    out = call(tools, "web_fetch", url=f"http://two.example:{port}/host")
+    assert out.startswith(f"URL: http://two.example:{port}/host\n") and out.endswith(f"host=two.example:{port}")
+    assert [r["path"] for r in server.requests[before:]] == ["/host"]
+
+    out = call(tools, "web_fetch", url=f"http://dead.example:{port}/host")
+    assert out.startswith(f"error: could not fetch http://dead.example:{port}/host: no address of dead.example "
+                          "accepted a connection (127.0.0.2: ConnectError: ")
+    assert "; 127.0.0.3: ConnectError: " in out
 
 
 @pytest.mark.parametrize("target", ["http://internal.example:{port}/article", "http://10.0.0.7/admin",

@@ -1,9 +1,10 @@
 """web_fetch and web_search: the model reads the web, without becoming a way into the user's network.
 
 web_fetch guards against SSRF: only http(s); every hop's host is resolved once, every address it
-resolves to must be public (unless `tools.web.allow_private`), and the connection goes to that checked
-address (the Host header and TLS name stay the host's), so a DNS answer that changes between check and
-connect (rebinding) cannot reach inside. Redirects are followed by hand, each hop checked the same way.
+resolves to must be public (unless `tools.web.allow_private`), and the connection goes to a checked
+address (the Host header and TLS name stay the host's; the next address when one refuses), so a DNS answer
+that changes between check and connect (rebinding) cannot reach inside. Redirects are followed by hand,
+each hop checked the same way and on a new connection of its own.
 Environment proxies are ignored: a proxy would connect wherever it likes after our check.
 """
 
@@ -91,16 +92,14 @@ class WebFetcher:
             raise ToolError(f"timed out after {self.config.timeout:g} s fetching {url}") from None
 
     async def _fetch(self, url: str) -> Page:
-        timeout = httpx.Timeout(self.config.timeout)
-        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
-                                     headers={"User-Agent": USER_AGENT}) as client:
-            current = self._parse(url)
-            for _hop in range(self.config.max_redirects + 1):
-                request = await self._pinned_request(client, current)
-                try:
-                    response = await client.send(request, stream=True)
-                except httpx.HTTPError as exc:
-                    raise ToolError(f"could not fetch {current}: {type(exc).__name__}: {exc}") from exc
+        current = self._parse(url)
+        for _hop in range(self.config.max_redirects + 1):
+            addresses = await self._checked_addresses(current.host)
+            # A client (a connection pool) per hop: the pool matches connections by scheme, address and port,
+            # so the next hop to another name on the same address would reuse this hop's TLS connection, and
+            # that name's certificate would never be checked.
+            async with self._client(len(addresses)) as client:
+                response = await self._send(client, current, addresses)
                 try:
                     location = response.headers.get("location")
                     if response.status_code in REDIRECTS and location:
@@ -109,7 +108,27 @@ class WebFetcher:
                     return await self._read(response, current)
                 finally:
                     await response.aclose()
-            raise FetchRefused(f"more than {self.config.max_redirects} redirects, stopped at {current}")
+        raise FetchRefused(f"more than {self.config.max_redirects} redirects, stopped at {current}")
+
+    def _client(self, addresses: int) -> httpx.AsyncClient:
+        # Each address gets a share of the time to connect, so a dead first address leaves time for the next.
+        timeout = httpx.Timeout(self.config.timeout, connect=self.config.timeout / addresses)
+        return httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
+                                 headers={"User-Agent": USER_AGENT})
+
+    async def _send(self, client: httpx.AsyncClient, url: httpx.URL, addresses: list[IPAddress]) -> httpx.Response:
+        """The response of the first checked address that accepts the connection (a host's addresses are
+        tried in the resolver's order, as a browser does)."""
+        failures: list[str] = []
+        for address in addresses:
+            try:
+                return await client.send(self._pinned_request(client, url, address), stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                failures.append(f"{address}: {type(exc).__name__}: {exc}")  # nothing was sent: try the next
+            except httpx.HTTPError as exc:
+                raise ToolError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from exc
+        raise ToolError(f"could not fetch {url}: no address of {url.host} accepted a connection "
+                        f"({'; '.join(failures)})")
 
     @staticmethod
     def _parse(url: str) -> httpx.URL:
@@ -137,14 +156,18 @@ class WebFetcher:
             raise ToolError(f"could not resolve {host}: no address")
         return addresses
 
-    async def _pinned_request(self, client: httpx.AsyncClient, url: httpx.URL) -> httpx.Request:
-        """A GET of `url` that connects to a checked address of its host, with the host's name kept."""
-        addresses = await self._addresses(url.host)
+    async def _checked_addresses(self, host: str) -> list[IPAddress]:
+        """Every address of `host`; FetchRefused when any of them may not be fetched."""
+        addresses = await self._addresses(host)
         blocked = [a for a in addresses if not self.allowed(a)]
         if blocked:  # any private answer refuses: the connection could go to that one
-            raise FetchRefused(f"{url.host} resolves to the non-public address {blocked[0]}; fetching "
+            raise FetchRefused(f"{host} resolves to the non-public address {blocked[0]}; fetching "
                                "private, loopback and link-local addresses is off (tools.web.allow_private)")
-        address = addresses[0]
+        return addresses
+
+    @staticmethod
+    def _pinned_request(client: httpx.AsyncClient, url: httpx.URL, address: IPAddress) -> httpx.Request:
+        """A GET of `url` that connects to the checked `address`, with the host's name kept."""
         name = url.raw_host.decode("ascii")  # IDNA-encoded: what the Host header and TLS expect
         if ":" in name:
             name = f"[{name}]"
