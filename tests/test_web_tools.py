@@ -117,7 +117,10 @@ class FakeWeb(BackgroundHTTPServer):
             return web.json_response({"error": "bad token"}, status=401)
         return web.json_response({"web": {"results": [
             {"title": "Longjing - Wikipedia", "url": "https://en.wikipedia.org/wiki/Longjing_tea",
-             "description": "Longjing is a   variety of <b>green</b> tea."},
+             "description": "Longjing is a   variety of <strong>green</strong> tea &amp; China&#39;s pride "
+                            "(&lt;b&gt; is a tag; 2 < 3)."},
+            {"title": "<strong>Tea</strong> &amp; water", "url": "https://tea.example/water",
+             "description": "Soft water is <span class=\"hl\">best</span>."},
             {"title": "Brewing guide", "url": "https://tea.example/brew", "description": "80 °C water."}]}})
 
     async def _tavily(self, request: web.Request) -> web.StreamResponse:
@@ -341,9 +344,10 @@ def test_web_search_is_absent_when_not_configured(workspace: Workspace) -> None:
 def test_brave(workspace: Workspace, server: FakeWeb) -> None:
     tools = searcher(workspace, provider="brave", api_key="brave-key", base_url=server.origin, max_results=2)
     out = call(tools, "web_search", query="longjing tea")
+    # Brave marks matches with HTML tags and escapes entities: the model gets plain text.
     assert out == ("1. Longjing - Wikipedia\nhttps://en.wikipedia.org/wiki/Longjing_tea\n"
-                   "Longjing is a variety of <b>green</b> tea.\n\n"
-                   "2. Brewing guide\nhttps://tea.example/brew\n80 °C water.")
+                   "Longjing is a variety of green tea & China's pride (<b> is a tag; 2 < 3).\n\n"
+                   "2. Tea & water\nhttps://tea.example/water\nSoft water is best.")
     sent = server.requests[-1]
     assert sent["path"] == "/res/v1/web/search" and sent["query"] == {"q": "longjing tea", "count": "2"}
 

@@ -283,14 +283,23 @@ class SearchResult:
 SearchBackend = Callable[[httpx.AsyncClient, WebSearchConfig, str, str, int], Awaitable[list[SearchResult]]]
 
 
+# A tag as search APIs mark matches (<strong>, </b>, <span class="x">): a letter after '<', so "a < b" stays.
+_TAG = re.compile(r"</?[A-Za-z][^<>]*>")
+
+
+def _plain(text: object) -> str:
+    """A result's title or snippet as plain text on one line: Brave marks matches with HTML tags and escapes
+    entities (&#39;, &amp;), which would only cost the model tokens and confuse it."""
+    return " ".join(html.unescape(_TAG.sub("", str(text or ""))).split())
+
+
 def _results(items: Any, snippet_key: str) -> list[SearchResult]:
     if not isinstance(items, list):
         raise ToolError("the search service answered without a result list")
     found = []
     for item in items:
         if isinstance(item, dict) and item.get("url"):
-            found.append(SearchResult(str(item.get("title") or ""), str(item["url"]),
-                                      " ".join(str(item.get(snippet_key) or "").split())))
+            found.append(SearchResult(_plain(item.get("title")), str(item["url"]), _plain(item.get(snippet_key))))
     return found
 
 
