@@ -115,6 +115,8 @@ class WebSearchConfig(_Strict):
     """tools.web.search: the search API behind web_search. An empty api_key is read from BRAVE_API_KEY or
     TAVILY_API_KEY; `base_url` (empty: the provider's own) is required for searxng."""
 
+    # False keeps a backend's settings without offering web_search, so config.example.json can show them off.
+    enabled: bool = True
     provider: Literal["brave", "tavily", "searxng"]
     api_key: str = ""
     base_url: str = ""

@@ -19,6 +19,7 @@ from picoclaw.config import (
     MemoryPolicy,
     ProviderConfig,
     TelegramConfig,
+    WebSearchConfig,
     home_dir,
     load_config,
     parse_config,
@@ -84,6 +85,19 @@ def test_example_config_parses_and_shows_every_policy_key() -> None:
     assert set(config.memory.policy_values()) == set(POLICY_KEYS)
     # onboard copies the same file, so it must be the one onboarding uses.
     assert template_paths()[1].resolve() == example.resolve()
+
+
+def test_example_config_shows_the_tool_settings_switched_off() -> None:
+    # Users tune by editing the JSON, so the example spells out a search backend's keys, but a new install
+    # must not call a search API (or start anything) until the user turns it on.
+    example = REPO / "config.example.json"
+    data = json.loads(example.read_text(encoding="utf-8"))
+    config = parse_config(data, example)
+    search = data["tools"]["web"]["search"]
+    assert set(search) == set(WebSearchConfig.model_fields)  # every key, so a new one must be shown too
+    assert config.tools.web.search is not None and config.tools.web.search.enabled is False
+    assert config.tools.exec.enabled is False
+    assert not any(server.enabled for server in config.tools.mcp.servers.values())
 
 
 def test_user_values_are_kept_including_chinese_text(tmp_path: Path) -> None:

@@ -337,8 +337,17 @@ def searcher(workspace: Workspace, **search: Any) -> ToolRegistry:
 
 
 def test_web_search_is_absent_when_not_configured(workspace: Workspace) -> None:
+    assert "web_search" not in build_tools(with_tools(workspace, web=WebConfig())).tools
+    # A new config.json (onboarding's copy of config.example.json) shows a backend, switched off.
+    search = workspace.config.tools.web.search
+    assert search is not None and not search.enabled
     assert "web_search" not in build_tools(workspace).tools
-    assert workspace.config.tools.web.search is None
+
+
+def test_a_disabled_search_backend_is_not_offered(workspace: Workspace) -> None:
+    search = WebSearchConfig(provider="brave", api_key="brave-key", enabled=False)
+    assert "web_search" not in build_tools(with_tools(workspace, web=WebConfig(search=search))).tools
+    assert WebSearchConfig(provider="brave").enabled  # a backend that is set is on unless said otherwise
 
 
 def test_brave(workspace: Workspace, server: FakeWeb) -> None:

@@ -32,7 +32,7 @@ def build_tools(workspace: Workspace, extra: Sequence[Tool] = ()) -> ToolRegistr
     if not shared_catalog(workspace.layout.skills_dir).offered():
         left_out.add(SkillTool)
     classes: list[Callable[[Workspace, WorkspaceFiles], Tool]] = [cls for cls in TOOL_CLASSES if cls not in left_out]
-    if tools_config.web.search is not None:
+    if tools_config.web.search is not None and tools_config.web.search.enabled:
         classes.append(WebSearch)
     if tools_config.exec.enabled:
         classes.append(Exec)
