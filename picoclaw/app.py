@@ -8,6 +8,7 @@ and the openai client are imported only then too, so `picoclaw memory show` star
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -134,7 +135,7 @@ class App:
         if self._provider is not None:
             await self._provider.aclose()
             self._provider = None
-        self.close()
+        await asyncio.to_thread(self.close)  # the embedder's close waits for its own thread's loop
 
     def close(self) -> None:
         """Close what needs no event loop: the indexes' databases and the embedding model."""

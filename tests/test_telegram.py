@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,6 +51,7 @@ from tests.agent_helpers import (
 )
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import BOT_USERNAME, ENTITY_ERROR, TOKEN, FakeTelegramServer
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
@@ -820,7 +820,7 @@ def test_per_chat_locks_exist_only_while_a_chat_is_busy(home: Path, fake_telegra
         for chat in chats:
             fake_telegram.send_text(chat, chat, f"hello from {chat}")
             fake_telegram.send_text(chat, chat, f"again from {chat}")  # waits behind the first: same lock
-        await asyncio.to_thread(fake_openai_waits, fake_openai, len(chats))
+        await wait_until(lambda: len(fake_openai.chat_requests()) >= len(chats), what="every chat's model call")
         busy = len(channel._chat_locks)  # every chat's first turn is with the model now
         await until(fake_telegram, lambda: all(len(fake_telegram.sent_texts(c)) == 2 for c in chats))
         return channel, busy
@@ -830,14 +830,6 @@ def test_per_chat_locks_exist_only_while_a_chat_is_busy(home: Path, fake_telegra
     assert len(channel._chat_locks) == 0  # every turn is over: no chat keeps a lock
     for chat in chats:
         assert fake_telegram.sent_texts(chat) == [f"echo: hello from {chat}", f"echo: again from {chat}"]
-
-
-def fake_openai_waits(model: FakeOpenAIServer, count: int, timeout: float = 10.0) -> None:
-    """Block until `count` chat requests have reached the fake model."""
-    deadline = time.monotonic() + timeout
-    while len(model.chat_requests()) < count:
-        assert time.monotonic() < deadline, f"timed out waiting for {count} model calls"
-        time.sleep(0.01)
 
 
 def test_strangers_told_their_id_are_remembered_within_a_bound(home: Path, fake_telegram: FakeTelegramServer,
