@@ -215,6 +215,11 @@ class McpConfig(_Strict):
         for name in servers:
             if not MCP_SERVER_NAME.match(name):
                 raise ValueError(f"server name {name!r} must be 1-32 letters, digits, '_' or '-'")
+            # "__" ends the server's part of mcp__<server>__<tool>: with it inside a name, or a name ending in
+            # "_", server a's tool b__c and server a__b's tool c would both be mcp__a__b__c, and one would be lost.
+            if "__" in name or name.endswith("_"):
+                raise ValueError(f"server name {name!r} must not contain '__' or end with '_' ('__' separates the "
+                                 f"server from the tool in the tool names mcp__<server>__<tool>)")
         return servers
 
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,18 +21,22 @@ import pytest
 from picoclaw.agent.commands import Command
 from picoclaw.app import App
 from picoclaw.cli import main
-from picoclaw.config import load_config, parse_config
+from picoclaw.config import McpServerConfig, load_config, parse_config
 from picoclaw.errors import ConfigError
+from picoclaw.tools.base import ToolError
 from picoclaw.tools.mcp import McpServer
 from tests.agent_helpers import API_KEY, history, make_provider
 from tests.fakes import FakeOpenAIServer
+from tests.waiting import wait_until, wait_until_sync
 
 T = TypeVar("T")
 
 SERVER_SCRIPT = Path(__file__).parent / "fakes" / "mcp_server.py"
-SERVER_TOOLS = ["add", "crash", "echo", "fail", "picture", "sleep"]  # what the fake server offers
+SERVER_TOOLS = ["add", "crash", "echo", "fail", "picture", "pid", "sleep"]  # what the fake server offers
 SESSION = "cli:mcp"
 HTTP_HEADER = ("X-Token", "s3cret-token")  # the HTTP server refuses requests without it
+HTTP_SERVER = [sys.executable, str(SERVER_SCRIPT), "--http", "--header", "=".join(HTTP_HEADER)]
+HTTP_START_TIMEOUT = 30.0  # seconds for the HTTP server to say its port (a loaded machine imports slowly)
 
 
 def stdio(**settings: Any) -> dict[str, Any]:
@@ -80,6 +87,41 @@ async def server_of(app: App, name: str) -> McpServer:
     return next(server for server in servers.servers if server.name == name)
 
 
+async def kill_server(server: McpServer) -> None:
+    """End a stdio server's process at once, between calls, as a crash or the OOM killer would."""
+    pid = next(tool for tool in server.tools if tool.remote_name == "pid")
+    os.kill(int(await server.call(pid, {})), signal.SIGKILL)
+
+
+def start_http_server(command: list[str], timeout: float = HTTP_START_TIMEOUT) -> tuple[subprocess.Popen[str], str]:
+    """Start an HTTP MCP server and return it with its URL, once it has printed `PORT <n>`; a server that does
+    not say so within `timeout` seconds is ended and fails the test, instead of hanging the run."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, encoding="utf-8")
+    stdout = process.stdout
+    assert stdout is not None
+    lines: list[str] = []
+    # readline() has no timeout: a thread reads, the test waits for it on a deadline.
+    threading.Thread(target=lambda: lines.append(stdout.readline()), daemon=True).start()
+    try:
+        wait_until_sync(lambda: lines or process.poll() is not None, timeout=timeout,
+                        what="the HTTP MCP server's PORT line")
+        wait_until_sync(lambda: lines, timeout=5, what="the output of the HTTP MCP server that ended")
+        assert lines[0].startswith("PORT "), f"the HTTP MCP server did not start: {lines[0]!r}"
+    except BaseException:
+        end_process(process)
+        raise
+    return process, f"http://127.0.0.1:{int(lines[0].split()[1])}/mcp"
+
+
+def end_process(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 # -- config ----------------------------------------------------------------------------------------------
 
 
@@ -105,6 +147,17 @@ def test_a_bad_server_entry_is_a_clear_config_error(entry: dict[str, Any], expec
 def test_a_server_name_that_cannot_be_part_of_a_tool_name_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match="letters, digits"):
         parse_config({"tools": {"mcp": {"servers": {name: {"command": ["x"]}}}}}, "config.json")
+
+
+@pytest.mark.parametrize("name", ["a__b", "files_", "__x"])
+def test_a_server_name_that_could_give_two_tools_one_name_is_refused(name: str) -> None:
+    # Server a's tool b__c and server a__b's tool c would both be mcp__a__b__c (and a_'s _c, a's __c alike).
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"tools": {"mcp": {"servers": {"a": {"command": ["x"]}, name: {"command": ["y"]}}}}},
+                     "config.json")
+    message = str(caught.value)
+    assert "tools.mcp.servers" in message and f"server name {name!r}" in message, message
+    assert "must not contain '__' or end with '_'" in message, message
 
 
 def test_a_good_entry_has_the_documented_defaults() -> None:
@@ -189,6 +242,31 @@ def test_a_server_that_exits_mid_session_gives_tool_errors_and_the_turn_complete
                         "may say why)"]
 
 
+def test_a_server_that_dies_between_calls_is_failed_at_once_without_a_call(
+        home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    configure(home, {"files": stdio()})
+    fake_openai.reply_tool_calls([("mcp__files__echo", {"text": "still there?"})])
+    fake_openai.reply_text("The file server is gone.")
+    closed = "the server closed the connection (it exited; its own output may say why)"
+
+    async def body(app: App) -> tuple[str, str]:
+        server = await server_of(app, "files")
+        await kill_server(server)
+        # Nothing calls it: the end of its stdout alone must make it failed, well before any call.
+        await wait_until(lambda: server.state == "failed", what="the idle server's death to be noticed")
+        agent = app.agent()
+        return await agent.command(SESSION, Command("/status", "")), (await agent.handle(SESSION, "echo")).text
+
+    with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
+        status, reply = with_app(home, fake_openai, body)
+
+    assert f"MCP files: failed: {closed}" in status.splitlines()
+    assert reply == "The file server is gone."
+    assert tool_results(fake_openai.chat_requests()[1]) == [
+        f"error: MCP server files is not available (failed: {closed}); mcp__files__echo cannot run now"]
+    assert [r.getMessage() for r in caplog.records] == [f"MCP server files failed: {closed}"]
+
+
 def test_a_server_that_never_starts_is_one_log_line_and_the_others_work(
         home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
     configure(home, {"broken": {"command": [str(home / "no-such-server"), "--stdio"]}, "files": stdio()})
@@ -210,7 +288,7 @@ def test_a_server_that_never_starts_is_one_log_line_and_the_others_work(
     assert [r.getMessage() for r in caplog.records] == [
         f"MCP server broken failed: cannot run '{home / 'no-such-server'}': program not found"]
     assert f"MCP broken: failed: cannot run '{home / 'no-such-server'}': program not found" in status.splitlines()
-    assert "MCP files: ready, 6 tools" in status.splitlines()
+    assert f"MCP files: ready, {len(SERVER_TOOLS)} tools" in status.splitlines()
 
 
 def test_a_server_that_does_not_answer_at_start_times_out(home: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -285,26 +363,24 @@ def test_an_agent_without_its_configured_mcp_servers_is_refused(home: Path) -> N
 @pytest.fixture(scope="module")
 def http_url() -> Iterator[str]:
     """The fake server over streamable HTTP on 127.0.0.1 (a free port it binds itself), once per module."""
-    process = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), "--http", "--header", "=".join(HTTP_HEADER)],
-                               stdout=subprocess.PIPE, text=True, encoding="utf-8")
+    process, url = start_http_server(HTTP_SERVER)
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("PORT "), f"the HTTP MCP server did not start: {line!r}"
-        yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+        yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        end_process(process)
+
+
+def test_an_http_server_that_never_says_its_port_fails_the_test_in_time() -> None:
+    mute = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(AssertionError, match="timed out after 0.5 s waiting for the HTTP MCP server's PORT line"):
+        start_http_server(mute, timeout=0.5)
 
 
 def test_a_streamable_http_server_with_headers_works_like_a_stdio_one(
         home: Path, fake_openai: FakeOpenAIServer, http_url: str, caplog: pytest.LogCaptureFixture) -> None:
     configure(home, {"remote": {"url": http_url, "headers": dict([HTTP_HEADER]), "tools": ["echo", "picture"]},
-                     "nokey": {"url": http_url}})
+                     "nokey": {"url": http_url},
+                     "wrongpath": {"url": http_url.removesuffix("/mcp") + "/nope", "headers": dict([HTTP_HEADER])}})
     fake_openai.reply_tool_calls([("mcp__remote__echo", {"text": "远程 echo"}),
                                   ("mcp__remote__picture", {"caption": "图"})])
     fake_openai.reply_text("done")
@@ -320,9 +396,12 @@ def test_a_streamable_http_server_with_headers_works_like_a_stdio_one(
     assert names == ["mcp__remote__echo", "mcp__remote__picture"] and reply == "done"
     assert tool_results(fake_openai.chat_requests()[1]) == ["远程 echo", "图\n[image content not shown]"]
     assert "MCP remote: ready, 2 tools" in status.splitlines()
-    # Without the header the server answers 401: that server fails, visibly, and alone.
-    assert any(line.startswith("MCP nokey: failed: ") for line in status.splitlines())
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["MCP server nokey failed"]
+    # Without the header the server answers 401, at a wrong path 404: those fail, visibly, alone, with the status.
+    assert "MCP nokey: failed: the server answered HTTP 401 Unauthorized (check its headers)" in status.splitlines()
+    assert "MCP wrongpath: failed: the server answered HTTP 404 Not Found (check its url)" in status.splitlines()
+    assert [r.getMessage() for r in caplog.records] == [
+        "MCP server nokey failed: the server answered HTTP 401 Unauthorized (check its headers)",
+        "MCP server wrongpath failed: the server answered HTTP 404 Not Found (check its url)"]
 
 
 def test_an_http_server_that_is_not_there_fails_at_start(home: Path) -> None:
@@ -331,7 +410,43 @@ def test_an_http_server_that_is_not_there_fails_at_start(home: Path) -> None:
     async def body(app: App) -> str:
         return (await server_of(app, "gone")).status()
 
-    assert with_app(home, None, body).startswith("failed: ")
+    assert with_app(home, None, body) == "failed: cannot reach the server: All connection attempts failed"
+
+
+def test_an_http_server_that_dies_mid_session_is_failed_in_http_words(caplog: pytest.LogCaptureFixture) -> None:
+    process, url = start_http_server(HTTP_SERVER)  # a server of its own: this test ends it
+    config = McpServerConfig(url=url, headers=dict([HTTP_HEADER]), tools=["echo"])
+    gone = "cannot reach the server: All connection attempts failed"
+
+    async def run() -> tuple[str, str, str]:
+        # An HTTP server holds nothing open between requests: "checked" asks it for its tools every 0.05 s,
+        # "unchecked" (every 30 s, the default) learns of the death from a call.
+        checked, unchecked = McpServer("checked", config, probe_interval=0.05), McpServer("unchecked", config)
+        await asyncio.gather(checked.start(), unchecked.start())
+        try:
+            assert [checked.status(), unchecked.status()] == ["ready, 1 tool", "ready, 1 tool"]
+            await asyncio.sleep(0.3)  # a few checks answered: a live server stays ready
+            assert checked.state == "ready" and await checked.call(checked.tools[0], {"text": "hi"}) == "hi"
+            process.kill()
+            process.wait()
+            await wait_until(lambda: checked.state == "failed", what="the check to find the HTTP server gone")
+            assert unchecked.state == "ready"
+            with pytest.raises(ToolError) as caught:
+                await unchecked.call(unchecked.tools[0], {"text": "hi"})
+            return checked.status(), unchecked.status(), str(caught.value)
+        finally:
+            await asyncio.gather(checked.stop(), unchecked.stop())
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
+            checked, unchecked, error = asyncio.run(run())
+    finally:
+        end_process(process)
+
+    assert checked == unchecked == f"failed: {gone}"
+    assert error == f"MCP server unchecked stopped during the call: {gone}"
+    assert [r.getMessage() for r in caplog.records] == [f"MCP server checked failed: {gone}",
+                                                        f"MCP server unchecked failed: {gone}"]
 
 
 # -- the command line: mcp list, chat, telegram -------------------------------------------------------------
@@ -339,8 +454,10 @@ def test_an_http_server_that_is_not_there_fails_at_start(home: Path) -> None:
 
 def test_mcp_list_shows_each_server_its_state_and_its_tools(
         home: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
-    configure(home, {"files": stdio(tools=["echo", "add"]), "broken": {"command": ["no-such-mcp-server-xyz"]},
-                     "off": {"url": "http://127.0.0.1:9/mcp", "enabled": False}})
+    # Arguments, credentials in a URL and its query may carry tokens: mcp list does not print them.
+    configure(home, {"files": stdio(tools=["echo", "add"]),
+                     "broken": {"command": ["no-such-mcp-server-xyz", "--token", "s3cret"]},
+                     "off": {"url": "http://me:s3cret@127.0.0.1:9/mcp?key=s3cret", "enabled": False}})
 
     with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
         code = main(["mcp", "list"])
@@ -348,12 +465,14 @@ def test_mcp_list_shows_each_server_its_state_and_its_tools(
     out = capsys.readouterr().out
     assert code == 1  # a server failed
     assert out.splitlines() == [
-        "broken: failed: cannot run 'no-such-mcp-server-xyz': program not found  [stdio: no-such-mcp-server-xyz]",
-        f"files: ready, 2 tools  [stdio: {sys.executable} {SERVER_SCRIPT}]",
+        "broken: failed: cannot run 'no-such-mcp-server-xyz': program not found  "
+        "[stdio: no-such-mcp-server-xyz + 2 arguments]",
+        f"files: ready, 2 tools  [stdio: {sys.executable} + 1 argument]",
         "  mcp__files__add  Add two whole numbers.",
         "  mcp__files__echo  Say the text back, `times` times.",
-        "off: disabled  [http: http://127.0.0.1:9/mcp]",
+        "off: disabled  [http: http://127.0.0.1:9/mcp?…]",
     ]
+    assert "s3cret" not in out
     assert [r.getMessage() for r in caplog.records] == [
         "MCP server broken failed: cannot run 'no-such-mcp-server-xyz': program not found"]
 

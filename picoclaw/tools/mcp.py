@@ -6,21 +6,27 @@ entered and left by one task; tool calls from any turn go through that connectio
 start, times out or dies is one log line and a `failed` state (shown by /status and `picoclaw mcp list`); its
 tools then answer the model with an error, and every other tool keeps working.
 
+An idle server's death is noticed without waiting for the next call: the task watches the end of the
+transport's read side (a stdio server's stdout reaching EOF), and, since an HTTP server holds nothing open
+between requests, asks an HTTP server for its tools every PROBE_INTERVAL seconds while no call is running.
+
 The SDK is imported only when a server starts, so commands without MCP servers do not pay for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TextIO
+from urllib.parse import urlsplit
 
 import orjson
 from pydantic import BaseModel, ConfigDict
@@ -29,6 +35,7 @@ from picoclaw.config import McpConfig, McpServerConfig
 from picoclaw.tools.base import Tool, ToolError
 
 if TYPE_CHECKING:
+    import httpx2
     from mcp import Client
     from mcp.types import CallToolResult, ContentBlock
     from mcp.types import Tool as ListedTool
@@ -41,6 +48,10 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_RESULT_CHARS = 50_000  # as read_file: one call must not fill the context window
 # Once asked to stop, a server gets this long to exit before its task is cancelled (the SDK then kills it).
 STOP_GRACE = 10.0
+# How often an idle HTTP server is asked for its tools to see that it is still there (see the module docstring).
+PROBE_INTERVAL = 30.0
+# A call that saw the connection close waits this long for the connection's task to say why it closed.
+SETTLE_WAIT = 5.0
 
 State = Literal["disabled", "starting", "ready", "failed", "stopped"]
 
@@ -63,22 +74,32 @@ class ListedMcpTool:
 class McpServer:
     """One configured server: its state, its tools, and (when ready) the connection its task holds."""
 
-    def __init__(self, name: str, config: McpServerConfig):
+    def __init__(self, name: str, config: McpServerConfig, probe_interval: float = PROBE_INTERVAL):
         self.name = name
         self.config = config
+        self.probe_interval = probe_interval
         self.state: State = "disabled" if not config.enabled else "starting"
         self.reason = ""  # why it failed, or a note on a ready server (an allow-listed tool it lacks)
         self.tools: list[ListedMcpTool] = []
         self._client: Client | None = None
         self._ready = asyncio.Event()
-        self._stop = asyncio.Event()
+        self._stopping = False
+        self._wake = asyncio.Event()  # stop(), or the end of the transport's read side: the server is gone
+        self._settled = asyncio.Event()  # set once a failure is recorded or the connection's task has ended
+        self._calls = 0  # calls in flight; the liveness check waits for none (a call finds a dead server itself)
+        self._http_error = ""  # the last HTTP error status of a POST, which the SDK's errors leave out
         self._task: asyncio.Task[None] | None = None
 
     def describe(self) -> str:
-        """Where the server is: its command line or its URL."""
+        """Where the server is: its program and how many arguments, or its URL without credentials or query;
+        arguments and queries may carry tokens, and this is printed by `picoclaw mcp list`."""
         if self.config.command is not None:
-            return "stdio: " + " ".join(self.config.command)
-        return f"http: {self.config.url}"
+            program, *arguments = self.config.command
+            return f"stdio: {program} + {len(arguments)} argument" + ("" if len(arguments) == 1 else "s")
+        assert self.config.url is not None  # the config allows exactly one of command and url
+        parts = urlsplit(self.config.url)
+        return (f"http: {parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+                + ("?…" if parts.query else ""))
 
     def status(self) -> str:
         """The state as one phrase: "ready, 3 tools", "failed: why", "disabled"."""
@@ -101,22 +122,58 @@ class McpServer:
             self._task.cancel()  # the SDK's exits then stop the process or close the HTTP session
 
     async def _hold(self) -> None:
-        """The connection's own task: open it, list the tools, then keep it open until stop()."""
+        """The connection's own task: open it, list the tools, then keep it open until stop() or its end."""
         from mcp import Client
 
         try:
-            async with Client(self._transport(), read_timeout_seconds=self.config.timeout) as client:
+            async with Client(_watched(self._transport(), self._wake.set),
+                              read_timeout_seconds=self.config.timeout) as client:
                 self._accept(await _list_tools(client))
                 self._client = client
                 self._ready.set()
-                await self._stop.wait()
+                gone = await self._watch(client)
+                if gone:  # recorded before the SDK's teardown, so a call that saw the close finds the reason
+                    self._fail(gone)
         except Exception as exc:  # any failure of one server is contained: recorded and logged, not raised
-            self._fail(_reason(exc, self.config))
+            # An HTTP request that cannot reach the server ends the SDK's transport and this task with it.
+            self._fail(self._reason(exc))
         finally:
             self._client = None
             if self.state == "ready":
                 self.state = "stopped"
             self._ready.set()
+            self._settled.set()
+
+    async def _watch(self, client: Client) -> str:
+        """Wait for stop() or for the server to go away: "" when asked to stop, else why it is gone."""
+        # stdio needs no check: a server that exits closes its stdout, and the read side's end wakes this.
+        interval = self.probe_interval if self.config.url is not None else None
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval)
+            except TimeoutError:
+                if self._calls == 0:  # a single-threaded server may not answer during a call
+                    gone = await self._probe(client)
+                    if gone:
+                        return gone
+                continue
+            if self._stopping:
+                return ""
+            return self._reason_closed()
+
+    async def _probe(self, client: Client) -> str:
+        """Ask for the tools, bypassing the SDK's cache: "" when the server answers, else why it does not."""
+        # Not a ping: the 2026-07-28 protocol dropped it, and every server answers tools/list.
+        from mcp import MCPError
+        from mcp.types import REQUEST_TIMEOUT
+
+        try:
+            await client.list_tools(cache_mode="bypass")
+        except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                return f"no answer within {self.config.timeout:g} s to a check that it is still there"
+            return self._reason(exc)
+        return ""
 
     def _transport(self) -> Any:
         from mcp import StdioServerParameters, stdio_client
@@ -126,7 +183,14 @@ class McpServer:
             parameters = StdioServerParameters(command=program, args=arguments, env=self.config.env or None)
             return stdio_client(parameters, errlog=_server_stderr())
         assert self.config.url is not None  # the config allows exactly one of command and url
-        return _http_transport(self.config.url, self.config.headers)
+        return _http_transport(self.config.url, self.config.headers, self._note_response)
+
+    async def _note_response(self, response: httpx2.Response) -> None:
+        """Keep the status of a failed POST: the SDK turns it into an error without the status."""
+        if response.request.method == "POST":
+            # Concurrent requests can interleave here; the status is a hint in a message, not a decision.
+            failed = response.status_code >= 400
+            self._http_error = f"{response.status_code} {response.reason_phrase}".strip() if failed else ""
 
     def _accept(self, listed: list[ListedTool]) -> None:
         allowed = self.config.tools
@@ -151,10 +215,51 @@ class McpServer:
         self.state = "ready"
 
     def _fail(self, reason: str) -> None:
+        self._settled.set()
         if self.state == "failed":
             return
-        self.state, self.reason = "failed", reason
-        log.warning("MCP server %s failed: %s", self.name, reason)
+        self.state, self.reason = "failed", " ".join(reason.split())  # one line, whatever the exception said
+        log.warning("MCP server %s failed: %s", self.name, self.reason)
+
+    def _reason_closed(self) -> str:
+        if self.config.command is not None:
+            return "the server closed the connection (it exited; its own output may say why)"
+        return "the HTTP connection closed (the server stopped or dropped it)"
+
+    def _reason(self, exc: BaseException) -> str:
+        """A one-line reason for a failure, in the words of the server's transport, from the innermost
+        exception of the SDK's exception groups."""
+        import httpx2
+        from mcp import MCPError
+        from mcp.types import CONNECTION_CLOSED
+
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        if isinstance(exc, OSError) and self.config.command is not None:
+            why = "program not found" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc))
+            return f"cannot run {self.config.command[0]!r}: {why}"
+        if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
+            return self._reason_closed()
+        if isinstance(exc, MCPError) and self._http_error:
+            return self._http_status(self._http_error, exc.message)
+        if isinstance(exc, MCPError):
+            return exc.message
+        if isinstance(exc, httpx2.HTTPStatusError):
+            return self._http_status(f"{exc.response.status_code} {exc.response.reason_phrase}".strip(), "")
+        if isinstance(exc, httpx2.ConnectError):
+            return f"cannot reach the server: {str(exc) or type(exc).__name__}"
+        if isinstance(exc, httpx2.TimeoutException):
+            return f"the HTTP request timed out ({type(exc).__name__})"
+        if isinstance(exc, httpx2.TransportError):
+            return f"the HTTP connection broke ({type(exc).__name__}: {exc})"
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+    @staticmethod
+    def _http_status(status: str, message: str) -> str:
+        # The SDK's stand-ins for a status ("Not Found", "Server returned an error response") add nothing to it.
+        detail = "" if message in status or message == "Server returned an error response" else f": {message}"
+        hint = {"401": " (check its headers)", "403": " (check its headers)", "404": " (check its url)"}
+        return f"the server answered HTTP {status}{detail}{hint.get(status[:3], '')}"
 
     async def call(self, tool: ListedMcpTool, arguments: dict[str, Any]) -> str:
         """Run `tool` with `arguments`; the text of its result, or ToolError with what went wrong."""
@@ -166,23 +271,29 @@ class McpServer:
         if self.state != "ready" or client is None:
             raise ToolError(f"MCP server {self.name} is not available ({self.status()}); "
                             f"{tool.name} cannot run now")
+        self._calls += 1
         try:
             result = await client.call_tool(tool.remote_name, arguments)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
-                self._fail(_reason(exc, self.config))
+                # The connection's task knows best why (an HTTP error, an exited program): let it say first.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._settled.wait(), SETTLE_WAIT)
+                self._fail(self._reason(exc))
                 raise ToolError(f"MCP server {self.name} stopped during the call: {self.reason}") from None
             if exc.code == REQUEST_TIMEOUT:
                 log.warning("MCP server %s: %s timed out after %g s", self.name, tool.remote_name,
                             self.config.timeout)
                 raise ToolError(f"{tool.name} timed out after {self.config.timeout:g} s") from None
-            raise ToolError(f"{tool.name}: the server refused the call: {exc.message}") from None
+            raise ToolError(f"{tool.name}: the server refused the call: {self._reason(exc)}") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             self._fail(f"the connection broke ({type(exc).__name__})")
             raise ToolError(f"MCP server {self.name} stopped during the call: {self.reason}") from None
         except Exception as exc:  # e.g. a result that breaks the protocol: this call fails, the server stays
-            log.warning("MCP server %s: %s failed: %s", self.name, tool.remote_name, _reason(exc, self.config))
-            raise ToolError(f"{tool.name} failed: {_reason(exc, self.config)}") from None
+            log.warning("MCP server %s: %s failed: %s", self.name, tool.remote_name, self._reason(exc))
+            raise ToolError(f"{tool.name} failed: {self._reason(exc)}") from None
+        finally:
+            self._calls -= 1
         text = result_text(result)
         if result.is_error:
             raise ToolError(text)
@@ -190,7 +301,8 @@ class McpServer:
 
     async def stop(self) -> None:
         """Close the connection (the SDK stops a stdio server's process) and wait for the task to end."""
-        self._stop.set()
+        self._stopping = True
+        self._wake.set()
         task = self._task
         if task is None or task.done():
             return
@@ -320,30 +432,65 @@ def _server_stderr() -> TextIO:
     return _devnull()
 
 
-def _reason(exc: BaseException, config: McpServerConfig) -> str:
-    """A one-line reason for a failure, from the innermost exception of the SDK's exception groups."""
-    from mcp import MCPError
-    from mcp.types import CONNECTION_CLOSED
-
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, OSError) and config.command is not None:
-        why = "program not found" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc))
-        return f"cannot run {config.command[0]!r}: {why}"
-    if isinstance(exc, MCPError):
-        if exc.code == CONNECTION_CLOSED:
-            return "the server closed the connection (it exited; its own output may say why)"
-        return exc.message
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 @asynccontextmanager
-async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+async def _http_transport(url: str, headers: dict[str, str],
+                          on_response: Callable[[httpx2.Response], Any]) -> AsyncIterator[Any]:
     """Streamable HTTP with the configured headers, on the SDK's own HTTP client (its timeouts for long-lived
-    streams); the client is closed with the transport (the SDK closes only a client it made itself)."""
+    streams), every response shown to `on_response`; the client is closed with the transport (the SDK closes
+    only a client it made itself)."""
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
-    async with create_mcp_http_client(headers=headers or None) as http, \
-            streamable_http_client(url, http_client=http) as streams:
+    http = create_mcp_http_client(headers=headers or None)
+    http.event_hooks = {"response": [on_response]}
+    async with http, streamable_http_client(url, http_client=http) as streams:
         yield streams
+
+
+@asynccontextmanager
+async def _watched(transport: Any, on_end: Callable[[], None]) -> AsyncIterator[Any]:
+    """`transport` (an SDK Transport), its read side calling `on_end` when it ends: the server went away."""
+    async with transport as (read_stream, write_stream):
+        yield _EndWatch(read_stream, on_end), write_stream
+
+
+class _EndWatch:
+    """A transport's read stream, passed through; `on_end` is called when it ends (EOF or closed under it).
+    The SDK offers no event for the end of a connection, and its Transport protocol lets one wrap the streams."""
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]):
+        self._inner = inner
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:  # the SDK reads the sender's context from HTTP streams through this
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        import anyio
+
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> _EndWatch:
+        return self
+
+    async def __anext__(self) -> Any:
+        import anyio
+
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _EndWatch:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -52,6 +52,12 @@ def sleep(seconds: float) -> str:
 
 
 @server.tool()
+def pid() -> str:
+    """The server's process id (so a test can end the server between calls, as a crash or the OOM killer would)."""
+    return str(os.getpid())
+
+
+@server.tool()
 def crash() -> str:
     """End the server process at once, mid-call (a server that dies under the client)."""
     os._exit(3)
