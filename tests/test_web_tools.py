@@ -309,6 +309,13 @@ def test_a_redirect_into_the_private_network_is_refused(workspace: Workspace, se
     assert [r["path"] for r in server.requests[before:]] == ["/hop"]  # the first hop only
 
 
+def test_a_redirect_to_a_file_url_is_refused(workspace: Workspace, server: FakeWeb) -> None:
+    server.redirect_to = "file:///etc/passwd"
+    out = call(fetcher(workspace, allow_private=True), "web_fetch", url=f"{server.origin}/hop")
+    assert out.startswith("error: only http and https URLs can be fetched"), out
+    assert "root:" not in out
+
+
 def test_unresolvable_host_is_an_error(workspace: Workspace) -> None:
     out = call(fetcher(workspace), "web_fetch", url="http://nowhere.example/")
     assert out == "error: could not resolve nowhere.example: unknown host nowhere.example"
