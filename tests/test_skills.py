@@ -18,6 +18,8 @@ from picoclaw.memory.workspace import Workspace
 from picoclaw.tools import skills as skills_module
 from picoclaw.tools.registry import build_tools
 from picoclaw.tools.skills import SkillCatalog, SkillFormatError, parse_skill, shared_catalog
+from tests.agent_helpers import chat, system_prompt
+from tests.fakes import FakeOpenAIServer
 
 NOW = datetime(2024, 3, 5, 12, 0)
 SHIPPED = ("memory-policy", "weekly-review")
@@ -101,6 +103,23 @@ def test_the_skill_tool_loads_instructions_and_files(workspace: Workspace) -> No
     assert call(workspace, name="nope") == ("error: no skill named 'nope'; installed: memory-policy, tea-log, "
                                             "weekly-review")
     assert call(workspace, name="weekly-review").startswith("# Skill: weekly-review\n\n# Weekly review\n")
+
+
+def test_the_model_loads_a_skill_on_demand_and_reads_it_in_the_next_request(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    """Only the description is in every prompt; the body reaches the model after it asks for it."""
+    write_skill(workspace.layout.skills_dir, "tea-order", "how to order the office tea / 订茶",
+                "Order 龙井 from the shop on Hefang Street; always two tins.")
+    fake_openai.reply_tool_calls([("skill", {"name": "tea-order"})])
+    fake_openai.reply_text("Two tins of 龙井 from Hefang Street.")
+
+    assert chat(workspace, fake_openai, ["how do I order tea? 怎么订茶？"]) == ["Two tins of 龙井 from Hefang Street."]
+    first, second = fake_openai.chat_requests()
+    assert "- tea-order: how to order the office tea / 订茶" in system_prompt(first)
+    assert "Hefang Street" not in json.dumps(first, ensure_ascii=False)  # not before it is asked for
+    assert system_prompt(second) == system_prompt(first)  # loading a skill leaves the prefix as it was
+    [result] = [m for m in second["messages"] if m["role"] == "tool"]
+    assert "Order 龙井 from the shop on Hefang Street; always two tins." in result["content"]
 
 
 def test_a_link_out_of_the_skill_folder_is_not_offered(workspace: Workspace, tmp_path: Path) -> None:
