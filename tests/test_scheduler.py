@@ -188,6 +188,18 @@ def test_a_one_time_job_is_marked_run_before_it_is_delivered(home: Path) -> None
     assert stored(app)[job.id]["last_outcome"] == INTERRUPTED
 
 
+def test_a_terminal_chat_starting_leaves_the_bots_running_job_alone(home: Path) -> None:
+    """Only a process that serves a session may call its job interrupted: the bot may be running it now."""
+    app = open_app(home)
+    jobs = app.jobs()
+    with freeze_time(NOW, real_asyncio=True):
+        job = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "agent", "summarise", "telegram:1")
+        jobs.update(job.id, lambda stored: setattr(stored, "last_outcome", RUNNING) or True)
+        repl = Scheduler(jobs, no_agent, Delivered(), channels=("cli:default",), sleep=lambda s: repl.stop())
+        in_loop(repl.run)
+    assert stored(app)[job.id]["last_outcome"] == RUNNING
+
+
 # -- removal, failures, a broken file ---------------------------------------------------------------------------
 
 

@@ -153,9 +153,10 @@ class Scheduler:
         self._wake.clear()
 
     def _mark_interrupted(self) -> None:
-        """A job left "running" by a process that died: it is not run again (it may have been delivered)."""
+        """A job left "running" by a process that died: it is not run again (it may have been delivered). Only
+        this scheduler's sessions: a job of another channel may be running in its process right now."""
         try:
-            stuck = [job.id for job in self.store.load() if job.last_outcome == RUNNING]
+            stuck = [job.id for job in self.store.load() if job.last_outcome == RUNNING and self.serves(job.target)]
         except JobsFileError:
             return
         for job_id in stuck:
