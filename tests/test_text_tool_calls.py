@@ -201,6 +201,18 @@ def test_a_bare_object_must_be_the_whole_reply() -> None:
     assert find("Let me look.\n" + SEARCH) is None
 
 
+def test_a_bare_object_closed_by_a_fence_is_a_call_and_the_prose_after_it_is_dropped() -> None:
+    """Verbatim from llama.cpp's server with Qwen2.5-Coder-1.5B (2026-11-24, asked "Remind me in 2 minutes to
+    stand up and stretch."): the call, a closing fence whose opening one is missing, then prose about it."""
+    real = ('{"name": "cron", "arguments": "{\\"action\\": \\"add\\", \\"in\\": \\"2 minutes\\", '
+            '\\"prompt\\": \\"站立起来伸展\\"}"}\n```\nThis response is a bit unusual, as the `cron` function '
+            "typically takes time in seconds. However, I've adjusted it to be more consistent with common usage "
+            "and have included the prompt for the reminder.")
+    assert as_pair(find(real)) == ("cron", {"action": "add", "in": "2 minutes", "prompt": "站立起来伸展"})
+    assert as_pair(find(SEARCH + "\n```")) == ("memory_search", {"query": "dog name"})
+    assert find("Let me look.\n" + SEARCH + "\n```\nmore words") is None  # after a lead-in it must end the reply
+
+
 def test_a_short_lead_in_line_is_kept_as_before() -> None:
     found = find("I'll search your memory.\n\n" + fenced(SEARCH) + "\n")
     assert found is not None and found.before == "I'll search your memory."

@@ -11,7 +11,9 @@ Rules:
    - one call object inside `<tool_call>…</tool_call>` or `<tools>…</tools>`, nothing else inside the tags;
    - `functions.NAME`, an optional colon, then a JSON object of arguments (on the same line or the next
      non-blank one); with nothing else on that line and no object next, the call has no arguments (rule 5);
-   - a reply that is nothing but one call object (no lead-in, nothing after it).
+   - a reply that is nothing but one call object (no lead-in, nothing after it);
+   - one call object, then a closing ``` (a fenced call whose opening fence the model left out: seen from
+     Qwen2.5-Coder-1.5B, a call followed by that fence and prose about it), what follows dropped (rule 4).
    A call object is a JSON object with exactly the keys `name` (a string) and `arguments` (an object, or a
    JSON string holding an object). `parameters` is not a synonym: the corpus never uses it. Other forms seen
    in the corpus stay text: Python call syntax such as `memory_search(query='…', limit=1)`.
@@ -132,7 +134,12 @@ def _parse_at_start(text: str) -> _Found | None:
         if decoded is None:
             return None
         call = _call_object(decoded[0])
-        return None if call is None else _Found(call[0], call[1], decoded[1], whole_reply_only=True)
+        if call is None:
+            return None
+        after = _skip_space(text, decoded[1])
+        if text.startswith("```", after):  # its opening fence left out: the fenced form, what follows dropped
+            return _Found(call[0], call[1], after + 3)
+        return _Found(call[0], call[1], decoded[1], whole_reply_only=True)
     return None
 
 
