@@ -5,7 +5,8 @@ It sleeps until the next job is due, waking every `poll_interval` seconds to see
 (none, for a one-time job) and last run are written first, under the file lock, so a crash or a second
 scheduler never runs it twice. A job whose time passed while nothing ran is run once, marked "late"; a
 recurring one then continues from now, the missed runs not made up. A job that fails is logged and its
-outcome recorded; the others run on, each due job in a task of its own (a slow one holds up no other).
+outcome recorded; the others run on, each session's due jobs in a task of its own (a slow one holds up
+no other chat's).
 A scheduler serves some sessions (`picoclaw telegram` every telegram: one, `picoclaw chat` its own);
 a job for another is left untouched for the process that serves it.
 
