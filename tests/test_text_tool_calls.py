@@ -321,3 +321,29 @@ def test_forms_that_must_end_the_reply_need_the_whole_reply_in_view() -> None:
     lead_in = "Let me look.\n" + fenced(SEARCH)
     assert find(lead_in + " " * 50) is not None
     assert find(lead_in + " " * MAX_CHARS + "x") is None
+
+
+# --- a call inside doubled braces (issue 24) ------------------------------------------------------------------
+
+DOUBLED_PATH = CORPUS_PATH.parent / "doubled_brace_calls.json"
+
+
+def test_the_captured_doubled_brace_call_is_a_call() -> None:
+    [entry] = json.loads(DOUBLED_PATH.read_text(encoding="utf-8"))
+    found = find(entry["assistant_message"]["content"])
+    assert as_pair(found) == ("memory_append", {"content": "我的狗叫旺财", "slot": "long_term"})
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ("{{" + SEARCH[1:] + "}", ("memory_search", {"query": "dog name"})),
+    ("  { " + call_text("memory_append", {"content": "我的狗叫旺财"}) + " }\n", (
+        "memory_append", {"content": "我的狗叫旺财"})),
+    ("{{" + SEARCH[1:] + "} and then some words", None),
+    ("Let me store it.\n{{" + SEARCH[1:] + "}", None),
+    ("{{" + SEARCH[1:], None),
+    ("{{" + SEARCH[1:] + "}}", None),
+    ('{{"name": "memory_search"}}', None),
+    ("{{user_name}} likes tea", None),
+], ids=["search", "spaces-around", "prose-after", "lead-in", "unclosed", "two-closers", "no-arguments", "template"])
+def test_doubled_braces(content: str, expected: tuple[str, dict[str, Any]] | None) -> None:
+    assert as_pair(find(content)) == expected

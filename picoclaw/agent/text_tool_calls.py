@@ -13,7 +13,9 @@ Rules:
      non-blank one); with nothing else on that line and no object next, the call has no arguments (rule 5);
    - a reply that is nothing but one call object (no lead-in, nothing after it);
    - one call object, then a closing ``` (a fenced call whose opening fence the model left out: seen from
-     Qwen2.5-Coder-1.5B, a call followed by that fence and prose about it), what follows dropped (rule 4).
+     Qwen2.5-Coder-1.5B, a call followed by that fence and prose about it), what follows dropped (rule 4);
+   - a reply that is nothing but one call object inside one extra pair of braces, `{{"name": …, "arguments":
+     {…}}}` (a template's doubled braces copied literally: seen from Qwen2.5-Coder-1.5B).
    A call object is a JSON object with exactly the keys `name` (a string) and `arguments` (an object, or a
    JSON string holding an object). `parameters` is not a synonym: the corpus never uses it. Other forms seen
    in the corpus stay text: Python call syntax such as `memory_search(query='…', limit=1)`.
@@ -129,6 +131,8 @@ def _parse_at_start(text: str) -> _Found | None:
         return _tagged(text)
     if text.startswith("functions."):
         return _functions(text)
+    if text.startswith("{") and text.startswith("{", _skip_space(text, 1)):  # no JSON object starts so
+        return _doubled_braces(text)
     if text.startswith("{"):
         decoded = _decode_object(text, 0)
         if decoded is None:
@@ -141,6 +145,12 @@ def _parse_at_start(text: str) -> _Found | None:
             return _Found(call[0], call[1], after + 3)
         return _Found(call[0], call[1], decoded[1], whole_reply_only=True)
     return None
+
+
+def _doubled_braces(text: str) -> _Found | None:
+    """A call object wrapped in one more `{` … `}`; like a bare object, it must be the whole reply."""
+    found = _object_then(text, 1, "}")
+    return None if found is None else _Found(found.name, found.arguments, found.end, whole_reply_only=True)
 
 
 def _fenced(text: str) -> _Found | None:
