@@ -776,8 +776,8 @@ def test_a_strict_content_server_refuses_null_content() -> None:
         assert error.kind == "unavailable" and "HTTP 500" in str(error)
 
 
-def test_as_message_keeps_text_and_null_without_calls() -> None:
+def test_as_message_keeps_text_and_never_gives_null() -> None:
     call = ToolCall("call_1", "memory_append", "{}")
     assert ChatReply(None, [call]).as_message()["content"] == ""
     assert ChatReply("我来记 / noting", [call]).as_message()["content"] == "我来记 / noting"
-    assert ChatReply(None).as_message() == {"role": "assistant", "content": None}
+    assert ChatReply(None).as_message() == {"role": "assistant", "content": ""}

@@ -66,8 +66,8 @@ class StoredMessage:
         """The message as the model is sent it: a user message with its data block in front of the text."""
         if self.context:
             return {**self.message, "content": with_context(self.context, str(self.message.get("content") or ""))}
-        if self.message.get("tool_calls") and self.message.get("content") is None:
-            return {**self.message, "content": ""}  # older files; llama.cpp's server refuses null here
+        if self.message.get("content") is None:
+            return {**self.message, "content": ""}  # older files; llama.cpp's server refuses null content
         return self.message
 
     def record(self) -> dict[str, Any]:

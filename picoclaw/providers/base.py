@@ -49,10 +49,10 @@ class ChatReply:
     def as_message(self) -> Message:
         """The assistant message to put back into the history.
 
-        A tool-call turn without text gets `content: ""`, not null: llama.cpp's server answers HTTP 500 to
-        a null content beside `tool_calls`, and OpenAI accepts "".
+        A turn without text gets `content: ""`, never null: llama.cpp's server answers HTTP 500 to an
+        assistant message with a null content (with or without `tool_calls`), and OpenAI accepts "".
         """
-        content = "" if self.content is None and self.tool_calls else self.content
+        content = "" if self.content is None else self.content
         message: Message = {"role": "assistant", "content": content}
         if self.tool_calls:
             message["tool_calls"] = [

@@ -133,7 +133,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         self.api_key = api_key  # when set, any other bearer token gets a 401 like OpenAI's
         self.validate = validate
         self.streaming = streaming  # False: a streamed request gets a 400, like a server without streaming
-        self.strict_content = strict_content  # True: content null beside tool_calls is a 500 (llama.cpp)
+        self.strict_content = strict_content  # True: an assistant message with content null is a 500 (llama.cpp)
         self.default_dimensions = default_dimensions
         self.responder: Callable[[dict[str, Any]], Reply | str] | None = None
         self.embedder: Callable[[str, int], list[float]] | None = None
@@ -299,9 +299,11 @@ class FakeOpenAIServer(BackgroundHTTPServer):
     def _check_chat(self, body: Any) -> web.Response | None:
         if not isinstance(body, dict):
             return _bad_request("We could not parse the JSON body of your request.")
-        if self.strict_content and null_content_beside_tool_calls(body):
-            # What llama.cpp's server does (it parses content as a string and fails), status and all.
-            return _render(Error(500, "[json.exception.type_error.302] type must be string, but is null"))
+        if self.strict_content and null_assistant_content(body):
+            # What llama.cpp's servers do, status and all: the C++ one fails to parse content as a string,
+            # llama-cpp-python's answers with pydantic's validation dump (seen verbatim in issue 24).
+            return _render(Error(500, LLAMA_CPP_PYTHON_NULL_CONTENT if not _has_tool_calls(body) else
+                                 "[json.exception.type_error.302] type must be string, but is null"))
         if not self.validate:
             return None
         problem = chat_request_problem(body)
@@ -500,12 +502,26 @@ def chat_request_problem(body: dict[str, Any]) -> str | None:
     return None
 
 
-def null_content_beside_tool_calls(body: dict[str, Any]) -> bool:
-    """Whether an assistant message has `tool_calls` and a null (or missing) `content`."""
+def null_assistant_content(body: dict[str, Any]) -> bool:
+    """Whether an assistant message has a null (or missing) `content`."""
     messages = body.get("messages")
     return isinstance(messages, list) and any(
-        isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls") and m.get("content") is None
-        for m in messages)
+        isinstance(m, dict) and m.get("role") == "assistant" and m.get("content") is None for m in messages)
+
+
+def _has_tool_calls(body: dict[str, Any]) -> bool:
+    return any(isinstance(m, dict) and m.get("role") == "assistant" and m.get("content") is None
+               and m.get("tool_calls") for m in body.get("messages") or [])
+
+
+# The head of llama-cpp-python's answer to an assistant message with content null (issue 24).
+LLAMA_CPP_PYTHON_NULL_CONTENT = (
+    "7 validation errors: {'type': 'literal_error', 'loc': ('body', 'messages', 2, 'typed-dict', 'role'), "
+    "'msg': \"Input should be 'system'\", 'input': 'assistant', 'ctx': {'expected': \"'system'\"}} "
+    "{'type': 'string_type', 'loc': ('body', 'messages', 2, 'typed-dict', 'content'), "
+    "'msg': 'Input should be a valid string', 'input': None} "
+    "{'type': 'literal_error', 'loc': ('body', 'messages', 2, 'typed-dict', 'role'), "
+    "'msg': \"Input should be 'user'\", 'input': 'assistant', 'ctx': {'expected': \"'user'\"}}")
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
