@@ -158,6 +158,19 @@ def test_status_shows_the_cached_share_of_the_last_prompt(workspace: Workspace, 
     assert len(fake_openai.chat_requests()) == 1
 
 
+def test_status_says_when_the_server_reports_no_usage(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    # llama-cpp-python's server sends no usage in streamed answers, even with stream_options.include_usage.
+    fake_openai.enqueue(Text("燕麦拿铁。Oat-milk latte.", usage=False))
+
+    with frozen():
+        chat(workspace, fake_openai, ["我喝什么咖啡？ what coffee do I drink?"])
+        lines = status_lines(workspace, fake_openai)
+
+    assert lines[2] == "last prompt: the server reports no token usage for streamed answers"
+    # The test run has no tiktoken encoding (offline), and /status says what that means for the counts.
+    assert "token counts: estimated (tiktoken's encoding is not available offline; see the README)" in lines
+
+
 def test_status_of_a_new_conversation_needs_no_model_and_writes_nothing(
         workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     lines = status_lines(workspace, fake_openai)

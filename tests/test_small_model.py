@@ -3,6 +3,7 @@ stored or sent, and what a small model answers badly still ends in a working ses
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -10,6 +11,7 @@ import orjson
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import SESSION, chat, contents, frozen, history, records_of, session_path
 from tests.fakes import FakeOpenAIServer
+from tests.test_repl import configure, picoclaw
 
 
 def null_answer() -> dict[str, Any]:
@@ -45,3 +47,23 @@ def test_a_null_content_kept_by_an_older_version_is_sent_as_empty_text(workspace
 
     assert contents(history(server.chat_requests()[0])) == ["remember 龙井", "", "still there? 还在吗？"]
     assert all(m["content"] is not None for m in server.chat_requests()[0]["messages"])
+
+
+def test_the_offline_token_estimate_is_not_a_warning_on_every_command(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    # The test run has no tiktoken encoding (an empty TIKTOKEN_CACHE_DIR, no network): counts are estimated.
+    configure(home, fake_openai)
+    memory = home / "workspace" / "memory" / "MEMORY.md"
+    memory.write_text("# Long-term memory\n\n## 2025-03-01\n我的狗叫旺财 / my dog is Wangcai\n", encoding="utf-8")
+    fake_openai.reply_text("旺财！Wangcai!")
+    fake_openai.reply_text("旺财 / Wangcai")
+
+    # Two sessions, so that both turns inject (and count) the memory block.
+    quiet = picoclaw(home, "chat", "--session", "one", "-m", "我的狗叫什么？ what is my dog called?")
+    verbose = picoclaw(home, "-v", "chat", "--session", "two", "-m", "my dog's name again? 狗叫什么")
+
+    assert quiet.returncode == verbose.returncode == 0, quiet.stderr + verbose.stderr
+    assert quiet.stdout == "旺财！Wangcai!\n"
+    assert all("旺财" in body["messages"][-1]["content"] for body in fake_openai.chat_requests())  # counted, sent
+    assert "tiktoken" not in quiet.stderr
+    assert "token counts are estimated" in verbose.stderr

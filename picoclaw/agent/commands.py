@@ -14,6 +14,7 @@ from picoclaw.agent.summary import CompactResult
 from picoclaw.config import POLICY_KEYS
 from picoclaw.memory.policy import EffectivePolicy
 from picoclaw.memory.session import Session
+from picoclaw.tokens import is_exact
 
 HELP = """Commands:
 /new — start a fresh conversation (the old one is archived)
@@ -89,7 +90,10 @@ def status_report(model: str, provider: str, session: Session, effective: Effect
              + ("" if session.summary else " (none yet)")]
     usage = session.last_usage()
     if usage is None or usage.prompt_tokens is None:
-        lines.append("last prompt: no token count from the provider yet")
+        # Some servers (llama-cpp-python's) send no usage in a streamed answer, even when asked for it.
+        answered = any(m.message.get("role") == "assistant" for m in session.active())
+        lines.append("last prompt: the server reports no token usage for streamed answers" if answered
+                     else "last prompt: no token count from the provider yet")
     else:
         cached = ("the provider did not say how many were cached" if usage.cached_tokens is None
                   else f"{usage.cached_tokens:,} of them cached by the provider")
@@ -106,5 +110,7 @@ def status_report(model: str, provider: str, session: Session, effective: Effect
     described += [f"{len(layers['config'])} key(s) from config.json"] if "config" in layers else []
     described += [f"{len(layers['default'])} default(s)"] if "default" in layers else []
     lines.append("policy: " + "; ".join(described) + " (/policy shows each value)")
+    if not is_exact():
+        lines.append("token counts: estimated (tiktoken's encoding is not available offline; see the README)")
     lines += extra
     return "\n".join(lines)
