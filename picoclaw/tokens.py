@@ -3,9 +3,10 @@
 Uses tiktoken's `o200k_base` encoding when it can be loaded (it is downloaded once and cached by
 tiktoken; set TIKTOKEN_CACHE_DIR to a folder holding it for offline machines). When it cannot be
 loaded, falls back to an estimate and logs that once, at INFO (`-v` shows it; /status says it every
-time): a machine without the encoding is without it for every command, and a warning each time is noise. The estimate counts each CJK character as one
-token (that is what BPE tokenizers roughly do for Chinese) and every other run of text as one token
-per four characters, so Chinese prompts are not under-counted fourfold.
+time): a machine without the encoding is without it for every command, and a warning each time is
+noise. The estimate counts each CJK character as one token (that is what BPE tokenizers roughly do
+for Chinese) and every other run of text as one token per four characters, so Chinese prompts are
+not under-counted fourfold.
 """
 
 from __future__ import annotations
