@@ -30,7 +30,8 @@ ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
 
 # Per-user agents kept open ("per_user" memory scope): each holds a workspace and, with the index on, a
 # database connection. A bot used by thousands of people keeps the most recent ones; an idle agent that
-# falls out is closed and made again (cheaply) when its user comes back.
+# falls out is closed and made again (cheaply) when its user comes back. Idle means no turn, no background
+# job and no embedding under way (a turn may stop waiting for new memory's embeddings before they are made).
 AGENT_CACHE_SIZE = 64
 
 
@@ -120,7 +121,7 @@ class App:
 
     def _busy(self, user_key: str) -> bool:
         agent = self._agents.peek(user_key)
-        return agent is not None and not agent.idle()
+        return agent is not None and (not agent.idle() or _embedding(agent))
 
     def _loops(self) -> list[AgentLoop]:
         return ([self._shared] if self._shared is not None else []) + self._agents.values()
@@ -150,6 +151,16 @@ class App:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _embedding(agent: AgentLoop) -> bool:
+    """Whether the agent's memory index is still embedding: closing it then would cut the work short."""
+    if not agent.workspace.config.memory.index.enabled:
+        return False
+    from picoclaw.memory.index.searcher import index_of
+
+    index = index_of(agent.workspace.searcher)
+    return index is not None and index.embedding
 
 
 def _configured_provider(config: Config) -> OpenAICompatProvider:

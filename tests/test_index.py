@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from freezegun import freeze_time
 
 from picoclaw.agent.context import ContextBuilder
 from picoclaw.app import App, build_embedder
@@ -26,6 +27,7 @@ from picoclaw.config import Config, parse_config
 from picoclaw.errors import ConfigError
 from picoclaw.memory.index import IndexedRetriever, MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit, markdown_chunks, session_chunks
+from picoclaw.memory.index.outage import BACKOFF_FIRST
 from picoclaw.memory.index.schema import SCHEMA_VERSION
 from picoclaw.memory.retrieval import MemoryRetriever, split_blocks
 from picoclaw.memory.search import FileSearcher
@@ -386,14 +388,17 @@ def test_endpoint_down_gives_keyword_results_and_a_status_warning(
     index = open_index(make_config(fake_openai))
     for _ in range(2):  # the first try and the client's one retry
         fake_openai.reply_error(503, "embedding backend overloaded", headers=FAST_RETRY, endpoint="embeddings")
-    hits = index.search("柯基", 3)
-    assert hits and "柯基" in hits[0].block.text
-    assert "overloaded" in (index.last_notice or "")
-    status = index.status()
-    assert status.warning and "unavailable (HTTP 503): embedding backend overloaded" in status.warning
-    assert status.vectors == 0 and status.chunks == len(ENTRIES) + 1
-    # The endpoint is back: the next search embeds what was missing, and the warning goes away.
-    assert index.search("柯基", 3)
+    with freeze_time("2026-03-01 09:00:00", real_asyncio=True) as clock:
+        hits = index.search("柯基", 3)
+        assert hits and "柯基" in hits[0].block.text
+        assert "overloaded" in (index.last_notice or "")
+        status = index.status()
+        assert status.warning and "unavailable (HTTP 503): embedding backend overloaded" in status.warning
+        assert status.vectors == 0 and status.chunks == len(ENTRIES) + 1
+        # The endpoint is back, and the pause after the failure is over (test_index_backoff.py has the pause):
+        # the next search embeds what was missing, and the warning goes away.
+        clock.tick(BACKOFF_FIRST)
+        assert index.search("柯基", 3)
     status = index.status()
     assert status.warning is None and status.vectors == status.chunks and index.last_notice is None
 

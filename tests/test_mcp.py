@@ -32,7 +32,8 @@ from tests.waiting import wait_until, wait_until_sync
 T = TypeVar("T")
 
 SERVER_SCRIPT = Path(__file__).parent / "fakes" / "mcp_server.py"
-SERVER_TOOLS = ["add", "crash", "echo", "fail", "picture", "pid", "sleep"]  # what the fake server offers
+SERVER_TOOLS = ["add", "block", "crash", "echo", "fail", "fail_env", "picture", "pid", "queued", "release",
+                "stubborn", "through_gateway"]  # what the fake server offers
 SESSION = "cli:mcp"
 HTTP_HEADER = ("X-Token", "s3cret-token")  # the HTTP server refuses requests without it
 HTTP_SERVER = [sys.executable, str(SERVER_SCRIPT), "--http", "--header", "=".join(HTTP_HEADER)]
@@ -111,6 +112,11 @@ def start_http_server(command: list[str], timeout: float = HTTP_START_TIMEOUT) -
         end_process(process)
         raise
     return process, f"http://127.0.0.1:{int(lines[0].split()[1])}/mcp"
+
+
+def with_call_timeout(server: McpServer, seconds: float) -> None:
+    """Give `server`'s calls a short timeout once it has started (starting may take longer on a busy machine)."""
+    server.config = server.config.model_copy(update={"timeout": seconds})
 
 
 def end_process(process: subprocess.Popen[str]) -> None:
@@ -305,20 +311,55 @@ def test_a_server_that_does_not_answer_at_start_times_out(home: Path, caplog: py
     assert [r.getMessage() for r in caplog.records] == ["MCP server mute failed: no answer within 0.5 s while starting"]
 
 
-def test_a_call_that_times_out_is_a_tool_error_and_the_server_stays_usable(
-        home: Path, fake_openai: FakeOpenAIServer) -> None:
-    configure(home, {"files": stdio(timeout=1, tools=["sleep", "echo"])})
-    fake_openai.reply_tool_calls([("mcp__files__sleep", {"seconds": 5})])
-    fake_openai.reply_tool_calls([("mcp__files__echo", {"text": "awake"})])
+CANCELLED = "timed out after 1 s; the call was cancelled (the server was asked to stop it)"
+
+
+def test_a_call_that_times_out_is_cancelled_and_the_next_call_finds_the_server_free(
+        home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    # `block` holds the server's one worker until it is cancelled; `queued` needs that worker.
+    configure(home, {"files": stdio(tools=["block", "queued"])})
+    fake_openai.reply_tool_calls([("mcp__files__block", {})])
+    fake_openai.reply_tool_calls([("mcp__files__queued", {"text": "还在吗 still there?"})])
     fake_openai.reply_text("ok")
 
     async def body(app: App) -> str:
-        return (await app.agent().handle(SESSION, "sleep")).text
+        with_call_timeout(await server_of(app, "files"), 1)
+        return (await app.agent().handle(SESSION, "block, then ask again")).text
 
-    assert with_app(home, fake_openai, body) == "ok"
+    with caplog.at_level(logging.WARNING, logger="picoclaw.tools.mcp"):
+        assert with_app(home, fake_openai, body) == "ok"
     _, second, third = fake_openai.chat_requests()
-    assert tool_results(second) == ["error: mcp__files__sleep timed out after 1 s"]
-    assert tool_results(third) == ["awake"]
+    assert tool_results(second) == [f"error: mcp__files__block {CANCELLED}"]
+    assert tool_results(third) == ["还在吗 still there? (cancelled before: block)"]  # the worker was let go
+    assert [r.getMessage() for r in caplog.records] == [
+        "MCP server files: block timed out after 1 s; the call was cancelled"]
+
+
+def test_a_server_that_ignores_cancellation_is_named_as_the_likely_cause_of_the_next_timeout() -> None:
+    config = McpServerConfig(command=[sys.executable, str(SERVER_SCRIPT)], tools=["stubborn", "queued", "release"])
+
+    async def run() -> list[str]:
+        server = McpServer("files", config)
+        await server.start()
+        with_call_timeout(server, 1)
+        tools = {tool.remote_name: tool for tool in server.tools}
+        said = []
+        try:
+            for name, arguments in [("stubborn", {}), ("queued", {"text": "一"}), ("release", {}),
+                                    ("queued", {"text": "二 two"})]:
+                try:
+                    said.append(await server.call(tools[name], arguments))
+                except ToolError as exc:
+                    said.append(f"error: {exc}")
+        finally:
+            await server.stop()
+        return said
+
+    stubborn, first, release, second = asyncio.run(run())
+    assert stubborn == f"error: mcp__files__stubborn {CANCELLED}"
+    assert first == (f"error: mcp__files__queued {CANCELLED}; the server may still be busy with mcp__files__stubborn, "
+                     "which timed out before it (the server may not stop cancelled calls)")
+    assert (release, second) == ("released", "二 two (cancelled before: none)")
 
 
 def test_an_allow_list_registers_only_the_listed_tools(home: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -399,9 +440,91 @@ def test_a_streamable_http_server_with_headers_works_like_a_stdio_one(
     # Without the header the server answers 401, at a wrong path 404: those fail, visibly, alone, with the status.
     assert "MCP nokey: failed: the server answered HTTP 401 Unauthorized (check its headers)" in status.splitlines()
     assert "MCP wrongpath: failed: the server answered HTTP 404 Not Found (check its url)" in status.splitlines()
-    assert [r.getMessage() for r in caplog.records] == [
+    assert sorted(r.getMessage() for r in caplog.records) == [  # the servers start side by side: any order
         "MCP server nokey failed: the server answered HTTP 401 Unauthorized (check its headers)",
         "MCP server wrongpath failed: the server answered HTTP 404 Not Found (check its url)"]
+
+
+def test_an_http_call_that_times_out_is_cancelled_too(http_url: str) -> None:
+    config = McpServerConfig(url=http_url, headers=dict([HTTP_HEADER]), tools=["block", "queued"])
+
+    async def run() -> tuple[str, str]:
+        server = McpServer("remote", config)
+        await server.start()
+        with_call_timeout(server, 1)
+        block, queued = server.tools
+        try:
+            with pytest.raises(ToolError) as caught:
+                await server.call(block, {})
+            return str(caught.value), await server.call(queued, {"text": "next 下一个"})
+        finally:
+            await server.stop()
+
+    error, answer = asyncio.run(run())
+    assert error == f"mcp__remote__block {CANCELLED}"
+    assert answer.startswith("next 下一个 (cancelled before: block")  # the HTTP server is shared by the module
+
+
+# A token that quotes nothing else: a run of 4 of its characters found in any output is a leak.
+GATEWAY_TOKEN = "Zq8vXw3RkLp2WmR4sYb6NcJ8hFd3KeA5uGt1PxV0oBi7ZrS2yMq4Hn6Lc8Dw3EjTu9G"
+URL_PASSWORD, URL_KEY = "Pw7Jx2Nq9VbL5mKc", "Ky4Hs8Dt1RwZ6fGp3Qe"
+
+
+def leaked(text: str, *secrets: str) -> list[str]:
+    """The runs of 4 characters of `secrets` found in `text`."""
+    return [secret[i:i + 4] for secret in secrets for i in range(len(secret) - 3) if secret[i:i + 4] in text]
+
+
+def test_credentials_quoted_by_an_http_error_page_are_redacted_before_the_error_is_cut(
+        home: Path, fake_openai: FakeOpenAIServer, http_url: str, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # A gateway in front of the server answers 502 with a page quoting the request's Authorization header and
+    # query, the token well into the text: a cut made before redacting would leave most of it.
+    broken = http_url.replace("://", f"://me:{URL_PASSWORD}@").removesuffix("/mcp") + f"/broken-gateway?key={URL_KEY}"
+    configure(home, {"gateway": {"url": http_url, "tools": ["through_gateway", "echo"],
+                                 "headers": {**dict([HTTP_HEADER]), "Authorization": f"Bearer {GATEWAY_TOKEN}"}},
+                     "broken": {"url": broken}})
+    fake_openai.reply_tool_calls([("mcp__gateway__through_gateway", {}), ("mcp__gateway__echo", {"text": "网关 ok"})])
+    fake_openai.reply_text("done")
+
+    async def body(app: App) -> tuple[str, str]:
+        agent = app.agent()
+        return (await agent.handle(SESSION, "call through the gateway")).text, await agent.command(
+            SESSION, Command("/status", ""))
+
+    with caplog.at_level(logging.WARNING):
+        reply, status = with_app(home, fake_openai, body)
+        assert main(["mcp", "list"]) == 1
+    listing = capsys.readouterr().out
+
+    assert reply == "done"
+    gateway_error, echo = tool_results(fake_openai.chat_requests()[1])
+    assert gateway_error.startswith("error: mcp__gateway__through_gateway: the server refused the call: the server "
+                                    "answered HTTP 502 Bad Gateway: Bad gateway: upstream")
+    assert "Authorization: ***" in gateway_error
+    assert echo == "网关 ok"  # the server itself is fine
+    [broken_status] = [line for line in status.splitlines() if line.startswith("MCP broken:")]
+    assert broken_status.startswith("MCP broken: failed: the server answered HTTP 502 Bad Gateway")
+    assert "key=***" in broken_status and "Basic ***" in broken_status
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "MCP server broken failed: the server answered HTTP 502" in logged
+    for shown in (gateway_error, status, logged, listing):
+        assert leaked(shown, GATEWAY_TOKEN, URL_PASSWORD, URL_KEY) == [], shown
+
+
+def test_a_tool_error_quoting_the_servers_env_is_redacted(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    secret = "env-Mn5Rt8Wq2Lk7Vx4Zc9Hb"
+    configure(home, {"files": stdio(env={"SERVICE_KEY": secret}, tools=["fail_env"])})
+    fake_openai.reply_tool_calls([("mcp__files__fail_env", {"name": "SERVICE_KEY"})])
+    fake_openai.reply_text("好的")
+
+    async def body(app: App) -> str:
+        return (await app.agent().handle(SESSION, "log in 登录")).text
+
+    assert with_app(home, fake_openai, body) == "好的"
+    [error] = tool_results(fake_openai.chat_requests()[1])
+    assert error.startswith("error: ") and "the upstream refused the key '***'; check SERVICE_KEY" in error
+    assert leaked(error, secret) == []
 
 
 def test_an_http_server_that_is_not_there_fails_at_start(home: Path) -> None:

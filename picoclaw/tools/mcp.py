@@ -10,12 +10,18 @@ An idle server's death is noticed without waiting for the next call: the task wa
 transport's read side (a stdio server's stdout reaching EOF), and, since an HTTP server holds nothing open
 between requests, asks an HTTP server for its tools every PROBE_INTERVAL seconds while no call is running.
 
+A call that times out is cancelled: the SDK sends MCP's `notifications/cancelled` (over streamable HTTP it
+aborts the request's POST), so a server that honours it is free for the next call. Text a server sends
+back in errors (an HTTP error page, an exception quoting a URL) may carry the credentials picoclaw sent it:
+its configured headers, env values and URL credentials are redacted from every error before it is cut.
+
 The SDK is imported only when a server starts, so commands without MCP servers do not pay for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import logging
@@ -26,12 +32,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TextIO
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import orjson
 from pydantic import BaseModel, ConfigDict
 
 from picoclaw.config import McpConfig, McpServerConfig
+from picoclaw.secrets import excerpt, redact
 from picoclaw.tools.base import Tool, ToolError
 
 if TYPE_CHECKING:
@@ -52,6 +59,8 @@ STOP_GRACE = 10.0
 PROBE_INTERVAL = 30.0
 # A call that saw the connection close waits this long for the connection's task to say why it closed.
 SETTLE_WAIT = 5.0
+# The most characters of a server's own words (an error message, an HTTP error page) in a reason or error.
+REASON_CHARS = 200
 
 State = Literal["disabled", "starting", "ready", "failed", "stopped"]
 
@@ -88,6 +97,8 @@ class McpServer:
         self._settled = asyncio.Event()  # set once a failure is recorded or the connection's task has ended
         self._calls = 0  # calls in flight; the liveness check waits for none (a call finds a dead server itself)
         self._http_error = ""  # the last HTTP error status of a POST, which the SDK's errors leave out
+        self._abandoned = ""  # a call that timed out, while the server has answered nothing since
+        self._secrets = server_secrets(config)
         self._task: asyncio.Task[None] | None = None
 
     def describe(self) -> str:
@@ -218,8 +229,12 @@ class McpServer:
         self._settled.set()
         if self.state == "failed":
             return
-        self.state, self.reason = "failed", " ".join(reason.split())  # one line, whatever the exception said
+        self.state, self.reason = "failed", self._said(reason)  # one line, whatever the exception said
         log.warning("MCP server %s failed: %s", self.name, self.reason)
+
+    def _said(self, text: str) -> str:
+        """`text` from or about the server as one line: its credentials redacted, then cut to REASON_CHARS."""
+        return excerpt(text, REASON_CHARS, self._secrets)
 
     def _reason_closed(self) -> str:
         if self.config.command is not None:
@@ -228,10 +243,13 @@ class McpServer:
 
     def _reason(self, exc: BaseException) -> str:
         """A one-line reason for a failure, in the words of the server's transport, from the innermost
-        exception of the SDK's exception groups."""
+        exception of the SDK's exception groups; the server's credentials redacted, then cut."""
+        return self._said(self._raw_reason(exc))
+
+    def _raw_reason(self, exc: BaseException) -> str:
         import httpx2
         from mcp import MCPError
-        from mcp.types import CONNECTION_CLOSED
+        from mcp.types import CONNECTION_CLOSED, PARSE_ERROR
 
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
@@ -240,6 +258,9 @@ class McpServer:
             return f"cannot run {self.config.command[0]!r}: {why}"
         if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
             return self._reason_closed()
+        if isinstance(exc, MCPError) and exc.code == PARSE_ERROR:
+            # The SDK quotes the page in pydantic's words, already cut (maybe inside a credential): not shown.
+            return "the server's answer is not MCP (JSON-RPC) at all"
         if isinstance(exc, MCPError) and self._http_error:
             return self._http_status(self._http_error, exc.message)
         if isinstance(exc, MCPError):
@@ -272,8 +293,9 @@ class McpServer:
             raise ToolError(f"MCP server {self.name} is not available ({self.status()}); "
                             f"{tool.name} cannot run now")
         self._calls += 1
+        timeout = self.config.timeout
         try:
-            result = await client.call_tool(tool.remote_name, arguments)
+            result = await client.call_tool(tool.remote_name, arguments, read_timeout_seconds=timeout)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 # The connection's task knows best why (an HTTP error, an exited program): let it say first.
@@ -282,9 +304,8 @@ class McpServer:
                 self._fail(self._reason(exc))
                 raise ToolError(f"MCP server {self.name} stopped during the call: {self.reason}") from None
             if exc.code == REQUEST_TIMEOUT:
-                log.warning("MCP server %s: %s timed out after %g s", self.name, tool.remote_name,
-                            self.config.timeout)
-                raise ToolError(f"{tool.name} timed out after {self.config.timeout:g} s") from None
+                raise self._timed_out(tool, timeout) from None
+            self._abandoned = ""  # it answered
             raise ToolError(f"{tool.name}: the server refused the call: {self._reason(exc)}") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             self._fail(f"the connection broke ({type(exc).__name__})")
@@ -294,10 +315,21 @@ class McpServer:
             raise ToolError(f"{tool.name} failed: {self._reason(exc)}") from None
         finally:
             self._calls -= 1
-        text = result_text(result)
+        self._abandoned = ""
         if result.is_error:
-            raise ToolError(text)
-        return text
+            raise ToolError(result_text(result, self._secrets))
+        return result_text(result)
+
+    def _timed_out(self, tool: ListedMcpTool, timeout: float) -> ToolError:
+        """The error for a call that got no answer in time; the SDK has already sent the cancellation."""
+        earlier, self._abandoned = self._abandoned, tool.name
+        log.warning("MCP server %s: %s timed out after %g s; the call was cancelled", self.name,
+                    tool.remote_name, timeout)
+        # A server that does not stop cancelled work (or serves one call at a time) may still be on an earlier one.
+        busy = (f"; the server may still be busy with {earlier}, which timed out before it (the server may not "
+                f"stop cancelled calls)") if earlier else ""
+        return ToolError(f"{tool.name} timed out after {timeout:g} s; the call was cancelled (the server was "
+                         f"asked to stop it){busy}")
 
     async def stop(self) -> None:
         """Close the connection (the SDK stops a stdio server's process) and wait for the task to end."""
@@ -388,12 +420,13 @@ async def _list_tools(client: Client) -> list[ListedTool]:
             return tools
 
 
-def result_text(result: CallToolResult) -> str:
-    """The text the model gets: text blocks joined, a short note for each block it cannot read."""
+def result_text(result: CallToolResult, secrets: Sequence[str] = ()) -> str:
+    """The text the model gets: text blocks joined, a short note for each block it cannot read; `secrets`
+    redacted (before the text is cut)."""
     parts = [_block_text(block) for block in result.content]
     if not parts and result.structured_content is not None:
         parts.append(orjson.dumps(result.structured_content).decode("utf-8"))
-    text = "\n".join(parts) if parts else "(the tool returned nothing)"
+    text = redact("\n".join(parts), secrets) if parts else "(the tool returned nothing)"
     if len(text) > MAX_RESULT_CHARS:
         text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(text) - MAX_RESULT_CHARS:,} more characters]"
     return text
@@ -412,6 +445,22 @@ def _block_text(block: ContentBlock) -> str:
     if isinstance(block, ResourceLink):
         return f"[resource: {block.uri}]"
     return f"[{block.type} content not shown]"  # image, audio
+
+
+def server_secrets(config: McpServerConfig) -> list[str]:
+    """What picoclaw sends a server that must never come back out in an error: header values (and the token
+    after a scheme such as "Bearer"), env values, and the URL's password, basic credentials and query values."""
+    secrets = [*config.env.values()]
+    for value in config.headers.values():
+        secrets += [value, *value.split()]
+    if config.url is not None:
+        parts = urlsplit(config.url)
+        if parts.password:
+            password, user = unquote(parts.password), unquote(parts.username or "")
+            # httpx sends URL credentials as basic auth, which an error page may quote.
+            secrets += [password, base64.b64encode(f"{user}:{password}".encode()).decode("ascii")]
+        secrets += [value for _, value in parse_qsl(parts.query)]
+    return secrets
 
 
 @functools.cache

@@ -2,7 +2,8 @@
 
 Fed by the same store: every search first syncs what changed, so the index never answers from text the
 files no longer hold. Keyword search always works; with an embedder, search is hybrid, and a failing
-embedder makes that one search keyword-only, with the reason kept for `picoclaw memory status`.
+embedder makes searches keyword-only until it is tried again after a pause (see `outage`), with the reason
+kept for `picoclaw memory status`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from picoclaw.config import IndexConfig
 from picoclaw.layout import INDEX_DIR
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
 from picoclaw.memory.index.embedders import Embedder, EmbeddingUnavailable
+from picoclaw.memory.index.outage import Outage, outage_of
 from picoclaw.memory.index.schema import INDEX_FILE, file_identity, is_unusable, open_database, remove_files
 from picoclaw.memory.index.scoring import (
     Adjacency,
@@ -80,6 +82,10 @@ class IndexStatus:
     warning: str | None  # the last embedding failure, if the last attempt failed
 
 
+class IndexClosed(Exception):
+    """The index was closed under work that began before (a backfill), which then stops."""
+
+
 def _log_backfill_failure(task: asyncio.Task[tuple[int, str | None]]) -> None:
     # A backfill nobody waits for any more (its search gave up waiting) must not fail unheard.
     if not task.cancelled() and (exc := task.exception()) is not None:
@@ -108,6 +114,9 @@ class MemoryIndex:
         self._limit: TokenLimit | None = None
         self._backfill: asyncio.Task[tuple[int, str | None]] | None = None
         self._backfilling = False  # the backfill task found texts to embed and is embedding them
+        self._outage = outage_of(embedder) if embedder is not None else Outage()  # shared by the embedder's indexes
+        self._noted: datetime | None = None  # the outage this index's status already records
+        self._closes = 0  # close() calls: a backfill started before one must not reopen the database
 
     # -- the database ------------------------------------------------------------------------------
 
@@ -120,9 +129,16 @@ class MemoryIndex:
         with self._dirty_lock:
             self._dirty.add(key)
 
+    @property
+    def embedding(self) -> bool:
+        """Whether a backfill (embedding new chunks, perhaps after its search stopped waiting) is under way."""
+        return self._backfill is not None and not self._backfill.done()
+
     def close(self) -> None:
-        """Close the database (the embedder belongs to whoever made it, and may serve other indexes)."""
+        """Close the database (the embedder belongs to whoever made it, and may serve other indexes). A
+        backfill still under way stops at its next step instead of opening the database again."""
         with self._lock:
+            self._closes += 1
             self._close_db()
 
     def _close_db(self) -> None:
@@ -142,9 +158,12 @@ class MemoryIndex:
             self._identity = file_identity(self.path)
         return self._conn
 
-    def _run(self, operation: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `operation` on the database; a damaged database is rebuilt and the operation run again."""
+    def _run(self, operation: Callable[[sqlite3.Connection], T], opened: int | None = None) -> T:
+        """Run `operation` on the database; a damaged database is rebuilt and the operation run again.
+        With `opened` (the close count when the work began), IndexClosed if the index was closed since."""
         with self._lock:
+            if opened is not None and opened != self._closes:
+                raise IndexClosed(f"memory index {self.path} was closed")
             try:
                 return operation(self._db())
             except sqlite3.DatabaseError as exc:
@@ -181,14 +200,22 @@ class MemoryIndex:
         await self._in_thread(lambda conn: self._stamp(conn, report))
         return report
 
-    def _token_limit(self, report: SyncReport) -> TokenLimit:
+    def _token_limit(self, conn: sqlite3.Connection, report: SyncReport) -> TokenLimit:
         if self.embedder is None:
             return DEFAULT_LIMIT
         if self._limit is None:
+            # Not a probe of the outage: a remote embedder's limit is known without asking the endpoint.
+            refusal = self._outage.refusal(probe=False)
+            if refusal is not None:
+                report.embed_error = refusal
+                self._record_failure(conn, refusal, refused=True)
+                return DEFAULT_LIMIT
             try:
                 self._limit = self.embedder.token_limit()
             except EmbeddingUnavailable as exc:
                 report.embed_error = str(exc)
+                self._outage.failed(report.embed_error)
+                self._record_failure(conn, report.embed_error)
                 return DEFAULT_LIMIT
         return self._limit
 
@@ -197,10 +224,8 @@ class MemoryIndex:
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         try:
-            syncer = Syncer(conn, self._token_limit(report), progress)
+            syncer = Syncer(conn, self._token_limit(conn, report), progress)
             syncer.sync_files(source_files(self.store, self.sessions_dir, self.settings.sources), dirty, report)
-            if report.embed_error is not None:
-                self._record_failure(conn, report.embed_error)
         except BaseException:
             with self._dirty_lock:
                 self._dirty |= dirty
@@ -234,11 +259,24 @@ class MemoryIndex:
 
     async def _embed_missing(self, progress: Progress | None) -> tuple[int, str | None]:
         """Embed every chunk text without a cached vector, batch by batch; (texts embedded, failure if any)."""
+        try:
+            return await self._embed_missing_while_open(progress, self._closes)
+        except IndexClosed:
+            # Its scope was closed (a per-user agent evicted, the app stopping): what was embedded is kept.
+            log.info("memory index %s was closed while embedding; the rest is embedded when it is next used",
+                     self.path)
+            return 0, "the index was closed while embedding"
+
+    async def _embed_missing_while_open(self, progress: Progress | None, opened: int) -> tuple[int, str | None]:
         embedder = self.embedder
         assert embedder is not None
-        missing = await self._in_thread(lambda conn: missing_texts(conn, embedder.key))
+        missing = await self._in_thread(lambda conn: missing_texts(conn, embedder.key), opened)
         if missing is None:
             return 0, None
+        refusal = self._outage.refusal() if missing else None
+        if refusal is not None:  # the embedder is known to be down: not asked, nothing waited for
+            await self._in_thread(lambda conn: self._record_failure(conn, refusal, refused=True), opened)
+            return 0, refusal
         done = 0
         self._backfilling = bool(missing)
         try:
@@ -246,26 +284,33 @@ class MemoryIndex:
                 batch = missing[start:start + EMBED_BATCH]
                 vectors = await embedder.embed([text for _, text in batch])
                 hashes = [digest for digest, _ in batch]
-                await self._in_thread(lambda conn: store_vectors(conn, embedder.key, hashes, vectors))
+                await self._in_thread(lambda conn: store_vectors(conn, embedder.key, hashes, vectors), opened)
                 done += len(batch)
                 if progress is not None:
                     progress("embeddings", done, len(missing))
         except EmbeddingUnavailable as exc:
             reason = str(exc)
-            await self._in_thread(lambda conn: self._record_failure(conn, reason))
+            self._outage.failed(reason)
+            await self._in_thread(lambda conn: self._record_failure(conn, reason), opened)
             return done, reason
         finally:
             self._backfilling = False
-        await self._in_thread(lambda conn: finish_embedding(conn, embedder.key))
+        if missing:
+            self._outage.succeeded()
+        await self._in_thread(lambda conn: finish_embedding(conn, embedder.key), opened)
         return done, None
 
-    def _record_failure(self, conn: sqlite3.Connection, reason: str) -> None:
-        log.warning("memory index: embeddings unavailable, searching with keywords only: %s", reason)
+    def _record_failure(self, conn: sqlite3.Connection, reason: str, *, refused: bool = False) -> None:
+        """Keep why embeddings failed, for `picoclaw memory status` (the outage itself logs it). A search
+        refused during an outage records it only if this index has not recorded the outage yet."""
+        if refused and self._noted is not None and self._noted == self._outage.since:
+            return
+        self._noted = self._outage.since
         record_embed_failure(conn, reason)
 
-    async def _in_thread(self, operation: Callable[[sqlite3.Connection], T]) -> T:
+    async def _in_thread(self, operation: Callable[[sqlite3.Connection], T], opened: int | None = None) -> T:
         """`operation` on the database, in a worker thread (SQLite waits for disk and for other writers)."""
-        return await asyncio.to_thread(self._run, operation)
+        return await asyncio.to_thread(self._run, operation, opened)
 
     # -- search ------------------------------------------------------------------------------------
 
@@ -288,16 +333,26 @@ class MemoryIndex:
         self.last_notice = report.embed_error
         vector = None
         if self.embedder is not None and report.embed_error is None and self.weights.vector > 0:
-            left = None if deadline is None else max(0.0, deadline - clock())
-            try:
-                vector = (await asyncio.wait_for(self.embedder.embed([query], query=True), left))[0]
-            except EmbeddingUnavailable as exc:
-                reason = self.last_notice = str(exc)
-                await self._in_thread(lambda conn: self._record_failure(conn, reason))
-            except TimeoutError:
-                self.last_notice = f"embedding the query took longer than {wait:g} s"
-                log.warning("memory index: %s; this search uses keywords only", self.last_notice)
+            vector = await self._query_vector(query, None if deadline is None else max(0.0, deadline - clock()),
+                                              wait)
         return await self._in_thread(lambda conn: self._ranked(conn, query, limit, sources, vector))
+
+    async def _query_vector(self, query: str, left: float | None, wait: float | None) -> np.ndarray | None:
+        """The query's embedding, or None (with the reason in `last_notice`) when it cannot be had in time."""
+        assert self.embedder is not None
+        self.last_notice = self._outage.refusal()
+        if self.last_notice is not None:
+            return None
+        try:
+            vector = (await asyncio.wait_for(self.embedder.embed([query], query=True), left))[0]
+        except (EmbeddingUnavailable, TimeoutError) as exc:
+            # No answer in time counts as a failure too: an endpoint that hangs must not cost every turn the wait.
+            reason = self.last_notice = str(exc) or f"embedding the query took longer than {wait:g} s"
+            self._outage.failed(reason)
+            await self._in_thread(lambda conn: self._record_failure(conn, reason))
+            return None
+        self._outage.succeeded()
+        return vector
 
     def _ranked(self, conn: sqlite3.Connection, query: str, limit: int, sources: frozenset[str] | None,
                 vector: np.ndarray | None) -> list[Hit]:
