@@ -14,9 +14,16 @@ What is measured
     prefix: the closer to 1, the less it has to read again. Before the prompt was reordered (issue 11),
     this was 0.53-0.70 and fell as the session grew; the target is >= 0.95 from turn 3 on.
 
+    First, the size of the first request of a freshly onboarded workspace (a one-line question): what a CPU
+    model reads before its first answer. picoclaw's token count is tiktoken's (an estimate offline);
+    ``--server URL`` also sends that request, with ``max_tokens`` 1, to a real OpenAI-compatible server
+    (llama.cpp's, see shared/real-model/) and prints the prompt tokens it counted. Target (issue 24): under
+    1,500; before it, 2,419 on llama-cpp-python with Qwen2.5-Coder-1.5B.
+
 Run (from the repository root):
     python bench/prompt_cache.py
     python bench/prompt_cache.py --turns 80 --summaries
+    python bench/prompt_cache.py --server http://127.0.0.1:8765/v1
 """
 
 from __future__ import annotations
@@ -37,10 +44,14 @@ from picoclaw.app import App  # noqa: E402
 from picoclaw.config import Config, load_config  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
+from picoclaw.tokens import count_tokens, is_exact  # noqa: E402
 from tests.fakes import FakeOpenAIServer, Text  # noqa: E402
 
 SESSION = "cli:bench"
 TARGET = 0.95
+FIRST_TARGET = 1500  # tokens of the first request (issue 24)
+FIRST_BEFORE = 2419  # what llama-cpp-python's server counted for it before issue 24
+FIRST_QUESTION = "What is the capital of France?"
 THINGS_EN = ["Aurora", "Bramble", "Cobalt", "Dahlia", "Ember", "Fjord", "Garnet", "Harbor", "Indigo", "Juniper",
              "Kestrel", "Lagoon", "Meadow", "Nimbus", "Orchid", "Pebble", "Quartz", "Russet", "Saffron", "Tundra",
              "Umber", "Violet", "Willow", "Xenon", "Yarrow", "Zephyr", "Alder", "Birch", "Cedar", "Dune"]
@@ -107,6 +118,59 @@ async def run_session(turns: int, summaries: bool) -> list[bytes]:
                 and not _is_summary(request.raw)]
 
 
+async def first_request() -> dict[str, object]:
+    """The first chat request of a freshly onboarded workspace, as sent."""
+    with FakeOpenAIServer() as model, tempfile.TemporaryDirectory(prefix="picoclaw-bench-first-") as tmp:
+        home = Path(tmp) / "home"
+        onboard(home)
+        model.reply_text("Paris.")
+
+        def connect(config: Config) -> OpenAICompatProvider:
+            return OpenAICompatProvider(name="openai", api_base=model.base_url, api_key="sk-bench",
+                                        defaults=config.agents.defaults, timeout=30.0, max_retries=0)
+
+        async with App(load_config(home), home, make_provider=connect) as app:
+            await app.agent().handle(SESSION, FIRST_QUESTION)
+        return model.chat_requests()[0]
+
+
+def server_prompt_tokens(url: str, body: dict[str, object]) -> int:
+    """The prompt tokens a real server counts for `body` (sent once, answered with one token)."""
+    import urllib.request
+
+    request = {**body, "max_tokens": 1, "stream": False}
+    request.pop("stream_options", None)
+    sent = urllib.request.Request(url.rstrip("/") + "/chat/completions", data=json.dumps(request).encode(),
+                                  headers={"Content-Type": "application/json", "Authorization": "Bearer sk-local"})
+    with urllib.request.urlopen(sent, timeout=1800) as answer:
+        return int(json.load(answer)["usage"]["prompt_tokens"])
+
+
+def print_first_request(server: str | None) -> None:
+    body = asyncio.run(first_request())
+    messages = body["messages"]
+    tools = body.get("tools") or []
+    assert isinstance(messages, list) and isinstance(tools, list)
+    system = str(messages[0]["content"])
+    parts = {"system prompt": system, "tool schemas": json.dumps(tools, ensure_ascii=False),
+             "this turn (context + question)": str(messages[-1]["content"])}
+    counter = "tiktoken o200k_base" if is_exact() else "estimate: tiktoken not available offline"
+    print(f"first request of a fresh workspace ({len(tools)} tools), {FIRST_QUESTION!r}; tokens by picoclaw's "
+          f"counter ({counter})")
+    print(f"| {'part':<30} | {'characters':>10} | {'tokens':>6} |")
+    print(f"|{'-' * 32}|{'-' * 12}|{'-' * 8}|")
+    for name, text in parts.items():
+        print(f"| {name:<30} | {len(text):>10,} | {count_tokens(text):>6,} |")
+    whole = json.dumps(body, ensure_ascii=False)
+    print(f"| {'whole request body':<30} | {len(whole):>10,} | {count_tokens(whole):>6,} |")
+    if server:
+        counted = server_prompt_tokens(server, body)
+        print(f"\nthe server at {server} counts {counted:,} prompt tokens (target < {FIRST_TARGET:,}; before issue "
+              f"24: {FIRST_BEFORE:,}; ratio {counted / FIRST_BEFORE:.2f}): "
+              f"{'met' if counted < FIRST_TARGET else 'NOT met'}")
+    print()
+
+
 def _is_summary(raw: bytes) -> bool:
     return b"You compact a conversation" in raw[:2000]
 
@@ -115,22 +179,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=50, help="turns of the session (default 50)")
     parser.add_argument("--summaries", action="store_true", help="let session summaries fire (default: off)")
+    parser.add_argument("--server", help="a real OpenAI-compatible server's base URL, to count the first request")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    print_first_request(args.server)
     requests = asyncio.run(run_session(args.turns, args.summaries))
     print(f"{len(requests)} turns of one session; share = byte-identical prefix of the previous request")
-    print(f"| {'turn':>4} | {'request bytes':>13} | {'shared bytes':>12} | {'share':>6} |")
-    print(f"|{'-' * 6}|{'-' * 15}|{'-' * 14}|{'-' * 8}|")
+    print(f"| {'turn':>4} | {'request bytes':>13} | {'shared bytes':>12} | {'new bytes':>9} | {'share':>6} |")
+    print(f"|{'-' * 6}|{'-' * 15}|{'-' * 14}|{'-' * 11}|{'-' * 8}|")
     shares = []
     for n, (previous, current) in enumerate(zip(requests, requests[1:]), start=2):
         shared = shared_prefix(previous, current)
         share = shared / len(current)
         shares.append((n, share))
-        print(f"| {n:>4} | {len(current):>13,} | {shared:>12,} | {share:>6.3f} |")
+        print(f"| {n:>4} | {len(current):>13,} | {shared:>12,} | {len(current) - shared:>9,} | {share:>6.3f} |")
     later = [share for n, share in shares if n >= 3]
+    new = [len(current) - shared_prefix(previous, current) for previous, current in zip(requests, requests[1:])]
     print(f"\nfrom turn 3 on: min {min(later):.3f}, median {statistics.median(later):.3f} "
           f"(target >= {TARGET}; before issue 11: 0.53-0.70, falling): "
-          f"{'met' if min(later) >= TARGET else 'NOT met'}")
+          f"{'met' if min(later) >= TARGET else 'NOT met'}; new bytes per turn: median {statistics.median(new):,.0f} "
+          "(the question, its memory, the previous answer: a smaller fixed prefix makes the same new part a larger "
+          "share of an early turn)")
 
 
 if __name__ == "__main__":

@@ -318,6 +318,9 @@ class MemoryPolicy(BaseModel):
     memory_token_budget: int = Field(
         2000, ge=200, le=32000, description="most tokens of retrieved memory + notes put into one prompt"
     )
+    memory_fallback_blocks: int = Field(
+        0, ge=0, le=20, description="a message that matches no memory gets this many of the newest MEMORY.md blocks"
+    )
     memory_flush_enabled: bool = Field(
         True, description="before a summary or /new, ask the model for the lasting facts and store them in MEMORY.md"
     )

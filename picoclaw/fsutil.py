@@ -1,7 +1,15 @@
-"""File helpers shared by every reader and writer: atomic writes, stamped names, change-aware caches, JSONL appends."""
+"""File helpers shared by every reader and writer: atomic writes, stamped names, change-aware caches, JSONL
+appends, bounded reads.
+
+A file may be a symbolic link (a MEMORY.md kept in a synced folder or a notes vault and linked into the
+workspace): every write goes through the link to the file it names, which is replaced in its own folder,
+so the link stays a link. A link to anything but a regular file (a folder, a device such as /dev/null, a
+FIFO), or to nothing, is refused with NotAFileError and never replaced.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -13,38 +21,161 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from picoclaw.errors import PicoclawError
+
 T = TypeVar("T")
 
 
-def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> None:
+class NotAFileError(PicoclawError, OSError):
+    """A write (or read) refused because its path is, or links to, something that is not a regular file, or a
+    link that leads nowhere; nothing was done. An OSError too, so every handler of file errors reports it."""
+
+    def __init__(self, path: Path, why: str, *, done: str = "written"):
+        super().__init__(errno.EINVAL, f"{path} {why}; nothing was {done}", str(path))
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class FileTooLargeError(PicoclawError, OSError):
+    """A bounded read refused a file larger than its limit (or endless, like /dev/zero)."""
+
+    def __init__(self, path: Path, limit: int):
+        super().__init__(errno.EFBIG, f"larger than {format_size(limit)}; is it the right file?", str(path))
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def format_size(size: int) -> str:
+    """`size` bytes for a message: "1 MiB", "512 KiB", "300 bytes"."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} bytes"
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def write_target(path: Path) -> Path:
+    """The file a write to `path` replaces: `path` itself, or the regular file it links to (through every link).
+
+    NotAFileError when `path` is, or links to, something that is not a regular file, or is a link to nothing
+    or a loop of links. A missing `path` is a new file: returned as it is.
+    """
+    path = Path(path)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    if not stat.S_ISLNK(info.st_mode):
+        if not stat.S_ISREG(info.st_mode):
+            raise NotAFileError(path, _not_regular(path, info.st_mode))
+        return path
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise _broken_link(path, exc) from None
+    if not stat.S_ISREG(info.st_mode):
+        raise NotAFileError(path, _not_regular(path, info.st_mode))
+    return Path(os.path.realpath(path))
+
+
+def _not_regular(path: Path, mode: int) -> str:
+    """Why `path`, which is (or links to) a file of this mode, is refused."""
+    kind = f"{_kind(mode)}, not a regular file"
+    return f"is a link to {os.readlink(path)}, which is {kind}" if os.path.islink(path) else f"is {kind}"
+
+
+def _broken_link(path: Path, exc: OSError, done: str = "written") -> OSError:
+    """The error for `exc`, raised when following `path`: a NotAFileError when the link leads nowhere."""
+    if not os.path.islink(path) or exc.errno not in (errno.ENOENT, errno.ELOOP):
+        return exc
+    why = "which does not exist" if exc.errno == errno.ENOENT else "which leads back to itself (a loop of links)"
+    return NotAFileError(path, f"is a link to {os.readlink(path)}, {why}", done=done)
+
+
+def atomic_write(path: Path, data: str | bytes | list[bytes | bytearray], *, mode: int | None = None,
+                 durable: bool = True) -> None:
     """Replace `path` with `data` so a crash leaves either the old file or the new one, never half.
 
     Temp file in the same folder, flush, fsync, `os.replace`, then fsync of the folder so the rename
-    itself survives a power cut.
+    itself survives a power cut. A link is written through: the file it names is replaced, in its own
+    folder (see `write_target`). `data` may come in pieces, written one after the other (a large buffer
+    need not be copied into one). `durable` False skips the fsyncs, for derived files that are checked
+    when read and rebuilt when wrong.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    target = write_target(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pieces = [data.encode("utf-8")] if isinstance(data, str) else data if isinstance(data, list) else [data]
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as tmp:
-            tmp.write(payload)
+            tmp.writelines(pieces)
             tmp.flush()
-            os.fsync(tmp.fileno())
+            if durable:
+                os.fsync(tmp.fileno())
         if mode is not None:
             os.chmod(tmp_name, mode)
-        elif path.exists():
-            os.chmod(tmp_name, path.stat().st_mode & 0o7777)
+        elif target.exists():
+            os.chmod(tmp_name, target.stat().st_mode & 0o7777)
         else:
             os.chmod(tmp_name, 0o666 & ~_umask())
-        os.replace(tmp_name, path)
+        os.replace(tmp_name, target)
     except BaseException:
         try:
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(target.parent)
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of `path`, refused with FileTooLargeError when there are more than `limit` of them.
+
+    At most `limit` + 1 bytes are ever read, so a link to /dev/zero or a runaway file fails at once instead
+    of filling memory; a FIFO is opened without waiting for a writer, and refused (NotAFileError).
+    """
+    with _open_for_reading(path, devices=True) as (handle, info):
+        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+            raise FileTooLargeError(Path(path), limit)
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLargeError(Path(path), limit)
+    return data
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of the regular file `path` (through links); NotAFileError for a device, a FIFO (opened
+    without waiting for a writer) or a socket, which a memory file linked to one must not hang or fill."""
+    with _open_for_reading(path, devices=False) as (handle, _):
+        return handle.read()
+
+
+@contextmanager
+def _open_for_reading(path: Path, *, devices: bool) -> Iterator[tuple[Any, os.stat_result]]:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise _broken_link(Path(path), exc, done="read") from None
+    try:
+        info = os.fstat(fd)
+        if not (stat.S_ISREG(info.st_mode) or devices and (stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode))):
+            raise NotAFileError(Path(path), _not_regular(Path(path), info.st_mode), done="read")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        yield handle, info
 
 
 def fsync_dir(folder: Path) -> None:
@@ -229,6 +360,10 @@ class FileCache(Generic[T]):
     def __contains__(self, path: object) -> bool:
         return path in self._entries
 
+    def discard(self, path: Path) -> None:
+        """Forget the value of `path`."""
+        self._entries.pop(path, None)
+
     def get(self, path: Path) -> T | None:
         """The value for `path`, loaded again only if the file changed; None when it does not exist."""
         key = file_key(path)
@@ -251,8 +386,9 @@ def append_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     a line that does not parse.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    target = write_target(path)  # through a link; never into /dev/null or a FIFO
     payload = b"".join(orjson.dumps(record) + b"\n" for record in records)
-    with open(path, "a+b") as fh:
+    with open(target, "a+b") as fh:
         end = fh.seek(0, os.SEEK_END)
         if end > 0:
             fh.seek(end - 1)

@@ -8,14 +8,24 @@ from typing import Any
 import orjson
 
 from picoclaw.errors import ConfigError
+from picoclaw.fsutil import FileTooLargeError, NotAFileError, read_bounded
+
+# The most a settings file (config.json, policy overrides and snapshots) may hold: a thousand times what one
+# needs, and small enough that a file linked to /dev/zero, or the wrong file, is refused at once.
+MAX_JSON_BYTES = 1 << 20
 
 
-def read_json_object(path: Path) -> dict[str, Any]:
-    """Parse `path` as a JSON object; any problem is a ConfigError naming the file (and line, if known)."""
+def read_json_object(path: Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """Parse `path` as a JSON object; any problem is a ConfigError naming the file (and line, if known).
+
+    At most `limit` bytes are read (see `fsutil.read_bounded`): a larger file is refused in one line.
+    """
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path, limit)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except (FileTooLargeError, NotAFileError) as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     # Windows editors (Notepad) save UTF-8 with a byte-order mark; the JSON is fine, so accept it.

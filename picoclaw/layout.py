@@ -13,6 +13,7 @@ user's system prompt carries, are read-only to a per-user model (see `bootstrap_
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -114,3 +115,13 @@ class WorkspaceLayout:
     @property
     def config_file(self) -> Path:
         return self.home / CONFIG_FILE
+
+    def telegram_lock_path(self, token: str) -> Path:
+        """The lock a process polling the bot `token` holds: one per token and workspace.
+
+        In the workspace, not the home: every process that would store this bot's chats here shares it,
+        whichever config (home) pointed it here; pollers of the same token elsewhere get Telegram's 409
+        instead. Named by a hash of the token: a file name must not carry the secret.
+        """
+        digest = hashlib.sha256(token.encode("utf-8")).hexdigest()[:16]
+        return self.root / f".telegram-{digest}.lock"

@@ -56,7 +56,8 @@ def test_memory_shows_the_blocks_a_query_would_inject(workspace: Workspace, fake
     assert "oat-milk latte" in english and "柯基" not in english and "port 8443" not in english
     assert "memory/MEMORY.md:3-4" in english and "score " in english
     assert "宠物狗叫 Bob" in chinese and "oat-milk" not in chinese
-    assert missing.startswith("No block matches; the newest blocks that fit the budget:")
+    assert missing == ("No block matches 'zebra', so no memory would be injected "
+                       "(memory_fallback_blocks > 0 would add the newest few).")
     assert fake_openai.chat_requests() == []
 
 

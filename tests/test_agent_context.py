@@ -8,6 +8,8 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from picoclaw.agent.context import MEMORY_FRAME, TOOL_GUIDANCE, ContextBuilder
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
@@ -140,31 +142,65 @@ def test_a_block_over_the_budget_is_skipped_and_smaller_ones_still_fit(workspace
     assert memory.ranked and [hit.block.text for hit in memory.blocks] == ["## 2025-01-02\nCoffee: oat-milk latte."]
 
 
-def test_no_hit_injects_the_whole_file_when_it_fits(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+def test_a_message_that_matches_nothing_gets_no_memory(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    # A small model offered unrelated memory takes it as the answer, or mixes two entries into a new "fact"
+    # ("my dog is an oat-milk latte"): a message that matches nothing gets none (issue 24).
     write_memory(workspace, FACTS)
 
     chat(workspace, fake_openai, ["hello there", "你好"])
 
-    # The first turn brings the whole file (without its title and intro); the second has nothing to add.
-    first, second = (injected_blocks(turn_context(request)) for request in fake_openai.chat_requests())
-    assert first == FACTS and second == []
+    assert [injected_blocks(turn_context(request)) for request in fake_openai.chat_requests()] == [[], []]
+
+
+def test_no_query_injects_the_whole_file_when_it_fits(workspace: Workspace) -> None:
+    write_memory(workspace, FACTS)
+
     memory = asyncio.run(ContextBuilder(workspace).select_memory(workspace.policy.current(), ""))
-    assert not memory.ranked and len(memory.blocks) == 3
+
+    assert not memory.ranked and [hit.block.text for hit in memory.blocks] == FACTS
 
 
-def test_no_hit_injects_the_newest_blocks_when_the_file_is_too_big(workspace: Workspace,
-                                                                     fake_openai: FakeOpenAIServer) -> None:
+def test_no_query_injects_the_newest_blocks_when_the_file_is_too_big(workspace: Workspace) -> None:
     blocks = numbered_blocks(40)
     write_memory(workspace, blocks)
     set_policy(workspace, memory_token_budget=300)
 
-    chat(workspace, fake_openai, ["hello there", "你好"])
+    memory = asyncio.run(ContextBuilder(workspace).select_memory(workspace.policy.current(), " "))
+
+    chosen = [hit.block.text for hit in memory.blocks]
+    assert 0 < len(chosen) < len(blocks) and chosen == blocks[-len(chosen):]  # the newest, in file order
+    assert sum(count_tokens(block) for block in chosen) <= 300
+
+
+@pytest.mark.parametrize("message", ["hello there", "你好"])
+def test_a_policy_key_allows_a_few_newest_blocks_for_a_message_that_matches_nothing(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, message: str) -> None:
+    blocks = numbered_blocks(40)
+    write_memory(workspace, blocks)
+    set_policy(workspace, memory_fallback_blocks=3, memory_token_budget=300)
+
+    chat(workspace, fake_openai, [message, message])
 
     first, second = (injected_blocks(turn_context(request)) for request in fake_openai.chat_requests())
-    assert 0 < len(first) < len(blocks)
-    assert first == blocks[-len(first):]  # the newest, in file order
-    assert sum(count_tokens(block) for block in first) <= 300
-    assert second and second == blocks[-len(first) - len(second):-len(first)]  # the next newest
+    assert first == blocks[-3:] and second == blocks[-6:-3]  # the newest, then the next newest
+    set_policy(workspace, memory_token_budget=200, memory_fallback_blocks=20)
+    memory = asyncio.run(ContextBuilder(workspace).select_memory(workspace.policy.current(), message))
+    assert sum(count_tokens(hit.block.text) for hit in memory.blocks) <= 200 < 20 * count_tokens(blocks[0])
+
+
+def test_a_session_summary_in_the_notes_is_injected_whole(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    with frozen():
+        workspace.store.append_note("买了燕麦奶 / bought oat milk")
+        workspace.store.append_note("Summary of session cli:test:\n## Goal\nPlan the Kyoto trip.\n\n"
+                                    "## Key decisions\n坐火车去大阪。Train to Osaka.\n\n## Next steps\nBook the hotel.")
+        memory = asyncio.run(ContextBuilder(workspace).select_memory(workspace.policy.current(), "hotel"))
+        set_policy(workspace, memory_token_budget=200)
+        tight = asyncio.run(ContextBuilder(workspace).select_memory(workspace.policy.current(), "hotel"))
+
+    summaries = [block.text for block in memory.notes if "Summary of session" in block.text]
+    assert len(summaries) == 1 and "Plan the Kyoto trip." in summaries[0] and "Book the hotel." in summaries[0]
+    assert "坐火车去大阪" in summaries[0] and any("燕麦奶" in block.text for block in memory.notes)
+    assert all(("Summary" in b.text) == ("Book the hotel." in b.text) for b in tight.notes)  # whole or absent
 
 
 def test_recent_notes_share_the_budget(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:

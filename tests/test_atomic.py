@@ -344,3 +344,110 @@ def test_a_name_freed_by_pruning_is_not_handed_out_again(tmp_path: Path, make: s
     # Reusing the freed counter 0 would make the newest file sort as the oldest, next to be pruned.
     assert third.name == f"{STAMP}_2_MEMORY.md"
     assert stamped_files(tmp_path, "_MEMORY.md") == [second, third]
+
+
+# -- links: written through, never replaced; anything but a regular file is refused (issue 23) --------------
+
+
+VAULT_TEXT = "## 2025-03-01\n我的狗叫旺财 / my dog is Wangcai\n".encode()
+
+
+def _vault_link(tmp_path: Path, content: bytes = VAULT_TEXT) -> tuple[Path, Path]:
+    """A file in a "vault" folder of its own and a link to it in the workspace, as a user makes with `ln -s`."""
+    vault = tmp_path / "vault" / "memory.md"
+    vault.parent.mkdir()
+    vault.write_bytes(content)
+    link = tmp_path / "workspace" / "MEMORY.md"
+    link.parent.mkdir()
+    link.symlink_to(vault)
+    return vault, link
+
+
+def test_atomic_write_through_a_link_replaces_the_file_it_names(tmp_path: Path) -> None:
+    vault, link = _vault_link(tmp_path)
+    os.chmod(vault, 0o640)
+    atomic_write(link, "## 2025-03-02\n新的内容 new content\n")
+    assert link.is_symlink() and os.readlink(link) == str(vault)  # still a link, to the same file
+    assert vault.read_text(encoding="utf-8") == "## 2025-03-02\n新的内容 new content\n"
+    assert _mode(vault) == 0o640  # the file's own mode kept
+    # The temp file went beside the file it replaced, and is gone: nothing was added next to the link.
+    assert os.listdir(link.parent) == ["MEMORY.md"] and os.listdir(vault.parent) == ["memory.md"]
+
+
+def test_a_relative_link_and_a_chain_of_links_are_followed(tmp_path: Path) -> None:
+    vault, link = _vault_link(tmp_path)
+    link.unlink()
+    link.symlink_to(Path("..") / "vault" / "memory.md")  # relative to the link's folder, as `ln -s ../vault/..`
+    second = tmp_path / "workspace" / "again.md"
+    second.symlink_to("MEMORY.md")  # a link to the link
+    atomic_write(second, "第二 second\n")
+    assert vault.read_text(encoding="utf-8") == "第二 second\n"
+    assert second.is_symlink() and link.is_symlink()
+
+
+@pytest.mark.parametrize("kind", ["dev-null", "folder", "fifo", "dangling", "loop"])
+def test_a_link_to_anything_but_a_regular_file_is_refused_and_left_alone(tmp_path: Path, kind: str) -> None:
+    link = tmp_path / "MEMORY.md"
+    target: str | Path
+    if kind == "dev-null":
+        target = "/dev/null"
+    elif kind == "folder":
+        target = tmp_path / "a-folder"
+        target.mkdir()
+    elif kind == "fifo":
+        target = tmp_path / "pipe"
+        os.mkfifo(target)
+    elif kind == "dangling":
+        target = tmp_path / "nowhere.md"
+    else:
+        target = tmp_path / "other.md"
+        Path(target).symlink_to(link)
+    link.symlink_to(target)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(fsutil.NotAFileError) as caught:
+        atomic_write(link, "记忆 memory\n")
+    message = str(caught.value)
+    assert "\n" not in message and str(link) in message and "nothing was written" in message
+    assert isinstance(caught.value, OSError)  # every handler of file errors reports it
+    assert os.readlink(link) == str(target)  # never replaced
+    assert sorted(os.listdir(tmp_path)) == before  # no temp file left
+    if kind == "dev-null":
+        assert "/dev/null" in message and "character device" in message
+    with pytest.raises(fsutil.NotAFileError):
+        fsutil.append_jsonl(link, [{"role": "user", "content": "你好"}])
+    assert os.readlink(link) == str(target)
+
+
+def test_a_fifo_or_device_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "MEMORY.md"
+    os.mkfifo(fifo)
+    with pytest.raises(fsutil.NotAFileError, match="is a FIFO, not a regular file"):
+        atomic_write(fifo, "x")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    # Reading it does not wait for a writer that never comes.
+    with pytest.raises(fsutil.NotAFileError, match="nothing was read"):
+        fsutil.read_regular(fifo)
+
+
+def test_append_jsonl_writes_through_a_link(tmp_path: Path) -> None:
+    vault, link = _vault_link(tmp_path, b'{"n":1}\n')
+    fsutil.append_jsonl(link, [{"n": 2, "text": "第二"}])
+    assert link.is_symlink()
+    assert vault.read_bytes() == '{"n":1}\n{"n":2,"text":"第二"}\n'.encode()
+
+
+# -- bounded reads ----------------------------------------------------------------------------------------
+
+
+def test_read_bounded_stops_at_its_limit(tmp_path: Path) -> None:
+    zero = tmp_path / "config.json"
+    zero.symlink_to("/dev/zero")  # endless: reading it whole never ends
+    with pytest.raises(fsutil.FileTooLargeError) as caught:
+        fsutil.read_bounded(zero, 1 << 20)
+    assert str(caught.value) == f"{zero}: larger than 1 MiB; is it the right file?"
+    big = tmp_path / "jobs.json"
+    big.write_bytes(b"[" + b"0," * 600_000 + b"0]")
+    with pytest.raises(fsutil.FileTooLargeError, match="larger than 1 MiB"):
+        fsutil.read_bounded(big, 1 << 20)
+    assert fsutil.read_bounded(big, 2 << 20) == big.read_bytes()
+    assert fsutil.read_bounded(Path("/dev/null"), 10) == b""

@@ -14,7 +14,9 @@ import pytest
 from freezegun import freeze_time
 
 import picoclaw
+from picoclaw.app import App
 from picoclaw.cli import main
+from tests.fakes import FakeOpenAIServer
 
 # 18:30 UTC is 02:30 the next day in Asia/Shanghai, the timezone onboarding writes: dates must follow it.
 FROZEN = "2025-03-10 18:30:00"
@@ -201,18 +203,24 @@ def test_memory_backups_and_restore(home: Path, capsys: pytest.CaptureFixture[st
     code, out, _ = run(capsys, "memory", "backups")
     assert code == 0 and out.startswith("no backups yet")
     run(capsys, "memory", "append", "宠物狗叫 Bob")
-    after_first = memory.read_bytes()
     run(capsys, "memory", "append", "My pet dog is called Bob")
+    code, out, _ = run(capsys, "memory", "backups")
+    assert code == 0 and out.startswith("no backups yet")  # an append copies nothing (issue 23)
+    appended = memory.read_bytes()
+    store = App.open(home).workspace.store  # backups are for rewrites: compression, restore, edits
+    store.rewrite_long_term(original)
+    after_first = memory.read_bytes()
+    store.rewrite_long_term(original + "## 2025-03-10\n我的狗叫旺财\n".encode())
     after_second = memory.read_bytes()
     code, out, _ = run(capsys, "memory", "backups")
     names = [line.split()[0] for line in out.splitlines()]
     # Stamped in UTC, newest first, unique within the frozen second.
     assert names == ["20250310_183000Z_1_MEMORY.md", "20250310_183000Z_MEMORY.md"]
-    assert f"{len(original)} bytes" in out.splitlines()[1]
+    assert f"{len(appended)} bytes" in out.splitlines()[1]
 
     code, out, err = run(capsys, "memory", "restore", "20250310_183000Z_MEMORY.md")
     assert (code, err) == (0, "")
-    assert memory.read_bytes() == original
+    assert memory.read_bytes() == appended
     assert "the previous MEMORY.md was saved as" in out
     # The restore itself was backed up, so it can be undone.
     saved = out.split("saved as ")[1].strip()
@@ -415,3 +423,120 @@ def test_python_m_picoclaw_memory_search_subprocess(facts: Path, home: Path, tmp
     assert re.match(r"1\. score \d+\.\d{3}  memory/MEMORY\.md:\d+-\d+\n", out), out
     assert out.splitlines()[2] == "   宠物狗叫 Bob，是一只柯基。"
     assert "My pet dog is called Bob." not in out  # it matches too, but --limit 1 keeps only the best
+
+
+# -- terminal escapes -------------------------------------------------------------------------------------
+
+# What would act on a terminal if printed: ESC, BEL and the 8-bit CSI.
+ACTING = ("\x1b", "\x07", "\x9b")
+HOSTILE = "a\x1b[31mred\x07 \x1b]0;pwned\x07提醒\x9b1m红色"
+HOSTILE_SHOWN = "ared 提醒红色"
+
+
+def assert_inert(*texts: str) -> None:
+    for text in texts:
+        assert not any(byte in text for byte in ACTING), repr(text)
+
+
+@freeze_time(FROZEN)
+def test_memory_append_stores_and_shows_no_terminal_escapes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "memory", "append", HOSTILE)
+    assert code == 0
+    assert out == f"appended to {memory_dir(home) / 'MEMORY.md'}\n"
+    assert err == "note: terminal control characters were removed from the text\n"
+    memory = (memory_dir(home) / "MEMORY.md").read_text(encoding="utf-8")
+    assert memory.endswith(f"## {LOCAL_DAY}\n{HOSTILE_SHOWN}\n")
+    assert_inert(memory)
+
+    code, out, err = run(capsys, "memory", "append", "--today", "tab\tstays 🎉\x1b[2J")
+    note = (memory_dir(home) / "202503" / "20250311.md").read_text(encoding="utf-8")
+    assert code == 0 and note.endswith("## 02:30\ntab\tstays 🎉\n")
+
+    code, out, err = run(capsys, "memory", "show")
+    assert code == 0 and out.endswith(f"{HOSTILE_SHOWN}\n") and err == ""
+    assert_inert(out)
+
+
+def test_memory_append_of_nothing_but_escapes_is_refused_and_stores_nothing(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = tree(home)
+    code, out, err = run(capsys, "memory", "append", "\x1b[31m\x07")
+    assert code == 1 and out == ""
+    assert err.splitlines() == ["picoclaw: error: nothing to store: the entry is empty"]  # one line, no note
+    assert tree(home) == before
+
+
+@freeze_time(FROZEN)
+def test_memory_written_by_hand_with_escapes_is_shown_without_them(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file edited elsewhere (or by an older version) may hold escapes: show, search and notes print none."""
+    (memory_dir(home) / "MEMORY.md").write_text(f"# Long-term memory\n\n## 2025-03-01\n狗叫 Bob {HOSTILE}\n",
+                                                 encoding="utf-8")
+    (memory_dir(home) / "202503").mkdir()
+    (memory_dir(home) / "202503" / "20250311.md").write_text(f"# 2025-03-11\n\n## 02:00\n遛狗 walk {HOSTILE}\n",
+                                                             encoding="utf-8")
+    outputs = []
+    for argv in (["memory", "show"], ["memory", "search", "Bob"], ["memory", "search", "遛狗"], ["memory", "notes"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and err == "", argv
+        assert HOSTILE_SHOWN in out, (argv, out)
+        outputs.append(out)
+    assert_inert(*outputs)
+
+
+def test_policy_history_and_snapshots_show_no_escapes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from picoclaw.app import App
+
+    with freeze_time(FROZEN):
+        App.open(home).workspace.policy.set({"recent_days": 2}, source="reflection",
+                                            reason=f"the model said {HOSTILE}")
+    snapshots = memory_dir(home) / "policy_snapshots"
+    (snapshots / "20250310_190000.json").write_text(f"not json {HOSTILE}", encoding="utf-8")
+
+    code, out, err = run(capsys, "policy", "history")
+    assert code == 0 and err == ""
+    assert f"    reason: the model said {HOSTILE_SHOWN}" in out.splitlines()
+    code, snapshot_out, err = run(capsys, "policy", "snapshots")
+    assert code == 0 and f"20250310_190000.json  not json {HOSTILE_SHOWN}" in snapshot_out.splitlines()
+    assert_inert(out, snapshot_out)
+
+
+def test_cron_list_shows_no_escapes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "cron", "add", "--in", "2 hours", "--message", f"call {HOSTILE}",
+                         "--session", "cli:default")
+    assert code == 0, err
+    added = out
+    code, out, err = run(capsys, "cron", "list")
+    assert code == 0 and err == ""
+    # A terminal job waits for an open chat, and the list says so: `chat -m` delivers none (issue 24).
+    assert f"message: call {HOSTILE_SHOWN}  [not run yet; comes in an open `picoclaw chat`, not `chat -m`]" in out
+    assert_inert(added, out)
+
+
+def test_skills_list_shows_no_escapes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    skill = home / "workspace" / "skills" / "tea-log" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    # YAML's double-quoted "\e" is an ESC: a downloaded skill can carry one in its description.
+    skill.write_text('---\nname: tea-log\ndescription: "log tea \\e[31m红茶\\a\\e]0;pwned\\a"\n---\nDo it.\n',
+                     encoding="utf-8")
+    code, out, err = run(capsys, "skills", "list")
+    assert code == 0 and err == ""
+    assert "tea-log: log tea 红茶" in out.splitlines()
+    assert_inert(out)
+
+
+def test_an_error_quoting_the_models_server_shows_no_escapes(
+        home: Path, capsys: pytest.CaptureFixture[str], fake_openai: FakeOpenAIServer) -> None:
+    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+    config["providers"]["openai"] = {"api_key": "sk-cli-test-0123456789", "api_base": fake_openai.base_url}
+    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    run(capsys, "memory", "append", "咖啡 coffee: oat-milk latte")
+    memory = (memory_dir(home) / "MEMORY.md").read_bytes()
+    fake_openai.reply_error(400, f"bad request {HOSTILE}")
+
+    code, out, err = run(capsys, "memory", "compress", "--force")
+
+    assert_one_line_error(code, out, err, f"bad request {HOSTILE_SHOWN}", "MEMORY.md was left unchanged")
+    assert_inert(err)
+    assert (memory_dir(home) / "MEMORY.md").read_bytes() == memory
+

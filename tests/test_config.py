@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -328,7 +331,8 @@ def test_config_model_is_strict_about_unknown_keys_directly() -> None:
     pytest.param({"timezone": "x" * 1_000_000}, "timezone", id="validator-quotes-the-value"),
     pytest.param({"agents": {"defaults": {"max_tokens": "9" * 1_000_000 + "x"}}}, "agents.defaults.max_tokens",
                  id="string-for-int"),
-    pytest.param({"channels": {"telegram": {"memory_scope": "字" * 1_000_000}}}, "channels.telegram.memory_scope",
+    # 900 KB of UTF-8: under the 1 MiB a config.json may hold (MAX_JSON_BYTES)
+    pytest.param({"channels": {"telegram": {"memory_scope": "字" * 300_000}}}, "channels.telegram.memory_scope",
                  id="chinese-enum"),
 ])
 def test_a_huge_value_is_quoted_short(tmp_path: Path, data: dict, key: str) -> None:
@@ -373,3 +377,49 @@ def test_a_nul_byte_in_workspace_is_a_config_error(tmp_path: Path, workspace: st
     message = config_error(tmp_path / "home", {"workspace": workspace})
     assert "workspace:" in message and "NUL" in message, message
     assert "\x00" not in message  # the terminal gets no raw NUL
+
+
+# -- a config.json that is not what it should be: bounded reads (issue 23) ---------------------------------
+
+BOUNDED_CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # an endless read fails fast, not the machine
+from picoclaw.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _picoclaw_bounded(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-c", BOUNDED_CHILD, *argv], env=env, capture_output=True, text=True,
+                          encoding="utf-8", timeout=60)
+
+
+def test_a_config_linked_to_dev_zero_is_refused_in_one_line(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    onboard(home)
+    config = home / "config.json"
+    config.unlink()
+    config.symlink_to("/dev/zero")
+    done = _picoclaw_bounded(home, "memory", "show")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"picoclaw: error: {config}: larger than 1 MiB; is it the right file?\n"
+    assert os.readlink(config) == "/dev/zero"
+
+
+def test_a_huge_config_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    message = config_error(home, {"timezone": "Asia/Shanghai", "agents": {"defaults": {"model": "模型" * 400_000}}})
+    assert (home / "config.json").stat().st_size > 2 << 20
+    assert message == f"{home / 'config.json'}: larger than 1 MiB; is it the right file?"
+
+
+def test_policy_overrides_linked_to_dev_zero_are_ignored_with_one_warning(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    onboard(home)
+    overrides = home / "workspace" / "memory" / "policy_overrides.json"
+    overrides.parent.mkdir(parents=True, exist_ok=True)
+    overrides.symlink_to("/dev/zero")
+    done = _picoclaw_bounded(home, "policy", "show")
+    assert done.returncode == 0 and "retrieve_limit" in done.stdout
+    assert f"ignoring policy overrides: {overrides}: larger than 1 MiB; is it the right file?" in done.stderr

@@ -98,10 +98,11 @@ def test_a_job_added_while_picoclaw_telegram_runs_arrives_once(home: Path, fake_
     bot = picoclaw_telegram(home)
     try:
         fake_telegram.wait_until(lambda: bool(fake_telegram.calls("getUpdates")), timeout=30)
-        at = (datetime.now(UTC) + timedelta(seconds=2)).isoformat(timespec="milliseconds")
+        # Far enough ahead that `cron add` starting slowly on a busy machine still adds it in the future.
+        at = (datetime.now(UTC) + timedelta(seconds=8)).isoformat(timespec="milliseconds")
         added = picoclaw(home, "cron", "add", "--at", at, "--message", "**X** 打电话", "--session", f"telegram:{OWNER}")
         assert added.returncode == 0, added.stderr
-        # The bot looks at jobs.json every 3 s: the reminder is due 2 s from now, so it comes within ~5 s.
+        # The bot looks at jobs.json every 3 s: the reminder is due 8 s from now, so it comes within ~11 s.
         fake_telegram.wait_until(lambda: bool(fake_telegram.sent_texts(OWNER)), timeout=30)
         wait_until_sync(lambda: stored(home)[0]["last_outcome"] == "ok", timeout=10, what="the outcome on disk")
         bot.send_signal(signal.SIGTERM)

@@ -248,6 +248,27 @@ def test_key_echoed_by_the_server_is_redacted(fake_openai: FakeOpenAIServer) -> 
     assert KEY not in str(error) and "***" in str(error)
 
 
+def leaked(text: str, secret: str, run: int = 4) -> list[str]:
+    """Every run of `run` characters of `secret` that appears in `text`."""
+    return [secret[i:i + run] for i in range(len(secret) - run + 1) if secret[i:i + run] in text]
+
+
+@pytest.mark.parametrize("padding", ["The model `gpt-x` does not exist. ", "模型不存在，请检查名称。"],
+                         ids=["english", "chinese"])
+def test_a_key_quoted_where_the_server_message_is_cut_shows_none_of_it(fake_openai: FakeOpenAIServer,
+                                                                       padding: str) -> None:
+    key = "sk-proj-Q7vX9kLm2NpR4tZ8wB3yC6dFhJ"
+    for before in range(160, 215, 6):  # the key ends before, straddles, or starts after the 200-character cut
+        fake_openai.reply_error(404, (padding * 20)[:before] + f" key={key} lacks access")
+        error = failure(make_provider(fake_openai, api_key=key, max_retries=0))
+        assert error.kind == "bad_response" and len(str(error)) < 300 and leaked(str(error), key) == [], str(error)
+    # A proxy's page that echoes the request headers, the key among them.
+    fake_openai.reply_raw(f"<html><body><h1>502 Bad Gateway</h1><pre>{padding * 6}\nAuthorization: Bearer {key}"
+                          "</pre></body></html>", status=502, content_type="text/html")
+    error = failure(make_provider(fake_openai, api_key=key, max_retries=0))
+    assert error.kind == "unavailable" and "\n" not in str(error) and leaked(str(error), key) == [], str(error)
+
+
 @pytest.mark.parametrize(("status", "message", "code"), [
     (400, "This model's maximum context length is 128000 tokens. However, your messages resulted in "
           "130000 tokens.", "context_length_exceeded"),
@@ -774,6 +795,17 @@ def test_a_strict_content_server_refuses_null_content() -> None:
                                           {"role": "tool", "tool_call_id": "call_1", "content": "stored"}]
         error = failure(make_provider(server, max_retries=0), messages)
         assert error.kind == "unavailable" and "HTTP 500" in str(error)
+
+
+def test_a_validation_dump_from_the_server_is_one_readable_line() -> None:
+    # llama-cpp-python answers an assistant message with content null by pydantic's dump of 7 errors.
+    with FakeOpenAIServer(strict_content=True) as server:
+        messages: list[dict[str, Any]] = [*HELLO, {"role": "assistant", "content": None},
+                                          {"role": "user", "content": "还在吗？ still there?"}]
+        error = failure(make_provider(server, max_retries=0), messages)
+    assert str(error) == ("the model provider 'openai' is unavailable (HTTP 500): the request did not validate "
+                          "(7 errors; messages.2.content: Input should be a valid string)")
+    assert "{'type'" not in str(error) and "\n" not in str(error)
 
 
 def test_as_message_keeps_text_and_never_gives_null() -> None:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -267,11 +266,13 @@ def test_ctrl_c_during_an_answer_cancels_it_and_the_repl_goes_on(
 def test_a_reminder_for_this_terminal_session_is_printed_once_while_the_chat_runs(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
-    due = (datetime.now(UTC) + timedelta(seconds=3)).isoformat(timespec="seconds")
+    # A delay, resolved when added: an absolute time a few seconds ahead could pass while a busy machine starts
+    # the `cron add` process, and be refused as "in the past". A job due before the chat opens still comes.
     for key, text in (("cli:default", "给银行打电话 call the bank"), ("cli:work", "not this terminal's")):
-        added = picoclaw(home, "cron", "add", "--at", due, "--message", text, "--session", key)
+        added = picoclaw(home, "cron", "add", "--in", "2 seconds", "--message", text, "--session", key)
         assert added.returncode == 0, added.stderr
-        assert f"delivered while `picoclaw chat --session {key}` runs" in added.stdout
+        assert f"delivered while an interactive `picoclaw chat --session {key}` runs" in added.stdout
+        assert "`chat -m` does not wait for jobs" in added.stdout
     session = Repl(home)
     try:
         session.wait_for_output(f"{SCHEDULED_MARK}给银行打电话 call the bank\n")
@@ -302,3 +303,71 @@ def test_a_named_terminal_session_is_cli_name_and_an_older_bare_transcript_is_ca
     assert result.returncode == 0, result.stderr
     assert named.is_file() and not (sessions / "work.jsonl").exists()
     assert "我的工位是4B" in json.dumps(fake_openai.chat_requests()[-1]["messages"], ensure_ascii=False)
+
+
+# -- terminal escapes -------------------------------------------------------------------------------------
+
+# What would act on a terminal if printed: ESC, BEL and the 8-bit CSI and OSC.
+ACTING = ("\x1b", "\x07", "\x9b", "\x9d")
+# Streamed 3 characters a piece, this cuts ESC [ 3 1 m, the OSC title and the CRLF between pieces.
+HOSTILE_ANSWER = "好的\x1b[31mred\x1b[0m OK\x07 \x1b]0;pwned\x07done\x9b1m!\r\nline two \x9d0;t\x9c🎉"
+HOSTILE_SHOWN = "好的red OK done!\nline two 🎉"
+
+
+def assert_inert(*texts: str) -> None:
+    for text in texts:
+        assert not any(byte in text for byte in ACTING), repr(text)
+
+
+def test_a_streamed_answer_with_escapes_prints_none_of_them(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_openai)
+    # Arguments as JSON escape the ESC as \u001b (inert as shown); raw ones carry the byte itself.
+    fake_openai.reply_tool_calls([("memory_append", {"content": "茶 tea\x1b[2J\x1b]0;pwned\x07: 龙井"}),
+                                  ("list_dir", '{"path": "\x1b]0;pwned\x07memory"}')])
+    fake_openai.reply_text(HOSTILE_ANSWER)
+
+    result = picoclaw(home, "chat", "-m", "remember my tea 龙井")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        '· memory_append {"content": "茶 tea\\u001b[2J\\u001b]0;pwned\\u0007: 龙井"}',
+        '· list_dir {"path": "memory"}', *HOSTILE_SHOWN.splitlines()]
+    assert_inert(result.stdout, result.stderr)
+    memory = (home / "workspace" / "memory" / "MEMORY.md").read_text(encoding="utf-8")
+    assert "茶 tea: 龙井" in memory
+    assert_inert(memory)
+
+
+def test_the_repl_prints_no_escapes_from_answers_commands_or_errors(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    """Streamed answers, a slash command's reply (memory as stored by hand) and a failure's line."""
+    configure(home, fake_openai)
+    memory = home / "workspace" / "memory" / "MEMORY.md"
+    memory.write_text(f"# Long-term memory\n\n## 2025-03-01\n咖啡 coffee {HOSTILE_ANSWER}\n", encoding="utf-8")
+    fake_openai.reply_text(HOSTILE_ANSWER)
+    for _ in range(4):  # the first try and every retry
+        fake_openai.reply_error(503, f"refused {HOSTILE_ANSWER}", headers={"retry-after-ms": "1"})
+
+    result = picoclaw(home, "chat", stdin="你好 hello\n/memory 咖啡\nagain\nexit\n")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{HOSTILE_SHOWN}\n")
+    assert "  咖啡 coffee 好的red OK done!\n  line two 🎉\n" in result.stdout  # the /memory reply
+    assert result.stderr.splitlines()[-1].startswith("picoclaw: error: ")
+    assert f"refused {HOSTILE_SHOWN.splitlines()[0]}" in result.stderr
+    assert_inert(result.stdout, result.stderr)
+
+
+def test_log_lines_print_no_escapes(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    """A background failure is logged with the server's words: the log goes to the terminal too."""
+    configure(home, fake_openai, session_summary_message_threshold=4, session_summary_keep_count=2)
+    for answer in ("one", "two", "three"):
+        fake_openai.reply_text(answer)
+    fake_openai.reply_text("NONE")  # the memory flush before the summary
+    fake_openai.reply_error(400, f"summary refused {HOSTILE_ANSWER}")
+
+    result = picoclaw(home, "chat", stdin="first\nsecond\nthird\n")
+
+    assert result.returncode == 0, result.stderr
+    assert "summary failed" in result.stderr and "summary refused 好的red OK done!" in result.stderr
+    assert_inert(result.stdout, result.stderr)

@@ -359,19 +359,19 @@ def counters(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count split_blocks calls and reads of MEMORY.md made by retrieval."""
     counts = {"split": 0, "read": 0}
     real_split = retrieval.split_blocks
-    real_read = Path.read_text
+    real_read = retrieval._read_text
 
-    def counting_split(text: str, path: Path) -> list[Block]:
+    def counting_split(text: str, path: Path, first_line: int = 1) -> list[Block]:
         counts["split"] += 1
-        return real_split(text, path)
+        return real_split(text, path, first_line)
 
-    def counting_read(self: Path, *args: object, **kwargs: object) -> str:
-        if self.name == "MEMORY.md":
+    def counting_read(path: Path) -> str:
+        if path.name == "MEMORY.md":
             counts["read"] += 1
-        return real_read(self, *args, **kwargs)
+        return real_read(path)
 
     monkeypatch.setattr(retrieval, "split_blocks", counting_split)
-    monkeypatch.setattr(Path, "read_text", counting_read)
+    monkeypatch.setattr(retrieval, "_read_text", counting_read)
     return counts
 
 

@@ -325,6 +325,8 @@ def test_an_agent_job_runs_as_a_turn_of_its_session_and_the_reply_is_delivered(
     [request] = fake_openai.chat_requests()
     asked = said(request["messages"][-1])
     assert "总结我这周的笔记" in asked and "Scheduled task" in asked
+    # A small model narrates a bare task ("stood up and stretched."): the frame asks for the user's message.
+    assert "answer with the message the user should read now" in asked
     history = App.open(home).workspace.sessions().load("telegram:42")
     assert [m.message["role"] for m in history.active()] == ["user", "assistant"]
 

@@ -256,11 +256,12 @@ def test_first_rewrite_has_nothing_to_back_up(store: MemoryStore) -> None:
 
 
 @freeze_time("2026-03-10 02:00:00")  # one frozen second; names are in UTC, whatever the timezone
-def test_every_change_is_backed_up_with_unique_names_within_one_second(store: MemoryStore) -> None:
-    versions = [store.append_long_term("one").text]
-    for content in ("two", "three", "four"):
+def test_every_rewrite_is_backed_up_with_unique_names_within_one_second(store: MemoryStore) -> None:
+    store.rewrite_long_term("## 2026-03-10\none\n")
+    versions = []
+    for content in ("two", "三", "four"):
         versions.append(store.read_long_term())
-        store.append_long_term(content)
+        store.rewrite_long_term(f"{store.read_long_term()}\n## 2026-03-10\n{content}\n")
     backups = store.backups()
     assert [path.name for path in backups] == [
         "20260310_020000Z_MEMORY.md",
@@ -268,8 +269,18 @@ def test_every_change_is_backed_up_with_unique_names_within_one_second(store: Me
         "20260310_020000Z_2_MEMORY.md",
     ]
     # Each backup is MEMORY.md as it was just before that change.
-    assert [path.read_text(encoding="utf-8") for path in backups] == versions[1:]
+    assert [path.read_text(encoding="utf-8") for path in backups] == versions
     assert store.read_long_term().count("## 2026-03-10") == 4
+
+
+@freeze_time("2026-03-10 02:00:00")
+def test_an_append_takes_no_backup(store: MemoryStore) -> None:
+    # An appended entry is undone by deleting it: copying the whole file for each one is what made appends
+    # to a large MEMORY.md slow (issue 23). Rewrites still back it up (above).
+    for content in ("one", "二", "three / 三"):
+        store.append_long_term(content)
+    assert store.backups() == []
+    assert store.read_long_term() == "## 2026-03-10\none\n\n## 2026-03-10\n二\n\n## 2026-03-10\nthree / 三\n"
 
 
 def test_rewrite_returns_the_backup_of_the_previous_text(store: MemoryStore) -> None:
@@ -409,12 +420,12 @@ def test_changing_the_timezone_keeps_the_newest_backup(memory_dir: Path) -> None
         shanghai = MemoryStore(memory_dir, SHANGHAI, backup_keep=50)
         for number in range(52):
             frozen.tick(1)
-            shanghai.append_long_term(f"fact {number}")
+            shanghai.rewrite_long_term(f"{shanghai.read_long_term()}fact {number}\n")
         # 10:00 in Shanghai is 03:00 in Berlin: local-time names would file the next backup as the oldest.
         berlin = MemoryStore(memory_dir, ZoneInfo("Europe/Berlin"), backup_keep=50)
         frozen.tick(1)
         before_last = berlin.read_long_term()
-        berlin.append_long_term("fact 52")
+        berlin.rewrite_long_term(f"{before_last}fact 52\n")
         newest = berlin.backups()[-1]
         assert len(berlin.backups()) == 50
         assert newest.read_text(encoding="utf-8") == before_last  # not pruned as it was written

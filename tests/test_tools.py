@@ -283,8 +283,7 @@ def test_write_file_on_memory_md_appends_a_dated_entry(tools: ToolRegistry, work
     text = memory_text(workspace)
     assert text.startswith(old.rstrip("\n"))  # the old content is kept
     assert text.endswith("\n\n## 2024-03-05\nMy dog is called Bob.\n")
-    backups = workspace.store.backups()
-    assert len(backups) == 1 and backups[0].read_text(encoding="utf-8") == old
+    assert workspace.store.backups() == []  # an append copies nothing; backups are for rewrites
 
 
 @freeze_time(FROZEN)
@@ -313,10 +312,10 @@ def test_append_and_edit_memory_md_go_through_the_store(tools: ToolRegistry, wor
         "edited memory/MEMORY.md (the previous version was backed up)"
     assert "works at Initech" in memory_text(workspace)
     backups = workspace.store.backups()
-    assert len(backups) == 2 and "works at ACME" in backups[-1].read_text(encoding="utf-8")
+    assert len(backups) == 1 and "works at ACME" in backups[-1].read_text(encoding="utf-8")  # the edit's
     assert call(tools, "edit_file", path="memory/MEMORY.md", old_text="nothing like this", new_text="x").startswith(
         "error: old_text was not found in memory/MEMORY.md")
-    assert len(workspace.store.backups()) == 2  # a refused edit takes no backup and changes nothing
+    assert len(workspace.store.backups()) == 1  # a refused edit takes no backup and changes nothing
     assert call(tools, "write_file", path="memory/MEMORY.md", content="   ").startswith("error: cannot write")
 
 
@@ -381,6 +380,25 @@ def test_memory_append_blank_content_is_refused(tools: ToolRegistry, workspace: 
     old = memory_text(workspace)
     assert "the entry is empty" in call(tools, "memory_append", content="  \n ")
     assert memory_text(workspace) == old
+
+
+@freeze_time(FROZEN)
+def test_memory_append_stores_no_terminal_escapes(tools: ToolRegistry, workspace: Workspace) -> None:
+    """A model (or a message it copies) may send escape sequences: memory keeps the text without them."""
+    hostile = "a\x1b[31mred\x07 \x1b]0;pwned\x07狗叫\x9b1m Bob\tok"
+    assert call(tools, "memory_append", content=hostile) == \
+        "saved to memory/MEMORY.md under '## 2024-03-05' (terminal control characters were removed)"
+    assert memory_text(workspace).endswith("## 2024-03-05\nared 狗叫 Bob\tok\n")
+    assert call(tools, "memory_append", content="牙医 dentist\x1b[2J at 3pm", slot="today") == \
+        "saved to today's daily note memory/202403/20240305.md (terminal control characters were removed)"
+    note = (workspace.root / "memory" / "202403" / "20240305.md").read_text(encoding="utf-8")
+    assert note == "# 2024-03-05\n\n## 12:00\n牙医 dentist at 3pm\n"
+    for text in (memory_text(workspace), note):
+        assert not any(byte in text for byte in ("\x1b", "\x07", "\x9b"))
+    # Nothing but escapes is nothing to store.
+    before = memory_text(workspace)
+    assert "the entry is empty" in call(tools, "memory_append", content="\x1b[31m\x07")
+    assert memory_text(workspace) == before
 
 
 def line_of(path: Path, needle: str) -> int:
@@ -455,12 +473,23 @@ def test_schemas_are_generated_from_args(tools: ToolRegistry) -> None:
         parameters = function["parameters"]
         generated = cls.Args.model_json_schema()
         assert parameters["properties"].keys() == generated["properties"].keys()
-        assert parameters["type"] == "object" and parameters["additionalProperties"] is False
+        assert parameters["type"] == "object" and "additionalProperties" not in parameters
         assert parameters.get("required", []) == required[function["name"]]
         for prop_name, prop in parameters["properties"].items():
             assert prop.get("type") in {"string", "integer"} or "enum" in prop, (function["name"], prop_name)
-            assert prop["description"], (function["name"], prop_name)
+            # What tells a model nothing is left out: every request carries it, and a CPU model reads it all.
+            assert not {"title", "minLength", "minimum"} & prop.keys(), (function["name"], prop_name)
+            assert prop.get("default", "x") not in ("", 0), (function["name"], prop_name)
         json.dumps(schema)  # plain JSON, ready for the provider
+
+
+def test_what_the_schemas_leave_out_is_still_checked(tools: ToolRegistry) -> None:
+    assert call_raw(tools, "memory_search", '{"query": "狗", "colour": "red"}').startswith(
+        "error: invalid arguments for memory_search: colour: Extra inputs are not permitted")
+    assert call_raw(tools, "memory_append", '{"content": ""}').startswith(
+        "error: invalid arguments for memory_append: content:")
+    assert call_raw(tools, "read_file", '{"path": "USER.md", "offset": 0}').startswith(
+        "error: invalid arguments for read_file: offset:")
 
 
 def test_each_workspace_gets_its_own_tools(tmp_path: Path, workspace: Workspace, tools: ToolRegistry) -> None:

@@ -379,6 +379,21 @@ def test_brave_key_from_the_environment_and_errors(workspace: Workspace, server:
     assert call(tools, "web_search", query="x").startswith("1. Longjing - Wikipedia")
 
 
+@pytest.mark.parametrize(("provider", "where"), [("brave", "config"), ("brave", "environment"), ("tavily", "config")])
+def test_a_key_the_http_library_refuses_is_not_quoted_back(workspace: Workspace, server: FakeWeb,
+                                                          monkeypatch: pytest.MonkeyPatch, provider: str,
+                                                          where: str) -> None:
+    key = "Qk7vX9mL2nPr4tZ8wB3yC6dFhJ\n"  # read from a file, its newline and all: not a valid header value
+    if where == "environment":
+        monkeypatch.setenv(f"{provider.upper()}_API_KEY", key)
+    tools = searcher(workspace, provider=provider, base_url=server.origin, api_key=key if where == "config" else "")
+    out = call(tools, "web_search", query="龙井茶 longjing")
+    # The library's error quotes the header value: the model sees that it was refused, not the key.
+    assert out.startswith(f"error: {provider} search failed: LocalProtocolError: Illegal header value"), out
+    secret = key.strip()
+    assert [secret[i:i + 4] for i in range(len(secret) - 3) if secret[i:i + 4] in out] == [], out
+
+
 def test_tavily(workspace: Workspace, server: FakeWeb) -> None:
     tools = searcher(workspace, provider="tavily", api_key="tvly-key", base_url=server.origin)
     out = call(tools, "web_search", query="龙井", count=3)

@@ -62,12 +62,17 @@ def policy_report(effective: EffectivePolicy) -> str:
     return "\n".join(f"{k} = {getattr(effective.policy, k)} ({effective.sources[k]})" for k in POLICY_KEYS)
 
 
-def memory_report(memory: InjectedMemory, query: str, root: Path) -> str:
-    """What would be injected for `query`, with scores and where each block lives (relative to `root`)."""
+def memory_report(memory: InjectedMemory, query: str, root: Path, stored: bool = True) -> str:
+    """What would be injected for `query`, with scores and where each block lives (relative to `root`);
+    `stored` says whether MEMORY.md holds any block at all."""
     if not memory.blocks and not memory.notes:
+        if query and stored:
+            return (f"No block matches {query!r}, so no memory would be injected "
+                    "(memory_fallback_blocks > 0 would add the newest few).")
         return "No memory would be injected (MEMORY.md and recent notes are empty)."
     lines = [f"Memory for {query!r}:" if memory.ranked else
-             ("No block matches; the newest blocks that fit the budget:" if query else "Whole memory (no query):")]
+             ("No block matches; the newest blocks memory_fallback_blocks allows:" if query and memory.blocks else
+              "No block matches; only the recent notes:" if query else "Whole memory (no query):")]
     for hit in memory.blocks:
         where = f"{hit.block.path.relative_to(root)}:{hit.block.start_line}-{hit.block.end_line}"
         score = f"score {hit.score:.2f}  " if memory.ranked else ""

@@ -200,7 +200,8 @@ class AgentLoop:
             return compact_reply(await self.compact(key))
         if command.name == "/memory":
             memory = await self.context.select_memory(self.workspace.policy.current(), command.argument)
-            return memory_report(memory, command.argument, self.workspace.root)
+            stored = bool(memory.blocks) or bool(await asyncio.to_thread(self.workspace.searcher.long_term_blocks))
+            return memory_report(memory, command.argument, self.workspace.root, stored)
         if command.name == "/policy":
             return policy_report(self.workspace.policy.effective())
         if command.name == "/status":

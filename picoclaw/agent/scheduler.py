@@ -7,6 +7,8 @@ scheduler never runs it twice. A job whose time passed while nothing ran is run 
 recurring one then continues from now, the missed runs not made up. A job that fails is logged and its
 outcome recorded; the others run on, each session's due jobs in a task of its own (a slow one holds up
 no other chat's).
+A job that can never run (a next run the timezone cannot show, a cron expression that matches no date, a
+target no channel reaches; jobs.json can be edited by hand) is skipped with one warning, the file unchanged.
 A scheduler serves some sessions (`picoclaw telegram` every telegram: one, `picoclaw chat` its own);
 a job for another is left untouched for the process that serves it.
 
@@ -18,17 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from picoclaw import clock
+from picoclaw.agent.context import strip_comments
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.config import HeartbeatConfig
 from picoclaw.fsutil import FileKey, file_key
-from picoclaw.jobs import Job, JobsFileError, JobStore, following_run, scope_for
+from picoclaw.jobs import Job, JobError, JobsFileError, JobStore, following_run, job_problem, scope_for
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +52,15 @@ HEARTBEAT_FRAME = (
     "Do what they ask now. Reply only if something needs the user's attention; if nothing does, "
     f"reply with exactly {HEARTBEAT_QUIET}."
 )
-AGENT_FRAME = "[Scheduled task {id}, set by {by}; the user is not typing this right now]\n{text}"
-
-_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+# A small model given a bare task narrates it ("stood up and stretched."): the frame says whom the answer is
+# for and what it must be, a message the user reads now.
+AGENT_FRAME = ("[Scheduled task {id}, set by {by}. The user is not typing this now. Do the task below and answer "
+               "with the message the user should read now, written to them.]\n{text}")
 
 
 def heartbeat_tasks(text: str) -> str:
     """What HEARTBEAT.md asks for: the file without HTML comments, headings and blank lines ("" = nothing)."""
-    lines = [line for line in _COMMENT.sub("", text).splitlines()
+    lines = [line for line in strip_comments(text).splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
     return "\n".join(lines).strip()
 
@@ -92,6 +95,8 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._unserved_logged: set[str] = set()
+        self._skipped: set[str] = set()  # ids of jobs that can never run, in the file's last good state
+        self._warned: set[tuple[str, str]] = set()  # (job id, problem): each warned about once
         self.next_heartbeat: datetime | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -135,8 +140,8 @@ class Scheduler:
     def _seconds_to_wait(self) -> float:
         now = clock.now()
         wait = self.poll_interval
-        upcoming = [job.next_run for job in self._jobs
-                    if not job.done and job.next_run is not None and self.serves(job.target)]
+        upcoming = [job.next_run for job in self._jobs if not job.done and job.next_run is not None
+                    and self.serves(job.target) and job.id not in self._skipped]
         if self.next_heartbeat is not None:
             upcoming.append(self.next_heartbeat)
         if upcoming:
@@ -178,6 +183,19 @@ class Scheduler:
                 self._bad = str(exc)
             return
         self._seen, self._bad = key, None
+        self._skipped = set()
+        for job in self._jobs:
+            problem = job_problem(job, self.store.tz) if self.serves(job.target) else None
+            if problem is not None:
+                self._skip(job, problem)
+
+    def _skip(self, job: Job, problem: str) -> None:
+        """Leave a job that can never run out of every pass (warned once), rather than fail on it each time."""
+        self._skipped.add(job.id)
+        if (job.id, problem) not in self._warned:
+            self._warned.add((job.id, problem))
+            log.warning("scheduler: job %s cannot be scheduled, skipped until it is fixed or removed: %s",
+                        job.id, problem)
 
     def serves(self, session_key: str) -> bool:
         """Whether this scheduler's `deliver` reaches `session_key`."""
@@ -186,7 +204,8 @@ class Scheduler:
     def due(self) -> list[Job]:
         """The jobs this scheduler serves that are due now, in the file's last good state."""
         now = clock.now()
-        due = [job for job in self._jobs if not job.done and job.next_run is not None and job.next_run <= now]
+        due = [job for job in self._jobs if not job.done and job.next_run is not None and job.next_run <= now
+               and job.id not in self._skipped]
         for job in due:
             if not self.serves(job.target) and job.id not in self._unserved_logged:
                 self._unserved_logged.add(job.id)
@@ -246,7 +265,11 @@ class Scheduler:
 
     def _claim(self, seen: Job, now: datetime) -> Job | None:
         """Move the job's next run on (off, for a one-time job) before it runs: it is never run twice."""
-        following = following_run(seen, now, self.store.tz)
+        try:
+            following = following_run(seen, now, self.store.tz)
+        except JobError as exc:  # no run after this one (a date past 9999): not run, so as not to repeat it
+            self._skip(seen, str(exc))
+            return None
 
         def claim(job: Job) -> bool:
             if job.done or job.next_run != seen.next_run:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 import threading
@@ -18,6 +19,7 @@ from typing import Protocol, TextIO
 
 from picoclaw.agent.loop import AgentLoop, Notify, Reply
 from picoclaw.agent.scheduler import Deliver, Scheduler
+from picoclaw.printable import PrintablePieces, printable
 
 PROMPT = "you> "
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
@@ -38,9 +40,11 @@ class LineReader(Protocol):
 
 
 async def chat(agent: AgentLoop, *, session_key: str | None = None, message: str | None = None,
-               out: TextIO = sys.stdout, err: TextIO = sys.stderr, scheduler: SchedulerFor | None = None) -> int:
+               out: TextIO | None = None, err: TextIO | None = None, scheduler: SchedulerFor | None = None) -> int:
     """Run the REPL (or answer one `message`) with `agent`; returns the exit code. The REPL runs the
     session's jobs with the `scheduler` made for it, if one is given."""
+    # The streams of the moment, not of import time (a caller may have replaced sys.stdout since).
+    out, err = out or sys.stdout, err or sys.stderr
     session_key = await _terminal_session(agent, session_key or DEFAULT_SESSION)
     if message is not None:
         return await run_once(agent, session_key, message, out, err)
@@ -71,17 +75,18 @@ async def run_interactive(loop: AgentLoop, session_key: str, out: TextIO = sys.s
     interactive = lines is None and sys.stdin.isatty()
     reader = lines or (_TerminalLines() if interactive else _PipedLines())
     if interactive:
-        out.write(f"picoclaw chat — session {session_key}. /help for commands, Ctrl-D or Ctrl-C to leave.\n")
+        out.write(f"picoclaw chat — session {printable(session_key)}. /help for commands, Ctrl-D or Ctrl-C to leave.\n")
     answering = asyncio.Lock()  # a scheduled message waits for the answer being written, not cut into it
 
     async def deliver(_key: str, text: str) -> None:
         async with answering:
-            await _print_above_prompt(out, SCHEDULED_MARK + text)
+            await _print_above_prompt(out, SCHEDULED_MARK + printable(text))
 
     jobs = scheduler(deliver, session_key) if scheduler is not None else None
     running = asyncio.create_task(jobs.run()) if jobs is not None else None
     try:
-        await _read_and_answer(loop, session_key, reader, PROMPT if interactive else "", answering, out, err)
+        with _logs_above_prompt() if interactive else contextlib.nullcontext():
+            await _read_and_answer(loop, session_key, reader, PROMPT if interactive else "", answering, out, err)
     except BaseException:
         if running is not None:
             running.cancel()  # leaving on Ctrl-C or an error: a job cut short is marked interrupted next time
@@ -118,36 +123,41 @@ async def _read_and_answer(loop: AgentLoop, session_key: str, reader: LineReader
 
 async def answer(loop: AgentLoop, session_key: str, text: str, out: TextIO, err: TextIO) -> Reply:
     """One message: the answer streamed to `out` (tool calls as one short line each), a failure as one line
-    on `err`."""
+    on `err`. Everything shown is `printable`: a model's text must not drive the terminal."""
     streamed = False
+    visible = False  # some streamed text was more than white space
     notify = _printer(out)
+    # An escape sequence may be cut between two streamed pieces: the pieces are cleaned as one text.
+    pieces = PrintablePieces()
 
     async def on_text(delta: str) -> None:
-        nonlocal streamed
+        nonlocal streamed, visible
         streamed = True
-        out.write(delta)
+        visible = visible or bool(delta.strip())
+        out.write(pieces.feed(delta))
         out.flush()
 
     async def on_tool(name: str, arguments: str) -> None:
-        nonlocal streamed
-        shown = " ".join(arguments.split())
+        nonlocal streamed, visible
+        shown = " ".join(printable(arguments).split())
         if len(shown) > TOOL_LINE_CHARS:
             shown = shown[:TOOL_LINE_CHARS] + "…"
-        out.write(f"{chr(10) if streamed else ''}· {name} {shown}\n")
+        out.write(f"{pieces.end()}{chr(10) if streamed else ''}· {printable(name)} {shown}\n")
         out.flush()
-        streamed = False  # the answer starts on a line of its own
+        streamed = visible = False  # the answer starts on a line of its own
 
     reply = await loop.handle(session_key, text, notify=notify, on_text=on_text, on_tool=on_tool)
     if reply.error is not None:
         if streamed:
-            out.write("\n")
+            out.write(pieces.end() + "\n")
         out.flush()
-        err.write(f"picoclaw: error: {reply.error}\n")
+        err.write(f"picoclaw: error: {printable(str(reply.error))}\n")
         err.flush()
-    elif streamed:
-        out.write("\n")
+    elif streamed and visible:
+        out.write(pieces.end() + "\n")
     else:
-        out.write(reply.text + "\n")  # a command's reply, or an answer that came with no text at all
+        # A command's reply, or an answer with no text (or only white space): the reply says so.
+        out.write(pieces.end() + printable(reply.text) + "\n")
     out.flush()
     return reply
 
@@ -164,9 +174,31 @@ async def _print_above_prompt(out: TextIO, text: str) -> None:
 
 def _printer(out: TextIO) -> Notify:
     async def notify(_key: str, text: str) -> None:
-        out.write(text + "\n")
-        out.flush()
+        # Background work (a summary starting) may speak while the prompt waits for a line.
+        await _print_above_prompt(out, printable(text))
     return notify
+
+
+@contextlib.contextmanager
+def _logs_above_prompt() -> Iterator[None]:
+    """Log lines (a failed summary's warning) go above the prompt, which is drawn again below them.
+
+    The CLI's log handler writes to the terminal's stderr as it was at start; while the prompt waits, a
+    line written there lands on the prompt line and the prompt looks gone until Enter is pressed.
+    """
+    from prompt_toolkit.patch_stdout import patch_stdout
+
+    terminal = (sys.stderr, sys.stdout)
+    with patch_stdout(raw=True):
+        moved = [handler for handler in logging.getLogger().handlers
+                 if isinstance(handler, logging.StreamHandler) and handler.stream in terminal]
+        old = [handler.setStream(sys.stderr) for handler in moved]  # sys.stderr is the proxy now
+        try:
+            yield
+        finally:
+            for handler, stream in zip(moved, old, strict=True):
+                if stream is not None:
+                    handler.setStream(stream)
 
 
 @contextlib.contextmanager

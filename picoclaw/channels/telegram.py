@@ -3,6 +3,10 @@
 Each chat is a session (`telegram:<chat_id>`); one chat's messages are answered in order, different chats
 at once. Only users in `channels.telegram.allow_from` are served; a stranger is told their id once and
 nothing they wrote is kept. With memory_scope "per_user" each user has a memory folder of their own.
+
+One process polls a bot token at a time: `polling_lock` refuses a second one on the same workspace, and a
+409 Conflict from Telegram (a poller elsewhere, or a webhook) stops polling with one clear line. A reply
+Telegram refuses to deliver (403: the user blocked the bot) is marked in the session as not delivered.
 """
 
 from __future__ import annotations
@@ -10,9 +14,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import re
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from aiogram import Bot, Dispatcher, Router
 from aiogram import loggers as aiogram_loggers
@@ -24,20 +32,24 @@ from aiogram.exceptions import (
     ClientDecodeError,
     TelegramAPIError,
     TelegramBadRequest,
+    TelegramConflictError,
     TelegramRetryAfter,
     TelegramUnauthorizedError,
 )
-from aiogram.methods import Response, TelegramMethod
+from aiogram.methods import GetUpdates, Response, TelegramMethod
 from aiogram.methods.base import TelegramType
 from aiogram.types import BotCommand, Message, User
 from aiogram.utils.token import TokenValidationError
+from filelock import FileLock, Timeout
 
+from picoclaw.agent.commands import parse_command
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.scheduler import Scheduler
 from picoclaw.channels.telegram_format import EMPTY_REPLY, MessagePart, telegram_parts
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import ConfigError, PicoclawError
 from picoclaw.keyed import KeyedLocks, LruCache
+from picoclaw.secrets import excerpt, redact
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +73,8 @@ RETRY_AFTER_MAX_WAIT = 60.0  # seconds: a longer retry_after (a flood ban) is no
 # Strangers already told their id: enough to cover any real crowd of unknown users, and small (ints).
 TOLD_SIZE = 10_000
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
+PAGE_EXCERPT = 80  # characters of a proxy's error page quoted in an error line
+ERROR_EXCERPT = 200  # characters of a Bot API server's error description quoted in an error line
 
 
 def chat_of(session_key: str) -> int | None:
@@ -77,24 +91,20 @@ def not_authorised(user_id: int) -> str:
     return f"not authorised — your id is {user_id}; add it to channels.telegram.allow_from"
 
 
-def redact(text: str, token: str) -> str:
-    """`text` with the bot token replaced (aiohttp's URL errors quote the request URL, token included).
+def token_secrets(token: str) -> tuple[str, str]:
+    """What of a bot token must never be shown (aiohttp's URL errors quote the request URL, token included).
 
-    The secret half (after the colon) is replaced on its own too: a server that echoes the request path
-    may percent-encode the colon (`123456%3AABC…`), and the bot id before it is public anyway.
+    The secret half (after the colon) on its own too: a server that echoes the request path may
+    percent-encode the colon (`123456%3AABC…`), and the bot id before it is public anyway.
     """
-    if not token:
-        return text
-    text = text.replace(token, "<token>")
     _, _, secret = token.partition(":")
-    return text.replace(secret, "<token>") if len(secret) >= 8 else text
+    return token, secret
 
 
-def _page_excerpt(content: object) -> str:
-    """The gist of a non-JSON reply (usually an HTML error page) on one short line: tags dropped, capped."""
-    text = re.sub(r"<[^>]*>", " ", str(content))
-    text = " ".join(text.split())
-    return text if len(text) <= 80 else text[:79] + "…"
+def _page_excerpt(content: object, secrets: tuple[str, ...]) -> str:
+    """The gist of a non-JSON reply (usually an HTML error page) on one short line: tags dropped, secrets
+    masked, capped (a proxy's page may quote the request path, token and all)."""
+    return excerpt(re.sub(r"<[^>]*>", " ", str(content)), PAGE_EXCERPT, secrets)
 
 
 class TokenRedactor(logging.Filter):
@@ -102,15 +112,15 @@ class TokenRedactor(logging.Filter):
 
     def __init__(self, token: str):
         super().__init__()
-        self.token = token
+        self.secrets = token_secrets(token)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        redacted = redact(message, self.token)
+        redacted = redact(message, self.secrets)
         if redacted != message:
             record.msg, record.args = redacted, None
         if record.exc_info and not record.exc_text:
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info), self.token)
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info), self.secrets)
         return True
 
 
@@ -183,6 +193,67 @@ def install_retry_after(bot: Bot, sleep: Sleep = asyncio.sleep) -> RetryAfterMid
     return middleware
 
 
+class ConflictWatch(BaseRequestMiddleware):
+    """Stops polling at Telegram's 409 Conflict on getUpdates, which only another poller of the token (or a
+    webhook set for it) causes: aiogram would retry, logging an error every few seconds for ever."""
+
+    def __init__(self, stop: Callable[[], Coroutine[Any, Any, None]]):
+        self.stop = stop
+        self.conflict: TelegramConflictError | None = None
+        self._stopping: asyncio.Task[None] | None = None
+
+    async def __call__(self, make_request: NextRequestMiddlewareType[TelegramType], bot: Bot,
+                       method: TelegramMethod[TelegramType]) -> Response[TelegramType]:
+        try:
+            return await make_request(bot, method)
+        except TelegramConflictError as exc:
+            if not isinstance(method, GetUpdates):
+                raise
+            if self.conflict is None:
+                self.conflict = exc
+                self._stopping = asyncio.create_task(self.stop())
+            # Not raised: aiogram would log it and poll again. The poll waits here until the stop cancels it.
+            await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def conflict_message(where: str, exc: TelegramConflictError, token: str) -> str:
+    """The one line that says what a 409 Conflict means and what to do about it."""
+    return (f"{where} answered 409 Conflict while polling: another program is polling this bot token, or a "
+            f"webhook is set for it; stop the other bot (or delete the webhook), then start again "
+            f"(Telegram said: {excerpt(exc.message, ERROR_EXCERPT, token_secrets(token))})")
+
+
+@contextmanager
+def polling_lock(path: Path) -> Iterator[None]:
+    """Held while this process polls a bot; a second poller of the same lock is refused in one line.
+
+    Two pollers of one token would each answer, and store, every message (or take turns at 409 Conflict).
+    The lock file holds the holder's pid, for the refusal to name (it may be stale, hence the "?").
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise PicoclawError(f"another picoclaw is already polling this bot ({_lock_holder(path)}) on this "
+                            "workspace; stop it first: two would answer every message twice") from None
+    try:
+        # Written in place, never replaced by an atomic write: the lock is on this file's inode.
+        path.write_text(f"{os.getpid()}\n", encoding="utf-8")
+        yield
+    finally:
+        lock.release()
+
+
+def _lock_holder(path: Path) -> str:
+    try:
+        pid = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        pid = ""
+    return f"pid {pid}?" if pid.isdigit() else "pid unknown"
+
+
 class TelegramChannel:
     """Serves the assistant to Telegram; `run()` polls until SIGINT/SIGTERM or `stop()`."""
 
@@ -222,11 +293,11 @@ class TelegramChannel:
                                 "check channels.telegram.token or TELEGRAM_BOT_TOKEN") from None
         except TelegramAPIError as exc:  # network errors included; they may quote the URL, token and all
             raise PicoclawError(f"cannot start the Telegram bot: {self._where()} answered "
-                                f"{self._method_name(exc)} with: {redact(exc.message, self.bot.token)}") from None
+                                f"{self._method_name(exc)} with: {self._excerpt(exc.message)}") from None
         except ClientDecodeError as exc:  # e.g. a reverse proxy's 502 page: aiogram's text is the whole page
             raise PicoclawError(f"cannot start the Telegram bot: {self._where()} gave a reply that is not a Bot "
                                 f"API answer (a proxy's error page?): "
-                                f"{redact(_page_excerpt(exc.data), self.bot.token)}") from None
+                                f"{_page_excerpt(exc.data, self._secrets)}") from None
         try:
             await self.bot.set_my_commands(COMMANDS)
         except TelegramAPIError as exc:  # only the menu is missing; the commands still work when typed
@@ -244,17 +315,28 @@ class TelegramChannel:
         """The Bot API method that failed (getMe or deleteWebhook): start-up makes more than one call."""
         return exc.method.__api_method__
 
+    @property
+    def _secrets(self) -> tuple[str, ...]:
+        return token_secrets(self.bot.token)
+
+    def _excerpt(self, text: str) -> str:
+        """A server's error text on one line, capped, without the token."""
+        return excerpt(text, ERROR_EXCERPT, self._secrets)
+
     async def run(self, *, handle_signals: bool = True, polling_timeout: int = 10,
                   scheduler: Scheduler | None = None) -> None:
         """Poll until stopped, then let in-flight turns finish (bounded) and close everything.
 
         A `scheduler` (reminders, recurring jobs, the heartbeat) runs beside polling once the bot has
-        started, delivering through `deliver`; it stops with the bot, after the job under way.
+        started, delivering through `deliver`; it stops with the bot, after the job under way. A 409
+        Conflict (another poller of the token) stops polling too; `run` then raises PicoclawError saying so.
         """
         redactor = TokenRedactor(self.bot.token)
         guarded = _guarded_loggers()
         for logger in guarded:
             logger.addFilter(redactor)
+        watch = ConflictWatch(self.stop)
+        self.bot.session.middleware(watch)  # for this run only: a bot may be run again
         try:
             await self.start()
             # Everything loaded so far (modules, config, the model client) lives as long as the process:
@@ -271,7 +353,10 @@ class TelegramChannel:
                     await scheduler.stop(self.shutdown_timeout)
                     await asyncio.gather(jobs, return_exceptions=True)
                 await self.finish()
+            if watch.conflict is not None:
+                raise PicoclawError(conflict_message(self._where(), watch.conflict, self.bot.token))
         finally:
+            self.bot.session.middleware.unregister(watch)
             for logger in guarded:
                 logger.removeFilter(redactor)
 
@@ -324,15 +409,36 @@ class TelegramChannel:
             return
         text = self._without_mention(message.text)
         log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))
+        agent = self._loop_for(user)
+        stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
         typing = asyncio.create_task(self._keep_typing(chat_id))
         try:
-            reply = (await self._loop_for(user).handle(key, text, notify=self._notify)).text
+            answer = await agent.handle(key, text, notify=self._notify)
+            reply, stored = answer.text, answer.error is None and parse_command(text) is None
         except Exception:
             log.exception("telegram: chat %s user %s: the turn failed", chat_id, user.id)
             reply = APOLOGY
         finally:
             typing.cancel()
-        await self.send_reply(chat_id, reply)
+        failure = await self.send_reply(chat_id, reply)
+        if failure is not None and stored:
+            await self._mark_undelivered(agent, key, reply, failure)
+
+    async def _mark_undelivered(self, agent: AgentLoop, key: str, reply: str, reason: str) -> None:
+        """Record that the reply of the session's newest turn did not reach the user, so that neither a later
+        turn nor a summary takes it as read."""
+        try:
+            async with agent.hold(key):  # no turn of this session is built meanwhile
+                session = await agent.session(key)
+                stored = session.last_reply(reply)
+                if stored is None:
+                    log.warning("telegram: session %s: the undelivered reply is not in the session", key)
+                    return
+                await asyncio.to_thread(agent.sessions.mark_undelivered, session, stored.id, reason)
+        except Exception:  # the bot serves on; the log says the session still counts the reply as read
+            log.exception("telegram: session %s: could not mark a reply as not delivered", key)
+            return
+        log.info("telegram: session %s: message %d marked as not delivered", key, stored.id)
 
     async def _refuse(self, chat_id: int, user_id: int) -> None:
         log.info("telegram: refused chat %s user %s (not in allow_from)", chat_id, user_id)
@@ -393,31 +499,50 @@ class TelegramChannel:
             raise PicoclawError(f"{session_key} is not a Telegram session")
         await self.send_reply(chat_id, markdown, strict=True)
 
-    async def send_reply(self, chat_id: int, markdown: str, *, strict: bool = False) -> None:
-        """The model's Markdown as HTML messages of at most 4,096 characters each, in order."""
-        for part in telegram_parts(markdown) or [MessagePart(EMPTY_REPLY, EMPTY_REPLY)]:
-            await self._send(chat_id, part.plain, html=part.html, strict=strict)
+    async def send_reply(self, chat_id: int, markdown: str, *, strict: bool = False) -> str | None:
+        """The model's Markdown as HTML messages of at most 4,096 characters each, in order.
 
-    async def _send(self, chat_id: int, plain: str, *, html: str | None = None, strict: bool = False) -> None:
-        """`html` if given, else (or when Telegram refuses the HTML) `plain`; a failure is logged, and raised
-        again when `strict`."""
+        None when every part arrived, else what went wrong, for the session's record (one line, no token).
+        """
+        parts = telegram_parts(markdown) or [MessagePart(EMPTY_REPLY, EMPTY_REPLY)]
+        sent, failure = 0, None
+        for part in parts:
+            why = await self._send(chat_id, part.plain, html=part.html, strict=strict)
+            if why is None:
+                sent += 1
+            elif failure is None:
+                failure = why
+        if failure is None:
+            return None
+        if sent == 0:
+            return f"sending failed ({failure}); the user has not seen this reply"
+        return f"only {sent} of {len(parts)} parts reached the user; sending the rest failed ({failure})"
+
+    async def _send(self, chat_id: int, plain: str, *, html: str | None = None, strict: bool = False) -> str | None:
+        """`html` if given, else (or when Telegram refuses the HTML) `plain`; None when sent, else why not.
+
+        A failure is logged, and raised again when `strict`.
+        """
         try:
             if html is not None:
                 try:
                     await self.bot.send_message(chat_id, html, parse_mode="HTML")
-                    return
+                    return None
                 except TelegramBadRequest as exc:
                     if "parse entities" not in exc.message.lower():
                         raise
                     log.warning("telegram: chat %s: Telegram refused the HTML (%s); sent as plain text",
                                 chat_id, exc.message)
             await self.bot.send_message(chat_id, plain, parse_mode=None)
+            return None
         except TelegramAPIError as exc:
             log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)
             if strict:
                 raise
+            return self._excerpt(exc.message)
         except ClientDecodeError as exc:  # a proxy's error page: logged short, and the bot serves on
-            log.error("telegram: chat %s: could not send a reply: not a Bot API answer: %s", chat_id,
-                      _page_excerpt(exc.data))
+            page = _page_excerpt(exc.data, self._secrets)
+            log.error("telegram: chat %s: could not send a reply: not a Bot API answer: %s", chat_id, page)
             if strict:
                 raise
+            return f"not a Bot API answer: {page}"

@@ -14,7 +14,9 @@ import orjson
 from picoclaw import __version__
 from picoclaw.app import App
 from picoclaw.cli.output import (
+    PrintableFormatter,
     ProgressBar,
+    echo,
     history_lines,
     job_lines,
     one_line_json,
@@ -24,6 +26,7 @@ from picoclaw.cli.output import (
 from picoclaw.config import POLICY_KEYS, home_dir
 from picoclaw.errors import PicoclawError
 from picoclaw.onboard import onboard
+from picoclaw.printable import has_controls, printable
 
 if TYPE_CHECKING:
     from picoclaw.memory.index.index import MemoryIndex
@@ -101,7 +104,7 @@ def _bounded_int(low: int, high: int) -> Callable[[str], int]:
 def cmd_memory_show(args: argparse.Namespace) -> int:
     ws = _workspace()
     text = ws.store.read_long_term()
-    print(text.rstrip("\n") if text.strip() else f"(MEMORY.md is empty: {ws.store.long_term_path})")
+    echo(text.rstrip("\n") if text.strip() else f"(MEMORY.md is empty: {ws.store.long_term_path})")
     return 0
 
 
@@ -110,13 +113,13 @@ def cmd_memory_search(args: argparse.Namespace) -> int:
     limit = args.limit or ws.policy.current().retrieve_limit
     hits = ws.searcher.search(args.query, limit, include_notes=True)
     if not hits:
-        print(f"no memory matches {args.query!r}")
+        echo(f"no memory matches {args.query!r}")
         return 0
     for rank_number, hit in enumerate(hits, start=1):
         where = hit.block.path.relative_to(ws.root)
-        print(f"{rank_number}. score {hit.score:.3f}  {where}:{hit.block.start_line}-{hit.block.end_line}")
+        echo(f"{rank_number}. score {hit.score:.3f}  {where}:{hit.block.start_line}-{hit.block.end_line}")
         for line in hit.block.text.splitlines():
-            print(f"   {line}")
+            echo(f"   {line}")
     return 0
 
 
@@ -134,9 +137,9 @@ def _memory_index(ws: Workspace) -> MemoryIndex | None:
 def cmd_memory_status(args: argparse.Namespace) -> int:
     index = _memory_index(_workspace())
     if index is None:
-        print(f"{_INDEX_OFF}; searches read the memory files directly")
+        echo(f"{_INDEX_OFF}; searches read the memory files directly")
         return 0
-    print("\n".join(status_lines(index.status())))
+    echo("\n".join(status_lines(index.status())))
     return 0
 
 
@@ -149,21 +152,25 @@ def cmd_memory_reindex(args: argparse.Namespace) -> int:
         report = index.reindex(bar)
     finally:
         bar.close()
-    print("\n".join(reindex_lines(report, index.status())))
+    echo("\n".join(reindex_lines(report, index.status())))
     return 0
 
 
 def cmd_memory_append(args: argparse.Namespace) -> int:
     ws = _workspace()
+    # Memory is printed again and again: escape sequences pasted into it must not be kept.
+    text = printable(args.text)
     if args.today:
-        path = ws.store.append_note(args.text)
-        print(f"appended to {path}")
+        path = ws.store.append_note(text)
+        echo(f"appended to {path}")
     else:
-        entry = ws.store.append_long_term(args.text)
+        entry = ws.store.append_long_term(text)
         if entry.new:
-            print(f"appended to {ws.store.long_term_path}")
+            echo(f"appended to {ws.store.long_term_path}")
         else:
-            print(f"already stored: {ws.store.long_term_path}:{entry.line} under '{entry.heading}'; nothing was added")
+            echo(f"already stored: {ws.store.long_term_path}:{entry.line} under '{entry.heading}'; nothing was added")
+    if has_controls(args.text):  # said after the append: a refused entry is one error line, nothing more
+        echo("note: terminal control characters were removed from the text", file=sys.stderr)
     return 0
 
 
@@ -172,10 +179,10 @@ def cmd_memory_notes(args: argparse.Namespace) -> int:
     days = ws.policy.current().recent_days if args.days is None else args.days
     notes = ws.store.read_recent_notes(days)
     if not notes:
-        print(f"no daily notes in the last {days} day(s)")
+        echo(f"no daily notes in the last {days} day(s)")
     for note in notes:
-        print(f"==> {note.path.relative_to(ws.root)} <==")
-        print(note.text.rstrip("\n"))
+        echo(f"==> {note.path.relative_to(ws.root)} <==")
+        echo(note.text.rstrip("\n"))
     return 0
 
 
@@ -183,18 +190,18 @@ def cmd_memory_backups(args: argparse.Namespace) -> int:
     ws = _workspace()
     backups = ws.store.backups()
     if not backups:
-        print(f"no backups yet in {ws.store.backups_dir}")
+        echo(f"no backups yet in {ws.store.backups_dir}")
     for path in reversed(backups):
-        print(f"{path.name}  {path.stat().st_size} bytes")
+        echo(f"{path.name}  {path.stat().st_size} bytes")
     return 0
 
 
 def cmd_memory_restore(args: argparse.Namespace) -> int:
     ws = _workspace()
     saved = ws.store.restore_backup(args.backup)
-    print(f"restored {args.backup} into {ws.store.long_term_path}")
+    echo(f"restored {args.backup} into {ws.store.long_term_path}")
     if saved is not None:
-        print(f"the previous MEMORY.md was saved as {saved.name}")
+        echo(f"the previous MEMORY.md was saved as {saved.name}")
     return 0
 
 
@@ -207,7 +214,7 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
     policy = app.workspace.policy.current()
     blocker = why_not_due(store, policy)
     if blocker is not None and not args.force:
-        print(f"not compressing: {blocker}; use --force to compress anyway")
+        echo(f"not compressing: {blocker}; use --force to compress anyway")
         return 0
 
     async def run() -> CompressionResult | None:
@@ -216,14 +223,14 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
 
     result = asyncio.run(run())
     if result is None:  # another process compressed it between the check and the claim
-        print(f"not compressing: {why_not_due(store, policy)}")
+        echo(f"not compressing: {why_not_due(store, policy)}")
         return 0
     several = len(result.groups) > 1
     if args.dry_run:
         if result.after:  # what would be written, or what the model proposed, to see why it was refused
-            print(result.after.rstrip("\n"))
+            echo(result.after.rstrip("\n"))
         if several or result.missing:  # what the real run would do with each group, and why
-            print("\n".join(f"--- {line}" for line in result.group_report()))
+            echo("\n".join(f"--- {line}" for line in result.group_report()))
     if result.status in ("refused", "failed"):
         lines = [f"compression {result.status}: {result.detail}; MEMORY.md was left unchanged"]
         if not args.dry_run and several:
@@ -232,15 +239,15 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
             lines.append(f"missing: {format_missing(result.missing)}")
         raise PicoclawError("\n".join(lines))
     if result.status == "dry_run":
-        print(f"--- dry run, nothing written: {result.detail}")
+        echo(f"--- dry run, nothing written: {result.detail}")
         return 0
-    print(f"compressed {store.long_term_path}: {result.detail}")
+    echo(f"compressed {store.long_term_path}: {result.detail}")
     for line in result.kept_report():
-        print(line)
+        echo(line)
     if result.backup is not None:
-        print(f"the previous version was saved as {result.backup.name} (`picoclaw memory restore` undoes this)")
+        echo(f"the previous version was saved as {result.backup.name} (`picoclaw memory restore` undoes this)")
     if result.carried_over:
-        print(f"kept what was appended meanwhile: {' '.join(result.carried_over.split())[:200]}")
+        echo(f"kept what was appended meanwhile: {' '.join(result.carried_over.split())[:200]}")
     return 0
 
 
@@ -253,7 +260,7 @@ def cmd_policy_show(args: argparse.Namespace) -> int:
     for key in POLICY_KEYS:
         value = getattr(effective.policy, key)
         shown = str(value).lower() if isinstance(value, bool) else str(value)
-        print(f"{key:{width}}  {shown:>8}  ({effective.sources[key]})")
+        echo(f"{key:{width}}  {shown:>8}  ({effective.sources[key]})")
     return 0
 
 
@@ -268,8 +275,8 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
     snapshot = ws.policy.set(changes, source="cli", reason="picoclaw policy set")
     for key, value in changes.items():
         # JSON spelling (true, not True), the way the value is typed and the way `policy show` prints it.
-        print(f"{key} = {orjson.dumps(value).decode('utf-8')}")
-    print(f"previous overrides saved as {snapshot.name}")
+        echo(f"{key} = {orjson.dumps(value).decode('utf-8')}")
+    echo(f"previous overrides saved as {snapshot.name}")
     return 0
 
 
@@ -277,23 +284,23 @@ def cmd_policy_snapshots(args: argparse.Namespace) -> int:
     ws = _workspace()
     snapshots = ws.policy.snapshots()
     if not snapshots:
-        print(f"no snapshots yet in {ws.policy.snapshots_dir}")
+        echo(f"no snapshots yet in {ws.policy.snapshots_dir}")
     for path in reversed(snapshots):
-        print(f"{path.name}  {one_line_json(path.read_bytes())}")
+        echo(f"{path.name}  {one_line_json(path.read_bytes())}")
     return 0
 
 
 def cmd_policy_rollback(args: argparse.Namespace) -> int:
     ws = _workspace()
     restored = ws.policy.rollback(args.snapshot)
-    print(f"restored policy overrides from {restored.name} (the overrides before it were snapshotted too)")
+    echo(f"restored policy overrides from {restored.name} (the overrides before it were snapshotted too)")
     return 0
 
 
 def cmd_policy_reset(args: argparse.Namespace) -> int:
     ws = _workspace()
     snapshot = ws.policy.reset()
-    print(f"policy overrides cleared; the previous ones are in {snapshot.name}")
+    echo(f"policy overrides cleared; the previous ones are in {snapshot.name}")
     return 0
 
 
@@ -301,9 +308,9 @@ def cmd_policy_history(args: argparse.Namespace) -> int:
     ws = _workspace()
     changes = ws.policy.history()
     if not changes:
-        print(f"no policy changes yet ({ws.policy.history_path})")
+        echo(f"no policy changes yet ({ws.policy.history_path})")
     for change in changes:
-        print("\n".join(history_lines(change)))
+        echo("\n".join(history_lines(change)))
     return 0
 
 
@@ -314,6 +321,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     if args.message is not None and not args.message.strip():
         raise UsageError("the message given with -m is empty")
+    if args.session is not None:
+        from picoclaw.jobs import check_session_key
+
+        # Checked before any model call: a key that cannot name a file would fail after the answer was shown.
+        try:
+            check_session_key(args.session if ":" in args.session else f"cli:{args.session}")
+        except ValueError as exc:
+            raise UsageError(f"--session: {exc}") from None
     app = _app()
 
     async def run() -> int:
@@ -328,7 +343,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_telegram(args: argparse.Namespace) -> int:
-    from picoclaw.channels.telegram import TelegramChannel, make_bot
+    from picoclaw.channels.telegram import TelegramChannel, make_bot, polling_lock
     from picoclaw.errors import ConfigError
 
     app = _app()
@@ -341,9 +356,11 @@ def cmd_telegram(args: argparse.Namespace) -> int:
         try:
             async with app:
                 app.provider()  # a missing key or URL stops the bot now, not at the first message
-                await app.start_mcp()  # the same MCP tools as in chat: one code path
-                channel = TelegramChannel(settings, bot, app.agent)
-                await channel.run(scheduler=app.scheduler(channel.deliver))
+                # Before anything talks to Telegram or starts: a second poller of this bot is refused at once.
+                with polling_lock(app.workspace.layout.telegram_lock_path(bot.token)):
+                    await app.start_mcp()  # the same MCP tools as in chat: one code path
+                    channel = TelegramChannel(settings, bot, app.agent)
+                    await channel.run(scheduler=app.scheduler(channel.deliver))
         finally:
             await bot.session.close()
 
@@ -366,11 +383,11 @@ def cmd_skills_list(args: argparse.Namespace) -> int:
     folder = _workspace().layout.skills_dir
     scan = SkillCatalog(folder).scan()
     if not scan.skills and not scan.problems:
-        print(f"no skills installed ({folder})")
+        echo(f"no skills installed ({folder})")
     for skill in scan.skills:
-        print(f"{skill.name}: {skill.description}")
+        echo(f"{skill.name}: {skill.description}")
     for problem in scan.problems:
-        print(f"failed: {problem.path}: {problem.reason}")
+        echo(f"failed: {problem.path}: {problem.reason}")
     return 1 if scan.problems else 0
 
 
@@ -379,7 +396,7 @@ def cmd_skills_list(args: argparse.Namespace) -> int:
 def cmd_mcp_list(args: argparse.Namespace) -> int:
     app = _app()
     if not app.config.tools.mcp.servers:
-        print(f"no MCP servers configured (add them under tools.mcp.servers in {app.home / 'config.json'})")
+        echo(f"no MCP servers configured (add them under tools.mcp.servers in {app.home / 'config.json'})")
         return 0
 
     async def run() -> tuple[list[str], bool]:
@@ -393,21 +410,26 @@ def cmd_mcp_list(args: argparse.Namespace) -> int:
             return lines, any(server.state == "failed" for server in servers.servers)
 
     lines, failed = asyncio.run(run())
-    print("\n".join(lines))
+    echo("\n".join(lines))
     return 1 if failed else 0
 
 
 # -- cron ------------------------------------------------------------------------------------------
 
 def cmd_cron_list(args: argparse.Namespace) -> int:
+    from picoclaw.jobs import job_problem
+
     app = _app()
     jobs = app.jobs()
     listed = jobs.load()
     if not listed:
         print(f"no scheduled jobs ({jobs.path})")
         return 0
-    for line in job_lines(listed, jobs.tz):
-        print(line)
+    for job in listed:
+        problem = job_problem(job, jobs.tz)
+        if problem is not None:  # listed as off, saying why, rather than stopping the listing
+            job = job.model_copy(update={"enabled": False, "last_outcome": f"cannot be scheduled: {problem}"})
+        print("\n".join(job_lines([job], jobs.tz)))
     return 0
 
 
@@ -432,8 +454,8 @@ def cmd_cron_add(args: argparse.Namespace) -> int:
     print(f"added job {job.id}")
     print("\n".join(job_lines([job], jobs.tz)))
     if args.session.startswith("cli:"):
-        print(f"note: delivered while `picoclaw chat --session {args.session}` runs "
-              "(a job due while it is closed comes when it opens, marked late)")
+        echo(f"note: delivered while an interactive `picoclaw chat --session {args.session}` runs "
+             "(`chat -m` does not wait for jobs; a job due while it is closed comes when it opens, marked late)")
     return 0
 
 
@@ -514,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     what = add.add_mutually_exclusive_group(required=True)
     what.add_argument("--message", metavar="TEXT", help="text sent to the chat as it is")
     what.add_argument("--agent", metavar="PROMPT", help="a prompt run as a turn of the session; the reply is sent")
-    add.add_argument("--session", required=True, metavar="KEY", help="target: telegram:<chat_id> or cli:<name>")
+    add.add_argument("--session", required=True, metavar="KEY",
+                     help="target: telegram:<chat_id>[:<user_id>] or cli:<name> (at most 64 bytes)")
     add.set_defaults(handler=cmd_cron_add)
     remove = cron_commands.add_parser("remove", help="delete a job by id")
     remove.add_argument("id")
@@ -569,8 +592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"the argument '{shown}' is not valid UTF-8 ({what}): set the terminal to "
                                  "UTF-8 and try again; nothing was done") from None
         args = parser.parse_args(arguments)
-        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                            format="picoclaw: %(levelname)s: %(message)s")
+        log_lines = logging.StreamHandler()
+        log_lines.setFormatter(PrintableFormatter("picoclaw: %(levelname)s: %(message)s"))
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[log_lines])
         handler = getattr(args, "handler", None)
         if handler is None:
             sub = {"memory": "memory", "policy": "policy", "cron": "cron", "mcp": "mcp"}.get(args.command or "")
@@ -581,15 +605,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             while _opened:
                 _opened.pop().close()
-    except PicoclawError as exc:
-        print(f"picoclaw: error: {exc}", file=sys.stderr)
+    except PicoclawError as exc:  # errors quote what they refused: printable, like all the CLI shows
+        echo(f"picoclaw: error: {exc}", file=sys.stderr)
         return 1 if not isinstance(exc, UsageError) else 2
     except KeyboardInterrupt:
         print("picoclaw: interrupted", file=sys.stderr)
         return 130
     except OSError as exc:
-        print(f"picoclaw: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        echo(f"picoclaw: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 1
     except UnicodeError as exc:  # a last line of defence: bad input is one line, never a traceback
-        print(f"picoclaw: error: text that is not valid UTF-8: {exc}", file=sys.stderr)
+        echo(f"picoclaw: error: text that is not valid UTF-8: {exc}", file=sys.stderr)
         return 1

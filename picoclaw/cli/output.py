@@ -1,7 +1,9 @@
-"""What the CLI prints beyond single lines: index status, a progress bar, policy history and snapshots."""
+"""What the CLI prints: `echo` (text freed of terminal escapes), index status, a progress bar, policy history
+and snapshots, jobs."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from datetime import tzinfo
 from typing import TYPE_CHECKING, TextIO
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 import orjson
 
 from picoclaw.memory.policy import PolicyChange
+from picoclaw.printable import printable
 
 if TYPE_CHECKING:  # the index (and numpy) load only for the commands that use it
     from picoclaw.jobs import Job
@@ -17,6 +20,19 @@ if TYPE_CHECKING:  # the index (and numpy) load only for the commands that use i
 
 BAR_WIDTH = 30
 STALE_SHOWN = 5
+
+
+def echo(text: str = "", *, file: TextIO | None = None) -> None:
+    """Print `text` as `printable`: what the CLI shows comes from memory, models, tools, files and config,
+    any of which may hold escape sequences that would drive the terminal."""
+    print(printable(text), file=file or sys.stdout)
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log records as `printable` lines: a log message may quote a model's answer or a server's reply."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 class ProgressBar:
@@ -117,9 +133,13 @@ def job_lines(jobs: list[Job], tz: tzinfo) -> list[str]:
             when = "done"
         else:
             when = f"next {job.next_run.astimezone(tz):%Y-%m-%d %H:%M %Z}"
-        text = " ".join(job.text.split())
+        text = " ".join(printable(job.text).split())  # cut what will be seen, not escape sequences
         text = text if len(text) <= 60 else text[:59] + "…"
         last = job.last_outcome or "not run yet"
-        lines.append(f"{job.id}  {job.schedule.describe(tz)}  {when}  {job.target}  {job.action}: {text}  "
-                     f"[{last}]")
+        if job.target.startswith("cli:") and job.enabled and job.next_run is not None:
+            # Only an open REPL delivers terminal jobs: `chat -m` runs none, so the user should know to open one.
+            last += "; comes in an open `picoclaw chat`, not `chat -m`"
+        # Printable here too, not only where printed: the cron commands print these lines themselves.
+        lines.append(printable(f"{job.id}  {job.schedule.describe(tz)}  {when}  {job.target}  {job.action}: "
+                               f"{text}  [{last}]"))
     return lines

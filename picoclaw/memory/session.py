@@ -1,11 +1,11 @@
 """Sessions on disk: `sessions/<key>.jsonl`, one JSON record a line, append-only.
 
-Records are messages (numbered), compactions ("messages up to id N are covered by this summary") and
-reflections. Compacted messages stay in the file; the counters that drive summaries and reflection are
-derived from the records, so they survive restarts. A torn last line (a crash mid-append) is ignored
-when read and cut off before the next append. This module alone knows the record format: the index
-reads transcripts through `said_lines`; a record of the wrong shape is skipped with a warning, so one
-bad line never makes every turn of its session fail.
+Records are messages (numbered), compactions ("messages up to id N are covered by this summary"),
+reflections, and marks of replies a channel could not deliver. Compacted messages stay in the file; the
+counters that drive summaries and reflection are derived from the records, so they survive restarts. A
+torn last line (a crash mid-append) is ignored when read and cut off before the next append. This module
+alone knows the record format: the index reads transcripts through `said_lines`; a record of the wrong
+shape is skipped with a warning, so one bad line never makes every turn of its session fail.
 
 One writer at a time, across processes (an open `chat` and a `chat -m` on the same session, the bot and
 the CLI): every append happens under a file lock on the sessions folder, after reading what other
@@ -53,6 +53,8 @@ class StoredMessage:
     notes, the time) and the keys of the memory blocks in it, so the history is sent again byte for byte
     (providers' prompt caches match it) and a block already in the context is not injected twice. An
     assistant reply keeps the prompt size the provider reported, and how much of it the provider had cached.
+    A reply the channel could not deliver carries why (`undelivered`), and a note saying so at the end of its
+    text: the model, its summaries and the memory flush all read it as a reply the user never saw.
     """
 
     id: int
@@ -61,6 +63,16 @@ class StoredMessage:
     cached_tokens: int | None = None
     context: str | None = None
     blocks: tuple[str, ...] = ()
+    undelivered: str | None = None
+
+    def mark_undelivered(self, reason: str) -> None:
+        """Note in this message that it never reached the user (its record in the file stays as it was)."""
+        if self.undelivered is not None:
+            return
+        self.undelivered = reason
+        content = str(self.message.get("content") or "").rstrip()
+        note = undelivered_note(reason)
+        self.message = {**self.message, "content": f"{content}\n\n{note}" if content else note}
 
     def as_sent(self) -> Message:
         """The message as the model is sent it: a user message with its data block in front of the text."""
@@ -81,6 +93,14 @@ class StoredMessage:
 def with_context(context: str, text: str) -> str:
     """A user message's text with its data block in front: the one way the two are joined."""
     return f"{context}\n\n{text}"
+
+
+def undelivered_note(reason: str) -> str:
+    """What follows the text of a reply that did not reach the user: the one wording of it.
+
+    Derived from the session's records alone, so the history is sent byte for byte the same on every turn.
+    """
+    return f"(not delivered: {' '.join(reason.split())})"
 
 
 @dataclass
@@ -127,6 +147,17 @@ class Session:
     def messages_since_reflection(self) -> int:
         # From the ids, which count every message (the oldest compacted ones are not kept in memory).
         return max(0, self.last_id - self.reflected_through)
+
+    def last_reply(self, text: str) -> StoredMessage | None:
+        """The assistant message of the newest turn whose text `text` (a channel's reply) ends with, if any."""
+        sent = text.strip()
+        for stored in reversed(self.messages):
+            role, content = stored.message.get("role"), stored.message.get("content")
+            if role == "user":
+                return None
+            if role == "assistant" and isinstance(content, str) and content.strip() and sent.endswith(content.strip()):
+                return stored
+        return None
 
     def forget_compacted(self) -> None:
         """Drop all but the newest KEPT_COMPACTED compacted messages from memory (ids keep increasing)."""
@@ -234,6 +265,14 @@ class SessionStore:
                 session.summary = summary
         elif kind == "reflection":
             session.reflected_through = max(session.reflected_through, int(record["through"]))
+        elif kind == "undelivered":
+            reason = record.get("reason")
+            if not isinstance(reason, str):
+                raise _BadRecord("the undelivered mark has no reason")
+            message_id = int(record["id"])
+            stored = next((m for m in reversed(session.messages) if m.id == message_id), None)
+            if stored is not None:  # else compacted long ago and no longer kept: nothing to mark
+                stored.mark_undelivered(reason)
 
     def lock(self) -> FileLock:
         """The cross-process lock every writer of this folder's sessions holds while it appends or archives."""
@@ -269,6 +308,20 @@ class SessionStore:
             self._locked_append(session, [{"type": "reflection", "time": clock.now().isoformat(),
                                            "through": through}])
             session.reflected_through = max(session.reflected_through, through)
+
+    def mark_undelivered(self, session: Session, message_id: int, reason: str) -> None:
+        """Record that message `message_id` (a reply) never reached the user, and why.
+
+        A record of its own, appended like the others: the message's line is never rewritten, and older
+        versions, which pass over record types they do not know, read the file as before.
+        """
+        with session.guard, self.lock():
+            self._catch_up(session)
+            self._locked_append(session, [{"type": "undelivered", "time": clock.now().isoformat(),
+                                           "id": message_id, "reason": reason}])
+            stored = next((m for m in reversed(session.messages) if m.id == message_id), None)
+            if stored is not None:
+                stored.mark_undelivered(reason)
 
     def archive(self, key: str) -> Path | None:
         """Move a session file into `archive/` (for /new); returns where it went."""

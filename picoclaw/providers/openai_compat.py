@@ -31,6 +31,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from picoclaw.config import AgentDefaults, Config, ProviderConfig, provider_env_name
 from picoclaw.errors import ConfigError
 from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, TextSink, ToolCall, Usage
+from picoclaw.secrets import excerpt
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ _CONTEXT_TOO_LONG = re.compile(
     r"context[ _]length|maximum context|context window|too many tokens|prompt is too long"
     r"|input is too long|reduce the length", re.IGNORECASE)
 _SERVER_MESSAGE_LIMIT = 200
-_SECRET_MIN_LENGTH = 8
 
 T = TypeVar("T")
 
@@ -77,6 +77,7 @@ class _Stream:
     """What one streamed reply has delivered so far; once text reached the caller it must not be re-sent."""
 
     delivered: bool = False
+    answering: bool = False  # the server began its answer: a connection lost now was not a failure to connect
     content: list[str] | None = None  # None: no content delta at all (a tool-call-only turn)
     calls: dict[int, _PartialCall] = field(default_factory=dict)
     finish_reason: str | None = None
@@ -205,6 +206,14 @@ class OpenAICompatProvider:
         try:
             reply = await self._retrying(lambda: self._stream_once(body, on_text, attempts),
                                          may_retry=lambda: not attempts or not attempts[-1].delivered)
+        except openai.APITimeoutError:
+            raise
+        except openai.APIConnectionError as exc:
+            if not attempts or not attempts[-1].answering:
+                raise
+            raise ProviderError("unavailable", f"the connection to the model provider '{self.name}' was lost during "
+                                               "its answer (did the server stop?); nothing of the answer was kept"
+                                ) from exc
         except openai.APIStatusError as exc:
             if not self._refuses_streaming(exc):
                 raise
@@ -233,6 +242,7 @@ class OpenAICompatProvider:
         stream = await self._client.post("/chat/completions", body=streamed, cast_to=ChatCompletion, stream=True,
                                          stream_cls=openai.AsyncStream[ChatCompletionChunk])
         async with stream:
+            state.answering = True
             content_type = stream.response.headers.get("content-type", "")
             if not content_type.startswith("text/event-stream"):
                 # The server ignored `stream` (or a proxy answered). A whole completion is used as is:
@@ -437,19 +447,41 @@ class OpenAICompatProvider:
         if isinstance(exc, openai.APIResponseValidationError | ValueError):
             return "bad_response", f"{who} sent a reply picoclaw cannot read ({type(exc).__name__})"
         if isinstance(exc, openai.OpenAIError):
-            return "bad_response", f"{who} call failed: {self._redact(' '.join(str(exc).split()))}"
+            return "bad_response", f"{who} call failed: {self._excerpt(str(exc))}"
         raise exc  # a bug here, not a provider failure: let it surface with its traceback
 
     def _server_message(self, exc: openai.APIStatusError) -> str:
         body = exc.body
         said = body.get("message") if isinstance(body, dict) else None
-        text = self._redact(" ".join(str(said or exc.message or "").split()))  # one line
-        return text[:_SERVER_MESSAGE_LIMIT] + ("…" if len(text) > _SERVER_MESSAGE_LIMIT else "") or "no message"
+        return self._excerpt(validation_summary(str(said or exc.message or ""))) or "no message"
 
-    def _redact(self, text: str) -> str:
-        # Applied to text from outside only. Short keys are placeholders ("ollama", "x"): replacing them
-        # would garble ordinary words, and our own wording may contain one (provider 'ollama').
-        return text.replace(self._api_key, "***") if len(self._api_key) >= _SECRET_MIN_LENGTH else text
+    def _excerpt(self, text: str) -> str:
+        # Applied to text from outside only (our own wording may contain a placeholder key: provider
+        # 'ollama'). Redacted before it is cut: a cut key would no longer be found.
+        return excerpt(text, _SERVER_MESSAGE_LIMIT, [self._api_key])
+
+
+# pydantic's error dump, as llama-cpp-python's server answers a request it cannot validate:
+# "7 validation errors: {'type': 'literal_error', 'loc': ('body', 'messages', 2, …), 'msg': "…", …} {…}"
+_VALIDATION_DUMP = re.compile(r"^(\d+) validation errors?\b")
+_VALIDATION_ERROR = re.compile(r"'type': '(?P<type>[a-z_]+)', 'loc': \((?P<loc>[^)]*)\), "
+                               r"'msg': (?P<q>['\"])(?P<msg>.*?)(?P=q)")
+
+
+def validation_summary(said: str) -> str:
+    """A server's pydantic validation dump as one readable line: how many errors and the telling one.
+
+    The dump lists, for each message, one error per role it failed to be; "Input should be 'system'" for
+    an assistant message says nothing, so an error that is not about a literal value is named first.
+    """
+    count = _VALIDATION_DUMP.match(said)
+    errors = list(_VALIDATION_ERROR.finditer(said)) if count else []
+    if count is None or not errors:
+        return said
+    telling = next((e for e in errors if e["type"] != "literal_error"), errors[0])
+    where = ".".join(part.strip().strip("'\"") for part in telling["loc"].split(",") if part.strip()
+                     and part.strip().strip("'\"") not in ("body", "typed-dict"))
+    return f"the request did not validate ({count[1]} errors; {where}: {telling['msg']})"
 
 
 def from_config(config: Config, provider_name: str | None = None, *, timeout: float | None = None,

@@ -32,11 +32,22 @@ class Tool(ABC):
 
     @classmethod
     def schema(cls) -> dict[str, Any]:
-        """The OpenAI `tools` entry, generated from `Args`."""
+        """The OpenAI `tools` entry, generated from `Args`, without what tells the model nothing.
+
+        Every request carries every schema, and a CPU model reads each token of them before it answers:
+        titles, `additionalProperties`, lower bounds (the call is checked against all of them anyway, and
+        the error says what was wrong) and empty defaults (`""`, `0`: "leave it out") are dropped.
+        """
         parameters = cls.Args.model_json_schema()
         parameters.pop("title", None)
+        parameters.pop("additionalProperties", None)
         for prop in parameters.get("properties", {}).values():
-            prop.pop("title", None)
+            for noise in ("title", "minLength", "minimum"):  # "not empty", "not negative": checked anyway
+                prop.pop(noise, None)
+            if prop.get("default", True) in ("", 0) and not isinstance(prop.get("default"), bool):
+                del prop["default"]
+            if "default" in prop and prop["default"] == prop.get("maximum"):  # "as many as allowed": the default
+                del prop["default"], prop["maximum"]
         return {"type": "function", "function": {"name": cls.name, "description": cls.description,
                                                   "parameters": parameters}}
 

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from picoclaw.errors import PicoclawError
-from picoclaw.jobs import Job, JobStore, make_schedule
+from picoclaw.jobs import MAX_EVERY_SECONDS, Job, JobStore, job_problem, make_schedule
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.base import ToolError, current_session
 from picoclaw.tools.files import WorkspaceFiles, WorkspaceTool, os_errors
@@ -25,21 +25,20 @@ class Cron(WorkspaceTool):
     """cron: add / list / remove scheduled jobs of the current chat."""
 
     name = "cron"
-    description = ("Reminders and recurring tasks for this chat. add: one schedule (at: ISO time; in: delay like "
-                   "'20 minutes'; every: seconds ≥ 60; cron: 5 fields, local time) and either message (sent as "
-                   "is) or prompt (run as your task then). list: this chat's jobs. remove: by id.")
+    description = (f"This chat's reminders. add: one of at, in, every (seconds, 60 to {MAX_EVERY_SECONDS}), cron; "
+                   "and message (the reminder text) or, only for work to do then, prompt. remove: by id.")
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid", populate_by_name=True)
         # Plain strings and numbers, empty when not given: simple schemas suit small local models best.
-        action: Literal["add", "list", "remove"] = Field(description="add a job, list this chat's jobs, remove one")
-        at: str = Field("", description="one time, ISO 8601, e.g. 2026-12-01T09:00 (local time if no offset)")
-        in_: str = Field("", alias="in", description="one time after a delay: '20 minutes', '2 hours', '3 days'")
-        every: int = Field(0, ge=0, description="repeat every this many seconds (at least 60)")
-        cron: str = Field("", description="repeat on a cron expression, e.g. '0 8 * * 1' = Mondays 08:00")
-        message: str = Field("", description="text sent to the chat when due, in any language")
-        prompt: str = Field("", description="a task you run when due, e.g. 'summarise this week's notes'")
-        id: str = Field("", description="the job to remove")
+        action: Literal["add", "list", "remove"]
+        at: str = Field("", description="e.g. 2026-12-01T09:00")
+        in_: str = Field("", alias="in", description="e.g. 20 minutes")
+        every: int = Field(0, ge=0)
+        cron: str = Field("", description="e.g. 0 8 * * 1")
+        message: str = ""
+        prompt: str = ""
+        id: str = ""
 
     def __init__(self, workspace: Workspace, files: WorkspaceFiles | None = None):
         super().__init__(workspace, files)
@@ -83,11 +82,16 @@ class Cron(WorkspaceTool):
                             created_by=session, scope=self.scope)
         added = f"added job {job.id}: {self._line(job)}"
         if session.startswith("cli:"):  # the user should know a closed terminal cannot remind them
-            added += " (delivered while this terminal chat is open; if it is closed then, when it next opens)"
+            added += (" (delivered while this terminal chat is open, not to a one-shot `picoclaw chat -m`; if it "
+                      "is closed then, when it next opens)")
         return added
 
     def _line(self, job: Job) -> str:
         tz = self.jobs.tz
-        when = f"next {job.next_run.astimezone(tz):%Y-%m-%d %H:%M %Z}" if job.next_run and job.enabled else "done"
+        problem = job_problem(job, tz)
+        if problem is not None:  # listed, so the model can tell the user and remove it
+            when = f"cannot be scheduled: {problem}"
+        else:
+            when = f"next {job.next_run.astimezone(tz):%Y-%m-%d %H:%M %Z}" if job.next_run and job.enabled else "done"
         last = f", last: {job.last_outcome}" if job.last_outcome else ""
         return f"[{job.id}] {job.schedule.describe(tz)} ({when}{last}) {job.action}: {job.text[:200]}"

@@ -255,14 +255,13 @@ class ReadFile(WorkspaceTool):
     """read_file: a text file's lines, capped so one call cannot flood the context."""
 
     name = "read_file"
-    description = (f"Read a UTF-8 text file in the workspace. Output is cut at {MAX_READ_CHARS:,} characters; "
-                   "use offset (first line, 1-based) and limit (number of lines) to read further.")
+    description = f"Read a workspace file (cut at {MAX_READ_CHARS:,} characters; offset, limit: lines)."
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        path: str = Field(description="file path relative to the workspace, e.g. 'memory/MEMORY.md'")
-        offset: int = Field(1, ge=1, description="first line to return (1-based)")
-        limit: int = Field(MAX_READ_LINES, ge=1, le=MAX_READ_LINES, description="most lines to return")
+        path: str = Field(description="e.g. memory/MEMORY.md")
+        offset: int = Field(1, ge=1)
+        limit: int = Field(MAX_READ_LINES, ge=1, le=MAX_READ_LINES)
 
     def run_sync(self, args: ReadFile.Args) -> str:
         target = self.files.target(args.path, writing=False)
@@ -315,14 +314,12 @@ class WriteFile(WorkspaceTool):
     """write_file: create or replace a file; memory files are appended to through the store instead."""
 
     name = "write_file"
-    description = ("Create or replace a text file in the workspace (folders are created). "
-                   "memory/MEMORY.md and daily notes memory/YYYYMM/YYYYMMDD.md are never replaced: the content "
-                   "is appended as a new dated entry. Use edit_file to change existing text.")
+    description = "Create or replace a workspace file (on a memory file: add a dated entry)."
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        path: str = Field(description="file path relative to the workspace")
-        content: str = Field(description="the complete new file content")
+        path: str
+        content: str
 
     def run_sync(self, args: WriteFile.Args) -> str:
         check_size(args.content)
@@ -355,14 +352,13 @@ class EditFile(WorkspaceTool):
     """edit_file: replace one exact, unique occurrence of a text."""
 
     name = "edit_file"
-    description = ("Replace old_text with new_text in a workspace file. old_text must occur exactly once: copy it "
-                   "exactly from read_file, with enough surrounding text to be unique.")
+    description = "In a workspace file, replace old_text (exact, found once) with new_text."
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        path: str = Field(description="file path relative to the workspace")
-        old_text: str = Field(min_length=1, description="the exact text to replace (must occur once)")
-        new_text: str = Field(description="the replacement text (may be empty to delete)")
+        path: str
+        old_text: str = Field(min_length=1)
+        new_text: str
 
     def run_sync(self, args: EditFile.Args) -> str:
         check_size(args.new_text)
@@ -431,13 +427,12 @@ class AppendFile(WorkspaceTool):
     """append_file: add text at the end of a file; memory files get a dated entry through the store."""
 
     name = "append_file"
-    description = ("Append content to the end of a workspace file (created if missing), exactly as given. "
-                   "On memory/MEMORY.md it adds a '## YYYY-MM-DD' entry; on a daily note a '## HH:MM' entry.")
+    description = "Append to a workspace file (on a memory file: add a dated entry)."
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        path: str = Field(description="file path relative to the workspace")
-        content: str = Field(description="text to add at the end")
+        path: str
+        content: str
 
     def run_sync(self, args: AppendFile.Args) -> str:
         check_size(args.content)
@@ -459,12 +454,11 @@ class ListDir(WorkspaceTool):
     """list_dir: a folder's entries, folders first."""
 
     name = "list_dir"
-    description = ("List a folder in the workspace (default: the workspace itself). Folders end with '/', "
-                   "files show their size in bytes, symbolic links are marked '@'.")
+    description = "List a workspace folder."
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        path: str = Field(".", description="folder path relative to the workspace")
+        path: str = "."
 
     def run_sync(self, args: ListDir.Args) -> str:
         target = self.files.target(args.path, writing=False)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from picoclaw.memory.retrieval import Hit
+from picoclaw.printable import has_controls, printable
 from picoclaw.tools.files import WorkspaceTool, already_stored, check_size, os_errors
 
 MAX_SEARCH_LIMIT = 50
@@ -17,13 +18,12 @@ class MemorySearch(WorkspaceTool):
     """memory_search: the best-matching memory passages, each with its file, lines and score."""
 
     name = "memory_search"
-    description = ("Search long-term memory (memory/MEMORY.md) and daily notes by keywords or a question, "
-                   "in any language. Returns the best passages with file:lines and a relevance score.")
+    description = "Search memory (MEMORY.md, daily notes) by keywords or a question, any language."
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        query: str = Field(min_length=1, description="keywords or a question, e.g. 'dog name' or '我的狗叫什么'")
-        limit: int = Field(10, ge=1, le=MAX_SEARCH_LIMIT, description="most passages to return")
+        query: str = Field(min_length=1, description="e.g. dog name, 我的狗叫什么")
+        limit: int = Field(10, ge=1, le=MAX_SEARCH_LIMIT)
 
         @field_validator("query")
         @classmethod
@@ -65,24 +65,26 @@ class MemoryAppend(WorkspaceTool):
     """memory_append: save a fact to MEMORY.md (dated entry) or a note to today's daily note."""
 
     name = "memory_append"
-    description = ("Save something to memory. slot 'long_term' (default): a lasting fact or preference, added to "
-                   "memory/MEMORY.md under today's date. slot 'today': a note for today's daily note.")
+    description = "Save to memory: slot long_term for lasting facts and preferences, today for today's note."
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        content: str = Field(min_length=1, description="what to remember, as a short self-contained statement")
-        slot: Literal["long_term", "today"] = Field("long_term", description="where to save it")
+        content: str = Field(min_length=1, description="one short self-contained statement")
+        slot: Literal["long_term", "today"] = "long_term"
 
     def run_sync(self, args: MemoryAppend.Args) -> str:
         check_size(args.content)
+        # Memory is shown on terminals again and again: escape sequences in it would act every time.
+        content = printable(args.content)
+        cleaned = " (terminal control characters were removed)" if has_controls(args.content) else ""
         store = self.workspace.store
         if args.slot == "long_term":
             shown = self.files.shown(self.files.long_term)
             with os_errors("save to", shown):
-                entry = store.append_long_term(args.content)
+                entry = store.append_long_term(content)
             if not entry.new:
                 return already_stored(entry, shown)
-            return f"saved to {shown} under '{entry.heading}'"
+            return f"saved to {shown} under '{entry.heading}'{cleaned}"
         with os_errors("save to", "today's daily note"):
-            path = store.append_note(args.content)
-        return f"saved to today's daily note {self.files.shown(path)}"
+            path = store.append_note(content)
+        return f"saved to today's daily note {self.files.shown(path)}{cleaned}"

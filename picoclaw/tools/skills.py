@@ -178,7 +178,15 @@ class SkillCatalog:
         except (FileNotFoundError, NotADirectoryError):
             return []
         return [Path(entry.path) / SKILL_FILE for entry in entries
-                if entry.is_dir() and not entry.name.startswith(".") and (Path(entry.path) / SKILL_FILE).is_file()]
+                if not entry.name.startswith(".") and _is_skill_folder(Path(entry.path))]
+
+
+def _is_skill_folder(folder: Path) -> bool:
+    """A folder holding SKILL.md; a link that loops or cannot be followed is no skill, not a failure."""
+    try:
+        return folder.is_dir() and (folder / SKILL_FILE).is_file()
+    except OSError:
+        return False
 
 
 _catalogs: dict[Path, SkillCatalog] = {}
@@ -199,9 +207,7 @@ def skills_prompt(scan: SkillScan) -> str:
     """The system prompt's skill list (empty without skills): sorted, so it is the same bytes each turn."""
     if not scan.skills:
         return ""
-    lines = ["## Skills",
-             "Skills hold instructions for particular tasks. When a request matches a skill's description, "
-             "call the skill tool with its name first and follow what it returns."]
+    lines = ["## Skills", "When a request matches one, call the skill tool with its name and follow it."]
     lines += [f"- {skill.name}: {skill.description}" for skill in scan.skills]
     return "\n".join(lines)
 
@@ -209,18 +215,16 @@ def skills_prompt(scan: SkillScan) -> str:
 class SkillArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="the skill's name, as listed under Skills in the system prompt")
+    name: str
     # Plain types, no null: small local models handle a flat schema best.
-    file: str = Field("", description="a file the skill lists beside its SKILL.md; empty or omitted for the "
-                                      "skill's instructions")
+    file: str = Field("", description="a file beside its SKILL.md")
 
 
 class SkillTool(Tool):
     """Returns a skill's instructions and the files beside it, or one of those files."""
 
     name = "skill"
-    description = ("Load a skill listed in the system prompt: its instructions and the files beside it. "
-                   "Pass `file` to read one of those files.")
+    description = "Load a listed skill's instructions."
     Args = SkillArgs
 
     def __init__(self, workspace: Workspace, files: object = None, catalog: SkillCatalog | None = None):

@@ -60,6 +60,7 @@ class Text:
     `cached_tokens` adds `usage.prompt_tokens_details.cached_tokens` (OpenAI's prompt-cache report);
     `chunk_delay` is the pause before each streamed chunk after the first piece of text, as a slow server
     writes tokens (the role chunk and the first piece go out at once, so a client sees text before a stall).
+    `cut_after` streams only that many pieces of text, then drops the connection: a server killed mid-answer.
     """
 
     text: str
@@ -68,6 +69,7 @@ class Text:
     finish_reason: str = "stop"
     cached_tokens: int | None = None
     chunk_delay: float = 0.0
+    cut_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -394,9 +396,14 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                "Cache-Control": "no-cache"})
         await response.prepare(request)
+        cut = reply.cut_after if isinstance(reply, Text) else None
         for number, data in enumerate(chunks):
             if number > 1:  # chunks[0] names the role, chunks[1] is the first piece
                 await self.pause(reply.chunk_delay)
+            if cut is not None and number > cut:
+                assert request.transport is not None
+                request.transport.close()  # as a killed server's socket: no last chunk, no end of the body
+                return response
             await response.write(f"data: {_json_dumps(data)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

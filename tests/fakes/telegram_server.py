@@ -10,8 +10,8 @@ call the bot made:
 
 Users send text, stickers or photos. Methods: getMe, getUpdates (long polling; an `offset` confirms earlier
 updates, as Telegram does), sendMessage, sendChatAction, setMyCommands, deleteWebhook. Errors can be
-scripted for any method (400 "can't parse entities", 429 with retry_after, or a non-JSON page such as a
-proxy's 502); a wrong or revoked token gets 401 Unauthorized.
+scripted for any method (400 "can't parse entities", 403 blocked, 409 Conflict, 429 with retry_after, or a
+non-JSON page such as a proxy's 502); a wrong or revoked token gets 401 Unauthorized.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class FakeTelegramServer(BackgroundHTTPServer):
         self._updates: list[dict[str, Any]] = []
         self._confirmed = 0  # updates below this id were confirmed by an offset and are gone
         self._calls: list[ApiCall] = []
-        self._errors: dict[str, deque[ScriptedError]] = {}
+        self._errors: dict[str, deque[ScriptedError | None]] = {}  # None: that call is served
         self._message_ids = 0
         self._arrived: asyncio.Event | None = None
         # Called on the server's loop after each successful sendMessage with its params (a bench uses it
@@ -114,12 +114,13 @@ class FakeTelegramServer(BackgroundHTTPServer):
         return update_id
 
     def fail_next(self, method: str, status: int, description: str, *, retry_after: int | None = None,
-                  times: int = 1) -> None:
+                  times: int = 1, after: int = 0) -> None:
         """The next `times` calls of `method` (any method, even one the fake does not serve) fail like
-        Telegram would: e.g. 429 with `retry_after`, or 400 "can't parse entities"."""
+        Telegram would: e.g. 429 with `retry_after`, 400 "can't parse entities", 403 when the user blocked
+        the bot, 409 while another poller or a webhook holds the token. `after` calls are served first."""
         with self._lock:
             self._errors.setdefault(method, deque()).extend(
-                [ScriptedError(status, description, retry_after)] * times)
+                [None] * after + [ScriptedError(status, description, retry_after)] * times)
 
     def fail_next_with_page(self, method: str, status: int, page: str) -> None:
         """The next call of `method` gets an HTML page, as from a reverse proxy whose upstream is down."""
