@@ -15,12 +15,12 @@ from typing import Any
 import orjson
 import pytest
 
-from picoclaw.agent.context import bootstrap_text
 from picoclaw.app import App
 from picoclaw.channels.repl import PROMPT
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tokens import count_tokens
+from picoclaw.workspace_text import bootstrap_text
 from tests.agent_helpers import (
     SESSION,
     chat,

@@ -26,11 +26,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from picoclaw import clock
-from picoclaw.agent.context import strip_comments
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.config import HeartbeatConfig
 from picoclaw.fsutil import FileKey, file_key
 from picoclaw.jobs import Job, JobError, JobsFileError, JobStore, following_run, job_problem, scope_for
+from picoclaw.workspace_text import strip_comments
 
 log = logging.getLogger(__name__)
 
