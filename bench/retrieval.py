@@ -13,9 +13,9 @@ What is measured
       (``strings.Contains``), keep the best 10. Keywords: lower-cased ASCII words ``[a-z0-9]+`` of length
       >= 2 plus the query's whitespace-separated tokens that contain non-ASCII characters (a Chinese
       query without spaces is one keyword);
-    * ours warm: ``MemoryRetriever.search(q, 10)`` after one warm-up query built the cached index (the
+    * ours warm: ``KeywordSearch.search(q, 10)`` after one warm-up query built the cached index (the
       per-query cost on an unchanged MEMORY.md: one stat + BM25 scoring);
-    * ours cold: the first ``search`` of a fresh ``MemoryRetriever``: read + split + index + score (the
+    * ours cold: the first ``search`` of a fresh ``KeywordSearch``: read + split + index + score (the
       cost after MEMORY.md changed). The file is in the OS page cache in every case.
 
     Baseline and warm: the median over all queries of ``--reps`` repetitions of the query set (>= 5).
@@ -64,7 +64,7 @@ if str(REPO) not in sys.path:  # run as `python bench/retrieval.py` without inst
 from picoclaw.config import EmbeddingsConfig, IndexConfig  # noqa: E402
 from picoclaw.memory.index import MemoryIndex  # noqa: E402
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit  # noqa: E402
-from picoclaw.memory.retrieval import MemoryRetriever  # noqa: E402
+from picoclaw.memory.search import KeywordSearch  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 
 QUERIES: tuple[str, ...] = (
@@ -279,13 +279,13 @@ def measure(size: int, seed: int, reps: int, details: list[str] | None) -> tuple
 
         cold: list[float] = []
         for rep in range(reps):
-            retriever = MemoryRetriever(store)
+            retriever = KeywordSearch(store)
             q = QUERIES[rep % len(QUERIES)]
             t0 = time.perf_counter()
             retriever.search(q, 10)
             cold.append(time.perf_counter() - t0)
 
-        retriever = MemoryRetriever(store)
+        retriever = KeywordSearch(store)
         retriever.search(QUERIES[0], 10)  # warm-up: builds the cached index
         # Baseline and warm alternate query by query, so a busy moment of the machine hits both alike.
         baseline: list[float] = []
@@ -430,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--reps must be at least 5")
 
     started = time.perf_counter()
-    print(f"MemoryRetriever.search(q, 10) on a synthetic MEMORY.md, {len(QUERIES)} queries x {args.reps} reps")
+    print(f"KeywordSearch.search(q, 10) on a synthetic MEMORY.md, {len(QUERIES)} queries x {args.reps} reps")
     header = (f"| {'blocks':>7} | {'MB':>5} | {'baseline median ms':>18} | {'ours warm median ms':>19} | "
               f"{'ours warm p95 ms':>16} | {'ours cold ms':>12} | {'baseline/warm':>13} |")
     print(header)

@@ -9,7 +9,7 @@ What is measured
     the Chinese file). So each turn is one retrieval block (``## HH:MM`` heading + the line).
 
     Every question of categories 1-4 that has evidence is a query against its own conversation:
-    ``MemoryRetriever.search(question, <all blocks>, include_notes=True)``. Each returned block is mapped
+    ``KeywordSearch.search(question, <all blocks>, include_notes=True)``. Each returned block is mapped
     back to its (session, turn) through its file (the day) and line range. Metrics, averaged over
     questions:
 
@@ -89,7 +89,7 @@ from picoclaw.config import EmbeddingsConfig, IndexConfig  # noqa: E402
 from picoclaw.memory.index import E5Embedder, EmbeddingUnavailable, MemoryIndex  # noqa: E402
 from picoclaw.memory.index.chunks import TokenLimit  # noqa: E402
 from picoclaw.memory.index.embedders import Embedder  # noqa: E402
-from picoclaw.memory.retrieval import Block, MemoryRetriever, split_blocks  # noqa: E402
+from picoclaw.memory.search import Block, KeywordSearch, split_blocks  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/bench-data/locomo"
@@ -350,7 +350,7 @@ class Tally:
         return len(chosen), [sum(col) / len(chosen) for col in zip(*chosen)]
 
 
-def search_ours(ws: Workspace, retriever: MemoryRetriever, limit: int, query: str, notes: bool) -> list[list[str]]:
+def search_ours(ws: Workspace, retriever: KeywordSearch, limit: int, query: str, notes: bool) -> list[list[str]]:
     """The best `limit` blocks, best first, as lists of turns (notes layout: MEMORY.md and notes)."""
     return [ws.block_turns(hit.block) for hit in retriever.search(query, limit, include_notes=notes)]
 
@@ -476,7 +476,7 @@ def rank_all(mode: str, layout: str, ws: Workspace, blocks: list[Block], questio
     notes = layout == "notes"
     limit = len(blocks) if notes else max(BLOCK_KS)
     if mode == "plain":
-        retriever = MemoryRetriever(ws.store)
+        retriever = KeywordSearch(ws.store)
         return [search_ours(ws, retriever, limit, q.text, notes) for q in questions]
     if mode == "picoclaw-style":
         lowered = [(b, b.text.lower()) for b in blocks]

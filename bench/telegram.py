@@ -83,7 +83,7 @@ if str(REPO) not in sys.path:  # run as `python bench/telegram.py` without insta
     sys.path.insert(0, str(REPO))
 
 from picoclaw.app import App  # noqa: E402
-from picoclaw.channels.telegram import TelegramChannel, make_bot  # noqa: E402
+from picoclaw.channels import TelegramChannel, make_bot  # noqa: E402
 from picoclaw.config import Config, load_config  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402

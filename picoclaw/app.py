@@ -15,16 +15,15 @@ from typing import TYPE_CHECKING
 
 from picoclaw.config import Config, home_dir, load_config
 from picoclaw.keyed import LruCache
-from picoclaw.memory.workspace import Workspace
+from picoclaw.memory import Workspace
 
 if TYPE_CHECKING:
-    from picoclaw.agent.loop import AgentLoop
-    from picoclaw.agent.scheduler import Deliver, Scheduler, Sleep
-    from picoclaw.jobs import JobStore
-    from picoclaw.memory.index.embedders import Embedder
-    from picoclaw.providers.openai_compat import OpenAICompatProvider
-    from picoclaw.tools.base import Tool
-    from picoclaw.tools.mcp import McpServers
+    from picoclaw.agent import AgentLoop
+    from picoclaw.channels import Channel
+    from picoclaw.jobs import JobStore, Scheduler, Sleep
+    from picoclaw.memory import Embedder
+    from picoclaw.providers import OpenAICompatProvider
+    from picoclaw.tools import McpServers, Tool
 
 ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
 
@@ -66,7 +65,7 @@ class App:
     async def start_mcp(self) -> McpServers:
         """Start the MCP servers of `tools.mcp` (once per process), so their tools join every agent's. A server
         that fails is logged and shown by /status, never raised. Chat and the bot call this before `agent`."""
-        from picoclaw.tools.mcp import McpServers
+        from picoclaw.tools import McpServers
 
         if self._mcp is None:
             self._mcp = McpServers(self.config.tools.mcp)
@@ -84,8 +83,8 @@ class App:
 
     def agent(self, user_key: str | None = None) -> AgentLoop:
         """The agent of the shared memory (None), or of one user's memory (memory_scope "per_user")."""
-        from picoclaw.agent.loop import AgentLoop
-        from picoclaw.tools.registry import build_tools
+        from picoclaw.agent import AgentLoop
+        from picoclaw.tools import build_tools
 
         extra = self._mcp_tools()
         status = self._mcp.status_lines if self._mcp is not None else None
@@ -107,15 +106,15 @@ class App:
 
         return JobStore(self.workspace.layout.jobs_path, self.workspace.tz)
 
-    def scheduler(self, deliver: Deliver, *, channels: tuple[str, ...] = ("telegram",),
+    def scheduler(self, channel: Channel, *, channels: tuple[str, ...] | None = None,
                   poll_interval: float | None = None, sleep: Sleep | None = None) -> Scheduler:
         """The scheduler of jobs and the heartbeat, running agent jobs on this app's agents and handing
-        what is due to `deliver(session_key, text)` (a channel's) for the sessions of `channels` (channel
-        names such as "telegram", or single session keys such as "cli:default")."""
-        from picoclaw.agent.scheduler import POLL_INTERVAL, Scheduler
+        what is due to `channel.deliver(session_key, text)` for the sessions of `channels` (channel names
+        such as "telegram", or single session keys such as "cli:default"; by default the channel's own)."""
+        from picoclaw.jobs import POLL_INTERVAL, Scheduler
 
-        return Scheduler(self.jobs(), self.agent, deliver, memory_scope=self.config.channels.telegram.memory_scope,
-                         channels=channels, heartbeat=self.config.heartbeat,
+        return Scheduler(self.jobs(), self.agent, channel, memory_scope=self.config.channels.telegram.memory_scope,
+                         channels=(channel.name,) if channels is None else channels, heartbeat=self.config.heartbeat,
                          heartbeat_path=self.workspace.layout.heartbeat_path,
                          poll_interval=POLL_INTERVAL if poll_interval is None else poll_interval, sleep=sleep)
 
@@ -157,14 +156,14 @@ def _embedding(agent: AgentLoop) -> bool:
     """Whether the agent's memory index is still embedding: closing it then would cut the work short."""
     if not agent.workspace.config.memory.index.enabled:
         return False
-    from picoclaw.memory.index.searcher import index_of
+    from picoclaw.memory import index_of
 
     index = index_of(agent.workspace.searcher)
     return index is not None and index.embedding
 
 
 def _configured_provider(config: Config) -> OpenAICompatProvider:
-    from picoclaw.providers.openai_compat import from_config
+    from picoclaw.providers import from_config
 
     return from_config(config)
 
@@ -175,7 +174,7 @@ def build_embedder(config: Config) -> Embedder | None:
     if settings is None or not config.memory.index.enabled:
         return None
     # Imported only when asked for: the index brings numpy (and, for local embeddings, torch) with it.
-    from picoclaw.memory.index.embedders import (
+    from picoclaw.memory import (
         DEFAULT_LOCAL_MODEL,
         LOCAL,
         REMOTE_RETRIES,
@@ -184,7 +183,7 @@ def build_embedder(config: Config) -> Embedder | None:
         LocalEmbedder,
         OpenAICompatEmbedder,
     )
-    from picoclaw.providers.openai_compat import from_config
+    from picoclaw.providers import from_config
 
     if settings.provider == LOCAL:
         if settings.model in ("", DEFAULT_LOCAL_MODEL):

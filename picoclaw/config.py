@@ -1,7 +1,7 @@
-"""config.json: pydantic models for every key (DESIGN §2.1), the memory policy's schema, and loading.
+"""config.json: pydantic models for every key (DESIGN §2.1), and loading.
 
-MemoryPolicy lives here, in the base, because config.json's `memory` block is a policy plus store settings;
-memory/policy.py layers the overrides file on top of it.
+The `memory` block is a memory policy (picoclaw/policy_schema.py) plus store settings; memory/policy.py layers
+the overrides file on top of it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from picoclaw.clock import resolve_timezone
 from picoclaw.errors import ConfigError
 from picoclaw.jsonio import read_json_object
+from picoclaw.policy_schema import POLICY_KEYS, MemoryPolicy
 from picoclaw.pydantic_errors import describe_error
+from picoclaw.session_key import is_stored_form
 
 HOME_ENV = "PICOCLAW_HOME"
 CONFIG_FILE = "config.json"
@@ -178,7 +180,7 @@ class McpServerConfig(_Strict):
     url: str | None = None
     headers: dict[str, str] = {}  # sent with every HTTP request, e.g. {"Authorization": "Bearer …"}
     tools: list[str] | None = None  # None: every tool the server offers
-    timeout: float = Field(30.0, gt=0, le=3600)  # seconds for start-up (connect, list tools) and for each call
+    timeout: float = Field(30.0, gt=0, le=3600)  # seconds per call; start-up (connect, list tools) gets at least 30
 
     @field_validator("command")
     @classmethod
@@ -242,7 +244,7 @@ class HeartbeatConfig(_Strict):
 
     @model_validator(mode="after")
     def _session_when_enabled(self) -> HeartbeatConfig:
-        if self.session and not re.match(r"^(telegram:-?\d+(:\d+)?|cli:[\w.-]+)$", self.session):
+        if self.session and not is_stored_form(self.session):
             raise ValueError(f"heartbeat.session {self.session!r} is not a session key (expected "
                              "telegram:<chat_id> or cli:<name>)")
         if self.enabled and not self.session:
@@ -283,64 +285,6 @@ class IndexConfig(_Strict):
         if self.vector_weight + self.text_weight <= 0:
             raise ValueError("vector_weight and text_weight cannot both be 0")
         return self
-
-
-class MemoryPolicy(BaseModel):
-    """Every policy key with its default, bounds and meaning (DESIGN §3). Strict: "15" is not an int."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    retrieve_limit: int = Field(10, ge=1, le=50, description="most MEMORY.md blocks injected for a query")
-    recent_days: int = Field(3, ge=0, le=30, description="days of daily notes injected")
-    session_summary_message_threshold: int = Field(
-        20, ge=4, le=1000, description="summarise the session when its history has more messages than this"
-    )
-    session_summary_token_percent: int = Field(
-        75, ge=10, le=95, description="…or when its history is over this % of the context window"
-    )
-    session_summary_keep_count: int = Field(
-        4, ge=1, le=100, description="recent messages kept verbatim after a summary (< the threshold)"
-    )
-    session_relevant_history_limit: int = Field(
-        0, ge=0, le=100, description=">0: inject only this many past turns, chosen by relevance to the query"
-    )
-    session_relevant_fallback_keep: int = Field(
-        8, ge=0, le=100, description="recent messages kept when no past turn is relevant"
-    )
-    long_term_compress_char_threshold: int = Field(
-        0, ge=0, le=10_000_000,
-        description=">0: compress MEMORY.md when longer than this (≥ 1000), at most once per 24 h"
-    )
-    evolution_enabled: bool = Field(False, description="reflection may tune the policy")
-    evolution_interval_messages: int = Field(
-        20, ge=2, le=1000, description="reflect every this many messages of a session"
-    )
-    memory_token_budget: int = Field(
-        2000, ge=200, le=32000, description="most tokens of retrieved memory + notes put into one prompt"
-    )
-    memory_fallback_blocks: int = Field(
-        0, ge=0, le=20, description="a message that matches no memory gets this many of the newest MEMORY.md blocks"
-    )
-    memory_flush_enabled: bool = Field(
-        True, description="before a summary or /new, ask the model for the lasting facts and store them in MEMORY.md"
-    )
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> MemoryPolicy:
-        if self.session_summary_keep_count >= self.session_summary_message_threshold:
-            raise ValueError(
-                "session_summary_keep_count must be smaller than session_summary_message_threshold "
-                f"({self.session_summary_keep_count} ≥ {self.session_summary_message_threshold})"
-            )
-        if 0 < self.long_term_compress_char_threshold < 1000:
-            raise ValueError("long_term_compress_char_threshold must be 0 (off) or at least 1000")
-        return self
-
-
-POLICY_KEYS: tuple[str, ...] = tuple(MemoryPolicy.model_fields)
-# Reflection tunes numbers; the switches (its own above all) are the user's.
-SWITCHES = ("evolution_enabled", "memory_flush_enabled")
-TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key not in SWITCHES)
 
 
 class MemoryConfig(MemoryPolicy):

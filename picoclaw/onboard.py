@@ -12,7 +12,7 @@ from picoclaw.config import CONFIG_FILE, parse_config
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.layout import WorkspaceLayout
-from picoclaw.memory.store import MemoryStore
+from picoclaw.memory import MemoryStore
 
 
 def template_paths() -> tuple[Path, Path]:

@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 from collections.abc import Callable
+
+from picoclaw.cjk import count_cjk
 
 log = logging.getLogger(__name__)
 
 ENCODING_NAME = "o200k_base"
-
-# Han (incl. extension A and compatibility), kana, Hangul, and CJK punctuation / full-width forms.
-CJK_CHAR = re.compile(
-    r"[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]"
-)
 
 _lock = threading.Lock()
 _encoder: Callable[[str], int] | None = None
@@ -34,7 +30,7 @@ def estimate_tokens(text: str) -> int:
     """Offline estimate: one token per CJK character plus one per four other characters."""
     if not text:
         return 0
-    cjk = len(CJK_CHAR.findall(text))
+    cjk = count_cjk(text)  # CJK punctuation and full-width forms count as one token each too
     other = len(text) - cjk
     return cjk + math.ceil(other / 4)
 

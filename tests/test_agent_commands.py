@@ -7,8 +7,8 @@ import pytest
 from picoclaw.agent.commands import HELP, Command, parse_command
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.channels.telegram import COMMANDS
-from picoclaw.config import POLICY_KEYS
 from picoclaw.memory.workspace import Workspace
+from picoclaw.policy_schema import POLICY_KEYS
 from tests.agent_helpers import (
     SESSION,
     chat,

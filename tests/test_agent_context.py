@@ -324,7 +324,7 @@ def _entries(workspace: Workspace, query: str) -> tuple[list[str], int]:
     """The day's entries as blocks, in file order, and the position of the best hit for `query`."""
     [note] = workspace.store.note_files()
     top = workspace.searcher.search(query, 1, include_notes=True)[0].block
-    blocks = [b.text for b in workspace.retriever.neighbours(top, 10, 10)]
+    blocks = [b.text for b in workspace.searcher.neighbours(top, 10, 10)]
     return blocks, blocks.index(top.text)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +79,14 @@ def test_a_torn_last_line_is_dropped_and_the_session_goes_on(
 
 def test_two_sessions_in_parallel_do_not_mix(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     slow, fast = "telegram:1", "telegram:2"
+    fast_done = threading.Event()  # the fast session's second question has reached the model
 
     def answer(body: dict[str, Any]) -> Text:
         text = last_user(body)
-        return Text(f"re: {text}", delay=0.25 if text.startswith("slow") else 0.02)
+        if text == "快 二":
+            fast_done.set()
+        # The slow session's first answer waits for that, however long the fast turns take on a busy machine.
+        return Text(f"re: {text}", until=fast_done if text == "slow one" else None)
     fake_openai.responder = answer
 
     async def body(loop: AgentLoop) -> list[list[str]]:

@@ -3,6 +3,7 @@ provider's own token count when it sends one."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +80,11 @@ def test_a_bad_summary_is_refused_and_the_history_kept(workspace: Workspace, fak
 def test_messages_arriving_while_a_summary_is_written_are_kept(
         workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     set_policy(workspace, session_summary_message_threshold=5)
+    written = threading.Event()  # the summary is answered only once turn 4 is done, however long that takes
 
     def model(body: dict[str, Any]) -> Text:
         if is_summary_request(body):
-            return Text(SUMMARY_ZH, delay=0.3)
+            return Text(SUMMARY_ZH, until=written)
         return Text(f"re: {said(body['messages'][-1])}")
     fake_openai.responder = model
     notices = Notices()
@@ -95,6 +97,7 @@ def test_messages_arriving_while_a_summary_is_written_are_kept(
         # Answered without waiting for the summary:
         reply = (await loop.handle(SESSION, "four 第四", notify=notices)).text
         compactions_meanwhile = records_of(workspace, "compaction")
+        written.set()
         await loop.wait_background()
         await loop.handle(SESSION, "five 第五", notify=notices)
         return reply, compactions_meanwhile
@@ -116,7 +119,8 @@ def test_messages_arriving_while_a_summary_is_written_are_kept(
 def test_new_while_a_summary_is_written_leaves_the_new_session_alone(
         workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     set_policy(workspace, session_summary_message_threshold=5)
-    fake_openai.responder = lambda body: Text(SUMMARY_EN, delay=0.2) if is_summary_request(body) else Text("ok")
+    written = threading.Event()  # the summary is answered only after /new and the next turn
+    fake_openai.responder = lambda body: Text(SUMMARY_EN, until=written) if is_summary_request(body) else Text("ok")
 
     async def body(loop: AgentLoop) -> None:
         for text in ["one", "two", "three"]:
@@ -125,6 +129,7 @@ def test_new_while_a_summary_is_written_leaves_the_new_session_alone(
                          what="turn 3's summary request to reach the model")
         await loop.handle(SESSION, "/new")
         await loop.handle(SESSION, "fresh start 重新开始")
+        written.set()
 
     with_agent(workspace, fake_openai, body)
     assert records_of(workspace, "compaction") == []

@@ -21,9 +21,8 @@ from freezegun import freeze_time
 import picoclaw
 from picoclaw.app import App
 from picoclaw.cli import main
-from picoclaw.memory import retrieval
 from picoclaw.memory import store as store_module
-from picoclaw.memory.retrieval import MemoryRetriever
+from picoclaw.memory.search import KeywordSearch, bm25, keyword, large_files
 from picoclaw.memory.terms import stem
 
 FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the onboarded timezone
@@ -54,7 +53,7 @@ def _entries(count: int, seed: int = 23) -> str:
 def big_text() -> str:
     """About 2.4 MB of entries, English and Chinese: over LARGE_FILE, and over two of the table's MiB blocks."""
     text = _entries(32_000)
-    assert len(text.encode("utf-8")) > (2 << 20) + (256 << 10)  # retrieval.LARGE_FILE is 2 MiB
+    assert len(text.encode("utf-8")) > (2 << 20) + (256 << 10)  # large_files.LARGE_FILE is 2 MiB
     return text
 
 
@@ -222,8 +221,8 @@ def test_a_large_memory_is_searched_without_indexing_it_whole(memory: Path, home
         handle.write("\n## 2025-03-01\nThe quokka at the zoo is called Quentin.\n"
                      "\n## 2025-03-02\n我的柯基犬叫豆豆，三岁了。\n")
     total_lines = memory.read_text(encoding="utf-8").count("\n")
-    assert memory.stat().st_size > 2 << 20  # over retrieval.LARGE_FILE
-    retriever = MemoryRetriever(App.open(home).workspace.store)
+    assert memory.stat().st_size > 2 << 20  # over large_files.LARGE_FILE
+    retriever = KeywordSearch(App.open(home).workspace.store)
     tracemalloc.start()
     try:
         english = retriever.search("What is the quokka called?", 5)
@@ -245,12 +244,11 @@ def test_a_large_memory_is_searched_without_indexing_it_whole(memory: Path, home
 
 def test_a_large_memory_ranks_as_its_whole_index_does(memory: Path, home: Path) -> None:
     path = memory
-    whole = retrieval._index_long_term(path)
+    whole = keyword._index_long_term(path)
     # Queries with one best answer (the synthetic entries are otherwise alike: their order is a matter of ties).
     for query in ("a trip for review 31001", "第 31002 次聚餐花了多少", "Who moved the build server to Lisbon?"):
-        exact = retrieval.rank([whole], query, 5, neighbours=retrieval.NEIGHBOUR_WEIGHT)
-        streamed = retrieval.rank([retrieval._large_index(path, query, 5)], query, 5,
-                                  neighbours=retrieval.NEIGHBOUR_WEIGHT)
+        exact = bm25.rank([whole], query, 5, neighbours=bm25.NEIGHBOUR_WEIGHT)
+        streamed = bm25.rank([large_files.large_index(path, query, 5)], query, 5, neighbours=bm25.NEIGHBOUR_WEIGHT)
         assert streamed[0].block == exact[0].block, query
         assert streamed[0].score == pytest.approx(exact[0].score, rel=0.2)
 

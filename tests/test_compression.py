@@ -21,7 +21,7 @@ from freezegun import freeze_time
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.cli import main
-from picoclaw.config import AgentDefaults, MemoryPolicy
+from picoclaw.config import AgentDefaults
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import compression
 from picoclaw.memory.compression import (
@@ -35,6 +35,7 @@ from picoclaw.memory.compression import (
 from picoclaw.memory.facts import key_facts, missing
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
+from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.openai_compat import OpenAICompatProvider, from_config
 from picoclaw.tools.registry import build_tools
 from tests.fakes import FakeOpenAIServer

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -25,10 +26,11 @@ TZ_NAME = "Asia/Shanghai"
 WORKERS = 4
 ENTRIES_EACH = 250
 ROUNDS = 30
-# Round n kills the writer KILL_WINDOW * n / (ROUNDS - 1) seconds after its third write: fixed points spread
-# evenly over about twenty 200 kB rewrites, so the kills land at different points of the work and a failing
-# round can be rerun with the same delay.
-KILL_WINDOW = 0.05
+# Round n kills the writer n / (ROUNDS - 1) of the way through the KILL_SPAN rewrites after its third one, timed
+# by the writer's own pace (its second and third rewrites): the kills land at different points of the work and
+# of several rewrites, however fast or busy the machine (a fixed window in seconds can fall within one rewrite
+# there), and a failing round's delay is printed to rerun it.
+KILL_SPAN = 4
 WRITER_TIMEOUT = 120.0  # a writer nobody killed stops by itself (and fails its round) instead of running on
 
 
@@ -58,7 +60,7 @@ def test_four_processes_append_without_losing_an_entry(tmp_path: Path) -> None:
     started = time.perf_counter()
     go.set()
     for process in workers:
-        process.join(timeout=120)
+        process.join(timeout=600)  # bounds a hang only: 1000 locked, fsynced appends took 90 s on a busy machine
     elapsed = time.perf_counter() - started
     for process in workers:
         if process.is_alive():
@@ -89,15 +91,19 @@ def test_four_processes_append_without_losing_an_entry(tmp_path: Path) -> None:
     assert store.backups() == []
 
 
-def _rewrite_forever(memory_dir: str, a: str, b: str, started: Event) -> None:
+def _rewrite_forever(memory_dir: str, a: str, b: str, started: Event, pace: Synchronized[float]) -> None:
     store = MemoryStore(Path(memory_dir), ZoneInfo(TZ_NAME), backup_keep=3)
     written = 0
     deadline = Deadline(WRITER_TIMEOUT, "the test to SIGKILL this writer")
+    first_done = 0.0
     while True:
         deadline.check()
         store.rewrite_long_term(a if written % 2 else b)
         written += 1
+        if written == 1:
+            first_done = time.perf_counter()
         if written == 3:
+            pace.value = (time.perf_counter() - first_done) / 2  # seconds per rewrite, as this machine runs now
             started.set()  # the parent's delay starts from here, mid-loop
 
 
@@ -113,18 +119,18 @@ def test_sigkill_during_rewrites_leaves_one_whole_version(tmp_path: Path) -> Non
     started_at = time.perf_counter()
 
     for round_number in range(ROUNDS):
-        delay = KILL_WINDOW * round_number / (ROUNDS - 1)
-        where = f"round {round_number}, killed {delay * 1000:.1f} ms after the third write"
         memory_dir = tmp_path / f"round{round_number}"
         store = MemoryStore(memory_dir, ZoneInfo(TZ_NAME), backup_keep=3)
         store.rewrite_long_term(a)
         original = store.read_long_term()
         assert original in (a, b)
 
-        started = CTX.Event()
-        child = CTX.Process(target=_rewrite_forever, args=(str(memory_dir), a, b, started))
+        started, pace = CTX.Event(), CTX.Value("d", 0.0)
+        child = CTX.Process(target=_rewrite_forever, args=(str(memory_dir), a, b, started, pace))
         child.start()
-        assert started.wait(timeout=30), f"{where}: the writer never started"
+        assert started.wait(timeout=60), f"round {round_number}: the writer never started"
+        delay = KILL_SPAN * pace.value * round_number / (ROUNDS - 1)
+        where = f"round {round_number}, killed {delay * 1000:.1f} ms after the third write"
         time.sleep(delay)
         os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
         child.join(timeout=10)
@@ -145,7 +151,7 @@ def test_sigkill_during_rewrites_leaves_one_whole_version(tmp_path: Path) -> Non
             daemon=True,
         )
         appender.start()
-        appender.join(timeout=5)
+        appender.join(timeout=60)  # bounds a hang only: a lock still held would make it wait forever
         assert not appender.is_alive(), f"{where}: the memory lock is still held after the kill"
         assert store.read_long_term() == current + "\n" + appended[0]
 

@@ -13,13 +13,11 @@ from pydantic import BaseModel, ValidationError
 
 from picoclaw.app import App
 from picoclaw.config import (
-    POLICY_KEYS,
     AgentDefaults,
     Config,
     EmbeddingsConfig,
     IndexConfig,
     MemoryConfig,
-    MemoryPolicy,
     ProviderConfig,
     TelegramConfig,
     WebSearchConfig,
@@ -30,6 +28,7 @@ from picoclaw.config import (
 )
 from picoclaw.errors import ConfigError
 from picoclaw.onboard import onboard, template_paths
+from picoclaw.policy_schema import POLICY_KEYS, MemoryPolicy
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,9 +14,9 @@ import orjson
 import pytest
 from freezegun import freeze_time
 
-from picoclaw.agent.scheduler import Scheduler
 from picoclaw.app import App
 from picoclaw.cli import main
+from picoclaw.jobs import Scheduler
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.registry import build_tools
 from tests.test_cron_cli import jobs_file, stored
@@ -220,7 +220,7 @@ def test_the_scheduler_skips_a_job_that_can_never_run_with_one_warning(home: Pat
             await scheduler.stop()
 
         scheduler = Scheduler(jobs, no_agent, delivered, poll_interval=3600, sleep=sleep)
-        with caplog.at_level(logging.WARNING, logger="picoclaw.agent.scheduler"):
+        with caplog.at_level(logging.WARNING, logger="picoclaw.jobs.runner"):
             asyncio.run(scheduler.run())
             asyncio.run(scheduler.run_due())  # another pass: nothing runs, nothing is said again
     assert delivered.sent == [("telegram:42", "喝水 drink water")]

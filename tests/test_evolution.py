@@ -17,12 +17,12 @@ from freezegun import freeze_time
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.reflection import ReflectionOutcome, Reflector
 from picoclaw.app import App
-from picoclaw.config import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.memory import evolution
 from picoclaw.memory.evolution import SuggestionError, key_guide, parse_suggestion, validate_suggestion
 from picoclaw.memory.policy import ValueChange
 from picoclaw.memory.session import SessionStore
 from picoclaw.memory.workspace import Workspace
+from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.openai_compat import from_config
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import turn_context

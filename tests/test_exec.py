@@ -19,6 +19,7 @@ from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.base import ToolRegistry, current_session
 from picoclaw.tools.exec import denied, safe_environment
 from picoclaw.tools.registry import build_tools
+from tests.waiting import wait_until
 
 PY = shlex.quote(sys.executable)
 
@@ -62,16 +63,14 @@ def test_environment_has_no_keys_or_tokens(workspace: Workspace, monkeypatch: py
     assert safe_environment({"a_key": "x", "Path": "y"}) == {"Path": "y"}
 
 
-def test_timeout_kills_the_process_group(workspace: Workspace, tmp_path: Path) -> None:
-    pid_file = tmp_path / "child.pid"
-    script = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
-              f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); print('started', flush=True); "
-              f"time.sleep(60)")
+def test_timeout_kills_the_process_group(workspace: Workspace) -> None:
+    # A shell and `sleep` start in milliseconds even on a busy machine, so the grandchild runs well before the
+    # timeout (two Python start-ups took most of a 0.5 s timeout there).
     started = time.monotonic()
-    out = run(exec_tools(workspace, timeout=0.5), f"{PY} -c {shlex.quote(script)}")
-    assert out == "timed out after 0.5 s and was killed\nstarted"
-    assert time.monotonic() - started < 10
-    child = int(pid_file.read_text())
+    out = run(exec_tools(workspace, timeout=1, shell=True), "sleep 60 & echo $! > child.pid; echo started; sleep 60")
+    assert out == "timed out after 1 s and was killed\nstarted"
+    assert time.monotonic() - started < 30  # killed, not left to finish its 60 s
+    child = int((workspace.layout.files_root / "child.pid").read_text())
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _alive(child):
         time.sleep(0.05)
@@ -139,21 +138,22 @@ def test_unknown_program(workspace: Workspace) -> None:
 
 
 def test_the_event_loop_keeps_running_during_a_command(workspace: Workspace) -> None:
+    # The command waits for a file that only a task on the event loop writes, once the command runs: had exec
+    # blocked the loop, the command would wait in vain and give up after 20 s (no count of ticks to race).
     tools = exec_tools(workspace)
+    root = workspace.layout.files_root
+    script = ("import os, sys, time\nopen('running', 'w').close()\nend = time.monotonic() + 20\n"
+              "while not os.path.exists('loop-ran') and time.monotonic() < end:\n    time.sleep(0.01)\n"
+              "sys.exit(0 if os.path.exists('loop-ran') else 3)")
 
-    async def both() -> tuple[str, int]:
-        ticks = 0
+    async def both() -> str:
+        async def answer() -> None:
+            await wait_until(lambda: (root / "running").exists(), timeout=30, what="the command to start")
+            (root / "loop-ran").touch()
 
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
+        helper = asyncio.create_task(answer())
+        out = await tools.execute("exec", json.dumps({"command": f"{PY} -c {shlex.quote(script)}"}))
+        await helper
+        return out
 
-        ticker = asyncio.create_task(tick())
-        out = await tools.execute("exec", json.dumps({"command": f"{PY} -c \"import time; time.sleep(0.5)\""}))
-        ticker.cancel()
-        return out, ticks
-
-    out, ticks = asyncio.run(both())
-    assert out == "exit code 0\n(no output)" and ticks > 10
+    assert asyncio.run(both()) == "exit code 0\n(no output)"

@@ -14,7 +14,8 @@ from picoclaw.config import EmbeddingsConfig, IndexConfig
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
 from picoclaw.memory.index.scoring import Adjacency, Weights, in_context, merge, with_neighbours, with_previous_entry
-from picoclaw.memory.retrieval import NEIGHBOUR_WEIGHT, MemoryRetriever
+from picoclaw.memory.search import KeywordSearch
+from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT
 from picoclaw.memory.store import MemoryStore
 
 # -- the pure rules ------------------------------------------------------------------------------------------
@@ -134,7 +135,7 @@ def test_keyword_search_ranks_a_match_next_to_another_match_first(
     hits = [hit.block.text.split("\n")[1] for hit in open_index(store).search(query, 3)]
     assert hits[2] == entries[3], hits  # the lone match last, though BM25 alone would put it first
     assert set(hits[:2]) == {entries[0], entries[1]}
-    plain = [hit.block.text.split("\n")[1] for hit in MemoryRetriever(store).search(query, 3)]
+    plain = [hit.block.text.split("\n")[1] for hit in KeywordSearch(store).search(query, 3)]
     assert plain == hits  # the same order as the plain retriever
 
 
@@ -163,7 +164,7 @@ def test_a_note_entry_is_found_through_the_entry_before_it(
     found = [hit.block.text.split("\n")[1] for hit in hits]
     assert found[:2] == [question, answer] or found[:2] == [answer, question], found
     assert len(found) == 2  # the third entry follows a non-match: not found
-    plain = MemoryRetriever(store).search(query, 5, include_notes=True)
+    plain = KeywordSearch(store).search(query, 5, include_notes=True)
     assert {hit.block.text for hit in plain} == {hit.block.text for hit in hits}
 
 

@@ -25,12 +25,11 @@ from picoclaw.app import App, build_embedder
 from picoclaw.cli import main
 from picoclaw.config import Config, parse_config
 from picoclaw.errors import ConfigError
-from picoclaw.memory.index import IndexedRetriever, MemoryIndex
+from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit, markdown_chunks, session_chunks
 from picoclaw.memory.index.outage import BACKOFF_FIRST
 from picoclaw.memory.index.schema import SCHEMA_VERSION
-from picoclaw.memory.retrieval import MemoryRetriever, split_blocks
-from picoclaw.memory.search import FileSearcher
+from picoclaw.memory.search import IndexedSearch, KeywordSearch, split_blocks
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.registry import build_tools
@@ -534,13 +533,13 @@ def indexed_workspace(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[Wor
     ws.store.append_long_term("I prefer green tea over coffee in the morning.")
     ws.store.append_long_term("我养了一只柯基，叫豆豆。")
     yield ws
-    assert isinstance(ws.searcher, IndexedRetriever)
+    assert isinstance(ws.searcher, IndexedSearch)
     ws.searcher.close()
 
 
-def test_workspace_uses_the_plain_retriever_unless_the_index_is_enabled(home: Path) -> None:
+def test_workspace_uses_the_keyword_search_unless_the_index_is_enabled(home: Path) -> None:
     ws = App.open(home).workspace
-    assert isinstance(ws.searcher, FileSearcher) and ws.searcher.plain is ws.retriever
+    assert isinstance(ws.searcher, KeywordSearch) and ws.searcher.store is ws.store
     ws.store.append_long_term("我养了一只柯基")
     assert ws.searcher.search("柯基", 3)
     assert not (ws.memory_dir / "index").exists()
@@ -559,7 +558,7 @@ def test_context_builder_injects_what_the_index_finds(indexed_workspace: Workspa
     memory = asyncio.run(ContextBuilder(indexed_workspace).select_memory(policy, "any drink recommendations?"))
     assert memory.ranked and [h.block.text.split("\n")[1] for h in memory.blocks] == [
         "I prefer green tea over coffee in the morning."]
-    plain = MemoryRetriever(indexed_workspace.store).search("any drink recommendations?", 10)
+    plain = KeywordSearch(indexed_workspace.store).search("any drink recommendations?", 10)
     assert plain == []  # no shared word: only the index's vector side finds it
 
 

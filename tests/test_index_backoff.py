@@ -26,7 +26,7 @@ from picoclaw.app import App, build_embedder
 from picoclaw.config import Config, parse_config
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.embedders import Embedder
-from picoclaw.memory.index.searcher import index_of
+from picoclaw.memory.search import index_of
 from picoclaw.memory.store import MemoryStore
 from tests.fakes import FakeOpenAIServer
 from tests.test_long_running import configure

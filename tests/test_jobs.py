@@ -1,4 +1,5 @@
-"""Jobs on disk (picoclaw/jobs.py): schedules, next runs in Asia/Shanghai and across Berlin's DST, the file."""
+"""Jobs on disk (picoclaw/jobs/: model, schedule, store): schedules, next runs in Asia/Shanghai and across
+Berlin's DST, the file."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from picoclaw.jobs import (
     following_run,
     make_schedule,
     parse_relative,
-    scope_for,
 )
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
@@ -160,13 +160,6 @@ def test_following_runs_skip_what_was_missed() -> None:
     assert following_run(job, now, SHANGHAI) == utc("2025-03-11 00:00")
     job.schedule = Schedule(at=utc("2025-03-10 11:00"))
     assert following_run(job, now, SHANGHAI) is None
-
-
-def test_scope_of_a_session() -> None:
-    assert scope_for("telegram:42", "shared") is None
-    assert scope_for("telegram:42", "per_user") == "42"
-    assert scope_for("telegram:-100123:7", "per_user") == "7"
-    assert scope_for("cli:default", "per_user") is None
 
 
 # -- the file --------------------------------------------------------------------------------------------

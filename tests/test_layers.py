@@ -2,18 +2,27 @@
 
 The layers, outermost first:
 
-    face (cli, app, onboard, __main__) -> channels -> agent -> tools / memory / providers -> base
+    face (cli, app, onboard, __main__) -> channels -> agent -> tools -> memory / providers / jobs -> base
+
+(jobs is beside memory and providers: channels, agent and tools may import it, memory and providers not.)
 
 - base (the `picoclaw` package itself and every top-level module that is not a face: config, fsutil, clock,
   tokens, errors, jsonio, layout, ...) imports only base. A new top-level module is base until said otherwise,
   so it starts in the strictest layer.
+- jobs (`picoclaw.jobs`: the job model, schedules, the jobs file and the runner) imports base and jobs. The
+  runner needs an agent only as "handle this text in this session", a Protocol of its own, so it does not
+  import the agent layer.
 - providers import base and providers.
 - memory imports base, memory, and `picoclaw.providers.base`, the provider interface: memory jobs are handed a
   provider, they never build one.
-- tools import base, tools, memory, and `picoclaw.providers.base`.
-- agent imports base, agent, memory, tools, and `picoclaw.providers.base`.
-- channels import base, channels, agent, and memory; nothing from providers or tools (the face wires those in).
+- tools import base, tools, memory, jobs, and `picoclaw.providers.base`.
+- agent imports base, agent, memory, tools, jobs, and `picoclaw.providers.base`.
+- channels import base, channels, agent, memory, and jobs; nothing from providers or tools (the face wires
+  those in).
 - face imports anything: it is where the pieces are put together.
+
+A package in ROOT_ONLY is imported from outside it through its root only (`from picoclaw.jobs import
+JobStore`, never `picoclaw.jobs.store`): its `__init__` says what it offers, and the rest may move freely.
 
 Every import counts, wherever it sits: module level, inside a function, or under `if TYPE_CHECKING:`. A
 function-level import only postpones the dependency, it does not remove it. Only picoclaw's own modules are
@@ -34,16 +43,25 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 FACE_MODULES = frozenset({"picoclaw.app", "picoclaw.onboard", "picoclaw.__main__"})
 PROVIDER_INTERFACE = "picoclaw.providers.base"
-ANY = frozenset({"base", "providers", "memory", "tools", "agent", "channels", "face"})
+ANY = frozenset({"base", "jobs", "providers", "memory", "tools", "agent", "channels", "face"})
+# Packages whose modules the rest of picoclaw imports through the package root only: every layer's package.
+ROOT_ONLY = frozenset({f"{PACKAGE}.{layer}" for layer in ("jobs", "providers", "memory", "tools", "agent", "channels")})
+# The deliberate exceptions to ROOT_ONLY, the only ones: (importing layer, module imported past its root) → why.
+PAST_THE_ROOT: dict[tuple[str, str], str] = {
+    (layer, PROVIDER_INTERFACE): "the provider interface, by name: the providers root also offers the OpenAI "
+                                 "provider, which memory, tools and agent are handed and never build"
+    for layer in ("memory", "tools", "agent")
+}
 
 # The layers each layer may import, plus single modules allowed across a layer line.
 ALLOWED_LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({"base"}),
+    "jobs": frozenset({"base", "jobs"}),
     "providers": frozenset({"base", "providers"}),
     "memory": frozenset({"base", "memory"}),
-    "tools": frozenset({"base", "tools", "memory"}),
-    "agent": frozenset({"base", "agent", "memory", "tools"}),
-    "channels": frozenset({"base", "channels", "agent", "memory"}),
+    "tools": frozenset({"base", "tools", "memory", "jobs"}),
+    "agent": frozenset({"base", "agent", "memory", "tools", "jobs"}),
+    "channels": frozenset({"base", "channels", "agent", "memory", "jobs"}),
     "face": ANY,
 }
 ALLOWED_MODULES: dict[str, frozenset[str]] = {
@@ -86,7 +104,7 @@ def layer_of(module: str) -> str:
     sub = parts[1] if len(parts) > 1 else ""
     if sub in ("cli", "app") or module in FACE_MODULES:
         return "face"
-    if sub in ("providers", "memory", "tools", "agent", "channels"):
+    if sub in ("jobs", "providers", "memory", "tools", "agent", "channels"):
         return sub
     return "base"
 
@@ -154,6 +172,21 @@ def layer_violations(imports: list[Import]) -> list[str]:
     return violations
 
 
+def root_violations(imports: list[Import], packages: frozenset[str] = ROOT_ONLY,
+                    allowed: dict[tuple[str, str], str] = PAST_THE_ROOT) -> list[str]:
+    """One line per import, from outside a package of `packages`, of a module inside it other than its root
+    (unless `allowed` lists that module for the importing layer)."""
+    violations = []
+    for imp in imports:
+        if (layer_of(imp.source_module), imp.target_module) in allowed:
+            continue
+        for package in packages:
+            inside = imp.target_module.startswith(f"{package}.")
+            if inside and not (imp.source_module == package or imp.source_module.startswith(f"{package}.")):
+                violations.append(f"{imp.where}: {imp.target_module} is inside {package}: import from {package}")
+    return violations
+
+
 def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     """Tarjan's strongly connected components of `graph`."""
     index: dict[str, int] = {}
@@ -218,6 +251,38 @@ def test_imports_follow_the_layers() -> None:
     assert not violations, "imports across layers:\n" + "\n".join(violations)
 
 
+def test_packages_are_imported_through_their_roots() -> None:
+    imports = collect_imports(PACKAGE_ROOT)
+    # Not vacuous: the package exists and is imported from outside it.
+    assert any(imp.target_module == "picoclaw.jobs" and layer_of(imp.source_module) != "jobs" for imp in imports)
+    violations = root_violations(imports)
+    assert not violations, "imports past a package root:\n" + "\n".join(violations)
+
+
+def _root_names(root_file: Path) -> dict[str, str]:
+    """The names a package root imports (at once or under `if TYPE_CHECKING:`), each with its home module."""
+    names: dict[str, str] = {}
+    for node in ast.parse(root_file.read_text(encoding="utf-8")).body:
+        statements = node.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING" else [node]
+        for statement in statements:
+            if isinstance(statement, ast.ImportFrom) and (statement.module or "").startswith(f"{PACKAGE}."):
+                names.update({alias.asname or alias.name: statement.module or "" for alias in statement.names})
+    names.pop("lazy_exports", None)  # the helper that makes a root lazy, not a name it offers
+    return names
+
+
+def test_each_root_offers_exactly_its_imports_and_each_name_is_its_home_modules_object() -> None:
+    import importlib
+
+    for package in sorted(ROOT_ONLY):
+        root = importlib.import_module(package)
+        names = _root_names(Path(root.__file__ or ""))
+        assert names, package
+        assert sorted(root.__all__) == sorted(names), package
+        for name, home in names.items():
+            assert getattr(root, name) is getattr(importlib.import_module(home), name), f"{package}.{name}"
+
+
 def test_no_import_cycles() -> None:
     imports = collect_imports(PACKAGE_ROOT)
     assert len(imports) > 80
@@ -253,6 +318,8 @@ def test_layer_of() -> None:
     assert layer_of("picoclaw.onboard") == "face"
     assert layer_of("picoclaw.__main__") == "face"
     assert layer_of("picoclaw.channels.telegram") == "channels"
+    assert layer_of("picoclaw.jobs") == "jobs"
+    assert layer_of("picoclaw.jobs.runner") == "jobs"
 
 
 def test_a_forbidden_import_is_reported_with_file_and_line(tmp_path: Path) -> None:
@@ -358,6 +425,69 @@ def test_base_may_not_import_memory(tmp_path: Path) -> None:
         ("picoclaw.config", "picoclaw.memory.policy"),
     ]
     assert layer_violations(imports) == ["picoclaw/config.py:2: base may not import picoclaw.memory.policy (memory)"]
+
+
+def test_jobs_may_not_import_the_agent_and_only_the_outer_layers_import_jobs(tmp_path: Path) -> None:
+    root = make_package(
+        tmp_path,
+        {
+            "agent/loop.py": "class AgentLoop: ...\n",
+            "memory/store.py": "class MemoryStore: ...\n",
+            "clock.py": "",
+            "jobs/__init__.py": "from picoclaw.jobs.runner import Scheduler\n",
+            "jobs/runner.py": (
+                "from picoclaw import clock\n"
+                "from picoclaw.agent.loop import AgentLoop\n"
+                "from picoclaw.memory.store import MemoryStore\n"
+            ),
+            "tools/cron.py": "from picoclaw.jobs import Scheduler\n",
+            "channels/repl.py": "from picoclaw.jobs import Scheduler\n",
+            "memory/x.py": "from picoclaw.jobs import Scheduler\n",
+            "config.py": "from picoclaw.jobs import Scheduler\n",
+        },
+    )
+    assert layer_violations(collect_imports(root)) == [
+        "picoclaw/config.py:1: base may not import picoclaw.jobs (jobs)",
+        "picoclaw/jobs/runner.py:2: jobs may not import picoclaw.agent.loop (agent)",
+        "picoclaw/jobs/runner.py:3: jobs may not import picoclaw.memory.store (memory)",
+        "picoclaw/memory/x.py:1: memory may not import picoclaw.jobs (jobs)",
+    ]
+
+
+def test_a_module_inside_a_root_only_package_is_reported(tmp_path: Path) -> None:
+    root = make_package(
+        tmp_path,
+        {
+            "jobs/__init__.py": "from picoclaw.jobs.store import JobStore\n",
+            "jobs/store.py": "from picoclaw.jobs.model import Job\n",
+            "jobs/model.py": "",
+            "tools/cron.py": "from picoclaw.jobs import JobStore\nfrom picoclaw.jobs.store import JobStore\n",
+            "cli/cron.py": "import picoclaw.jobs.model\n",
+        },
+    )
+    assert root_violations(collect_imports(root)) == [
+        "picoclaw/cli/cron.py:1: picoclaw.jobs.model is inside picoclaw.jobs: import from picoclaw.jobs",
+        "picoclaw/tools/cron.py:2: picoclaw.jobs.store is inside picoclaw.jobs: import from picoclaw.jobs",
+    ]
+
+
+def test_every_layer_is_imported_through_its_root_but_for_the_listed_exceptions(tmp_path: Path) -> None:
+    root = make_package(
+        tmp_path,
+        {
+            "memory/__init__.py": "",
+            "memory/store.py": "from picoclaw.providers.base import ChatProvider\n",
+            "providers/__init__.py": "",
+            "providers/base.py": "",
+            "agent/loop.py": "from picoclaw.memory import MemoryStore\nfrom picoclaw.memory.store import MemoryStore\n"
+                             "from picoclaw.providers.base import ChatProvider\n",
+            "channels/repl.py": "from picoclaw.agent.loop import AgentLoop\n",
+        },
+    )
+    assert root_violations(collect_imports(root)) == [
+        "picoclaw/agent/loop.py:2: picoclaw.memory.store is inside picoclaw.memory: import from picoclaw.memory",
+        "picoclaw/channels/repl.py:1: picoclaw.agent.loop is inside picoclaw.agent: import from picoclaw.agent",
+    ]
 
 
 def test_a_new_top_level_module_is_base(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from picoclaw import app as app_module
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
-from picoclaw.memory.index.searcher import index_of
+from picoclaw.memory.search import index_of
 from picoclaw.memory.session import KEPT_COMPACTED, SessionStore, StoredMessage
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import API_KEY, make_provider, said

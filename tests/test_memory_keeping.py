@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from picoclaw.memory.entries import fingerprint
 from picoclaw.memory.flush import parse_facts
-from picoclaw.memory.store import fingerprint
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     FAST_RETRY,
@@ -146,6 +146,10 @@ def test_a_retried_failed_turn_leaves_one_entry(workspace: Workspace, fake_opena
     ("My dog is called Bob.", "My dog is now called Max."),
     ("我的狗叫豆豆。", "我的狗现在叫旺财。"),
     ("My gym locker is number 217.", "My gym locker is number 305."),
+    # Japanese and Korean count by the character, as Chinese does: "62キロ" and "217번" are a number and
+    # its unit, so the same fact with a new number is an update.
+    ("体重は62キロです。", "体重は58キロです。"),
+    ("헬스장 사물함은 217번입니다.", "헬스장 사물함은 305번입니다."),
 ])
 def test_an_update_keeps_the_older_entry_and_marks_it_superseded(
         workspace: Workspace, old: str, update: str) -> None:

@@ -13,11 +13,11 @@ from zoneinfo import ZoneInfo
 import pytest
 from freezegun import freeze_time
 
-from picoclaw.config import POLICY_KEYS, TUNABLE_KEYS, MemoryPolicy
 from picoclaw.errors import ConfigError
 from picoclaw.memory import policy as policy_module
 from picoclaw.memory.policy import PolicyError, PolicyManager, ValueChange
 from picoclaw.memory.workspace import Workspace
+from picoclaw.policy_schema import POLICY_KEYS, TUNABLE_KEYS, MemoryPolicy
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 # 02:00 UTC is 10:00 in Shanghai: history times are in the configured timezone, snapshot names in UTC.

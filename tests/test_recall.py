@@ -11,9 +11,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from picoclaw.config import IndexConfig
-from picoclaw.memory import retrieval
 from picoclaw.memory.index import MemoryIndex
-from picoclaw.memory.retrieval import Hit, MemoryRetriever
+from picoclaw.memory.search import Hit, KeywordSearch, keyword
 from picoclaw.memory.store import MemoryStore
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
@@ -36,12 +35,12 @@ def bodies(hits: list[Hit]) -> list[str]:
 def test_inflected_english_finds_the_base_form(tmp_path: Path, query: str) -> None:
     store = memory(tmp_path, "## 2025-03-01\nI run every morning. 每天早上跑步。\n\n"
                              "## 2025-03-02\nI swim on Sundays.\n")
-    assert bodies(MemoryRetriever(store).search(query, 5)) == ["I run every morning. 每天早上跑步。"]
+    assert bodies(KeywordSearch(store).search(query, 5)) == ["I run every morning. 每天早上跑步。"]
 
 
 def test_base_form_finds_inflected_english_inside_chinese_notes(tmp_path: Path) -> None:
     store = memory(tmp_path, "## 2025-03-01\n周末去了两次 hiking trips，爬了香山。\n\n## 2025-03-02\n周末在家看书。\n")
-    assert bodies(MemoryRetriever(store).search("hike trip", 5)) == ["周末去了两次 hiking trips，爬了香山。"]
+    assert bodies(KeywordSearch(store).search("hike trip", 5)) == ["周末去了两次 hiking trips，爬了香山。"]
 
 
 # -- question words ----------------------------------------------------------------------------------------
@@ -58,7 +57,7 @@ def test_question_words_do_not_match_blocks_that_hold_them(tmp_path: Path, query
                              "## 2025-03-02\nAlice has a pet corgi.\n\n"
                              "## 2025-03-03\n他问什么时候出发。\n\n"
                              "## 2025-03-04\n宠物是一只柯基。\n")
-    assert bodies(MemoryRetriever(store).search(query, 5)) == [found]
+    assert bodies(KeywordSearch(store).search(query, 5)) == [found]
 
 
 @pytest.mark.parametrize(("query", "found"), [("what kind?", "A kind neighbour fixed the fence."),
@@ -66,7 +65,7 @@ def test_question_words_do_not_match_blocks_that_hold_them(tmp_path: Path, query
 def test_a_query_of_only_question_words_still_searches(tmp_path: Path, query: str, found: str) -> None:
     store = memory(tmp_path, "## 2025-03-01\nA kind neighbour fixed the fence.\n\n"
                              "## 2025-03-03\n他问什么时候出发。\n\n## 2025-03-04\n宠物是一只柯基。\n")
-    assert bodies(MemoryRetriever(store).search(query, 5)) == [found]
+    assert bodies(KeywordSearch(store).search(query, 5)) == [found]
 
 
 # -- dates in words ----------------------------------------------------------------------------------------
@@ -78,7 +77,7 @@ DATED = ("# Long-term memory\n\n## 2023-05-08\nWent hiking with Alice. 和爱丽
 @pytest.mark.parametrize("query", ["What did I do in May 2023?", "8 May 2023", "2023年5月", "2023年5月8日做了什么"])
 def test_a_date_heading_is_found_by_the_date_in_words(tmp_path: Path, query: str) -> None:
     store = memory(tmp_path, DATED)
-    hits = MemoryRetriever(store).search(query, 5)
+    hits = KeywordSearch(store).search(query, 5)
     assert hits[0].block.heading == "## 2023-05-08"
     # The other dated entry is of June: "5" (its day) and "2023" alone must not put it level with May.
     assert all(hit.score < hits[0].score for hit in hits[1:])
@@ -90,7 +89,7 @@ def test_a_daily_note_is_found_by_its_file_date_in_words(tmp_path: Path, query: 
     store = MemoryStore(tmp_path / "memory", SHANGHAI)
     note = store.append_note("Went hiking. 去爬山了。", at=datetime(2023, 5, 8, 10, 30, tzinfo=SHANGHAI))
     store.append_note("Read a book. 看了书。", at=datetime(2023, 6, 5, 21, 0, tzinfo=SHANGHAI))
-    hits = MemoryRetriever(store).search(query, 5, include_notes=True)
+    hits = KeywordSearch(store).search(query, 5, include_notes=True)
     assert note.name == "20230508.md"
     assert [hit.block.path for hit in hits][:1] == [note]
     assert hits[0].block.heading == "## 10:30"  # the entry, not the note's "# 2023-05-08" title
@@ -111,9 +110,9 @@ def test_a_block_next_to_a_match_ranks_above_an_equal_one_far_away(
     # `near` and `far` score the same on their own; on equal scores the later block (`far`) would win.
     store = memory(tmp_path, f"## 2025-03-01\n{context}\n\n## 2025-03-01\n{near}\n\n"
                              f"## 2025-03-02\nDentist at nine. 九点看牙医。\n\n## 2025-03-01\n{far}\n")
-    assert bodies(MemoryRetriever(store).search(query, 3)) == [context, near, far]
-    monkeypatch.setattr(retrieval, "NEIGHBOUR_WEIGHT", 0.0)
-    assert bodies(MemoryRetriever(store).search(query, 3)) == [context, far, near]
+    assert bodies(KeywordSearch(store).search(query, 3)) == [context, near, far]
+    monkeypatch.setattr(keyword, "NEIGHBOUR_WEIGHT", 0.0)
+    assert bodies(KeywordSearch(store).search(query, 3)) == [context, far, near]
 
 
 @pytest.mark.parametrize(
@@ -127,7 +126,7 @@ def test_a_note_entry_is_found_with_the_entry_before_it(
     store = MemoryStore(tmp_path / "memory", SHANGHAI)
     for minute, text in enumerate([question, answer, "Carol: 天气不错 nice weather."]):
         store.append_note(text, at=datetime(2025, 3, 9, 10, minute, tzinfo=SHANGHAI))
-    found = bodies(MemoryRetriever(store).search(query, 5, include_notes=True))
+    found = bodies(KeywordSearch(store).search(query, 5, include_notes=True))
     # The answer holds none of the query's words: the question just before it brings it along.
     assert found == [question, answer]
 
@@ -135,14 +134,14 @@ def test_a_note_entry_is_found_with_the_entry_before_it(
 def test_a_block_that_matches_nothing_is_not_returned_for_its_neighbours(tmp_path: Path) -> None:
     store = memory(tmp_path, "## 2025-03-01\n宠物狗叫 Bob。\n\n## 2025-03-02\n住在上海浦东。\n\n"
                              "## 2025-03-03\nMy dog is a corgi.\n")
-    assert bodies(MemoryRetriever(store).search("我的狗叫什么", 10)) == ["宠物狗叫 Bob。"]
-    assert bodies(MemoryRetriever(store).search("corgi", 10)) == ["My dog is a corgi."]
+    assert bodies(KeywordSearch(store).search("我的狗叫什么", 10)) == ["宠物狗叫 Bob。"]
+    assert bodies(KeywordSearch(store).search("corgi", 10)) == ["My dog is a corgi."]
 
 
 def test_neighbours_of_a_hit_in_file_order(tmp_path: Path) -> None:
     store = memory(tmp_path, "# Long-term memory\n\nIntro.\n\n## 2025-03-01\nOne 一\n\n## 2025-03-02\nTwo 二\n\n"
                              "Two, second paragraph 二之二\n\n## 2025-03-03\nThree 三\n")
-    retriever = MemoryRetriever(store)
+    retriever = KeywordSearch(store)
     hit = retriever.search("二之二", 1)[0].block
     assert bodies([Hit(b, 0) for b in retriever.neighbours(hit)]) == ["Two 二", "Two, second paragraph 二之二",
                                                                       "Three 三"]
@@ -157,7 +156,7 @@ def test_neighbours_in_a_daily_note_leave_out_its_title(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path / "memory", SHANGHAI)
     for minute, text in enumerate(["早上跑步", "Lunch with Alice", "晚上看书"]):
         store.append_note(text, at=datetime(2025, 3, 9, 8, minute, tzinfo=SHANGHAI))
-    retriever = MemoryRetriever(store)
+    retriever = KeywordSearch(store)
     first = retriever.search("跑步", 1, include_notes=True)[0].block
     assert [b.heading for b in retriever.neighbours(first, before=2, after=1)] == ["## 08:00", "## 08:01"]
 

@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from freezegun import freeze_time
 
-from picoclaw.memory import retrieval
-from picoclaw.memory.retrieval import Block, Hit, MemoryRetriever, split_blocks
+from picoclaw.memory.search import Block, Hit, KeywordSearch, bm25, keyword, split_blocks
+from picoclaw.memory.search import blocks as blocks_module
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.terms import phrases, terms
 
@@ -70,8 +70,8 @@ def store(tmp_path: Path) -> MemoryStore:
 
 
 @pytest.fixture
-def retriever(store: MemoryStore) -> MemoryRetriever:
-    return MemoryRetriever(store)
+def retriever(store: MemoryStore) -> KeywordSearch:
+    return KeywordSearch(store)
 
 
 # -- split_blocks ------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_a_later_fact_is_found_after_an_entry_with_an_unclosed_fence(tmp_path: P
         f"## 2025-03-02\n{fact}\n\n" for fact in facts)
     memory.memory_dir.mkdir(parents=True)
     memory.long_term_path.write_text(text, encoding="utf-8")
-    retriever = MemoryRetriever(memory)
+    retriever = KeywordSearch(memory)
     assert len(retriever.long_term_blocks()) == 151
     assert "locker 149 holds item149" in retriever.search("item149", 1)[0].block.text
     assert "物品77" in retriever.search("第77号柜子", 1)[0].block.text
@@ -253,14 +253,14 @@ def test_phrases_prefer_quoted_parts() -> None:
     ],
 )
 def test_seed_004_queries_find_the_right_block_first(
-    retriever: MemoryRetriever, query: str, expected: str
+    retriever: KeywordSearch, query: str, expected: str
 ) -> None:
     hits = retriever.search(query, 10)
     assert hits, query
     assert last_line(hits[0]) == expected
 
 
-def test_identifier_queries(retriever: MemoryRetriever) -> None:
+def test_identifier_queries(retriever: KeywordSearch) -> None:
     for query in ("handleWebSocketReconnect", "ECONNREFUSED", "websocket reconnect"):
         hits = retriever.search(query, 10)
         assert len(hits) == 1, query
@@ -287,14 +287,14 @@ def test_exact_phrase_bonus_changes_the_ranking(
         "## 点单\n常点无糖 拿铁，大杯，外带。\n\n"
         "## 口味\n拿铁要无糖，少冰。\n"
     )
-    with_bonus = [h.block.heading for h in MemoryRetriever(store).search(query, 2)]
-    monkeypatch.setattr(retrieval, "PHRASE_BONUS", 0.0)
-    without_bonus = [h.block.heading for h in MemoryRetriever(store).search(query, 2)]
+    with_bonus = [h.block.heading for h in KeywordSearch(store).search(query, 2)]
+    monkeypatch.setattr(bm25, "PHRASE_BONUS", 0.0)
+    without_bonus = [h.block.heading for h in KeywordSearch(store).search(query, 2)]
     assert with_bonus == [phrase_block, other_block]
     assert without_bonus == [other_block, phrase_block]
 
 
-def test_limit_is_respected_and_hits_are_best_first(retriever: MemoryRetriever) -> None:
+def test_limit_is_respected_and_hits_are_best_first(retriever: KeywordSearch) -> None:
     everything = retriever.search("Bob 狗 dog 项目 project", 50)
     assert len(everything) >= 4
     assert [h.score for h in everything] == sorted((h.score for h in everything), reverse=True)
@@ -304,15 +304,15 @@ def test_limit_is_respected_and_hits_are_best_first(retriever: MemoryRetriever) 
 
 
 @pytest.mark.parametrize("query", ["量子计算", "quantum physics", "", "   ", "the of and", "？！"])
-def test_no_hit_gives_empty_list(retriever: MemoryRetriever, query: str) -> None:
+def test_no_hit_gives_empty_list(retriever: KeywordSearch, query: str) -> None:
     assert retriever.search(query, 10) == []
 
 
 def test_missing_memory_file_gives_no_hits(tmp_path: Path) -> None:
-    assert MemoryRetriever(MemoryStore(tmp_path / "empty", SHANGHAI)).search("Bob", 5) == []
+    assert KeywordSearch(MemoryStore(tmp_path / "empty", SHANGHAI)).search("Bob", 5) == []
 
 
-def test_daily_notes_only_with_include_notes(store: MemoryStore, retriever: MemoryRetriever) -> None:
+def test_daily_notes_only_with_include_notes(store: MemoryStore, retriever: KeywordSearch) -> None:
     note = store.append_note("和朋友去爬山，看到了日出。\nHiked with friends and saw the sunrise.",
                              at=datetime(2025, 3, 9, 8, 30, tzinfo=SHANGHAI))
     assert note == store.memory_dir / "202503" / "20250309.md"
@@ -324,13 +324,13 @@ def test_daily_notes_only_with_include_notes(store: MemoryStore, retriever: Memo
         assert "日出" in hits[0].block.text
 
 
-def test_memory_and_notes_rank_together(store: MemoryStore, retriever: MemoryRetriever) -> None:
+def test_memory_and_notes_rank_together(store: MemoryStore, retriever: KeywordSearch) -> None:
     note = store.append_note("给 Bob 洗澡 / gave Bob a bath", at=datetime(2025, 3, 9, 20, 0, tzinfo=SHANGHAI))
     paths = {h.block.path for h in retriever.search("Bob", 10, include_notes=True)}
     assert paths == {store.long_term_path, note}
 
 
-def test_hit_line_ranges_point_at_the_real_file(store: MemoryStore, retriever: MemoryRetriever) -> None:
+def test_hit_line_ranges_point_at_the_real_file(store: MemoryStore, retriever: KeywordSearch) -> None:
     lines = store.long_term_path.read_text(encoding="utf-8").split("\n")
     queries = ["项目 A 什么时候截止？", "我的狗叫什么", "邮箱", "追球 chasing balls", "ECONNREFUSED", "email"]
     checked = 0
@@ -356,10 +356,10 @@ def test_hit_line_ranges_point_at_the_real_file(store: MemoryStore, retriever: M
 
 @pytest.fixture
 def counters(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Count split_blocks calls and reads of MEMORY.md made by retrieval."""
+    """Count split_blocks calls and reads of MEMORY.md made by the keyword search."""
     counts = {"split": 0, "read": 0}
-    real_split = retrieval.split_blocks
-    real_read = retrieval._read_text
+    real_split = blocks_module.split_blocks
+    real_read = keyword._read_text
 
     def counting_split(text: str, path: Path, first_line: int = 1) -> list[Block]:
         counts["split"] += 1
@@ -370,12 +370,14 @@ def counters(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
             counts["read"] += 1
         return real_read(path)
 
-    monkeypatch.setattr(retrieval, "split_blocks", counting_split)
-    monkeypatch.setattr(retrieval, "_read_text", counting_read)
+    # A note is split in keyword.py, MEMORY.md by blocks.entry_blocks.
+    monkeypatch.setattr(keyword, "split_blocks", counting_split)
+    monkeypatch.setattr(blocks_module, "split_blocks", counting_split)
+    monkeypatch.setattr(keyword, "_read_text", counting_read)
     return counts
 
 
-def test_unchanged_file_is_not_reread_or_resplit(retriever: MemoryRetriever, counters: dict[str, int]) -> None:
+def test_unchanged_file_is_not_reread_or_resplit(retriever: KeywordSearch, counters: dict[str, int]) -> None:
     first = retriever.search("我的狗叫什么", 3)
     assert counters == {"split": 1, "read": 1}
     second = retriever.search("What is my dog called?", 3)
@@ -386,7 +388,7 @@ def test_unchanged_file_is_not_reread_or_resplit(retriever: MemoryRetriever, cou
 
 @freeze_time("2025-03-10 02:00:00")
 def test_append_is_picked_up_on_next_query(
-    store: MemoryStore, retriever: MemoryRetriever, counters: dict[str, int]
+    store: MemoryStore, retriever: KeywordSearch, counters: dict[str, int]
 ) -> None:
     assert retriever.search("猫咪", 5) == [] and retriever.search("cat", 5) == []
     store.append_long_term("新养了一只猫咪，叫 Mimi。\nAdopted a cat named Mimi.")
@@ -398,7 +400,7 @@ def test_append_is_picked_up_on_next_query(
 
 
 def test_in_place_edit_keeping_size_is_picked_up(
-    store: MemoryStore, retriever: MemoryRetriever, counters: dict[str, int]
+    store: MemoryStore, retriever: KeywordSearch, counters: dict[str, int]
 ) -> None:
     path = store.long_term_path
     assert retriever.search("柯基", 5) and retriever.search("corgi", 5)
@@ -420,7 +422,7 @@ def test_in_place_edit_keeping_size_is_picked_up(
 
 
 def test_replaced_file_with_same_size_and_mtime_is_picked_up(
-    store: MemoryStore, retriever: MemoryRetriever, counters: dict[str, int]
+    store: MemoryStore, retriever: KeywordSearch, counters: dict[str, int]
 ) -> None:
     # An editor that saves by writing a new file and renaming it over the old: only the inode differs.
     path = store.long_term_path
@@ -438,7 +440,7 @@ def test_replaced_file_with_same_size_and_mtime_is_picked_up(
     assert counters["split"] == 2
 
 
-def test_deleted_file_drops_out_of_the_cache(store: MemoryStore, retriever: MemoryRetriever) -> None:
+def test_deleted_file_drops_out_of_the_cache(store: MemoryStore, retriever: KeywordSearch) -> None:
     assert retriever.search("Bob", 5)
     store.long_term_path.unlink()
     assert retriever.search("Bob", 5) == []
@@ -446,7 +448,7 @@ def test_deleted_file_drops_out_of_the_cache(store: MemoryStore, retriever: Memo
     assert store.long_term_path not in retriever.cache
 
 
-def test_long_term_blocks_in_file_order(retriever: MemoryRetriever) -> None:
+def test_long_term_blocks_in_file_order(retriever: KeywordSearch) -> None:
     blocks = retriever.long_term_blocks()
     assert [b.start_line for b in blocks] == sorted(b.start_line for b in blocks)
     assert blocks[0].heading == "## 2025-03-01"  # the title and intro above it are not memories

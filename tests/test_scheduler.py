@@ -1,4 +1,4 @@
-"""The scheduler (picoclaw/agent/scheduler.py), driven step by step under frozen time: jobs fire at their
+"""The scheduler (picoclaw/jobs/runner.py), driven step by step under frozen time: jobs fire at their
 instants, restarts neither lose nor repeat a job, failures are recorded, and the heartbeat."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,11 +16,10 @@ import orjson
 import pytest
 from freezegun import freeze_time
 
-from picoclaw.agent.scheduler import HEARTBEAT_QUIET, INTERRUPTED, RUNNING, Scheduler, heartbeat_tasks
 from picoclaw.app import App
 from picoclaw.config import Config, parse_config
 from picoclaw.errors import ConfigError
-from picoclaw.jobs import JobStore, make_schedule
+from picoclaw.jobs import HEARTBEAT_QUIET, INTERRUPTED, RUNNING, JobStore, Scheduler, heartbeat_tasks, make_schedule
 from picoclaw.onboard import template_paths
 from tests.agent_helpers import make_provider, said
 from tests.fakes import FakeOpenAIServer
@@ -33,14 +33,16 @@ def utc(text: str) -> datetime:
 
 
 class Delivered:
-    """The channel's deliver callback: records (session key, text); fails for the keys in `failing`."""
+    """The channel the scheduler delivers to: records (session key, text); fails for the keys in `failing`."""
+
+    name = "telegram"  # the channel whose sessions App.scheduler serves by default
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, str]] = []
         self.at: list[datetime] = []
         self.failing: set[str] = set()
 
-    async def __call__(self, key: str, text: str) -> None:
+    async def deliver(self, key: str, text: str) -> None:
         if key in self.failing:
             raise RuntimeError(f"chat {key} is gone")
         self.sent.append((key, text))
@@ -60,6 +62,13 @@ def open_app(home: Path, model: FakeOpenAIServer | None = None) -> App:
         workspace = app.workspace
         app = App(app.config, home, make_provider=lambda _config: make_provider(workspace, model))
     return app
+
+
+@dataclass(frozen=True)
+class Outbox:
+    """A channel whose `deliver` is the function given."""
+
+    deliver: Callable[[str, str], Awaitable[None]]
 
 
 def no_agent(scope: str | None) -> Any:
@@ -179,7 +188,7 @@ def test_a_one_time_job_is_marked_run_before_it_is_delivered(home: Path) -> None
         job = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "once", "telegram:1")
         frozen.tick(timedelta(minutes=1))
         with pytest.raises(KeyboardInterrupt):
-            in_loop(Scheduler(jobs, no_agent, crash).run_due)
+            in_loop(Scheduler(jobs, no_agent, Outbox(crash)).run_due)
         assert seen[0]["next_run"] is None and seen[0]["last_outcome"] == RUNNING
         delivered = Delivered()
         restarted = Scheduler(jobs, no_agent, delivered, sleep=lambda s: restarted.stop())
@@ -229,7 +238,7 @@ def test_a_failing_job_is_recorded_and_the_others_still_run(home: Path, caplog: 
         good = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "fine", "telegram:2")
         skipped = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "terminal", "cli:default")
         frozen.tick(timedelta(minutes=1))
-        with caplog.at_level(logging.ERROR, logger="picoclaw.agent.scheduler"):
+        with caplog.at_level(logging.ERROR, logger="picoclaw.jobs.runner"):
             in_loop(Scheduler(jobs, no_agent, delivered).run_due)
     assert delivered.sent == [("telegram:2", "fine")]
     after = stored(app)
@@ -275,7 +284,7 @@ def test_a_slow_job_holds_up_no_other_job_due_at_the_same_time(home: Path) -> No
         frozen.tick(timedelta(minutes=1))
 
         async def body() -> list[str]:
-            ran = await asyncio.wait_for(Scheduler(jobs, no_agent, deliver).run_due(), 10)
+            ran = await asyncio.wait_for(Scheduler(jobs, no_agent, Outbox(deliver)).run_due(), 60)
             return [r.outcome for r in ran]
         assert in_loop(body) == ["ok", "ok"]
     assert sent == ["fast", "slow"]
@@ -294,7 +303,7 @@ def test_a_malformed_jobs_file_runs_nothing_and_stays_as_it_is(home: Path, caplo
         broken = good.replace(b'"message"', b'"shout"')  # a hand edit gone wrong
         jobs.path.write_bytes(broken)
         frozen.tick(timedelta(minutes=1))
-        with caplog.at_level(logging.ERROR, logger="picoclaw.agent.scheduler"):
+        with caplog.at_level(logging.ERROR, logger="picoclaw.jobs.runner"):
             in_loop(scheduler.run_due)
             in_loop(scheduler.run_due)
         assert delivered.sent == [] and jobs.path.read_bytes() == broken
@@ -406,6 +415,26 @@ def test_a_heartbeat_for_a_session_this_process_does_not_serve_makes_no_model_ca
     delivered = Delivered()
     assert beat(home, fake_openai, delivered) is None
     assert fake_openai.chat_requests() == [] and delivered.sent == []
+
+
+def test_a_heartbeat_session_no_channel_delivers_to_makes_no_model_call_and_says_so_once(
+        home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    # Older versions accepted it in config.json, but "042" would run in another session than chat 42's own.
+    enable_heartbeat(home, session="telegram:042")
+    (home / "workspace" / "HEARTBEAT.md").write_text("- 看看日历 look at the calendar\n", encoding="utf-8")
+    delivered = Delivered()
+    app = open_app(home, fake_openai)
+
+    async def body() -> list[str | None]:
+        async with app:
+            scheduler = app.scheduler(delivered)
+            return [await scheduler.beat(), await scheduler.beat()]
+    with caplog.at_level(logging.ERROR, logger="picoclaw.jobs.runner"), freeze_time(NOW, real_asyncio=True):
+        assert in_loop(body) == [None, None]
+    assert fake_openai.chat_requests() == [] and delivered.sent == []
+    errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    assert errors == ["scheduler: heartbeat: no turn runs until heartbeat.session is fixed: '042' in "
+                      "'telegram:042' is not a Telegram id (a whole number without leading zeros that fits in 64 bits)"]
 
 
 def test_the_heartbeat_beats_on_its_interval(home: Path, fake_openai: FakeOpenAIServer) -> None:

@@ -11,8 +11,9 @@ from freezegun import freeze_time
 
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError, PicoclawError
-from picoclaw.memory.retrieval import split_blocks
-from picoclaw.memory.store import MAX_ENTRY_CHARS, MemoryStore
+from picoclaw.memory.entries import MAX_ENTRY_CHARS
+from picoclaw.memory.search import split_blocks
+from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")  # UTC+8, no daylight saving time

@@ -10,31 +10,36 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 import pytest
 from aiogram import loggers as aiogram_loggers
-from aiogram.types import User
+from aiogram.types import Chat, Message, User
 
 from picoclaw.agent.loop import SUMMARY_NOTICE
 from picoclaw.app import App
-from picoclaw.channels import telegram as telegram_channel
 from picoclaw.channels.telegram import (
     APOLOGY,
     COMMANDS,
     NOT_TEXT,
     RETRY_AFTER_ATTEMPTS,
     RETRY_AFTER_MAX_WAIT,
-    Allowlist,
+    AddressedToBot,
+    AllowedUser,
+    BestEffortChatActions,
     RetryAfterMiddleware,
+    SlashCommand,
     TelegramChannel,
     chat_of,
     make_bot,
     not_authorised,
 )
+from picoclaw.channels.telegram import channel as telegram_channel
 from picoclaw.cli import main
 from picoclaw.memory.session import session_filename
 from picoclaw.memory.workspace import Workspace
@@ -129,11 +134,15 @@ def without_polling_lock(files: dict[str, bytes]) -> dict[str, bytes]:
 def test_an_allowed_user_is_answered_in_english_and_chinese(home: Path, fake_telegram: FakeTelegramServer,
                                                             fake_openai: FakeOpenAIServer) -> None:
     workspace = configure(home, fake_telegram, fake_openai)
-    fake_openai.reply_text("Hello **Ada** & <friends>", delay=0.3)  # typing shows while the model works
+    typed_twice = threading.Event()  # the model answers once "typing…" was shown and refreshed meanwhile
+    fake_openai.enqueue(Text("Hello **Ada** & <friends>", until=typed_twice))
     fake_openai.reply_text("你好，**阿达**！")
 
     async def body(channel: TelegramChannel) -> None:
         fake_telegram.send_text(OWNER, OWNER, "hi there")
+        await until(fake_telegram, lambda: len(fake_telegram.calls("sendChatAction")) >= 2)
+        assert fake_telegram.sent_texts() == []  # shown while the model still works
+        typed_twice.set()
         await until(fake_telegram, replied(fake_telegram, OWNER))
         fake_telegram.send_text(OWNER, OWNER, "你好")
         await until(fake_telegram, replied(fake_telegram, OWNER, 2))
@@ -208,9 +217,60 @@ def test_the_allowlist_never_matches_a_user_without_a_username() -> None:
     nameless = User(id=STRANGER, is_bot=False, first_name="stranger")
     blank = User(id=STRANGER, is_bot=False, first_name="stranger", username="")
     for entries in ([OWNER, ""], ["@"], [" "], ["@ "]):
-        allowlist = Allowlist(entries)
+        allowlist = AllowedUser(entries)
         assert not allowlist.allows(nameless) and not allowlist.allows(blank), entries
-    assert Allowlist(["@Alice_W"]).allows(User(id=5, is_bot=False, first_name="a", username="alice_w"))
+    assert AllowedUser(["@Alice_W"]).allows(User(id=5, is_bot=False, first_name="a", username="alice_w"))
+
+
+def message(text: str | None, *, user: User | None = None, chat_type: str = "private",
+            reply_to: Message | None = None) -> Message:
+    """A Message as aiogram hands it to filters (from the owner, in their private chat, unless told)."""
+    sender = user if user is not None else User(id=OWNER, is_bot=False, first_name="owner")
+    chat = Chat(id=sender.id if chat_type == "private" else -100500, type=chat_type)
+    return Message(message_id=7, date=datetime(2025, 3, 10, tzinfo=UTC), chat=chat, from_user=sender, text=text,
+                   reply_to_message=reply_to)
+
+
+def passes(telegram_filter: Any, event: Message) -> bool:
+    return bool(asyncio.run(telegram_filter(event)))
+
+
+def test_the_allow_list_is_a_filter_on_messages() -> None:
+    allowed = AllowedUser([OWNER, "@Alice_W"])
+    alice = User(id=5, is_bot=False, first_name="a", username="ALICE_w")
+    stranger = User(id=STRANGER, is_bot=False, first_name="s", username="mallory")
+    for text in ("hello", "你好，记住我的咖啡"):
+        assert passes(allowed, message(text))
+        assert passes(allowed, message(text, user=alice, chat_type="group"))
+        assert not passes(allowed, message(text, user=stranger))
+    channel_post = Message(message_id=8, date=datetime(2025, 3, 10, tzinfo=UTC), chat=Chat(id=-1, type="channel"),
+                           text="频道 post")  # no sender: nobody to allow
+    assert not passes(allowed, channel_post)
+    assert not passes(AllowedUser([]), message("hi"))  # an empty allow_from lets nobody in
+
+
+def test_addressed_to_the_bot_is_a_filter_on_messages() -> None:
+    me = User(id=123456, is_bot=True, first_name="picoclaw", username=BOT_USERNAME)
+    mention = AddressedToBot("mention", lambda: me)
+    from_bot = User(id=42, is_bot=True, first_name="other bot")
+    earlier = message("earlier answer / 之前的回答", user=me, chat_type="group")
+    assert passes(mention, message("你好 hello"))  # a private chat: everything is for the bot
+    assert passes(mention, message(f"@{BOT_USERNAME.upper()} 今天天气？", chat_type="group"))
+    assert passes(mention, message("谢谢 thanks", chat_type="group", reply_to=earlier))
+    assert not passes(mention, message("大家好 hi all", chat_type="group"))
+    assert not passes(mention, message("hi", user=from_bot))
+    assert passes(AddressedToBot("always", lambda: me), message("大家好 hi all", chat_type="group"))
+    assert not passes(AddressedToBot("always", lambda: me), message("hi", user=from_bot, chat_type="group"))
+
+
+def test_a_slash_command_is_what_the_agent_reads_as_one() -> None:
+    me = User(id=123456, is_bot=True, first_name="picoclaw", username=BOT_USERNAME)
+    command = SlashCommand(lambda: me)
+    for text in ("/new", f"/memory@{BOT_USERNAME} 咖啡", f"@{BOT_USERNAME} /status", "/nonsense 什么"):
+        assert passes(command, message(text, chat_type="group")), text
+    for text in ("hello /new", "你好", "  "):
+        assert not passes(command, message(text)), text
+    assert not passes(command, message(None))
 
 
 # -- replies that arrive ----------------------------------------------------------------------------------
@@ -300,7 +360,13 @@ def test_twenty_chats_at_once_get_their_own_answers(home: Path, fake_telegram: F
                                                     fake_openai: FakeOpenAIServer) -> None:
     chats = [2000 + n for n in range(20)]
     workspace = configure(home, fake_telegram, fake_openai, allow_from=chats)
-    fake_openai.responder = lambda body: Text(echo(body), delay=0.3)
+    all_asked = threading.Event()  # answers wait for every chat's question: turns one at a time would never get there
+
+    def answer(body: dict[str, Any]) -> Text:
+        if len(fake_openai.chat_requests()) >= len(chats):
+            all_asked.set()
+        return Text(echo(body), until=all_asked)
+    fake_openai.responder = answer
 
     async def body(channel: TelegramChannel) -> None:
         for n, chat in enumerate(chats):
@@ -456,7 +522,8 @@ def test_a_restart_resumes_the_chat_and_old_updates_are_not_answered_twice(
 def test_stopping_lets_every_turn_under_way_or_queued_finish(home: Path, fake_telegram: FakeTelegramServer,
                                                              fake_openai: FakeOpenAIServer) -> None:
     workspace = configure(home, fake_telegram, fake_openai, allow_from=[OWNER, FRIEND])
-    fake_openai.responder = lambda body: Text(echo(body), delay=0.3)
+    answering = threading.Event()  # the model answers once the test has seen the turns under way
+    fake_openai.responder = lambda body: Text(echo(body), until=answering)
     texts = {OWNER: ["a slow question", "然后呢？"], FRIEND: ["another slow one / 另一个"]}
 
     async def body(channel: TelegramChannel) -> None:
@@ -467,6 +534,7 @@ def test_stopping_lets_every_turn_under_way_or_queued_finish(home: Path, fake_te
         await until(fake_telegram, lambda: fake_telegram.calls("sendChatAction") != [] and any(
             int(c.params.get("offset") or 0) > last for c in fake_telegram.calls("getUpdates")))
         assert fake_telegram.sent_texts() == []
+        asyncio.get_running_loop().call_later(0.3, answering.set)
         # serve() now stops polling, as SIGTERM does, while the model is still answering.
     serve(workspace, fake_telegram, fake_openai, body)
 
@@ -607,11 +675,12 @@ def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(
     fake_openai.reply_text("answered before exiting / 退出前已回答", delay=0.5)
     process = picoclaw_telegram(home)
     try:
-        fake_telegram.wait_until(lambda: bool(fake_telegram.calls("getUpdates")), timeout=30)
+        # Generous bounds, for hangs only: the child imports aiogram (20 s on a busy 2-core machine).
+        fake_telegram.wait_until(lambda: bool(fake_telegram.calls("getUpdates")), timeout=180)
         fake_telegram.send_text(OWNER, OWNER, "one last question")
-        fake_telegram.wait_until(lambda: bool(fake_telegram.calls("sendChatAction")), timeout=30)
+        fake_telegram.wait_until(lambda: bool(fake_telegram.calls("sendChatAction")), timeout=60)
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=30)
+        out, err = process.communicate(timeout=60)
     finally:
         process.kill()
     assert process.returncode == 0, err
@@ -757,6 +826,29 @@ def test_a_429_on_send_chat_action_is_waited_out_and_retried(home: Path, fake_te
     assert "sendChatAction rate limited" in caplog.text
 
 
+def test_a_typing_action_that_fails_is_logged_and_typing_goes_on(home: Path, fake_telegram: FakeTelegramServer,
+                                                                 fake_openai: FakeOpenAIServer,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    typed_again = threading.Event()  # the model answers once "typing…" was sent again after the failure
+    fake_openai.enqueue(Text("答好了 answered", until=typed_again))
+    fake_telegram.fail_next("sendChatAction", 400, "Bad Request: not enough rights / 权限不足")
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "你好 hi")
+        await until(fake_telegram, lambda: len(fake_telegram.calls("sendChatAction")) >= 2)
+        typed_again.set()
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    with caplog.at_level(logging.DEBUG, logger="picoclaw.channels.telegram"):
+        serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(OWNER) == ["答好了 answered"]
+    first, second, *_ = fake_telegram.calls("sendChatAction")
+    assert "_ok" not in first.params and second.params.get("_ok")  # refreshed after the failure
+    assert f"chat {OWNER}: typing action failed" in caplog.text and "权限不足" in caplog.text
+    assert "could not send a reply" not in caplog.text and "the turn failed" not in caplog.text
+
+
 def test_a_429_on_start_up_and_on_send_message_is_retried_with_the_wait_capped(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     workspace = configure(home, fake_telegram, fake_openai)
@@ -812,14 +904,15 @@ def test_the_retry_middleware_is_installed_once_per_bot(home: Path, fake_telegra
             await bot.session.close()
     middlewares = asyncio.run(main())
 
-    assert [type(m) for m in middlewares] == [RetryAfterMiddleware]
+    assert [type(m) for m in middlewares] == [BestEffortChatActions, RetryAfterMiddleware]
 
 
 def test_per_chat_locks_exist_only_while_a_chat_is_busy(home: Path, fake_telegram: FakeTelegramServer,
                                                         fake_openai: FakeOpenAIServer) -> None:
     chats = [3001, 3002, 3003]
     workspace = configure(home, fake_telegram, fake_openai, allow_from=chats)
-    fake_openai.responder = lambda body: Text(echo(body), delay=0.4)
+    counted = threading.Event()  # the model answers once the test has counted the locks
+    fake_openai.responder = lambda body: Text(echo(body), until=counted)
 
     async def body(channel: TelegramChannel) -> tuple[TelegramChannel, int]:
         for chat in chats:
@@ -827,6 +920,7 @@ def test_per_chat_locks_exist_only_while_a_chat_is_busy(home: Path, fake_telegra
             fake_telegram.send_text(chat, chat, f"again from {chat}")  # waits behind the first: same lock
         await wait_until(lambda: len(fake_openai.chat_requests()) >= len(chats), what="every chat's model call")
         busy = len(channel._chat_locks)  # every chat's first turn is with the model now
+        counted.set()
         await until(fake_telegram, lambda: all(len(fake_telegram.sent_texts(c)) == 2 for c in chats))
         return channel, busy
     channel, busy = serve(workspace, fake_telegram, fake_openai, body)

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from picoclaw.channels.telegram_format import MESSAGE_LIMIT, MessagePart, render_html, telegram_parts
+from picoclaw.channels.telegram import MESSAGE_LIMIT, MessagePart, render_html, telegram_parts
 
 TELEGRAM_TAGS = {"b", "i", "u", "s", "code", "pre", "a", "blockquote", "tg-spoiler"}
 

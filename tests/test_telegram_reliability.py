@@ -14,8 +14,7 @@ import pytest
 from filelock import FileLock
 
 from picoclaw.app import App
-from picoclaw.channels.telegram import TelegramChannel, make_bot
-from picoclaw.channels.telegram_format import telegram_parts
+from picoclaw.channels.telegram import TelegramChannel, make_bot, telegram_parts
 from picoclaw.cli import main
 from picoclaw.errors import PicoclawError
 from picoclaw.memory.workspace import Workspace
@@ -59,8 +58,9 @@ def telegram() -> Any:
         yield server
 
 
-def finished(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of a process expected to end on its own (killed if it does not)."""
+def finished(process: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of a process expected to end on its own (killed if it does not). The bound
+    only stops a hang: importing aiogram alone took 20 s on a busy 2-core machine."""
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -115,7 +115,7 @@ def test_a_second_poller_of_the_same_bot_is_refused_in_one_line(home: Path, tele
     workspace = configure(home, telegram, fake_openai, token=TOKEN)
     first = picoclaw_telegram(home)
     try:
-        telegram.wait_until(lambda: bool(telegram.calls("getUpdates")), timeout=60)
+        telegram.wait_until(lambda: bool(telegram.calls("getUpdates")), timeout=180)
         calls, before = len(telegram.calls()), tree(home)
         code, out, err = finished(picoclaw_telegram(home))
         assert code == 1 and err.count("\n") == 1, err
@@ -127,7 +127,7 @@ def test_a_second_poller_of_the_same_bot_is_refused_in_one_line(home: Path, tele
         # The first serves on, alone.
         fake_openai.reply_text("only once / 只答一次")
         telegram.send_text(OWNER, OWNER, "hello / 你好")
-        telegram.wait_until(replied(telegram, OWNER), timeout=60)
+        telegram.wait_until(replied(telegram, OWNER), timeout=180)
         first.send_signal(signal.SIGTERM)
         assert finished(first)[0] == 0
     finally:
@@ -183,7 +183,7 @@ def test_a_409_for_a_webhook_ends_the_run_with_its_reason_and_no_error_logged(
         app = App(workspace.config, workspace.home, make_provider=lambda _config: make_provider(workspace, fake_openai))
         async with app:
             channel = TelegramChannel(settings, make_bot(settings, TOKEN), app.agent)
-            await asyncio.wait_for(channel.run(handle_signals=False, polling_timeout=1), timeout=30)
+            await asyncio.wait_for(channel.run(handle_signals=False, polling_timeout=1), timeout=120)
     with caplog.at_level(logging.DEBUG), pytest.raises(PicoclawError) as caught:
         asyncio.run(run())
 

@@ -22,7 +22,9 @@ from collections.abc import Callable
 
 __all__ = ["Deadline", "real_monotonic", "wait_until", "wait_until_sync"]
 
-DEFAULT_TIMEOUT = 10.0
+# Generous: it only bounds a hang. What is waited for happens in milliseconds on an idle machine and may take
+# seconds on a busy one; a wait that times out fails the test, so the bound must not be what a pass depends on.
+DEFAULT_TIMEOUT = 60.0
 DEFAULT_INTERVAL = 0.01
 
 # Kept inside a tuple, not as a module attribute, so freezegun's patching of module globals misses it.

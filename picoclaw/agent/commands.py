@@ -9,11 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from picoclaw.agent.context import InjectedMemory
 from picoclaw.agent.summary import CompactResult
-from picoclaw.config import POLICY_KEYS
-from picoclaw.memory.policy import EffectivePolicy
-from picoclaw.memory.session import Session
+from picoclaw.memory import EffectivePolicy, InjectedMemory, Session
+from picoclaw.policy_schema import POLICY_KEYS
 from picoclaw.tokens import is_exact
 
 HELP = """Commands:

@@ -7,28 +7,23 @@ message with a delimited data block in front of its text: the retrieved memory, 
 time. The block stays with its turn in the history, as sent, so nothing earlier in the request ever
 changes and providers' (and local servers') prompt caches reuse all of it. A memory block the history
 already carries is not injected again. Memory is framed as data the user stored, never as instructions.
+Which memory blocks a turn carries is chosen in memory/search/turn_memory.py; this module frames them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 from collections.abc import Set
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from picoclaw.agent.history import keep_last, safe_start, turns
-from picoclaw.config import MemoryPolicy
 from picoclaw.fsutil import FileCache
 from picoclaw.layout import BOOTSTRAP_FILES
-from picoclaw.memory.retrieval import Block, FileIndex, Hit, rank, split_blocks
-from picoclaw.memory.session import Session, StoredMessage
-from picoclaw.memory.store import DailyNote
-from picoclaw.memory.workspace import Workspace
+from picoclaw.memory import Block, InjectedMemory, Session, StoredMessage, Workspace, rank_blocks, select_turn_memory
+from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import Message
-from picoclaw.tokens import count_tokens
-from picoclaw.tools.skills import shared_catalog, skills_prompt
+from picoclaw.tools import shared_catalog, skills_prompt
 from picoclaw.workspace_text import bootstrap_text
 
 MEMORY_FRAME = ("A <context> block before a user's message is picoclaw's: stored memory, recent notes, the time. "
@@ -44,27 +39,6 @@ TOOL_GUIDANCE = f"""## Memory
 # Per-user scopes: the model should know where its files go, and that the shared files will refuse it.
 PER_USER_GUIDANCE = ("- This conversation has its own folder: file paths are relative to it, and what you write there "
                      "is this user's alone. " + ", ".join(BOOTSTRAP_FILES) + " are shared by all users and read-only.")
-
-
-# Entries of a daily note injected on each side of a note entry that was found (when the budget allows).
-NOTE_NEIGHBOURS = 2
-
-
-def block_key(block: Block) -> str:
-    """What identifies a memory block in the history: its text (an edited block is a new one)."""
-    return hashlib.blake2b(block.text.encode("utf-8"), digest_size=8).hexdigest()
-
-
-@dataclass(frozen=True)
-class InjectedMemory:
-    """What a turn's prompt carries from memory: MEMORY.md blocks (with scores when ranked) and notes."""
-
-    blocks: list[Hit]
-    notes: list[Block]
-    ranked: bool  # False: the fallback (whole file or newest blocks) was used
-
-    def keys(self) -> tuple[str, ...]:
-        return tuple(block_key(block) for block in [*(hit.block for hit in self.blocks), *self.notes])
 
 
 @dataclass(frozen=True)
@@ -92,90 +66,11 @@ class ContextBuilder:
 
     async def select_memory(self, policy: MemoryPolicy, query: str, present: Set[str] = frozenset()
                             ) -> InjectedMemory:
-        """Retrieved blocks and recent notes for `query`, held to the policy's token budget.
+        """The memory this turn's prompt carries for `query`: chosen by memory/search/turn_memory.py.
 
         Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing.
         """
-        searcher = self.workspace.searcher
-        hits = (await searcher.search_async(query, policy.retrieve_limit, include_notes=True)
-                if query.strip() else [])
-        # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
-        return await asyncio.to_thread(self._fit_memory, policy, hits, present, bool(query.strip()))
-
-    def _fit_memory(self, policy: MemoryPolicy, hits: list[Hit], present: Set[str], queried: bool
-                    ) -> InjectedMemory:
-        budget = policy.memory_token_budget
-        ranked = bool(hits)
-        chosen: list[Hit] = []
-        taken = set(present)
-        recent = self.workspace.store.read_recent_notes(policy.recent_days)
-        if ranked:
-            # The recent days' notes come whole in <notes> below, newest first: not again as hits.
-            recent_files = {note.path for note in recent}
-            for hit in hits:
-                if hit.block.path not in recent_files:
-                    group, budget = self._fit_hit(hit, taken, budget)
-                    chosen.extend(group)
-        else:
-            # No query: the whole file if it fits, else its newest contiguous run of blocks. A message that
-            # matches nothing gets at most `memory_fallback_blocks` of the newest (none by default): a small
-            # model takes whatever memory it is shown as the answer, or mixes two entries into a new "fact".
-            most = policy.memory_fallback_blocks if queried else None
-            blocks = self.workspace.searcher.long_term_blocks() if most != 0 else []
-            for block in reversed(blocks):
-                if most is not None and len(chosen) >= most:
-                    break
-                if block_key(block) in taken:
-                    continue
-                cost = count_tokens(block.text)
-                if cost > budget:
-                    break
-                chosen.append(Hit(block, 0.0))
-                budget -= cost
-            chosen.reverse()
-        notes: list[Block] = []
-        for note in reversed(recent):
-            for block in reversed(_note_blocks(note)):
-                if block_key(block) in present:
-                    continue
-                cost = count_tokens(block.text)
-                if cost > budget:
-                    break
-                notes.append(block)
-                budget -= cost
-            else:
-                continue
-            break
-        notes.reverse()
-        return InjectedMemory(chosen, notes, ranked)
-
-    def _fit_hit(self, hit: Hit, taken: set[str], budget: int) -> tuple[list[Hit], int]:
-        """`hit` and, for a daily-note entry, its neighbouring entries (nearest first while the budget lasts),
-        in file order; what is taken and the budget left. A note entry is one moment of a day: what was
-        said around it is often the answer."""
-        if block_key(hit.block) in taken:
-            return [], budget
-        cost = count_tokens(hit.block.text)
-        if cost > budget:
-            return [], budget
-        taken.add(block_key(hit.block))
-        group, budget = [hit], budget - cost
-        if hit.block.path == self.workspace.store.long_term_path:
-            return group, budget  # a MEMORY.md entry stands on its own
-        around = self.workspace.searcher.neighbours(hit.block, NOTE_NEIGHBOURS, NOTE_NEIGHBOURS)
-        at = next((n for n, block in enumerate(around) if block.start_line == hit.block.start_line), None)
-        if at is None:
-            return group, budget
-        nearest_first = sorted(((abs(n - at), block) for n, block in enumerate(around) if n != at),
-                               key=lambda pair: pair[0])
-        for _, block in nearest_first:
-            cost = count_tokens(block.text)
-            if block_key(block) in taken or cost > budget:
-                continue
-            taken.add(block_key(block))
-            group.append(Hit(block, 0.0))
-            budget -= cost
-        return sorted(group, key=lambda h: h.block.start_line), budget
+        return await select_turn_memory(self.workspace.searcher, self.workspace.store, policy, query, present)
 
     # -- history selection -------------------------------------------------------------------------
 
@@ -193,7 +88,7 @@ class ContextBuilder:
         plain = [m.message for m in active]  # ranked by what was said, not by the memory sent with it
         spans = turns(plain)
         blocks = [Block(Path("session"), "", _turn_text(plain[s:e]), s, e) for s, e in spans]
-        hits = rank([FileIndex.build(blocks)], query, limit)
+        hits = rank_blocks(blocks, query, limit)
         if not hits:
             return history[keep_last(history, policy.session_relevant_fallback_keep):]
         chosen = sorted((hit.block.start_line, hit.block.end_line) for hit in hits)
@@ -246,26 +141,6 @@ class ContextBuilder:
         except ValueError:
             relative = block.path
         return f"{relative}:{block.start_line}-{block.end_line}"
-
-
-def _note_blocks(note: DailyNote) -> list[Block]:
-    """A daily note's entries, each whole: a session summary (several paragraphs under one `## HH:MM`) is
-    shown as one piece or not at all, never as fragments that lose their sense."""
-    entries: list[Block] = []
-    lines = note.text.splitlines()
-    for block in split_blocks(note.text, note.path):
-        if block.text.startswith("# ") and "\n" not in block.text:
-            continue  # the "# YYYY-MM-DD" title of a note file carries no content of its own
-        last = entries[-1] if entries else None
-        # A block that does not start on its heading's line is a further paragraph of the same entry (two
-        # entries of the same minute have the same heading, and stay two).
-        continued = block.heading and lines[block.start_line - 1].rstrip() != block.heading
-        if last is not None and continued and block.heading == last.heading:
-            body = block.text.removeprefix(block.heading).lstrip("\n")
-            entries[-1] = Block(last.path, last.heading, f"{last.text}\n\n{body}", last.start_line, block.end_line)
-        else:
-            entries.append(block)
-    return entries
 
 
 def _turn_text(messages: list[Message]) -> str:

@@ -39,15 +39,12 @@ from picoclaw.agent.reflection import Reflector
 from picoclaw.agent.streaming import StreamGate, TextSink
 from picoclaw.agent.summary import CompactResult, accept_summary, render_transcript, summary_request
 from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
-from picoclaw.config import MemoryPolicy
 from picoclaw.keyed import KeyedLocks, LruCache
-from picoclaw.memory.compression import LongTermCompressor
-from picoclaw.memory.flush import flush_facts
-from picoclaw.memory.session import Session, StoredMessage
-from picoclaw.memory.workspace import Workspace
+from picoclaw.memory import LongTermCompressor, Session, StoredMessage, Workspace, flush_facts
+from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
 from picoclaw.tokens import count_tokens
-from picoclaw.tools.base import ToolRegistry, current_session
+from picoclaw.tools import ToolRegistry, current_session
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +54,8 @@ log = logging.getLogger(__name__)
 # evicted session is read again from its file (a few ms) when its chat next speaks.
 SESSION_CACHE_SIZE = 256
 
-Notify = Callable[[str, str], Awaitable[None]]
 ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSON text)
+NoticeSink = Callable[[str, str], Awaitable[None]]  # (session key, notice): work done after the reply
 
 SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
 TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
@@ -164,12 +161,13 @@ class AgentLoop:
 
     # -- a turn ------------------------------------------------------------------------------------
 
-    async def handle(self, key: str, text: str, *, notify: Notify | None = None, on_text: TextSink | None = None,
-                     on_tool: ToolSink | None = None) -> Reply:
+    async def handle(self, key: str, text: str, *, notify: NoticeSink | None = None,
+                     on_text: TextSink | None = None, on_tool: ToolSink | None = None) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
-        as it starts, and `notify(key, text)` work done after the reply (a summary starting).
+        as it starts, and `notify(key, text)`, shaped like a channel's `deliver`, work done after the reply
+        (a summary starting). Channels call this through `picoclaw.channels.run_turn`.
         """
         text = clean_text(text)
         async with self.hold(key):
@@ -313,7 +311,7 @@ class AgentLoop:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    async def _after_turn(self, key: str, notify: Notify | None) -> None:
+    async def _after_turn(self, key: str, notify: NoticeSink | None) -> None:
         # Each job on its own: a bug in one must not stop the others. Each checks whether it is due.
         jobs: list[tuple[str, Callable[[], Awaitable[object]]]] = [
             ("session summary", lambda: self._summarize_if_needed(key, notify)),
@@ -329,7 +327,7 @@ class AgentLoop:
     async def _reflect_if_due(self, key: str) -> None:
         await self.reflector.maybe_reflect(self.sessions, await self.session(key))
 
-    async def _summarize_if_needed(self, key: str, notify: Notify | None) -> None:
+    async def _summarize_if_needed(self, key: str, notify: NoticeSink | None) -> None:
         # A summary already being written covers this turn's check too: no second notice, no second call.
         # So does a failed summary not long ago (see SummaryBackoff): no attempt, so no notice either.
         session = await self.session(key)

@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from picoclaw.agent.summary import render_transcript
-from picoclaw.config import MemoryPolicy
-from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
-from picoclaw.memory.policy import PolicyError, PolicyManager
-from picoclaw.memory.session import Session, SessionStore
+from picoclaw.memory import PolicyError, PolicyManager, Session, SessionStore, SuggestionError, suggest_policy_change
+from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Message
 
 log = logging.getLogger(__name__)

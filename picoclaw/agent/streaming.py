@@ -8,9 +8,7 @@ once it clearly is not, what was held and everything after it flows through.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
-TextSink = Callable[[str], Awaitable[None]]
+from picoclaw.providers.base import TextSink
 
 # How a tool call written as text begins; a reply that begins otherwise is plain text.
 CALL_OPENINGS = ("```", "<tool_call>", "<tools>", "{", "functions.")

@@ -1,1 +1,26 @@
-"""Channels turn their world (terminal lines, Telegram updates) into AgentLoop.handle calls."""
+"""Channels: the ways of talking to the assistant, each turning its world's messages into agent turns.
+
+The contract all of them keep is in `base` (`Channel`, `Inbound`, `TurnHooks`, and `run_turn`, where a message
+becomes a model call); `ReplChannel` is the terminal and `TelegramChannel` the Telegram bot (the package
+`telegram`). Each name is imported on first use (picoclaw/lazy_exports.py): the terminal never loads aiogram.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from picoclaw.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from picoclaw.channels.base import Channel, Inbound, TurnHooks, run_turn
+    from picoclaw.channels.repl import ReplChannel
+    from picoclaw.channels.telegram import TelegramChannel, make_bot, polling_lock
+
+__all__ = ["Channel", "Inbound", "ReplChannel", "TelegramChannel", "TurnHooks", "make_bot", "polling_lock",
+           "run_turn"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "picoclaw.channels.base": ("Channel", "Inbound", "TurnHooks", "run_turn"),
+    "picoclaw.channels.repl": ("ReplChannel",),
+    "picoclaw.channels.telegram": ("TelegramChannel", "make_bot", "polling_lock"),
+})

@@ -1,4 +1,4 @@
-"""`picoclaw chat`: the assistant in a terminal, its answers printed as they are written.
+"""`picoclaw chat`: the assistant in a terminal (`ReplChannel`), its answers printed as they are written.
 
 On a terminal, prompt_toolkit reads the lines (editing, history, Ctrl-C and Ctrl-D that act at once); from a
 pipe, a reader thread does. Ctrl-C at the prompt leaves; Ctrl-C during an answer cancels that answer (nothing
@@ -14,23 +14,23 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Protocol, TextIO
 
-from picoclaw.agent.loop import AgentLoop, Notify, Reply
-from picoclaw.agent.scheduler import Deliver, Scheduler
+from picoclaw.agent import AgentLoop, Reply
+from picoclaw.channels.base import Inbound, TurnHooks, run_turn
+from picoclaw.jobs import Scheduler
 from picoclaw.printable import PrintablePieces, printable
+from picoclaw.session_key import CLI, SessionKey, terminal_key
 
 PROMPT = "you> "
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
-DEFAULT_SESSION = "cli:default"
+DEFAULT_SESSION = str(SessionKey.cli("default"))
+TERMINAL_USER = "terminal"  # who a terminal's messages are from: whoever sits at it
 TOOL_LINE_CHARS = 100
 CANCELLED = "(cancelled; nothing of this answer was kept)"
 SCHEDULED_MARK = "⏰ "
 SCHEDULER_STOP_SECONDS = 10.0
-
-# Made by the composition root: the scheduler for one session, delivering through the given callback.
-SchedulerFor = Callable[[Deliver, str], Scheduler]
 
 
 class LineReader(Protocol):
@@ -39,127 +39,162 @@ class LineReader(Protocol):
     async def read(self, prompt: str) -> str: ...
 
 
-async def chat(agent: AgentLoop, *, session_key: str | None = None, message: str | None = None,
-               out: TextIO | None = None, err: TextIO | None = None, scheduler: SchedulerFor | None = None) -> int:
-    """Run the REPL (or answer one `message`) with `agent`; returns the exit code. The REPL runs the
-    session's jobs with the `scheduler` made for it, if one is given."""
-    # The streams of the moment, not of import time (a caller may have replaced sys.stdout since).
-    out, err = out or sys.stdout, err or sys.stderr
-    session_key = await _terminal_session(agent, session_key or DEFAULT_SESSION)
-    if message is not None:
-        return await run_once(agent, session_key, message, out, err)
-    return await run_interactive(agent, session_key, out, err, scheduler=scheduler)
+class ReplChannel:
+    """The terminal as a channel: `run()` answers the lines typed (or piped) in, `answer_once` one message
+    (`chat -m`); `deliver` prints a scheduled job's text above the prompt."""
 
+    name = CLI
 
-async def _terminal_session(agent: AgentLoop, given: str) -> str:
-    """`--session work` is the session `cli:work` (a key jobs can name); a transcript that older versions
-    kept under the bare name is carried over."""
-    if ":" in given:
-        return given
-    key = f"cli:{given}"
-    await asyncio.to_thread(agent.sessions.rename, given, key)
-    return key
+    def __init__(self, agent: AgentLoop, session: str | None = None, *, out: TextIO | None = None,
+                 err: TextIO | None = None, lines: LineReader | None = None):
+        self.agent = agent
+        self._given = session or DEFAULT_SESSION
+        self.session_key = terminal_key(self._given)  # `--session work` is the session cli:work
+        # The streams of the moment, not of import time (a caller may have replaced sys.stdout since).
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.lines = lines
+        self._answering = asyncio.Lock()  # a scheduled message waits for the answer being written, not cut into it
+        self._stopping = False
+        self._reading: asyncio.Task[object] | None = None  # run()'s task while it waits for a line
 
-
-async def run_once(loop: AgentLoop, session_key: str, text: str, out: TextIO = sys.stdout,
-                   err: TextIO = sys.stderr) -> int:
-    """Answer one message, wait for its background work (summary …); 1 when no answer could be had."""
-    reply = await answer(loop, session_key, text, out, err)
-    await loop.wait_background()
-    return 1 if reply.error is not None else 0
-
-
-async def run_interactive(loop: AgentLoop, session_key: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-                          lines: LineReader | None = None, scheduler: SchedulerFor | None = None) -> int:
-    """Read lines until EOF or `exit`, answering each; background work finishes before returning."""
-    interactive = lines is None and sys.stdin.isatty()
-    reader = lines or (_TerminalLines() if interactive else _PipedLines())
-    if interactive:
-        out.write(f"picoclaw chat — session {printable(session_key)}. /help for commands, Ctrl-D or Ctrl-C to leave.\n")
-    answering = asyncio.Lock()  # a scheduled message waits for the answer being written, not cut into it
-
-    async def deliver(_key: str, text: str) -> None:
-        async with answering:
-            await _print_above_prompt(out, SCHEDULED_MARK + printable(text))
-
-    jobs = scheduler(deliver, session_key) if scheduler is not None else None
-    running = asyncio.create_task(jobs.run()) if jobs is not None else None
-    try:
-        with _logs_above_prompt() if interactive else contextlib.nullcontext():
-            await _read_and_answer(loop, session_key, reader, PROMPT if interactive else "", answering, out, err)
-    except BaseException:
-        if running is not None:
-            running.cancel()  # leaving on Ctrl-C or an error: a job cut short is marked interrupted next time
-        raise
-    if jobs is not None:
-        await jobs.stop(SCHEDULER_STOP_SECONDS)
-    await loop.wait_background()
-    return 0
-
-
-async def _read_and_answer(loop: AgentLoop, session_key: str, reader: LineReader, prompt: str,
-                           answering: asyncio.Lock, out: TextIO, err: TextIO) -> None:
-    while True:
+    async def run(self, *, scheduler: Scheduler | None = None) -> int:
+        """Read lines until EOF, `exit` or `stop()`, answering each, with the session's jobs run by `scheduler`
+        meanwhile (`App.scheduler(channel, channels=(channel.session_key,))`); background work finishes
+        before it returns the exit code, 0."""
+        await self._open_session()
+        interactive = self.lines is None and sys.stdin.isatty()
+        reader = self.lines or (_TerminalLines() if interactive else _PipedLines())
+        if interactive:
+            self.out.write(f"picoclaw chat — session {printable(self.session_key)}. /help for commands, "
+                           "Ctrl-D or Ctrl-C to leave.\n")
+        running = asyncio.create_task(scheduler.run()) if scheduler is not None else None
         try:
-            line = await reader.read(prompt)
+            with _logs_above_prompt() if interactive else contextlib.nullcontext():
+                await self._read_and_answer(reader, PROMPT if interactive else "")
+        except BaseException:
+            if running is not None:
+                running.cancel()  # leaving on Ctrl-C or an error: a job cut short is marked interrupted next time
+            raise
+        if scheduler is not None:
+            await scheduler.stop(SCHEDULER_STOP_SECONDS)
+        await self.agent.wait_background()
+        return 0
+
+    async def answer_once(self, text: str) -> int:
+        """Answer one message, wait for its background work (summary …); 1 when no answer could be had."""
+        await self._open_session()
+        reply = await self.answer(text)
+        await self.agent.wait_background()
+        return 1 if reply.error is not None else 0
+
+    async def stop(self) -> None:
+        """Make `run()` return at the prompt; an answer being written is finished first."""
+        self._stopping = True
+        if self._reading is not None:
+            self._reading.cancel()
+
+    async def deliver(self, session_key: str, markdown: str) -> None:
+        """A scheduled job's text, marked, above the prompt: after the answer being written, never inside it."""
+        async with self._answering:
+            await _print_above_prompt(self.out, SCHEDULED_MARK + printable(markdown))
+
+    async def answer(self, text: str) -> Reply:
+        """One message: the answer streamed to `out` (tool calls as one short line each), a failure as one line
+        on `err`."""
+        shown = _ShownAnswer(self.out)
+        reply = await run_turn(self.agent, Inbound(TERMINAL_USER, self.session_key, text), shown.hooks())
+        shown.finish(reply, self.err)
+        return reply
+
+    async def _open_session(self) -> None:
+        """A transcript that older versions kept under the bare `--session` name is carried over to its key."""
+        if self.session_key != self._given:
+            await asyncio.to_thread(self.agent.sessions.rename, self._given, self.session_key)
+
+    async def _read_and_answer(self, reader: LineReader, prompt: str) -> None:
+        while (line := await self._next_line(reader, prompt)) is not None:
+            text = line.strip()
+            if not text:
+                continue
+            if text.lower() in EXIT_WORDS:
+                break
+            async with self._answering:
+                turn = asyncio.ensure_future(self.answer(text))
+                with _ctrl_c_cancels(turn):
+                    try:
+                        await turn
+                    except asyncio.CancelledError:
+                        if not turn.cancelled():
+                            raise  # we were cancelled ourselves, not the answer
+                        self.out.write(f"\n{CANCELLED}\n")
+                        self.out.flush()
+
+    async def _next_line(self, reader: LineReader, prompt: str) -> str | None:
+        """The next line; None at the end of the input, or once `stop()` was called."""
+        if self._stopping:
+            return None
+        self._reading = task = asyncio.current_task()
+        try:
+            return await reader.read(prompt)
         except EOFError:
-            break
-        text = line.strip()
-        if not text:
-            continue
-        if text.lower() in EXIT_WORDS:
-            break
-        async with answering:
-            turn = asyncio.ensure_future(answer(loop, session_key, text, out, err))
-            with _ctrl_c_cancels(turn):
-                try:
-                    await turn
-                except asyncio.CancelledError:
-                    if not turn.cancelled():
-                        raise  # we were cancelled ourselves, not the answer
-                    out.write(f"\n{CANCELLED}\n")
-                    out.flush()
+            return None
+        except asyncio.CancelledError:
+            if not self._stopping or task is None:
+                raise  # Ctrl-C, or the caller's own cancel: not a stop
+            task.uncancel()  # only the read was cut short
+            return None
+        finally:
+            self._reading = None
 
 
-async def answer(loop: AgentLoop, session_key: str, text: str, out: TextIO, err: TextIO) -> Reply:
-    """One message: the answer streamed to `out` (tool calls as one short line each), a failure as one line
-    on `err`. Everything shown is `printable`: a model's text must not drive the terminal."""
-    streamed = False
-    visible = False  # some streamed text was more than white space
-    notify = _printer(out)
-    # An escape sequence may be cut between two streamed pieces: the pieces are cleaned as one text.
-    pieces = PrintablePieces()
+class _ShownAnswer:
+    """One answer on the terminal as it is written. Everything shown is `printable`: a model's text must not
+    drive the terminal."""
 
-    async def on_text(delta: str) -> None:
-        nonlocal streamed, visible
-        streamed = True
-        visible = visible or bool(delta.strip())
-        out.write(pieces.feed(delta))
-        out.flush()
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.streamed = False
+        self.visible = False  # some streamed text was more than white space
+        # An escape sequence may be cut between two streamed pieces: the pieces are cleaned as one text.
+        self.pieces = PrintablePieces()
 
-    async def on_tool(name: str, arguments: str) -> None:
-        nonlocal streamed, visible
+    def hooks(self) -> TurnHooks:
+        return TurnHooks(on_text=self.on_text, on_tool=self.on_tool, on_notice=self.on_notice)
+
+    async def on_text(self, delta: str) -> None:
+        self.streamed = True
+        self.visible = self.visible or bool(delta.strip())
+        self.out.write(self.pieces.feed(delta))
+        self.out.flush()
+
+    async def on_tool(self, name: str, arguments: str) -> None:
         shown = " ".join(printable(arguments).split())
         if len(shown) > TOOL_LINE_CHARS:
             shown = shown[:TOOL_LINE_CHARS] + "…"
-        out.write(f"{pieces.end()}{chr(10) if streamed else ''}· {printable(name)} {shown}\n")
-        out.flush()
-        streamed = visible = False  # the answer starts on a line of its own
+        self.out.write(f"{self.pieces.end()}{chr(10) if self.streamed else ''}· {printable(name)} {shown}\n")
+        self.out.flush()
+        self.streamed = self.visible = False  # the answer starts on a line of its own
 
-    reply = await loop.handle(session_key, text, notify=notify, on_text=on_text, on_tool=on_tool)
-    if reply.error is not None:
-        if streamed:
-            out.write(pieces.end() + "\n")
+    async def on_notice(self, _key: str, text: str) -> None:
+        # Background work (a summary starting) may speak while the prompt waits for a line.
+        await _print_above_prompt(self.out, printable(text))
+
+    def finish(self, reply: Reply, err: TextIO) -> None:
+        """The end of the answer: its line ended, or the reply printed whole, or the failure on `err`."""
+        out = self.out
+        if reply.error is not None:
+            if self.streamed:
+                out.write(self.pieces.end() + "\n")
+            out.flush()
+            err.write(f"picoclaw: error: {printable(str(reply.error))}\n")
+            err.flush()
+        elif self.streamed and self.visible:
+            out.write(self.pieces.end() + "\n")
+        else:
+            # A command's reply, or an answer with no text (or only white space): the reply says so.
+            out.write(self.pieces.end() + printable(reply.text) + "\n")
         out.flush()
-        err.write(f"picoclaw: error: {printable(str(reply.error))}\n")
-        err.flush()
-    elif streamed and visible:
-        out.write(pieces.end() + "\n")
-    else:
-        # A command's reply, or an answer with no text (or only white space): the reply says so.
-        out.write(pieces.end() + printable(reply.text) + "\n")
-    out.flush()
-    return reply
 
 
 async def _print_above_prompt(out: TextIO, text: str) -> None:
@@ -170,13 +205,6 @@ async def _print_above_prompt(out: TextIO, text: str) -> None:
         out.write(text + "\n")
         out.flush()
     await run_in_terminal(show)
-
-
-def _printer(out: TextIO) -> Notify:
-    async def notify(_key: str, text: str) -> None:
-        # Background work (a summary starting) may speak while the prompt waits for a line.
-        await _print_above_prompt(out, printable(text))
-    return notify
 
 
 @contextlib.contextmanager

@@ -1,22 +1,21 @@
 """What the CLI prints: `echo` (text freed of terminal escapes), index status, a progress bar, policy history
-and snapshots, jobs."""
+and snapshots, jobs. (Its log lines: `picoclaw.cli.logs`.)"""
 
 from __future__ import annotations
 
-import logging
 import sys
-from datetime import tzinfo
-from typing import TYPE_CHECKING, TextIO
 
-import orjson
-
-from picoclaw.memory.policy import PolicyChange
 from picoclaw.printable import printable
 
-if TYPE_CHECKING:  # the index (and numpy) load only for the commands that use it
+# Types only: a group's `--help` imports this module, and loads neither the config nor the index (numpy), nor
+# `typing` (type checkers read TYPE_CHECKING as true; see picoclaw/cli/command.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from datetime import tzinfo
+    from typing import TextIO
+
     from picoclaw.jobs import Job
-    from picoclaw.memory.index.index import IndexStatus
-    from picoclaw.memory.index.sync import SyncReport
+    from picoclaw.memory import IndexStatus, PolicyChange, SyncReport
 
 BAR_WIDTH = 30
 STALE_SHOWN = 5
@@ -26,13 +25,6 @@ def echo(text: str = "", *, file: TextIO | None = None) -> None:
     """Print `text` as `printable`: what the CLI shows comes from memory, models, tools, files and config,
     any of which may hold escape sequences that would drive the terminal."""
     print(printable(text), file=file or sys.stdout)
-
-
-class PrintableFormatter(logging.Formatter):
-    """Log records as `printable` lines: a log message may quote a model's answer or a server's reply."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return printable(super().format(record))
 
 
 class ProgressBar:
@@ -101,6 +93,8 @@ def reindex_lines(report: SyncReport, status: IndexStatus) -> list[str]:
 
 
 def _json(value: object) -> str:
+    import orjson  # here, not at the top: loading orjson alone costs `--help` twice a bare interpreter
+
     return orjson.dumps(value).decode("utf-8")
 
 
@@ -117,6 +111,8 @@ def history_lines(change: PolicyChange) -> list[str]:
 
 def one_line_json(raw: bytes) -> str:
     """A snapshot on one line. Unparseable content is still shown (whitespace collapsed), not hidden."""
+    import orjson  # see _json
+
     try:
         return orjson.dumps(orjson.loads(raw)).decode("utf-8")
     except orjson.JSONDecodeError:
@@ -125,6 +121,8 @@ def one_line_json(raw: bytes) -> str:
 
 def job_lines(jobs: list[Job], tz: tzinfo) -> list[str]:
     """One line a job: id, schedule, next run (local time), target, action and text, last outcome."""
+    from picoclaw.session_key import CLI, channel_of
+
     lines = []
     for job in jobs:
         if not job.enabled:
@@ -136,7 +134,7 @@ def job_lines(jobs: list[Job], tz: tzinfo) -> list[str]:
         text = " ".join(printable(job.text).split())  # cut what will be seen, not escape sequences
         text = text if len(text) <= 60 else text[:59] + "…"
         last = job.last_outcome or "not run yet"
-        if job.target.startswith("cli:") and job.enabled and job.next_run is not None:
+        if channel_of(job.target) == CLI and job.enabled and job.next_run is not None:
             # Only an open REPL delivers terminal jobs: `chat -m` runs none, so the user should know to open one.
             last += "; comes in an open `picoclaw chat`, not `chat -m`"
         # Printable here too, not only where printed: the cron commands print these lines themselves.

@@ -1,1 +1,80 @@
-"""Memory: the Markdown store, the policy that drives it, and retrieval over it."""
+"""Memory: the Markdown store, the policy that drives it, search over it, and the jobs that keep it.
+
+What the memory layer offers the layers above it (agent, tools, channels, the CLI and app.py) is listed in
+`__all__`. Each name is imported on first use (picoclaw/lazy_exports.py): importing any memory module runs
+this file first, and it must not bring the whole layer with it (pydantic, the tokenizer, the index, numpy).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from picoclaw.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from picoclaw.memory.compression import CompressionResult, LongTermCompressor, format_missing, why_not_due
+    from picoclaw.memory.entries import LongTermEntry, demote_headings
+    from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
+    from picoclaw.memory.flush import flush_facts
+    from picoclaw.memory.index.embedders import (
+        DEFAULT_LOCAL_MODEL,
+        LOCAL,
+        REMOTE_RETRIES,
+        REMOTE_TIMEOUT,
+        E5Embedder,
+        Embedder,
+        EmbeddingUnavailable,
+        LocalEmbedder,
+        OpenAICompatEmbedder,
+    )
+    from picoclaw.memory.index.index import MemoryIndex
+    from picoclaw.memory.index.status import IndexStatus
+    from picoclaw.memory.index.sync import SyncReport
+    from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
+    from picoclaw.memory.search import (
+        Block,
+        Hit,
+        IndexedSearch,
+        InjectedMemory,
+        KeywordSearch,
+        MemorySearch,
+        index_of,
+        open_search,
+        rank_blocks,
+        select_turn_memory,
+        split_blocks,
+    )
+    from picoclaw.memory.session import Session, SessionStore, StoredMessage
+    from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
+    from picoclaw.memory.workspace import Workspace
+
+__all__ = [
+    "BACKUPS_DIR", "DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Block", "CompressionResult",
+    "DailyNote", "E5Embedder", "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus",
+    "IndexedSearch", "InjectedMemory", "KeywordSearch", "LocalEmbedder", "LongTermCompressor", "LongTermEntry",
+    "MemoryIndex", "MemorySearch", "MemoryStore", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
+    "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "Workspace",
+    "demote_headings", "flush_facts", "format_missing", "index_of", "open_search", "rank_blocks",
+    "select_turn_memory", "split_blocks", "suggest_policy_change", "why_not_due",
+]
+
+# The module each name of __all__ is imported from when it is first asked for.
+_HOMES = {
+    "picoclaw.memory.compression": ("CompressionResult", "LongTermCompressor", "format_missing", "why_not_due"),
+    "picoclaw.memory.entries": ("LongTermEntry", "demote_headings"),
+    "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
+    "picoclaw.memory.flush": ("flush_facts",),
+    "picoclaw.memory.index.embedders": ("DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT",
+                                        "E5Embedder", "Embedder", "EmbeddingUnavailable", "LocalEmbedder",
+                                        "OpenAICompatEmbedder"),
+    "picoclaw.memory.index.index": ("MemoryIndex",),
+    "picoclaw.memory.index.status": ("IndexStatus",),
+    "picoclaw.memory.index.sync": ("SyncReport",),
+    "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
+    "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
+                               "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks"),
+    "picoclaw.memory.session": ("Session", "SessionStore", "StoredMessage"),
+    "picoclaw.memory.store": ("BACKUPS_DIR", "DailyNote", "MemoryStore"),
+    "picoclaw.memory.workspace": ("Workspace",),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

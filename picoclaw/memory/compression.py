@@ -22,12 +22,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-from picoclaw import clock
-from picoclaw.config import MemoryPolicy
+from picoclaw import cjk, clock
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import facts
-from picoclaw.memory.retrieval import split_blocks
+from picoclaw.memory.search.blocks import split_blocks
 from picoclaw.memory.store import LONG_TERM_FILE, MemoryStore
+from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def check_group(original: str, rewrite: str, finish_reason: str | None = None) -
     if not lost:
         return None, ()
     why = f"the rewrite lost {len(lost)} fact{'s' if len(lost) > 1 else ''} of the original"
-    if facts.has_cjk(original) and not facts.has_cjk(rewrite):
+    if cjk.has_cjk(original) and not cjk.has_cjk(rewrite):
         why += " (no Chinese/Japanese/Korean text is left in it: translated?)"
     return why, lost
 

@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from picoclaw.config import SWITCHES, TUNABLE_KEYS, MemoryPolicy
 from picoclaw.errors import PicoclawError
 from picoclaw.memory.policy import PolicyError, PolicyManager
+from picoclaw.policy_schema import SWITCHES, TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 from picoclaw.pydantic_errors import bounds_of
 

@@ -48,9 +48,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
+from picoclaw import cjk
+from picoclaw.cjk import LETTERS as CJK
+from picoclaw.cjk import PUNCTUATION
 from picoclaw.memory.terms import STOP_WORDS
 
-CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 LATIN = "0-9A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f_"
 KEPT_SHARE = 0.25  # a sentence with under a quarter of its words / shingles left was dropped or translated
 
@@ -151,7 +153,7 @@ def sentences(text: str) -> list[tuple[str, bool]]:
 
 # -- extracting ------------------------------------------------------------------------------------
 
-_URL = re.compile(rf"(?:https?|ftp)://[^\s<>\"'{CJK}\u3000-\u303f\uff00-\uffef]+|www\.[A-Za-z0-9\-]+\.[^\s<>\"'{CJK}]+")
+_URL = re.compile(rf"(?:https?|ftp)://[^\s<>\"'{CJK}{PUNCTUATION}]+|www\.[A-Za-z0-9\-]+\.[^\s<>\"'{CJK}]+")
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+")
 _PATH = re.compile(r"(?<![\w/~.:])(?:~|\.{1,2})?/[\w.\-]+(?:/[\w.\-]+)*/?")
 _FULL_DATE = re.compile(r"(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)"
@@ -162,7 +164,6 @@ _TOKEN = re.compile(rf"(?<![{LATIN}])[{LATIN}]+(?:[-.'][{LATIN}]+)*")
 _PART = re.compile(r"[-.']")
 _NUMBER = re.compile(r"(?<!\d)(?<!\d[.:/])\d+(?:[.:/]\d+)*")
 _WORD = re.compile(r"[A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
-_CJK_RUN = re.compile(f"[{CJK}]+")
 _CJK_TERM = re.compile(rf"[(「『《“【〈\"]([{CJK}·・]{{2,12}})[)」』》”】〉\"]"
                        rf"|(?:名叫|叫做|叫)([{CJK}]{{2,4}})(?![{CJK}])")
 
@@ -220,7 +221,7 @@ def _stems(text: str) -> frozenset[str]:
 
 
 def _shingles(text: str) -> frozenset[str]:
-    return frozenset(run[i:i + 2] for run in _CJK_RUN.findall(text) for i in range(len(run) - 1))
+    return frozenset(run[i:i + 2] for run in cjk.runs(text) for i in range(len(run) - 1))
 
 
 def _blank(text: str, match: re.Match[str]) -> str:
@@ -367,8 +368,3 @@ def missing(original: str, rewrite: str) -> list[str]:
     lost: list[tuple[tuple[int, int], str]] = [(f.position, f.text) for f in facts.facts if not index.keeps(f)]
     lost += [(s.position, _quoted(s.text)) for s in facts.sentences if not index.keeps_sentence(s)]
     return [text for _, text in sorted(lost, key=lambda item: item[0])]
-
-
-def has_cjk(text: str) -> bool:
-    """Whether `text` holds any Chinese, Japanese or Korean characters."""
-    return _CJK_RUN.search(text) is not None

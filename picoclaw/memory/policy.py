@@ -21,10 +21,10 @@ from filelock import FileLock
 from pydantic import ValidationError
 
 from picoclaw import clock
-from picoclaw.config import POLICY_KEYS, MemoryPolicy
 from picoclaw.errors import ConfigError, PicoclawError
 from picoclaw.fsutil import FileKey, append_jsonl, atomic_write, file_key, stamped_files, write_stamped
 from picoclaw.jsonio import dumps_pretty, read_json_object
+from picoclaw.policy_schema import POLICY_KEYS, MemoryPolicy
 from picoclaw.pydantic_errors import describe_error
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Search terms for English, Chinese and mixed text: the one tokenizer of the plain retriever and the index.
+"""Search terms for English, Chinese and mixed text: the one tokenizer of the keyword search and the index.
 
 Latin-script text gives lower-cased words (stop words dropped), English words reduced to their Snowball
 stem ("running", "runs" → run); identifiers, e-mail addresses, paths and error codes are kept whole
@@ -26,14 +26,14 @@ from pathlib import PurePath
 
 import snowballstemmer  # type: ignore[import-untyped]
 
+from picoclaw.cjk import LETTER, LETTERS, is_cjk
+
 # Bumped whenever the terms of a text change: the index stores terms, and re-tokenises every file when this
 # differs from what it was built with (2: Snowball stems, number+CJK pairs, date words).
 TERMS_VERSION = 2
 
-_CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_CJK_CHAR = re.compile(f"[{_CJK_RANGES}]")
-_WORD = rf"[^\W{_CJK_RANGES}]+"
-_TOKEN = re.compile(rf"(?P<cjk>[{_CJK_RANGES}]+)|(?P<word>{_WORD}(?:[.@/:\-]{_WORD})*)")
+_WORD = rf"[^\W{LETTERS}]+"
+_TOKEN = re.compile(rf"(?P<cjk>[{LETTERS}]+)|(?P<word>{_WORD}(?:[.@/:\-]{_WORD})*)")
 _PART_SPLIT = re.compile(r"[.@/:\-_]+")
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _STEMMABLE = re.compile(r"[a-z]+")
@@ -120,7 +120,7 @@ def _terms(text: str, word_terms: Callable[[str], tuple[str, ...]]) -> list[str]
         # "5月", "3个": the number with its unit, so 2023年5月 does not also match every 5th of a month.
         if word.isdigit():
             end = match.end()
-            if end < len(text) and _CJK_CHAR.match(text, end):
+            if end < len(text) and LETTER.match(text, end):
                 out.append(word + text[end])
     return out
 
@@ -147,7 +147,7 @@ def date_terms(day: date) -> tuple[str, ...]:
     """`day` in words, as terms: "8 May 2023" and "2023年5月8日" (its number+unit pairs: a lone 年, 月 or 日
     in every dated block would make every Chinese query that has one scan the whole memory)."""
     found = terms(f"{day.day} {MONTHS[day.month - 1]} {day.year} {day.year}年{day.month}月{day.day}日")
-    return tuple(term for term in dict.fromkeys(found) if not _CJK_CHAR.fullmatch(term))
+    return tuple(term for term in dict.fromkeys(found) if not is_cjk(term))
 
 
 def _as_date(parts: Iterable[str]) -> date | None:

@@ -3,7 +3,8 @@
 The older entry is kept and marked superseded, never deleted: a wrong guess costs one marker line, while
 a deleted fact would be lost. So the rule is conservative. A new entry supersedes an older one when
 - the new one says it is an update ("now", "no longer", "changed", "moved", 现在, 不再, 改成, 换成, 搬到 …)
-  and at least half of the older entry's words (for Chinese, its characters) are in it, two at least; or
+  and at least half of the older entry's words (for Chinese, Japanese and Korean, its characters) are in it,
+  two at least; or
 - both say the same thing with different numbers ("locker 217" → "locker 305"): the same words, two at
   least, and different numbers.
 """
@@ -12,19 +13,22 @@ from __future__ import annotations
 
 import re
 
+from picoclaw import cjk
 from picoclaw.memory.terms import CJK_STOP_CHARS, terms
 
 _UPDATE = re.compile(r"\b(?:now|no longer|not any ?more|anymore|changed|moved|switched|instead|new)\b"
                      r"|现在|不再|改成|改为|换成|换了|搬到|搬去|已经换|新的", re.IGNORECASE)
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-_CJK_CHAR = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 
 
 def _words(text: str) -> set[str]:
-    """Latin words (stop words dropped) and single CJK characters (common ones dropped), numbers left out."""
-    latin = {term for term in terms(text) if not _CJK_CHAR.search(term) and not term.isdigit()}
-    cjk = {ch for ch in _CJK_CHAR.findall(text) if ch not in CJK_STOP_CHARS}
-    return latin | cjk
+    """Latin words (stop words dropped) and single CJK characters (common ones dropped), numbers left out.
+
+    Japanese and Korean count by the character as Chinese does: "62キロ" and "217번" are a number and its
+    unit, as "62公斤" is, not a word of their own that would make the same fact look different."""
+    latin = {term for term in terms(text) if not cjk.has_cjk(term) and not term.isdigit()}
+    characters = {ch for ch in cjk.letters(text) if ch not in CJK_STOP_CHARS}
+    return latin | characters
 
 
 def supersedes(new: str, old: str) -> bool:

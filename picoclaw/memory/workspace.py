@@ -11,8 +11,7 @@ from picoclaw.clock import resolve_timezone
 from picoclaw.config import Config
 from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory.policy import PolicyManager
-from picoclaw.memory.retrieval import MemoryRetriever
-from picoclaw.memory.search import FileSearcher, Searcher
+from picoclaw.memory.search import MemorySearch, open_search
 from picoclaw.memory.session import LOCK_FILE, SessionStore
 from picoclaw.memory.store import MemoryStore
 
@@ -29,14 +28,14 @@ class Workspace:
     tz: tzinfo
     store: MemoryStore
     policy: PolicyManager
-    retriever: MemoryRetriever
     embedder: Embedder | None = None  # for the optional index; one model serves every scope
-    # What to search with: the index when enabled, else `retriever`. Derived, so that a copy made with
-    # dataclasses.replace for another scope (per-user memory) gets that scope's own index.
-    searcher: Searcher = field(init=False, repr=False)
+    # What to search with: the index when enabled, else the memory files directly. Derived, so that a copy
+    # made with dataclasses.replace for another scope (per-user memory) gets that scope's own search.
+    searcher: MemorySearch = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.searcher = _searcher(self)
+        self.searcher = open_search(self.config.memory.index, self.store, self.embedder,
+                                    sessions_dir=self.layout.sessions_dir)
 
     @classmethod
     def from_config(cls, config: Config, home: Path, embedder: Embedder | None = None) -> Workspace:
@@ -45,7 +44,7 @@ class Workspace:
         tz = resolve_timezone(config.timezone)
         store = MemoryStore(layout.memory_dir, tz, backup_keep=config.memory.backup_keep)
         policy = PolicyManager(layout.memory_dir, config.memory.policy_values(), tz)
-        return cls(config, layout, tz, store, policy, MemoryRetriever(store), embedder)
+        return cls(config, layout, tz, store, policy, embedder)
 
     def for_user(self, user_key: str) -> Workspace:
         """The same workspace with the scope `users/<user_key>/` (memory_scope "per_user").
@@ -54,7 +53,7 @@ class Workspace:
         """
         layout = self.layout.for_user(user_key)
         store = MemoryStore(layout.memory_dir, self.tz, backup_keep=self.config.memory.backup_keep)
-        return replace(self, layout=layout, store=store, retriever=MemoryRetriever(store))
+        return replace(self, layout=layout, store=store)
 
     @property
     def home(self) -> Path:
@@ -78,13 +77,3 @@ class Workspace:
     def close(self) -> None:
         """Close the index's database, if this scope has one."""
         self.searcher.close()
-
-
-def _searcher(workspace: Workspace) -> Searcher:
-    settings = workspace.config.memory.index
-    if not settings.enabled:
-        return FileSearcher(workspace.retriever)
-    # Imported only when enabled: the index brings numpy (and, for local embeddings, torch) with it.
-    from picoclaw.memory.index.searcher import open_searcher
-
-    return open_searcher(settings, workspace.retriever, workspace.embedder, sessions_dir=workspace.layout.sessions_dir)

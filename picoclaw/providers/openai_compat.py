@@ -1,11 +1,8 @@
 """The provider for any OpenAI-compatible endpoint (OpenAI, DeepSeek, Ollama, llama.cpp …), on the `openai` client.
 
-Retries are this module's, not the client's (its `max_retries` is 0). The client re-sends a request that
-timed out, and a slow local server (llama.cpp on a small CPU: minutes per turn) is then still working on
-the first copy while the second queues behind it. So 408/409/429/500/502/503/504 and connection errors
-are retried with exponential backoff (honouring `retry-after-ms`/`retry-after`), but a timeout only when
-the user set `max_retries` for that provider in config.json. Other statuses will not change on retry.
-What fails anyway is sorted into a ProviderError kind the agent loop can act on, with one line for the user.
+Failed requests are re-sent by the rules of `openai_retries.py` (a timed-out one only when the user allows
+it); what fails anyway is sorted into a ProviderError kind the agent loop can act on, with one line for the
+user. Replies, whole or streamed, are read by `openai_replies.py`.
 
 With `on_text`, a reply is streamed (the user sees it grow; a server that refuses streaming gets one plain
 request instead), and the same ChatReply as a plain call comes back at the end.
@@ -14,15 +11,10 @@ request instead), and the same ChatReply as a plain call comes back at the end.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
-import math
-import random
 import re
-import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import openai
@@ -30,7 +22,16 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from picoclaw.config import AgentDefaults, Config, ProviderConfig, provider_env_name
 from picoclaw.errors import ConfigError
-from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, TextSink, ToolCall, Usage
+from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, TextSink, Usage
+from picoclaw.providers.openai_replies import (
+    StreamState,
+    UnreadableReply,
+    added_usage,
+    assembled,
+    parse_completion,
+    take_chunk,
+)
+from picoclaw.providers.openai_retries import RETRY_STATUSES, retry_delay
 from picoclaw.secrets import excerpt
 
 log = logging.getLogger(__name__)
@@ -38,13 +39,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_TEXT_TOOL_CALLS = "auto"
-
-# What a later attempt may fix: request timeout, lock conflict, rate limit, and the server-side failures
-# that are usually transient. 501 (not implemented), 4xx client errors and the like never change.
-RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
-BACKOFF_FIRST = 0.5  # seconds before the first retry; doubled for each further one
-BACKOFF_MAX = 8.0
-RETRY_AFTER_MAX = 60.0  # a server's own retry hint is honoured up to this; a longer one is cut to it
 
 # Providers word "prompt too long" differently; OpenAI sets code context_length_exceeded, others don't.
 _CONTEXT_TOO_LONG = re.compile(
@@ -63,35 +57,12 @@ class _SinkFailed(Exception):
         self.error = error
 
 
-@dataclass
-class _PartialCall:
-    """A streamed tool call being put together from its deltas."""
-
-    id: str = ""
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-
-
-@dataclass
-class _Stream:
-    """What one streamed reply has delivered so far; once text reached the caller it must not be re-sent."""
-
-    delivered: bool = False
-    answering: bool = False  # the server began its answer: a connection lost now was not a failure to connect
-    content: list[str] | None = None  # None: no content delta at all (a tool-call-only turn)
-    calls: dict[int, _PartialCall] = field(default_factory=dict)
-    finish_reason: str | None = None
-    usage: object = None
-    timings: object = None
-    chunks_with_choices: int = 0
-
-
 class OpenAICompatProvider:
     """Chat completions and embeddings through `openai.AsyncOpenAI`; every failure is a ProviderError.
 
     One instance belongs to one event loop (the client's connection pool does); close it with `aclose()`
     or `async with`. `max_retries` counts re-sends after the first attempt; `retry_timeouts` lets a timed-out
-    request be one of them (off by default: see the module docstring). `text_tool_calls` is the provider
+    request be one of them (off by default: see `openai_retries.py`). `text_tool_calls` is the provider
     entry's setting, kept here for the agent loop, which decides whether to read tool calls written as text.
     """
 
@@ -147,6 +118,8 @@ class OpenAICompatProvider:
             reply = await (self._plain(body) if on_text is None else self._streamed(body, on_text))
         except _SinkFailed as failed:
             raise failed.error from None
+        except UnreadableReply as exc:
+            raise self._bad_response(str(exc)) from None
         except ProviderError:
             raise
         except Exception as exc:
@@ -154,7 +127,7 @@ class OpenAICompatProvider:
         self.calls += 1
         self.last_usage = reply.usage
         if reply.usage is not None:
-            self.total_usage = _added(self.total_usage, reply.usage)
+            self.total_usage = added_usage(self.total_usage, reply.usage)
         return reply
 
     async def embed(self, texts: list[str], model: str, dimensions: int | None = None) -> list[list[float]]:
@@ -190,7 +163,7 @@ class OpenAICompatProvider:
         # a no-op for our messages, which are already plain JSON. Errors are the same.
         completion = await self._retrying(
             lambda: self._client.post("/chat/completions", body=body, cast_to=ChatCompletion))
-        return self._parse_completion(completion)
+        return parse_completion(completion)
 
     async def _whole(self, body: dict[str, Any], on_text: TextSink) -> ChatReply:
         """A plain request for a streamed call: its whole text goes to `on_text` in one piece."""
@@ -202,7 +175,7 @@ class OpenAICompatProvider:
     async def _streamed(self, body: dict[str, Any], on_text: TextSink) -> ChatReply:
         if self._streaming_refused:
             return await self._whole(body, on_text)
-        attempts: list[_Stream] = []  # one per attempt; a retry starts from nothing
+        attempts: list[StreamState] = []  # one per attempt; a retry starts from nothing
         try:
             reply = await self._retrying(lambda: self._stream_once(body, on_text, attempts),
                                          may_retry=lambda: not attempts or not attempts[-1].delivered)
@@ -227,13 +200,13 @@ class OpenAICompatProvider:
         return reply
 
     async def _stream_once(self, body: dict[str, Any], on_text: TextSink,
-                           attempts: list[_Stream]) -> ChatReply | None:
+                           attempts: list[StreamState]) -> ChatReply | None:
         """One streamed attempt; None when the answer is not an event stream and not a completion either.
 
         Its state goes on `attempts`, where the retry loop sees whether text was delivered (then it must
         not re-send).
         """
-        state = _Stream()
+        state = StreamState()
         attempts.append(state)
         # `post` with the client's stream class, for the reason `_plain` gives (create() would also put the
         # messages first in the body, before the tool schemas that never change).
@@ -249,20 +222,21 @@ class OpenAICompatProvider:
                 # asking again would make a slow server do the same work twice.
                 return await self._completion_instead_of_stream(await stream.response.aread(), on_text, state)
             async for chunk in stream:
-                piece = self._take_chunk(chunk, state)
+                piece = take_chunk(chunk, state)
                 if piece:
                     state.delivered = True
                     await _deliver(on_text, piece)
-        return self._assembled(state)
+        return assembled(state)
 
-    async def _completion_instead_of_stream(self, raw: bytes, on_text: TextSink, state: _Stream) -> ChatReply | None:
+    async def _completion_instead_of_stream(self, raw: bytes, on_text: TextSink,
+                                            state: StreamState) -> ChatReply | None:
         try:
             data = json.loads(raw)
         except ValueError:
             return None
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
             return None
-        reply = self._parse_completion(ChatCompletion.construct(**data))
+        reply = parse_completion(ChatCompletion.construct(**data))
         if reply.content:
             state.delivered = True
             await _deliver(on_text, reply.content)
@@ -286,129 +260,14 @@ class OpenAICompatProvider:
             try:
                 return await attempt()
             except Exception as exc:
-                delay = self._retry_delay(exc, retries) if retries < self.max_retries and may_retry() else None
+                delay = (retry_delay(exc, retries, retry_timeouts=self.retry_timeouts)
+                         if retries < self.max_retries and may_retry() else None)
                 if delay is None:
                     raise
                 retries += 1
                 log.info("provider %s: %s; retry %d of %d in %.2f s", self.name, type(exc).__name__, retries,
                          self.max_retries, delay)
                 await asyncio.sleep(delay)
-
-    def _retry_delay(self, exc: Exception, retries: int) -> float | None:
-        """Seconds to wait before re-sending after `exc`, or None when re-sending will not help."""
-        if isinstance(exc, openai.APITimeoutError):  # before APIConnectionError, its base class
-            return _backoff(retries) if self.retry_timeouts else None
-        if isinstance(exc, openai.APIConnectionError):
-            return _backoff(retries)
-        if not isinstance(exc, openai.APIStatusError) or exc.status_code not in RETRY_STATUSES:
-            return None
-        headers = exc.response.headers
-        # OpenAI's own hint (it says "false" for an exhausted quota, which waiting does not refill).
-        if headers.get("x-should-retry") == "false" or exc.code == "insufficient_quota":
-            return None
-        hinted = _retry_after(headers)
-        return min(hinted, RETRY_AFTER_MAX) if hinted is not None else _backoff(retries)
-
-    # -- replies -----------------------------------------------------------------------------------
-
-    def _parse_completion(self, completion: object) -> ChatReply:
-        # The client does not validate bodies (non-strict mode) and returns plain text for non-JSON
-        # replies, so the shape is checked here rather than trusted.
-        choices = getattr(completion, "choices", None)
-        if not isinstance(choices, list) or not choices:
-            raise self._bad_response("no choices")
-        choice = choices[0]
-        message = getattr(choice, "message", None)
-        if message is None:
-            raise self._bad_response("no message")
-        content = getattr(message, "content", None)
-        if content is not None and not isinstance(content, str):
-            raise self._bad_response("content is not text")
-        calls = [self._tool_call(call, i) for i, call in enumerate(getattr(message, "tool_calls", None) or [])]
-        return ChatReply(content=content, tool_calls=calls,
-                         usage=_usage(getattr(completion, "usage", None), getattr(completion, "timings", None)),
-                         finish_reason=getattr(choice, "finish_reason", None))
-
-    def _take_chunk(self, chunk: object, state: _Stream) -> str:
-        """Fold one `chat.completion.chunk` into `state`; the content piece to hand over ("" for none)."""
-        if getattr(chunk, "usage", None) is not None:  # the last chunk, with include_usage
-            state.usage = getattr(chunk, "usage", None)
-        if getattr(chunk, "timings", None) is not None:  # llama.cpp's server
-            state.timings = getattr(chunk, "timings", None)
-        choices = getattr(chunk, "choices", None)
-        if choices is None:
-            return ""
-        if not isinstance(choices, list):
-            raise self._bad_response("stream chunk choices are not a list")
-        piece = ""
-        for choice in choices:
-            if getattr(choice, "index", 0) not in (0, None):  # n > 1 is never asked for
-                continue
-            state.chunks_with_choices += 1
-            delta = getattr(choice, "delta", None)
-            content = getattr(delta, "content", None)
-            if isinstance(content, str):
-                state.content = [*(state.content or []), content]
-                piece += content
-            elif content is not None:
-                raise self._bad_response("content is not text")
-            for position, call in enumerate(getattr(delta, "tool_calls", None) or []):
-                self._take_call_delta(call, position, state)
-            finish_reason = getattr(choice, "finish_reason", None)
-            if isinstance(finish_reason, str) and finish_reason:
-                state.finish_reason = finish_reason
-        return piece
-
-    def _take_call_delta(self, call: object, position: int, state: _Stream) -> None:
-        # OpenAI: the first delta of a call carries index, id and name, later ones argument fragments
-        # with the same index. Some servers leave out the index (one call per chunk) or repeat id and
-        # name in every delta, so the index falls back to the position and repeats are not appended.
-        index = getattr(call, "index", None)
-        if not isinstance(index, int):
-            index = position
-        partial = state.calls.setdefault(index, _PartialCall())
-        call_id = getattr(call, "id", None)
-        if isinstance(call_id, str) and call_id and not partial.id:
-            partial.id = call_id
-        function = getattr(call, "function", None)
-        name = getattr(function, "name", None)
-        if isinstance(name, str) and name and name != partial.name:
-            partial.name += name
-        arguments = getattr(function, "arguments", None)
-        if isinstance(arguments, str):
-            partial.arguments.append(arguments)
-        elif arguments is not None:  # an object, as older Ollama sends in plain replies
-            partial.arguments.append(json.dumps(arguments, ensure_ascii=False))
-
-    def _assembled(self, state: _Stream) -> ChatReply:
-        """The ChatReply for a finished stream, checked like a plain completion."""
-        if not state.chunks_with_choices:
-            raise self._bad_response("no choices")
-        calls = []
-        for position, index in enumerate(sorted(state.calls)):
-            partial = state.calls[index]
-            if not partial.name:
-                raise self._bad_response("a tool call has no function name")
-            calls.append(ToolCall(id=partial.id or f"call_{position}", name=partial.name,
-                                  arguments="".join(partial.arguments)))
-        return ChatReply(content=None if state.content is None else "".join(state.content), tool_calls=calls,
-                         usage=_usage(state.usage, state.timings), finish_reason=state.finish_reason)
-
-    def _tool_call(self, call: object, position: int) -> ToolCall:
-        function = getattr(call, "function", None)
-        name = getattr(function, "name", None)
-        if not isinstance(name, str) or not name:
-            raise self._bad_response("a tool call has no function name")
-        arguments = getattr(function, "arguments", None)
-        if arguments is None:
-            arguments = ""
-        elif not isinstance(arguments, str):
-            # Some servers (older Ollama) send an object; the loop expects the JSON text.
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        call_id = getattr(call, "id", None)
-        # The id must be present to pair the tool result with the call in the next request.
-        return ToolCall(id=call_id if isinstance(call_id, str) and call_id else f"call_{position}",
-                        name=name, arguments=arguments)
 
     # -- errors ------------------------------------------------------------------------------------
 
@@ -527,58 +386,3 @@ async def _deliver(on_text: TextSink, piece: str) -> None:
         await on_text(piece)
     except Exception as exc:
         raise _SinkFailed(exc) from exc
-
-
-def _backoff(retries: int) -> float:
-    """0.5 s, 1 s, 2 s … up to 8 s, less up to a fifth so clients that failed together spread out."""
-    return min(BACKOFF_FIRST * 2.0 ** min(retries, 32), BACKOFF_MAX) * random.uniform(0.8, 1.0)
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """The server's wait hint in seconds: `retry-after-ms`, else `retry-after` (seconds or an HTTP date)."""
-    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value) / divisor
-        except ValueError:
-            continue
-        return max(seconds, 0.0) if not math.isnan(seconds) else None
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(when.timestamp() - time.time(), 0.0)
-
-
-def _number(container: object, key: str) -> object:
-    """`container.key` or `container[key]`: extra fields of the client's models may be plain dicts."""
-    if isinstance(container, Mapping):
-        return container.get(key)
-    return getattr(container, key, None)
-
-
-def _usage(usage: object, timings: object = None) -> Usage | None:
-    """Token counts from a completion's `usage` (and llama.cpp's `timings`); None when incomplete.
-
-    The cached part of the prompt comes from `prompt_tokens_details.cached_tokens` (OpenAI, vLLM),
-    `prompt_cache_hit_tokens` (DeepSeek) or `timings.cache_n` (llama.cpp's server), whichever is there.
-    """
-    prompt, produced = _number(usage, "prompt_tokens"), _number(usage, "completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(produced, int):
-        return None
-    for cached in (_number(_number(usage, "prompt_tokens_details"), "cached_tokens"),
-                   _number(usage, "prompt_cache_hit_tokens"), _number(timings, "cache_n")):
-        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
-            return Usage(prompt, produced, cached)
-    return Usage(prompt, produced)
-
-
-def _added(total: Usage, more: Usage) -> Usage:
-    """Running totals; the cached count stays None until some reply reported one."""
-    cached = total.cached_tokens if more.cached_tokens is None else (total.cached_tokens or 0) + more.cached_tokens
-    return Usage(total.prompt_tokens + more.prompt_tokens, total.completion_tokens + more.completion_tokens, cached)

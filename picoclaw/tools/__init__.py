@@ -1,1 +1,40 @@
-"""Tools the model can call: memory search/append and workspace file access."""
+"""Tools the model can call: memory search/append, workspace files, web, exec, skills, cron and MCP servers' tools.
+
+What this layer offers the layers above: the tool contract (`Tool`, `ToolError`, `ToolRegistry`,
+`current_session`, from `base.py`), `build_tools` and `TOOL_CLASSES` (one workspace's tools), the MCP servers
+(`McpServers`) and the skills (`SkillCatalog`, `shared_catalog`, `skills_prompt`). Importing any submodule runs
+this file first, so only the contract is imported at once; the rest, which brings httpx, YAML and the memory
+store, is imported on first use (picoclaw/lazy_exports.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from picoclaw.lazy_exports import lazy_exports
+from picoclaw.tools.base import Tool, ToolError, ToolRegistry, current_session
+
+if TYPE_CHECKING:
+    from picoclaw.tools.mcp import McpServers
+    from picoclaw.tools.registry import TOOL_CLASSES, build_tools
+    from picoclaw.tools.skills import SkillCatalog, shared_catalog, skills_prompt
+
+__all__ = [
+    "TOOL_CLASSES",
+    "McpServers",
+    "SkillCatalog",
+    "Tool",
+    "ToolError",
+    "ToolRegistry",
+    "build_tools",
+    "current_session",
+    "shared_catalog",
+    "skills_prompt",
+]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "picoclaw.tools.mcp": ("McpServers",),
+    "picoclaw.tools.registry": ("TOOL_CLASSES", "build_tools"),
+    "picoclaw.tools.skills": ("SkillCatalog", "shared_catalog", "skills_prompt"),
+})

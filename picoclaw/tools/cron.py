@@ -3,7 +3,8 @@
 Every job the tool touches belongs to the current session (the chat of the turn) and to this agent's
 memory scope: a chat never sees, nor removes, another chat's jobs, and with memory_scope "per_user" a user
 never sees another user's. The process serving the session delivers what comes due: the bot for telegram:
-chats, `picoclaw chat` for its own cli: session while it is open (see agent/scheduler.py).
+chats, `picoclaw chat` for its own cli: session while it is open (see picoclaw/jobs/runner.py). The jobs
+themselves, their schedules and their file are the `picoclaw.jobs` package's: this is a face over it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from picoclaw.errors import PicoclawError
 from picoclaw.jobs import MAX_EVERY_SECONDS, Job, JobStore, job_problem, make_schedule
-from picoclaw.memory.workspace import Workspace
+from picoclaw.memory import Workspace
+from picoclaw.session_key import CLI, channel_of
 from picoclaw.tools.base import ToolError, current_session
-from picoclaw.tools.files import WorkspaceFiles, WorkspaceTool, os_errors
+from picoclaw.tools.files import WorkspaceTool, os_errors
+from picoclaw.tools.sandbox import WorkspaceFiles
 
 MAX_LISTED = 50
 
@@ -81,7 +84,7 @@ class Cron(WorkspaceTool):
         job = self.jobs.add(schedule, "message" if action == "message" else "agent", text, session,
                             created_by=session, scope=self.scope)
         added = f"added job {job.id}: {self._line(job)}"
-        if session.startswith("cli:"):  # the user should know a closed terminal cannot remind them
+        if channel_of(session) == CLI:  # the user should know a closed terminal cannot remind them
             added += (" (delivered while this terminal chat is open, not to a one-shot `picoclaw chat -m`; if it "
                       "is closed then, when it next opens)")
         return added

@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from picoclaw.config import ExecConfig
-from picoclaw.memory.workspace import Workspace
+from picoclaw.memory import Workspace
 from picoclaw.tools.base import Tool, ToolError, current_session
 
 log = logging.getLogger(__name__)

@@ -15,36 +15,36 @@ aborts the request's POST), so a server that honours it is free for the next cal
 back in errors (an HTTP error page, an exception quoting a URL) may carry the credentials picoclaw sent it:
 its configured headers, env values and URL credentials are redacted from every error before it is cut.
 
-The SDK is imported only when a server starts, so commands without MCP servers do not pay for it.
+A server gets MIN_START_TIMEOUT seconds to start even when its `timeout` is shorter: that setting is each
+call's limit, and starting a program (a Python server spends a second or more importing the SDK on a busy
+machine) is another matter. A longer `timeout` is the start-up limit too.
+
+The SDK is imported only when a server starts, so commands without MCP servers do not pay for it. How a
+server is reached is `mcp_transport.py`; how its results and failures read is `mcp_results.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import functools
 import logging
-import os
 import re
-import sys
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TextIO
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
-import orjson
 from pydantic import BaseModel, ConfigDict
 
 from picoclaw.config import McpConfig, McpServerConfig
-from picoclaw.secrets import excerpt, redact
+from picoclaw.secrets import excerpt
 from picoclaw.tools.base import Tool, ToolError
+from picoclaw.tools.mcp_results import closed_reason, failure_reason, result_text
+from picoclaw.tools.mcp_transport import open_transport, server_secrets, watched
 
 if TYPE_CHECKING:
     import httpx2
     from mcp import Client
-    from mcp.types import CallToolResult, ContentBlock
     from mcp.types import Tool as ListedTool
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 PREFIX = "mcp__"
 # OpenAI-compatible APIs take function names of at most 64 characters from this set.
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-MAX_RESULT_CHARS = 50_000  # as read_file: one call must not fill the context window
+# The least time a server gets to start (run, connect, list its tools), however short its call timeout; the
+# default timeout, so a server with the default is not affected.
+MIN_START_TIMEOUT = 30.0
 # Once asked to stop, a server gets this long to exit before its task is cancelled (the SDK then kills it).
 STOP_GRACE = 10.0
 # How often an idle HTTP server is asked for its tools to see that it is still there (see the module docstring).
@@ -83,10 +85,13 @@ class ListedMcpTool:
 class McpServer:
     """One configured server: its state, its tools, and (when ready) the connection its task holds."""
 
-    def __init__(self, name: str, config: McpServerConfig, probe_interval: float = PROBE_INTERVAL):
+    def __init__(self, name: str, config: McpServerConfig, probe_interval: float = PROBE_INTERVAL,
+                 start_timeout: float | None = None):
         self.name = name
         self.config = config
         self.probe_interval = probe_interval
+        # Calls keep `config.timeout`; starting gets at least MIN_START_TIMEOUT (see the module docstring).
+        self.start_timeout = max(config.timeout, MIN_START_TIMEOUT) if start_timeout is None else start_timeout
         self.state: State = "disabled" if not config.enabled else "starting"
         self.reason = ""  # why it failed, or a note on a ready server (an allow-listed tool it lacks)
         self.tools: list[ListedMcpTool] = []
@@ -122,14 +127,14 @@ class McpServer:
         return self.state
 
     async def start(self) -> None:
-        """Connect and list the tools, within the configured timeout; a failure is recorded, never raised."""
+        """Connect and list the tools, within `start_timeout`; a failure is recorded, never raised."""
         if self.state != "starting":
             return
         self._task = asyncio.create_task(self._hold(), name=f"mcp server {self.name}")
         try:
-            await asyncio.wait_for(self._ready.wait(), self.config.timeout)
+            await asyncio.wait_for(self._ready.wait(), self.start_timeout)
         except TimeoutError:
-            self._fail(f"no answer within {self.config.timeout:g} s while starting")
+            self._fail(f"no answer within {self.start_timeout:g} s while starting")
             self._task.cancel()  # the SDK's exits then stop the process or close the HTTP session
 
     async def _hold(self) -> None:
@@ -137,8 +142,9 @@ class McpServer:
         from mcp import Client
 
         try:
-            async with Client(_watched(self._transport(), self._wake.set),
-                              read_timeout_seconds=self.config.timeout) as client:
+            # The client's own timeout covers the handshake and the listing; calls and checks pass their own.
+            async with Client(watched(open_transport(self.config, self._note_response), self._wake.set),
+                              read_timeout_seconds=self.start_timeout) as client:
                 self._accept(await _list_tools(client))
                 self._client = client
                 self._ready.set()
@@ -170,31 +176,23 @@ class McpServer:
                 continue
             if self._stopping:
                 return ""
-            return self._reason_closed()
+            return closed_reason(self.config)
 
     async def _probe(self, client: Client) -> str:
         """Ask for the tools, bypassing the SDK's cache: "" when the server answers, else why it does not."""
-        # Not a ping: the 2026-07-28 protocol dropped it, and every server answers tools/list.
+        # Not a ping: the 2026-07-28 protocol dropped it, and every server answers tools/list. Sent through the
+        # session, which takes a timeout per request (the client's is the longer start-up one) and has no cache.
         from mcp import MCPError
-        from mcp.types import REQUEST_TIMEOUT
+        from mcp.types import REQUEST_TIMEOUT, ListToolsRequest, ListToolsResult
 
         try:
-            await client.list_tools(cache_mode="bypass")
+            await client.session.send_request(ListToolsRequest(), ListToolsResult,
+                                              request_read_timeout_seconds=self.config.timeout)
         except MCPError as exc:
             if exc.code == REQUEST_TIMEOUT:
                 return f"no answer within {self.config.timeout:g} s to a check that it is still there"
             return self._reason(exc)
         return ""
-
-    def _transport(self) -> Any:
-        from mcp import StdioServerParameters, stdio_client
-
-        if self.config.command is not None:
-            program, *arguments = self.config.command
-            parameters = StdioServerParameters(command=program, args=arguments, env=self.config.env or None)
-            return stdio_client(parameters, errlog=_server_stderr())
-        assert self.config.url is not None  # the config allows exactly one of command and url
-        return _http_transport(self.config.url, self.config.headers, self._note_response)
 
     async def _note_response(self, response: httpx2.Response) -> None:
         """Keep the status of a failed POST: the SDK turns it into an error without the status."""
@@ -236,51 +234,10 @@ class McpServer:
         """`text` from or about the server as one line: its credentials redacted, then cut to REASON_CHARS."""
         return excerpt(text, REASON_CHARS, self._secrets)
 
-    def _reason_closed(self) -> str:
-        if self.config.command is not None:
-            return "the server closed the connection (it exited; its own output may say why)"
-        return "the HTTP connection closed (the server stopped or dropped it)"
-
     def _reason(self, exc: BaseException) -> str:
         """A one-line reason for a failure, in the words of the server's transport, from the innermost
         exception of the SDK's exception groups; the server's credentials redacted, then cut."""
-        return self._said(self._raw_reason(exc))
-
-    def _raw_reason(self, exc: BaseException) -> str:
-        import httpx2
-        from mcp import MCPError
-        from mcp.types import CONNECTION_CLOSED, PARSE_ERROR
-
-        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-            exc = exc.exceptions[0]
-        if isinstance(exc, OSError) and self.config.command is not None:
-            why = "program not found" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc))
-            return f"cannot run {self.config.command[0]!r}: {why}"
-        if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
-            return self._reason_closed()
-        if isinstance(exc, MCPError) and exc.code == PARSE_ERROR:
-            # The SDK quotes the page in pydantic's words, already cut (maybe inside a credential): not shown.
-            return "the server's answer is not MCP (JSON-RPC) at all"
-        if isinstance(exc, MCPError) and self._http_error:
-            return self._http_status(self._http_error, exc.message)
-        if isinstance(exc, MCPError):
-            return exc.message
-        if isinstance(exc, httpx2.HTTPStatusError):
-            return self._http_status(f"{exc.response.status_code} {exc.response.reason_phrase}".strip(), "")
-        if isinstance(exc, httpx2.ConnectError):
-            return f"cannot reach the server: {str(exc) or type(exc).__name__}"
-        if isinstance(exc, httpx2.TimeoutException):
-            return f"the HTTP request timed out ({type(exc).__name__})"
-        if isinstance(exc, httpx2.TransportError):
-            return f"the HTTP connection broke ({type(exc).__name__}: {exc})"
-        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-    @staticmethod
-    def _http_status(status: str, message: str) -> str:
-        # The SDK's stand-ins for a status ("Not Found", "Server returned an error response") add nothing to it.
-        detail = "" if message in status or message == "Server returned an error response" else f": {message}"
-        hint = {"401": " (check its headers)", "403": " (check its headers)", "404": " (check its url)"}
-        return f"the server answered HTTP {status}{detail}{hint.get(status[:3], '')}"
+        return self._said(failure_reason(exc, self.config, self._http_error))
 
     async def call(self, tool: ListedMcpTool, arguments: dict[str, Any]) -> str:
         """Run `tool` with `arguments`; the text of its result, or ToolError with what went wrong."""
@@ -418,128 +375,3 @@ async def _list_tools(client: Client) -> list[ListedTool]:
         cursor = page.next_cursor
         if not cursor:
             return tools
-
-
-def result_text(result: CallToolResult, secrets: Sequence[str] = ()) -> str:
-    """The text the model gets: text blocks joined, a short note for each block it cannot read; `secrets`
-    redacted (before the text is cut)."""
-    parts = [_block_text(block) for block in result.content]
-    if not parts and result.structured_content is not None:
-        parts.append(orjson.dumps(result.structured_content).decode("utf-8"))
-    text = redact("\n".join(parts), secrets) if parts else "(the tool returned nothing)"
-    if len(text) > MAX_RESULT_CHARS:
-        text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(text) - MAX_RESULT_CHARS:,} more characters]"
-    return text
-
-
-def _block_text(block: ContentBlock) -> str:
-    from mcp.types import EmbeddedResource, ResourceLink, TextContent, TextResourceContents
-
-    if isinstance(block, TextContent):
-        return block.text
-    if isinstance(block, EmbeddedResource):
-        resource = block.resource
-        if isinstance(resource, TextResourceContents):
-            return resource.text
-        return f"[binary resource {resource.uri} not shown]"
-    if isinstance(block, ResourceLink):
-        return f"[resource: {block.uri}]"
-    return f"[{block.type} content not shown]"  # image, audio
-
-
-def server_secrets(config: McpServerConfig) -> list[str]:
-    """What picoclaw sends a server that must never come back out in an error: header values (and the token
-    after a scheme such as "Bearer"), env values, and the URL's password, basic credentials and query values."""
-    secrets = [*config.env.values()]
-    for value in config.headers.values():
-        secrets += [value, *value.split()]
-    if config.url is not None:
-        parts = urlsplit(config.url)
-        if parts.password:
-            password, user = unquote(parts.password), unquote(parts.username or "")
-            # httpx sends URL credentials as basic auth, which an error page may quote.
-            secrets += [password, base64.b64encode(f"{user}:{password}".encode()).decode("ascii")]
-        secrets += [value for _, value in parse_qsl(parts.query)]
-    return secrets
-
-
-@functools.cache
-def _devnull() -> TextIO:
-    return open(os.devnull, "w", encoding="utf-8")  # kept open: every stdio server of the process may use it
-
-
-def _server_stderr() -> TextIO:
-    """Where a stdio server's own stderr goes: picoclaw's stderr, where it explains a failed start. The child
-    needs a real file descriptor, which a replaced sys.stderr (captured output) may not have."""
-    for stream in (sys.stderr, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.fileno()
-                return stream
-        except (OSError, ValueError):
-            continue
-    return _devnull()
-
-
-@asynccontextmanager
-async def _http_transport(url: str, headers: dict[str, str],
-                          on_response: Callable[[httpx2.Response], Any]) -> AsyncIterator[Any]:
-    """Streamable HTTP with the configured headers, on the SDK's own HTTP client (its timeouts for long-lived
-    streams), every response shown to `on_response`; the client is closed with the transport (the SDK closes
-    only a client it made itself)."""
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
-
-    http = create_mcp_http_client(headers=headers or None)
-    http.event_hooks = {"response": [on_response]}
-    async with http, streamable_http_client(url, http_client=http) as streams:
-        yield streams
-
-
-@asynccontextmanager
-async def _watched(transport: Any, on_end: Callable[[], None]) -> AsyncIterator[Any]:
-    """`transport` (an SDK Transport), its read side calling `on_end` when it ends: the server went away."""
-    async with transport as (read_stream, write_stream):
-        yield _EndWatch(read_stream, on_end), write_stream
-
-
-class _EndWatch:
-    """A transport's read stream, passed through; `on_end` is called when it ends (EOF or closed under it).
-    The SDK offers no event for the end of a connection, and its Transport protocol lets one wrap the streams."""
-
-    def __init__(self, inner: Any, on_end: Callable[[], None]):
-        self._inner = inner
-        self._on_end = on_end
-
-    @property
-    def last_context(self) -> Any:  # the SDK reads the sender's context from HTTP streams through this
-        return getattr(self._inner, "last_context", None)
-
-    async def receive(self) -> Any:
-        import anyio
-
-        try:
-            return await self._inner.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._on_end()
-            raise
-
-    def __aiter__(self) -> _EndWatch:
-        return self
-
-    async def __anext__(self) -> Any:
-        import anyio
-
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> _EndWatch:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()

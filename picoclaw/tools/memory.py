@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from picoclaw.memory.retrieval import Hit
+from picoclaw.memory import Hit
 from picoclaw.printable import has_controls, printable
 from picoclaw.tools.files import WorkspaceTool, already_stored, check_size, os_errors
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from picoclaw.memory.workspace import Workspace
+from picoclaw.memory import Workspace
 from picoclaw.tools.base import Tool, ToolRegistry
 from picoclaw.tools.cron import Cron
 from picoclaw.tools.exec import Exec
-from picoclaw.tools.files import AppendFile, EditFile, ListDir, ReadFile, WorkspaceFiles, WriteFile
+from picoclaw.tools.files import AppendFile, EditFile, ListDir, ReadFile, WriteFile
 from picoclaw.tools.memory import MemoryAppend, MemorySearch
+from picoclaw.tools.sandbox import WorkspaceFiles
 from picoclaw.tools.skills import SkillTool, shared_catalog
 from picoclaw.tools.web import WebFetch, WebSearch
 

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from picoclaw.fsutil import FileCache, FileKey, file_key
-from picoclaw.memory.workspace import Workspace
+from picoclaw.memory import Workspace
 from picoclaw.tools.base import Tool, ToolError
 
 log = logging.getLogger(__name__)

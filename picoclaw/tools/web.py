@@ -11,11 +11,9 @@ Environment proxies are ignored: a proxy would connect wherever it likes after o
 from __future__ import annotations
 
 import asyncio
-import html
 import ipaddress
 import logging
 import os
-import re
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +23,8 @@ import httpx2 as httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from picoclaw.config import WebConfig, WebSearchConfig
-from picoclaw.memory.workspace import Workspace
+from picoclaw.html_text import html_text, html_title, one_line
+from picoclaw.memory import Workspace
 from picoclaw.secrets import excerpt
 from picoclaw.tools.base import Tool, ToolError
 
@@ -194,21 +193,6 @@ class WebFetcher:
         return Page(str(url), response.status_code, content_type, bytes(body), truncated, response.charset_encoding)
 
 
-def _strip_tags(markup: str) -> str:
-    """Plain text of HTML when extraction finds no main text: scripts and styles dropped, tags removed."""
-    markup = re.sub(r"(?is)<(script|style|noscript|template)\b.*?</\1\s*>", " ", markup)
-    markup = re.sub(r"(?is)<!--.*?-->", " ", markup)
-    markup = re.sub(r"(?i)<(br|/p|/div|/li|/h[1-6]|/tr)\b[^>]*>", "\n", markup)
-    text = html.unescape(re.sub(r"(?s)<[^>]+>", " ", markup))
-    lines = (" ".join(line.split()) for line in text.splitlines())
-    return "\n".join(line for line in lines if line)
-
-
-def _title(markup: str) -> str:
-    match = re.search(r"(?is)<title[^>]*>(.*?)</title>", markup)
-    return " ".join(html.unescape(match.group(1)).split()) if match else ""
-
-
 def _decode(page: Page) -> str:
     if page.encoding:
         try:
@@ -221,7 +205,8 @@ def _decode(page: Page) -> str:
 
 
 def page_text(page: Page) -> tuple[str, str]:
-    """(title, main text) of a fetched page: trafilatura for HTML, with a tag strip when it finds nothing."""
+    """(title, main text) of a fetched page: trafilatura for HTML, with all of the page's text when it finds
+    no main text."""
     text = _decode(page)
     if "html" not in page.content_type and not text.lstrip()[:200].lower().startswith(("<!doctype html", "<html")):
         return "", text.strip()
@@ -229,7 +214,7 @@ def page_text(page: Page) -> tuple[str, str]:
 
     extracted = trafilatura.extract(text, url=page.url, include_comments=False, include_tables=True,
                                     favor_recall=True)
-    return _title(text), (extracted or "").strip() or _strip_tags(text)
+    return html_title(text), (extracted or "").strip() or html_text(text)
 
 
 class WebFetchArgs(BaseModel):
@@ -284,14 +269,10 @@ class SearchResult:
 SearchBackend = Callable[[httpx.AsyncClient, WebSearchConfig, str, str, int], Awaitable[list[SearchResult]]]
 
 
-# A tag as search APIs mark matches (<strong>, </b>, <span class="x">): a letter after '<', so "a < b" stays.
-_TAG = re.compile(r"</?[A-Za-z][^<>]*>")
-
-
 def _plain(text: object) -> str:
     """A result's title or snippet as plain text on one line: Brave marks matches with HTML tags and escapes
     entities (&#39;, &amp;), which would only cost the model tokens and confuse it."""
-    return " ".join(html.unescape(_TAG.sub("", str(text or ""))).split())
+    return one_line(str(text or ""))
 
 
 def _results(items: Any, snippet_key: str) -> list[SearchResult]:

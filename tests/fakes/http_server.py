@@ -12,6 +12,8 @@ from typing import Self
 
 from aiohttp import web
 
+START_LIMIT = 60.0  # seconds for the server thread to listen: bounds a hang only (a busy machine is slow)
+
 
 class BackgroundHTTPServer:
     """HTTP server on 127.0.0.1 (a free port); use as a context manager."""
@@ -40,8 +42,8 @@ class BackgroundHTTPServer:
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name=self.name, daemon=True)
         self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError(f"{type(self).__name__} did not start within 10 s")
+        if not ready.wait(START_LIMIT):
+            raise RuntimeError(f"{type(self).__name__} did not start within {START_LIMIT:g} s")
         if self._startup_error is not None:
             raise RuntimeError(f"{type(self).__name__} failed to start") from self._startup_error
         return self

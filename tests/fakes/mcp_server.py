@@ -3,7 +3,8 @@
 Run over stdio: `python tests/fakes/mcp_server.py`. Run over streamable HTTP on 127.0.0.1:
 `python tests/fakes/mcp_server.py --http`; it binds a free port itself and prints `PORT <n>` on stdout, so
 there is no race for the port between picking it and binding it. `--header NAME=VALUE` makes the HTTP
-server refuse requests without that header (for the `headers` setting).
+server refuse requests without that header (for the `headers` setting). `--start-delay SECONDS` makes it
+slow to start: it reads nothing for that long first (a server with a slow start-up).
 
 The server has one worker for the tools that need it (`block`, `stubborn`, `queued`), as many real servers
 serve one call at a time: `block` holds it until the call is cancelled (MCP's `notifications/cancelled`),
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import socket
+import time
 from typing import TYPE_CHECKING
 
 import anyio
@@ -197,7 +199,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", action="store_true")
     parser.add_argument("--header")
+    parser.add_argument("--start-delay", type=float, default=0.0)
     options = parser.parse_args()
+    time.sleep(options.start_delay)
     if options.http:
         serve_http(options.header)
     else:

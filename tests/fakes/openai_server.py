@@ -61,11 +61,14 @@ class Text:
     `chunk_delay` is the pause before each streamed chunk after the first piece of text, as a slow server
     writes tokens (the role chunk and the first piece go out at once, so a client sees text before a stall).
     `cut_after` streams only that many pieces of text, then drops the connection: a server killed mid-answer.
+    `until` holds the answer until that event is set (at most HOLD_LIMIT seconds): a test that needs one
+    request answered after something else happened says so, instead of hoping a delay is long enough.
     """
 
     text: str
     usage: UsageSpec = None
     delay: float = 0.0
+    until: threading.Event | None = None
     finish_reason: str = "stop"
     cached_tokens: int | None = None
     chunk_delay: float = 0.0
@@ -109,7 +112,7 @@ class Raw:
 
 
 Reply = Text | ToolCalls | Error | Raw
-HOLD_LIMIT = 10.0
+HOLD_LIMIT = 30.0  # seconds a held reply waits at most: a test whose release never comes fails, not hangs
 GARBAGE = "<html><body><h1>502 Bad Gateway</h1>nginx</body></html>"
 
 
@@ -228,6 +231,8 @@ class FakeOpenAIServer(BackgroundHTTPServer):
             scripted = Text(answered) if isinstance(answered, str) else answered
         reply: Reply = scripted
         await self.pause(reply.delay)
+        if isinstance(reply, Text) and reply.until is not None:
+            await self._held(reply.until)
         if isinstance(reply, Error | Raw):
             return _render(reply)
         if streamed:
@@ -246,7 +251,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
                 "only errors and raw bodies can be scripted for embeddings")
         inputs = [body["input"]] if isinstance(body["input"], str) else list(body["input"])
         if self.hold_embeddings is not None and self.hold_embeddings(inputs):
-            await self._held()
+            await self._held(self._released)
         if self.delay_embeddings is not None:
             await self.pause(self.delay_embeddings(inputs))
         dimensions = body.get("dimensions") or self.default_dimensions
@@ -266,9 +271,10 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         """Let every held embeddings request (and any later one) answer."""
         self._released.set()
 
-    async def _held(self) -> None:
+    async def _held(self, released: threading.Event) -> None:
+        """Wait until `released` is set, the server stops, or HOLD_LIMIT seconds have passed."""
         deadline = time.monotonic() + HOLD_LIMIT
-        while not self._released.is_set() and not self.stopping() and time.monotonic() < deadline:
+        while not released.is_set() and not self.stopping() and time.monotonic() < deadline:
             await self.pause(0.005)
 
     async def _record(self, request: web.Request) -> Any:

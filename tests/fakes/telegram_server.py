@@ -140,8 +140,9 @@ class FakeTelegramServer(BackgroundHTTPServer):
                     if c.method == "sendMessage" and c.params.get("_ok")
                     and (chat_id is None or int(c.params["chat_id"]) == chat_id)]
 
-    def wait_until(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-        """Block until `condition()` holds (re-checked after every API call), or fail after `timeout`."""
+    def wait_until(self, condition: Callable[[], bool], timeout: float = 60.0) -> None:
+        """Block until `condition()` holds (re-checked after every API call), or fail after `timeout` (generous:
+        it only bounds a hang, a busy machine may take seconds)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while not condition():

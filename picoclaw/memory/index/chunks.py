@@ -1,6 +1,6 @@
 """What the index stores for a file: chunks that follow the store's own blocks, cut to the embedder's limit.
 
-A Markdown file is split exactly as the plain retriever splits it (`split_blocks`: a `## date` heading
+A Markdown file is split exactly as the keyword search splits it (`split_blocks`: a `## date` heading
 stays with its entry). A block longer than the token limit is cut at line breaks (a single overlong line
 at characters), each piece repeating the block's heading, because an embedding model silently keeps only
 the start of a longer input. A session file (`sessions/*.jsonl`) gives one chunk per user turn with the
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from picoclaw.memory.retrieval import Block, entry_blocks, is_title, split_blocks
+from picoclaw.memory.search.blocks import Block, entry_blocks, is_title, split_blocks
 from picoclaw.memory.session import said_lines
 from picoclaw.memory.terms import TERMS_VERSION, block_terms
 from picoclaw.tokens import count_tokens
@@ -61,7 +61,7 @@ class Chunk:
 
     @property
     def terms(self) -> str:
-        """The text as FTS tokens: the plain retriever's terms of the same block (date words included),
+        """The text as FTS tokens: the keyword search's terms of the same block (date words included),
         joined by spaces."""
         return " ".join(block_terms(self.text, self.heading, self.path))
 
@@ -121,7 +121,7 @@ def _pieces(block: Block, limit: TokenLimit) -> list[Chunk]:
 
 def markdown_chunks(text: str, path: Path, limit: TokenLimit, *, entries_only: bool = False) -> list[Chunk]:
     """The chunks of a Markdown memory file: a daily note, or MEMORY.md (`entries_only`: its title and
-    intro above the first `## ` are left out, as the plain retriever leaves them out)."""
+    intro above the first `## ` are left out, as the keyword search leaves them out)."""
     blocks = entry_blocks(text, path) if entries_only else split_blocks(text, path)
     return [chunk for block in blocks if not is_title(block) for chunk in _pieces(block, limit)]
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
@@ -30,14 +28,15 @@ from picoclaw.memory.index.embedders import Embedder, EmbeddingUnavailable
 from picoclaw.memory.index.outage import Outage, outage_of
 from picoclaw.memory.index.schema import INDEX_FILE, file_identity, is_unusable, open_database, remove_files
 from picoclaw.memory.index.scoring import (
-    Adjacency,
     KeywordQuery,
     Weights,
+    adjacency,
     in_context,
     keyword_matches,
     merge,
     phrase_boosted,
 )
+from picoclaw.memory.index.status import IndexStatus, not_built, read_status
 from picoclaw.memory.index.sync import (
     EMBED_BATCH,
     Progress,
@@ -55,31 +54,15 @@ from picoclaw.memory.index.sync import (
     transaction,
 )
 from picoclaw.memory.index.vectors import VectorMatrix
-from picoclaw.memory.retrieval import NEIGHBOUR_WEIGHT, PHRASE_BONUS, Block, Hit
+from picoclaw.memory.search.blocks import Block, Hit
+from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, PHRASE_BONUS
 from picoclaw.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
 
 CANDIDATE_CAP = 200  # most candidates taken from each side for a search (unless limit is larger)
-_BATCH = 900  # ids per IN (...) query, under SQLite's variable limit
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class IndexStatus:
-    """What `picoclaw memory status` shows."""
-
-    path: Path
-    built: bool
-    sources: list[str]
-    model: str | None  # the embedder's label; None for keyword-only
-    files: int
-    chunks: int
-    vectors: int
-    last_sync: str | None
-    stale: list[str]  # files changed, added or removed since the last sync
-    warning: str | None  # the last embedding failure, if the last attempt failed
 
 
 class IndexClosed(Exception):
@@ -372,12 +355,11 @@ class MemoryIndex:
                   wanted: int) -> dict[int, float]:
         """The best `wanted` chunks by keywords in context (see `_in_context`), with their 0–1 scores."""
         # The pool is wider than `wanted`, since neighbours can lift a chunk from below the cut; a note entry
-        # right after a match is a match itself, as in the plain retriever.
+        # right after a match is a match itself, as in the keyword search.
         pool = heapq.nlargest(max(wanted, CANDIDATE_CAP), matches, key=matches.__getitem__)
-        adjacency = self._adjacency(conn, pool)
-        candidates = set(pool) | {after for i, after in adjacency.next.items()
-                                  if i in matches and after in adjacency.notes}
-        context = in_context(matches, adjacency, NEIGHBOUR_WEIGHT, candidates)
+        around = adjacency(conn, pool)
+        candidates = set(pool) | {after for i, after in around.next.items() if i in matches and after in around.notes}
+        context = in_context(matches, around, NEIGHBOUR_WEIGHT, candidates)
         # Only a chunk the phrase bonus could lift into the best `wanted` needs its text read.
         floor = heapq.nlargest(wanted, context.values())[-1] if len(context) >= wanted else 0.0
         scores = {**context, **phrase_boosted(conn, keyword_query, context,
@@ -387,31 +369,12 @@ class MemoryIndex:
 
     def _in_context(self, conn: sqlite3.Connection, keyword_query: KeywordQuery, matches: dict[int, float],
                     ids: set[int]) -> dict[int, float]:
-        """0–1 keyword scores of `ids` as the plain retriever scores blocks: BM25 of a note entry with the one
+        """0–1 keyword scores of `ids` as the keyword search scores blocks: BM25 of a note entry with the one
         before it, plus NEIGHBOUR_WEIGHT × the adjacent chunks' (scoring.in_context), then the phrase bonus.
         On LoCoMo dev (bench/retrieval_quality.py) this lifts hybrid B@10 by ~0.015 and notes turn recall@10
         by ~0.05 in both languages."""
-        context = in_context(matches, self._adjacency(conn, ids), NEIGHBOUR_WEIGHT, ids)
+        context = in_context(matches, adjacency(conn, ids), NEIGHBOUR_WEIGHT, ids)
         return {i: keyword_query.unit(s) for i, s in phrase_boosted(conn, keyword_query, context, context).items()}
-
-    @staticmethod
-    def _adjacency(conn: sqlite3.Connection, ids: Iterable[int]) -> Adjacency:
-        """The chunks up to two before and one after each of `ids` in its file, and which are note entries.
-
-        A sync writes each file's chunks in one transaction, in file order, with AUTOINCREMENT ids: the
-        chunks of a file have consecutive ids, so the chunk before id n in its file is n − 1 if that has the
-        same path.
-        """
-        window = sorted({i + step for i in ids for step in (-2, -1, 0, 1)})
-        rows: dict[int, tuple[str, str]] = {}
-        for start in range(0, len(window), _BATCH):
-            part = window[start:start + _BATCH]
-            rows.update((row[0], (row[1], row[2])) for row in conn.execute(
-                f"SELECT id, path, source FROM chunks WHERE id IN ({','.join('?' * len(part))})", part))
-        previous = {i: i - 1 for i, (path, _) in rows.items() if rows.get(i - 1, ("",))[0] == path}
-        following = {i - 1: i for i in previous}
-        notes = frozenset(i for i, (_, source) in rows.items() if source == "notes")
-        return Adjacency(previous, following, notes)
 
     def _hybrid(self, conn: sqlite3.Connection, keyword_query: KeywordQuery | None, query_vector: np.ndarray,
                 limit: int, sources: frozenset[str] | None) -> list[tuple[float, int]]:
@@ -455,34 +418,11 @@ class MemoryIndex:
         files = source_files(self.store, self.sessions_dir, self.settings.sources)
         model = self.embedder.label if self.embedder is not None else None
         if not self.path.exists():
-            return IndexStatus(self.path, False, list(self.settings.sources), model, 0, 0, 0, None,
-                               [file.key for file in files], None)
-        return self._run(lambda conn: self._status(conn, files, model))
+            return not_built(self.path, self.settings.sources, model, files)
+        key = self.embedder.key if self.embedder is not None else None
+        return self._run(lambda conn: read_status(conn, self.path, self.settings.sources, model, key, files,
+                                                  self._dirty_keys(), self.store.tz))
 
-    def _status(self, conn: sqlite3.Connection, files: list, model: str | None) -> IndexStatus:
-        known = {row[0]: row[1:] for row in conn.execute("SELECT path, mtime_ns, size, inode FROM files")}
+    def _dirty_keys(self) -> set[str]:
         with self._dirty_lock:
-            dirty = set(self._dirty)
-        stale = sorted(set(known) - {file.key for file in files})
-        for file in files:
-            try:
-                st = os.stat(file.path)
-            except FileNotFoundError:
-                continue
-            if file.key in dirty or known.get(file.key) != (st.st_mtime_ns, st.st_size, st.st_ino):
-                stale.append(file.key)
-        vectors = 0
-        if self.embedder is not None:
-            vectors = conn.execute("SELECT count(*) FROM chunks c JOIN embedding_cache e ON e.model = ? "
-                                   "AND e.text_hash = c.hash", (self.embedder.key,)).fetchone()[0]
-        warning = get_meta(conn, "embed_error")
-        if warning is not None:
-            warning = f"{self._when(get_meta(conn, 'embed_error_at'))}: {warning}"
-        return IndexStatus(self.path, True, list(self.settings.sources), model, len(known),
-                           conn.execute("SELECT count(*) FROM chunks").fetchone()[0], vectors,
-                           self._when(get_meta(conn, "last_sync")), sorted(stale), warning)
-
-    def _when(self, stamp_ns: str | None) -> str | None:
-        if stamp_ns is None:
-            return None
-        return datetime.fromtimestamp(int(stamp_ns) / 1e9, tz=self.store.tz).isoformat(timespec="seconds")
+            return set(self._dirty)

@@ -1,12 +1,12 @@
 """Keyword scores from FTS5 and the hybrid merge with vector scores.
 
-Keyword: FTS5's BM25 (k1 1.2, b 0.75, as the plain retriever) over the pre-tokenised terms, times the
-plain retriever's bonus for an exact phrase. It is turned into 0–1 without changing its order:
+Keyword: FTS5's BM25 (k1 1.2, b 0.75, as the keyword search) over the pre-tokenised terms, times the
+keyword search's bonus for an exact phrase. It is turned into 0–1 without changing its order:
 x = BM25 / (the BM25 an average-length chunk would get with every query term once), score = tanh(x). So a
 chunk holding all of the query's words scores about 0.76, with the exact phrase about 0.9, and the score
 does not depend on what else happened to match.
 
-In context, as the plain retriever scores blocks (`in_context`): a daily-note entry's BM25 takes in the
+In context, as the keyword search scores blocks (`in_context`): a daily-note entry's BM25 takes in the
 previous entry's, then every chunk gains NEIGHBOUR_WEIGHT × its adjacent chunks' BM25, before the 0–1 map.
 
 Hybrid: the union of the best keyword and the best vector candidates; each chunk in it gets both of its
@@ -20,11 +20,11 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from picoclaw.memory.retrieval import PHRASE_BONUS
+from picoclaw.memory.search.bm25 import PHRASE_BONUS
 from picoclaw.memory.terms import normalize, phrases, query_terms
 
 _IDF_FLOOR = 1e-6  # what FTS5's bm25() uses for a term in half the chunks or more
-_BATCH = 900
+_BATCH = 900  # ids per IN (...) query, under SQLite's variable limit
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class KeywordQuery:
     @classmethod
     def prepare(cls, conn: sqlite3.Connection, query: str) -> KeywordQuery | None:
         """None when the query has no search terms (only stop words or punctuation)."""
-        distinct = query_terms(query)  # the plain retriever's: question words left out
+        distinct = query_terms(query)  # the keyword search's: question words left out
         if not distinct:
             return None
         total = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
@@ -77,7 +77,7 @@ def keyword_matches(conn: sqlite3.Connection, query: KeywordQuery,
 
 def phrase_boosted(conn: sqlite3.Connection, query: KeywordQuery, scores: dict[int, float],
                    ids: Iterable[int]) -> dict[int, float]:
-    """The scores of `ids`, times the plain retriever's phrase bonus where the chunk's text holds a phrase."""
+    """The scores of `ids`, times the keyword search's phrase bonus where the chunk's text holds a phrase."""
     wanted = [i for i in ids if i in scores]
     if not query.phrases:
         return {i: scores[i] for i in wanted}
@@ -98,8 +98,27 @@ class Adjacency:
     notes: frozenset[int]
 
 
+def adjacency(conn: sqlite3.Connection, ids: Iterable[int]) -> Adjacency:
+    """The chunks up to two before and one after each of `ids` in its file, and which are note entries.
+
+    A sync writes each file's chunks in one transaction, in file order, with AUTOINCREMENT ids: the
+    chunks of a file have consecutive ids, so the chunk before id n in its file is n − 1 if that has the
+    same path.
+    """
+    window = sorted({i + step for i in ids for step in (-2, -1, 0, 1)})
+    rows: dict[int, tuple[str, str]] = {}
+    for start in range(0, len(window), _BATCH):
+        part = window[start:start + _BATCH]
+        rows.update((row[0], (row[1], row[2])) for row in conn.execute(
+            f"SELECT id, path, source FROM chunks WHERE id IN ({','.join('?' * len(part))})", part))
+    previous = {i: i - 1 for i, (path, _) in rows.items() if rows.get(i - 1, ("",))[0] == path}
+    following = {i - 1: i for i in previous}
+    notes = frozenset(i for i, (_, source) in rows.items() if source == "notes")
+    return Adjacency(previous, following, notes)
+
+
 def with_previous_entry(strengths: dict[int, float], adjacency: Adjacency) -> dict[int, float]:
-    """Each daily-note entry's strength plus the previous entry's, as the plain retriever indexes an entry
+    """Each daily-note entry's strength plus the previous entry's, as the keyword search indexes an entry
     together with the one before it (an entry so often answers what came just before it)."""
     out = dict(strengths)
     for chunk_id in adjacency.notes:
@@ -112,7 +131,7 @@ def with_previous_entry(strengths: dict[int, float], adjacency: Adjacency) -> di
 def with_neighbours(scores: dict[int, float], adjacency: Adjacency, weight: float,
                     ids: Iterable[int] | None = None) -> dict[int, float]:
     """Each chunk of `ids` (default: every scored one) that has a score of its own, plus `weight` × its
-    adjacent chunks' scores (a neighbour with no score adds 0), as the plain retriever's `rank` does."""
+    adjacent chunks' scores (a neighbour with no score adds 0), as the keyword search's `rank` does."""
     out: dict[int, float] = {}
     for chunk_id in scores if ids is None else ids:
         own = scores.get(chunk_id)
@@ -126,7 +145,7 @@ def with_neighbours(scores: dict[int, float], adjacency: Adjacency, weight: floa
 
 def in_context(strengths: dict[int, float], adjacency: Adjacency, weight: float,
                ids: Iterable[int]) -> dict[int, float]:
-    """The keyword strengths of `ids` as the plain retriever scores blocks: a note entry with the entry
+    """The keyword strengths of `ids` as the keyword search scores blocks: a note entry with the entry
     before it, then every chunk with `weight` × its neighbours'. `strengths` must hold the chunks up to two
     before and one after each of `ids` (those that match)."""
     return with_neighbours(with_previous_entry(strengths, adjacency), adjacency, weight, ids)
@@ -155,7 +174,7 @@ def merge(keyword: dict[int, float], vector: dict[int, float], weights: Weights)
     """(hybrid score, chunk id) for every chunk in either dict, best first, below min_score dropped.
 
     Both dicts must hold every chunk of the union with its real score on that side (0 when it has none).
-    On equal scores the newer chunk (higher id) wins, as in the plain retriever.
+    On equal scores the newer chunk (higher id) wins, as in the keyword search.
     """
     union = set(keyword) | set(vector)
     scored = [(weights.combine(vector.get(i, 0.0), keyword.get(i, 0.0)), i) for i in union]

@@ -2,7 +2,7 @@
 
 markdown-it-py parses the Markdown (CommonMark plus tables and ~~strike~~); the syntax tree is rendered to
 the few tags Telegram's HTML mode accepts (b, i, s, code, pre, a, blockquote), with only `&`, `<` and `>`
-escaped in text. The rendered HTML is then split into messages (`telegram_split.py`).
+escaped in text. The rendered HTML is then split into messages (`split.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from markdown_it.rules_inline import emphasis as emphasis_rule
 from markdown_it.rules_inline import strikethrough as strikethrough_rule
 from markdown_it.tree import SyntaxTreeNode
 
-from picoclaw.channels.telegram_split import BLOCK_MARK, MESSAGE_LIMIT, MessagePart, split_html
+from picoclaw import cjk
+from picoclaw.channels.telegram.split import BLOCK_MARK, MESSAGE_LIMIT, MessagePart, split_html
 
 LINK_SCHEMES = frozenset({"http", "https", "tg", "mailto"})  # what becomes <a>; other links stay text
 RULE = "─" * 12  # a horizontal rule: Telegram has no tag for one
@@ -117,7 +118,7 @@ def _wide(character: str) -> bool:
 
 _SCHEME_BEFORE = re.compile(r"(?:^|[^A-Za-z0-9+.-])https?$", re.IGNORECASE)
 # A bare URL ends at whitespace, <, > or ", and at CJK punctuation or full-width forms (，。） …).
-_URL_REST = re.compile(r"://[^\s<>\"\u3000-\u303f\uff00-\uffef]+")
+_URL_REST = re.compile(rf"://[^\s<>\"{cjk.PUNCTUATION}]+")
 
 
 def _bare_url(state: StateInline, silent: bool) -> bool:

@@ -1,35 +1,45 @@
-"""The index-backed searcher: the index when it can answer, the memory files directly when it cannot."""
+"""IndexedSearch: the optional index when it can answer, the memory files directly (KeywordSearch) when it
+cannot; and `open_search`, which picks the search a workspace uses.
+
+The index brings numpy (and, for local embeddings, torch) with it, so it is imported only when
+`memory.index.enabled`: importing this module costs nothing more than the keyword search.
+"""
 
 from __future__ import annotations
 
 import logging
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from picoclaw.config import IndexConfig
-from picoclaw.memory.index.embedders import Embedder
-from picoclaw.memory.index.index import MemoryIndex
-from picoclaw.memory.retrieval import Block, Hit, MemoryRetriever
-from picoclaw.memory.search import FileSearcher
+from picoclaw.memory.search.blocks import Block, Hit
+from picoclaw.memory.search.keyword import KeywordSearch
+from picoclaw.memory.search.protocol import MemorySearch
+from picoclaw.memory.store import MemoryStore
+
+if TYPE_CHECKING:
+    from picoclaw.config import IndexConfig
+    from picoclaw.memory.index.embedders import Embedder
+    from picoclaw.memory.index.index import MemoryIndex
 
 log = logging.getLogger(__name__)
 
 _LONG_TERM_ONLY = frozenset({"memory"})
 
 
-class IndexedRetriever:
-    """Answers from the index; from the plain retriever when the index cannot (locked, unwritable disk)."""
+class IndexedSearch:
+    """Answers from the index; from the keyword search when the index cannot (locked, unwritable disk)."""
 
-    def __init__(self, plain: MemoryRetriever, index: MemoryIndex):
-        self.files = FileSearcher(plain)
+    def __init__(self, files: KeywordSearch, index: MemoryIndex):
+        self.files = files
         self.index = index
         embeddings = index.settings.embeddings
         # How long a turn waits for embeddings before it searches by keywords alone.
         self.wait = embeddings.max_wait_seconds if embeddings is not None else None
-        plain.store.on_change(index.mark_changed)
+        files.store.on_change(index.mark_changed)
 
     def long_term_blocks(self) -> list[Block]:
-        """MEMORY.md's blocks in file order (for the no-hit fallback of the context builder)."""
+        """MEMORY.md's blocks in file order (for the no-hit fallback of the turn's memory)."""
         return self.files.long_term_blocks()
 
     def neighbours(self, block: Block, before: int, after: int) -> list[Block]:
@@ -64,14 +74,17 @@ class IndexedRetriever:
         self.index.close()
 
 
-def open_searcher(settings: IndexConfig, plain: MemoryRetriever, embedder: Embedder | None, *,
-                  sessions_dir: Path) -> FileSearcher | IndexedRetriever:
-    """The index-backed searcher when `memory.index.enabled`, else the memory files searched directly."""
+def open_search(settings: IndexConfig, store: MemoryStore, embedder: Embedder | None, *,
+                sessions_dir: Path) -> MemorySearch:
+    """The index-backed search when `memory.index.enabled`, else the memory files searched directly."""
+    files = KeywordSearch(store)
     if not settings.enabled:
-        return FileSearcher(plain)
-    return IndexedRetriever(plain, MemoryIndex(plain.store, settings, embedder, sessions_dir=sessions_dir))
+        return files
+    from picoclaw.memory.index.index import MemoryIndex  # only now: it imports numpy
+
+    return IndexedSearch(files, MemoryIndex(store, settings, embedder, sessions_dir=sessions_dir))
 
 
-def index_of(searcher: object) -> MemoryIndex | None:
-    """The index behind a workspace's searcher, or None when it searches the files directly."""
-    return searcher.index if isinstance(searcher, IndexedRetriever) else None
+def index_of(search: MemorySearch) -> MemoryIndex | None:
+    """The index behind a workspace's search, or None when it searches the files directly."""
+    return search.index if isinstance(search, IndexedSearch) else None

@@ -1,4 +1,4 @@
-"""The scheduler: runs due jobs of `workspace/cron/jobs.json`, and the heartbeat, beside a channel.
+"""The job runner (`Scheduler`): runs due jobs of `workspace/cron/jobs.json`, and the heartbeat, beside a channel.
 
 It sleeps until the next job is due, waking every `poll_interval` seconds to see whether jobs.json changed
 (another process, `picoclaw cron add`, may have written it). A job is claimed before it runs: its next run
@@ -12,8 +12,9 @@ target no channel reaches; jobs.json can be edited by hand) is skipped with one 
 A scheduler serves some sessions (`picoclaw telegram` every telegram: one, `picoclaw chat` its own);
 a job for another is left untouched for the process that serves it.
 
-Agent jobs and the heartbeat go through `AgentLoop.handle`, so they queue behind a chat's turn (the same
-per-session lock) and are kept in that session's history.
+Agent jobs and the heartbeat go through the agent's `handle` (an AgentLoop's, handed in by the composition
+root as `SessionAgent`), so they queue behind a chat's turn (the same per-session lock) and are kept in that
+session's history.
 """
 
 from __future__ import annotations
@@ -24,18 +25,46 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from picoclaw import clock
-from picoclaw.agent.loop import AgentLoop
-from picoclaw.config import HeartbeatConfig
 from picoclaw.fsutil import FileKey, file_key
-from picoclaw.jobs import Job, JobError, JobsFileError, JobStore, following_run, job_problem, scope_for
+from picoclaw.jobs.model import Job, JobError, JobsFileError
+from picoclaw.jobs.schedule import following_run, job_problem
+from picoclaw.jobs.store import JobStore
+from picoclaw.session_key import TELEGRAM, SessionKey, channel_of
 from picoclaw.workspace_text import strip_comments
+
+if TYPE_CHECKING:  # its settings are only read here: the config models are not built for the job runner
+    from picoclaw.config import HeartbeatConfig
 
 log = logging.getLogger(__name__)
 
-AgentFor = Callable[[str | None], AgentLoop]
-Deliver = Callable[[str, str], Awaitable[None]]
+
+class TurnReply(Protocol):
+    """An agent's answer to one text: `error` is set when the text is an apology, the model having failed."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def error(self) -> Exception | None: ...
+
+
+class SessionAgent(Protocol):
+    """What runs agent jobs and the heartbeat: handles a text as a turn of a session (AgentLoop does)."""
+
+    async def handle(self, key: str, text: str, /) -> TurnReply: ...
+
+
+class Outbox(Protocol):
+    """Where the scheduler hands what is due: a channel (`picoclaw.channels.Channel` is one)."""
+
+    async def deliver(self, session_key: str, markdown: str) -> None:
+        """`markdown` to the conversation of `session_key`; raises when it did not arrive."""
+
+
+AgentFor = Callable[[str | None], SessionAgent]  # the agent of the shared memory (None) or of a user key
 Sleep = Callable[[float], Awaitable[None]]
 
 POLL_INTERVAL = 3.0  # seconds between looks at jobs.json: a job added by another process starts this late
@@ -76,15 +105,15 @@ class Ran:
 class Scheduler:
     """Runs due jobs and the heartbeat until `stop()`; `run_due()` is one pass, for a step-by-step test."""
 
-    def __init__(self, store: JobStore, agent_for: AgentFor, deliver: Deliver, *, memory_scope: str = "shared",
-                 channels: tuple[str, ...] = ("telegram",), heartbeat: HeartbeatConfig | None = None,
+    def __init__(self, store: JobStore, agent_for: AgentFor, outbox: Outbox, *, memory_scope: str = "shared",
+                 channels: tuple[str, ...] = (TELEGRAM,), heartbeat: HeartbeatConfig | None = None,
                  heartbeat_path: Path | None = None, poll_interval: float = POLL_INTERVAL,
                  sleep: Sleep | None = None):
         self.store = store
         self.agent_for = agent_for
-        self.deliver = deliver
+        self.outbox = outbox
         self.memory_scope = memory_scope
-        self.channels = channels  # channels ("telegram") or session keys ("cli:default") `deliver` reaches
+        self.channels = channels  # channels ("telegram") or session keys ("cli:default") the outbox reaches
         self.heartbeat = heartbeat if heartbeat is not None and heartbeat.enabled else None
         self.heartbeat_path = heartbeat_path
         self.poll_interval = poll_interval
@@ -96,7 +125,7 @@ class Scheduler:
         self._stopping = False
         self._unserved_logged: set[str] = set()
         self._skipped: set[str] = set()  # ids of jobs that can never run, in the file's last good state
-        self._warned: set[tuple[str, str]] = set()  # (job id, problem): each warned about once
+        self._warned: set[tuple[str, str]] = set()  # (job id or "heartbeat", problem): each warned about once
         self.next_heartbeat: datetime | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -198,8 +227,8 @@ class Scheduler:
                         job.id, problem)
 
     def serves(self, session_key: str) -> bool:
-        """Whether this scheduler's `deliver` reaches `session_key`."""
-        return any(session_key == served or session_key.startswith(f"{served}:") for served in self.channels)
+        """Whether this scheduler's outbox reaches `session_key` (its channel's, or the very key it serves)."""
+        return any(session_key == served or channel_of(session_key) == served for served in self.channels)
 
     def due(self) -> list[Job]:
         """The jobs this scheduler serves that are due now, in the file's last good state."""
@@ -244,12 +273,12 @@ class Scheduler:
         outcome = "late" if late else "ok"
         try:
             if job.action == "message":
-                await self.deliver(job.target, job.text)
+                await self.outbox.deliver(job.target, job.text)
             else:
                 agent = self.agent_for(job.scope)
                 prompt = AGENT_FRAME.format(id=job.id, by=job.created_by, text=job.text)
                 reply = await agent.handle(job.target, prompt)
-                await self.deliver(job.target, reply.text)
+                await self.outbox.deliver(job.target, reply.text)
                 if reply.error is not None:
                     outcome = f"error: {reply.error}"
         except Exception as exc:  # one job's failure must never stop the others
@@ -303,7 +332,14 @@ class Scheduler:
         if not self.serves(session):
             return None  # the process that serves that session beats for it: no model call here
         try:
-            agent = self.agent_for(scope_for(session, self.memory_scope))
+            scope = SessionKey.parse(session).scope(self.memory_scope)
+        except ValueError as exc:  # a key older versions accepted, which no channel delivers to: as for a job
+            if ("heartbeat", str(exc)) not in self._warned:
+                self._warned.add(("heartbeat", str(exc)))
+                log.error("scheduler: heartbeat: no turn runs until heartbeat.session is fixed: %s", exc)
+            return None
+        try:
+            agent = self.agent_for(scope)
             now = clock.now(self.store.tz)
             reply = await agent.handle(session, HEARTBEAT_FRAME.format(now=f"{now:%Y-%m-%d %H:%M %Z}", tasks=tasks))
             answer = reply.text.strip()
@@ -313,7 +349,7 @@ class Scheduler:
             if not answer or answer in (EMPTY_ANSWER, HEARTBEAT_QUIET) or answer.endswith(HEARTBEAT_QUIET):
                 log.info("scheduler: heartbeat: nothing to report")
                 return None
-            await self.deliver(session, answer)
+            await self.outbox.deliver(session, answer)
             return answer
         except Exception:
             log.exception("scheduler: heartbeat failed")

@@ -1,0 +1,67 @@
+"""The Channel contract: what every way of talking to the assistant (the terminal, Telegram, a web console) is.
+
+A channel turns the events of its world into `Inbound` messages and hands each to `run_turn`, the one place a
+message becomes a model call (`AgentLoop.handle`: one process needs no bus between them). How it shows a turn
+while it runs (streamed text, tool calls, the notice of work after the reply) is the `TurnHooks` it fills in;
+a hook left out shows nothing. What the user did not just ask for (a scheduled job's result, the heartbeat's)
+goes out through the channel's `deliver`, which is all the job runner needs of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from picoclaw.agent import AgentLoop, NoticeSink, Reply, TextSink, ToolSink
+    from picoclaw.jobs import Scheduler
+
+__all__ = ["Channel", "Inbound", "TurnHooks", "run_turn"]
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One message a person sent: who, in which conversation (its session key), what, and what it answers."""
+
+    sender: str  # the channel's id of the person: a Telegram user id, "terminal"
+    session_key: str
+    text: str
+    reply_to: int | None = None  # the channel's id of the message this one replies to, when it replies to one
+
+
+@dataclass(frozen=True)
+class TurnHooks:
+    """How a channel shows one turn while it runs. A hook left None shows nothing of its kind; without
+    `on_text` the answer is not streamed at all, and comes whole in the turn's reply."""
+
+    on_text: TextSink | None = None  # the answer as it is written
+    on_tool: ToolSink | None = None  # each tool call as it starts: (name, arguments as JSON text)
+    # (session key, text) of work the turn set off after its reply, such as a summary starting. Shaped like
+    # `Channel.deliver`, but a notice that cannot be shown is dropped (logged), never raised into that work.
+    on_notice: NoticeSink | None = None
+
+
+class Channel(Protocol):
+    """A way of talking to the assistant. Implementations do not inherit from this: mypy checks that they
+    conform where a Channel is expected (`App.scheduler`)."""
+
+    @property
+    def name(self) -> str:
+        """The channel's name, as its session keys begin ("telegram", "cli")."""
+
+    async def run(self, *, scheduler: Scheduler | None = None) -> int | None:
+        """Serve until the channel ends (end of input, a signal) or `stop()`, running `scheduler` (made for this
+        channel, see `App.scheduler`) beside it; an exit code where the channel has one."""
+
+    async def stop(self) -> None:
+        """Make `run()` return; an answer under way is finished first."""
+
+    async def deliver(self, session_key: str, markdown: str) -> None:
+        """Text the user did not just ask for (a scheduled job's result, the heartbeat's) to the conversation
+        of `session_key`; raises when it did not arrive, so that the job's outcome says so."""
+
+
+async def run_turn(agent: AgentLoop, message: Inbound, hooks: TurnHooks = TurnHooks()) -> Reply:
+    """The one place a channel's message becomes a model call: one `AgentLoop.handle` of its session."""
+    return await agent.handle(message.session_key, message.text, notify=hooks.on_notice, on_text=hooks.on_text,
+                              on_tool=hooks.on_tool)

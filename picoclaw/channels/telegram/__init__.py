@@ -1,0 +1,50 @@
+"""`picoclaw telegram`: the assistant as a Telegram bot (aiogram 3, long polling).
+
+- `channel`: `TelegramChannel`, the bot's life cycle, its routers, and where a message becomes a turn;
+- `access`: who may talk to it (`AllowedUser`) and what is addressed to it (`AddressedToBot`), as filters;
+- `commands`: the slash-command menu and the router filter that takes the commands;
+- `bot`: making the aiogram Bot, its request middlewares (429, 409, "typing…"), the polling lock, the token
+  kept out of logs;
+- `format` and `split`: the model's Markdown as Telegram HTML, in messages that fit.
+
+One process polls a bot token at a time: `polling_lock` refuses a second one on the same workspace, and a
+409 Conflict from Telegram (a poller elsewhere, or a webhook) stops polling with one clear line.
+"""
+
+from __future__ import annotations
+
+from picoclaw.channels.telegram.access import AddressedToBot, AllowedUser, not_authorised
+from picoclaw.channels.telegram.bot import (
+    RETRY_AFTER_ATTEMPTS,
+    RETRY_AFTER_MAX_WAIT,
+    BestEffortChatActions,
+    RetryAfterMiddleware,
+    make_bot,
+    polling_lock,
+)
+from picoclaw.channels.telegram.channel import APOLOGY, NOT_TEXT, TelegramChannel, chat_of
+from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
+from picoclaw.channels.telegram.format import render_html, telegram_parts
+from picoclaw.channels.telegram.split import MESSAGE_LIMIT, MessagePart
+
+__all__ = [
+    "APOLOGY",
+    "COMMANDS",
+    "MESSAGE_LIMIT",
+    "NOT_TEXT",
+    "RETRY_AFTER_ATTEMPTS",
+    "RETRY_AFTER_MAX_WAIT",
+    "AddressedToBot",
+    "AllowedUser",
+    "BestEffortChatActions",
+    "MessagePart",
+    "RetryAfterMiddleware",
+    "SlashCommand",
+    "TelegramChannel",
+    "chat_of",
+    "make_bot",
+    "not_authorised",
+    "polling_lock",
+    "render_html",
+    "telegram_parts",
+]

@@ -1,0 +1,362 @@
+"""`TelegramChannel`: the assistant as a Telegram bot (aiogram 3, long polling), its whole life cycle.
+
+Each chat is a session (`telegram:<chat_id>`); one chat's messages are answered in order, different chats
+at once. Only users in `channels.telegram.allow_from` are served; a stranger is told their id once and
+nothing they wrote is kept. With memory_scope "per_user" each user has a memory folder of their own.
+A reply Telegram refuses to deliver (403: the user blocked the bot) is marked in the session as not delivered.
+
+The routers, in the order aiogram tries them:
+- "picoclaw", for messages addressed to the bot (`AddressedToBot`) by an allowed user (`AllowedUser`):
+  - "commands": slash commands (`SlashCommand`), which the agent answers without the model;
+  - "chat": any other message, a turn of the chat's session (`run_turn`, with "typing…" shown meanwhile);
+- "strangers": messages addressed to the bot by anyone else, answered with their id (`not_authorised`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import weakref
+from collections.abc import Callable
+
+from aiogram import Bot, Dispatcher, Router
+from aiogram.enums import ChatType
+from aiogram.exceptions import ClientDecodeError, TelegramAPIError, TelegramBadRequest, TelegramUnauthorizedError
+from aiogram.types import Message, User
+from aiogram.utils.chat_action import ChatActionSender
+
+from picoclaw.agent import AgentLoop
+from picoclaw.channels.base import Inbound, TurnHooks, run_turn
+from picoclaw.channels.telegram.access import AddressedToBot, AllowedUser, not_authorised, without_mention
+from picoclaw.channels.telegram.bot import (
+    ERROR_EXCERPT,
+    ConflictWatch,
+    Sleep,
+    TokenRedactor,
+    conflict_message,
+    guarded_loggers,
+    install_middlewares,
+    page_excerpt,
+    token_secrets,
+)
+from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
+from picoclaw.channels.telegram.format import EMPTY_REPLY, MessagePart, telegram_parts
+from picoclaw.config import TelegramConfig
+from picoclaw.errors import PicoclawError
+from picoclaw.jobs import Scheduler
+from picoclaw.keyed import KeyedLocks, LruCache
+from picoclaw.secrets import excerpt
+from picoclaw.session_key import TELEGRAM, SessionKey
+
+log = logging.getLogger(__name__)
+
+# The agent of the shared memory (None) or of one user's memory (a user key): App.agent.
+AgentFor = Callable[[str | None], AgentLoop]
+
+APOLOGY = "Sorry, something went wrong on my side while answering. Please try again in a moment."
+NOT_TEXT = "I can only read text messages."
+# Strangers already told their id: enough to cover any real crowd of unknown users, and small (ints).
+TOLD_SIZE = 10_000
+TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
+
+
+def chat_of(session_key: str) -> int | None:
+    """The chat id of a Telegram session key (a per-user key's chat too); None for any other key."""
+    try:
+        return SessionKey.parse(session_key).chat_id
+    except ValueError:
+        return None
+
+
+class TelegramChannel:
+    """Serves the assistant to Telegram; `run()` polls until SIGINT/SIGTERM or `stop()`."""
+
+    name = TELEGRAM
+
+    def __init__(self, settings: TelegramConfig, bot: Bot, agent_for: AgentFor, *,
+                 typing_interval: float = TYPING_INTERVAL, shutdown_timeout: float = 30.0,
+                 sleep: Sleep = asyncio.sleep):
+        self.settings = settings
+        self.bot = bot
+        self.agent_for = agent_for
+        self.allowed = AllowedUser(settings.allow_from)
+        self.typing_interval = typing_interval
+        self.shutdown_timeout = shutdown_timeout
+        # Every call this bot makes, polling included, waits out a 429 instead of failing.
+        install_middlewares(bot, sleep)
+        self.me: User | None = None
+        self.dispatcher = self._dispatcher()
+        self._hooks = TurnHooks(on_notice=self._notify)  # the answer is sent whole: nothing streamed
+        # The agents this channel used, to wait for their background work at the end. Weak: the app keeps
+        # a bounded number of them and drops idle ones, which need no waiting.
+        self._agents_used: weakref.WeakSet[AgentLoop] = weakref.WeakSet()
+        # One lock per session key while a turn holds or awaits it: an idle chat costs nothing.
+        self._chat_locks: KeyedLocks[str] = KeyedLocks()
+        self._told: LruCache[int, bool] = LruCache(TOLD_SIZE)  # strangers told their id (in memory only)
+        self._in_flight: set[asyncio.Task[object]] = set()
+
+    def _dispatcher(self) -> Dispatcher:
+        """The routers of the module's docstring, in that order."""
+        addressed = AddressedToBot(self.settings.group_trigger, lambda: self.me)
+        served = Router(name="picoclaw")
+        served.message.filter(addressed, self.allowed)
+        commands = Router(name="commands")
+        commands.message.register(self.on_command, SlashCommand(lambda: self.me))
+        chat = Router(name="chat")
+        chat.message.register(self.on_message)
+        served.include_routers(commands, chat)
+        strangers = Router(name="strangers")
+        strangers.message.register(self.on_stranger, addressed)
+        dispatcher = Dispatcher()
+        dispatcher.include_routers(served, strangers)
+        return dispatcher
+
+    # -- life cycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> User:
+        """Check the token, drop any webhook, register the command menu."""
+        try:
+            self.me = await self.bot.get_me()
+            await self.bot.delete_webhook(drop_pending_updates=False)  # long polling gets nothing while set
+        except TelegramUnauthorizedError:
+            raise PicoclawError("Telegram rejected the bot token (401 Unauthorized): it is wrong or was revoked; "
+                                "check channels.telegram.token or TELEGRAM_BOT_TOKEN") from None
+        except TelegramAPIError as exc:  # network errors included; they may quote the URL, token and all
+            raise PicoclawError(f"cannot start the Telegram bot: {self._where()} answered "
+                                f"{self._method_name(exc)} with: {self._excerpt(exc.message)}") from None
+        except ClientDecodeError as exc:  # e.g. a reverse proxy's 502 page: aiogram's text is the whole page
+            raise PicoclawError(f"cannot start the Telegram bot: {self._where()} gave a reply that is not a Bot "
+                                f"API answer (a proxy's error page?): "
+                                f"{page_excerpt(exc.data, self._secrets)}") from None
+        try:
+            await self.bot.set_my_commands(COMMANDS)
+        except TelegramAPIError as exc:  # only the menu is missing; the commands still work when typed
+            log.warning("telegram: could not register the command menu: %s", exc)
+        log.info("telegram: serving as @%s (id %s), memory scope %s", self.me.username, self.me.id,
+                 self.settings.memory_scope)
+        return self.me
+
+    def _where(self) -> str:
+        """The server start-up errors name, so a self-hosted Bot API's failure is not blamed on Telegram."""
+        return self.settings.api_base or "api.telegram.org"
+
+    @staticmethod
+    def _method_name(exc: TelegramAPIError) -> str:
+        """The Bot API method that failed (getMe or deleteWebhook): start-up makes more than one call."""
+        return exc.method.__api_method__
+
+    @property
+    def _secrets(self) -> tuple[str, ...]:
+        return token_secrets(self.bot.token)
+
+    def _excerpt(self, text: str) -> str:
+        """A server's error text on one line, capped, without the token."""
+        return excerpt(text, ERROR_EXCERPT, self._secrets)
+
+    async def run(self, *, scheduler: Scheduler | None = None, handle_signals: bool = True,
+                  polling_timeout: int = 10) -> None:
+        """Poll until stopped, then let in-flight turns finish (bounded) and close everything.
+
+        A `scheduler` (reminders, recurring jobs, the heartbeat) runs beside polling once the bot has
+        started, delivering through `deliver`; it stops with the bot, after the job under way. A 409
+        Conflict (another poller of the token) stops polling too; `run` then raises PicoclawError saying so.
+        """
+        redactor = TokenRedactor(self.bot.token)
+        guarded = guarded_loggers(log)
+        for logger in guarded:
+            logger.addFilter(redactor)
+        watch = ConflictWatch(self.stop)
+        self.bot.session.middleware(watch)  # for this run only: a bot may be run again
+        try:
+            await self.start()
+            # Everything loaded so far (modules, config, the model client) lives as long as the process:
+            # frozen, it is left out of the garbage collector's full passes, which otherwise stop every
+            # chat for ~250 ms each time (bench/telegram.py's open loop).
+            gc.freeze()
+            jobs = asyncio.create_task(scheduler.run()) if scheduler is not None else None
+            try:
+                await self.dispatcher.start_polling(self.bot, handle_signals=handle_signals,
+                                                    close_bot_session=False, polling_timeout=polling_timeout)
+            finally:
+                gc.unfreeze()  # back to normal collection: the process may go on to do other things
+                if scheduler is not None and jobs is not None:
+                    await scheduler.stop(self.shutdown_timeout)
+                    await asyncio.gather(jobs, return_exceptions=True)
+                await self.finish()
+            if watch.conflict is not None:
+                raise PicoclawError(conflict_message(self._where(), watch.conflict, self.bot.token))
+        finally:
+            self.bot.session.middleware.unregister(watch)
+            for logger in guarded:
+                logger.removeFilter(redactor)
+
+    async def stop(self) -> None:
+        """Stop polling (what SIGINT/SIGTERM do); `run()` then finishes the turns under way."""
+        await self.dispatcher.stop_polling()
+
+    async def finish(self) -> None:
+        """Wait for turns under way (at most `shutdown_timeout`) and background work, then close the bot."""
+        await asyncio.sleep(0)  # updates handed out just before the stop reach their handler and count
+        deadline = asyncio.get_running_loop().time() + self.shutdown_timeout
+        if self._in_flight:
+            log.info("telegram: waiting for %d turn(s) to finish", len(self._in_flight))
+        # Loop, not one wait: an update handed out just before the stop may join the set after it began.
+        while self._in_flight and (left := deadline - asyncio.get_running_loop().time()) > 0:
+            await asyncio.wait(set(self._in_flight), timeout=left)
+        if self._in_flight:
+            log.warning("telegram: %d turn(s) still running after %.0f s; stopping anyway",
+                        len(self._in_flight), self.shutdown_timeout)
+        for agent in list(self._agents_used):
+            await agent.wait_background()
+        await self.bot.session.close()
+
+    # -- messages -------------------------------------------------------------------------------------
+
+    async def on_command(self, message: Message) -> None:
+        """A slash command of an allowed user, answered in chat order; the session keeps no command reply."""
+        await self._in_chat_order(message, kept=False)
+
+    async def on_message(self, message: Message) -> None:
+        """Any other message of an allowed user: a turn of the chat's session, answered in chat order."""
+        await self._in_chat_order(message, kept=True)
+
+    async def on_stranger(self, message: Message) -> None:
+        """A message for the bot from someone not in allow_from: told their id once, nothing kept."""
+        user = message.from_user
+        assert user is not None  # AddressedToBot passes people's messages only
+        log.info("telegram: refused chat %s user %s (not in allow_from)", message.chat.id, user.id)
+        if user.id in self._told:
+            return
+        self._told.put(user.id, True)
+        await self._send(message.chat.id, not_authorised(user.id))
+
+    async def _in_chat_order(self, message: Message, *, kept: bool) -> None:
+        user, chat = message.from_user, message.chat
+        assert user is not None  # AddressedToBot passes people's messages only
+        key = self._session_key(chat.id, chat.type, user.id)
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_flight.add(task)
+        try:
+            # The lock is the first thing awaited (the filters before it never wait), so one chat's updates
+            # queue in the order they came.
+            async with self._chat_locks.hold(key):
+                await self._answer(message, user, key, kept)
+        finally:
+            if task is not None:
+                self._in_flight.discard(task)
+
+    async def _answer(self, message: Message, user: User, key: str, kept: bool) -> None:
+        chat_id = message.chat.id
+        if message.text is None:
+            await self.send_reply(chat_id, NOT_TEXT)
+            return
+        text = without_mention(message.text, self.me)
+        log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))
+        agent = self._loop_for(user)
+        replied = message.reply_to_message
+        inbound = Inbound(str(user.id), key, text, replied.message_id if replied is not None else None)
+        stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
+        try:
+            async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
+                answer = await run_turn(agent, inbound, self._hooks)
+            reply, stored = answer.text, kept and answer.error is None
+        except Exception:
+            log.exception("telegram: chat %s user %s: the turn failed", chat_id, user.id)
+            reply = APOLOGY
+        failure = await self.send_reply(chat_id, reply)
+        if failure is not None and stored:
+            await self._mark_undelivered(agent, key, reply, failure)
+
+    async def _mark_undelivered(self, agent: AgentLoop, key: str, reply: str, reason: str) -> None:
+        """Record that the reply of the session's newest turn did not reach the user, so that neither a later
+        turn nor a summary takes it as read."""
+        try:
+            async with agent.hold(key):  # no turn of this session is built meanwhile
+                session = await agent.session(key)
+                stored = session.last_reply(reply)
+                if stored is None:
+                    log.warning("telegram: session %s: the undelivered reply is not in the session", key)
+                    return
+                await asyncio.to_thread(agent.sessions.mark_undelivered, session, stored.id, reason)
+        except Exception:  # the bot serves on; the log says the session still counts the reply as read
+            log.exception("telegram: session %s: could not mark a reply as not delivered", key)
+            return
+        log.info("telegram: session %s: message %d marked as not delivered", key, stored.id)
+
+    def _session_key(self, chat_id: int, chat_type: str, user_id: int) -> str:
+        # Per-user memory in a group: each member keeps a history of their own, so no one's
+        # remembered facts reach the others through the shared conversation.
+        per_user = self.settings.memory_scope == "per_user" and chat_type != ChatType.PRIVATE
+        return str(SessionKey.telegram(chat_id, user_id if per_user else None))
+
+    def _loop_for(self, user: User) -> AgentLoop:
+        scope = None if self.settings.memory_scope == "shared" else str(user.id)
+        agent = self.agent_for(scope)  # the app's, made once per scope and kept while in use
+        self._agents_used.add(agent)
+        return agent
+
+    async def _notify(self, key: str, text: str) -> None:
+        """A notice of work after a turn (a summary starting), as plain text; a failure is only logged."""
+        chat_id = chat_of(key)
+        if chat_id is not None:
+            await self._send(chat_id, text)
+
+    # -- sending ------------------------------------------------------------------------------------
+
+    async def deliver(self, session_key: str, markdown: str) -> None:
+        """A scheduled job's text to the chat of `session_key` (a per-user key's chat too); raises on failure,
+        so the job's outcome says it was not delivered."""
+        chat_id = chat_of(session_key)
+        if chat_id is None:
+            raise PicoclawError(f"{session_key} is not a Telegram session")
+        await self.send_reply(chat_id, markdown, strict=True)
+
+    async def send_reply(self, chat_id: int, markdown: str, *, strict: bool = False) -> str | None:
+        """The model's Markdown as HTML messages of at most 4,096 characters each, in order.
+
+        None when every part arrived, else what went wrong, for the session's record (one line, no token).
+        """
+        parts = telegram_parts(markdown) or [MessagePart(EMPTY_REPLY, EMPTY_REPLY)]
+        sent, failure = 0, None
+        for part in parts:
+            why = await self._send(chat_id, part.plain, html=part.html, strict=strict)
+            if why is None:
+                sent += 1
+            elif failure is None:
+                failure = why
+        if failure is None:
+            return None
+        if sent == 0:
+            return f"sending failed ({failure}); the user has not seen this reply"
+        return f"only {sent} of {len(parts)} parts reached the user; sending the rest failed ({failure})"
+
+    async def _send(self, chat_id: int, plain: str, *, html: str | None = None, strict: bool = False) -> str | None:
+        """`html` if given, else (or when Telegram refuses the HTML) `plain`; None when sent, else why not.
+
+        A failure is logged, and raised again when `strict`.
+        """
+        try:
+            if html is not None:
+                try:
+                    await self.bot.send_message(chat_id, html, parse_mode="HTML")
+                    return None
+                except TelegramBadRequest as exc:
+                    if "parse entities" not in exc.message.lower():
+                        raise
+                    log.warning("telegram: chat %s: Telegram refused the HTML (%s); sent as plain text",
+                                chat_id, exc.message)
+            await self.bot.send_message(chat_id, plain, parse_mode=None)
+            return None
+        except TelegramAPIError as exc:
+            log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)
+            if strict:
+                raise
+            return self._excerpt(exc.message)
+        except ClientDecodeError as exc:  # a proxy's error page: logged short, and the bot serves on
+            page = page_excerpt(exc.data, self._secrets)
+            log.error("telegram: chat %s: could not send a reply: not a Bot API answer: %s", chat_id, page)
+            if strict:
+                raise
+            return f"not a Bot API answer: {page}"

@@ -1,0 +1,47 @@
+"""The one CJK rule: which characters are Chinese, Japanese or Korean text, for every module that asks.
+
+CJK letters are Han (unified, extension A and the compatibility ideographs), kana and Hangul syllables.
+Japanese runs its words together and Korean joins particles to its words, so both are read as Chinese is,
+character by character, everywhere (search terms, key facts, updates, token estimates). CJK punctuation and
+full-width forms (，。「」！ Ａ１) are not letters; callers that count or stop at them add `PUNCTUATION`.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Ranges for use inside a regex character class, e.g. f"[{LETTERS}]".
+HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+KANA = "\u3040-\u30ff"
+HANGUL = "\uac00-\ud7af"
+LETTERS = HAN + KANA + HANGUL
+PUNCTUATION = "\u3000-\u303f\uff00-\uffef"  # CJK symbols and punctuation, half- and full-width forms
+
+LETTER = re.compile(f"[{LETTERS}]")
+RUN = re.compile(f"[{LETTERS}]+")
+_LETTER_OR_PUNCTUATION = re.compile(f"[{LETTERS}{PUNCTUATION}]")
+
+
+def has_cjk(text: str) -> bool:
+    """Whether `text` holds any CJK letter."""
+    return LETTER.search(text) is not None
+
+
+def is_cjk(character: str) -> bool:
+    """Whether the one `character` is a CJK letter."""
+    return LETTER.fullmatch(character) is not None
+
+
+def letters(text: str) -> list[str]:
+    """The CJK letters of `text`, in order, with repeats."""
+    return LETTER.findall(text)
+
+
+def runs(text: str) -> list[str]:
+    """The runs of CJK letters in `text` ("我的猫 Tom 很乖" → 我的猫, 很乖)."""
+    return RUN.findall(text)
+
+
+def count_cjk(text: str) -> int:
+    """How many characters of `text` are CJK letters, punctuation or full-width forms."""
+    return len(_LETTER_OR_PUNCTUATION.findall(text))

@@ -1,0 +1,47 @@
+"""`picoclaw chat`: talk to the assistant in this terminal, one message (-m) or a conversation.
+
+The handler imports what it uses: building this command's parser (for `--help`) loads no config and no agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from picoclaw.cli.command import UsageError, opened_app
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Fill in the `chat` command's parser."""
+    parser.add_argument("-m", "--message", help="send one message, print the answer and exit")
+    parser.add_argument("--session", metavar="KEY", help="conversation to continue (default: cli:default)")
+    parser.set_defaults(handler=cmd_chat)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from picoclaw.channels import ReplChannel  # the agent stack loads only for commands that talk
+
+    if args.message is not None and not args.message.strip():
+        raise UsageError("the message given with -m is empty")
+    if args.session is not None:
+        from picoclaw.session_key import SessionKey, terminal_key
+
+        # Checked before any model call: a key that cannot name a file would fail after the answer was shown.
+        try:
+            SessionKey.parse(terminal_key(args.session))
+        except ValueError as exc:
+            raise UsageError(f"--session: {exc}") from None
+    with opened_app() as app:
+
+        async def run() -> int:
+            async with app:
+                app.provider()  # a missing key or URL is reported before any MCP server starts
+                await app.start_mcp()
+                channel = ReplChannel(app.agent(), args.session)
+                if args.message is not None:
+                    return await channel.answer_once(args.message)
+                # The terminal is this session's channel while it is open: its reminders and heartbeat come here.
+                return await channel.run(scheduler=app.scheduler(channel, channels=(channel.session_key,)))
+
+        return asyncio.run(run())

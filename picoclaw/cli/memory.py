@@ -1,0 +1,210 @@
+"""`picoclaw memory`: read, search and write long-term memory and daily notes; the optional index.
+
+Handlers import what they use: building this group's parser (for `--help`) loads no config and no memory code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from picoclaw.cli.command import Parser, bounded_int, opened_app
+from picoclaw.cli.output import ProgressBar, echo, reindex_lines, status_lines
+from picoclaw.errors import PicoclawError
+from picoclaw.printable import has_controls, printable
+
+TYPE_CHECKING = False  # read as true by type checkers; `typing` is not loaded for it (see cli/command.py)
+if TYPE_CHECKING:
+    from picoclaw.memory import CompressionResult, MemoryIndex, Workspace
+
+_INDEX_OFF = "the memory index is disabled (set memory.index.enabled to true in config.json to use it)"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Fill in the `memory` group's parser: one action a subcommand."""
+    actions = parser.add_subparsers(dest="memory_command", metavar="ACTION", parser_class=Parser)
+    actions.add_parser("show", help="print MEMORY.md").set_defaults(handler=cmd_memory_show)
+    search = actions.add_parser("search", help="search MEMORY.md and daily notes")
+    search.add_argument("query")
+    search.add_argument("--limit", type=bounded_int(1, 1000), help="most hits (default: retrieve_limit)")
+    search.set_defaults(handler=cmd_memory_search)
+    actions.add_parser("status", help="the optional index: files, chunks, vectors, last sync, stale files"
+                       ).set_defaults(handler=cmd_memory_status)
+    actions.add_parser("reindex", help="rebuild the optional index from the memory files"
+                       ).set_defaults(handler=cmd_memory_reindex)
+    append = actions.add_parser("append", help="add an entry to MEMORY.md (or today's note)")
+    append.add_argument("text")
+    append.add_argument("--today", action="store_true", help="append to today's daily note instead")
+    append.set_defaults(handler=cmd_memory_append)
+    notes = actions.add_parser("notes", help="print the last days' daily notes")
+    notes.add_argument("--days", type=bounded_int(0, 3660), help="how many days (default: recent_days)")
+    notes.set_defaults(handler=cmd_memory_notes)
+    actions.add_parser("backups", help="list MEMORY.md backups, newest first").set_defaults(
+        handler=cmd_memory_backups)
+    restore = actions.add_parser("restore", help="restore MEMORY.md from a backup")
+    restore.add_argument("backup", help="a file name from `picoclaw memory backups`")
+    restore.set_defaults(handler=cmd_memory_restore)
+    compress = actions.add_parser(
+        "compress", help="let the model rewrite MEMORY.md shorter (when over the threshold, once a day)")
+    compress.add_argument("--force", action="store_true", help="ignore the threshold and the 24-hour gate")
+    compress.add_argument("--dry-run", action="store_true",
+                          help="print the rewrite and a diff summary; write nothing")
+    compress.set_defaults(handler=cmd_memory_compress)
+
+
+def cmd_memory_show(args: argparse.Namespace) -> int:
+    with opened_app() as app:
+        store = app.workspace.store
+        text = store.read_long_term()
+        echo(text.rstrip("\n") if text.strip() else f"(MEMORY.md is empty: {store.long_term_path})")
+    return 0
+
+
+def cmd_memory_search(args: argparse.Namespace) -> int:
+    with opened_app() as app:
+        ws = app.workspace
+        limit = args.limit or ws.policy.current().retrieve_limit
+        hits = ws.searcher.search(args.query, limit, include_notes=True)
+        if not hits:
+            echo(f"no memory matches {args.query!r}")
+            return 0
+        for rank_number, hit in enumerate(hits, start=1):
+            where = hit.block.path.relative_to(ws.root)
+            echo(f"{rank_number}. score {hit.score:.3f}  {where}:{hit.block.start_line}-{hit.block.end_line}")
+            for line in hit.block.text.splitlines():
+                echo(f"   {line}")
+    return 0
+
+
+def _memory_index(ws: Workspace) -> MemoryIndex | None:
+    if not ws.config.memory.index.enabled:
+        return None
+    from picoclaw.memory import index_of
+
+    return index_of(ws.searcher)
+
+
+def cmd_memory_status(args: argparse.Namespace) -> int:
+    with opened_app() as app:
+        index = _memory_index(app.workspace)
+        if index is None:
+            echo(f"{_INDEX_OFF}; searches read the memory files directly")
+            return 0
+        echo("\n".join(status_lines(index.status())))
+    return 0
+
+
+def cmd_memory_reindex(args: argparse.Namespace) -> int:
+    with opened_app() as app:
+        index = _memory_index(app.workspace)
+        if index is None:
+            raise PicoclawError(_INDEX_OFF)
+        bar = ProgressBar()
+        try:
+            report = index.reindex(bar)
+        finally:
+            bar.close()
+        echo("\n".join(reindex_lines(report, index.status())))
+    return 0
+
+
+def cmd_memory_append(args: argparse.Namespace) -> int:
+    with opened_app() as app:
+        store = app.workspace.store
+        # Memory is printed again and again: escape sequences pasted into it must not be kept.
+        text = printable(args.text)
+        if args.today:
+            path = store.append_note(text)
+            echo(f"appended to {path}")
+        else:
+            entry = store.append_long_term(text)
+            if entry.new:
+                echo(f"appended to {store.long_term_path}")
+            else:
+                echo(f"already stored: {store.long_term_path}:{entry.line} under '{entry.heading}'; nothing was added")
+    if has_controls(args.text):  # said after the append: a refused entry is one error line, nothing more
+        echo("note: terminal control characters were removed from the text", file=sys.stderr)
+    return 0
+
+
+def cmd_memory_notes(args: argparse.Namespace) -> int:
+    with opened_app() as app:
+        ws = app.workspace
+        days = ws.policy.current().recent_days if args.days is None else args.days
+        notes = ws.store.read_recent_notes(days)
+        if not notes:
+            echo(f"no daily notes in the last {days} day(s)")
+        for note in notes:
+            echo(f"==> {note.path.relative_to(ws.root)} <==")
+            echo(note.text.rstrip("\n"))
+    return 0
+
+
+def cmd_memory_backups(args: argparse.Namespace) -> int:
+    with opened_app() as app:
+        store = app.workspace.store
+        backups = store.backups()
+        if not backups:
+            echo(f"no backups yet in {store.backups_dir}")
+        for path in reversed(backups):
+            echo(f"{path.name}  {path.stat().st_size} bytes")
+    return 0
+
+
+def cmd_memory_restore(args: argparse.Namespace) -> int:
+    with opened_app() as app:
+        store = app.workspace.store
+        saved = store.restore_backup(args.backup)
+        echo(f"restored {args.backup} into {store.long_term_path}")
+        if saved is not None:
+            echo(f"the previous MEMORY.md was saved as {saved.name}")
+    return 0
+
+
+def cmd_memory_compress(args: argparse.Namespace) -> int:
+    # The memory.compression module and the openai client load only for commands that talk to the model.
+    import asyncio
+
+    from picoclaw.memory import LongTermCompressor, format_missing, why_not_due
+
+    with opened_app() as app:
+        store = app.workspace.store
+        policy = app.workspace.policy.current()
+        blocker = why_not_due(store, policy)
+        if blocker is not None and not args.force:
+            echo(f"not compressing: {blocker}; use --force to compress anyway")
+            return 0
+
+        async def run() -> CompressionResult | None:
+            async with app:
+                return await LongTermCompressor(store, app.provider()).run(policy, force=args.force,
+                                                                           dry_run=args.dry_run)
+
+        result = asyncio.run(run())
+        if result is None:  # another process compressed it between the check and the claim
+            echo(f"not compressing: {why_not_due(store, policy)}")
+            return 0
+        several = len(result.groups) > 1
+        if args.dry_run:
+            if result.after:  # what would be written, or what the model proposed, to see why it was refused
+                echo(result.after.rstrip("\n"))
+            if several or result.missing:  # what the real run would do with each group, and why
+                echo("\n".join(f"--- {line}" for line in result.group_report()))
+        if result.status in ("refused", "failed"):
+            lines = [f"compression {result.status}: {result.detail}; MEMORY.md was left unchanged"]
+            if not args.dry_run and several:
+                lines += result.kept_report()
+            elif not args.dry_run and result.missing:
+                lines.append(f"missing: {format_missing(result.missing)}")
+            raise PicoclawError("\n".join(lines))
+        if result.status == "dry_run":
+            echo(f"--- dry run, nothing written: {result.detail}")
+            return 0
+        echo(f"compressed {store.long_term_path}: {result.detail}")
+        for line in result.kept_report():
+            echo(line)
+        if result.backup is not None:
+            echo(f"the previous version was saved as {result.backup.name} (`picoclaw memory restore` undoes this)")
+        if result.carried_over:
+            echo(f"kept what was appended meanwhile: {' '.join(result.carried_over.split())[:200]}")
+    return 0

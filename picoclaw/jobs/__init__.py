@@ -1,0 +1,80 @@
+"""Scheduled jobs, in one home: reminders and recurring tasks, their schedules, the file, and the runner.
+
+- `model`: a `Job` and its `Schedule` as jobs.json holds them, and the limits a new job is checked against;
+- `schedule`: schedules read from what people type (`--in/--at/--cron/--every`), first and following runs,
+  and why a stored job can never run (`job_problem`);
+- `store`: `JobStore`, the file under a cross-process lock;
+- `runner`: `Scheduler`, which fires due jobs and the heartbeat beside a channel.
+
+The `cron` tool (tools/cron.py) and `picoclaw cron` are faces over these names; import them from here.
+"""
+
+from __future__ import annotations
+
+from picoclaw.jobs.model import (
+    MAX_EVERY_SECONDS,
+    MIN_EVERY_SECONDS,
+    Action,
+    Job,
+    JobError,
+    JobsFileError,
+    Schedule,
+    format_seconds,
+    in_zone,
+)
+from picoclaw.jobs.runner import (
+    HEARTBEAT_QUIET,
+    INTERRUPTED,
+    POLL_INTERVAL,
+    RUNNING,
+    AgentFor,
+    Outbox,
+    Ran,
+    Scheduler,
+    SessionAgent,
+    Sleep,
+    TurnReply,
+    heartbeat_tasks,
+)
+from picoclaw.jobs.schedule import (
+    cron_after,
+    first_run,
+    following_run,
+    job_problem,
+    make_schedule,
+    parse_at,
+    parse_relative,
+)
+from picoclaw.jobs.store import JobStore
+
+__all__ = [
+    "HEARTBEAT_QUIET",
+    "INTERRUPTED",
+    "MAX_EVERY_SECONDS",
+    "MIN_EVERY_SECONDS",
+    "POLL_INTERVAL",
+    "RUNNING",
+    "Action",
+    "AgentFor",
+    "Outbox",
+    "Job",
+    "JobError",
+    "JobStore",
+    "JobsFileError",
+    "Ran",
+    "Schedule",
+    "Scheduler",
+    "SessionAgent",
+    "Sleep",
+    "TurnReply",
+    "cron_after",
+    "first_run",
+    "following_run",
+    "format_seconds",
+    "heartbeat_tasks",
+    "in_zone",
+    "job_problem",
+    "make_schedule",
+    "parse_at",
+    "parse_relative",
+]

@@ -1,0 +1,21 @@
+"""Memory search: one interface, MemorySearch, and its two implementations.
+
+- blocks.py: Block and Hit, what every search returns, and how a memory file splits into blocks.
+- keyword.py: KeywordSearch, BM25 over the memory files read directly (bm25.py ranks; large_files.py
+  streams a MEMORY.md too large to index whole).
+- indexed.py: IndexedSearch, the optional index (memory/index/) with the keyword search as its fallback;
+  `open_search` picks the one a workspace uses. The index and numpy are imported only when it is enabled.
+- turn_memory.py: which blocks a turn's prompt carries (`select_turn_memory`).
+"""
+
+from __future__ import annotations
+
+from picoclaw.memory.search.blocks import Block, Hit, split_blocks
+from picoclaw.memory.search.bm25 import rank_blocks
+from picoclaw.memory.search.indexed import IndexedSearch, index_of, open_search
+from picoclaw.memory.search.keyword import KeywordSearch
+from picoclaw.memory.search.protocol import MemorySearch
+from picoclaw.memory.search.turn_memory import InjectedMemory, select_turn_memory
+
+__all__ = ["Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch", "index_of",
+           "open_search", "rank_blocks", "select_turn_memory", "split_blocks"]

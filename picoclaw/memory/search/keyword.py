@@ -1,0 +1,108 @@
+"""KeywordSearch: BM25 over one memory folder's files, read directly (no index configured, or the index
+cannot answer).
+
+Each file is parsed and indexed once and reused until its size, mtime or inode changes, so a query on an
+unchanged MEMORY.md costs one stat per file plus the scoring. A daily-note entry is indexed together with
+the entry before it, since an entry so often answers what came just before it. A MEMORY.md larger than
+LARGE_FILE is searched as a stream instead (memory/search/large_files.py).
+
+Async callers (a turn, a tool) use `search_async`, which never blocks their event loop: file reads and
+scoring run in a worker thread. Sync callers (the CLI) use `search`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from pathlib import Path
+
+from picoclaw.fsutil import FileCache, NotAFileError, read_regular
+from picoclaw.memory.search.blocks import Block, Hit, entry_blocks, is_title, split_blocks
+from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, FileIndex, rank
+from picoclaw.memory.search.large_files import LARGE_FILE, large_index, large_neighbours, large_tail
+from picoclaw.memory.store import MemoryStore
+
+log = logging.getLogger(__name__)
+
+
+def _read_text(path: Path) -> str:
+    # As open() in text mode reads it: bad bytes as U+FFFD, every line break as "\n".
+    text = read_regular(path).decode("utf-8", errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _index_note(path: Path) -> FileIndex:
+    blocks = split_blocks(_read_text(path), path)
+    # The title is left out: with the note's date in words it would match every question about that day.
+    # An entry is indexed with the one before it: on LoCoMo's dev notes turn recall@10 +0.035 EN, +0.014 ZH.
+    return FileIndex.build([block for block in blocks if not is_title(block)], with_previous=True)
+
+
+def _index_long_term(path: Path) -> FileIndex:
+    return FileIndex.build(entry_blocks(_read_text(path), path))
+
+
+class KeywordSearch:
+    """Searches one memory folder's MEMORY.md (and optionally its daily notes) with a warm cache."""
+
+    def __init__(self, store: MemoryStore):
+        self.store = store
+        self.cache: FileCache[FileIndex] = FileCache(_index_long_term)  # MEMORY.md
+        self.notes_cache: FileCache[FileIndex] = FileCache(_index_note)
+        self._lock = threading.Lock()  # the caches are filled by whichever thread searches first
+
+    def _large(self) -> bool:
+        """Whether MEMORY.md is searched as a stream (larger than LARGE_FILE); its index, if it was cached
+        while the file was smaller, is dropped then."""
+        try:
+            large = os.stat(self.store.long_term_path).st_size > LARGE_FILE
+        except OSError:
+            return False
+        if large:
+            self.cache.discard(self.store.long_term_path)
+        return large
+
+    def long_term_blocks(self) -> list[Block]:
+        """MEMORY.md's blocks in file order (of a MEMORY.md larger than LARGE_FILE, the newest ones)."""
+        with self._lock:
+            self.store.repair()
+            if self._large():
+                return large_tail(self.store.long_term_path)
+            index = self.cache.get(self.store.long_term_path)
+            return list(index.blocks) if index else []
+
+    def neighbours(self, block: Block, before: int = 1, after: int = 1) -> list[Block]:
+        """`block` with up to `before` blocks above it and `after` below it in its file, in file order
+        (a daily note's title left out); [] when the block is no longer in its file as it is now."""
+        with self._lock:
+            if block.path == self.store.long_term_path and self._large():
+                return large_neighbours(block.path, block, before, after)
+            cache = self.cache if block.path == self.store.long_term_path else self.notes_cache
+            index = cache.get(block.path)
+            at = index.position(block) if index is not None else None
+            if index is None or at is None:
+                return []
+            return index.blocks[max(at - before, 0):at + after + 1]
+
+    def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
+        """The best `limit` blocks for `query`, best first; daily notes join when `include_notes`."""
+        with self._lock:
+            self.store.repair()
+            path = self.store.long_term_path
+            found = [large_index(path, query, limit) if self._large() else self.cache.get(path)]
+            if include_notes:
+                for note in self.store.note_files():
+                    try:
+                        found.append(self.notes_cache.get(note))
+                    except NotAFileError as exc:  # a note linked to a device or a FIFO: the other notes still count
+                        log.warning("%s", exc)
+            return rank([index for index in found if index is not None], query, limit, neighbours=NEIGHBOUR_WEIGHT)
+
+    async def search_async(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
+        """`search` in a worker thread, so the caller's event loop serves others meanwhile."""
+        return await asyncio.to_thread(self.search, query, limit, include_notes=include_notes)
+
+    def close(self) -> None:
+        """Nothing to close: the caches are plain memory (the index-backed search has a database)."""

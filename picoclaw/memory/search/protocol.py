@@ -1,0 +1,25 @@
+"""MemorySearch: what the agent, the tools and the CLI search memory with (`Workspace.searcher`).
+
+Two implementations: KeywordSearch (search/keyword.py, BM25 over the files as they are) and IndexedSearch
+(search/indexed.py, the optional index, falling back to the keyword search); `open_search` picks one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from picoclaw.memory.search.blocks import Block, Hit
+
+
+class MemorySearch(Protocol):
+    """search(query, limit) → hits, best first; MEMORY.md only unless include_notes."""
+
+    def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]: ...
+
+    async def search_async(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]: ...
+
+    def long_term_blocks(self) -> list[Block]: ...
+
+    def neighbours(self, block: Block, before: int, after: int) -> list[Block]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,152 @@
+"""Which memory a turn's prompt carries: the blocks found for the user's message (or, with no hit, the
+newest of MEMORY.md) and the recent daily notes, held to the policy's token budget.
+
+The agent's ContextBuilder (agent/context.py) puts what `select_turn_memory` chooses into the data block
+of the turn's user message. A block the conversation already carries is not chosen again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Set
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from picoclaw.memory.search.blocks import Block, Hit, split_blocks
+from picoclaw.memory.search.protocol import MemorySearch
+from picoclaw.memory.store import DailyNote, MemoryStore
+from picoclaw.tokens import count_tokens
+
+if TYPE_CHECKING:
+    from picoclaw.policy_schema import MemoryPolicy
+
+# Entries of a daily note injected on each side of a note entry that was found (when the budget allows).
+NOTE_NEIGHBOURS = 2
+
+
+def block_key(block: Block) -> str:
+    """What identifies a memory block in the history: its text (an edited block is a new one)."""
+    return hashlib.blake2b(block.text.encode("utf-8"), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class InjectedMemory:
+    """What a turn's prompt carries from memory: MEMORY.md blocks (with scores when ranked) and notes."""
+
+    blocks: list[Hit]
+    notes: list[Block]
+    ranked: bool  # False: the fallback (whole file or newest blocks) was used
+
+    def keys(self) -> tuple[str, ...]:
+        return tuple(block_key(block) for block in [*(hit.block for hit in self.blocks), *self.notes])
+
+
+async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, query: str,
+                             present: Set[str] = frozenset()) -> InjectedMemory:
+    """Retrieved blocks and recent notes for `query`, held to the policy's token budget.
+
+    Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing.
+    """
+    hits = (await search.search_async(query, policy.retrieve_limit, include_notes=True)
+            if query.strip() else [])
+    # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
+    return await asyncio.to_thread(_fit_memory, search, store, policy, hits, present, bool(query.strip()))
+
+
+def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, hits: list[Hit],
+                present: Set[str], queried: bool) -> InjectedMemory:
+    budget = policy.memory_token_budget
+    ranked = bool(hits)
+    chosen: list[Hit] = []
+    taken = set(present)
+    recent = store.read_recent_notes(policy.recent_days)
+    if ranked:
+        # The recent days' notes come whole in <notes> below, newest first: not again as hits.
+        recent_files = {note.path for note in recent}
+        for hit in hits:
+            if hit.block.path not in recent_files:
+                group, budget = _fit_hit(search, store, hit, taken, budget)
+                chosen.extend(group)
+    else:
+        # No query: the whole file if it fits, else its newest contiguous run of blocks. A message that
+        # matches nothing gets at most `memory_fallback_blocks` of the newest (none by default): a small
+        # model takes whatever memory it is shown as the answer, or mixes two entries into a new "fact".
+        most = policy.memory_fallback_blocks if queried else None
+        blocks = search.long_term_blocks() if most != 0 else []
+        for block in reversed(blocks):
+            if most is not None and len(chosen) >= most:
+                break
+            if block_key(block) in taken:
+                continue
+            cost = count_tokens(block.text)
+            if cost > budget:
+                break
+            chosen.append(Hit(block, 0.0))
+            budget -= cost
+        chosen.reverse()
+    notes: list[Block] = []
+    for note in reversed(recent):
+        for block in reversed(_note_blocks(note)):
+            if block_key(block) in present:
+                continue
+            cost = count_tokens(block.text)
+            if cost > budget:
+                break
+            notes.append(block)
+            budget -= cost
+        else:
+            continue
+        break
+    notes.reverse()
+    return InjectedMemory(chosen, notes, ranked)
+
+
+def _fit_hit(search: MemorySearch, store: MemoryStore, hit: Hit, taken: set[str], budget: int
+             ) -> tuple[list[Hit], int]:
+    """`hit` and, for a daily-note entry, its neighbouring entries (nearest first while the budget lasts),
+    in file order; what is taken and the budget left. A note entry is one moment of a day: what was
+    said around it is often the answer."""
+    if block_key(hit.block) in taken:
+        return [], budget
+    cost = count_tokens(hit.block.text)
+    if cost > budget:
+        return [], budget
+    taken.add(block_key(hit.block))
+    group, budget = [hit], budget - cost
+    if hit.block.path == store.long_term_path:
+        return group, budget  # a MEMORY.md entry stands on its own
+    around = search.neighbours(hit.block, NOTE_NEIGHBOURS, NOTE_NEIGHBOURS)
+    at = next((n for n, block in enumerate(around) if block.start_line == hit.block.start_line), None)
+    if at is None:
+        return group, budget
+    nearest_first = sorted(((abs(n - at), block) for n, block in enumerate(around) if n != at),
+                           key=lambda pair: pair[0])
+    for _, block in nearest_first:
+        cost = count_tokens(block.text)
+        if block_key(block) in taken or cost > budget:
+            continue
+        taken.add(block_key(block))
+        group.append(Hit(block, 0.0))
+        budget -= cost
+    return sorted(group, key=lambda h: h.block.start_line), budget
+
+
+def _note_blocks(note: DailyNote) -> list[Block]:
+    """A daily note's entries, each whole: a session summary (several paragraphs under one `## HH:MM`) is
+    shown as one piece or not at all, never as fragments that lose their sense."""
+    entries: list[Block] = []
+    lines = note.text.splitlines()
+    for block in split_blocks(note.text, note.path):
+        if block.text.startswith("# ") and "\n" not in block.text:
+            continue  # the "# YYYY-MM-DD" title of a note file carries no content of its own
+        last = entries[-1] if entries else None
+        # A block that does not start on its heading's line is a further paragraph of the same entry (two
+        # entries of the same minute have the same heading, and stay two).
+        continued = block.heading and lines[block.start_line - 1].rstrip() != block.heading
+        if last is not None and continued and block.heading == last.heading:
+            body = block.text.removeprefix(block.heading).lstrip("\n")
+            entries[-1] = Block(last.path, last.heading, f"{last.text}\n\n{body}", last.start_line, block.end_line)
+        else:
+            entries.append(block)
+    return entries

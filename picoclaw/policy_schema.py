@@ -1,0 +1,67 @@
+"""The memory policy's schema: every key with its default, bounds and meaning, and the checks across keys.
+
+The one thing config.json's `memory` block, the overrides file, `policy set` and reflection's suggestions
+are validated against (memory/policy.py applies the overrides; config.py adds the store settings).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class MemoryPolicy(BaseModel):
+    """Every policy key with its default, bounds and meaning (DESIGN §3). Strict: "15" is not an int."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    retrieve_limit: int = Field(10, ge=1, le=50, description="most MEMORY.md blocks injected for a query")
+    recent_days: int = Field(3, ge=0, le=30, description="days of daily notes injected")
+    session_summary_message_threshold: int = Field(
+        20, ge=4, le=1000, description="summarise the session when its history has more messages than this"
+    )
+    session_summary_token_percent: int = Field(
+        75, ge=10, le=95, description="…or when its history is over this % of the context window"
+    )
+    session_summary_keep_count: int = Field(
+        4, ge=1, le=100, description="recent messages kept verbatim after a summary (< the threshold)"
+    )
+    session_relevant_history_limit: int = Field(
+        0, ge=0, le=100, description=">0: inject only this many past turns, chosen by relevance to the query"
+    )
+    session_relevant_fallback_keep: int = Field(
+        8, ge=0, le=100, description="recent messages kept when no past turn is relevant"
+    )
+    long_term_compress_char_threshold: int = Field(
+        0, ge=0, le=10_000_000,
+        description=">0: compress MEMORY.md when longer than this (≥ 1000), at most once per 24 h"
+    )
+    evolution_enabled: bool = Field(False, description="reflection may tune the policy")
+    evolution_interval_messages: int = Field(
+        20, ge=2, le=1000, description="reflect every this many messages of a session"
+    )
+    memory_token_budget: int = Field(
+        2000, ge=200, le=32000, description="most tokens of retrieved memory + notes put into one prompt"
+    )
+    memory_fallback_blocks: int = Field(
+        0, ge=0, le=20, description="a message that matches no memory gets this many of the newest MEMORY.md blocks"
+    )
+    memory_flush_enabled: bool = Field(
+        True, description="before a summary or /new, ask the model for the lasting facts and store them in MEMORY.md"
+    )
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> MemoryPolicy:
+        if self.session_summary_keep_count >= self.session_summary_message_threshold:
+            raise ValueError(
+                "session_summary_keep_count must be smaller than session_summary_message_threshold "
+                f"({self.session_summary_keep_count} ≥ {self.session_summary_message_threshold})"
+            )
+        if 0 < self.long_term_compress_char_threshold < 1000:
+            raise ValueError("long_term_compress_char_threshold must be 0 (off) or at least 1000")
+        return self
+
+
+POLICY_KEYS: tuple[str, ...] = tuple(MemoryPolicy.model_fields)
+# Reflection tunes numbers; the switches (its own above all) are the user's.
+SWITCHES = ("evolution_enabled", "memory_flush_enabled")
+TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key not in SWITCHES)
