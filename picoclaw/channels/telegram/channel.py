@@ -254,7 +254,7 @@ class TelegramChannel:
             return
         text = without_mention(message.text, self.me)
         log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))
-        agent = self._loop_for(user)
+        agent = self._loop_for(key)
         replied = message.reply_to_message
         inbound = Inbound(str(user.id), key, text, replied.message_id if replied is not None else None)
         stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
@@ -291,9 +291,9 @@ class TelegramChannel:
         per_user = self.settings.memory_scope == "per_user" and chat_type != ChatType.PRIVATE
         return str(SessionKey.telegram(chat_id, user_id if per_user else None))
 
-    def _loop_for(self, user: User) -> AgentLoop:
-        scope = None if self.settings.memory_scope == "shared" else str(user.id)
-        agent = self.agent_for(scope)  # the app's, made once per scope and kept while in use
+    def _loop_for(self, key: str) -> AgentLoop:
+        # The app's agent of the key's memory scope, made once per scope and kept while in use.
+        agent = self.agent_for(SessionKey.parse(key).scope(self.settings.memory_scope))
         self._agents_used.add(agent)
         return agent
 
