@@ -13,16 +13,18 @@ The layers, outermost first:
   runner needs an agent only as "handle this text in this session", a Protocol of its own, so it does not
   import the agent layer.
 - providers import base and providers.
-- memory imports base, memory, and `picoclaw.providers.base`, the provider interface: memory jobs are handed a
-  provider, they never build one.
+- memory imports base, memory, and `picoclaw.providers.base`, the provider interface: memory maintenance
+  (compression, flush) is handed a provider, it never builds one.
 - tools import base, tools, memory, jobs, and `picoclaw.providers.base`.
 - agent imports base, agent, memory, tools, jobs, and `picoclaw.providers.base`.
 - channels import base, channels, agent, memory, and jobs; nothing from providers or tools (the face wires
   those in).
 - face imports anything: it is where the pieces are put together.
 
-A package in ROOT_ONLY is imported from outside it through its root only (`from picoclaw.jobs import
-JobStore`, never `picoclaw.jobs.store`): its `__init__` says what it offers, and the rest may move freely.
+Every layer's package (ROOT_ONLY) is imported from outside it through its root only (`from picoclaw.memory
+import MemoryStore`, never `picoclaw.memory.store`): its `__init__` says what it offers in `__all__`, and the
+rest may move freely. The deliberate exceptions are listed, each with its reason, in PAST_THE_ROOT, and
+nowhere else. Each root offers exactly what it imports, and each name it offers is its home module's object.
 
 Every import counts, wherever it sits: module level, inside a function, or under `if TYPE_CHECKING:`. A
 function-level import only postpones the dependency, it does not remove it. Only picoclaw's own modules are
