@@ -48,6 +48,9 @@ class MemoryPolicy(BaseModel):
     memory_flush_enabled: bool = Field(
         True, description="before a summary or /new, ask the model for the lasting facts and store them in MEMORY.md"
     )
+    query_rewrite_enabled: bool = Field(
+        False, description="one short model call turns the message into a standalone search query before memory is searched"
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> MemoryPolicy:
@@ -63,5 +66,5 @@ class MemoryPolicy(BaseModel):
 
 POLICY_KEYS: tuple[str, ...] = tuple(MemoryPolicy.model_fields)
 # Reflection tunes numbers; the switches (its own above all) are the user's.
-SWITCHES = ("evolution_enabled", "memory_flush_enabled")
+SWITCHES = ("evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled")
 TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key not in SWITCHES)
