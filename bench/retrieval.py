@@ -377,7 +377,9 @@ def measure_index(chunks: int, seed: int, reps: int) -> dict[str, float]:
         for mode, embedder in (("keyword", None), ("hybrid", HashEmbedder())):
             settings = IndexConfig(enabled=True, sources=["notes"],
                                    embeddings=EmbeddingsConfig(provider="local") if embedder else None)
-            index = MemoryIndex(store, settings, embedder, sessions_dir=Path(tmp) / "workspace" / "sessions")
+            # As the product builds it: notes and MEMORY.md ranked on the keyword side by the keyword search.
+            index = MemoryIndex(store, settings, embedder, sessions_dir=Path(tmp) / "workspace" / "sessions",
+                                keywords=KeywordSearch(store))
             store.on_change(index.mark_changed)
             try:
                 t0 = time.perf_counter()

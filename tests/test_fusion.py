@@ -1,5 +1,6 @@
 """The index's ranking: keyword scores in context (neighbours, a note entry with the one before it) and the
-hybrid fusion rule, on small synthetic memories in English and Chinese (a fake embedder pins the vectors)."""
+hybrid fusion rules (weighted, reciprocal-rank), on small synthetic memories in English and Chinese (a fake
+embedder pins the vectors)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from picoclaw.config import EmbeddingsConfig, IndexConfig
+from picoclaw.config import EmbeddingsConfig, IndexConfig, parse_config
+from picoclaw.errors import ConfigError
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
-from picoclaw.memory.index.scoring import Adjacency, Weights, in_context, merge, with_neighbours, with_previous_entry
-from picoclaw.memory.search import KeywordSearch
+from picoclaw.memory.index.fusion import RankWeights, Weights, reciprocal_rank, weighted
+from picoclaw.memory.index.scoring import Adjacency, in_context, with_neighbours, with_previous_entry
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT
 from picoclaw.memory.store import MemoryStore
 
@@ -49,7 +51,7 @@ def test_in_context_is_previous_entry_then_neighbours() -> None:
 
 def test_the_weighted_fusion_is_normalised_and_min_score_drops_weak_chunks() -> None:
     weights = Weights(0.84, 0.16, 0.08)
-    ranked = merge({1: 1.0, 2: 0.2}, {1: 0.0, 2: 0.9, 3: 0.05}, weights)
+    ranked = weighted({1: 1.0, 2: 0.2}, {1: 0.0, 2: 0.9, 3: 0.05}, weights)
     assert [i for _, i in ranked] == [2, 1]  # 3: 0.84 × 0.05 < 0.08
     assert ranked[1][0] == pytest.approx(0.16)  # keyword only, at full strength: just the text weight
 
@@ -59,6 +61,62 @@ def test_the_default_fusion_weights_and_min_score() -> None:
     settings = IndexConfig()
     assert (settings.vector_weight, settings.text_weight, settings.min_score) == (0.84, 0.16, 0.08)
     assert Weights(settings.vector_weight, settings.text_weight, 0).combine(0.0, 0.5) >= settings.min_score
+
+
+def test_reciprocal_rank_fusion_sums_weighted_reciprocal_ranks() -> None:
+    fused = dict((i, score) for score, i in reciprocal_rank([5, 6, 7], [7, 8], RankWeights(k=10, keyword=2.0)))
+    assert fused == pytest.approx({5: 2 / 11, 6: 2 / 12, 7: 2 / 13 + 1 / 11, 8: 1 / 12})
+
+
+def test_reciprocal_rank_fusion_order_and_ties() -> None:
+    # Third by keywords and first by vectors (2/13 + 1/11) beats first by keywords alone (2/11).
+    assert [i for _, i in reciprocal_rank([5, 6, 7], [7, 8], RankWeights(10, 2.0))] == [7, 5, 6, 8]
+    # The keyword weight decides between a keyword-only and a vector-only chunk at the same place.
+    assert [i for _, i in reciprocal_rank([5], [6], RankWeights(10, 2.0))] == [5, 6]
+    assert [i for _, i in reciprocal_rank([5], [6], RankWeights(10, 0.5))] == [6, 5]
+    # The same rank on each list, equal weights: a tie, which the newer chunk (higher id) wins.
+    assert [i for _, i in reciprocal_rank([3], [4], RankWeights(10, 1.0))] == [4, 3]
+    # Keyword weight 0: the vector list's order alone (keyword-only chunks trail with score 0).
+    assert [i for _, i in reciprocal_rank([5, 6], [6, 8], RankWeights(10, 0.0))] == [6, 8, 5]
+    assert reciprocal_rank([], [], RankWeights(10, 2.0)) == []
+
+
+def test_a_smaller_k_lets_the_first_places_count_more() -> None:
+    # 9 and 3 are first on one list each, 5 is fourth on both: with k = 1 the first places win (1/2 against
+    # 2/5), with k = 60 being on both lists does (2/64 against 1/61).
+    lists = ([9, 1, 2, 5], [3, 4, 6, 5])
+    assert [i for _, i in reciprocal_rank(*lists, RankWeights(1, 1.0))][:3] == [9, 3, 5]
+    assert [i for _, i in reciprocal_rank(*lists, RankWeights(60, 1.0))][0] == 5
+
+
+def test_the_default_fusion_is_weighted_and_the_rrf_defaults() -> None:
+    settings = IndexConfig()
+    assert (settings.fusion, settings.rrf_k, settings.rrf_keyword_weight) == ("weighted", 10, 3.0)
+
+
+def index_config(**index: object) -> IndexConfig:
+    return parse_config({"memory": {"index": index}}, "config.json").memory.index
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("fusion", "rrf"), ("fusion", "weighted"), ("rrf_k", 1), ("rrf_k", 1000), ("rrf_keyword_weight", 0.0),
+    ("rrf_keyword_weight", 10.0),
+])
+def test_fusion_keys_take_values_within_their_bounds(key: str, value: object) -> None:
+    assert getattr(index_config(**{key: value}), key) == value
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("fusion", "sum", "'weighted' or 'rrf'"), ("fusion", "RRF", "'weighted' or 'rrf'"),
+    ("rrf_k", 0, "greater than or equal to 1"), ("rrf_k", 1001, "less than or equal to 1000"),
+    ("rrf_k", 2.5, "integer"), ("rrf_keyword_weight", -0.1, "greater than or equal to 0"),
+    ("rrf_keyword_weight", 10.5, "less than or equal to 10"),
+])
+def test_bad_fusion_values_are_a_clear_config_error(key: str, value: object, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        index_config(**{key: value})
+    message = str(info.value)
+    assert f"memory.index.{key}" in message and "config.json" in message and says in message, message
 
 
 # -- through the index -----------------------------------------------------------------------------------------
@@ -135,8 +193,6 @@ def test_keyword_search_ranks_a_match_next_to_another_match_first(
     hits = [hit.block.text.split("\n")[1] for hit in open_index(store).search(query, 3)]
     assert hits[2] == entries[3], hits  # the lone match last, though BM25 alone would put it first
     assert set(hits[:2]) == {entries[0], entries[1]}
-    plain = [hit.block.text.split("\n")[1] for hit in KeywordSearch(store).search(query, 3)]
-    assert plain == hits  # the same order as the plain retriever
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -164,8 +220,6 @@ def test_a_note_entry_is_found_through_the_entry_before_it(
     found = [hit.block.text.split("\n")[1] for hit in hits]
     assert found[:2] == [question, answer] or found[:2] == [answer, question], found
     assert len(found) == 2  # the third entry follows a non-match: not found
-    plain = KeywordSearch(store).search(query, 5, include_notes=True)
-    assert {hit.block.text for hit in plain} == {hit.block.text for hit in hits}
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -196,3 +250,33 @@ def test_a_strong_keyword_only_hit_survives_the_default_min_score(
     assert {entries[0], entries[1], entries[3]} <= found
     strict = open_index(store, PinnedEmbedder({}), min_score=0.2)
     assert strict.search(query, 5) == []  # 0.16 × a keyword score never reaches 0.2
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_rrf_hybrid_scores_are_the_reciprocal_ranks_of_the_keyword_and_vector_lists(
+        tmp_path: Path, open_index: Callable[..., MemoryIndex], lang: str) -> None:
+    entries, query = CASES[lang]
+    store = long_term(tmp_path, entries)
+    bakery = entries[4]
+    hybrid = open_index(store, PinnedEmbedder({bakery: 0}), fusion="rrf", rrf_k=10, rrf_keyword_weight=2.0)
+    got = {hit.block.text.split("\n")[1]: hit.score for hit in hybrid.search(query, 5)}
+    keyword_order = [hit.block.text.split("\n")[1] for hit in open_index(store).search(query, 5)]
+    # Vectors: the bakery first (cosine 1), then every other entry at cosine 0, the newer (later) first.
+    vector_order = [bakery] + [text for text in reversed(entries) if text != bakery]
+    expected = {text: (2.0 / (10 + keyword_order.index(text) + 1) if text in keyword_order else 0.0)
+                + 1.0 / (10 + vector_order.index(text) + 1) for text in entries}
+    assert got == pytest.approx(expected)
+    assert list(got)[0] == keyword_order[0] and bakery in got  # the best by keywords first; the bakery by meaning
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_rrf_hybrid_with_no_keyword_match_ranks_by_meaning(
+        tmp_path: Path, open_index: Callable[..., MemoryIndex], lang: str) -> None:
+    entries, _ = CASES[lang]
+    store = long_term(tmp_path, entries)
+    tax = entries[2]
+    hybrid = open_index(store, PinnedEmbedder({tax: 0}), fusion="rrf")
+    query = "nothing in common" if lang == "en" else "毫不相干"
+    hits = hybrid.search(query, 2)
+    assert [hit.block.text.split("\n")[1] for hit in hits][0] == tax
+    assert open_index(store).search(query, 2) == []  # keywords alone find nothing

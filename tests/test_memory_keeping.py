@@ -150,6 +150,13 @@ def test_a_retried_failed_turn_leaves_one_entry(workspace: Workspace, fake_opena
     # its unit, so the same fact with a new number is an update.
     ("体重は62キロです。", "体重は58キロです。"),
     ("헬스장 사물함은 217번입니다.", "헬스장 사물함은 305번입니다."),
+    # An update need only restate what the older entry's first clause is about, not its every detail.
+    ("My sister Claire lives in Lyon; she works at a bakery in the old town.",
+     "My sister Claire moved to Toronto in August."),
+    ("我姐姐住在成都，在一家银行上班。", "姐姐八月份搬去深圳住了，在一家医院工作。"),
+    # 新 says "new" as the English word does.
+    ("My manager is Sarah Lee; our one-to-ones are on Mondays.", "Sarah Lee left the company, my new manager is Raj."),
+    ("我的领导是张经理，每周一开一对一。", "张经理离职了，新领导是刘总监。"),
 ])
 def test_an_update_keeps_the_older_entry_and_marks_it_superseded(
         workspace: Workspace, old: str, update: str) -> None:
@@ -166,6 +173,26 @@ def test_an_update_keeps_the_older_entry_and_marks_it_superseded(
     assert older.strip() == f"> superseded by the 2025-03-12 entry: {update}"  # nothing deleted, marked
     assert "Mimi" in text and text.count("> superseded") == 1  # the unrelated entry is left alone
     assert len(store.backups()) >= 1  # the marked file was backed up first, like any change
+
+
+@pytest.mark.parametrize(("old", "unrelated"), [
+    # Says "moved" and shares words with the older entry, but not what its first clause is about.
+    ("My sister Claire lives in Lyon; she works at a bakery in the old town.",
+     "My brother Tom moved to Berlin and works at a bakery too."),
+    ("我姐姐住在成都，在一家银行上班。", "哥哥搬到杭州了，也在一家银行上班。"),
+    # One word (in Chinese, two characters: 医生) of a longer subject is not enough.
+    ("My dentist is Dr. Kim, check-up every six months.", "Registered with a new GP: Dr. Okafor."),
+    ("牙医是陈医生，每半年检查一次。", "家庭医生改为协和医院的李医生了。"),
+    # "news" and 新闻 are not "new": nothing here says it is an update.
+    ("My manager is Sarah Lee.", "Sarah Lee was in the news today, my manager."),
+    ("我的领导是张经理。", "张经理在新闻里出现了，他是我的领导。"),
+])
+def test_an_update_of_something_else_does_not_mark_an_entry_it_shares_words_with(
+        workspace: Workspace, old: str, unrelated: str) -> None:
+    store = workspace.store
+    store.append_long_term(old)
+    store.append_long_term(unrelated)
+    assert "superseded" not in store.read_long_term()
 
 
 def test_what_is_not_an_update_marks_nothing(workspace: Workspace) -> None:

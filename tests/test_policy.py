@@ -89,7 +89,8 @@ def test_unknown_config_policy_key_is_a_config_error(memory_dir: Path) -> None:
 def test_evolution_switch_is_not_tunable_by_reflection() -> None:
     assert "evolution_enabled" in POLICY_KEYS and "evolution_enabled" not in TUNABLE_KEYS
     # The switches are the user's: reflection tunes numbers only.
-    assert set(TUNABLE_KEYS) == set(POLICY_KEYS) - {"evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled"}
+    switches = {"evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled"}
+    assert set(TUNABLE_KEYS) == set(POLICY_KEYS) - switches
 
 
 # -- live re-reading ------------------------------------------------------------------------------------
@@ -451,3 +452,49 @@ def test_a_set_after_a_torn_history_line_is_recorded(manager: PolicyManager) -> 
     history = manager.history()
     assert [entry.overrides for entry in history] == [
         {"retrieve_limit": ValueChange(None, 5)}, {"retrieve_limit": ValueChange(5, 6)}]
+
+
+# -- the ranking keys (memory/search/standing.py) --------------------------------------------------------------
+
+
+RANKING_KEYS = ("memory_recency_boost_percent", "memory_access_boost_percent")
+
+
+@pytest.mark.parametrize("key", RANKING_KEYS)
+def test_ranking_keys_are_whole_percentages_within_bounds(manager: PolicyManager, key: str) -> None:
+    assert getattr(manager.current(), key) == 10
+    for good in (0, 100, 35):
+        manager.set({key: good}, source="test")
+        assert getattr(manager.current(), key) == good
+    for bad in (-1, 101, 12.5, "20", True):
+        with pytest.raises(PolicyError, match=key):
+            manager.set({key: bad}, source="test")
+    assert getattr(manager.current(), key) == 35  # a refused change wrote nothing
+
+
+@pytest.mark.parametrize("key", RANKING_KEYS)
+def test_ranking_keys_from_the_cli_the_overrides_file_and_reflection(
+        home: Path, key: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    from picoclaw.cli import main
+    from picoclaw.memory.evolution import SuggestionError, key_guide, validate_suggestion
+
+    assert main(["policy", "set", f"{key}=25"]) == 0
+    assert f"{key} = 25" in capsys.readouterr().out
+    manager = Workspace.from_config(*_config_of(home)).policy
+    assert getattr(manager.current(), key) == 25 and manager.effective().sources[key] == "overrides"
+    # A bad value in the overrides file is logged and ignored; the other keys still apply.
+    write_overrides(manager, {key: 250, "recent_days": 2})
+    with caplog.at_level(logging.WARNING):
+        assert getattr(manager.current(), key) == 10 and manager.current().recent_days == 2
+    assert key in caplog.text
+    # Reflection may tune them (they are numbers, not switches), inside the bounds only.
+    assert key in TUNABLE_KEYS and f"- {key} = 10 (allowed 0–100)" in key_guide(manager.current())
+    assert validate_suggestion({key: 20, "reason": "旧的事实总被提起"}, manager).changes == {key: 20}
+    with pytest.raises(SuggestionError):
+        validate_suggestion({key: 500}, manager)
+
+
+def _config_of(home: Path) -> tuple[Any, Path]:
+    from picoclaw.config import load_config
+
+    return load_config(home), home

@@ -107,9 +107,14 @@ class ContextBuilder:
         parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({self.workspace.config.timezone})")
         return "\n\n".join(part for part in parts if part)
 
-    async def build(self, policy: MemoryPolicy, session: Session, user_text: str, now: datetime) -> BuiltContext:
-        """System prompt + history as sent + this turn's user message with its data block."""
-        memory = await self.select_memory(policy, user_text, session.injected_blocks())
+    async def build(self, policy: MemoryPolicy, session: Session, user_text: str, now: datetime,
+                    query: str | None = None) -> BuiltContext:
+        """System prompt + history as sent + this turn's user message with its data block.
+
+        Memory (and relevant history) is searched with `query`, the message itself unless the loop rewrote it.
+        """
+        query = user_text if query is None else query
+        memory = await self.select_memory(policy, query, session.injected_blocks())
         prefix = self.stable_prefix(now)
         system = prefix
         if session.summary:
@@ -117,7 +122,7 @@ class ContextBuilder:
         user = StoredMessage(0, {"role": "user", "content": user_text}, context=self._data_block(memory, now),
                              blocks=memory.keys())
         messages: list[Message] = [{"role": "system", "content": system}]
-        messages.extend(self.select_history(policy, session, user_text))
+        messages.extend(self.select_history(policy, session, query))
         messages.append(user.as_sent())
         return BuiltContext(messages, prefix, memory, user)
 

@@ -35,6 +35,7 @@ from picoclaw.agent.commands import (
 )
 from picoclaw.agent.context import ContextBuilder
 from picoclaw.agent.history import keep_last, safe_start
+from picoclaw.agent.query_rewrite import QueryRewriter
 from picoclaw.agent.reflection import Reflector
 from picoclaw.agent.streaming import StreamGate, TextSink
 from picoclaw.agent.summary import CompactResult, accept_summary, render_transcript, summary_request
@@ -113,6 +114,7 @@ class AgentLoop:
         self._status = status  # more lines for /status (the MCP servers' states), read at each /status
         self._offered = offered_tools(tools)  # tool name → its Args model, for calls written as text
         self.context = ContextBuilder(workspace)
+        self.rewriter = QueryRewriter(provider)  # used when the policy's query_rewrite_enabled is on
         self.sessions = workspace.sessions()
         self.compressor = LongTermCompressor(workspace.store, provider)
         self.reflector = Reflector(workspace.policy, provider)
@@ -214,7 +216,8 @@ class AgentLoop:
         defaults = self.workspace.config.agents.defaults
         schemas = self.tools.schemas()
         notice = ""
-        built = await self.context.build(policy, session, text, now)
+        query = await self._search_query(session, policy, text)
+        built = await self.context.build(policy, session, text, now, query)
         messages = built.messages
         turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None
@@ -229,7 +232,7 @@ class AgentLoop:
                     notice = TRIMMED_NOTICE
                     if on_text is not None:
                         await on_text(f"{notice}\n\n")
-                    built = await self.context.build(policy, session, text, now)
+                    built = await self.context.build(policy, session, text, now, query)
                     turn[0] = built.user
                     messages = built.messages + [stored.as_sent() for stored in turn[1:]]
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
@@ -260,6 +263,16 @@ class AgentLoop:
         await self._append(session, turn)
         answer = final.strip() or "(the model returned an empty answer)"
         return f"{notice}\n\n{answer}" if notice else answer
+
+    async def _search_query(self, session: Session, policy: MemoryPolicy, text: str) -> str:
+        """What memory is searched with for `text`: the message, or with its rewrite when the policy asks.
+
+        The rewrite call is not part of the turn: it is never stored, and when it fails the message is used.
+        """
+        if not policy.query_rewrite_enabled:
+            return text
+        rewrite = await self.rewriter.rewrite(text, [m.message for m in session.active()])
+        return rewrite.query
 
     async def _run_tools(self, key: str, calls: list[ToolCall], on_tool: ToolSink | None) -> list[Message]:
         """Run the model's tool calls in order; their results as tool messages (a tool never raises)."""

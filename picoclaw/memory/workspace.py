@@ -35,7 +35,7 @@ class Workspace:
 
     def __post_init__(self) -> None:
         self.searcher = open_search(self.config.memory.index, self.store, self.embedder,
-                                    sessions_dir=self.layout.sessions_dir)
+                                    sessions_dir=self.layout.sessions_dir, policy=self.policy.current)
 
     @classmethod
     def from_config(cls, config: Config, home: Path, embedder: Embedder | None = None) -> Workspace:

@@ -1,15 +1,14 @@
 """MemoryIndex: the optional index of one memory folder (`memory/index/index.sqlite3`).
 
 Fed by the same store: every search first syncs what changed, so the index never answers from text the
-files no longer hold. Keyword search always works; with an embedder, search is hybrid, and a failing
-embedder makes searches keyword-only until it is tried again after a pause (see `outage`), with the reason
-kept for `picoclaw memory status`.
+files no longer hold. Keyword search always works; with an embedder, search is hybrid (fusion.py), and a
+failing embedder makes searches keyword-only until it is tried again after a pause (see `outage`), with the
+reason kept for `picoclaw memory status`. A question searched again reuses its vector (query_vectors.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import sqlite3
 import threading
@@ -17,7 +16,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -25,16 +24,17 @@ from picoclaw.config import IndexConfig
 from picoclaw.layout import INDEX_DIR
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
 from picoclaw.memory.index.embedders import Embedder, EmbeddingUnavailable
+from picoclaw.memory.index.fusion import RankWeights, Weights, reciprocal_rank, weighted
 from picoclaw.memory.index.outage import Outage, outage_of
+from picoclaw.memory.index.query_vectors import QueryVectors
 from picoclaw.memory.index.schema import INDEX_FILE, file_identity, is_unusable, open_database, remove_files
 from picoclaw.memory.index.scoring import (
+    CANDIDATE_CAP,
     KeywordQuery,
-    Weights,
-    adjacency,
-    in_context,
+    best_in_context,
+    in_context_units,
     keyword_matches,
-    merge,
-    phrase_boosted,
+    searched_chunks,
 )
 from picoclaw.memory.index.status import IndexStatus, not_built, read_status
 from picoclaw.memory.index.sync import (
@@ -55,12 +55,13 @@ from picoclaw.memory.index.sync import (
 )
 from picoclaw.memory.index.vectors import VectorMatrix
 from picoclaw.memory.search.blocks import Block, Hit
-from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, PHRASE_BONUS
 from picoclaw.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
 
-CANDIDATE_CAP = 200  # most candidates taken from each side for a search (unless limit is larger)
+# The sources the keyword search (KeywordSearch) reads: where a search stays within them, hybrid fuses the
+# keyword search's own ranking with the vectors, so whatever improves it improves hybrid alike.
+KEYWORD_SEARCH_SOURCES = frozenset({"memory", "notes"})
 
 T = TypeVar("T")
 
@@ -75,23 +76,36 @@ def _log_backfill_failure(task: asyncio.Task[tuple[int, str | None]]) -> None:
         log.error("memory index: making embeddings failed: %s: %s", type(exc).__name__, exc)
 
 
+class KeywordRanking(Protocol):
+    """The keyword search whose ranking hybrid fuses with vectors (KeywordSearch)."""
+
+    def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]: ...
+
+
 class MemoryIndex:
-    """SQLite FTS5 + vector index over a memory folder's files; safe to share between threads."""
+    """SQLite FTS5 + vector index over a memory folder's files; safe to share between threads.
+
+    With `keywords` (the workspace's keyword search), a search within MEMORY.md and the daily notes takes
+    its keyword ranking from it, hybrid or not; FTS5's BM25 then ranks only where it does not reach."""
 
     def __init__(self, store: MemoryStore, settings: IndexConfig, embedder: Embedder | None = None, *,
-                 sessions_dir: Path):
+                 sessions_dir: Path, keywords: KeywordRanking | None = None):
         self.store = store
+        self.keywords = keywords
         self.sessions_dir = sessions_dir
         self.settings = settings
         self.embedder = embedder
         self.path = store.memory_dir / INDEX_DIR / INDEX_FILE
         self.weights = Weights(settings.vector_weight, settings.text_weight, settings.min_score)
+        self.rank_weights = RankWeights(settings.rrf_k, settings.rrf_keyword_weight)
+        self.query_vectors = QueryVectors()
         self.last_notice: str | None = None  # why the last search fell back to keywords, if it did
         self._base = files_base(store, sessions_dir)
         self._lock = threading.RLock()
         self._dirty_lock = threading.Lock()  # apart, so a store write never waits for a running sync
         self._dirty: set[str] = set()
         self._conn: sqlite3.Connection | None = None
+        self._stamped = False  # the open database has its last_sync
         self._identity: tuple[int, int] | None = None
         self._vectors = VectorMatrix()
         self._limit: TokenLimit | None = None
@@ -129,6 +143,7 @@ class MemoryIndex:
             self._conn.close()
         self._conn = None
         self._identity = None
+        self._stamped = False
         self._vectors.clear()
 
     def _db(self) -> sqlite3.Connection:
@@ -180,7 +195,8 @@ class MemoryIndex:
         report = await self._in_thread(lambda conn: self._sync_files(conn, progress))
         if self.embedder is not None and report.embed_error is None:
             await self._wait_for_vectors(report, progress, wait)
-        await self._in_thread(lambda conn: self._stamp(conn, report))
+        if report.changed or not self._stamped:  # an unchanged index, stamped before, needs no trip to it
+            await self._in_thread(lambda conn: self._stamp(conn, report))
         return report
 
     def _token_limit(self, conn: sqlite3.Connection, report: SyncReport) -> TokenLimit:
@@ -215,11 +231,11 @@ class MemoryIndex:
             raise
         return report
 
-    @staticmethod
-    def _stamp(conn: sqlite3.Connection, report: SyncReport) -> None:
+    def _stamp(self, conn: sqlite3.Connection, report: SyncReport) -> None:
         if report.changed or get_meta(conn, "last_sync") is None:
             with transaction(conn):
                 set_meta(conn, "last_sync", str(time.time_ns()))
+        self._stamped = conn is self._conn
 
     async def _wait_for_vectors(self, report: SyncReport, progress: Progress | None, wait: float | None) -> None:
         # One backfill per index at a time: two turns arriving together must not embed the same texts twice.
@@ -315,7 +331,8 @@ class MemoryIndex:
         report = await self.sync_async(wait=wait)
         self.last_notice = report.embed_error
         vector = None
-        if self.embedder is not None and report.embed_error is None and self.weights.vector > 0:
+        if self.embedder is not None and report.embed_error is None and (
+                self.settings.fusion == "rrf" or self.weights.vector > 0):
             vector = await self._query_vector(query, None if deadline is None else max(0.0, deadline - clock()),
                                               wait)
         return await self._in_thread(lambda conn: self._ranked(conn, query, limit, sources, vector))
@@ -323,6 +340,9 @@ class MemoryIndex:
     async def _query_vector(self, query: str, left: float | None, wait: float | None) -> np.ndarray | None:
         """The query's embedding, or None (with the reason in `last_notice`) when it cannot be had in time."""
         assert self.embedder is not None
+        vector = self.query_vectors.get(self.embedder.key, query)
+        if vector is not None:  # asked before: no model call, whatever the embedder's state
+            return vector
         self.last_notice = self._outage.refusal()
         if self.last_notice is not None:
             return None
@@ -335,53 +355,40 @@ class MemoryIndex:
             await self._in_thread(lambda conn: self._record_failure(conn, reason))
             return None
         self._outage.succeeded()
+        self.query_vectors.put(self.embedder.key, query, vector)
         return vector
 
     def _ranked(self, conn: sqlite3.Connection, query: str, limit: int, sources: frozenset[str] | None,
                 vector: np.ndarray | None) -> list[Hit]:
-        keyword_query = KeywordQuery.prepare(conn, query)
         if vector is None:
-            if keyword_query is None:
-                return []
-            scores = self._keywords(conn, keyword_query, keyword_matches(conn, keyword_query, sources), limit)
-            return self._hits(conn, sorted(((score, i) for i, score in scores.items()), reverse=True))
-        return self._hits(conn, self._hybrid(conn, keyword_query, vector, limit, sources)[:limit])
+            scores, _ = self._keyword_side(conn, query, limit, sources)
+            return self._hits(conn, [(score, i) for i, score in scores.items()])
+        return self._hits(conn, self._hybrid(conn, query, vector, limit, sources)[:limit])
 
     def _wanted(self, limit: int) -> int:
         """How many candidates to take from each side of a hybrid search for `limit` results."""
         return max(limit, min(limit * self.settings.candidate_multiplier, CANDIDATE_CAP))
 
-    def _keywords(self, conn: sqlite3.Connection, keyword_query: KeywordQuery, matches: dict[int, float],
-                  wanted: int) -> dict[int, float]:
-        """The best `wanted` chunks by keywords in context (see `_in_context`), with their 0–1 scores."""
-        # The pool is wider than `wanted`, since neighbours can lift a chunk from below the cut; a note entry
-        # right after a match is a match itself, as in the keyword search.
-        pool = heapq.nlargest(max(wanted, CANDIDATE_CAP), matches, key=matches.__getitem__)
-        around = adjacency(conn, pool)
-        candidates = set(pool) | {after for i, after in around.next.items() if i in matches and after in around.notes}
-        context = in_context(matches, around, NEIGHBOUR_WEIGHT, candidates)
-        # Only a chunk the phrase bonus could lift into the best `wanted` needs its text read.
-        floor = heapq.nlargest(wanted, context.values())[-1] if len(context) >= wanted else 0.0
-        scores = {**context, **phrase_boosted(conn, keyword_query, context,
-                                              [i for i, s in context.items() if s * (1 + PHRASE_BONUS) >= floor])}
-        best = heapq.nlargest(wanted, scores.items(), key=lambda item: (item[1], item[0]))
-        return {i: keyword_query.unit(score) for i, score in best}
+    def _keyword_side(self, conn: sqlite3.Connection, query: str, wanted: int, sources: frozenset[str] | None
+                      ) -> tuple[dict[int, float], tuple[KeywordQuery, dict[int, float]] | None]:
+        """The best `wanted` chunks by keywords, best first, with 0–1 scores: the keyword search's ranking
+        where it covers the sources searched, else FTS5's in context (then also the prepared query and every
+        chunk's BM25, which score other chunks the same way)."""
+        searched = self.settings.sources if sources is None else sources
+        if self.keywords is not None and KEYWORD_SEARCH_SOURCES.issuperset(searched):
+            hits = self.keywords.search(query, wanted, include_notes="notes" in searched)
+            return searched_chunks(conn, self._base, hits, sources), None
+        keyword_query = KeywordQuery.prepare(conn, query)
+        if keyword_query is None:
+            return {}, None
+        matches = keyword_matches(conn, keyword_query, sources)
+        return best_in_context(conn, keyword_query, matches, wanted), (keyword_query, matches)
 
-    def _in_context(self, conn: sqlite3.Connection, keyword_query: KeywordQuery, matches: dict[int, float],
-                    ids: set[int]) -> dict[int, float]:
-        """0–1 keyword scores of `ids` as the keyword search scores blocks: BM25 of a note entry with the one
-        before it, plus NEIGHBOUR_WEIGHT × the adjacent chunks' (scoring.in_context), then the phrase bonus.
-        On LoCoMo dev (bench/retrieval_quality.py) this lifts hybrid B@10 by ~0.015 and notes turn recall@10
-        by ~0.05 in both languages."""
-        context = in_context(matches, adjacency(conn, ids), NEIGHBOUR_WEIGHT, ids)
-        return {i: keyword_query.unit(s) for i, s in phrase_boosted(conn, keyword_query, context, context).items()}
-
-    def _hybrid(self, conn: sqlite3.Connection, keyword_query: KeywordQuery | None, query_vector: np.ndarray,
-                limit: int, sources: frozenset[str] | None) -> list[tuple[float, int]]:
+    def _hybrid(self, conn: sqlite3.Connection, query: str, query_vector: np.ndarray, limit: int,
+                sources: frozenset[str] | None) -> list[tuple[float, int]]:
         assert self.embedder is not None
         wanted = self._wanted(limit)
-        matches = keyword_matches(conn, keyword_query, sources) if keyword_query else {}
-        keyword = self._keywords(conn, keyword_query, matches, wanted) if keyword_query else {}
+        keyword, fts = self._keyword_side(conn, query, wanted, sources)
         self._vectors.refresh(conn, self.embedder.key, get_meta(conn, "generation") or "0")
         ids, similarity = self._vectors.cosine(query_vector, sources)
         if len(ids) > wanted:
@@ -389,14 +396,18 @@ class MemoryIndex:
         else:
             best = np.arange(len(ids))
         vector = {int(ids[n]): float(similarity[n]) for n in best}
-        # Every chunk of the union gets its real score on both sides, not 0 for the list it missed.
+        if self.settings.fusion == "rrf":  # only the order of each list counts
+            return reciprocal_rank(list(keyword), sorted(vector, key=lambda i: (vector[i], i), reverse=True),
+                                   self.rank_weights)
+        # Every chunk of the union gets its real score on both sides, not 0 for the list it missed (the
+        # keyword search's list is ranked as a whole: a chunk beyond it has no keyword score to give).
         positions = np.searchsorted(ids, list(keyword)) if len(ids) else np.zeros(0, dtype=np.int64)
         for chunk_id, position in zip(keyword, positions):
             if position < len(ids) and ids[position] == chunk_id:
                 vector[chunk_id] = float(similarity[position])
-        if keyword_query is not None:
-            keyword.update(self._in_context(conn, keyword_query, matches, {i for i in vector if i not in keyword}))
-        return merge(keyword, vector, self.weights)
+        if fts is not None:
+            keyword.update(in_context_units(conn, *fts, {i for i in vector if i not in keyword}))
+        return weighted(keyword, vector, self.weights)
 
     def _hits(self, conn: sqlite3.Connection, ranked: list[tuple[float, int]]) -> list[Hit]:
         if not ranked:

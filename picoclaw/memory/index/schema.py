@@ -23,6 +23,9 @@ BUSY_TIMEOUT_MS = 10_000
 # word). The token characters keep e-mail addresses, paths and dotted identifiers whole, as terms() does.
 _FTS_TOKENIZER = "unicode61 remove_diacritics 0 tokenchars '._@/:-'"
 
+# A block found by the keyword search is looked up by its file and lines (scoring.searched_chunks).
+_LINES_INDEX = "CREATE INDEX IF NOT EXISTS chunks_lines ON chunks(path, start_line)"
+
 SCHEMA = f"""
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE files (
@@ -45,6 +48,7 @@ CREATE TABLE chunks (
     hash TEXT NOT NULL              -- sha256 of text: the embedding cache key
 );
 CREATE INDEX chunks_path ON chunks(path);
+{_LINES_INDEX};
 CREATE INDEX chunks_hash ON chunks(hash);
 CREATE VIRTUAL TABLE chunks_fts USING fts5(terms, tokenize="{_FTS_TOKENIZER}");
 CREATE VIRTUAL TABLE chunks_vocab USING fts5vocab(chunks_fts, row);
@@ -102,6 +106,8 @@ def _prepare(conn: sqlite3.Connection) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version == SCHEMA_VERSION:
         conn.execute("SELECT 1 FROM chunks_fts LIMIT 1").fetchall()  # proves the FTS table is readable
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'chunks_lines'").fetchone() is None:
+            conn.execute(_LINES_INDEX)  # an index file made before it: added, the file kept
         return
     tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     if version != 0 or tables:

@@ -3,8 +3,12 @@
 - blocks.py: Block and Hit, what every search returns, and how a memory file splits into blocks.
 - keyword.py: KeywordSearch, BM25 over the memory files read directly (bm25.py ranks; large_files.py
   streams a MEMORY.md too large to index whole).
+- query_expansion.py: the matching blocks ranked again with terms of the best hits (pseudo-relevance
+  feedback).
 - indexed.py: IndexedSearch, the optional index (memory/index/) with the keyword search as its fallback;
   `open_search` picks the one a workspace uses. The index and numpy are imported only when it is enabled.
+- standing.py: StandingSearch, around either: a superseded entry below its replacement, mild recency and
+  use priors (access_counts.py keeps how often each block was injected, outside MEMORY.md).
 - turn_memory.py: which blocks a turn's prompt carries (`select_turn_memory`).
 """
 
@@ -15,7 +19,8 @@ from picoclaw.memory.search.bm25 import rank_blocks
 from picoclaw.memory.search.indexed import IndexedSearch, index_of, open_search
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.protocol import MemorySearch
+from picoclaw.memory.search.standing import StandingSearch
 from picoclaw.memory.search.turn_memory import InjectedMemory, select_turn_memory
 
 __all__ = ["Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch", "index_of",
-           "open_search", "rank_blocks", "select_turn_memory", "split_blocks"]
+           "StandingSearch", "open_search", "rank_blocks", "select_turn_memory", "split_blocks"]

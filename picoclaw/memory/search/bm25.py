@@ -4,6 +4,8 @@ files as one corpus.
 A matching block's score also takes in a share of its adjacent blocks' scores in the same file
 (NEIGHBOUR_WEIGHT): what is said next to a match is often what the match is about ("Where did you go?" /
 "Paris, in May"). A block holding the query (or a quoted part of it) verbatim gets PHRASE_BONUS more.
+The keyword search then ranks the matching blocks again with the query expanded by terms of its best hits
+(`rank(..., feedback=True)`, query_expansion.py).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from picoclaw.memory.search.blocks import Block, Hit
-from picoclaw.memory.terms import block_terms, normalize, phrases, query_terms
+from picoclaw.memory.search.query_expansion import FEEDBACK_BLOCKS, FEEDBACK_MIN_BLOCKS, FEEDBACK_WEIGHT, feedback_terms
+from picoclaw.memory.terms import block_terms, normalize, phrases, query_terms, terms
 
 K1 = 1.2
 B = 0.75
@@ -22,6 +26,7 @@ PHRASE_BONUS = 0.5  # relative boost for a block containing the query (or a quot
 # Share of each adjacent block's score a block gets (KeywordSearch.search). On LoCoMo's dev split 0.2–0.3
 # are best for both layouts (bench/retrieval_quality.py); from 0.4 up neighbours start to outrank the match.
 NEIGHBOUR_WEIGHT = 0.25
+_OWN_TERMS_KEPT = 256  # blocks whose terms a FileIndex keeps for query expansion: the hits of recent queries
 
 
 @dataclass
@@ -44,6 +49,7 @@ class FileIndex:
     _parts: dict[str, list[tuple[int, float]]] = field(default_factory=dict, repr=False)
     _parts_average: float = 0.0
     _positions: dict[tuple[int, int], int] | None = field(default=None, repr=False)
+    _own_terms: dict[int, Counter[str]] = field(default_factory=dict, repr=False)
 
     def tf_parts(self, term: str, average: float) -> list[tuple[int, float]]:
         """(block, tf·(K1+1) / (tf + K1·(1 − B + B·length/average))) for every block holding `term`."""
@@ -57,6 +63,16 @@ class FileIndex:
                      for block, tf in self.postings.get(term, ())]
             self._parts[term] = parts
         return parts
+
+    def own_terms(self, number: int) -> Counter[str]:
+        """Each term of block `number`'s text with its count: not its previous block's, nor its date in words
+        (those name a day, not what the block is about; as feedback they cost 0.006 of B@10 in English)."""
+        found = self._own_terms.get(number)
+        if found is None:
+            if len(self._own_terms) >= _OWN_TERMS_KEPT:
+                self._own_terms.clear()
+            found = self._own_terms[number] = Counter(terms(self.blocks[number].text))
+        return found
 
     def position(self, block: Block) -> int | None:
         """Where `block` is in this file's blocks, or None when it is not one of them."""
@@ -81,40 +97,76 @@ class FileIndex:
         return cls(blocks, lengths, postings, [normalize(b.text) for b in blocks], sum(lengths))
 
 
-def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float = 0.0) -> list[Hit]:
-    """BM25 over all blocks of `indexes` as one corpus, plus a bonus for an exact phrase hit; with
-    `neighbours`, each matching block also gets that share of its adjacent blocks' scores (a block that
-    matches nothing itself is never returned: in MEMORY.md the entry next to a match is often unrelated)."""
-    wanted_terms = query_terms(query)
-    total_blocks = sum(ix.total_blocks or len(ix.blocks) for ix in indexes)
-    if not wanted_terms or total_blocks == 0 or limit <= 0:
-        return []
-    avg_length = (sum(ix.total_length for ix in indexes) / total_blocks) or 1.0
+def _doc_freq(indexes: list[FileIndex], term: str) -> int:
+    return sum(len(ix.postings.get(term, ())) if ix.doc_freqs is None else ix.doc_freqs.get(term, 0)
+               for ix in indexes)
+
+
+def _doc_freq_of(indexes: list[FileIndex]) -> Callable[[str], int]:
+    # MEMORY.md alone is the common case, and query expansion asks for every term of two blocks.
+    if len(indexes) == 1 and indexes[0].doc_freqs is None:
+        postings = indexes[0].postings
+        return lambda term: len(postings.get(term, ()))
+    return lambda term: _doc_freq(indexes, term)
+
+
+def _own_scores(indexes: list[FileIndex], words: Iterable[str], weight: float, total_blocks: int,
+                avg_length: float) -> list[dict[int, float]]:
+    """Per file, the BM25 score of every block holding one of the terms `words` (each `weight`), by block."""
     idf = {}
-    for term in wanted_terms:
-        df = sum(len(ix.postings.get(term, ())) if ix.doc_freqs is None else ix.doc_freqs.get(term, 0)
-                 for ix in indexes)
+    for term in words:
+        df = _doc_freq(indexes, term)
         if df:
-            idf[term] = math.log(1 + (total_blocks - df + 0.5) / (df + 0.5))
-    raw: list[tuple[float, int, int]] = []
-    for file_number, ix in enumerate(indexes):
+            idf[term] = weight * math.log(1 + (total_blocks - df + 0.5) / (df + 0.5))
+    found: list[dict[int, float]] = []
+    for ix in indexes:
         scores: dict[int, float] = {}
         get = scores.get
-        for term, weight in idf.items():
+        for term, term_weight in idf.items():
             for block_number, part in ix.tf_parts(term, avg_length):
-                scores[block_number] = get(block_number, 0.0) + weight * part
+                scores[block_number] = get(block_number, 0.0) + term_weight * part
+        found.append(scores)
+    return found
+
+
+def _in_context(indexes: list[FileIndex], own: list[dict[int, float]],
+                neighbours: float) -> list[tuple[float, int, int]]:
+    """(score, file, block) of every block of `own`, plus `neighbours` × its adjacent blocks' scores."""
+    raw: list[tuple[float, int, int]] = []
+    for file_number, (ix, scores) in enumerate(zip(indexes, own)):
         if neighbours:
-            breaks = ix.breaks
+            breaks, get = ix.breaks, scores.get
             raw.extend((score + neighbours * ((0.0 if block in breaks else get(block - 1, 0.0))
                                               + (0.0 if block + 1 in breaks else get(block + 1, 0.0))),
                         file_number, block)
                        for block, score in scores.items())
         else:
             raw.extend((score, file_number, block) for block, score in scores.items())
+    return raw
+
+
+def _spread(indexes: list[FileIndex], own: list[dict[int, float]], neighbours: float) -> list[dict[int, float]]:
+    """What `own` adds to each block's score in context: its own part and its neighbours' shares."""
+    found: list[dict[int, float]] = []
+    for ix, scores in zip(indexes, own):
+        added = dict(scores)
+        if neighbours:
+            breaks = ix.breaks
+            for block, score in scores.items():
+                if block + 1 not in breaks:
+                    added[block + 1] = added.get(block + 1, 0.0) + neighbours * score
+                if block not in breaks:
+                    added[block - 1] = added.get(block - 1, 0.0) + neighbours * score
+        found.append(added)
+    return found
+
+
+def _phrase_scored(indexes: list[FileIndex], raw: list[tuple[float, int, int]], wanted: list[str],
+                   limit: int) -> list[tuple[float, int, int]]:
+    """The blocks of `raw` that may be among the best `limit` once a phrase hit earns its bonus, bonus given."""
     # No block below the limit-th score can reach the top `limit` but by the bonus, so only blocks that
     # could are looked at again (the phrase check scans the block's text).
     floor = heapq.nlargest(limit, raw)[-1][0] if len(raw) >= limit else 0.0
-    wanted = phrases(query)
     bonus = 1 + PHRASE_BONUS
     scored: list[tuple[float, int, int]] = []
     for score, file_number, block_number in raw:
@@ -124,8 +176,38 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
                 score *= bonus
             # On equal scores the later block wins: newer memories are likelier to be current.
             scored.append((score, file_number, block_number))
-    best = heapq.nlargest(limit, scored)
-    return [Hit(indexes[f].blocks[b], s) for s, f, b in best]
+    return scored
+
+
+def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float = 0.0,
+         feedback: bool = False) -> list[Hit]:
+    """BM25 over all blocks of `indexes` as one corpus, plus a bonus for an exact phrase hit; with
+    `neighbours`, each matching block also gets that share of its adjacent blocks' scores (a block that
+    matches nothing itself is never returned: in MEMORY.md the entry next to a match is often unrelated).
+
+    With `feedback`, the matching blocks are ranked again with the query expanded by terms of its best
+    FEEDBACK_BLOCKS hits (query_expansion.py); not over part of a large MEMORY.md, whose index lacks them,
+    nor over fewer than FEEDBACK_MIN_BLOCKS blocks.
+    """
+    wanted_terms = query_terms(query)
+    total_blocks = sum(ix.total_blocks or len(ix.blocks) for ix in indexes)
+    if not wanted_terms or total_blocks == 0 or limit <= 0:
+        return []
+    avg_length = (sum(ix.total_length for ix in indexes) / total_blocks) or 1.0
+    wanted = phrases(query)
+    feedback = feedback and total_blocks >= FEEDBACK_MIN_BLOCKS and all(ix.doc_freqs is None for ix in indexes)
+    raw = _in_context(indexes, _own_scores(indexes, wanted_terms, 1.0, total_blocks, avg_length), neighbours)
+    scored = _phrase_scored(indexes, raw, wanted, max(limit, FEEDBACK_BLOCKS) if feedback else limit)
+    if feedback and scored:
+        best = heapq.nlargest(FEEDBACK_BLOCKS, scored)
+        extra = feedback_terms(frozenset(wanted_terms), [indexes[f].own_terms(b) for _, f, b in best],
+                               _doc_freq_of(indexes), total_blocks)
+        more = _spread(indexes, _own_scores(indexes, extra, FEEDBACK_WEIGHT, total_blocks, avg_length), neighbours)
+        # Only the blocks that match the query itself are ranked again: the added terms re-order, they
+        # never add a hit (a neighbour's share still takes in its added terms' score).
+        raw = [(score + more[f].get(b, 0.0), f, b) for score, f, b in raw]
+        scored = _phrase_scored(indexes, raw, wanted, limit)
+    return [Hit(indexes[f].blocks[b], s) for s, f, b in heapq.nlargest(limit, scored)]
 
 
 def rank_blocks(blocks: list[Block], query: str, limit: int) -> list[Hit]:

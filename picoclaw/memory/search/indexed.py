@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.protocol import MemorySearch
+from picoclaw.memory.search.standing import StandingSearch
 from picoclaw.memory.store import MemoryStore
 
 if TYPE_CHECKING:
     from picoclaw.config import IndexConfig
     from picoclaw.memory.index.embedders import Embedder
     from picoclaw.memory.index.index import MemoryIndex
+    from picoclaw.policy_schema import MemoryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +78,20 @@ class IndexedSearch:
 
 
 def open_search(settings: IndexConfig, store: MemoryStore, embedder: Embedder | None, *,
-                sessions_dir: Path) -> MemorySearch:
-    """The index-backed search when `memory.index.enabled`, else the memory files searched directly."""
+                sessions_dir: Path, policy: Callable[[], MemoryPolicy]) -> MemorySearch:
+    """The index-backed search when `memory.index.enabled`, else the memory files searched directly; either
+    re-ranked by standing (supersession, recency, use) under the policy in force."""
     files = KeywordSearch(store)
     if not settings.enabled:
-        return files
+        return StandingSearch(files, store, policy)
     from picoclaw.memory.index.index import MemoryIndex  # only now: it imports numpy
 
-    return IndexedSearch(files, MemoryIndex(store, settings, embedder, sessions_dir=sessions_dir))
+    # The index fuses the keyword search's own ranking with vectors, so hybrid gains what keywords gain.
+    index = MemoryIndex(store, settings, embedder, sessions_dir=sessions_dir, keywords=files)
+    return StandingSearch(IndexedSearch(files, index), store, policy)
 
 
 def index_of(search: MemorySearch) -> MemoryIndex | None:
     """The index behind a workspace's search, or None when it searches the files directly."""
-    return search.index if isinstance(search, IndexedSearch) else None
+    inner = search.inner if isinstance(search, StandingSearch) else search
+    return inner.index if isinstance(inner, IndexedSearch) else None

@@ -3,8 +3,9 @@ cannot answer).
 
 Each file is parsed and indexed once and reused until its size, mtime or inode changes, so a query on an
 unchanged MEMORY.md costs one stat per file plus the scoring. A daily-note entry is indexed together with
-the entry before it, since an entry so often answers what came just before it. A MEMORY.md larger than
-LARGE_FILE is searched as a stream instead (memory/search/large_files.py).
+the entry before it, since an entry so often answers what came just before it. The matching blocks are
+ranked again with the query expanded by its best hits' telling terms (search/query_expansion.py). A
+MEMORY.md larger than LARGE_FILE is searched as a stream instead (memory/search/large_files.py).
 
 Async callers (a turn, a tool) use `search_async`, which never blocks their event loop: file reads and
 scoring run in a worker thread. Sync callers (the CLI) use `search`.
@@ -98,7 +99,8 @@ class KeywordSearch:
                         found.append(self.notes_cache.get(note))
                     except NotAFileError as exc:  # a note linked to a device or a FIFO: the other notes still count
                         log.warning("%s", exc)
-            return rank([index for index in found if index is not None], query, limit, neighbours=NEIGHBOUR_WEIGHT)
+            return rank([index for index in found if index is not None], query, limit, neighbours=NEIGHBOUR_WEIGHT,
+                        feedback=True)
 
     async def search_async(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         """`search` in a worker thread, so the caller's event loop serves others meanwhile."""

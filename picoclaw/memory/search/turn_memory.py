@@ -2,16 +2,17 @@
 newest of MEMORY.md) and the recent daily notes, held to the policy's token budget.
 
 The agent's ContextBuilder (agent/context.py) puts what `select_turn_memory` chooses into the data block
-of the turn's user message. A block the conversation already carries is not chosen again.
+of the turn's user message. A block the conversation already carries is not chosen again. A search that
+weighs use (`CountsUse`, search/standing.py) is told which of the blocks it found the prompt now carries.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Set
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from picoclaw.memory.search.blocks import Block, Hit, split_blocks
 from picoclaw.memory.search.protocol import MemorySearch
@@ -28,6 +29,13 @@ NOTE_NEIGHBOURS = 2
 def block_key(block: Block) -> str:
     """What identifies a memory block in the history: its text (an edited block is a new one)."""
     return hashlib.blake2b(block.text.encode("utf-8"), digest_size=8).hexdigest()
+
+
+@runtime_checkable
+class CountsUse(Protocol):
+    """A search that weighs how often a block was used (search/standing.py): told what each turn injected."""
+
+    def record_injected(self, blocks: Sequence[Block]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,10 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
             if hit.block.path not in recent_files:
                 group, budget = _fit_hit(search, store, hit, taken, budget)
                 chosen.extend(group)
+        if isinstance(search, CountsUse):
+            # What the search found and the prompt carries; a note entry's neighbours were not found.
+            found = {block_key(hit.block) for hit in hits}
+            search.record_injected([hit.block for hit in chosen if block_key(hit.block) in found])
     else:
         # No query: the whole file if it fits, else its newest contiguous run of blocks. A message that
         # matches nothing gets at most `memory_fallback_blocks` of the newest (none by default): a small

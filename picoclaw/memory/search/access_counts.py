@@ -1,0 +1,100 @@
+"""How often each memory block was injected into a turn's prompt: the "use" that ranking weighs
+(search/standing.py), kept beside the memory files and never inside MEMORY.md, which stays the user's text.
+
+The file (`memory/.access_counts.json`) maps a block's key (turn_memory.block_key: a hash of its text, so an
+edited block starts from zero) to how often it was injected and on which day last. It is soft state: a
+missing or corrupt file is logged once and started afresh, a write that fails or waits too long for the
+lock is skipped, and no turn ever fails for it. It holds at most MAX_KEYS blocks; past that, the ones used
+longest ago are dropped (a block deleted or edited away is never used again, so it goes first).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import date
+from pathlib import Path
+
+import orjson
+from filelock import FileLock, Timeout
+
+from picoclaw.errors import ConfigError
+from picoclaw.fsutil import FileKey, atomic_write, file_key
+from picoclaw.jsonio import read_json_object
+
+log = logging.getLogger(__name__)
+
+ACCESS_COUNTS_FILE = ".access_counts.json"
+MAX_KEYS = 5000
+# A turn never waits longer than this for another process's count update: a count missed costs nothing.
+LOCK_WAIT_SECONDS = 2.0
+_VERSION = 1
+
+
+class AccessCounts:
+    """The injection counts of one memory folder: read with a stat-keyed cache, updated under a file lock."""
+
+    def __init__(self, memory_dir: Path):
+        self.path = Path(memory_dir) / ACCESS_COUNTS_FILE
+        self._lock = FileLock(str(Path(memory_dir) / ".access_counts.lock"), timeout=LOCK_WAIT_SECONDS)
+        self._cache_key: FileKey | None = None
+        self._cached: dict[str, int] = {}
+        self._warned = False
+
+    def counts(self) -> Mapping[str, int]:
+        """Block key → times injected; re-read only when the file changed (one stat)."""
+        try:
+            key = file_key(self.path)
+        except OSError as exc:  # the memory folder is gone or unreadable: nothing counted
+            self._warn(str(exc))
+            return {}
+        if key != self._cache_key:
+            self._cached = {block: used for block, (used, _) in self._load().items()}
+            self._cache_key = key
+        return self._cached
+
+    def record(self, keys: Iterable[str], day: date) -> None:
+        """Count one more injection on `day` for each of `keys`; problems are logged, never raised."""
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return
+        try:
+            with self._lock:
+                entries = self._load()
+                for key in wanted:
+                    used, _ = entries.get(key, (0, ""))
+                    entries[key] = (used + 1, day.isoformat())
+                if len(entries) > MAX_KEYS:
+                    # ISO dates sort as days do; among blocks last used the same day, the less used go first.
+                    newest = sorted(entries.items(), key=lambda item: (item[1][1], item[1][0]), reverse=True)
+                    entries = dict(newest[:MAX_KEYS])
+                record = {"version": _VERSION, "blocks": {key: [used, last] for key, (used, last) in entries.items()}}
+                # Not fsynced: losing the last counts to a power cut is harmless, a sync every turn is not free.
+                atomic_write(self.path, orjson.dumps(record), durable=False)
+        except (OSError, Timeout) as exc:
+            self._warn(f"cannot update {self.path}: {exc}")
+
+    def _load(self) -> dict[str, tuple[int, str]]:
+        """The file's entries; {} for a missing file, and for a corrupt one (logged once)."""
+        try:
+            raw = read_json_object(self.path)
+        except ConfigError as exc:
+            if self.path.exists() or self.path.is_symlink():
+                self._warn(f"{exc}; counting starts afresh")
+            return {}
+        blocks = raw.get("blocks")
+        if raw.get("version") != _VERSION or not isinstance(blocks, dict):
+            self._warn(f"{self.path} is not a version {_VERSION} counts file; counting starts afresh")
+            return {}
+        entries: dict[str, tuple[int, str]] = {}
+        for key, value in blocks.items():
+            # Entry by entry: one hand-damaged value costs that block's count, not the others'.
+            if (isinstance(value, list) and len(value) == 2 and type(value[0]) is int and value[0] > 0
+                    and isinstance(value[1], str)):
+                entries[key] = (value[0], value[1])
+        return entries
+
+    def _warn(self, problem: str) -> None:
+        if not self._warned:
+            log.warning("memory access counts: %s; ranking goes on without them (logged once)", problem)
+            self._warned = True

@@ -1,0 +1,207 @@
+"""StandingSearch: any MemorySearch, re-ranked by each memory's standing besides its relevance: whether a
+newer entry replaced it, how recent it is, and how often it was used (the reference design's relevance ×
+recency × use, seed 003 §2.3 and §4.1).
+
+It asks the inner search for CANDIDATES_PER_RESULT times the blocks wanted, then
+- multiplies each score by two mild priors, both policy keys: recency, 1 + boost × 0.5^(age / 30 days), the
+  age counted from the block's date (a `## YYYY-MM-DD` heading, or a daily note's file) to today; and use,
+  1 + boost × how often the block was injected before (search/access_counts.py), on a log scale that is full
+  at SATURATION injections. An undated block gets no recency boost; a block never injected no use boost;
+- puts the entry that replaced a superseded one right above it when the superseded one ranks higher: the
+  replacement named by the "> superseded by the DATE entry: …" mark the store wrote; or, for entries never
+  marked (a hand edit, an import, an update the store's conservative rule did not recognise), a newer
+  MEMORY.md candidate that updates it by that rule (memory/updates.py) or that says something about the
+  same thing the query asks about (the two share two words, one of them asked for). Only one-line entries
+  (statements) are compared so: a block of several lines is an excerpt, and "newer" says little about it.
+  Moving a candidate up is cheap to get wrong (both stay in the results), marking an entry is not, which
+  is why this is looser than the store's rule.
+
+The replacement moves up; the superseded entry is kept where relevance put it, not dropped: the rule can
+guess wrong, its mark already tells the model it is old, and "where did she live before?" needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import date
+from typing import TYPE_CHECKING
+
+from picoclaw.memory.entries import SUPERSEDED, fingerprint
+from picoclaw.memory.search.access_counts import AccessCounts
+from picoclaw.memory.search.blocks import Block, Hit
+from picoclaw.memory.search.protocol import MemorySearch
+from picoclaw.memory.search.turn_memory import block_key
+from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.updates import Statement
+
+if TYPE_CHECKING:
+    from picoclaw.policy_schema import MemoryPolicy
+
+CANDIDATES_PER_RESULT = 3
+RECENCY_HALF_LIFE_DAYS = 30.0
+SATURATION = 20  # injections at which the use prior is full
+# A block of more lines, or a longer one, is an excerpt (a conversation, a list), not one statement that a
+# newer one could replace.
+STATEMENT_CHARS = 280
+
+_DATE_HEADING = re.compile(r"^##\s+(\d{4})-(\d{2})-(\d{2})\b")
+_NOTE_FILE = re.compile(r"^(\d{4})(\d{2})(\d{2})$")
+_MARK = re.compile(rf"^{re.escape(SUPERSEDED)} by the (\d{{4}}-\d{{2}}-\d{{2}}) entry: (.*?)…?\s*$", re.MULTILINE)
+
+
+def block_date(block: Block) -> date | None:
+    """The day a block is from: its `## YYYY-MM-DD` heading, else its daily note's name; None if neither."""
+    found = _DATE_HEADING.match(block.heading) or _NOTE_FILE.match(block.path.stem)
+    if found is None:
+        return None
+    try:
+        return date(int(found[1]), int(found[2]), int(found[3]))
+    except ValueError:  # "## 2025-02-30": a typo, not a date
+        return None
+
+
+def recency(day: date | None, today: date) -> float:
+    """1 for a block from today (or later), halving every RECENCY_HALF_LIFE_DAYS; 0 for an undated one."""
+    if day is None:
+        return 0.0
+    return 0.5 ** (max((today - day).days, 0) / RECENCY_HALF_LIFE_DAYS)
+
+
+def use(count: int) -> float:
+    """0 for a block never injected, rising on a log scale to 1 at SATURATION injections."""
+    return min(math.log1p(count) / math.log1p(SATURATION), 1.0)
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: the re-ordering looks candidates up in a list
+class _Candidate:
+    hit: Hit
+    day: date | None
+    body: str  # the block's text without its heading line
+    statement: Statement | None = None  # for a MEMORY.md block that is one statement (see _statement)
+
+    @property
+    def marked(self) -> re.Match[str] | None:
+        return _MARK.search(self.body) if SUPERSEDED in self.body else None
+
+
+def _statement(body: str) -> Statement | None:
+    """The block as the update rule sees it when it is one line (a superseded mark aside) of at most
+    STATEMENT_CHARS: a fact, not an excerpt. Worked out only for such blocks: tokenising is the cost here."""
+    if body.count("\n") > 1 or len(body) > 2 * STATEMENT_CHARS:
+        return None
+    lines = [line for line in body.split("\n") if line.strip() and not line.startswith(SUPERSEDED)]
+    return Statement.of(lines[0]) if len(lines) == 1 and len(lines[0]) <= STATEMENT_CHARS else None
+
+
+class StandingSearch:
+    """A MemorySearch whose results are re-ranked by supersession, recency and use (see the module)."""
+
+    def __init__(self, inner: MemorySearch, store: MemoryStore, policy: Callable[[], MemoryPolicy]):
+        self.inner = inner
+        self.store = store
+        self.policy = policy  # read at each search, so a `policy set` applies on the next turn
+        self.counts = AccessCounts(store.memory_dir)
+
+    def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
+        """The best `limit` blocks for `query` by relevance and standing, best first."""
+        hits = self.inner.search(query, limit * CANDIDATES_PER_RESULT, include_notes=include_notes)
+        return self.rerank(query, hits, limit)
+
+    async def search_async(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
+        """`search` without blocking the event loop (the counts file is read in a worker thread)."""
+        hits = await self.inner.search_async(query, limit * CANDIDATES_PER_RESULT, include_notes=include_notes)
+        return await asyncio.to_thread(self.rerank, query, hits, limit)
+
+    def rerank(self, query: str, hits: Sequence[Hit], limit: int) -> list[Hit]:
+        """`hits` for `query` (best first by relevance) re-ordered by standing; the first `limit`."""
+        policy = self.policy()
+        recency_boost = policy.memory_recency_boost_percent / 100
+        use_boost = policy.memory_access_boost_percent / 100
+        counts = self.counts.counts() if use_boost else {}
+        today = self.store.today()
+        candidates = []
+        for hit in hits:
+            day = block_date(hit.block)
+            used = counts.get(block_key(hit.block), 0)
+            prior = (1 + recency_boost * recency(day, today)) * (1 + use_boost * use(used))
+            body = hit.block.text.removeprefix(hit.block.heading).lstrip("\n")
+            statement = _statement(body) if hit.block.path == self.store.long_term_path else None
+            candidates.append(_Candidate(Hit(hit.block, hit.score * prior), day, body, statement))
+        # sorted() is stable: equal scores keep the inner search's order.
+        ranked = sorted(candidates, key=lambda c: c.hit.score, reverse=True)
+        return [c.hit for c in self._replacements_first(ranked, Statement.of(query).words)][:limit]
+
+    def record_injected(self, blocks: Sequence[Block]) -> None:
+        """Count one more use of each of `blocks`, which a turn's prompt now carries (turn_memory.CountsUse)."""
+        self.counts.record((block_key(block) for block in blocks), self.store.today())
+
+    def long_term_blocks(self) -> list[Block]:
+        """The inner search's: MEMORY.md's blocks in file order."""
+        return self.inner.long_term_blocks()
+
+    def neighbours(self, block: Block, before: int, after: int) -> list[Block]:
+        """The inner search's: `block` with the blocks around it in its file."""
+        return self.inner.neighbours(block, before, after)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def _replacements_first(self, ranked: list[_Candidate], asked: frozenset[str]) -> list[_Candidate]:
+        """`ranked` with each replacement moved to just above the superseded entry it ranked below."""
+        pairs = self._superseded_pairs(ranked, asked)
+        order = list(ranked)
+        for _ in range(len(pairs) + 1):  # a chain (A → B → C) settles in as many passes as it has links
+            moved = False
+            for old, new in pairs:
+                at_old, at_new = order.index(old), order.index(new)
+                if at_new > at_old:
+                    order.insert(at_old, order.pop(at_new))
+                    moved = True
+            if not moved:
+                break
+        # Scores follow the order, so a caller that merges results by score keeps it.
+        result: list[_Candidate] = []
+        for candidate in reversed(order):
+            floor = result[-1].hit.score if result else -math.inf
+            if candidate.hit.score < floor:
+                candidate = _Candidate(Hit(candidate.hit.block, floor), candidate.day, candidate.body,
+                                       candidate.statement)
+            result.append(candidate)
+        return result[::-1]
+
+    def _superseded_pairs(self, ranked: list[_Candidate], asked: frozenset[str]
+                          ) -> list[tuple[_Candidate, _Candidate]]:
+        """(superseded, replacement) among the candidates: by the store's mark; or, between two statements
+        (short entries), when the newer updates the older by the update rule or both say something about
+        what the query asks (they share two words, one of them asked for)."""
+        long_term = sorted((c for c in ranked if c.hit.block.path == self.store.long_term_path),
+                           key=lambda c: c.hit.block.start_line)
+        pairs: list[tuple[_Candidate, _Candidate]] = []
+        for n, old in enumerate(long_term):
+            mark = old.marked
+            if mark is not None:
+                pairs.extend((old, new) for new in long_term[n + 1:] if _named_by(mark, new))
+                continue
+            before = old.statement
+            if before is None:
+                continue
+            for new in long_term[n + 1:]:
+                after = new.statement
+                # Later in the file is newer (entries are appended), unless a date heading says otherwise.
+                if after is None or (old.day is not None and new.day is not None and new.day < old.day):
+                    continue
+                shared = before.words & after.words
+                if after.updates(before) or (len(shared) >= 2 and shared & asked):
+                    pairs.append((old, new))
+        return pairs
+
+
+def _named_by(mark: re.Match[str], new: _Candidate) -> bool:
+    """Whether `new` is the entry a superseded mark names: its date, and the text the mark quotes."""
+    quoted = fingerprint(mark[2])
+    return (new.day is not None and new.day.isoformat() == mark[1] and bool(quoted)
+            and fingerprint(new.body).startswith(quoted))

@@ -1,0 +1,119 @@
+"""Access counts (memory/search/access_counts.py): how often a block was injected, kept outside MEMORY.md,
+recorded by the turn's memory selection, bounded, and never able to break a turn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from datetime import UTC, date
+from pathlib import Path
+
+import pytest
+
+from picoclaw.memory.search import access_counts as access_counts_module
+from picoclaw.memory.search.access_counts import ACCESS_COUNTS_FILE, AccessCounts
+from picoclaw.memory.search.keyword import KeywordSearch
+from picoclaw.memory.search.standing import StandingSearch
+from picoclaw.memory.search.turn_memory import block_key, select_turn_memory
+from picoclaw.memory.store import MemoryStore
+from picoclaw.policy_schema import MemoryPolicy
+
+DAY = date(2025, 3, 10)
+MEMORY = ("# Memory\n\n## 2025-03-01\nMy cat is called Mimi.\n\n## 2025-03-02\n我的猫叫咪咪，是一只橘猫。\n\n"
+          "## 2025-03-03\nI like green tea.\n")
+
+
+def standing(tmp_path: Path) -> tuple[MemoryStore, StandingSearch]:
+    store = MemoryStore(tmp_path / "memory", UTC)
+    store.rewrite_long_term(MEMORY)
+    return store, StandingSearch(KeywordSearch(store), store, MemoryPolicy)
+
+
+def test_counts_are_recorded_and_read_back_by_another_instance(tmp_path: Path) -> None:
+    counts = AccessCounts(tmp_path)
+    counts.record(["a", "b", "a"], DAY)  # a key named twice in one turn counts once
+    counts.record(["a"], DAY)
+    assert dict(AccessCounts(tmp_path).counts()) == {"a": 2, "b": 1}
+    assert dict(counts.counts()) == {"a": 2, "b": 1}
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"version": 99, "blocks": {}}', b"\xff\xfe"])
+def test_a_corrupt_file_is_logged_once_and_counting_starts_afresh(tmp_path: Path, content: bytes,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / ACCESS_COUNTS_FILE).write_bytes(content)
+    counts = AccessCounts(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert dict(counts.counts()) == {}
+        assert dict(counts.counts()) == {}
+        counts.record(["a"], DAY)
+    assert len([r for r in caplog.records if "access counts" in r.getMessage()]) == 1
+    assert dict(AccessCounts(tmp_path).counts()) == {"a": 1}  # the file is whole again
+
+
+def test_a_damaged_entry_costs_only_its_own_count(tmp_path: Path) -> None:
+    (tmp_path / ACCESS_COUNTS_FILE).write_text(
+        '{"version": 1, "blocks": {"a": [3, "2025-03-01"], "b": ["x", 1], "c": [true, "2025-03-01"]}}')
+    assert dict(AccessCounts(tmp_path).counts()) == {"a": 3}
+
+
+def test_an_unwritable_folder_never_breaks_a_turn(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    counts = AccessCounts(blocked / "memory")  # a folder that cannot exist: every operation fails
+    with caplog.at_level(logging.WARNING):
+        counts.record(["a"], DAY)
+        counts.record(["a"], DAY)
+        assert dict(counts.counts()) == {}
+    assert len([r for r in caplog.records if "access counts" in r.getMessage()]) == 1
+
+
+def test_the_file_is_bounded_dropping_the_blocks_used_longest_ago(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(access_counts_module, "MAX_KEYS", 3)
+    counts = AccessCounts(tmp_path)
+    counts.record(["old"], date(2025, 1, 1))
+    for key in ("a", "b", "c"):
+        counts.record([key], DAY)
+    counts.record(["a"], DAY)
+    assert dict(counts.counts()) == {"a": 2, "b": 1, "c": 1}
+
+
+def _record(folder: str, key: str) -> None:
+    for _ in range(20):
+        AccessCounts(Path(folder)).record([key], DAY)
+
+
+def test_processes_recording_at_once_lose_no_count(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_record, args=(str(tmp_path), key)) for key in ("a", "b")]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert [worker.exitcode for worker in workers] == [0, 0]
+    assert dict(AccessCounts(tmp_path).counts()) == {"a": 20, "b": 20}
+
+
+@pytest.mark.parametrize(("query", "found"), [("what is my cat called?", "Mimi"), ("我的猫叫什么？", "咪咪")])
+def test_a_turn_counts_the_blocks_its_prompt_carries(tmp_path: Path, query: str, found: str) -> None:
+    store, search = standing(tmp_path)
+    memory = asyncio.run(select_turn_memory(search, store, MemoryPolicy(), query))
+    injected = [hit.block for hit in memory.blocks]
+    assert any(found in block.text for block in injected)
+    assert dict(search.counts.counts()) == {block_key(block): 1 for block in injected}
+    asyncio.run(select_turn_memory(search, store, MemoryPolicy(), query))
+    assert set(search.counts.counts().values()) == {2}
+    assert "Mimi" in store.read_long_term() and ACCESS_COUNTS_FILE not in store.read_long_term()
+
+
+def test_a_present_block_or_the_no_hit_fallback_is_not_counted(tmp_path: Path) -> None:
+    store, search = standing(tmp_path)
+    policy = MemoryPolicy(memory_fallback_blocks=2)
+    memory = asyncio.run(select_turn_memory(search, store, policy, "quantum chromodynamics"))
+    assert not memory.ranked and memory.blocks  # the newest blocks came, but nothing was found
+    assert dict(search.counts.counts()) == {}
+    first = asyncio.run(select_turn_memory(search, store, policy, "my cat Mimi"))
+    again = asyncio.run(select_turn_memory(search, store, policy, "my cat Mimi", frozenset(first.keys())))
+    assert not again.blocks  # already in the conversation: not injected, not counted again
+    assert set(search.counts.counts().values()) == {1}
