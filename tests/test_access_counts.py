@@ -117,3 +117,10 @@ def test_a_present_block_or_the_no_hit_fallback_is_not_counted(tmp_path: Path) -
     again = asyncio.run(select_turn_memory(search, store, policy, "my cat Mimi", frozenset(first.keys())))
     assert not again.blocks  # already in the conversation: not injected, not counted again
     assert set(search.counts.counts().values()) == {1}
+
+
+@pytest.mark.parametrize("query", ["what is my cat called?", "我的猫叫什么？"])
+def test_a_selection_that_is_not_a_use_is_not_counted(tmp_path: Path, query: str) -> None:
+    store, search = standing(tmp_path)
+    memory = asyncio.run(select_turn_memory(search, store, MemoryPolicy(), query, count_use=False))
+    assert memory.blocks and dict(search.counts.counts()) == {}

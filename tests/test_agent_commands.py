@@ -59,6 +59,8 @@ def test_memory_shows_the_blocks_a_query_would_inject(workspace: Workspace, fake
     assert missing == ("No block matches 'zebra', so no memory would be injected "
                        "(memory_fallback_blocks > 0 would add the newest few).")
     assert fake_openai.chat_requests() == []
+    # A preview is not a use: the blocks shown gain nothing in ranking (memory/.access_counts.json).
+    assert not (workspace.memory_dir / ".access_counts.json").exists()
 
 
 def test_memory_on_an_empty_memory_says_so(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:

@@ -64,13 +64,15 @@ class ContextBuilder:
 
     # -- memory selection --------------------------------------------------------------------------
 
-    async def select_memory(self, policy: MemoryPolicy, query: str, present: Set[str] = frozenset()
-                            ) -> InjectedMemory:
+    async def select_memory(self, policy: MemoryPolicy, query: str, present: Set[str] = frozenset(), *,
+                            count_use: bool = True) -> InjectedMemory:
         """The memory this turn's prompt carries for `query`: chosen by memory/search/turn_memory.py.
 
-        Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing.
+        Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing;
+        `count_use` off: a preview or a rebuilt prompt, not counted as a use of the blocks.
         """
-        return await select_turn_memory(self.workspace.searcher, self.workspace.store, policy, query, present)
+        return await select_turn_memory(self.workspace.searcher, self.workspace.store, policy, query, present,
+                                        count_use=count_use)
 
     # -- history selection -------------------------------------------------------------------------
 
@@ -108,13 +110,13 @@ class ContextBuilder:
         return "\n\n".join(part for part in parts if part)
 
     async def build(self, policy: MemoryPolicy, session: Session, user_text: str, now: datetime,
-                    query: str | None = None) -> BuiltContext:
+                    query: str | None = None, *, count_use: bool = True) -> BuiltContext:
         """System prompt + history as sent + this turn's user message with its data block.
 
         Memory (and relevant history) is searched with `query`, the message itself unless the loop rewrote it.
         """
         query = user_text if query is None else query
-        memory = await self.select_memory(policy, query, session.injected_blocks())
+        memory = await self.select_memory(policy, query, session.injected_blocks(), count_use=count_use)
         prefix = self.stable_prefix(now)
         system = prefix
         if session.summary:

@@ -199,7 +199,8 @@ class AgentLoop:
         if command.name == "/compact":
             return compact_reply(await self.compact(key))
         if command.name == "/memory":
-            memory = await self.context.select_memory(self.workspace.policy.current(), command.argument)
+            memory = await self.context.select_memory(self.workspace.policy.current(), command.argument,
+                                                      count_use=False)
             stored = bool(memory.blocks) or bool(await asyncio.to_thread(self.workspace.searcher.long_term_blocks))
             return memory_report(memory, command.argument, self.workspace.root, stored)
         if command.name == "/policy":
@@ -232,7 +233,8 @@ class AgentLoop:
                     notice = TRIMMED_NOTICE
                     if on_text is not None:
                         await on_text(f"{notice}\n\n")
-                    built = await self.context.build(policy, session, text, now, query)
+                    # The first prompt's blocks were counted already: this one is the same turn's.
+                    built = await self.context.build(policy, session, text, now, query, count_use=False)
                     turn[0] = built.user
                     messages = built.messages + [stored.as_sent() for stored in turn[1:]]
                     # The one retry happens here, not as a loop step: it must not use up a tool step.

@@ -51,19 +51,21 @@ class InjectedMemory:
 
 
 async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, query: str,
-                             present: Set[str] = frozenset()) -> InjectedMemory:
+                             present: Set[str] = frozenset(), *, count_use: bool = True) -> InjectedMemory:
     """Retrieved blocks and recent notes for `query`, held to the policy's token budget.
 
-    Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing.
+    Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing. With
+    `count_use` off (a `/memory` preview, a turn's prompt built again) the found blocks are not counted as used.
     """
     hits = (await search.search_async(query, policy.retrieve_limit, include_notes=True)
             if query.strip() else [])
     # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
-    return await asyncio.to_thread(_fit_memory, search, store, policy, hits, present, bool(query.strip()))
+    return await asyncio.to_thread(_fit_memory, search, store, policy, hits, present, bool(query.strip()),
+                                   count_use)
 
 
 def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, hits: list[Hit],
-                present: Set[str], queried: bool) -> InjectedMemory:
+                present: Set[str], queried: bool, count_use: bool) -> InjectedMemory:
     budget = policy.memory_token_budget
     ranked = bool(hits)
     chosen: list[Hit] = []
@@ -76,7 +78,7 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
             if hit.block.path not in recent_files:
                 group, budget = _fit_hit(search, store, hit, taken, budget)
                 chosen.extend(group)
-        if isinstance(search, CountsUse):
+        if count_use and isinstance(search, CountsUse):
             # What the search found and the prompt carries; a note entry's neighbours were not found.
             found = {block_key(hit.block) for hit in hits}
             search.record_injected([hit.block for hit in chosen if block_key(hit.block) in found])
