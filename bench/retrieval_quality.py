@@ -38,6 +38,9 @@ What is measured
     sessions as BM25 documents, which a block retriever never does; plain BM25 over turns scored the
     way this script scores session recall gets 0.561 / 0.744 / 0.809 in English (all 10).
 
+    ``plain-standing`` is the same keyword search wrapped as the runtime wraps it (StandingSearch: supersession,
+    recency and use priors at the policy's defaults), seen the day after the conversation's last session.
+
     Index modes (the optional memory index, ``picoclaw.memory.index``), on the same notes written by the
     same store: ``index keyword`` (SQLite FTS5 over picoclaw's terms, no embeddings: what the index ranks
     by where the keyword search does not reach, session files) and ``index hybrid`` (the keyword search's
@@ -87,7 +90,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta, tzinfo
 from pathlib import Path
 
 import numpy as np
@@ -100,8 +103,10 @@ from picoclaw.config import EmbeddingsConfig, IndexConfig  # noqa: E402
 from picoclaw.memory.index import E5Embedder, EmbeddingUnavailable, MemoryIndex  # noqa: E402
 from picoclaw.memory.index.chunks import TokenLimit  # noqa: E402
 from picoclaw.memory.index.embedders import Embedder  # noqa: E402
-from picoclaw.memory.search import Block, KeywordSearch, split_blocks  # noqa: E402
+from picoclaw.memory.search import Block, KeywordSearch, StandingSearch, split_blocks  # noqa: E402
+from picoclaw.memory.search.standing import block_date  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
+from picoclaw.policy_schema import MemoryPolicy  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/bench-data/locomo"
 FILES = {"en": "locomo10.json", "zh": "locomo10_CN.json"}
@@ -119,7 +124,8 @@ COLUMNS = MEMORY_COLUMNS + NOTE_COLUMNS
 LAYOUTS = ("memory", "notes")
 TURNS_PER_BLOCK = 5  # the memory layout: this many turns of a session make one MEMORY.md block
 # --modes name → row label in the table
-MODES = {"plain": "picoclaw", "picoclaw-style": "PicoClaw-style", "index-keyword": "index keyword",
+MODES = {"plain": "picoclaw", "plain-standing": "picoclaw + standing", "picoclaw-style": "PicoClaw-style",
+         "index-keyword": "index keyword",
          "index-hybrid": "index hybrid (e5-small)"}
 
 # README reference (plain BM25, all 10 conversations), in NOTE_COLUMNS order (it has no memory layout).
@@ -361,7 +367,8 @@ class Tally:
         return len(chosen), [sum(col) / len(chosen) for col in zip(*chosen)]
 
 
-def search_ours(ws: Workspace, retriever: KeywordSearch, limit: int, query: str, notes: bool) -> list[list[str]]:
+def search_ours(ws: Workspace, retriever: KeywordSearch | StandingSearch, limit: int, query: str,
+                notes: bool) -> list[list[str]]:
     """The best `limit` blocks, best first, as lists of turns (notes layout: MEMORY.md and notes)."""
     return [ws.block_turns(hit.block) for hit in retriever.search(query, limit, include_notes=notes)]
 
@@ -496,6 +503,25 @@ def timed(search: Callable[[str], list[list[str]]], times: list[float]) -> Calla
     return run
 
 
+class StoreOnDay(MemoryStore):
+    """The conversation's store as seen the day after its last session: the recency prior of `plain-standing`
+    measures a memory in use, not one years old (today's date would make every block equally old)."""
+
+    def __init__(self, memory_dir: Path, tz: tzinfo, day: date):
+        super().__init__(memory_dir, tz)
+        self.day = day
+
+    def today(self) -> date:
+        return self.day
+
+
+def standing_search(ws: Workspace, blocks: list[Block]) -> StandingSearch:
+    """The keyword search as the runtime wraps it (memory/search/standing.py), with the default policy."""
+    days = [day for day in map(block_date, blocks) if day is not None]
+    day = max(days) + timedelta(days=1) if days else date.today()
+    return StandingSearch(KeywordSearch(ws.store), StoreOnDay(ws.store.memory_dir, UTC, day), MemoryPolicy)
+
+
 def rank_all(mode: str, layout: str, ws: Workspace, blocks: list[Block], questions: list[Question],
              embedder: Embedder | None, times: list[float]) -> list[list[list[str]]]:
     """For each question, the blocks the mode returns, best first, as lists of turns: every block for the
@@ -503,8 +529,8 @@ def rank_all(mode: str, layout: str, ws: Workspace, blocks: list[Block], questio
     seconds go to `times` (an index is built and synced first, untimed)."""
     notes = layout == "notes"
     limit = len(blocks) if notes else max(BLOCK_KS)
-    if mode == "plain":
-        retriever = KeywordSearch(ws.store)
+    if mode in ("plain", "plain-standing"):
+        retriever = KeywordSearch(ws.store) if mode == "plain" else standing_search(ws, blocks)
         return [timed(lambda text: search_ours(ws, retriever, limit, text, notes), times)(q.text) for q in questions]
     if mode == "picoclaw-style":
         lowered = [(b, b.text.lower()) for b in blocks]
