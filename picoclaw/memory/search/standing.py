@@ -36,6 +36,7 @@ from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.protocol import MemorySearch
 from picoclaw.memory.search.turn_memory import block_key
 from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.terms import block_dates
 from picoclaw.memory.updates import Statement
 
 if TYPE_CHECKING:
@@ -48,20 +49,13 @@ SATURATION = 20  # injections at which the use prior is full
 # newer one could replace.
 STATEMENT_CHARS = 280
 
-_DATE_HEADING = re.compile(r"^##\s+(\d{4})-(\d{2})-(\d{2})\b")
-_NOTE_FILE = re.compile(r"^(\d{4})(\d{2})(\d{2})$")
 _MARK = re.compile(rf"^{re.escape(SUPERSEDED)} by the (\d{{4}}-\d{{2}}-\d{{2}}) entry: (.*?)…?\s*$", re.MULTILINE)
 
 
 def block_date(block: Block) -> date | None:
     """The day a block is from: its `## YYYY-MM-DD` heading, else its daily note's name; None if neither."""
-    found = _DATE_HEADING.match(block.heading) or _NOTE_FILE.match(block.path.stem)
-    if found is None:
-        return None
-    try:
-        return date(int(found[1]), int(found[2]), int(found[3]))
-    except ValueError:  # "## 2025-02-30": a typo, not a date
-        return None
+    days = block_dates(block.heading, block.path)  # the keyword search's own reading of a block's dates
+    return days[0] if days else None
 
 
 def recency(day: date | None, today: date) -> float:
