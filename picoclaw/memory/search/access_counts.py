@@ -34,9 +34,9 @@ _VERSION = 1
 class AccessCounts:
     """The injection counts of one memory folder: read with a stat-keyed cache, updated under a file lock."""
 
-    def __init__(self, memory_dir: Path):
+    def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / ACCESS_COUNTS_FILE
-        self._lock = FileLock(str(Path(memory_dir) / ".access_counts.lock"), timeout=LOCK_WAIT_SECONDS)
+        self._lock = FileLock(str(Path(memory_dir) / ".access_counts.lock"), timeout=lock_wait)
         self._cache_key: FileKey | None = None
         self._cached: dict[str, int] = {}
         self._warned = False
