@@ -53,8 +53,10 @@ def onboard(home: Path) -> list[OnboardStep]:
     for source in sorted(p for p in template_dir.rglob("*") if p.is_file()):
         target = layout.root / source.relative_to(template_dir)
         if not target.exists():
-            if target == store.long_term_path:  # the store is MEMORY.md's only writer
+            if target == store.long_term_path:  # the store is the only writer of memory documents
                 store.create_long_term(source.read_text(encoding="utf-8"))
+            elif target == store.learnings_path:
+                store.create_learnings(source.read_text(encoding="utf-8"))
             else:
                 atomic_write(target, source.read_bytes())
             steps.append(OnboardStep(target, "created"))

@@ -60,6 +60,18 @@ class MemoryPolicy(BaseModel):
         False,
         description="one short model call turns the message into a standalone search query before memory is searched"
     )
+    learning_enabled: bool = Field(
+        True, description="after a turn that taught something, one short model call may write a lesson to LEARNINGS.md"
+    )
+    learning_daily_calls: int = Field(
+        10, ge=0, le=200, description="most model calls a day that draft lessons (0: none)"
+    )
+    learning_token_percent: int = Field(
+        20, ge=0, le=50, description="share (%) of memory_token_budget kept for lessons from LEARNINGS.md"
+    )
+    skill_draft_successes: int = Field(
+        3, ge=2, le=50, description="successes of the same tool workflow before a skill is drafted from its lessons"
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> MemoryPolicy:
@@ -75,5 +87,5 @@ class MemoryPolicy(BaseModel):
 
 POLICY_KEYS: tuple[str, ...] = tuple(MemoryPolicy.model_fields)
 # Reflection tunes numbers; the switches (its own above all) are the user's.
-SWITCHES = ("evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled")
+SWITCHES = ("evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled", "learning_enabled")
 TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key not in SWITCHES)

@@ -1,4 +1,4 @@
-"""MemoryStore: the only writer of memory files (MEMORY.md, daily notes, MEMORY.md backups).
+"""MemoryStore: the only writer of memory files (MEMORY.md, LEARNINGS.md, daily notes, their backups).
 
 Every change happens under one cross-process lock per memory folder (and, for a MEMORY.md that is a link,
 one beside the file it names) and is written atomically, so the bot, the REPL and the CLI can write at the
@@ -8,7 +8,8 @@ An entry is appended to MEMORY.md in place, never by copying the file (memory/in
 makes it crash-safe, a derived table of the entries' fingerprints finds one already stored), and an update
 is looked for among the newest UPDATE_WINDOW entries, so an append costs the same at 50 MB as at 1 MB. A
 rewrite (compression, restore, an edit, an update that marks an older entry) replaces the whole file after
-a backup. What an entry is, and how it is made safe to append, is memory/entries.py.
+a backup. What an entry is, and how it is made safe to append, is memory/entries.py. LEARNINGS.md, the
+lessons (memory/lessons.py), is small: each change rewrites it whole, after a backup, under the same lock.
 
 The files are user-editable, so reading never fails on bytes that are not UTF-8 (memory/reading.py: they
 read as U+FFFD, with one warning naming the file and line), and everything written is valid UTF-8; a
@@ -52,6 +53,7 @@ from picoclaw.memory.entries import (
 )
 from picoclaw.memory.entry_table import ENTRIES_FILE
 from picoclaw.memory.in_place_append import append_in_place, journal_path, repair_append
+from picoclaw.memory.lessons import LEARNINGS_FILE, MAX_LESSON_CHARS, lesson_of, lesson_text, restates
 from picoclaw.memory.reading import FileText, decode, warn_rewritten, warn_unreadable
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ log = logging.getLogger(__name__)
 LONG_TERM_FILE = "MEMORY.md"
 BACKUPS_DIR = "backups"
 BACKUP_SUFFIX = "_MEMORY.md"
+LEARNINGS_BACKUP_SUFFIX = "_LEARNINGS.md"
 # A temp file in the backup folder older than this was left by a writer that was killed mid-write.
 STALE_TEMP_SECONDS = 3600
 # An appended entry that updates an older one marks it (see memory/updates.py) among this many newest entries:
@@ -73,6 +76,16 @@ class DailyNote:
     day: date
     path: Path
     text: str
+
+
+@dataclass(frozen=True)
+class LessonWrite:
+    """What storing a lesson did: "added" a new entry, "updated" one that said the same thing (`replaced`
+    is its lesson as it was), or found it "known" already (nothing written)."""
+
+    entry: LongTermEntry
+    outcome: str
+    replaced: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,7 @@ class MemoryStore:
         self.tz = tz
         self.backup_keep = backup_keep
         self.long_term_path = self.memory_dir / LONG_TERM_FILE
+        self.learnings_path = self.memory_dir / LEARNINGS_FILE
         self.backups_dir = self.memory_dir / BACKUPS_DIR
         self._lock = FileLock(str(self.memory_dir / ".memory.lock"))
         self._target_locks: dict[Path, FileLock] = {}
@@ -265,6 +279,65 @@ class MemoryStore:
             self._write(self.long_term_path, joined(content, carried) if carried else content)
             warn_rewritten(self.long_term_path, read, backup)
         return Replacement(backup, carried)
+
+    # -- LEARNINGS.md ------------------------------------------------------------------------------
+
+    def read_learnings(self) -> str:
+        """LEARNINGS.md's text ("" when it does not exist yet); bytes that are not UTF-8 read as U+FFFD."""
+        try:
+            read = decode(read_regular(self.learnings_path))
+        except FileNotFoundError:
+            return ""
+        warn_unreadable(self.learnings_path, read)
+        return read.text
+
+    def create_learnings(self, content: str) -> bool:
+        """Write a first LEARNINGS.md (onboarding's header); False, and nothing written, if one exists."""
+        if not write_new(self.learnings_path, content):
+            return False
+        self._changed(self.learnings_path)
+        return True
+
+    def append_learning(self, content: str, source: str = "") -> LessonWrite:
+        """Store a lesson as a `## YYYY-MM-DD` entry of LEARNINGS.md, with a `Source:` line when given.
+
+        A lesson already there (same fingerprint) is not written again; one that restates an entry
+        (`lessons.restates`) replaces that entry, under today's date, instead of adding a second one.
+        """
+        body = clean_entry(content)
+        if len(body) > MAX_LESSON_CHARS:
+            raise MemoryStoreError(f"a lesson is at most {MAX_LESSON_CHARS} characters (this one has {len(body)}); "
+                                   "say when it applies and what to do in a few sentences")
+        heading = f"## {self.today().isoformat()}"
+        path = self.learnings_path
+        with self.locked():
+            write_target(path)
+            try:
+                read = decode(read_regular(path))
+            except FileNotFoundError:
+                read = FileText(b"", "", None)
+            current = read.text
+            entries = list(long_term_entries(current))
+            wanted = fingerprint(body)
+            for entry in entries:
+                if fingerprint(lesson_of(entry.text)) == wanted:
+                    warn_unreadable(path, read)
+                    return LessonWrite(entry, "known")
+            older = next((entry for entry in reversed(entries) if restates(body, lesson_of(entry.text))), None)
+            block = f"{heading}\n{lesson_text(body, source)}\n"
+            if older is None:
+                whole = joined(current, block)
+                line = whole.count("\n") - block.count("\n") + 1
+            else:
+                lines = current.split("\n")
+                end = older.line - 1 + older.text.rstrip("\n").count("\n") + 1
+                whole = "\n".join([*lines[:older.line - 1], *block.rstrip("\n").split("\n"), *lines[end:]])
+                line = older.line
+            backup = self._backup(read.raw, LEARNINGS_BACKUP_SUFFIX) if read.raw else None
+            self._write(path, whole)
+            warn_rewritten(path, read, backup)
+        written = LongTermEntry(heading, block, line)
+        return LessonWrite(written, "updated", lesson_of(older.text)) if older else LessonWrite(written, "added")
 
     # -- backups -----------------------------------------------------------------------------------
 

@@ -7,11 +7,14 @@ returns blocks with their file and 1-based line range, so a hit points at the te
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from picoclaw.memory.entries import is_fence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,3 +111,22 @@ def entry_blocks(text: str, path: Path) -> list[Block]:
 def is_title(block: Block) -> bool:
     """A lone `# Title` line (a daily note's `# YYYY-MM-DD`): it carries nothing to find."""
     return not block.heading and "\n" not in block.text and block.text.startswith("# ")
+
+
+_COMMENT = re.compile(r"\A\s*<!--.*?-->\s*\Z", re.DOTALL)
+_warned_headless: set[Path] = set()
+
+
+def lesson_blocks(text: str, path: Path) -> list[Block]:
+    """The lessons of LEARNINGS.md (memory/lessons.py) as blocks: its `## ` entries; in a file without any,
+    its paragraphs (the title and HTML comments, the header onboarding writes, aside), with a warning naming
+    the file, so a hand edit that lost the headings still leaves its lessons usable."""
+    blocks = split_blocks(text, path)
+    entries = [block for block in blocks if block.heading]
+    if entries:
+        return entries
+    loose = [block for block in blocks if not is_title(block) and not _COMMENT.match(block.text)]
+    if loose and path not in _warned_headless:
+        _warned_headless.add(path)
+        log.warning("%s has no '## YYYY-MM-DD' headings; each paragraph is read as a lesson", path)
+    return loose

@@ -70,6 +70,13 @@ class IndexedSearch:
             self._unusable(exc)
             return await self.files.search_async(query, limit, include_notes=include_notes)
 
+    def search_learnings(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
+        """Lessons are read from LEARNINGS.md directly: a small file, which keywords search in a millisecond."""
+        return self.files.search_learnings(query, limit, standing=standing)
+
+    async def search_learnings_async(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
+        return await self.files.search_learnings_async(query, limit, standing=standing)
+
     def _unusable(self, exc: Exception) -> None:
         log.warning("memory index %s cannot be used (%s); searching the memory files directly", self.index.path, exc)
 

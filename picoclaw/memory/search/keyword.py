@@ -20,12 +20,17 @@ import threading
 from pathlib import Path
 
 from picoclaw.fsutil import FileCache, NotAFileError, read_regular
-from picoclaw.memory.search.blocks import Block, Hit, entry_blocks, is_title, split_blocks
+from picoclaw.memory.lessons import is_standing, lesson_of
+from picoclaw.memory.reading import decode, warn_unreadable
+from picoclaw.memory.search.blocks import Block, Hit, entry_blocks, is_title, lesson_blocks, split_blocks
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, FileIndex, rank
 from picoclaw.memory.search.large_files import LARGE_FILE, large_index, large_neighbours, large_tail
 from picoclaw.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
+
+# Standing lessons ("always answer in Chinese") a turn may carry whatever it is about, newest first.
+STANDING_LESSONS = 5
 
 
 def _read_text(path: Path) -> str:
@@ -45,6 +50,12 @@ def _index_long_term(path: Path) -> FileIndex:
     return FileIndex.build(entry_blocks(_read_text(path), path))
 
 
+def _index_learnings(path: Path) -> FileIndex:
+    read = decode(read_regular(path))
+    warn_unreadable(path, read)  # once per version of the file: the cache calls this only when it changed
+    return FileIndex.build(lesson_blocks(read.text, path))
+
+
 class KeywordSearch:
     """Searches one memory folder's MEMORY.md (and optionally its daily notes) with a warm cache."""
 
@@ -52,6 +63,7 @@ class KeywordSearch:
         self.store = store
         self.cache: FileCache[FileIndex] = FileCache(_index_long_term)  # MEMORY.md
         self.notes_cache: FileCache[FileIndex] = FileCache(_index_note)
+        self.learnings_cache: FileCache[FileIndex] = FileCache(_index_learnings)
         self._lock = threading.Lock()  # the caches are filled by whichever thread searches first
 
     def _large(self) -> bool:
@@ -105,6 +117,32 @@ class KeywordSearch:
     async def search_async(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         """`search` in a worker thread, so the caller's event loop serves others meanwhile."""
         return await asyncio.to_thread(self.search, query, limit, include_notes=include_notes)
+
+    def search_learnings(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
+        """The best `limit` lessons of LEARNINGS.md for `query`, best first; with `standing`, then the standing
+        lessons (lessons.is_standing) that did not match, newest first, at most STANDING_LESSONS, score 0.
+
+        Each lesson stands alone: no neighbour's share and no expansion (a few dozen short entries give
+        feedback nothing to learn from)."""
+        with self._lock:
+            try:
+                index = self.learnings_cache.get(self.store.learnings_path)
+            except NotAFileError as exc:
+                log.warning("%s", exc)
+                return []
+            if index is None:
+                return []
+            hits = rank([index], query, limit) if query.strip() else []
+            if standing:
+                found = {hit.block for hit in hits}
+                always = [block for block in reversed(index.blocks)
+                          if block not in found and is_standing(lesson_of(block.text))]
+                hits += [Hit(block, 0.0) for block in always[:STANDING_LESSONS]]
+            return hits
+
+    async def search_learnings_async(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
+        """`search_learnings` in a worker thread."""
+        return await asyncio.to_thread(self.search_learnings, query, limit, standing=standing)
 
     def close(self) -> None:
         """Nothing to close: the caches are plain memory (the index-backed search has a database)."""

@@ -12,11 +12,16 @@ from picoclaw.memory.search.blocks import Block, Hit
 
 
 class MemorySearch(Protocol):
-    """search(query, limit) → hits, best first; MEMORY.md only unless include_notes."""
+    """search(query, limit) → hits, best first; MEMORY.md only unless include_notes. Lessons (LEARNINGS.md)
+    are searched apart, with search_learnings: they are not facts, and have their own share of a prompt."""
 
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]: ...
 
     async def search_async(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]: ...
+
+    def search_learnings(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]: ...
+
+    async def search_learnings_async(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]: ...
 
     def long_term_blocks(self) -> list[Block]: ...
 

@@ -129,6 +129,13 @@ class StandingSearch:
         ranked = sorted(candidates, key=lambda c: c.hit.score, reverse=True)
         return [c.hit for c in self._replacements_first(ranked, Statement.of(query).words)][:limit]
 
+    def search_learnings(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
+        """The inner search's lessons, by relevance alone: a lesson is advice, not a dated fact to supersede."""
+        return self.inner.search_learnings(query, limit, standing=standing)
+
+    async def search_learnings_async(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
+        return await self.inner.search_learnings_async(query, limit, standing=standing)
+
     def record_injected(self, blocks: Sequence[Block]) -> None:
         """Count one more use of each of `blocks`, which a turn's prompt now carries (turn_memory.CountsUse)."""
         self.counts.record((block_key(block) for block in blocks), self.store.today())

@@ -1,5 +1,6 @@
-"""Which memory a turn's prompt carries: the blocks found for the user's message (or, with no hit, the
-newest of MEMORY.md) and the recent daily notes, held to the policy's token budget.
+"""Which memory a turn's prompt carries: the lessons of LEARNINGS.md that apply (within their own share of
+the budget, `learning_token_percent`), the blocks found for the user's message (or, with no hit, the newest
+of MEMORY.md) and the recent daily notes, all held to the policy's token budget.
 
 The agent's ContextBuilder (agent/context.py) puts what `select_turn_memory` chooses into the data block
 of the turn's user message. A block the conversation already carries is not chosen again. A search that
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from picoclaw.memory.search.blocks import Block, Hit, split_blocks
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 # Entries of a daily note injected on each side of a note entry that was found (when the budget allows).
 NOTE_NEIGHBOURS = 2
+# Lessons found for a message that a turn may carry (standing lessons come on top, see KeywordSearch).
+LESSONS_PER_TURN = 3
 
 
 def block_key(block: Block) -> str:
@@ -40,14 +43,16 @@ class CountsUse(Protocol):
 
 @dataclass(frozen=True)
 class InjectedMemory:
-    """What a turn's prompt carries from memory: MEMORY.md blocks (with scores when ranked) and notes."""
+    """What a turn's prompt carries from memory: MEMORY.md blocks (with scores when ranked), notes, lessons."""
 
     blocks: list[Hit]
     notes: list[Block]
     ranked: bool  # False: the fallback (whole file or newest blocks) was used
+    lessons: list[Hit] = field(default_factory=list)
 
     def keys(self) -> tuple[str, ...]:
-        return tuple(block_key(block) for block in [*(hit.block for hit in self.blocks), *self.notes])
+        chosen = [*(hit.block for hit in self.lessons), *(hit.block for hit in self.blocks), *self.notes]
+        return tuple(block_key(block) for block in chosen)
 
 
 async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, query: str,
@@ -59,14 +64,32 @@ async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: M
     """
     hits = (await search.search_async(query, policy.retrieve_limit, include_notes=True)
             if query.strip() else [])
+    lessons = (await search.search_learnings_async(query, LESSONS_PER_TURN, standing=True)
+               if policy.learning_token_percent else [])
     # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
-    return await asyncio.to_thread(_fit_memory, search, store, policy, hits, present, bool(query.strip()),
-                                   count_use)
+    return await asyncio.to_thread(_fit_memory, search, store, policy, hits, lessons, present,
+                                   bool(query.strip()), count_use)
+
+
+def _fit_lessons(lessons: list[Hit], present: Set[str], budget: int) -> tuple[list[Hit], int]:
+    """The lessons that fit in `budget` tokens (best first, none already in the conversation); tokens used."""
+    chosen: list[Hit] = []
+    used = 0
+    for hit in lessons:
+        cost = count_tokens(hit.block.text)
+        if block_key(hit.block) in present or used + cost > budget:
+            continue
+        chosen.append(hit)
+        used += cost
+    return chosen, used
 
 
 def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, hits: list[Hit],
-                present: Set[str], queried: bool, count_use: bool) -> InjectedMemory:
-    budget = policy.memory_token_budget
+                lessons: list[Hit], present: Set[str], queried: bool, count_use: bool) -> InjectedMemory:
+    # Lessons take at most their share; what they leave of it goes to facts and notes.
+    chosen_lessons, used = _fit_lessons(lessons, present, policy.memory_token_budget * policy.learning_token_percent
+                                        // 100)
+    budget = policy.memory_token_budget - used
     ranked = bool(hits)
     chosen: list[Hit] = []
     taken = set(present)
@@ -99,6 +122,8 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
             chosen.append(Hit(block, 0.0))
             budget -= cost
         chosen.reverse()
+    if count_use and chosen_lessons and isinstance(search, CountsUse):
+        search.record_injected([hit.block for hit in chosen_lessons])
     notes: list[Block] = []
     for note in reversed(recent):
         for block in reversed(_note_blocks(note)):
@@ -113,7 +138,7 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
             continue
         break
     notes.reverse()
-    return InjectedMemory(chosen, notes, ranked)
+    return InjectedMemory(chosen, notes, ranked, chosen_lessons)
 
 
 def _fit_hit(search: MemorySearch, store: MemoryStore, hit: Hit, taken: set[str], budget: int
