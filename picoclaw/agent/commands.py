@@ -62,12 +62,13 @@ def policy_report(effective: EffectivePolicy) -> str:
 
 def memory_report(memory: InjectedMemory, query: str, root: Path, stored: bool = True) -> str:
     """What would be injected for `query`, with scores and where each block lives (relative to `root`);
-    `stored` says whether MEMORY.md holds any block at all."""
+    `stored` says whether MEMORY.md holds any block at all. The lessons that would come along are listed last."""
+    lessons = _lessons_report(memory, root)
     if not memory.blocks and not memory.notes:
         if query and stored:
             return (f"No block matches {query!r}, so no memory would be injected "
-                    "(memory_fallback_blocks > 0 would add the newest few).")
-        return "No memory would be injected (MEMORY.md and recent notes are empty)."
+                    "(memory_fallback_blocks > 0 would add the newest few)." + lessons)
+        return "No memory would be injected (MEMORY.md and recent notes are empty)." + lessons
     lines = [f"Memory for {query!r}:" if memory.ranked else
              ("No block matches; the newest blocks memory_fallback_blocks allows:" if query and memory.blocks else
               "No block matches; only the recent notes:" if query else "Whole memory (no query):")]
@@ -80,6 +81,18 @@ def memory_report(memory: InjectedMemory, query: str, root: Path, stored: bool =
         for block in memory.notes:
             lines.append(f"- {block.path.relative_to(root)}:{block.start_line}-{block.end_line}  "
                          f"{block.text.strip().splitlines()[-1]}")
+    return "\n".join(lines) + lessons
+
+
+def _lessons_report(memory: InjectedMemory, root: Path) -> str:
+    """The lessons part of `memory_report`: each lesson injected, and why (it matched, or it always holds)."""
+    if not memory.lessons:
+        return ""
+    lines = ["", "Lessons (LEARNINGS.md):"]
+    for hit in memory.lessons:
+        why = f"score {hit.score:.2f}" if hit.score else "standing"
+        where = f"{hit.block.path.relative_to(root)}:{hit.block.start_line}-{hit.block.end_line}"
+        lines.append(f"- {why}  {where}\n  {hit.block.text.strip().replace(chr(10), chr(10) + '  ')}")
     return "\n".join(lines)
 
 

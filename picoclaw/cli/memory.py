@@ -15,7 +15,9 @@ from picoclaw.printable import has_controls, printable
 
 TYPE_CHECKING = False  # read as true by type checkers; `typing` is not loaded for it (see cli/command.py)
 if TYPE_CHECKING:
-    from picoclaw.memory import CompressionResult, MemoryIndex, Workspace
+    from pathlib import Path
+
+    from picoclaw.memory import CompressionResult, Hit, MemoryIndex, Workspace
 
 _INDEX_OFF = "the memory index is disabled (set memory.index.enabled to true in config.json to use it)"
 
@@ -24,7 +26,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     """Fill in the `memory` group's parser: one action a subcommand."""
     actions = parser.add_subparsers(dest="memory_command", metavar="ACTION", parser_class=Parser)
     actions.add_parser("show", help="print MEMORY.md").set_defaults(handler=cmd_memory_show)
-    search = actions.add_parser("search", help="search MEMORY.md and daily notes")
+    search = actions.add_parser("search", help="search MEMORY.md, daily notes and lessons")
     search.add_argument("query")
     search.add_argument("--limit", type=bounded_int(1, 1000), help="most hits (default: retrieve_limit)")
     search.set_defaults(handler=cmd_memory_search)
@@ -32,9 +34,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                        ).set_defaults(handler=cmd_memory_status)
     actions.add_parser("reindex", help="rebuild the optional index from the memory files"
                        ).set_defaults(handler=cmd_memory_reindex)
-    append = actions.add_parser("append", help="add an entry to MEMORY.md (or today's note)")
+    append = actions.add_parser("append", help="add an entry to MEMORY.md (or today's note, or a lesson)")
     append.add_argument("text")
-    append.add_argument("--today", action="store_true", help="append to today's daily note instead")
+    where = append.add_mutually_exclusive_group()
+    where.add_argument("--today", action="store_true", help="append to today's daily note instead")
+    where.add_argument("--learning", action="store_true",
+                       help="store a lesson in LEARNINGS.md instead (when it applies, what to do)")
     append.set_defaults(handler=cmd_memory_append)
     notes = actions.add_parser("notes", help="print the last days' daily notes")
     notes.add_argument("--days", type=bounded_int(0, 3660), help="how many days (default: recent_days)")
@@ -65,15 +70,24 @@ def cmd_memory_search(args: argparse.Namespace) -> int:
         ws = app.workspace
         limit = args.limit or ws.policy.current().retrieve_limit
         hits = ws.searcher.search(args.query, limit, include_notes=True)
-        if not hits:
+        lessons = ws.searcher.search_learnings(args.query, limit)
+        if not hits and not lessons:
             echo(f"no memory matches {args.query!r}")
             return 0
         for rank_number, hit in enumerate(hits, start=1):
-            where = hit.block.path.relative_to(ws.root)
-            echo(f"{rank_number}. score {hit.score:.3f}  {where}:{hit.block.start_line}-{hit.block.end_line}")
-            for line in hit.block.text.splitlines():
-                echo(f"   {line}")
+            _echo_hit(f"{rank_number}.", hit, ws.root)
+        if lessons:
+            echo("lessons:" if hits else f"no facts match {args.query!r}; lessons:")
+        for rank_number, hit in enumerate(lessons, start=1):
+            _echo_hit(f"L{rank_number}.", hit, ws.root)
     return 0
+
+
+def _echo_hit(label: str, hit: Hit, root: Path) -> None:
+    where = hit.block.path.relative_to(root)
+    echo(f"{label} score {hit.score:.3f}  {where}:{hit.block.start_line}-{hit.block.end_line}")
+    for line in hit.block.text.splitlines():
+        echo(f"   {line}")
 
 
 def _memory_index(ws: Workspace) -> MemoryIndex | None:
@@ -116,6 +130,16 @@ def cmd_memory_append(args: argparse.Namespace) -> int:
         if args.today:
             path = store.append_note(text)
             echo(f"appended to {path}")
+        elif args.learning:
+            lesson = store.append_learning(text, "picoclaw memory append --learning")
+            path = store.learnings_path
+            if lesson.outcome == "known":
+                echo(f"already stored: {path}:{lesson.entry.line} under '{lesson.entry.heading}'; nothing was added")
+            elif lesson.outcome == "updated":
+                echo(f"updated the lesson at {path}:{lesson.entry.line}, which said the same thing "
+                     f"(it was: {' '.join(lesson.replaced.split())[:120]})")
+            else:
+                echo(f"appended a lesson to {path}")
         else:
             entry = store.append_long_term(text)
             if entry.new:

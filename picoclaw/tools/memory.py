@@ -1,4 +1,4 @@
-"""Memory tools for the model: memory_search (BM25 over MEMORY.md and daily notes) and memory_append."""
+"""Memory tools for the model: memory_search (BM25 over MEMORY.md, daily notes and lessons) and memory_append."""
 
 from __future__ import annotations
 
@@ -8,17 +8,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from picoclaw.memory import Hit
 from picoclaw.printable import has_controls, printable
+from picoclaw.tools.base import current_session
 from picoclaw.tools.files import WorkspaceTool, already_stored, check_size, os_errors
 
 MAX_SEARCH_LIMIT = 50
 MAX_SNIPPET_CHARS = 2_000
+# Lessons listed after the facts of a search: a few, since they are advice about working, not the answer.
+MAX_SEARCH_LESSONS = 3
 
 
 class MemorySearch(WorkspaceTool):
     """memory_search: the best-matching memory passages, each with its file, lines and score."""
 
     name = "memory_search"
-    description = "Search memory (MEMORY.md, daily notes) by keywords or a question, any language."
+    description = "Search memory (MEMORY.md, daily notes, lessons) by keywords or a question, any language."
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -35,42 +38,51 @@ class MemorySearch(WorkspaceTool):
     async def run(self, args: MemorySearch.Args) -> str:
         # Awaited, not in a worker thread like the other file tools: the search bounds its own wait for
         # embeddings and does its disk work off the event loop.
+        searcher = self.workspace.searcher
         with os_errors("search", "memory"):
-            hits = await self.workspace.searcher.search_async(args.query, args.limit, include_notes=True)
-        return self._report(args, hits)
+            hits = await searcher.search_async(args.query, args.limit, include_notes=True)
+            lessons = await searcher.search_learnings_async(args.query, min(args.limit, MAX_SEARCH_LESSONS))
+        return self._report(args, hits, lessons)
 
     def run_sync(self, args: MemorySearch.Args) -> str:
+        searcher = self.workspace.searcher
         with os_errors("search", "memory"):
-            hits = self.workspace.searcher.search(args.query, args.limit, include_notes=True)
-        return self._report(args, hits)
+            hits = searcher.search(args.query, args.limit, include_notes=True)
+            lessons = searcher.search_learnings(args.query, min(args.limit, MAX_SEARCH_LESSONS))
+        return self._report(args, hits, lessons)
 
-    def _report(self, args: MemorySearch.Args, hits: list[Hit]) -> str:
-        if not hits:
+    def _report(self, args: MemorySearch.Args, hits: list[Hit], lessons: list[Hit]) -> str:
+        if not hits and not lessons:
             return f"no matches in memory for {args.query!r}; try other keywords"
         found = "1 match" if len(hits) == 1 else f"{len(hits)} matches"
-        parts = [f"{found} for {args.query!r} (best first):"]
+        parts = [f"{found} for {args.query!r} (best first):" if hits else f"no facts in memory for {args.query!r}"]
         parts.extend(self._format(number, hit) for number, hit in enumerate(hits, start=1))
+        if lessons:
+            parts.append("Lessons (how to work with this user, not facts about them):")
+            parts.extend(self._format(number, hit, "lesson ") for number, hit in enumerate(lessons, start=1))
         return "\n\n".join(parts)
 
-    def _format(self, number: int, hit: Hit) -> str:
+    def _format(self, number: int, hit: Hit, label: str = "") -> str:
         block = hit.block
         lines = f"{block.start_line}" if block.start_line == block.end_line else f"{block.start_line}-{block.end_line}"
         text = block.text
         if len(text) > MAX_SNIPPET_CHARS:
             text = text[:MAX_SNIPPET_CHARS] + "… [cut; read_file for the rest]"
-        return f"[{number}] {self.files.shown(block.path)}:{lines} (score {hit.score:.2f})\n{text}"
+        return f"[{label}{number}] {self.files.shown(block.path)}:{lines} (score {hit.score:.2f})\n{text}"
 
 
 class MemoryAppend(WorkspaceTool):
-    """memory_append: save a fact to MEMORY.md (dated entry) or a note to today's daily note."""
+    """memory_append: save a fact to MEMORY.md (dated entry), a note to today's daily note, or a lesson to
+    LEARNINGS.md."""
 
     name = "memory_append"
-    description = "Save to memory: slot long_term for lasting facts and preferences, today for today's note."
+    description = ("Save to memory: slot long_term for lasting facts and preferences, today for today's note, "
+                   "learnings for a lesson on how to work (when it applies, what to do).")
 
     class Args(BaseModel):
         model_config = ConfigDict(extra="forbid")
         content: str = Field(min_length=1, description="one short self-contained statement")
-        slot: Literal["long_term", "today"] = "long_term"
+        slot: Literal["long_term", "today", "learnings"] = "long_term"
 
     def run_sync(self, args: MemoryAppend.Args) -> str:
         check_size(args.content)
@@ -78,6 +90,17 @@ class MemoryAppend(WorkspaceTool):
         content = printable(args.content)
         cleaned = " (terminal control characters were removed)" if has_controls(args.content) else ""
         store = self.workspace.store
+        if args.slot == "learnings":
+            shown = self.files.shown(store.learnings_path)
+            session = current_session.get()
+            with os_errors("save to", shown):
+                lesson = store.append_learning(content, f"session {session} (memory_append)" if session
+                                               else "memory_append")
+            if lesson.outcome == "known":
+                return already_stored(lesson.entry, shown)
+            if lesson.outcome == "updated":
+                return f"updated the lesson at {shown}:{lesson.entry.line}, which said the same thing{cleaned}"
+            return f"saved to {shown} under '{lesson.entry.heading}'{cleaned}"
         if args.slot == "long_term":
             shown = self.files.shown(self.files.long_term)
             with os_errors("save to", shown):

@@ -13,6 +13,8 @@ the workspace are accepted.
   read nor plant what another's wrote. The shared bootstrap files (USER.md, AGENTS.md, SOUL.md,
   IDENTITY.md) go into every user's prompt: such a model may read them, never write them. `users/…` and
   `sessions/` are refused there outright, even for reading.
+- LEARNINGS.md (lessons) is read like any file but written only through memory_append, so the store's
+  rule that a restated lesson updates its entry holds for the model too.
 - Store and policy bookkeeping (`memory/backups/`, `memory/policy_*`, `memory/index/`, the memory folder's
   dot files, `sessions/`, the jobs in `cron/`) is refused for writing; the home's config.json (secrets) is
   refused entirely.
@@ -93,6 +95,7 @@ class WorkspaceFiles:
         self.root = Path(os.path.realpath(layout.files_root))
         self.memory_dir = Path(os.path.realpath(workspace.store.memory_dir))
         self.long_term = Path(os.path.realpath(workspace.store.long_term_path))
+        self.learnings = Path(os.path.realpath(workspace.store.learnings_path))
         self.users_dir = Path(os.path.realpath(layout.users_dir))  # per-user scopes (shared scope's view)
         self.sessions_dir = Path(os.path.realpath(layout.sessions_dir))
         self.cron_dir = Path(os.path.realpath(layout.jobs_path.parent))
@@ -119,6 +122,9 @@ class WorkspaceFiles:
             raise ToolError(f"{shown} is picoclaw's config file (it holds secrets); file tools cannot open it")
         if _same_file(path, self.long_term):
             return Target(path, shown, "long_term")
+        if writing and _same_file(path, self.learnings):  # the store keeps one entry a lesson, with backups
+            raise ToolError(f"{shown} holds lessons; save one with memory_append (slot learnings), which "
+                            "updates a lesson it restates instead of adding it twice")
         if not path.is_relative_to(self.memory_dir):
             if not self.per_user and path.is_relative_to(self.users_dir):  # users' memory is private, even to read
                 raise ToolError(f"{shown} holds a user's private memory; file tools cannot open it "

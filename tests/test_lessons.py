@@ -1,0 +1,229 @@
+"""Lessons in LEARNINGS.md: how they are stored, read back from a damaged file, written by hand (tool and CLI),
+and carried into later turns (from the fake model's request log), in English and Chinese."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from picoclaw.agent.context import ContextBuilder
+from picoclaw.errors import MemoryStoreError
+from picoclaw.memory import Workspace
+from picoclaw.memory.lessons import is_standing, restates
+from picoclaw.tools.registry import build_tools
+from tests.agent_helpers import chat, frozen, set_policy, turn_context, turn_requests
+from tests.fakes import FakeOpenAIServer
+from tests.test_cli import assert_one_line_error, run
+
+WEB_LESSON = ("When fetching pages of news.example.com, use the mobile address m.news.example.com: the desktop "
+              "site answers 403 to web_fetch.")
+WEB_LESSON_ZH = "抓取 news.example.cn 的网页时改用手机版 m.news.example.cn：桌面版对 web_fetch 返回 403。"
+LANGUAGE_LESSON = "Always answer this user in Chinese, whatever language the question is in."
+
+
+def lessons_section(context: str) -> str:
+    """The text inside <lessons> … </lessons> of a turn's data block ("" when none was injected)."""
+    return context.split("<lessons>", 1)[1].split("</lessons>", 1)[0] if "<lessons>" in context else ""
+
+
+def test_onboarding_writes_a_header_that_is_no_lesson(workspace: Workspace) -> None:
+    text = workspace.store.learnings_path.read_text(encoding="utf-8")
+    assert text.startswith("# Lessons\n") and "## YYYY-MM-DD" in text
+    # The header talks about lessons, corrections and tools, yet is never found as one.
+    assert workspace.searcher.search_learnings("lessons corrected tools worked failed", 10, standing=True) == []
+
+
+@pytest.mark.parametrize("first, again, restated", [
+    (WEB_LESSON, "when fetching pages of NEWS.example.com use the mobile address m.news.example.com: the desktop "
+                 "site answers 403 to web_fetch",
+     "For news.example.com pages, web_fetch the mobile address m.news.example.com; the desktop site answers 403."),
+    (WEB_LESSON_ZH, "抓取 news.example.cn 的网页时，改用手机版 m.news.example.cn！桌面版对 web_fetch 返回 403",
+     "news.example.cn 的桌面版对 web_fetch 返回 403，抓取网页时用手机版 m.news.example.cn。"),
+])
+def test_a_lesson_is_stored_once_and_a_restatement_updates_it(workspace: Workspace, first: str, again: str,
+                                                              restated: str) -> None:
+    store = workspace.store
+    with frozen("2025-03-01 02:00:00"):
+        added = store.append_learning(first, "session cli:a (a correction)")
+    before = store.read_learnings()
+    assert added.outcome == "added" and f"## 2025-03-01\n{first}\nSource: session cli:a (a correction)\n" in before
+    with frozen("2025-03-05 02:00:00"):
+        known = store.append_learning(again, "session cli:b")
+        assert known.outcome == "known" and store.read_learnings() == before  # nothing written, not even a date
+        updated = store.append_learning(restated, "session cli:c")
+    after = store.read_learnings()
+    assert updated.outcome == "updated" and updated.replaced == first
+    assert first not in after and f"## 2025-03-05\n{restated}\nSource: session cli:c\n" in after
+    assert after.count("## 20") == 1  # one lesson, not two
+    backups = sorted(p.name for p in store.backups_dir.glob("*_LEARNINGS.md"))
+    assert len(backups) == 2 and store.backups() == []  # its own backups, not listed as MEMORY.md's
+
+
+def test_different_lessons_are_not_restatements() -> None:
+    assert not restates(WEB_LESSON, LANGUAGE_LESSON)
+    assert not restates("用摄氏度报告温度。", "用中文回答问题。")
+    assert restates("回答天气问题时用摄氏度报告温度", "天气问题用摄氏度报告温度")
+    assert is_standing(LANGUAGE_LESSON) and is_standing("以后都用中文回答我") and not is_standing(WEB_LESSON)
+
+
+@pytest.mark.parametrize("bad, why", [("", "empty"), ("   \n ", "empty"), ("x" * 1001, "at most 1000"),
+                                      ("bad \udcff byte", "lone surrogate")])
+def test_a_bad_lesson_is_refused_and_the_file_unchanged(workspace: Workspace, bad: str, why: str) -> None:
+    store = workspace.store
+    store.append_learning(WEB_LESSON)
+    before = store.learnings_path.read_bytes()
+    with pytest.raises(MemoryStoreError, match=why):
+        store.append_learning(bad)
+    assert store.learnings_path.read_bytes() == before
+
+
+@pytest.mark.parametrize("damaged", [
+    b"\x00\x01junk\xff\xfe before\n\n## 2025-03-01\n" + WEB_LESSON.encode() + b"\n\n## 2025-03-02\n\xc3(\xa0 oops\n",
+    b"# Lessons\n\n" + WEB_LESSON.encode() + b"\n\nSome \xff other paragraph.\n",  # no headings, a bad byte
+])
+def test_a_damaged_learnings_file_still_gives_its_lessons(workspace: Workspace, damaged: bytes,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    path = workspace.store.learnings_path
+    path.write_bytes(damaged)
+    with caplog.at_level(logging.WARNING):
+        hits = workspace.searcher.search_learnings("fetch news.example.com pages", 3)
+    assert hits and WEB_LESSON in hits[0].block.text
+    assert any(str(path) in record.getMessage() for record in caplog.records)  # the warning names the file
+    assert path.read_bytes() == damaged  # reading never rewrites the user's file
+
+
+def test_lessons_are_not_facts(workspace: Workspace) -> None:
+    workspace.store.append_learning(WEB_LESSON)
+    # MEMORY.md search does not return lessons; the lesson search does.
+    assert workspace.searcher.search("mobile address news.example.com", 10, include_notes=True) == []
+    assert workspace.searcher.search_learnings("mobile address news.example.com", 10)
+
+
+@pytest.mark.parametrize("lesson, related, unrelated", [
+    (WEB_LESSON, "Can you fetch today's headlines from news.example.com?", "What should I cook tonight?"),
+    (WEB_LESSON_ZH, "帮我抓取 news.example.cn 今天的头条", "今晚做什么菜好？"),
+])
+def test_a_lesson_from_one_session_reaches_a_later_related_turn_of_another(
+        workspace: Workspace, lesson: str, related: str, unrelated: str) -> None:
+    with FakeOpenAIServer() as server:
+        server.reply_tool_calls([("memory_append", {"content": lesson, "slot": "learnings"})])
+        server.reply_text("noted")
+        server.reply_text("a")
+        server.reply_text("b")
+        with frozen():
+            chat(workspace, server, ["Remember how to fetch that site."], key="cli:first")
+            chat(workspace, server, [unrelated, related], key="cli:second")
+        stored = workspace.store.read_learnings()
+        assert lesson in stored and "Source: session cli:first (memory_append)" in stored
+        requests = turn_requests(server)
+    unrelated_turn, related_turn = requests[-2], requests[-1]
+    assert lessons_section(turn_context(unrelated_turn)) == ""
+    shown = lessons_section(turn_context(related_turn))
+    assert lesson in shown and "memory/LEARNINGS.md:" in shown
+    # Marked as a lesson, not mixed into the facts about the user.
+    assert lesson not in turn_context(related_turn).split("</lessons>", 1)[1]
+
+
+def test_a_standing_lesson_comes_with_every_conversation_once(workspace: Workspace) -> None:
+    workspace.store.append_learning(LANGUAGE_LESSON, "session cli:old (a correction)")
+    workspace.store.append_learning("总是用摄氏度报告温度。")
+    with FakeOpenAIServer() as server:
+        for _ in range(3):
+            server.reply_text("好的")
+        with frozen():
+            chat(workspace, server, ["What's a good name for a cat?", "And for a dog?"], key="cli:new")
+            chat(workspace, server, ["Hello"], key="cli:other")
+        first, second, other = turn_requests(server)
+    for body in (first, other):
+        shown = lessons_section(turn_context(body))
+        assert LANGUAGE_LESSON in shown and "总是用摄氏度报告温度。" in shown
+    # Already in the conversation: not injected again, so the request still begins with the previous one.
+    assert lessons_section(turn_context(second)) == ""
+    assert second["messages"][:len(first["messages"])] == first["messages"]
+
+
+def test_lessons_keep_to_their_share_of_the_budget(workspace: Workspace) -> None:
+    workspace.store.append_learning(WEB_LESSON)
+    builder = ContextBuilder(workspace)
+    query = "fetch news.example.com"
+    policy = workspace.policy.current()
+    assert asyncio.run(builder.select_memory(policy, query, count_use=False)).lessons
+    # Off: no share, no lessons.
+    off = policy.model_copy(update={"learning_token_percent": 0})
+    assert asyncio.run(builder.select_memory(off, query, count_use=False)).lessons == []
+    # A share smaller than the lesson: left out rather than cut.
+    tight = policy.model_copy(update={"memory_token_budget": 200, "learning_token_percent": 5})
+    assert asyncio.run(builder.select_memory(tight, query, count_use=False)).lessons == []
+
+
+def test_memory_command_shows_the_lessons_a_message_would_bring(workspace: Workspace) -> None:
+    workspace.store.append_learning(WEB_LESSON)
+    workspace.store.append_learning(LANGUAGE_LESSON)
+    with FakeOpenAIServer() as server:
+        with frozen():
+            [report] = chat(workspace, server, ["/memory headlines from news.example.com"])
+        assert server.chat_requests() == []  # a slash command never calls the model
+    assert "Lessons (LEARNINGS.md):" in report
+    assert "standing  memory/LEARNINGS.md" in report and LANGUAGE_LESSON in report
+    assert "score " in report.split("Lessons (LEARNINGS.md):")[1] and WEB_LESSON in report
+
+
+def test_memory_search_tool_labels_lessons(workspace: Workspace) -> None:
+    workspace.store.append_long_term("The user reads news.example.com every morning.")
+    workspace.store.append_learning(WEB_LESSON)
+    tools = build_tools(workspace)
+    result = asyncio.run(tools.execute("memory_search", json.dumps({"query": "news.example.com"})))
+    facts, lessons = result.split("Lessons (how to work with this user, not facts about them):")
+    assert "[1] memory/MEMORY.md" in facts and WEB_LESSON not in facts
+    assert "[lesson 1] memory/LEARNINGS.md" in lessons and WEB_LESSON in lessons
+
+
+def test_file_tools_read_lessons_but_write_them_only_through_memory_append(workspace: Workspace) -> None:
+    workspace.store.append_learning(WEB_LESSON)
+    before = workspace.store.learnings_path.read_bytes()
+    tools = build_tools(workspace)
+    for name, args in (("write_file", {"path": "memory/LEARNINGS.md", "content": "gone"}),
+                       ("append_file", {"path": "memory/LEARNINGS.md", "content": "more"}),
+                       ("edit_file", {"path": "memory/LEARNINGS.md", "old_text": "mobile", "new_text": "desktop"})):
+        result = asyncio.run(tools.execute(name, json.dumps(args)))
+        assert "memory_append" in result and "learnings" in result, result
+    assert workspace.store.learnings_path.read_bytes() == before
+    read = asyncio.run(tools.execute("read_file", json.dumps({"path": "memory/LEARNINGS.md"})))
+    assert WEB_LESSON in read
+
+
+def test_cli_appends_and_searches_lessons(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "memory", "append", "--learning", WEB_LESSON_ZH)
+    assert code == 0 and "appended a lesson to" in out
+    code, out, _ = run(capsys, "memory", "append", "--learning", WEB_LESSON_ZH)
+    assert code == 0 and out.startswith("already stored: ") and "nothing was added" in out
+    code, out, _ = run(capsys, "memory", "search", "抓取 news.example.cn 头条")
+    assert code == 0 and out.startswith("no facts match") and "L1. score" in out and WEB_LESSON_ZH in out
+    text = (home / "workspace" / "memory" / "LEARNINGS.md").read_text(encoding="utf-8")
+    assert "Source: picoclaw memory append --learning" in text
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["memory", "append", "--learning", ""], "empty"),
+    (["memory", "append", "--learning", "--today", "x"], "not allowed with"),
+])
+def test_cli_refuses_a_bad_lesson_in_one_line(home: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                              needle: str) -> None:
+    path = home / "workspace" / "memory" / "LEARNINGS.md"
+    before = path.read_bytes()
+    code, out, err = run(capsys, *argv)
+    if needle == "empty":
+        assert_one_line_error(code, out, err, needle)
+    else:  # a usage error: argparse's own message, after the usage line
+        assert code == 2 and out == "" and needle in err and "Traceback" not in err
+    assert path.read_bytes() == before
+
+
+def test_policy_switch_for_learning_is_the_users(workspace: Workspace) -> None:
+    set_policy(workspace, learning_enabled=False, learning_daily_calls=0)
+    policy = workspace.policy.current()
+    assert policy.learning_enabled is False and policy.learning_daily_calls == 0
