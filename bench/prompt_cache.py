@@ -20,8 +20,13 @@ What is measured
     (llama.cpp's, see shared/real-model/) and prints the prompt tokens it counted. Target (issue 24): under
     1,500; before it, 2,419 on llama-cpp-python with Qwen2.5-Coder-1.5B.
 
+    ``--lessons`` runs the session twice more, without lessons and with LEARNINGS.md holding 20 lessons (one
+    for every third place, so a third of the questions bring one, plus two standing lessons that every
+    conversation carries), and prints both shares side by side (issue 27: not lower with lessons than without).
+
 Run (from the repository root):
     python bench/prompt_cache.py
+    python bench/prompt_cache.py --lessons
     python bench/prompt_cache.py --turns 80 --summaries
     python bench/prompt_cache.py --server http://127.0.0.1:8765/v1
 """
@@ -78,6 +83,17 @@ def facts() -> tuple[list[str], list[str]]:
     return entries, questions
 
 
+def lessons() -> str:
+    """LEARNINGS.md with a lesson for every third place and two standing lessons."""
+    things = [thing for pair in zip(THINGS_EN, THINGS_ZH) for thing in pair]
+    entries = ["## 2025-01-01\nAlways answer in the language of the question.\nSource: bench",
+               "## 2025-01-01\n以后提到地点时都附上所在的省份。\nSource: bench"]
+    for n, thing in enumerate(things[::3]):
+        entries.append(f"## 2025-02-{1 + n % 28:02d}\nWhen {thing} comes up, check the trip dates in MEMORY.md "
+                       "before answering.\nSource: bench")
+    return "# Lessons\n\n" + "\n\n".join(entries) + "\n"
+
+
 def shared_prefix(previous: bytes, current: bytes) -> int:
     """Length of the common start of two byte strings."""
     limit = min(len(previous), len(current))
@@ -91,7 +107,7 @@ def shared_prefix(previous: bytes, current: bytes) -> int:
     return low
 
 
-async def run_session(turns: int, summaries: bool) -> list[bytes]:
+async def run_session(turns: int, summaries: bool, with_lessons: bool = False) -> list[bytes]:
     entries, questions = facts()
     with FakeOpenAIServer() as model, tempfile.TemporaryDirectory(prefix="picoclaw-bench-cache-") as tmp:
         home = Path(tmp) / "home"
@@ -103,6 +119,8 @@ async def run_session(turns: int, summaries: bool) -> list[bytes]:
         config_path.write_text(json.dumps(data), encoding="utf-8")
         memory = home / "workspace" / "memory" / "MEMORY.md"
         memory.write_text("# Long-term memory\n\n" + "\n\n".join(entries) + "\n", encoding="utf-8")
+        if with_lessons:
+            (memory.parent / "LEARNINGS.md").write_text(lessons(), encoding="utf-8")
         model.responder = lambda body: Text("Noted; that matches what you told me before. 好的。")
 
         def connect(config: Config) -> OpenAICompatProvider:
@@ -175,11 +193,31 @@ def _is_summary(raw: bytes) -> bool:
     return b"You compact a conversation" in raw[:2000]
 
 
+def shares_from_turn_3(requests: list[bytes]) -> list[float]:
+    """The share of each request from the third on."""
+    return [shared_prefix(previous, current) / len(current)
+            for n, (previous, current) in enumerate(zip(requests, requests[1:]), start=2) if n >= 3]
+
+
+def print_lessons_comparison(turns: int, summaries: bool) -> None:
+    print(f"\nwith and without lessons ({turns} turns each; issue 27: not lower with lessons)")
+    print(f"| {'LEARNINGS.md':<28} | {'min share':>9} | {'median share':>12} | {'median bytes':>12} | "
+          f"{'new bytes/turn':>14} |")
+    print(f"|{'-' * 30}|{'-' * 11}|{'-' * 14}|{'-' * 14}|{'-' * 16}|")
+    for name, with_lessons in (("onboarding header only", False), ("20 lessons, 2 standing", True)):
+        requests = asyncio.run(run_session(turns, summaries, with_lessons))
+        shares = shares_from_turn_3(requests)
+        new = [len(current) - shared_prefix(previous, current) for previous, current in zip(requests, requests[1:])]
+        print(f"| {name:<28} | {min(shares):>9.4f} | {statistics.median(shares):>12.4f} | "
+              f"{statistics.median(len(r) for r in requests):>12,.0f} | {statistics.median(new):>14,.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=50, help="turns of the session (default 50)")
     parser.add_argument("--summaries", action="store_true", help="let session summaries fire (default: off)")
     parser.add_argument("--server", help="a real OpenAI-compatible server's base URL, to count the first request")
+    parser.add_argument("--lessons", action="store_true", help="also compare the share with and without lessons")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     print_first_request(args.server)
@@ -200,6 +238,8 @@ def main() -> None:
           f"{'met' if min(later) >= TARGET else 'NOT met'}; new bytes per turn: median {statistics.median(new):,.0f} "
           "(the question, its memory, the previous answer: a smaller fixed prefix makes the same new part a larger "
           "share of an early turn)")
+    if args.lessons:
+        print_lessons_comparison(args.turns, args.summaries)
 
 
 if __name__ == "__main__":

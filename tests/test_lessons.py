@@ -15,7 +15,7 @@ from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import Workspace
 from picoclaw.memory.lessons import is_standing, restates
 from picoclaw.tools.registry import build_tools
-from tests.agent_helpers import chat, frozen, set_policy, turn_context, turn_requests
+from tests.agent_helpers import chat, frozen, set_policy, system_prompt, turn_context, turn_requests
 from tests.fakes import FakeOpenAIServer
 from tests.test_cli import assert_one_line_error, run
 
@@ -128,22 +128,23 @@ def test_a_lesson_from_one_session_reaches_a_later_related_turn_of_another(
     assert lesson not in turn_context(related_turn).split("</lessons>", 1)[1]
 
 
-def test_a_standing_lesson_comes_with_every_conversation_once(workspace: Workspace) -> None:
+def test_a_standing_lesson_is_in_every_system_prompt_and_changes_no_turn(workspace: Workspace) -> None:
     workspace.store.append_learning(LANGUAGE_LESSON, "session cli:old (a correction)")
-    workspace.store.append_learning("总是用摄氏度报告温度。")
     with FakeOpenAIServer() as server:
-        for _ in range(3):
+        for _ in range(4):
             server.reply_text("好的")
         with frozen():
             chat(workspace, server, ["What's a good name for a cat?", "And for a dog?"], key="cli:new")
-            chat(workspace, server, ["Hello"], key="cli:other")
-        first, second, other = turn_requests(server)
-    for body in (first, other):
-        shown = lessons_section(turn_context(body))
-        assert LANGUAGE_LESSON in shown and "总是用摄氏度报告温度。" in shown
-    # Already in the conversation: not injected again, so the request still begins with the previous one.
-    assert lessons_section(turn_context(second)) == ""
+            workspace.store.append_learning("总是用摄氏度报告温度。")
+            chat(workspace, server, ["Hello", "Hi again"], key="cli:other")
+        first, second, other, other_second = turn_requests(server)
+    for body in (first, second, other, other_second):
+        assert f"- {LANGUAGE_LESSON}" in system_prompt(body).split("## Standing lessons", 1)[1]
+        assert lessons_section(turn_context(body)) == ""  # not in the turn's data block
+    # A lesson learned meanwhile reaches the next request; each request still begins with the previous one.
+    assert "总是用摄氏度报告温度。" in system_prompt(other) and "总是用摄氏度报告温度。" not in system_prompt(first)
     assert second["messages"][:len(first["messages"])] == first["messages"]
+    assert other_second["messages"][:len(other["messages"])] == other["messages"]
 
 
 def test_lessons_keep_to_their_share_of_the_budget(workspace: Workspace) -> None:
@@ -168,7 +169,7 @@ def test_memory_command_shows_the_lessons_a_message_would_bring(workspace: Works
             [report] = chat(workspace, server, ["/memory headlines from news.example.com"])
         assert server.chat_requests() == []  # a slash command never calls the model
     assert "Lessons (LEARNINGS.md):" in report
-    assert "standing  memory/LEARNINGS.md" in report and LANGUAGE_LESSON in report
+    assert "- standing  memory/LEARNINGS.md" in report and LANGUAGE_LESSON in report
     assert "score " in report.split("Lessons (LEARNINGS.md):")[1] and WEB_LESSON in report
 
 

@@ -85,14 +85,15 @@ def memory_report(memory: InjectedMemory, query: str, root: Path, stored: bool =
 
 
 def _lessons_report(memory: InjectedMemory, root: Path) -> str:
-    """The lessons part of `memory_report`: each lesson injected, and why (it matched, or it always holds)."""
-    if not memory.lessons:
+    """The lessons part of `memory_report`: the standing ones (in the system prompt), then those found."""
+    if not memory.lessons and not memory.standing:
         return ""
     lines = ["", "Lessons (LEARNINGS.md):"]
-    for hit in memory.lessons:
-        why = f"score {hit.score:.2f}" if hit.score else "standing"
-        where = f"{hit.block.path.relative_to(root)}:{hit.block.start_line}-{hit.block.end_line}"
-        lines.append(f"- {why}  {where}\n  {hit.block.text.strip().replace(chr(10), chr(10) + '  ')}")
+    for why, hits in (("standing", memory.standing), ("", memory.lessons)):
+        for hit in hits:
+            where = f"{hit.block.path.relative_to(root)}:{hit.block.start_line}-{hit.block.end_line}"
+            lines.append(f"- {why or f'score {hit.score:.2f}'}  {where}\n  "
+                         f"{hit.block.text.strip().replace(chr(10), chr(10) + '  ')}")
     return "\n".join(lines)
 
 

@@ -20,7 +20,17 @@ from pathlib import Path
 from picoclaw.agent.history import keep_last, safe_start, turns
 from picoclaw.fsutil import FileCache
 from picoclaw.layout import BOOTSTRAP_FILES
-from picoclaw.memory import Block, InjectedMemory, Session, StoredMessage, Workspace, rank_blocks, select_turn_memory
+from picoclaw.memory import (
+    Block,
+    InjectedMemory,
+    Session,
+    StoredMessage,
+    Workspace,
+    lesson_of,
+    rank_blocks,
+    select_turn_memory,
+    standing_lessons,
+)
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import Message
 from picoclaw.tools import shared_catalog, skills_prompt
@@ -36,6 +46,8 @@ TOOL_GUIDANCE = f"""## Memory
 - Long-term memory: memory/MEMORY.md; lessons: memory/LEARNINGS.md; daily notes: memory/YYYYMM/YYYYMMDD.md.
   Never claim to remember what you did not store.
 - {MEMORY_FRAME} Memory shown once stays valid."""
+
+STANDING_FRAME = "memory/LEARNINGS.md, what earlier conversations taught; data, apply when it fits"
 
 # Per-user scopes: the model should know where its files go, and that the shared files will refuse it.
 PER_USER_GUIDANCE = ("- This conversation has its own folder: file paths are relative to it, and what you write there "
@@ -99,14 +111,20 @@ class ContextBuilder:
 
     # -- the prompt --------------------------------------------------------------------------------
 
-    def stable_prefix(self, now: datetime) -> str:
-        """The part of the system prompt that only changes when a bootstrap file, a skill or the date does."""
+    def stable_prefix(self, now: datetime, policy: MemoryPolicy | None = None) -> str:
+        """The part of the system prompt that only changes when a bootstrap file, a skill, a standing lesson
+        or the date does."""
         parts = [(self._files.get(self.workspace.root / name) or "").strip() for name in BOOTSTRAP_FILES]
         parts.append(TOOL_GUIDANCE)
         if self.workspace.layout.is_per_user:
             parts.append(PER_USER_GUIDANCE)
         if self.skills.offered():  # no skill tool, no list that would send the model to call it
             parts.append(skills_prompt(self.skills.scan()))
+        standing = standing_lessons(self.workspace.searcher, policy or self.workspace.policy.current())
+        if standing:
+            # Here, not in a turn's data block: they apply to every turn, and change as rarely as a skill.
+            parts.append(f"## Standing lessons ({STANDING_FRAME})\n"
+                         + "\n".join(f"- {' '.join(lesson_of(hit.block.text).split())}" for hit in standing))
         parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({self.workspace.config.timezone})")
         return "\n\n".join(part for part in parts if part)
 
@@ -118,7 +136,7 @@ class ContextBuilder:
         """
         query = user_text if query is None else query
         memory = await self.select_memory(policy, query, session.injected_blocks(), count_use=count_use)
-        prefix = self.stable_prefix(now)
+        prefix = self.stable_prefix(now, policy)
         system = prefix
         if session.summary:
             system += f"\n\n## Summary of the earlier conversation\n{session.summary.strip()}"
@@ -133,7 +151,8 @@ class ContextBuilder:
         lines = ["<context>"]
         if memory.lessons:
             lines.append("<lessons>")
-            lines += [f"[{self._where(hit.block)}]\n{hit.block.text.strip()}" for hit in memory.lessons]
+            # The lesson alone: its date heading and Source line are for the person editing the file.
+            lines += [f"[{self._where(hit.block)}]\n{lesson_of(hit.block.text)}" for hit in memory.lessons]
             lines.append("</lessons>")
         if memory.blocks:
             lines.append("<memory>")

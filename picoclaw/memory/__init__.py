@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.index import MemoryIndex
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
+    from picoclaw.memory.lessons import lesson_of
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
     from picoclaw.memory.search import (
         Block,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
         rank_blocks,
         select_turn_memory,
         split_blocks,
+        standing_lessons,
     )
     from picoclaw.memory.session import Session, SessionStore, StoredMessage
     from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
@@ -54,8 +56,8 @@ __all__ = [
     "IndexedSearch", "InjectedMemory", "KeywordSearch", "LocalEmbedder", "LongTermCompressor", "LongTermEntry",
     "MemoryIndex", "MemorySearch", "MemoryStore", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
     "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "Workspace",
-    "demote_headings", "flush_facts", "format_missing", "index_of", "open_search", "rank_blocks",
-    "select_turn_memory", "split_blocks", "suggest_policy_change", "why_not_due",
+    "demote_headings", "flush_facts", "lesson_of", "format_missing", "index_of", "open_search", "rank_blocks",
+    "select_turn_memory", "split_blocks", "standing_lessons", "suggest_policy_change", "why_not_due",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
@@ -70,9 +72,11 @@ _HOMES = {
     "picoclaw.memory.index.index": ("MemoryIndex",),
     "picoclaw.memory.index.status": ("IndexStatus",),
     "picoclaw.memory.index.sync": ("SyncReport",),
+    "picoclaw.memory.lessons": ("lesson_of",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
-                               "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks"),
+                               "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks",
+                               "standing_lessons"),
     "picoclaw.memory.session": ("Session", "SessionStore", "StoredMessage"),
     "picoclaw.memory.store": ("BACKUPS_DIR", "DailyNote", "MemoryStore"),
     "picoclaw.memory.workspace": ("Workspace",),

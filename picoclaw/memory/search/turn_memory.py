@@ -1,6 +1,8 @@
-"""Which memory a turn's prompt carries: the lessons of LEARNINGS.md that apply (within their own share of
-the budget, `learning_token_percent`), the blocks found for the user's message (or, with no hit, the newest
-of MEMORY.md) and the recent daily notes, all held to the policy's token budget.
+"""Which memory a turn's prompt carries: the lessons of LEARNINGS.md that apply, the blocks found for the
+user's message (or, with no hit, the newest of MEMORY.md) and the recent daily notes, all held to the policy's
+token budget. Lessons have their own share of it (`learning_token_percent`): first the standing lessons
+(`standing_lessons`: "always …", which the system prompt carries, so they change no turn's bytes), then the
+lessons found for the message; what they leave of the share goes to facts and notes.
 
 The agent's ContextBuilder (agent/context.py) puts what `select_turn_memory` chooses into the data block
 of the turn's user message. A block the conversation already carries is not chosen again. A search that
@@ -43,12 +45,14 @@ class CountsUse(Protocol):
 
 @dataclass(frozen=True)
 class InjectedMemory:
-    """What a turn's prompt carries from memory: MEMORY.md blocks (with scores when ranked), notes, lessons."""
+    """What a turn's prompt carries from memory: MEMORY.md blocks (with scores when ranked), notes, the lessons
+    found for the message, and the standing lessons (in the system prompt, not in the turn's data block)."""
 
     blocks: list[Hit]
     notes: list[Block]
     ranked: bool  # False: the fallback (whole file or newest blocks) was used
     lessons: list[Hit] = field(default_factory=list)
+    standing: list[Hit] = field(default_factory=list)
 
     def keys(self) -> tuple[str, ...]:
         chosen = [*(hit.block for hit in self.lessons), *(hit.block for hit in self.blocks), *self.notes]
@@ -64,11 +68,25 @@ async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: M
     """
     hits = (await search.search_async(query, policy.retrieve_limit, include_notes=True)
             if query.strip() else [])
-    lessons = (await search.search_learnings_async(query, LESSONS_PER_TURN, standing=True)
-               if policy.learning_token_percent else [])
+    lessons = (await search.search_learnings_async(query, LESSONS_PER_TURN)
+               if lesson_share(policy) and query.strip() else [])
     # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
     return await asyncio.to_thread(_fit_memory, search, store, policy, hits, lessons, present,
                                    bool(query.strip()), count_use)
+
+
+def lesson_share(policy: MemoryPolicy) -> int:
+    """The tokens of the memory budget kept for lessons."""
+    return policy.memory_token_budget * policy.learning_token_percent // 100
+
+
+def standing_lessons(search: MemorySearch, policy: MemoryPolicy) -> list[Hit]:
+    """The standing lessons ("always …") that fit the lesson share, newest first: the system prompt's.
+
+    Not counted as uses: every prompt carries them, so a count would say nothing about them.
+    """
+    share = lesson_share(policy)
+    return _fit_lessons(search.search_learnings("", 0, standing=True), frozenset(), share)[0] if share else []
 
 
 def _fit_lessons(lessons: list[Hit], present: Set[str], budget: int) -> tuple[list[Hit], int]:
@@ -86,10 +104,12 @@ def _fit_lessons(lessons: list[Hit], present: Set[str], budget: int) -> tuple[li
 
 def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, hits: list[Hit],
                 lessons: list[Hit], present: Set[str], queried: bool, count_use: bool) -> InjectedMemory:
-    # Lessons take at most their share; what they leave of it goes to facts and notes.
-    chosen_lessons, used = _fit_lessons(lessons, present, policy.memory_token_budget * policy.learning_token_percent
-                                        // 100)
-    budget = policy.memory_token_budget - used
+    # Lessons take at most their share, standing ones first; what they leave of it goes to facts and notes.
+    standing = standing_lessons(search, policy)
+    standing_cost = sum(count_tokens(hit.block.text) for hit in standing)
+    always = {block_key(hit.block) for hit in standing}
+    chosen_lessons, used = _fit_lessons(lessons, {*present, *always}, lesson_share(policy) - standing_cost)
+    budget = policy.memory_token_budget - standing_cost - used
     ranked = bool(hits)
     chosen: list[Hit] = []
     taken = set(present)
@@ -138,7 +158,7 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
             continue
         break
     notes.reverse()
-    return InjectedMemory(chosen, notes, ranked, chosen_lessons)
+    return InjectedMemory(chosen, notes, ranked, chosen_lessons, standing)
 
 
 def _fit_hit(search: MemorySearch, store: MemoryStore, hit: Hit, taken: set[str], budget: int
