@@ -228,3 +228,12 @@ def test_policy_switch_for_learning_is_the_users(workspace: Workspace) -> None:
     set_policy(workspace, learning_enabled=False, learning_daily_calls=0)
     policy = workspace.policy.current()
     assert policy.learning_enabled is False and policy.learning_daily_calls == 0
+
+
+def test_each_user_has_their_own_lessons(workspace: Workspace) -> None:
+    alice, bob = workspace.for_user("tg_1"), workspace.for_user("tg_2")
+    alice.store.append_learning(WEB_LESSON_ZH, "session telegram:1 (a correction)")
+    assert alice.store.learnings_path == workspace.root / "users" / "tg_1" / "memory" / "LEARNINGS.md"
+    assert alice.searcher.search_learnings("抓取 news.example.cn", 3)
+    assert bob.searcher.search_learnings("抓取 news.example.cn", 3) == []
+    assert workspace.searcher.search_learnings("抓取 news.example.cn", 3) == []
