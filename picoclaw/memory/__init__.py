@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.index import MemoryIndex
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
+    from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
     from picoclaw.memory.search import (
         Block,
@@ -52,7 +53,7 @@ __all__ = [
     "BACKUPS_DIR", "DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Block", "CompressionResult",
     "DailyNote", "E5Embedder", "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus",
     "IndexedSearch", "InjectedMemory", "KeywordSearch", "LocalEmbedder", "LongTermCompressor", "LongTermEntry",
-    "MemoryIndex", "MemorySearch", "MemoryStore", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
+    "MemoryIndex", "MemorySearch", "MemoryStore", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
     "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "Workspace",
     "demote_headings", "flush_facts", "format_missing", "index_of", "open_search", "rank_blocks",
     "select_turn_memory", "split_blocks", "suggest_policy_change", "why_not_due",
@@ -70,6 +71,7 @@ _HOMES = {
     "picoclaw.memory.index.index": ("MemoryIndex",),
     "picoclaw.memory.index.status": ("IndexStatus",),
     "picoclaw.memory.index.sync": ("SyncReport",),
+    "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
                                "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks"),
