@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 
 from picoclaw.agent.context import ContextBuilder
+from picoclaw.agent.skill_drafting import Workflow, WorkflowTally, draft_notice
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools import SkillDraftError, SkillDrafts
 from picoclaw.tools.registry import build_tools
 from picoclaw.tools.skills import SkillCatalog
+from tests.agent_helpers import Notices, chat, frozen, history, set_policy, system_prompt, turn_requests
+from tests.fakes import FakeOpenAIServer
 from tests.test_cli import assert_one_line_error, run, tree
 
 NOW = datetime(2025, 3, 10, 12, 0)
@@ -166,3 +169,88 @@ def test_a_draft_that_would_not_load_is_never_written(workspace: Workspace) -> N
         drafts.write("weekly-review", skill_text("weekly-review", "x"))
     assert drafts.list() == [] and not (workspace.layout.skill_drafts_dir / "mine").exists()
     assert drafts.free_name("weekly-review") == "weekly-review-2"
+
+
+# -- drafts from lessons of a workflow that keeps working -------------------------------------------------
+
+WORKFLOW = ("write_file", "read_file", "list_dir")
+DRAFT = "workflow-write-file-read-file-list-dir"
+LESSONS = ["To keep a tasting note, write_file it under notes/, then read_file and list_dir to check it.",
+           "记录品茶笔记时，先用 write_file 写到 notes/，再用 read_file 和 list_dir 检查。",
+           "After write_file of a note, read_file it back and list_dir notes/ before saying it is saved."]
+
+
+def run_workflows(workspace: Workspace, server: FakeOpenAIServer, lessons: list[str | None],
+                  notices: Notices | None = None) -> None:
+    """The workflow once per lesson, each in a session of its own (no summary gets in the way)."""
+    for number, lesson in enumerate(lessons):
+        script_workflow(server, lesson)
+        with frozen():
+            chat(workspace, server, ["save my tea note / 保存我的茶笔记"], key=f"cli:run{number}", notices=notices)
+
+
+def script_workflow(server: FakeOpenAIServer, lesson: str | None) -> None:
+    """One turn of the three-step workflow, then the lesson review's answer."""
+    server.reply_tool_calls([("write_file", {"path": "notes/tea.md", "content": "龙井 Longjing"})])
+    server.reply_tool_calls([("read_file", {"path": "notes/tea.md"})])
+    server.reply_tool_calls([("list_dir", {"path": "notes"})])
+    server.reply_text("Saved and checked.")
+    server.reply_text(f"LESSON: {lesson}" if lesson else "NONE")
+
+
+def test_a_workflow_that_keeps_working_becomes_one_draft_told_once(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    set_policy(workspace, skill_draft_successes=2)
+    notices = Notices()
+    run_workflows(workspace, fake_openai, list(LESSONS), notices)
+
+    [draft] = drafts_of(workspace).list()
+    assert draft.name == DRAFT and draft.skill is not None
+    sessions = ("cli:run0", "cli:run1")
+    due = Workflow(WORKFLOW, 2, tuple(LESSONS[:2]), sessions, True)
+    assert notices.sent == [("cli:run1", draft_notice(DRAFT, due))]
+    assert "picoclaw skills accept " + DRAFT in notices.sent[0][1]
+    assert draft.skill.description == f"Tasks done with write_file → read_file → list_dir. {LESSONS[0]}"
+    body = draft.skill.body
+    assert "1. `write_file`\n2. `read_file`\n3. `list_dir`" in body
+    assert f"- {LESSONS[0]}\n- {LESSONS[1]}" in body and LESSONS[2] not in body  # drafted at the second success
+    [workflow] = WorkflowTally(workspace.memory_dir).workflows()
+    assert (workflow.tools, workflow.successes, workflow.drafted) == (WORKFLOW, 3, True)
+
+    # Not offered until accepted: the next turn's prompt does not list it and the skill tool does not load it.
+    fake_openai.reply_tool_calls([("skill", {"name": DRAFT})])
+    fake_openai.reply_text("There is no such skill.")
+    with frozen():
+        chat(workspace, fake_openai, ["use the tea skill"])
+    asked = turn_requests(fake_openai)[-2:]
+    assert DRAFT not in system_prompt(asked[0])
+    assert history(asked[1])[-1]["content"] == (
+        f"error: no skill named '{DRAFT}'; installed: memory-policy, weekly-review")
+
+    assert run(capsys, "skills", "accept", DRAFT)[0] == 0
+    fake_openai.reply_text("ok")
+    with frozen():
+        chat(workspace, fake_openai, ["hi"])
+    assert f"- {DRAFT}: Tasks done with write_file" in system_prompt(turn_requests(fake_openai)[-1])
+
+
+def test_a_workflow_without_a_lesson_waits_for_one(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, skill_draft_successes=2)
+    notices = Notices()
+    run_workflows(workspace, fake_openai, [None, None], notices)
+    assert drafts_of(workspace).list() == [] and notices.sent == []
+
+    run_workflows(workspace, fake_openai, [LESSONS[1]], notices)
+    assert [draft.name for draft in drafts_of(workspace).list()] == [DRAFT] and len(notices.sent) == 1
+    assert LESSONS[1] in (workspace.layout.skill_drafts_dir / DRAFT / "SKILL.md").read_text(encoding="utf-8")
+
+
+def test_an_installed_skill_of_the_same_name_gets_a_numbered_draft(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, skill_draft_successes=2)
+    installed = workspace.layout.skills_dir / DRAFT / "SKILL.md"
+    installed.parent.mkdir()
+    installed.write_text(skill_text(DRAFT, "mine, by hand"), encoding="utf-8")
+    run_workflows(workspace, fake_openai, list(LESSONS[:2]))
+    assert [draft.name for draft in drafts_of(workspace).list()] == [f"{DRAFT}-2"]
+    assert installed.read_text(encoding="utf-8") == skill_text(DRAFT, "mine, by hand")

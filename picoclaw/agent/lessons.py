@@ -1,6 +1,6 @@
 """Lessons written automatically (issue 27): after a turn that taught something (agent/turn_review.py says
 whether one did, and why), one short model call drafts at most one lesson from it, and the lesson goes to
-LEARNINGS.md through the store.
+LEARNINGS.md through the store; then the turn is counted towards a skill draft (agent/skill_drafting.py).
 
 It runs after the reply, in the background, when `learning_enabled` is on: a turn is reviewed once (by the
 id of its user message), one turn drafts at most one lesson whatever triggered it, and each drafting call is
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from picoclaw.agent.skill_drafting import DraftWritten, SkillDrafter
 from picoclaw.agent.summary import render_transcript
 from picoclaw.agent.text_tool_calls import find_text_tool_call
 from picoclaw.agent.turn_review import FinishedTurn, Trigger, trigger_of
@@ -84,11 +85,12 @@ class LessonAnswer:
 @dataclass(frozen=True)
 class Learned:
     """What reviewing one turn did: its trigger (None: it taught nothing), the lesson written and how the store
-    took it ("added", "updated", "known"), or why nothing was written."""
+    took it ("added", "updated", "known"), the skill draft written, or why nothing was written."""
 
     trigger: Trigger | None = None
     lesson: str | None = None
     outcome: str | None = None
+    draft: DraftWritten | None = None
     skipped: str | None = None
 
 
@@ -162,7 +164,8 @@ def read_lesson(answer: str | None, offered: Mapping[str, type[BaseModel]], *, c
 
 
 class Learner:
-    """Reviews the finished turns of one workspace: writes the lessons they teach to its LEARNINGS.md."""
+    """Reviews the finished turns of one workspace: writes the lessons they teach to its LEARNINGS.md and
+    counts its workflows towards skill drafts."""
 
     def __init__(self, workspace: Workspace, provider: ChatProvider, offered: Mapping[str, type[BaseModel]]):
         self.workspace = workspace
@@ -170,17 +173,20 @@ class Learner:
         self.offered = offered  # the tools the agent offers: a lesson that is one of their calls is refused
         # The cap is the workspace's, whoever's memory the lesson goes to: per-user scopes share it.
         self.usage = ModelUsage(workspace.layout.shared_memory_dir)
+        self.skills = SkillDrafter(workspace)
         self._reviewed: LruCache[tuple[str, int], bool] = LruCache(REVIEWED_KEPT)
 
     async def learn(self, turn: FinishedTurn) -> Learned:
-        """Review `turn` once: draft and store its lesson if it taught one."""
+        """Review `turn` once: draft and store its lesson if it taught one, then count it towards a skill draft."""
         if not self.workspace.policy.current().learning_enabled:
             return Learned(skipped="learning is off")
         seen = (turn.key, turn.user_id)
         if seen in self._reviewed:
             return Learned(skipped="this turn was reviewed already")
         self._reviewed.put(seen, True)
-        return await self._lesson(turn)
+        learned = await self._lesson(turn)
+        draft = await self.skills.after_turn(turn, learned.lesson)
+        return Learned(learned.trigger, learned.lesson, learned.outcome, draft, learned.skipped)
 
     async def _lesson(self, turn: FinishedTurn) -> Learned:
         trigger = trigger_of(turn)

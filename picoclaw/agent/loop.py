@@ -1,11 +1,11 @@
 """AgentLoop: the only place that calls the model. One turn = context → model → tools → … → reply.
 
 Turns of one session run one at a time; different sessions run concurrently. After the reply is
-saved, background work (session summary, long-term compression, reflection, the lesson a turn taught:
-agent/lessons.py) runs without holding up the next message. Nothing here waits on the event loop: session
-files are read and appended (fsync, cross-process lock) in worker threads, and memory search is awaited.
-Loaded sessions are kept in a bounded LRU cache and per-session locks exist only while in use, so a bot that
-sees thousands of chats stays small.
+saved, background work (session summary, long-term compression, reflection, the lesson a turn taught and
+the skill drafts of workflows that keep working: agent/lessons.py) runs without holding up the next message.
+Nothing here waits on the event loop: session files are read and appended (fsync, cross-process lock) in
+worker threads, and memory search is awaited. Loaded sessions are kept in a bounded LRU cache and per-session
+locks exist only while in use, so a bot that sees thousands of chats stays small.
 
 A summary the model fails to write (refused as malformed, or the call failed) is not asked for again on
 the next turn: the next automatic attempt waits until `wait` more messages have arrived, where `wait`
@@ -340,7 +340,7 @@ class AgentLoop:
             ("session summary", lambda: self._summarize_if_needed(key, notify)),
             ("long-term compression", lambda: self.compressor.run_if_due(self.workspace.policy.current())),
             ("reflection", lambda: self._reflect_if_due(key)),
-            ("lesson review", lambda: self._learn(finished)),
+            ("lesson review", lambda: self._learn(finished, notify)),
         ]
         for name, job in jobs:
             try:
@@ -348,9 +348,11 @@ class AgentLoop:
             except Exception:
                 log.exception("session %s: background %s failed", key, name)
 
-    async def _learn(self, finished: FinishedTurn) -> None:
-        """Write the lesson the turn taught, if any."""
-        await self.learner.learn(finished)
+    async def _learn(self, finished: FinishedTurn, notify: NoticeSink | None) -> None:
+        """Write the lesson the turn taught, if any; tell the chat, once, about a skill drafted meanwhile."""
+        learned = await self.learner.learn(finished)
+        if learned.draft is not None and notify is not None:
+            await notify(finished.key, learned.draft.notice)
 
     async def _reflect_if_due(self, key: str) -> None:
         await self.reflector.maybe_reflect(self.sessions, await self.session(key))
