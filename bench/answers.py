@@ -208,9 +208,10 @@ def open_app(home: Path, settings: Settings) -> App:
                                 "max_tool_iterations": settings.tool_steps}},
         "providers": {"bench": {"api_key": settings.api_key, "api_base": settings.base_url,
                                 "timeout": settings.timeout, "max_retries": 0}},
-        # Questions are independent: a use prior built up by earlier questions would make a question's
-        # memory depend on which questions ran before it.
-        "memory": {"memory_access_boost_percent": 0},
+        # Questions are independent: a use prior built up by earlier questions, or a lesson one of them taught
+        # (LEARNINGS.md), would make a question's memory depend on which questions ran before it; and a lesson's
+        # drafting call would be a model call the table does not count.
+        "memory": {"memory_access_boost_percent": 0, "learning_enabled": False},
     }
     return App(parse_config(config, "bench/answers.py settings"), home)
 

@@ -64,7 +64,7 @@ SESSION = "cli:bench"
 MEMORY_BLOCKS = 10_000
 HISTORY_MESSAGES = 200
 QUIET_POLICY = {"session_summary_message_threshold": 1000, "session_summary_token_percent": 95,
-                "long_term_compress_char_threshold": 0, "evolution_enabled": False}
+                "long_term_compress_char_threshold": 0, "evolution_enabled": False, "learning_enabled": False}
 
 
 @dataclass

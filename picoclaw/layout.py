@@ -27,6 +27,7 @@ CRON_DIR = "cron"
 JOBS_FILE = "jobs.json"
 HEARTBEAT_FILE = "HEARTBEAT.md"
 SKILLS_DIR = "skills"
+SKILL_DRAFTS_DIR = "_drafts"  # inside SKILLS_DIR: skills drafted from lessons, never loaded until accepted
 # The workspace's own files that go into every system prompt, in this order (the prompt of every scope).
 BOOTSTRAP_FILES = ("IDENTITY.md", "SOUL.md", "AGENTS.md", "USER.md")
 
@@ -106,6 +107,11 @@ class WorkspaceLayout:
     def skills_dir(self) -> Path:
         """The installed skills (`<name>/SKILL.md`), shared by every scope of the workspace."""
         return self.root / SKILLS_DIR
+
+    @property
+    def skill_drafts_dir(self) -> Path:
+        """Skills drafted from lessons (`<name>/SKILL.md`), waiting for the user to accept or reject them."""
+        return self.root / SKILLS_DIR / SKILL_DRAFTS_DIR
 
     @property
     def heartbeat_path(self) -> Path:

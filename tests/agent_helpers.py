@@ -18,6 +18,7 @@ import orjson
 from freezegun import freeze_time
 from freezegun.api import _freeze_time
 
+from picoclaw.agent.lessons import LESSON_INSTRUCTIONS
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS
 from picoclaw.app import App
@@ -139,9 +140,15 @@ def is_flush_request(body: dict[str, Any]) -> bool:
     return body["messages"][0]["content"] == FLUSH_INSTRUCTIONS
 
 
+def is_lesson_request(body: dict[str, Any]) -> bool:
+    """The lesson review after a turn that taught something (agent/lessons.py)."""
+    return body["messages"][0]["content"] == LESSON_INSTRUCTIONS
+
+
 def turn_requests(server: FakeOpenAIServer) -> list[dict[str, Any]]:
-    """Chat requests of turns (summary and memory-flush requests left out)."""
-    return [body for body in server.chat_requests() if not (is_summary_request(body) or is_flush_request(body))]
+    """Chat requests of turns (summary, memory-flush and lesson requests left out)."""
+    return [body for body in server.chat_requests()
+            if not (is_summary_request(body) or is_flush_request(body) or is_lesson_request(body))]
 
 
 def system_prompt(body: dict[str, Any]) -> str:

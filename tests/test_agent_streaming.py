@@ -14,7 +14,7 @@ import pytest
 
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.memory.workspace import Workspace
-from tests.agent_helpers import SESSION, frozen, history, records_of, session_path, with_agent
+from tests.agent_helpers import SESSION, frozen, history, records_of, session_path, set_policy, with_agent
 from tests.fakes import FakeOpenAIServer, Text, ToolCalls
 from tests.waiting import wait_until
 
@@ -81,6 +81,7 @@ def test_text_arrives_in_pieces_that_join_to_the_reply(workspace: Workspace, fak
 
 def test_each_tool_call_is_reported_before_it_runs_and_the_final_answer_streams(
         workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, learning_enabled=False)  # the last request must be the turn's, not a lesson review
     fact = "Tea: 龙井 (Longjing), no sugar / 不加糖"
     fake_openai.enqueue(ToolCalls([("memory_append", {"content": fact}), ("memory_search", {"query": "龙井"})]))
     fake_openai.enqueue(ToolCalls([("list_dir", {"path": "memory"})]))

@@ -20,6 +20,7 @@ from tests.agent_helpers import (
     reopen,
     session_path,
     session_records,
+    set_policy,
 )
 from tests.fakes import FakeOpenAIServer, ToolCalls
 
@@ -33,6 +34,7 @@ def message_roles(workspace: Workspace) -> list[str]:
 
 def test_tool_loop_runs_each_call_and_feeds_the_result_back(
         workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, learning_enabled=False)  # replies are scripted in order; a lesson review would take one
     fake_openai.reply_tool_calls([("memory_append", {"content": "Tea: 龙井 (Longjing), no sugar"})])
     fake_openai.reply_tool_calls([("memory_search", {"query": "龙井"}), ("list_dir", {"path": "memory"})])
     fake_openai.reply_text("Saved and checked: 龙井.")

@@ -55,6 +55,14 @@ def configure(home: Path, servers: dict[str, Any], fake_openai: FakeOpenAIServer
     path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
 
 
+def learning_off(home: Path) -> None:
+    """No lesson reviews after a turn: the test scripts every model reply in order, and a review would take one."""
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["memory"]["learning_enabled"] = False
+    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+
+
 def with_app(home: Path, fake_openai: FakeOpenAIServer | None, body: Callable[[App], Awaitable[T]]) -> T:
     """Run `body(app)` with the MCP servers started the way chat and the bot start them, then close the app."""
     async def run() -> T:
@@ -217,6 +225,7 @@ def test_a_call_through_the_model_reaches_the_server_and_its_result_the_next_req
 def test_a_server_that_exits_mid_session_gives_tool_errors_and_the_turn_completes(
         home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
     configure(home, {"files": stdio()})
+    learning_off(home)
     fake_openai.reply_tool_calls([("mcp__files__crash", {})])
     fake_openai.reply_tool_calls([("mcp__files__echo", {"text": "still there?"}), ("list_dir", {"path": "."})])
     fake_openai.reply_text("The file server is gone; the rest works.")
@@ -351,6 +360,7 @@ def test_a_call_that_times_out_is_cancelled_and_the_next_call_finds_the_server_f
         home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
     # `block` holds the server's one worker until it is cancelled; `queued` needs that worker.
     configure(home, {"files": stdio(tools=["block", "queued"], timeout=1)})
+    learning_off(home)
     fake_openai.reply_tool_calls([("mcp__files__block", {})])
     fake_openai.reply_tool_calls([("mcp__files__queued", {"text": "还在吗 still there?"})])
     fake_openai.reply_text("ok")

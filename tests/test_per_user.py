@@ -21,7 +21,8 @@ SECRET = "A-SECRET 爱丽丝的秘密 7731"
 
 
 def test_one_users_file_writes_never_reach_another_user(home: Path, fake_openai: FakeOpenAIServer) -> None:
-    configure(home, fake_openai)
+    # Each model reply is scripted in order; a lesson review after Alice's turn would take Bob's.
+    configure(home, fake_openai, learning_enabled=False)
     root = home / "workspace"
     user_md_before = (root / "USER.md").read_bytes()
     # Alice's model tries to plant her secret in the shared bootstrap file and in a workspace file.

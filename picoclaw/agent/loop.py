@@ -1,10 +1,11 @@
 """AgentLoop: the only place that calls the model. One turn = context → model → tools → … → reply.
 
 Turns of one session run one at a time; different sessions run concurrently. After the reply is
-saved, background work (session summary, long-term compression, reflection) runs without holding up
-the next message. Nothing here waits on the event loop: session files are read and appended (fsync,
-cross-process lock) in worker threads, and memory search is awaited. Loaded sessions are kept in a bounded
-LRU cache and per-session locks exist only while in use, so a bot that sees thousands of chats stays small.
+saved, background work (session summary, long-term compression, reflection, the lesson a turn taught and
+the skill drafts of workflows that keep working: agent/lessons.py) runs without holding up the next message.
+Nothing here waits on the event loop: session files are read and appended (fsync, cross-process lock) in
+worker threads, and memory search is awaited. Loaded sessions are kept in a bounded LRU cache and per-session
+locks exist only while in use, so a bot that sees thousands of chats stays small.
 
 A summary the model fails to write (refused as malformed, or the call failed) is not asked for again on
 the next turn: the next automatic attempt waits until `wait` more messages have arrived, where `wait`
@@ -35,11 +36,13 @@ from picoclaw.agent.commands import (
 )
 from picoclaw.agent.context import ContextBuilder
 from picoclaw.agent.history import keep_last, safe_start
+from picoclaw.agent.lessons import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
 from picoclaw.agent.reflection import Reflector
 from picoclaw.agent.streaming import StreamGate, TextSink
 from picoclaw.agent.summary import CompactResult, accept_summary, render_transcript, summary_request
 from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
+from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import LongTermCompressor, Session, StoredMessage, Workspace, flush_facts
 from picoclaw.policy_schema import MemoryPolicy
@@ -118,6 +121,7 @@ class AgentLoop:
         self.sessions = workspace.sessions()
         self.compressor = LongTermCompressor(workspace.store, provider)
         self.reflector = Reflector(workspace.policy, provider)
+        self.learner = Learner(workspace, provider, self._offered)
         self._locks: KeyedLocks[str] = KeyedLocks()
         self._summarizing: set[str] = set()
         self._summary_backoff: dict[str, SummaryBackoff] = {}  # kept only for sessions in the cache
@@ -178,12 +182,12 @@ class AgentLoop:
             if command is not None:
                 return Reply(await self.command(key, command))
             try:
-                answer = await self._turn(key, text, on_text, on_tool)
+                answer, finished = await self._turn(key, text, on_text, on_tool)
             except ProviderError as exc:
                 # Info, not a warning: the channel shows the failure itself, once.
                 log.info("session %s: model call failed (%s): %s", key, exc.kind, exc)
                 return Reply(f"Sorry, I could not get an answer from the model: {exc}", error=exc)
-        self._spawn(self._after_turn(key, notify))
+        self._spawn(self._after_turn(key, notify, finished))
         return Reply(answer)
 
     async def command(self, key: str, command: Command) -> str:
@@ -210,7 +214,9 @@ class AgentLoop:
                                  self.workspace.policy.effective(), self._status() if self._status else ())
         return unknown_reply(command)
 
-    async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None) -> str:
+    async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None
+                    ) -> tuple[str, FinishedTurn]:
+        """The answer to `text`, and the turn as stored (for the review after the reply)."""
         session = await self.session(key)
         policy = self.workspace.policy.current()
         now = clock.now(self.workspace.tz)
@@ -256,6 +262,7 @@ class AgentLoop:
                 turn.append(StoredMessage(0, {"role": "assistant", "content": note}))
                 await self._append(session, turn)
             raise
+        answered = final is not None
         if final is None:
             final = (f"I stopped after {defaults.max_tool_iterations} tool steps without finishing. "
                      "Tell me to go on if you want me to continue.")
@@ -263,8 +270,9 @@ class AgentLoop:
             if on_text is not None:
                 await on_text(final)
         await self._append(session, turn)
+        finished = FinishedTurn.of(session, len(turn), answered and bool(final.strip()))
         answer = final.strip() or "(the model returned an empty answer)"
-        return f"{notice}\n\n{answer}" if notice else answer
+        return (f"{notice}\n\n{answer}" if notice else answer), finished
 
     async def _search_query(self, session: Session, policy: MemoryPolicy, text: str) -> str:
         """What memory is searched with for `text`: the message, or with its rewrite when the policy asks.
@@ -326,18 +334,25 @@ class AgentLoop:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    async def _after_turn(self, key: str, notify: NoticeSink | None) -> None:
+    async def _after_turn(self, key: str, notify: NoticeSink | None, finished: FinishedTurn) -> None:
         # Each job on its own: a bug in one must not stop the others. Each checks whether it is due.
         jobs: list[tuple[str, Callable[[], Awaitable[object]]]] = [
             ("session summary", lambda: self._summarize_if_needed(key, notify)),
             ("long-term compression", lambda: self.compressor.run_if_due(self.workspace.policy.current())),
             ("reflection", lambda: self._reflect_if_due(key)),
+            ("lesson review", lambda: self._learn(finished, notify)),
         ]
         for name, job in jobs:
             try:
                 await job()
             except Exception:
                 log.exception("session %s: background %s failed", key, name)
+
+    async def _learn(self, finished: FinishedTurn, notify: NoticeSink | None) -> None:
+        """Write the lesson the turn taught, if any; tell the chat, once, about a skill drafted meanwhile."""
+        learned = await self.learner.learn(finished)
+        if learned.draft is not None and notify is not None:
+            await notify(finished.key, learned.draft.notice)
 
     async def _reflect_if_due(self, key: str) -> None:
         await self.reflector.maybe_reflect(self.sessions, await self.session(key))

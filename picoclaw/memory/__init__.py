@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
     from picoclaw.memory.lessons import lesson_of
+    from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
     from picoclaw.memory.search import (
         Block,
@@ -54,10 +55,10 @@ __all__ = [
     "BACKUPS_DIR", "DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Block", "CompressionResult",
     "DailyNote", "E5Embedder", "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus",
     "IndexedSearch", "InjectedMemory", "KeywordSearch", "LocalEmbedder", "LongTermCompressor", "LongTermEntry",
-    "MemoryIndex", "MemorySearch", "MemoryStore", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
-    "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "Workspace",
-    "demote_headings", "flush_facts", "lesson_of", "format_missing", "index_of", "open_search", "rank_blocks",
-    "select_turn_memory", "split_blocks", "standing_lessons", "suggest_policy_change", "why_not_due",
+    "MemoryIndex", "MemorySearch", "MemoryStore", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange",
+    "PolicyError", "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport",
+    "Workspace", "demote_headings", "flush_facts", "format_missing", "index_of", "lesson_of", "open_search",
+    "rank_blocks", "select_turn_memory", "split_blocks", "standing_lessons", "suggest_policy_change", "why_not_due",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
@@ -73,6 +74,7 @@ _HOMES = {
     "picoclaw.memory.index.status": ("IndexStatus",),
     "picoclaw.memory.index.sync": ("SyncReport",),
     "picoclaw.memory.lessons": ("lesson_of",),
+    "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
                                "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks",

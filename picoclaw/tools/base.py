@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 current_session: ContextVar[str | None] = ContextVar("current_session", default=None)
 
 
+# How every failed call's result starts (an unknown tool, bad arguments, a ToolError, a tool's bug): the model
+# reads it as a failure, and so does the review of a finished turn (agent/lessons.py).
+ERROR_PREFIX = "error: "
+
+
 class ToolError(PicoclawError):
     """A tool could not do what was asked; the message goes back to the model as the tool result."""
 
@@ -72,22 +77,22 @@ class ToolRegistry:
         """Run a tool call from the model and return the text to send back as the tool result."""
         tool = self.tools.get(name)
         if tool is None:
-            return f"error: unknown tool {name!r}; available: {', '.join(self.tools)}"
+            return f"{ERROR_PREFIX}unknown tool {name!r}; available: {', '.join(self.tools)}"
         try:
             raw = orjson.loads(arguments or "{}")
         except orjson.JSONDecodeError as exc:
-            return f"error: the arguments are not valid JSON ({exc.msg}); send a JSON object"
+            return f"{ERROR_PREFIX}the arguments are not valid JSON ({exc.msg}); send a JSON object"
         if not isinstance(raw, dict):
-            return "error: the arguments must be a JSON object"
+            return f"{ERROR_PREFIX}the arguments must be a JSON object"
         try:
             args = tool.Args.model_validate(raw)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
-            return f"error: invalid arguments for {name}: {problems}"
+            return f"{ERROR_PREFIX}invalid arguments for {name}: {problems}"
         try:
             return await tool.run(args)
         except ToolError as exc:
-            return f"error: {exc}"
+            return f"{ERROR_PREFIX}{exc}"
         except Exception as exc:  # a tool bug must not end the turn; the model sees a short reason
             log.exception("tool %s failed", name)
-            return f"error: {name} failed: {type(exc).__name__}: {exc}"
+            return f"{ERROR_PREFIX}{name} failed: {type(exc).__name__}: {exc}"

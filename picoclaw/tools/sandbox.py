@@ -18,6 +18,9 @@ the workspace are accepted.
 - Store and policy bookkeeping (`memory/backups/`, `memory/policy_*`, `memory/index/`, the memory folder's
   dot files, `sessions/`, the jobs in `cron/`) is refused for writing; the home's config.json (secrets) is
   refused entirely.
+- Skills are the user's to install: `skills/` is refused for writing, so the model can neither write a skill
+  it would then load nor accept a draft of its own (`picoclaw skills accept` is the only way in), and
+  `skills/_drafts/` is refused even for reading (a draft is not used before the user accepts it).
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ class WorkspaceFiles:
         self.users_dir = Path(os.path.realpath(layout.users_dir))  # per-user scopes (shared scope's view)
         self.sessions_dir = Path(os.path.realpath(layout.sessions_dir))
         self.cron_dir = Path(os.path.realpath(layout.jobs_path.parent))
+        self.skills_dir = Path(os.path.realpath(layout.skills_dir))
+        self.drafts_dir = Path(os.path.realpath(layout.skill_drafts_dir))
         self.config_file = Path(os.path.realpath(layout.config_file))
 
     def shown(self, path: Path) -> str:
@@ -133,6 +138,12 @@ class WorkspaceFiles:
                 raise ToolError(f"{shown} belongs to the session store; file tools cannot write there")
             if path.is_relative_to(self.cron_dir):  # every chat's jobs: the cron tool shows each chat its own
                 raise ToolError(f"{shown} holds the scheduled jobs; use the cron tool to see or change them")
+            if path.is_relative_to(self.drafts_dir):
+                raise ToolError(f"{shown} is a skill draft waiting for the user's review; it cannot be used or "
+                                "changed until the user accepts it")
+            if writing and path.is_relative_to(self.skills_dir):
+                raise ToolError(f"{shown} is in the skills folder, which only the user changes; file tools cannot "
+                                "write there (load a skill with the skill tool)")
             return Target(path, shown, "file")
         parts = path.relative_to(self.memory_dir).parts
         if not parts:

@@ -3,7 +3,9 @@
 A SKILL.md starts with YAML front matter between `---` lines holding `name` (the folder's name) and a
 one-line `description`; the rest is the instructions. The system prompt lists every skill's name and
 description (sorted by name, so the prompt prefix stays byte-identical while the skills do not change);
-the `skill` tool returns a skill's instructions, or a file beside its SKILL.md, on demand.
+the `skill` tool returns a skill's instructions, or a file beside its SKILL.md, on demand. `skills/_drafts/`
+holds skills drafted from lessons (tools/drafts.py): the catalog never reads it, so a draft is neither listed
+nor loadable until the user accepts it (`picoclaw skills accept`).
 
 A process keeps one catalog per skills folder (`shared_catalog`): the prompt builder and the skill tool of
 every agent, shared or per user, read the same scan, so a broken SKILL.md is parsed and logged once per
@@ -25,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from picoclaw.fsutil import FileCache, FileKey, file_key
+from picoclaw.layout import SKILL_DRAFTS_DIR
 from picoclaw.memory import Workspace
 from picoclaw.tools.base import Tool, ToolError
 
@@ -36,7 +39,7 @@ MAX_DESCRIPTION_CHARS = 1024
 MAX_SKILL_FILES = 50
 MAX_FILE_CHARS = 50_000
 # The Agent Skills convention: lowercase letters, digits and hyphens; also a safe folder name.
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+SKILL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
@@ -107,7 +110,7 @@ def parse_skill(path: Path) -> Skill:
     if not isinstance(description, str) or not description.strip():
         raise SkillFormatError("the front matter has no description")
     name = name.strip()
-    if not _NAME.match(name):
+    if not SKILL_NAME.match(name):
         raise SkillFormatError(f"name {name!r} must be lowercase letters, digits and hyphens (at most 64)")
     if name != path.parent.name:
         raise SkillFormatError(f"name {name!r} differs from its folder {path.parent.name!r}")
@@ -177,8 +180,10 @@ class SkillCatalog:
             entries = sorted(os.scandir(self.folder), key=lambda entry: entry.name)
         except (FileNotFoundError, NotADirectoryError):
             return []
+        # Drafts (skills/_drafts/, picoclaw/tools/drafts.py) wait for the user: never listed nor loaded.
         return [Path(entry.path) / SKILL_FILE for entry in entries
-                if not entry.name.startswith(".") and _is_skill_folder(Path(entry.path))]
+                if not entry.name.startswith(".") and entry.name != SKILL_DRAFTS_DIR
+                and _is_skill_folder(Path(entry.path))]
 
 
 def _is_skill_folder(folder: Path) -> bool:
