@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from picoclaw.agent.streaming import StreamGate, TextSink
 from picoclaw.agent.summary import CompactResult, accept_summary, render_transcript, summary_request
 from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
 from picoclaw.keyed import KeyedLocks, LruCache
-from picoclaw.memory import LongTermCompressor, Session, StoredMessage, Workspace, flush_facts
+from picoclaw.memory import LongTermCompressor, Session, StoredMessage, TurnMetrics, Workspace, flush_facts
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
 from picoclaw.tokens import count_tokens
@@ -118,6 +119,7 @@ class AgentLoop:
         self.sessions = workspace.sessions()
         self.compressor = LongTermCompressor(workspace.store, provider)
         self.reflector = Reflector(workspace.policy, provider)
+        self.metrics = TurnMetrics(workspace.memory_dir)  # retrieval time per turn, for `memory stats`
         self._locks: KeyedLocks[str] = KeyedLocks()
         self._summarizing: set[str] = set()
         self._summary_backoff: dict[str, SummaryBackoff] = {}  # kept only for sessions in the cache
@@ -218,7 +220,10 @@ class AgentLoop:
         schemas = self.tools.schemas()
         notice = ""
         query = await self._search_query(session, policy, text)
+        started = time.perf_counter()  # after the query rewrite: a model call is not retrieval
         built = await self.context.build(policy, session, text, now, query)
+        # Written in the background: the reply does not wait for the metrics file.
+        self._spawn(asyncio.to_thread(self.metrics.record, (time.perf_counter() - started) * 1000, now))
         messages = built.messages
         turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     )
     from picoclaw.memory.session import Session, SessionStore, StoredMessage
     from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
+    from picoclaw.memory.turn_metrics import TurnMetrics
     from picoclaw.memory.workspace import Workspace
 
 __all__ = [
@@ -53,7 +54,8 @@ __all__ = [
     "DailyNote", "E5Embedder", "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus",
     "IndexedSearch", "InjectedMemory", "KeywordSearch", "LocalEmbedder", "LongTermCompressor", "LongTermEntry",
     "MemoryIndex", "MemorySearch", "MemoryStore", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
-    "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "Workspace",
+    "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics",
+    "Workspace",
     "demote_headings", "flush_facts", "format_missing", "index_of", "open_search", "rank_blocks",
     "select_turn_memory", "split_blocks", "suggest_policy_change", "why_not_due",
 ]
@@ -75,6 +77,7 @@ _HOMES = {
                                "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks"),
     "picoclaw.memory.session": ("Session", "SessionStore", "StoredMessage"),
     "picoclaw.memory.store": ("BACKUPS_DIR", "DailyNote", "MemoryStore"),
+    "picoclaw.memory.turn_metrics": ("TurnMetrics",),
     "picoclaw.memory.workspace": ("Workspace",),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
