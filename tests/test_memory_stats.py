@@ -1,5 +1,5 @@
-"""`picoclaw memory stats` (issue 27): the retrieval time each turn records. Turns run through a real AgentLoop
-against the fake OpenAI server."""
+"""`picoclaw memory stats` (issue 27): the retrieval time each turn records, what the last compression and
+reflection did. Turns run through a real AgentLoop against the fake OpenAI server."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from picoclaw.agent.reflection import ReflectionOutcome
+from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, last_outcome, outcome_path
 from picoclaw.memory.turn_metrics import KEEP_TURNS, TRIM_BYTES, TURN_METRICS_FILE, TurnMetrics
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import chat, frozen
 from tests.fakes import FakeOpenAIServer
+from tests.test_compression import ENGLISH, compress, write_memory
+from tests.test_evolution import evolving, reflect
 
 DAY = "2025-03-12 02:00:00"  # 10:00 in Asia/Shanghai, the day the turns run
 
@@ -63,3 +67,46 @@ def test_a_metrics_file_that_cannot_be_written_never_fails_a_turn(
     with frozen(DAY):
         assert chat(workspace, fake_openai, ["hello"]) == ["still answered"]
     assert any("turn metrics" in record.getMessage() for record in caplog.records)
+
+
+# -- the last compression and reflection -------------------------------------------------------------------
+
+
+def test_a_refused_compression_is_recorded(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    store = workspace.store
+    original = write_memory(store, ENGLISH)
+    fake_openai.reply_text("## Everything\nProject Falcon.")  # loses every ticket and server: refused
+    with frozen(DAY):
+        result = compress(store, fake_openai, force=True)
+    assert result is not None and result.status == "refused"
+    assert store.read_long_term() == original
+    last = last_outcome(workspace.memory_dir, COMPRESSION)
+    assert last is not None
+    assert (last.status, last.detail, last.time) == ("refused", result.detail, "2025-03-12T02:00:00+00:00")
+
+
+def test_a_dry_run_records_no_outcome(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    write_memory(workspace.store, ENGLISH)
+    fake_openai.reply_text("## Everything\nProject Falcon.")
+    with frozen(DAY):
+        result = compress(workspace.store, fake_openai, force=True, dry_run=True)
+    assert result is not None and result.status == "refused"  # what a real run would have recorded
+    assert not outcome_path(workspace.memory_dir, COMPRESSION).exists()
+
+
+@pytest.mark.parametrize(("answer", "status", "detail"), [
+    ('{"retrieve_limit": 15, "reason": "older facts were missed"}', "changed",
+     "session telegram:42: retrieve_limit → 15 (older facts were missed)"),
+    ('{"reason": "all is well"}', "unchanged", "session telegram:42: all is well"),
+    ("I cannot help with that.", "refused", "session telegram:42: no JSON object in the answer"),
+])
+def test_every_reflection_records_what_came_of_it(home: Path, fake_openai: FakeOpenAIServer, answer: str,
+                                                  status: str, detail: str) -> None:
+    workspace = evolving(home, fake_openai)
+    fake_openai.reply_text(answer)
+    with frozen(DAY):
+        outcome = reflect(workspace, fake_openai)
+    last = last_outcome(workspace.policy.memory_dir, REFLECTION)
+    assert isinstance(outcome, ReflectionOutcome) and outcome.status == status
+    assert last is not None
+    assert (last.status, last.detail) == (status, detail)

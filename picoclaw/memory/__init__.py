@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.index import MemoryIndex
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
+    from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome, record_outcome
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
     from picoclaw.memory.search import (
         Block,
@@ -50,14 +51,15 @@ if TYPE_CHECKING:
     from picoclaw.memory.workspace import Workspace
 
 __all__ = [
-    "BACKUPS_DIR", "DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Block", "CompressionResult",
+    "BACKUPS_DIR", "COMPRESSION", "DEFAULT_LOCAL_MODEL", "LOCAL", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT",
+    "Block", "CompressionResult",
     "DailyNote", "E5Embedder", "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus",
-    "IndexedSearch", "InjectedMemory", "KeywordSearch", "LocalEmbedder", "LongTermCompressor", "LongTermEntry",
-    "MemoryIndex", "MemorySearch", "MemoryStore", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
-    "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics",
-    "Workspace",
-    "demote_headings", "flush_facts", "format_missing", "index_of", "open_search", "rank_blocks",
-    "select_turn_memory", "split_blocks", "suggest_policy_change", "why_not_due",
+    "IndexedSearch", "InjectedMemory", "JobOutcome", "KeywordSearch", "LocalEmbedder", "LongTermCompressor",
+    "LongTermEntry", "MemoryIndex", "MemorySearch", "MemoryStore", "OpenAICompatEmbedder", "PolicyChange",
+    "PolicyError", "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport",
+    "TurnMetrics", "Workspace",
+    "demote_headings", "flush_facts", "format_missing", "index_of", "last_outcome", "open_search", "rank_blocks",
+    "record_outcome", "select_turn_memory", "split_blocks", "suggest_policy_change", "why_not_due",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
@@ -72,6 +74,7 @@ _HOMES = {
     "picoclaw.memory.index.index": ("MemoryIndex",),
     "picoclaw.memory.index.status": ("IndexStatus",),
     "picoclaw.memory.index.sync": ("SyncReport",),
+    "picoclaw.memory.job_outcomes": ("COMPRESSION", "REFLECTION", "JobOutcome", "last_outcome", "record_outcome"),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
                                "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks"),
