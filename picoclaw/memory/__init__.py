@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         split_blocks,
     )
     from picoclaw.memory.session import Session, SessionStore, StoredMessage
+    from picoclaw.memory.stats import MemoryStats, memory_stats
     from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
     from picoclaw.memory.turn_metrics import TurnMetrics
     from picoclaw.memory.workspace import Workspace
@@ -55,11 +56,11 @@ __all__ = [
     "Block", "CompressionResult",
     "DailyNote", "E5Embedder", "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus",
     "IndexedSearch", "InjectedMemory", "JobOutcome", "KeywordSearch", "LocalEmbedder", "LongTermCompressor",
-    "LongTermEntry", "MemoryIndex", "MemorySearch", "MemoryStore", "OpenAICompatEmbedder", "PolicyChange",
-    "PolicyError", "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport",
-    "TurnMetrics", "Workspace",
-    "demote_headings", "flush_facts", "format_missing", "index_of", "last_outcome", "open_search", "rank_blocks",
-    "record_outcome", "select_turn_memory", "split_blocks", "suggest_policy_change", "why_not_due",
+    "LongTermEntry", "MemoryIndex", "MemorySearch", "MemoryStats", "MemoryStore", "OpenAICompatEmbedder",
+    "PolicyChange", "PolicyError", "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError",
+    "SyncReport", "TurnMetrics", "Workspace",
+    "demote_headings", "flush_facts", "format_missing", "index_of", "last_outcome", "memory_stats", "open_search",
+    "rank_blocks", "record_outcome", "select_turn_memory", "split_blocks", "suggest_policy_change", "why_not_due",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
@@ -79,6 +80,7 @@ _HOMES = {
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
                                "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks"),
     "picoclaw.memory.session": ("Session", "SessionStore", "StoredMessage"),
+    "picoclaw.memory.stats": ("MemoryStats", "memory_stats"),
     "picoclaw.memory.store": ("BACKUPS_DIR", "DailyNote", "MemoryStore"),
     "picoclaw.memory.turn_metrics": ("TurnMetrics",),
     "picoclaw.memory.workspace": ("Workspace",),
