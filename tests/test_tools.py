@@ -265,7 +265,7 @@ def test_list_dir(tools: ToolRegistry, root: Path, outside: Path) -> None:
     assert lines.index("memory/") < lines.index(f"AGENTS.md ({size} bytes)")  # folders first
     assert "secret.txt" not in listing  # the link is not followed
     assert call(tools, "list_dir", path="memory").splitlines()[1:] == [
-        f"MEMORY.md ({(root / 'memory' / 'MEMORY.md').stat().st_size} bytes)"]
+        f"{name} ({(root / 'memory' / name).stat().st_size} bytes)" for name in ("LEARNINGS.md", "MEMORY.md")]
     (root / "empty").mkdir()
     assert call(tools, "list_dir", path="empty") == "empty/ is empty"
     assert call(tools, "list_dir", path="nope") == "error: no such folder: nope"
