@@ -185,6 +185,16 @@ def test_retrieval_time_is_measured_on_a_running_clock(workspace: Workspace, fak
     assert retrieval.p50_ms is not None and retrieval.p50_ms > 0
 
 
+def test_a_turn_that_failed_records_no_retrieval_time(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_error(500, "the model is down")
+    fake_openai.reply_text("ok")
+    with frozen(DAY):
+        replies = chat(workspace, fake_openai, ["hello", "你好"])
+        retrieval = memory_stats(workspace).retrieval
+    assert replies[0].startswith("Sorry") and replies[1] == "ok"
+    assert retrieval.turns == 1  # the answered turn only
+
+
 def test_a_provider_that_reports_no_cache_leaves_the_share_unknown(
         home: Path, workspace: Workspace, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
     fake_openai.reply_text("ok", usage={"prompt_tokens": 900, "completion_tokens": 3})  # no cached part

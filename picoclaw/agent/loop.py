@@ -222,8 +222,7 @@ class AgentLoop:
         query = await self._search_query(session, policy, text)
         started = time.perf_counter()  # after the query rewrite: a model call is not retrieval
         built = await self.context.build(policy, session, text, now, query)
-        # Written in the background: the reply does not wait for the metrics file.
-        self._spawn(asyncio.to_thread(self.metrics.record, (time.perf_counter() - started) * 1000, now))
+        retrieval_ms = (time.perf_counter() - started) * 1000
         messages = built.messages
         turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None
@@ -268,6 +267,9 @@ class AgentLoop:
             if on_text is not None:
                 await on_text(final)
         await self._append(session, turn)
+        # Kept for a turn that was answered (a failed one leaves no trace), in the background: the reply does
+        # not wait for the metrics file.
+        self._spawn(asyncio.to_thread(self.metrics.record, retrieval_ms, now))
         answer = final.strip() or "(the model returned an empty answer)"
         return f"{notice}\n\n{answer}" if notice else answer
 
