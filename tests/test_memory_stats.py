@@ -225,6 +225,7 @@ def test_background_model_use_for_30_days_and_today(
     assert stats["background"]["skill_draft"]["last_30d"] == {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
     assert stats["background"]["summary_test"]["today"]["calls"] == 1
     assert "2 calls, 500 prompt + 70 completion tokens; today 1 call, 200 prompt + 30 completion tokens" in out
+    assert "skill_draft:    no calls; today no calls" in out  # the ledger exists: a real zero, said in words
 
 
 # -- the last compression and reflection -------------------------------------------------------------------

@@ -223,7 +223,9 @@ def _background_text(stats: MemoryStats, purpose: str) -> str:
     if use.last_30d is None or use.today is None:
         return "unknown (its ledger cannot be read)" if "background" in stats.warnings else "none recorded yet"
     spent = [f"{usage.calls} call{'s' if usage.calls != 1 else ''}, {usage.prompt_tokens:,} prompt + "
-             f"{usage.completion_tokens:,} completion tokens" for usage in (use.last_30d, use.today)]
+             f"{usage.completion_tokens:,} completion tokens"
+             if usage.calls or usage.prompt_tokens or usage.completion_tokens else "no calls"
+             for usage in (use.last_30d, use.today)]
     return f"{spent[0]}; today {spent[1]}"
 
 
