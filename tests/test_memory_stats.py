@@ -318,6 +318,7 @@ def test_damaged_soft_state_files_are_warnings_and_unknowns_not_tracebacks(
     for label in ("retrieval", "learning", "last compression", "last reflection"):
         assert "unknown" in lines[label], label
     assert [doc["not_injected_30d"] for doc in stats["documents"]] == [None, None, None]
+    assert stats["warnings"]["retrieval"].endswith("2 damaged line(s) skipped; retrieval times are unknown")
     assert stats["retrieval"]["turns"] is None
     assert stats["background"]["learning"]["last_30d"] is None
     assert stats["last_compression"] is None and stats["last_reflection"] is None

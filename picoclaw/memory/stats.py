@@ -254,9 +254,10 @@ def _retrieval(metrics: TurnMetrics, warnings: dict[str, str]) -> RetrievalStats
     if read.problem is not None:
         warnings["retrieval"] = f"{read.problem}; retrieval times are unknown"
         return RetrievalStats(None, None, None)
-    if read.damaged:
-        warnings["retrieval"] = f"{metrics.path}: {read.damaged} damaged line(s) skipped"
     values = [turn.retrieval_ms for turn in read.turns]
+    if read.damaged:
+        unknown = "" if values else "; retrieval times are unknown"
+        warnings["retrieval"] = f"{metrics.path}: {read.damaged} damaged line(s) skipped{unknown}"
     if not values:
         # A file of damaged lines only is unknown; no file, or an empty one, means no turn was measured yet.
         return RetrievalStats(None if read.damaged else 0, None, None)
