@@ -377,8 +377,9 @@ class FileCache(Generic[T]):
         return cached[1]
 
 
-def append_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    """Append records as JSON lines in one write, flushed and fsynced (a crash may tear only the last line).
+def append_jsonl(path: Path, records: list[dict[str, Any]], *, durable: bool = True) -> None:
+    """Append records as JSON lines in one write, flushed and fsynced (a crash may tear only the last line);
+    `durable` False skips the fsync, for soft state that may lose its last lines to a power cut.
 
     When the file does not end with a newline (a crash tore the last append), the records start on a new
     line: glued to the torn line they would be unreadable too, and lost with it. The torn line is left
@@ -396,4 +397,5 @@ def append_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
                 payload = b"\n" + payload
         fh.write(payload)  # append mode: written at the end, wherever the read left the position
         fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            os.fsync(fh.fileno())

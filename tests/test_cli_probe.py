@@ -51,6 +51,7 @@ WRITES_MEMORY = (f"{MEM}/MEMORY.md", f"{MEM}/backups*", f"{MEM}/.MEMORY.md.entri
 WRITES_NOTE = (f"{MEM}/2*",)
 WRITES_JOBS = ("workspace/cron*",)
 WRITES_SESSION = ("workspace/sessions*",)
+WRITES_TURN = (*WRITES_SESSION, "workspace/memory/.turn_metrics.jsonl")  # a turn answered: its retrieval time
 WRITES_POLICY = (OVERRIDES, f"{MEM}/policy_snapshots*", f"{MEM}/policy_history.jsonl")
 
 
@@ -426,9 +427,9 @@ CASES = [
     case("chat-blank", ["chat", "-m", " \n\t"], usage("empty")),
     case("chat-no-key", ["chat", "-m", "你好"], error("API key"), NO_API_KEY),
     case("chat-model-down", ["chat", "-m", "你好 hello"], error("openai"), isolated=True),
-    case("chat-huge", ["chat", "-m", HUGE], Works(needles=("好",), writes=WRITES_SESSION), reply="好 ok",
+    case("chat-huge", ["chat", "-m", HUGE], Works(needles=("好",), writes=WRITES_TURN), reply="好 ok",
          isolated=True),
-    case("chat-escapes", ["chat", "-m", "颜色 colour?"], Works(needles=("red", "红"), writes=WRITES_SESSION),
+    case("chat-escapes", ["chat", "-m", "颜色 colour?"], Works(needles=("red", "红"), writes=WRITES_TURN),
          reply="a\x1b[31mred\x07 \x1b]0;pwned\x07红", isolated=True),
     case("chat-session-long", ["chat", "-m", "hi", "--session", "x" * 300], Fails(), reply="好", isolated=True),
 ]

@@ -82,7 +82,7 @@ def test_append_compress_and_restore_go_through_the_link(home: Path, tmp_path: P
     assert run(capsys, "memory", "search", "西湖 跑步")[1].count("likes running by the West Lake") == 1
     # Beside the link, nothing but the store's own files (and no temp file beside the vault file).
     assert sorted(p.name for p in link.parent.iterdir() if not p.name.endswith(".lock")) == [
-        ".last_longterm_compress", "LEARNINGS.md", "MEMORY.md", "backups"]
+        ".last_compression.json", ".last_longterm_compress", "LEARNINGS.md", "MEMORY.md", "backups"]
     assert sorted(p.name for p in vault.parent.iterdir()) == [".memory.md.lock", "memory.md"]
 
 

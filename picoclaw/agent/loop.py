@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from picoclaw.agent.summary import CompactResult, accept_summary, render_transcr
 from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
 from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.keyed import KeyedLocks, LruCache
-from picoclaw.memory import LongTermCompressor, Session, StoredMessage, Workspace, flush_facts
+from picoclaw.memory import LongTermCompressor, Session, StoredMessage, TurnMetrics, Workspace, flush_facts
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
 from picoclaw.tokens import count_tokens
@@ -122,6 +123,7 @@ class AgentLoop:
         self.compressor = LongTermCompressor(workspace.store, provider)
         self.reflector = Reflector(workspace.policy, provider)
         self.learner = Learner(workspace, provider, self._offered)
+        self.metrics = TurnMetrics(workspace.memory_dir)  # retrieval time per turn, for `memory stats`
         self._locks: KeyedLocks[str] = KeyedLocks()
         self._summarizing: set[str] = set()
         self._summary_backoff: dict[str, SummaryBackoff] = {}  # kept only for sessions in the cache
@@ -224,7 +226,9 @@ class AgentLoop:
         schemas = self.tools.schemas()
         notice = ""
         query = await self._search_query(session, policy, text)
+        started = time.perf_counter()  # after the query rewrite: a model call is not retrieval
         built = await self.context.build(policy, session, text, now, query)
+        retrieval_ms = (time.perf_counter() - started) * 1000
         messages = built.messages
         turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None
@@ -271,6 +275,9 @@ class AgentLoop:
                 await on_text(final)
         await self._append(session, turn)
         finished = FinishedTurn.of(session, len(turn), answered and bool(final.strip()))
+        # Kept for a turn that was answered (a failed one leaves no trace), in the background: the reply does
+        # not wait for the metrics file.
+        self._spawn(asyncio.to_thread(self.metrics.record, retrieval_ms, now))
         answer = final.strip() or "(the model returned an empty answer)"
         return (f"{notice}\n\n{answer}" if notice else answer), finished
 

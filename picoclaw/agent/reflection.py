@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from picoclaw.agent.summary import render_transcript
-from picoclaw.memory import PolicyError, PolicyManager, Session, SessionStore, SuggestionError, suggest_policy_change
+from picoclaw.memory import (
+    REFLECTION,
+    PolicyError,
+    PolicyManager,
+    Session,
+    SessionStore,
+    SuggestionError,
+    record_outcome,
+    suggest_policy_change,
+)
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Message
 
@@ -32,6 +41,20 @@ class ReflectionOutcome:
     reason: str = ""
     snapshot: Path | None = None
     refused: str | None = None
+
+    @property
+    def status(self) -> str:
+        """One word: "changed", "unchanged" or "refused"."""
+        return "refused" if self.refused is not None else "changed" if self.changes else "unchanged"
+
+    def describe(self) -> str:
+        """What was changed and why, or why nothing was."""
+        if self.refused is not None:
+            return self.refused
+        if not self.changes:
+            return self.reason or "the model suggested no change"
+        changed = ", ".join(f"{key} → {value}" for key, value in self.changes.items())
+        return f"{changed} ({self.reason})" if self.reason else changed
 
 
 def reflection_due(policy: MemoryPolicy, session: Session) -> bool:
@@ -63,7 +86,21 @@ class Reflector:
         return await self.reflect(session.key, recent)
 
     async def reflect(self, session_key: str, messages: list[Message]) -> ReflectionOutcome:
-        """Ask for a suggestion about `messages` and apply it if it is valid."""
+        """Ask for a suggestion about `messages` and apply it if it is valid; what came of it is kept as the
+        last reflection's outcome (memory/job_outcomes.py), a reflection that changed nothing too."""
+        try:
+            outcome = await self._reflect(session_key, messages)
+        except Exception as exc:
+            await asyncio.to_thread(self._record, session_key, "failed", f"{type(exc).__name__}: {exc}")
+            raise
+        await asyncio.to_thread(self._record, session_key, outcome.status, outcome.describe())
+        return outcome
+
+    def _record(self, session_key: str, status: str, detail: str) -> None:
+        # Beside the policy it tunes: the owner's, shared by every memory scope.
+        record_outcome(self.policy.memory_dir, REFLECTION, status, f"session {session_key}: {detail}")
+
+    async def _reflect(self, session_key: str, messages: list[Message]) -> ReflectionOutcome:
         try:
             suggestion = await suggest_policy_change(self.provider, self.policy, recent_transcript(messages))
         except SuggestionError as exc:

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from picoclaw.cli.command import Parser, bounded_int, opened_app
-from picoclaw.cli.output import ProgressBar, echo, reindex_lines, status_lines
+from picoclaw.cli.output import ProgressBar, echo, reindex_lines, stats_lines, status_lines
 from picoclaw.errors import PicoclawError
 from picoclaw.printable import has_controls, printable
 
@@ -34,6 +34,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                        ).set_defaults(handler=cmd_memory_status)
     actions.add_parser("reindex", help="rebuild the optional index from the memory files"
                        ).set_defaults(handler=cmd_memory_reindex)
+    stats = actions.add_parser("stats", help="entries, tokens, use, retrieval time, prompt cache, background "
+                                             "model use, last compression and reflection")
+    stats.add_argument("--json", action="store_true", help="the same numbers as JSON (null: not known)")
+    stats.set_defaults(handler=cmd_memory_stats)
     append = actions.add_parser("append", help="add an entry to MEMORY.md (or today's note, or a lesson)")
     append.add_argument("text")
     where = append.add_mutually_exclusive_group()
@@ -119,6 +123,18 @@ def cmd_memory_reindex(args: argparse.Namespace) -> int:
         finally:
             bar.close()
         echo("\n".join(reindex_lines(report, index.status())))
+    return 0
+
+
+def cmd_memory_stats(args: argparse.Namespace) -> int:
+    from picoclaw.jsonio import dumps_pretty
+    from picoclaw.memory import memory_stats
+
+    with opened_app() as app:
+        stats = memory_stats(app.workspace)
+    for problem in stats.warnings.values():  # before the numbers, so no one reads an unknown as measured
+        echo(f"warning: {problem}", file=sys.stderr)
+    echo(dumps_pretty(stats.to_json()).decode("utf-8").rstrip("\n") if args.json else "\n".join(stats_lines(stats)))
     return 0
 
 

@@ -1,5 +1,5 @@
 """What the CLI prints: `echo` (text freed of terminal escapes), index status, a progress bar, policy history
-and snapshots, jobs. (Its log lines: `picoclaw.cli.logs`.)"""
+and snapshots, jobs, memory stats. (Its log lines: `picoclaw.cli.logs`.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from typing import TextIO
 
     from picoclaw.jobs import Job
-    from picoclaw.memory import IndexStatus, PolicyChange, SyncReport
+    from picoclaw.memory import IndexStatus, JobOutcome, MemoryStats, PolicyChange, SyncReport
 
 BAR_WIDTH = 30
 STALE_SHOWN = 5
@@ -141,3 +141,97 @@ def job_lines(jobs: list[Job], tz: tzinfo) -> list[str]:
         lines.append(printable(f"{job.id}  {job.schedule.describe(tz)}  {when}  {job.target}  {job.action}: "
                                f"{text}  [{last}]"))
     return lines
+
+
+# -- memory stats ----------------------------------------------------------------------------------------
+
+_STATS_COLUMNS = ("document", "files", "entries", "characters", "tokens", "superseded", "not injected in 30 days")
+_LABEL = 18  # the width of the "name:" column of the lines under the table
+
+
+def stats_lines(stats: MemoryStats) -> list[str]:
+    """`picoclaw memory stats` as a person reads it: a table of the documents, then one line a measure.
+    A number not known says so (not measured yet, unknown): it is never shown as 0."""
+    rows = [_STATS_COLUMNS] + [
+        (doc.name, str(doc.files), f"{doc.entries:,}", f"{doc.characters:,}", f"{doc.tokens:,}", f"{doc.superseded:,}",
+         "unknown" if doc.not_injected_30d is None else f"{doc.not_injected_30d:,}")
+        for doc in stats.documents]
+    widths = [max(len(row[n]) for row in rows) for n in range(len(_STATS_COLUMNS))]
+    lines = [f"memory: {stats.memory_dir} (today {stats.today}, {stats.timezone})", ""]
+    lines += ["  ".join([row[0].ljust(widths[0]), *(cell.rjust(width) for cell, width in zip(row[1:], widths[1:]))])
+              for row in rows]
+    lines += ["", *_most_injected_lines(stats), ""]
+    lines.append(_labelled("retrieval", _retrieval_text(stats)))
+    lines.append(_labelled("prompt cache", _cache_text(stats)))
+    lines.append("background model use (last 30 days; today):")
+    for purpose in stats.background:
+        off = " (learning_enabled is false)" if purpose == "learning" and not stats.learning_enabled else ""
+        lines.append(_labelled(f"  {purpose}", _background_text(stats, purpose) + off))
+    lines.append(_labelled("last compression", _outcome_text(
+        stats.last_compression, "last_compression" in stats.warnings,
+        "" if stats.compression_enabled else "compression is off: long_term_compress_char_threshold is 0")))
+    lines.append(_labelled("last reflection", _outcome_text(
+        stats.last_reflection, "last_reflection" in stats.warnings,
+        "" if stats.evolution_enabled else "reflection is off: evolution_enabled is false")))
+    return lines
+
+
+def _labelled(label: str, text: str) -> str:
+    return f"{label + ':':<{_LABEL}}{text}"
+
+
+def _most_injected_lines(stats: MemoryStats) -> list[str]:
+    if any(doc.most_injected is None for doc in stats.documents):
+        return ["most injected: unknown (the injection counts cannot be read)"]
+    used = [use for doc in stats.documents for use in doc.most_injected or ()]
+    if not used:
+        return ["most injected: none yet (no entry has been injected into a prompt)"]
+    lines = ["most injected (times a prompt carried it, the last day it did):"]
+    width = max(len(f"{use.file}:{use.line}") for use in used)
+    for use in used:
+        where = f"{use.file}:{use.line}"
+        lines.append(f"  {where:<{width}}  {use.injected:>4}×  {use.last_injected}  {use.preview}")
+    return lines
+
+
+def _retrieval_text(stats: MemoryStats) -> str:
+    retrieval = stats.retrieval
+    if retrieval.turns is None:
+        return "unknown (its record cannot be read)"
+    if retrieval.p50_ms is None or retrieval.p99_ms is None:
+        return "not measured yet (no turn has run since it is recorded)"
+    return (f"p50 {retrieval.p50_ms:.1f} ms, p99 {retrieval.p99_ms:.1f} ms over the last {retrieval.turns} "
+            f"turn{'s' if retrieval.turns != 1 else ''}")
+
+
+def _cache_text(stats: MemoryStats) -> str:
+    cache = stats.prompt_cache
+    if cache.share is None:
+        if cache.unreported:
+            return (f"unknown: the provider reported no cached tokens for the last {cache.unreported} "
+                    f"model repl{'ies' if cache.unreported != 1 else 'y'}")
+        return "not measured yet (no model reply with a token report)"
+    text = (f"{cache.share:.0%} of prompt tokens cached ({cache.cached_tokens:,} of {cache.prompt_tokens:,}) over "
+            f"the last {cache.replies} model repl{'ies' if cache.replies != 1 else 'y'}")
+    if cache.unreported:
+        text += f"; {cache.unreported} more reported no cached part"
+    return text
+
+
+def _background_text(stats: MemoryStats, purpose: str) -> str:
+    use = stats.background[purpose]
+    if use.last_30d is None or use.today is None:
+        return "unknown (its ledger cannot be read)" if "background" in stats.warnings else "none recorded yet"
+    spent = [f"{usage.calls} call{'s' if usage.calls != 1 else ''}, {usage.prompt_tokens:,} prompt + "
+             f"{usage.completion_tokens:,} completion tokens"
+             if usage.calls or usage.prompt_tokens or usage.completion_tokens else "no calls"
+             for usage in (use.last_30d, use.today)]
+    return f"{spent[0]}; today {spent[1]}"
+
+
+def _outcome_text(outcome: JobOutcome | None, damaged: bool, off: str) -> str:
+    if outcome is None:
+        text = "unknown (its record cannot be read)" if damaged else "none recorded yet"
+    else:
+        text = f"{outcome.time.replace('T', ' ')[:16]} {outcome.status}: {outcome.detail}"
+    return f"{text} ({off})" if off else text

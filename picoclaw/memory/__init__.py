@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.index import MemoryIndex
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
+    from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome, record_outcome
     from picoclaw.memory.lessons import lesson_of
     from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
@@ -48,17 +49,20 @@ if TYPE_CHECKING:
         standing_lessons,
     )
     from picoclaw.memory.session import Session, SessionStore, StoredMessage
+    from picoclaw.memory.stats import MemoryStats, memory_stats
     from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
+    from picoclaw.memory.turn_metrics import TurnMetrics
     from picoclaw.memory.workspace import Workspace
 
 __all__ = [
-    "BACKUPS_DIR", "DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Block", "CompressionResult",
-    "DailyNote", "E5Embedder", "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus",
-    "IndexedSearch", "InjectedMemory", "KeywordSearch", "LocalEmbedder", "LongTermCompressor", "LongTermEntry",
-    "MemoryIndex", "MemorySearch", "MemoryStore", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange",
-    "PolicyError", "PolicyManager", "Session", "SessionStore", "StoredMessage", "SuggestionError", "SyncReport",
-    "Workspace", "demote_headings", "flush_facts", "format_missing", "index_of", "lesson_of", "open_search",
-    "rank_blocks", "select_turn_memory", "split_blocks", "standing_lessons", "suggest_policy_change", "why_not_due",
+    "BACKUPS_DIR", "Block", "COMPRESSION", "CompressionResult", "DEFAULT_LOCAL_MODEL", "DailyNote", "E5Embedder",
+    "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus", "IndexedSearch", "InjectedMemory",
+    "JobOutcome", "KeywordSearch", "LOCAL", "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex",
+    "MemorySearch", "MemoryStats", "MemoryStore", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
+    "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Session", "SessionStore", "StoredMessage",
+    "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings", "flush_facts", "format_missing",
+    "index_of", "last_outcome", "lesson_of", "memory_stats", "open_search", "rank_blocks", "record_outcome",
+    "select_turn_memory", "split_blocks", "standing_lessons", "suggest_policy_change", "why_not_due",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
@@ -73,6 +77,7 @@ _HOMES = {
     "picoclaw.memory.index.index": ("MemoryIndex",),
     "picoclaw.memory.index.status": ("IndexStatus",),
     "picoclaw.memory.index.sync": ("SyncReport",),
+    "picoclaw.memory.job_outcomes": ("COMPRESSION", "REFLECTION", "JobOutcome", "last_outcome", "record_outcome"),
     "picoclaw.memory.lessons": ("lesson_of",),
     "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
@@ -80,7 +85,9 @@ _HOMES = {
                                "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks",
                                "standing_lessons"),
     "picoclaw.memory.session": ("Session", "SessionStore", "StoredMessage"),
+    "picoclaw.memory.stats": ("MemoryStats", "memory_stats"),
     "picoclaw.memory.store": ("BACKUPS_DIR", "DailyNote", "MemoryStore"),
+    "picoclaw.memory.turn_metrics": ("TurnMetrics",),
     "picoclaw.memory.workspace": ("Workspace",),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

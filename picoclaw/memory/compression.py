@@ -25,6 +25,7 @@ from typing import Literal
 from picoclaw import cjk, clock
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import facts
+from picoclaw.memory.job_outcomes import COMPRESSION, record_outcome
 from picoclaw.memory.search.blocks import split_blocks
 from picoclaw.memory.store import LONG_TERM_FILE, MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
@@ -326,8 +327,23 @@ class LongTermCompressor:
         """Compress MEMORY.md if due (or forced); None when not due. The caller reports the outcome.
 
         The gate is claimed before the model calls, so other turns and processes stay out meanwhile. A dry
-        run makes the same calls and the same checks and writes nothing, not even the gate.
+        run makes the same calls and the same checks and writes nothing, not even the gate. What a real run
+        did (refused and failed ones too) is kept as the last compression's outcome (memory/job_outcomes.py).
         """
+        try:
+            result = await self._run(policy, force=force, dry_run=dry_run)
+        except Exception as exc:
+            if not dry_run:
+                await asyncio.to_thread(self._record, "failed", f"{type(exc).__name__}: {exc}")
+            raise
+        if result is not None and not dry_run:
+            await asyncio.to_thread(self._record, result.status, result.detail)
+        return result
+
+    def _record(self, status: str, detail: str) -> None:
+        record_outcome(self.store.memory_dir, COMPRESSION, status, detail)
+
+    async def _run(self, policy: MemoryPolicy, *, force: bool, dry_run: bool) -> CompressionResult | None:
         # The memory lock, the gate and MEMORY.md are disk work: in a worker thread, off the event loop.
         if not dry_run and not await asyncio.to_thread(self._claim, policy, force):
             return None

@@ -130,8 +130,9 @@ def mark_superseded(text: str, entries: list[LongTermEntry], marker: str) -> str
     return "\n".join(lines)
 
 
-def _is_marked(entry: LongTermEntry) -> bool:
-    return any(line.startswith(SUPERSEDED) for line in entry.text.splitlines())
+def is_superseded(text: str) -> bool:
+    """Whether an entry's text carries the mark of a newer entry that updates it."""
+    return any(line.startswith(SUPERSEDED) for line in text.splitlines())
 
 
 def updated_by(body: str, entries: Iterable[LongTermEntry]) -> list[LongTermEntry]:
@@ -144,7 +145,7 @@ def updated_by(body: str, entries: Iterable[LongTermEntry]) -> list[LongTermEntr
     older = []
     for entry in entries:
         old = entry.text.split("\n", 1)[-1]
-        if shares_two(wanted, fold(old)) and not _is_marked(entry) and supersedes(body, old):
+        if shares_two(wanted, fold(old)) and not is_superseded(entry.text) and supersedes(body, old):
             older.append(entry)
     return older
 

@@ -10,6 +10,7 @@ little, an unbounded loop of calls costs money). A corrupt file is logged and st
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
@@ -84,23 +85,20 @@ class ModelUsage:
 
     def since(self, purpose: str, first: date) -> Usage:
         """What `purpose` used from `first` on (the ledger keeps KEEP_DAYS days)."""
-        total = Usage()
-        for day, purposes in self._load().items():
-            if day >= first.isoformat():
-                total = total + purposes.get(purpose, Usage())
-        return total
+        return used_since(self._load(), purpose, first)
 
-    def _load(self) -> dict[str, dict[str, Usage]]:
+    def read(self) -> dict[str, dict[str, Usage]] | None:
+        """What each purpose used, by ISO day, as the ledger holds it now; None when there is no ledger yet.
+        ConfigError when it cannot be read or is not a ledger."""
         try:
             raw = read_json_object(self.path)
-        except ConfigError as exc:
+        except ConfigError:
             if self.path.exists() or self.path.is_symlink():
-                log.warning("model usage: %s; counting starts afresh", exc)
-            return {}
+                raise
+            return None
         days = raw.get("days")
         if raw.get("version") != _VERSION or not isinstance(days, dict):
-            log.warning("model usage: %s is not a version %d file; counting starts afresh", self.path, _VERSION)
-            return {}
+            raise ConfigError(f"{self.path} is not a version {_VERSION} model usage file")
         found: dict[str, dict[str, Usage]] = {}
         for day, purposes in days.items():
             if not isinstance(purposes, dict):
@@ -110,8 +108,24 @@ class ModelUsage:
                     found.setdefault(str(day), {})[str(purpose)] = Usage(*value)
         return found
 
+    def _load(self) -> dict[str, dict[str, Usage]]:
+        try:
+            return self.read() or {}
+        except ConfigError as exc:
+            log.warning("model usage: %s; counting starts afresh", exc)
+            return {}
+
     def _save(self, days: dict[str, dict[str, Usage]], today: date) -> None:
         oldest = (today - timedelta(days=KEEP_DAYS)).isoformat()
         kept = {day: {purpose: [u.calls, u.prompt_tokens, u.completion_tokens] for purpose, u in purposes.items()}
                 for day, purposes in sorted(days.items()) if day >= oldest}
         atomic_write(self.path, orjson.dumps({"version": _VERSION, "days": kept}))
+
+
+def used_since(days: Mapping[str, Mapping[str, Usage]], purpose: str, first: date) -> Usage:
+    """What `purpose` used from `first` on, in a ledger's days (as `ModelUsage.read` gives them)."""
+    total = Usage()
+    for day, purposes in days.items():
+        if day >= first.isoformat():
+            total = total + purposes.get(purpose, Usage())
+    return total

@@ -137,7 +137,7 @@ class Session:
 
     def last_usage(self) -> StoredMessage | None:
         """The newest active reply for which the provider reported the prompt size."""
-        return next((m for m in reversed(self.active()) if m.prompt_tokens is not None), None)
+        return next(reported_usage(self.active()), None)
 
     def last_prompt_tokens(self) -> int | None:
         """Prompt tokens the provider reported for the newest active reply, if any."""
@@ -165,6 +165,11 @@ class Session:
         if compacted > KEPT_COMPACTED:
             # A new list, not a deletion in place: a reader on another thread keeps a consistent one.
             self.messages = self.messages[compacted - KEPT_COMPACTED:]
+
+
+def reported_usage(messages: list[StoredMessage]) -> Iterator[StoredMessage]:
+    """The replies among `messages` for which the provider reported the prompt size, newest first."""
+    return (m for m in reversed(messages) if m.prompt_tokens is not None)
 
 
 def session_filename(key: str) -> str:
@@ -197,6 +202,13 @@ class SessionStore:
         path = self.path_for(key)
         self._move_old_transcript(key, path)
         session = Session(key, path)
+        self._read(session)
+        return session
+
+    def read(self, path: Path) -> Session:
+        """The transcript at `path` (this folder's, or an archived one) as it is now, for a reader: nothing is
+        moved, nothing cached."""
+        session = Session(path.stem, path)
         self._read(session)
         return session
 

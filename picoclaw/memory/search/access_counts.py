@@ -74,18 +74,18 @@ class AccessCounts:
         except (OSError, Timeout) as exc:
             self._warn(f"cannot update {self.path}: {exc}")
 
-    def _load(self) -> dict[str, tuple[int, str]]:
-        """The file's entries; {} for a missing file, and for a corrupt one (logged once)."""
+    def read(self) -> dict[str, tuple[int, str]]:
+        """Block key → (times injected, ISO day last injected), as the file holds them now (none for a missing
+        file); ConfigError when it cannot be read or is not a counts file."""
         try:
             raw = read_json_object(self.path)
-        except ConfigError as exc:
+        except ConfigError:
             if self.path.exists() or self.path.is_symlink():
-                self._warn(f"{exc}; counting starts afresh")
+                raise
             return {}
         blocks = raw.get("blocks")
         if raw.get("version") != _VERSION or not isinstance(blocks, dict):
-            self._warn(f"{self.path} is not a version {_VERSION} counts file; counting starts afresh")
-            return {}
+            raise ConfigError(f"{self.path} is not a version {_VERSION} counts file")
         entries: dict[str, tuple[int, str]] = {}
         for key, value in blocks.items():
             # Entry by entry: one hand-damaged value costs that block's count, not the others'.
@@ -93,6 +93,14 @@ class AccessCounts:
                     and isinstance(value[1], str)):
                 entries[key] = (value[0], value[1])
         return entries
+
+    def _load(self) -> dict[str, tuple[int, str]]:
+        """The file's entries; {} for a missing file, and for a corrupt one (logged once)."""
+        try:
+            return self.read()
+        except ConfigError as exc:
+            self._warn(f"{exc}; counting starts afresh")
+            return {}
 
     def _warn(self, problem: str) -> None:
         if not self._warned:

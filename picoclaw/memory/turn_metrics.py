@@ -1,0 +1,114 @@
+"""What each turn measured about memory: how long retrieval took, kept for `picoclaw memory stats`.
+
+The file (`memory/.turn_metrics.jsonl`) holds one JSON line a turn: its time and `retrieval_ms`, the time the
+turn spent choosing its memory and building its prompt. Appends take a file lock (so two processes never
+lose each other's lines to a trim) and are not fsynced: a turn pays a lock, one write and one stat. Past
+TRIM_BYTES the file is trimmed to its newest KEEP_TURNS lines. It is soft state: a damaged line is
+skipped, a damaged file is trimmed to its good lines on the next trim, and no turn ever fails for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+import orjson
+from filelock import FileLock, Timeout
+
+from picoclaw.fsutil import FileTooLargeError, NotAFileError, append_jsonl, atomic_write, read_bounded
+
+log = logging.getLogger(__name__)
+
+TURN_METRICS_FILE = ".turn_metrics.jsonl"
+KEEP_TURNS = 500
+# A line is about 60 bytes: trimming at 64 KiB keeps between 500 and about 1,100 turns, one trim per ~600 turns.
+TRIM_BYTES = 64 * 1024
+# What a reader reads at most; a larger file was not written by picoclaw (or is a link to something else).
+READ_LIMIT = 1 << 20
+# A turn never waits longer than this for another process's append: a missed measurement costs nothing.
+LOCK_WAIT_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class TurnMetric:
+    """One turn's measurements."""
+
+    time: str  # ISO 8601, the turn's local time
+    retrieval_ms: float
+
+
+@dataclass(frozen=True)
+class MetricsRead:
+    """The newest turns' metrics as read, oldest first, and how many lines could not be read."""
+
+    turns: list[TurnMetric]
+    damaged: int = 0
+    problem: str | None = None  # why nothing could be read (an unreadable file), else None
+
+
+class TurnMetrics:
+    """The per-turn metrics of one memory folder."""
+
+    def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
+        self.path = Path(memory_dir) / TURN_METRICS_FILE
+        self._lock = FileLock(str(Path(memory_dir) / ".turn_metrics.lock"), timeout=lock_wait)
+        self._warned = False
+
+    def record(self, retrieval_ms: float, at: datetime) -> None:
+        """Add one turn's measurements; problems are logged (once), never raised."""
+        turn = TurnMetric(at.isoformat(timespec="seconds"), round(retrieval_ms, 3))
+        try:
+            with self._lock:
+                append_jsonl(self.path, [asdict(turn)], durable=False)
+                if self.path.stat().st_size > TRIM_BYTES:
+                    self._trim()
+        except (OSError, Timeout) as exc:
+            if not self._warned:
+                log.warning("turn metrics: cannot update %s (%s); turns go on without it (logged once)",
+                            self.path, exc)
+                self._warned = True
+
+    def read(self) -> MetricsRead:
+        """The newest KEEP_TURNS turns' metrics, oldest first; damaged lines are counted and skipped."""
+        try:
+            raw = read_bounded(self.path, READ_LIMIT)
+        except FileNotFoundError:
+            return MetricsRead([])
+        except (FileTooLargeError, NotAFileError, OSError) as exc:
+            return MetricsRead([], problem=str(exc))
+        turns, damaged = _parse(raw.split(b"\n"))
+        return MetricsRead(turns[-KEEP_TURNS:], damaged)
+
+    def _trim(self) -> None:
+        # Under the lock. Only readable lines are kept: a damaged file heals here, and one too large to be
+        # picoclaw's starts afresh.
+        try:
+            turns, _ = _parse(read_bounded(self.path, READ_LIMIT).split(b"\n"))
+        except FileTooLargeError:
+            turns = []
+        kept: list[bytes | bytearray] = [orjson.dumps(asdict(turn)) + b"\n" for turn in turns[-KEEP_TURNS:]]
+        atomic_write(self.path, kept, durable=False)
+
+
+def _parse(lines: Sequence[bytes]) -> tuple[list[TurnMetric], int]:
+    turns: list[TurnMetric] = []
+    damaged = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = orjson.loads(line)
+            value = record["retrieval_ms"]
+            when = record["time"]
+            if type(value) not in (int, float) or not math.isfinite(value) or value < 0 or not isinstance(when, str):
+                raise ValueError
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            damaged += 1
+            continue
+        turns.append(TurnMetric(when, float(value)))
+    return turns, damaged
+
