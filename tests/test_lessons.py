@@ -13,7 +13,7 @@ import pytest
 from picoclaw.agent.context import ContextBuilder
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import Workspace
-from picoclaw.memory.lessons import is_standing, restates
+from picoclaw.memory.lessons import is_standing, keeps_point, restates, standing_instruction
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import chat, frozen, set_policy, system_prompt, turn_context, turn_requests
 from tests.fakes import FakeOpenAIServer
@@ -237,3 +237,15 @@ def test_each_user_has_their_own_lessons(workspace: Workspace) -> None:
     assert alice.searcher.search_learnings("抓取 news.example.cn", 3)
     assert bob.searcher.search_learnings("抓取 news.example.cn", 3) == []
     assert workspace.searcher.search_learnings("抓取 news.example.cn", 3) == []
+
+
+def test_a_standing_instruction_is_found_and_its_point_checked() -> None:
+    assert standing_instruction("No — answer me in Chinese from now on. What is the capital?") == \
+        "No — answer me in Chinese from now on."
+    assert standing_instruction("不对！以后都用摄氏度。杭州几度？") == "以后都用摄氏度。"
+    assert standing_instruction("No, it's Canberra.") is None and standing_instruction("不对，是堪培拉。") is None
+    assert keeps_point("Answer this user in Chinese.", "No — answer me in Chinese from now on.")
+    assert not keeps_point("Always consult reliable sources when trying to find information.",
+                           "No — answer me in Chinese from now on.")
+    assert keeps_point("回答温度时用摄氏度。", "以后都用摄氏度。")
+    assert not keeps_point("先查资料再回答。", "以后都用摄氏度。")

@@ -403,3 +403,31 @@ def test_concurrent_turns_share_the_daily_cap(workspace: Workspace, fake_openai:
         assert with_agent(workspace, fake_openai, body) == ["Your todo list is in memory/."] * 3
     assert len(lesson_requests(fake_openai)) == 1
     assert len(entries(workspace)) == 1
+
+
+# What Qwen2.5-Coder-1.5B (llama.cpp, the stock chat format) drafted for this correction: fluent, beside the point.
+REAL_OFF_POINT = "LESSON: Always consult reliable sources when trying to find information."
+
+
+@pytest.mark.parametrize(("earlier", "correction", "draft", "stored"), [
+    ("The capital of Australia is Canberra.",
+     "No — answer me in Chinese from now on. Which city is the capital of Australia?",
+     REAL_OFF_POINT, "No — answer me in Chinese from now on."),
+    ("Hangzhou is 75°F and sunny today.", "不对，以后都用摄氏度告诉我温度。杭州现在多少度？", "NONE",
+     "不对，以后都用摄氏度告诉我温度。"),
+    ("The capital of Australia is Canberra.", "No, answer me in Chinese from now on.",
+     "LESSON: Answer this user in Chinese from now on, whatever language the question is in.",
+     "Answer this user in Chinese from now on, whatever language the question is in."),
+])
+def test_a_standing_instruction_in_a_correction_is_kept_whatever_the_draft(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, earlier: str, correction: str, draft: str,
+        stored: str) -> None:
+    fake_openai.reply_text(earlier)
+    fake_openai.reply_text("堪培拉。")
+    fake_openai.reply_text(draft)
+    with frozen():
+        chat(workspace, fake_openai, ["First question?", correction])
+    [request] = lesson_requests(fake_openai)
+    assert "The user's instruction, which the lesson must keep: \"" in request["messages"][1]["content"]
+    # The user's words when the draft dropped them (or found nothing), the draft when it kept them.
+    assert entries(workspace) == [f"{stored}\nSource: session {KEY} (correction)"]

@@ -8,6 +8,10 @@ claimed in the workspace's ledger (memory/model_usage.py, purpose "learning") be
 than `learning_daily_calls` are made a day, across processes and restarts; the tokens it used are recorded
 after. The call offers no tools and allows MAX_ANSWER_TOKENS.
 
+A correction that gives a standing instruction ("No — answer me in Chinese from now on") is the lesson itself:
+the request quotes it, and a draft that drops it (small models write fluent lessons beside the point), or
+NONE, is replaced by the user's own sentence (`memory.standing_instruction`, `keeps_point`).
+
 The answer is read strictly (`read_lesson`): one `LESSON: …` line, or NONE. Anything else writes nothing: an
 empty answer, prose without that line, two lessons, a cut-off answer, one too long, a tool call written as
 text, a refusal. A lesson that says again what one already says updates that entry (the store's restate
@@ -31,7 +35,7 @@ from picoclaw.agent.turn_review import FinishedTurn, Trigger, trigger_of
 from picoclaw.cjk import HAN, HANGUL, KANA
 from picoclaw.errors import MemoryStoreError
 from picoclaw.keyed import LruCache
-from picoclaw.memory import ModelUsage, Workspace
+from picoclaw.memory import ModelUsage, Workspace, keeps_point, standing_instruction
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 
 log = logging.getLogger(__name__)
@@ -120,7 +124,9 @@ def turn_transcript(turn: FinishedTurn, trigger: Trigger) -> str:
 
 def lesson_request(turn: FinishedTurn, trigger: Trigger) -> list[Message]:
     """The messages asking the model for the lesson of `turn` (the instructions are the same every time)."""
-    user = (f"What happened: {HINTS[trigger]}\nLanguage of the lesson: {language_of(turn.user_text)}\n\n"
+    instruction = standing_instruction(turn.user_text) if trigger == "correction" else None
+    said = (f"\nThe user's instruction, which the lesson must keep: \"{instruction}\"" if instruction else "")
+    user = (f"What happened: {HINTS[trigger]}{said}\nLanguage of the lesson: {language_of(turn.user_text)}\n\n"
             f"<turn>\n{turn_transcript(turn, trigger)}\n</turn>")
     return [{"role": "system", "content": LESSON_INSTRUCTIONS}, {"role": "user", "content": user}]
 
@@ -205,17 +211,24 @@ class Learner:
             await asyncio.to_thread(self.usage.add_tokens, PURPOSE, today, reply.usage.prompt_tokens,
                                     reply.usage.completion_tokens)
         answer = read_lesson(reply.content, self.offered, cut_off=reply.finish_reason == "length")
-        if answer.refused is not None:
+        lesson = answer.lesson
+        instruction = standing_instruction(turn.user_text) if trigger == "correction" else None
+        if instruction is not None and (lesson is None or not keeps_point(lesson, instruction)):
+            # The user said what to do from now on; a draft that lost it, or found nothing, is not the lesson.
+            log.info("session %s: the drafted lesson %s the user's instruction; their words are kept instead",
+                     turn.key, "left out" if lesson is not None else "did not give")
+            lesson = instruction
+        elif answer.refused is not None:
             return self._nothing(turn, trigger, f"the answer was refused: {answer.refused}")
-        if answer.lesson is None:
+        if lesson is None:
             return self._nothing(turn, trigger, "the model found no lesson in it")
         try:
-            written = await asyncio.to_thread(self.workspace.store.append_learning, answer.lesson,
+            written = await asyncio.to_thread(self.workspace.store.append_learning, lesson,
                                               f"session {turn.key} ({trigger})")
         except MemoryStoreError as exc:
             return self._nothing(turn, trigger, f"the store refused the lesson: {exc}")
-        log.info("session %s: lesson %s (%s): %s", turn.key, written.outcome, trigger, answer.lesson)
-        return Learned(trigger, answer.lesson, written.outcome)
+        log.info("session %s: lesson %s (%s): %s", turn.key, written.outcome, trigger, lesson)
+        return Learned(trigger, lesson, written.outcome)
 
     @staticmethod
     def _nothing(turn: FinishedTurn, trigger: Trigger, why: str) -> Learned:

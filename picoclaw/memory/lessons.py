@@ -63,3 +63,24 @@ _STANDING = re.compile(r"\b(?:always|from now on|never|every (?:answer|reply|tim
 def is_standing(lesson: str) -> bool:
     """Whether a lesson says it holds whatever the message is about ("Always answer in Chinese", "以后都用中文回答")."""
     return _STANDING.search(lesson) is not None
+
+
+_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]?")
+
+
+def standing_instruction(text: str) -> str | None:
+    """The first sentence of `text` that says it always holds ("No — answer me in Chinese from now on."), as
+    written; None when there is none. A user's correction that holds one is the lesson itself."""
+    for match in _SENTENCE.finditer(text):
+        sentence = match.group().strip()
+        if is_standing(sentence) and len(set(terms(sentence))) >= 2:
+            return sentence
+    return None
+
+
+def keeps_point(lesson: str, instruction: str) -> bool:
+    """Whether `lesson` still says what `instruction` asks: two of its terms at least (all of them when it has
+    fewer). A small model's fluent lesson often drops the one thing the user said ("Always consult reliable
+    sources" for "answer me in Chinese from now on")."""
+    wanted = set(terms(instruction))
+    return len(wanted & set(terms(lesson))) >= min(2, len(wanted))
