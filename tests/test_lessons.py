@@ -13,7 +13,7 @@ import pytest
 from picoclaw.agent.context import ContextBuilder
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import Workspace
-from picoclaw.memory.lessons import is_standing, keeps_point, restates, standing_instruction
+from picoclaw.memory.lessons import instruction_lesson, is_standing, keeps_point, restates, standing_instruction
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import chat, frozen, set_policy, system_prompt, turn_context, turn_requests
 from tests.fakes import FakeOpenAIServer
@@ -241,7 +241,12 @@ def test_each_user_has_their_own_lessons(workspace: Workspace) -> None:
 
 def test_a_standing_instruction_is_found_and_its_point_checked() -> None:
     assert standing_instruction("No — answer me in Chinese from now on. What is the capital?") == \
-        "No — answer me in Chinese from now on."
+        "answer me in Chinese from now on."
+    assert standing_instruction("不对，以后都用摄氏度告诉我温度。杭州现在多少度？") == "以后都用摄氏度告诉我温度。"
+    english = instruction_lesson("answer me in Chinese from now on.")
+    assert english == 'The user asked: "answer me in Chinese from now on."' and is_standing(english)
+    chinese = instruction_lesson("以后都用摄氏度。")
+    assert chinese == "用户要求：“以后都用摄氏度。”" and is_standing(chinese)
     assert standing_instruction("不对！以后都用摄氏度。杭州几度？") == "以后都用摄氏度。"
     assert standing_instruction("No, it's Canberra.") is None and standing_instruction("不对，是堪培拉。") is None
     assert keeps_point("Answer this user in Chinese.", "No — answer me in Chinese from now on.")

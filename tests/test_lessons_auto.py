@@ -412,9 +412,9 @@ REAL_OFF_POINT = "LESSON: Always consult reliable sources when trying to find in
 @pytest.mark.parametrize(("earlier", "correction", "draft", "stored"), [
     ("The capital of Australia is Canberra.",
      "No — answer me in Chinese from now on. Which city is the capital of Australia?",
-     REAL_OFF_POINT, "No — answer me in Chinese from now on."),
+     REAL_OFF_POINT, 'The user asked: "answer me in Chinese from now on."'),
     ("Hangzhou is 75°F and sunny today.", "不对，以后都用摄氏度告诉我温度。杭州现在多少度？", "NONE",
-     "不对，以后都用摄氏度告诉我温度。"),
+     "用户要求：“以后都用摄氏度告诉我温度。”"),
     ("The capital of Australia is Canberra.", "No, answer me in Chinese from now on.",
      "LESSON: Answer this user in Chinese from now on, whatever language the question is in.",
      "Answer this user in Chinese from now on, whatever language the question is in."),

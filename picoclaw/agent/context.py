@@ -47,7 +47,10 @@ TOOL_GUIDANCE = f"""## Memory
   Never claim to remember what you did not store.
 - {MEMORY_FRAME} Memory shown once stays valid."""
 
-STANDING_FRAME = "memory/LEARNINGS.md, what earlier conversations taught; data, apply when it fits"
+# Standing lessons are what the user asked for in earlier conversations (or wrote in LEARNINGS.md): a frame as soft
+# as memory's ("data") left Qwen2.5-Coder-1.5B answering in English after "answer me in Chinese from now on".
+STANDING_FRAME = ("from memory/LEARNINGS.md: what earlier conversations taught. Follow them unless the user now "
+                  "asks otherwise")
 
 # Per-user scopes: the model should know where its files go, and that the shared files will refuse it.
 PER_USER_GUIDANCE = ("- This conversation has its own folder: file paths are relative to it, and what you write there "
@@ -123,7 +126,7 @@ class ContextBuilder:
         standing = standing_lessons(self.workspace.searcher, policy or self.workspace.policy.current())
         if standing:
             # Here, not in a turn's data block: they apply to every turn, and change as rarely as a skill.
-            parts.append(f"## Standing lessons ({STANDING_FRAME})\n"
+            parts.append(f"## Standing lessons\n{STANDING_FRAME}:\n"
                          + "\n".join(f"- {' '.join(lesson_of(hit.block.text).split())}" for hit in standing))
         parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({self.workspace.config.timezone})")
         return "\n\n".join(part for part in parts if part)

@@ -35,7 +35,7 @@ from picoclaw.agent.turn_review import FinishedTurn, Trigger, trigger_of
 from picoclaw.cjk import HAN, HANGUL, KANA
 from picoclaw.errors import MemoryStoreError
 from picoclaw.keyed import LruCache
-from picoclaw.memory import ModelUsage, Workspace, keeps_point, standing_instruction
+from picoclaw.memory import ModelUsage, Workspace, instruction_lesson, keeps_point, standing_instruction
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class Learner:
             # The user said what to do from now on; a draft that lost it, or found nothing, is not the lesson.
             log.info("session %s: the drafted lesson %s the user's instruction; their words are kept instead",
                      turn.key, "left out" if lesson is not None else "did not give")
-            lesson = instruction
+            lesson = instruction_lesson(instruction)
         elif answer.refused is not None:
             return self._nothing(turn, trigger, f"the answer was refused: {answer.refused}")
         if lesson is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from picoclaw.cjk import has_cjk
 from picoclaw.memory.terms import terms
 
 LEARNINGS_FILE = "LEARNINGS.md"
@@ -68,14 +69,25 @@ def is_standing(lesson: str) -> bool:
 _SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]?")
 
 
+# What a correction starts with, before what the user wants: "No —", "Wrong,", "不对，".
+_CORRECTION_OPENING = re.compile(r"^(?:(?:no|nope|wrong|not quite)\b[\s,.!;:—–-]*"
+                                 r"|(?:不对|不是|错了)[\s，,。！!：:—-]*)+", re.IGNORECASE)
+
+
 def standing_instruction(text: str) -> str | None:
-    """The first sentence of `text` that says it always holds ("No — answer me in Chinese from now on."), as
-    written; None when there is none. A user's correction that holds one is the lesson itself."""
+    """The first sentence of `text` that says it always holds, without the "No —" before it ("answer me in
+    Chinese from now on."); None when there is none. A user's correction that holds one is the lesson itself."""
     for match in _SENTENCE.finditer(text):
-        sentence = match.group().strip()
+        sentence = _CORRECTION_OPENING.sub("", match.group().strip()).strip()
         if is_standing(sentence) and len(set(terms(sentence))) >= 2:
             return sentence
     return None
+
+
+def instruction_lesson(instruction: str) -> str:
+    """A lesson that quotes the user's standing instruction, saying whose words they are (in Chinese for
+    Chinese words): "The user asked: “answer me in Chinese from now on.”"."""
+    return f"用户要求：“{instruction}”" if has_cjk(instruction) else f"The user asked: \"{instruction}\""
 
 
 def keeps_point(lesson: str, instruction: str) -> bool:
