@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from picoclaw.channels.repl import CANCELLED, SCHEDULED_MARK, _ctrl_c_cancels
+from picoclaw.channels.repl import CANCELLED, SCHEDULED_MARK, _ctrl_c_cancels, _ctrl_c_leaves
 from tests.agent_helpers import said
 from tests.fakes import FakeOpenAIServer, Text
 from tests.waiting import wait_until_sync
@@ -239,6 +239,33 @@ def test_a_ctrl_c_after_the_answer_is_done_but_before_the_prompt_is_back_still_e
 
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(main())
+
+
+def test_ctrl_c_at_the_prompt_is_seen_whichever_thread_the_kernel_hands_it_to() -> None:
+    """The idle prompt's flake in CI: SIGINT taken by another thread (the stdin reader, a worker writing the
+    turn's metrics) never woke the loop, which slept on until its next timer. The loop's own handler sees it."""
+    async def main() -> None:
+        reading = asyncio.current_task()
+        ready = threading.Event()
+
+        def send() -> None:
+            ready.wait()
+            os.kill(os.getpid(), signal.SIGINT)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()  # before the mask below: a thread inherits the mask of the thread that starts it
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # only another thread may take it
+        try:
+            with _ctrl_c_leaves(reading):
+                asyncio.get_running_loop().call_soon(ready.set)
+                await asyncio.sleep(60)  # bounds a hang only: the Ctrl-C ends the wait long before
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        asyncio.run(main())
+    # Raised by the prompt's handler, not by Python's default one once the sleep ran out.
+    assert raised.traceback[-1].name == "_ctrl_c_leaves"
 
 
 def test_ctrl_c_during_an_answer_cancels_it_and_the_repl_goes_on(

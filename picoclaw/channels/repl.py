@@ -136,12 +136,13 @@ class ReplChannel:
             return None
         self._reading = task = asyncio.current_task()
         try:
-            return await reader.read(prompt)
+            with _ctrl_c_leaves(task):
+                return await reader.read(prompt)
         except EOFError:
             return None
         except asyncio.CancelledError:
             if not self._stopping or task is None:
-                raise  # Ctrl-C, or the caller's own cancel: not a stop
+                raise  # the caller's own cancel: not a stop
             task.uncancel()  # only the read was cut short
             return None
         finally:
@@ -227,6 +228,38 @@ def _logs_above_prompt() -> Iterator[None]:
             for handler, stream in zip(moved, old, strict=True):
                 if stream is not None:
                     handler.setStream(stream)
+
+
+@contextlib.contextmanager
+def _ctrl_c_leaves(reading: asyncio.Task[object] | None) -> Iterator[None]:
+    """While the prompt waits for a line, Ctrl-C ends the program (KeyboardInterrupt).
+
+    Through the event loop's own handler, not Python's default one: the kernel may hand SIGINT to any thread
+    (the stdin reader, a worker writing a file), and then only the loop's wake-up pipe stops its wait; with the
+    default handler the signal waited, unseen, for the loop's next timer.
+    """
+    loop = asyncio.get_running_loop()
+    interrupted: list[bool] = []
+
+    def on_ctrl_c() -> None:
+        interrupted.append(True)
+        if reading is not None:
+            reading.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+    except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, or not the main thread)
+        yield
+        return
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not interrupted or reading is None:
+            raise
+        reading.uncancel()
+        raise KeyboardInterrupt from None
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 @contextlib.contextmanager
