@@ -88,4 +88,6 @@ class MemoryPolicy(BaseModel):
 POLICY_KEYS: tuple[str, ...] = tuple(MemoryPolicy.model_fields)
 # Reflection tunes numbers; the switches (its own above all) are the user's.
 SWITCHES = ("evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled", "learning_enabled")
-TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key not in SWITCHES)
+# …and so are the caps on what background work may spend: a model loop must not raise its own limit.
+USER_ONLY = (*SWITCHES, "learning_daily_calls")
+TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key not in USER_ONLY)

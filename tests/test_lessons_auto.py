@@ -431,3 +431,16 @@ def test_a_standing_instruction_in_a_correction_is_kept_whatever_the_draft(
     assert "The user's instruction, which the lesson must keep: \"" in request["messages"][1]["content"]
     # The user's words when the draft dropped them (or found nothing), the draft when it kept them.
     assert entries(workspace) == [f"{stored}\nSource: session {KEY} (correction)"]
+
+
+def test_a_correction_that_states_a_habit_keeps_the_models_none(workspace: Workspace,
+                                                                fake_openai: FakeOpenAIServer) -> None:
+    before = learnings(workspace)
+    fake_openai.reply_text("You take the train to work.")
+    fake_openai.reply_text("Got it: the bus.")
+    fake_openai.reply_text("NONE")
+    with frozen():
+        chat(workspace, fake_openai, ["How do I get to work?", "No, I always take the bus to work."])
+    [request] = lesson_requests(fake_openai)  # a correction: reviewed, but nothing asked of every answer
+    assert "The user's instruction" not in request["messages"][1]["content"]
+    assert learnings(workspace) == before

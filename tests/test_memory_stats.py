@@ -78,7 +78,7 @@ def test_a_fresh_workspace_says_what_is_not_known_and_writes_nothing(
     lines = {line.split(":", 1)[0].strip(): line for line in out.splitlines() if ":" in line}
     assert "not measured yet" in lines["retrieval"]
     assert "not measured yet" in lines["prompt cache"]
-    assert "none recorded yet" in lines["learning"] and "none recorded yet" in lines["skill_draft"]
+    assert "none recorded yet" in lines["learning"] and "skill_draft" not in lines  # drafts call no model
     assert "none recorded yet" in lines["last compression"] and "compression is off" in lines["last compression"]
     assert "none recorded yet" in lines["last reflection"] and "reflection is off" in lines["last reflection"]
     assert "most injected: none yet" in out
@@ -88,8 +88,7 @@ def test_a_fresh_workspace_says_what_is_not_known_and_writes_nothing(
     assert err == ""
     assert stats["retrieval"] == {"turns": 0, "p50_ms": None, "p99_ms": None}
     assert stats["prompt_cache"]["share"] is None
-    assert stats["background"] == {"learning": {"last_30d": None, "today": None},
-                                   "skill_draft": {"last_30d": None, "today": None}}
+    assert stats["background"] == {"learning": {"last_30d": None, "today": None}}
     assert stats["last_compression"] is None and stats["last_reflection"] is None
     memory = document(stats, "MEMORY.md")
     assert (memory["files"], memory["entries"], memory["superseded"]) == (1, 0, 0)  # onboarding's title only
@@ -216,16 +215,17 @@ def test_background_model_use_for_30_days_and_today(
     ledger.add_tokens("learning", date(2025, 3, 12), 200, 30)
     ledger.claim("learning", date(2025, 1, 20), 10)  # older than 30 days
     ledger.claim("summary_test", date(2025, 3, 12), 10)  # a purpose stats does not know of is shown too
+    ledger.claim("old_job", date(2025, 1, 20), 10)  # … and one with no call in the window
     with frozen(DAY):
         stats, _ = stats_json(capsys)
         _, out, _ = run(capsys, "memory", "stats")
     learning = stats["background"]["learning"]
     assert learning["last_30d"] == {"calls": 2, "prompt_tokens": 500, "completion_tokens": 70}
     assert learning["today"] == {"calls": 1, "prompt_tokens": 200, "completion_tokens": 30}
-    assert stats["background"]["skill_draft"]["last_30d"] == {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    assert stats["background"]["old_job"]["last_30d"] == {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
     assert stats["background"]["summary_test"]["today"]["calls"] == 1
     assert "2 calls, 500 prompt + 70 completion tokens; today 1 call, 200 prompt + 30 completion tokens" in out
-    assert "skill_draft:    no calls; today no calls" in out  # the ledger exists: a real zero, said in words
+    assert "old_job:" in out and "old_job:        no calls; today no calls" in out  # a real zero, in words
 
 
 # -- the last compression and reflection -------------------------------------------------------------------

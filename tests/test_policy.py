@@ -88,9 +88,10 @@ def test_unknown_config_policy_key_is_a_config_error(memory_dir: Path) -> None:
 
 def test_evolution_switch_is_not_tunable_by_reflection() -> None:
     assert "evolution_enabled" in POLICY_KEYS and "evolution_enabled" not in TUNABLE_KEYS
-    # The switches are the user's: reflection tunes numbers only.
-    switches = {"evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled", "learning_enabled"}
-    assert set(TUNABLE_KEYS) == set(POLICY_KEYS) - switches
+    # The switches are the user's, and so is the cap on background model calls: reflection tunes the rest.
+    user_only = {"evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled", "learning_enabled",
+                 "learning_daily_calls"}
+    assert set(TUNABLE_KEYS) == set(POLICY_KEYS) - user_only
 
 
 # -- live re-reading ------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from picoclaw.fsutil import FileCache
 from picoclaw.layout import BOOTSTRAP_FILES
 from picoclaw.memory import (
     Block,
+    Hit,
     InjectedMemory,
     Session,
     StoredMessage,
@@ -114,16 +115,18 @@ class ContextBuilder:
 
     # -- the prompt --------------------------------------------------------------------------------
 
-    def stable_prefix(self, now: datetime, policy: MemoryPolicy | None = None) -> str:
+    def stable_prefix(self, now: datetime, standing: list[Hit] | None = None) -> str:
         """The part of the system prompt that only changes when a bootstrap file, a skill, a standing lesson
-        or the date does."""
+        or the date does. `standing`: the standing lessons a turn chose (`select_memory`, off the event loop);
+        None: looked up here."""
         parts = [(self._files.get(self.workspace.root / name) or "").strip() for name in BOOTSTRAP_FILES]
         parts.append(TOOL_GUIDANCE)
         if self.workspace.layout.is_per_user:
             parts.append(PER_USER_GUIDANCE)
         if self.skills.offered():  # no skill tool, no list that would send the model to call it
             parts.append(skills_prompt(self.skills.scan()))
-        standing = standing_lessons(self.workspace.searcher, policy or self.workspace.policy.current())
+        if standing is None:
+            standing = standing_lessons(self.workspace.searcher, self.workspace.policy.current())
         if standing:
             # Here, not in a turn's data block: they apply to every turn, and change as rarely as a skill.
             parts.append(f"## Standing lessons\n{STANDING_FRAME}:\n"
@@ -139,7 +142,7 @@ class ContextBuilder:
         """
         query = user_text if query is None else query
         memory = await self.select_memory(policy, query, session.injected_blocks(), count_use=count_use)
-        prefix = self.stable_prefix(now, policy)
+        prefix = self.stable_prefix(now, memory.standing)  # the same lessons the budget counted
         system = prefix
         if session.summary:
             system += f"\n\n## Summary of the earlier conversation\n{session.summary.strip()}"

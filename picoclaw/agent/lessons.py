@@ -10,7 +10,7 @@ after. The call offers no tools and allows MAX_ANSWER_TOKENS.
 
 A correction that gives a standing instruction ("No — answer me in Chinese from now on") is the lesson itself:
 the request quotes it, and a draft that drops it (small models write fluent lessons beside the point), or
-NONE, is replaced by the user's own sentence (`memory.standing_instruction`, `keeps_point`).
+NONE, is replaced by the user's own sentence (`turn_review.standing_instruction`, `memory.keeps_point`).
 
 The answer is read strictly (`read_lesson`): one `LESSON: …` line, or NONE. Anything else writes nothing: an
 empty answer, prose without that line, two lessons, a cut-off answer, one too long, a tool call written as
@@ -31,11 +31,11 @@ from pydantic import BaseModel
 from picoclaw.agent.skill_drafting import DraftWritten, SkillDrafter
 from picoclaw.agent.summary import render_transcript
 from picoclaw.agent.text_tool_calls import find_text_tool_call
-from picoclaw.agent.turn_review import FinishedTurn, Trigger, trigger_of
+from picoclaw.agent.turn_review import FinishedTurn, Trigger, standing_instruction, trigger_of
 from picoclaw.cjk import HAN, HANGUL, KANA
 from picoclaw.errors import MemoryStoreError
 from picoclaw.keyed import LruCache
-from picoclaw.memory import ModelUsage, Workspace, instruction_lesson, keeps_point, standing_instruction
+from picoclaw.memory import ModelUsage, Workspace, instruction_lesson, keeps_point
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 
 log = logging.getLogger(__name__)

@@ -39,11 +39,16 @@ CORRECTION_CHARS = 300  # a correction says so near the start; a long message is
 _EXEC_FAILED = re.compile(r"\A(?:exit code (?!0\b)-?\d+|timed out after)")
 _FETCH_STATUS = re.compile(r"^Status: (\d{3})\b", re.MULTILINE)
 
+# The words a correction opens with, before what the user wants: "No —", "Wrong,", "不对，" (the one list the
+# detection below and `standing_instruction` share).
+_EN_NO = "no|nope|nah"
+_EN_WRONG = "wrong|incorrect|not quite|not really|not exactly"
+_ZH_WRONG = "你错了|搞错了|弄错了|说错了|不对|不是|错了"
 # English. At the start: "no, …" (not "no thanks", "no problem" …), "wrong", "not quite", "not Paris, Lyon".
 _EN_START = re.compile(
     r"^[\s\"'“‘(*_]*(?:"
-    r"(?:no|nope|nah)\b(?![\s,.!]*(?:thanks|thank|problem|worries|need|rush|hurry|idea|clue)\b)[\s,.!;:—–-]+\w"
-    r"|(?:wrong|incorrect|not quite|not really|not exactly)\b"
+    rf"(?:{_EN_NO})\b(?![\s,.!]*(?:thanks|thank|problem|worries|need|rush|hurry|idea|clue)\b)[\s,.!;:—–-]+\w"
+    rf"|(?:{_EN_WRONG})\b"
     r"|not\s+(?!bad\b|sure\b|now\b|yet\b|today\b|much\b|really\b)[^,.;!?\n]{1,40},\s*(?:but\s+)?\w"
     r"|i meant\b"
     r")", re.IGNORECASE)
@@ -62,7 +67,7 @@ _EN_ANY = re.compile(
     r"|you (?:made|have made) a mistake\b"
     r")", re.IGNORECASE)
 # Chinese. At the start: 不对 / 不是 / 错了 / 不， …; anywhere: 我说过, 我告诉过你, 我说的是, 你搞错了, 不是…而是….
-_ZH_START = re.compile(r"^[\s\"'“‘「(*_]*(?:不对|不是|错了|不[，,。！!]|你错了|搞错了|弄错了|说错了)")
+_ZH_START = re.compile(rf"^[\s\"'“‘「(*_]*(?:{_ZH_WRONG}|不[，,。！!])")
 _ZH_ANY = re.compile(
     r"我(?:已经|刚才|刚刚|之前|早就|明明)?(?:说过|讲过|告诉过你)"
     r"|我说的是|我的意思是"
@@ -194,4 +199,25 @@ def trigger_of(turn: FinishedTurn) -> Trigger | None:
         return "recovery"
     if workflow_of(turn) is not None:
         return "workflow"
+    return None
+
+
+_OPENING = re.compile(rf"^(?:(?:{_EN_NO}|{_EN_WRONG})\b[\s,.!;:—–-]*"
+                      rf"|(?:{_ZH_WRONG}|不(?=[，,。！!]))[\s，,。！!：:—-]*)+", re.IGNORECASE)
+_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]?")
+# A request for every future answer ("from now on …", "always answer …", "以后都…"), not a statement about the
+# user ("I always take the bus", "我一直住在上海", "never mind").
+_STANDING_REQUEST = re.compile(
+    r"\b(?:from now on|from here on|going forward|in (?:the )?future|next time|every time"
+    r"|(?:always|never) (?:answer|reply|respond|use|write|give|say|speak|call|check|put|show))\b"
+    r"|以后|今后|从现在起|从现在开始|下次|每次都|一律|总是用|不要再|别再", re.IGNORECASE)
+
+
+def standing_instruction(text: str) -> str | None:
+    """The first sentence of a correction that asks for every future answer, without the "No —" before it
+    ("answer me in Chinese from now on."); None when there is none. Such a sentence is the lesson itself."""
+    for match in _SENTENCE.finditer(text.strip()[:CORRECTION_CHARS]):
+        sentence = _OPENING.sub("", match.group().strip()).strip()
+        if _STANDING_REQUEST.search(sentence) and len(sentence) >= 6:
+            return sentence
     return None

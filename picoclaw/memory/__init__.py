@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
     from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome, record_outcome
-    from picoclaw.memory.lessons import instruction_lesson, keeps_point, lesson_of, standing_instruction
+    from picoclaw.memory.lessons import instruction_lesson, keeps_point, lesson_of
     from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
     from picoclaw.memory.search import (
@@ -62,7 +62,7 @@ __all__ = [
     "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Session", "SessionStore", "StoredMessage",
     "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings", "flush_facts", "format_missing",
     "index_of", "instruction_lesson", "keeps_point", "last_outcome", "lesson_of", "memory_stats", "open_search",
-    "rank_blocks", "record_outcome", "select_turn_memory", "split_blocks", "standing_instruction", "standing_lessons",
+    "rank_blocks", "record_outcome", "select_turn_memory", "split_blocks", "standing_lessons",
     "suggest_policy_change", "why_not_due",
 ]
 
@@ -79,7 +79,7 @@ _HOMES = {
     "picoclaw.memory.index.status": ("IndexStatus",),
     "picoclaw.memory.index.sync": ("SyncReport",),
     "picoclaw.memory.job_outcomes": ("COMPRESSION", "REFLECTION", "JobOutcome", "last_outcome", "record_outcome"),
-    "picoclaw.memory.lessons": ("instruction_lesson", "keeps_point", "lesson_of", "standing_instruction"),
+    "picoclaw.memory.lessons": ("instruction_lesson", "keeps_point", "lesson_of"),
     "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",

@@ -14,7 +14,7 @@ from typing import Any
 
 from picoclaw.errors import PicoclawError
 from picoclaw.memory.policy import PolicyError, PolicyManager
-from picoclaw.policy_schema import SWITCHES, TUNABLE_KEYS, MemoryPolicy
+from picoclaw.policy_schema import TUNABLE_KEYS, USER_ONLY, MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 from picoclaw.pydantic_errors import bounds_of
 
@@ -91,7 +91,7 @@ def validate_suggestion(raw: dict[str, Any], manager: PolicyManager) -> Suggesti
     reason = (reason if isinstance(reason, str) else json.dumps(reason, ensure_ascii=False)).strip()
     changes = {key: value for key, value in raw.items() if key != REASON_KEY}
     for key in changes:
-        if key in SWITCHES:
+        if key in USER_ONLY:
             raise SuggestionError(f"reflection may not change {key}")
         if key not in TUNABLE_KEYS:
             raise SuggestionError(f"unknown policy key {key!r}")

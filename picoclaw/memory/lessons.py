@@ -3,15 +3,16 @@ what the user corrected — one `## YYYY-MM-DD` entry per lesson, in words a per
 
 An entry is the lesson (when it applies and what to do) and a last line `Source: …` saying where it came
 from (the session, and why it was written); the heading's date is when it was learned or last updated.
-The store (memory/store.py) writes the file; these are the rules it writes by, and the ones search reads by:
+A section may also hold several lessons, one a paragraph (a hand-written `## Tools` section): search and the
+store both take each paragraph as a lesson (search/blocks.py, `lesson_blocks`), and a paragraph before the
+first heading is one too. The store (memory/store.py) writes the file; these are the rules it writes by:
 
-- a lesson that says again what an entry already says (`restates`: most of the terms of the shorter one are
-  in the other) updates that entry instead of adding a second one;
-- a lesson that says it always holds ("always …", "from now on …", "以后都…", `is_standing`) is a standing
-  lesson: every turn's prompt carries it (once per conversation), where other lessons come only when the
-  message is about them;
-- a file that has lost its `## ` headings (a hand edit, a paste) is still read (search/blocks.py,
-  `lesson_blocks`): each paragraph is a lesson, and a warning names the file.
+- a lesson that says again what a lesson already says (`restates`: most of the telling terms of both are
+  shared) replaces that lesson instead of adding a second one;
+- a lesson that says it always holds ("always …", "from now on …", "以后都…", `is_standing`) and that a person
+  gave (`given_by_a_person`: a hand edit, the CLI, a user's correction, not what the model saved or drafted
+  from tool results, which may carry a web page's words) is a standing lesson: every system prompt carries
+  it. Other lessons come only when the message is about them.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ from picoclaw.memory.terms import terms
 LEARNINGS_FILE = "LEARNINGS.md"
 SOURCE_PREFIX = "Source: "
 MAX_LESSON_CHARS = 1_000
-# How much of the shorter lesson's terms the other must hold for the two to be one lesson said twice. Lessons
-# are short; a restatement keeps the subject and the advice and changes a few words around them.
-RESTATES_SHARE = 0.6
+# How many of the two lessons' telling terms (shared / all, lone CJK characters aside) must be shared for the two
+# to be one lesson said twice. Lessons are short; a restatement keeps the subject and the advice and changes a
+# few words around them, while "answer in Chinese" and "answer in Celsius" share half and say different things.
+RESTATES_SHARE = 0.5
 RESTATES_MIN_TERMS = 3
+# Where a lesson came from, as the learner and the memory_append tool write it: the model's own words, or
+# drafted from tool results. Such a lesson never stands in every system prompt.
+MODEL_SOURCES = ("(memory_append)", "(recovery)", "(workflow)")
 
 
 def lesson_text(body: str, source: str) -> str:
@@ -45,15 +50,28 @@ def lesson_of(entry_text: str) -> str:
     return "\n".join(kept).strip()
 
 
+def _telling_terms(lesson: str) -> set[str]:
+    """A lesson's terms for comparing it: a quoted instruction's own words, no lone CJK characters (the pairs
+    carry the meaning; 以后都用中文 and 以后都用摄氏度 share 以, 后, 都, 用)."""
+    quoted = _QUOTED_INSTRUCTION.fullmatch(lesson.strip())
+    words = quoted.group(1) or quoted.group(2) if quoted else lesson
+    return {term for term in terms(words) if not (len(term) == 1 and has_cjk(term))}
+
+
 def restates(new: str, old: str) -> bool:
-    """Whether lesson `new` says again what lesson `old` says: RESTATES_SHARE of the terms of the shorter one
-    (RESTATES_MIN_TERMS at least) are in the other. Compared on terms, so English stems and Chinese bigrams
-    count ("always answer in Chinese" / "answer in Chinese from now on"; "用摄氏度回答" / "回答时用摄氏度")."""
-    new_terms, old_terms = set(terms(new)), set(terms(old))
-    if min(len(new_terms), len(old_terms)) < RESTATES_MIN_TERMS:
-        return False
+    """Whether lesson `new` says again what lesson `old` says: RESTATES_SHARE of their telling terms together
+    are shared, RESTATES_MIN_TERMS at least. On terms, so English stems and Chinese pairs count ("always
+    answer in Chinese" / "answer in Chinese always"; "回答天气问题时用摄氏度" / "天气问题用摄氏度")."""
+    new_terms, old_terms = _telling_terms(new), _telling_terms(old)
     shared = len(new_terms & old_terms)
-    return shared >= RESTATES_MIN_TERMS and shared >= RESTATES_SHARE * min(len(new_terms), len(old_terms))
+    return shared >= RESTATES_MIN_TERMS and shared >= RESTATES_SHARE * len(new_terms | old_terms)
+
+
+def given_by_a_person(entry_text: str) -> bool:
+    """Whether a lesson entry was written by a person (by hand, the CLI, from a user's correction) rather than
+    by the model on its own or from tool results (`MODEL_SOURCES`)."""
+    sources = [line for line in entry_text.splitlines() if line.startswith(SOURCE_PREFIX)]
+    return not any(source.rstrip().endswith(MODEL_SOURCES) for source in sources)
 
 
 _STANDING = re.compile(r"\b(?:always|from now on|never|every (?:answer|reply|time)"
@@ -66,22 +84,13 @@ def is_standing(lesson: str) -> bool:
     return _STANDING.search(lesson) is not None
 
 
-_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]?")
+def stands(entry_text: str) -> bool:
+    """Whether a lesson (an entry or a paragraph of LEARNINGS.md, as written) is a standing one, carried by
+    every system prompt: it says it always holds, and a person gave it."""
+    return is_standing(lesson_of(entry_text)) and given_by_a_person(entry_text)
 
 
-# What a correction starts with, before what the user wants: "No —", "Wrong,", "不对，".
-_CORRECTION_OPENING = re.compile(r"^(?:(?:no|nope|wrong|not quite)\b[\s,.!;:—–-]*"
-                                 r"|(?:不对|不是|错了)[\s，,。！!：:—-]*)+", re.IGNORECASE)
-
-
-def standing_instruction(text: str) -> str | None:
-    """The first sentence of `text` that says it always holds, without the "No —" before it ("answer me in
-    Chinese from now on."); None when there is none. A user's correction that holds one is the lesson itself."""
-    for match in _SENTENCE.finditer(text):
-        sentence = _CORRECTION_OPENING.sub("", match.group().strip()).strip()
-        if is_standing(sentence) and len(set(terms(sentence))) >= 2:
-            return sentence
-    return None
+_QUOTED_INSTRUCTION = re.compile(r'The user asked: "(.*)"|用户要求：“(.*)”', re.DOTALL)
 
 
 def instruction_lesson(instruction: str) -> str:
@@ -91,8 +100,8 @@ def instruction_lesson(instruction: str) -> str:
 
 
 def keeps_point(lesson: str, instruction: str) -> bool:
-    """Whether `lesson` still says what `instruction` asks: two of its terms at least (all of them when it has
-    fewer). A small model's fluent lesson often drops the one thing the user said ("Always consult reliable
-    sources" for "answer me in Chinese from now on")."""
-    wanted = set(terms(instruction))
-    return len(wanted & set(terms(lesson))) >= min(2, len(wanted))
+    """Whether `lesson` still says what `instruction` asks: two of its telling terms at least (all of them when
+    it has fewer). A small model's fluent lesson often drops the one thing the user said ("Always consult
+    reliable sources" for "answer me in Chinese from now on")."""
+    wanted = _telling_terms(instruction)
+    return len(wanted & _telling_terms(lesson)) >= min(2, len(wanted))

@@ -4,7 +4,8 @@ Background jobs that call the model on their own (drafting lessons) claim a call
 so a daily cap holds across every process of the workspace and across restarts; `memory stats` reports the
 tokens. The file (`memory/.model_usage.json`) keeps the last KEEP_DAYS days. It fails closed: when it
 cannot be read or written, `claim` says no and the job does not call the model (a lesson missed costs
-little, an unbounded loop of calls costs money). A corrupt file is logged and started afresh.
+little, an unbounded loop of calls costs money); a damaged file counts as today's cap spent and starts
+afresh tomorrow.
 """
 
 from __future__ import annotations
@@ -57,7 +58,15 @@ class ModelUsage:
             return False
         try:
             with self._lock:
-                days = self._load()
+                try:
+                    days = self.read() or {}
+                except ConfigError as exc:
+                    # Fail closed: a damaged ledger cannot say what today cost, so today counts as spent
+                    # (a fresh ledger from tomorrow on), never as a fresh cap that could be spent again.
+                    log.warning("model usage: %s; no more %s calls today, counting starts afresh tomorrow", exc,
+                                purpose)
+                    self._save({day.isoformat(): {purpose: Usage(calls=limit)}}, day)
+                    return False
                 used = days.get(day.isoformat(), {}).get(purpose, Usage())
                 if used.calls >= limit:
                     return False

@@ -25,7 +25,7 @@ from picoclaw.fsutil import read_regular
 from picoclaw.memory.compression import last_run
 from picoclaw.memory.entries import SUPERSEDED, is_superseded
 from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome
-from picoclaw.memory.lessons import SOURCE_PREFIX
+from picoclaw.memory.lessons import LEARNINGS_FILE, SOURCE_PREFIX, stands
 from picoclaw.memory.model_usage import ModelUsage, Usage, used_since
 from picoclaw.memory.reading import decode
 from picoclaw.memory.search.access_counts import AccessCounts
@@ -42,8 +42,9 @@ WINDOW_DAYS = 30  # "not injected lately" and background model use look this man
 MOST_INJECTED = 3  # entries listed per document
 PREVIEW_CHARS = 60
 CACHE_REPLIES = 200  # the newest model replies with a token report that the cache share is taken over
-# The ledger's purposes that are always shown (issue 27's background work); any other the ledger holds is too.
-BACKGROUND_PURPOSES = ("learning", "skill_draft")
+# The ledger's purposes that are always shown (drafting lessons; skill drafts are a template and call no model);
+# any other the ledger holds is shown too.
+BACKGROUND_PURPOSES = ("learning",)
 
 NOTES = "notes"
 
@@ -229,7 +230,8 @@ def _document(name: str, files: list[_File], memory_dir: Path, uses: dict[str, t
         for (file, entry), superseded in zip(entries, marked):
             counted = [uses[key] for key in (block_key(block) for block in entry) if key in uses]
             last = max((day for _, day in counted), default="")
-            if last < first_day.isoformat():  # ISO days compare as days do; "" is never
+            # ISO days compare as days do; "" is never. A standing lesson is in every system prompt, uncounted.
+            if last < first_day.isoformat() and not _standing(entry):
                 not_injected += 1
             if counted:
                 used.append(EntryUse(file.path.relative_to(memory_dir).as_posix(), entry[0].start_line,
@@ -237,6 +239,11 @@ def _document(name: str, files: list[_File], memory_dir: Path, uses: dict[str, t
         most = sorted(used, key=lambda use: (use.injected, use.last_injected), reverse=True)[:MOST_INJECTED]
     return DocumentStats(name, len(files), len(entries), sum(len(file.text) for file in files),
                          sum(count_tokens(file.text) for file in files), sum(marked), not_injected, most)
+
+
+def _standing(entry: list[Block]) -> bool:
+    """A standing lesson (search/keyword.py's rule): one every system prompt carries."""
+    return any(block.path.name == LEARNINGS_FILE and stands(block.text) for block in entry)
 
 
 def _read_uses(counts: AccessCounts, warnings: dict[str, str]) -> dict[str, tuple[int, str]] | None:

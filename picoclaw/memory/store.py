@@ -301,9 +301,13 @@ class MemoryStore:
     def append_learning(self, content: str, source: str = "") -> LessonWrite:
         """Store a lesson as a `## YYYY-MM-DD` entry of LEARNINGS.md, with a `Source:` line when given.
 
-        A lesson already there (same fingerprint) is not written again; one that restates an entry
-        (`lessons.restates`) replaces that entry, under today's date, instead of adding a second one.
+        A lesson already there (same fingerprint) is not written again. One that restates a lesson
+        (`lessons.restates`) replaces it instead of adding a second one: a whole dated entry under today's
+        date; a paragraph of a section holding several lessons (a hand-written `## Tools`), that paragraph alone.
         """
+        # Imported here: the search package imports this module (the keyword search reads through the store).
+        from picoclaw.memory.search.blocks import lesson_blocks
+
         body = clean_entry(content)
         if len(body) > MAX_LESSON_CHARS:
             raise MemoryStoreError(f"a lesson is at most {MAX_LESSON_CHARS} characters (this one has {len(body)}); "
@@ -317,26 +321,25 @@ class MemoryStore:
             except FileNotFoundError:
                 read = FileText(b"", "", None)
             current = read.text
-            entries = list(long_term_entries(current))
+            # The same lessons search finds, one a paragraph, so what is compared is what is used.
+            lessons = lesson_blocks(current, path)
             wanted = fingerprint(body)
-            for entry in entries:
-                if fingerprint(lesson_of(entry.text)) == wanted:
+            for lesson in lessons:
+                if fingerprint(lesson_of(lesson.text)) == wanted:
                     warn_unreadable(path, read)
-                    return LessonWrite(entry, "known")
-            older = next((entry for entry in reversed(entries) if restates(body, lesson_of(entry.text))), None)
-            block = f"{heading}\n{lesson_text(body, source)}\n"
+                    known = LongTermEntry(lesson.heading, lesson.text, lesson.start_line, new=False)
+                    return LessonWrite(known, "known")
+            older = next((lesson for lesson in reversed(lessons) if restates(body, lesson_of(lesson.text))), None)
+            entry = f"{heading}\n{lesson_text(body, source)}\n"
             if older is None:
-                whole = joined(current, block)
-                line = whole.count("\n") - block.count("\n") + 1
+                whole = joined(current, entry)
+                written = LongTermEntry(heading, entry, whole.count("\n") - entry.count("\n") + 1)
             else:
-                lines = current.split("\n")
-                end = older.line - 1 + older.text.rstrip("\n").count("\n") + 1
-                whole = "\n".join([*lines[:older.line - 1], *block.rstrip("\n").split("\n"), *lines[end:]])
-                line = older.line
+                whole, written = _replace_lesson(current, older.start_line, older.end_line, entry,
+                                                 lesson_text(body, source))
             backup = self._backup(read.raw, LEARNINGS_BACKUP_SUFFIX) if read.raw else None
             self._write(path, whole)
             warn_rewritten(path, read, backup)
-        written = LongTermEntry(heading, block, line)
         return LessonWrite(written, "updated", lesson_of(older.text)) if older else LessonWrite(written, "added")
 
     # -- backups -----------------------------------------------------------------------------------
@@ -456,3 +459,21 @@ class MemoryStore:
             warn_unreadable(path, read)
             notes.append(DailyNote(day, path, read.text))
         return notes
+
+
+def _replace_lesson(text: str, start: int, end: int, entry: str, paragraph: str) -> tuple[str, LongTermEntry]:
+    """`text` with the lesson on lines `start`–`end` (1-based) replaced: a whole `## ` entry by `entry` (under
+    its new date); a paragraph of a section of several, or one outside any entry, by `paragraph` alone."""
+    lines = text.split("\n")
+    section = next((found for found in long_term_entries(text)
+                    if found.line <= start < found.line + found.text.rstrip("\n").count("\n") + 1), None)
+    if section is not None:
+        last = section.line + section.text.rstrip("\n").count("\n")  # its last line, 1-based
+        if start == section.line and end >= last:
+            new = entry.rstrip("\n").split("\n")
+            return "\n".join([*lines[:start - 1], *new, *lines[last:]]), LongTermEntry(new[0], entry, start)
+        if start == section.line:  # the first paragraph: the section's heading stays
+            start += 1
+    new = paragraph.split("\n")
+    replaced = "\n".join([*lines[:start - 1], *new, *lines[end:]])
+    return replaced, LongTermEntry(section.heading if section else "", paragraph + "\n", start)

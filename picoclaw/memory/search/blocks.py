@@ -118,15 +118,13 @@ _warned_headless: set[Path] = set()
 
 
 def lesson_blocks(text: str, path: Path) -> list[Block]:
-    """The lessons of LEARNINGS.md (memory/lessons.py) as blocks: its `## ` entries; in a file without any,
-    its paragraphs (the title and HTML comments, the header onboarding writes, aside), with a warning naming
-    the file, so a hand edit that lost the headings still leaves its lessons usable."""
+    """The lessons of LEARNINGS.md (memory/lessons.py) as blocks, one a paragraph: those of its `## ` entries,
+    and any written above the first heading or in a file without one (the title and HTML comments, the
+    header onboarding writes, aside), so a hand edit that lost or never had headings is still used; such
+    paragraphs get one warning naming the file."""
     blocks = split_blocks(text, path)
-    entries = [block for block in blocks if block.heading]
-    if entries:
-        return entries
-    loose = [block for block in blocks if not is_title(block) and not _COMMENT.match(block.text)]
-    if loose and path not in _warned_headless:
+    lessons = [block for block in blocks if block.heading or not (is_title(block) or _COMMENT.match(block.text))]
+    if path not in _warned_headless and any(not block.heading for block in lessons):
         _warned_headless.add(path)
-        log.warning("%s has no '## YYYY-MM-DD' headings; each paragraph is read as a lesson", path)
-    return loose
+        log.warning("%s has paragraphs outside a '## YYYY-MM-DD' entry; each is read as a lesson", path)
+    return lessons

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from picoclaw.fsutil import FileCache, NotAFileError, read_regular
-from picoclaw.memory.lessons import is_standing, lesson_of
+from picoclaw.memory.lessons import stands
 from picoclaw.memory.reading import decode, warn_unreadable
 from picoclaw.memory.search.blocks import Block, Hit, entry_blocks, is_title, lesson_blocks, split_blocks
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, FileIndex, rank
@@ -120,7 +120,8 @@ class KeywordSearch:
 
     def search_learnings(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
         """The best `limit` lessons of LEARNINGS.md for `query`, best first; with `standing`, then the standing
-        lessons (lessons.is_standing) that did not match, newest first, at most STANDING_LESSONS, score 0.
+        lessons (that say they always hold, and that a person gave: memory/lessons.py) that did not match,
+        newest first, at most STANDING_LESSONS, score 0.
 
         Each lesson stands alone: no neighbour's share and no expansion (a few dozen short entries give
         feedback nothing to learn from)."""
@@ -136,7 +137,7 @@ class KeywordSearch:
             if standing:
                 found = {hit.block for hit in hits}
                 always = [block for block in reversed(index.blocks)
-                          if block not in found and is_standing(lesson_of(block.text))]
+                          if block not in found and stands(block.text)]
                 hits += [Hit(block, 0.0) for block in always[:STANDING_LESSONS]]
             return hits
 
