@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol, TextIO
 
 from picoclaw.agent import AgentLoop, Reply
@@ -231,14 +231,26 @@ def _logs_above_prompt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _ctrl_c_leaves(reading: asyncio.Task[object] | None) -> Iterator[None]:
-    """While the prompt waits for a line, Ctrl-C ends the program (KeyboardInterrupt).
-
-    Through the event loop's own handler, not Python's default one: the kernel may hand SIGINT to any thread
-    (the stdin reader, a worker writing a file), and then only the loop's wake-up pipe stops its wait; with the
-    default handler the signal waited, unseen, for the loop's next timer.
-    """
+def _on_ctrl_c(callback: Callable[[], None]) -> Iterator[None]:
+    """Ctrl-C calls `callback` in the event loop while the block runs (nothing where the loop cannot take
+    signals: Windows, or not the main thread). Through the loop's own handler, not Python's default one: the
+    kernel may hand SIGINT to any thread (the stdin reader, a worker writing a file), and only the loop's
+    wake-up pipe then stops its wait; with the default handler the signal waited, unseen, for the next timer."""
     loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, callback)
+    except (NotImplementedError, RuntimeError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _ctrl_c_leaves(reading: asyncio.Task[object] | None) -> Iterator[None]:
+    """While the prompt waits for a line, Ctrl-C ends the program (KeyboardInterrupt)."""
     interrupted: list[bool] = []
 
     def on_ctrl_c() -> None:
@@ -247,25 +259,18 @@ def _ctrl_c_leaves(reading: asyncio.Task[object] | None) -> Iterator[None]:
             reading.cancel()
 
     try:
-        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
-    except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, or not the main thread)
-        yield
-        return
-    try:
-        yield
+        with _on_ctrl_c(on_ctrl_c):
+            yield
     except asyncio.CancelledError:
         if not interrupted or reading is None:
             raise
         reading.uncancel()
         raise KeyboardInterrupt from None
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
 
 
 @contextlib.contextmanager
 def _ctrl_c_cancels(task: asyncio.Future[Reply]) -> Iterator[None]:
     """While `task` runs, Ctrl-C cancels it instead of ending the program; once it is done, Ctrl-C leaves."""
-    loop = asyncio.get_running_loop()
     late: list[bool] = []
 
     def on_ctrl_c() -> None:
@@ -276,15 +281,8 @@ def _ctrl_c_cancels(task: asyncio.Future[Reply]) -> Iterator[None]:
         else:
             task.cancel()
 
-    try:
-        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
-    except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, or not the main thread)
+    with _on_ctrl_c(on_ctrl_c):
         yield
-        return
-    try:
-        yield
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
     if late:
         raise KeyboardInterrupt
 
