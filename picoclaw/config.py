@@ -22,6 +22,7 @@ from picoclaw.session_key import is_stored_form
 
 HOME_ENV = "PICOCLAW_HOME"
 CONFIG_FILE = "config.json"
+POSTGRES_DSN_ENV = "PICOCLAW_POSTGRES_DSN"
 
 
 class _Strict(BaseModel):
@@ -295,6 +296,20 @@ class IndexConfig(_Strict):
         return self
 
 
+class PostgresConfig(_Strict):
+    """storage.postgres: where the server is (the DSN may come from PICOCLAW_POSTGRES_DSN instead)."""
+
+    dsn: str = ""
+    pool_size: int = Field(10, ge=1, le=1000)
+
+
+class StorageConfig(_Strict):
+    """storage: "files" (the default, nothing to install) or "postgres" (several processes or machines)."""
+
+    backend: Literal["files", "postgres"] = "files"
+    postgres: PostgresConfig = PostgresConfig()
+
+
 class MemoryConfig(MemoryPolicy):
     """The `memory` block: every policy key (DESIGN §3) plus store settings that are not tunable."""
 
@@ -317,6 +332,7 @@ class Config(_Strict):
     providers: dict[str, ProviderConfig] = Field(default_factory=_default_providers)
     channels: ChannelsConfig = ChannelsConfig()
     memory: MemoryConfig = MemoryConfig()
+    storage: StorageConfig = StorageConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     tools: ToolsConfig = ToolsConfig()
 
@@ -357,6 +373,10 @@ class Config(_Strict):
         """The provider's api_base, else `<NAME>_API_BASE` from the environment, else ""."""
         entry = self.providers.get(provider)
         return (entry.api_base if entry else "") or os.environ.get(provider_env_name(provider, "API_BASE"), "")
+
+    def postgres_dsn(self) -> str:
+        """storage.postgres.dsn, else PICOCLAW_POSTGRES_DSN from the environment, else ""."""
+        return self.storage.postgres.dsn or os.environ.get(POSTGRES_DSN_ENV, "")
 
     def telegram_token(self) -> str:
         """channels.telegram.token, else TELEGRAM_BOT_TOKEN from the environment."""

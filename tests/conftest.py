@@ -19,6 +19,7 @@ from picoclaw.memory.workspace import Workspace
 from picoclaw.onboard import onboard
 from tests.fakes import network_guard
 from tests.fakes.fixtures import fake_openai, fake_telegram  # noqa: F401  (fixtures, used by name)
+from tests.fakes.postgres import postgres_dsn, postgres_server  # noqa: F401  (fixtures, used by name)
 
 # Installed as soon as pytest loads this file (before the test modules are imported), for the whole run.
 network_guard.install()

@@ -2,22 +2,25 @@
 
 The layers, outermost first:
 
-    face (cli, app, onboard, __main__) -> channels -> agent -> tools -> memory / providers / jobs -> base
+    face (cli, app, onboard, __main__) -> channels -> agent -> tools -> memory / providers / jobs -> storage
+    -> base
 
 (jobs is beside memory and providers: channels, agent and tools may import it, memory and providers not.)
 
 - base (the `picoclaw` package itself and every top-level module that is not a face: config, fsutil, clock,
   tokens, errors, jsonio, layout, ...) imports only base. A new top-level module is base until said otherwise,
   so it starts in the strictest layer.
-- jobs (`picoclaw.jobs`: the job model, schedules, the jobs file and the runner) imports base and jobs. The
+- storage (`picoclaw.storage`: the storage contract, the files backend, the PostgreSQL backend) imports base
+  and storage. memory and jobs keep their bytes through it; nothing above it knows which backend runs.
+- jobs (`picoclaw.jobs`: the job model, schedules, the jobs file and the runner) imports base, storage and jobs. The
   runner needs an agent only as "handle this text in this session", a Protocol of its own, so it does not
   import the agent layer.
 - providers import base and providers.
-- memory imports base, memory, and `picoclaw.providers.base`, the provider interface: memory maintenance
+- memory imports base, storage, memory, and `picoclaw.providers.base`, the provider interface: memory maintenance
   (compression, flush) is handed a provider, it never builds one.
-- tools import base, tools, memory, jobs, and `picoclaw.providers.base`.
-- agent imports base, agent, memory, tools, jobs, and `picoclaw.providers.base`.
-- channels import base, channels, agent, memory, and jobs; nothing from providers or tools (the face wires
+- tools import base, storage, tools, memory, jobs, and `picoclaw.providers.base`.
+- agent imports base, storage, agent, memory, tools, jobs, and `picoclaw.providers.base`.
+- channels import base, storage, channels, agent, memory, and jobs; nothing from providers or tools (the face wires
   those in).
 - face imports anything: it is where the pieces are put together.
 
@@ -45,9 +48,10 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 FACE_MODULES = frozenset({"picoclaw.app", "picoclaw.onboard", "picoclaw.__main__"})
 PROVIDER_INTERFACE = "picoclaw.providers.base"
-ANY = frozenset({"base", "jobs", "providers", "memory", "tools", "agent", "channels", "face"})
+ANY = frozenset({"base", "storage", "jobs", "providers", "memory", "tools", "agent", "channels", "face"})
 # Packages whose modules the rest of picoclaw imports through the package root only: every layer's package.
-ROOT_ONLY = frozenset({f"{PACKAGE}.{layer}" for layer in ("jobs", "providers", "memory", "tools", "agent", "channels")})
+ROOT_ONLY = frozenset({f"{PACKAGE}.{layer}" for layer in ("storage", "jobs", "providers", "memory", "tools", "agent",
+                                                                  "channels")})
 # The deliberate exceptions to ROOT_ONLY, the only ones: (importing layer, module imported past its root) → why.
 PAST_THE_ROOT: dict[tuple[str, str], str] = {
     (layer, PROVIDER_INTERFACE): "the provider interface, by name: the providers root also offers the OpenAI "
@@ -58,12 +62,13 @@ PAST_THE_ROOT: dict[tuple[str, str], str] = {
 # The layers each layer may import, plus single modules allowed across a layer line.
 ALLOWED_LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({"base"}),
-    "jobs": frozenset({"base", "jobs"}),
+    "storage": frozenset({"base", "storage"}),
+    "jobs": frozenset({"base", "storage", "jobs"}),
     "providers": frozenset({"base", "providers"}),
-    "memory": frozenset({"base", "memory"}),
-    "tools": frozenset({"base", "tools", "memory", "jobs"}),
-    "agent": frozenset({"base", "agent", "memory", "tools", "jobs"}),
-    "channels": frozenset({"base", "channels", "agent", "memory", "jobs"}),
+    "memory": frozenset({"base", "storage", "memory"}),
+    "tools": frozenset({"base", "storage", "tools", "memory", "jobs"}),
+    "agent": frozenset({"base", "storage", "agent", "memory", "tools", "jobs"}),
+    "channels": frozenset({"base", "storage", "channels", "agent", "memory", "jobs"}),
     "face": ANY,
 }
 ALLOWED_MODULES: dict[str, frozenset[str]] = {
@@ -106,7 +111,7 @@ def layer_of(module: str) -> str:
     sub = parts[1] if len(parts) > 1 else ""
     if sub in ("cli", "app") or module in FACE_MODULES:
         return "face"
-    if sub in ("jobs", "providers", "memory", "tools", "agent", "channels"):
+    if sub in ("storage", "jobs", "providers", "memory", "tools", "agent", "channels"):
         return sub
     return "base"
 

@@ -1,0 +1,23 @@
+"""open_storage: the configured backend, mounted at the workspace root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from picoclaw.config import Config
+from picoclaw.storage.backend import Storage
+from picoclaw.storage.files import FilesStorage
+from picoclaw.storage.mounts import mount
+
+
+def open_storage(config: Config, root: Path) -> Storage:
+    """The backend config.json names, serving every path under `root` (the workspace folder)."""
+    storage: Storage
+    if config.storage.backend == "postgres":
+        from picoclaw.storage.postgres.storage import PostgresStorage
+
+        storage = PostgresStorage(root, config.postgres_dsn(), config.storage.postgres.pool_size)
+    else:
+        storage = FilesStorage(root)
+    mount(storage)
+    return storage

@@ -1,0 +1,1 @@
+"""The PostgreSQL backend (optional extra `picoclaw[postgres]`: psycopg 3, psycopg_pool, pgvector)."""

@@ -1,0 +1,81 @@
+"""Reaching the server: the DSN, a pool, and errors that name host and port but never the password."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from picoclaw.storage.errors import StorageError, StorageUnavailable
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
+log = logging.getLogger(__name__)
+
+# How long opening the pool waits for a first connection before saying the server cannot be reached.
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+def server_name(dsn: str) -> str:
+    """Where `dsn` points, as "host:port" (a socket folder counts as the host); never user or password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = conninfo_to_dict(dsn)
+    except Exception:  # noqa: BLE001 - a DSN that does not parse names no server at all
+        return "an unreadable DSN"
+    host = str(parts.get("host") or parts.get("hostaddr") or "localhost")
+    return f"{host}:{parts.get('port') or 5432}"
+
+
+def without_password(text: str, dsn: str) -> str:
+    """`text` with the DSN's password (if any) masked: driver messages may quote the connection string."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except Exception:  # noqa: BLE001
+        password = None
+    text = text.replace(dsn, "<dsn>")
+    return text.replace(str(password), "***") if password else text
+
+
+def require_driver() -> None:
+    """psycopg and psycopg_pool, or one line saying how to install them."""
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        raise StorageError('storage.backend "postgres" needs the postgres extra: '
+                           "pip install 'picoclaw[postgres]'") from None
+
+
+def unreachable(dsn: str, exc: BaseException) -> StorageUnavailable:
+    """The one-line error for a server that cannot be reached or went away."""
+    reason = " ".join(without_password(str(exc), dsn).split()) or type(exc).__name__
+    return StorageUnavailable(f"PostgreSQL at {server_name(dsn)} cannot be reached: {reason[:300]}")
+
+
+def open_pool(dsn: str, size: int) -> ConnectionPool:
+    """A connection pool of up to `size` connections, its first connection made (or StorageUnavailable)."""
+    require_driver()
+    import psycopg
+    from psycopg_pool import ConnectionPool, PoolTimeout
+
+    if not dsn:
+        raise StorageError('storage.backend is "postgres" but no DSN is set: write storage.postgres.dsn in '
+                           "config.json or set PICOCLAW_POSTGRES_DSN")
+    # min_size 1: one connection is made at once, so a wrong DSN fails here and not in the middle of a turn.
+    pool = ConnectionPool(dsn, min_size=1, max_size=max(size, 2), open=False, name="picoclaw",
+                          kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_SECONDS})
+    try:
+        pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+    except (PoolTimeout, psycopg.Error) as exc:
+        pool.close()
+        # The pool's own timeout says nothing of why: one direct attempt gives the server's reason.
+        try:
+            psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS).close()
+        except psycopg.Error as direct:
+            raise unreachable(dsn, direct) from None
+        raise unreachable(dsn, exc) from None
+    return pool

@@ -1,0 +1,46 @@
+"""Opening the PostgreSQL backend: schema created once, a newer schema refused, a wrong DSN one clear line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from picoclaw.storage import SchemaTooNew, StorageError, StorageUnavailable
+from picoclaw.storage.postgres.schema import SCHEMA_VERSION
+from picoclaw.storage.postgres.storage import PostgresStorage
+
+
+def test_first_start_creates_the_schema_and_a_second_start_keeps_it(postgres_dsn: str, tmp_path: Path) -> None:
+    first = PostgresStorage(tmp_path, postgres_dsn)
+    first.close()
+    second = PostgresStorage(tmp_path, postgres_dsn)
+    second.close()
+    with psycopg.connect(postgres_dsn) as conn:
+        versions = [row[0] for row in conn.execute("select version from picoclaw_schema order by version")]
+        extension = conn.execute("select extversion from pg_extension where extname = 'vector'").fetchone()
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
+    assert extension is not None
+
+
+def test_a_newer_schema_is_refused_with_one_line(postgres_dsn: str, tmp_path: Path) -> None:
+    PostgresStorage(tmp_path, postgres_dsn).close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("insert into picoclaw_schema (version) values (%s)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(SchemaTooNew, match=f"version {SCHEMA_VERSION + 1}, newer"):
+        PostgresStorage(tmp_path, postgres_dsn)
+
+
+def test_a_wrong_password_names_host_and_port_but_not_the_password(postgres_dsn: str, tmp_path: Path) -> None:
+    dsn = "postgresql://picoclaw:hunter2-secret@127.0.0.1:1/picoclaw"
+    with pytest.raises(StorageUnavailable) as raised:
+        PostgresStorage(tmp_path, dsn)
+    message = str(raised.value)
+    assert "127.0.0.1:1" in message and "cannot be reached" in message
+    assert "hunter2" not in message and "\n" not in message
+
+
+def test_no_dsn_says_where_to_write_one(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="PICOCLAW_POSTGRES_DSN"):
+        PostgresStorage(tmp_path, "")
