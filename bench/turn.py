@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -86,11 +87,16 @@ def p95(values: Sequence[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18]
 
 
-def prepare_home(home: Path, base_url: str) -> Workspace:
-    """An onboarded home pointed at the fake server, with the big MEMORY.md and the long session."""
+def prepare_home(home: Path, base_url: str, storage: dict[str, Any] | None = None) -> Workspace:
+    """An onboarded home pointed at the fake server, with the big MEMORY.md and the long session.
+
+    `storage`: the config's storage block (bench/storage.py runs the same turns on PostgreSQL).
+    """
     onboard(home)
     config_path = home / "config.json"
     config = orjson.loads(config_path.read_bytes())
+    if storage is not None:
+        config["storage"] = storage
     config["agents"]["defaults"]["provider"] = "openai"
     config["providers"]["openai"] = {"api_key": "sk-bench", "api_base": base_url}
     config["memory"].update(QUIET_POLICY)
@@ -113,10 +119,10 @@ def history() -> list[Message]:
     return messages
 
 
-async def one_run(server: FakeOpenAIServer, turns: int) -> RunTimes:
+async def one_run(server: FakeOpenAIServer, turns: int, storage: dict[str, Any] | None = None) -> RunTimes:
     times = RunTimes([], [], [])
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-turn-") as tmp:
-        workspace = prepare_home(Path(tmp) / "home", server.base_url)
+        workspace = prepare_home(Path(tmp) / "home", server.base_url, storage)
         defaults = workspace.config.agents.defaults
         async with OpenAICompatProvider(name="openai", api_base=server.base_url, api_key="sk-bench",
                                         defaults=defaults, timeout=10.0, max_retries=0) as provider:

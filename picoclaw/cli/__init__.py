@@ -27,9 +27,10 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
     ("skills", "picoclaw.cli.skills", "the skills in workspace/skills/ that the model can load"),
     ("mcp", "picoclaw.cli.mcp", "the MCP servers of tools.mcp in config.json and their tools"),
     ("policy", "picoclaw.cli.policy", "show and tune the memory policy"),
+    ("storage", "picoclaw.cli.storage", "the storage backend (files or PostgreSQL): status"),
 )
 # Groups whose missing action is named as such; any other (skills too, as ever) is "missing a command".
-_ACTION_HINTS = ("memory", "policy", "cron", "mcp")
+_ACTION_HINTS = ("memory", "policy", "cron", "mcp", "storage")
 
 
 def named_group(arguments: Sequence[str]) -> str | None:

@@ -45,6 +45,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--learning", action="store_true",
                        help="store a lesson in LEARNINGS.md instead (when it applies, what to do)")
     append.set_defaults(handler=cmd_memory_append)
+    export = actions.add_parser("export", help="write the workspace's memory, sessions, jobs and policy files "
+                                               "into a new folder, in the files layout (any backend)")
+    export.add_argument("folder", help="a new or empty folder")
+    export.set_defaults(handler=cmd_memory_export)
+    load = actions.add_parser("import", help="load a files workspace (e.g. an export) into the configured "
+                                             "storage backend")
+    load.add_argument("folder", help="a workspace folder, or a folder `picoclaw memory export` wrote")
+    load.add_argument("--replace", action="store_true",
+                      help="replace memory, sessions and jobs the target already holds")
+    load.set_defaults(handler=cmd_memory_import)
     notes = actions.add_parser("notes", help="print the last days' daily notes")
     notes.add_argument("--days", type=bounded_int(0, 3660), help="how many days (default: recent_days)")
     notes.set_defaults(handler=cmd_memory_notes)
@@ -135,6 +145,34 @@ def cmd_memory_stats(args: argparse.Namespace) -> int:
     for problem in stats.warnings.values():  # before the numbers, so no one reads an unknown as measured
         echo(f"warning: {problem}", file=sys.stderr)
     echo(dumps_pretty(stats.to_json()).decode("utf-8").rstrip("\n") if args.json else "\n".join(stats_lines(stats)))
+    return 0
+
+
+def cmd_memory_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from picoclaw.storage import export_workspace
+
+    with opened_app() as app:
+        moved = export_workspace(app.storage, Path(args.folder).expanduser())
+        echo(f"exported {moved.files} files ({moved.size} bytes) from the {app.storage.backend} storage "
+             f"to {args.folder}")
+    return 0
+
+
+def cmd_memory_import(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from picoclaw.storage import import_workspace
+
+    with opened_app() as app:
+        moved = import_workspace(app.storage, Path(args.folder).expanduser(), replace=args.replace)
+        if not moved.changed:
+            echo(f"the {app.storage.backend} storage already holds the {moved.files} files of {args.folder}; "
+                 "nothing was changed")
+        else:
+            echo(f"imported {moved.files} files ({moved.size} bytes) from {args.folder} into the "
+                 f"{app.storage.backend} storage")
     return 0
 
 

@@ -5,14 +5,18 @@ from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailab
 from picoclaw.storage.files import FilesStorage
 from picoclaw.storage.mounts import cross_process_lock, mount, storage_for, unmount
 from picoclaw.storage.opening import open_storage
+from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 
 __all__ = [
     "FilesStorage",
+    "Moved",
     "SchemaTooNew",
     "Storage",
     "StorageError",
     "StorageUnavailable",
     "cross_process_lock",
+    "export_workspace",
+    "import_workspace",
     "mount",
     "open_storage",
     "storage_for",

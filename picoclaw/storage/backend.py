@@ -30,6 +30,22 @@ class Storage(Protocol):
         """Bring this machine's copy of the documents up to date (files: nothing to do)."""
         ...
 
+    def stored_layout(self) -> dict[str, bytes]:
+        """Every stored file in the files layout (storage/stored_files.py): name → bytes."""
+        ...
+
+    def export_files(self, dest: Path) -> None:
+        """Write every stored file into the empty folder `dest`, in the files layout, byte for byte."""
+        ...
+
+    def import_files(self, src: Path) -> None:
+        """Replace everything stored with the stored files of the files workspace `src`."""
+        ...
+
+    def status(self) -> dict[str, object]:
+        """A health check: backend, and for a server its versions and rows per table."""
+        ...
+
     def close(self) -> None:
         """Let go of connections and the mount."""
         ...

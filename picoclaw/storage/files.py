@@ -6,6 +6,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from picoclaw.fsutil import atomic_write, read_regular
+from picoclaw.storage.stored_files import stored_files
+
 
 class FilesStorage:
     """Markdown, JSONL and JSON files under the workspace; nothing to install, nothing to connect."""
@@ -22,5 +25,30 @@ class FilesStorage:
     def refresh(self) -> None:
         """The files are the truth: there is no copy to bring up to date."""
 
+    def stored_layout(self) -> dict[str, bytes]:
+        """The stored files under the workspace folder."""
+        return {name: read_regular(path) for name, path in stored_files(self.root).items()}
+
+    def export_files(self, dest: Path) -> None:
+        """Copy every stored file, byte for byte (each write atomic)."""
+        for name, path in stored_files(self.root).items():
+            atomic_write(dest / name, read_regular(path))
+
+    def import_files(self, src: Path) -> None:
+        """Write `src`'s stored files over the workspace's, and remove the stored files `src` does not have."""
+        incoming = stored_files(src)
+        for name, path in incoming.items():
+            atomic_write(self.root / name, read_regular(path))
+        for name, path in stored_files(self.root).items():
+            if name not in incoming:
+                path.unlink(missing_ok=True)
+
+    def status(self) -> dict[str, object]:
+        """Files need no server: the folder and how many stored files it holds."""
+        return {"backend": self.backend, "workspace": str(self.root), "stored files": len(stored_files(self.root))}
+
     def close(self) -> None:
-        """Nothing is held open."""
+        """Nothing is held open; the mount (if any) is let go."""
+        from picoclaw.storage.mounts import unmount  # mounts builds FilesStorage: imported when used
+
+        unmount(self)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from picoclaw.storage.postgres.connection import open_pool, unreachable
-from picoclaw.storage.postgres.schema import ensure_schema
+from psycopg import sql
+
+from picoclaw.fsutil import read_regular
+from picoclaw.storage.postgres.connection import open_pool, server_name, unreachable
+from picoclaw.storage.postgres.schema import ensure_schema, schema_version
+from picoclaw.storage.stored_files import stored_files
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,47 @@ class PostgresStorage:
     def refresh(self) -> None:
         """Bring this machine's copy of the documents up to date."""
         raise NotImplementedError  # filled in by the documents port
+
+    def stored_layout(self) -> dict[str, bytes]:
+        """Every stored row as the file the files backend would hold: name → bytes."""
+        with tempfile.TemporaryDirectory(prefix="picoclaw-layout-") as folder:
+            self.export_files(Path(folder))
+            return {name: read_regular(path) for name, path in stored_files(Path(folder)).items()}
+
+    def export_files(self, dest: Path) -> None:
+        """Documents, transcripts and jobs, written into `dest` in the files layout."""
+        self.export_documents(dest)
+        self.export_sessions(dest)
+        self.export_jobs(dest)
+
+    def import_files(self, src: Path) -> None:
+        """Replace documents, transcripts and jobs with those of the files workspace `src`."""
+        self.import_documents(src, replace=True)
+        self.import_sessions(src, replace=True)
+        self.import_jobs(src, replace=True)
+        self.refresh()
+
+    def status(self) -> dict[str, object]:
+        """Server and schema versions, pgvector's version and rows per table."""
+        import psycopg
+
+        try:
+            with self.pool.connection() as conn:
+                server = conn.execute("show server_version").fetchone()
+                vector = conn.execute("select extversion from pg_extension where extname = 'vector'").fetchone()
+                version = schema_version(conn)
+                tables = [row[0] for row in conn.execute(
+                    "select table_name from information_schema.tables where table_schema = current_schema() "
+                    "and table_type = 'BASE TABLE' order by table_name")]
+                rows = {}
+                for table in tables:
+                    count = conn.execute(sql.SQL("select count(*) from {}").format(sql.Identifier(table))).fetchone()
+                    rows[table] = int(count[0]) if count else 0
+        except psycopg.OperationalError as exc:
+            raise unreachable(self.dsn, exc) from None
+        return {"backend": self.backend, "server": server_name(self.dsn),
+                "server version": server[0] if server else "?", "schema version": version,
+                "pgvector version": vector[0] if vector else "not installed", "rows": rows}
 
     def close(self) -> None:
         """Close the pool."""

@@ -1,0 +1,90 @@
+"""Which files of a workspace are stored content, in the files layout every backend exports and imports.
+
+Stored: each scope's `memory/` folder (MEMORY.md, LEARNINGS.md, daily notes, backups, policy files and the
+bookkeeping dot files), the bootstrap files at the workspace root, `sessions/*.jsonl` and `cron/jobs.json`.
+Not stored: what is derived or local to one process and rebuilt when missing — lock files, temp files, an
+append's journal, MEMORY.md's entry table, and the index folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from picoclaw.layout import (
+    BOOTSTRAP_FILES,
+    CRON_DIR,
+    HEARTBEAT_FILE,
+    INDEX_DIR,
+    JOBS_FILE,
+    MEMORY_DIR,
+    SESSIONS_DIR,
+    USERS_DIR,
+)
+
+ROOT_DOCUMENTS = (*BOOTSTRAP_FILES, HEARTBEAT_FILE)
+JOBS_NAME = f"{CRON_DIR}/{JOBS_FILE}"
+# Derived or per-process files inside memory/: locks, atomic_write's temp files, in-place append journals,
+# the entry table of MEMORY.md (".MEMORY.md.entries").
+_DERIVED = re.compile(r"(\.lock|\.tmp|\.append|\.entries)$")
+
+
+def is_derived(name: str) -> bool:
+    """Whether the memory file `name` (a path under a scope root) is derived data, never stored."""
+    parts = PurePosixPath(name).parts
+    return (len(parts) > 1 and parts[1] == INDEX_DIR) or bool(_DERIVED.search(parts[-1]))
+
+
+def scope_roots(root: Path) -> Iterator[tuple[str, Path]]:
+    """("", the workspace root), then (user key, users/<key>/) for every per-user scope on disk."""
+    yield "", root
+    users = root / USERS_DIR
+    if users.is_dir():
+        for entry in sorted(users.iterdir()):
+            if entry.is_dir():
+                yield entry.name, entry
+
+
+def scope_of(root: Path, path: Path) -> tuple[str, Path]:
+    """The scope holding `path` (under `root`) and that scope's root folder."""
+    relative = Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).parts
+    if len(relative) >= 2 and relative[0] == USERS_DIR:
+        return relative[1], root / USERS_DIR / relative[1]
+    return "", root
+
+
+def document_names(scope_root: Path, *, shared: bool) -> list[str]:
+    """The stored documents of one scope, as "/"-separated names under its root (sorted)."""
+    names = [name for name in ROOT_DOCUMENTS if shared and (scope_root / name).is_file()]
+    memory = scope_root / MEMORY_DIR
+    if memory.is_dir():
+        for folder, subfolders, files in os.walk(memory):
+            subfolders[:] = sorted(d for d in subfolders if not (Path(folder) == memory and d == INDEX_DIR))
+            for file in files:
+                name = (Path(folder) / file).relative_to(scope_root).as_posix()
+                if not is_derived(name) and (Path(folder) / file).is_file():
+                    names.append(name)
+    return sorted(names)
+
+
+def session_names(scope_root: Path) -> list[str]:
+    """The transcripts of one scope, as names under its root: sessions/<file>.jsonl."""
+    folder = scope_root / SESSIONS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(f"{SESSIONS_DIR}/{p.name}" for p in folder.iterdir() if p.suffix == ".jsonl" and p.is_file())
+
+
+def stored_files(root: Path) -> dict[str, Path]:
+    """Every stored file of the workspace at `root`: its name in the files layout → its path."""
+    found: dict[str, Path] = {}
+    for scope, scope_root in scope_roots(root):
+        prefix = f"{USERS_DIR}/{scope}/" if scope else ""
+        for name in [*document_names(scope_root, shared=not scope), *session_names(scope_root)]:
+            found[prefix + name] = scope_root / name
+    jobs = root / JOBS_NAME
+    if jobs.is_file():
+        found[JOBS_NAME] = jobs
+    return found
