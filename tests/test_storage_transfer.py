@@ -43,7 +43,8 @@ def fill(capsys: pytest.CaptureFixture[str]) -> None:
     for text in ENTRIES:
         assert run(capsys, "memory", "append", text)[0] == 0
     assert run(capsys, "memory", "append", "--today", "今天去了西湖 and walked the dog")[0] == 0
-    code, _, err = run(capsys, "cron", "add", "--every", "3600", "--message", "喝水 drink water", "--session", "cli:main")
+    code, _, err = run(capsys, "cron", "add", "--every", "3600", "--message", "喝水 drink water",
+                       "--session", "cli:main")
     assert code == 0, err
 
 
