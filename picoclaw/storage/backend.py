@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Storage(Protocol):
@@ -28,6 +28,10 @@ class Storage(Protocol):
 
     def refresh(self) -> None:
         """Bring this machine's copy of the documents up to date (files: nothing to do)."""
+        ...
+
+    def index_table(self, scope_path: Path) -> Any:
+        """The memory index's chunk table for the scope holding `scope_path`; None: the index's own SQLite file."""
         ...
 
     def close(self) -> None:

@@ -22,5 +22,9 @@ class FilesStorage:
     def refresh(self) -> None:
         """The files are the truth: there is no copy to bring up to date."""
 
+    def index_table(self, scope_path: Path) -> None:
+        """The memory index's chunks: None, as the index keeps its own SQLite file under memory/index/."""
+        return None
+
     def close(self) -> None:
         """Nothing is held open."""

@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from picoclaw.storage.postgres.connection import open_pool, unreachable
+from picoclaw.storage.postgres.index import PostgresIndexTable, scope_of
 from picoclaw.storage.postgres.schema import ensure_schema
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ class PostgresStorage:
     def refresh(self) -> None:
         """Bring this machine's copy of the documents up to date."""
         raise NotImplementedError  # filled in by the documents port
+
+    def index_table(self, scope_path: Path) -> PostgresIndexTable:
+        """The memory index's chunks of the scope holding `scope_path` (rows keyed by that scope)."""
+        return PostgresIndexTable(self.pool, scope_of(self.root, scope_path))
 
     def close(self) -> None:
         """Close the pool."""
