@@ -118,8 +118,7 @@ WORDS = ("deploy review budget park dog Lisbon ticket release meeting garden inv
 
 def _memory_file(path: Path, n: int) -> None:
     rng = random.Random(7)
-    lines = ["# Long-term memory", ""]
-    lines += [f"- {' '.join(rng.choices(WORDS, k=12))} #{i}" for i in range(n)]
+    lines = [f"## 2024-05-{1 + i % 28:02d}\n{' '.join(rng.choices(WORDS, k=12))} #{i}\n" for i in range(n)]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -144,7 +143,8 @@ def latency(storage: PostgresStorage, sizes: Sequence[int], searches: int = 200
                                                                                          f"lat-{next(_scopes)}")))
                     t0 = time.perf_counter()
                     index.sync()
-                    print(f"  {backend} {size} {mode}: built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+                    print(f"  {backend} {size} {mode}: {index.status().chunks} chunks built in "
+                          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
                     times = []
 
                     async def run(index: MemoryIndex = index) -> None:
