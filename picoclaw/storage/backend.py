@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Storage(Protocol):
@@ -44,6 +44,10 @@ class Storage(Protocol):
 
     def status(self) -> dict[str, object]:
         """A health check: backend, and for a server its versions and rows per table."""
+        ...
+
+    def index_table(self, scope_path: Path) -> Any:
+        """The memory index's chunk table for the scope holding `scope_path`; None: the index's own SQLite file."""
         ...
 
     def close(self) -> None:

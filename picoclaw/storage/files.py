@@ -47,6 +47,10 @@ class FilesStorage:
         """Files need no server: the folder and how many stored files it holds."""
         return {"backend": self.backend, "workspace": str(self.root), "stored files": len(stored_files(self.root))}
 
+    def index_table(self, scope_path: Path) -> None:
+        """The memory index's chunks: None, as the index keeps its own SQLite file under memory/index/."""
+        return None
+
     def close(self) -> None:
         """Nothing is held open; the mount (if any) is let go."""
         from picoclaw.storage.mounts import unmount  # mounts builds FilesStorage: imported when used

@@ -91,10 +91,11 @@ def open_search(settings: IndexConfig, store: MemoryStore, embedder: Embedder | 
     files = KeywordSearch(store)
     if not settings.enabled:
         return StandingSearch(files, store, policy)
-    from picoclaw.memory.index.index import MemoryIndex  # only now: it imports numpy
+    from picoclaw.memory.index.pg_index import index_for  # only now: it imports numpy
 
-    # The index fuses the keyword search's own ranking with vectors, so hybrid gains what keywords gain.
-    index = MemoryIndex(store, settings, embedder, sessions_dir=sessions_dir, keywords=files)
+    # The index fuses the keyword search's own ranking with vectors, so hybrid gains what keywords gain;
+    # its chunks are in the storage backend's table when it has one (PostgreSQL), else in SQLite.
+    index = index_for(store, settings, embedder, sessions_dir=sessions_dir, keywords=files)
     return StandingSearch(IndexedSearch(files, index), store, policy)
 
 

@@ -1,6 +1,326 @@
-"""The memory index on pgvector: chunks with their vectors and keyword terms."""
+"""The memory index on pgvector: chunks with their vectors and keyword terms, rows keyed by scope.
+
+The memory side (memory/index/pg_index.py) chunks the files and tokenises the text with its own CJK-aware
+terms; this module only stores what it is given and ranks it. Keyword ranking is BM25 computed in SQL over a
+table of (term, chunk, tf), with FTS5's formula (k1 1.2, b 0.75, idf floored at 1e-6, document length =
+number of terms), so the PostgreSQL index ranks exactly as the SQLite index's FTS5 does; a `tsvector` with
+the `simple` configuration would re-tokenise the terms and its ts_rank is not BM25.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+K1 = 1.2
+B = 0.75
+IDF_FLOOR = 1e-6  # what FTS5's bm25() uses for a term in half the chunks or more
+
+# Vectors of any size live in one untyped `vector` column; HNSW needs a fixed dimension, so each dimension
+# met gets its own partial expression index (`embedding::vector(n)` where dims = n), made on first use. One
+# table with a partial index per dimension keeps every query and delete on one table, and a model change
+# (another dimension) needs no migration.
 DDL = """
+create table if not exists index_files (
+    scope text not null,
+    path text not null,              -- relative to the scope folder, '/'-separated
+    source text not null,            -- memory | notes | sessions
+    hash text not null,              -- sha256 of the file's bytes
+    mtime_ns bigint not null,
+    size bigint not null,
+    inode bigint not null,
+    checked_ns bigint not null,
+    primary key (scope, path)
+);
+create table if not exists index_chunks (
+    id bigserial primary key,
+    scope text not null,
+    path text not null,
+    ordinal int not null,            -- position in its file: neighbours are ordinal ± 1
+    source text not null,
+    start_line int not null,
+    end_line int not null,
+    heading text not null,
+    text text not null,
+    hash text not null,              -- sha256 of text: the embedding cache key
+    length int not null,             -- number of terms, BM25's document length
+    model text,                      -- the embedder key of `embedding`
+    dims int,
+    embedding vector,
+    foreign key (scope, path) references index_files (scope, path) on delete cascade
+);
+create index if not exists index_chunks_file on index_chunks (scope, path, ordinal);
+create index if not exists index_chunks_hash on index_chunks (scope, hash);
+create table if not exists index_terms (
+    scope text not null,
+    term text not null,
+    chunk_id bigint not null references index_chunks (id) on delete cascade,
+    tf int not null,
+    primary key (scope, term, chunk_id)
+);
+create index if not exists index_terms_chunk on index_terms (chunk_id);
+create table if not exists index_meta (
+    scope text not null,
+    key text not null,
+    value text not null,
+    primary key (scope, key)
+);
+create table if not exists index_embeddings (
+    scope text not null,
+    model text not null,
+    text_hash text not null,
+    dims int not null,
+    embedding vector not null,
+    used_ns bigint not null,
+    primary key (scope, model, text_hash)
+);
 """
+
+ChunkRow = tuple[int, int, str, str, str, str]  # start_line, end_line, heading, text, hash, terms (space-joined)
+
+
+def _vector_text(values: Iterable[float]) -> str:
+    return "[" + ",".join(repr(float(v)) for v in values) + "]"
+
+
+def scope_of(root: Path, path: Path) -> str:
+    """The scope key of `path` under the workspace `root`: "" for the shared workspace, else the user key."""
+    try:
+        parts = path.resolve().relative_to(root.resolve()).parts
+    except ValueError:
+        return ""
+    return parts[1] if len(parts) > 1 and parts[0] == "users" else ""
+
+
+class PostgresIndexTable:
+    """One scope's chunks: files bookkeeping, keyword (BM25) and vector (HNSW) candidates, the vector cache."""
+
+    backend = "postgres"
+
+    def __init__(self, pool: ConnectionPool[Any], scope: str):
+        self.pool = pool
+        self.scope = scope
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        with self.pool.connection() as conn:
+            row = conn.execute("select value from index_meta where scope = %s and key = %s",
+                               (self.scope, key)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str | None) -> None:
+        with self.pool.connection() as conn:
+            if value is None:
+                conn.execute("delete from index_meta where scope = %s and key = %s", (self.scope, key))
+            else:
+                conn.execute("insert into index_meta (scope, key, value) values (%s, %s, %s) "
+                             "on conflict (scope, key) do update set value = excluded.value", (self.scope, key, value))
+
+    def known_files(self) -> dict[str, tuple[str, int, int, int, int]]:
+        """path → (hash, mtime_ns, size, inode, checked_ns) of every indexed file."""
+        with self.pool.connection() as conn:
+            rows = conn.execute("select path, hash, mtime_ns, size, inode, checked_ns from index_files "
+                                "where scope = %s", (self.scope,)).fetchall()
+        return {row[0]: (row[1], row[2], row[3], row[4], row[5]) for row in rows}
+
+    def restamp_file(self, path: str, mtime_ns: int, size: int, inode: int, checked_ns: int) -> None:
+        """Record a file's new stat when its bytes are unchanged."""
+        with self.pool.connection() as conn:
+            conn.execute("update index_files set mtime_ns = %s, size = %s, inode = %s, checked_ns = %s "
+                         "where scope = %s and path = %s", (mtime_ns, size, inode, checked_ns, self.scope, path))
+
+    def forget_file(self, path: str) -> None:
+        """Remove a file's chunks, terms and record."""
+        with self.pool.connection() as conn:
+            conn.execute("delete from index_files where scope = %s and path = %s", (self.scope, path))
+
+    def forget_everything(self) -> None:
+        """Drop every file and chunk of the scope (cached vectors stay: a rebuild embeds nothing it had)."""
+        with self.pool.connection() as conn:
+            conn.execute("delete from index_files where scope = %s", (self.scope,))
+
+    def replace_file(self, path: str, source: str, digest: str, stat: tuple[int, int, int, int],
+                     chunks: Sequence[ChunkRow]) -> None:
+        """Put `chunks` (in file order) in place of the file's old ones, in one transaction; chunks whose
+        text has a cached vector get it at once."""
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute("delete from index_files where scope = %s and path = %s", (self.scope, path))
+            conn.execute("insert into index_files (scope, path, source, hash, mtime_ns, size, inode, checked_ns) "
+                         "values (%s, %s, %s, %s, %s, %s, %s, %s)", (self.scope, path, source, digest, *stat))
+            with conn.cursor() as cur:
+                ids: list[int] = []
+                for ordinal, (start, end, heading, text, text_hash, terms) in enumerate(chunks):
+                    words = terms.split()
+                    cur.execute("insert into index_chunks (scope, path, ordinal, source, start_line, end_line, "
+                                "heading, text, hash, length) values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                                "returning id", (self.scope, path, ordinal, source, start, end, heading, text,
+                                                 text_hash, len(words)))
+                    row = cur.fetchone()
+                    assert row is not None
+                    ids.append(row[0])
+                    counts: dict[str, int] = {}
+                    for word in words:
+                        counts[word] = counts.get(word, 0) + 1
+                    if counts:
+                        cur.executemany("insert into index_terms (scope, term, chunk_id, tf) values (%s, %s, %s, %s)",
+                                        [(self.scope, term, ids[-1], tf) for term, tf in counts.items()])
+            conn.execute("update index_chunks c set model = e.model, dims = e.dims, embedding = e.embedding "
+                         "from (select distinct on (text_hash) text_hash, model, dims, embedding from index_embeddings "
+                         "where scope = %s order by text_hash, used_ns desc) e "
+                         "where c.scope = %s and c.path = %s and e.text_hash = c.hash",
+                         (self.scope, self.scope, path))
+
+    def counts(self, model: str | None) -> tuple[int, int, int]:
+        """(files, chunks, chunks with a vector of `model`)."""
+        with self.pool.connection() as conn:
+            row = conn.execute("select (select count(*) from index_files where scope = %s), "
+                               "(select count(*) from index_chunks where scope = %s), "
+                               "(select count(*) from index_chunks where scope = %s and model = %s)",
+                               (self.scope, self.scope, self.scope, model)).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    # -- keyword candidates --------------------------------------------------------------------------
+
+    def term_stats(self, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
+        """(number of chunks, term → chunks holding it) for BM25's idf."""
+        with self.pool.connection() as conn:
+            total = conn.execute("select count(*) from index_chunks where scope = %s", (self.scope,)).fetchone()
+            docs = conn.execute("select term, count(*) from index_terms where scope = %s and term = any(%s) "
+                                "group by term", (self.scope, list(terms))).fetchall()
+        return int(total[0]) if total else 0, {term: int(n) for term, n in docs}
+
+    def bm25(self, terms: Sequence[str], sources: Iterable[str] | None) -> dict[int, float]:
+        """BM25 of every chunk holding any of `terms` (FTS5's formula): chunk id → value."""
+        where = "" if sources is None else " and c.source = any(%(sources)s)"
+        sql = f"""
+            with stats as (
+                select count(*)::float8 as n, coalesce(avg(length), 1)::float8 as avgdl
+                from index_chunks where scope = %(scope)s),
+            df as (
+                select term, count(*)::float8 as n from index_terms
+                where scope = %(scope)s and term = any(%(terms)s) group by term)
+            select t.chunk_id,
+                   sum(greatest(ln((stats.n - df.n + 0.5) / (df.n + 0.5)), %(floor)s)
+                       * t.tf * (%(k1)s + 1)
+                       / (t.tf + %(k1)s * (1 - %(b)s + %(b)s * c.length / greatest(stats.avgdl, 1e-9))))
+            from index_terms t join df on df.term = t.term join index_chunks c on c.id = t.chunk_id, stats
+            where t.scope = %(scope)s and t.term = any(%(terms)s){where}
+            group by t.chunk_id"""
+        params = {"scope": self.scope, "terms": list(terms), "floor": IDF_FLOOR, "k1": K1, "b": B,
+                  "sources": None if sources is None else sorted(sources)}
+        with self.pool.connection() as conn:
+            return {int(i): float(v) for i, v in conn.execute(sql.encode(), params).fetchall()}
+
+    def texts(self, ids: Iterable[int]) -> dict[int, str]:
+        """Chunk id → its text."""
+        with self.pool.connection() as conn:
+            return dict(conn.execute("select id, text from index_chunks where scope = %s and id = any(%s)",
+                                     (self.scope, list(ids))).fetchall())
+
+    def neighbourhood(self, ids: Iterable[int]) -> tuple[dict[int, str], dict[int, int]]:
+        """For the chunks up to two before and one after each of `ids` in its file: (chunk id → source,
+        chunk id → the id of the chunk just before it in its file)."""
+        sql = """
+            with wanted as (select path, ordinal from index_chunks where scope = %(scope)s and id = any(%(ids)s)),
+            window_rows as (
+                select distinct c.id, c.path, c.ordinal, c.source from index_chunks c join wanted w
+                on c.scope = %(scope)s and c.path = w.path and c.ordinal between w.ordinal - 2 and w.ordinal + 1)
+            select id, source, lag(id) over (partition by path order by ordinal),
+                   lag(ordinal) over (partition by path order by ordinal), ordinal
+            from window_rows"""
+        with self.pool.connection() as conn:
+            rows = conn.execute(sql.encode(), {"scope": self.scope, "ids": list(ids)}).fetchall()
+        sources = {int(r[0]): r[1] for r in rows}
+        previous = {int(r[0]): int(r[2]) for r in rows if r[2] is not None and r[3] == r[4] - 1}
+        return sources, previous
+
+    def chunks_within(self, path: str, start: int, end: int, sources: Iterable[str] | None) -> list[int]:
+        """Ids of the chunks of `path` within lines start..end, in file order."""
+        where = "" if sources is None else " and source = any(%s)"
+        params: tuple[object, ...] = (self.scope, path, start, end, end)
+        if sources is not None:
+            params += (sorted(sources),)
+        with self.pool.connection() as conn:
+            return [int(r[0]) for r in conn.execute(
+                f"select id from index_chunks where scope = %s and path = %s and start_line between %s and %s "
+                f"and end_line <= %s{where} order by ordinal".encode(), params).fetchall()]
+
+    def rows(self, ids: Iterable[int]) -> dict[int, tuple[str, str, str, int, int]]:
+        """Chunk id → (path, heading, text, start_line, end_line)."""
+        with self.pool.connection() as conn:
+            return {int(r[0]): (r[1], r[2], r[3], r[4], r[5]) for r in conn.execute(
+                "select id, path, heading, text, start_line, end_line from index_chunks "
+                "where scope = %s and id = any(%s)", (self.scope, list(ids))).fetchall()}
+
+    # -- vectors ---------------------------------------------------------------------------------------
+
+    def missing_texts(self, model: str) -> list[tuple[str, str]]:
+        """(hash, text) of every chunk text with no vector of `model`."""
+        with self.pool.connection() as conn:
+            return [(r[0], r[1]) for r in conn.execute(
+                "select hash, min(text) from index_chunks where scope = %s and model is distinct from %s "
+                "group by hash", (self.scope, model)).fetchall()]
+
+    def store_vectors(self, model: str, hashes: Sequence[str], vectors: Sequence[Sequence[float]],
+                      now_ns: int) -> None:
+        """Cache `vectors` (one per text hash) for `model` and set them on the chunks of those texts."""
+        dims_seen: set[int] = set()
+        with self.pool.connection() as conn:
+            with conn.transaction():
+                for digest, vector in zip(hashes, vectors):
+                    dims = len(vector)
+                    dims_seen.add(dims)
+                    text = _vector_text(vector)
+                    conn.execute("insert into index_embeddings (scope, model, text_hash, dims, embedding, used_ns) "
+                                 "values (%s, %s, %s, %s, %s::vector, %s) on conflict (scope, model, text_hash) "
+                                 "do update set dims = excluded.dims, embedding = excluded.embedding, "
+                                 "used_ns = excluded.used_ns", (self.scope, model, digest, dims, text, now_ns))
+                    conn.execute("update index_chunks set model = %s, dims = %s, embedding = %s::vector "
+                                 "where scope = %s and hash = %s", (model, dims, text, self.scope, digest))
+            for dims in dims_seen:
+                _ensure_hnsw(conn, dims)
+
+    def nearest(self, model: str, vector: Sequence[float], wanted: int,
+                sources: Iterable[str] | None) -> list[tuple[int, float]]:
+        """The `wanted` chunks nearest `vector` by cosine (HNSW), as (chunk id, cosine similarity)."""
+        dims = int(len(vector))  # an int we computed: safe to put in the SQL text, as the index needs it
+        where = "" if sources is None else " and source = any(%(sources)s)"
+        sql = (f"select id, 1 - (embedding::vector({dims}) <=> %(q)s::vector({dims})) from index_chunks "
+               f"where dims = {dims} and scope = %(scope)s and model = %(model)s{where} "
+               f"order by embedding::vector({dims}) <=> %(q)s::vector({dims}) limit %(wanted)s")
+        params = {"q": _vector_text(vector), "scope": self.scope, "model": model, "wanted": wanted,
+                  "sources": None if sources is None else sorted(sources)}
+        with self.pool.connection() as conn, conn.transaction():
+            # The scope and source filters are applied to what the graph walk yields: iterative scans keep
+            # walking until `wanted` rows pass them, and a wider ef_search keeps recall near exact search.
+            conn.execute(f"set local hnsw.ef_search = {max(100, 2 * int(wanted))}".encode())
+            conn.execute(b"set local hnsw.iterative_scan = relaxed_order")
+            rows = conn.execute(sql.encode(), params).fetchall()
+        return [(int(i), float(s)) for i, s in rows]
+
+    def similarities(self, model: str, vector: Sequence[float], ids: Iterable[int]) -> list[tuple[int, float]]:
+        """Exact cosine similarity with `vector` of the chunks `ids` that have a vector of `model`."""
+        dims = int(len(vector))
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"select id, 1 - (embedding::vector({dims}) <=> %s::vector({dims})) from index_chunks "
+                f"where scope = %s and model = %s and dims = {dims} and id = any(%s)".encode(),
+                (_vector_text(vector), self.scope, model, list(ids))).fetchall()
+        return [(int(i), float(s)) for i, s in rows]
+
+
+def _ensure_hnsw(conn: psycopg.Connection[Any], dims: int) -> None:
+    """The HNSW index of vectors with `dims` dimensions (created once, the first time one is stored)."""
+    name = f"index_chunks_hnsw_{int(dims)}"
+    found = conn.execute("select to_regclass(%s) is not null", (name,)).fetchone()
+    if found and found[0]:
+        return
+    conn.execute(f"create index if not exists {name} on index_chunks using hnsw "
+                 f"((embedding::vector({int(dims)})) vector_cosine_ops) where dims = {int(dims)}".encode())

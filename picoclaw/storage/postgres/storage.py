@@ -11,6 +11,7 @@ from psycopg import sql
 
 from picoclaw.fsutil import read_regular
 from picoclaw.storage.postgres.connection import open_pool, server_name, unreachable
+from picoclaw.storage.postgres.index import PostgresIndexTable, scope_of
 from picoclaw.storage.postgres.schema import ensure_schema, schema_version
 from picoclaw.storage.stored_files import stored_files
 
@@ -86,6 +87,10 @@ class PostgresStorage:
         return {"backend": self.backend, "server": server_name(self.dsn),
                 "server version": server[0] if server else "?", "schema version": version,
                 "pgvector version": vector[0] if vector else "not installed", "rows": rows}
+
+    def index_table(self, scope_path: Path) -> PostgresIndexTable:
+        """The memory index's chunks of the scope holding `scope_path` (rows keyed by that scope)."""
+        return PostgresIndexTable(self.pool, scope_of(self.root, scope_path))
 
     def close(self) -> None:
         """Close the pool."""

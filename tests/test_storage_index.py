@@ -1,0 +1,154 @@
+"""The memory index's contract on both backends: SQLite ("files") and the pgvector chunk table ("postgres").
+
+The same tests run on each: keyword and hybrid search in English and Chinese, a file replaced or deleted,
+a reindex, and per-user scopes that never see each other's chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from picoclaw.config import IndexConfig
+from picoclaw.memory.index import MemoryIndex
+from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
+from picoclaw.memory.index.pg_index import TableMemoryIndex, index_for
+from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.terms import terms
+from picoclaw.storage import mount, unmount
+
+ENTRIES = [
+    "我养了一只柯基，叫豆豆，最喜欢在公园里追球。",
+    "My dog Bob loves chasing balls in the park.",
+    "Fixed handleWebSocketReconnect not retrying on ECONNREFUSED; see ticket OPS-1234.",
+    "周五下午三点和王芳开季度预算评审会。",
+]
+
+
+class TermEmbedder:
+    """Deterministic vectors: each term hashed into one of 32 dimensions, so shared words mean nearness."""
+
+    key = "test-terms-32"
+    label = "test terms (32)"
+
+    def token_limit(self) -> TokenLimit:
+        return DEFAULT_LIMIT
+
+    async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
+        rows = np.zeros((len(texts), 32), dtype=np.float32)
+        for n, text in enumerate(texts):
+            rows[n, 31] = 0.01  # never all zero: a zero vector has no cosine
+            for term in terms(text):
+                rows[n, int(hashlib.sha256(term.encode()).hexdigest(), 16) % 31] += 1.0
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(params=["files", "postgres"])
+def workspace(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A workspace root with the backend mounted (files: nothing mounted, the index keeps its SQLite file)."""
+    if request.param == "files":
+        yield tmp_path
+        return
+    from picoclaw.storage.postgres.storage import PostgresStorage
+
+    storage = PostgresStorage(tmp_path, request.getfixturevalue("postgres_dsn"), pool_size=4)
+    mount(storage)
+    try:
+        yield tmp_path
+    finally:
+        unmount(storage)
+        storage.close()
+
+
+@pytest.fixture
+def open_index(workspace: Path) -> Iterator[Callable[..., tuple[MemoryStore, MemoryIndex]]]:
+    """open_index(scope, hybrid=False): a store under `scope` (relative to the workspace) and its index."""
+    made: list[MemoryIndex] = []
+
+    def make(scope: str = "", hybrid: bool = False) -> tuple[MemoryStore, MemoryIndex]:
+        store = MemoryStore(workspace / scope / "memory", UTC)
+        settings = IndexConfig(enabled=True, sources=["memory", "notes"])
+        index = index_for(store, settings, TermEmbedder() if hybrid else None,
+                          sessions_dir=workspace / scope / "sessions")
+        store.on_change(index.mark_changed)
+        made.append(index)
+        return store, index
+
+    yield make
+    for index in made:
+        index.close()
+
+
+def _filled(store: MemoryStore) -> None:
+    for entry in ENTRIES:
+        store.append_long_term(entry)
+    store.append_note("Dentist appointment on Thursday, 看牙医", at=datetime(2024, 5, 2, 9, 30, tzinfo=UTC))
+
+
+def test_the_backend_decides_which_index_is_used(open_index: Callable[..., tuple[MemoryStore, MemoryIndex]],
+                                                 request: pytest.FixtureRequest) -> None:
+    _, index = open_index()
+    on_postgres = isinstance(index, TableMemoryIndex)
+    assert on_postgres == ("postgres" in request.node.callspec.id)
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["keyword", "hybrid"])
+def test_english_and_chinese_text_is_found(open_index: Callable[..., tuple[MemoryStore, MemoryIndex]],
+                                           hybrid: bool) -> None:
+    store, index = open_index(hybrid=hybrid)
+    _filled(store)
+    assert "豆豆" in index.search("柯基豆豆", 1)[0].block.text
+    assert "Bob" in index.search("dog chasing balls", 1)[0].block.text
+    assert "OPS-1234" in index.search("ECONNREFUSED", 1)[0].block.text
+    assert "看牙医" in index.search("看牙医", 3, frozenset({"notes"}))[0].block.text
+    assert "王芳" in index.search("王芳预算", 1)[0].block.text
+    status = index.status()
+    assert status.files == 2 and status.chunks >= 5
+    assert status.vectors == (status.chunks if hybrid else 0)
+
+
+def test_a_replaced_or_deleted_file_is_forgotten(open_index: Callable[..., tuple[MemoryStore, MemoryIndex]]) -> None:
+    store, index = open_index()
+    _filled(store)
+    assert index.search("柯基", 3)
+    text = store.long_term_path.read_text(encoding="utf-8")
+    text = text.replace("一只柯基，叫豆豆", "一只猫，叫咪咪").replace("My dog Bob", "I moved to Lisbon; my dog Bob")
+    store.long_term_path.write_text(text, encoding="utf-8")
+    assert not index.search("柯基", 3)
+    assert "咪咪" in index.search("咪咪", 1)[0].block.text
+    assert "Lisbon" in index.search("Lisbon", 1)[0].block.text
+    store.long_term_path.unlink()
+    assert not index.search("Lisbon", 3)
+    assert index.status().files == 1  # the note is left
+
+
+def test_reindex_rebuilds_the_same_chunks(open_index: Callable[..., tuple[MemoryStore, MemoryIndex]]) -> None:
+    store, index = open_index(hybrid=True)
+    _filled(store)
+    before = [hit.block.text for hit in index.search("豆豆 park", 5)]
+    chunks = index.status().chunks
+    report = index.reindex()
+    assert len(report.files_changed) == 2 and report.embedded == 0  # cached vectors reused
+    assert index.status().chunks == chunks
+    assert [hit.block.text for hit in index.search("豆豆 park", 5)] == before
+
+
+def test_a_users_chunks_are_never_found_from_another_scope(
+        open_index: Callable[..., tuple[MemoryStore, MemoryIndex]]) -> None:
+    alice, alice_index = open_index("users/alice", hybrid=True)
+    bob, bob_index = open_index("users/bob", hybrid=True)
+    alice.append_long_term("Alice's locker code is 4711, 储物柜密码")
+    bob.append_long_term("Bob keeps his bike in the garage, 自行车在车库")
+    assert "4711" in alice_index.search("locker code 储物柜", 3)[0].block.text
+    assert all("4711" not in hit.block.text for hit in bob_index.search("locker code 储物柜 4711", 10))
+    assert all("garage" not in hit.block.text for hit in alice_index.search("bike garage 自行车", 10))
+    alice_index.reindex()
+    assert bob_index.status().chunks == 1 and alice_index.status().chunks == 1
