@@ -5,8 +5,24 @@ from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailab
 from picoclaw.storage.files import FilesStorage
 from picoclaw.storage.mounts import cross_process_lock, mount, storage_for, unmount
 from picoclaw.storage.opening import open_storage
+from picoclaw.storage.sessions import (
+    ARCHIVE_DIR,
+    LOCK_FILE,
+    SUFFIX,
+    FilesSessionLog,
+    SessionLog,
+    Transcript,
+    transcript_files,
+)
 
 __all__ = [
+    "ARCHIVE_DIR",
+    "LOCK_FILE",
+    "SUFFIX",
+    "FilesSessionLog",
+    "SessionLog",
+    "Transcript",
+    "transcript_files",
     "FilesStorage",
     "SchemaTooNew",
     "Storage",
