@@ -1,41 +1,49 @@
-"""Sessions on disk: `sessions/<key>.jsonl`, one JSON record a line, append-only.
+"""Sessions: each conversation a transcript of JSON records (`sessions/<key>.jsonl` in the files layout).
 
 Records are messages (numbered), compactions ("messages up to id N are covered by this summary"),
-reflections, and marks of replies a channel could not deliver. Compacted messages stay in the file; the
-counters that drive summaries and reflection are derived from the records, so they survive restarts. A
-torn last line (a crash mid-append) is ignored when read and cut off before the next append. This module
-alone knows the record format: the index reads transcripts through `said_lines`; a record of the wrong
-shape is skipped with a warning, so one bad line never makes every turn of its session fail.
+reflections, and marks of replies a channel could not deliver. Compacted messages stay in the transcript;
+the counters that drive summaries and reflection are derived from the records, so they survive restarts.
+The storage backend keeps the records (`picoclaw.storage.SessionLog`: JSONL files, or rows of PostgreSQL's
+`messages` table); a torn last line of a file (a crash mid-append) is ignored when read and cut off before
+the next append. This module alone knows the record format: the index reads transcripts through
+`said_lines`; a record of the wrong shape is skipped with a warning, so one bad line never makes every turn
+of its session fail.
 
 One writer at a time, across processes (an open `chat` and a `chat -m` on the same session, the bot and
-the CLI): every append happens under a file lock on the sessions folder, after reading what other
-processes appended since this one last read the file. Ids are assigned under that lock, so they stay
-unique and increasing, and the in-memory Session includes the other process's messages too.
+the CLI): every append happens under the backend's lock on the sessions folder (a file lock, or an advisory
+lock on PostgreSQL), after reading what other processes appended since this one last read the transcript.
+Ids are assigned under that lock, so they stay unique and increasing, and the in-memory Session includes the
+other process's messages too.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import orjson
-from filelock import FileLock
 
 from picoclaw import clock
-from picoclaw.fsutil import FileKey, append_jsonl, atomic_write, file_key, reserve_stamped_path
 from picoclaw.providers.base import Message
+from picoclaw.storage import (
+    ARCHIVE_DIR,
+    LOCK_FILE,
+    SUFFIX,
+    SessionLog,
+    storage_for,
+    transcript_files,
+)
 
 log = logging.getLogger(__name__)
 
-ARCHIVE_DIR = "archive"
-SUFFIX = ".jsonl"
-LOCK_FILE = ".sessions.lock"  # the cross-process lock of one sessions folder
+__all__ = ["ARCHIVE_DIR", "KEPT_COMPACTED", "LOCK_FILE", "SUFFIX", "Session", "SessionStore", "StoredMessage",
+           "said_lines", "session_filename", "transcript_files"]
 # Compacted messages kept in memory: reflection reads the newest of them; the file keeps them all. Without
 # a bound, a chat of a year would hold every message it ever had in a process that runs for months.
 KEPT_COMPACTED = 50
@@ -113,8 +121,8 @@ class Session:
     summary: str | None = None
     compacted_through: int = 0
     reflected_through: int = 0
-    # The file as this Session last read or wrote it: another process changed it when its key differs.
-    synced: FileKey | None = field(default=None, repr=False)
+    # The transcript's marker as this Session last read or wrote it: another process changed it when it differs.
+    synced: Hashable | None = field(default=None, repr=False)
     # Held by every read and write of the store on this session: they run in worker threads (off the event
     # loop), and a turn's append must not interleave with a background summary's compaction record.
     guard: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
@@ -177,19 +185,14 @@ def session_filename(key: str) -> str:
     return quote(key, safe="-_.@") + SUFFIX
 
 
-def transcript_files(folder: Path) -> list[Path]:
-    """Every session file in `folder`, those archived by /new included, sorted by path."""
-    return sorted([*folder.glob(f"*{SUFFIX}"), *(folder / ARCHIVE_DIR).glob(f"*{SUFFIX}")])
-
-
 class SessionStore:
-    """Loads and appends session files in one folder."""
+    """Loads and appends the transcripts of one sessions folder, kept by the storage backend that holds it."""
 
     def __init__(self, folder: Path, *, moved_from: Path | None = None, lock_path: Path | None = None):
         self.folder = Path(folder)
-        # Outside the sessions folder, which holds transcripts only (the workspace passes the memory
-        # folder's lock-file place); by default a dot file next to the folder.
-        self.lock_path = Path(lock_path) if lock_path is not None else self.folder.parent / LOCK_FILE
+        # Files backend: the lock file outside the sessions folder, which holds transcripts only (the workspace
+        # passes the memory folder's lock-file place); by default a dot file next to the folder.
+        self.log: SessionLog = storage_for(self.folder).session_log(self.folder, lock_path=lock_path)
         # Per-user scopes keep transcripts in their own folder; older versions kept them all in the
         # workspace's sessions/, so a transcript still there is moved over when its session is first loaded.
         self.moved_from = moved_from
@@ -215,7 +218,7 @@ class SessionStore:
     def refresh(self, session: Session) -> bool:
         """Read `session`'s file again if it changed since (another process appended or archived it)."""
         with session.guard:
-            if file_key(session.path) == session.synced:
+            if self.log.marker(session.path) == session.synced:
                 return False
             self._read(session)
             return True
@@ -229,18 +232,8 @@ class SessionStore:
         session.synced = fresh.synced
 
     def _parse(self, session: Session) -> None:
-        key = file_key(session.path)
-        try:
-            raw = session.path.read_bytes()
-        except FileNotFoundError:
-            session.synced = None
-            return
-        lines = raw.split(b"\n")
-        if raw and not raw.endswith(b"\n"):
-            # Torn by a crash, or (read without the lock) a line another process is writing right now:
-            # either way not a record yet. `_locked_append` cuts a torn one off before appending.
-            lines = lines[:-1]
-        for number, line in enumerate(lines, start=1):
+        transcript = self.log.read(session.path)
+        for number, line in enumerate(transcript.lines, start=1):
             if not line.strip():
                 continue
             try:
@@ -253,7 +246,7 @@ class SessionStore:
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 log.warning("%s:%d: skipping an unreadable record", session.path, number)
         session.forget_compacted()
-        session.synced = key
+        session.synced = transcript.marker
 
     @staticmethod
     def _apply(session: Session, record: dict[str, Any]) -> None:
@@ -286,10 +279,17 @@ class SessionStore:
             if stored is not None:  # else compacted long ago and no longer kept: nothing to mark
                 stored.mark_undelivered(reason)
 
-    def lock(self) -> FileLock:
+    def lock(self) -> AbstractContextManager[object]:
         """The cross-process lock every writer of this folder's sessions holds while it appends or archives."""
-        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.lock_path))
+        return self.log.lock()
+
+    def transcripts(self) -> list[Path]:
+        """Every transcript of this folder, archived ones included, sorted by path."""
+        return self.log.transcripts()
+
+    def modified(self, path: Path) -> float:
+        """When the transcript at `path` last changed (seconds since the epoch; 0 when unknown)."""
+        return self.log.modified(path)
 
     def append_messages(self, session: Session, messages: list[StoredMessage]) -> None:
         """Number and append messages (one write, fsynced) and add them to `session`.
@@ -340,30 +340,22 @@ class SessionStore:
         path = self.path_for(key)
         with self.lock():  # not while another process appends to it
             self._move_old_transcript(key, path)  # else the old transcript would come back on the next load
-            if not path.exists():
-                return None
-            target = reserve_stamped_path(self.folder / ARCHIVE_DIR, clock.stamp(clock.now()),
-                                          "_" + session_filename(key))
-            os.replace(path, target)
-        return target
+            return self.log.archive(path, clock.stamp(clock.now()))
 
     def rename(self, old_key: str, new_key: str) -> bool:
         """Give the transcript of `old_key` to `new_key`, unless `new_key` has one already; whether it moved."""
         old, new = self.path_for(old_key), self.path_for(new_key)
         with self.lock():
-            if not old.exists() or new.exists():
+            if not self.log.move(old, new):
                 return False
-            os.replace(old, new)
         log.info("session %s is now %s (transcript %s → %s)", old_key, new_key, old.name, new.name)
         return True
 
     def _move_old_transcript(self, key: str, path: Path) -> None:
-        if self.moved_from is None or path.exists():
+        if self.moved_from is None or self.log.exists(path):
             return
         old = self.moved_from / session_filename(key)
-        if old.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(old, path)
+        if self.log.move(old, path):
             log.info("session %s: moved its transcript from %s to %s", key, old, path)
 
     def _catch_up(self, session: Session) -> None:
@@ -371,22 +363,9 @@ class SessionStore:
         if self.refresh(session):
             log.info("session %s: took in what another process wrote to %s", session.key, session.path)
 
-    @staticmethod
-    def _locked_append(session: Session, records: list[dict[str, Any]]) -> None:
-        """Append records to the session's file (under the lock), cutting off a torn last line first."""
-        path = session.path
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                torn = fh.tell() > 0 and (fh.seek(-1, os.SEEK_END), fh.read(1))[1] != b"\n"
-        except FileNotFoundError:
-            torn = False
-        if torn:  # no writer is mid-line while we hold the lock: a crash tore it
-            log.warning("%s: dropping a torn last line (the writer stopped mid-line)", path)
-            raw = path.read_bytes()
-            atomic_write(path, raw[: raw.rfind(b"\n") + 1])
-        append_jsonl(path, records)
-        session.synced = file_key(path)
+    def _locked_append(self, session: Session, records: list[dict[str, Any]]) -> None:
+        """Append records to the session's transcript (under the lock)."""
+        session.synced = self.log.append(session.path, records)
 
 
 def said_lines(text: str) -> Iterator[tuple[int, str, str]]:

@@ -31,9 +31,10 @@ from picoclaw.memory.reading import decode
 from picoclaw.memory.search.access_counts import AccessCounts
 from picoclaw.memory.search.blocks import Block, entry_blocks, is_title, lesson_blocks, split_blocks
 from picoclaw.memory.search.turn_memory import block_key
-from picoclaw.memory.session import SessionStore, StoredMessage, reported_usage, transcript_files
+from picoclaw.memory.session import SessionStore, StoredMessage, reported_usage
 from picoclaw.memory.turn_metrics import TurnMetrics
 from picoclaw.memory.workspace import Workspace
+from picoclaw.storage import StorageError
 from picoclaw.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -274,18 +275,12 @@ def _retrieval(metrics: TurnMetrics, warnings: dict[str, str]) -> RetrievalStats
 
 def _prompt_cache(sessions_dir: Path) -> CacheStats:
     """Over the newest CACHE_REPLIES replies with a token report, newest transcripts first (archived too)."""
-    def modified(path: Path) -> float:
-        try:
-            return path.stat().st_mtime
-        except OSError:
-            return 0.0
-
     sessions = SessionStore(sessions_dir)  # only read: no lock is taken, nothing is moved
     replies: list[StoredMessage] = []
-    for path in sorted(transcript_files(sessions_dir), key=modified, reverse=True):
+    for path in sorted(sessions.transcripts(), key=sessions.modified, reverse=True):
         try:
             session = sessions.read(path)
-        except OSError as exc:
+        except (OSError, StorageError) as exc:
             log.warning("%s: cannot read (%s); left out of the prompt-cache share", path, exc)
             continue
         replies.extend(reported_usage(session.messages))

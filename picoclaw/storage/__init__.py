@@ -5,9 +5,25 @@ from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailab
 from picoclaw.storage.files import FilesStorage
 from picoclaw.storage.mounts import cross_process_lock, mount, storage_for, unmount
 from picoclaw.storage.opening import open_storage
+from picoclaw.storage.sessions import (
+    ARCHIVE_DIR,
+    LOCK_FILE,
+    SUFFIX,
+    FilesSessionLog,
+    SessionLog,
+    Transcript,
+    transcript_files,
+)
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 
 __all__ = [
+    "ARCHIVE_DIR",
+    "LOCK_FILE",
+    "SUFFIX",
+    "FilesSessionLog",
+    "SessionLog",
+    "Transcript",
+    "transcript_files",
     "FilesStorage",
     "Moved",
     "SchemaTooNew",

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from picoclaw.storage.sessions import SessionLog
 
 
 class Storage(Protocol):
@@ -23,6 +26,13 @@ class Storage(Protocol):
         """A lock named by the lock file `path`, held across processes (and machines, on PostgreSQL).
 
         Reentrant within a thread; `timeout` seconds (-1: wait for ever) then `filelock.Timeout`.
+        """
+        ...
+
+    def session_log(self, folder: Path, lock_path: Path | None = None) -> SessionLog:
+        """The transcripts of sessions folder `folder` (its scope: `users/<key>/sessions` → key, else "").
+
+        `lock_path` names the files backend's lock file (default: a dot file beside the folder).
         """
         ...
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from picoclaw.fsutil import atomic_write, read_regular
+from picoclaw.storage.sessions import FilesSessionLog
 from picoclaw.storage.stored_files import stored_files
 
 
@@ -21,6 +22,10 @@ class FilesStorage:
     def lock(self, path: Path, timeout: float = -1) -> FileLock:
         """A `filelock` lock file (reentrant within a thread, as FileLock is)."""
         return FileLock(str(path), timeout=timeout)
+
+    def session_log(self, folder: Path, lock_path: Path | None = None) -> FilesSessionLog:
+        """JSONL files in `folder`, appended under the lock file `lock_path`."""
+        return FilesSessionLog(folder, lock_path)
 
     def refresh(self) -> None:
         """The files are the truth: there is no copy to bring up to date."""

@@ -13,6 +13,7 @@ from picoclaw.fsutil import read_regular
 from picoclaw.storage.postgres.connection import open_pool, server_name, unreachable
 from picoclaw.storage.postgres.index import PostgresIndexTable, scope_of
 from picoclaw.storage.postgres.schema import ensure_schema, schema_version
+from picoclaw.storage.postgres.sessions import PostgresSessionLog, export_sessions, import_sessions, session_counts
 from picoclaw.storage.stored_files import stored_files
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,22 @@ class PostgresStorage:
     def lock(self, path: Path, timeout: float = -1) -> AbstractContextManager[object]:
         """The lock named by `path`, held across machines (storage/postgres/documents.py)."""
         raise NotImplementedError  # filled in by the documents port
+
+    def session_log(self, folder: Path, lock_path: Path | None = None) -> PostgresSessionLog:
+        """The transcripts of sessions folder `folder` as rows (`lock_path`, a lock file, is for files only)."""
+        return PostgresSessionLog(self.pool, self.dsn, self.root, folder)
+
+    def export_sessions(self, dest_root: Path) -> int:
+        """Write `sessions/` and `users/<key>/sessions/` under `dest_root` byte for byte as files would; how many."""
+        return export_sessions(self.pool, self.dsn, dest_root)
+
+    def import_sessions(self, src_root: Path, replace: bool) -> int:
+        """Load the transcripts of a files workspace (StorageError on a non-empty target unless `replace`)."""
+        return import_sessions(self.pool, self.dsn, src_root, replace)
+
+    def session_counts(self) -> dict[str, int]:
+        """Rows per sessions table (`sessions`, `messages`)."""
+        return session_counts(self.pool, self.dsn)
 
     def refresh(self) -> None:
         """Bring this machine's copy of the documents up to date."""

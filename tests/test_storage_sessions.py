@@ -1,0 +1,264 @@
+"""The sessions port, the same tests on both backends: JSONL files and PostgreSQL's `messages` table."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+import orjson
+import psycopg
+import pytest
+from freezegun import freeze_time
+
+from picoclaw.memory.session import SessionStore, StoredMessage
+from picoclaw.storage import FilesStorage, Storage, StorageError, StorageUnavailable, mount, storage_for, unmount
+from picoclaw.storage.postgres.storage import PostgresStorage
+
+# "spawn": each writer is a fresh interpreter with its own pool (or FileLock), as separate processes are.
+CTX = multiprocessing.get_context("spawn")
+KEY = "telegram:42"
+WRITERS, EACH = 3, 20
+
+
+@dataclass
+class Backend:
+    """A workspace root with a storage mounted at it."""
+
+    root: Path
+    storage: Storage
+    dsn: str | None  # PostgreSQL's, for writers in other processes
+
+    def store(self, folder: str = "sessions") -> SessionStore:
+        return SessionStore(self.root / folder)
+
+
+def _open(root: Path, dsn: str | None) -> Storage:
+    storage: Storage = PostgresStorage(root, dsn) if dsn else FilesStorage(root)
+    mount(storage)
+    return storage
+
+
+@pytest.fixture(params=["files", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    dsn = request.getfixturevalue("postgres_dsn") if request.param == "postgres" else None
+    storage = _open(tmp_path, dsn)
+    try:
+        yield Backend(tmp_path, storage, dsn)
+    finally:
+        unmount(storage)
+        storage.close()
+
+
+def _said(role: str, text: str) -> StoredMessage:
+    return StoredMessage(0, {"role": role, "content": text})
+
+
+def _records(store: SessionStore, path: Path) -> list[dict[str, object]]:
+    return [orjson.loads(line) for line in store.log.read(path).lines]
+
+
+def test_the_backend_is_found_by_path(backend: Backend) -> None:
+    assert storage_for(backend.root / "sessions").backend == backend.storage.backend
+    assert type(backend.store().log).__name__ == ("PostgresSessionLog" if backend.dsn else "FilesSessionLog")
+
+
+def test_messages_and_marks_come_back_as_written_in_english_and_chinese(backend: Backend) -> None:
+    store = backend.store()
+    session = store.load(KEY)
+    store.append_messages(session, [_said("user", "What did I plant?"), _said("assistant", "Tomatoes.")])
+    store.append_messages(session, [_said("user", "我种了什么？"), _said("assistant", "番茄和罗勒。")])
+    store.add_compaction(session, 2, "用户种了番茄 (tomatoes).", "budget")
+    store.add_reflection(session, 4)
+    store.mark_undelivered(session, 4, "网络断了")
+
+    again = backend.store().load(KEY)
+    assert [m.id for m in again.messages] == [1, 2, 3, 4]
+    assert [m.message["content"] for m in again.active()][0] == "我种了什么？"
+    assert again.summary == "用户种了番茄 (tomatoes)."
+    assert (again.compacted_through, again.reflected_through) == (2, 4)
+    assert again.messages[-1].undelivered == "网络断了"
+    kinds = [record["type"] for record in _records(store, session.path)]
+    assert kinds == ["message"] * 4 + ["compaction", "reflection", "undelivered"]
+
+
+def test_a_second_store_takes_in_what_another_appended(backend: Backend) -> None:
+    first, second = backend.store(), backend.store()
+    mine, theirs = first.load(KEY), second.load(KEY)
+    first.append_messages(mine, [_said("user", "hello")])
+    assert second.refresh(theirs) and [m.message["content"] for m in theirs.messages] == ["hello"]
+    assert not second.refresh(theirs)  # nothing new since
+    second.append_messages(theirs, [_said("assistant", "你好")])
+    assert first.refresh(mine) and [m.id for m in mine.messages] == [1, 2]
+
+
+def _append_many(root: str, dsn: str | None, worker: int, go: Event) -> None:
+    storage = _open(Path(root), dsn)
+    try:
+        store = SessionStore(Path(root) / "sessions")
+        session = store.load(KEY)
+        go.wait()
+        for number in range(EACH):
+            store.append_messages(session, [_said("user", f"writer {worker} 第{number}条")])
+    finally:
+        unmount(storage)
+        storage.close()
+
+
+def test_ids_from_three_processes_are_1_to_60_none_lost_none_reused(backend: Backend) -> None:
+    go = CTX.Event()
+    writers = [CTX.Process(target=_append_many, args=(str(backend.root), backend.dsn, worker, go))
+               for worker in range(WRITERS)]
+    for writer in writers:
+        writer.start()
+    go.set()
+    for writer in writers:
+        writer.join(timeout=120)
+    assert [writer.exitcode for writer in writers] == [0] * WRITERS
+
+    store = backend.store()
+    records = _records(store, store.path_for(KEY))
+    assert [record["id"] for record in records] == list(range(1, WRITERS * EACH + 1))  # in line order too
+    said = sorted(str(record["message"]["content"]) for record in records)  # type: ignore[index]
+    assert said == sorted(f"writer {w} 第{n}条" for w in range(WRITERS) for n in range(EACH))
+
+
+def test_archive_moves_the_transcript_and_the_key_starts_afresh(backend: Backend) -> None:
+    store = backend.store()
+    session = store.load(KEY)
+    store.append_messages(session, [_said("user", "old chat 旧的")])
+    first = store.archive(KEY)
+    store.append_messages(store.load(KEY), [_said("user", "second")])
+    second = store.archive(KEY)  # the same second: a name of its own
+    assert first is not None and second is not None and first != second
+    assert first.parent == second.parent == store.folder / "archive"
+    assert first.name.endswith("_telegram%3A42.jsonl")
+    assert store.archive(KEY) is None  # nothing left to archive
+    assert store.load(KEY).messages == []
+    assert [m.message["content"] for m in store.read(first).messages] == ["old chat 旧的"]
+    assert store.transcripts() == sorted([first, second])
+    assert store.refresh(session)  # the archived transcript is gone from under the loaded session
+    assert session.messages == []
+
+
+def test_rename_gives_the_transcript_to_the_new_key_unless_it_has_one(backend: Backend) -> None:
+    store = backend.store()
+    store.append_messages(store.load("cli"), [_said("user", "named 命名")])
+    store.append_messages(store.load("cli:taken"), [_said("user", "mine")])
+    assert store.rename("cli", "cli:work")
+    assert not store.rename("cli:work", "cli:taken") and not store.rename("missing", "cli:new")
+    assert [m.message["content"] for m in store.load("cli:work").messages] == ["named 命名"]
+    assert store.load("cli").messages == []
+    assert [m.message["content"] for m in store.load("cli:taken").messages] == ["mine"]
+
+
+def test_a_users_sessions_are_never_read_from_another_scope(backend: Backend) -> None:
+    alice, bob, shared = backend.store("users/alice/sessions"), backend.store("users/bob/sessions"), backend.store()
+    alice.append_messages(alice.load(KEY), [_said("user", "alice 的秘密")])
+    assert bob.load(KEY).messages == [] and shared.load(KEY).messages == []
+    assert bob.transcripts() == [] and shared.transcripts() == []
+    assert [m.message["content"] for m in alice.load(KEY).messages] == ["alice 的秘密"]
+
+
+def test_a_users_old_transcript_in_the_shared_folder_moves_to_the_user(backend: Backend) -> None:
+    shared = backend.store()
+    shared.append_messages(shared.load(KEY), [_said("user", "before per-user 以前")])
+    mine = SessionStore(backend.root / "users/alice/sessions", moved_from=backend.root / "sessions")
+    assert [m.message["content"] for m in mine.load(KEY).messages] == ["before per-user 以前"]
+    assert shared.load(KEY).messages == []
+
+
+def test_a_record_that_cannot_be_stored_is_one_error_and_nothing_is_written(backend: Backend) -> None:
+    store = backend.store()
+    session = store.load(KEY)
+    store.append_messages(session, [_said("user", "kept 保留")])
+    bad = StoredMessage(0, {"role": "user", "content": object()})  # type: ignore[typeddict-item]
+    with pytest.raises(StorageError, match="cannot be stored"):
+        store.append_messages(session, [_said("user", "lost with it 一起丢"), bad])
+    assert [m.id for m in session.messages] == [1]
+    assert [m.message["content"] for m in backend.store().load(KEY).messages] == ["kept 保留"]
+    store.append_messages(session, [_said("user", "next")])
+    assert [m.id for m in backend.store().load(KEY).messages] == [1, 2]
+
+
+# PostgreSQL alone: its own checks, the server going away, and moving transcripts in and out.
+
+@pytest.fixture
+def postgres(postgres_dsn: str, tmp_path: Path) -> Iterator[PostgresStorage]:
+    storage = PostgresStorage(tmp_path / "db", postgres_dsn)
+    mount(storage)
+    try:
+        yield storage
+    finally:
+        unmount(storage)
+        storage.close()
+
+
+def test_a_message_id_used_already_is_refused_in_the_appending_transaction(postgres: PostgresStorage) -> None:
+    log = postgres.session_log(postgres.root / "sessions")
+    path = log.folder / "chat.jsonl"
+    log.append(path, [{"type": "message", "id": 1, "message": {"role": "user", "content": "one"}}])
+    with pytest.raises(StorageError, match="message id 1 does not follow 1"):
+        log.append(path, [{"type": "reflection", "through": 1},
+                          {"type": "message", "id": 1, "message": {"role": "user", "content": "again"}}])
+    assert len(log.read(path).lines) == 1
+    assert postgres.session_counts() == {"sessions": 1, "messages": 1}
+
+
+def test_a_server_gone_mid_write_is_one_line_and_the_transaction_is_undone(postgres: PostgresStorage,
+                                                                           postgres_dsn: str) -> None:
+    log = postgres.session_log(postgres.root / "sessions")
+    path = log.folder / "chat.jsonl"
+    log.append(path, [{"type": "reflection", "through": 0}])
+    with pytest.raises(StorageUnavailable) as raised, log.lock():
+        log.append(path, [{"type": "reflection", "through": 1}])
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            admin.execute("select pg_terminate_backend(pid) from pg_stat_activity "
+                          "where datname = current_database() and pid <> pg_backend_pid()")
+        log.append(path, [{"type": "reflection", "through": 2}])
+    assert "cannot be reached" in str(raised.value) and "\n" not in str(raised.value)
+    assert [orjson.loads(line)["through"] for line in log.read(path).lines] == [0]  # the pool reconnects
+
+
+def _files_workspace(root: Path) -> None:
+    """Transcripts as the files backend writes them: shared, archived, and one user's, in two languages."""
+    shared, alice = SessionStore(root / "sessions"), SessionStore(root / "users/alice/sessions")
+    session = shared.load(KEY)
+    shared.append_messages(session, [_said("user", "Plant tomatoes"), _said("assistant", "好的，种番茄。")])
+    shared.add_compaction(session, 1, "种番茄 / tomatoes", "budget")
+    shared.archive(KEY)
+    shared.append_messages(shared.load("cli"), [_said("user", "new chat")])
+    alice.append_messages(alice.load(KEY), [_said("user", "alice 的")])
+    (root / "sessions" / "hand.jsonl").write_bytes(b'{"type":"message","id":1,"message":{"role":"user"}}\n'
+                                                  b"not json\n\n")
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {path.relative_to(root).as_posix(): path.read_bytes()
+            for path in sorted(root.rglob("*.jsonl")) if path.is_file()}
+
+
+def test_export_after_import_gives_the_same_bytes_and_import_is_idempotent(postgres: PostgresStorage,
+                                                                         tmp_path: Path) -> None:
+    source, exported = tmp_path / "files", tmp_path / "exported"
+    _files_workspace(source)
+    assert postgres.import_sessions(source, replace=False) == 4
+    counts = postgres.session_counts()
+    with pytest.raises(StorageError, match="--replace"):
+        postgres.import_sessions(source, replace=False)
+    assert postgres.import_sessions(source, replace=True) == 4
+    assert postgres.session_counts() == counts == {"sessions": 4, "messages": 8}
+    assert postgres.export_sessions(exported) == 4
+    assert _tree(exported) == _tree(source) and len(_tree(source)) == 4
+
+    # What PostgreSQL appends exports as the files backend writes it: the imported numbering goes on.
+    with freeze_time("2026-11-26 10:00:00"):
+        store = SessionStore(postgres.root / "sessions")
+        store.append_messages(store.load("cli"), [_said("assistant", "接着说 go on")])
+        files = SessionStore(source / "sessions")  # nothing mounted there: the files backend
+        files.append_messages(files.load("cli"), [_said("assistant", "接着说 go on")])
+    postgres.export_sessions(exported)
+    assert _tree(exported) == _tree(source)
+    assert b'"id":2' in (exported / "sessions/cli.jsonl").read_bytes()
