@@ -3,11 +3,17 @@
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailable
 from picoclaw.storage.files import FilesStorage
+from picoclaw.storage.jobs import JOBS_VERSION, FilesJobTable, JobRecord, JobsDocument, JobTable
 from picoclaw.storage.mounts import cross_process_lock, mount, storage_for, unmount
 from picoclaw.storage.opening import open_storage
 
 __all__ = [
+    "JOBS_VERSION",
+    "FilesJobTable",
     "FilesStorage",
+    "JobRecord",
+    "JobTable",
+    "JobsDocument",
     "SchemaTooNew",
     "Storage",
     "StorageError",

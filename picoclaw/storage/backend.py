@@ -12,6 +12,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
+from picoclaw.storage.jobs import JobTable
+
 
 class Storage(Protocol):
     """One backend, mounted at a workspace root (storage/mounts.py finds it from any path inside)."""
@@ -24,6 +26,10 @@ class Storage(Protocol):
 
         Reentrant within a thread; `timeout` seconds (-1: wait for ever) then `filelock.Timeout`.
         """
+        ...
+
+    def job_table(self, path: Path) -> JobTable:
+        """The scheduled jobs kept for the jobs file `path` (cron/jobs.json under the root)."""
         ...
 
     def refresh(self) -> None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from picoclaw.storage.jobs import FilesJobTable
+
 
 class FilesStorage:
     """Markdown, JSONL and JSON files under the workspace; nothing to install, nothing to connect."""
@@ -18,6 +20,10 @@ class FilesStorage:
     def lock(self, path: Path, timeout: float = -1) -> FileLock:
         """A `filelock` lock file (reentrant within a thread, as FileLock is)."""
         return FileLock(str(path), timeout=timeout)
+
+    def job_table(self, path: Path) -> FilesJobTable:
+        """The jobs file at `path` (cron/jobs.json) itself."""
+        return FilesJobTable(path)
 
     def refresh(self) -> None:
         """The files are the truth: there is no copy to bring up to date."""

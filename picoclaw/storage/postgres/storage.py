@@ -6,6 +6,7 @@ import logging
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from picoclaw.storage.postgres import jobs
 from picoclaw.storage.postgres.connection import open_pool, unreachable
 from picoclaw.storage.postgres.schema import ensure_schema
 
@@ -36,6 +37,22 @@ class PostgresStorage:
     def lock(self, path: Path, timeout: float = -1) -> AbstractContextManager[object]:
         """The lock named by `path`, held across machines (storage/postgres/documents.py)."""
         raise NotImplementedError  # filled in by the documents port
+
+    def job_table(self, path: Path) -> jobs.PostgresJobTable:
+        """The jobs rows of the scope whose jobs file is `path` (storage/postgres/jobs.py)."""
+        return jobs.table_for(self.pool, self.dsn, self.root, path)
+
+    def export_jobs(self, dest_root: Path) -> list[Path]:
+        """Write cron/jobs.json (and users/<key>/cron/jobs.json) under `dest_root` as the files backend would."""
+        return jobs.export_jobs(self.pool, self.dsn, dest_root)
+
+    def import_jobs(self, src_root: Path, replace: bool) -> int:
+        """Load a files workspace's jobs; StorageError if other jobs are here and not `replace`; idempotent."""
+        return jobs.import_jobs(self.pool, self.dsn, src_root, replace)
+
+    def job_counts(self) -> dict[str, int]:
+        """Rows of the jobs table ("jobs") and those still to run ("jobs_to_run")."""
+        return jobs.job_counts(self.pool, self.dsn)
 
     def refresh(self) -> None:
         """Bring this machine's copy of the documents up to date."""
