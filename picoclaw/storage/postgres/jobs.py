@@ -3,7 +3,8 @@
 A row holds the job exactly as jobs.json holds it (a `json` column keeps its keys in their order, so an
 export writes the file byte for byte), its place in the file, and `due`, its next run while enabled, so
 "what is due" is an indexed query. A change locks the scope (an advisory lock: inserts too are serialised)
-and its rows; a claim locks one due row and skips it when another scheduler, on any machine, holds it.
+and then only the rows it writes, starting again if a claim changed one of them since it read it; a claim
+locks one due row and skips it when another scheduler, on any machine, holds it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ create index jobs_due on jobs (scope, due) where due is not null;
 
 # pg_advisory_xact_lock(JOBS_LOCK, hashtext(scope)): one scope's changes one at a time ("jobs" in ASCII).
 JOBS_LOCK = 0x6A6F6273
+CHANGE_ATTEMPTS = 5  # a change overtaken by claims this often takes every row's lock on its last try
 JOBS_DIR, JOBS_FILE, USERS_DIR = "cron", "jobs.json", "users"
 
 
@@ -104,25 +106,44 @@ def _document(texts: list[str]) -> JobsDocument | None:
     return document_of([orjson.loads(text) for text in texts]) if texts else None
 
 
-def _store(conn: psycopg.Connection, scope: str, stored: dict[str, tuple[str, int]], records: list[JobRecord]) -> None:
-    """Make the scope's rows hold `records`, touching only the rows that differ from `stored` (id → text, place)."""
-    kept = set()
-    for position, record in enumerate(records):
-        text, job_id = _text(record), record["id"]
-        if job_id in kept:
-            raise StorageError(f"two jobs have the id {job_id[:40]!r}; nothing was changed")
-        kept.add(job_id)
-        due = due_of(record)
-        if job_id not in stored:
-            conn.execute("insert into jobs (scope, id, job, due, position) values (%s, %s, %s::json, %s, %s)",
-                         (scope, job_id, text, due, position))
-        elif stored[job_id] != (text, position):
-            conn.execute("update jobs set job = %s::json, due = %s, position = %s, "
-                         "revision = nextval('job_revision') where scope = %s and id = %s",
-                         (text, due, position, scope, job_id))
-    gone = [job_id for job_id in stored if job_id not in kept]
+class _Overtaken(Exception):
+    """A row the change would write was changed by a claim since it was read: the change starts again."""
+
+
+def _store(conn: psycopg.Connection, scope: str, stored: dict[str, tuple[str, int, int]],
+           records: list[JobRecord]) -> None:
+    """Make the scope's rows hold `records`, locking and writing only the rows that differ from `stored`
+    (id → text, place, revision as read), so claims of the other rows go on meanwhile; _Overtaken when one
+    of those rows changed since it was read."""
+    ids = [record["id"] for record in records]
+    if len(set(ids)) != len(ids):
+        raise StorageError("two jobs have the same id; nothing was changed")
+    kept_order = [job_id for job_id in stored if job_id in set(ids)]  # `stored` is in the table's order
+    renumber = kept_order != [job_id for job_id in ids if job_id in stored]
+    last = max((place for _, place, _ in stored.values()), default=-1)
+    texts = {record["id"]: _text(record) for record in records}
+    changed = [job_id for position, job_id in enumerate(ids) if job_id in stored
+               and (stored[job_id][0] != texts[job_id] or (renumber and stored[job_id][1] != position))]
+    gone = [job_id for job_id in stored if job_id not in texts]
+    if changed or gone:
+        locked = conn.execute("select id, revision from jobs where scope = %s and id = any(%s) for update",
+                              (scope, changed + gone)).fetchall()
+        if any(stored[job_id][2] != revision for job_id, revision in locked) or len(locked) != len(changed + gone):
+            raise _Overtaken
     if gone:
         conn.execute("delete from jobs where scope = %s and id = any(%s)", (scope, gone))
+    for position, record in enumerate(records):
+        job_id = record["id"]
+        due = due_of(record)
+        if job_id not in stored:
+            last += 1
+            conn.execute("insert into jobs (scope, id, job, due, position) values (%s, %s, %s::json, %s, %s)",
+                         (scope, job_id, texts[job_id], due, position if renumber else last))
+        elif job_id in changed:
+            place = position if renumber else stored[job_id][1]
+            conn.execute("update jobs set job = %s::json, due = %s, position = %s, "
+                         "revision = nextval('job_revision') where scope = %s and id = %s",
+                         (texts[job_id], due, place, scope, job_id))
 
 
 class PostgresJobTable:
@@ -152,14 +173,25 @@ class PostgresJobTable:
         return bool(row and row[0])
 
     def change(self, edit: DocumentEdit[T]) -> T:
+        for _ in range(CHANGE_ATTEMPTS - 1):
+            try:
+                return self._change(edit)
+            except _Overtaken:
+                continue
+        return self._change(edit, lock_all=True)
+
+    def _change(self, edit: DocumentEdit[T], lock_all: bool = False) -> T:
+        # The scope's advisory lock serialises changes (inserts too); the rows are read without a lock, so
+        # claims of rows this change leaves alone are not held up. `lock_all`: the last attempt locks every
+        # row first, waiting out the claims under way, so it cannot be overtaken.
         with transaction(self.pool, self.dsn) as conn:
             _lock_scope(conn, self.scope)
-            # FOR UPDATE: a claim under way finishes first, and its new next run is what `edit` sees.
-            rows = conn.execute("select id, job::text, position from jobs where scope = %s "
-                                "order by position, id for update", (self.scope,)).fetchall()
+            rows = conn.execute("select id, job::text, position, revision from jobs where scope = %s "
+                                "order by position, id" + (" for update" if lock_all else ""),
+                                (self.scope,)).fetchall()
             written, result = edit(_document([row[1] for row in rows]))
             if written is not None:
-                stored = {row[0]: (row[1], int(row[2])) for row in rows}
+                stored = {row[0]: (row[1], int(row[2]), int(row[3])) for row in rows}
                 _store(conn, self.scope, stored, records_of(written, self.where))
         return result
 
