@@ -2,8 +2,9 @@
 
 It sleeps until the next job is due, waking every `poll_interval` seconds to see whether jobs.json changed
 (another process, `picoclaw cron add`, may have written it). A job is claimed before it runs: its next run
-(none, for a one-time job) and last run are written first, under the file lock, so a crash or a second
-scheduler never runs it twice. A job whose time passed while nothing ran is run once, marked "late"; a
+(none, for a one-time job) and last run are written first, by `JobStore.claim` (under the file lock, or a
+row lock taken with SKIP LOCKED on PostgreSQL), so a crash or a second scheduler, on this machine or
+another, never runs it twice. A job whose time passed while nothing ran is run once, marked "late"; a
 recurring one then continues from now, the missed runs not made up. A job that fails is logged and its
 outcome recorded; the others run on, each session's due jobs in a task of its own (a slow one holds up
 no other chat's).
@@ -21,14 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from picoclaw import clock
-from picoclaw.fsutil import FileKey, file_key
 from picoclaw.jobs.model import Job, JobError, JobsFileError
 from picoclaw.jobs.schedule import following_run, job_problem
 from picoclaw.jobs.store import JobStore
@@ -119,7 +119,7 @@ class Scheduler:
         self.poll_interval = poll_interval
         self._sleep = sleep
         self._jobs: list[Job] = []  # the last good state of the file
-        self._seen: FileKey | None = None
+        self._seen: Hashable | None = None
         self._bad: str | None = None  # the error of a malformed file, logged once per version of it
         self._wake = asyncio.Event()
         self._stopping = False
@@ -201,10 +201,10 @@ class Scheduler:
 
     def _refresh(self) -> None:
         """Take in jobs.json if it changed; a malformed file keeps the last good state (logged once)."""
-        key = file_key(self.store.path)
-        if key == self._seen and key is not None:
-            return
         try:
+            key = self.store.stamp()
+            if key == self._seen and key is not None:
+                return
             self._jobs = self.store.load()
         except JobsFileError as exc:
             if str(exc) != self._bad:
@@ -307,7 +307,7 @@ class Scheduler:
             return True
 
         try:
-            return self.store.update(seen.id, claim)
+            return self.store.claim(seen.id, claim)
         except JobsFileError as exc:
             log.error("scheduler: %s", exc)
             return None

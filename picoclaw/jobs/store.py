@@ -1,39 +1,37 @@
-"""The jobs file, `workspace/cron/jobs.json`: read, and changed under a cross-process lock, atomically.
+"""The jobs of a workspace, `cron/jobs.json` (or its rows on PostgreSQL): read, changed atomically, claimed.
 
-Every change happens under a cross-process file lock and is written atomically, so the bot, the CLI and the
-model's tool can all add and remove jobs at once. A malformed file is one clear error naming it, and is
-never overwritten.
+The storage mounted above the path keeps them (picoclaw.storage: the file under a `filelock` lock, or rows
+in PostgreSQL transactions), so the bot, the CLI and the model's tool, on one machine or several, can all
+add and remove jobs at once, and `claim` gives each due run to one scheduler. A malformed file is one clear
+error naming it, and is never overwritten.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from datetime import timedelta, tzinfo
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from picoclaw import clock
-from picoclaw.fsutil import FileTooLargeError, NotAFileError, atomic_write, read_bounded
 from picoclaw.jobs.model import Action, Job, JobError, JobsFileError, Schedule
 from picoclaw.jobs.schedule import check_moment, first_run
 from picoclaw.printable import printable
 from picoclaw.pydantic_errors import describe_error, quote
 from picoclaw.session_key import SessionKey
+from picoclaw.storage import JOBS_VERSION, JobsDocument, JobTable, StorageError, storage_for
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MAX_FILE_BYTES = 16 << 20  # thousands of jobs of the longest text; /dev/zero, or the wrong file, is refused at once
 # A one-time job that has run stays listed (with its outcome) this long, then is pruned on the next write.
 KEEP_DONE = timedelta(days=7)
-FILE_VERSION = 1
+FILE_VERSION = JOBS_VERSION
 ID_BYTES = 4  # 8 hex digits: short enough to type, and checked against the ids in use
 
 
@@ -47,59 +45,68 @@ class JobsFile(BaseModel):
 
 
 class JobStore:
-    """jobs.json: read, and changed under a cross-process lock (the lock file beside it), atomically."""
+    """The jobs of a workspace (jobs.json, or the rows standing for it): read, changed atomically under the
+    backend's lock, and due runs claimed; the backend is the storage mounted above `path`."""
 
     def __init__(self, path: Path, tz: tzinfo):
         self.path = Path(path)
         self.tz = tz
         self.lock_path = self.path.with_name(f".{self.path.name}.lock")
 
-    def _lock(self) -> FileLock:
-        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.lock_path))
+    @property
+    def table(self) -> JobTable:
+        """Where the jobs are kept: asked for by path each time, so a storage mounted later is used."""
+        return storage_for(self.path).job_table(self.path)
 
     def load(self) -> list[Job]:
-        """Every job in the file ([] when there is none); JobsFileError, one line naming it, if malformed."""
-        try:
-            raw = read_bounded(self.path, MAX_FILE_BYTES)
-        except FileNotFoundError:
+        """Every job ([] when there is none); JobsFileError, one line naming the file (or table), if malformed."""
+        table = self.table
+        return self._jobs(_stored(table.read), table.where)
+
+    def _jobs(self, data: Any, where: str) -> list[Job]:
+        if data is None:
             return []
-        except (FileTooLargeError, NotAFileError) as exc:  # a link to /dev/zero, a FIFO: refused, not read
-            raise JobsFileError(f"{exc}; it is left unchanged") from None
-        except OSError as exc:
-            raise JobsFileError(f"{self.path}: cannot read ({exc.strerror})") from None
-        if not raw.strip():
-            return []
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise JobsFileError(f"{self.path}: not valid JSON ({exc.msg}); fix or remove the file, "
-                                "it is left unchanged") from None
         try:
             return JobsFile.model_validate(data).jobs
         except ValidationError as exc:
-            raise JobsFileError(f"{self.path}: {describe_error(JobsFile, exc)}; fix the job or remove it, "
+            raise JobsFileError(f"{where}: {describe_error(JobsFile, exc)}; fix the job or remove it, "
                                 "the file is left unchanged") from None
+
+    def stamp(self) -> Hashable | None:
+        """Changes whenever the stored jobs change (None: none stored): the runner re-reads only then."""
+        return _stored(self.table.stamp)
 
     def get(self, job_id: str) -> Job | None:
         return next((job for job in self.load() if job.id == job_id), None)
 
     def change(self, edit: Callable[[list[Job]], T]) -> T:
         """Run `edit` on the jobs under the lock and write them back if they changed; returns its result."""
-        with self._lock():
-            jobs = self.load()
+        table = self.table
+
+        def apply(data: Any) -> tuple[JobsDocument | None, T]:
+            jobs = self._jobs(data, table.where)
             before = [job.model_copy(deep=True) for job in jobs]
             result = edit(jobs)
             now = clock.now()
             jobs[:] = [job for job in jobs if not (job.done and job.last_run is not None
                                                     and now - job.last_run > KEEP_DONE)]
             if jobs != before:
-                self._write(jobs)
-            return result
+                return JobsFile(jobs=jobs).model_dump(mode="json"), result
+            return None, result
 
-    def _write(self, jobs: list[Job]) -> None:
-        data: dict[str, Any] = JobsFile(jobs=jobs).model_dump(mode="json")
-        atomic_write(self.path, orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+        return _stored(lambda: table.change(apply))
+
+    def claim(self, job_id: str, take: Callable[[Job], bool]) -> Job | None:
+        """Take the due run of `job_id` for this process (`take` moves its next run on and returns True),
+        or None: not due, changed meanwhile, or taken by another scheduler, on this machine or another."""
+        table = self.table
+
+        def take_record(record: dict[str, Any]) -> dict[str, Any] | None:
+            job = self._jobs({"jobs": [record]}, table.where)[0]
+            return job.model_dump(mode="json") if take(job) else None
+
+        taken = _stored(lambda: table.claim(job_id, clock.now(), take_record))
+        return None if taken is None else Job.model_validate(taken)
 
     def add(self, schedule: Schedule, action: Action, text: str, target: str, *, created_by: str = "cli",
             scope: str | None = None) -> Job:
@@ -137,7 +144,7 @@ class JobStore:
 
     def remove(self, job_id: str, *, allowed: Callable[[Job], bool] = lambda job: True) -> Job:
         """Delete a job; JobError when there is none with that id (or `allowed` says it is not theirs)."""
-        if not self.path.exists():  # nothing to remove: no lock file, no folder made for it
+        if not _stored(self.table.exists):  # nothing to remove: no lock file, no folder made for it
             raise JobError(f"no job with id {quote(job_id)}")
 
         def drop(jobs: list[Job]) -> Job:
@@ -157,3 +164,12 @@ class JobStore:
             return None
 
         return self.change(apply)
+
+
+def _stored(call: Callable[[], T]) -> T:
+    """`call()` on the jobs' storage; what it could not do is a JobsFileError (the one error of the jobs
+    kept: the runner logs it and goes on, the CLI and the tool show its line)."""
+    try:
+        return call()
+    except StorageError as exc:
+        raise JobsFileError(str(exc)) from None

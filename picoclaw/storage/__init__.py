@@ -3,6 +3,7 @@
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailable
 from picoclaw.storage.files import FilesStorage
+from picoclaw.storage.jobs import JOBS_VERSION, FilesJobTable, JobRecord, JobsDocument, JobTable
 from picoclaw.storage.mounts import cross_process_lock, mount, storage_for, unmount
 from picoclaw.storage.opening import open_storage
 from picoclaw.storage.sessions import (
@@ -26,6 +27,11 @@ __all__ = [
     "transcript_files",
     "FilesStorage",
     "Moved",
+    "JOBS_VERSION",
+    "FilesJobTable",
+    "JobRecord",
+    "JobTable",
+    "JobsDocument",
     "SchemaTooNew",
     "Storage",
     "StorageError",

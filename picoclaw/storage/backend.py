@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from picoclaw.storage.sessions import SessionLog
 
+from picoclaw.storage.jobs import JobTable
+
 
 class Storage(Protocol):
     """One backend, mounted at a workspace root (storage/mounts.py finds it from any path inside)."""
@@ -34,6 +36,10 @@ class Storage(Protocol):
 
         `lock_path` names the files backend's lock file (default: a dot file beside the folder).
         """
+        ...
+
+    def job_table(self, path: Path) -> JobTable:
+        """The scheduled jobs kept for the jobs file `path` (cron/jobs.json under the root)."""
         ...
 
     def refresh(self) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from picoclaw.fsutil import atomic_write, read_regular
+from picoclaw.storage.jobs import FilesJobTable
 from picoclaw.storage.sessions import FilesSessionLog
 from picoclaw.storage.stored_files import stored_files
 
@@ -26,6 +27,10 @@ class FilesStorage:
     def session_log(self, folder: Path, lock_path: Path | None = None) -> FilesSessionLog:
         """JSONL files in `folder`, appended under the lock file `lock_path`."""
         return FilesSessionLog(folder, lock_path)
+
+    def job_table(self, path: Path) -> FilesJobTable:
+        """The jobs file at `path` (cron/jobs.json) itself."""
+        return FilesJobTable(path)
 
     def refresh(self) -> None:
         """The files are the truth: there is no copy to bring up to date."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from psycopg import sql
 
 from picoclaw.fsutil import read_regular
+from picoclaw.storage.postgres import jobs
 from picoclaw.storage.postgres.connection import open_pool, server_name, unreachable
 from picoclaw.storage.postgres.index import PostgresIndexTable, scope_of
 from picoclaw.storage.postgres.schema import ensure_schema, schema_version
@@ -59,6 +60,22 @@ class PostgresStorage:
     def session_counts(self) -> dict[str, int]:
         """Rows per sessions table (`sessions`, `messages`)."""
         return session_counts(self.pool, self.dsn)
+
+    def job_table(self, path: Path) -> jobs.PostgresJobTable:
+        """The jobs rows of the scope whose jobs file is `path` (storage/postgres/jobs.py)."""
+        return jobs.table_for(self.pool, self.dsn, self.root, path)
+
+    def export_jobs(self, dest_root: Path) -> list[Path]:
+        """Write cron/jobs.json (and users/<key>/cron/jobs.json) under `dest_root` as the files backend would."""
+        return jobs.export_jobs(self.pool, self.dsn, dest_root)
+
+    def import_jobs(self, src_root: Path, replace: bool) -> int:
+        """Load a files workspace's jobs; StorageError if other jobs are here and not `replace`; idempotent."""
+        return jobs.import_jobs(self.pool, self.dsn, src_root, replace)
+
+    def job_counts(self) -> dict[str, int]:
+        """Rows of the jobs table ("jobs") and those still to run ("jobs_to_run")."""
+        return jobs.job_counts(self.pool, self.dsn)
 
     def refresh(self) -> None:
         """Bring this machine's copy of the documents up to date."""
