@@ -16,7 +16,8 @@ def open_storage(config: Config, root: Path) -> Storage:
     if config.storage.backend == "postgres":
         from picoclaw.storage.postgres.storage import PostgresStorage
 
-        storage = PostgresStorage(root, config.postgres_dsn(), config.storage.postgres.pool_size)
+        storage = PostgresStorage(root, config.postgres_dsn(), config.storage.postgres.pool_size,
+                                  versions_keep=config.memory.backup_keep)
     else:
         storage = FilesStorage(root)
     mount(storage)
