@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from picoclaw.config import Config, home_dir, load_config
+from picoclaw.config import Config, home_dir, load_config, workspace_dir
 from picoclaw.keyed import LruCache
 from picoclaw.memory import Workspace
+from picoclaw.storage import open_storage, unmount
 
 if TYPE_CHECKING:
     from picoclaw.agent import AgentLoop
@@ -40,8 +41,14 @@ class App:
     def __init__(self, config: Config, home: Path, *, make_provider: ProviderFactory | None = None):
         self.config = config
         self.home = home
-        self.embedder = build_embedder(config)
-        self.workspace = Workspace.from_config(config, home, self.embedder)
+        # Mounted before the workspace is built: its stores find their backend by path.
+        self.storage = open_storage(config, workspace_dir(config, home))
+        try:
+            self.embedder = build_embedder(config)
+            self.workspace = Workspace.from_config(config, home, self.embedder)
+        except BaseException:
+            self._close_storage()
+            raise
         self._make_provider = make_provider
         self._provider: OpenAICompatProvider | None = None
         self._shared: AgentLoop | None = None
@@ -144,6 +151,11 @@ class App:
         self.workspace.close()
         if self.embedder is not None:
             self.embedder.close()
+        self._close_storage()
+
+    def _close_storage(self) -> None:
+        unmount(self.storage)
+        self.storage.close()
 
     async def __aenter__(self) -> App:
         return self

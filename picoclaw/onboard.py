@@ -13,6 +13,7 @@ from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory import MemoryStore
+from picoclaw.storage import open_storage, unmount
 
 
 def template_paths() -> tuple[Path, Path]:
@@ -49,19 +50,28 @@ def onboard(home: Path) -> list[OnboardStep]:
         atomic_write(config_path, dumps_pretty(data), mode=0o600)
         steps.append(OnboardStep(config_path, "created"))
     layout = WorkspaceLayout.of(config, home)
-    store = MemoryStore(layout.memory_dir, resolve_timezone(config.timezone))
-    for source in sorted(p for p in template_dir.rglob("*") if p.is_file()):
-        target = layout.root / source.relative_to(template_dir)
-        if not target.exists():
-            if target == store.long_term_path:  # the store is the only writer of memory documents
-                store.create_long_term(source.read_text(encoding="utf-8"))
-            elif target == store.learnings_path:
-                store.create_learnings(source.read_text(encoding="utf-8"))
+    # The configured storage: on PostgreSQL, documents already in the database come into the folder first
+    # (so they count as existing and are kept), and what onboarding wrote goes to the database after.
+    storage = open_storage(config, layout.root)
+    try:
+        storage.refresh()
+        store = MemoryStore(layout.memory_dir, resolve_timezone(config.timezone))
+        for source in sorted(p for p in template_dir.rglob("*") if p.is_file()):
+            target = layout.root / source.relative_to(template_dir)
+            if not target.exists():
+                if target == store.long_term_path:  # the store is the only writer of memory documents
+                    store.create_long_term(source.read_text(encoding="utf-8"))
+                elif target == store.learnings_path:
+                    store.create_learnings(source.read_text(encoding="utf-8"))
+                else:
+                    atomic_write(target, source.read_bytes())
+                steps.append(OnboardStep(target, "created"))
+            elif filecmp.cmp(source, target, shallow=False):
+                steps.append(OnboardStep(target, "unchanged"))
             else:
-                atomic_write(target, source.read_bytes())
-            steps.append(OnboardStep(target, "created"))
-        elif filecmp.cmp(source, target, shallow=False):
-            steps.append(OnboardStep(target, "unchanged"))
-        else:
-            steps.append(OnboardStep(target, "kept"))
+                steps.append(OnboardStep(target, "kept"))
+        storage.refresh()
+    finally:
+        unmount(storage)
+        storage.close()
     return steps

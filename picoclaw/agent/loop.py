@@ -48,6 +48,7 @@ from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import LongTermCompressor, Session, StoredMessage, TurnMetrics, Workspace, flush_facts
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
+from picoclaw.storage import StorageError
 from picoclaw.tokens import count_tokens
 from picoclaw.tools import ToolRegistry, current_session
 
@@ -180,6 +181,12 @@ class AgentLoop:
         text = clean_text(text)
         async with self.hold(key):
             current_session.set(key)  # for tools acting on "this chat" (cron); the turn's own task's context
+            try:
+                # What other processes (other machines, on PostgreSQL) wrote since: off the event loop.
+                await asyncio.to_thread(self.workspace.refresh)
+            except StorageError as exc:
+                log.warning("session %s: memory storage: %s", key, exc)
+                return Reply(f"Sorry, I cannot reach my memory right now: {exc}")
             command = parse_command(text)
             if command is not None:
                 return Reply(await self.command(key, command))

@@ -23,13 +23,14 @@ from typing import Any
 
 import orjson
 import yaml
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from picoclaw.agent.turn_review import FinishedTurn, workflow_of
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
 from picoclaw.memory import Workspace
+from picoclaw.storage import cross_process_lock
 from picoclaw.tools import SkillDraftError, SkillDrafts, safe_name
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class WorkflowTally:
 
     def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / WORKFLOWS_FILE
-        self._lock = FileLock(str(Path(memory_dir) / ".skill_workflows.lock"), timeout=lock_wait)
+        self._lock = cross_process_lock(Path(memory_dir) / ".skill_workflows.lock", timeout=lock_wait)
 
     def record(self, tools: tuple[str, ...], lesson: str | None, session: str, due_at: int) -> Workflow | None:
         """Count one success of `tools` (with the lesson it taught, if any); the workflow when this success makes

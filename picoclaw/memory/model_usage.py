@@ -17,11 +17,12 @@ from datetime import date, timedelta
 from pathlib import Path
 
 import orjson
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
+from picoclaw.storage import cross_process_lock
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class ModelUsage:
 
     def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / MODEL_USAGE_FILE
-        self._lock = FileLock(str(Path(memory_dir) / ".model_usage.lock"), timeout=lock_wait)
+        self._lock = cross_process_lock(Path(memory_dir) / ".model_usage.lock", timeout=lock_wait)
 
     def claim(self, purpose: str, day: date, limit: int) -> bool:
         """Count one call of `purpose` on `day` if fewer than `limit` were made that day; False (nothing

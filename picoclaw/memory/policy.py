@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from filelock import FileLock
 from pydantic import ValidationError
 
 from picoclaw import clock
@@ -26,6 +25,7 @@ from picoclaw.fsutil import FileKey, append_jsonl, atomic_write, file_key, stamp
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.policy_schema import POLICY_KEYS, MemoryPolicy
 from picoclaw.pydantic_errors import describe_error
+from picoclaw.storage import cross_process_lock
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class PolicyManager:
         self.history_path = self.memory_dir / HISTORY_FILE
         self._config_values = dict(config_values or {})
         self._tz = tz
-        self._lock = FileLock(str(self.memory_dir / ".policy.lock"))
+        self._lock = cross_process_lock(self.memory_dir / ".policy.lock")
         self._cache_key: FileKey | None = None
         self._cached: EffectivePolicy | None = None
         unknown = set(self._config_values) - set(POLICY_KEYS)

@@ -21,12 +21,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 from pathlib import Path
-
-from filelock import FileLock
 
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
@@ -55,6 +53,7 @@ from picoclaw.memory.entry_table import ENTRIES_FILE
 from picoclaw.memory.in_place_append import append_in_place, journal_path, repair_append
 from picoclaw.memory.lessons import LEARNINGS_FILE, MAX_LESSON_CHARS, lesson_of, lesson_text, restates
 from picoclaw.memory.reading import FileText, decode, warn_rewritten, warn_unreadable
+from picoclaw.storage import cross_process_lock
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +105,8 @@ class MemoryStore:
         self.long_term_path = self.memory_dir / LONG_TERM_FILE
         self.learnings_path = self.memory_dir / LEARNINGS_FILE
         self.backups_dir = self.memory_dir / BACKUPS_DIR
-        self._lock = FileLock(str(self.memory_dir / ".memory.lock"))
-        self._target_locks: dict[Path, FileLock] = {}
+        self._lock = cross_process_lock(self.memory_dir / ".memory.lock")
+        self._target_locks: dict[Path, AbstractContextManager[object]] = {}
         self._listeners: list[Callable[[Path], None]] = []
 
     def on_change(self, listener: Callable[[Path], None]) -> None:
@@ -137,7 +136,9 @@ class MemoryStore:
             held.enter_context(self._lock)
             real = self._linked_long_term()
             if real is not None:
-                lock = self._target_locks.setdefault(real, FileLock(str(real.with_name(f".{real.name}.lock"))))
+                lock = self._target_locks.get(real)
+                if lock is None:
+                    lock = self._target_locks[real] = cross_process_lock(real.with_name(f".{real.name}.lock"))
                 held.enter_context(lock)
             repair_append(self.long_term_path)
             yield

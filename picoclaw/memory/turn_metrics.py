@@ -17,9 +17,10 @@ from datetime import datetime
 from pathlib import Path
 
 import orjson
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from picoclaw.fsutil import FileTooLargeError, NotAFileError, append_jsonl, atomic_write, read_bounded
+from picoclaw.storage import cross_process_lock
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class TurnMetrics:
 
     def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / TURN_METRICS_FILE
-        self._lock = FileLock(str(Path(memory_dir) / ".turn_metrics.lock"), timeout=lock_wait)
+        self._lock = cross_process_lock(Path(memory_dir) / ".turn_metrics.lock", timeout=lock_wait)
         self._warned = False
 
     def record(self, retrieval_ms: float, at: datetime) -> None:

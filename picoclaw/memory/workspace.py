@@ -14,6 +14,7 @@ from picoclaw.memory.policy import PolicyManager
 from picoclaw.memory.search import MemorySearch, open_search
 from picoclaw.memory.session import LOCK_FILE, SessionStore
 from picoclaw.memory.store import MemoryStore
+from picoclaw.storage import storage_for
 
 if TYPE_CHECKING:
     from picoclaw.memory.index.embedders import Embedder
@@ -73,6 +74,11 @@ class Workspace:
         # The lock beside the memory folder's own locks: a dot file there that the file tools cannot write.
         return SessionStore(self.layout.sessions_dir, moved_from=moved_from,
                             lock_path=self.layout.memory_dir / LOCK_FILE)
+
+    def refresh(self) -> None:
+        """Bring this machine's copy of the workspace's documents up to date (files: nothing to do); a
+        StorageUnavailable when the server is gone. A per-user scope's own documents follow under its locks."""
+        storage_for(self.root).refresh()
 
     def close(self) -> None:
         """Close the index's database, if this scope has one."""

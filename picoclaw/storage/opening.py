@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from picoclaw.config import Config
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.files import FilesStorage
 from picoclaw.storage.mounts import mount
+
+if TYPE_CHECKING:  # an annotation only: importing the storage root must not load the config module
+    from picoclaw.config import Config
 
 
 def open_storage(config: Config, root: Path) -> Storage:
@@ -16,7 +19,8 @@ def open_storage(config: Config, root: Path) -> Storage:
     if config.storage.backend == "postgres":
         from picoclaw.storage.postgres.storage import PostgresStorage
 
-        storage = PostgresStorage(root, config.postgres_dsn(), config.storage.postgres.pool_size)
+        storage = PostgresStorage(root, config.postgres_dsn(), config.storage.postgres.pool_size,
+                                  versions_keep=config.memory.backup_keep)
     else:
         storage = FilesStorage(root)
     mount(storage)

@@ -16,11 +16,12 @@ from datetime import date
 from pathlib import Path
 
 import orjson
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import FileKey, atomic_write, file_key
 from picoclaw.jsonio import read_json_object
+from picoclaw.storage import cross_process_lock
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class AccessCounts:
 
     def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / ACCESS_COUNTS_FILE
-        self._lock = FileLock(str(Path(memory_dir) / ".access_counts.lock"), timeout=lock_wait)
+        self._lock = cross_process_lock(Path(memory_dir) / ".access_counts.lock", timeout=lock_wait)
         self._cache_key: FileKey | None = None
         self._cached: dict[str, int] = {}
         self._warned = False

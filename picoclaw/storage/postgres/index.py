@@ -10,7 +10,6 @@ the `simple` configuration would re-tokenise the terms and its ts_rank is not BM
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -86,15 +85,6 @@ ChunkRow = tuple[int, int, str, str, str, str]  # start_line, end_line, heading,
 
 def _vector_text(values: Iterable[float]) -> str:
     return "[" + ",".join(repr(float(v)) for v in values) + "]"
-
-
-def scope_of(root: Path, path: Path) -> str:
-    """The scope key of `path` under the workspace `root`: "" for the shared workspace, else the user key."""
-    try:
-        parts = path.resolve().relative_to(root.resolve()).parts
-    except ValueError:
-        return ""
-    return parts[1] if len(parts) > 1 and parts[0] == "users" else ""
 
 
 class PostgresIndexTable:

@@ -1,0 +1,184 @@
+"""The lock of one scope's documents: a local file lock for this machine, an advisory lock for the others.
+
+Every lock path under a scope maps to the scope's one lock, since the working copy is shared by all of them.
+The outermost acquire in a thread pulls the rows into the folder; the outermost release pushes what changed,
+then lets go. Reentrant within a thread; other threads of the process wait, as with FileLock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from filelock import FileLock, Timeout
+
+from picoclaw.layout import MEMORY_DIR
+from picoclaw.storage.errors import StorageError
+from picoclaw.storage.postgres.connection import unreachable
+from picoclaw.storage.postgres.documents import LOCAL_LOCK, ScopeCopy
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+# pg_advisory_lock(class, key) class for document scopes ("docs" in ASCII); the key is hashtext(scope). Two
+# scopes sharing a hash only take turns needlessly.
+DOCUMENT_LOCK_CLASS = 0x646F6373
+
+
+def _remaining(deadline: float | None) -> float:
+    return -1 if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+class ScopeLock:
+    """The one cross-machine lock of a scope, with its working copy (`copy`) pulled and pushed under it."""
+
+    def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy):
+        self.pool = pool
+        self.dsn = dsn
+        self.copy = copy
+        self._file_lock = FileLock(str(copy.root / MEMORY_DIR / LOCAL_LOCK))
+        self._state = threading.Condition()
+        self._owner: int | None = None
+        self._depth = 0
+        self._conn: psycopg.Connection | None = None
+
+    def acquire(self, name: Path, timeout: float = -1) -> None:
+        """Hold the lock (`timeout` seconds, -1 for ever, then filelock.Timeout naming `name`); pull first."""
+        me = threading.get_ident()
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        with self._state:
+            if self._owner == me:
+                self._depth += 1
+                return
+            while self._owner is not None:
+                left = _remaining(deadline)
+                if left == 0 or not self._state.wait(None if left < 0 else left):
+                    if self._owner is not None:
+                        raise Timeout(str(name))
+            self._owner, self._depth = me, 1
+        try:
+            self.copy.root.joinpath(MEMORY_DIR).mkdir(parents=True, exist_ok=True)
+            self._file_lock.acquire(timeout=_remaining(deadline))  # raises filelock.Timeout itself
+            try:
+                self._conn = self._hold_advisory(name, _remaining(deadline))
+                self._guarded(self.copy.pull)
+            except BaseException:
+                self._let_go()
+                raise
+        except BaseException:
+            self._leave()
+            raise
+
+    def release(self) -> None:
+        """Let go once; the outermost release pushes what changed (StorageUnavailable if it cannot)."""
+        with self._state:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("this thread does not hold the lock")
+            self._depth -= 1
+            if self._depth:
+                return
+        try:
+            self._guarded(self.copy.push, stale_on_failure=True)
+        finally:
+            self._let_go()
+            self._leave()
+
+    def _guarded(self, work: Callable[[psycopg.Connection], None], *, stale_on_failure: bool = False) -> None:
+        """Run `work` on the held connection; a server gone is StorageUnavailable (and, when pushing, the copy
+        is marked stale: what did not reach the database is replaced by its truth at the next pull)."""
+        import psycopg
+
+        assert self._conn is not None
+        try:
+            work(self._conn)
+        except psycopg.OperationalError as exc:
+            if stale_on_failure:
+                self.copy.mark_stale()
+            raise unreachable(self.dsn, exc) from None
+        except psycopg.Error as exc:
+            if stale_on_failure:
+                self.copy.mark_stale()
+            raise StorageError(f"PostgreSQL refused the memory documents of {self.copy.root}: "
+                               f"{' '.join(str(exc).split())[:300]}") from None
+
+    def _hold_advisory(self, name: Path, timeout: float) -> psycopg.Connection:
+        """A pool connection holding the scope's advisory lock (session level, so it outlives transactions)."""
+        import psycopg
+        from psycopg_pool import PoolClosed, PoolTimeout
+
+        try:
+            conn = self.pool.getconn()
+        except (PoolTimeout, PoolClosed) as exc:
+            raise unreachable(self.dsn, exc) from None
+        key = (DOCUMENT_LOCK_CLASS, self.copy.scope)
+        try:
+            if timeout == 0:
+                row = conn.execute("select pg_try_advisory_lock(%s, hashtext(%s))", key).fetchone()
+                if not row or not row[0]:
+                    raise Timeout(str(name))
+            elif timeout < 0:
+                conn.execute("select pg_advisory_lock(%s, hashtext(%s))", key)
+            else:
+                # lock_timeout bounds the wait; an advisory lock is a lock like any other to it.
+                conn.execute("select set_config('lock_timeout', %s, false)", (f"{max(int(timeout * 1000), 1)}ms",))
+                try:
+                    conn.execute("select pg_advisory_lock(%s, hashtext(%s))", key)
+                except psycopg.errors.LockNotAvailable:
+                    raise Timeout(str(name)) from None
+                finally:
+                    conn.execute("select set_config('lock_timeout', '0', false)")
+        except BaseException as exc:
+            self.pool.putconn(conn)
+            if isinstance(exc, psycopg.Error):
+                raise unreachable(self.dsn, exc) from None
+            raise
+        return conn
+
+    def _let_go(self) -> None:
+        """Unlock the advisory lock and give its connection back (a broken one the pool drops), then the file."""
+        import psycopg
+
+        conn, self._conn = self._conn, None
+        try:
+            if conn is not None:
+                try:
+                    conn.execute("select pg_advisory_unlock(%s, hashtext(%s))", (DOCUMENT_LOCK_CLASS, self.copy.scope))
+                except psycopg.Error:
+                    pass  # a connection that is gone holds no lock any more
+                finally:
+                    self.pool.putconn(conn)
+        finally:
+            self._file_lock.release()
+
+    def _leave(self) -> None:
+        with self._state:
+            self._owner, self._depth = None, 0
+            self._state.notify()
+
+
+class ScopeLockHandle:
+    """What `PostgresStorage.lock(path)` returns: a reusable context manager on the scope's lock, like a FileLock."""
+
+    def __init__(self, lock: ScopeLock, path: Path, timeout: float):
+        self.lock = lock
+        self.lock_file = str(path)
+        self.timeout = timeout
+
+    def acquire(self, timeout: float | None = None) -> ScopeLockHandle:
+        self.lock.acquire(Path(self.lock_file), self.timeout if timeout is None else timeout)
+        return self
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> ScopeLockHandle:
+        return self.acquire()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.release()

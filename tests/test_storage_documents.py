@@ -1,0 +1,242 @@
+"""The memory documents' contract, run on both backends: the files themselves, and PostgreSQL rows with this
+machine's folder as their working copy (storage/postgres/documents.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from picoclaw.memory import MemoryStore
+from picoclaw.storage import FilesStorage, Storage, StorageUnavailable, mount, unmount
+
+CTX = multiprocessing.get_context("spawn")  # fresh interpreters: other processes, or other machines
+TZ = ZoneInfo("Asia/Shanghai")
+EACH = 30
+
+
+def _open(kind: str, root: Path, dsn: str) -> Storage:
+    storage: Storage
+    if kind == "postgres":
+        from picoclaw.storage.postgres.storage import PostgresStorage
+
+        storage = PostgresStorage(root, dsn, 3)
+    else:
+        storage = FilesStorage(root)
+    mount(storage)
+    return storage
+
+
+@dataclass
+class Backend:
+    """A workspace folder with a storage mounted at it; `folder(n)` is where process n works."""
+
+    kind: str
+    root: Path
+    dsn: str
+    storage: Storage
+
+    def folder(self, number: int) -> Path:
+        # On PostgreSQL each process has a folder of its own, as on machines of their own.
+        return self.root.parent / f"machine{number}" if self.kind == "postgres" else self.root
+
+    def stored(self, name: str) -> str | None:
+        """The truth of document `name` of the shared scope, as a fresh reader sees it."""
+        if self.kind == "files":
+            path = self.root / name
+            return path.read_text(encoding="utf-8") if path.exists() else None
+        import psycopg
+
+        with psycopg.connect(self.dsn) as conn:
+            row = conn.execute("select content from documents where scope = '' and name = %s", (name,)).fetchone()
+        return bytes(row[0]).decode("utf-8") if row and row[0] is not None else None
+
+
+@pytest.fixture(params=["files", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    dsn = request.getfixturevalue("postgres_dsn") if request.param == "postgres" else ""
+    root = tmp_path / "workspace"
+    storage = _open(request.param, root, dsn)
+    try:
+        yield Backend(request.param, root, dsn, storage)
+    finally:
+        unmount(storage)
+        storage.close()
+
+
+def _entry(worker: int, number: int) -> str:
+    return f"worker {worker} entry {number:03d}：第{number}条记录\nline two of w{worker}e{number:03d}"
+
+
+def _append_many(kind: str, root: str, dsn: str, worker: int, go: object) -> None:
+    storage = _open(kind, Path(root), dsn)
+    try:
+        store = MemoryStore(Path(root) / "memory", TZ)
+        go.wait()  # type: ignore[attr-defined]
+        for number in range(EACH):
+            store.append_long_term(_entry(worker, number))
+    finally:
+        storage.close()
+
+
+def _append_forever(kind: str, root: str, dsn: str) -> None:
+    _open(kind, Path(root), dsn)
+    store = MemoryStore(Path(root) / "memory", TZ)
+    number = 0
+    while True:
+        store.append_long_term(_entry(9, number))
+        number += 1
+
+
+def _blocks(text: str) -> list[str]:
+    return re.split(r"^(?=## )", text, flags=re.MULTILINE)[1:]
+
+
+def test_appends_and_a_rewrite_reach_the_storage_in_english_and_chinese(backend: Backend) -> None:
+    store = MemoryStore(backend.root / "memory", TZ)
+    store.append_long_term("The user prefers tea in the morning.")
+    store.append_long_term("用户喜欢早上喝茶。")
+    note = store.append_note("Met Alice at the café. 和爱丽丝见面。")
+    text = backend.stored("memory/MEMORY.md")
+    assert text is not None and "prefers tea" in text and "用户喜欢早上喝茶" in text
+    assert "和爱丽丝见面" in (backend.stored(note.relative_to(backend.root).as_posix()) or "")
+
+    store.rewrite_long_term("## 2026-01-01\nOnly this now. 只剩这一条。\n")
+    assert backend.stored("memory/MEMORY.md") == "## 2026-01-01\nOnly this now. 只剩这一条。\n"
+    # The previous content is kept: the backups folder on both, and a version row on PostgreSQL.
+    backups = sorted((backend.root / "memory" / "backups").iterdir())
+    assert len(backups) == 1 and "用户喜欢早上喝茶" in backups[0].read_text(encoding="utf-8")
+    assert backend.stored(backups[0].relative_to(backend.root).as_posix()) == backups[0].read_text(encoding="utf-8")
+    if backend.kind == "postgres":
+        import psycopg
+
+        with psycopg.connect(backend.dsn) as conn:
+            versions = [bytes(row[0]).decode() for row in conn.execute(
+                "select content from document_versions where name = 'memory/MEMORY.md' order by id")]
+        assert len(versions) == 1 and "prefers tea" in versions[0] and "用户喜欢早上喝茶" in versions[0]
+
+
+def test_three_processes_append_without_losing_or_doubling_an_entry(backend: Backend) -> None:
+    go = CTX.Event()
+    workers = [CTX.Process(target=_append_many, args=(backend.kind, str(backend.folder(n)), backend.dsn, n, go))
+               for n in range(3)]
+    for process in workers:
+        process.start()
+    go.set()
+    for process in workers:
+        process.join(timeout=120)
+    assert [process.exitcode for process in workers] == [0, 0, 0]
+
+    # A fresh reader: on PostgreSQL a folder nobody wrote, brought up to date from the rows.
+    reader = backend.root.parent / "reader" if backend.kind == "postgres" else backend.root
+    storage = _open(backend.kind, reader, backend.dsn) if backend.kind == "postgres" else backend.storage
+    storage.refresh()
+    text = MemoryStore(reader / "memory", TZ).read_long_term()
+    assert text == backend.stored("memory/MEMORY.md")
+    seen: Counter[str] = Counter()
+    for block in _blocks(text):
+        match = re.fullmatch(r"## \d{4}-\d{2}-\d{2}\n(worker \d entry \d{3}：.*\n.*)\n\n?", block)
+        assert match, block
+        seen[match.group(1)] += 1
+    assert set(seen) == {_entry(w, n) for w in range(3) for n in range(EACH)}
+    assert max(seen.values()) == 1
+
+
+def test_a_writer_killed_mid_append_leaves_whole_entries(backend: Backend) -> None:
+    folder = backend.folder(1)
+    child = CTX.Process(target=_append_forever, args=(backend.kind, str(folder), backend.dsn))
+    child.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(_blocks(backend.stored("memory/MEMORY.md") or "")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(random.uniform(0, 0.05))  # a random moment of the next appends: under the lock or pushing
+    finally:
+        child.kill()
+        child.join()
+    if backend.kind == "postgres":
+        stored = backend.stored("memory/MEMORY.md") or ""
+    else:
+        stored = MemoryStore(folder / "memory", TZ).read_long_term()  # repairs an append cut off
+    blocks = _blocks(stored)
+    assert len(blocks) >= 3
+    for number, block in enumerate(blocks):
+        assert re.fullmatch(r"## \d{4}-\d{2}-\d{2}\n" + re.escape(_entry(9, number)) + r"\n\n?", block), block
+
+
+def test_one_users_documents_never_reach_another_scope(backend: Backend) -> None:
+    alice = MemoryStore(backend.root / "users" / "alice" / "memory", TZ)
+    alice.append_long_term("Alice's secret: the door code is 4711. 爱丽丝的秘密。")
+    MemoryStore(backend.root / "memory", TZ).append_long_term("Shared: the office opens at nine. 九点开门。")
+    MemoryStore(backend.root / "users" / "bob" / "memory", TZ).append_long_term("Bob likes jazz. 鲍勃喜欢爵士。")
+
+    # On PostgreSQL, another machine that uses the shared scope and Bob's gets neither of Alice's rows.
+    other = backend.folder(2)
+    storage = _open(backend.kind, other, backend.dsn) if backend.kind == "postgres" else backend.storage
+    storage.refresh()
+    bob = MemoryStore(other / "users" / "bob" / "memory", TZ)
+    with bob.locked():
+        pass
+    assert "鲍勃喜欢爵士" in bob.read_long_term()
+    assert "九点开门" in MemoryStore(other / "memory", TZ).read_long_term()
+    for path in [*(other / "memory").rglob("*"), *(other / "users" / "bob").rglob("*")]:
+        if path.is_file():
+            text = path.read_bytes().decode("utf-8", "replace")
+            assert "4711" not in text and "爱丽丝" not in text, path
+    if backend.kind == "postgres":
+        import psycopg
+
+        with psycopg.connect(backend.dsn) as conn:
+            scopes = {row[0] for row in conn.execute(
+                "select scope from documents where convert_from(content, 'UTF8') like '%%4711%%'")}
+        assert scopes == {"alice"}
+
+
+def test_a_server_gone_is_one_line_and_changes_nothing(postgres_dsn: str, tmp_path: Path) -> None:
+    import psycopg
+
+    from picoclaw.storage.postgres.storage import PostgresStorage
+
+    storage = PostgresStorage(tmp_path / "ws", postgres_dsn, 3)
+    mount(storage)
+    try:
+        store = MemoryStore(tmp_path / "ws" / "memory", TZ)
+        store.append_long_term("Kept: the first entry. 第一条。")
+
+        def stored() -> bytes:
+            with psycopg.connect(postgres_dsn) as conn:
+                row = conn.execute("select content from documents where name = 'memory/MEMORY.md'").fetchone()
+            assert row is not None
+            return bytes(row[0])
+
+        before = stored()
+        # The server drops our connections while the lock is held, after the local write: the push fails.
+        with pytest.raises(StorageUnavailable) as raised:
+            with store.locked():
+                store.append_long_term("Lost: written while the server went away. 丢失。")
+                with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+                    admin.execute("select pg_terminate_backend(pid) from pg_stat_activity "
+                                  "where datname = current_database() and pid <> pg_backend_pid()")
+        message = str(raised.value)
+        assert "\n" not in message and "cannot be reached" in message
+        assert stored() == before
+        # The next lock takes the database's truth again: the entry that never reached it is gone here too.
+        with store.locked():
+            pass
+        assert store.long_term_path.read_bytes() == before
+
+        storage.pool.close()  # a pool that is closed: the same one line, nothing written
+        with pytest.raises(StorageUnavailable):
+            store.append_long_term("Never stored. 未保存。")
+        assert stored() == before
+    finally:
+        unmount(storage)
+        storage.close()
