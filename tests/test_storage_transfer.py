@@ -104,7 +104,8 @@ def test_import_of_a_missing_or_empty_folder_is_one_line(backend_home: Path, tmp
 
 
 def test_round_trip_files_to_postgres_and_back_byte_for_byte(home: Path, postgres_dsn: str, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     fill(capsys)
     assert run(capsys, "memory", "append", "--learning", "Answer in Chinese when asked in Chinese. 中文问题用中文回答。"
                )[0] == 0
@@ -112,14 +113,18 @@ def test_round_trip_files_to_postgres_and_back_byte_for_byte(home: Path, postgre
     assert run(capsys, "memory", "export", str(embedded))[0] == 0
     assert any(name.startswith("sessions/") for name in stored_files(embedded)) is False  # no chat yet
 
-    set_storage(home, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
+    # The server side is a new machine: a home of its own, onboarded, nothing in it yet.
+    server_home = tmp_path / "server-home"
+    onboard(server_home)
+    set_storage(server_home, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
+    monkeypatch.setenv("PICOCLAW_HOME", str(server_home))
     code, _, err = run(capsys, "memory", "import", str(embedded))
     assert code == 0, err
     server = tmp_path / "server"
     assert run(capsys, "memory", "export", str(server))[0] == 0
     assert read_layout(server) == read_layout(embedded)
 
-    set_storage(home, {"backend": "files"})
+    monkeypatch.setenv("PICOCLAW_HOME", str(home))
     code, _, err = run(capsys, "memory", "import", "--replace", str(server))
     assert code == 0, err
     back = tmp_path / "back"

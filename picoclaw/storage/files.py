@@ -62,7 +62,4 @@ class FilesStorage:
         return None
 
     def close(self) -> None:
-        """Nothing is held open; the mount (if any) is let go."""
-        from picoclaw.storage.mounts import unmount  # mounts builds FilesStorage: imported when used
-
-        unmount(self)
+        """Nothing is held open."""

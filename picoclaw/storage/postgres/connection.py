@@ -66,7 +66,10 @@ def open_pool(dsn: str, size: int) -> ConnectionPool:
         raise StorageError('storage.backend is "postgres" but no DSN is set: write storage.postgres.dsn in '
                            "config.json or set PICOCLAW_POSTGRES_DSN")
     # min_size 1: one connection is made at once, so a wrong DSN fails here and not in the middle of a turn.
+    # check: a connection the server closed while it sat idle (a restart, a failover) is replaced when handed
+    # out, instead of failing the lock or turn that took it.
     pool = ConnectionPool(dsn, min_size=1, max_size=max(size, 2), open=False, name="picoclaw",
+                          check=ConnectionPool.check_connection,
                           kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_SECONDS})
     try:
         pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
