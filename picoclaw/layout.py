@@ -16,8 +16,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from picoclaw.config import CONFIG_FILE, Config, workspace_dir
+if TYPE_CHECKING:
+    from picoclaw.config import Config
 
 MEMORY_DIR = "memory"
 SESSIONS_DIR = "sessions"
@@ -43,6 +45,8 @@ class WorkspaceLayout:
     @classmethod
     def of(cls, config: Config, home: Path) -> WorkspaceLayout:
         """The shared scope of the workspace `config` names (relative to `home`)."""
+        from picoclaw.config import workspace_dir  # the layout's names load without pydantic's config models
+
         root = workspace_dir(config, home)
         return cls(home, root, root)
 
@@ -120,6 +124,8 @@ class WorkspaceLayout:
 
     @property
     def config_file(self) -> Path:
+        from picoclaw.config import CONFIG_FILE
+
         return self.home / CONFIG_FILE
 
     def telegram_lock_path(self, token: str) -> Path:

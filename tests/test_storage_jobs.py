@@ -18,6 +18,7 @@ import pytest
 from picoclaw import clock
 from picoclaw.jobs import Job, JobsFileError, JobStore, Scheduler, SessionAgent, make_schedule
 from picoclaw.storage import FilesStorage, Storage, StorageError, mount, unmount
+from picoclaw.storage.postgres.connection import open_pool
 from picoclaw.storage.postgres.storage import PostgresStorage
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
@@ -253,17 +254,20 @@ def test_a_server_gone_is_one_clear_error_and_the_rows_stay(tmp_path: Path, post
     try:
         jobs = jobs_at(tmp_path)
         add_reminder(jobs, TEXTS[1], every=3600)
-        before = stored_state("postgres", jobs, postgres_dsn)
+        # Connections the server dropped (a restart) are replaced when the pool hands them out.
         name = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
         with psycopg.connect(postgres_dsn, dbname="postgres", autocommit=True) as admin:
             admin.execute("select pg_terminate_backend(pid) from pg_stat_activity where datname = %s "
                           "and pid <> pg_backend_pid()", (name,))
+        add_reminder(jobs, "Check the oven 看看烤箱", every=7200)
+        before = stored_state("postgres", jobs, postgres_dsn)
+        storage.pool.close()  # the server is out of reach for this process
         with pytest.raises(JobsFileError) as caught:
             add_reminder(jobs, TEXTS[0], in_="1 hour")
         message = str(caught.value)
         assert "cannot be reached" in message and "\n" not in message and "该喝水" not in message
         assert stored_state("postgres", jobs, postgres_dsn) == before  # the failed add left the rows as they were
-        storage.pool.check()  # the pool replaces the connections the server dropped, as it does by itself in time
+        storage.pool = open_pool(postgres_dsn, 2)  # back again
         now.advance(3600)
         delivered = Delivered()
         assert len(asyncio.run(Scheduler(jobs, no_agent, delivered, channels=("telegram",)).run_due())) == 1
