@@ -116,7 +116,8 @@ def append_run(backend: str, dsn: str, count: int) -> tuple[float, int, int]:
         export_workspace(app.storage, exported)
         app.close()
         entries = long_term_entries((exported / "memory" / "MEMORY.md").read_text(encoding="utf-8"))
-        bodies = {entry.text.split("\n", 1)[1].strip() for entry in entries}
+        # an entry's fact is its second line; a later fact may add a "superseded by" line under it
+        bodies = {entry.text.split("\n")[1].strip() for entry in entries}
         found = sum(1 for w in range(WRITERS) for i in range(count)
                     if f"writer {w} fact {i}: 第 {w} 号进程的第 {i} 条记忆" in bodies)
         return WRITERS * count / elapsed, found, WRITERS * count
