@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from picoclaw.storage import SchemaTooNew, StorageError, StorageUnavailable
-from picoclaw.storage.postgres.schema import SCHEMA_VERSION
+from picoclaw.storage.postgres.schema import SCHEMA_VERSION, STEPS, ensure_schema
 from picoclaw.storage.postgres.storage import PostgresStorage
 
 
@@ -22,6 +22,23 @@ def test_first_start_creates_the_schema_and_a_second_start_keeps_it(postgres_dsn
         extension = conn.execute("select extversion from pg_extension where extname = 'vector'").fetchone()
     assert versions == list(range(1, SCHEMA_VERSION + 1))
     assert extension is not None
+
+
+def test_a_version_1_index_is_upgraded_with_its_terms_and_totals_filled_in(postgres_dsn: str) -> None:
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("create table picoclaw_schema (version int primary key, applied_at timestamptz default now())")
+        conn.execute(STEPS[0][1].encode())
+        conn.execute("insert into picoclaw_schema (version) values (1)")
+        conn.execute("insert into index_files values ('', 'memory/MEMORY.md', 'memory', 'h', 0, 0, 0, 0)")
+        conn.execute("insert into index_chunks (id, scope, path, ordinal, source, start_line, end_line, heading, "
+                     "text, hash, length) values (1, '', 'memory/MEMORY.md', 0, 'memory', 1, 2, '', '柯基 dog', "
+                     "'t1', 3), (2, '', 'memory/MEMORY.md', 1, 'memory', 3, 4, '', 'park', 't2', 1)")
+        conn.execute("insert into index_terms values ('', '柯基', 1, 1), ('', 'dog', 1, 2), ('', 'park', 2, 1)")
+        assert ensure_schema(conn) == SCHEMA_VERSION
+        terms = conn.execute("select term, length, source from index_terms order by term").fetchall()
+        totals = conn.execute("select scope, chunks, length from index_totals").fetchall()
+    assert terms == [("dog", 3, "memory"), ("park", 1, "memory"), ("柯基", 3, "memory")]
+    assert totals == [("", 2, 4)]
 
 
 def test_a_newer_schema_is_refused_with_one_line(postgres_dsn: str, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from picoclaw.cli import main
 from picoclaw.onboard import onboard
+from picoclaw.storage.postgres.schema import SCHEMA_VERSION
 from picoclaw.storage.stored_files import stored_files
 from picoclaw.storage.transfer import read_layout
 from tests.fakes import FakeOpenAIServer
@@ -139,7 +140,8 @@ def test_storage_status_names_backend_versions_and_rows(backend_home: Path, caps
     assert code == 0, err
     config = json.loads((backend_home / "config.json").read_text(encoding="utf-8"))
     if config.get("storage", {}).get("backend") == "postgres":
-        assert "backend: postgres" in out and "schema version: 1" in out and "pgvector version: 0." in out
+        assert "backend: postgres" in out and f"schema version: {SCHEMA_VERSION}" in out
+        assert "pgvector version: 0." in out
         assert "  documents: " in out and "  jobs: 1" in out
     else:
         assert "backend: files" in out and "stored files:" in out

@@ -24,6 +24,7 @@ MIGRATION_LOCK = 0x7069636F
 # (users/<user_key>/), so one user's rows never reach another's prompt or tools. Each module owns its tables.
 STEPS: list[tuple[int, str]] = [
     (1, "create extension if not exists vector;\n" + documents.DDL + sessions.DDL + jobs.DDL + index.DDL),
+    (2, index.TOTALS_V2),
 ]
 SCHEMA_VERSION = STEPS[-1][0]
 
