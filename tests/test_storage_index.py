@@ -18,6 +18,7 @@ from picoclaw.config import IndexConfig
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
 from picoclaw.memory.index.pg_index import TableMemoryIndex, index_for
+from picoclaw.memory.session import SessionStore, StoredMessage
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.terms import terms
 from picoclaw.storage import mount, unmount
@@ -73,9 +74,10 @@ def open_index(workspace: Path) -> Iterator[Callable[..., tuple[MemoryStore, Mem
     """open_index(scope, hybrid=False): a store under `scope` (relative to the workspace) and its index."""
     made: list[MemoryIndex] = []
 
-    def make(scope: str = "", hybrid: bool = False) -> tuple[MemoryStore, MemoryIndex]:
+    def make(scope: str = "", hybrid: bool = False, sources: tuple[str, ...] = ("memory", "notes")
+             ) -> tuple[MemoryStore, MemoryIndex]:
         store = MemoryStore(workspace / scope / "memory", UTC)
-        settings = IndexConfig(enabled=True, sources=["memory", "notes"])
+        settings = IndexConfig(enabled=True, sources=list(sources))  # type: ignore[arg-type]
         index = index_for(store, settings, TermEmbedder() if hybrid else None,
                           sessions_dir=workspace / scope / "sessions")
         store.on_change(index.mark_changed)
@@ -152,3 +154,22 @@ def test_a_users_chunks_are_never_found_from_another_scope(
     assert all("garage" not in hit.block.text for hit in alice_index.search("bike garage 自行车", 10))
     alice_index.reindex()
     assert bob_index.status().chunks == 1 and alice_index.status().chunks == 1
+
+
+def test_transcripts_are_indexed_where_the_backend_keeps_them(
+        open_index: Callable[..., tuple[MemoryStore, MemoryIndex]], workspace: Path) -> None:
+    _, index = open_index(sources=("memory", "sessions"))
+    sessions = SessionStore(workspace / "sessions")
+    session = sessions.load("telegram:42")
+    sessions.append_messages(session, [StoredMessage(0, {"role": "user", "content": "我的护照号码以 E12 开头"}),
+                                       StoredMessage(0, {"role": "assistant", "content": "Noted: passport E12."})])
+    hit = index.search("护照号码", 1, frozenset({"sessions"}))[0]
+    assert "E12" in hit.block.text and hit.block.path.name == "telegram%3A42.jsonl"
+    sessions.append_messages(session, [StoredMessage(0, {"role": "user", "content": "The gate code is 9090"})])
+    assert "9090" in index.search("gate code", 1, frozenset({"sessions"}))[0].block.text
+    assert index.status().stale == []
+    archived = sessions.archive("telegram:42")  # /new: the transcript moves to the archive, found there
+    assert archived is not None and index.status().stale == sorted(["sessions/telegram%3A42.jsonl",
+                                                                      f"sessions/archive/{archived.name}"])
+    hit = index.search("护照号码", 1, frozenset({"sessions"}))[0]
+    assert hit.block.path == archived and index.status().files == 1

@@ -30,10 +30,11 @@ from picoclaw.memory.index.scoring import (
     in_context,
 )
 from picoclaw.memory.index.status import IndexStatus
-from picoclaw.memory.index.sync import Progress, SourceFile, SyncReport, _chunks_of, source_files
+from picoclaw.memory.index.sync import Progress, SourceFile, SyncReport, _chunks_of, files_base, source_files
 from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, PHRASE_BONUS
 from picoclaw.memory.terms import phrases, query_terms
+from picoclaw.storage import SessionLog
 
 T = TypeVar("T")
 RACY_NS = 2_000_000_000
@@ -68,9 +69,49 @@ class ChunkTable(Protocol):
 class TableMemoryIndex(MemoryIndex):
     """MemoryIndex over a storage backend's ChunkTable instead of its own SQLite file."""
 
-    def __init__(self, *args: Any, table: ChunkTable, **kwargs: Any):
+    def __init__(self, *args: Any, table: ChunkTable, transcripts: SessionLog | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.table = table
+        # Transcripts kept as rows (PostgreSQL) are indexed from the session log, each version named by its
+        # revision; without a log, sessions are files in sessions_dir as on the files backend.
+        self.transcripts = transcripts
+
+    def _source_files(self) -> list[SourceFile]:
+        sources = self.settings.sources
+        if self.transcripts is None or "sessions" not in sources:
+            return source_files(self.store, self.sessions_dir, sources)
+        base = files_base(self.store, self.sessions_dir)
+        return [*source_files(self.store, self.sessions_dir, [s for s in sources if s != "sessions"]),
+                *(SourceFile(path, path.relative_to(base).as_posix(), "sessions")
+                  for path in self.transcripts.transcripts())]
+
+    def _logged(self, file: SourceFile) -> bool:
+        return self.transcripts is not None and file.source == "sessions"
+
+    def _version(self, file: SourceFile) -> tuple[int, int, int] | None:
+        """What tells a file's versions apart without reading it: (mtime_ns, size, inode) on disk, (0, the
+        transcript's revision, 0) for a logged transcript; None when it is gone."""
+        if self._logged(file):
+            assert self.transcripts is not None
+            marker = self.transcripts.marker(file.path)
+            return None if marker is None else (0, int(marker), 0)  # type: ignore[call-overload]
+        try:
+            st = os.stat(file.path)
+        except FileNotFoundError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def _read(self, file: SourceFile) -> tuple[bytes, tuple[int, int, int]] | None:
+        """The file's bytes and the version they are (a logged transcript read as the JSONL file it exports)."""
+        if self._logged(file):
+            assert self.transcripts is not None
+            transcript = self.transcripts.read(file.path)
+            if transcript.marker is None:
+                return None
+            revision = int(transcript.marker)  # type: ignore[call-overload]
+            return b"".join(line + b"\n" for line in transcript.lines), (0, revision, 0)
+        version = self._version(file)
+        return None if version is None else (file.path.read_bytes(), version)
 
     def _run(self, operation: Callable[[Any], T], opened: int | None = None) -> T:
         with self._lock:
@@ -98,7 +139,7 @@ class TableMemoryIndex(MemoryIndex):
             if table.get_meta("chunking") != limit.key:
                 table.forget_everything()  # chunk boundaries depend on the limit: every file is re-chunked
                 table.set_meta("chunking", limit.key)
-            files = source_files(self.store, self.sessions_dir, self.settings.sources)
+            files = self._source_files()
             known = table.known_files()
             for key in sorted(set(known) - {file.key for file in files}):
                 table.forget_file(key)
@@ -114,21 +155,23 @@ class TableMemoryIndex(MemoryIndex):
             raise
         return report
 
-    @staticmethod
-    def _sync_file(table: ChunkTable, file: SourceFile, known: tuple[str, int, int, int, int] | None, dirty: bool,
-                   limit: Any, report: SyncReport) -> None:
-        try:
-            st = os.stat(file.path)
-        except FileNotFoundError:
+    def _sync_file(self, table: ChunkTable, file: SourceFile, known: tuple[str, int, int, int, int] | None,
+                   dirty: bool, limit: Any, report: SyncReport) -> None:
+        version = self._version(file)
+        if version is None:
             return
         if known is not None and not dirty:
             _, mtime_ns, size, inode, checked_ns = known
-            racy = checked_ns - st.st_mtime_ns < RACY_NS  # as sync.Syncer: a same-tick edit could hide
-            if (st.st_mtime_ns, st.st_size, st.st_ino) == (mtime_ns, size, inode) and not racy:
+            # As sync.Syncer: a same-tick edit could hide behind an unchanged stat (a revision cannot)
+            racy = not self._logged(file) and checked_ns - version[0] < RACY_NS
+            if version == (mtime_ns, size, inode) and not racy:
                 return
-        data = file.path.read_bytes()
+        read = self._read(file)
+        if read is None:
+            return
+        data, version = read
         digest = hashlib.sha256(data).hexdigest()
-        stat = (st.st_mtime_ns, st.st_size, st.st_ino, time.time_ns())
+        stat = (*version, time.time_ns())
         if known is not None and known[0] == digest:
             table.restamp_file(file.key, *stat)
             return
@@ -305,19 +348,15 @@ class TableMemoryIndex(MemoryIndex):
         """Counts, model, last sync, stale files and the last embedding failure; never syncs."""
         from picoclaw.memory.index.status import _when
 
-        files = source_files(self.store, self.sessions_dir, self.settings.sources)
+        files = self._source_files()
         model = self.embedder.label if self.embedder is not None else None
         key = self.embedder.key if self.embedder is not None else None
         known = self.table.known_files()
         stale = sorted(set(known) - {file.key for file in files})
         dirty = self._dirty_keys()
         for file in files:
-            try:
-                st = os.stat(file.path)
-            except FileNotFoundError:
-                continue
-            if file.key in dirty or known.get(file.key, ("", 0, 0, 0, 0))[1:4] != (
-                    st.st_mtime_ns, st.st_size, st.st_ino):
+            version = self._version(file)
+            if version is not None and (file.key in dirty or known.get(file.key, ("", 0, 0, 0, 0))[1:4] != version):
                 stale.append(file.key)
         count_files, chunks, vectors = self.table.counts(key)
         warning = self.table.get_meta("embed_error")
@@ -332,7 +371,9 @@ def index_for(store: Any, settings: Any, embedder: Any, *, sessions_dir: Path, k
     """The memory index of `store`: on its storage's chunk table when it has one (PostgreSQL), else SQLite."""
     from picoclaw.storage import storage_for
 
-    table = storage_for(store.memory_dir).index_table(store.memory_dir)
+    storage = storage_for(store.memory_dir)
+    table = storage.index_table(store.memory_dir)
     if table is None:
         return MemoryIndex(store, settings, embedder, sessions_dir=sessions_dir, keywords=keywords)
-    return TableMemoryIndex(store, settings, embedder, sessions_dir=sessions_dir, keywords=keywords, table=table)
+    return TableMemoryIndex(store, settings, embedder, sessions_dir=sessions_dir, keywords=keywords, table=table,
+                            transcripts=storage.session_log(sessions_dir))
