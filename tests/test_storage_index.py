@@ -173,3 +173,34 @@ def test_transcripts_are_indexed_where_the_backend_keeps_them(
                                                                       f"sessions/archive/{archived.name}"])
     hit = index.search("护照号码", 1, frozenset({"sessions"}))[0]
     assert hit.block.path == archived and index.status().files == 1
+
+
+def test_postgres_builds_the_vector_index_once_the_vectors_are_in_and_prunes_unused_ones(
+        postgres_dsn: str, tmp_path: Path) -> None:
+    import psycopg
+
+    from picoclaw.storage.postgres.index import PostgresIndexTable
+    from picoclaw.storage.postgres.storage import PostgresStorage
+
+    storage = PostgresStorage(tmp_path, postgres_dsn, pool_size=2)
+    mount(storage)
+    store = MemoryStore(tmp_path / "memory", UTC)
+    index = index_for(store, IndexConfig(enabled=True, sources=["memory"]), TermEmbedder(),
+                      sessions_dir=tmp_path / "sessions")
+    try:
+        _filled(store)
+        assert "豆豆" in index.search("柯基", 1)[0].block.text
+        with psycopg.connect(postgres_dsn) as conn:
+            built = conn.execute("select indexdef from pg_indexes where indexname = 'index_chunks_hnsw_32'").fetchone()
+            assert built is not None and "hnsw" in built[0]
+            store.long_term_path.write_text("## 2024-05-01\nA new text: 新的内容\n", encoding="utf-8")
+            assert "新的内容" in index.search("新的内容", 1)[0].block.text
+            cached = conn.execute("select count(*) from index_embeddings").fetchone()
+            PostgresIndexTable(storage.pool, "").finish_embedding(TermEmbedder.key, keep_unused=1)
+            kept = conn.execute("select count(*) from index_embeddings").fetchone()
+        assert cached is not None and cached[0] == len(ENTRIES) + 1  # the old texts' vectors stay cached …
+        assert kept == (2,)  # … up to keep_unused of them besides the one in use
+    finally:
+        index.close()
+        unmount(storage)
+        storage.close()

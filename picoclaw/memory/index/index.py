@@ -269,7 +269,7 @@ class MemoryIndex:
     async def _embed_missing_while_open(self, progress: Progress | None, opened: int) -> tuple[int, str | None]:
         embedder = self.embedder
         assert embedder is not None
-        missing = await self._in_thread(lambda conn: missing_texts(conn, embedder.key), opened)
+        missing = await self._in_thread(lambda conn: self._texts_to_embed(conn, embedder.key), opened)
         if missing is None:
             return 0, None
         refusal = self._outage.refusal() if missing else None
@@ -283,7 +283,7 @@ class MemoryIndex:
                 batch = missing[start:start + EMBED_BATCH]
                 vectors = await embedder.embed([text for _, text in batch])
                 hashes = [digest for digest, _ in batch]
-                await self._in_thread(lambda conn: store_vectors(conn, embedder.key, hashes, vectors), opened)
+                await self._in_thread(lambda conn: self._keep_vectors(conn, embedder.key, hashes, vectors), opened)
                 done += len(batch)
                 if progress is not None:
                     progress("embeddings", done, len(missing))
@@ -296,8 +296,18 @@ class MemoryIndex:
             self._backfilling = False
         if missing:
             self._outage.succeeded()
-        await self._in_thread(lambda conn: finish_embedding(conn, embedder.key), opened)
+        await self._in_thread(lambda conn: self._embedding_done(conn, embedder.key), opened)
         return done, None
+
+    # What a backfill does to the index's storage; TableMemoryIndex does the same on its chunk table.
+    def _texts_to_embed(self, conn: sqlite3.Connection, model: str) -> list[tuple[str, str]] | None:
+        return missing_texts(conn, model)
+
+    def _keep_vectors(self, conn: sqlite3.Connection, model: str, hashes: list[str], vectors: np.ndarray) -> None:
+        store_vectors(conn, model, hashes, vectors)
+
+    def _embedding_done(self, conn: sqlite3.Connection, model: str) -> None:
+        finish_embedding(conn, model)
 
     def _record_failure(self, conn: sqlite3.Connection, reason: str, *, refused: bool = False) -> None:
         """Keep why embeddings failed, for `picoclaw memory status` (the outage itself logs it). A search

@@ -30,7 +30,15 @@ from picoclaw.memory.index.scoring import (
     in_context,
 )
 from picoclaw.memory.index.status import IndexStatus
-from picoclaw.memory.index.sync import Progress, SourceFile, SyncReport, _chunks_of, files_base, source_files
+from picoclaw.memory.index.sync import (
+    CACHE_SPARE,
+    Progress,
+    SourceFile,
+    SyncReport,
+    _chunks_of,
+    files_base,
+    source_files,
+)
 from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, PHRASE_BONUS
 from picoclaw.memory.terms import phrases, query_terms
@@ -61,6 +69,7 @@ class ChunkTable(Protocol):
     def missing_texts(self, model: str) -> list[tuple[str, str]]: ...
     def store_vectors(self, model: str, hashes: Sequence[str], vectors: Sequence[Sequence[float]],
                       now_ns: int) -> None: ...
+    def finish_embedding(self, model: str, keep_unused: int) -> None: ...
     def nearest(self, model: str, vector: Sequence[float], wanted: int,
                 sources: Iterable[str] | None) -> list[tuple[int, float]]: ...
     def similarities(self, model: str, vector: Sequence[float], ids: Iterable[int]) -> list[tuple[int, float]]: ...
@@ -186,46 +195,19 @@ class TableMemoryIndex(MemoryIndex):
             table.set_meta("last_sync", str(time.time_ns()))
         self._stamped = True
 
-    async def _embed_missing_while_open(self, progress: Progress | None, opened: int) -> tuple[int, str | None]:
+    def _texts_to_embed(self, table: ChunkTable, model: str) -> list[tuple[str, str]]:  # type: ignore[override]
+        return table.missing_texts(model)
+
+    def _keep_vectors(self, table: ChunkTable, model: str, hashes: list[str],  # type: ignore[override]
+                      vectors: np.ndarray) -> None:
         from picoclaw.memory.index.embedders import EmbeddingUnavailable
 
-        embedder = self.embedder
-        assert embedder is not None
-        missing = await self._on_table(lambda table: table.missing_texts(embedder.key), opened)
-        refusal = self._outage.refusal() if missing else None
-        if refusal is not None:
-            await self._on_table(lambda table: self._record_failure(table, refusal, refused=True), opened)
-            return 0, refusal
-        done = 0
-        self._backfilling = bool(missing)
-        try:
-            for start in range(0, len(missing), 64):
-                batch = missing[start:start + 64]
-                vectors = await embedder.embed([text for _, text in batch])
-                if len(vectors) != len(batch):
-                    raise EmbeddingUnavailable(f"asked for {len(batch)} embeddings, got {len(vectors)}")
-                hashes = [digest for digest, _ in batch]
-                rows = [row.astype(np.float32).tolist() for row in vectors]
-                await self._on_table(lambda table: table.store_vectors(embedder.key, hashes, rows, time.time_ns()),
-                                      opened)
-                done += len(batch)
-                if progress is not None:
-                    progress("embeddings", done, len(missing))
-        except EmbeddingUnavailable as exc:
-            reason = str(exc)
-            self._outage.failed(reason)
-            await self._on_table(lambda table: self._record_failure(table, reason), opened)
-            return done, reason
-        finally:
-            self._backfilling = False
-        if missing:
-            self._outage.succeeded()
+        if len(vectors) != len(hashes):
+            raise EmbeddingUnavailable(f"asked for {len(hashes)} embeddings, got {len(vectors)}")
+        table.store_vectors(model, hashes, [row.astype(np.float32).tolist() for row in vectors], time.time_ns())
 
-        def finish(table: ChunkTable) -> None:
-            table.set_meta("embed_error", None)
-            table.set_meta("embed_error_at", None)
-        await self._on_table(finish, opened)
-        return done, None
+    def _embedding_done(self, table: ChunkTable, model: str) -> None:  # type: ignore[override]
+        table.finish_embedding(model, CACHE_SPARE)
 
     def _record_failure(self, table: ChunkTable, reason: str, *, refused: bool = False) -> None:  # type: ignore[override]
         if refused and self._noted is not None and self._noted == self._outage.since:
