@@ -61,7 +61,8 @@ class ChunkTable(Protocol):
                      chunks: Sequence[tuple[int, int, str, str, str, str]]) -> None: ...
     def counts(self, model: str | None) -> tuple[int, int, int]: ...
     def term_stats(self, terms: Sequence[str]) -> tuple[int, dict[str, int]]: ...
-    def bm25(self, total: int, doc_freq: dict[str, int], sources: Iterable[str] | None) -> dict[int, float]: ...
+    def bm25(self, total: int, doc_freq: dict[str, int], sources: Iterable[str] | None, *,
+             best: int | None = None, among: Iterable[int] | None = None) -> dict[int, float]: ...
     def texts(self, ids: Iterable[int]) -> dict[int, str]: ...
     def neighbourhood(self, ids: Iterable[int]) -> tuple[dict[int, str], dict[int, int]]: ...
     def chunks_within(self, path: str, start: int, end: int, sources: Iterable[str] | None) -> list[int]: ...
@@ -73,6 +74,32 @@ class ChunkTable(Protocol):
     def nearest(self, model: str, vector: Sequence[float], wanted: int,
                 sources: Iterable[str] | None) -> list[tuple[int, float]]: ...
     def similarities(self, model: str, vector: Sequence[float], ids: Iterable[int]) -> list[tuple[int, float]]: ...
+
+
+class Bm25Scores:
+    """One query's BM25 over a table, read as far as a search needs it: the best chunks, then the few
+    around them (a common term matches most chunks, and reading all their scores was most of a search)."""
+
+    def __init__(self, table: ChunkTable, total: int, doc_freq: dict[str, int], sources: Iterable[str] | None):
+        self.table, self.total, self.doc_freq, self.sources = table, total, doc_freq, sources
+        self.known: dict[int, float] = {}
+        self.asked: set[int] = set()
+
+    def best(self, count: int) -> dict[int, float]:
+        """The `count` best-scoring chunks, best first."""
+        found = self.table.bm25(self.total, self.doc_freq, self.sources, best=count)
+        self.known.update(found)
+        self.asked.update(found)
+        return found
+
+    def of(self, ids: Iterable[int]) -> dict[int, float]:
+        """The scores of those of `ids` that match (the rest have none)."""
+        wanted = set(ids)
+        missing = wanted - self.asked
+        if missing:
+            self.known.update(self.table.bm25(self.total, self.doc_freq, self.sources, among=missing))
+            self.asked |= missing
+        return {i: self.known[i] for i in wanted if i in self.known}
 
 
 class TableMemoryIndex(MemoryIndex):
@@ -226,7 +253,7 @@ class TableMemoryIndex(MemoryIndex):
         return self._rows_as_hits(table, self._fused(table, query, vector, limit, sources)[:limit])
 
     def _keyword_candidates(self, table: ChunkTable, query: str, wanted: int, sources: frozenset[str] | None
-                            ) -> tuple[dict[int, float], tuple[KeywordQuery, dict[int, float]] | None]:
+                            ) -> tuple[dict[int, float], tuple[KeywordQuery, Bm25Scores] | None]:
         """As MemoryIndex._keyword_side: the keyword search's ranking where it covers the sources, else BM25."""
         from picoclaw.memory.index.index import KEYWORD_SEARCH_SOURCES
 
@@ -240,8 +267,8 @@ class TableMemoryIndex(MemoryIndex):
         total, docs = table.term_stats(terms)
         reference = sum(max(math.log((total - n + 0.5) / (n + 0.5)), _IDF_FLOOR) for n in docs.values())
         prepared = KeywordQuery("", tuple(phrases(query)), reference or _IDF_FLOOR)
-        matches = table.bm25(total, docs, sources)
-        return self._best_in_context(table, prepared, matches, wanted), (prepared, matches)
+        scores = Bm25Scores(table, total, docs, sources)
+        return self._best_in_context(table, prepared, scores, wanted), (prepared, scores)
 
     def _searched_chunks(self, table: ChunkTable, hits: Sequence[Hit], sources: frozenset[str] | None
                          ) -> dict[int, float]:
@@ -257,10 +284,11 @@ class TableMemoryIndex(MemoryIndex):
         return out
 
     @staticmethod
-    def _adjacency(table: ChunkTable, ids: Iterable[int]) -> Adjacency:
+    def _adjacency(table: ChunkTable, ids: Iterable[int]) -> tuple[Adjacency, set[int]]:
+        """The adjacency of the chunks around `ids`, and which chunks those are."""
         sources, previous = table.neighbourhood(ids)
-        return Adjacency(previous, {before: after for after, before in previous.items()},
-                         frozenset(i for i, source in sources.items() if source == "notes"))
+        return (Adjacency(previous, {before: after for after, before in previous.items()},
+                          frozenset(i for i, source in sources.items() if source == "notes")), set(sources))
 
     @staticmethod
     def _boosted(table: ChunkTable, query: KeywordQuery, scores: dict[int, float], ids: Iterable[int]
@@ -270,17 +298,18 @@ class TableMemoryIndex(MemoryIndex):
             return {i: scores[i] for i in wanted}
         return {i: _with_bonus(query, scores[i], text) for i, text in table.texts(wanted).items()}
 
-    def _best_in_context(self, table: ChunkTable, query: KeywordQuery, matches: dict[int, float],
+    def _best_in_context(self, table: ChunkTable, query: KeywordQuery, scores: Bm25Scores,
                          wanted: int) -> dict[int, float]:
-        """scoring.best_in_context over the table."""
-        pool = heapq.nlargest(max(wanted, CANDIDATE_CAP), matches, key=matches.__getitem__)
-        around = self._adjacency(table, pool)
+        """scoring.best_in_context over the table, reading the BM25 of the pool and its neighbours only."""
+        pool = list(scores.best(max(wanted, CANDIDATE_CAP)))
+        around, window = self._adjacency(table, pool)
+        matches = scores.of(window)
         candidates = set(pool) | {after for i, after in around.next.items() if i in matches and after in around.notes}
         context = in_context(matches, around, NEIGHBOUR_WEIGHT, candidates)
         floor = heapq.nlargest(wanted, context.values())[-1] if len(context) >= wanted else 0.0
-        scores = {**context, **self._boosted(table, query, context,
-                                             [i for i, s in context.items() if s * (1 + PHRASE_BONUS) >= floor])}
-        best = heapq.nlargest(wanted, scores.items(), key=lambda item: (item[1], item[0]))
+        boosted = {**context, **self._boosted(table, query, context,
+                                              [i for i, s in context.items() if s * (1 + PHRASE_BONUS) >= floor])}
+        best = heapq.nlargest(wanted, boosted.items(), key=lambda item: (item[1], item[0]))
         return {i: query.unit(score) for i, score in best}
 
     def _fused(self, table: ChunkTable, query: str, query_vector: np.ndarray, limit: int,
@@ -301,9 +330,10 @@ class TableMemoryIndex(MemoryIndex):
             texts_vectors = self._vectors_of(table, missing, query_vector)
             vector.update(texts_vectors)
         if bm25 is not None:
-            prepared, matches = bm25
+            prepared, scores = bm25
             ids = {i for i in vector if i not in keyword}
-            context = in_context(matches, self._adjacency(table, ids), NEIGHBOUR_WEIGHT, ids)
+            around, window = self._adjacency(table, ids)
+            context = in_context(scores.of(window), around, NEIGHBOUR_WEIGHT, ids)
             keyword.update({i: prepared.unit(s) for i, s in self._boosted(table, prepared, context, context).items()})
         return weighted(keyword, vector, self.weights)
 
