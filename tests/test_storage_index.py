@@ -204,3 +204,16 @@ def test_postgres_builds_the_vector_index_once_the_vectors_are_in_and_prunes_unu
         index.close()
         unmount(storage)
         storage.close()
+
+
+def test_a_large_memory_is_written_in_bulk_and_searched(open_index: Callable[..., tuple[MemoryStore, MemoryIndex]]
+                                                        ) -> None:
+    store, index = open_index(hybrid=True)
+    entries = [f"## 2024-05-{1 + n % 28:02d}\nentry {n}: {'柯基豆豆在公园' if n == 777 else '小猫在家'} word{n}\n"
+               for n in range(1500)]  # past the bulk-write threshold, where PostgreSQL vacuums and analyses
+    store.long_term_path.parent.mkdir(parents=True, exist_ok=True)
+    store.long_term_path.write_text("\n".join(entries), encoding="utf-8")
+    assert "entry 777:" in index.search("柯基 公园", 1)[0].block.text
+    assert "entry 1234:" in index.search("word1234", 1)[0].block.text
+    status = index.status()
+    assert status.chunks == 1500 and status.vectors == 1500
