@@ -217,3 +217,41 @@ def test_a_large_memory_is_written_in_bulk_and_searched(open_index: Callable[...
     assert "entry 1234:" in index.search("word1234", 1)[0].block.text
     status = index.status()
     assert status.chunks == 1500 and status.vectors == 1500
+
+
+class FlakyEmbedder(TermEmbedder):
+    """TermEmbedder that fails while `down` is set."""
+
+    down = True
+
+    async def embed(self, texts: list[str], *, query: bool = False) -> np.ndarray:
+        from picoclaw.memory.index.embedders import EmbeddingUnavailable
+
+        if self.down:
+            raise EmbeddingUnavailable("connection refused (test)")
+        return await super().embed(texts, query=query)
+
+
+def test_an_embedding_failure_is_reported_until_a_backfill_succeeds(workspace: Path) -> None:
+    from freezegun import freeze_time
+
+    store = MemoryStore(workspace / "memory", UTC)
+    embedder = FlakyEmbedder()
+    index = index_for(store, IndexConfig(enabled=True, sources=["memory"]), embedder,
+                      sessions_dir=workspace / "sessions")
+    store.on_change(index.mark_changed)
+    try:
+        with freeze_time("2026-11-26 12:00:00") as frozen:
+            _filled(store)
+            assert "豆豆" in index.search("柯基", 1)[0].block.text  # from keywords while the embedder is down
+            status = index.status()
+            assert status.vectors == 0 and status.warning is not None and "connection refused" in status.warning
+            embedder.down = False
+            frozen.tick(3600)  # past the pause after a failure
+            assert "Bob" in index.search("dog chasing balls", 1)[0].block.text
+            status = index.status()
+            assert status.vectors == status.chunks and status.warning is None
+            assert "王芳" in index.search("王芳预算", 1)[0].block.text  # settled: searching again changes nothing
+            assert index.status() == status
+    finally:
+        index.close()

@@ -222,8 +222,11 @@ class TableMemoryIndex(MemoryIndex):
             table.set_meta("last_sync", str(time.time_ns()))
         self._stamped = True
 
-    def _texts_to_embed(self, table: ChunkTable, model: str) -> list[tuple[str, str]]:  # type: ignore[override]
-        return table.missing_texts(model)
+    def _texts_to_embed(self, table: ChunkTable, model: str) -> list[tuple[str, str]] | None:  # type: ignore[override]
+        missing = table.missing_texts(model)
+        # None (as SQLite's "embedded" mark): nothing new since the last backfill of this model finished, so
+        # its clean-up (pruning the cache, the HNSW build) is not run again at every search.
+        return None if not missing and table.get_meta("embedded") == model else missing
 
     def _keep_vectors(self, table: ChunkTable, model: str, hashes: list[str],  # type: ignore[override]
                       vectors: np.ndarray) -> None:
@@ -235,11 +238,13 @@ class TableMemoryIndex(MemoryIndex):
 
     def _embedding_done(self, table: ChunkTable, model: str) -> None:  # type: ignore[override]
         table.finish_embedding(model, CACHE_SPARE)
+        table.set_meta("embedded", model)
 
     def _record_failure(self, table: ChunkTable, reason: str, *, refused: bool = False) -> None:  # type: ignore[override]
         if refused and self._noted is not None and self._noted == self._outage.since:
             return
         self._noted = self._outage.since
+        table.set_meta("embedded", None)  # the next backfill that succeeds clears the failure
         table.set_meta("embed_error", reason)
         table.set_meta("embed_error_at", str(time.time_ns()))
 

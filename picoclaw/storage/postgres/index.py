@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 K1 = 1.2
 B = 0.75
 IDF_FLOOR = 1e-6  # what FTS5's bm25() uses for a term in half the chunks or more
+INDEX_LOCK = 0x696E6478  # pg_advisory_xact_lock(INDEX_LOCK, hashtext(index name)) around a build ("indx")
 
 # Vectors of any size live in one untyped `vector` column; HNSW needs a fixed dimension, so each dimension
 # met gets its own partial expression index (`embedding::vector(n)` where dims = n), made on first use. One
@@ -423,8 +424,13 @@ def _copy_chunks(conn: psycopg.Connection[Any], scope: str, path: str, source: s
 
 
 def _ensure_hnsw(conn: psycopg.Connection[Any], dims: int) -> None:
-    """The HNSW index of vectors with `dims` dimensions (created once, the first time one is stored)."""
+    """The HNSW index of vectors with `dims` dimensions, built once, after the first backfill of that size.
+
+    Under a transaction-scoped advisory lock named after the index: two processes finishing a backfill at
+    once would otherwise both start the build, and the second fail on the name the first took.
+    """
     name = f"index_chunks_hnsw_{int(dims)}"
+    conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (INDEX_LOCK, name))
     found = conn.execute("select to_regclass(%s) is not null", (name,)).fetchone()
     if found and found[0]:
         return
