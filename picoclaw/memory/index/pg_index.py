@@ -8,7 +8,6 @@ scores, the phrase bonus and fusion are MemoryIndex's own, so both backends rank
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import heapq
 import math
@@ -154,10 +153,6 @@ class TableMemoryIndex(MemoryIndex):
             if opened is not None and opened != self._closes:
                 raise IndexClosed(f"memory index {self.path} was closed")
             return operation(self.table)
-
-    async def _on_table(self, operation: Callable[[ChunkTable], T], opened: int | None = None) -> T:
-        """`operation` on the table, in a worker thread (the storage's driver is synchronous)."""
-        return await asyncio.to_thread(self._run, operation, opened)
 
     # -- sync --------------------------------------------------------------------------------------
 
