@@ -2,7 +2,7 @@
 
 The layers, outermost first:
 
-    face (cli, app, onboard, __main__) -> channels -> agent -> tools -> memory / providers / jobs -> storage
+    face (cli, web, app, onboard, __main__) -> channels -> agent -> tools -> memory / providers / jobs -> storage
     -> base
 
 (jobs is beside memory and providers: channels, agent and tools may import it, memory and providers not.)
@@ -109,7 +109,7 @@ def layer_of(module: str) -> str:
     """The layer of a picoclaw module, from its dotted name."""
     parts = module.split(".")
     sub = parts[1] if len(parts) > 1 else ""
-    if sub in ("cli", "app") or module in FACE_MODULES:
+    if sub in ("cli", "app", "web") or module in FACE_MODULES:
         return "face"
     if sub in ("storage", "jobs", "providers", "memory", "tools", "agent", "channels"):
         return sub

@@ -28,6 +28,7 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
     ("mcp", "picoclaw.cli.mcp", "the MCP servers of tools.mcp in config.json and their tools"),
     ("policy", "picoclaw.cli.policy", "show and tune the memory policy"),
     ("storage", "picoclaw.cli.storage", "the storage backend (files or PostgreSQL): status"),
+    ("web", "picoclaw.cli.web", "the console in a browser: memory, search (a one-time login link)"),
 )
 # Groups whose missing action is named as such; any other (skills too, as ever) is "missing a command".
 _ACTION_HINTS = ("memory", "policy", "cron", "mcp", "storage")

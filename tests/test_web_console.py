@@ -1,0 +1,211 @@
+"""The web console over real HTTP: the login link, the Host check, CSRF, escaping, and the memory page.
+
+The console runs on its own thread and event loop (as the fake services do) over an App opened from a
+temporary home; requests go through a real HTTP client, redirects not followed, so each step is seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+from aiohttp import web
+
+from picoclaw.app import App
+from picoclaw.web import Gate, make_console
+from picoclaw.web.security import COOKIE
+
+XSS = '<img src=x onerror=alert(1)> <a href="javascript:alert(2)">click</a>'
+
+
+class Console:
+    """`make_console` on 127.0.0.1 (a free port) in a thread; `base` is its origin, `gate` its gate."""
+
+    def __init__(self, app: App):
+        self.app = app
+        self.gate = Gate(frozenset())
+        self.base = ""
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="console", daemon=True)
+
+    def __enter__(self) -> Console:
+        self._thread.start()
+        assert self._ready.wait(60), "the console did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        runner = web.AppRunner(make_console(self.app, self.gate), access_log=None, shutdown_timeout=1.0)
+        self._loop.run_until_complete(runner.setup())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+        port = int(runner.addresses[0][1])
+        self.gate.hosts = Gate.for_address("127.0.0.1", port).hosts
+        self.base = f"http://127.0.0.1:{port}"
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.run_until_complete(runner.cleanup())
+            self._loop.close()
+
+
+@pytest.fixture
+def console(home: Path) -> Iterator[Console]:
+    app = App.open(home)
+    try:
+        with Console(app) as running:
+            yield running
+    finally:
+        app.close()
+
+
+def logged_in(console: Console) -> httpx2.Client:
+    client = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
+    response = client.get(f"/login?token={console.gate.token}")
+    assert response.status_code == 303 and response.headers["location"] == "/"
+    return client
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found is not None, "no CSRF field on the page"
+    return found.group(1)
+
+
+def test_nothing_without_logging_in_and_the_link_works_once(console: Console) -> None:
+    console.app.workspace.store.append_long_term("My locker code is 4711")
+    anonymous = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
+    page = anonymous.get("/memory")
+    assert page.status_code == 401 and "4711" not in page.text and "picoclaw web" in page.text
+    assert anonymous.get("/memory", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+    client = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
+    login = client.get(f"/login?token={console.gate.token}")
+    assert login.status_code == 303 and login.headers["location"] == "/"  # the token leaves the address bar
+    cookie = login.headers["set-cookie"]
+    assert f"{COOKIE}=" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert "4711" in client.get("/memory").text
+    again = anonymous.get(f"/login?token={console.gate.token}")  # one-time: a second use opens nothing
+    assert again.status_code == 401 and "already used" in again.text and COOKIE not in again.headers.get(
+        "set-cookie", "")
+    # A script may send the token as a header (never in a URL).
+    bearer = anonymous.get("/memory", headers={"Authorization": f"Bearer {console.gate.token}"})
+    assert bearer.status_code == 200 and "4711" in bearer.text
+
+
+def test_a_wrong_host_is_refused(console: Console) -> None:
+    client = logged_in(console)
+    response = client.get("/memory", headers={"Host": "attacker.example:80"})
+    assert response.status_code == 421 and "4711" not in response.text
+
+
+def test_a_change_without_the_csrf_token_is_refused_and_changes_nothing(console: Console) -> None:
+    client = logged_in(console)
+    store = console.app.workspace.store
+    before = store.long_term_path.read_bytes()
+    refused = client.post("/memory/entries", data={"content": "forged entry"})
+    assert refused.status_code == 403 and store.long_term_path.read_bytes() == before
+    wrong = client.post("/memory/entries", data={"content": "forged entry", "csrf_token": "guess"})
+    assert wrong.status_code == 403 and store.long_term_path.read_bytes() == before
+    token = csrf_of(client.get("/memory").text)
+    added = client.post("/memory/entries", data={"content": "我把自行车放在车库里", "csrf_token": token})
+    assert added.status_code == 303 and added.headers["location"] == "/memory?notice=added"
+    assert "我把自行车放在车库里" in store.read_long_term()
+    assert "Added to MEMORY.md." in client.get(added.headers["location"]).text
+
+
+def test_memory_markup_is_shown_as_text_under_a_strict_policy(console: Console) -> None:
+    console.app.workspace.store.append_long_term(XSS)
+    client = logged_in(console)
+    response = client.get("/memory")
+    assert "<img src=x" not in response.text and 'href="javascript:' not in response.text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in response.text
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "unsafe-inline" not in policy
+    assert response.headers["x-frame-options"] == "DENY" and response.headers["referrer-policy"] == "no-referrer"
+
+
+def test_search_shows_what_a_turn_would_find_with_scores_in_english_and_chinese(console: Console) -> None:
+    store = console.app.workspace.store
+    store.append_long_term("My corgi Doudou loves the park")
+    store.append_long_term("周五下午三点和王芳开预算评审会")
+    client = logged_in(console)
+    english = client.get("/memory", params={"q": "corgi park"}).text
+    assert re.search(r"score \d\.\d{3} · memory/MEMORY\.md:\d+", english) and "Doudou" in english
+    chinese = client.get("/memory", params={"q": "王芳 预算"}, headers={"Accept-Language": "zh-CN,zh;q=0.9"}).text
+    assert "得分" in chinese and "王芳开预算评审会" in chinese and "长期记忆" in chinese
+    assert "Nothing in memory matches." in client.get("/memory", params={"q": "zebra quantum"}).text
+
+
+def test_the_language_switch_sticks(console: Console) -> None:
+    client = logged_in(console)
+    token = csrf_of(client.get("/memory").text)
+    switched = client.post("/language", data={"lang": "zh", "csrf_token": token})
+    assert switched.status_code == 303
+    assert "长期记忆" in client.get("/memory", headers={"Accept-Language": "en"}).text
+
+
+def test_the_memory_page_is_paged_and_bad_input_is_one_clear_answer(console: Console) -> None:
+    store = console.app.workspace.store
+    text = store.read_long_term() + "".join(f"\n## 2024-05-01\nfact number {n}\n" for n in range(120))
+    store.long_term_path.write_text(text, encoding="utf-8")
+    client = logged_in(console)
+    first = client.get("/memory").text
+    assert "fact number 119" in first and "fact number 60" not in first and "page 1 of 3" in first
+    assert "fact number 0</pre>" in client.get("/memory", params={"page": "3"}).text
+    assert "page 3 of 3" in client.get("/memory", params={"page": "99"}).text
+    assert "page 1 of 3" in client.get("/memory", params={"page": "abc"}).text
+    token = csrf_of(first)
+    before = store.long_term_path.read_bytes()
+    empty = client.post("/memory/entries", data={"content": "   ", "csrf_token": token})
+    assert empty.headers["location"] == "/memory?notice=empty_entry" and store.long_term_path.read_bytes() == before
+    huge = client.post("/memory/entries", data={"content": "x" * 20_001, "csrf_token": token})
+    assert huge.status_code == 413 and store.long_term_path.read_bytes() == before
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"]  # the machine's network is closed: no background calls
+
+
+def test_in_a_browser_the_link_logs_in_markup_stays_text_and_the_form_writes_memory(console: Console) -> None:
+    import os
+
+    if not CHROMIUM.exists():
+        if os.environ.get("PICOCLAW_REQUIRE_CHROMIUM"):
+            pytest.fail(f"{CHROMIUM} is missing (.ci/run installs Debian's chromium)")
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    store = console.app.workspace.store
+    store.append_long_term(XSS)
+    dialogs: list[str] = []
+    requested: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(locale="zh-CN")
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            page.on("request", lambda request: requested.append(request.url))
+            page.goto(console.gate.login_url(console.base))
+            assert page.url == f"{console.base}/memory"  # the token is out of the address bar
+            assert "长期记忆" in page.locator("h1").inner_text()  # the browser's language: Chinese
+            assert page.get_by_text("<img src=x onerror=alert(1)>", exact=False).count() == 1
+            assert page.locator("main img").count() == 0 and page.locator("a[href^='javascript:']").count() == 0
+            page.fill("#content", "我的护照在书房的抽屉里")
+            page.click("form.add button")
+            assert "已写入 MEMORY.md。" in page.locator(".notice").inner_text()
+        finally:
+            browser.close()
+    assert "我的护照在书房的抽屉里" in store.read_long_term()
+    assert dialogs == [] and not any(url.endswith("/x") for url in requested)
