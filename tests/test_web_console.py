@@ -7,6 +7,7 @@ temporary home; requests go through a real HTTP client, redirects not followed, 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from aiohttp import web
 from picoclaw.app import App
 from picoclaw.web import Gate, make_console
 from picoclaw.web.security import COOKIE
+from tests.fakes import FakeOpenAIServer
 
 XSS = '<img src=x onerror=alert(1)> <a href="javascript:alert(2)">click</a>'
 
@@ -209,3 +211,61 @@ def test_in_a_browser_the_link_logs_in_markup_stays_text_and_the_form_writes_mem
             browser.close()
     assert "我的护照在书房的抽屉里" in store.read_long_term()
     assert dialogs == [] and not any(url.endswith("/x") for url in requested)
+
+
+def test_why_this_answer_lists_the_injected_blocks_with_scores_and_the_replys_tokens(
+        home: Path, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    from picoclaw.cli import main
+
+    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
+    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert main(["memory", "append", "My corgi is called Doudou and loves the park"]) == 0
+    assert main(["memory", "append", "我的柯基叫豆豆，最喜欢去公园"]) == 0
+    fake_openai.reply_text("Doudou, and the park.", usage={"prompt_tokens": 900, "completion_tokens": 5},
+                           cached_tokens=640)
+    fake_openai.reply_text("豆豆喜欢公园。", usage={"prompt_tokens": 950, "completion_tokens": 5}, cached_tokens=900)
+    assert main(["chat", "--session", "cli:why", "-m", "What is my corgi called?"]) == 0
+    assert main(["chat", "--session", "cli:why", "-m", "我的柯基叫什么？"]) == 0
+    capsys.readouterr()
+
+    app = App.open(home)
+    try:
+        with Console(app) as console:
+            client = logged_in(console)
+            listing = client.get("/why").text
+            link = re.search(r'href="(/why/conversation\?name=[^"]+)"', listing)
+            assert link is not None and "cli:why" in listing
+            page = client.get(link.group(1).replace("&amp;", "&")).text
+            english, chinese = page.index("What is my corgi called?"), page.index("我的柯基叫什么？")
+            assert chinese < english  # newest first
+            turn = page[english:]
+            assert re.search(r"<td>search</td><td>\d\.\d{3}</td>\s*<td>memory/MEMORY\.md:\d+-\d+</td>", turn)
+            assert "Doudou" in turn and "keywords (BM25 over the memory files)" in turn
+            assert "900 prompt tokens, 640 served from the provider&#39;s cache" in page
+            assert "<code>retrieve_limit</code> = 10" in page
+            assert page.count('<rect class="cached"') == 2  # the chart: a bar pair for each of the two replies
+            zh = client.get(link.group(1).replace("&amp;", "&"), headers={"Accept-Language": "zh-CN"}).text
+            assert "为什么这样回答" in zh and "950 提示词 token" in zh and "豆豆" in zh
+            for name in ("../../config.json", "cli%3Anone.jsonl", ""):
+                missing = client.get("/why/conversation", params={"name": name})
+                assert missing.status_code == 404 and "sk-test" not in missing.text
+    finally:
+        app.close()
+
+
+def test_a_hand_edited_record_of_why_still_renders(console: Console) -> None:
+    folder = console.app.workspace.sessions().folder
+    folder.mkdir(parents=True, exist_ok=True)
+    records = [{"type": "message", "id": 1, "time": "2026-11-26T10:00:00+00:00",
+                "message": {"role": "user", "content": "odd <b>turn</b>"},
+                "why": {"search": 7, "items": ["junk", {"score": "high", "lines": "1-2", "text": "<script>x</script>"}],
+                        "policy": "none"}},
+               {"type": "message", "id": 2, "time": "2026-11-26T10:00:01+00:00",
+                "message": {"role": "assistant", "content": "ok"}, "prompt_tokens": 10}]
+    (folder / "cli%3Aodd.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    client = logged_in(console)
+    page = client.get("/why/conversation", params={"name": "cli%3Aodd.jsonl"})
+    assert page.status_code == 200
+    assert "odd &lt;b&gt;turn&lt;/b&gt;" in page.text and "&lt;script&gt;x&lt;/script&gt;" in page.text
+    assert "<script>" not in page.text and "<td>–</td>" in page.text  # no score: a dash

@@ -29,6 +29,7 @@ from picoclaw.memory import (
     Workspace,
     lesson_of,
     rank_blocks,
+    search_method,
     select_turn_memory,
     standing_lessons,
 )
@@ -146,8 +147,11 @@ class ContextBuilder:
         system = prefix
         if session.summary:
             system += f"\n\n## Summary of the earlier conversation\n{session.summary.strip()}"
+        why = memory.explained(self.workspace.root, policy, search_method(self.workspace.searcher))
+        if query != user_text:
+            why["query"] = query  # the loop searched with a rewrite of the message
         user = StoredMessage(0, {"role": "user", "content": user_text}, context=self._data_block(memory, now),
-                             blocks=memory.keys())
+                             blocks=memory.keys(), why=why)
         messages: list[Message] = [{"role": "system", "content": system}]
         messages.extend(self.select_history(policy, session, query))
         messages.append(user.as_sent())

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         index_of,
         open_search,
         rank_blocks,
+        search_method,
         select_turn_memory,
         split_blocks,
         standing_lessons,
@@ -63,7 +64,7 @@ __all__ = [
     "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings", "flush_facts", "format_missing",
     "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome", "lesson_of",
     "long_term_entries", "memory_stats", "open_search",
-    "rank_blocks", "record_outcome", "select_turn_memory", "split_blocks", "standing_lessons",
+    "rank_blocks", "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons",
     "suggest_policy_change", "why_not_due",
 ]
 
@@ -84,8 +85,8 @@ _HOMES = {
     "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
-                               "index_of", "open_search", "rank_blocks", "select_turn_memory", "split_blocks",
-                               "standing_lessons"),
+                               "index_of", "open_search", "rank_blocks", "search_method", "select_turn_memory",
+                               "split_blocks", "standing_lessons"),
     "picoclaw.memory.session": ("Session", "SessionStore", "StoredMessage"),
     "picoclaw.memory.stats": ("MemoryStats", "memory_stats"),
     "picoclaw.memory.store": ("BACKUPS_DIR", "DailyNote", "MemoryStore"),

@@ -72,6 +72,7 @@ class StoredMessage:
     context: str | None = None
     blocks: tuple[str, ...] = ()
     undelivered: str | None = None
+    why: dict[str, Any] | None = None  # a user message: what memory it carried and why (InjectedMemory.explained)
 
     def mark_undelivered(self, reason: str) -> None:
         """Note in this message that it never reached the user (its record in the file stays as it was)."""
@@ -93,7 +94,7 @@ class StoredMessage:
     def record(self) -> dict[str, Any]:
         """The JSONL record of this message (optional fields only when set)."""
         extras = {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                  "context": self.context, "blocks": list(self.blocks) or None}
+                  "context": self.context, "blocks": list(self.blocks) or None, "why": self.why}
         return {"type": "message", "id": self.id, "time": clock.now().isoformat(), "message": self.message,
                 **{key: value for key, value in extras.items() if value is not None}}
 
@@ -257,9 +258,11 @@ class SessionStore:
                 raise _BadRecord("its message is not a message object with a role")
             blocks = record.get("blocks") or ()
             context = record.get("context")
+            why = record.get("why")
             session.messages.append(StoredMessage(
                 int(record["id"]), dict(message), record.get("prompt_tokens"), record.get("cached_tokens"),
-                context if isinstance(context, str) else None, tuple(str(key) for key in blocks)))
+                context if isinstance(context, str) else None, tuple(str(key) for key in blocks),
+                why=why if isinstance(why, dict) else None))
         elif kind == "compaction":
             summary = record.get("summary")
             if summary is not None and not isinstance(summary, str):

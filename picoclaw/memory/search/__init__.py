@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from picoclaw.memory.search.blocks import Block, Hit, split_blocks
 from picoclaw.memory.search.bm25 import rank_blocks
-from picoclaw.memory.search.indexed import IndexedSearch, index_of, open_search
+from picoclaw.memory.search.indexed import IndexedSearch, index_of, open_search, search_method
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.protocol import MemorySearch
 from picoclaw.memory.search.standing import StandingSearch
 from picoclaw.memory.search.turn_memory import InjectedMemory, select_turn_memory, standing_lessons
 
 __all__ = ["Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch", "index_of",
+           "search_method",
            "StandingSearch", "open_search", "rank_blocks", "select_turn_memory", "split_blocks", "standing_lessons"]

@@ -103,3 +103,13 @@ def index_of(search: MemorySearch) -> MemoryIndex | None:
     """The index behind a workspace's search, or None when it searches the files directly."""
     inner = search.inner if isinstance(search, StandingSearch) else search
     return inner.index if isinstance(inner, IndexedSearch) else None
+
+
+def search_method(search: MemorySearch) -> str:
+    """What a workspace's search ranks with, in words, for a turn's record of why it remembered what it did."""
+    index = index_of(search)
+    if index is None:
+        return "keywords (BM25 over the memory files), re-ranked by standing"
+    if index.embedder is None:
+        return "memory index: keywords, re-ranked by standing"
+    return f"memory index: keywords + vectors ({index.embedder.label}), re-ranked by standing"

@@ -15,7 +15,8 @@ import asyncio
 import hashlib
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from picoclaw.memory.search.blocks import Block, Hit, split_blocks
 from picoclaw.memory.search.protocol import MemorySearch
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
 NOTE_NEIGHBOURS = 2
 # Lessons found for a message that a turn may carry (standing lessons come on top, see KeywordSearch).
 LESSONS_PER_TURN = 3
+# A turn's record of why it remembered: the policy keys that decide what and how much memory it carries, and
+# how much of each block's text it keeps (the block itself is in the turn's data block).
+WHY_POLICY_KEYS = ("retrieve_limit", "memory_token_budget", "learning_token_percent", "recent_days",
+                   "memory_fallback_blocks", "memory_recency_boost_percent", "memory_access_boost_percent")
+WHY_SNIPPET = 300
 
 
 def block_key(block: Block) -> str:
@@ -57,6 +63,23 @@ class InjectedMemory:
     def keys(self) -> tuple[str, ...]:
         chosen = [*(hit.block for hit in self.lessons), *(hit.block for hit in self.blocks), *self.notes]
         return tuple(block_key(block) for block in chosen)
+
+    def explained(self, root: Path, policy: MemoryPolicy, method: str) -> dict[str, Any]:
+        """Why the turn carries what it carries, for its record: each block with what found it and its score,
+        the search, and the policy values that decided how much."""
+        def item(block: Block, found_by: str, score: float | None) -> dict[str, Any]:
+            try:
+                where = block.path.relative_to(root).as_posix()
+            except ValueError:
+                where = block.path.name
+            return {"key": block_key(block), "found_by": found_by, "score": None if score is None else round(score, 4),
+                    "path": where, "lines": [block.start_line, block.end_line], "text": block.text[:WHY_SNIPPET]}
+
+        items = [item(hit.block, "lessons", hit.score) for hit in self.lessons]
+        items += [item(hit.block, "search" if self.ranked else "fallback", hit.score if self.ranked else None)
+                  for hit in self.blocks]
+        items += [item(block, "recent notes", None) for block in self.notes]
+        return {"search": method, "items": items, "policy": {key: getattr(policy, key) for key in WHY_POLICY_KEYS}}
 
 
 async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, query: str,
