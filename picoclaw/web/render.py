@@ -1,0 +1,46 @@
+"""Rendering a console page: the request's language, its session's CSRF token, autoescaped templates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+from aiohttp import web
+
+from picoclaw.web.labels import LABELS, LANG_COOKIE, language_of
+from picoclaw.web.security import CSRF_FIELD, CSRF_KEY
+
+if TYPE_CHECKING:
+    from picoclaw.app import App
+
+HERE = Path(__file__).parent
+APP_KEY: web.AppKey[App] = web.AppKey("picoclaw_app")
+TEMPLATES_KEY: web.AppKey[jinja2.Environment] = web.AppKey("picoclaw_templates")
+
+
+def templates() -> jinja2.Environment:
+    """The console's templates; autoescaping on, so whatever memory or a model wrote is shown as text."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined)
+
+
+def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+    """`template` rendered in the request's language, with the session's CSRF token for its forms."""
+    lang = language_of(request.cookies.get(LANG_COOKIE), request.headers.get("Accept-Language", ""))
+    page = request.app[TEMPLATES_KEY].get_template(template).render(
+        t=LABELS[lang], lang=lang, csrf=request.get(CSRF_KEY, ""), csrf_field=CSRF_FIELD, **context)
+    return web.Response(status=status, text=page, content_type="text/html", charset="utf-8")
+
+
+def see_other(location: str) -> web.Response:
+    """Where a form's change sends the browser next (so a reload does not post it again)."""
+    return web.Response(status=303, headers={"Location": location})
+
+
+def page_number(request: web.Request, pages: int) -> int:
+    """The `page` query value held to 1..pages (1 when it is not a number)."""
+    try:
+        return min(max(1, int(request.query.get("page", "1"))), pages)
+    except ValueError:
+        return 1

@@ -1,0 +1,128 @@
+"""Why this answer: every conversation, and for each user turn the memory it carried, what found it and with
+which score, the policy values that decided, and the reply's prompt and cached tokens (a chart per conversation)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from picoclaw.web.render import APP_KEY, page_number, render
+
+if TYPE_CHECKING:
+    from picoclaw.app import App
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """A user turn of a conversation with its record of why, and the reply's token counts."""
+
+    id: int
+    text: str
+    why: dict[str, Any] | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One reply's bars in the prompt-cache chart (SVG units)."""
+
+    x: float
+    prompt_height: float
+    cached_height: float
+    label: str
+
+
+CHART_WIDTH, CHART_HEIGHT = 600, 160
+TURNS_PER_PAGE = 50
+
+
+def _transcripts(app: App) -> dict[str, Path]:
+    """The workspace's transcripts by their name under the sessions folder (archived ones as archive/…)."""
+    sessions = app.workspace.sessions()
+    folder = sessions.folder
+    return {path.relative_to(folder).as_posix(): path for path in sessions.log.transcripts()}
+
+
+def _session_key(name: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(name.rsplit("/", 1)[-1].removesuffix(".jsonl"))
+
+
+async def conversations_page(request: web.Request) -> web.Response:
+    """Every conversation of the workspace (REPL, Telegram, web), newest first."""
+    app = request.app[APP_KEY]
+    found = await asyncio.to_thread(_transcripts, app)
+    sessions = app.workspace.sessions()
+    rows = []
+    for name, path in found.items():
+        modified = await asyncio.to_thread(sessions.modified, path)
+        rows.append((modified, name, _session_key(name), name.startswith("archive/")))
+    rows.sort(reverse=True)
+    return render(request, "conversations.html", rows=[(name, key, archived) for _, name, key, archived in rows])
+
+
+async def conversation_page(request: web.Request) -> web.Response:
+    """One conversation's user turns, newest first, each with what memory it carried and why."""
+    app = request.app[APP_KEY]
+    name = request.query.get("name", "")
+    found = await asyncio.to_thread(_transcripts, app)
+    if name not in found:  # only names the storage lists: no path from the request ever reaches the disk
+        raise web.HTTPNotFound(text="No such conversation.\n")
+    session = await asyncio.to_thread(app.workspace.sessions().read, found[name])
+    turns = _turns(session.messages)
+    pages = max(1, -(-len(turns) // TURNS_PER_PAGE))
+    number = page_number(request, pages)
+    newest_first = turns[::-1]
+    return render(request, "conversation.html", name=name, key=_session_key(name), turns=newest_first[
+        (number - 1) * TURNS_PER_PAGE:number * TURNS_PER_PAGE], page=number, pages=pages, bars=_chart(turns),
+        chart_width=CHART_WIDTH, chart_height=CHART_HEIGHT, messages=len(session.messages))
+
+
+def _turns(messages: list[Any]) -> list[TurnView]:
+    """User messages paired with the token counts of the last reply before the next user message."""
+    turns: list[TurnView] = []
+    for message in messages:
+        role = message.message.get("role")
+        if role == "user":
+            turns.append(TurnView(message.id, str(message.message.get("content") or ""), _why(message.why), None,
+                                  None))
+        elif role == "assistant" and turns and message.prompt_tokens is not None:
+            last = turns[-1]
+            turns[-1] = TurnView(last.id, last.text, last.why, message.prompt_tokens, message.cached_tokens)
+    return turns
+
+
+def _why(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A turn's record of why, with every field the page reads (a hand-edited transcript may lack some)."""
+    if raw is None:
+        return None
+    items = []
+    for item in raw.get("items") or []:
+        if not isinstance(item, dict):
+            continue
+        lines = item.get("lines")
+        score = item.get("score")
+        items.append({"found_by": str(item.get("found_by", "")), "path": str(item.get("path", "")),
+                      "score": float(score) if isinstance(score, int | float) else None,
+                      "lines": lines if isinstance(lines, list) and len(lines) == 2 else ["?", "?"],
+                      "text": str(item.get("text", ""))})
+    policy = raw.get("policy")
+    query = raw.get("query")
+    return {"search": str(raw.get("search", "")), "query": query if isinstance(query, str) else None,
+            "items": items, "policy": policy if isinstance(policy, dict) else {}}
+
+
+def _chart(turns: list[TurnView]) -> list[Bar]:
+    """Bars of prompt and cached tokens for the turns whose reply reported them (the newest 100)."""
+    measured = [turn for turn in turns if turn.prompt_tokens is not None][-100:]
+    top = max((turn.prompt_tokens or 0 for turn in measured), default=0) or 1
+    step = CHART_WIDTH / max(len(measured), 1)
+    return [Bar(round(n * step, 1), round((turn.prompt_tokens or 0) / top * (CHART_HEIGHT - 10), 1),
+                round((turn.cached_tokens or 0) / top * (CHART_HEIGHT - 10), 1),
+                f"#{turn.id}: {turn.prompt_tokens} / {turn.cached_tokens or 0}") for n, turn in enumerate(measured)]
