@@ -180,7 +180,7 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-network
                   "--disable-sync", "--no-first-run"]  # the machine's network is closed: no background calls
 
 
-def test_in_a_browser_the_link_logs_in_markup_stays_text_and_the_form_writes_memory(console: Console) -> None:
+def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_set_and_rolled_back(console: Console) -> None:
     import os
 
     if not CHROMIUM.exists():
@@ -188,6 +188,8 @@ def test_in_a_browser_the_link_logs_in_markup_stays_text_and_the_form_writes_mem
             pytest.fail(f"{CHROMIUM} is missing (.ci/run installs Debian's chromium)")
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium")
     from playwright.sync_api import sync_playwright
+
+    from picoclaw.memory.policy import ValueChange
 
     store = console.app.workspace.store
     store.append_long_term(XSS)
@@ -207,9 +209,18 @@ def test_in_a_browser_the_link_logs_in_markup_stays_text_and_the_form_writes_mem
             page.fill("#content", "我的护照在书房的抽屉里")
             page.click("form.add button")
             assert "已写入 MEMORY.md。" in page.locator(".notice").inner_text()
+            page.click("a[href='/policy']")
+            page.select_option("#policy-key", "recent_days")
+            page.fill("#set-policy input[name=value]", "5")
+            page.click("#set-policy button")
+            assert "已设置" in page.locator(".notice").inner_text()
+            page.click("ol.timeline li.change >> nth=0 >> button")
+            assert "已回滚" in page.locator(".notice").inner_text()
         finally:
             browser.close()
     assert "我的护照在书房的抽屉里" in store.read_long_term()
+    history = console.app.workspace.policy.history()
+    assert [change.effective["recent_days"] for change in history] == [ValueChange(3, 5), ValueChange(5, 3)]
     assert dialogs == [] and not any(url.endswith("/x") for url in requested)
 
 
@@ -269,3 +280,35 @@ def test_a_hand_edited_record_of_why_still_renders(console: Console) -> None:
     assert page.status_code == 200
     assert "odd &lt;b&gt;turn&lt;/b&gt;" in page.text and "&lt;script&gt;x&lt;/script&gt;" in page.text
     assert "<script>" not in page.text and "<td>–</td>" in page.text  # no score: a dash
+
+
+def test_the_policy_page_sets_a_value_and_rolls_it_back_from_the_timeline(console: Console) -> None:
+    policy = console.app.workspace.policy
+    client = logged_in(console)
+    page = client.get("/policy").text
+    assert re.search(r"<code>retrieve_limit</code></td><td>10</td><td>config.json</td>\s*<td>1–50</td>", page)
+    token = csrf_of(page)
+    assert client.post("/policy/set", data={"key": "retrieve_limit", "value": "7"}).status_code == 403
+    for value in ("99", "many"):  # out of bounds, not a number: refused, nothing written
+        refused = client.post("/policy/set", data={"key": "retrieve_limit", "value": value, "csrf_token": token})
+        assert refused.status_code == 400 and "Refused, nothing was changed" in refused.text
+    assert client.post("/policy/set", data={"key": "no_such_key", "value": "1", "csrf_token": token}
+                       ).status_code == 400
+    assert not policy.overrides_path.exists() and policy.history() == []
+
+    done = client.post("/policy/set", data={"key": "retrieve_limit", "value": "7", "reason": "fewer, better blocks",
+                                            "csrf_token": token})
+    assert done.status_code == 303 and policy.current().retrieve_limit == 7
+    page = client.get("/policy").text
+    assert "<code>retrieve_limit</code></td><td>7</td><td>override</td>" in page
+    assert "<code>retrieve_limit</code> 10 → 7" in page and "fewer, better blocks" in page
+    snapshot = re.search(r'name="snapshot" value="([^"]+)"', page)
+    assert snapshot is not None
+    back = client.post("/policy/rollback", data={"snapshot": snapshot.group(1), "csrf_token": token})
+    assert back.status_code == 303 and policy.current().retrieve_limit == 10
+    history = [json.loads(line) for line in policy.history_path.read_text(encoding="utf-8").splitlines()]
+    assert [entry["source"] for entry in history] == ["web", "web"]
+    assert history[0]["effective"] == {"retrieve_limit": {"old": 10, "new": 7}}
+    assert history[1]["effective"] == {"retrieve_limit": {"old": 7, "new": 10}}
+    zh = client.get("/policy", headers={"Accept-Language": "zh-CN"}).text
+    assert "记忆策略" in zh and "恢复到这次修改之前的策略" in zh

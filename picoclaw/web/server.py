@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from picoclaw.web import memory_page, why_page
+from picoclaw.web import memory_page, policy_page, why_page
 from picoclaw.web.labels import LANG_COOKIE, LANGUAGES
 from picoclaw.web.render import APP_KEY, HERE, TEMPLATES_KEY, render, see_other, templates
 from picoclaw.web.security import COOKIE, Gate, middleware
@@ -34,6 +34,9 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_post("/memory/entries", memory_page.add_entry)
     console.router.add_get("/why", why_page.conversations_page)
     console.router.add_get("/why/conversation", why_page.conversation_page)
+    console.router.add_get("/policy", policy_page.policy_page)
+    console.router.add_post("/policy/set", policy_page.set_value)
+    console.router.add_post("/policy/rollback", policy_page.rollback)
     console.router.add_post("/language", set_language)
     console.router.add_static("/static/", HERE / "static", append_version=True)
     return console
