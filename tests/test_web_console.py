@@ -180,7 +180,8 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-network
                   "--disable-sync", "--no-first-run"]  # the machine's network is closed: no background calls
 
 
-def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_set_and_rolled_back(console: Console) -> None:
+def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_set_and_rolled_back(
+        console: Console) -> None:
     import os
 
     if not CHROMIUM.exists():
