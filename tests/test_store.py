@@ -468,3 +468,31 @@ def test_a_legacy_backup_named_in_the_future_does_not_push_out_the_new_one(memor
     assert first is not None and second is not None
     assert store.backups() == [first, second]  # the legacy file was the oldest, so it was pruned
     assert [path.read_text(encoding="utf-8") for path in store.backups()] == ["v0", "v1"]
+
+
+def test_an_entry_is_edited_or_deleted_only_as_it_was_read(store: MemoryStore) -> None:
+    from picoclaw.errors import MemoryStoreError
+    from picoclaw.memory.entries import entry_version, long_term_entries
+
+    store.append_long_term("I live in Lisbon")
+    store.append_long_term("我的柯基叫豆豆")
+    store.append_long_term("Dentist on Friday")
+    first, corgi, dentist = list(long_term_entries(store.read_long_term()))
+    backup = store.replace_long_term_entry(corgi.line, entry_version(corgi.text), "我的柯基叫豆豆，三岁了")
+    assert backup is not None and "我的柯基叫豆豆\n" in backup.read_text(encoding="utf-8")
+    text = store.read_long_term()
+    assert "我的柯基叫豆豆，三岁了" in text and "I live in Lisbon" in text and "Dentist on Friday" in text
+
+    before = store.long_term_path.read_bytes()
+    for line, version, content in ((corgi.line, entry_version(corgi.text), "stale edit"),  # changed since
+                                   (first.line + 1, entry_version(first.text), "wrong line"),
+                                   (first.line, entry_version(first.text), "   ")):  # empty
+        with pytest.raises(MemoryStoreError):
+            store.replace_long_term_entry(line, version, content)
+        assert store.long_term_path.read_bytes() == before
+
+    entries = list(long_term_entries(store.read_long_term()))
+    store.replace_long_term_entry(entries[0].line, entry_version(entries[0].text), None)
+    left = [entry.text.split("\n")[1] for entry in long_term_entries(store.read_long_term())]
+    assert left == ["我的柯基叫豆豆，三岁了", "Dentist on Friday"]
+    assert "\n\n\n" not in store.read_long_term()

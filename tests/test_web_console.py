@@ -313,3 +313,58 @@ def test_the_policy_page_sets_a_value_and_rolls_it_back_from_the_timeline(consol
     assert history[1]["effective"] == {"retrieve_limit": {"old": 7, "new": 10}}
     zh = client.get("/policy", headers={"Accept-Language": "zh-CN"}).text
     assert "记忆策略" in zh and "恢复到这次修改之前的策略" in zh
+
+
+def test_an_entry_is_edited_and_deleted_with_a_backup_and_a_stale_edit_is_refused(
+        console: Console, capsys: pytest.CaptureFixture[str]) -> None:
+    from picoclaw.cli import main
+
+    store = console.app.workspace.store
+    store.append_long_term("My bike is in the garage")
+    store.append_long_term("我的自行车是蓝色的")
+    client = logged_in(console)
+    page = client.get("/memory").text
+    token = csrf_of(page)
+    forms = re.findall(r'name="line" value="(\d+)">\s*<input type="hidden" name="version" value="([0-9a-f]+)">\s*'
+                       r'<textarea[^>]*>([^<]*)</textarea>', page)
+    (zh_line, zh_version, zh_text), (en_line, en_version, _) = forms[0], forms[1]  # newest first
+    assert zh_text == "我的自行车是蓝色的"
+    backups = len(store.backups())
+    saved = client.post("/memory/entries/edit", data={"line": en_line, "version": en_version, "action": "save",
+                                                      "content": "My bike is in the shed now", "csrf_token": token})
+    assert saved.status_code == 303 and saved.headers["location"] == "/memory?notice=saved"
+    assert len(store.backups()) == backups + 1
+    assert main(["memory", "search", "bike shed"]) == 0 and "in the shed now" in capsys.readouterr().out
+
+    before = store.long_term_path.read_bytes()
+    stale = client.post("/memory/entries/edit", data={"line": en_line, "version": en_version, "action": "save",
+                                                      "content": "an edit from an old page", "csrf_token": token})
+    assert stale.status_code == 409 and "changed since it was read" in stale.text
+    assert store.long_term_path.read_bytes() == before  # nothing lost, nothing written
+    unknown = client.post("/memory/entries/edit", data={"line": "9999", "version": zh_version, "action": "delete",
+                                                        "csrf_token": token})
+    assert unknown.status_code == 409 and store.long_term_path.read_bytes() == before
+    assert client.post("/memory/entries/edit", data={"line": "x", "csrf_token": token}).status_code == 400
+
+    deleted = client.post("/memory/entries/edit", data={"line": zh_line, "version": zh_version, "action": "delete",
+                                                        "csrf_token": token})
+    assert deleted.status_code == 303 and "我的自行车是蓝色的" not in store.read_long_term()
+    assert "我的自行车是蓝色的" in store.backups()[-1].read_text(encoding="utf-8")
+
+
+def test_backups_are_listed_diffed_and_restored(console: Console) -> None:
+    store = console.app.workspace.store
+    store.append_long_term("Wifi password is 柠檬树")
+    store.rewrite_long_term(store.read_long_term().replace("柠檬树", "橘子树"))
+    client = logged_in(console)
+    listing = client.get("/memory/backups").text
+    name = re.search(r'href="/memory/backups\?name=([^"]+)"', listing)
+    assert name is not None
+    diff = client.get("/memory/backups", params={"name": name.group(1)}).text
+    assert '<span class="del">-Wifi password is 柠檬树</span>' in diff
+    assert '<span class="add">+Wifi password is 橘子树</span>' in diff
+    assert client.get("/memory/backups", params={"name": "../config.json"}).status_code == 404
+    token = csrf_of(diff)
+    assert client.post("/memory/backups/restore", data={"name": "nope.md", "csrf_token": token}).status_code == 404
+    restored = client.post("/memory/backups/restore", data={"name": name.group(1), "csrf_token": token})
+    assert restored.status_code == 303 and "柠檬树" in store.read_long_term()

@@ -13,7 +13,13 @@ from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from picoclaw.memory.compression import CompressionResult, LongTermCompressor, format_missing, why_not_due
-    from picoclaw.memory.entries import LongTermEntry, demote_headings, is_superseded, long_term_entries
+    from picoclaw.memory.entries import (
+        LongTermEntry,
+        demote_headings,
+        entry_version,
+        is_superseded,
+        long_term_entries,
+    )
     from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
     from picoclaw.memory.flush import flush_facts
     from picoclaw.memory.index.embedders import (
@@ -61,7 +67,8 @@ __all__ = [
     "JobOutcome", "KeywordSearch", "LOCAL", "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex",
     "MemorySearch", "MemoryStats", "MemoryStore", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
     "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Session", "SessionStore", "StoredMessage",
-    "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings", "flush_facts", "format_missing",
+    "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings", "entry_version", "flush_facts",
+    "format_missing",
     "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome", "lesson_of",
     "long_term_entries", "memory_stats", "open_search",
     "rank_blocks", "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons",
@@ -71,7 +78,8 @@ __all__ = [
 # The module each name of __all__ is imported from when it is first asked for.
 _HOMES = {
     "picoclaw.memory.compression": ("CompressionResult", "LongTermCompressor", "format_missing", "why_not_due"),
-    "picoclaw.memory.entries": ("LongTermEntry", "demote_headings", "is_superseded", "long_term_entries"),
+    "picoclaw.memory.entries": ("LongTermEntry", "demote_headings", "entry_version", "is_superseded",
+                                "long_term_entries"),
     "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
     "picoclaw.memory.flush": ("flush_facts",),
     "picoclaw.memory.index.embedders": ("DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT",

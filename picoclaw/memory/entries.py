@@ -7,6 +7,7 @@ in-place append (memory/in_place_append.py) and the text path of MemoryStore sha
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -119,6 +120,11 @@ def long_term_entries(text: str) -> Iterator[LongTermEntry]:
     for start, end in zip(starts, [*starts[1:], len(lines)]):
         body = "\n".join(lines[start:end]).rstrip("\n") + "\n"
         yield LongTermEntry(lines[start].rstrip(), body, start + 1, new=False)
+
+
+def entry_version(entry_text: str) -> str:
+    """A short digest of an entry's text as read: an edit made against it is refused once it no longer matches."""
+    return hashlib.sha256(entry_text.encode("utf-8")).hexdigest()[:16]
 
 
 def mark_superseded(text: str, entries: list[LongTermEntry], marker: str) -> str:

@@ -43,6 +43,7 @@ from picoclaw.memory.entries import (
     appended_since,
     check_unicode,
     clean_entry,
+    entry_version,
     fingerprint,
     joined,
     long_term_entries,
@@ -280,6 +281,34 @@ class MemoryStore:
             self._write(self.long_term_path, joined(content, carried) if carried else content)
             warn_rewritten(self.long_term_path, read, backup)
         return Replacement(backup, carried)
+
+    def replace_long_term_entry(self, line: int, version: str, content: str | None) -> Path | None:
+        """Give the entry that starts at `line` new content, or delete it (`content` None), if it still is the
+        version read (`entry_version`); returns the backup taken. MemoryStoreError, and nothing written, if it
+        changed or moved meanwhile: an edit made against an old page never overwrites a newer entry."""
+        body = None if content is None else clean_entry(content)
+        if body is not None:
+            check_unicode(body)
+            if not body.strip():
+                raise MemoryStoreError("an entry cannot be empty: delete it instead")
+        with self.locked():
+            write_target(self.long_term_path)
+            read = self._read_long_term()
+            entry = next((e for e in long_term_entries(read.text) if e.line == line), None)
+            if entry is None or entry_version(entry.text) != version:
+                raise MemoryStoreError(f"the entry at line {line} of {self.long_term_path} changed since it was "
+                                       "read; nothing was written (reload and edit it again)")
+            lines = read.text.split("\n")
+            start, end = line - 1, line - 1 + entry.text.rstrip("\n").count("\n") + 1
+            if body is None:
+                while end < len(lines) and not lines[end].strip() and end + 1 < len(lines):
+                    end += 1  # the blank lines that separated it from the next entry go with it
+                lines[start:end] = []
+            else:
+                lines[start:end] = [entry.heading, *body.rstrip("\n").split("\n")]
+            backup = self._backup_long_term()
+            self._write(self.long_term_path, "\n".join(lines))
+        return backup
 
     # -- LEARNINGS.md ------------------------------------------------------------------------------
 

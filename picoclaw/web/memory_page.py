@@ -22,16 +22,18 @@ class MemoryEntryView:
     text: str
     line: int
     superseded: bool
+    version: str  # entry_version of the entry as shown: an edit against it is refused once it changed
 
 
 def _entries(text: str) -> list[MemoryEntryView]:
-    from picoclaw.memory import is_superseded, long_term_entries
+    from picoclaw.memory import entry_version, is_superseded, long_term_entries
 
     return [MemoryEntryView(entry.heading, entry.text.split("\n", 1)[1].rstrip("\n") if "\n" in entry.text else "",
-                            entry.line, is_superseded(entry.text)) for entry in long_term_entries(text)]
+                            entry.line, is_superseded(entry.text), entry_version(entry.text))
+            for entry in long_term_entries(text)]
 
 
-async def memory_page(request: web.Request) -> web.Response:
+async def memory_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
     """MEMORY.md's entries, newest first, a page at a time; with `q`, what a turn's search finds for it."""
     app = request.app[APP_KEY]
     store = app.workspace.store
@@ -49,8 +51,8 @@ async def memory_page(request: web.Request) -> web.Response:
     root = app.workspace.root
     results = [(hit.score, hit.block.path.relative_to(root).as_posix(), hit.block.start_line, hit.block.text)
                for hit in hits]
-    return render(request, "memory.html", entries=shown, total=len(entries), page=number, pages=pages,
-                  query=query, results=results, notice=request.query.get("notice", ""))
+    return render(request, "memory.html", status=status, entries=shown, total=len(entries), page=number,
+                  pages=pages, query=query, results=results, notice=request.query.get("notice", ""), error=error)
 
 
 async def add_entry(request: web.Request) -> web.Response:
@@ -66,5 +68,61 @@ async def add_entry(request: web.Request) -> web.Response:
     return _back("added" if entry.new else "already_there")
 
 
+async def edit_entry(request: web.Request) -> web.Response:
+    """Save or delete one entry through MemoryStore.replace_long_term_entry: refused, with nothing written, when
+    the entry changed since the page showed it."""
+    from picoclaw.errors import MemoryStoreError
+
+    form = await request.post()
+    try:
+        line = int(str(form.get("line", "")))
+    except ValueError:
+        raise web.HTTPBadRequest(text="No entry named: the form's line number is missing.\n") from None
+    version = str(form.get("version", ""))
+    delete = form.get("action") == "delete"
+    content = None if delete else str(form.get("content", ""))
+    if content is not None and len(content) > MAX_ENTRY:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_ENTRY, actual_size=len(content))
+    store = request.app[APP_KEY].workspace.store
+    try:
+        await asyncio.to_thread(store.replace_long_term_entry, line, version, content)
+    except MemoryStoreError as exc:
+        stale = "changed since" in str(exc)
+        return await memory_page(request, error=str(exc), status=409 if stale else 400)
+    return _back("deleted" if delete else "saved")
+
+
 def _back(notice: str) -> web.Response:
     return see_other(f"/memory?notice={notice}")
+
+
+async def backups_page(request: web.Request) -> web.Response:
+    """MEMORY.md's backups, newest first; with `name`, that backup's differences from the current file."""
+    import difflib
+
+    store = request.app[APP_KEY].workspace.store
+    backups = [path.name for path in reversed(await asyncio.to_thread(store.backups))]
+    name = request.query.get("name", "")
+    diff: list[str] = []
+    if name:
+        if name not in backups:  # only names the store lists: no path from the request reaches the disk
+            raise web.HTTPNotFound(text="No such backup.\n")
+        chosen = store.backups_dir / name
+        old = (await asyncio.to_thread(chosen.read_bytes)).decode("utf-8", "replace").splitlines()
+        new = (await asyncio.to_thread(store.read_long_term)).splitlines()
+        diff = list(difflib.unified_diff(old, new, f"backups/{name}", "MEMORY.md", lineterm="", n=2))[:2000]
+    return render(request, "backups.html", backups=backups, name=name, diff=diff,
+                  notice=request.query.get("notice", ""))
+
+
+async def restore_backup(request: web.Request) -> web.Response:
+    """Make a backup the current MEMORY.md through the store (which backs up the current one first)."""
+    from picoclaw.errors import MemoryStoreError
+
+    name = str((await request.post()).get("name", ""))
+    store = request.app[APP_KEY].workspace.store
+    try:
+        await asyncio.to_thread(store.restore_backup, name)
+    except MemoryStoreError:
+        raise web.HTTPNotFound(text="No such backup; nothing was changed.\n") from None
+    return see_other("/memory/backups?notice=restored")

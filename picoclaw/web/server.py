@@ -32,6 +32,9 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_get("/login", _unreachable)  # answered by the gate
     console.router.add_get("/memory", memory_page.memory_page)
     console.router.add_post("/memory/entries", memory_page.add_entry)
+    console.router.add_post("/memory/entries/edit", memory_page.edit_entry)
+    console.router.add_get("/memory/backups", memory_page.backups_page)
+    console.router.add_post("/memory/backups/restore", memory_page.restore_backup)
     console.router.add_get("/why", why_page.conversations_page)
     console.router.add_get("/why/conversation", why_page.conversation_page)
     console.router.add_get("/policy", policy_page.policy_page)
