@@ -98,8 +98,6 @@ def _back(notice: str) -> web.Response:
 
 async def backups_page(request: web.Request) -> web.Response:
     """MEMORY.md's backups, newest first; with `name`, that backup's differences from the current file."""
-    import difflib
-
     store = request.app[APP_KEY].workspace.store
     backups = [path.name for path in reversed(await asyncio.to_thread(store.backups))]
     name = request.query.get("name", "")
@@ -110,9 +108,41 @@ async def backups_page(request: web.Request) -> web.Response:
         chosen = store.backups_dir / name
         old = (await asyncio.to_thread(chosen.read_bytes)).decode("utf-8", "replace").splitlines()
         new = (await asyncio.to_thread(store.read_long_term)).splitlines()
-        diff = list(difflib.unified_diff(old, new, f"backups/{name}", "MEMORY.md", lineterm="", n=2))[:2000]
+        diff = await asyncio.to_thread(_diff, old, new, f"backups/{name}")
     return render(request, "backups.html", backups=backups, name=name, diff=diff,
                   notice=request.query.get("notice", ""))
+
+
+def _diff(old: list[str], new: list[str], old_name: str, context: int = 2, most: int = 2000) -> list[str]:
+    """A unified diff of two versions of MEMORY.md, at most `most` lines.
+
+    The lines both share at the start and the end are set aside first (all but the context kept): a backup
+    differs from the file by a few entries, and difflib over 30,000 lines took 100 ms where this takes 5.
+    """
+    import difflib
+
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    start = max(0, head - context)
+    keep = max(0, tail - context)
+    middle_old, middle_new = old[start:len(old) - keep], new[start:len(new) - keep]
+    lines = list(difflib.unified_diff(middle_old, middle_new, old_name, "MEMORY.md", lineterm="", n=context))
+    if lines:  # the hunk headers count from the first line kept: shift them back to the file's numbers
+        lines = [_shifted(line, start) if line.startswith("@@") else line for line in lines]
+    return lines[:most]
+
+
+def _shifted(header: str, offset: int) -> str:
+    import re
+
+    def shift(match: re.Match[str]) -> str:
+        return f"{match.group(1)}{int(match.group(2)) + offset}"
+
+    return re.sub(r"([-+])(\d+)", shift, header, count=2)
 
 
 async def restore_backup(request: web.Request) -> web.Response:
