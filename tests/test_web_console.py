@@ -217,9 +217,17 @@ def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_
             assert "已设置" in page.locator(".notice").inner_text()
             page.click("ol.timeline li.change >> nth=0 >> button")
             assert "已回滚" in page.locator(".notice").inner_text()
+            page.click("a[href='/jobs']")
+            page.select_option("#add-job select[name=kind]", "in")
+            page.fill("#add-job input[name=when]", "2 hours")
+            page.fill("#add-job input[name=session]", "telegram:42")
+            page.fill("#add-job textarea[name=text]", "该去遛狗了")
+            page.click("#add-job button")
+            assert "任务已添加" in page.locator(".notice").inner_text()
         finally:
             browser.close()
     assert "我的护照在书房的抽屉里" in store.read_long_term()
+    assert [job.text for job in console.app.jobs().load()] == ["该去遛狗了"]
     history = console.app.workspace.policy.history()
     assert [change.effective["recent_days"] for change in history] == [ValueChange(3, 5), ValueChange(5, 3)]
     assert dialogs == [] and not any(url.endswith("/x") for url in requested)
@@ -368,3 +376,30 @@ def test_backups_are_listed_diffed_and_restored(console: Console) -> None:
     assert client.post("/memory/backups/restore", data={"name": "nope.md", "csrf_token": token}).status_code == 404
     restored = client.post("/memory/backups/restore", data={"name": name.group(1), "csrf_token": token})
     assert restored.status_code == 303 and "柠檬树" in store.read_long_term()
+
+
+def test_a_reminder_added_in_the_console_is_listed_by_cron_and_removed(
+        console: Console, capsys: pytest.CaptureFixture[str]) -> None:
+    from picoclaw.cli import main
+
+    client = logged_in(console)
+    token = csrf_of(client.get("/jobs").text)
+    for form, why in (({"kind": "in", "when": "soon", "session": "telegram:42", "text": "x"}, "soon"),
+                      ({"kind": "every", "when": "ten", "session": "telegram:42", "text": "x"}, "seconds"),
+                      ({"kind": "in", "when": "20 minutes", "session": "nowhere:1", "text": "x"}, "nowhere"),
+                      ({"kind": "cron", "when": "61 * * * *", "session": "telegram:42", "text": "x"}, "61")):
+        refused = client.post("/jobs", data={**form, "csrf_token": token})
+        assert refused.status_code == 400 and "Refused, nothing was changed" in refused.text, why
+    assert console.app.jobs().load() == []
+    added = client.post("/jobs", data={"kind": "cron", "when": "0 9 * * 1", "action": "message",
+                                       "session": "telegram:42", "text": "周一早上九点开周会", "csrf_token": token})
+    assert added.status_code == 303
+    assert main(["cron", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "cron 0 9 * * 1" in listed and "周一早上九点开周会" in listed and "telegram:42" in listed
+    page = client.get("/jobs", headers={"Accept-Language": "zh-CN"}).text
+    job_id = re.search(r'name="id" value="([^"]+)"', page)
+    assert job_id is not None and "提醒与定时任务" in page and "尚未运行" in page
+    assert client.post("/jobs/remove", data={"id": "nope", "csrf_token": token}).status_code == 404
+    assert client.post("/jobs/remove", data={"id": job_id.group(1), "csrf_token": token}).status_code == 303
+    assert console.app.jobs().load() == []

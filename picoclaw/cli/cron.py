@@ -6,9 +6,14 @@ Handlers import what they use: building this group's parser (for `--help`) loads
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Literal
 
 from picoclaw.cli.command import Parser, UsageError, bounded_int, opened_app
 from picoclaw.cli.output import echo, job_lines
+
+if TYPE_CHECKING:
+    from picoclaw.app import App
+    from picoclaw.jobs import Job
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -54,30 +59,41 @@ def cmd_cron_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cron_add(args: argparse.Namespace) -> int:
-    from picoclaw.jobs import JobError, make_schedule
-    from picoclaw.session_key import CLI, SessionKey, channel_of
+    from picoclaw.session_key import CLI, channel_of
 
     with opened_app() as app:
         jobs = app.jobs()
-        try:
-            key = SessionKey.parse(args.session)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        try:
-            schedule = make_schedule(at=args.at, in_=args.in_, every=args.every, cron=args.cron, tz=jobs.tz)
-            scope = key.scope(app.config.channels.telegram.memory_scope)
-            if args.message is not None:
-                job = jobs.add(schedule, "message", args.message, args.session, created_by="cli", scope=scope)
-            else:
-                job = jobs.add(schedule, "agent", args.agent, args.session, created_by="cli", scope=scope)
-        except JobError as exc:
-            raise UsageError(str(exc)) from None
+        job = schedule_job(app, at=args.at, in_=args.in_, every=args.every, cron=args.cron,
+                           action="message" if args.message is not None else "agent",
+                           text=args.message if args.message is not None else args.agent, session=args.session,
+                           created_by="cli")
         print(f"added job {job.id}")
         print("\n".join(job_lines([job], jobs.tz)))
     if channel_of(args.session) == CLI:
         echo(f"note: delivered while an interactive `picoclaw chat --session {args.session}` runs "
              "(`chat -m` does not wait for jobs; a job due while it is closed comes when it opens, marked late)")
     return 0
+
+
+def schedule_job(app: App, *, at: str | None = None, in_: str | None = None, every: int | None = None,
+                 cron: str | None = None, action: Literal["message", "agent"], text: str, session: str,
+                 created_by: str) -> Job:
+    """Add a job for `session` (its memory scope as the config says), as `picoclaw cron add` does; the web
+    console adds through here too. UsageError, nothing added, for a bad target, schedule or text."""
+    from picoclaw.jobs import JobError, make_schedule
+    from picoclaw.session_key import SessionKey
+
+    jobs = app.jobs()
+    try:
+        key = SessionKey.parse(session)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        schedule = make_schedule(at=at, in_=in_, every=every, cron=cron, tz=jobs.tz)
+        scope = key.scope(app.config.channels.telegram.memory_scope)
+        return jobs.add(schedule, action, text, session, created_by=created_by, scope=scope)
+    except JobError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_cron_remove(args: argparse.Namespace) -> int:
