@@ -403,3 +403,42 @@ def test_a_reminder_added_in_the_console_is_listed_by_cron_and_removed(
     assert client.post("/jobs/remove", data={"id": "nope", "csrf_token": token}).status_code == 404
     assert client.post("/jobs/remove", data={"id": job_id.group(1), "csrf_token": token}).status_code == 303
     assert console.app.jobs().load() == []
+
+
+def test_status_masks_every_secret_and_skill_drafts_are_accepted_or_rejected(home: Path) -> None:
+    from picoclaw.tools import SkillDrafts
+
+    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+    config["providers"]["openai"]["api_key"] = "sk-secret-0123456789"
+    config["tools"] = {"mcp": {"servers": {
+        "files": {"command": ["npx", "-y", "server-files"], "env": {"FILES_TOKEN": "tok-secret-42"}},
+        "remote": {"url": "https://mcp.example/x", "headers": {"Authorization": "Bearer hdr-secret-7"}}}}}
+    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    app = App.open(home)
+    skills = app.workspace.layout.skills_dir
+    drafts = SkillDrafts(skills)
+    for name in ("packing-list", "tea-timer"):
+        drafts.write(name, f"---\nname: {name}\ndescription: 整理 {name} 的步骤\n---\nSteps.\n")
+    (skills / "broken").mkdir()
+    (skills / "broken" / "SKILL.md").write_text("no front matter here\n", encoding="utf-8")
+    try:
+        with Console(app) as console:
+            client = logged_in(console)
+            page = client.get("/status").text
+            for secret in ("sk-secret", "tok-secret", "hdr-secret"):
+                assert secret not in page
+            assert "FILES_TOKEN=••••••" in page and "Authorization: ••••••" in page and "npx -y server-files" in page
+            assert "packing-list" in page and "broken" in page and "failed" in page
+            token = csrf_of(page)
+            accepted = client.post("/status/drafts", data={"name": "packing-list", "decision": "accept",
+                                                           "csrf_token": token})
+            assert accepted.status_code == 303 and (skills / "packing-list" / "SKILL.md").is_file()
+            rejected = client.post("/status/drafts", data={"name": "tea-timer", "decision": "reject",
+                                                           "csrf_token": token})
+            assert rejected.status_code == 303 and [draft.name for draft in drafts.list()] == []
+            unknown = client.post("/status/drafts", data={"name": "../../etc", "decision": "reject",
+                                                          "csrf_token": token})
+            assert unknown.status_code == 400 and "Refused" in unknown.text
+            assert "技能草稿" in client.get("/status", headers={"Accept-Language": "zh"}).text
+    finally:
+        app.close()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from picoclaw.web import jobs_page, memory_page, policy_page, why_page
+from picoclaw.web import jobs_page, memory_page, policy_page, status_page, why_page
 from picoclaw.web.labels import LANG_COOKIE, LANGUAGES
 from picoclaw.web.render import APP_KEY, HERE, TEMPLATES_KEY, render, see_other, templates
 from picoclaw.web.security import COOKIE, Gate, middleware
@@ -43,6 +43,8 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_get("/jobs", jobs_page.jobs_page)
     console.router.add_post("/jobs", jobs_page.add_job)
     console.router.add_post("/jobs/remove", jobs_page.remove_job)
+    console.router.add_get("/status", status_page.status_page)
+    console.router.add_post("/status/drafts", status_page.decide_draft)
     console.router.add_post("/language", set_language)
     console.router.add_static("/static/", HERE / "static", append_version=True)
     return console

@@ -1,0 +1,79 @@
+"""The status page: the process, the storage and the model it talks to (keys masked), the memory index, the
+skills (loaded, or failed and why) with the drafts waiting to be accepted or rejected, and the MCP servers as
+configured. Read-only but for the drafts: the console never starts a program, so MCP servers are shown, not run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from picoclaw import __version__
+from picoclaw.web.render import APP_KEY, render, see_other
+
+if TYPE_CHECKING:
+    from picoclaw.app import App
+
+STARTED = time.time()
+MASK = "••••••"  # every secret the page would show: whether one is set is all a screen needs
+
+
+def _status(app: App) -> dict[str, Any]:
+    from picoclaw.tools import SkillCatalog, SkillDrafts
+
+    config = app.config
+    agent = config.agents.defaults
+    provider = config.providers.get(agent.provider)
+    skills_dir = app.workspace.layout.skills_dir
+    scan = SkillCatalog(skills_dir).scan()
+    servers = []
+    for name, server in config.tools.mcp.servers.items():
+        servers.append({"name": name, "enabled": server.enabled,
+                        "runs": " ".join(server.command) if server.command else server.url,
+                        "env": {key: MASK for key in server.env}, "headers": {key: MASK for key in server.headers},
+                        "tools": ", ".join(server.tools) if server.tools is not None else ""})
+    return {
+        "version": __version__,
+        "uptime": int(time.time() - STARTED),
+        "workspace": str(app.workspace.root),
+        "backend": config.storage.backend,
+        "provider": agent.provider,
+        "model": agent.model,
+        "api_base": provider.api_base if provider is not None else "",
+        "api_key": MASK if provider is not None and provider.api_key else "",
+        "index": config.memory.index.enabled,
+        "skills": [(skill.name, skill.description) for skill in scan.skills],
+        "failed": [(str(problem.path.relative_to(app.workspace.root)) if problem.path.is_relative_to(
+            app.workspace.root) else problem.path.name, problem.reason) for problem in scan.problems],
+        "drafts": [(draft.name, draft.skill.description if draft.skill else "", draft.problem or "")
+                   for draft in SkillDrafts(skills_dir).list()],
+        "mcp": servers,
+    }
+
+
+async def status_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
+    """The process, its model and storage, skills and drafts, MCP servers."""
+    found = await asyncio.to_thread(_status, request.app[APP_KEY])
+    return render(request, "status.html", status=status, s=found, error=error,
+                  notice=request.query.get("notice", ""))
+
+
+async def decide_draft(request: web.Request) -> web.Response:
+    """Accept a skill draft (it moves into skills/) or reject it (it is deleted), as `picoclaw skills` does."""
+    from picoclaw.tools import SkillDraftError, SkillDrafts
+
+    form = await request.post()
+    name, decision = str(form.get("name", "")), str(form.get("decision", ""))
+    drafts = SkillDrafts(request.app[APP_KEY].workspace.layout.skills_dir)
+    try:
+        if decision == "accept":
+            await asyncio.to_thread(drafts.accept, name)
+        elif decision == "reject":
+            await asyncio.to_thread(drafts.reject, name)
+        else:
+            return await status_page(request, error="accept or reject?", status=400)
+    except SkillDraftError as exc:
+        return await status_page(request, error=str(exc), status=400)
+    return see_other(f"/status?notice=draft_{decision}ed")
