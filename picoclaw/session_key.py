@@ -1,4 +1,5 @@
-"""Session keys: the one written form of "which conversation", `telegram:<chat>[:<user>]` or `cli:<name>`.
+"""Session keys: the one written form of "which conversation", `telegram:<chat>[:<user>]`, `cli:<name>` or
+`web:<name>` (a conversation in the web console).
 
 A key names the conversation's transcript file and the target of a scheduled job, so it is made, read and
 checked here only. `SessionKey.parse` accepts exactly the keys a channel can deliver to; `str(key)` gives the
@@ -14,17 +15,19 @@ from typing import Final, Literal
 
 TELEGRAM: Final = "telegram"
 CLI: Final = "cli"
-ChannelName = Literal["telegram", "cli"]
+WEB: Final = "web"
+ChannelName = Literal["telegram", "cli", "web"]
 
 # A session key names its transcript file, percent-encoded (at most 3 characters a byte) plus ".jsonl", and
 # /new archives it under a name 21 characters longer: 64 bytes keep that well under the usual 255 a name.
 MAX_SESSION_KEY_BYTES = 64
 TELEGRAM_IDS = range(-(2**63), 2**63)  # Telegram's ids are signed 64-bit integers
-EXPECTED = "expected telegram:<chat_id>, telegram:<chat_id>:<user_id> or cli:<name>"
+EXPECTED = "expected telegram:<chat_id>, telegram:<chat_id>:<user_id>, cli:<name> or web:<name>"
 
 _TELEGRAM = re.compile(r"telegram:(-?[0-9]+)(?::([0-9]+))?")
 _CLI = re.compile(r"cli:([\w.-]+)")  # letters of any script (中文 too), digits, _ . -: what `--session` names
-_STORED = re.compile(r"^(telegram:-?\d+(:\d+)?|cli:[\w.-]+)$")  # what older versions accepted
+_WEB = re.compile(r"web:([\w.-]+)")  # a console conversation's name: the same letters as a terminal one's
+_STORED = re.compile(r"^(telegram:-?\d+(:\d+)?|(cli|web):[\w.-]+)$")  # what older versions accepted, and web
 
 
 @dataclass(frozen=True)
@@ -34,13 +37,13 @@ class SessionKey:
     channel: ChannelName
     chat_id: int | None = None  # Telegram: the chat
     user_id: int | None = None  # Telegram: the member, in a group whose members each keep their own history
-    name: str | None = None  # terminal: the name given with `--session`
+    name: str | None = None  # terminal: the name given with `--session`; console: the conversation's name
 
     def __post_init__(self) -> None:
         # Checked as written: a key made here always parses back to itself.
         telegram = self.channel == TELEGRAM
         fields = (self.chat_id is not None, self.user_id is not None and not telegram, self.name is not None)
-        if self.channel not in (TELEGRAM, CLI) or fields != (telegram, False, not telegram):
+        if self.channel not in (TELEGRAM, CLI, WEB) or fields != (telegram, False, not telegram):
             raise ValueError(f"{self!r} is not a session key ({EXPECTED})")
         _check(str(self))
 
@@ -55,18 +58,23 @@ class SessionKey:
         return cls(CLI, name=name)
 
     @classmethod
+    def web(cls, name: str) -> SessionKey:
+        """A web console conversation's key."""
+        return cls(WEB, name=name)
+
+    @classmethod
     def parse(cls, text: str) -> SessionKey:
         """The key `text` writes; ValueError, saying what is wrong with it, unless a channel can deliver to it."""
         match = _check(text)
         if match.re is _TELEGRAM:
             chat, user = match.groups()
             return cls.telegram(int(chat), None if user is None else int(user))
-        return cls.cli(match.group(1))
+        return cls.web(match.group(1)) if match.re is _WEB else cls.cli(match.group(1))
 
     def __str__(self) -> str:
         if self.channel == TELEGRAM:
             return f"{TELEGRAM}:{self.chat_id}" + ("" if self.user_id is None else f":{self.user_id}")
-        return f"{CLI}:{self.name}"
+        return f"{self.channel}:{self.name}"
 
     def scope(self, memory_scope: str) -> str | None:
         """The memory scope whose agent serves this session: None (the shared memory), or a user key.
@@ -100,7 +108,7 @@ def _check(text: str) -> re.Match[str]:
     """The match of `text` against its channel's form; ValueError unless it is a key a channel delivers to:
     ids as Telegram writes them (in 64 bits), in at most MAX_SESSION_KEY_BYTES bytes."""
     telegram = _TELEGRAM.fullmatch(text)
-    match = telegram or _CLI.fullmatch(text)
+    match = telegram or _CLI.fullmatch(text) or _WEB.fullmatch(text)
     if match is None:
         raise ValueError(f"{_quote(text)} is not a session key ({EXPECTED}; a name has letters, digits, _ . -)")
     for number in telegram.groups() if telegram else ():

@@ -15,8 +15,8 @@ from picoclaw.session_key import (
     terminal_key,
 )
 
-NOT_A_KEY = ("is not a session key (expected telegram:<chat_id>, telegram:<chat_id>:<user_id> or cli:<name>; "
-             "a name has letters, digits, _ . -)")
+NOT_A_KEY = ("is not a session key (expected telegram:<chat_id>, telegram:<chat_id>:<user_id>, cli:<name> or "
+             "web:<name>; a name has letters, digits, _ . -)")
 NOT_AN_ID = "is not a Telegram id (a whole number without leading zeros that fits in 64 bits)"
 
 
@@ -107,7 +107,15 @@ def test_the_constructors_refuse_what_would_not_read_back() -> None:
     with pytest.raises(ValueError, match="is not a session key"):
         SessionKey(CLI, name="x", user_id=7)  # nor a terminal key a user
     with pytest.raises(ValueError, match="is not a session key"):
-        SessionKey("web", name="x")  # type: ignore[arg-type]
+        SessionKey("whatsapp", name="x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="is not a session key"):
+        SessionKey.web("two words")
+
+
+def test_a_web_console_conversation_has_its_own_key() -> None:
+    key = SessionKey.parse("web:家里")
+    assert key == SessionKey.web("家里") and str(key) == "web:家里" and key.channel == "web"
+    assert key.scope("per_user") is None  # the console speaks for the shared memory
 
 
 def test_the_per_user_scope_of_a_session() -> None:

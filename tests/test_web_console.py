@@ -45,9 +45,14 @@ class Console:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        runner = web.AppRunner(make_console(self.app, self.gate), access_log=None, shutdown_timeout=1.0)
+        self.app_web = make_console(self.app, self.gate)
+        runner = web.AppRunner(self.app_web, access_log=None, shutdown_timeout=1.0)
         self._loop.run_until_complete(runner.setup())
         self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
         port = int(runner.addresses[0][1])
@@ -442,3 +447,149 @@ def test_status_masks_every_secret_and_skill_drafts_are_accepted_or_rejected(hom
             assert "技能草稿" in client.get("/status", headers={"Accept-Language": "zh"}).text
     finally:
         app.close()
+
+
+@pytest.fixture
+def chatting(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[tuple[Console, FakeOpenAIServer]]:
+    """The console over a home whose model is the fake server."""
+    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
+    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    app = App.open(home)
+    try:
+        with Console(app) as console:
+            yield console, fake_openai
+    finally:
+        app.close()
+
+
+def chat_events(client: httpx2.Client, token: str, text: str, name: str = "console") -> list[dict[str, str]]:
+    with client.stream("POST", "/chat/turn", json={"name": name, "text": text},
+                       headers={"X-CSRF-Token": token}) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-security-policy"].startswith("default-src 'self'")
+        return [json.loads(line) for line in response.iter_lines() if line]
+
+
+def test_a_chat_turn_streams_its_answer_and_tool_calls_and_is_kept_as_a_web_session(
+        chatting: tuple[Console, FakeOpenAIServer]) -> None:
+    console, fake = chatting
+    console.app.workspace.store.append_long_term("My corgi is called Doudou")
+    client = logged_in(console)
+    page = client.get("/chat").text
+    token = re.search(r'<meta name="csrf-token" content="([^"]+)">', page)
+    assert token is not None and '<script src="/static/chat.js" defer></script>' in page
+    fake.reply_tool_calls([("memory_search", {"query": "corgi"})])
+    fake.reply_text("Your corgi is called Doudou, and he loves the park.")
+    events = chat_events(client, token.group(1), "What is my corgi called?")
+    kinds = [event["kind"] for event in events]
+    assert kinds[0] == "tool" and events[0]["text"].startswith("memory_search ")
+    assert kinds.count("text") > 3 and kinds[-1] == "done"  # streamed in pieces, then the whole answer
+    assert "".join(e["text"] for e in events if e["kind"] == "text") == events[-1]["text"]
+    fake.reply_text("豆豆是一只柯基。")
+    chinese = chat_events(client, token.group(1), "豆豆是什么狗？")
+    assert chinese[-1] == {"kind": "done", "text": "豆豆是一只柯基。"}
+    transcript = console.app.workspace.sessions().folder / "web%3Aconsole.jsonl"
+    lines = [json.loads(line) for line in transcript.read_text(encoding="utf-8").splitlines()]
+    said = [line["message"]["content"] for line in lines if line["message"].get("role") == "user"]
+    assert said == ["What is my corgi called?", "豆豆是什么狗？"]
+    reopened = client.get("/chat").text
+    assert "豆豆是一只柯基。" in reopened and "What is my corgi called?" in reopened
+    help_text = chat_events(client, token.group(1), "/help")[-1]
+    assert help_text["kind"] == "done" and "/new" in help_text["text"]  # slash commands are the agent's own
+
+
+def test_chat_refuses_bad_input_and_a_post_without_csrf(chatting: tuple[Console, FakeOpenAIServer]) -> None:
+    console, fake = chatting
+    client = logged_in(console)
+    token = csrf_of(client.get("/memory").text)
+    assert client.post("/chat/turn", json={"name": "console", "text": "hi"}).status_code == 403
+    assert client.post("/chat/turn", json={"name": "two words", "text": "hi"},
+                       headers={"X-CSRF-Token": token}).status_code == 400
+    assert client.post("/chat/turn", json={"name": "console", "text": "  "},
+                       headers={"X-CSRF-Token": token}).status_code == 400
+    assert client.post("/chat/turn", content=b"not json", headers={"X-CSRF-Token": token}).status_code == 400
+    assert client.post("/chat/turn", json={"name": "console", "text": "x" * 20_001},
+                       headers={"X-CSRF-Token": token}).status_code == 413
+    assert fake.chat_requests() == []  # nothing reached the model
+
+
+def test_stop_cancels_a_running_turn(chatting: tuple[Console, FakeOpenAIServer]) -> None:
+    from tests.fakes.openai_server import Text
+
+    console, fake = chatting
+    client = logged_in(console)
+    token = csrf_of(client.get("/memory").text)
+    release = threading.Event()
+    fake.enqueue(Text("a very slow answer", until=release))
+    found: list[list[dict[str, str]]] = []
+    streaming = threading.Thread(target=lambda: found.append(chat_events(client, token, "take your time")))
+    streaming.start()
+    try:
+        for _ in range(600):  # until the model has the request (bounded: 60 s)
+            if fake.chat_requests():
+                break
+            threading.Event().wait(0.1)
+        stopped = client.post("/chat/stop", data={"name": "console", "csrf_token": token})
+        assert stopped.json() == {"stopped": True}
+        streaming.join(60)
+    finally:
+        release.set()
+    assert found and found[0][-1] == {"kind": "stopped", "text": ""}
+    assert client.post("/chat/stop", data={"name": "console", "csrf_token": token}).json() == {"stopped": False}
+
+
+def test_a_reminder_for_a_web_session_appears_while_its_page_is_open(
+        chatting: tuple[Console, FakeOpenAIServer]) -> None:
+    from picoclaw.channels import NotOpen
+    from picoclaw.web.chat_page import channel
+
+    console, _ = chatting
+    client = logged_in(console)
+    client.get("/chat")
+    conversations = channel(console.app_web)
+
+    def deliver(text: str) -> None:
+        asyncio.run_coroutine_threadsafe(conversations.deliver("web:console", text), console.loop).result(60)
+
+    with pytest.raises(NotOpen):
+        deliver("nobody is looking")
+    with client.stream("GET", "/chat/events", params={"name": "console"}) as events:
+        lines = events.iter_lines()
+        assert next(lines) == ": open"
+        deliver("该去遛狗了 — time to walk the dog")
+        data = next(line for line in lines if line.startswith("data: "))
+    assert json.loads(data[6:]) == {"kind": "delivered", "text": "该去遛狗了 — time to walk the dog"}
+
+
+def test_in_a_browser_a_chat_answer_streams_in_and_why_this_answer_shows_its_memory(
+        chatting: tuple[Console, FakeOpenAIServer]) -> None:
+    import os
+
+    if not CHROMIUM.exists():
+        if os.environ.get("PICOCLAW_REQUIRE_CHROMIUM"):
+            pytest.fail(f"{CHROMIUM} is missing (.ci/run installs Debian's chromium)")
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium")
+    from playwright.sync_api import expect, sync_playwright
+
+    console, fake = chatting
+    console.app.workspace.store.append_long_term("我的柯基叫豆豆，最喜欢去公园")
+    fake.reply_tool_calls([("memory_search", {"query": "柯基"})])
+    fake.reply_text("<b>豆豆</b> loves the park.", chunk_delay=0.05)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(locale="en-US")
+            page.goto(console.gate.login_url(console.base))
+            page.goto(f"{console.base}/chat")
+            page.fill("#message", "我的柯基叫什么？")
+            page.press("#message", "Enter")
+            answer = page.locator("article.said.assistant pre").last
+            expect(answer).to_have_text("<b>豆豆</b> loves the park.", timeout=60_000)  # as text, not markup
+            assert page.locator("article.said.assistant b").count() == 0
+            assert "memory_search" in page.locator("p.event.tool").first.inner_text()
+            page.click("main a[href^='/why/conversation']")
+            assert re.search(r"search\s+\d\.\d{3}\s+memory/MEMORY\.md", page.locator("table.why").first.inner_text())
+            assert "我的柯基叫豆豆" in page.locator("table.why").first.inner_text()
+        finally:
+            browser.close()

@@ -15,12 +15,14 @@ if TYPE_CHECKING:
     from picoclaw.channels.base import Channel, Inbound, TurnHooks, run_turn
     from picoclaw.channels.repl import ReplChannel
     from picoclaw.channels.telegram import TelegramChannel, make_bot, polling_lock
+    from picoclaw.channels.web import ChatEvent, NotOpen, WebChannel
 
-__all__ = ["Channel", "Inbound", "ReplChannel", "TelegramChannel", "TurnHooks", "make_bot", "polling_lock",
-           "run_turn"]
+__all__ = ["Channel", "ChatEvent", "Inbound", "NotOpen", "ReplChannel", "TelegramChannel", "TurnHooks", "WebChannel",
+           "make_bot", "polling_lock", "run_turn"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.channels.base": ("Channel", "Inbound", "TurnHooks", "run_turn"),
     "picoclaw.channels.repl": ("ReplChannel",),
     "picoclaw.channels.telegram": ("TelegramChannel", "make_bot", "polling_lock"),
+    "picoclaw.channels.web": ("ChatEvent", "NotOpen", "WebChannel"),
 })

@@ -34,7 +34,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--message", metavar="TEXT", help="text sent to the chat as it is")
     what.add_argument("--agent", metavar="PROMPT", help="a prompt run as a turn of the session; the reply is sent")
     add.add_argument("--session", required=True, metavar="KEY",
-                     help="target: telegram:<chat_id>[:<user_id>] or cli:<name> (at most 64 bytes)")
+                     help="target: telegram:<chat_id>[:<user_id>], cli:<name> or web:<name> (at most 64 bytes)")
     add.set_defaults(handler=cmd_cron_add)
     remove = actions.add_parser("remove", help="delete a job by id")
     remove.add_argument("id")

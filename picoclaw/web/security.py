@@ -75,13 +75,20 @@ class Gate:
         return header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), self.token.encode())
 
 
+def secured(response: web.StreamResponse) -> web.StreamResponse:
+    """`response` with the console's security headers (a stream calls this before it starts)."""
+    response.headers.update(HEADERS)
+    return response
+
+
 def middleware(gate: Gate, login_page: LoginPage) -> Callable[..., Awaitable[web.StreamResponse]]:
     """The aiohttp middleware that applies `gate` to every request."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await _checked(gate, login_page, request, handler)
-        response.headers.update(HEADERS)
+        if not response.prepared:  # a stream sent its headers when it began: `secured` gave it these
+            secured(response)
         return response
 
     return guard

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from picoclaw.web import jobs_page, memory_page, policy_page, status_page, why_page
+from picoclaw.web import chat_page, jobs_page, memory_page, policy_page, status_page, why_page
 from picoclaw.web.labels import LANG_COOKIE, LANGUAGES
 from picoclaw.web.render import APP_KEY, HERE, TEMPLATES_KEY, render, see_other, templates
 from picoclaw.web.security import COOKIE, Gate, middleware
@@ -28,8 +28,13 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console = web.Application(middlewares=[middleware(gate, _login_page)], client_max_size=1024 * 1024)
     console[APP_KEY] = app
     console[TEMPLATES_KEY] = templates()
+    console[chat_page.CHANNEL_KEY] = []
     console.router.add_get("/", _home)
     console.router.add_get("/login", _unreachable)  # answered by the gate
+    console.router.add_get("/chat", chat_page.chat_page)
+    console.router.add_post("/chat/turn", chat_page.chat_turn)
+    console.router.add_post("/chat/stop", chat_page.chat_stop)
+    console.router.add_get("/chat/events", chat_page.chat_events)
     console.router.add_get("/memory", memory_page.memory_page)
     console.router.add_post("/memory/entries", memory_page.add_entry)
     console.router.add_post("/memory/entries/edit", memory_page.edit_entry)
@@ -73,18 +78,33 @@ async def set_language(request: web.Request) -> web.Response:
 
 
 async def serve(app: App, host: str, port: int, *, announce: Any = print) -> None:
-    """Run the console until cancelled, announcing its one-time login link once it listens."""
+    """Run the console until cancelled, announcing its one-time login link once it listens. The `web:`
+    conversations' reminders run beside it, as the terminal's run beside `picoclaw chat`."""
+    from picoclaw.errors import PicoclawError
+
     gate = Gate.for_address(host, port)
-    runner = web.AppRunner(make_console(app, gate), access_log=None)
+    console = make_console(app, gate)
+    runner = web.AppRunner(console, access_log=None)
     await runner.setup()
+    reminders: asyncio.Task[int] | None = None
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
+        try:
+            await app.start_mcp()  # as chat and the bot do: the agent's tools include the configured servers'
+            conversations = chat_page.channel(console)
+            reminders = asyncio.create_task(conversations.run(scheduler=app.scheduler(conversations)))
+        except PicoclawError as exc:  # no model configured yet: every page but the chat works
+            log.warning("the console's chat is unavailable: %s", exc)
         shown = f"[{host}]" if ":" in host else host
         announce(gate.login_url(f"http://{shown}:{port}"))
         await asyncio.Event().wait()
     finally:
+        if reminders is not None:
+            await chat_page.channel(console).stop()
+            await reminders
         await runner.cleanup()
+        await app.aclose()
 
 
 __all__ = ["COOKIE", "Gate", "make_console", "serve"]

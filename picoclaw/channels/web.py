@@ -1,0 +1,145 @@
+"""The web console's conversations as a channel (`web:<name>` sessions): a turn streamed to the page that sent
+it as `ChatEvent`s, Stop, and what the scheduler delivers to a `web:` session shown on the pages that have it
+open. The HTTP side (picoclaw/web/chat_page.py) only moves these events to and from the browser."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from picoclaw.channels.base import Inbound, TurnHooks, run_turn
+from picoclaw.errors import PicoclawError
+from picoclaw.session_key import WEB
+
+if TYPE_CHECKING:
+    from picoclaw.agent import AgentLoop
+    from picoclaw.jobs import Scheduler
+
+log = logging.getLogger(__name__)
+
+CONSOLE_USER = "console"  # the sender of every console message: the one person the login link let in
+SCHEDULER_STOP_SECONDS = 10.0
+
+EventKind = Literal["text", "tool", "notice", "done", "error", "stopped", "delivered"]
+
+
+class NotOpen(PicoclawError):
+    """A `web:` session that no console page has open: what the scheduler had for it was not shown."""
+
+
+@dataclass(frozen=True)
+class ChatEvent:
+    """One thing a page shows: a piece of the answer, a tool call, a notice, the end of a turn, a delivery."""
+
+    kind: EventKind
+    text: str
+
+
+class WebChannel:
+    """The console's conversations; `turn` runs one and yields its events, `listen` follows a session."""
+
+    name = WEB
+
+    def __init__(self, agent: AgentLoop):
+        self.agent = agent
+        self._turns: dict[str, asyncio.Task[None]] = {}
+        self._listeners: defaultdict[str, set[asyncio.Queue[ChatEvent]]] = defaultdict(set)
+        self._stopping: asyncio.Event | None = None
+
+    async def run(self, *, scheduler: Scheduler | None = None) -> int:
+        """Run `scheduler` (the `web:` sessions' jobs) until `stop()`; 0."""
+        self._stopping = asyncio.Event()
+        running = asyncio.create_task(scheduler.run()) if scheduler is not None else None
+        try:
+            await self._stopping.wait()
+        finally:
+            if running is not None and scheduler is not None:
+                await scheduler.stop(SCHEDULER_STOP_SECONDS)
+            for task in list(self._turns.values()):
+                task.cancel()
+        return 0
+
+    async def stop(self) -> None:
+        """Make `run()` return; turns still running are cancelled as a Stop would."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def deliver(self, session_key: str, markdown: str) -> None:
+        """Show `markdown` on every page that has `session_key` open; NotOpen when none has."""
+        listeners = self._listeners.get(session_key)
+        if not listeners:
+            raise NotOpen(f"no console page has {session_key} open")
+        for queue in listeners:
+            queue.put_nowait(ChatEvent("delivered", markdown))
+
+    @contextlib.contextmanager
+    def listening(self, session_key: str) -> Iterator[asyncio.Queue[ChatEvent]]:
+        """A queue of what is delivered to `session_key` while the block runs (a page's event stream)."""
+        queue: asyncio.Queue[ChatEvent] = asyncio.Queue()
+        self._listeners[session_key].add(queue)
+        try:
+            yield queue
+        finally:
+            self._listeners[session_key].discard(queue)
+            if not self._listeners[session_key]:
+                del self._listeners[session_key]
+
+    def busy(self, session_key: str) -> bool:
+        """Whether a turn of `session_key` is running."""
+        task = self._turns.get(session_key)
+        return task is not None and not task.done()
+
+    def stop_turn(self, session_key: str) -> bool:
+        """Cancel the running turn of `session_key` (the page's Stop); whether there was one."""
+        task = self._turns.get(session_key)
+        if task is None or task.done():
+            return False
+        task.cancel()
+        return True
+
+    async def turn(self, session_key: str, text: str) -> AsyncIterator[ChatEvent]:
+        """Run one turn of `session_key` and yield what it shows, ending with "done", "error" or "stopped".
+        A caller that stops reading (the page went away) stops the turn."""
+        if self.busy(session_key):
+            yield ChatEvent("error", "a turn of this conversation is still running: wait for it, or Stop it")
+            return
+        events: asyncio.Queue[ChatEvent | None] = asyncio.Queue()
+
+        async def on_text(piece: str) -> None:
+            events.put_nowait(ChatEvent("text", piece))
+
+        async def on_tool(name: str, arguments: str) -> None:
+            events.put_nowait(ChatEvent("tool", f"{name} {arguments}"))
+
+        async def on_notice(key: str, notice: str) -> None:
+            events.put_nowait(ChatEvent("notice", notice))
+
+        async def run() -> None:
+            try:
+                reply = await run_turn(self.agent, Inbound(CONSOLE_USER, session_key, text),
+                                       TurnHooks(on_text=on_text, on_tool=on_tool, on_notice=on_notice))
+                events.put_nowait(ChatEvent("error" if reply.error is not None else "done", reply.text))
+            except asyncio.CancelledError:
+                events.put_nowait(ChatEvent("stopped", ""))
+                raise
+            except Exception as exc:  # one line on the page; the details in the log
+                log.exception("console turn of %s failed", session_key)
+                events.put_nowait(ChatEvent("error", f"the turn failed: {exc}"))
+            finally:
+                events.put_nowait(None)
+
+        task = asyncio.create_task(run())
+        self._turns[session_key] = task
+        try:
+            while (event := await events.get()) is not None:
+                yield event
+        finally:
+            if not task.done():
+                task.cancel()
+            if self._turns.get(session_key) is task:
+                del self._turns[session_key]

@@ -1,0 +1,94 @@
+"""Chat in the browser: `web:<name>` conversations, the answer streamed in as it is written (one JSON line an
+event), each tool call one line, Stop, slash commands (the agent's own), and what the scheduler delivers to the
+conversation while its page is open (server-sent events)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import orjson
+from aiohttp import web
+
+from picoclaw.web.render import APP_KEY, render
+from picoclaw.web.security import secured
+
+if TYPE_CHECKING:
+    from picoclaw.channels import WebChannel
+
+CHANNEL_KEY: web.AppKey[list[WebChannel]] = web.AppKey("picoclaw_web_channel", list)  # made on first use
+DEFAULT_NAME = "console"
+MAX_MESSAGE = 20_000  # characters of one message typed in the console
+HISTORY_SHOWN = 200  # messages of the conversation the page shows when it opens
+
+
+def channel(app: web.Application) -> WebChannel:
+    """The console's WebChannel, made the first time a conversation needs it (it builds the agent)."""
+    from picoclaw.channels import WebChannel
+
+    made = app[CHANNEL_KEY]
+    if not made:
+        made.append(WebChannel(app[APP_KEY].agent()))
+    return made[0]
+
+
+def session_of(name: str) -> str:
+    """`web:<name>`; HTTPBadRequest for a name a session key cannot hold."""
+    from picoclaw.session_key import SessionKey
+
+    try:
+        return str(SessionKey.web(name or DEFAULT_NAME))
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=f"{exc}\n") from None
+
+
+async def chat_page(request: web.Request) -> web.Response:
+    """The conversation so far and the box to write in."""
+    key = session_of(request.query.get("name", ""))
+    app = request.app[APP_KEY]
+    sessions = app.workspace.sessions()
+    session = await asyncio.to_thread(sessions.read, sessions.path_for(key))
+    shown = [(m.message.get("role"), str(m.message.get("content") or "")) for m in session.messages
+             if m.message.get("role") in ("user", "assistant") and m.message.get("content")][-HISTORY_SHOWN:]
+    return render(request, "chat.html", key=key, name=key.partition(":")[2], messages=shown,
+                  transcript=sessions.path_for(key).name)
+
+
+async def chat_turn(request: web.Request) -> web.StreamResponse:
+    """Run a turn and stream its events, one JSON object a line: {"kind": "text" | "tool" | …, "text": …}."""
+    try:
+        body = orjson.loads(await request.read())
+        name, text = str(body.get("name", "")), str(body.get("text", ""))
+    except (orjson.JSONDecodeError, AttributeError):
+        raise web.HTTPBadRequest(text="expected a JSON object with name and text\n") from None
+    key = session_of(name)
+    if not text.strip():
+        raise web.HTTPBadRequest(text="an empty message is not sent\n")
+    if len(text) > MAX_MESSAGE:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_MESSAGE, actual_size=len(text))
+    response = secured(web.StreamResponse(headers={"Content-Type": "application/x-ndjson; charset=utf-8"}))
+    await response.prepare(request)
+    async for event in channel(request.app).turn(key, text):
+        await response.write(orjson.dumps({"kind": event.kind, "text": event.text}) + b"\n")
+    await response.write_eof()
+    return response
+
+
+async def chat_stop(request: web.Request) -> web.Response:
+    """Stop the conversation's running turn, as Ctrl-C does in the terminal."""
+    form = await request.post()
+    stopped = channel(request.app).stop_turn(session_of(str(form.get("name", ""))))
+    return web.json_response({"stopped": stopped})
+
+
+async def chat_events(request: web.Request) -> web.StreamResponse:
+    """What the scheduler delivers to the conversation while this page is open (server-sent events)."""
+    key = session_of(request.query.get("name", ""))
+    response = secured(web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}))
+    await response.prepare(request)
+    await response.write(b": open\n\n")
+    with channel(request.app).listening(key) as queue:
+        while True:
+            event = await queue.get()
+            payload = orjson.dumps({"kind": event.kind, "text": event.text})
+            await response.write(b"data: " + payload + b"\n\n")

@@ -1,0 +1,106 @@
+// The console's chat: sends a message, shows the answer as it streams in (one JSON event a line), each tool
+// call as one line, Stop, and what the scheduler delivers while the page is open. Text is only ever set as
+// textContent: nothing a model or a memory wrote becomes markup.
+"use strict";
+
+(function () {
+  const box = document.getElementById("conversation");
+  const form = document.getElementById("chat");
+  const input = document.getElementById("message");
+  const send = document.getElementById("send");
+  const stop = document.getElementById("stop");
+  if (!box || !form) return;
+  const name = box.dataset.name;
+  const csrf = document.querySelector("meta[name=csrf-token]").content;
+
+  function said(role, label) {
+    const article = document.createElement("article");
+    article.className = "said " + role;
+    const meta = document.createElement("p");
+    meta.className = "meta";
+    meta.textContent = label;
+    const text = document.createElement("pre");
+    article.append(meta, text);
+    box.append(article);
+    article.scrollIntoView({block: "end"});
+    return text;
+  }
+
+  function line(target, kind, text) {
+    const p = document.createElement("p");
+    p.className = "event " + kind;
+    p.textContent = text;
+    target.parentElement.insertBefore(p, target);
+  }
+
+  async function turn(text) {
+    said("user", "·").textContent = text;
+    const answer = said("assistant", "…");
+    send.disabled = true;
+    stop.disabled = false;
+    try {
+      const response = await fetch("/chat/turn", {
+        method: "POST", credentials: "same-origin",
+        headers: {"Content-Type": "application/json", "X-CSRF-Token": csrf},
+        body: JSON.stringify({name: name, text: text}),
+      });
+      if (!response.ok) {
+        answer.textContent = box.dataset.failed + " (" + response.status + ") " + (await response.text());
+        return;
+      }
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let pending = "";
+      let streamed = "";
+      for (;;) {
+        const {value, done} = await reader.read();
+        if (done) break;
+        pending += decoder.decode(value, {stream: true});
+        let end;
+        while ((end = pending.indexOf("\n")) >= 0) {
+          const event = JSON.parse(pending.slice(0, end));
+          pending = pending.slice(end + 1);
+          if (event.kind === "text") {
+            streamed += event.text;
+            answer.textContent = streamed;
+          } else if (event.kind === "tool" || event.kind === "notice") {
+            line(answer, event.kind, "· " + event.text);
+          } else if (event.kind === "done" || event.kind === "error") {
+            answer.textContent = event.text;
+            if (event.kind === "error") answer.classList.add("error");
+          } else if (event.kind === "stopped") {
+            answer.textContent = streamed + (streamed ? "\n" : "") + box.dataset.stopped;
+          }
+        }
+      }
+    } catch (error) {
+      answer.textContent = box.dataset.failed + ": " + error;
+    } finally {
+      send.disabled = false;
+      stop.disabled = true;
+    }
+  }
+
+  form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    const text = input.value.trim();
+    if (!text) return;
+    input.value = "";
+    turn(text);
+  });
+  input.addEventListener("keydown", function (event) {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {  // IME composition: Chinese input
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+  stop.addEventListener("click", function () {
+    const body = new URLSearchParams({name: name, csrf_token: csrf});
+    fetch("/chat/stop", {method: "POST", credentials: "same-origin", body: body});
+  });
+  const events = new EventSource("/chat/events?name=" + encodeURIComponent(name));
+  events.onmessage = function (message) {
+    const event = JSON.parse(message.data);
+    said("delivered", "⏰").textContent = event.text;
+  };
+})();
