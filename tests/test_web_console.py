@@ -593,3 +593,21 @@ def test_in_a_browser_a_chat_answer_streams_in_and_why_this_answer_shows_its_mem
             assert "我的柯基叫豆豆" in page.locator("table.why").first.inner_text()
         finally:
             browser.close()
+
+
+def test_memory_stats_show_the_numbers_and_charts(chatting: tuple[Console, FakeOpenAIServer]) -> None:
+    console, fake = chatting
+    store = console.app.workspace.store
+    store.append_long_term("My corgi is called Doudou")
+    store.rewrite_long_term(store.read_long_term() + "\n## 2024-05-02\n周五开预算评审会\n")  # a backup: two sizes
+    client = logged_in(console)
+    token = csrf_of(client.get("/memory").text)
+    fake.reply_text("Doudou.", usage={"prompt_tokens": 800, "completion_tokens": 2}, cached_tokens=600)
+    fake.reply_text("周五。", usage={"prompt_tokens": 1000, "completion_tokens": 2}, cached_tokens=800)
+    chat_events(client, token, "What is my corgi called?")
+    chat_events(client, token, "预算评审会是哪天？")
+    page = client.get("/memory/stats").text
+    assert re.search(r"<td>MEMORY\.md</td><td>1</td><td>2</td>", page)
+    assert page.count('<polyline class="line" points="') == 2  # size over time, retrieval per turn
+    assert "2 turns · p50" in page and "77.8% · 1400 / 1800 tokens, 2 replies" in page
+    assert "记忆统计" in client.get("/memory/stats", headers={"Accept-Language": "zh-CN"}).text

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from picoclaw.web import chat_page, jobs_page, memory_page, policy_page, status_page, why_page
+from picoclaw.web import chat_page, jobs_page, memory_page, policy_page, stats_page, status_page, why_page
 from picoclaw.web.labels import LANG_COOKIE, LANGUAGES
 from picoclaw.web.render import APP_KEY, HERE, TEMPLATES_KEY, render, see_other, templates
 from picoclaw.web.security import COOKIE, Gate, middleware
@@ -39,6 +39,7 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_post("/memory/entries", memory_page.add_entry)
     console.router.add_post("/memory/entries/edit", memory_page.edit_entry)
     console.router.add_get("/memory/backups", memory_page.backups_page)
+    console.router.add_get("/memory/stats", stats_page.stats_page)
     console.router.add_post("/memory/backups/restore", memory_page.restore_backup)
     console.router.add_get("/why", why_page.conversations_page)
     console.router.add_get("/why/conversation", why_page.conversation_page)

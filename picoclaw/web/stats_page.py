@@ -1,0 +1,61 @@
+"""Memory stats as a page: `picoclaw memory stats`' numbers, with charts of MEMORY.md's size over time (from its
+backups), retrieval time per turn and the prompt-cache share, drawn as inline SVG (no script)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from picoclaw.web.render import APP_KEY, render
+
+if TYPE_CHECKING:
+    from picoclaw.app import App
+
+WIDTH, HEIGHT = 600, 120
+POINTS = 200  # the newest this many points a chart draws
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A polyline over WIDTH × HEIGHT and what its axis goes up to."""
+
+    points: str
+    top: float
+    count: int
+    first: str
+    last: str
+
+
+def chart(values: list[tuple[str, float]]) -> Chart | None:
+    """The newest POINTS (label, value) pairs as an SVG polyline; None with fewer than two."""
+    values = values[-POINTS:]
+    if len(values) < 2:
+        return None
+    top = max(value for _, value in values) or 1.0
+    step = WIDTH / (len(values) - 1)
+    points = " ".join(f"{round(n * step, 1)},{round(HEIGHT - 5 - value / top * (HEIGHT - 10), 1)}"
+                      for n, (_, value) in enumerate(values))
+    return Chart(points, top, len(values), values[0][0], values[-1][0])
+
+
+def _stats(app: App) -> dict[str, Any]:
+    from picoclaw.memory import TurnMetrics, memory_stats
+
+    workspace = app.workspace
+    store = workspace.store
+    stats = memory_stats(workspace)
+    sizes = [(path.name[:15], float(path.stat().st_size)) for path in store.backups()]
+    if store.long_term_path.exists():
+        sizes.append(("now", float(store.long_term_path.stat().st_size)))
+    turns = TurnMetrics(store.memory_dir).read().turns
+    return {"stats": stats, "size_chart": chart(sizes),
+            "retrieval_chart": chart([(turn.time[:16], turn.retrieval_ms) for turn in turns])}
+
+
+async def stats_page(request: web.Request) -> web.Response:
+    """The numbers and the charts."""
+    found = await asyncio.to_thread(_stats, request.app[APP_KEY])
+    return render(request, "stats.html", width=WIDTH, height=HEIGHT, **found)
