@@ -611,3 +611,22 @@ def test_memory_stats_show_the_numbers_and_charts(chatting: tuple[Console, FakeO
     assert page.count('<polyline class="line" points="') == 2  # size over time, retrieval per turn
     assert "2 turns · p50" in page and "77.8% · 1400 / 1800 tokens, 2 replies" in page
     assert "记忆统计" in client.get("/memory/stats", headers={"Accept-Language": "zh-CN"}).text
+
+
+def test_daily_notes_by_day_and_lessons_are_shown_as_text(console: Console) -> None:
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    store = console.app.workspace.store
+    shanghai = ZoneInfo("Asia/Shanghai")
+    store.append_note("Dentist at 10, 看牙医 <script>x</script>", at=datetime(2024, 5, 2, 9, 30, tzinfo=shanghai))
+    store.append_note("Called mum, 给妈妈打电话", at=datetime(2024, 5, 3, 20, 0, tzinfo=shanghai))
+    store.append_learning("Always answer in Chinese when the user writes Chinese; 用户写中文时用中文回答", "test")
+    client = logged_in(console)
+    newest = client.get("/memory/notes").text
+    assert "给妈妈打电话" in newest and "2024-05-02" in newest  # the newest day open, every day listed
+    older = client.get("/memory/notes", params={"day": "20240502"}).text
+    assert "看牙医 &lt;script&gt;x&lt;/script&gt;" in older and "<script>x" not in older
+    assert client.get("/memory/notes", params={"day": "../../config"}).status_code == 404
+    lessons = client.get("/memory/lessons").text
+    assert "用户写中文时用中文回答" in lessons and "standing: in every prompt" in lessons

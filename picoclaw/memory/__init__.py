@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
     from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome, record_outcome
-    from picoclaw.memory.lessons import instruction_lesson, keeps_point, lesson_of
+    from picoclaw.memory.lessons import instruction_lesson, keeps_point, lesson_of, stands
     from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
     from picoclaw.memory.search import (
@@ -70,8 +70,8 @@ __all__ = [
     "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings", "entry_version", "flush_facts",
     "format_missing",
     "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome", "lesson_of",
-    "long_term_entries", "memory_stats", "open_search",
-    "rank_blocks", "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons",
+    "long_term_entries", "memory_stats", "open_search", "rank_blocks", "record_outcome", "search_method",
+    "select_turn_memory", "split_blocks", "standing_lessons", "stands",
     "suggest_policy_change", "why_not_due",
 ]
 
@@ -89,7 +89,7 @@ _HOMES = {
     "picoclaw.memory.index.status": ("IndexStatus",),
     "picoclaw.memory.index.sync": ("SyncReport",),
     "picoclaw.memory.job_outcomes": ("COMPRESSION", "REFLECTION", "JobOutcome", "last_outcome", "record_outcome"),
-    "picoclaw.memory.lessons": ("instruction_lesson", "keeps_point", "lesson_of"),
+    "picoclaw.memory.lessons": ("instruction_lesson", "keeps_point", "lesson_of", "stands"),
     "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",

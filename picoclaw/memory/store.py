@@ -472,6 +472,12 @@ class MemoryStore:
         ]
         return sorted(found, key=lambda path: path.name)
 
+    def read_note(self, path: Path) -> str:
+        """The text of a daily note (one of `note_files`); bytes that are not UTF-8 read as U+FFFD."""
+        read = decode(read_regular(path))
+        warn_unreadable(path, read)
+        return read.text
+
     def read_recent_notes(self, days: int) -> list[DailyNote]:
         """The notes of the last `days` days including today, oldest first (days without notes skipped)."""
         today = self.today()

@@ -156,3 +156,28 @@ async def restore_backup(request: web.Request) -> web.Response:
     except MemoryStoreError:
         raise web.HTTPNotFound(text="No such backup; nothing was changed.\n") from None
     return see_other("/memory/backups?notice=restored")
+
+
+async def notes_page(request: web.Request) -> web.Response:
+    """The daily notes by day, newest first; with `day` (YYYYMMDD), that day's note."""
+    store = request.app[APP_KEY].workspace.store
+    files = {path.stem: path for path in reversed(await asyncio.to_thread(store.note_files))}
+    day = request.query.get("day", "") or next(iter(files), "")
+    text = ""
+    if day:
+        if day not in files:  # only days the store lists: no path from the request reaches the disk
+            raise web.HTTPNotFound(text="No note for that day.\n")
+        text = await asyncio.to_thread(store.read_note, files[day])
+    return render(request, "notes.html", days=list(files), day=day, text=text)
+
+
+async def lessons_page(request: web.Request) -> web.Response:
+    """LEARNINGS.md's lessons, newest first, each with its source, and whether it stands in every prompt."""
+    from picoclaw.memory import long_term_entries, stands
+
+    store = request.app[APP_KEY].workspace.store
+    text = await asyncio.to_thread(store.read_learnings)
+    lessons = [(entry.heading, entry.text.split("\n", 1)[1].rstrip("\n") if "\n" in entry.text else "",
+                stands(entry.text)) for entry in long_term_entries(text)][::-1]
+    return render(request, "lessons.html", lessons=lessons)
+

@@ -40,6 +40,8 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_post("/memory/entries/edit", memory_page.edit_entry)
     console.router.add_get("/memory/backups", memory_page.backups_page)
     console.router.add_get("/memory/stats", stats_page.stats_page)
+    console.router.add_get("/memory/notes", memory_page.notes_page)
+    console.router.add_get("/memory/lessons", memory_page.lessons_page)
     console.router.add_post("/memory/backups/restore", memory_page.restore_backup)
     console.router.add_get("/why", why_page.conversations_page)
     console.router.add_get("/why/conversation", why_page.conversation_page)
