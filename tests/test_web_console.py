@@ -630,3 +630,12 @@ def test_daily_notes_by_day_and_lessons_are_shown_as_text(console: Console) -> N
     assert client.get("/memory/notes", params={"day": "../../config"}).status_code == 404
     lessons = client.get("/memory/lessons").text
     assert "用户写中文时用中文回答" in lessons and "standing: in every prompt" in lessons
+
+
+def test_without_a_model_the_chat_says_so_in_one_line_and_the_other_pages_work(console: Console) -> None:
+    client = logged_in(console)
+    token = csrf_of(client.get("/chat").text)
+    turn = client.post("/chat/turn", json={"name": "console", "text": "hi"}, headers={"X-CSRF-Token": token})
+    assert turn.status_code == 503 and "the chat needs a model" in turn.text and "Traceback" not in turn.text
+    assert client.get("/chat/events", params={"name": "console"}).status_code == 503
+    assert client.get("/memory").status_code == 200

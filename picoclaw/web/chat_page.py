@@ -23,12 +23,17 @@ HISTORY_SHOWN = 200  # messages of the conversation the page shows when it opens
 
 
 def channel(app: web.Application) -> WebChannel:
-    """The console's WebChannel, made the first time a conversation needs it (it builds the agent)."""
+    """The console's WebChannel, made the first time a conversation needs it (it builds the agent); a model
+    that is not configured yet is one line for the page (HTTP 503), not a traceback."""
     from picoclaw.channels import WebChannel
+    from picoclaw.errors import PicoclawError
 
     made = app[CHANNEL_KEY]
     if not made:
-        made.append(WebChannel(app[APP_KEY].agent()))
+        try:
+            made.append(WebChannel(app[APP_KEY].agent()))
+        except PicoclawError as exc:
+            raise web.HTTPServiceUnavailable(text=f"the chat needs a model: {exc}\n") from None
     return made[0]
 
 
@@ -66,9 +71,10 @@ async def chat_turn(request: web.Request) -> web.StreamResponse:
         raise web.HTTPBadRequest(text="an empty message is not sent\n")
     if len(text) > MAX_MESSAGE:
         raise web.HTTPRequestEntityTooLarge(max_size=MAX_MESSAGE, actual_size=len(text))
+    conversations = channel(request.app)
     response = secured(web.StreamResponse(headers={"Content-Type": "application/x-ndjson; charset=utf-8"}))
     await response.prepare(request)
-    async for event in channel(request.app).turn(key, text):
+    async for event in conversations.turn(key, text):
         await response.write(orjson.dumps({"kind": event.kind, "text": event.text}) + b"\n")
     await response.write_eof()
     return response
@@ -84,10 +90,11 @@ async def chat_stop(request: web.Request) -> web.Response:
 async def chat_events(request: web.Request) -> web.StreamResponse:
     """What the scheduler delivers to the conversation while this page is open (server-sent events)."""
     key = session_of(request.query.get("name", ""))
+    conversations = channel(request.app)
     response = secured(web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}))
     await response.prepare(request)
     await response.write(b": open\n\n")
-    with channel(request.app).listening(key) as queue:
+    with conversations.listening(key) as queue:
         while True:
             event = await queue.get()
             payload = orjson.dumps({"kind": event.kind, "text": event.text})
