@@ -63,7 +63,7 @@ def fill(home: Path) -> str:
             records.append({"type": "message", "id": n, "time": "2026-11-26T10:00:01+00:00",
                             "message": {"role": "assistant", "content": f"answer {n}"},
                             "prompt_tokens": 1000 + n, "cached_tokens": 900 + n})
-    name = "cli%3Abench.jsonl"
+    name = "web%3Abench.jsonl"  # a console conversation: its why page and its chat page both read it
     (sessions / name).write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
     return name
 
@@ -117,7 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"backup diff ({ENTRIES:,} entries)": f"/memory/backups?name={backup}",
             "conversations": "/why",
             f"conversation ({MESSAGES:,} messages)": f"/why/conversation?name={name.replace('%', '%25')}",
+            "memory stats": "/memory/stats",
+            "daily notes": "/memory/notes",
+            "LEARNINGS.md": "/memory/lessons",
+            "chat (history of 2,000 messages)": "/chat?name=bench",
             "policy": "/policy",
+            "jobs": "/jobs",
+            "status": "/status",
         }
         client = httpx2.Client(base_url=console.base, headers={"Authorization": f"Bearer {console.gate.token}"},
                                timeout=120)

@@ -606,8 +606,12 @@ def test_memory_stats_show_the_numbers_and_charts(chatting: tuple[Console, FakeO
     fake.reply_text("周五。", usage={"prompt_tokens": 1000, "completion_tokens": 2}, cached_tokens=800)
     chat_events(client, token, "What is my corgi called?")
     chat_events(client, token, "预算评审会是哪天？")
+    store.append_long_term("I'm allergic to peanuts")  # after the turns: no prompt carried it
+    memory = client.get("/memory").text
+    assert re.search(r"## \d{4}-\d\d-\d\d · injected 1× \(\d{4}-\d\d-\d\d\)</p>\s*<pre>My corgi", memory)
+    assert re.search(r"never injected</p>\s*<pre>I&#39;m allergic to peanuts", memory)
     page = client.get("/memory/stats").text
-    assert re.search(r"<td>MEMORY\.md</td><td>1</td><td>2</td>", page)
+    assert re.search(r"<td>MEMORY\.md</td><td>1</td><td>3</td>", page)
     assert page.count('<polyline class="line" points="') == 2  # size over time, retrieval per turn
     assert "2 turns · p50" in page and "77.8% · 1400 / 1800 tokens, 2 replies" in page
     assert "记忆统计" in client.get("/memory/stats", headers={"Accept-Language": "zh-CN"}).text

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         standing_lessons,
     )
     from picoclaw.memory.session import Session, SessionStore, StoredMessage
-    from picoclaw.memory.stats import MemoryStats, memory_stats
+    from picoclaw.memory.stats import MemoryStats, entry_injections, memory_stats
     from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
     from picoclaw.memory.turn_metrics import TurnMetrics
     from picoclaw.memory.workspace import Workspace
@@ -67,11 +67,10 @@ __all__ = [
     "JobOutcome", "KeywordSearch", "LOCAL", "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex",
     "MemorySearch", "MemoryStats", "MemoryStore", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
     "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Session", "SessionStore", "StoredMessage",
-    "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings", "entry_version", "flush_facts",
-    "format_missing",
-    "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome", "lesson_of",
-    "long_term_entries", "memory_stats", "open_search", "rank_blocks", "record_outcome", "search_method",
-    "select_turn_memory", "split_blocks", "standing_lessons", "stands",
+    "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings", "entry_injections",
+    "entry_version", "flush_facts", "format_missing", "index_of", "instruction_lesson", "is_superseded",
+    "keeps_point", "last_outcome", "lesson_of", "long_term_entries", "memory_stats", "open_search", "rank_blocks",
+    "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons", "stands",
     "suggest_policy_change", "why_not_due",
 ]
 
@@ -96,7 +95,7 @@ _HOMES = {
                                "index_of", "open_search", "rank_blocks", "search_method", "select_turn_memory",
                                "split_blocks", "standing_lessons"),
     "picoclaw.memory.session": ("Session", "SessionStore", "StoredMessage"),
-    "picoclaw.memory.stats": ("MemoryStats", "memory_stats"),
+    "picoclaw.memory.stats": ("MemoryStats", "entry_injections", "memory_stats"),
     "picoclaw.memory.store": ("BACKUPS_DIR", "DailyNote", "MemoryStore"),
     "picoclaw.memory.turn_metrics": ("TurnMetrics",),
     "picoclaw.memory.workspace": ("Workspace",),

@@ -12,9 +12,11 @@ first removes an append a crash cut off): it records nothing and moves no transc
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -32,6 +34,7 @@ from picoclaw.memory.search.access_counts import AccessCounts
 from picoclaw.memory.search.blocks import Block, entry_blocks, is_title, lesson_blocks, split_blocks
 from picoclaw.memory.search.turn_memory import block_key
 from picoclaw.memory.session import SessionStore, StoredMessage, reported_usage
+from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.turn_metrics import TurnMetrics
 from picoclaw.memory.workspace import Workspace
 from picoclaw.storage import StorageError
@@ -139,9 +142,8 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
     long_term = store.read_long_term()
     learnings = store.read_learnings()
     files = {
-        "MEMORY.md": [_File(store.long_term_path, long_term, entry_blocks(long_term, store.long_term_path))]
-        if store.long_term_path.exists() else [],
-        "LEARNINGS.md": [_File(store.learnings_path, learnings, lesson_blocks(learnings, store.learnings_path))]
+        "MEMORY.md": [_file(store.long_term_path, long_term, entry_blocks)] if store.long_term_path.exists() else [],
+        "LEARNINGS.md": [_file(store.learnings_path, learnings, lesson_blocks)]
         if store.learnings_path.exists() else [],
         NOTES: _notes(workspace, warnings),
     }
@@ -169,7 +171,7 @@ def percentile(values: Sequence[float], share: float) -> float:
 # -- documents -------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class _File:
     """A memory file as read, with its blocks as the keyword search splits it (so their keys are the keys
     the access counts were recorded under)."""
@@ -177,6 +179,9 @@ class _File:
     path: Path
     text: str
     blocks: list[Block]
+    entries: list[list[Block]] = field(default_factory=list)  # the blocks grouped by entry (`_entries`)
+    marked: list[bool] = field(default_factory=list)  # which entries are marked superseded
+    tokens: int = 0
 
 
 def _notes(workspace: Workspace, warnings: dict[str, str]) -> list[_File]:
@@ -188,9 +193,40 @@ def _notes(workspace: Workspace, warnings: dict[str, str]) -> list[_File]:
         except OSError as exc:  # one unreadable note (a link to nothing, a FIFO): the others still count
             problems.append(str(exc))
             continue
-        found.append(_File(path, text, [block for block in split_blocks(text, path) if not is_title(block)]))
+        found.append(_file(path, text, _note_blocks, keep=False))
     if problems:
         warnings[NOTES] = f"{'; '.join(problems)}; left out of the notes' numbers"
+    return found
+
+
+def _note_blocks(text: str, path: Path) -> list[Block]:
+    return [block for block in split_blocks(text, path) if not is_title(block)]
+
+
+# The numbers of MEMORY.md and LEARNINGS.md that only their text decides (blocks, entries, which are superseded,
+# tokens), by path and digest of the text: asking again about an unchanged 10,000-entry MEMORY.md (the console's
+# stats page) skips 60 ms. Daily notes are small and many: parsed each time, they never push these out.
+_PARSED: OrderedDict[tuple[Path, str], _File] = OrderedDict()
+_PARSED_KEPT = 8
+
+
+def _file(path: Path, text: str, split: Callable[[str, Path], list[Block]], *, keep: bool = True) -> _File:
+    """`path`'s text as `_File`; with `keep`, parsed once per version of the text."""
+    key = (path, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest())
+    found = _PARSED.get(key) if keep else None
+    if found is None:
+        blocks = split(text, path)
+        found = _File(path, text, blocks)
+        entries = _entries(found)
+        found.entries = entries
+        found.marked = [is_superseded("\n".join(block.text for block in entry)) for entry in entries]
+        found.tokens = count_tokens(text)
+        if keep:
+            _PARSED[key] = found
+            while len(_PARSED) > _PARSED_KEPT:
+                _PARSED.popitem(last=False)
+    else:
+        _PARSED.move_to_end(key)
     return found
 
 
@@ -221,8 +257,8 @@ def _preview(entry: list[Block], superseded: bool) -> str:
 
 def _document(name: str, files: list[_File], memory_dir: Path, uses: dict[str, tuple[int, str]] | None,
               first_day: date) -> DocumentStats:
-    entries = [(file, entry) for file in files for entry in _entries(file)]
-    marked = [is_superseded("\n".join(block.text for block in entry)) for _, entry in entries]
+    entries = [(file, entry) for file in files for entry in file.entries]
+    marked = [mark for file in files for mark in file.marked]
     not_injected: int | None = None
     most: list[EntryUse] | None = None
     if uses is not None:
@@ -239,12 +275,27 @@ def _document(name: str, files: list[_File], memory_dir: Path, uses: dict[str, t
                                      entry[0].heading, _preview(entry, superseded), max(n for n, _ in counted), last))
         most = sorted(used, key=lambda use: (use.injected, use.last_injected), reverse=True)[:MOST_INJECTED]
     return DocumentStats(name, len(files), len(entries), sum(len(file.text) for file in files),
-                         sum(count_tokens(file.text) for file in files), sum(marked), not_injected, most)
+                         sum(file.tokens for file in files), sum(marked), not_injected, most)
 
 
 def _standing(entry: list[Block]) -> bool:
     """A standing lesson (search/keyword.py's rule): one every system prompt carries."""
     return any(block.path.name == LEARNINGS_FILE and stands(block.text) for block in entry)
+
+
+def entry_injections(store: MemoryStore, entries: Sequence[str]) -> list[tuple[int, str]] | None:
+    """How often a prompt carried each of `entries` (MEMORY.md entries' text, as read) and the last day it did
+    ("" never), as `picoclaw memory stats` counts them; None when the counts cannot be read."""
+    try:
+        uses = AccessCounts(store.memory_dir).read()
+    except ConfigError:
+        return None
+    found = []
+    for text in entries:
+        counted = [uses[key] for key in (block_key(block) for block in entry_blocks(text, store.long_term_path))
+                   if key in uses]
+        found.append((max((n for n, _ in counted), default=0), max((day for _, day in counted), default="")))
+    return found
 
 
 def _read_uses(counts: AccessCounts, warnings: dict[str, str]) -> dict[str, tuple[int, str]] | None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from picoclaw.web.render import APP_KEY, page_number, render, see_other
+
+if TYPE_CHECKING:
+    from picoclaw.memory import LongTermEntry
 
 PAGE_SIZE = 50  # entries a memory page shows: a 10,000-entry MEMORY.md stays quick to render
 MAX_ENTRY = 20_000  # characters of one entry added from the console
@@ -23,18 +26,22 @@ class MemoryEntryView:
     line: int
     superseded: bool
     version: str  # entry_version of the entry as shown: an edit against it is refused once it changed
+    full: str  # the entry as in the file, heading included: what its injections are counted by
 
 
-def _entries(text: str) -> list[MemoryEntryView]:
-    from picoclaw.memory import entry_version, is_superseded, long_term_entries
+def _view(entry: LongTermEntry) -> MemoryEntryView:
+    from picoclaw.memory import entry_version, is_superseded
 
-    return [MemoryEntryView(entry.heading, entry.text.split("\n", 1)[1].rstrip("\n") if "\n" in entry.text else "",
-                            entry.line, is_superseded(entry.text), entry_version(entry.text))
-            for entry in long_term_entries(text)]
+    body = entry.text.split("\n", 1)[1].rstrip("\n") if "\n" in entry.text else ""
+    return MemoryEntryView(entry.heading, body, entry.line, is_superseded(entry.text), entry_version(entry.text),
+                           entry.text)
 
 
 async def memory_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
-    """MEMORY.md's entries, newest first, a page at a time; with `q`, what a turn's search finds for it."""
+    """MEMORY.md's entries, newest first, a page at a time, each with how often a prompt carried it; with `q`,
+    what a turn's search finds for it."""
+    from picoclaw.memory import entry_injections, long_term_entries
+
     app = request.app[APP_KEY]
     store = app.workspace.store
     query = request.query.get("q", "").strip()[:500]
@@ -44,15 +51,17 @@ async def memory_page(request: web.Request, *, error: str = "", status: int = 20
         limit = app.workspace.policy.current().retrieve_limit
         hits = await asyncio.to_thread(searcher.search, query, limit, include_notes=True)
     text = await asyncio.to_thread(store.read_long_term)
-    entries = _entries(text)[::-1]
+    entries = list(long_term_entries(text))[::-1]
     pages = max(1, -(-len(entries) // PAGE_SIZE))
     number = page_number(request, pages)
-    shown = entries[(number - 1) * PAGE_SIZE:number * PAGE_SIZE]
+    shown = [_view(entry) for entry in entries[(number - 1) * PAGE_SIZE:number * PAGE_SIZE]]  # only these
+    injected = await asyncio.to_thread(entry_injections, store, [entry.full for entry in shown])
     root = app.workspace.root
     results = [(hit.score, hit.block.path.relative_to(root).as_posix(), hit.block.start_line, hit.block.text)
                for hit in hits]
-    return render(request, "memory.html", status=status, entries=shown, total=len(entries), page=number,
-                  pages=pages, query=query, results=results, notice=request.query.get("notice", ""), error=error)
+    return render(request, "memory.html", status=status, entries=shown, injected=injected, total=len(entries),
+                  page=number, pages=pages, query=query, results=results, notice=request.query.get("notice", ""),
+                  error=error)
 
 
 async def add_entry(request: web.Request) -> web.Response:
