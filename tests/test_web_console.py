@@ -643,3 +643,23 @@ def test_without_a_model_the_chat_says_so_in_one_line_and_the_other_pages_work(c
     assert turn.status_code == 503 and "the chat needs a model" in turn.text and "Traceback" not in turn.text
     assert client.get("/chat/events", params={"name": "console"}).status_code == 503
     assert client.get("/memory").status_code == 200
+
+
+def test_a_compression_links_to_its_before_and_after_with_the_fact_checks_verdict(console: Console) -> None:
+    from picoclaw.memory import COMPRESSION, record_outcome
+
+    store = console.app.workspace.store
+    store.append_long_term("Project Falcon ships on 2026-12-15")
+    store.append_long_term("Project Falcon's launch moved to 2026-12-18")
+    before = store.read_long_term()
+    compressed = before.split("## ")[0] + "## 2026-11-26\nProject Falcon ships on 2026-12-18 (moved from 12-15)\n"
+    store.rewrite_long_term(compressed)  # as the compressor does: a backup of the file first
+    record_outcome(store.memory_dir, COMPRESSION, "compressed", "2 entries into 1; every fact kept (fact check passed)")
+    client = logged_in(console)
+    page = client.get("/memory/stats").text
+    assert "compressed · 2 entries into 1; every fact kept (fact check passed)" in page
+    link = re.search(r'<a href="(/memory/backups\?name=[^"]+)">before → after</a>', page)
+    assert link is not None
+    diff = client.get(link.group(1).replace("&amp;", "&")).text
+    assert '<span class="del">-Project Falcon ships on 2026-12-15</span>' in diff
+    assert '<span class="add">+Project Falcon ships on 2026-12-18 (moved from 12-15)</span>' in diff

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -51,8 +52,22 @@ def _stats(app: App) -> dict[str, Any]:
     if store.long_term_path.exists():
         sizes.append(("now", float(store.long_term_path.stat().st_size)))
     turns = TurnMetrics(store.memory_dir).read().turns
-    return {"stats": stats, "size_chart": chart(sizes),
+    return {"stats": stats, "size_chart": chart(sizes), "compression_backup": _before(stats.last_compression, store),
             "retrieval_chart": chart([(turn.time[:16], turn.retrieval_ms) for turn in turns])}
+
+
+def _before(outcome: Any, store: Any) -> str | None:
+    """The backup a compression that rewrote MEMORY.md took just before it (the newest one written by the time
+    its outcome was), so the page can show before → after; None for a compression that wrote nothing."""
+    if outcome is None or outcome.status != "compressed":
+        return None
+    try:
+        when = datetime.fromisoformat(outcome.time).timestamp()
+    except ValueError:
+        return None
+    # The outcome's time has whole seconds; the backup was written within the same second or just before.
+    taken = [path for path in store.backups() if path.stat().st_mtime <= when + 1]
+    return taken[-1].name if taken else None
 
 
 async def stats_page(request: web.Request) -> web.Response:
