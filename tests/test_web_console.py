@@ -663,3 +663,36 @@ def test_a_compression_links_to_its_before_and_after_with_the_fact_checks_verdic
     diff = client.get(link.group(1).replace("&amp;", "&")).text
     assert '<span class="del">-Project Falcon ships on 2026-12-15</span>' in diff
     assert '<span class="add">+Project Falcon ships on 2026-12-18 (moved from 12-15)</span>' in diff
+
+
+def test_the_console_works_the_same_on_postgresql(home: Path, postgres_dsn: str, fake_openai: FakeOpenAIServer,
+                                                  tmp_path: Path) -> None:
+    from picoclaw.storage import export_workspace
+
+    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+    config["storage"] = {"backend": "postgres", "postgres": {"dsn": postgres_dsn, "pool_size": 4}}
+    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
+    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    app = App.open(home)
+    try:
+        with Console(app) as console:
+            client = logged_in(console)
+            token = csrf_of(client.get("/memory").text)
+            added = client.post("/memory/entries", data={"content": "我的柯基叫豆豆 (Doudou)", "csrf_token": token})
+            assert added.status_code == 303
+            fake_openai.reply_text("豆豆。")
+            assert chat_events(client, token, "我的狗叫什么？")[-1] == {"kind": "done", "text": "豆豆。"}
+            assert "web:console" in client.get("/why").text
+            assert client.post("/policy/set", data={"key": "recent_days", "value": "5", "csrf_token": token}
+                               ).status_code == 303
+            assert client.post("/jobs", data={"kind": "in", "when": "2 hours", "session": "web:console",
+                                              "text": "遛狗", "csrf_token": token}).status_code == 303
+            export_workspace(app.storage, tmp_path / "export")
+    finally:
+        app.close()
+    exported = tmp_path / "export"
+    assert "我的柯基叫豆豆 (Doudou)" in (exported / "memory" / "MEMORY.md").read_text(encoding="utf-8")
+    assert "我的狗叫什么？" in (exported / "sessions" / "web%3Aconsole.jsonl").read_text(encoding="utf-8")
+    assert "遛狗" in (exported / "cron" / "jobs.json").read_text(encoding="utf-8")
+    assert json.loads((exported / "memory" / "policy_overrides.json").read_text(encoding="utf-8")) == {
+        "recent_days": 5}
