@@ -696,3 +696,43 @@ def test_the_console_works_the_same_on_postgresql(home: Path, postgres_dsn: str,
     assert "遛狗" in (exported / "cron" / "jobs.json").read_text(encoding="utf-8")
     assert json.loads((exported / "memory" / "policy_overrides.json").read_text(encoding="utf-8")) == {
         "recent_days": 5}
+
+
+def test_the_status_page_shows_the_state_and_tools_of_the_mcp_servers_started_for_the_chat(home: Path) -> None:
+    import sys
+
+    from picoclaw.web.status_page import MCP_KEY
+
+    script = Path(__file__).parent / "fakes" / "mcp_server.py"
+    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+    config["tools"] = {"mcp": {"servers": {"helper": {"command": [sys.executable, str(script)],
+                                                      "env": {"HELPER_TOKEN": "tok-secret-1"}, "tools": ["echo"]}}}}
+    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    app = App.open(home)
+    try:
+        with Console(app) as console:
+            client = logged_in(console)
+            assert "ready" not in client.get("/status").text  # nothing started: the configuration only
+            servers = asyncio.run_coroutine_threadsafe(app.start_mcp(), console.loop).result(120)
+            console.app_web[MCP_KEY].append(servers)  # as `serve` does for the chat's agent
+            page = client.get("/status").text
+            assert re.search(r"ready, 1 tool: mcp__helper__echo|ready, 1 tool: echo", page), page
+            assert "tok-secret" not in page and "HELPER_TOKEN=••••••" in page
+            # stopped on the loop that started them, as `serve` does when it ends
+            asyncio.run_coroutine_threadsafe(app.aclose(), console.loop).result(120)
+    finally:
+        app.close()
+
+
+def test_a_superseded_entry_links_to_the_entry_that_updates_it(console: Console) -> None:
+    store = console.app.workspace.store
+    store.append_long_term("My office is on the 3rd floor of building A")
+    store.append_long_term("My office moved to the 5th floor of building A")  # marks the first superseded
+    assert "> superseded by the" in store.read_long_term()
+    client = logged_in(console)
+    page = client.get("/memory").text
+    link = re.search(r'<a href="(/memory\?page=1#line-(\d+))">superseded</a>[^<]*</p>\s*<pre>My office is on the 3rd',
+                     page)
+    assert link is not None
+    assert re.search(rf'id="line-{link.group(2)}">\s*<p class="meta">[^<]*</p>\s*<pre>My office moved to the 5th',
+                     page)

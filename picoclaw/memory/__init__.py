@@ -14,6 +14,7 @@ from picoclaw.lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from picoclaw.memory.compression import CompressionResult, LongTermCompressor, format_missing, why_not_due
     from picoclaw.memory.entries import (
+        SUPERSEDED,
         LongTermEntry,
         demote_headings,
         entry_version,
@@ -66,18 +67,18 @@ __all__ = [
     "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus", "IndexedSearch", "InjectedMemory",
     "JobOutcome", "KeywordSearch", "LOCAL", "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex",
     "MemorySearch", "MemoryStats", "MemoryStore", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
-    "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "Session", "SessionStore", "StoredMessage",
-    "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings", "entry_injections",
-    "entry_version", "flush_facts", "format_missing", "index_of", "instruction_lesson", "is_superseded",
-    "keeps_point", "last_outcome", "lesson_of", "long_term_entries", "memory_stats", "open_search", "rank_blocks",
-    "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons", "stands",
-    "suggest_policy_change", "why_not_due",
+    "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "SUPERSEDED", "Session", "SessionStore",
+    "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings",
+    "entry_injections", "entry_version", "flush_facts", "format_missing", "index_of", "instruction_lesson",
+    "is_superseded", "keeps_point", "last_outcome", "lesson_of", "long_term_entries", "memory_stats", "open_search",
+    "rank_blocks", "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons",
+    "stands", "suggest_policy_change", "why_not_due",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
 _HOMES = {
     "picoclaw.memory.compression": ("CompressionResult", "LongTermCompressor", "format_missing", "why_not_due"),
-    "picoclaw.memory.entries": ("LongTermEntry", "demote_headings", "entry_version", "is_superseded",
+    "picoclaw.memory.entries": ("SUPERSEDED", "LongTermEntry", "demote_headings", "entry_version", "is_superseded",
                                 "long_term_entries"),
     "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
     "picoclaw.memory.flush": ("flush_facts",),

@@ -63,7 +63,8 @@ LABELS: dict[str, dict[str, str]] = {
         "draft_accepted": "Draft accepted: the skill is installed.",
         "draft_rejected": "Draft rejected and deleted.",
         "mcp": "MCP servers",
-        "mcp_help": "As configured in config.json (read-only here: the console never starts a program).",
+        "mcp_help": ("As configured in config.json, with the state and tools of those started for the chat "
+                     "(read-only: no page starts, stops or changes a program)."),
         "no_mcp": "No MCP servers configured.",
         "nav_jobs": "Jobs",
         "jobs_title": "Reminders and recurring tasks",
@@ -213,7 +214,8 @@ LABELS: dict[str, dict[str, str]] = {
         "draft_accepted": "已接受草稿：技能已安装。",
         "draft_rejected": "已拒绝并删除草稿。",
         "mcp": "MCP 服务器",
-        "mcp_help": "来自 config.json 的配置（此处只读：控制台从不启动程序）。",
+        "mcp_help": ("来自 config.json 的配置，以及为对话启动的服务器的状态与工具"
+                     "（只读：页面不会启动、停止或修改程序）。"),
         "no_mcp": "没有配置 MCP 服务器。",
         "nav_jobs": "任务",
         "jobs_title": "提醒与定时任务",

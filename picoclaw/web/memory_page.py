@@ -37,6 +37,22 @@ def _view(entry: LongTermEntry) -> MemoryEntryView:
                            entry.text)
 
 
+def _newer(view: MemoryEntryView, entries: list[LongTermEntry]) -> str | None:
+    """Where the entry that superseded `view` is (`/memory?page=N#line-L`), found by the words its mark quotes
+    ("> superseded by the 2026-11-26 entry: <its first 80 characters>"); None when it is gone or edited."""
+    from picoclaw.memory import SUPERSEDED
+
+    mark = next((line for line in view.text.splitlines() if line.startswith(SUPERSEDED)), "")
+    quoted = mark.partition(" entry: ")[2].removesuffix("…").strip()
+    if not quoted:
+        return None
+    for number, entry in enumerate(entries):  # newest first, as the pages list them
+        body = entry.text.split("\n", 1)[1] if "\n" in entry.text else ""
+        if entry.line != view.line and " ".join(body.split()).startswith(quoted):
+            return f"/memory?page={number // PAGE_SIZE + 1}#line-{entry.line}"
+    return None
+
+
 async def memory_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
     """MEMORY.md's entries, newest first, a page at a time, each with how often a prompt carried it; with `q`,
     what a turn's search finds for it."""
@@ -55,11 +71,13 @@ async def memory_page(request: web.Request, *, error: str = "", status: int = 20
     pages = max(1, -(-len(entries) // PAGE_SIZE))
     number = page_number(request, pages)
     shown = [_view(entry) for entry in entries[(number - 1) * PAGE_SIZE:number * PAGE_SIZE]]  # only these
+    newer = {view.line: _newer(view, entries) for view in shown if view.superseded}
     injected = await asyncio.to_thread(entry_injections, store, [entry.full for entry in shown])
     root = app.workspace.root
     results = [(hit.score, hit.block.path.relative_to(root).as_posix(), hit.block.start_line, hit.block.text)
                for hit in hits]
-    return render(request, "memory.html", status=status, entries=shown, injected=injected, total=len(entries),
+    return render(request, "memory.html", status=status, entries=shown, injected=injected, newer=newer,
+                  total=len(entries),
                   page=number, pages=pages, query=query, results=results, notice=request.query.get("notice", ""),
                   error=error)
 

@@ -29,6 +29,7 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console[APP_KEY] = app
     console[TEMPLATES_KEY] = templates()
     console[chat_page.CHANNEL_KEY] = []
+    console[status_page.MCP_KEY] = []
     console.router.add_get("/", _home)
     console.router.add_get("/login", _unreachable)  # answered by the gate
     console.router.add_get("/chat", chat_page.chat_page)
@@ -94,7 +95,8 @@ async def serve(app: App, host: str, port: int, *, announce: Any = print) -> Non
         site = web.TCPSite(runner, host, port)
         await site.start()
         try:
-            await app.start_mcp()  # as chat and the bot do: the agent's tools include the configured servers'
+            # As chat and the bot do: the agent's tools include the configured servers', shown on the status page.
+            console[status_page.MCP_KEY].append(await app.start_mcp())
             conversations = chat_page.channel(console)
             reminders = asyncio.create_task(conversations.run(scheduler=app.scheduler(conversations)))
         except PicoclawError as exc:  # no model configured yet: every page but the chat works

@@ -1,6 +1,7 @@
 """The status page: the process, the storage and the model it talks to (keys masked), the memory index, the
 skills (loaded, or failed and why) with the drafts waiting to be accepted or rejected, and the MCP servers as
-configured. Read-only but for the drafts: the console never starts a program, so MCP servers are shown, not run."""
+configured, with the state and tools of those `picoclaw web` started for the chat (as the terminal's chat starts
+them). Read-only but for the drafts: no page starts, stops or reconfigures a program."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ from picoclaw.web.render import APP_KEY, render, see_other
 
 if TYPE_CHECKING:
     from picoclaw.app import App
+    from picoclaw.tools import McpServers
+
+# The MCP servers `serve` started for the chat's agent (empty until it has): their state and tools, shown here.
+MCP_KEY: web.AppKey[list[McpServers]] = web.AppKey("picoclaw_mcp", list)
 
 STARTED = time.time()
 MASK = "••••••"  # every secret the page would show: whether one is set is all a screen needs
 
 
-def _status(app: App) -> dict[str, Any]:
+def _status(app: App, mcp: McpServers | None) -> dict[str, Any]:
     from picoclaw.tools import SkillCatalog, SkillDrafts
 
     config = app.config
@@ -28,12 +33,17 @@ def _status(app: App) -> dict[str, Any]:
     provider = config.providers.get(agent.provider)
     skills_dir = app.workspace.layout.skills_dir
     scan = SkillCatalog(skills_dir).scan()
+    running = {server.name: server for server in mcp.servers} if mcp is not None else {}
     servers = []
     for name, server in config.tools.mcp.servers.items():
+        live = running.get(name)
         servers.append({"name": name, "enabled": server.enabled,
                         "runs": " ".join(server.command) if server.command else server.url,
                         "env": {key: MASK for key in server.env}, "headers": {key: MASK for key in server.headers},
-                        "tools": ", ".join(server.tools) if server.tools is not None else ""})
+                        "tools": ", ".join(server.tools) if server.tools is not None else "",
+                        # as the chat's agent sees it: started with the console, or not started here
+                        "state": live.status() if live is not None else "",
+                        "offered": [tool.name for tool in live.tools] if live is not None else []})
     return {
         "version": __version__,
         "uptime": int(time.time() - STARTED),
@@ -55,7 +65,8 @@ def _status(app: App) -> dict[str, Any]:
 
 async def status_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
     """The process, its model and storage, skills and drafts, MCP servers."""
-    found = await asyncio.to_thread(_status, request.app[APP_KEY])
+    found = await asyncio.to_thread(_status, request.app[APP_KEY], request.app[MCP_KEY][0] if request.app[MCP_KEY]
+                                    else None)
     return render(request, "status.html", status=status, s=found, error=error,
                   notice=request.query.get("notice", ""))
 
