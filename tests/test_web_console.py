@@ -186,7 +186,7 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-network
 
 
 def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_set_and_rolled_back(
-        console: Console) -> None:
+        console: Console, capsys: pytest.CaptureFixture[str]) -> None:
     import os
 
     if not CHROMIUM.exists():
@@ -215,6 +215,13 @@ def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_
             page.fill("#content", "我的护照在书房的抽屉里")
             page.click("form.add button")
             assert "已写入 MEMORY.md。" in page.locator(".notice").inner_text()
+            backups = len(store.backups())
+            newest = page.locator("article.entry").first
+            newest.locator("details.edit summary").click()
+            newest.locator("textarea").fill("我的护照在卧室的保险箱里")
+            newest.locator("button[value=save]").click()
+            assert "已保存" in page.locator(".notice").inner_text()
+            assert len(store.backups()) == backups + 1
             page.click("a[href='/policy']")
             page.select_option("#policy-key", "recent_days")
             page.fill("#set-policy input[name=value]", "5")
@@ -231,7 +238,10 @@ def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_
             assert "任务已添加" in page.locator(".notice").inner_text()
         finally:
             browser.close()
-    assert "我的护照在书房的抽屉里" in store.read_long_term()
+    assert "我的护照在卧室的保险箱里" in store.read_long_term() and "书房" not in store.read_long_term()
+    from picoclaw.cli import main
+
+    assert main(["memory", "search", "护照 保险箱"]) == 0 and "我的护照在卧室的保险箱里" in capsys.readouterr().out
     assert [job.text for job in console.app.jobs().load()] == ["该去遛狗了"]
     history = console.app.workspace.policy.history()
     assert [change.effective["recent_days"] for change in history] == [ValueChange(3, 5), ValueChange(5, 3)]
@@ -736,3 +746,17 @@ def test_a_superseded_entry_links_to_the_entry_that_updates_it(console: Console)
     assert link is not None
     assert re.search(rf'id="line-{link.group(2)}">\s*<p class="meta">[^<]*</p>\s*<pre>My office moved to the 5th',
                      page)
+
+
+def test_lessons_show_how_often_a_prompt_carried_them(chatting: tuple[Console, FakeOpenAIServer]) -> None:
+    console, fake = chatting
+    store = console.app.workspace.store
+    store.append_learning("When the user asks about the corgi, call him Doudou 豆豆", "test")
+    store.append_learning("Weekly reports go out on Mondays", "test")
+    client = logged_in(console)
+    token = csrf_of(client.get("/memory").text)
+    fake.reply_text("Doudou is fine.")
+    chat_events(client, token, "How is the corgi doing?")
+    page = client.get("/memory/lessons").text
+    assert re.search(r"injected 1× \(\d{4}-\d\d-\d\d\)</p><pre>When the user asks about the corgi", page)
+    assert re.search(r"never injected</p><pre>Weekly reports go out on Mondays", page)

@@ -283,17 +283,19 @@ def _standing(entry: list[Block]) -> bool:
     return any(block.path.name == LEARNINGS_FILE and stands(block.text) for block in entry)
 
 
-def entry_injections(store: MemoryStore, entries: Sequence[str]) -> list[tuple[int, str]] | None:
-    """How often a prompt carried each of `entries` (MEMORY.md entries' text, as read) and the last day it did
-    ("" never), as `picoclaw memory stats` counts them; None when the counts cannot be read."""
+def entry_injections(store: MemoryStore, entries: Sequence[str], *, lessons: bool = False
+                     ) -> list[tuple[int, str]] | None:
+    """How often a prompt carried each of `entries` (MEMORY.md's entries' text as read, or LEARNINGS.md's with
+    `lessons`) and the last day it did ("" never), as `picoclaw memory stats` counts them; None when the counts
+    cannot be read."""
     try:
         uses = AccessCounts(store.memory_dir).read()
     except ConfigError:
         return None
+    split, path = (lesson_blocks, store.learnings_path) if lessons else (entry_blocks, store.long_term_path)
     found = []
     for text in entries:
-        counted = [uses[key] for key in (block_key(block) for block in entry_blocks(text, store.long_term_path))
-                   if key in uses]
+        counted = [uses[key] for key in (block_key(block) for block in split(text, path)) if key in uses]
         found.append((max((n for n, _ in counted), default=0), max((day for _, day in counted), default="")))
     return found
 

@@ -200,11 +200,13 @@ async def notes_page(request: web.Request) -> web.Response:
 
 async def lessons_page(request: web.Request) -> web.Response:
     """LEARNINGS.md's lessons, newest first, each with its source, and whether it stands in every prompt."""
-    from picoclaw.memory import long_term_entries, stands
+    from picoclaw.memory import entry_injections, long_term_entries, stands
 
     store = request.app[APP_KEY].workspace.store
     text = await asyncio.to_thread(store.read_learnings)
+    entries = list(long_term_entries(text))[::-1]
+    injected = await asyncio.to_thread(entry_injections, store, [entry.text for entry in entries], lessons=True)
     lessons = [(entry.heading, entry.text.split("\n", 1)[1].rstrip("\n") if "\n" in entry.text else "",
-                stands(entry.text)) for entry in long_term_entries(text)][::-1]
+                stands(entry.text), injected[n] if injected else None) for n, entry in enumerate(entries)]
     return render(request, "lessons.html", lessons=lessons)
 
