@@ -84,7 +84,8 @@ class Running:
         self.loop.run_until_complete(runner.setup())
         self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
         port = int(runner.addresses[0][1])
-        self.gate.hosts = Gate.for_address("127.0.0.1", port).hosts
+        address = Gate.for_address("127.0.0.1", port)
+        self.gate.hosts, self.gate.cookie = address.hosts, address.cookie
         self.base = f"http://127.0.0.1:{port}"
         self.ready.set()
         self.loop.run_forever()

@@ -56,7 +56,8 @@ class Console:
         self._loop.run_until_complete(runner.setup())
         self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
         port = int(runner.addresses[0][1])
-        self.gate.hosts = Gate.for_address("127.0.0.1", port).hosts
+        address = Gate.for_address("127.0.0.1", port)
+        self.gate.hosts, self.gate.cookie = address.hosts, address.cookie
         self.base = f"http://127.0.0.1:{port}"
         self._ready.set()
         try:
@@ -100,7 +101,8 @@ def test_nothing_without_logging_in_and_the_link_works_once(console: Console) ->
     login = client.get(f"/login?token={console.gate.token}")
     assert login.status_code == 303 and login.headers["location"] == "/"  # the token leaves the address bar
     cookie = login.headers["set-cookie"]
-    assert f"{COOKIE}=" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert f"{COOKIE}_{console.base.rsplit(':', 1)[1]}=" in cookie and "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
     assert "4711" in client.get("/memory").text
     again = anonymous.get(f"/login?token={console.gate.token}")  # one-time: a second use opens nothing
     assert again.status_code == 401 and "already used" in again.text and COOKIE not in again.headers.get(
@@ -570,6 +572,13 @@ def test_a_reminder_for_a_web_session_appears_while_its_page_is_open(
         deliver("该去遛狗了 — time to walk the dog")
         data = next(line for line in lines if line.startswith("data: "))
     assert json.loads(data[6:]) == {"kind": "delivered", "text": "该去遛狗了 — time to walk the dog"}
+    with client.stream("GET", "/chat/events", params={"name": "console"}) as events:
+        lines = events.iter_lines()
+        assert next(lines) == ": open"
+        asyncio.run_coroutine_threadsafe(conversations.stop(), console.loop).result(60)
+        assert [line for line in lines if line] == []  # the stream ends when the console stops
+    with pytest.raises(NotOpen):
+        deliver("after the page's stream ended")
 
 
 def test_in_a_browser_a_chat_answer_streams_in_and_why_this_answer_shows_its_memory(
@@ -760,3 +769,78 @@ def test_lessons_show_how_often_a_prompt_carried_them(chatting: tuple[Console, F
     page = client.get("/memory/lessons").text
     assert re.search(r"injected 1× \(\d{4}-\d\d-\d\d\)</p><pre>When the user asks about the corgi", page)
     assert re.search(r"never injected</p><pre>Weekly reports go out on Mondays", page)
+
+
+def test_refusals_carry_the_security_headers_and_odd_bytes_are_one_clear_answer(console: Console) -> None:
+    client = logged_in(console)
+    token = csrf_of(client.get("/memory").text)
+    for response in (client.get("/nowhere"), client.get("/why/conversation", params={"name": "nope"}),
+                     client.post("/memory/entries", data={"content": "x" * 20_001, "csrf_token": token})):
+        assert response.status_code in (404, 413)
+        assert response.headers["content-security-policy"].startswith("default-src 'self'")
+        assert response.headers["x-content-type-options"] == "nosniff"
+    anonymous = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
+    assert anonymous.get("/memory", headers={"Authorization": b"Bearer t\xc3\xa9st"}).status_code == 401
+    store = console.app.workspace.store
+    before = store.long_term_path.read_bytes()
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert client.post("/memory/entries", content=b"content=x", headers={**form, "X-CSRF-Token": b"t\xc3\xa9st"}
+                       ).status_code == 403
+    not_utf8 = client.post("/memory/entries", content=b"content=\xff\xfe", headers={**form, "X-CSRF-Token": token})
+    assert not_utf8.status_code == 400 and "not UTF-8" in not_utf8.text
+    assert store.long_term_path.read_bytes() == before
+
+
+def test_a_link_preview_does_not_use_up_the_login_link(console: Console) -> None:
+    preview = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
+    assert preview.head(f"/login?token={console.gate.token}").status_code == 401 and not console.gate.link_used
+    logged_in(console)  # the link still works once
+
+
+def test_the_host_check_knows_ipv6_and_wildcard_listens() -> None:
+    assert Gate.for_address("fd00::5", 8080).hosts == {"[fd00::5]:8080"}
+    assert "[::1]:18790" in Gate.for_address("127.0.0.1", 18790).hosts
+    wildcard = Gate.for_address("0.0.0.0", 18790).hosts
+    assert "127.0.0.1:18790" in wildcard and "0.0.0.0:18790" not in wildcard
+    assert Gate.for_address("127.0.0.1", 1).cookie != Gate.for_address("127.0.0.1", 2).cookie
+
+
+def test_secrets_in_urls_and_command_lines_are_masked() -> None:
+    from picoclaw.web.status_page import MASK, _masked_command, _masked_url
+
+    assert _masked_url("https://u:pw@mcp.example:8443/x?api_key=abc") == (
+        f"https://{MASK}@mcp.example:8443/x?api_key={MASK}")
+    assert _masked_command(["srv", "--token", "abc", "--api-key=xyz", "--port", "80"]) == [
+        "srv", "--token", MASK, f"--api-key={MASK}", "--port", "80"]
+
+
+def test_serve_without_a_model_still_prints_its_login_link_and_serves(home: Path) -> None:
+    import contextlib
+    import socket
+
+    from picoclaw.web import serve
+
+    with socket.socket() as probe:  # a free port for `serve`, which takes a fixed one as `picoclaw web` does
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    app = App.open(home)
+    links: list[str] = []
+
+    async def run() -> int:
+        announced = asyncio.Event()
+        task = asyncio.create_task(serve(app, "127.0.0.1", port, announce=lambda url: (links.append(url),
+                                                                                         announced.set())))
+        await asyncio.wait_for(announced.wait(), 60)
+        async with httpx2.AsyncClient(follow_redirects=False, timeout=60) as client:
+            login = await client.get(links[0])
+            status = login.status_code
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return status
+
+    try:
+        assert asyncio.run(run()) == 303
+    finally:
+        app.close()
+    assert links[0].startswith(f"http://127.0.0.1:{port}/login?token=")

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 CONSOLE_USER = "console"  # the sender of every console message: the one person the login link let in
 SCHEDULER_STOP_SECONDS = 10.0
 
-EventKind = Literal["text", "tool", "notice", "done", "error", "stopped", "delivered"]
+EventKind = Literal["text", "tool", "notice", "done", "error", "stopped", "delivered", "closed"]
 
 
 class NotOpen(PicoclawError):
@@ -50,6 +50,7 @@ class WebChannel:
         self._turns: dict[str, asyncio.Task[None]] = {}
         self._listeners: defaultdict[str, set[asyncio.Queue[ChatEvent]]] = defaultdict(set)
         self._stopping: asyncio.Event | None = None
+        self._closed = False
 
     async def run(self, *, scheduler: Scheduler | None = None) -> int:
         """Run `scheduler` (the `web:` sessions' jobs) until `stop()`; 0."""
@@ -66,8 +67,17 @@ class WebChannel:
 
     async def stop(self) -> None:
         """Make `run()` return; turns still running are cancelled as a Stop would."""
+        self._closed = True
+        for queues in self._listeners.values():  # pages following a session: their streams end now
+            for queue in queues:
+                queue.put_nowait(ChatEvent("closed", ""))
         if self._stopping is not None:
             self._stopping.set()
+
+    @property
+    def closed(self) -> bool:
+        """Whether `stop()` was called: pages following a session stop following it."""
+        return self._closed
 
     async def deliver(self, session_key: str, markdown: str) -> None:
         """Show `markdown` on every page that has `session_key` open; NotOpen when none has."""
@@ -102,7 +112,7 @@ class WebChannel:
         task.cancel()
         return True
 
-    async def turn(self, session_key: str, text: str) -> AsyncIterator[ChatEvent]:
+    async def turn(self, session_key: str, text: str) -> AsyncGenerator[ChatEvent, None]:
         """Run one turn of `session_key` and yield what it shows, ending with "done", "error" or "stopped".
         A caller that stops reading (the page went away) stops the turn."""
         if self.busy(session_key):

@@ -5,6 +5,7 @@ conversation while its page is open (server-sent events)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING
 
 import orjson
@@ -20,6 +21,7 @@ CHANNEL_KEY: web.AppKey[list[WebChannel]] = web.AppKey("picoclaw_web_channel", l
 DEFAULT_NAME = "console"
 MAX_MESSAGE = 20_000  # characters of one message typed in the console
 HISTORY_SHOWN = 200  # messages of the conversation the page shows when it opens
+KEEP_ALIVE_SECONDS = 15.0
 
 
 def channel(app: web.Application) -> WebChannel:
@@ -74,8 +76,13 @@ async def chat_turn(request: web.Request) -> web.StreamResponse:
     conversations = channel(request.app)
     response = secured(web.StreamResponse(headers={"Content-Type": "application/x-ndjson; charset=utf-8"}))
     await response.prepare(request)
-    async for event in conversations.turn(key, text):
-        await response.write(orjson.dumps({"kind": event.kind, "text": event.text}) + b"\n")
+    # Closed at once when the page goes away (a write fails): closing the turn's events stops the turn.
+    async with contextlib.aclosing(conversations.turn(key, text)) as events:
+        try:
+            async for event in events:
+                await response.write(orjson.dumps({"kind": event.kind, "text": event.text}) + b"\n")
+        except ConnectionResetError:
+            return response
     await response.write_eof()
     return response
 
@@ -95,7 +102,18 @@ async def chat_events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     await response.write(b": open\n\n")
     with conversations.listening(key) as queue:
-        while True:
-            event = await queue.get()
-            payload = orjson.dumps({"kind": event.kind, "text": event.text})
-            await response.write(b"data: " + payload + b"\n\n")
+        # A keep-alive comment now and then finds a page that went away (its write fails), so a delivery is
+        # never reported as shown to a page that is gone; the stream ends when the channel stops.
+        while not conversations.closed:
+            try:
+                event = await asyncio.wait_for(queue.get(), KEEP_ALIVE_SECONDS)
+                if event.kind == "closed":
+                    break
+                chunk = b"data: " + orjson.dumps({"kind": event.kind, "text": event.text}) + b"\n\n"
+            except TimeoutError:
+                chunk = b": keep-alive\n\n"
+            try:
+                await response.write(chunk)
+            except ConnectionResetError:
+                break
+    return response

@@ -47,14 +47,20 @@ class Gate:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     link_used: bool = False
     sessions: dict[str, str] = field(default_factory=dict)  # session id → its CSRF token
+    # Browsers keep cookies by host, not port: two consoles on one machine need two names.
+    cookie: str = COOKIE
 
     @classmethod
     def for_address(cls, host: str, port: int) -> Gate:
-        """A gate answering to `host:port`, and to the loopback names when it listens on loopback."""
+        """A gate answering to `host:port` as a browser writes it ([…] around an IPv6 address); on loopback to
+        every loopback name, on a wildcard address (0.0.0.0, ::) to this machine's names and addresses."""
         names = {host}
         if host in ("127.0.0.1", "localhost", "::1"):
-            names |= {"127.0.0.1", "localhost", "[::1]"}
-        return cls(frozenset(f"{name}:{port}" for name in names))
+            names |= {"127.0.0.1", "localhost", "::1"}
+        elif host in ("0.0.0.0", "::", ""):
+            names = _machine_names()
+        shown = {f"[{name}]" if ":" in name else name for name in names}
+        return cls(frozenset(f"{name}:{port}" for name in shown), cookie=f"{COOKIE}_{port}")
 
     def login_url(self, base: str) -> str:
         return f"{base}/login?token={self.token}"
@@ -67,12 +73,29 @@ class Gate:
 
     def csrf_of(self, request: web.Request) -> str | None:
         """The CSRF token of the request's session; None without a valid session cookie."""
-        session = request.cookies.get(COOKIE)
+        session = request.cookies.get(self.cookie)
         return self.sessions.get(session) if session else None
 
     def bearer(self, request: web.Request) -> bool:
         header = request.headers.get("Authorization", "")
-        return header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), self.token.encode())
+        return header.startswith("Bearer ") and _same(header[7:], self.token)
+
+
+def _same(given: str, expected: str) -> bool:
+    """A constant-time comparison that any header text can go through (a stray byte is just "not the same")."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape"))
+
+
+def _machine_names() -> set[str]:
+    """The names and addresses a browser may use for this machine (a wildcard listen's Host check)."""
+    import socket
+
+    names = {"127.0.0.1", "localhost", "::1", socket.gethostname(), socket.getfqdn()}
+    try:
+        names |= set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return names
 
 
 def secured(response: web.StreamResponse) -> web.StreamResponse:
@@ -86,7 +109,12 @@ def middleware(gate: Gate, login_page: LoginPage) -> Callable[..., Awaitable[web
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        response = await _checked(gate, login_page, request, handler)
+        try:
+            response = await _checked(gate, login_page, request, handler)
+        except web.HTTPException as exc:  # a refusal raised by a handler (400, 404, 413, 503 …) or the router
+            response = web.Response(status=exc.status, text=exc.text, content_type="text/plain")
+        except UnicodeDecodeError:  # a form whose bytes are not UTF-8
+            response = web.Response(status=400, text="The form's text is not UTF-8; nothing was changed.\n")
         if not response.prepared:  # a stream sent its headers when it began: `secured` gave it these
             secured(response)
         return response
@@ -112,20 +140,22 @@ async def _checked(gate: Gate, login_page: LoginPage, request: web.Request, hand
         given = request.headers.get(CSRF_HEADER)
         if given is None and request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
             given = str((await request.post()).get(CSRF_FIELD, ""))
-        if not given or not hmac.compare_digest(given.encode(), csrf.encode()):
+        if not given or not _same(given, csrf):
             return web.Response(status=403, text="Refused: this change did not come from a console page (no CSRF "
                                                  "token). Reload the page and try again.\n")
     return await handler(request)
 
 
 def _log_in(gate: Gate, login_page: LoginPage, request: web.Request) -> web.StreamResponse:
+    if request.method != "GET":  # a link preview's HEAD must not use up the one-time link
+        return login_page(request, "")
     given = request.query.get("token", "")
-    if gate.link_used or not given or not hmac.compare_digest(given.encode(), gate.token.encode()):
+    if gate.link_used or not given or not _same(given, gate.token):
         return login_page(request, "link_refused")
     gate.link_used = True  # one-time: a link left in a shell history or a screenshot opens nothing later
     session, _ = gate.open_session()
     # A redirect takes the token out of the address bar and the history.
     response = web.Response(status=303, headers={"Location": "/"})
-    response.set_cookie(COOKIE, session, httponly=True, samesite="Strict", path="/")
+    response.set_cookie(gate.cookie, session, httponly=True, samesite="Strict", path="/")
     return response
 

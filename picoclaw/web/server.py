@@ -88,7 +88,8 @@ async def serve(app: App, host: str, port: int, *, announce: Any = print) -> Non
 
     gate = Gate.for_address(host, port)
     console = make_console(app, gate)
-    runner = web.AppRunner(console, access_log=None)
+    # A page following a conversation holds a request open: shutting down does not wait long for it.
+    runner = web.AppRunner(console, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     reminders: asyncio.Task[int] | None = None
     try:
@@ -99,8 +100,8 @@ async def serve(app: App, host: str, port: int, *, announce: Any = print) -> Non
             console[status_page.MCP_KEY].append(await app.start_mcp())
             conversations = chat_page.channel(console)
             reminders = asyncio.create_task(conversations.run(scheduler=app.scheduler(conversations)))
-        except PicoclawError as exc:  # no model configured yet: every page but the chat works
-            log.warning("the console's chat is unavailable: %s", exc)
+        except (PicoclawError, web.HTTPException) as exc:  # no model configured yet: every page but the chat works
+            log.warning("the console's chat is unavailable: %s", getattr(exc, "text", None) or exc)
         shown = f"[{host}]" if ":" in host else host
         announce(gate.login_url(f"http://{shown}:{port}"))
         await asyncio.Event().wait()

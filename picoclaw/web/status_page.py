@@ -6,8 +6,10 @@ them). Read-only but for the drafts: no page starts, stops or reconfigures a pro
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from aiohttp import web
 
@@ -38,7 +40,8 @@ def _status(app: App, mcp: McpServers | None) -> dict[str, Any]:
     for name, server in config.tools.mcp.servers.items():
         live = running.get(name)
         servers.append({"name": name, "enabled": server.enabled,
-                        "runs": " ".join(server.command) if server.command else server.url,
+                        "runs": (" ".join(_masked_command(server.command)) if server.command
+                                 else _masked_url(server.url)),
                         "env": {key: MASK for key in server.env}, "headers": {key: MASK for key in server.headers},
                         "tools": ", ".join(server.tools) if server.tools is not None else "",
                         # as the chat's agent sees it: started with the console, or not started here
@@ -51,7 +54,7 @@ def _status(app: App, mcp: McpServers | None) -> dict[str, Any]:
         "backend": config.storage.backend,
         "provider": agent.provider,
         "model": agent.model,
-        "api_base": provider.api_base if provider is not None else "",
+        "api_base": _masked_url(provider.api_base) if provider is not None else "",
         "api_key": MASK if provider is not None and provider.api_key else "",
         "index": config.memory.index.enabled,
         "skills": [(skill.name, skill.description) for skill in scan.skills],
@@ -61,6 +64,39 @@ def _status(app: App, mcp: McpServers | None) -> dict[str, Any]:
                    for draft in SkillDrafts(skills_dir).list()],
         "mcp": servers,
     }
+
+
+SECRET_WORDS = re.compile(r"token|key|secret|passw|auth|credential", re.IGNORECASE)
+
+
+def _masked_url(url: str | None) -> str:
+    """`url` with its user, password and query values masked: a key may ride in any of them."""
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = (f"{MASK}@" if parts.username or parts.password else "") + (f"[{host}]" if ":" in host else host)
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    query = "&".join(f"{name}={MASK}" for name, _ in parse_qsl(parts.query, keep_blank_values=True))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _masked_command(command: list[str]) -> list[str]:
+    """A server's command line with the value after a secret-looking flag (`--token X`, `--api-key=X`) masked,
+    and any URL in it as `_masked_url` shows it."""
+    shown: list[str] = []
+    for argument in command:
+        flag, equals, _ = argument.partition("=")
+        if shown and shown[-1].startswith("-") and "=" not in shown[-1] and SECRET_WORDS.search(shown[-1]):
+            shown.append(MASK)
+        elif equals and flag.startswith("-") and SECRET_WORDS.search(flag):
+            shown.append(f"{flag}={MASK}")
+        elif "://" in argument:
+            shown.append(_masked_url(argument))
+        else:
+            shown.append(argument)
+    return shown
 
 
 async def status_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
