@@ -24,10 +24,9 @@ for folder in (REPO, REPO / "bench"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
-from web import Running  # noqa: E402
-
 from picoclaw.app import App  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
+from tests.fakes.console import Console  # noqa: E402
 
 OUT = REPO / "bench" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
@@ -53,7 +52,8 @@ def demo(app: App) -> None:
     records = []
     turns = [("What is my dog called?", "Your corgi is called Doudou, and he loves the park.", 0.914,
               "## 2026-11-26\nMy corgi is called Doudou and loves the park"),
-             ("预算评审会是哪天？", "每周五下午三点，和王芳一起。", 0.873, "## 2026-11-26\n我每周五下午三点和王芳开预算评审会")]
+             ("预算评审会是哪天？", "每周五下午三点，和王芳一起。", 0.873,
+              "## 2026-11-26\n我每周五下午三点和王芳开预算评审会")]
     for n, (question, answer, score, block) in enumerate(turns):
         why = {"search": "keywords (BM25 over the memory files), re-ranked by standing",
                "items": [{"key": f"k{n}", "found_by": "search", "score": score, "path": "memory/MEMORY.md",
@@ -88,7 +88,7 @@ def main() -> int:
         (home / "config.json").write_bytes(orjson.dumps(config))
         app = App.open(home)
         demo(app)
-        console = Running(app)
+        console = Console(app).__enter__()
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             first = browser.new_context()

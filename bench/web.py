@@ -12,19 +12,16 @@ Run (from the repository root):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import httpx2
 import orjson
-from aiohttp import web
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -32,7 +29,7 @@ if str(REPO) not in sys.path:
 
 from picoclaw.app import App  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
-from picoclaw.web import Gate, make_console  # noqa: E402
+from tests.fakes.console import Console  # noqa: E402
 
 ENTRIES = 10_000
 MESSAGES = 2_000
@@ -68,29 +65,6 @@ def fill(home: Path) -> str:
     return name
 
 
-class Running:
-    """The console on 127.0.0.1 in a thread."""
-
-    def __init__(self, app: App):
-        self.app, self.gate, self.base = app, Gate(frozenset()), ""
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-        self.ready.wait(60)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        runner = web.AppRunner(make_console(self.app, self.gate), access_log=None)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-        port = int(runner.addresses[0][1])
-        address = Gate.for_address("127.0.0.1", port)
-        self.gate.hosts, self.gate.cookie = address.hosts, address.cookie
-        self.base = f"http://127.0.0.1:{port}"
-        self.ready.set()
-        self.loop.run_forever()
-
-
 def p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
@@ -109,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = app.workspace.store  # one backup to list and diff: the file since then has one entry changed
         store.rewrite_long_term(store.read_long_term().replace("Fact 5001:", "Fact 5001 (checked):"))
         backup = store.backups()[-1].name
-        console = Running(app)
+        console = Console(app).__enter__()
         pages = {
             "memory, page 1": "/memory",
             "memory, page 150": "/memory?page=150",
