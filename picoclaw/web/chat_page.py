@@ -102,8 +102,8 @@ async def chat_events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     await response.write(b": open\n\n")
     with conversations.listening(key) as queue:
-        # A keep-alive comment now and then finds a page that went away (its write fails), so a delivery is
-        # never reported as shown to a page that is gone; the stream ends when the channel stops.
+        # A keep-alive comment now and then finds a page that went away (its write fails), so a page closed
+        # stops counting as open within KEEP_ALIVE_SECONDS; the stream ends when the channel stops.
         while not conversations.closed:
             try:
                 event = await asyncio.wait_for(queue.get(), KEEP_ALIVE_SECONDS)
