@@ -129,6 +129,7 @@ def test_the_memory_page_is_paged_and_bad_input_is_one_clear_answer(console: Con
     client = logged_in(console)
     first = client.get("/memory").text
     assert "fact number 119" in first and "fact number 60" not in first and "page 1 of 3" in first
+    assert '<a href="/memory?page=2">Older</a>' in first and ">Newer</a>" not in first
     assert "fact number 0</pre>" in client.get("/memory", params={"page": "3"}).text
     assert "page 3 of 3" in client.get("/memory", params={"page": "99"}).text
     assert "page 1 of 3" in client.get("/memory", params={"page": "abc"}).text
