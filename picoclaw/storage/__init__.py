@@ -3,6 +3,7 @@
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailable
 from picoclaw.storage.files import FilesStorage
+from picoclaw.storage.inbox import Inbox, InboxUpdate
 from picoclaw.storage.jobs import JOBS_VERSION, FilesJobTable, JobRecord, JobsDocument, JobTable
 from picoclaw.storage.mounts import cross_process_lock, mount, storage_for, unmount
 from picoclaw.storage.opening import open_storage
@@ -26,6 +27,8 @@ __all__ = [
     "Transcript",
     "transcript_files",
     "FilesStorage",
+    "Inbox",
+    "InboxUpdate",
     "Moved",
     "JOBS_VERSION",
     "FilesJobTable",

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from picoclaw.storage.inbox import Inbox
     from picoclaw.storage.sessions import SessionLog
+    from picoclaw.storage.work import WorkLock
 
 from picoclaw.storage.jobs import JobTable
 
@@ -40,6 +42,22 @@ class Storage(Protocol):
 
     def job_table(self, path: Path) -> JobTable:
         """The scheduled jobs kept for the jobs file `path` (cron/jobs.json under the root)."""
+        ...
+
+    def work_lock(self, name: str) -> WorkLock:
+        """The lock on background work `name` (a session's summary), held across processes and machines."""
+        ...
+
+    def claim_interval(self, name: str, seconds: float) -> bool:
+        """True for one caller, across processes and machines, per `seconds` (the heartbeat's turn)."""
+        ...
+
+    def telegram_inbox(self, bot: int) -> Inbox:
+        """The inbox of the Telegram bot with id `bot` (storage/inbox.py)."""
+        ...
+
+    def ping(self) -> None:
+        """Check the storage can be reached and written (StorageUnavailable, or StorageError, if not)."""
         ...
 
     def refresh(self) -> None:

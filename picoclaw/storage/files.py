@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from filelock import FileLock
 
 from picoclaw.fsutil import atomic_write, read_regular
+from picoclaw.storage.errors import StorageUnavailable
+from picoclaw.storage.inbox import SqliteInbox
 from picoclaw.storage.jobs import FilesJobTable
 from picoclaw.storage.sessions import FilesSessionLog
 from picoclaw.storage.stored_files import stored_files
+from picoclaw.storage.work import WORK_DIR, FileWorkLock, claim_interval_in_file
+
+INBOX_FILE = "telegram-inbox.sqlite3"  # in WORK_DIR: local state, not stored content
 
 
 class FilesStorage:
@@ -31,6 +37,23 @@ class FilesStorage:
     def job_table(self, path: Path) -> FilesJobTable:
         """The jobs file at `path` (cron/jobs.json) itself."""
         return FilesJobTable(path)
+
+    def work_lock(self, name: str) -> FileWorkLock:
+        """A lock file in the workspace's work folder."""
+        return FileWorkLock(self.root, name)
+
+    def claim_interval(self, name: str, seconds: float) -> bool:
+        """The last claim of each name kept in the work folder's marks file."""
+        return claim_interval_in_file(self.root, name, seconds)
+
+    def telegram_inbox(self, bot: int) -> SqliteInbox:
+        """A SQLite file in the work folder: for the one worker a files workspace allows."""
+        return SqliteInbox(self.root / WORK_DIR / INBOX_FILE, bot)
+
+    def ping(self) -> None:
+        """The workspace folder is there and writable."""
+        if not self.root.is_dir() or not os.access(self.root, os.W_OK):
+            raise StorageUnavailable(f"the workspace {self.root} is missing or not writable")
 
     def refresh(self) -> None:
         """The files are the truth: there is no copy to bring up to date."""

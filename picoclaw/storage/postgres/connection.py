@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from picoclaw.storage.errors import StorageError, StorageUnavailable
 
 if TYPE_CHECKING:
+    import psycopg
     from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
@@ -82,3 +85,20 @@ def open_pool(dsn: str, size: int) -> ConnectionPool:
             raise unreachable(dsn, direct) from None
         raise unreachable(dsn, exc) from None
     return pool
+
+
+@contextmanager
+def transaction(pool: ConnectionPool, dsn: str, what: str) -> Iterator[psycopg.Connection]:
+    """A pool connection in a transaction; a lost server is StorageUnavailable, any other failure a StorageError
+    naming `what` (the jobs, the inbox) and saying nothing was changed."""
+    import psycopg
+    from psycopg_pool import PoolClosed, PoolTimeout
+
+    try:
+        with pool.connection() as conn, conn.transaction():
+            yield conn
+    except (psycopg.OperationalError, PoolTimeout, PoolClosed) as exc:
+        raise unreachable(dsn, exc) from None
+    except psycopg.Error as exc:
+        reason = " ".join(without_password(str(exc), dsn).split())[:300]
+        raise StorageError(f"PostgreSQL {what}: {reason}; nothing was changed") from None

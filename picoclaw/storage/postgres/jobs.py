@@ -10,8 +10,8 @@ locks one due row and skips it when another scheduler, on any machine, holds it.
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Hashable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,7 +31,7 @@ from picoclaw.storage.jobs import (
     due_of,
     records_of,
 )
-from picoclaw.storage.postgres.connection import unreachable, without_password
+from picoclaw.storage.postgres.connection import transaction as _transaction
 
 if TYPE_CHECKING:
     import psycopg
@@ -78,20 +78,9 @@ def path_of(root: Path, scope: str) -> Path:
     return (root / USERS_DIR / scope if scope else root) / JOBS_DIR / JOBS_FILE
 
 
-@contextmanager
-def transaction(pool: ConnectionPool, dsn: str) -> Iterator[psycopg.Connection]:
-    """A connection in a transaction; a lost server is StorageUnavailable, any other failure a StorageError."""
-    import psycopg
-    from psycopg_pool import PoolTimeout
-
-    try:
-        with pool.connection() as conn, conn.transaction():
-            yield conn
-    except (psycopg.OperationalError, PoolTimeout) as exc:
-        raise unreachable(dsn, exc) from None
-    except psycopg.Error as exc:
-        reason = " ".join(without_password(str(exc), dsn).split())[:300]
-        raise StorageError(f"PostgreSQL jobs: {reason}; nothing was changed") from None
+def transaction(pool: ConnectionPool, dsn: str) -> AbstractContextManager[psycopg.Connection]:
+    """A connection in a transaction, its failures worded as the jobs' (connection.transaction)."""
+    return _transaction(pool, dsn, "jobs")
 
 
 def _lock_scope(conn: psycopg.Connection, scope: str) -> None:

@@ -10,7 +10,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from picoclaw.storage.errors import SchemaTooNew
-from picoclaw.storage.postgres import documents, index, jobs, sessions
+from picoclaw.storage.postgres import documents, inbox, index, jobs, sessions, work
 
 if TYPE_CHECKING:
     import psycopg
@@ -25,6 +25,7 @@ MIGRATION_LOCK = 0x7069636F
 STEPS: list[tuple[int, str]] = [
     (1, "create extension if not exists vector;\n" + documents.DDL + sessions.DDL + jobs.DDL + index.DDL),
     (2, index.TOTALS_V2),
+    (3, inbox.DDL + work.DDL),
 ]
 SCHEMA_VERSION = STEPS[-1][0]
 

@@ -18,10 +18,12 @@ from picoclaw.storage.errors import StorageError
 from picoclaw.storage.postgres import documents, jobs
 from picoclaw.storage.postgres.connection import open_pool, server_name, unreachable
 from picoclaw.storage.postgres.documents import LOCAL_LOCK, ScopeCopy
+from picoclaw.storage.postgres.inbox import PostgresInbox
 from picoclaw.storage.postgres.index import PostgresIndexTable
 from picoclaw.storage.postgres.locks import ScopeLock, ScopeLockHandle
 from picoclaw.storage.postgres.schema import ensure_schema, schema_version
 from picoclaw.storage.postgres.sessions import PostgresSessionLog, export_sessions, import_sessions, session_counts
+from picoclaw.storage.postgres.work import AdvisoryWorkLock, claim_interval
 from picoclaw.storage.stored_files import scope_of, stored_files
 
 if TYPE_CHECKING:
@@ -102,6 +104,23 @@ class PostgresStorage:
     def job_counts(self) -> dict[str, int]:
         """Rows of the jobs table ("jobs") and those still to run ("jobs_to_run")."""
         return jobs.job_counts(self.pool, self.dsn)
+
+    def work_lock(self, name: str) -> AdvisoryWorkLock:
+        """An advisory lock every worker on this database shares (storage/postgres/work.py)."""
+        return AdvisoryWorkLock(self.pool, self.dsn, name)
+
+    def claim_interval(self, name: str, seconds: float) -> bool:
+        """One caller per `seconds` across every worker, on the server's clock."""
+        return claim_interval(self.pool, self.dsn, name, seconds)
+
+    def telegram_inbox(self, bot: int) -> PostgresInbox:
+        """The bot's rows of `telegram_inbox`, shared by every worker."""
+        return PostgresInbox(self.pool, self.dsn, bot)
+
+    def ping(self) -> None:
+        """One round trip to the server (StorageUnavailable when it cannot be reached)."""
+        with self._connection() as conn:
+            conn.execute("select 1")
 
     def refresh(self) -> None:
         """Bring the shared scope's copy up to date (and send what changed here): a brief hold of its lock.

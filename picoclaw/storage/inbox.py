@@ -1,0 +1,201 @@
+"""The Telegram inbox: updates stored before Telegram is told "200 OK", then answered from here by any worker.
+
+One row per (bot, update_id): Telegram's retries and a load balancer's duplicates are stored once. A worker
+claims the oldest open update of each chat whose earlier updates are all done, with a lease it renews while
+the turn runs; a worker that dies loses its claims when their leases run out, and another takes them over.
+`replied` records that the answer was sent, so a taken-over update is not answered a second time.
+
+`SqliteInbox` is the files backend's (one worker, a file beside the workspace); PostgreSQL has its own
+(storage/postgres/inbox.py) with the same contract, shared by every worker.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Protocol
+
+from picoclaw import clock
+from picoclaw.storage.errors import StorageError
+
+# How long a finished update's row is kept: Telegram keeps an unconfirmed update for 24 hours, so a retry
+# that comes later than this cannot happen; the row's only use after it is answered is to recognise one.
+DONE_KEEP = timedelta(hours=48)
+
+
+@dataclass(frozen=True)
+class InboxUpdate:
+    """One claimed update: its raw JSON as Telegram sent it, and what earlier attempts did with it."""
+
+    update_id: int
+    chat: str  # what orders it: the chat's id, or "update:<id>" for an update that belongs to no chat
+    body: str
+    attempts: int  # claims so far, this one included
+    replied: bool  # an earlier attempt sent the answer (its worker died before calling it done)
+
+
+class Inbox(Protocol):
+    """The inbox of one bot (storage/inbox.py's module docstring says how it is used)."""
+
+    def store(self, update_id: int, chat: str, body: str) -> bool:
+        """Keep an update (once: False when it was already here)."""
+        ...
+
+    def claim(self, worker: str, lease: float, limit: int) -> list[InboxUpdate]:
+        """At most `limit` updates for `worker` to answer, each the oldest open one of its chat, leased for
+        `lease` seconds."""
+        ...
+
+    def renew(self, worker: str, update_ids: Sequence[int], lease: float) -> set[int]:
+        """Extend the leases `worker` still holds among `update_ids`; the ids it still holds."""
+        ...
+
+    def mark_replied(self, update_id: int) -> None:
+        """The answer to the update was sent."""
+        ...
+
+    def finish(self, update_id: int) -> None:
+        """The update is done with: the chat's next one may be claimed."""
+        ...
+
+    def prune(self) -> int:
+        """Delete the rows finished longer than DONE_KEEP ago; how many."""
+        ...
+
+    def release(self, worker: str, update_ids: Sequence[int]) -> None:
+        """Give back claims not finished (a worker stopping), for another worker to take at once."""
+        ...
+
+    def counts(self) -> dict[str, int]:
+        """Rows by state: open (not claimed or lease run out), claimed, done."""
+        ...
+
+    def close(self) -> None:
+        """Let go of the connection (PostgreSQL's pool belongs to the storage)."""
+        ...
+
+
+# The claim, in SQL both SQLite and PostgreSQL read: an open update whose lease (if any) ran out, and no
+# earlier update of its chat still open. A claimed update is open too, so the chat's next one waits for it.
+CLAIMABLE = """
+    select i.update_id from telegram_inbox i
+    where i.bot = {p} and i.done_at is null and (i.lease_until is null or i.lease_until < {now})
+      and not exists (select 1 from telegram_inbox e where e.bot = i.bot and e.chat = i.chat
+                      and e.done_at is null and e.update_id < i.update_id)
+    order by i.update_id limit {p}
+"""
+
+SQLITE_DDL = """
+create table if not exists telegram_inbox (
+    bot integer not null, update_id integer not null, chat text not null, body text not null,
+    received_at real not null, worker text, lease_until real, attempts integer not null default 0,
+    replied_at real, done_at real, primary key (bot, update_id));
+create index if not exists telegram_inbox_open on telegram_inbox (bot, chat, update_id) where done_at is null;
+"""
+
+
+class SqliteInbox:
+    """The inbox of the files backend: a SQLite file beside the workspace, for the one worker it allows."""
+
+    def __init__(self, path: Path, bot: int):
+        self.path = path
+        self.bot = bot
+        self._guard = threading.Lock()  # one connection, shared by the worker threads of asyncio.to_thread
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._conn.execute("pragma journal_mode = wal")
+            self._conn.execute("pragma synchronous = full")  # stored means on disk before the 200 goes out
+            self._conn.executescript(SQLITE_DDL)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the Telegram inbox {path}: {exc}") from None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._guard:
+            try:
+                self._conn.execute("begin immediate")
+                try:
+                    yield self._conn
+                except BaseException:
+                    self._conn.execute("rollback")
+                    raise
+                self._conn.execute("commit")
+            except sqlite3.Error as exc:
+                raise StorageError(f"the Telegram inbox {self.path} failed: {exc}") from None
+
+    @staticmethod
+    def _now() -> float:
+        return clock.now().timestamp()
+
+    def store(self, update_id: int, chat: str, body: str) -> bool:
+        with self._transaction() as conn:
+            cursor = conn.execute("insert into telegram_inbox (bot, update_id, chat, body, received_at) "
+                                  "values (?, ?, ?, ?, ?) on conflict do nothing",
+                                  (self.bot, update_id, chat, body, self._now()))
+            return cursor.rowcount == 1
+
+    def claim(self, worker: str, lease: float, limit: int) -> list[InboxUpdate]:
+        now = self._now()
+        with self._transaction() as conn:
+            ids = [row[0] for row in conn.execute(CLAIMABLE.format(p="?", now="?"), (self.bot, now, limit))]
+            claimed = []
+            for update_id in ids:
+                row = conn.execute("update telegram_inbox set worker = ?, lease_until = ?, attempts = attempts + 1 "
+                                   "where bot = ? and update_id = ? "
+                                   "returning update_id, chat, body, attempts, replied_at is not null",
+                                   (worker, now + lease, self.bot, update_id)).fetchone()
+                claimed.append(InboxUpdate(int(row[0]), row[1], row[2], int(row[3]), bool(row[4])))
+            return claimed
+
+    def renew(self, worker: str, update_ids: Sequence[int], lease: float) -> set[int]:
+        until = self._now() + lease
+        held = set()
+        with self._transaction() as conn:
+            for update_id in update_ids:
+                cursor = conn.execute("update telegram_inbox set lease_until = ? where bot = ? and update_id = ? "
+                                      "and worker = ? and done_at is null", (until, self.bot, update_id, worker))
+                if cursor.rowcount:
+                    held.add(update_id)
+        return held
+
+    def mark_replied(self, update_id: int) -> None:
+        with self._transaction() as conn:
+            conn.execute("update telegram_inbox set replied_at = ? where bot = ? and update_id = ?",
+                         (self._now(), self.bot, update_id))
+
+    def finish(self, update_id: int) -> None:
+        with self._transaction() as conn:
+            conn.execute("update telegram_inbox set done_at = ?, lease_until = null where bot = ? and update_id = ?",
+                         (self._now(), self.bot, update_id))
+
+    def prune(self) -> int:
+        with self._transaction() as conn:
+            cursor = conn.execute("delete from telegram_inbox where bot = ? and done_at < ?",
+                                  (self.bot, self._now() - DONE_KEEP.total_seconds()))
+            return cursor.rowcount
+
+    def release(self, worker: str, update_ids: Sequence[int]) -> None:
+        with self._transaction() as conn:
+            for update_id in update_ids:
+                conn.execute("update telegram_inbox set lease_until = null, worker = null where bot = ? "
+                             "and update_id = ? and worker = ? and done_at is null", (self.bot, update_id, worker))
+
+    def counts(self) -> dict[str, int]:
+        now = self._now()
+        with self._transaction() as conn:
+            row = conn.execute(
+                "select count(*) filter (where done_at is null and (lease_until is null or lease_until < ?)), "
+                "count(*) filter (where done_at is null and lease_until >= ?), "
+                "count(*) filter (where done_at is not null) from telegram_inbox where bot = ?",
+                (now, now, self.bot)).fetchone()
+        return {"open": int(row[0]), "claimed": int(row[1]), "done": int(row[2])}
+
+    def close(self) -> None:
+        with self._guard:
+            self._conn.close()

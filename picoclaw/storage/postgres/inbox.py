@@ -1,0 +1,115 @@
+"""The Telegram inbox on PostgreSQL, shared by every worker (the contract: storage/inbox.py).
+
+Leases are measured on the server's clock, so workers whose clocks disagree still agree on when a claim ran
+out. A claim locks the rows it takes with FOR UPDATE SKIP LOCKED: two workers claiming at once take
+different chats, never the same update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+from picoclaw.storage.inbox import CLAIMABLE, DONE_KEEP, InboxUpdate
+from picoclaw.storage.postgres.connection import transaction
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+DDL = """
+-- Telegram updates stored before the webhook answers 200, answered from here by any worker.
+create table telegram_inbox (
+    bot         bigint not null,          -- the bot's id (the public half of its token)
+    update_id   bigint not null,
+    chat        text not null,            -- updates of one chat are answered one at a time, in update_id order
+    body        text not null,            -- the update's JSON as Telegram sent it
+    received_at timestamptz not null default now(),
+    worker      text,                     -- who holds (or last held) the claim
+    lease_until timestamptz,              -- the claim runs out then; null: not claimed
+    attempts    int not null default 0,
+    replied_at  timestamptz,              -- the answer was sent
+    done_at     timestamptz,
+    primary key (bot, update_id)
+);
+create index telegram_inbox_open on telegram_inbox (bot, chat, update_id) where done_at is null;
+create index telegram_inbox_done on telegram_inbox (bot, done_at) where done_at is not null;
+"""
+
+CLAIM = f"""
+    update telegram_inbox set worker = %s, lease_until = now() + make_interval(secs => %s),
+        attempts = attempts + 1
+    where bot = %s and update_id in ({CLAIMABLE.format(p="%s", now="now()")} for update skip locked)
+    returning update_id, chat, body, attempts, replied_at is not null
+"""
+
+
+class PostgresInbox:
+    """One bot's inbox in the `telegram_inbox` table."""
+
+    def __init__(self, pool: ConnectionPool, dsn: str, bot: int):
+        self.pool = pool
+        self.dsn = dsn
+        self.bot = bot
+
+    def _transaction(self) -> AbstractContextManager[psycopg.Connection]:
+        return transaction(self.pool, self.dsn, "inbox")
+
+    def store(self, update_id: int, chat: str, body: str) -> bool:
+        with self._transaction() as conn:
+            cursor = conn.execute("insert into telegram_inbox (bot, update_id, chat, body) values (%s, %s, %s, %s) "
+                                  "on conflict do nothing", (self.bot, update_id, chat, body))
+            return cursor.rowcount == 1
+
+    def claim(self, worker: str, lease: float, limit: int) -> list[InboxUpdate]:
+        with self._transaction() as conn:
+            rows = conn.execute(CLAIM, (worker, lease, self.bot, self.bot, limit)).fetchall()
+        return sorted((InboxUpdate(int(r[0]), r[1], r[2], int(r[3]), bool(r[4])) for r in rows),
+                      key=lambda update: update.update_id)
+
+    def renew(self, worker: str, update_ids: Sequence[int], lease: float) -> set[int]:
+        if not update_ids:
+            return set()
+        with self._transaction() as conn:
+            rows = conn.execute("update telegram_inbox set lease_until = now() + make_interval(secs => %s) "
+                                "where bot = %s and update_id = any(%s) and worker = %s and done_at is null "
+                                "returning update_id", (lease, self.bot, list(update_ids), worker)).fetchall()
+        return {int(row[0]) for row in rows}
+
+    def mark_replied(self, update_id: int) -> None:
+        with self._transaction() as conn:
+            conn.execute("update telegram_inbox set replied_at = now() where bot = %s and update_id = %s",
+                         (self.bot, update_id))
+
+    def finish(self, update_id: int) -> None:
+        with self._transaction() as conn:
+            conn.execute("update telegram_inbox set done_at = now(), lease_until = null "
+                         "where bot = %s and update_id = %s", (self.bot, update_id))
+
+    def prune(self) -> int:
+        with self._transaction() as conn:
+            cursor = conn.execute("delete from telegram_inbox where bot = %s and done_at < now() - %s",
+                                  (self.bot, DONE_KEEP))
+            return cursor.rowcount
+
+    def release(self, worker: str, update_ids: Sequence[int]) -> None:
+        if not update_ids:
+            return
+        with self._transaction() as conn:
+            conn.execute("update telegram_inbox set lease_until = null, worker = null where bot = %s "
+                         "and update_id = any(%s) and worker = %s and done_at is null",
+                         (self.bot, list(update_ids), worker))
+
+    def counts(self) -> dict[str, int]:
+        with self._transaction() as conn:
+            row = conn.execute(
+                "select count(*) filter (where done_at is null and (lease_until is null or lease_until < now())), "
+                "count(*) filter (where done_at is null and lease_until >= now()), "
+                "count(*) filter (where done_at is not null) from telegram_inbox where bot = %s",
+                (self.bot,)).fetchone()
+        assert row is not None
+        return {"open": int(row[0]), "claimed": int(row[1]), "done": int(row[2])}
+
+    def close(self) -> None:
+        """The pool is the storage's: nothing of the inbox's own to close."""
