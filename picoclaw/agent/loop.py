@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from picoclaw.agent.context import ContextBuilder
 from picoclaw.agent.history import keep_last, safe_start
 from picoclaw.agent.lessons import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
-from picoclaw.agent.reflection import Reflector
+from picoclaw.agent.reflection import Reflector, reflection_due
 from picoclaw.agent.streaming import StreamGate, TextSink
 from picoclaw.agent.summary import CompactResult, accept_summary, render_transcript, summary_request
 from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
@@ -48,7 +48,7 @@ from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import LongTermCompressor, Session, StoredMessage, TurnMetrics, Workspace, flush_facts
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
-from picoclaw.storage import StorageError
+from picoclaw.storage import StorageError, storage_for
 from picoclaw.tokens import count_tokens
 from picoclaw.tools import ToolRegistry, current_session
 
@@ -369,7 +369,25 @@ class AgentLoop:
             await notify(finished.key, learned.draft.notice)
 
     async def _reflect_if_due(self, key: str) -> None:
-        await self.reflector.maybe_reflect(self.sessions, await self.session(key))
+        if not reflection_due(self.workspace.policy.current(), await self.session(key)):
+            return
+        async with self._alone(f"reflection:{key}") as ours:
+            if ours:  # looked at again, brought up to date: another worker may have just reflected on it
+                await self.reflector.maybe_reflect(self.sessions, await self.session(key))
+
+    @asynccontextmanager
+    async def _alone(self, work: str) -> AsyncIterator[bool]:
+        """Whether this process has background work `work` to itself, across processes and worker machines
+        (storage/work.py); held until the block ends."""
+        lock = storage_for(self.workspace.root).work_lock(work)
+        ours = await asyncio.to_thread(lock.try_acquire)
+        if not ours:
+            log.info("%s: already under way in another process", work)
+        try:
+            yield ours
+        finally:
+            if ours:
+                await asyncio.to_thread(lock.release)
 
     async def _summarize_if_needed(self, key: str, notify: NoticeSink | None) -> None:
         # A summary already being written covers this turn's check too: no second notice, no second call.
@@ -378,7 +396,12 @@ class AgentLoop:
         backoff = self._summary_backoff.get(key)
         if backoff is not None and session.last_id < backoff.retry_at:
             return
-        if key not in self._summarizing and self.needs_summary(session, self.workspace.policy.current()):
+        if key in self._summarizing or not self.needs_summary(session, self.workspace.policy.current()):
+            return
+        async with self._alone(f"summary:{key}") as ours:
+            # Looked at again once ours, brought up to date: another worker may have just summarised it.
+            if not ours or not self.needs_summary(await self.session(key), self.workspace.policy.current()):
+                return
             if notify is not None:
                 await notify(key, SUMMARY_NOTICE)
             await self.compact(key)

@@ -33,6 +33,7 @@ from picoclaw.jobs.model import Job, JobError, JobsFileError
 from picoclaw.jobs.schedule import following_run, job_problem
 from picoclaw.jobs.store import JobStore
 from picoclaw.session_key import TELEGRAM, SessionKey, channel_of
+from picoclaw.storage import StorageError, storage_for
 from picoclaw.workspace_text import strip_comments
 
 if TYPE_CHECKING:  # its settings are only read here: the config models are not built for the job runner
@@ -75,6 +76,8 @@ RUNNING = "running"
 INTERRUPTED = "interrupted: the bot stopped while it ran; not run again"
 # The heartbeat's reply when there is nothing to tell; AgentLoop's words for an empty answer are quiet too.
 HEARTBEAT_QUIET = "HEARTBEAT_OK"
+HEARTBEAT_WORK = "heartbeat"  # the name several workers claim the heartbeat's interval under (storage/work.py)
+HEARTBEAT_SLACK = 0.9  # share of the interval that must have passed since any worker's last beat
 EMPTY_ANSWER = "(the model returned an empty answer)"
 HEARTBEAT_FRAME = (
     "Periodic check ({now}). These are your standing tasks from HEARTBEAT.md:\n\n{tasks}\n\n"
@@ -143,7 +146,8 @@ class Scheduler:
             await self.run_due()
             if self.heartbeat is not None and self.next_heartbeat is not None and clock.now() >= self.next_heartbeat:
                 self.next_heartbeat = clock.now() + timedelta(minutes=self.heartbeat.interval_minutes)
-                await self.beat()
+                if await self._heartbeat_is_ours(self.heartbeat.interval_minutes):
+                    await self.beat()
             if self._stopping:
                 break
             await self._pause(self._seconds_to_wait())
@@ -313,6 +317,21 @@ class Scheduler:
             return None
 
     # -- heartbeat --------------------------------------------------------------------------------------
+
+    async def _heartbeat_is_ours(self, interval_minutes: float) -> bool:
+        """Whether this process beats now: of several workers whose heartbeat falls due, one per interval does.
+
+        A tenth of the interval is forgiven, so workers' timers drifting apart never skip an interval.
+        """
+        seconds = interval_minutes * 60 * HEARTBEAT_SLACK
+        try:
+            ours = await asyncio.to_thread(storage_for(self.store.path).claim_interval, HEARTBEAT_WORK, seconds)
+        except StorageError as exc:
+            log.error("scheduler: heartbeat skipped: %s", exc)
+            return False
+        if not ours:
+            log.info("scheduler: heartbeat: another worker beat in this interval")
+        return ours
 
     async def beat(self) -> str | None:
         """One heartbeat: run HEARTBEAT.md's tasks as a turn of the owner's session; what was delivered."""
