@@ -53,6 +53,7 @@ class App:
         self._provider: OpenAICompatProvider | None = None
         self._shared: AgentLoop | None = None
         self._mcp: McpServers | None = None
+        self.worker: str | None = None  # this process's name among several bot workers, shown by /status
         self._agents: LruCache[str, AgentLoop] = LruCache(
             AGENT_CACHE_SIZE, keep=lambda key: self._busy(key), on_evict=lambda key, agent: agent.workspace.close())
 
@@ -94,7 +95,7 @@ class App:
         from picoclaw.tools import build_tools
 
         extra = self._mcp_tools()
-        status = self._mcp.status_lines if self._mcp is not None else None
+        status = self._status_lines
         if user_key is None:
             if self._shared is None:
                 self._shared = AgentLoop(self.workspace, self.provider(), build_tools(self.workspace, extra),
@@ -106,6 +107,11 @@ class App:
             loop = AgentLoop(workspace, self.provider(), build_tools(workspace, extra), status=status)
             self._agents.put(user_key, loop)
         return loop
+
+    def _status_lines(self) -> list[str]:
+        """What /status adds to the agent's own lines: this worker's name, the MCP servers' states."""
+        lines = [f"worker: {self.worker}"] if self.worker else []
+        return lines + (self._mcp.status_lines() if self._mcp is not None else [])
 
     def jobs(self) -> JobStore:
         """The scheduled jobs of this workspace (`cron/jobs.json`, every scope's)."""

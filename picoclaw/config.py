@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -87,6 +88,61 @@ def _default_providers() -> dict[str, ProviderConfig]:
     }
 
 
+class WebhookConfig(_Strict):
+    """channels.telegram.webhook: Telegram POSTs updates to `url` (https) instead of being long-polled; this
+    worker listens on `listen` ("host:port"), on `path` (empty: the URL's own path). `secret_token` (empty:
+    one derived from the bot token, the same on every worker) must come in every request's
+    X-Telegram-Bot-Api-Secret-Token header. A worker's claim on an update lasts `lease_seconds` unless renewed,
+    so a dead worker's chats are answered by another after at most that long."""
+
+    url: str = ""
+    listen: str = "127.0.0.1:8080"
+    path: str = ""
+    secret_token: str = ""
+    lease_seconds: float = Field(30.0, ge=3, le=3600)
+    max_parallel: int = Field(16, ge=1, le=256)  # updates one worker answers at once (different chats)
+
+    @field_validator("url")
+    @classmethod
+    def _https(cls, url: str) -> str:
+        if url and not re.fullmatch(r"https://[^/\s?#]+(/[^\s?#]*)?", url):
+            raise ValueError(f"must be an https:// URL such as https://bot.example.com/tg (Telegram only posts "
+                             f"to HTTPS), got {url!r}")
+        return url
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, listen: str) -> str:
+        listen_address(listen)
+        return listen
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_path(cls, path: str) -> str:
+        if path and not re.fullmatch(r"/[A-Za-z0-9._~/-]*", path):
+            raise ValueError(f"must start with / and hold only letters, digits and ._~/-, got {path!r}")
+        return path
+
+    @field_validator("secret_token")
+    @classmethod
+    def _telegram_secret(cls, secret: str) -> str:
+        if secret and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", secret):
+            raise ValueError("Telegram allows 1-256 characters A-Z, a-z, 0-9, _ and - in a secret token")
+        return secret
+
+    def route(self) -> str:
+        """The path this worker serves updates on: `path`, else the URL's path, else "/"."""
+        return self.path or urlsplit(self.url).path or "/"
+
+
+def listen_address(listen: str) -> tuple[str, int]:
+    """("host", port) of "host:port" or "[v6 address]:port"; ValueError for anything else."""
+    match = re.fullmatch(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9.-]+)):(\d{1,5})", listen)
+    if match is None or not 0 < int(match.group(3)) < 65536:
+        raise ValueError(f"must be host:port such as 0.0.0.0:8080 or [::]:8080, got {listen!r}")
+    return match.group(1) or match.group(2), int(match.group(3))
+
+
 class TelegramConfig(_Strict):
     """channels.telegram. `enabled` must be true for `picoclaw telegram` to run (a switch the user can flip)."""
 
@@ -96,6 +152,7 @@ class TelegramConfig(_Strict):
     api_base: str | None = None
     memory_scope: Literal["shared", "per_user"] = "shared"
     group_trigger: Literal["mention", "always"] = "mention"
+    webhook: WebhookConfig = WebhookConfig()
 
     @field_validator("allow_from")
     @classmethod

@@ -21,7 +21,7 @@ from picoclaw.errors import PicoclawError
 GROUPS: tuple[tuple[str, str, str], ...] = (
     ("onboard", "picoclaw.cli.onboard", "create ~/.picoclaw, config.json and the workspace"),
     ("chat", "picoclaw.cli.chat", "talk to the assistant in this terminal"),
-    ("telegram", "picoclaw.cli.telegram", "run the assistant as a Telegram bot (long polling; Ctrl-C stops)"),
+    ("telegram", "picoclaw.cli.telegram", "run the assistant as a Telegram bot (polling or webhook; Ctrl-C stops)"),
     ("memory", "picoclaw.cli.memory", "read, search and write long-term memory and notes"),
     ("cron", "picoclaw.cli.cron", "reminders and recurring tasks that `picoclaw telegram` delivers"),
     ("skills", "picoclaw.cli.skills", "the skills in workspace/skills/ that the model can load"),

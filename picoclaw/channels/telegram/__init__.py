@@ -5,10 +5,13 @@
 - `commands`: the slash-command menu and the router filter that takes the commands;
 - `bot`: making the aiogram Bot, its request middlewares (429, 409, "typing…"), the polling lock, the token
   kept out of logs;
-- `format` and `split`: the model's Markdown as Telegram HTML, in messages that fit.
+- `format` and `split`: the model's Markdown as Telegram HTML, in messages that fit;
+- `webhook`: webhook mode, where updates are stored in the inbox before Telegram is answered and several
+  workers answer them from it.
 
 One process polls a bot token at a time: `polling_lock` refuses a second one on the same workspace, and a
-409 Conflict from Telegram (a poller elsewhere, or a webhook) stops polling with one clear line.
+409 Conflict from Telegram (a poller elsewhere, or a webhook) stops polling with one clear line. Webhook
+workers may be several on PostgreSQL; on the files backend the same lock allows one.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from picoclaw.channels.telegram.channel import APOLOGY, NOT_TEXT, TelegramChanne
 from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import render_html, telegram_parts
 from picoclaw.channels.telegram.split import MESSAGE_LIMIT, MessagePart
+from picoclaw.channels.telegram.webhook import Webhook, webhook_secret
 
 __all__ = [
     "APOLOGY",
@@ -41,10 +45,12 @@ __all__ = [
     "RetryAfterMiddleware",
     "SlashCommand",
     "TelegramChannel",
+    "Webhook",
     "chat_of",
     "make_bot",
     "not_authorised",
     "polling_lock",
     "render_html",
     "telegram_parts",
+    "webhook_secret",
 ]

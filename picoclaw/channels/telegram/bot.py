@@ -191,8 +191,9 @@ def conflict_message(where: str, exc: TelegramConflictError, token: str) -> str:
 
 
 @contextmanager
-def polling_lock(path: Path) -> Iterator[None]:
-    """Held while this process polls a bot; a second poller of the same lock is refused in one line.
+def polling_lock(path: Path, *, refusal: str | None = None) -> Iterator[None]:
+    """Held while this process polls a bot (or serves its webhook on the files backend); a second process
+    taking the same lock is refused in one line, ending in `refusal` when given.
 
     Two pollers of one token would each answer, and store, every message (or take turns at 409 Conflict).
     The lock file holds the holder's pid, for the refusal to name (it may be stale, hence the "?").
@@ -202,6 +203,9 @@ def polling_lock(path: Path) -> Iterator[None]:
     try:
         lock.acquire(blocking=False)
     except Timeout:
+        if refusal is not None:
+            raise PicoclawError(f"another picoclaw already serves this bot ({_lock_holder(path)}) on this "
+                                f"workspace; {refusal}") from None
         raise PicoclawError(f"another picoclaw is already polling this bot ({_lock_holder(path)}) on this "
                             "workspace; stop it first: two would answer every message twice") from None
     try:

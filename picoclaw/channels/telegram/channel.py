@@ -42,6 +42,7 @@ from picoclaw.channels.telegram.bot import (
 )
 from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import EMPTY_REPLY, MessagePart, telegram_parts
+from picoclaw.channels.telegram.webhook import Webhook, reply_sent
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import PicoclawError
 from picoclaw.jobs import Scheduler
@@ -59,6 +60,13 @@ NOT_TEXT = "I can only read text messages."
 # Strangers already told their id: enough to cover any real crowd of unknown users, and small (ints).
 TOLD_SIZE = 10_000
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
+
+
+async def _record_reply_sent() -> None:
+    """Tell the inbox the update being answered has had its reply (webhook mode; nothing when polling)."""
+    record = reply_sent.get()
+    if record is not None:
+        await record()
 
 
 def chat_of(session_key: str) -> int | None:
@@ -95,6 +103,7 @@ class TelegramChannel:
         self._chat_locks: KeyedLocks[str] = KeyedLocks()
         self._told: LruCache[int, bool] = LruCache(TOLD_SIZE)  # strangers told their id (in memory only)
         self._in_flight: set[asyncio.Task[object]] = set()
+        self._webhook: Webhook | None = None
 
     def _dispatcher(self) -> Dispatcher:
         """The routers of the module's docstring, in that order."""
@@ -114,11 +123,14 @@ class TelegramChannel:
 
     # -- life cycle ---------------------------------------------------------------------------------
 
-    async def start(self) -> User:
-        """Check the token, drop any webhook, register the command menu."""
+    async def start(self, webhook: Webhook | None = None) -> User:
+        """Check the token, set the `webhook` (or, to poll, drop any), register the command menu."""
         try:
             self.me = await self.bot.get_me()
-            await self.bot.delete_webhook(drop_pending_updates=False)  # long polling gets nothing while set
+            if webhook is not None:
+                await webhook.register(self.bot, self.dispatcher)
+            else:
+                await self.bot.delete_webhook(drop_pending_updates=False)  # long polling gets nothing while set
         except TelegramUnauthorizedError:
             raise PicoclawError("Telegram rejected the bot token (401 Unauthorized): it is wrong or was revoked; "
                                 "check channels.telegram.token or TELEGRAM_BOT_TOKEN") from None
@@ -155,8 +167,9 @@ class TelegramChannel:
         return excerpt(text, ERROR_EXCERPT, self._secrets)
 
     async def run(self, *, scheduler: Scheduler | None = None, handle_signals: bool = True,
-                  polling_timeout: int = 10) -> None:
-        """Poll until stopped, then let in-flight turns finish (bounded) and close everything.
+                  polling_timeout: int = 10, webhook: Webhook | None = None) -> None:
+        """Poll (or, given a `webhook`, serve it) until stopped, then let in-flight turns finish (bounded) and
+        close everything.
 
         A `scheduler` (reminders, recurring jobs, the heartbeat) runs beside polling once the bot has
         started, delivering through `deliver`; it stops with the bot, after the job under way. A 409
@@ -169,15 +182,20 @@ class TelegramChannel:
         watch = ConflictWatch(self.stop)
         self.bot.session.middleware(watch)  # for this run only: a bot may be run again
         try:
-            await self.start()
+            self._webhook = webhook
+            await self.start(webhook)
             # Everything loaded so far (modules, config, the model client) lives as long as the process:
             # frozen, it is left out of the garbage collector's full passes, which otherwise stop every
             # chat for ~250 ms each time (bench/telegram.py's open loop).
             gc.freeze()
             jobs = asyncio.create_task(scheduler.run()) if scheduler is not None else None
             try:
-                await self.dispatcher.start_polling(self.bot, handle_signals=handle_signals,
-                                                    close_bot_session=False, polling_timeout=polling_timeout)
+                if webhook is not None:
+                    await webhook.serve(self.bot, self.dispatcher, handle_signals=handle_signals,
+                                        shutdown_timeout=self.shutdown_timeout)
+                else:
+                    await self.dispatcher.start_polling(self.bot, handle_signals=handle_signals,
+                                                        close_bot_session=False, polling_timeout=polling_timeout)
             finally:
                 gc.unfreeze()  # back to normal collection: the process may go on to do other things
                 if scheduler is not None and jobs is not None:
@@ -192,8 +210,12 @@ class TelegramChannel:
                 logger.removeFilter(redactor)
 
     async def stop(self) -> None:
-        """Stop polling (what SIGINT/SIGTERM do); `run()` then finishes the turns under way."""
-        await self.dispatcher.stop_polling()
+        """Stop polling or taking webhook updates (what SIGINT/SIGTERM do); `run()` then finishes the turns
+        under way."""
+        if self._webhook is not None:
+            self._webhook.stop()
+        else:
+            await self.dispatcher.stop_polling()
 
     async def finish(self) -> None:
         """Wait for turns under way (at most `shutdown_timeout`) and background work, then close the bot."""
@@ -230,6 +252,7 @@ class TelegramChannel:
             return
         self._told.put(user.id, True)
         await self._send(message.chat.id, not_authorised(user.id))
+        await _record_reply_sent()
 
     async def _in_chat_order(self, message: Message, *, kept: bool) -> None:
         user, chat = message.from_user, message.chat
@@ -266,6 +289,7 @@ class TelegramChannel:
             log.exception("telegram: chat %s user %s: the turn failed", chat_id, user.id)
             reply = APOLOGY
         failure = await self.send_reply(chat_id, reply)
+        await _record_reply_sent()
         if failure is not None and stored:
             await self._mark_undelivered(agent, key, reply, failure)
 
