@@ -148,9 +148,9 @@ class SqliteInbox:
             for update_id in ids:
                 row = conn.execute("update telegram_inbox set worker = ?, lease_until = ?, attempts = attempts + 1 "
                                    "where bot = ? and update_id = ? "
-                                   "returning update_id, chat, body, attempts, replied_at is not null",
+                                   "returning update_id, chat, body, attempts, replied_at",
                                    (worker, now + lease, self.bot, update_id)).fetchone()
-                claimed.append(InboxUpdate(int(row[0]), row[1], row[2], int(row[3]), bool(row[4])))
+                claimed.append(InboxUpdate(int(row[0]), row[1], row[2], int(row[3]), row[4] is not None))
             return claimed
 
     def renew(self, worker: str, update_ids: Sequence[int], lease: float) -> set[int]:

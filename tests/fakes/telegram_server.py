@@ -9,7 +9,10 @@ call the bot made:
         assert telegram.sent_texts(42) == ["hi!"]
 
 Users send text, stickers or photos. Methods: getMe, getUpdates (long polling; an `offset` confirms earlier
-updates, as Telegram does), sendMessage, sendChatAction, setMyCommands, deleteWebhook. Errors can be
+updates, as Telegram does), sendMessage, sendChatAction, setMyCommands, setWebhook, getWebhookInfo,
+deleteWebhook. While a webhook is set, getUpdates gets Telegram's 409, and `deliver_to(ports)` POSTs each
+update in turn to the workers' ports, round-robin as a load balancer would, trying the next port on a refused
+connection or an answer other than 200 (as Telegram retries). Errors can be
 scripted for any method (400 "can't parse entities", 403 blocked, 409 Conflict, 429 with retry_after, or a
 non-JSON page such as a proxy's 502); a wrong or revoked token gets 401 Unauthorized.
 """
@@ -71,6 +74,11 @@ class FakeTelegramServer(BackgroundHTTPServer):
         # Called on the server's loop after each successful sendMessage with its params (a bench uses it
         # to send a chat's next message as soon as the answer arrives).
         self.on_sent: Callable[[dict[str, Any]], None] | None = None
+        self.webhook: dict[str, Any] | None = None  # setWebhook's params while one is set
+        self.webhook_posts: list[tuple[int, int, int]] = []  # (update_id, port, HTTP status or 0: refused)
+        self._delivered = 0  # updates below this index were accepted by a worker
+        self._deliver_wake: asyncio.Event | None = None
+        self._delivery: asyncio.Future[None] | None = None
 
     # -- what users do ----------------------------------------------------------------------------
 
@@ -111,7 +119,79 @@ class FakeTelegramServer(BackgroundHTTPServer):
             self._updates.append({"update_id": update_id, "message": message})
         if self._arrived is not None:
             self.call_in_loop(self._arrived.set)
+        if self._deliver_wake is not None:
+            self.call_in_loop(self._deliver_wake.set)
         return update_id
+
+    # -- webhook delivery ---------------------------------------------------------------------------
+
+    def deliver_to(self, ports: list[int], path: str = "/tg", *, secret: str | None = None,
+                   retry_pause: float = 0.05) -> None:
+        """POST every update, in order, to the workers on `ports` (127.0.0.1) until the server stops: round-robin
+        from one update to the next, and on a refused connection or a non-200 answer the next port, after
+        `retry_pause` once every port was tried. `secret` (default: setWebhook's) goes in the header."""
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self._deliver(ports, path, secret, retry_pause), self._loop)
+        self._delivery = asyncio.wrap_future(future, loop=self._loop)
+
+    def stop(self) -> None:
+        """Stop delivering (the delivery's task ends on the server's loop), then stop the server."""
+        delivery, loop = self._delivery, self._loop
+        if delivery is not None and loop is not None:
+            async def cancel() -> None:
+                delivery.cancel()
+                await asyncio.gather(delivery, return_exceptions=True)
+            asyncio.run_coroutine_threadsafe(cancel(), loop).result(10)
+            self._delivery = None
+        super().stop()
+
+    def delivered(self) -> int:
+        """How many updates a worker has accepted (answered 200)."""
+        with self._lock:
+            return self._delivered
+
+    async def _deliver(self, ports: list[int], path: str, secret: str | None, retry_pause: float) -> None:
+        import aiohttp
+
+        self._deliver_wake = asyncio.Event()
+        turn = 0
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while not self.stopping():
+                with self._lock:
+                    pending = self._updates[self._delivered] if self._delivered < len(self._updates) else None
+                    token = secret if secret is not None else (self.webhook or {}).get("secret_token", "")
+                if pending is None:
+                    self._deliver_wake.clear()
+                    with self._lock:
+                        if self._delivered < len(self._updates):
+                            continue
+                    await self._wait_or_close(self._deliver_wake, 1.0)
+                    continue
+                for attempt in range(len(ports)):
+                    port = ports[(turn + attempt) % len(ports)]
+                    status = await _post_update(session, port, path, pending, token)
+                    with self._lock:
+                        self.webhook_posts.append((pending["update_id"], port, status))
+                    if status == 200:
+                        turn += attempt + 1
+                        with self._lock:
+                            self._delivered += 1
+                            self._lock.notify_all()
+                        break
+                else:
+                    await self.pause(retry_pause)
+
+    async def _wait_or_close(self, event: asyncio.Event, timeout: float) -> None:
+        """Until `event` is set, the server begins to stop, or `timeout` seconds pass."""
+        assert self._closing is not None
+        waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._closing.wait())}
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
 
     def fail_next(self, method: str, status: int, description: str, *, retry_after: int | None = None,
                   times: int = 1, after: int = 0) -> None:
@@ -165,7 +245,11 @@ class FakeTelegramServer(BackgroundHTTPServer):
             return _error(ScriptedError(401, "Unauthorized"))
         scripted = self._take_error(method)
         handler = {"getMe": self._get_me, "getUpdates": self._get_updates, "sendMessage": self._send_message,
-                   "sendChatAction": _true, "setMyCommands": _true, "deleteWebhook": _true}.get(method)
+                   "sendChatAction": _true, "setMyCommands": _true, "deleteWebhook": self._delete_webhook,
+                   "setWebhook": self._set_webhook, "getWebhookInfo": self._webhook_info}.get(method)
+        if method == "getUpdates" and self.webhook is not None and scripted is None:
+            scripted = ScriptedError(409, "Conflict: can't use getUpdates method while webhook is active; "
+                                          "use deleteWebhook to delete the webhook first")
         if scripted is None and handler is None:
             scripted = ScriptedError(404, "Not Found: method not found")
         # Recorded on arrival (a test can wait for the first long poll), marked "_ok" once it succeeded.
@@ -214,13 +298,25 @@ class FakeTelegramServer(BackgroundHTTPServer):
                 if any(u["update_id"] >= self._confirmed for u in self._updates):
                     continue
             # Stopping the server ends a long poll at once instead of making shutdown wait it out.
-            assert self._closing is not None
-            waiters = {asyncio.ensure_future(self._arrived.wait()), asyncio.ensure_future(self._closing.wait())}
-            _, pending_waiters = await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            for waiter in pending_waiters:
-                waiter.cancel()
-            if self._closing.is_set():
+            await self._wait_or_close(self._arrived, left)
+            if self.stopping():
                 return []
+
+    async def _set_webhook(self, params: dict[str, Any]) -> bool:
+        with self._lock:
+            self.webhook = params
+        return True
+
+    async def _delete_webhook(self, params: dict[str, Any]) -> bool:
+        with self._lock:
+            self.webhook = None
+        return True
+
+    async def _webhook_info(self, params: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            url = (self.webhook or {}).get("url", "")
+            pending = len(self._updates) - self._delivered if url else 0
+        return {"url": url, "has_custom_certificate": False, "pending_update_count": pending}
 
     async def _send_message(self, params: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -228,6 +324,19 @@ class FakeTelegramServer(BackgroundHTTPServer):
             message_id = self._message_ids
         return {"message_id": message_id, "date": int(time.time()), "from": self._bot_user(),
                 "chat": {"id": int(params["chat_id"]), "type": "private"}, "text": params["text"]}
+
+
+async def _post_update(session: Any, port: int, path: str, update: dict[str, Any], secret: str) -> int:
+    """POST one update to a worker as Telegram does; its HTTP status, or 0 when no answer came."""
+    import aiohttp
+
+    headers = {"X-Telegram-Bot-Api-Secret-Token": secret} if secret else {}
+    try:
+        async with session.post(f"http://127.0.0.1:{port}{path}", json=update, headers=headers) as response:
+            await response.read()
+            return response.status
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return 0
 
 
 async def _params(request: web.Request) -> dict[str, Any]:

@@ -84,8 +84,9 @@ class InboxRequestHandler(SimpleRequestHandler):
             why = "without the secret token" if SECRET_HEADER not in request.headers else "with a wrong secret token"
             log.warning("telegram webhook: refused a request from %s %s", peer, why)
             return web.Response(status=401, text="Unauthorized")
-        body = await request.content.read(MAX_UPDATE_BYTES + 1)
-        if len(body) > MAX_UPDATE_BYTES:
+        try:
+            body = await request.read()  # the application's client_max_size caps it
+        except web.HTTPRequestEntityTooLarge:
             log.warning("telegram webhook: refused a request from %s: body over %d bytes", peer, MAX_UPDATE_BYTES)
             return web.Response(status=413, text="Payload Too Large")
         try:
@@ -279,7 +280,7 @@ class Webhook:
         worker = InboxWorker(inbox, lambda update: dispatcher.feed_raw_update(bot, update),
                              worker=self.worker, lease=self.settings.lease_seconds,
                              parallel=self.settings.max_parallel)
-        app = web.Application(client_max_size=MAX_UPDATE_BYTES + 1)
+        app = web.Application(client_max_size=MAX_UPDATE_BYTES)
         InboxRequestHandler(dispatcher, bot, self.secret_token, inbox, worker.wake).register(
             app, path=self.settings.route())
         app.router.add_get(HEALTH_PATH, self._health)

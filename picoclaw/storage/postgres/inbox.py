@@ -41,7 +41,7 @@ CLAIM = f"""
     update telegram_inbox set worker = %s, lease_until = now() + make_interval(secs => %s),
         attempts = attempts + 1
     where bot = %s and update_id in ({CLAIMABLE.format(p="%s", now="now()")} for update skip locked)
-    returning update_id, chat, body, attempts, replied_at is not null
+    returning update_id, chat, body, attempts, replied_at
 """
 
 
@@ -65,7 +65,7 @@ class PostgresInbox:
     def claim(self, worker: str, lease: float, limit: int) -> list[InboxUpdate]:
         with self._transaction() as conn:
             rows = conn.execute(CLAIM, (worker, lease, self.bot, self.bot, limit)).fetchall()
-        return sorted((InboxUpdate(int(r[0]), r[1], r[2], int(r[3]), bool(r[4])) for r in rows),
+        return sorted((InboxUpdate(int(r[0]), r[1], r[2], int(r[3]), r[4] is not None) for r in rows),
                       key=lambda update: update.update_id)
 
     def renew(self, worker: str, update_ids: Sequence[int], lease: float) -> set[int]:
