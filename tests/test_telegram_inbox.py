@@ -1,0 +1,207 @@
+"""The inbox contract (storage/inbox.py) on both backends, and the work that runs once across workers: claims in
+each chat's order, leases that run out, replies recorded, a summary and a heartbeat taken by one worker only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+from picoclaw import clock
+from picoclaw.app import App
+from picoclaw.onboard import onboard
+from picoclaw.storage import FilesStorage, Inbox, Storage
+from picoclaw.storage.inbox import DONE_KEEP
+from picoclaw.storage.postgres.storage import PostgresStorage
+from tests.agent_helpers import SUMMARY_EN, is_flush_request, is_summary_request, set_policy
+from tests.fakes import FakeOpenAIServer, Text
+from tests.test_scheduler import open_app
+
+BOT = 123456
+
+
+@pytest.fixture(params=["files", "postgres"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
+    if request.param == "files":
+        yield FilesStorage(tmp_path)
+        return
+    dsn = request.getfixturevalue("postgres_dsn")
+    opened = PostgresStorage(tmp_path, dsn)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture
+def inbox(storage: Storage) -> Iterator[Inbox]:
+    opened = storage.telegram_inbox(BOT)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def stored(inbox: Inbox, *updates: tuple[int, str]) -> None:
+    for update_id, chat in updates:
+        body = f'{{"update_id": {update_id}, "chat": "{chat}", "text": "你好 {update_id}"}}'
+        assert inbox.store(update_id, chat, body)
+
+
+def ids(claimed: list[Any]) -> list[int]:
+    return [update.update_id for update in claimed]
+
+
+def test_an_update_is_stored_once_and_kept_as_sent(inbox: Inbox) -> None:
+    body = '{"update_id": 5, "message": {"text": "只存一次 stored once"}}'
+    assert inbox.store(5, "42", body) is True
+    assert inbox.store(5, "42", '{"update_id": 5, "something": "else"}') is False
+    [claimed] = inbox.claim("w1", 30, 10)
+    assert (claimed.update_id, claimed.chat, claimed.body, claimed.attempts, claimed.replied) == (5, "42", body, 1,
+                                                                                                  False)
+    assert inbox.counts() == {"open": 0, "claimed": 1, "done": 0}
+
+
+def test_each_chat_is_claimed_oldest_first_and_one_at_a_time(inbox: Inbox) -> None:
+    stored(inbox, (1, "a"), (2, "b"), (3, "a"), (4, "c"), (5, "b"), (6, "a"))
+    assert ids(inbox.claim("w1", 30, 10)) == [1, 2, 4]  # the head of each chat
+    assert inbox.claim("w2", 30, 10) == []  # the heads are leased; the rest wait behind them
+    inbox.finish(1)
+    assert ids(inbox.claim("w2", 30, 10)) == [3]  # chat a's next, to whichever worker asks
+    inbox.finish(2)
+    inbox.finish(4)
+    assert ids(inbox.claim("w1", 30, 1)) == [5]  # the limit holds
+    assert inbox.counts() == {"open": 1, "claimed": 2, "done": 3}
+
+
+def test_a_claim_that_runs_out_is_taken_over_and_says_whether_it_was_answered(inbox: Inbox) -> None:
+    stored(inbox, (1, "a"), (2, "b"))
+    assert ids(inbox.claim("dead", 0, 10)) == [1, 2]  # a lease of 0 s has run out by the next transaction
+    inbox.mark_replied(2)  # "dead" sent chat b's answer, then died before calling it done
+    assert inbox.renew("dead", [1, 2], 30) == {1, 2}  # a lease is the holder's to renew until another takes it
+    assert inbox.claim("w2", 0, 10) == []
+    assert inbox.release("dead", [1, 2]) is None
+    taken = inbox.claim("w2", 30, 10)
+    assert [(u.update_id, u.attempts, u.replied) for u in taken] == [(1, 2, False), (2, 2, True)]
+    assert inbox.renew("dead", [1, 2], 30) == set()  # no longer its own
+    assert inbox.renew("w2", [1, 2, 99], 30) == {1, 2}
+    inbox.finish(1)
+    assert inbox.renew("w2", [1, 2], 30) == {2}
+
+
+def test_two_workers_claiming_at_once_never_take_the_same_update(inbox: Inbox, storage: Storage) -> None:
+    stored(inbox, *((n, f"chat{n % 40}") for n in range(1, 401)))
+    taken: dict[str, list[int]] = {"w1": [], "w2": [], "w3": []}
+
+    def work(worker: str) -> None:
+        mine = storage.telegram_inbox(BOT)
+        try:
+            while claimed := mine.claim(worker, 30, 5):
+                for update in claimed:
+                    taken[worker].append(update.update_id)
+                    mine.finish(update.update_id)
+        finally:
+            mine.close()
+    threads = [threading.Thread(target=work, args=(name,)) for name in taken]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    everything = [update_id for claimed in taken.values() for update_id in claimed]
+    assert sorted(everything) == list(range(1, 401))  # each once
+    assert inbox.counts() == {"open": 0, "claimed": 0, "done": 400}
+
+
+def test_finished_rows_are_pruned_only_after_telegram_can_no_longer_resend_them(inbox: Inbox,
+                                                                               storage: Storage) -> None:
+    stored(inbox, (1, "a"), (2, "a"))
+    inbox.claim("w1", 30, 10)
+    inbox.finish(1)
+    assert inbox.prune() == 0  # a retry of update 1 may still come: it must be recognised
+    if isinstance(storage, FilesStorage):  # the files inbox keeps picoclaw's clock, which a test can move
+        with freeze_time(clock.now() + DONE_KEEP + timedelta(minutes=1)):
+            assert inbox.prune() == 1
+    else:  # PostgreSQL keeps the server's: the row is made older instead
+        assert isinstance(storage, PostgresStorage)
+        with storage.pool.connection() as conn:
+            conn.execute("update telegram_inbox set done_at = done_at - %s", (DONE_KEEP + timedelta(minutes=1),))
+        assert inbox.prune() == 1
+    assert inbox.counts() == {"open": 1, "claimed": 0, "done": 0}
+
+
+# -- work done once -----------------------------------------------------------------------------------------------
+
+
+def test_a_work_lock_is_held_by_one_holder_across_connections_until_let_go(storage: Storage) -> None:
+    first, second = storage.work_lock("summary:telegram:42"), storage.work_lock("summary:telegram:42")
+    other = storage.work_lock("summary:telegram:43")
+    assert first.try_acquire() is True
+    assert second.try_acquire() is False  # another process (or worker machine) finds it taken
+    assert other.try_acquire() is True  # another session's work is not held up
+    # Let go from another thread than the one that took it: the agent does both off the event loop.
+    releasing = threading.Thread(target=first.release)
+    releasing.start()
+    releasing.join(30)
+    assert second.try_acquire() is True
+    second.release()
+    other.release()
+
+
+def test_an_interval_is_claimed_once_however_many_ask(storage: Storage) -> None:
+    with freeze_time("2026-11-26 10:00:00"):
+        results = [storage.claim_interval("heartbeat", 1800) for _ in range(3)]
+    assert results == [True, False, False]
+    assert storage.claim_interval("another job", 1800) is True
+    if isinstance(storage, FilesStorage):  # picoclaw's clock, moved on by the test
+        with freeze_time("2026-11-26 10:31:00"):
+            assert storage.claim_interval("heartbeat", 1800) is True
+    else:  # the server's clock, which a test cannot move: an interval that has passed
+        assert storage.claim_interval("heartbeat", 0) is True
+
+
+@pytest.fixture(params=["files", "postgres"])
+def worker_homes(request: pytest.FixtureRequest, home: Path, tmp_path: Path) -> list[Path]:
+    """Two workers' homes on one storage: one home twice on files (two processes on one machine), two homes
+    with their own workspace folders on one database (two machines) on PostgreSQL."""
+    if request.param == "files":
+        return [home, home]
+    dsn = request.getfixturevalue("postgres_dsn")
+    second = tmp_path / "home2"
+    onboard(second)
+    for each in (home, second):
+        config = json.loads((each / "config.json").read_text(encoding="utf-8"))
+        config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}
+        (each / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return [home, second]
+
+
+def test_a_summary_due_on_two_workers_at_once_is_written_by_one(worker_homes: list[Path],
+                                                                fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.responder = lambda body: (Text(SUMMARY_EN, delay=0.5) if is_summary_request(body)
+                                          else "[]" if is_flush_request(body) else "好的 ok")
+    workers = [open_app(home, fake_openai) for home in worker_homes]
+    set_policy(workers[0].workspace, session_summary_message_threshold=4, session_summary_keep_count=2,
+               memory_flush_enabled=False)
+
+    async def run() -> None:
+        first, second = workers[0].agent(), workers[1].agent()
+        for n in range(2):
+            await first.handle("telegram:42", f"第{n}条 message {n}")
+        # Both find the summary due after their turn: one writes it, the other finds it under way or done.
+        await asyncio.gather(first.handle("telegram:42", "three / 三"), second.handle("telegram:42", "four / 四"))
+        for app in workers:
+            await app.aclose()
+    asyncio.run(run())
+    assert len([body for body in fake_openai.chat_requests() if is_summary_request(body)]) == 1
+    app = App.open(worker_homes[1])
+    try:
+        assert app.workspace.sessions().load("telegram:42").summary == SUMMARY_EN  # seen from the other worker
+    finally:
+        app.close()
