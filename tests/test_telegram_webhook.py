@@ -193,13 +193,18 @@ def test_updates_posted_by_telegram_are_answered_in_each_chats_order(home: Path,
 # -- the command ----------------------------------------------------------------------------------------------
 
 
-def picoclaw(home: Path, *args: str) -> subprocess.Popen[str]:
-    """`picoclaw telegram ARGS` in a process of its own, with the home's config only."""
+def picoclaw(home: Path, *args: str, log: Path | None = None) -> subprocess.Popen[str]:
+    """`picoclaw telegram ARGS` in a process of its own, with the home's config only; its output goes to `log`
+    when given (a long run writes more than a pipe holds while no one reads it), else to pipes."""
     environment = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONPATH": str(REPO)}
     for name in ("OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN"):
         environment.pop(name, None)
-    return subprocess.Popen([sys.executable, "-m", "picoclaw", "telegram", *args], env=environment, text=True,
-                            encoding="utf-8", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if log is None:
+        return subprocess.Popen([sys.executable, "-m", "picoclaw", "telegram", *args], env=environment, text=True,
+                                encoding="utf-8", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with log.open("w", encoding="utf-8") as output:
+        return subprocess.Popen([sys.executable, "-m", "picoclaw", "telegram", *args], env=environment, text=True,
+                                encoding="utf-8", stdout=output, stderr=subprocess.STDOUT)
 
 
 def test_one_worker_on_files_keeps_its_inbox_across_a_kill_and_a_second_is_refused(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,7 +24,6 @@ from picoclaw.cli.cron import schedule_job
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import FakeTelegramServer
 from tests.test_telegram import configure, echo
-from tests.test_telegram_reliability import finished
 from tests.test_telegram_webhook import URL, free_port, picoclaw
 
 LEASE = 3  # seconds: a dead worker's chats are taken over this soon
@@ -44,18 +44,28 @@ def set_up(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, ds
 def workers(home: Path, telegram: FakeTelegramServer, names: list[str]) -> Iterator[dict[str, tuple[int, Any]]]:
     """`picoclaw telegram --webhook` workers, one per name, each on a port of its own: name → (port, process).
     Ready once each has set the webhook and answers /healthz; killed at the end whatever happened."""
+    logs = {name: home.parent / f"{name}.log" for name in names}
     started = {name: (port := free_port(), picoclaw(home, "--webhook", URL, "--listen", f"127.0.0.1:{port}",
-                                                    "--worker", name)) for name in names}
+                                                    "--worker", name, log=logs[name])) for name in names}
     try:
         for name, (port, process) in started.items():
             wait_for(lambda p=port, proc=process: healthy(p) or proc.poll() is not None, f"worker {name} to start")
-            assert process.poll() is None, finished(process)[2][-3000:]
+            assert process.poll() is None, logs[name].read_text(encoding="utf-8")[-3000:]
         yield started
     finally:
         for _, process in started.values():
-            if process.returncode is None:
-                process.kill()
-                process.communicate(timeout=60)
+            process.kill()
+            process.wait(60)
+
+
+def stopped(process: subprocess.Popen[str], log: Path) -> None:
+    """SIGTERM, then the worker must end by itself, without an error."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        code = process.wait(180)
+    except subprocess.TimeoutExpired:
+        code = None
+    assert code == 0, log.read_text(encoding="utf-8")[-3000:]
 
 
 def healthy(port: int) -> bool:
@@ -130,9 +140,7 @@ def test_three_workers_answer_every_update_in_chat_order_though_one_is_killed(
         fake_telegram.send_text(chats[0], chats[0], "/status")
         wait_for(lambda: any("worker: w" in text for text in fake_telegram.sent_texts(chats[0])), "/status")
         for name in ("w0", "w2"):
-            running[name][1].send_signal(signal.SIGTERM)
-            code, _, err = finished(running[name][1])
-            assert code == 0, err[-3000:]
+            stopped(running[name][1], home.parent / f"{name}.log")
 
     assert killed_at < 600  # the kill came mid-run
     rows = inbox(postgres_dsn)
@@ -177,8 +185,7 @@ def test_updates_stored_before_every_worker_died_are_answered_in_order_by_one_th
     fake_openai.responder = echo
     with workers(home, fake_telegram, ["c"]) as running:
         wait_for(lambda: len(fake_telegram.sent_texts()) == 15, "the inbox answered")
-        running["c"][1].send_signal(signal.SIGTERM)
-        assert finished(running["c"][1])[0] == 0
+        stopped(running["c"][1], home.parent / "c.log")
     for chat in chats:
         assert fake_telegram.sent_texts(chat) == [f"echo: {chat} 第{n}条 message {n}" for n in range(5)]
     rows = inbox(postgres_dsn)

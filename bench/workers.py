@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Several webhook workers, one bot: 1 worker against 3, and how soon a killed worker's chats are answered again.
+
+Real `picoclaw telegram --webhook` processes on one PostgreSQL (the test extra's embedded server, or
+PICOCLAW_TEST_POSTGRES_DSN), behind the tests' fake Bot API, which POSTs each update to the workers' ports
+round-robin as a load balancer would, and the fake model, which answers after ``--model-delay`` (200 ms).
+
+load
+    ``--chats`` chats (50) each send ``--messages`` messages (10, English and Chinese in turn), each as soon as
+    the answer to the previous one arrived (closed loop), after one warm-up message per chat that is not
+    counted. Throughput = messages answered / wall time; latency = from the update being queued at the fake
+    Bot API to the answer's sendMessage arriving there. Once with 1 worker, once with 3, ``--runs`` times
+    (3) each; the rows are medians, and the last column is 3 workers / 1 worker.
+kill
+    3 workers with a lease of ``--lease`` seconds (10; the default of channels.telegram.webhook is 30) under
+    the same closed loop; once every chat has had an answer, one worker is SIGKILLed. Reported: how long
+    after the kill each update it held was answered (by the others, once its lease ran out), the slowest
+    and the median, per run and their median over ``--runs``.
+
+The fakes run in threads of this process, sharing the machine's 2 cores with the workers: the figures are
+what one small machine does, not what a bot's workers on separate machines would.
+
+    python bench/workers.py                 # both parts, ~4 minutes
+    python bench/workers.py --part load --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as `python bench/workers.py` without installing picoclaw
+    sys.path.insert(0, str(REPO))
+
+import psycopg  # noqa: E402
+
+from picoclaw.onboard import onboard  # noqa: E402
+from tests.fakes import FakeOpenAIServer, Text  # noqa: E402
+from tests.fakes.postgres import TEST_DSN_ENV, embedded_server, fresh_database  # noqa: E402
+from tests.fakes.telegram_server import TOKEN, FakeTelegramServer  # noqa: E402
+
+URL = "https://bot.example.com/tg"
+FIRST_CHAT = 20_000
+TEXTS = ("What is on my calendar tomorrow? #{n}", "明天杭州的天气怎么样？#{n}")
+QUIET_POLICY = {"session_summary_message_threshold": 1000, "session_summary_token_percent": 95,
+                "long_term_compress_char_threshold": 0, "evolution_enabled": False}
+START_LIMIT = 240.0  # seconds for a worker to answer /healthz: bounds a hang only
+
+
+def p95(values: Sequence[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
+
+
+@contextmanager
+def database() -> Iterator[str]:
+    """A fresh database on the given server or an embedded one."""
+    given = os.environ.get(TEST_DSN_ENV)
+    with ExitStack() as stack:
+        admin = given or stack.enter_context(embedded_server())
+        yield admin
+
+
+def prepare_home(home: Path, dsn: str, telegram: FakeTelegramServer, model: FakeOpenAIServer,
+                 chats: Sequence[int], lease: float) -> None:
+    onboard(home)
+    path = home / "config.json"
+    config = orjson.loads(path.read_bytes())
+    config["providers"]["openai"] = {"api_key": "sk-bench", "api_base": model.base_url}
+    config["channels"]["telegram"].update({"enabled": True, "token": TOKEN, "api_base": telegram.origin,
+                                          "allow_from": list(chats),
+                                          "webhook": {"url": URL, "lease_seconds": lease, "max_parallel": 16}})
+    config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 8}}
+    config["memory"].update(QUIET_POLICY)
+    path.write_bytes(orjson.dumps(config))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def workers(home: Path, count: int) -> Iterator[dict[str, tuple[int, subprocess.Popen[bytes]]]]:
+    """`count` workers, ready (each answering /healthz), killed at the end; their logs go to files in `home`."""
+    env = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONPATH": str(REPO)}
+    started: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+    try:
+        for i in range(count):
+            port, name = free_port(), f"w{i}"
+            with open(home / f"{name}.log", "wb") as log:
+                started[name] = (port, subprocess.Popen(
+                    [sys.executable, "-m", "picoclaw", "telegram", "--webhook", URL, "--listen",
+                     f"127.0.0.1:{port}", "--worker", name], env=env, stdout=log, stderr=log))
+        deadline = time.monotonic() + START_LIMIT
+        for name, (port, process) in started.items():
+            while not healthy(port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"worker {name} did not start; its log:\n"
+                                     + (home / f"{name}.log").read_text(encoding="utf-8")[-3000:])
+                time.sleep(0.1)
+        yield started
+    finally:
+        for _, process in started.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for _, process in started.values():
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+class ClosedLoop:
+    """Each chat sends its next message when the answer to its last one arrives; records every latency."""
+
+    def __init__(self, telegram: FakeTelegramServer, chats: Sequence[int], messages: int | None):
+        self.telegram = telegram
+        self.chats = chats
+        self.messages = messages  # None: until stopped
+        self.queued: dict[tuple[int, int], float] = {}
+        self.answered: dict[tuple[int, int], float] = {}
+        self.stopped = False
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self._finished: set[int] = set()
+        telegram.on_sent = self._on_sent
+
+    def send(self, chat: int, n: int) -> None:
+        with self.lock:
+            self.queued[(chat, n)] = time.monotonic()
+        self.telegram.send_text(chat, chat, TEXTS[n % 2].format(n=n))
+
+    def start(self, first: int) -> None:
+        for chat in self.chats:
+            self.send(chat, first)
+
+    def _on_sent(self, params: dict[str, Any]) -> None:
+        text = str(params.get("text", ""))
+        if "#" not in text:
+            return
+        chat, n = int(params["chat_id"]), int(text.rsplit("#", 1)[1])
+        with self.lock:
+            if (chat, n) in self.answered:
+                return  # a second answer (the window after a kill) is not a new one
+            self.answered[(chat, n)] = time.monotonic()
+            last = self.messages is not None and n + 1 >= self.messages
+            if last:
+                self._finished.add(chat)
+                if len(self._finished) == len(self.chats):
+                    self.done.set()
+        if not self.stopped and not last:
+            self.send(chat, n + 1)  # on the fake server's loop: queued there at once
+
+    def wait(self, timeout: float = 600.0) -> None:
+        if not self.done.wait(timeout):
+            raise SystemExit(f"the closed loop did not finish within {timeout} s")
+
+    def latencies(self, since: int) -> list[float]:
+        with self.lock:
+            return [self.answered[key] - self.queued[key] for key in self.answered if key[1] >= since]
+
+
+def load_run(admin: str, count: int, chats: Sequence[int], messages: int, delay: float) -> tuple[float, float, float]:
+    """(answers/s, p50 ms, p95 ms) of one closed-loop run on `count` workers."""
+    with tempfile.TemporaryDirectory(prefix="picoclaw-bench-workers-") as tmp, fresh_database(admin) as dsn, \
+            FakeTelegramServer() as telegram, FakeOpenAIServer() as model:
+        model.responder = lambda body: Text(_echo(body), delay=delay)
+        home = Path(tmp) / "home"
+        prepare_home(home, dsn, telegram, model, chats, lease=30)
+        with workers(home, count) as running:
+            telegram.deliver_to([port for port, _ in running.values()])
+            loop = ClosedLoop(telegram, chats, messages + 1)
+            loop.start(0)  # message 0 of each chat warms up (first session, first connections); not counted
+            while len([k for k in loop.answered if k[1] == 0]) < len(chats):
+                time.sleep(0.05)
+            started = time.monotonic()
+            loop.wait()
+            wall = time.monotonic() - started
+            latencies = loop.latencies(since=1)
+    return len(latencies) / wall, statistics.median(latencies) * 1000, p95(latencies) * 1000
+
+
+def kill_run(admin: str, chats: Sequence[int], lease: float, delay: float) -> list[float]:
+    """Seconds from a worker's SIGKILL to the answer of each update it held."""
+    with tempfile.TemporaryDirectory(prefix="picoclaw-bench-workers-") as tmp, fresh_database(admin) as dsn, \
+            FakeTelegramServer() as telegram, FakeOpenAIServer() as model:
+        model.responder = lambda body: Text(_echo(body), delay=delay)
+        home = Path(tmp) / "home"
+        prepare_home(home, dsn, telegram, model, chats, lease=lease)
+        with workers(home, 3) as running:
+            telegram.deliver_to([port for port, _ in running.values()])
+            loop = ClosedLoop(telegram, chats, None)
+            loop.start(0)
+            while len({k[0] for k in loop.answered}) < len(chats) or len(loop.answered) < 3 * len(chats):
+                time.sleep(0.05)
+            held: list[tuple[int, int]] = []
+            while not held:  # a moment at which the victim holds an update not answered yet
+                held = unanswered(loop, claimed_by(dsn, "w1"))
+            running["w1"][1].kill()
+            killed = time.monotonic()
+            held = unanswered(loop, sorted(set(held) | set(claimed_by(dsn, "w1"))))
+            waits = []
+            for chat, n in held:
+                while (chat, n) not in loop.answered:
+                    if time.monotonic() - killed > lease * 4 + 60:
+                        raise SystemExit(f"chat {chat} message {n} was not answered after the kill")
+                    time.sleep(0.01)
+                waits.append(loop.answered[(chat, n)] - killed)
+            loop.stopped = True
+    return waits
+
+
+def unanswered(loop: ClosedLoop, updates: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The updates whose answer has not arrived (one sent just before a kill is not waiting for anyone)."""
+    with loop.lock:
+        return [key for key in updates if key not in loop.answered]
+
+
+def claimed_by(dsn: str, worker: str) -> list[tuple[int, int]]:
+    """(chat, message number) of each update `worker` holds, not done."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("select chat, body from telegram_inbox where worker = %s and done_at is null",
+                            (worker,)).fetchall()
+    return [(int(chat), int(orjson.loads(body)["message"]["text"].rsplit("#", 1)[1])) for chat, body in rows]
+
+
+def _echo(body: dict[str, Any]) -> str:
+    """The last user message, whose "#n" tells the bench which message an answer is for."""
+    last = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+    text = last if isinstance(last, str) else " ".join(part.get("text", "") for part in last)
+    return "answer to " + text.rsplit("</context>", 1)[-1].strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("all", "load", "kill"), default="all")
+    parser.add_argument("--chats", type=int, default=50)
+    parser.add_argument("--messages", type=int, default=10)
+    parser.add_argument("--model-delay", type=float, default=0.2)
+    parser.add_argument("--lease", type=float, default=10.0)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    chats = [FIRST_CHAT + i for i in range(args.chats)]
+    with database() as admin:
+        if args.part in ("all", "load"):
+            rows = {}
+            for count in (1, 3):
+                runs = [load_run(admin, count, chats, args.messages, args.model_delay) for _ in range(args.runs)]
+                rows[count] = tuple(statistics.median(run[i] for run in runs) for i in range(3))
+                for run in runs:
+                    print(f"  {count} worker(s): {run[0]:.1f} answers/s, p50 {run[1]:.0f} ms, p95 {run[2]:.0f} ms",
+                          flush=True)
+            print(f"\n{args.chats} chats × {args.messages} messages, closed loop, model {args.model_delay * 1000:.0f} "
+                  f"ms, median of {args.runs} runs\n")
+            print("| measure | 1 worker | 3 workers | 3 / 1 |\n|---|---|---|---|")
+            for i, name in enumerate(("answers/s", "latency p50 (ms)", "latency p95 (ms)")):
+                one, three = rows[1][i], rows[3][i]
+                print(f"| {name} | {one:.1f} | {three:.1f} | {three / one:.2f} |")
+        if args.part in ("all", "kill"):
+            results = [kill_run(admin, chats, args.lease, args.model_delay) for _ in range(args.runs)]
+            print(f"\n3 workers, one SIGKILLed under load, lease {args.lease:g} s: seconds from the kill to the "
+                  f"answer of each update it held\n")
+            print("| run | updates held | slowest (s) | median (s) |\n|---|---|---|---|")
+            for i, waits in enumerate(results, 1):
+                print(f"| {i} | {len(waits)} | {max(waits):.2f} | {statistics.median(waits):.2f} |")
+            print(f"| median | | {statistics.median(max(w) for w in results):.2f} | "
+                  f"{statistics.median(statistics.median(w) for w in results):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
