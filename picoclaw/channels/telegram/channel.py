@@ -183,6 +183,8 @@ class TelegramChannel:
         self.bot.session.middleware(watch)  # for this run only: a bot may be run again
         try:
             self._webhook = webhook
+            if webhook is not None:
+                await webhook.open(self.bot, self.dispatcher)  # before setWebhook: Telegram may post at once
             await self.start(webhook)
             # Everything loaded so far (modules, config, the model client) lives as long as the process:
             # frozen, it is left out of the garbage collector's full passes, which otherwise stop every
@@ -191,8 +193,7 @@ class TelegramChannel:
             jobs = asyncio.create_task(scheduler.run()) if scheduler is not None else None
             try:
                 if webhook is not None:
-                    await webhook.serve(self.bot, self.dispatcher, handle_signals=handle_signals,
-                                        shutdown_timeout=self.shutdown_timeout)
+                    await webhook.serve(handle_signals=handle_signals, shutdown_timeout=self.shutdown_timeout)
                 else:
                     await self.dispatcher.start_polling(self.bot, handle_signals=handle_signals,
                                                         close_bot_session=False, polling_timeout=polling_timeout)
@@ -205,6 +206,8 @@ class TelegramChannel:
             if watch.conflict is not None:
                 raise PicoclawError(conflict_message(self._where(), watch.conflict, self.bot.token))
         finally:
+            if webhook is not None:
+                await webhook.close(self.shutdown_timeout)  # if start-up failed: nothing was answered yet
             self.bot.session.middleware.unregister(watch)
             for logger in guarded:
                 logger.removeFilter(redactor)

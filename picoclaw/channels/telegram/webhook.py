@@ -265,6 +265,8 @@ class Webhook:
         self.host, self.port = listen_address(settings.listen)
         self._stopped = asyncio.Event()
         self.inbox: Inbox | None = None
+        self._worker: InboxWorker | None = None
+        self._runner: web.AppRunner | None = None
 
     async def register(self, bot: Bot, dispatcher: Dispatcher) -> None:
         """Point Telegram at the URL. setWebhook with the same settings is harmless, so every worker starting
@@ -273,42 +275,59 @@ class Webhook:
                               allowed_updates=dispatcher.resolve_used_update_types())
         log.info("telegram: webhook set to %s", self.settings.url)
 
-    async def serve(self, bot: Bot, dispatcher: Dispatcher, *, handle_signals: bool, shutdown_timeout: float) -> None:
-        """Serve until SIGTERM/SIGINT (with `handle_signals`) or `stop()`; then stop taking updates, let the turns
-        under way finish, and return."""
+    async def open(self, bot: Bot, dispatcher: Dispatcher) -> None:
+        """Listen: from now on updates are stored (and answered once `serve` runs). Opened before setWebhook, so
+        Telegram's first post finds the port open; OSError when it cannot be."""
         inbox = self.inbox = await asyncio.to_thread(self.storage.telegram_inbox, bot.id)
-        worker = InboxWorker(inbox, lambda update: dispatcher.feed_raw_update(bot, update),
-                             worker=self.worker, lease=self.settings.lease_seconds,
-                             parallel=self.settings.max_parallel)
+        self._worker = InboxWorker(inbox, lambda update: dispatcher.feed_raw_update(bot, update),
+                                   worker=self.worker, lease=self.settings.lease_seconds,
+                                   parallel=self.settings.max_parallel)
         app = web.Application(client_max_size=MAX_UPDATE_BYTES)
-        InboxRequestHandler(dispatcher, bot, self.secret_token, inbox, worker.wake).register(
+        InboxRequestHandler(dispatcher, bot, self.secret_token, inbox, self._worker.wake).register(
             app, path=self.settings.route())
         app.router.add_get(HEALTH_PATH, self._health)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        try:
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except BaseException:
+            await self.close(0)
+            raise
+        log.info("telegram: worker %s takes updates on %s:%d%s", self.worker, self.host, self.port,
+                 self.settings.route())
+
+    async def serve(self, *, handle_signals: bool, shutdown_timeout: float) -> None:
+        """Answer updates until SIGTERM/SIGINT (with `handle_signals`) or `stop()`; then `close`."""
+        assert self._worker is not None, "Webhook.open first"
         loop = asyncio.get_running_loop()
         if handle_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self._stopped.set)
-        working = asyncio.create_task(worker.run())
+        working = asyncio.create_task(self._worker.run())
+        stopped = asyncio.create_task(self._stopped.wait())
         try:
-            site = web.TCPSite(runner, self.host, self.port)
-            await site.start()
-            log.info("telegram: worker %s takes updates on %s:%d%s", self.worker, self.host, self.port,
-                     self.settings.route())
-            stopped = asyncio.create_task(self._stopped.wait())
             await asyncio.wait({working, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
             if working.done():
                 working.result()  # the worker failed: raised here
         finally:
-            log.info("telegram: worker %s stopping: no new updates taken", self.worker)
-            await runner.cleanup()  # the port closes: a load balancer sends the next updates elsewhere
-            await worker.stop(shutdown_timeout)
+            stopped.cancel()
             if handle_signals:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
-            await asyncio.to_thread(inbox.close)
+            await self.close(shutdown_timeout)
+
+    async def close(self, shutdown_timeout: float) -> None:
+        """Stop taking updates (the port closes: a load balancer sends the next ones elsewhere), let the turns
+        under way finish (at most `shutdown_timeout` seconds) and give back the rest. Idempotent."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        log.info("telegram: worker %s stopping: no new updates taken", self.worker)
+        await runner.cleanup()
+        if self._worker is not None:
+            await self._worker.stop(shutdown_timeout)
+        if self.inbox is not None:
+            await asyncio.to_thread(self.inbox.close)
 
     def stop(self) -> None:
         """What SIGTERM does: stop taking updates; `serve` then lets the turns under way finish."""
