@@ -59,8 +59,9 @@ class Inbox(Protocol):
         """The answer to the update was sent."""
         ...
 
-    def finish(self, update_id: int) -> None:
-        """The update is done with: the chat's next one may be claimed."""
+    def finish(self, worker: str, update_id: int) -> None:
+        """`worker` is done with the update: the chat's next one may be claimed. Nothing when the claim is no
+        longer `worker`'s (its lease ran out and another worker took the update over)."""
         ...
 
     def prune(self) -> int:
@@ -68,7 +69,8 @@ class Inbox(Protocol):
         ...
 
     def release(self, worker: str, update_ids: Sequence[int]) -> None:
-        """Give back claims not finished (a worker stopping), for another worker to take at once."""
+        """Give back claims not finished (a worker stopping), for another worker to take at once; a claim given
+        back does not count as an attempt."""
         ...
 
     def counts(self) -> dict[str, int]:
@@ -80,13 +82,17 @@ class Inbox(Protocol):
         ...
 
 
-# The claim, in SQL both SQLite and PostgreSQL read: an open update whose lease (if any) ran out, and no
-# earlier update of its chat still open. A claimed update is open too, so the chat's next one waits for it.
+# The claim, in SQL both SQLite and PostgreSQL read: an open update whose lease (if any) ran out, with no
+# earlier update of its chat still open, and no other update of its chat under a live lease (one stored late,
+# after a later one of the chat was claimed, waits for it). Claims are made one at a time (SQLite's write
+# lock, PostgreSQL's advisory lock), so each sees the leases the ones before it took.
 CLAIMABLE = """
     select i.update_id from telegram_inbox i
     where i.bot = {p} and i.done_at is null and (i.lease_until is null or i.lease_until < {now})
       and not exists (select 1 from telegram_inbox e where e.bot = i.bot and e.chat = i.chat
                       and e.done_at is null and e.update_id < i.update_id)
+      and not exists (select 1 from telegram_inbox l where l.bot = i.bot and l.chat = i.chat
+                      and l.done_at is null and l.lease_until >= {now} and l.update_id <> i.update_id)
     order by i.update_id limit {p}
 """
 
@@ -122,10 +128,10 @@ class SqliteInbox:
                 self._conn.execute("begin immediate")
                 try:
                     yield self._conn
-                except BaseException:
-                    self._conn.execute("rollback")
-                    raise
-                self._conn.execute("commit")
+                    self._conn.execute("commit")
+                finally:
+                    if self._conn.in_transaction:  # what failed, the commit included, is undone
+                        self._conn.execute("rollback")
             except sqlite3.Error as exc:
                 raise StorageError(f"the Telegram inbox {self.path} failed: {exc}") from None
 
@@ -143,7 +149,7 @@ class SqliteInbox:
     def claim(self, worker: str, lease: float, limit: int) -> list[InboxUpdate]:
         now = self._now()
         with self._transaction() as conn:
-            ids = [row[0] for row in conn.execute(CLAIMABLE.format(p="?", now="?"), (self.bot, now, limit))]
+            ids = [row[0] for row in conn.execute(CLAIMABLE.format(p="?", now="?"), (self.bot, now, now, limit))]
             claimed = []
             for update_id in ids:
                 row = conn.execute("update telegram_inbox set worker = ?, lease_until = ?, attempts = attempts + 1 "
@@ -169,10 +175,10 @@ class SqliteInbox:
             conn.execute("update telegram_inbox set replied_at = ? where bot = ? and update_id = ?",
                          (self._now(), self.bot, update_id))
 
-    def finish(self, update_id: int) -> None:
+    def finish(self, worker: str, update_id: int) -> None:
         with self._transaction() as conn:
-            conn.execute("update telegram_inbox set done_at = ?, lease_until = null where bot = ? and update_id = ?",
-                         (self._now(), self.bot, update_id))
+            conn.execute("update telegram_inbox set done_at = ?, lease_until = null where bot = ? and update_id = ? "
+                         "and worker = ?", (self._now(), self.bot, update_id, worker))
 
     def prune(self) -> int:
         with self._transaction() as conn:
@@ -183,8 +189,9 @@ class SqliteInbox:
     def release(self, worker: str, update_ids: Sequence[int]) -> None:
         with self._transaction() as conn:
             for update_id in update_ids:
-                conn.execute("update telegram_inbox set lease_until = null, worker = null where bot = ? "
-                             "and update_id = ? and worker = ? and done_at is null", (self.bot, update_id, worker))
+                conn.execute("update telegram_inbox set lease_until = null, worker = null, attempts = attempts - 1 "
+                             "where bot = ? and update_id = ? and worker = ? and done_at is null",
+                             (self.bot, update_id, worker))
 
     def counts(self) -> dict[str, int]:
         now = self._now()

@@ -1,8 +1,8 @@
 """The Telegram inbox on PostgreSQL, shared by every worker (the contract: storage/inbox.py).
 
 Leases are measured on the server's clock, so workers whose clocks disagree still agree on when a claim ran
-out. A claim locks the rows it takes with FOR UPDATE SKIP LOCKED: two workers claiming at once take
-different chats, never the same update.
+out. Claims of one bot are made one at a time under a transaction-level advisory lock: each sees the leases
+the ones before it took, so no chat ever has two updates claimed at once.
 """
 
 from __future__ import annotations
@@ -37,10 +37,13 @@ create index telegram_inbox_open on telegram_inbox (bot, chat, update_id) where 
 create index telegram_inbox_done on telegram_inbox (bot, done_at) where done_at is not null;
 """
 
+# pg_advisory_xact_lock(CLAIM_LOCK, hashtext(bot)): one bot's claims one at a time ("tgin" in ASCII).
+CLAIM_LOCK = 0x7467696E
+
 CLAIM = f"""
     update telegram_inbox set worker = %s, lease_until = now() + make_interval(secs => %s),
         attempts = attempts + 1
-    where bot = %s and update_id in ({CLAIMABLE.format(p="%s", now="now()")} for update skip locked)
+    where bot = %s and update_id in ({CLAIMABLE.format(p="%s", now="now()")})
     returning update_id, chat, body, attempts, replied_at
 """
 
@@ -64,6 +67,9 @@ class PostgresInbox:
 
     def claim(self, worker: str, lease: float, limit: int) -> list[InboxUpdate]:
         with self._transaction() as conn:
+            # One claim at a time per bot: under READ COMMITTED, two claims at once would each miss the lease
+            # the other is taking in the same chat. A claim is one short statement, so the wait is too.
+            conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (CLAIM_LOCK, str(self.bot)))
             rows = conn.execute(CLAIM, (worker, lease, self.bot, self.bot, limit)).fetchall()
         return sorted((InboxUpdate(int(r[0]), r[1], r[2], int(r[3]), r[4] is not None) for r in rows),
                       key=lambda update: update.update_id)
@@ -82,10 +88,10 @@ class PostgresInbox:
             conn.execute("update telegram_inbox set replied_at = now() where bot = %s and update_id = %s",
                          (self.bot, update_id))
 
-    def finish(self, update_id: int) -> None:
+    def finish(self, worker: str, update_id: int) -> None:
         with self._transaction() as conn:
             conn.execute("update telegram_inbox set done_at = now(), lease_until = null "
-                         "where bot = %s and update_id = %s", (self.bot, update_id))
+                         "where bot = %s and update_id = %s and worker = %s", (self.bot, update_id, worker))
 
     def prune(self) -> int:
         with self._transaction() as conn:
@@ -97,8 +103,8 @@ class PostgresInbox:
         if not update_ids:
             return
         with self._transaction() as conn:
-            conn.execute("update telegram_inbox set lease_until = null, worker = null where bot = %s "
-                         "and update_id = any(%s) and worker = %s and done_at is null",
+            conn.execute("update telegram_inbox set lease_until = null, worker = null, attempts = attempts - 1 "
+                         "where bot = %s and update_id = any(%s) and worker = %s and done_at is null",
                          (self.bot, list(update_ids), worker))
 
     def counts(self) -> dict[str, int]:

@@ -107,7 +107,7 @@ class PostgresStorage:
 
     def work_lock(self, name: str) -> AdvisoryWorkLock:
         """An advisory lock every worker on this database shares (storage/postgres/work.py)."""
-        return AdvisoryWorkLock(self.pool, self.dsn, name)
+        return AdvisoryWorkLock(self.dsn, name)
 
     def claim_interval(self, name: str, seconds: float) -> bool:
         """One caller per `seconds` across every worker, on the server's clock."""

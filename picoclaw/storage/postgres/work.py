@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from picoclaw.storage.postgres.connection import transaction, unreachable
+from picoclaw.storage.postgres.connection import CONNECT_TIMEOUT_SECONDS, transaction, unreachable
 
 if TYPE_CHECKING:
     import psycopg
@@ -25,45 +25,40 @@ WORK_LOCK = 0x776F726B
 
 
 class AdvisoryWorkLock:
-    """A named lock on one piece of background work, shared by every worker on the database."""
+    """A named lock on one piece of background work, shared by every worker on the database.
 
-    def __init__(self, pool: ConnectionPool, dsn: str, name: str):
-        self.pool = pool
+    Held on a connection of its own, not one of the pool's: a summary may hold it for a minute, and turns,
+    inbox claims and lease renewals must not wait for a pool connection meanwhile.
+    """
+
+    def __init__(self, dsn: str, name: str):
         self.dsn = dsn
         self.name = name
         self._conn: psycopg.Connection | None = None
 
     def try_acquire(self) -> bool:
         import psycopg
-        from psycopg_pool import PoolClosed, PoolTimeout
 
         try:
-            conn = self.pool.getconn()
-        except (PoolTimeout, PoolClosed) as exc:
+            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+        except psycopg.Error as exc:
             raise unreachable(self.dsn, exc) from None
         try:
             row = conn.execute("select pg_try_advisory_lock(%s, hashtext(%s))", (WORK_LOCK, self.name)).fetchone()
         except psycopg.Error as exc:
-            self.pool.putconn(conn)
+            conn.close()
             raise unreachable(self.dsn, exc) from None
         if not row or not row[0]:
-            self.pool.putconn(conn)
+            conn.close()
             return False
         self._conn = conn
         return True
 
     def release(self) -> None:
-        import psycopg
-
+        """Let go: closing the connection ends its session, and the lock with it."""
         conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            conn.execute("select pg_advisory_unlock(%s, hashtext(%s))", (WORK_LOCK, self.name))
-        except psycopg.Error:
-            pass  # a connection that is gone holds no lock any more
-        finally:
-            self.pool.putconn(conn)
+        if conn is not None:
+            conn.close()
 
 
 def claim_interval(pool: ConnectionPool, dsn: str, name: str, seconds: float) -> bool:
