@@ -29,14 +29,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -53,7 +51,7 @@ import psycopg  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from tests.fakes import FakeOpenAIServer, Text  # noqa: E402
 from tests.fakes.postgres import TEST_DSN_ENV, embedded_server, fresh_database  # noqa: E402
-from tests.fakes.telegram_server import TOKEN, FakeTelegramServer  # noqa: E402
+from tests.fakes.telegram_server import TOKEN, FakeTelegramServer, free_port, worker_healthy  # noqa: E402
 
 URL = "https://bot.example.com/tg"
 FIRST_CHAT = 20_000
@@ -90,12 +88,6 @@ def prepare_home(home: Path, dsn: str, telegram: FakeTelegramServer, model: Fake
     path.write_bytes(orjson.dumps(config))
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def workers(home: Path, count: int) -> Iterator[dict[str, tuple[int, subprocess.Popen[bytes]]]]:
     """`count` workers, ready (each answering /healthz), killed at the end; their logs go to files in `home`."""
@@ -110,7 +102,7 @@ def workers(home: Path, count: int) -> Iterator[dict[str, tuple[int, subprocess.
                      f"127.0.0.1:{port}", "--worker", name], env=env, stdout=log, stderr=log))
         deadline = time.monotonic() + START_LIMIT
         for name, (port, process) in started.items():
-            while not healthy(port):
+            while not worker_healthy(port):
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"worker {name} did not start; its log:\n"
                                      + (home / f"{name}.log").read_text(encoding="utf-8")[-3000:])
@@ -125,14 +117,6 @@ def workers(home: Path, count: int) -> Iterator[dict[str, tuple[int, subprocess.
                 process.wait(60)
             except subprocess.TimeoutExpired:
                 process.kill()
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 class ClosedLoop:

@@ -73,10 +73,12 @@ def test_each_chat_is_claimed_oldest_first_and_one_at_a_time(inbox: Inbox) -> No
     stored(inbox, (1, "a"), (2, "b"), (3, "a"), (4, "c"), (5, "b"), (6, "a"))
     assert ids(inbox.claim("w1", 30, 10)) == [1, 2, 4]  # the head of each chat
     assert inbox.claim("w2", 30, 10) == []  # the heads are leased; the rest wait behind them
-    inbox.finish(1)
+    inbox.finish("w2", 1)  # not w2's claim: nothing happens
+    assert inbox.claim("w2", 30, 10) == []
+    inbox.finish("w1", 1)
     assert ids(inbox.claim("w2", 30, 10)) == [3]  # chat a's next, to whichever worker asks
-    inbox.finish(2)
-    inbox.finish(4)
+    inbox.finish("w1", 2)
+    inbox.finish("w1", 4)
     assert ids(inbox.claim("w1", 30, 1)) == [5]  # the limit holds
     assert inbox.counts() == {"open": 1, "claimed": 2, "done": 3}
 
@@ -85,28 +87,58 @@ def test_a_claim_that_runs_out_is_taken_over_and_says_whether_it_was_answered(in
     stored(inbox, (1, "a"), (2, "b"))
     assert ids(inbox.claim("dead", 0, 10)) == [1, 2]  # a lease of 0 s has run out by the next transaction
     inbox.mark_replied(2)  # "dead" sent chat b's answer, then died before calling it done
-    assert inbox.renew("dead", [1, 2], 30) == {1, 2}  # a lease is the holder's to renew until another takes it
-    assert inbox.claim("w2", 0, 10) == []
-    assert inbox.release("dead", [1, 2]) is None
     taken = inbox.claim("w2", 30, 10)
     assert [(u.update_id, u.attempts, u.replied) for u in taken] == [(1, 2, False), (2, 2, True)]
     assert inbox.renew("dead", [1, 2], 30) == set()  # no longer its own
+    inbox.finish("dead", 1)  # nor is finishing it: w2 holds it now
+    assert inbox.counts() == {"open": 0, "claimed": 2, "done": 0}
     assert inbox.renew("w2", [1, 2, 99], 30) == {1, 2}
-    inbox.finish(1)
+    inbox.finish("w2", 1)
     assert inbox.renew("w2", [1, 2], 30) == {2}
 
 
-def test_two_workers_claiming_at_once_never_take_the_same_update(inbox: Inbox, storage: Storage) -> None:
+def test_a_claim_given_back_is_taken_at_once_and_not_counted_as_an_attempt(inbox: Inbox) -> None:
+    stored(inbox, (1, "a"), (2, "a"))
+    assert ids(inbox.claim("stopping", 30, 10)) == [1]
+    assert inbox.claim("w2", 30, 10) == []
+    inbox.release("w2", [1])  # not w2's to give back
+    assert inbox.claim("w2", 30, 10) == []
+    inbox.release("stopping", [1])
+    assert [(u.update_id, u.attempts) for u in inbox.claim("w2", 30, 10)] == [(1, 1)]
+
+
+def test_an_update_stored_late_waits_for_the_chats_update_under_way(inbox: Inbox) -> None:
+    # Telegram retried update 10 after a failed store, and 11 of the same chat came through first.
+    stored(inbox, (11, "a"), (20, "b"))
+    assert ids(inbox.claim("w1", 30, 10)) == [11, 20]
+    stored(inbox, (10, "a"))
+    assert inbox.claim("w2", 30, 10) == []  # chat a has 11 under way: 10 waits, however old it is
+    inbox.finish("w1", 11)
+    assert ids(inbox.claim("w2", 30, 10)) == [10]
+
+
+def test_workers_claiming_at_once_take_each_update_once_and_one_per_chat_at_a_time(inbox: Inbox,
+                                                                                   storage: Storage) -> None:
     stored(inbox, *((n, f"chat{n % 40}") for n in range(1, 401)))
     taken: dict[str, list[int]] = {"w1": [], "w2": [], "w3": []}
+    under_way: dict[str, int] = {}  # chat → the update a worker holds now
+    overlaps: list[tuple[str, int, int]] = []
+    guard = threading.Lock()
 
     def work(worker: str) -> None:
         mine = storage.telegram_inbox(BOT)
         try:
             while claimed := mine.claim(worker, 30, 5):
+                with guard:
+                    for update in claimed:
+                        if update.chat in under_way:
+                            overlaps.append((update.chat, under_way[update.chat], update.update_id))
+                        under_way[update.chat] = update.update_id
                 for update in claimed:
                     taken[worker].append(update.update_id)
-                    mine.finish(update.update_id)
+                    with guard:  # before the finish commits: the chat's next claim may come right after it
+                        del under_way[update.chat]
+                    mine.finish(worker, update.update_id)
         finally:
             mine.close()
     threads = [threading.Thread(target=work, args=(name,)) for name in taken]
@@ -116,6 +148,11 @@ def test_two_workers_claiming_at_once_never_take_the_same_update(inbox: Inbox, s
         thread.join(120)
     everything = [update_id for claimed in taken.values() for update_id in claimed]
     assert sorted(everything) == list(range(1, 401))  # each once
+    assert overlaps == []  # never two updates of one chat at once
+    for claimed in taken.values():  # and each chat's in order, whichever worker took them
+        for chat in range(40):
+            mine = [update_id for update_id in claimed if update_id % 40 == chat]
+            assert mine == sorted(mine)
     assert inbox.counts() == {"open": 0, "claimed": 0, "done": 400}
 
 
@@ -123,7 +160,7 @@ def test_finished_rows_are_pruned_only_after_telegram_can_no_longer_resend_them(
                                                                                storage: Storage) -> None:
     stored(inbox, (1, "a"), (2, "a"))
     inbox.claim("w1", 30, 10)
-    inbox.finish(1)
+    inbox.finish("w1", 1)
     assert inbox.prune() == 0  # a retry of update 1 may still come: it must be recognised
     if isinstance(storage, FilesStorage):  # the files inbox keeps picoclaw's clock, which a test can move
         with freeze_time(clock.now() + DONE_KEEP + timedelta(minutes=1)):

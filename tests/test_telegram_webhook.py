@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -26,24 +25,20 @@ from picoclaw.config import WebhookConfig
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer, Text
-from tests.fakes.telegram_server import TOKEN, FakeTelegramServer
-from tests.test_telegram import OWNER, REPO, configure, echo, until
+from tests.fakes.telegram_server import TOKEN, FakeTelegramServer, free_port
+from tests.test_telegram import OWNER, REPO, configure, echo, replied, serve, until
 from tests.test_telegram_reliability import finished
 
 T = TypeVar("T")
 URL = "https://bot.example.com/tg"
 INBOX = Path(".picoclaw-work") / "telegram-inbox.sqlite3"
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the worker binds it a moment later)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+# Seconds: a killed worker's updates are taken over this soon. Renewed every third of it, so a busy machine's
+# stall of a few seconds does not lose a live worker's claims.
+LEASE = 10
 
 
 def hook_settings(port: int, **settings: Any) -> dict[str, Any]:
-    return {"webhook": {"url": URL, "listen": f"127.0.0.1:{port}", "lease_seconds": 3, **settings}}
+    return {"webhook": {"url": URL, "listen": f"127.0.0.1:{port}", "lease_seconds": LEASE, **settings}}
 
 
 def serve_webhook(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIServer,
@@ -57,28 +52,13 @@ def serve_webhook(workspace: Workspace, telegram: FakeTelegramServer, model: Fak
             channel = TelegramChannel(settings, bot, app.agent, typing_interval=0.05)
             webhook = Webhook(settings.webhook, app.storage, worker="w1", secret_token=webhook_secret(bot.token))
             running = asyncio.create_task(channel.run(handle_signals=False, webhook=webhook))
-            await until(telegram, lambda: telegram.webhook is not None)
-            await listening(webhook.port)
+            await until(telegram, lambda: telegram.webhook is not None)  # the port opened before it was set
             try:
                 return await body(channel, webhook)
             finally:
                 await channel.stop()
                 await running
     return asyncio.run(run())
-
-
-async def listening(port: int) -> None:
-    """Until the worker's port takes connections (it opens just after setWebhook)."""
-    for _ in range(600):
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        await writer.wait_closed()
-        return
-    raise AssertionError(f"nothing listens on port {port}")
 
 
 async def post(port: int, body: bytes | dict[str, Any], headers: dict[str, str] | None = None) -> int:
@@ -127,6 +107,7 @@ def test_setwebhook_carries_the_url_and_a_secret_and_healthz_answers(home: Path,
 @pytest.mark.parametrize(("headers", "body", "status"), [
     ({}, update(1, OWNER, "no secret / 没有密钥"), 401),
     ({"X-Telegram-Bot-Api-Secret-Token": "wrong"}, update(1, OWNER, "wrong secret / 错误密钥"), 401),
+    ({"X-Telegram-Bot-Api-Secret-Token": "s\u00e9cret"}, update(1, OWNER, "not ASCII / 非 ASCII"), 401),
     (None, b"<html>not json</html>", 400),
     (None, b"[1, 2, 3]", 400),
     (None, {"update_id": 7}, 400),  # no event at all
@@ -188,6 +169,20 @@ def test_updates_posted_by_telegram_are_answered_in_each_chats_order(home: Path,
     for chat in chats:
         assert fake_telegram.sent_texts(chat) == [f"echo: {chat} 第{n}条 message {n}" for n in range(4)]
     assert [row[2:] for row in inbox_rows(home)] == [(1, 1, 1)] * 12
+
+
+def test_polling_takes_down_a_webhook_left_by_webhook_mode(home: Path, fake_telegram: FakeTelegramServer,
+                                                           fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_telegram.webhook = {"url": URL}  # set by a webhook worker earlier: getUpdates gets 409 while it is
+    fake_openai.responder = echo
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "polling again / 又轮询了")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    serve(workspace, fake_telegram, fake_openai, body)
+    assert fake_telegram.webhook is None and len(fake_telegram.calls("deleteWebhook")) == 1
+    assert fake_telegram.sent_texts(OWNER) == ["echo: polling again / 又轮询了"]
 
 
 # -- the command ----------------------------------------------------------------------------------------------

@@ -380,7 +380,13 @@ class AgentLoop:
         """Whether this process has background work `work` to itself, across processes and worker machines
         (storage/work.py); held until the block ends."""
         lock = storage_for(self.workspace.root).work_lock(work)
-        ours = await asyncio.to_thread(lock.try_acquire)
+        taking = asyncio.ensure_future(asyncio.to_thread(lock.try_acquire))
+        try:
+            ours = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the thread takes it all the same: let go of it as soon as it has
+            taking.add_done_callback(lambda done: lock.release() if not done.cancelled() and done.exception() is None
+                                     and done.result() else None)
+            raise
         if not ours:
             log.info("%s: already under way in another process", work)
         try:

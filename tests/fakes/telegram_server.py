@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -324,6 +326,22 @@ class FakeTelegramServer(BackgroundHTTPServer):
             message_id = self._message_ids
         return {"message_id": message_id, "date": int(time.time()), "from": self._bot_user(),
                 "chat": {"id": int(params["chat_id"]), "type": "private"}, "text": params["text"]}
+
+
+def free_port() -> int:
+    """A port nothing listens on now, for a webhook worker to bind a moment later."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def worker_healthy(port: int) -> bool:
+    """Whether the webhook worker on `port` answers /healthz with 200 (it is up and reaches its storage)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 async def _post_update(session: Any, port: int, path: str, update: dict[str, Any], secret: str) -> int:

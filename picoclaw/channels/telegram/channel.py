@@ -277,6 +277,7 @@ class TelegramChannel:
         chat_id = message.chat.id
         if message.text is None:
             await self.send_reply(chat_id, NOT_TEXT)
+            await _record_reply_sent()
             return
         text = without_mention(message.text, self.me)
         log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))

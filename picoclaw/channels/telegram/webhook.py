@@ -43,6 +43,7 @@ MAX_UPDATE_BYTES = 1 << 20  # far above any real update (a message is at most 4,
 MAX_ATTEMPTS = 5  # claims of one update before it is given up: an update that kills its worker every time
 POLL_INTERVAL = 0.5  # seconds between looks at the inbox when nothing woke the worker (another worker stored)
 PRUNE_EVERY = 3600.0  # seconds between deletions of old finished rows
+STORE_GRACE = 5.0  # seconds the HTTP server waits for requests under way when the worker stops
 
 # What the handler of the update being answered calls once its reply was sent (None: not from the inbox).
 reply_sent: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("reply_sent", default=None)
@@ -75,8 +76,14 @@ class InboxRequestHandler(SimpleRequestHandler):
     def __init__(self, dispatcher: Dispatcher, bot: Bot, secret_token: str, inbox: Inbox,
                  stored: Callable[[], None]):
         super().__init__(dispatcher, bot, handle_in_background=False, secret_token=secret_token)
+        self._secret = secret_token.encode("utf-8")
         self.inbox = inbox
         self.stored = stored
+
+    def verify_secret(self, telegram_secret_token: str, bot: Bot) -> bool:
+        # As bytes: a header that is not ASCII is a wrong token, not a TypeError (compare_digest refuses such str).
+        return hmac.compare_digest(telegram_secret_token.encode("utf-8", "surrogateescape"),
+                                   self._secret)
 
     async def handle(self, request: web.Request) -> web.Response:
         peer = request.remote or "?"
@@ -129,6 +136,7 @@ class InboxWorker:
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._renewing: asyncio.Task[None] | None = None
         self._held: dict[asyncio.Task[None], int] = {}  # turn under way → its update
 
     def wake(self) -> None:
@@ -136,26 +144,24 @@ class InboxWorker:
         self._wake.set()
 
     async def run(self) -> None:
-        """Claim and answer until `stop()`; the leases of what is under way are renewed meanwhile."""
+        """Claim and answer until `stop_claiming()`. The leases of what is under way are renewed meanwhile, and
+        until `drain` has let every turn finish."""
         self._task = asyncio.current_task()
-        renewing = asyncio.create_task(self._renew_leases())
+        if self._renewing is None:
+            self._renewing = asyncio.create_task(self._renew_leases())
         pruned_at = -PRUNE_EVERY
         loop = asyncio.get_running_loop()
-        try:
-            while not self._stopping:
-                if loop.time() - pruned_at >= PRUNE_EVERY:
-                    pruned_at = loop.time()
-                    await self._prune()
-                self._wake.clear()
-                if await self._claim_some():
-                    continue
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-                except TimeoutError:
-                    pass
-        finally:
-            renewing.cancel()
-            await asyncio.gather(renewing, return_exceptions=True)
+        while not self._stopping:
+            if loop.time() - pruned_at >= PRUNE_EVERY:
+                pruned_at = loop.time()
+                await self._prune()
+            self._wake.clear()
+            if await self._claim_some():
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            except TimeoutError:
+                pass
 
     async def _claim_some(self) -> bool:
         """Claim as many updates as there is room for; whether any was claimed."""
@@ -168,6 +174,8 @@ class InboxWorker:
             log.error("telegram inbox: cannot claim updates: %s", exc)
             return False
         for update in claimed:
+            if update.update_id in self._held.values():
+                continue  # ours still: this worker was too slow to renew, and the claim renewed it
             task = asyncio.create_task(self._answer(update))
             self._held[task] = update.update_id
             task.add_done_callback(self._done)
@@ -196,7 +204,7 @@ class InboxWorker:
             finally:
                 reply_sent.reset(token)
         try:
-            await asyncio.to_thread(self.inbox.finish, update.update_id)
+            await asyncio.to_thread(self.inbox.finish, self.worker, update.update_id)
         except StorageError as exc:  # its lease runs out and another worker takes it: replied, so not re-answered
             log.error("telegram inbox: update %d not marked done: %s", update.update_id, exc)
 
@@ -219,8 +227,12 @@ class InboxWorker:
                 continue
             lost = set(held) - kept
             if lost:
-                log.warning("telegram inbox: lost the claim of update(s) %s (this worker was too slow to renew)",
-                            sorted(lost))
+                # Another worker answers them now: this one stops, so the user does not get two answers.
+                log.warning("telegram inbox: lost the claim of update(s) %s (this worker was too slow to renew); "
+                            "left to the worker that took them over", sorted(lost))
+                for task, update_id in list(self._held.items()):
+                    if update_id in lost:
+                        task.cancel()
 
     async def _prune(self) -> None:
         try:
@@ -231,11 +243,15 @@ class InboxWorker:
         if pruned:
             log.info("telegram inbox: pruned %d old finished update(s)", pruned)
 
-    async def stop(self, timeout: float) -> None:
-        """Claim nothing more; let the turns under way finish (at most `timeout` seconds, then they are
-        cancelled) and give back the claims of the cancelled ones, for another worker to take at once."""
+    def stop_claiming(self) -> None:
+        """Claim nothing more (what is under way goes on, its leases renewed)."""
         self._stopping = True
         self._wake.set()
+
+    async def drain(self, timeout: float) -> None:
+        """After `stop_claiming`: let the turns under way finish (at most `timeout` seconds, then they are
+        cancelled) and give back the claims of the cancelled ones, for another worker to take at once."""
+        self.stop_claiming()
         if self._task is not None and self._task is not asyncio.current_task():
             await asyncio.gather(self._task, return_exceptions=True)  # a claim under way lands in _held first
         if self._held:
@@ -252,6 +268,9 @@ class InboxWorker:
                 await asyncio.to_thread(self.inbox.release, self.worker, list(unfinished.values()))
             except StorageError as exc:
                 log.error("telegram inbox: claims not given back (they run out by themselves): %s", exc)
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
 
 
 class Webhook:
@@ -286,7 +305,8 @@ class Webhook:
         InboxRequestHandler(dispatcher, bot, self.secret_token, inbox, self._worker.wake).register(
             app, path=self.settings.route())
         app.router.add_get(HEALTH_PATH, self._health)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # A store takes milliseconds: a request still open this long after the stop gets no 200, so is retried.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=STORE_GRACE)
         await self._runner.setup()
         try:
             await web.TCPSite(self._runner, self.host, self.port).start()
@@ -311,10 +331,12 @@ class Webhook:
                 working.result()  # the worker failed: raised here
         finally:
             stopped.cancel()
-            if handle_signals:
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(signum)
-            await self.close(shutdown_timeout)
+            try:
+                await self.close(shutdown_timeout)
+            finally:  # only now: a second SIGTERM while turns finish must not kill the process half-way
+                if handle_signals:
+                    for signum in (signal.SIGTERM, signal.SIGINT):
+                        loop.remove_signal_handler(signum)
 
     async def close(self, shutdown_timeout: float) -> None:
         """Stop taking updates (the port closes: a load balancer sends the next ones elsewhere), let the turns
@@ -323,9 +345,11 @@ class Webhook:
         if runner is None:
             return
         log.info("telegram: worker %s stopping: no new updates taken", self.worker)
-        await runner.cleanup()
         if self._worker is not None:
-            await self._worker.stop(shutdown_timeout)
+            self._worker.stop_claiming()
+        await runner.cleanup()  # the port closes (after the stores under way): the load balancer moves on
+        if self._worker is not None:
+            await self._worker.drain(shutdown_timeout)
         if self.inbox is not None:
             await asyncio.to_thread(self.inbox.close)
 
