@@ -171,6 +171,22 @@ def test_updates_posted_by_telegram_are_answered_in_each_chats_order(home: Path,
     assert [row[2:] for row in inbox_rows(home)] == [(1, 1, 1)] * 12
 
 
+def test_a_stop_finishes_the_turn_under_way_before_the_worker_ends(home: Path, fake_telegram: FakeTelegramServer,
+                                                                   fake_openai: FakeOpenAIServer) -> None:
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = lambda body: Text(echo(body), delay=1.0)
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> None:
+        fake_telegram.deliver_to([port])
+        fake_telegram.send_text(OWNER, OWNER, "answer before you go / 走之前回答")
+        await until(fake_telegram, lambda: len(fake_openai.chat_requests()) == 1)
+        # serve_webhook now stops the worker as SIGTERM does, with the model still thinking.
+    serve_webhook(workspace, fake_telegram, fake_openai, run)
+    assert fake_telegram.sent_texts(OWNER) == ["echo: answer before you go / 走之前回答"]
+    assert [row[2:] for row in inbox_rows(home)] == [(1, 1, 1)]  # answered, recorded, done: not given back
+
+
 def test_polling_takes_down_a_webhook_left_by_webhook_mode(home: Path, fake_telegram: FakeTelegramServer,
                                                            fake_openai: FakeOpenAIServer) -> None:
     workspace = configure(home, fake_telegram, fake_openai)
