@@ -221,7 +221,7 @@ def picoclaw(home: Path, *args: str, log: Path | None = None) -> subprocess.Pope
 def test_one_worker_on_files_keeps_its_inbox_across_a_kill_and_a_second_is_refused(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     port = free_port()
-    configure(home, fake_telegram, fake_openai)
+    configure(home, fake_telegram, fake_openai, **hook_settings(port, lease_seconds=3))  # one worker at a time
     fake_openai.responder = lambda body: echo(body) if "slow" not in echo(body) else _held(fake_openai, body)
     first = picoclaw(home, "--webhook", URL, "--listen", f"127.0.0.1:{port}", "--worker", "solo")
     try:
