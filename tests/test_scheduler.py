@@ -459,6 +459,26 @@ def test_the_heartbeat_beats_on_its_interval(home: Path, fake_openai: FakeOpenAI
     assert delivered.at == [utc("2025-03-10 02:05"), utc("2025-03-10 02:10")]
 
 
+def test_of_two_workers_whose_heartbeat_falls_due_one_beats_and_a_terminal_never_takes_its_turn(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    enable_heartbeat(home)  # every 30 minutes, for telegram:42
+    (home / "workspace" / "HEARTBEAT.md").write_text("- 看看日历 look at the calendar\n", encoding="utf-8")
+    fake_openai.responder = lambda body: "Meeting at 11. / 十一点开会。"
+    delivered = [Delivered(), Delivered()]
+
+    async def body(at: str) -> list[str | None]:
+        terminal, first, second = (open_app(home, fake_openai) for _ in range(3))  # three processes, one workspace
+        with freeze_time(at, real_asyncio=True):
+            async with terminal, first, second:
+                # A `picoclaw chat` scheduler serves cli:default only: it must not use up the interval.
+                return [await terminal.scheduler(Delivered(), channels=("cli:default",)).beat(),
+                        await first.scheduler(delivered[0]).beat(), await second.scheduler(delivered[1]).beat()]
+    assert in_loop(lambda: body(NOW)) == [None, "Meeting at 11. / 十一点开会。", None]
+    assert in_loop(lambda: body("2025-03-10 02:20:00")) == [None, None, None]  # within the interval: no one
+    assert in_loop(lambda: body("2025-03-10 02:30:00")) == [None, "Meeting at 11. / 十一点开会。", None]
+    assert len(fake_openai.chat_requests()) == 2 and delivered[1].sent == []
+
+
 def config_with(heartbeat: dict[str, Any]) -> Config:
     return parse_config({"heartbeat": heartbeat}, "config.json")
 

@@ -146,8 +146,7 @@ class Scheduler:
             await self.run_due()
             if self.heartbeat is not None and self.next_heartbeat is not None and clock.now() >= self.next_heartbeat:
                 self.next_heartbeat = clock.now() + timedelta(minutes=self.heartbeat.interval_minutes)
-                if await self._heartbeat_is_ours(self.heartbeat.interval_minutes):
-                    await self.beat()
+                await self.beat()
             if self._stopping:
                 break
             await self._pause(self._seconds_to_wait())
@@ -319,7 +318,9 @@ class Scheduler:
     # -- heartbeat --------------------------------------------------------------------------------------
 
     async def _heartbeat_is_ours(self, interval_minutes: float) -> bool:
-        """Whether this process beats now: of several workers whose heartbeat falls due, one per interval does.
+        """Whether this process beats now: of several workers serving the heartbeat's session whose heartbeat
+        falls due, one per interval does. Asked only by a scheduler that would beat, so one that does not serve
+        that session (a terminal chat's) never takes the interval from one that does.
 
         A tenth of the interval is forgiven, so workers' timers drifting apart never skip an interval.
         """
@@ -356,6 +357,8 @@ class Scheduler:
             if ("heartbeat", str(exc)) not in self._warned:
                 self._warned.add(("heartbeat", str(exc)))
                 log.error("scheduler: heartbeat: no turn runs until heartbeat.session is fixed: %s", exc)
+            return None
+        if not await self._heartbeat_is_ours(self.heartbeat.interval_minutes):
             return None
         try:
             agent = self.agent_for(scope)
