@@ -242,3 +242,28 @@ def test_a_summary_due_on_two_workers_at_once_is_written_by_one(worker_homes: li
         assert app.workspace.sessions().load("telegram:42").summary == SUMMARY_EN  # seen from the other worker
     finally:
         app.close()
+
+
+def test_a_claim_that_waited_for_a_finish_does_not_take_the_finished_update(postgres_dsn: str, tmp_path: Path) -> None:
+    # w1's lease ran out while it still answered; its finish is under way as w2 claims. Under READ COMMITTED the
+    # claim waits for the row, and must then see it done, not take it from its older snapshot.
+    import psycopg
+
+    storage = PostgresStorage(tmp_path, postgres_dsn)
+    try:
+        inbox = storage.telegram_inbox(BOT)
+        stored(inbox, (1, "a"), (2, "a"))
+        inbox.claim("w1", 0, 10)  # run out at once, still w1's
+        finishing = psycopg.connect(postgres_dsn)
+        finishing.execute("update telegram_inbox set done_at = now(), lease_until = null where update_id = 1")
+        claimed: list[list[int]] = []
+        claiming = threading.Thread(target=lambda: claimed.append(ids(inbox.claim("w2", 30, 10))))
+        claiming.start()
+        claiming.join(1.0)  # it waits on the row w1's finish holds (a bound, not a race: both outcomes are checked)
+        finishing.commit()
+        finishing.close()
+        claiming.join(60)
+        assert claimed in ([[]], [[2]])  # never update 1 again; chat a's next only if w2 saw the finish first
+        assert inbox.counts()["done"] == 1
+    finally:
+        storage.close()

@@ -156,6 +156,8 @@ class InboxWorker:
                 pruned_at = loop.time()
                 await self._prune()
             self._wake.clear()
+            if self._stopping:  # a stop that came during the prune: its wake-up was just cleared
+                break
             if await self._claim_some():
                 continue
             try:
@@ -225,7 +227,7 @@ class InboxWorker:
             except StorageError as exc:
                 log.error("telegram inbox: cannot renew the leases of %d update(s): %s", len(held), exc)
                 continue
-            lost = set(held) - kept
+            lost = (set(held) - kept) & set(self._held.values())  # one finished meanwhile is not lost
             if lost:
                 # Another worker answers them now: this one stops, so the user does not get two answers.
                 log.warning("telegram inbox: lost the claim of update(s) %s (this worker was too slow to renew); "
@@ -252,6 +254,14 @@ class InboxWorker:
         """After `stop_claiming`: let the turns under way finish (at most `timeout` seconds, then they are
         cancelled) and give back the claims of the cancelled ones, for another worker to take at once."""
         self.stop_claiming()
+        try:
+            await self._finish_turns(timeout)
+        finally:  # even when the drain itself is cancelled: no lease is renewed for a worker that has stopped
+            if self._renewing is not None:
+                self._renewing.cancel()
+                await asyncio.gather(self._renewing, return_exceptions=True)
+
+    async def _finish_turns(self, timeout: float) -> None:
         if self._task is not None and self._task is not asyncio.current_task():
             await asyncio.gather(self._task, return_exceptions=True)  # a claim under way lands in _held first
         if self._held:
@@ -268,9 +278,6 @@ class InboxWorker:
                 await asyncio.to_thread(self.inbox.release, self.worker, list(unfinished.values()))
             except StorageError as exc:
                 log.error("telegram inbox: claims not given back (they run out by themselves): %s", exc)
-        if self._renewing is not None:
-            self._renewing.cancel()
-            await asyncio.gather(self._renewing, return_exceptions=True)
 
 
 class Webhook:

@@ -44,6 +44,9 @@ CLAIM = f"""
     update telegram_inbox set worker = %s, lease_until = now() + make_interval(secs => %s),
         attempts = attempts + 1
     where bot = %s and update_id in ({CLAIMABLE.format(p="%s", now="now()")})
+      -- Looked at again on the row itself: one that waited for a finish or renewal under way is re-checked
+      -- here, where READ COMMITTED re-reads it, not in the subquery's older snapshot.
+      and done_at is null and (lease_until is null or lease_until < now())
     returning update_id, chat, body, attempts, replied_at
 """
 
