@@ -599,12 +599,19 @@ def test_a_bot_api_error_echoing_the_token_is_logged_redacted(home: Path, fake_t
 # -- the command ---------------------------------------------------------------------------------------------
 
 
-def picoclaw_telegram(home: Path) -> subprocess.Popen[str]:
+def picoclaw_telegram(home: Path, *args: str, log: Path | None = None) -> subprocess.Popen[str]:
+    """`picoclaw telegram ARGS` in a process of its own, with the home's config only; its output goes to `log`
+    when given (a long run writes more than a pipe holds while no one reads it), else to pipes."""
     environment = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONPATH": str(REPO)}
     for name in ("OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN"):
         environment.pop(name, None)
-    return subprocess.Popen([sys.executable, "-m", "picoclaw", "telegram"], env=environment, text=True,
-                            encoding="utf-8", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    command = [sys.executable, "-m", "picoclaw", "telegram", *args]
+    if log is None:
+        return subprocess.Popen(command, env=environment, text=True, encoding="utf-8", stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+    with log.open("w", encoding="utf-8") as output:
+        return subprocess.Popen(command, env=environment, text=True, encoding="utf-8", stdout=output,
+                                stderr=subprocess.STDOUT)
 
 
 @pytest.mark.parametrize(("token", "settings", "expected"), [

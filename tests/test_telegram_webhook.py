@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +23,7 @@ from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import TOKEN, FakeTelegramServer, free_port
-from tests.test_telegram import OWNER, REPO, configure, echo, replied, serve, until
+from tests.test_telegram import OWNER, configure, echo, picoclaw_telegram, replied, serve, until
 from tests.test_telegram_reliability import finished
 
 T = TypeVar("T")
@@ -204,29 +201,15 @@ def test_polling_takes_down_a_webhook_left_by_webhook_mode(home: Path, fake_tele
 # -- the command ----------------------------------------------------------------------------------------------
 
 
-def picoclaw(home: Path, *args: str, log: Path | None = None) -> subprocess.Popen[str]:
-    """`picoclaw telegram ARGS` in a process of its own, with the home's config only; its output goes to `log`
-    when given (a long run writes more than a pipe holds while no one reads it), else to pipes."""
-    environment = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONPATH": str(REPO)}
-    for name in ("OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN"):
-        environment.pop(name, None)
-    if log is None:
-        return subprocess.Popen([sys.executable, "-m", "picoclaw", "telegram", *args], env=environment, text=True,
-                                encoding="utf-8", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    with log.open("w", encoding="utf-8") as output:
-        return subprocess.Popen([sys.executable, "-m", "picoclaw", "telegram", *args], env=environment, text=True,
-                                encoding="utf-8", stdout=output, stderr=subprocess.STDOUT)
-
-
 def test_one_worker_on_files_keeps_its_inbox_across_a_kill_and_a_second_is_refused(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     port = free_port()
     configure(home, fake_telegram, fake_openai, **hook_settings(port, lease_seconds=3))  # one worker at a time
     fake_openai.responder = lambda body: echo(body) if "slow" not in echo(body) else _held(fake_openai, body)
-    first = picoclaw(home, "--webhook", URL, "--listen", f"127.0.0.1:{port}", "--worker", "solo")
+    first = picoclaw_telegram(home, "--webhook", URL, "--listen", f"127.0.0.1:{port}", "--worker", "solo")
     try:
         fake_telegram.wait_until(lambda: fake_telegram.webhook is not None, timeout=180)
-        second = finished(picoclaw(home, "--webhook", URL, "--listen", f"127.0.0.1:{free_port()}"))
+        second = finished(picoclaw_telegram(home, "--webhook", URL, "--listen", f"127.0.0.1:{free_port()}"))
         assert second[0] == 1 and second[2] == (
             f"picoclaw: error: another picoclaw already serves this bot (pid {first.pid}?) on this workspace; "
             "several workers need storage.backend: postgres (the files backend serves one)\n")
@@ -245,7 +228,7 @@ def test_one_worker_on_files_keeps_its_inbox_across_a_kill_and_a_second_is_refus
         first.kill()
     assert len(fake_telegram.sent_texts(OWNER)) == 1
     fake_openai.responder = echo
-    again = picoclaw(home, "--webhook", URL, "--listen", f"127.0.0.1:{port}")
+    again = picoclaw_telegram(home, "--webhook", URL, "--listen", f"127.0.0.1:{port}")
     try:
         fake_telegram.wait_until(lambda: len(fake_telegram.sent_texts(OWNER)) == 4, timeout=180)
         again.send_signal(signal.SIGTERM)

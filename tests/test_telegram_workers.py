@@ -22,15 +22,14 @@ from picoclaw.app import App
 from picoclaw.cli.cron import schedule_job
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import FakeTelegramServer, free_port, worker_healthy
-from tests.test_telegram import configure, echo
-from tests.test_telegram_webhook import LEASE, URL, picoclaw
+from tests.test_telegram import configure, echo, picoclaw_telegram
+from tests.test_telegram_webhook import LEASE, URL
 from tests.waiting import wait_until_sync
 
 
-def set_up(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, dsn: str, chats: list[int], *,
-           lease: float = LEASE) -> None:
+def set_up(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, dsn: str, chats: list[int]) -> None:
     configure(home, telegram, model, allow_from=chats,
-              webhook={"url": URL, "lease_seconds": lease, "max_parallel": 16})
+              webhook={"url": URL, "lease_seconds": LEASE, "max_parallel": 16})
     path = home / "config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 8}}
@@ -44,7 +43,7 @@ def workers(home: Path, telegram: FakeTelegramServer, names: list[str]) -> Itera
     """`picoclaw telegram --webhook` workers, one per name, each on a port of its own: name → (port, process).
     Ready once each has set the webhook and answers /healthz; killed at the end whatever happened."""
     logs = {name: home.parent / f"{name}.log" for name in names}
-    started = {name: (port := free_port(), picoclaw(home, "--webhook", URL, "--listen", f"127.0.0.1:{port}",
+    started = {name: (port := free_port(), picoclaw_telegram(home, "--webhook", URL, "--listen", f"127.0.0.1:{port}",
                                                     "--worker", name, log=logs[name])) for name in names}
     try:
         for name, (port, process) in started.items():
@@ -157,8 +156,7 @@ def test_three_workers_answer_every_update_in_chat_order_though_one_is_killed(
 def test_updates_stored_before_every_worker_died_are_answered_in_order_by_one_that_comes_back(
         home: Path, postgres_dsn: str, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     chats = [7001, 7002, 7003]
-    # The shortest lease: the workers that held the claims are dead, and the one that comes back is alone.
-    set_up(home, fake_telegram, fake_openai, postgres_dsn, chats, lease=3)
+    set_up(home, fake_telegram, fake_openai, postgres_dsn, chats)
     fake_openai.responder = lambda body: Text("never sent / 没发出去", delay=120)  # held: both die mid-turn
     with workers(home, fake_telegram, ["a", "b"]) as running:
         fake_telegram.deliver_to([port for port, _ in running.values()])
