@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import filecmp
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import picoclaw
 from picoclaw.clock import resolve_timezone
@@ -30,22 +33,34 @@ class OnboardStep:
     """What onboarding did with one file: created, kept as it was, or kept although it differs."""
 
     path: Path
-    outcome: str  # "created" | "unchanged" | "kept"
+    outcome: str  # "created" | "unchanged" | "kept" | "updated"
 
 
-def onboard(home: Path) -> list[OnboardStep]:
-    """Create what is missing; never touch a file that exists (the user may have edited it)."""
+# Changes config.json's data (the model the user chose); it gets a copy, so it may change it in place.
+Configure = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def onboard(home: Path, configure: Configure | None = None) -> list[OnboardStep]:
+    """Create what is missing; never touch a file that exists (the user may have edited it), except
+    config.json when `configure` changes it (the user asked for that change)."""
     template_dir, example = template_paths()
     steps: list[OnboardStep] = []
     home.mkdir(parents=True, exist_ok=True)
     config_path = home / CONFIG_FILE
     if config_path.exists():
-        steps.append(OnboardStep(config_path, "kept"))
-        config = parse_config(read_json_object(config_path), config_path)
+        data = read_json_object(config_path)
+        config = parse_config(data, config_path)
+        changed = configure(copy.deepcopy(data)) if configure is not None else data
+        if changed != data:
+            config = parse_config(changed, config_path)
+            atomic_write(config_path, dumps_pretty(changed), mode=0o600)  # it holds API keys
+        steps.append(OnboardStep(config_path, "updated" if changed != data else "kept"))
     else:
         data = read_json_object(example)
         default_home = Path("~/.picoclaw").expanduser()
         data["workspace"] = "~/.picoclaw/workspace" if home == default_home else str(home / "workspace")
+        if configure is not None:
+            data = configure(data)
         config = parse_config(data, example)
         atomic_write(config_path, dumps_pretty(data), mode=0o600)
         steps.append(OnboardStep(config_path, "created"))

@@ -31,7 +31,7 @@ from tests.fakes import FakeOpenAIServer
 
 T = TypeVar("T")
 
-# 02:00 UTC is 10:00 in Asia/Shanghai, the timezone onboarding writes.
+# 02:00 UTC is 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py).
 FROZEN = "2025-03-10 02:00:00"
 TODAY = "2025-03-10"
 API_KEY = "sk-agent-test-0123456789"

@@ -16,10 +16,10 @@ import pytest
 
 from picoclaw.app import App
 from picoclaw.memory.workspace import Workspace
-from picoclaw.onboard import onboard
 from tests.fakes import network_guard
 from tests.fakes.fixtures import fake_openai, fake_telegram  # noqa: F401  (fixtures, used by name)
 from tests.fakes.postgres import postgres_dsn, postgres_server  # noqa: F401  (fixtures, used by name)
+from tests.zones import onboard_in_shanghai
 
 # Installed as soon as pytest loads this file (before the test modules are imported), for the whole run.
 network_guard.install()
@@ -69,12 +69,13 @@ def tiktoken_without_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An onboarded picoclaw home in a temp folder, set as PICOCLAW_HOME for the test."""
+    """An onboarded picoclaw home in a temp folder, set as PICOCLAW_HOME for the test; its timezone is
+    Asia/Shanghai (not onboarding's "local"), so dates never depend on the machine's zone."""
     path = tmp_path / "home"
     monkeypatch.setenv("PICOCLAW_HOME", str(path))
     for name in ("OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    onboard(path)
+    onboard_in_shanghai(path)
     return path
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from picoclaw.agent.commands import HELP, Command, parse_command
 from picoclaw.agent.loop import AgentLoop
+from picoclaw.app import App
 from picoclaw.channels.telegram import COMMANDS
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import POLICY_KEYS
@@ -184,6 +188,16 @@ def test_status_of_a_new_conversation_needs_no_model_and_writes_nothing(
     assert not any(line.startswith("last turn:") for line in lines)
     assert fake_openai.requests == []
     assert not session_path(workspace).exists()
+
+
+def test_status_names_the_timezone_dates_follow(home: Path, workspace: Workspace, fake_openai: FakeOpenAIServer,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "timezone: Asia/Shanghai" in status_lines(workspace, fake_openai)  # written in config: shown as is
+    # "local" (what onboarding writes now) is shown with the zone it stands for, here TZ's.
+    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+    (home / "config.json").write_text(json.dumps({**config, "timezone": "local"}), encoding="utf-8")
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    assert "timezone: local (Europe/Berlin)" in status_lines(App.open(home).workspace, fake_openai)
 
 
 def test_status_is_listed_in_help_and_in_the_telegram_menu() -> None:

@@ -28,7 +28,7 @@ from tests.agent_helpers import TODAY, chat, frozen, turn_context
 from tests.fakes import FakeOpenAIServer
 from tests.test_tools import call, call_raw
 
-# 02:00 UTC is 10:00 in Asia/Shanghai, the timezone onboarding writes.
+# 02:00 UTC is 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py).
 FROZEN = "2025-03-10 02:00:00"
 # A hand edit saved in Latin-1: "café" with é as the single byte 0xE9, on line 4.
 BAD_MEMORY = (b"# Long-term memory\n\n## 2025-03-01\nCoffee: caf\xe9 au lait\n\n"

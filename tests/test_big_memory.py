@@ -25,7 +25,7 @@ from picoclaw.memory import store as store_module
 from picoclaw.memory.search import KeywordSearch, bm25, keyword, large_files
 from picoclaw.memory.terms import stem
 
-FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the onboarded timezone
+FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py)
 REPO = Path(picoclaw.__file__).resolve().parent.parent
 NAMES = "Alice Bob Carol Priya Mateo Hannah Kenji Olga Samir Fatima Lucas Chloe".split()
 ZH_NAMES = "张伟 王芳 李娜 刘洋 陈静 杨磊 赵敏 黄勇 周杰 吴霞".split()

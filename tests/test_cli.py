@@ -18,7 +18,7 @@ from picoclaw.app import App
 from picoclaw.cli import main
 from tests.fakes import FakeOpenAIServer
 
-# 18:30 UTC is 02:30 the next day in Asia/Shanghai, the timezone onboarding writes: dates must follow it.
+# 18:30 UTC is 02:30 the next day in Asia/Shanghai, the test homes' timezone (tests/zones.py): dates follow it.
 FROZEN = "2025-03-10 18:30:00"
 LOCAL_DAY = "2025-03-11"
 

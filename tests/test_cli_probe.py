@@ -32,10 +32,10 @@ from freezegun import freeze_time
 
 import picoclaw
 from picoclaw.cli import main
-from picoclaw.onboard import onboard
 from tests.fakes import FakeOpenAIServer
+from tests.zones import onboard_in_shanghai
 
-FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the onboarded timezone
+FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py)
 API_KEY = "sk-probe-7f3a9c1e5b2d8046"
 BOT_TOKEN = "123456789:AAH3kQ7pZx9vLmN2bR8tYc4WdE6fGh1JsUo"
 SECRETS = (API_KEY.removeprefix("sk-probe-"), BOT_TOKEN.split(":")[1])
@@ -503,7 +503,7 @@ def run_in_process(probe: Case, capsys: pytest.CaptureFixture[str]) -> tuple[int
 def onboarded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One onboarded home, copied for each case (ten times faster than onboarding each)."""
     path = tmp_path_factory.mktemp("onboarded") / "home"
-    onboard(path)
+    onboard_in_shanghai(path)  # the zone FROZEN's dates are written for, not the machine's
     return path
 
 

@@ -41,7 +41,7 @@ from picoclaw.tools.registry import build_tools
 from tests.fakes import FakeOpenAIServer
 from tests.test_repl import configure, picoclaw
 
-# 02:00 UTC is 10:00 in Asia/Shanghai, the timezone onboarding writes.
+# 02:00 UTC is 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py).
 FROZEN = "2025-03-10 02:00:00"
 FROZEN_LOCAL = "2025-03-10T10:00:00+08:00"
 THRESHOLD = 1000

@@ -25,7 +25,7 @@ from tests.agent_helpers import make_provider, said
 from tests.fakes import FakeOpenAIServer
 
 T = TypeVar("T")
-NOW = "2025-03-10 02:00:00"  # 10:00 in Shanghai, the onboarded timezone
+NOW = "2025-03-10 02:00:00"  # 10:00 in Shanghai, the test homes' timezone (tests/zones.py)
 
 
 def utc(text: str) -> datetime:

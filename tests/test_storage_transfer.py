@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from picoclaw.cli import main
-from picoclaw.onboard import onboard
 from picoclaw.storage.postgres.schema import SCHEMA_VERSION
 from picoclaw.storage.stored_files import stored_files
 from picoclaw.storage.transfer import read_layout
 from tests.fakes import FakeOpenAIServer
 from tests.test_cli import assert_one_line_error, run
+from tests.zones import onboard_in_shanghai
 
 ENTRIES = ["The user's dog is called Biscuit.", "用户的猫叫小白，三岁了。"]
 
@@ -116,7 +116,7 @@ def test_round_trip_files_to_postgres_and_back_byte_for_byte(home: Path, postgre
 
     # The server side is a new machine: a home of its own, onboarded, nothing in it yet.
     server_home = tmp_path / "server-home"
-    onboard(server_home)
+    onboard_in_shanghai(server_home)  # the same zone as the first machine
     set_storage(server_home, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
     monkeypatch.setenv("PICOCLAW_HOME", str(server_home))
     code, _, err = run(capsys, "memory", "import", str(embedded))
@@ -166,7 +166,7 @@ def test_the_whole_cli_on_postgres_one_machine_after_another(home: Path, postgre
     second = tmp_path / "second-machine"
     for where in (home, second):
         if where == second:
-            onboard(second)
+            onboard_in_shanghai(second)  # the same zone as the first machine
         set_storage(where, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
         config = json.loads((where / "config.json").read_text(encoding="utf-8"))
         config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}

@@ -28,7 +28,7 @@ def memory_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(memory_dir: Path) -> MemoryStore:
-    """A store in Asia/Shanghai, the timezone of config.example.json."""
+    """A store in Asia/Shanghai, the timezone of the test homes (tests/zones.py)."""
     return MemoryStore(memory_dir, SHANGHAI, backup_keep=50)
 
 

@@ -22,7 +22,7 @@ from tests.fakes import FakeOpenAIServer
 from tests.test_compression import CHINESE, CHINESE_REWRITE, PREAMBLE
 from tests.test_repl import configure, picoclaw
 
-FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the onboarded timezone
+FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py)
 CTX = multiprocessing.get_context("spawn")
 
 

@@ -16,13 +16,13 @@ from freezegun import freeze_time
 
 from picoclaw import clock
 from picoclaw.app import App
-from picoclaw.onboard import onboard
 from picoclaw.storage import FilesStorage, Inbox, Storage
 from picoclaw.storage.inbox import DONE_KEEP
 from picoclaw.storage.postgres.storage import PostgresStorage
 from tests.agent_helpers import SUMMARY_EN, is_flush_request, is_summary_request, set_policy
 from tests.fakes import FakeOpenAIServer, Text
 from tests.test_scheduler import open_app
+from tests.zones import onboard_in_shanghai
 
 BOT = 123456
 
@@ -211,7 +211,7 @@ def worker_homes(request: pytest.FixtureRequest, home: Path, tmp_path: Path) -> 
         return [home, home]
     dsn = request.getfixturevalue("postgres_dsn")
     second = tmp_path / "home2"
-    onboard(second)
+    onboard_in_shanghai(second)  # the same zone as the first worker
     for each in (home, second):
         config = json.loads((each / "config.json").read_text(encoding="utf-8"))
         config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}

@@ -13,13 +13,13 @@ from freezegun import freeze_time
 
 from picoclaw.app import App
 from picoclaw.memory.workspace import Workspace
-from picoclaw.onboard import onboard
 from picoclaw.tools.base import ToolError, ToolRegistry
 from picoclaw.tools.files import MAX_READ_CHARS, MAX_WRITE_BYTES
 from picoclaw.tools.registry import TOOL_CLASSES, build_tools
 from picoclaw.tools.sandbox import resolve_in_workspace
+from tests.zones import onboard_in_shanghai
 
-# 04:00 UTC is 12:00 in Asia/Shanghai (the example config's timezone): the same date everywhere.
+# 04:00 UTC is 12:00 in Asia/Shanghai (the test homes' timezone, tests/zones.py): the same date everywhere.
 FROZEN = "2024-03-05 04:00:00"
 SECRET = "SECRET\n"
 FILE_TOOLS = ("read_file", "write_file", "edit_file", "append_file", "list_dir")
@@ -494,7 +494,7 @@ def test_what_the_schemas_leave_out_is_still_checked(tools: ToolRegistry) -> Non
 
 def test_each_workspace_gets_its_own_tools(tmp_path: Path, workspace: Workspace, tools: ToolRegistry) -> None:
     other_home = tmp_path / "other-home"
-    onboard(other_home)
+    onboard_in_shanghai(other_home)
     other = App.open(other_home).workspace
     other_tools = build_tools(other)
     call(other_tools, "write_file", path="mine.md", content="other")

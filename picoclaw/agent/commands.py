@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from picoclaw.agent.summary import CompactResult
+from picoclaw.clock import describe_timezone
 from picoclaw.memory import EffectivePolicy, InjectedMemory, Session
 from picoclaw.policy_schema import POLICY_KEYS
 from picoclaw.tokens import is_exact
@@ -98,9 +99,9 @@ def _lessons_report(memory: InjectedMemory, root: Path) -> str:
 
 
 def status_report(model: str, provider: str, session: Session, effective: EffectivePolicy,
-                  extra: Sequence[str] = ()) -> str:
+                  extra: Sequence[str] = (), *, timezone: str = "") -> str:
     """The model, the conversation's size, the last prompt (cached share), the last turn's memory, the policy,
-    then `extra` lines (the MCP servers' states)."""
+    the configured `timezone` (resolved when "local"), then `extra` lines (the MCP servers' states)."""
     active = session.active()
     lines = [f"model: {model} (provider {provider})",
              f"conversation {session.key}: {session.last_id} messages, {len(active)} since the last summary"
@@ -129,5 +130,7 @@ def status_report(model: str, provider: str, session: Session, effective: Effect
     lines.append("policy: " + "; ".join(described) + " (/policy shows each value)")
     if not is_exact():
         lines.append("token counts: estimated (tiktoken's encoding is not available offline; see the README)")
+    if timezone:  # which zone dates and daily notes follow: "local" alone would not say
+        lines.append(f"timezone: {describe_timezone(timezone)}")
     lines += extra
     return "\n".join(lines)

@@ -220,7 +220,8 @@ class AgentLoop:
             return policy_report(self.workspace.policy.effective())
         if command.name == "/status":
             return status_report(self.provider.model, self.provider.name, await self.session(key),
-                                 self.workspace.policy.effective(), self._status() if self._status else ())
+                                 self.workspace.policy.effective(), self._status() if self._status else (),
+                                 timezone=self.workspace.config.timezone)
         return unknown_reply(command)
 
     async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None

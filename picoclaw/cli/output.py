@@ -156,8 +156,10 @@ def stats_lines(stats: MemoryStats) -> list[str]:
         (doc.name, str(doc.files), f"{doc.entries:,}", f"{doc.characters:,}", f"{doc.tokens:,}", f"{doc.superseded:,}",
          "unknown" if doc.not_injected_30d is None else f"{doc.not_injected_30d:,}")
         for doc in stats.documents]
+    from picoclaw.clock import describe_timezone  # here: `--help` imports this module, and needs no zoneinfo
+
     widths = [max(len(row[n]) for row in rows) for n in range(len(_STATS_COLUMNS))]
-    lines = [f"memory: {stats.memory_dir} (today {stats.today}, {stats.timezone})", ""]
+    lines = [f"memory: {stats.memory_dir} (today {stats.today}, {describe_timezone(stats.timezone)})", ""]
     lines += ["  ".join([row[0].ljust(widths[0]), *(cell.rjust(width) for cell, width in zip(row[1:], widths[1:]))])
               for row in rows]
     lines += ["", *_most_injected_lines(stats), ""]

@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 from aiohttp import web
 
 from picoclaw import __version__
+from picoclaw.clock import describe_timezone
 from picoclaw.web.render import APP_KEY, render, see_other
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def _status(app: App, mcp: McpServers | None) -> dict[str, Any]:
         "api_base": _masked_url(provider.api_base) if provider is not None else "",
         "api_key": MASK if provider is not None and provider.api_key else "",
         "index": config.memory.index.enabled,
+        "timezone": describe_timezone(config.timezone),  # "local (Europe/Berlin)": the zone dates follow
         "skills": [(skill.name, skill.description) for skill in scan.skills],
         "failed": [(str(problem.path.relative_to(app.workspace.root)) if problem.path.is_relative_to(
             app.workspace.root) else problem.path.name, problem.reason) for problem in scan.problems],
