@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from picoclaw import clock
+from picoclaw.agent.context import ContextBuilder
 from picoclaw.app import App
 from picoclaw.onboard import onboard
 from tests.fakes.console import Console
@@ -107,3 +108,15 @@ def test_console_status_page_shows_the_resolved_zone(home: Path, machine_tz: pyt
     finally:
         app.close()
     assert "<th>timezone</th><td>local (Europe/Berlin)</td>" in page
+
+
+def test_the_models_today_line_names_the_zone(home: Path, machine_tz: pytest.MonkeyPatch) -> None:
+    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+    (home / "config.json").write_text(json.dumps({**config, "timezone": "local"}), encoding="utf-8")
+    machine_tz.setenv("TZ", "Europe/Berlin")
+    app = App.open(home)
+    try:
+        prefix = ContextBuilder(app.workspace).stable_prefix(datetime(2025, 3, 10, 9, tzinfo=app.workspace.tz))
+    finally:
+        app.close()
+    assert prefix.endswith("## Today\nMonday 2025-03-10 (local (Europe/Berlin))")  # not a bare "(local)"

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from picoclaw.agent.history import keep_last, safe_start, turns
+from picoclaw.clock import describe_timezone
 from picoclaw.fsutil import FileCache
 from picoclaw.layout import BOOTSTRAP_FILES
 from picoclaw.memory import (
@@ -132,7 +133,8 @@ class ContextBuilder:
             # Here, not in a turn's data block: they apply to every turn, and change as rarely as a skill.
             parts.append(f"## Standing lessons\n{STANDING_FRAME}:\n"
                          + "\n".join(f"- {' '.join(lesson_of(hit.block.text).split())}" for hit in standing))
-        parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({self.workspace.config.timezone})")
+        # "local (Europe/Berlin)", not a bare "local": the model is told which zone the date and times are in.
+        parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({describe_timezone(self.workspace.config.timezone)})")
         return "\n\n".join(part for part in parts if part)
 
     async def build(self, policy: MemoryPolicy, session: Session, user_text: str, now: datetime,
