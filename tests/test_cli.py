@@ -425,6 +425,42 @@ def test_python_m_picoclaw_memory_search_subprocess(facts: Path, home: Path, tmp
     assert "My pet dog is called Bob." not in out  # it matches too, but --limit 1 keeps only the best
 
 
+def picoclaw_env(home: Path) -> dict[str, str]:
+    repo = Path(picoclaw.__file__).resolve().parent.parent
+    return {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONIOENCODING": "utf-8",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.mark.parametrize("argv", [["memory", "show"], ["memory", "search", "咖啡 coffee", "--limit", "50"]],
+                         ids=["show", "search"])
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(home: Path, argv: list[str]) -> None:
+    # `picoclaw memory show | head`: far more than a pipe holds (64 KiB), so the writer meets the closed end.
+    entries = [f"## 2025-03-{day % 28 + 1:02d}\nEntry {day}: my coffee is an oat-milk latte, the dog is Bob.\n"
+               f"第 {day} 条：我喜欢燕麦拿铁咖啡，我的狗叫 Bob，是一只柯基。" + " 更多的记忆文字 more memory text" * 60
+               for day in range(400)]
+    (memory_dir(home) / "MEMORY.md").write_text("# Long-term memory\n\n" + "\n\n".join(entries) + "\n",
+                                                encoding="utf-8")
+    child = subprocess.Popen([sys.executable, "-m", "picoclaw", *argv], env=picoclaw_env(home),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    first = child.stdout.readline()  # as `head -1` reads: one line, then the pipe is closed
+    child.stdout.close()
+    err = child.stderr.read().decode("utf-8", "replace")
+    assert child.wait(timeout=60) == 141, err  # 128 + SIGPIPE, as the shell reports a tool a closed pipe ended
+    assert first.strip() and err == ""  # no "Broken pipe" error, no "Exception ignored … BrokenPipeError"
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(
+        home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import picoclaw.cli.memory
+
+    def broken(args: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")  # e.g. a helper program that died: stdout itself is fine
+
+    monkeypatch.setattr(picoclaw.cli.memory, "cmd_memory_show", broken)
+    assert_one_line_error(*run(capsys, "memory", "show"), "Broken pipe")
+
+
 # -- terminal escapes -------------------------------------------------------------------------------------
 
 # What would act on a terminal if printed: ESC, BEL and the 8-bit CSI.

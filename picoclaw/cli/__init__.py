@@ -8,6 +8,7 @@ only its own group, so help and short commands start quickly (bench/startup.py m
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
@@ -59,9 +60,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         refuse_invalid_utf8(arguments)
-        return _run(build_parser(named_group(arguments)).parse_args(arguments))
+        code = _run(build_parser(named_group(arguments)).parse_args(arguments))
+        sys.stdout.flush()  # here, not at exit: a reader that left shows now, while it can still end quietly
+        return code
+    except BrokenPipeError as exc:
+        return _quiet_exit() if _stdout_closed() else _report(exc)
     except (PicoclawError, KeyboardInterrupt, OSError, UnicodeError) as exc:
         return _report(exc)
+
+
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout's reader has gone (`picoclaw memory show | head`), so the broken pipe was ours to end on."""
+    import select
+
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # stdout is no file (captured): the pipe was something else
+        return False
+    if not hasattr(select, "poll"):  # Windows: no way to ask, and stdout is the pipe a command most often breaks
+        return True
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    # A pipe (or socket) whose reader has gone polls as an error or a hang-up; a working one as writable.
+    return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poller.poll(0))
+
+
+def _quiet_exit() -> int:
+    """End without a word, as other Unix tools do when the reader leaves early.
+
+    What is still buffered for stdout goes to /dev/null (as the Python docs advise for SIGPIPE): flushed into
+    the closed pipe at exit, it would print "Exception ignored … BrokenPipeError".
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+    return SIGPIPE_EXIT
 
 
 def _run(args: argparse.Namespace) -> int:
