@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The console's pages, timed: a 10,000-entry MEMORY.md and a 2,000-message conversation.
 
-Each page is fetched --runs times over loopback (after one warm-up fetch) with the login token as a bearer
+Each page is fetched --runs times over loopback (after one warm-up fetch) with the script token as a bearer
 header; the table gives the median and p95 in milliseconds, against the 100 ms the console must stay under.
 
 Run (from the repository root):
@@ -100,8 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "jobs": "/jobs",
             "status": "/status",
         }
-        client = httpx2.Client(base_url=console.base, headers={"Authorization": f"Bearer {console.gate.token}"},
-                               timeout=120)
+        bearer = {"Authorization": f"Bearer {console.gate.script_token}"}
+        client = httpx2.Client(base_url=console.base, headers=bearer, timeout=120)
         print(f"| page | median ms | p95 ms | under {LIMIT_MS:g} ms |")
         print("|---|---|---|---|")
         for label, path in pages.items():

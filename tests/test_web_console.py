@@ -20,7 +20,7 @@ from picoclaw.app import App
 from picoclaw.web import Gate
 from picoclaw.web.security import COOKIE
 from tests.fakes import FakeOpenAIServer
-from tests.fakes.console import Console
+from tests.fakes.console import Console, csrf_of, logged_in
 
 XSS = '<img src=x onerror=alert(1)> <a href="javascript:alert(2)">click</a>'
 
@@ -35,19 +35,6 @@ def console(home: Path) -> Iterator[Console]:
         app.close()
 
 
-def logged_in(console: Console) -> httpx2.Client:
-    client = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
-    response = client.get(f"/login?token={console.gate.token}")
-    assert response.status_code == 303 and response.headers["location"] == "/"
-    return client
-
-
-def csrf_of(page: str) -> str:
-    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
-    assert found is not None, "no CSRF field on the page"
-    return found.group(1)
-
-
 def test_nothing_without_logging_in_and_the_link_works_once(console: Console) -> None:
     console.app.workspace.store.append_long_term("My locker code is 4711")
     anonymous = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
@@ -56,17 +43,18 @@ def test_nothing_without_logging_in_and_the_link_works_once(console: Console) ->
     assert anonymous.get("/memory", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
     client = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
-    login = client.get(f"/login?token={console.gate.token}")
+    link = console.gate.login_url()
+    login = client.get(link)
     assert login.status_code == 303 and login.headers["location"] == "/"  # the token leaves the address bar
     cookie = login.headers["set-cookie"]
     assert f"{COOKIE}_{console.base.rsplit(':', 1)[1]}=" in cookie and "HttpOnly" in cookie
     assert "SameSite=Strict" in cookie
     assert "4711" in client.get("/memory").text
-    again = anonymous.get(f"/login?token={console.gate.token}")  # one-time: a second use opens nothing
+    again = anonymous.get(link)  # one-time: a second use opens nothing
     assert again.status_code == 401 and "already used" in again.text and COOKIE not in again.headers.get(
         "set-cookie", "")
-    # A script may send the token as a header (never in a URL).
-    bearer = anonymous.get("/memory", headers={"Authorization": f"Bearer {console.gate.token}"})
+    # A script sends the script token as a header (never in a URL).
+    bearer = anonymous.get("/memory", headers={"Authorization": f"Bearer {console.gate.script_token}"})
     assert bearer.status_code == 200 and "4711" in bearer.text
 
 
@@ -323,7 +311,7 @@ def test_an_entry_is_edited_and_deleted_with_a_backup_and_a_stale_edit_is_refuse
     before = store.long_term_path.read_bytes()
     stale = client.post("/memory/entries/edit", data={"line": en_line, "version": en_version, "action": "save",
                                                       "content": "an edit from an old page", "csrf_token": token})
-    assert stale.status_code == 409 and "changed since it was read" in stale.text
+    assert stale.status_code == 409 and "changed since this page showed it" in stale.text
     assert store.long_term_path.read_bytes() == before  # nothing lost, nothing written
     unknown = client.post("/memory/entries/edit", data={"line": "9999", "version": zh_version, "action": "delete",
                                                         "csrf_token": token})
@@ -752,8 +740,10 @@ def test_refusals_carry_the_security_headers_and_odd_bytes_are_one_clear_answer(
 
 def test_a_link_preview_does_not_use_up_the_login_link(console: Console) -> None:
     preview = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
-    assert preview.head(f"/login?token={console.gate.token}").status_code == 401 and not console.gate.link_used
-    logged_in(console)  # the link still works once
+    link = console.gate.login_url()
+    assert preview.head(link).status_code == 401 and console.gate.link_token is not None
+    client = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)
+    assert client.get(link).status_code == 303  # the link still works once
 
 
 def test_the_host_check_knows_ipv6_and_wildcard_listens() -> None:
@@ -761,6 +751,8 @@ def test_the_host_check_knows_ipv6_and_wildcard_listens() -> None:
     assert "[::1]:18790" in Gate.for_address("127.0.0.1", 18790).hosts
     wildcard = Gate.for_address("0.0.0.0", 18790).hosts
     assert "127.0.0.1:18790" in wildcard and "0.0.0.0:18790" not in wildcard
+    linked = Gate.for_address("0.0.0.0", 18790).login_url().split("/login", 1)[0]  # a name the browser may use
+    assert linked.removeprefix("http://") in wildcard
     assert Gate.for_address("127.0.0.1", 1).cookie != Gate.for_address("127.0.0.1", 2).cookie
 
 
@@ -776,6 +768,7 @@ def test_secrets_in_urls_and_command_lines_are_masked() -> None:
 def test_serve_without_a_model_still_prints_its_login_link_and_serves(home: Path) -> None:
     import contextlib
     import socket
+    import stat
 
     from picoclaw.web import serve
 
@@ -783,23 +776,27 @@ def test_serve_without_a_model_still_prints_its_login_link_and_serves(home: Path
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     app = App.open(home)
+    token_file = home / f"console-{port}.token"
     links: list[str] = []
 
-    async def run() -> int:
+    async def run() -> tuple[int, int, int]:
         announced = asyncio.Event()
-        task = asyncio.create_task(serve(app, "127.0.0.1", port, announce=lambda url: (links.append(url),
-                                                                                         announced.set())))
+        task = asyncio.create_task(serve(app, "127.0.0.1", port, token_file, announce=lambda url, path: (
+            links.append(url), announced.set())))
         await asyncio.wait_for(announced.wait(), 60)
+        mode = stat.S_IMODE(token_file.stat().st_mode)
         async with httpx2.AsyncClient(follow_redirects=False, timeout=60) as client:
-            login = await client.get(links[0])
-            status = login.status_code
+            login = (await client.get(links[0])).status_code
+            script = (await client.get(f"http://127.0.0.1:{port}/memory", headers={
+                "Authorization": f"Bearer {token_file.read_text(encoding='utf-8').strip()}"})).status_code
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        return status
+        return login, script, mode
 
     try:
-        assert asyncio.run(run()) == 303
+        assert asyncio.run(run()) == (303, 200, 0o600)  # the link, then the script token; the file is the user's
     finally:
         app.close()
     assert links[0].startswith(f"http://127.0.0.1:{port}/login?token=")
+    assert not token_file.exists()  # a console that stopped leaves no token behind

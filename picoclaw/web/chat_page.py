@@ -65,9 +65,13 @@ async def chat_turn(request: web.Request) -> web.StreamResponse:
     """Run a turn and stream its events, one JSON object a line: {"kind": "text" | "tool" | …, "text": …}."""
     try:
         body = orjson.loads(await request.read())
-        name, text = str(body.get("name", "")), str(body.get("text", ""))
-    except (orjson.JSONDecodeError, AttributeError):
-        raise web.HTTPBadRequest(text="expected a JSON object with name and text\n") from None
+    except orjson.JSONDecodeError:
+        body = None
+    # Strings only: str() of a null or a number would send the model the message "None" or "5".
+    name, text = (body.get("name", ""), body.get("text")) if isinstance(body, dict) else (None, None)
+    if not isinstance(name, str) or not isinstance(text, str):
+        raise web.HTTPBadRequest(text='expected a JSON object {"name": "…", "text": "…"} (name may be left out); '
+                                      "nothing was sent\n")
     key = session_of(name)
     if not text.strip():
         raise web.HTTPBadRequest(text="an empty message is not sent\n")

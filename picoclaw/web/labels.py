@@ -136,8 +136,12 @@ LABELS: dict[str, dict[str, str]] = {
         "chart_title": "Prompt tokens (grey) and cached tokens (green) per reply",
         "reply": "Reply",
         "login_title": "Log in",
-        "login_help": "Open the login link that `picoclaw web` printed in its terminal.",
-        "link_refused": "This login link is wrong or was already used. Restart `picoclaw web` for a new one.",
+        "login_help": ("Open the login link that `picoclaw web` printed in its terminal; `picoclaw web --new-link` "
+                       "prints another."),
+        "link_refused": ("This login link is wrong or was already used: each link opens the console once. Run "
+                         "`picoclaw web --new-link` for a new one."),
+        "entry_changed": ("the entry at line {line} of {file} changed since this page showed it: reload and edit it "
+                          "again"),
         "memory_title": "Long-term memory",
         "entries": "entries",
         "superseded": "superseded",
@@ -286,8 +290,10 @@ LABELS: dict[str, dict[str, str]] = {
         "chart_title": "每次回复的提示词 token（灰）与缓存命中 token（绿）",
         "reply": "回复",
         "login_title": "登录",
-        "login_help": "请打开 `picoclaw web` 在终端里打印的登录链接。",
-        "link_refused": "登录链接无效或已被使用。请重新运行 `picoclaw web` 获取新链接。",
+        "login_help": "请打开 `picoclaw web` 在终端里打印的登录链接；`picoclaw web --new-link` 会打印一个新链接。",
+        "link_refused": ("登录链接无效或已被使用：每个链接只能打开控制台一次。运行 `picoclaw web --new-link` "
+                         "获取新链接。"),
+        "entry_changed": "{file} 第 {line} 行的条目在此页面显示后已被修改：请刷新后重新编辑",
         "memory_title": "长期记忆",
         "entries": "条",
         "superseded": "已被更新",

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from picoclaw.web.render import APP_KEY, page_number, render, see_other
+from picoclaw.web.labels import LABELS
+from picoclaw.web.render import APP_KEY, in_workspace, language, page_number, render, see_other
 
 if TYPE_CHECKING:
     from picoclaw.memory import LongTermEntry
@@ -114,8 +115,11 @@ async def edit_entry(request: web.Request) -> web.Response:
     try:
         await asyncio.to_thread(store.replace_long_term_entry, line, version, content)
     except MemoryStoreError as exc:
-        stale = "changed since" in str(exc)
-        return await memory_page(request, error=str(exc), status=409 if stale else 400)
+        if "changed since" not in str(exc):
+            return await memory_page(request, error=str(exc), status=400)
+        said = LABELS[language(request)]["entry_changed"]  # the page's language, the workspace's own name
+        return await memory_page(request, error=said.format(line=line, file=in_workspace(
+            request, str(store.long_term_path))), status=409)
     return _back("deleted" if delete else "saved")
 
 

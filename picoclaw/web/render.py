@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,7 @@ import jinja2
 from aiohttp import web
 
 from picoclaw.web.labels import LABELS, LANG_COOKIE, language_of
+from picoclaw.web.request_log import REASON_KEY
 from picoclaw.web.security import CSRF_FIELD, CSRF_KEY
 
 if TYPE_CHECKING:
@@ -25,12 +27,31 @@ def templates() -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined)
 
 
+def language(request: web.Request) -> str:
+    """The request's language: its cookie's, else the browser's."""
+    return language_of(request.cookies.get(LANG_COOKIE), request.headers.get("Accept-Language", ""))
+
+
 def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
-    """`template` rendered in the request's language, with the session's CSRF token for its forms."""
-    lang = language_of(request.cookies.get(LANG_COOKIE), request.headers.get("Accept-Language", ""))
+    """`template` rendered in the request's language, with the session's CSRF token for its forms. A refusal's
+    `error` names files by their place in the workspace: the page never shows where the workspace is."""
+    if context.get("error"):
+        context["error"] = in_workspace(request, str(context["error"]))
+        if status >= 400:
+            request[REASON_KEY] = context["error"]  # the log line says why too
+    lang = language(request)
     page = request.app[TEMPLATES_KEY].get_template(template).render(
         t=LABELS[lang], lang=lang, csrf=request.get(CSRF_KEY, ""), csrf_field=CSRF_FIELD, **context)
     return web.Response(status=status, text=page, content_type="text/html", charset="utf-8")
+
+
+def in_workspace(request: web.Request, text: str) -> str:
+    """`text` with every path inside the workspace written relative to it (memory/MEMORY.md), and the home
+    folder as ~: a browser, maybe on another machine, has no business knowing the server's folders."""
+    app = request.app[APP_KEY]
+    for folder, shown in ((app.workspace.root, ""), (app.home, "~/")):
+        text = text.replace(f"{folder}{os.sep}", shown)
+    return text
 
 
 def see_other(location: str) -> web.Response:

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from picoclaw.web import chat_page, jobs_page, memory_page, policy_page, stats_page, status_page, why_page
+from picoclaw.web import chat_page, jobs_page, login_link, memory_page, policy_page, stats_page, status_page, why_page
 from picoclaw.web.labels import LANG_COOKIE, LANGUAGES
 from picoclaw.web.render import APP_KEY, HERE, TEMPLATES_KEY, render, see_other, templates
-from picoclaw.web.security import COOKIE, Gate, middleware
+from picoclaw.web.request_log import ServerLog
+from picoclaw.web.security import COOKIE, GATE_KEY, LOGIN_PATH, Gate, middleware
+from picoclaw.web.token_file import remove_token, write_token
 
 if TYPE_CHECKING:
     from picoclaw.app import App
@@ -27,11 +31,13 @@ def make_console(app: App, gate: Gate) -> web.Application:
     """The console for `app`, behind `gate`."""
     console = web.Application(middlewares=[middleware(gate, _login_page)], client_max_size=1024 * 1024)
     console[APP_KEY] = app
+    console[GATE_KEY] = gate
     console[TEMPLATES_KEY] = templates()
     console[chat_page.CHANNEL_KEY] = []
     console[status_page.MCP_KEY] = []
     console.router.add_get("/", _home)
-    console.router.add_get("/login", _unreachable)  # answered by the gate
+    console.router.add_get(LOGIN_PATH, _unreachable)  # answered by the gate
+    console.router.add_post(login_link.NEW_LINK_PATH, login_link.new_link)
     console.router.add_get("/chat", chat_page.chat_page)
     console.router.add_post("/chat/turn", chat_page.chat_turn)
     console.router.add_post("/chat/stop", chat_page.chat_stop)
@@ -81,31 +87,40 @@ async def set_language(request: web.Request) -> web.Response:
     return response
 
 
-async def serve(app: App, host: str, port: int, *, announce: Any = print) -> None:
-    """Run the console until cancelled, announcing its one-time login link once it listens. The `web:`
-    conversations' reminders run beside it, as the terminal's run beside `picoclaw chat`."""
+def make_runner(console: web.Application) -> web.AppRunner:
+    """The runner `serve` (and the tests) start `console` with: a request that is not HTTP is one log line."""
+    # A page following a conversation holds a request open: shutting down does not wait long for it.
+    return web.AppRunner(console, access_log=None, shutdown_timeout=2.0, logger=ServerLog())
+
+
+async def serve(app: App, host: str, port: int, token_file: Path, *,
+                announce: Callable[[str, Path], object] = print) -> None:
+    """Run the console until cancelled. Once it listens, its script token goes into `token_file` (removed when
+    it stops) and `announce` gets a one-time login link and that file. The `web:` conversations' reminders run
+    beside it, as the terminal's run beside `picoclaw chat`."""
     from picoclaw.errors import PicoclawError
 
     gate = Gate.for_address(host, port)
     console = make_console(app, gate)
-    # A page following a conversation holds a request open: shutting down does not wait long for it.
-    runner = web.AppRunner(console, access_log=None, shutdown_timeout=2.0)
+    runner = make_runner(console)
     await runner.setup()
     reminders: asyncio.Task[int] | None = None
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
+        # Only now: a second console that could not listen on this port must not replace the first one's token.
+        write_token(token_file, gate.script_token)
         try:
             # As chat and the bot do: the agent's tools include the configured servers', shown on the status page.
             console[status_page.MCP_KEY].append(await app.start_mcp())
             conversations = chat_page.channel(console)
             reminders = asyncio.create_task(conversations.run(scheduler=app.scheduler(conversations)))
         except (PicoclawError, web.HTTPException) as exc:  # no model configured yet: every page but the chat works
-            log.warning("the console's chat is unavailable: %s", getattr(exc, "text", None) or exc)
-        shown = f"[{host}]" if ":" in host else host
-        announce(gate.login_url(f"http://{shown}:{port}"))
+            log.warning("the console's chat is unavailable: %s", str(getattr(exc, "text", None) or exc).strip())
+        announce(gate.login_url(), token_file)
         await asyncio.Event().wait()
     finally:
+        remove_token(token_file, gate.script_token)
         if reminders is not None:
             await chat_page.channel(console).stop()
             await reminders
@@ -113,4 +128,4 @@ async def serve(app: App, host: str, port: int, *, announce: Any = print) -> Non
         await app.aclose()
 
 
-__all__ = ["COOKIE", "Gate", "make_console", "serve"]
+__all__ = ["COOKIE", "Gate", "make_console", "make_runner", "serve"]
