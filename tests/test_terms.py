@@ -1,4 +1,4 @@
-"""The tokenizer (picoclaw.memory.terms): Snowball stems, question words in queries, dates in words."""
+"""The tokenizer (picoclaw.memory.terms): Snowball stems, question words in queries, dates in words, and `words`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, markdown_chunks
-from picoclaw.memory.terms import block_dates, block_terms, date_terms, query_terms, stem, terms
+from picoclaw.memory.terms import block_dates, block_terms, date_terms, query_terms, stem, terms, words
 
 # -- stemming ----------------------------------------------------------------------------------------------
 
@@ -113,3 +113,22 @@ def test_index_chunks_carry_the_same_terms_as_the_plain_retriever() -> None:
         assert chunk.terms.split() == block_terms(chunk.text, chunk.heading, note)
         assert {"may", "2023", "5月", "8日"} <= set(chunk.terms.split())
     assert "run" in chunks[0].terms.split()
+
+
+# -- words: what two entries must share to be about one thing ----------------------------------------------
+
+
+def test_a_character_of_a_longer_cjk_run_is_no_word() -> None:
+    assert words("护照") == {"护照"}
+    assert words("用户的妹妹是护士") >= {"妹妹", "护士"} and "护" not in words("用户的妹妹是护士")
+    assert not words("护照") & words("护士") and not words("护照") & words("照片")
+    assert words("图书馆") == {"图书", "书馆"} and not words("图书馆") & words("看书，逛博物馆")
+
+
+def test_a_character_standing_alone_is_a_word_and_numbers_are_none() -> None:
+    assert words("猫，狗") == {"猫", "狗"}
+    assert words("locker 217, 5月 ipv6") == {"locker", "ipv6", "ipv", "月"}
+
+
+def test_english_words_are_its_terms() -> None:
+    assert words("My sister Claire lives in Lyon") == {"sister", "clair", "live", "lyon"}

@@ -9,6 +9,10 @@ miss: one-character words (猫, 画) and names transliterated differently in dif
 梅兰妮). Very common characters (的, 了, 我, 什, 么 …) are not kept on their own, only inside bigrams; a lone
 CJK character is always kept. A number written against a CJK character also gives the pair ("5月", "3个").
 
+In ranking, a bigram match is what outweighs a shared character: an entry holding 护照 matches 护, 照 and
+护照, one with 护士 only 护. Where texts are compared as sets of words (`words`: are two entries about one
+thing?), a character of a longer CJK run is a fragment of a word, not a word, and is left out.
+
 A query (`query_terms`) also drops question words (what, kind, likely …; 什么, 时候, 哪些 …): they say what
 is asked, not what to find. A block (`block_terms`) also gets its date in words when its heading is
 `## YYYY-MM-DD` or its file a daily note `YYYYMMDD.md` ("8 May 2023", "2023年5月8日"), so "in May 2023"
@@ -26,7 +30,7 @@ from pathlib import PurePath
 
 import snowballstemmer  # type: ignore[import-untyped]
 
-from picoclaw.cjk import LETTER, LETTERS, is_cjk
+from picoclaw.cjk import LETTER, LETTERS, is_cjk, runs
 
 # Bumped whenever the terms of a text change: the index stores terms, and re-tokenises every file when this
 # differs from what it was built with (2: Snowball stems, number+CJK pairs, date words).
@@ -140,6 +144,18 @@ def query_terms(query: str) -> list[str]:
     found = _terms(_CJK_QUESTION.sub(" ", query), _query_word_terms)
     # A query of nothing but question words ("what kind?", "什么时候？") still searches for what it says.
     return list(dict.fromkeys(found or terms(query)))
+
+
+def _is_number(term: str) -> bool:
+    return term.isdigit() or (term[:-1].isdigit() and is_cjk(term[-1]))  # "217", or "5月" with its unit
+
+
+def words(text: str) -> frozenset[str]:
+    """The words of `text` as a set: its terms but numbers ("217", "5月") and fragments (a character of a
+    longer CJK run: 护 of 护照, whose bigrams are its words). What two texts must share to be about one thing."""
+    lone = {run for run in runs(text) if len(run) == 1}  # a character standing alone is a word (猫，狗)
+    return frozenset(term for term in terms(text)
+                     if not _is_number(term) and not (len(term) == 1 and is_cjk(term) and term not in lone))
 
 
 @lru_cache(maxsize=1 << 15)  # a memory spans a few thousand days at most

@@ -11,7 +11,8 @@ It asks the inner search for CANDIDATES_PER_RESULT times the blocks wanted, then
   replacement named by the "> superseded by the DATE entry: …" mark the store wrote; or, for entries never
   marked (a hand edit, an import, an update the store's conservative rule did not recognise), a newer
   MEMORY.md candidate that updates it by that rule (memory/updates.py) or that says something about the
-  same thing the query asks about (the two share two words, one of them asked for). Only one-line entries
+  same thing the query asks about (the two share two words, one of them asked for; in Chinese, Japanese and
+  Korean a word is a bigram, never one character of one, so 护士 and 护照 share none). Only one-line entries
   (statements) are compared so: a block of several lines is an excerpt, and "newer" says little about it.
   Moving a candidate up is cheap to get wrong (both stay in the results), marking an entry is not, which
   is why this is looser than the store's rule.
@@ -36,7 +37,7 @@ from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.protocol import MemorySearch
 from picoclaw.memory.search.turn_memory import block_key
 from picoclaw.memory.store import MemoryStore
-from picoclaw.memory.terms import block_dates
+from picoclaw.memory.terms import block_dates, words
 from picoclaw.memory.updates import Statement
 
 if TYPE_CHECKING:
@@ -76,19 +77,20 @@ class _Candidate:
     day: date | None
     body: str  # the block's text without its heading line
     statement: Statement | None = None  # for a MEMORY.md block that is one statement (see _statement)
+    words: frozenset[str] = frozenset()  # that statement's words (terms.words), when it is one
 
     @property
     def marked(self) -> re.Match[str] | None:
         return _MARK.search(self.body) if SUPERSEDED in self.body else None
 
 
-def _statement(body: str) -> Statement | None:
-    """The block as the update rule sees it when it is one line (a superseded mark aside) of at most
-    STATEMENT_CHARS: a fact, not an excerpt. Worked out only for such blocks: tokenising is the cost here."""
+def _statement(body: str) -> str | None:
+    """The block's one line (a superseded mark aside) when it has one of at most STATEMENT_CHARS: a fact, not
+    an excerpt. Only such lines are tokenised for the update rule: tokenising is the cost here."""
     if body.count("\n") > 1 or len(body) > 2 * STATEMENT_CHARS:
         return None
     lines = [line for line in body.split("\n") if line.strip() and not line.startswith(SUPERSEDED)]
-    return Statement.of(lines[0]) if len(lines) == 1 and len(lines[0]) <= STATEMENT_CHARS else None
+    return lines[0] if len(lines) == 1 and len(lines[0]) <= STATEMENT_CHARS else None
 
 
 class StandingSearch:
@@ -123,11 +125,12 @@ class StandingSearch:
             used = counts.get(block_key(hit.block), 0)
             prior = (1 + recency_boost * recency(day, today)) * (1 + use_boost * use(used))
             body = hit.block.text.removeprefix(hit.block.heading).lstrip("\n")
-            statement = _statement(body) if hit.block.path == self.store.long_term_path else None
-            candidates.append(_Candidate(Hit(hit.block, hit.score * prior), day, body, statement))
+            line = _statement(body) if hit.block.path == self.store.long_term_path else None
+            candidates.append(_Candidate(Hit(hit.block, hit.score * prior), day, body,
+                                         *((Statement.of(line), words(line)) if line is not None else ())))
         # sorted() is stable: equal scores keep the inner search's order.
         ranked = sorted(candidates, key=lambda c: c.hit.score, reverse=True)
-        return [c.hit for c in self._replacements_first(ranked, Statement.of(query).words)][:limit]
+        return [c.hit for c in self._replacements_first(ranked, words(query))][:limit]
 
     def search_learnings(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
         """The inner search's lessons, by relevance alone: a lesson is advice, not a dated fact to supersede."""
@@ -170,7 +173,7 @@ class StandingSearch:
             floor = result[-1].hit.score if result else -math.inf
             if candidate.hit.score < floor:
                 candidate = _Candidate(Hit(candidate.hit.block, floor), candidate.day, candidate.body,
-                                       candidate.statement)
+                                       candidate.statement, candidate.words)
             result.append(candidate)
         return result[::-1]
 
@@ -195,7 +198,9 @@ class StandingSearch:
                 # Later in the file is newer (entries are appended), unless a date heading says otherwise.
                 if after is None or (old.day is not None and new.day is not None and new.day < old.day):
                     continue
-                shared = before.words & after.words
+                # Words, not the update rule's characters: 用户的护照… and 用户的妹妹…护士 share 用, 户 and 护,
+                # and 护 is asked for by 护照, yet the two are not about one thing.
+                shared = old.words & new.words
                 if after.updates(before) or (len(shared) >= 2 and shared & asked):
                     pairs.append((old, new))
         return pairs
