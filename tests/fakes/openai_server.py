@@ -10,7 +10,8 @@ and read back what it was sent:
         assert server.chat_requests()[0]["model"] == "gpt-4o-mini"
 
 Chat requests take scripted replies from a FIFO queue; when it is empty, `responder(request_json)` answers
-if set, else the text "ok". Embedding requests get deterministic vectors unless an error is scripted for
+if set, else the text "ok". GET /v1/models lists `models` (an error or a raw body can be scripted for it).
+Embedding requests get deterministic vectors unless an error is scripted for
 them; `hold_embeddings` (until released) or `delay_embeddings` (for so many seconds) make chosen ones wait.
 The server runs aiohttp on its own event loop in a background thread, so sync tests and tests that
 run their own `asyncio.run` can both use it. Like the real API it rejects malformed requests (bad message
@@ -47,7 +48,7 @@ from aiohttp import web
 
 from tests.fakes.http_server import BackgroundHTTPServer
 
-Endpoint = Literal["chat", "embeddings"]
+Endpoint = Literal["chat", "embeddings", "models"]
 UsageSpec = Mapping[str, int] | Literal[False] | None  # None: estimate; False: leave `usage` out
 STREAM_PIECE_CHARS = 3  # characters of text per streamed delta
 STREAM_ARGUMENT_CHARS = 7  # characters of tool-call arguments per streamed delta
@@ -140,6 +141,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         self.streaming = streaming  # False: a streamed request gets a 400, like a server without streaming
         self.strict_content = strict_content  # True: an assistant message with content null is a 500 (llama.cpp)
         self.default_dimensions = default_dimensions
+        self.models: list[str] = ["gpt-4o-mini"]  # what GET /v1/models lists (unless a reply is scripted for it)
         self.responder: Callable[[dict[str, Any]], Reply | str] | None = None
         self.embedder: Callable[[str, int], list[float]] | None = None
         # An embeddings request whose inputs this picks waits until `release_embeddings()` (a slow endpoint
@@ -150,7 +152,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         self.delay_embeddings: Callable[[list[str]], float] | None = None
         self._released = threading.Event()
         self._lock = threading.Lock()
-        self._queues: dict[Endpoint, deque[Reply]] = {"chat": deque(), "embeddings": deque()}
+        self._queues: dict[Endpoint, deque[Reply]] = {"chat": deque(), "embeddings": deque(), "models": deque()}
         self._requests: list[RecordedRequest] = []
         self._counter = 0
 
@@ -213,6 +215,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
 
     # -- handlers ----------------------------------------------------------------------------------
 
@@ -266,6 +269,19 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         tokens = sum(rough_tokens(text) for text in inputs)
         return _json({"object": "list", "data": data, "model": body["model"],
                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        refused = self._check_auth(request)
+        if refused is not None:
+            return refused
+        scripted = self._next("models")
+        if scripted is not None:
+            await self.pause(scripted.delay)
+            return _render(scripted) if isinstance(scripted, Error | Raw) else _bad_request(
+                "only errors and raw bodies can be scripted for models")
+        return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "fake"}
+                                                 for name in self.models]})
 
     def release_embeddings(self) -> None:
         """Let every held embeddings request (and any later one) answer."""
