@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from picoclaw.config import IndexConfig
+from picoclaw.memory.index import E5Embedder
 from picoclaw.memory.search import Hit, MemorySearch, open_search, select_turn_memory
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
@@ -121,3 +122,19 @@ def test_the_index_ranks_the_word_above_its_characters(indexed_store: tuple[Path
         assert_words_first(memory.blocks, wanted, partial)
     finally:
         search.close()
+
+
+@pytest.mark.local
+@pytest.mark.parametrize(("query", "wanted", "partial"), CASES)
+def test_hybrid_with_the_local_model_ranks_the_word_above_its_characters(tmp_path: Path, query: str,
+                                                                         wanted: set[str], partial: set[str]) -> None:
+    # A real multilingual model on the vector side (the toy embedder above only proves the plumbing).
+    store = filled(tmp_path)
+    embedder = E5Embedder()
+    search = open_search(IndexConfig(enabled=True), store, embedder, sessions_dir=tmp_path / "sessions",
+                         policy=MemoryPolicy)
+    try:
+        assert_words_first(search.search(query, 10, include_notes=True), wanted, partial)
+    finally:
+        search.close()
+        embedder.close()
