@@ -104,10 +104,13 @@ def test_console_status_page_shows_the_resolved_zone(home: Path, machine_tz: pyt
     app = App.open(home)
     try:
         with Console(app) as console:
-            page = logged_in(console).get("/status").text
+            client = logged_in(console)
+            page = client.get("/status").text
+            chinese = client.get("/status", headers={"Accept-Language": "zh-CN"}).text
     finally:
         app.close()
     assert "<th>timezone</th><td>local (Europe/Berlin)</td>" in page
+    assert "<th>时区</th><td>local (Europe/Berlin)</td>" in chinese
 
 
 def test_the_models_today_line_names_the_zone(home: Path, machine_tz: pytest.MonkeyPatch) -> None:
