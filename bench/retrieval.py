@@ -16,9 +16,11 @@ What is measured
     * ours warm: ``KeywordSearch.search(q, 10)`` after one warm-up query built the cached index (the
       per-query cost on an unchanged MEMORY.md: one stat + BM25 scoring);
     * ours cold: the first ``search`` of a fresh ``KeywordSearch``: read + split + index + score (the
-      cost after MEMORY.md changed). The file is in the OS page cache in every case.
+      cost after MEMORY.md changed). The file is in the OS page cache in every case;
+    * + standing: what a turn runs, ``StandingSearch`` around the warm ``KeywordSearch`` at the default
+      policy (30 candidates, each one-line entry tokenised to compare it with the others, priors).
 
-    Baseline and warm: the median over all queries of ``--reps`` repetitions of the query set (>= 5).
+    Baseline, warm and + standing: the median over all queries of ``--reps`` repetitions of the query set (>= 5).
     Cold: the median over ``--reps`` fresh retrievers, each timed on one query of the set in turn.
 
     The optional memory index (``picoclaw.memory.index``, second table): the same generator writes
@@ -64,8 +66,9 @@ if str(REPO) not in sys.path:  # run as `python bench/retrieval.py` without inst
 from picoclaw.config import EmbeddingsConfig, IndexConfig  # noqa: E402
 from picoclaw.memory.index import MemoryIndex  # noqa: E402
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit  # noqa: E402
-from picoclaw.memory.search import KeywordSearch  # noqa: E402
+from picoclaw.memory.search import KeywordSearch, StandingSearch  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
+from picoclaw.policy_schema import MemoryPolicy  # noqa: E402
 
 QUERIES: tuple[str, ...] = (
     # English, hitting
@@ -266,8 +269,10 @@ def ms(seconds: float) -> float:
     return seconds * 1000.0
 
 
-def measure(size: int, seed: int, reps: int, details: list[str] | None) -> tuple[float, float, float, float, float]:
-    """(file MB, baseline median ms, warm median ms, cold median ms, warm p95 ms) for one size.
+def measure(size: int, seed: int, reps: int, details: list[str] | None
+            ) -> tuple[float, float, float, float, float, float]:
+    """(file MB, baseline median ms, warm median ms, cold median ms, warm p95 ms, + standing median ms) for one
+    size.
 
     With `details`, appends one line per query: hits of ours and of the baseline, ours warm ms.
     """
@@ -287,9 +292,11 @@ def measure(size: int, seed: int, reps: int, details: list[str] | None) -> tuple
 
         retriever = KeywordSearch(store)
         retriever.search(QUERIES[0], 10)  # warm-up: builds the cached index
-        # Baseline and warm alternate query by query, so a busy moment of the machine hits both alike.
+        standing = StandingSearch(retriever, store, MemoryPolicy)
+        # Baseline, warm and standing alternate query by query, so a busy moment of the machine hits all alike.
         baseline: list[float] = []
         warm: list[float] = []
+        turn: list[float] = []
         for _ in range(reps):
             for q in QUERIES:
                 t0 = time.perf_counter()
@@ -297,8 +304,11 @@ def measure(size: int, seed: int, reps: int, details: list[str] | None) -> tuple
                 t1 = time.perf_counter()
                 retriever.search(q, 10)
                 t2 = time.perf_counter()
+                standing.search(q, 10)
+                t3 = time.perf_counter()
                 baseline.append(t1 - t0)
                 warm.append(t2 - t1)
+                turn.append(t3 - t2)
 
         if details is not None:
             details.append(f"\n{size:,} blocks: hits in the top 10 (ours / baseline), ours warm ms, query")
@@ -311,7 +321,7 @@ def measure(size: int, seed: int, reps: int, details: list[str] | None) -> tuple
     warm_sorted = sorted(warm)
     p95 = warm_sorted[min(len(warm_sorted) - 1, int(0.95 * len(warm_sorted)))]
     return (megabytes, ms(statistics.median(baseline)), ms(statistics.median(warm)),
-            ms(statistics.median(cold)), ms(p95))
+            ms(statistics.median(cold)), ms(p95), ms(statistics.median(turn)))
 
 
 class HashEmbedder:
@@ -434,14 +444,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     print(f"KeywordSearch.search(q, 10) on a synthetic MEMORY.md, {len(QUERIES)} queries x {args.reps} reps")
     header = (f"| {'blocks':>7} | {'MB':>5} | {'baseline median ms':>18} | {'ours warm median ms':>19} | "
-              f"{'ours warm p95 ms':>16} | {'ours cold ms':>12} | {'baseline/warm':>13} |")
+              f"{'ours warm p95 ms':>16} | {'ours cold ms':>12} | {'baseline/warm':>13} | "
+              f"{'+ standing median ms':>20} |")
     print(header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
     details: list[str] | None = [] if args.show_queries else None
     for size in args.sizes:
-        mb, base, warm, cold, p95 = measure(size, args.seed, args.reps, details)
+        mb, base, warm, cold, p95, turn = measure(size, args.seed, args.reps, details)
         print(f"| {size:>7,} | {mb:>5.1f} | {base:>18.2f} | {warm:>19.3f} | {p95:>16.3f} | {cold:>12.1f} | "
-              f"{base / warm:>12.0f}x |", flush=True)
+              f"{base / warm:>12.0f}x | {turn:>20.3f} |", flush=True)
     if details:
         print("\n".join(details))
     if args.index_sizes:

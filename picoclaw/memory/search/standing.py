@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from picoclaw.memory.entries import SUPERSEDED, fingerprint
@@ -76,7 +77,7 @@ class _Candidate:
     hit: Hit
     day: date | None
     body: str  # the block's text without its heading line
-    statement: Statement | None = None  # for a MEMORY.md block that is one statement (see _statement)
+    statement: Statement | None = None  # for a MEMORY.md block that is one statement (see _statement_line)
     words: frozenset[str] = frozenset()  # that statement's words (terms.words), when it is one
 
     @property
@@ -84,13 +85,19 @@ class _Candidate:
         return _MARK.search(self.body) if SUPERSEDED in self.body else None
 
 
-def _statement(body: str) -> str | None:
+def _statement_line(body: str) -> str | None:
     """The block's one line (a superseded mark aside) when it has one of at most STATEMENT_CHARS: a fact, not
     an excerpt. Only such lines are tokenised for the update rule: tokenising is the cost here."""
     if body.count("\n") > 1 or len(body) > 2 * STATEMENT_CHARS:
         return None
     lines = [line for line in body.split("\n") if line.strip() and not line.startswith(SUPERSEDED)]
     return lines[0] if len(lines) == 1 and len(lines[0]) <= STATEMENT_CHARS else None
+
+
+@lru_cache(maxsize=4096)  # the same entries come back turn after turn, and tokenising them is the cost here
+def _read(line: str) -> tuple[Statement, frozenset[str]]:
+    """A one-line entry as the update rule sees it, and its words (terms.words) for the same-subject rule."""
+    return Statement.of(line), words(line)
 
 
 class StandingSearch:
@@ -125,9 +132,9 @@ class StandingSearch:
             used = counts.get(block_key(hit.block), 0)
             prior = (1 + recency_boost * recency(day, today)) * (1 + use_boost * use(used))
             body = hit.block.text.removeprefix(hit.block.heading).lstrip("\n")
-            line = _statement(body) if hit.block.path == self.store.long_term_path else None
+            line = _statement_line(body) if hit.block.path == self.store.long_term_path else None
             candidates.append(_Candidate(Hit(hit.block, hit.score * prior), day, body,
-                                         *((Statement.of(line), words(line)) if line is not None else ())))
+                                         *(_read(line) if line is not None else ())))
         # sorted() is stable: equal scores keep the inner search's order.
         ranked = sorted(candidates, key=lambda c: c.hit.score, reverse=True)
         return [c.hit for c in self._replacements_first(ranked, words(query))][:limit]
