@@ -10,8 +10,8 @@ miss: one-character words (猫, 画) and names transliterated differently in dif
 CJK character is always kept. A number written against a CJK character also gives the pair ("5月", "3个").
 
 In ranking, a bigram match is what outweighs a shared character: an entry holding 护照 matches 护, 照 and
-护照, one with 护士 only 护. Where texts are compared as sets of words (`words`: are two entries about one
-thing?), a character of a longer CJK run is a fragment of a word, not a word, and is left out.
+护照, one with 护士 only 护. Where a text is compared with a query as a set of words (`words`: does it hold
+what the query asks for?), a character of a longer CJK run is a fragment of a word, not a word: left out.
 
 A query (`query_terms`) also drops question words (what, kind, likely …; 什么, 时候, 哪些 …): they say what
 is asked, not what to find. A block (`block_terms`) also gets its date in words when its heading is
@@ -152,7 +152,7 @@ def _is_number(term: str) -> bool:
 
 def words(text: str) -> frozenset[str]:
     """The words of `text` as a set: its terms but numbers ("217", "5月") and fragments (a character of a
-    longer CJK run: 护 of 护照, whose bigrams are its words). What two texts must share to be about one thing."""
+    longer CJK run: 护 of 护照, whose bigrams are its words). What a text must hold to hold what a query asks."""
     lone = {run for run in runs(text) if len(run) == 1}  # a character standing alone is a word (猫，狗)
     return frozenset(term for term in terms(text)
                      if not _is_number(term) and not (len(term) == 1 and is_cjk(term) and term not in lone))

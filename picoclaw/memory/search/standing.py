@@ -11,9 +11,10 @@ It asks the inner search for CANDIDATES_PER_RESULT times the blocks wanted, then
   replacement named by the "> superseded by the DATE entry: …" mark the store wrote; or, for entries never
   marked (a hand edit, an import, an update the store's conservative rule did not recognise), a newer
   MEMORY.md candidate that updates it by that rule (memory/updates.py) or that says something about the
-  same thing the query asks about (the two share two words, one of them asked for; in Chinese, Japanese and
-  Korean a word is a bigram, never one character of one, so 护士 and 护照 share none). Only one-line entries
-  (statements) are compared so: a block of several lines is an excerpt, and "newer" says little about it.
+  same thing the query asks about (the two share two words, and both hold a word the query asks for; in
+  Chinese, Japanese and Korean that word is a character pair, never one character of one: 护 is in 护士 and
+  in 护照). Only one-line entries (statements) are compared so: a block of several lines is an excerpt,
+  and "newer" says little about it.
   Moving a candidate up is cheap to get wrong (both stay in the results), marking an entry is not, which
   is why this is looser than the store's rule.
 
@@ -78,7 +79,7 @@ class _Candidate:
     day: date | None
     body: str  # the block's text without its heading line
     statement: Statement | None = None  # for a MEMORY.md block that is one statement (see _statement_line)
-    words: frozenset[str] = frozenset()  # that statement's words (terms.words), when it is one
+    words: frozenset[str] = frozenset()  # that statement's words as a query's are (terms.words), when it is one
 
     @property
     def marked(self) -> re.Match[str] | None:
@@ -96,7 +97,7 @@ def _statement_line(body: str) -> str | None:
 
 @lru_cache(maxsize=4096)  # the same entries come back turn after turn, and tokenising them is the cost here
 def _read(line: str) -> tuple[Statement, frozenset[str]]:
-    """A one-line entry as the update rule sees it, and its words (terms.words) for the same-subject rule."""
+    """A one-line entry as the update rule sees it, and its words (terms.words) to compare with a query's."""
     return Statement.of(line), words(line)
 
 
@@ -188,7 +189,7 @@ class StandingSearch:
                           ) -> list[tuple[_Candidate, _Candidate]]:
         """(superseded, replacement) among the candidates: by the store's mark; or, between two statements
         (short entries), when the newer updates the older by the update rule or both say something about
-        what the query asks (they share two words, one of them asked for)."""
+        what the query asks (they share two words, and both hold one of `asked`, the query's words)."""
         long_term = sorted((c for c in ranked if c.hit.block.path == self.store.long_term_path),
                            key=lambda c: c.hit.block.start_line)
         pairs: list[tuple[_Candidate, _Candidate]] = []
@@ -205,10 +206,11 @@ class StandingSearch:
                 # Later in the file is newer (entries are appended), unless a date heading says otherwise.
                 if after is None or (old.day is not None and new.day is not None and new.day < old.day):
                     continue
-                # Words, not the update rule's characters: 用户的护照… and 用户的妹妹…护士 share 用, 户 and 护,
-                # and 护 is asked for by 护照, yet the two are not about one thing.
-                shared = old.words & new.words
-                if after.updates(before) or (len(shared) >= 2 and shared & asked):
+                # Shared words are counted as the update rule counts them (a Chinese character each: 猫, 叫 and
+                # 住 are words), but what is asked for must be a word both hold: for 护照, 用户的护照… and
+                # 用户的妹妹…护士 share 用, 户 and 护, and are not about one thing.
+                shared = before.words & after.words
+                if after.updates(before) or (len(shared) >= 2 and old.words & new.words & asked):
                     pairs.append((old, new))
         return pairs
 
