@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from picoclaw.errors import MemoryStoreError
+from picoclaw.memory.lessons import SOURCE_PREFIX, given_by_a_person, lesson_text
 from picoclaw.memory.prefilter import fold, needles, shares_two
 from picoclaw.memory.updates import supersedes
 from picoclaw.printable import printable
@@ -103,6 +104,29 @@ def fingerprint(text: str) -> str:
     return _NOT_ALNUM.sub("", unicodedata.normalize("NFKC", text).casefold())
 
 
+def without_source(body: str) -> str:
+    """An entry's body without its `Source: ` line: what the entry says, whoever said it."""
+    return "\n".join(line for line in body.split("\n") if not line.startswith(SOURCE_PREFIX))
+
+
+def entry_fingerprint(body: str) -> str:
+    """The fingerprint two entries must share to be one (`fingerprint` of what they say, `Source:` lines aside),
+    so the model saving a fact the user gave finds it already stored."""
+    return fingerprint(without_source(body))
+
+
+def model_source(session: str | None) -> str:
+    """The `Source:` line's text of an entry the model wrote in words the user never said (issue 40). It ends
+    like a lesson the model saved (`lessons.MODEL_SOURCES`), so `given_by_a_person` reads both alike."""
+    where = f"session {session} " if session else ""
+    return f"the assistant, not the user's words; {where}(memory_append)"
+
+
+def models_entry(content: str, session: str | None) -> str:
+    """`content` as the model's entry: with its `Source:` line saying the words are the assistant's."""
+    return lesson_text(content, model_source(session))
+
+
 @dataclass(frozen=True)
 class LongTermEntry:
     """An entry of MEMORY.md: its `## date` heading, its text as in the file, and its first line there."""
@@ -144,16 +168,35 @@ def is_superseded(text: str) -> bool:
 def updated_by(body: str, entries: Iterable[LongTermEntry]) -> list[LongTermEntry]:
     """The entries that the new entry `body` updates (memory/updates.py), not marked already.
 
-    A text sharing fewer than two of the new entry's terms cannot be one: `shares_two` rules most of them
-    out on their raw text before the update rule tokenises any.
+    What the model wrote in words the user never said (its `Source:` line says so) never marks what a person
+    gave: it may only update the model's own entries. A text sharing fewer than two of the new entry's terms
+    cannot be one: `shares_two` rules most of them out on their raw text before the update rule tokenises any.
     """
-    wanted = needles(body)
+    models = not given_by_a_person(body)
+    said = without_source(body)
+    wanted = needles(said)
     older = []
     for entry in entries:
         old = entry.text.split("\n", 1)[-1]
-        if shares_two(wanted, fold(old)) and not is_superseded(entry.text) and supersedes(body, old):
+        if models and given_by_a_person(old):
+            continue
+        if shares_two(wanted, fold(old)) and not is_superseded(entry.text) and supersedes(said, without_source(old)):
             older.append(entry)
     return older
+
+
+def recent_entries(text: str, limit: int) -> list[LongTermEntry]:
+    """The newest `limit` entries of MEMORY.md's `text` that no newer entry superseded, oldest first."""
+    return [entry for entry in list(long_term_entries(text))[-limit:] if not is_superseded(entry.text)]
+
+
+def entry_body(entry_text: str) -> str:
+    """What an entry says: its text without the `## ` heading, a superseded mark or a `Source:` line."""
+    lines = entry_text.strip("\n").split("\n")
+    if lines and SECTION_HEADING.match(lines[0]):
+        lines = lines[1:]
+    return "\n".join(line for line in lines
+                     if not line.startswith((SOURCE_PREFIX, SUPERSEDED))).strip()
 
 
 def joined(existing: str, block: str) -> str:

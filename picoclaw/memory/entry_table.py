@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from picoclaw.fsutil import atomic_write
-from picoclaw.memory.entries import SECTION_HEADING, fingerprint
+from picoclaw.memory.entries import SECTION_HEADING, entry_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def whole_sections(handle: BinaryIO, start: int) -> Iterator[tuple[int, bytes]]:
         offset, carry = offset + cut + 1, data[cut + 1:]
 
 
-_TABLE_MAGIC = b"PCLWENT1"
+_TABLE_MAGIC = b"PCLWENT2"  # 2: fingerprints leave `Source:` lines out (entries.entry_fingerprint)
 _TABLE_HEADER = struct.Struct("<8sQQQQQQ20s")  # magic, size, mtime_ns, inode, lines, blocks, records, digest
 _RECORD = struct.Struct("<8sQQ")  # fingerprint hash, byte offset of the heading line, its line number
 _DIGEST = 20  # sha1, of each MiB of the file
@@ -188,7 +188,8 @@ def _scan_entries(handle: BinaryIO, start: int, line: int, records: bytearray) -
             counted = at
             section = data[at:starts[number + 1] if number + 1 < len(starts) else len(data)]
             body = section.split(b"\n", 1)[1] if b"\n" in section else b""
-            records += _RECORD.pack(fingerprint_hash(fingerprint(body.decode("utf-8"))), offset + at, newlines + 1)
+            wanted = entry_fingerprint(body.decode("utf-8"))
+            records += _RECORD.pack(fingerprint_hash(wanted), offset + at, newlines + 1)
         newlines += data.count(b"\n", counted)
     return newlines
 

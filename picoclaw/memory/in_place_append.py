@@ -18,7 +18,7 @@ from typing import BinaryIO
 import orjson
 
 from picoclaw.fsutil import atomic_write, write_target
-from picoclaw.memory.entries import LongTermEntry, fingerprint, long_term_entries, updated_by
+from picoclaw.memory.entries import LongTermEntry, entry_fingerprint, long_term_entries, updated_by
 from picoclaw.memory.entry_table import BLOCK, ENTRIES_FILE, current_entry_table, fingerprint_hash, save_entry_table
 
 log = logging.getLogger(__name__)
@@ -39,12 +39,12 @@ def append_in_place(long_term_path: Path, heading: str, body: str, window: int) 
         table = current_entry_table(memory_dir, handle, info)
         if table is None or (table.count == 0 and _blank(handle)):
             return None
-        wanted = fingerprint(body)
+        wanted = entry_fingerprint(body)
         for index in table.find(fingerprint_hash(wanted)) if wanted else ():
             _, start, line = table.record(index)
             handle.seek(start)
             text = handle.read(table.end_of(index) - start).decode("utf-8").rstrip("\n") + "\n"
-            if fingerprint(text.split("\n", 1)[1]) == wanted:
+            if entry_fingerprint(text.split("\n", 1)[1]) == wanted:
                 return LongTermEntry(text.split("\n", 1)[0].rstrip(), text, line, new=False)
         handle.seek(table.record(max(table.count - window, 0))[1] if table.count else info.st_size)
         if updated_by(body, long_term_entries(handle.read().decode("utf-8"))):

@@ -43,12 +43,14 @@ from picoclaw.memory.entries import (
     appended_since,
     check_unicode,
     clean_entry,
+    entry_fingerprint,
     entry_version,
     fingerprint,
     joined,
     long_term_entries,
     mark_superseded,
     updated_by,
+    without_source,
 )
 from picoclaw.memory.entry_table import ENTRIES_FILE
 from picoclaw.memory.in_place_append import append_in_place, journal_path, repair_append
@@ -202,8 +204,8 @@ class MemoryStore:
     def append_long_term(self, content: str) -> LongTermEntry:
         """Append `## YYYY-MM-DD` + content to MEMORY.md; returns the entry as written.
 
-        Content that an entry already holds (compared by `fingerprint`: case, width, spaces and punctuation
-        aside) is not written twice: the existing entry comes back, with `new` False.
+        Content that an entry already holds (compared by `entry_fingerprint`: case, width, spaces, punctuation
+        and `Source:` lines aside) is not written twice: the existing entry comes back, with `new` False.
         """
         body = clean_entry(content)
         heading = f"## {self.today().isoformat()}"
@@ -227,7 +229,7 @@ class MemoryStore:
             backup = self._backup_long_term()
             older = updated_by(body, list(long_term_entries(current))[-UPDATE_WINDOW:])
             if older:  # kept, never deleted: a wrong guess costs one line, a deleted fact would be lost
-                summary = " ".join(body.split())
+                summary = " ".join(without_source(body).split())
                 marker = f"{SUPERSEDED} by the {self.today().isoformat()} entry: {summary[:80]}"
                 current = mark_superseded(current, older, marker + ("…" if len(summary) > 80 else ""))
             whole = joined(current, f"{heading}\n{body}\n")
@@ -237,11 +239,11 @@ class MemoryStore:
 
     def find_long_term(self, content: str, text: str | None = None) -> LongTermEntry | None:
         """The entry of MEMORY.md (or of `text`) whose content is `content`, by fingerprint; None if none."""
-        wanted = fingerprint(content)
+        wanted = entry_fingerprint(content)
         if not wanted:
             return None
         for entry in long_term_entries(self.read_long_term() if text is None else text):
-            if fingerprint(entry.text.split("\n", 1)[1] if "\n" in entry.text else "") == wanted:
+            if entry_fingerprint(entry.text.split("\n", 1)[1] if "\n" in entry.text else "") == wanted:
                 return entry
         return None
 

@@ -1,0 +1,120 @@
+"""The grounding check of automatic memory writes (memory/grounding.py, issue 40) on its own: what is no fact
+whoever says it, what is grounded in the user's words, what MEMORY.md already says, and the entries the model
+writes in words the user never said (their `Source:` line: found again as the same fact, never marking an
+entry a person gave as superseded). The entries a real 1.5B model's flush wrote are the first cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from picoclaw.memory.entries import models_entry
+from picoclaw.memory.grounding import (
+    ABOUT_ASSISTANT,
+    ADVICE,
+    QUESTION,
+    REFUSAL,
+    UNGROUNDED,
+    Known,
+    Said,
+    check,
+    grounded,
+    not_a_fact,
+    user_texts,
+)
+from picoclaw.memory.workspace import Workspace
+from tests.agent_helpers import frozen
+
+DATA = Path(__file__).resolve().parent / "data" / "real-model" / "flush_poisoning.json"
+POISONED = json.loads(DATA.read_text(encoding="utf-8"))
+USER_ENTRY: str = POISONED["entry_the_user_gave"]
+JUNK: list[str] = POISONED["memory_entries_in_order"][1:]
+MESSAGES = [record["message"] for record in POISONED["repl_session_records"] if record["type"] == "message"]
+
+
+def test_the_recorded_entries_one_by_one() -> None:
+    said = Said.of(user_texts(MESSAGES))
+    known = Known.of([USER_ENTRY])
+    verdicts = [check(entry, said, known) for entry in JUNK]
+    assert [v.action for v in verdicts] == ["known", "known", *["rejected"] * 6]
+    assert [v.reason for v in verdicts[2:]] == [UNGROUNDED, UNGROUNDED, UNGROUNDED, ADVICE, QUESTION, REFUSAL]
+    # The stored fact is in the injected <context> and the tool results, never in the user's words.
+    assert not Said.of(user_texts(MESSAGES)).text.count("peanuts")
+
+
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    ("我最喜欢的咖啡是什么？", QUESTION), ("我最喜欢的咖啡是什么", QUESTION), ("我喜欢拿铁吗", QUESTION),
+    ("Do I like black coffee", QUESTION), ("What is my favourite coffee", QUESTION),
+    ("The user asked about their favourite coffee.", QUESTION), ("用户问最喜欢的咖啡是什么", QUESTION),
+    ("Tell me one short tip for sleeping better.", QUESTION),
+    ("To sleep better, try taking a warm bath before bed.", ADVICE), ("You should drink less coffee.", ADVICE),
+    ("建议睡前喝一杯热牛奶。", ADVICE), ("可以试试睡前冥想。", ADVICE),
+    ("抱歉，我不能回答这个问题。", REFUSAL), ("I'm sorry, I can't answer that.", REFUSAL),
+    ("I cannot provide personal information.", REFUSAL),
+    ("The assistant can search memory.", ABOUT_ASSISTANT), ("我是一个AI助手。", ABOUT_ASSISTANT),
+])
+def test_what_is_no_fact_whoever_says_it(line: str, reason: str) -> None:
+    assert not_a_fact(line) == reason
+
+
+@pytest.mark.parametrize("line", [
+    "I can't eat gluten.", "我什么都吃，就是不吃香菜。", "我有几个朋友住在杭州。", "When I was young I lived in Rome.",
+    "My doctor says I should eat less salt.", "我最好的朋友叫小林。", "I apologised to Tom for being late.",
+    "My assistant Mary books my flights.", "Unfortunately, I can't have dairy.", "What can I say, I love turtles.",
+    "I'm an assistant manager now.", "说不定哪天我会试试陶艺！", "音乐让我想起我们是如何走到一起的。",
+    "It's important to me that people have someone to talk to.",
+])
+def test_facts_that_look_like_junk_are_facts(line: str) -> None:
+    assert not_a_fact(line) is None
+
+
+
+
+@pytest.mark.parametrize(("said", "line", "expected"), [
+    (["By the way, my sister Anna lives in Lyon now."], "My sister Anna lives in Lyon.", True),
+    (["By the way, my sister Anna lives in Lyon now."], "The user's sister Anna lives in Lyon.", True),
+    (["My gym locker is number 217."], "My gym locker is number 317.", False),  # a number the user never said
+    (["What is my favourite coffee?"], "My favourite coffee is black coffee.", False),  # asked, never stated
+    (["我女儿叫小雨，在上海读大学。"], "用户的女儿叫小雨，在上海读大学。", True),
+    (["我最喜欢的咖啡是什么？"], "我最喜欢的咖啡是拿铁。", False),
+    (["<context>\n<memory>\n我对花生过敏。\n</memory>\n</context>\n\n我对什么过敏？"], "我对花生过敏。", False),
+    (["Note: my dentist is Dr. Okafor at 21 Baker Street, 我每半年去一次."], "Dentist: Dr. Okafor, 21 Baker Street.",
+     True),
+    (["remember: my coffee is an oat-milk latte"], "Coffee: oat-milk latte / 咖啡：燕麦拿铁", False),  # translated
+])
+def test_grounded_in_the_users_statements_only(said: list[str], line: str, expected: bool) -> None:
+    messages = [{"role": "user", "content": text} for text in said]
+    assert grounded(line, Said.of(user_texts(messages))) is expected
+
+
+@pytest.mark.parametrize(("stored", "line", "known"), [
+    ("I am allergic to peanuts, my gym locker number is 317.", "**My gym locker number is 317**", True),
+    ("I am allergic to peanuts, my gym locker number is 317.", "The user's gym locker is 317.", True),
+    ("I am allergic to peanuts.", "I am not allergic to peanuts.", False),  # the negation is new
+    ("我对花生过敏，健身房柜子是317号。", "「健身房柜子是３１７号」", True),  # full-width digits, quotes
+    ("My gym locker is number 217.", "My gym locker is number 305.", False),
+])
+def test_what_an_entry_already_says(stored: str, line: str, known: bool) -> None:
+    assert Known.of([stored]).restated(line) is known
+
+
+def test_the_models_entry_is_the_same_fact_and_never_supersedes_a_persons(workspace: Workspace) -> None:
+    store = workspace.store
+    with frozen("2025-03-01 02:00:00"):
+        store.append_long_term("My gym locker is number 217.")
+    with frozen():
+        written = store.append_long_term(models_entry("My gym locker is number 305.", "cli:test"))
+        again = store.append_long_term("my gym locker is number 305")  # the same words, found by their fingerprint
+        mine = store.append_long_term(models_entry("My dog is called Bob.", "cli:test"))
+        update = store.append_long_term(models_entry("My dog is now called Max.", "cli:test"))
+
+    text = store.read_long_term()
+    assert written.new and not again.new and mine.new and update.new
+    assert "My gym locker is number 217.\n\n" in text  # the person's entry is not marked
+    # The model's own entry is marked by its own update, with the update's words only.
+    assert "My dog is called Bob.\nSource: the assistant, not the user's words; session cli:test (memory_append)\n" \
+           "> superseded by the 2025-03-10 entry: My dog is now called Max.\n" in text
