@@ -114,7 +114,8 @@ def test_the_same_memory_append_twice_leaves_one_entry(
     fake_openai.reply_tool_calls([("memory_append", {"content": again})])
     fake_openai.reply_text("already there")
 
-    chat(workspace, fake_openai, ["remember this", "remember this again"])
+    # The user gives the fact (a fact they never gave is saved too, marked as the model's: test_grounding.py).
+    chat(workspace, fake_openai, [f"remember this: {first}", "remember this again"])
 
     assert memory_entries(workspace) == [first]
     second_result = history(fake_openai.chat_requests()[3])[-1]

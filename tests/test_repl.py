@@ -56,8 +56,12 @@ def test_conversation_stores_a_fact_and_a_restart_continues_it(home: Path, fake_
     first = picoclaw(home, "chat", stdin="remember: my coffee is an oat-milk latte\n\n我喜欢什么咖啡？\nexit\n")
 
     assert first.returncode == 0, first.stderr
+    # The write's receipt comes after the answer; the user never said 燕麦拿铁, so the words are the model's.
     assert first.stdout.splitlines() == ['· memory_append {"content": "Coffee: oat-milk latte / 咖啡：燕麦拿铁"}',
-                                         "Noted, oat-milk latte.", "你喜欢燕麦拿铁。"]
+                                         "Noted, oat-milk latte.",
+                                         "✍ remembered (the assistant's words, not yours): Coffee: oat-milk latte / "
+                                         "咖啡：燕麦拿铁",
+                                         "你喜欢燕麦拿铁。"]
     memory = (home / "workspace" / "memory" / "MEMORY.md").read_text(encoding="utf-8")
     assert "Coffee: oat-milk latte / 咖啡：燕麦拿铁" in memory
     # The Chinese question found the stored block and sent it to the model.
@@ -141,7 +145,9 @@ def test_one_shot_streams_the_answer_and_shows_a_tool_call_as_one_line(
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ['· memory_append {"content": "Tea: 龙井 (Longjing), no sugar / 不加糖"}',
-                                          "记住了：龙井，不加糖。Noted: Longjing, no sugar."]
+                                          "记住了：龙井，不加糖。Noted: Longjing, no sugar.",
+                                          "✍ remembered (the assistant's words, not yours): Tea: 龙井 (Longjing), no "
+                                          "sugar / 不加糖"]
     requests = fake_openai.chat_requests()
     assert len(requests) == 2 and all(body["stream"] is True for body in requests)  # -m streams too
     memory = (home / "workspace" / "memory" / "MEMORY.md").read_text(encoding="utf-8")
@@ -358,7 +364,8 @@ def test_a_streamed_answer_with_escapes_prints_none_of_them(home: Path, fake_ope
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         '· memory_append {"content": "茶 tea\\u001b[2J\\u001b]0;pwned\\u0007: 龙井"}',
-        '· list_dir {"path": "memory"}', *HOSTILE_SHOWN.splitlines()]
+        '· list_dir {"path": "memory"}', *HOSTILE_SHOWN.splitlines(),
+        "✍ remembered (the assistant's words, not yours): 茶 tea: 龙井"]
     assert_inert(result.stdout, result.stderr)
     memory = (home / "workspace" / "memory" / "MEMORY.md").read_text(encoding="utf-8")
     assert "茶 tea: 龙井" in memory

@@ -1,8 +1,8 @@
 """The agent: context building, the turn loop, sessions, and their background work.
 
 What the agent layer offers the channels and the face is listed in `__all__`: `AgentLoop` (where a message
-becomes a model call), its `Reply`, the sinks a channel passes for streamed text and tool calls, and the
-slash-command parser. Each is imported on first use (picoclaw/lazy_exports.py).
+becomes a model call), its `Reply`, the sinks a channel passes for streamed text, tool calls, notices and
+memory writes, and the slash-command parser. Each is imported on first use (picoclaw/lazy_exports.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from picoclaw.agent.commands import Command, parse_command
-    from picoclaw.agent.loop import AgentLoop, NoticeSink, Reply, ToolSink
+    from picoclaw.agent.loop import AgentLoop, Reply, ToolSink
+    from picoclaw.agent.receipts import MemorySink, NoticeSink
     from picoclaw.agent.streaming import TextSink
 
-__all__ = ["AgentLoop", "Command", "NoticeSink", "Reply", "TextSink", "ToolSink", "parse_command"]
+__all__ = ["AgentLoop", "Command", "MemorySink", "NoticeSink", "Reply", "TextSink", "ToolSink", "parse_command"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.agent.commands": ("Command", "parse_command"),
-    "picoclaw.agent.loop": ("AgentLoop", "NoticeSink", "Reply", "ToolSink"),
+    "picoclaw.agent.loop": ("AgentLoop", "Reply", "ToolSink"),
+    "picoclaw.agent.receipts": ("MemorySink", "NoticeSink"),
     "picoclaw.agent.streaming": ("TextSink",),
 })

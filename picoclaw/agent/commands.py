@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, tzinfo
 from pathlib import Path
 
 from picoclaw.agent.summary import CompactResult
 from picoclaw.clock import describe_timezone
-from picoclaw.memory import EffectivePolicy, InjectedMemory, Session
+from picoclaw.memory import EffectivePolicy, InjectedMemory, MemoryWrite, Session
 from picoclaw.policy_schema import POLICY_KEYS
 from picoclaw.tokens import is_exact
 
@@ -19,6 +20,7 @@ HELP = """Commands:
 /new — start a fresh conversation (the old one is archived)
 /compact — summarise the conversation now to free context
 /memory [query] — show what memory would be put in front of the model for a query
+/memory recent — what was written to memory lately without a command of yours, and from where
 /policy — show the memory policy in force
 /status — the model, this conversation's size, the last prompt's tokens (and how many were cached)
 /help — this list
@@ -54,6 +56,25 @@ def compact_reply(result: CompactResult | None) -> str:
     if result is None:
         return "Nothing to compact (or the summary was refused); the conversation is unchanged."
     return f"Compact complete: {result.compacted} messages compacted.\n\n{result.summary}"
+
+
+RECENT = "recent"  # `/memory recent`: the automatic writes, not a search for "recent"
+
+
+def recent_report(writes: list[MemoryWrite], tz: tzinfo) -> str:
+    """The automatic memory writes, newest first: when (in `tz`), which file, from where, whose words, the text."""
+    if not writes:
+        return "Nothing has been written to memory without a command of yours yet."
+    lines = ["Written to memory lately (newest first):"]
+    for write in writes:
+        try:
+            when = datetime.fromisoformat(write.time).astimezone(tz).strftime("%Y-%m-%d %H:%M")
+        except ValueError:  # a hand-edited time: shown as it is
+            when = write.time
+        whose = "" if write.by_user else ", the assistant's words"
+        session = f", session {write.session}" if write.session else ""
+        lines.append(f"- {when}  {write.document}  {write.source}{session}{whose}: {' '.join(write.text.split())}")
+    return "\n".join(lines)
 
 
 def policy_report(effective: EffectivePolicy) -> str:

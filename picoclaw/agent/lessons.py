@@ -35,7 +35,7 @@ from picoclaw.agent.turn_review import FinishedTurn, Trigger, standing_instructi
 from picoclaw.cjk import HAN, HANGUL, KANA
 from picoclaw.errors import MemoryStoreError
 from picoclaw.keyed import LruCache
-from picoclaw.memory import ModelUsage, Workspace, instruction_lesson, keeps_point
+from picoclaw.memory import LEARNINGS, MemoryWrite, ModelUsage, Workspace, instruction_lesson, keeps_point
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class Learned:
     outcome: str | None = None
     draft: DraftWritten | None = None
     skipped: str | None = None
+    write: MemoryWrite | None = None  # the receipt of the lesson written (none when it was known already)
 
 
 def language_of(text: str) -> str:
@@ -192,7 +193,7 @@ class Learner:
         self._reviewed.put(seen, True)
         learned = await self._lesson(turn)
         draft = await self.skills.after_turn(turn, learned.lesson)
-        return Learned(learned.trigger, learned.lesson, learned.outcome, draft, learned.skipped)
+        return Learned(learned.trigger, learned.lesson, learned.outcome, draft, learned.skipped, learned.write)
 
     async def _lesson(self, turn: FinishedTurn) -> Learned:
         trigger = trigger_of(turn)
@@ -222,13 +223,18 @@ class Learner:
             return self._nothing(turn, trigger, f"the answer was refused: {answer.refused}")
         if lesson is None:
             return self._nothing(turn, trigger, "the model found no lesson in it")
+        source = f"session {turn.key} ({trigger})"
         try:
-            written = await asyncio.to_thread(self.workspace.store.append_learning, lesson,
-                                              f"session {turn.key} ({trigger})")
+            written = await asyncio.to_thread(self.workspace.store.append_learning, lesson, source)
         except MemoryStoreError as exc:
             return self._nothing(turn, trigger, f"the store refused the lesson: {exc}")
         log.info("session %s: lesson %s (%s): %s", turn.key, written.outcome, trigger, lesson)
-        return Learned(trigger, lesson, written.outcome)
+        # A correction's lesson is the user's (their words, or a draft that keeps them); the others are drafted
+        # from tool results, the model's (memory/lessons.py MODEL_SOURCES).
+        receipt = None if written.outcome == "known" else MemoryWrite(
+            LEARNINGS, lesson, f"lesson ({trigger})", turn.key, by_user=trigger == "correction",
+            outcome=written.outcome)
+        return Learned(trigger, lesson, written.outcome, write=receipt)
 
     @staticmethod
     def _nothing(turn: FinishedTurn, trigger: Trigger, why: str) -> Learned:

@@ -11,6 +11,11 @@ A summary the model fails to write (refused as malformed, or the call failed) is
 the next turn: the next automatic attempt waits until `wait` more messages have arrived, where `wait`
 starts at `session_summary_keep_count` and doubles after each further failure (a success resets it; /compact
 always tries). A turn that does not attempt sends no "Memory threshold reached" notice.
+
+Every write to MEMORY.md or LEARNINGS.md that no command of the user's made (the memory flush, the model's
+memory_append, a lesson) is shown once in the conversation, after the reply (agent/receipts.py), and logged
+for `/memory recent`. A turn's memory_append calls are grounded in what the user said in the conversation
+so far (`current_turn`, memory/receipts.py).
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ from typing import Any
 from picoclaw import clock
 from picoclaw.agent.commands import (
     HELP,
+    RECENT,
     Command,
     compact_reply,
     memory_report,
     new_reply,
     parse_command,
     policy_report,
+    recent_report,
     status_report,
     unknown_reply,
 )
@@ -39,16 +46,37 @@ from picoclaw.agent.context import ContextBuilder
 from picoclaw.agent.history import keep_last, safe_start
 from picoclaw.agent.lessons import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
+from picoclaw.agent.receipts import MemorySink, NoticeSink, Receipts
 from picoclaw.agent.reflection import Reflector, reflection_due
 from picoclaw.agent.streaming import StreamGate, TextSink
-from picoclaw.agent.summary import CompactResult, accept_summary, render_transcript, summary_request
+from picoclaw.agent.summary import (
+    CUT_SHORT,
+    CompactResult,
+    accept_summary,
+    render_transcript,
+    summary_request,
+    unseen_answer_claims,
+)
 from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
 from picoclaw.agent.turn_review import FinishedTurn
+from picoclaw.errors import ConfigError
 from picoclaw.keyed import KeyedLocks, LruCache
-from picoclaw.memory import LongTermCompressor, Session, StoredMessage, TurnMetrics, Workspace, flush_facts
+from picoclaw.memory import (
+    LongTermCompressor,
+    MemoryWrite,
+    Session,
+    StoredMessage,
+    TurnMetrics,
+    TurnWrites,
+    Workspace,
+    WriteLog,
+    current_turn,
+    flush_facts,
+    user_texts,
+)
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
-from picoclaw.storage import StorageError, storage_for
+from picoclaw.storage import StorageError, StorageUnavailable, storage_for
 from picoclaw.tokens import count_tokens
 from picoclaw.tools import ToolRegistry, current_session
 
@@ -61,7 +89,6 @@ log = logging.getLogger(__name__)
 SESSION_CACHE_SIZE = 256
 
 ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSON text)
-NoticeSink = Callable[[str, str], Awaitable[None]]  # (session key, notice): work done after the reply
 
 SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
 TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
@@ -102,10 +129,11 @@ def clean_message(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Reply:
-    """The answer to one message; `error` is set when it is an apology because the model could not answer."""
+    """The answer to one message; `error` is set when it is an apology because the model (or the storage) could
+    not answer."""
 
     text: str
-    error: ProviderError | None = None
+    error: ProviderError | StorageError | None = None
 
 
 class AgentLoop:
@@ -125,6 +153,7 @@ class AgentLoop:
         self.reflector = Reflector(workspace.policy, provider)
         self.learner = Learner(workspace, provider, self._offered)
         self.metrics = TurnMetrics(workspace.memory_dir)  # retrieval time per turn, for `memory stats`
+        self.written = WriteLog(workspace.memory_dir)  # the automatic memory writes, for `/memory recent`
         self._locks: KeyedLocks[str] = KeyedLocks()
         self._summarizing: set[str] = set()
         self._summary_backoff: dict[str, SummaryBackoff] = {}  # kept only for sessions in the cache
@@ -171,14 +200,18 @@ class AgentLoop:
     # -- a turn ------------------------------------------------------------------------------------
 
     async def handle(self, key: str, text: str, *, notify: NoticeSink | None = None,
-                     on_text: TextSink | None = None, on_tool: ToolSink | None = None) -> Reply:
+                     on_text: TextSink | None = None, on_tool: ToolSink | None = None,
+                     remembered: MemorySink | None = None) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
         as it starts, and `notify(key, text)`, shaped like a channel's `deliver`, work done after the reply
-        (a summary starting). Channels call this through `picoclaw.channels.run_turn`.
+        (a summary starting). `remembered(key, write)`, shaped the same, the receipt of each automatic write to
+        long-term memory the turn and its background work made (agent/receipts.py).
+        Channels call this through `picoclaw.channels.run_turn`.
         """
         text = clean_text(text)
+        receipts = Receipts(notify, remembered)
         async with self.hold(key):
             current_session.set(key)  # for tools acting on "this chat" (cron); the turn's own task's context
             try:
@@ -186,31 +219,41 @@ class AgentLoop:
                 await asyncio.to_thread(self.workspace.refresh)
             except StorageError as exc:
                 log.warning("session %s: memory storage: %s", key, exc)
-                return Reply(f"Sorry, I cannot reach my memory right now: {exc}")
+                return Reply(f"Sorry, I cannot reach my memory right now: {exc}", error=exc)
             command = parse_command(text)
             if command is not None:
-                return Reply(await self.command(key, command))
+                return Reply(await self.command(key, command, receipts))
+            writes = TurnWrites(key, ())
             try:
-                answer, finished = await self._turn(key, text, on_text, on_tool)
+                answer, finished = await self._turn(key, text, on_text, on_tool, writes)
             except ProviderError as exc:
                 # Info, not a warning: the channel shows the failure itself, once.
                 log.info("session %s: model call failed (%s): %s", key, exc.kind, exc)
+                # What memory_append wrote before the failure is written all the same: the user hears of it.
+                self._spawn(receipts.show(key, writes.writes, self.written))
                 return Reply(f"Sorry, I could not get an answer from the model: {exc}", error=exc)
-        self._spawn(self._after_turn(key, notify, finished))
+        self._spawn(self._after_turn(key, receipts, finished, writes.writes))
         return Reply(answer)
 
-    async def command(self, key: str, command: Command) -> str:
-        """The reply to a slash command of session `key`."""
+    async def command(self, key: str, command: Command, receipts: Receipts = Receipts()) -> str:
+        """The reply to a slash command of session `key`; `receipts`: where the writes of the memory flush that
+        /new and /compact run are shown."""
         if command.name in ("/help", "/start"):
             return HELP
         if command.name == "/new":
             set_aside = [m.message for m in (await self.session(key)).active()]
             reply = new_reply(await self.reset_session(key))
             if set_aside and self.workspace.policy.current().memory_flush_enabled:
-                self._spawn(self._flush(key, set_aside))
+                self._spawn(self._flush(key, set_aside, receipts))
             return reply
         if command.name == "/compact":
-            return compact_reply(await self.compact(key))
+            return compact_reply(await self.compact(key, receipts))
+        if command.name == "/memory" and command.argument.lower() == RECENT:
+            try:
+                recent = await asyncio.to_thread(self.written.recent)
+            except ConfigError as exc:
+                return f"The log of memory writes cannot be read: {exc}"
+            return recent_report(recent, self.workspace.tz)
         if command.name == "/memory":
             memory = await self.context.select_memory(self.workspace.policy.current(), command.argument,
                                                       count_use=False)
@@ -224,10 +267,21 @@ class AgentLoop:
                                  timezone=self.workspace.config.timezone)
         return unknown_reply(command)
 
-    async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None
-                    ) -> tuple[str, FinishedTurn]:
-        """The answer to `text`, and the turn as stored (for the review after the reply)."""
+    async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None,
+                    writes: TurnWrites) -> tuple[str, FinishedTurn]:
+        """The answer to `text`, and the turn as stored (for the review after the reply); what memory_append
+        wrote is added to `writes`."""
         session = await self.session(key)
+        # What the user said in the conversation so far: the ground of a fact memory_append saves.
+        writes.said = (*user_texts([m.message for m in session.active()]), text)
+        token = current_turn.set(writes)
+        try:
+            return await self._answer(session, key, text, on_text, on_tool)
+        finally:
+            current_turn.reset(token)
+
+    async def _answer(self, session: Session, key: str, text: str, on_text: TextSink | None,
+                      on_tool: ToolSink | None) -> tuple[str, FinishedTurn]:
         policy = self.workspace.policy.current()
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
@@ -270,7 +324,7 @@ class AgentLoop:
                 turn.extend(StoredMessage(0, result) for result in results)
         except ProviderError as exc:
             if len(turn) > 1:  # tools ran: what they did stays on record, so nothing is done twice
-                note = f"(The answer was cut short: {exc}. The tool calls above did run.)"
+                note = f"{CUT_SHORT}{exc}. The tool calls above did run.)"
                 turn.append(StoredMessage(0, {"role": "assistant", "content": note}))
                 await self._append(session, turn)
             raise
@@ -349,25 +403,32 @@ class AgentLoop:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    async def _after_turn(self, key: str, notify: NoticeSink | None, finished: FinishedTurn) -> None:
+    async def _after_turn(self, key: str, receipts: Receipts, finished: FinishedTurn,
+                          written: list[MemoryWrite]) -> None:
         # Each job on its own: a bug in one must not stop the others. Each checks whether it is due.
         jobs: list[tuple[str, Callable[[], Awaitable[object]]]] = [
-            ("session summary", lambda: self._summarize_if_needed(key, notify)),
+            ("memory receipts", lambda: receipts.show(key, written, self.written)),
+            ("session summary", lambda: self._summarize_if_needed(key, receipts)),
             ("long-term compression", lambda: self.compressor.run_if_due(self.workspace.policy.current())),
             ("reflection", lambda: self._reflect_if_due(key)),
-            ("lesson review", lambda: self._learn(finished, notify)),
+            ("lesson review", lambda: self._learn(finished, receipts)),
         ]
         for name, job in jobs:
             try:
                 await job()
+            except StorageUnavailable as exc:  # an outage: one line, not a traceback per job and turn
+                log.warning("session %s: background %s skipped: %s", key, name, exc)
             except Exception:
                 log.exception("session %s: background %s failed", key, name)
 
-    async def _learn(self, finished: FinishedTurn, notify: NoticeSink | None) -> None:
-        """Write the lesson the turn taught, if any; tell the chat, once, about a skill drafted meanwhile."""
+    async def _learn(self, finished: FinishedTurn, receipts: Receipts) -> None:
+        """Write the lesson the turn taught, if any, with its receipt; tell the chat, once, about a skill drafted
+        meanwhile."""
         learned = await self.learner.learn(finished)
-        if learned.draft is not None and notify is not None:
-            await notify(finished.key, learned.draft.notice)
+        if learned.write is not None:
+            await receipts.show(finished.key, [learned.write], self.written)
+        if learned.draft is not None and receipts.notify is not None:
+            await receipts.notify(finished.key, learned.draft.notice)
 
     async def _reflect_if_due(self, key: str) -> None:
         if not reflection_due(self.workspace.policy.current(), await self.session(key)):
@@ -396,7 +457,7 @@ class AgentLoop:
             if ours:
                 await asyncio.to_thread(lock.release)
 
-    async def _summarize_if_needed(self, key: str, notify: NoticeSink | None) -> None:
+    async def _summarize_if_needed(self, key: str, receipts: Receipts) -> None:
         # A summary already being written covers this turn's check too: no second notice, no second call.
         # So does a failed summary not long ago (see SummaryBackoff): no attempt, so no notice either.
         session = await self.session(key)
@@ -409,9 +470,9 @@ class AgentLoop:
             # Looked at again once ours, brought up to date: another worker may have just summarised it.
             if not ours or not self.needs_summary(await self.session(key), self.workspace.policy.current()):
                 return
-            if notify is not None:
-                await notify(key, SUMMARY_NOTICE)
-            await self.compact(key)
+            if receipts.notify is not None:
+                await receipts.notify(key, SUMMARY_NOTICE)
+            await self.compact(key, receipts)
 
     def needs_summary(self, session: Session, policy: MemoryPolicy) -> bool:
         """History over the message threshold, or over the token share of the context window."""
@@ -424,18 +485,24 @@ class AgentLoop:
         window = self.workspace.config.agents.defaults.context_window
         return tokens > window * policy.session_summary_token_percent / 100
 
-    async def _flush(self, key: str, messages: list[Message]) -> None:
-        """Store the lasting facts of `messages` in MEMORY.md (memory/flush.py); never raises."""
+    async def _flush(self, key: str, messages: list[Message], receipts: Receipts) -> None:
+        """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
+        was written; never raises."""
         try:
-            result = await flush_facts(self.provider, self.workspace.store, render_transcript(messages))
+            result = await flush_facts(self.provider, self.workspace.store, render_transcript(messages),
+                                       user_texts(messages), session=key)
         except Exception:  # a bug here must not cost the summary
             log.exception("session %s: memory flush failed", key)
             return
         if result.refused:
             log.info("session %s: memory flush stored nothing: %s", key, result.refused)
         else:
-            log.info("session %s: memory flush stored %d fact(s), %d already known", key, len(result.stored),
-                     len(result.known))
+            log.info("session %s: memory flush stored %d fact(s), %d already known, %d rejected", key,
+                     len(result.stored), len(result.known), len(result.rejected))
+        try:
+            await receipts.show(key, result.writes(), self.written)
+        except Exception:
+            log.exception("session %s: the memory flush's receipts failed", key)
 
     def _back_off(self, key: str, session: Session, policy: MemoryPolicy) -> None:
         """After a failed summary: the next automatic attempt waits for more messages (see the module doc)."""
@@ -444,11 +511,11 @@ class AgentLoop:
         self._summary_backoff[key] = SummaryBackoff(session.last_id + wait, wait)
         log.info("session %s: next summary attempt after message %d", key, session.last_id + wait)
 
-    async def compact(self, key: str) -> CompactResult | None:
+    async def compact(self, key: str, receipts: Receipts = Receipts()) -> CompactResult | None:
         """Summarise all but the last `session_summary_keep_count` messages; None when nothing was done.
 
         The model call runs without the session lock: messages that arrive meanwhile are newer than
-        the compacted range and are kept.
+        the compacted range and are kept. What the memory flush before it writes is shown through `receipts`.
         """
         if key in self._summarizing:
             return None
@@ -462,7 +529,7 @@ class AgentLoop:
                 return None
             folded = active[:cut]
             if policy.memory_flush_enabled:  # the facts in what is folded away go to MEMORY.md first
-                await self._flush(key, [m.message for m in folded])
+                await self._flush(key, [m.message for m in folded], receipts)
             request = summary_request(session.summary, [m.message for m in folded])
             try:
                 reply = await self.provider.chat(request, None)
@@ -473,6 +540,12 @@ class AgentLoop:
             summary = accept_summary(reply.content)
             if summary is None:
                 log.warning("session %s: the model's summary was empty or malformed; history kept as it was", key)
+                self._back_off(key, session, policy)
+                return None
+            claims = unseen_answer_claims(summary, [m.message for m in folded], session.summary)
+            if claims:
+                log.warning("session %s: the model's summary claims an answer the user never saw (%s); history "
+                            "kept as it was", key, "; ".join(claims)[:300])
                 self._back_off(key, session, policy)
                 return None
             if self._loaded.get(key) is not session:

@@ -1,4 +1,10 @@
-"""Session summaries: the prompt that asks for one, and the check a summary must pass to be used."""
+"""Session summaries: the prompt that asks for one, and the checks a summary must pass to be used.
+
+What the summariser (and the memory flush) is shown is what the user saw: a reply that was empty is written
+as one, an error as an error, so a summary cannot read an answer into them. A summary that still says the
+assistant confirmed, told or answered something when no reply in the part it covers reached the user (issue 40:
+"the assistant confirmed the user's allergies", after an empty answer) is refused like a malformed one.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,12 @@ SECTION_NAMES: dict[str, tuple[str, ...]] = {
 }
 MIN_SECTIONS = 3  # fewer recognisable sections than this means the model did not write a summary
 TOOL_RESULT_CHARS = 2000
+# How a reply that showed the user nothing is written for the summariser and the memory flush.
+EMPTY_REPLY = "(an empty reply: the user was shown no answer)"
+# How the loop records a turn the model failed after its tools ran (agent/loop.py writes it, the user sees an error).
+CUT_SHORT = "(The answer was cut short: "
+# The mark session.py puts after a reply that never reached the user (`undelivered_note`).
+_UNDELIVERED = re.compile(r"\(not delivered: [^\n]*\)\s*$")
 
 @dataclass(frozen=True)
 class CompactResult:
@@ -48,12 +60,22 @@ def render_transcript(messages: list[Message]) -> str:
                 content = content[:TOOL_RESULT_CHARS] + " […]"
             lines.append(f"Tool result: {content}")
             continue
-        for call in message.get("tool_calls") or []:
+        calls = message.get("tool_calls") or []
+        for call in calls:
             function = call.get("function", {})
             lines.append(f"Assistant called {function.get('name')}({function.get('arguments')})")
+        if role == "assistant" and not content.strip() and not calls:
+            content = EMPTY_REPLY
         if content:
             lines.append(f"{'User' if role == 'user' else 'Assistant'}: {content}")
     return "\n".join(lines)
+
+
+def shown_reply(message: Message) -> bool:
+    """Whether `message` is an assistant reply the user saw: some text, not an error note, delivered."""
+    content = str(message.get("content") or "").strip()
+    return (message.get("role") == "assistant" and bool(content) and not content.startswith(CUT_SHORT)
+            and _UNDELIVERED.search(content) is None)
 
 
 def summary_request(previous: str | None, messages: list[Message]) -> list[Message]:
@@ -86,3 +108,29 @@ def accept_summary(text: str | None) -> str | None:
     if len(found) < MIN_SECTIONS:
         return None
     return cleaned
+
+
+# "The assistant confirmed / told / answered …", "the user was told …", "助手确认了 …": a summary saying an answer
+# was given. Tool work ("the assistant searched memory") is not an answer.
+_CLAIM = re.compile(
+    r"\b(?:the\s+|an?\s+|your\s+)?(?:ai\s+)?assistant\s+(?:has\s+|had\s+|then\s+|also\s+)*(?:confirmed|told"
+    r"|answered|replied|responded|explained|informed|said|stated|provided|gave|recommended|suggested|advised"
+    r"|shared|mentioned|reminded|clarified|assured|offered|listed|identified|noted|acknowledged)\b"
+    r"|\b(?:the\s+)?user\s+(?:was|has\s+been|got)\s+(?:told|informed|given|reminded|shown|answered)\b"
+    r"|助手(?:已经?|也|还)?(?:确认|告诉|告知|回答|答复|回复|解释|说明|提供|建议|推荐|提到|表示|提醒|指出|列出)"
+    r"|(?:向用户|给用户)(?:确认|说明|解释|提供|推荐|建议)|用户(?:得知|被告知)", re.IGNORECASE)
+_SUMMARY_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]?")
+
+
+def unseen_answer_claims(summary: str, messages: list[Message], previous: str | None = None) -> list[str]:
+    """The sentences of `summary` that claim the assistant answered, when no reply in `messages` (the part it
+    covers) reached the user; sentences the earlier summary `previous` already had are its, not new claims."""
+    if any(shown_reply(message) for message in messages):
+        return []
+    before = {_fold(sentence) for sentence in _SUMMARY_SENTENCE.findall(previous or "")}
+    return [sentence.strip(" -*#\t") for sentence in _SUMMARY_SENTENCE.findall(summary)
+            if _CLAIM.search(sentence) and _fold(sentence) not in before]
+
+
+def _fold(sentence: str) -> str:
+    return re.sub(r"[\W_]+", "", sentence.casefold())

@@ -2,9 +2,9 @@
 
 A channel turns the events of its world into `Inbound` messages and hands each to `run_turn`, the one place a
 message becomes a model call (`AgentLoop.handle`: one process needs no bus between them). How it shows a turn
-while it runs (streamed text, tool calls, the notice of work after the reply) is the `TurnHooks` it fills in;
-a hook left out shows nothing. What the user did not just ask for (a scheduled job's result, the heartbeat's)
-goes out through the channel's `deliver`, which is all the job runner needs of it.
+while it runs (streamed text, tool calls, the notice of work after the reply, the receipt of a memory write) is
+the `TurnHooks` it fills in; a hook left out shows nothing. What the user did not just ask for (a scheduled
+job's result, the heartbeat's) goes out through the channel's `deliver`, which is all the job runner needs of it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from picoclaw.agent import AgentLoop, NoticeSink, Reply, TextSink, ToolSink
+    from picoclaw.agent import AgentLoop, MemorySink, NoticeSink, Reply, TextSink, ToolSink
     from picoclaw.jobs import Scheduler
 
 __all__ = ["Channel", "Inbound", "TurnHooks", "run_turn"]
@@ -39,6 +39,11 @@ class TurnHooks:
     # (session key, text) of work the turn set off after its reply, such as a summary starting. Shaped like
     # `Channel.deliver`, but a notice that cannot be shown is dropped (logged), never raised into that work.
     on_notice: NoticeSink | None = None
+    # (session key, MemoryWrite) of each write to MEMORY.md or LEARNINGS.md that the turn or its background work
+    # made without a command of the user's (the memory flush, memory_append, a lesson): its receipt, to show
+    # once (`MemoryWrite.notice` is the line: "remembered: …"). Shaped and handled like `on_notice`. Left None,
+    # no receipt is shown (`/memory recent` still lists the write).
+    on_memory: MemorySink | None = None
 
 
 class Channel(Protocol):
@@ -64,4 +69,4 @@ class Channel(Protocol):
 async def run_turn(agent: AgentLoop, message: Inbound, hooks: TurnHooks = TurnHooks()) -> Reply:
     """The one place a channel's message becomes a model call: one `AgentLoop.handle` of its session."""
     return await agent.handle(message.session_key, message.text, notify=hooks.on_notice, on_text=hooks.on_text,
-                              on_tool=hooks.on_tool)
+                              on_tool=hooks.on_tool, remembered=hooks.on_memory)

@@ -20,6 +20,7 @@ from typing import Protocol, TextIO
 from picoclaw.agent import AgentLoop, Reply
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
 from picoclaw.jobs import Scheduler
+from picoclaw.memory import MemoryWrite
 from picoclaw.printable import PrintablePieces, printable
 from picoclaw.session_key import CLI, SessionKey, terminal_key
 
@@ -30,6 +31,7 @@ TERMINAL_USER = "terminal"  # who a terminal's messages are from: whoever sits a
 TOOL_LINE_CHARS = 100
 CANCELLED = "(cancelled; nothing of this answer was kept)"
 SCHEDULED_MARK = "⏰ "
+RECEIPT_MARK = "✍ "
 SCHEDULER_STOP_SECONDS = 10.0
 
 
@@ -161,7 +163,8 @@ class _ShownAnswer:
         self.pieces = PrintablePieces()
 
     def hooks(self) -> TurnHooks:
-        return TurnHooks(on_text=self.on_text, on_tool=self.on_tool, on_notice=self.on_notice)
+        return TurnHooks(on_text=self.on_text, on_tool=self.on_tool, on_notice=self.on_notice,
+                         on_memory=self.on_memory)
 
     async def on_text(self, delta: str) -> None:
         self.streamed = True
@@ -180,6 +183,10 @@ class _ShownAnswer:
     async def on_notice(self, _key: str, text: str) -> None:
         # Background work (a summary starting) may speak while the prompt waits for a line.
         await _print_above_prompt(self.out, printable(text))
+
+    async def on_memory(self, _key: str, write: MemoryWrite) -> None:
+        # A write to memory no command made (the flush, memory_append, a lesson): one line above the prompt.
+        await _print_above_prompt(self.out, RECEIPT_MARK + printable(write.notice))
 
     def finish(self, reply: Reply, err: TextIO) -> None:
         """The end of the answer: its line ended, or the reply printed whole, or the failure on `err`."""

@@ -20,9 +20,12 @@ if TYPE_CHECKING:
         entry_version,
         is_superseded,
         long_term_entries,
+        models_entry,
     )
     from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
     from picoclaw.memory.flush import flush_facts
+    from picoclaw.memory.flush_counts import FlushCounts, FlushTally
+    from picoclaw.memory.grounding import Known, Said, check, grounded, not_a_fact, user_texts
     from picoclaw.memory.index.embedders import (
         DEFAULT_LOCAL_MODEL,
         LOCAL,
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.lessons import instruction_lesson, keeps_point, lesson_of, stands
     from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
+    from picoclaw.memory.receipts import LEARNINGS, LONG_TERM, MemoryWrite, TurnWrites, WriteLog, current_turn
     from picoclaw.memory.search import (
         Block,
         Hit,
@@ -64,24 +68,28 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKUPS_DIR", "Block", "COMPRESSION", "CompressionResult", "DEFAULT_LOCAL_MODEL", "DailyNote", "E5Embedder",
-    "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "Hit", "IndexStatus", "IndexedSearch", "InjectedMemory",
-    "JobOutcome", "KeywordSearch", "LOCAL", "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex",
-    "MemorySearch", "MemoryStats", "MemoryStore", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
-    "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "SUPERSEDED", "Session", "SessionStore",
-    "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics", "Workspace", "demote_headings",
-    "entry_injections", "entry_version", "flush_facts", "format_missing", "index_of", "instruction_lesson",
-    "is_superseded", "keeps_point", "last_outcome", "lesson_of", "long_term_entries", "memory_stats", "open_search",
-    "rank_blocks", "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons",
-    "stands", "suggest_policy_change", "why_not_due",
+    "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "FlushCounts", "FlushTally", "Hit", "IndexStatus",
+    "IndexedSearch", "InjectedMemory", "JobOutcome", "KeywordSearch", "Known", "LEARNINGS", "LOCAL", "LONG_TERM",
+    "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex", "MemorySearch", "MemoryStats",
+    "MemoryStore", "MemoryWrite", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
+    "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "SUPERSEDED", "Said", "Session",
+    "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics", "TurnWrites", "Workspace",
+    "WriteLog", "check", "current_turn", "demote_headings", "entry_injections", "entry_version", "flush_facts",
+    "format_missing", "grounded", "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome",
+    "lesson_of", "long_term_entries", "memory_stats", "models_entry", "not_a_fact", "open_search", "rank_blocks",
+    "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons", "stands",
+    "suggest_policy_change", "user_texts", "why_not_due",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
 _HOMES = {
     "picoclaw.memory.compression": ("CompressionResult", "LongTermCompressor", "format_missing", "why_not_due"),
     "picoclaw.memory.entries": ("SUPERSEDED", "LongTermEntry", "demote_headings", "entry_version", "is_superseded",
-                                "long_term_entries"),
+                                "long_term_entries", "models_entry"),
     "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
     "picoclaw.memory.flush": ("flush_facts",),
+    "picoclaw.memory.flush_counts": ("FlushCounts", "FlushTally"),
+    "picoclaw.memory.grounding": ("Known", "Said", "check", "grounded", "not_a_fact", "user_texts"),
     "picoclaw.memory.index.embedders": ("DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT",
                                         "E5Embedder", "Embedder", "EmbeddingUnavailable", "LocalEmbedder",
                                         "OpenAICompatEmbedder"),
@@ -92,6 +100,7 @@ _HOMES = {
     "picoclaw.memory.lessons": ("instruction_lesson", "keeps_point", "lesson_of", "stands"),
     "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
+    "picoclaw.memory.receipts": ("LEARNINGS", "LONG_TERM", "MemoryWrite", "TurnWrites", "WriteLog", "current_turn"),
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
                                "index_of", "open_search", "rank_blocks", "search_method", "select_turn_memory",
                                "split_blocks", "standing_lessons"),

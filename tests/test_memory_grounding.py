@@ -1,0 +1,386 @@
+"""Memory that only keeps what the user said (issue 40): the memory flush, memory_append and summaries against a
+real 1.5B model's poisoned session (tests/data/real-model/flush_poisoning.json), the same kinds of junk in Chinese
+and in mixed text, grounded facts and updates that are written, summaries that claim an answer the user never saw,
+and the receipts of what was written. Turns run through a real AgentLoop against the fake OpenAI server."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from picoclaw.agent.loop import AgentLoop
+from picoclaw.agent.summary import EMPTY_REPLY, render_transcript, unseen_answer_claims
+from picoclaw.memory import FlushCounts, FlushTally, MemoryWrite, WriteLog
+from picoclaw.memory.grounding import ADVICE, QUESTION, REFUSAL, UNGROUNDED
+from picoclaw.memory.workspace import Workspace
+from picoclaw.storage import FilesStorage, Storage, mount, unmount
+from tests.agent_helpers import (
+    SESSION,
+    frozen,
+    is_flush_request,
+    is_lesson_request,
+    is_summary_request,
+    records_of,
+    set_policy,
+    today_note,
+    with_agent,
+)
+from tests.fakes import FakeOpenAIServer, Text, ToolCalls
+from tests.fakes.openai_server import Reply
+from tests.test_repl import configure, picoclaw
+
+DATA = Path(__file__).resolve().parent / "data" / "real-model" / "flush_poisoning.json"
+POISONED = json.loads(DATA.read_text(encoding="utf-8"))
+USER_ENTRY: str = POISONED["entry_the_user_gave"]
+JUNK: list[str] = POISONED["memory_entries_in_order"][1:]
+RECORDS: list[dict[str, Any]] = POISONED["repl_session_records"]
+MESSAGES = [record["message"] for record in RECORDS if record["type"] == "message"]
+RECORDED_SUMMARY: str = next(record["summary"] for record in RECORDS if record["type"] == "compaction")
+SUMMARY = ("## Goal\nChat.\n## Constraints and preferences\nNone.\n## Progress\nTalked.\n## Key decisions\nNone.\n"
+           "## Next steps\nNone.\n## Key context\nSee memory.")
+
+
+@dataclass
+class Receipts:
+    """What the loop showed the user of its memory writes, as (session key, write)."""
+
+    shown: list[tuple[str, MemoryWrite]] = field(default_factory=list)
+
+    async def __call__(self, key: str, write: MemoryWrite) -> None:
+        self.shown.append((key, write))
+
+    @property
+    def notices(self) -> list[str]:
+        return [write.notice for _, write in self.shown]
+
+
+def converse(workspace: Workspace, server: FakeOpenAIServer, texts: list[str], key: str = SESSION,
+             receipts: Receipts | None = None) -> list[str]:
+    """Send `texts` to one session, each turn's background work (summary, flush, receipts) awaited after it."""
+    async def body(loop: AgentLoop) -> list[str]:
+        replies = []
+        for text in texts:
+            replies.append((await loop.handle(key, text, remembered=receipts)).text)
+            await loop.wait_background()
+        return replies
+    return with_agent(workspace, server, body)
+
+
+def model(turns: list[Reply], flush: str | Callable[[str], str], summary: str = SUMMARY
+          ) -> Callable[[dict[str, Any]], Reply | str]:
+    """A model answering turns from `turns` in order, the memory flush with `flush` (or `flush(conversation)`),
+    summaries with `summary`, and lesson reviews with NONE."""
+    queue = list(turns)
+
+    def answer(body: dict[str, Any]) -> Reply | str:
+        if is_flush_request(body):
+            return flush(body["messages"][1]["content"]) if callable(flush) else flush
+        if is_summary_request(body):
+            return summary
+        if is_lesson_request(body):
+            return "NONE"
+        return queue.pop(0) if queue else "ok"
+    return answer
+
+
+def entries(workspace: Workspace) -> list[str]:
+    """MEMORY.md's entries, each its text under the `## ` heading."""
+    text = workspace.store.read_long_term()
+    return [block.split("\n", 1)[1].strip() for block in text.split("\n## ")[1:]]
+
+
+def listed(items: list[str]) -> str:
+    return "\n".join(f"- {item}" for item in items)
+
+
+def seed(workspace: Workspace, server: FakeOpenAIServer, fact: str) -> None:
+    """`fact` stored the way the session's first entry was: the user's own words, saved by memory_append."""
+    server.responder = model([ToolCalls([("memory_append", {"content": fact})]), Text("Noted.")], "NONE")
+    converse(workspace, server, [f"Please remember: {fact}"], key="cli:other")
+    assert entries(workspace) == [fact]
+
+
+# -- the real session --------------------------------------------------------------------------------------
+
+
+def recorded_turns() -> tuple[list[str], list[Reply]]:
+    """The REPL session's user messages, and the model's recorded replies (tool calls and texts) in order."""
+    texts: list[str] = []
+    replies: list[Reply] = []
+    for message in MESSAGES:
+        if message["role"] == "user":
+            texts.append(message["content"])
+        elif message["role"] == "assistant" and message.get("tool_calls"):
+            replies.append(ToolCalls([(call["function"]["name"], call["function"]["arguments"])
+                                      for call in message["tool_calls"]]))
+        elif message["role"] == "assistant":
+            replies.append(Text(message["content"]))
+    return texts, replies
+
+
+def test_the_real_poisoned_flush_replayed_writes_none_of_its_junk(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    receipts = Receipts()
+    with frozen():
+        seed(workspace, fake_openai, USER_ENTRY)
+        texts, replies = recorded_turns()
+        # Every flush of the session answers with all eight of its entries; every summary with the real one.
+        fake_openai.responder = model(replies, listed(JUNK), RECORDED_SUMMARY)
+        converse(workspace, fake_openai, [*texts, "/new"], key="cli:repl", receipts=receipts)
+
+    assert entries(workspace) == [USER_ENTRY]  # the real fact, once, and not one of the eight
+    flushes = [body for body in fake_openai.chat_requests() if is_flush_request(body)]
+    assert len(flushes) >= 3
+    assert receipts.shown == []  # nothing was remembered, so nothing is shown as remembered
+    counts = FlushCounts(workspace.store.memory_dir).read()
+    assert counts is not None
+    [day] = counts.values()
+    assert day.runs == len(flushes) and day.proposed == len(JUNK) * len(flushes) and day.written == 0
+    assert day.known == 2 * len(flushes)  # the two bold copies of the stored fact
+    assert set(day.rejected) == {UNGROUNDED, ADVICE, QUESTION, REFUSAL}
+    assert day.rejected[UNGROUNDED] == 3 * len(flushes)
+
+
+def test_the_real_summary_claiming_an_unseen_answer_is_refused(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    with frozen():
+        seed(workspace, fake_openai, USER_ENTRY)
+        texts, replies = recorded_turns()
+        fake_openai.responder = model(replies, "NONE", RECORDED_SUMMARY)
+        converse(workspace, fake_openai, texts, key="cli:repl")
+
+    summaries = [body for body in fake_openai.chat_requests() if is_summary_request(body)]
+    assert summaries  # asked for, and every one refused: no compaction, nothing in the daily note
+    assert EMPTY_REPLY in summaries[-1]["messages"][1]["content"]  # the summariser saw the empty replies as such
+    assert records_of(workspace, "compaction", "cli:repl") == []
+    assert "confirmed" not in today_note(workspace)
+
+
+# -- the same kinds of junk in Chinese and in mixed text ------------------------------------------------------
+
+ZH_STORED = "我对花生过敏，健身房柜子是317号，最喜欢的咖啡是燕麦拿铁。"
+ZH_JUNK = ["**我对花生过敏**", "「健身房柜子是317号」", "我喜欢咖啡。", "我最喜欢的咖啡是美式咖啡。",
+           "我最喜欢浓缩咖啡。", "建议睡前洗个热水澡，有助于睡眠。", "你最喜欢的咖啡是什么？",
+           "抱歉，我无法回答这个问题。", "我是一个AI助手。"]
+MIXED_STORED = "Allergic to peanuts 花生过敏; gym locker 317 柜子; coffee: oat-milk flat white 燕麦拿铁."
+MIXED_JUNK = ["**Allergic to peanuts 花生过敏**", "My favorite 咖啡 is a black Americano 美式.",
+              "Try 喝热牛奶 before bed to sleep better.", "我最喜欢的 coffee 是什么?",
+              "Sorry, 我不能回答 that question.", "As an AI, I don't drink coffee."]
+
+
+@pytest.mark.parametrize(("stored", "junk", "asked"), [
+    (ZH_STORED, ZH_JUNK, ["我对什么过敏？健身房柜子是几号？", "我最喜欢的咖啡是什么？", "给我一个睡得更好的小建议。"]),
+    (MIXED_STORED, MIXED_JUNK, ["What am I allergic to, 我的柜子几号?", "我最喜欢的 coffee 是什么?",
+                                "One tip for sleeping better, 简短一点."]),
+], ids=["chinese", "mixed"])
+def test_junk_in_chinese_and_in_mixed_text_is_not_written(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, stored: str, junk: list[str], asked: list[str]) -> None:
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    with frozen():
+        seed(workspace, fake_openai, stored)
+        # Every answer empty, as the small model's were; every flush proposes all the junk.
+        fake_openai.responder = model([Text("")] * len(asked), listed(junk))
+        converse(workspace, fake_openai, [*asked, "/new"], key="cli:repl")
+
+    assert entries(workspace) == [stored]
+    assert sum(is_flush_request(body) for body in fake_openai.chat_requests()) >= 2
+
+
+# -- what is written -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("told", "proposed"), [
+    ("By the way, my sister Anna lives in Lyon now.", "My sister Anna lives in Lyon."),
+    ("顺便说一下，我女儿叫小雨，在上海读大学。", "用户的女儿叫小雨，在上海读大学。"),
+    ("Note: my dentist is Dr. Okafor at 21 Baker Street, 我每半年去一次.", "Dentist: Dr. Okafor, 21 Baker Street."),
+], ids=["english", "chinese", "mixed"])
+def test_a_fact_the_user_stated_is_written_and_shown(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, told: str, proposed: str) -> None:
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    receipts = Receipts()
+    # The flush proposes the user's fact among junk; only the fact is written.
+    fake_openai.responder = model([], lambda conversation: listed(
+        [proposed, "I like coffee.", "Try going to bed earlier."] if told in conversation else []) or "NONE")
+    with frozen():
+        converse(workspace, fake_openai, [told, "ok", "/new"], receipts=receipts)
+
+    assert entries(workspace) == [proposed]  # written once, in the model's words that say the user's
+    assert receipts.notices == [f"remembered: {proposed}"]
+    assert receipts.shown[0][0] == SESSION
+    [logged] = WriteLog(workspace.store.memory_dir).recent()
+    assert (logged.text, logged.source, logged.session, logged.by_user) == (proposed, "memory flush", SESSION, True)
+
+
+@pytest.mark.parametrize(("old", "told", "update"), [
+    ("My gym locker is number 217.", "They moved me: my gym locker is now number 305.",
+     "My gym locker is now number 305."),
+    ("我的狗叫豆豆。", "我的狗现在叫旺财了。", "我的狗现在叫旺财。"),
+], ids=["english", "chinese"])
+def test_a_grounded_update_supersedes_the_old_value_and_an_invented_one_does_not(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, old: str, told: str, update: str) -> None:
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    with frozen("2025-03-01 02:00:00"):
+        workspace.store.append_long_term(old)
+    # First the user only asks: the flush's "update" is invented and is not written.
+    fake_openai.responder = model([], listed([update]))
+    with frozen():
+        converse(workspace, fake_openai, ["Is that still right?", "我想确认一下。", "/new"])
+    assert entries(workspace) == [old]
+    # Then the user says it: the same update is written, and the older entry is marked, not deleted.
+    with frozen():
+        converse(workspace, fake_openai, [told, "ok", "/new"])
+    text = workspace.store.read_long_term()
+    assert entries(workspace)[-1] == update
+    assert text.split(old, 1)[1].split("\n## ", 1)[0].strip().startswith("> superseded by the 2025-03-10 entry")
+
+
+# -- memory_append ------------------------------------------------------------------------------------------
+
+
+def test_memory_append_of_a_fact_the_user_never_gave_is_kept_marked_as_the_models(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    workspace.store.append_long_term("My gym locker is number 217.")
+    receipts = Receipts()
+    fake_openai.responder = model([ToolCalls([("memory_append", {"content": "My gym locker is number 305."})]),
+                                   Text("Saved."),
+                                   ToolCalls([("memory_append", {"content": "my gym locker is number 305"})]),
+                                   Text("Already there.")], "NONE")
+    with frozen():
+        converse(workspace, fake_openai, ["hi", "and again"], receipts=receipts)
+
+    model_entry = ("My gym locker is number 305.\nSource: the assistant, not the user's words; session "
+                   f"{SESSION} (memory_append)")
+    assert entries(workspace) == ["My gym locker is number 217.", model_entry]  # once, and 217 is not superseded
+    assert receipts.notices == ["remembered (the assistant's words, not yours): My gym locker is number 305."]
+    results = [m["content"] for body in fake_openai.chat_requests() for m in body["messages"] if m["role"] == "tool"]
+    assert "marked as your words" in results[0] and results[-1].startswith("already stored: memory/MEMORY.md:")
+
+
+def test_memory_append_of_what_the_user_said_is_theirs_and_junk_is_not_saved(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    receipts = Receipts()
+    fake_openai.responder = model([
+        ToolCalls([("memory_append", {"content": "我最喜欢的咖啡是什么？"}),
+                   ("memory_append", {"content": "抱歉，我不能回答这个问题。"}),
+                   ("memory_append", {"content": "My cat is called Mimi."})]),
+        Text("Noted."),
+        ToolCalls([("memory_append", {"content": "**My cat is called Mimi**"})]), Text("Yes.")], "NONE")
+    with frozen():
+        converse(workspace, fake_openai, ["remember: my cat is called Mimi", "you have it?"], receipts=receipts)
+
+    assert entries(workspace) == ["My cat is called Mimi."]
+    assert receipts.notices == ["remembered: My cat is called Mimi."]
+    results = [m["content"] for body in fake_openai.chat_requests() for m in body["messages"] if m["role"] == "tool"]
+    assert results[0].startswith("not saved: that is no fact about the user (question)")
+    assert results[1].startswith("not saved: that is no fact about the user (apology or refusal)")
+    assert results[-1].startswith("already stored: memory/MEMORY.md:")
+
+
+# -- summaries ------------------------------------------------------------------------------------------------
+
+
+def test_a_summary_claiming_an_answer_after_empty_replies_is_refused_and_an_honest_one_is_kept(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    claiming = SUMMARY.replace("## Progress\nTalked.", "## Progress\n助手确认了用户对花生过敏。")
+    fake_openai.responder = model([Text("")] * 3, "NONE", claiming)
+    with frozen():
+        converse(workspace, fake_openai, ["我对什么过敏？", "还有呢？", "说话呀"])
+    assert records_of(workspace, "compaction") == []
+    assert today_note(workspace) == ""
+
+    fake_openai.responder = model([Text("")] * 3, "NONE", SUMMARY)
+    with frozen():
+        converse(workspace, fake_openai, ["hello?", "anyone?"])
+    [compaction] = records_of(workspace, "compaction")
+    assert compaction["summary"] == SUMMARY and "Summary of session" in today_note(workspace)
+
+
+def test_the_summariser_is_shown_empty_replies_and_claims_only_count_without_a_seen_answer() -> None:
+    empty = [{"role": "user", "content": "What am I allergic to?"}, {"role": "assistant", "content": ""}]
+    assert render_transcript(empty).endswith(f"Assistant: {EMPTY_REPLY}")
+    claim = "## Key decisions\n- The assistant confirmed the user's allergies as peanuts."
+    assert unseen_answer_claims(claim, empty) == ["The assistant confirmed the user's allergies as peanuts."]
+    undelivered = [empty[0], {"role": "assistant", "content": "Peanuts.\n\n(not delivered: network down)"}]
+    assert unseen_answer_claims(claim, undelivered) != []
+    answered = [empty[0], {"role": "assistant", "content": "Peanuts."}]
+    assert unseen_answer_claims(claim, answered) == []
+    assert unseen_answer_claims(claim, empty, previous=claim) == []  # the earlier summary's claim, carried on
+    assert unseen_answer_claims("## Progress\nThe assistant searched memory for allergies.", empty) == []
+
+
+# -- what is measured, on both storage backends ---------------------------------------------------------------
+
+
+def _mount(kind: str, root: Path, dsn: str) -> Storage:
+    storage: Storage
+    if kind == "postgres":
+        from picoclaw.storage.postgres.storage import PostgresStorage
+
+        storage = PostgresStorage(root, dsn, 3)
+    else:
+        storage = FilesStorage(root)
+    mount(storage)
+    return storage
+
+
+@pytest.mark.parametrize("kind", ["files", "postgres"])
+def test_flush_counts_and_the_write_log_are_kept_by_either_backend(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    dsn = request.getfixturevalue("postgres_dsn") if kind == "postgres" else ""
+    # On PostgreSQL a second machine (its own folder) reads what the first wrote; on files, the same folder.
+    first, second = tmp_path / "machine1", (tmp_path / "machine2" if kind == "postgres" else tmp_path / "machine1")
+    storages = [_mount(kind, first, dsn)] + ([_mount(kind, second, dsn)] if second != first else [])
+    try:
+        day = date(2025, 3, 10)
+        FlushCounts(first / "memory").add(day, FlushTally(1, 3, 1, 1, {UNGROUNDED: 1}))
+        FlushCounts(first / "memory").add(day, FlushTally(1, 2, 0, 0, {QUESTION: 1, UNGROUNDED: 1}))
+        WriteLog(first / "memory").record([MemoryWrite("MEMORY.md", "我女儿叫小雨。", "memory flush", "cli:a")])
+        storages[-1].refresh()
+
+        counts = FlushCounts(second / "memory").read()
+        assert counts == {"2025-03-10": FlushTally(2, 5, 1, 1, {UNGROUNDED: 2, QUESTION: 1})}
+        [write] = WriteLog(second / "memory").recent()
+        assert (write.text, write.source, write.session) == ("我女儿叫小雨。", "memory flush", "cli:a")
+    finally:
+        for storage in storages:
+            unmount(storage)
+            storage.close()
+
+
+# -- the receipt in the terminal ------------------------------------------------------------------------------
+
+
+def test_the_repl_prints_each_receipt_above_the_prompt_and_memory_recent_lists_them(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    configure(home, fake_openai, session_summary_message_threshold=4, session_summary_keep_count=2)
+    fake_openai.responder = model([Text("Nice!"), Text("ok"), Text("ok")], lambda conversation: listed(
+        ["My sister Anna lives in Lyon.", "I like coffee."]) if "Anna" in conversation else "NONE")
+
+    result = picoclaw(home, "chat", stdin="My sister Anna lives in Lyon.\nhow are you?\nfine\nexit\n")
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # Shown once, after the answer whose summary ran the flush; the coffee the user never mentioned, never.
+    assert lines.count("✍ remembered: My sister Anna lives in Lyon.") == 1
+    assert not any("coffee" in line for line in lines)
+    listed_now = picoclaw(home, "chat", "-m", "/memory recent")
+    assert listed_now.returncode == 0, listed_now.stderr
+    heading, *recent = listed_now.stdout.splitlines()
+    assert heading == "Written to memory lately (newest first):" and len(recent) == 1
+    assert re.fullmatch(r"- \d{4}-\d\d-\d\d \d\d:\d\d  MEMORY\.md  memory flush, session cli:default: "
+                        r"My sister Anna lives in Lyon\.", recent[0])
+
+
+def test_memory_recent_with_nothing_written(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    assert converse(workspace, fake_openai, ["/memory recent"]) == [
+        "Nothing has been written to memory without a command of yours yet."]
