@@ -17,6 +17,7 @@ import pytest
 
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.summary import EMPTY_REPLY, render_transcript, unseen_answer_claims
+from picoclaw.cli import main
 from picoclaw.memory import FlushCounts, FlushTally, MemoryWrite, WriteLog
 from picoclaw.memory.grounding import ADVICE, QUESTION, REFUSAL, UNGROUNDED
 from picoclaw.memory.workspace import Workspace
@@ -319,6 +320,27 @@ def test_the_summariser_is_shown_empty_replies_and_claims_only_count_without_a_s
 
 
 # -- what is measured, on both storage backends ---------------------------------------------------------------
+
+
+def test_memory_stats_counts_what_the_flush_proposed_wrote_knew_and_rejected(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    fake_openai.responder = model([], lambda conversation: listed(
+        ["My sister Anna lives in Lyon.", "**My sister Anna lives in Lyon**", "I like coffee.",
+         "What is my favourite coffee?"]) if "Anna" in conversation else "NONE")
+    with frozen():
+        converse(workspace, fake_openai, ["My sister Anna lives in Lyon.", "ok", "/new"])
+        assert main(["memory", "stats"]) == 0
+        text = capsys.readouterr().out
+        assert main(["memory", "stats", "--json"]) == 0
+        stats = json.loads(capsys.readouterr().out)
+
+    line = next(line for line in text.splitlines() if line.startswith("memory flush:"))
+    assert line.endswith("4 facts proposed over 1 run (last 30 days): 1 written, 1 already known, 2 rejected "
+                         "(1 not in the user's words, 1 question)")
+    assert stats["flush"] == {"runs": 1, "proposed": 4, "written": 1, "known": 1,
+                              "rejected": {QUESTION: 1, UNGROUNDED: 1}}
+    assert stats["flush_enabled"] is True
 
 
 def _mount(kind: str, root: Path, dsn: str) -> Storage:

@@ -169,6 +169,8 @@ def stats_lines(stats: MemoryStats) -> list[str]:
     for purpose in stats.background:
         off = " (learning_enabled is false)" if purpose == "learning" and not stats.learning_enabled else ""
         lines.append(_labelled(f"  {purpose}", _background_text(stats, purpose) + off))
+    lines.append(_labelled("memory flush", _flush_text(stats)
+                           + ("" if stats.flush_enabled else " (memory_flush_enabled is false)")))
     lines.append(_labelled("last compression", _outcome_text(
         stats.last_compression, "last_compression" in stats.warnings,
         "" if stats.compression_enabled else "compression is off: long_term_compress_char_threshold is 0")))
@@ -229,6 +231,21 @@ def _background_text(stats: MemoryStats, purpose: str) -> str:
              if usage.calls or usage.prompt_tokens or usage.completion_tokens else "no calls"
              for usage in (use.last_30d, use.today)]
     return f"{spent[0]}; today {spent[1]}"
+
+
+def _flush_text(stats: MemoryStats) -> str:
+    """The flush's facts over the window: proposed, written, already known, rejected by reason."""
+    flush = stats.flush
+    if flush is None:
+        return "unknown (its counts cannot be read)"
+    if not flush.runs:
+        return "none recorded in the last 30 days"
+    reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(flush.rejected.items(),
+                                                                         key=lambda item: (-item[1], item[0])))
+    runs = f"{flush.runs} run{'s' if flush.runs != 1 else ''}"
+    return (f"{flush.proposed} fact{'s' if flush.proposed != 1 else ''} proposed over {runs} (last 30 days): "
+            f"{flush.written} written, {flush.known} already known, {flush.refused} rejected"
+            + (f" ({reasons})" if reasons else ""))
 
 
 def _outcome_text(outcome: JobOutcome | None, damaged: bool, off: str) -> str:

@@ -4,9 +4,10 @@ Each number comes from the one place that records it: the documents (MEMORY.md, 
 notes) as the keyword search splits them into blocks; how often each block was injected into a prompt
 (search/access_counts.py); the time each turn spent on retrieval (turn_metrics.py); the providers' own
 prompt and cache token reports in the session transcripts (memory/session.py, as `/status` reads them);
-the ledger of background model calls (model_usage.py); and what the last compression and reflection did
-(job_outcomes.py). What nothing has measured yet is None, never a made-up 0; a soft-state file that
-cannot be read gives a warning and None. `memory_stats` only reads (MEMORY.md's reader, like every reader,
+the ledger of background model calls (model_usage.py); what the memory flush proposed, wrote, found known
+and refused, by reason (flush_counts.py); and what the last compression and reflection did (job_outcomes.py).
+What nothing has measured yet is None, never a made-up 0; a soft-state file that cannot be read gives a
+warning and None. `memory_stats` only reads (MEMORY.md's reader, like every reader,
 first removes an append a crash cut off): it records nothing and moves no transcript.
 """
 
@@ -26,6 +27,7 @@ from picoclaw.errors import ConfigError
 from picoclaw.fsutil import read_regular
 from picoclaw.memory.compression import last_run
 from picoclaw.memory.entries import SUPERSEDED, is_superseded
+from picoclaw.memory.flush_counts import FlushCounts, FlushTally, tally_since
 from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome
 from picoclaw.memory.lessons import LEARNINGS_FILE, SOURCE_PREFIX, stands
 from picoclaw.memory.model_usage import ModelUsage, Usage, used_since
@@ -118,11 +120,13 @@ class MemoryStats:
     retrieval: RetrievalStats
     prompt_cache: CacheStats
     background: dict[str, BackgroundUse]
+    flush: FlushTally | None  # the memory flush's facts over the window; None: its counts cannot be read
     last_compression: JobOutcome | None
     last_reflection: JobOutcome | None
     compression_enabled: bool
     evolution_enabled: bool
     learning_enabled: bool
+    flush_enabled: bool
     # The field above ("documents", "retrieval", "background", "last_compression", …) whose numbers are unknown
     # or partial because what records them cannot be read → why; "notes" for a daily note left out.
     warnings: dict[str, str] = field(default_factory=dict)
@@ -155,11 +159,13 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
         prompt_cache=_prompt_cache(workspace.layout.sessions_dir),
         # The workspace's ledger: the daily cap is shared by every user's scope (agent/lessons.py).
         background=_background(ModelUsage(workspace.layout.shared_memory_dir), today, first_day, warnings),
+        flush=_flush(FlushCounts(store.memory_dir), first_day, warnings),
         last_compression=_last_compression(workspace, warnings),
         # Beside the policy it tunes, which is the owner's: the same for every scope.
         last_reflection=_outcome(workspace.policy.memory_dir, REFLECTION, workspace, warnings),
         compression_enabled=policy.long_term_compress_char_threshold > 0,
-        evolution_enabled=policy.evolution_enabled, learning_enabled=policy.learning_enabled, warnings=warnings)
+        evolution_enabled=policy.evolution_enabled, learning_enabled=policy.learning_enabled,
+        flush_enabled=policy.memory_flush_enabled, warnings=warnings)
 
 
 def percentile(values: Sequence[float], share: float) -> float:
@@ -359,6 +365,16 @@ def _background(ledger: ModelUsage, today: date, first_day: date, warnings: dict
     others = sorted({purpose for purposes in days.values() for purpose in purposes} - set(BACKGROUND_PURPOSES))
     return {purpose: BackgroundUse(used_since(days, purpose, first_day), used_since(days, purpose, today))
             for purpose in (*BACKGROUND_PURPOSES, *others)}
+
+
+def _flush(counts: FlushCounts, first_day: date, warnings: dict[str, str]) -> FlushTally | None:
+    """The flushes' counts from `first_day` on (all zero when none ran yet); None when they cannot be read."""
+    try:
+        days = counts.read()
+    except ConfigError as exc:
+        warnings["flush"] = f"{exc}; what the memory flush did is unknown"
+        return None
+    return tally_since(days or {}, first_day)
 
 
 # -- the last compression and reflection -----------------------------------------------------------------
