@@ -22,6 +22,7 @@ from picoclaw.storage.postgres.storage import PostgresStorage
 from tests.agent_helpers import SUMMARY_EN, is_flush_request, is_summary_request, set_policy
 from tests.fakes import FakeOpenAIServer, Text
 from tests.test_scheduler import open_app
+from tests.waiting import wait_until
 from tests.zones import onboard_in_shanghai
 
 BOT = 123456
@@ -171,6 +172,34 @@ def test_finished_rows_are_pruned_only_after_telegram_can_no_longer_resend_them(
             conn.execute("update telegram_inbox set done_at = done_at - %s", (DONE_KEEP + timedelta(minutes=1),))
         assert inbox.prune() == 1
     assert inbox.counts() == {"open": 1, "claimed": 0, "done": 0}
+
+
+def test_a_claim_given_back_after_a_failed_attempt_counts_it_and_a_lease_says_when_it_ends(inbox: Inbox) -> None:
+    stored(inbox, (1, "a"), (2, "b"))
+    assert inbox.next_lease_end(30) is None  # nothing claimed: no lease to wait for
+    assert ids(inbox.claim("w1", 30, 1)) == [1]
+    assert 20 < (inbox.next_lease_end(30) or 0) <= 30  # when a worker may take it over, if w1 dies
+    inbox.release("w1", [1], attempted=True)  # its turn could not reach the storage: the attempt counts
+    assert [(u.update_id, u.attempts) for u in inbox.claim("w2", 30, 10)] == [(1, 2), (2, 1)]
+
+
+def test_another_workers_store_wakes_a_listening_worker_at_once(storage: Storage, inbox: Inbox) -> None:
+    async def run() -> None:
+        woken = asyncio.Event()
+        listening = asyncio.create_task(inbox.listen(woken.set))
+        if isinstance(storage, FilesStorage):  # the one worker of a files workspace wakes itself
+            await asyncio.wait_for(listening, 60)
+            return
+        try:
+            await wait_until(woken.is_set, what="the wake-up once listening")  # for what came before
+            woken.clear()
+            other = storage.telegram_inbox(BOT)  # another worker's
+            await asyncio.to_thread(other.store, 7, "c", '{"update_id": 7, "text": "醒醒 wake up"}')
+            await wait_until(woken.is_set, what="the NOTIFY of another worker's store")
+        finally:
+            listening.cancel()
+            await asyncio.gather(listening, return_exceptions=True)
+    asyncio.run(run())
 
 
 # -- work done once -----------------------------------------------------------------------------------------------

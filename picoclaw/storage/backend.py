@@ -57,7 +57,8 @@ class Storage(Protocol):
         ...
 
     def ping(self) -> None:
-        """Check the storage can be reached and written (StorageUnavailable, or StorageError, if not)."""
+        """Check the storage can be reached (StorageUnavailable, or StorageError, if not), within a second or
+        two: a webhook worker's health check and its watch over an outage ask it."""
         ...
 
     def refresh(self) -> None:

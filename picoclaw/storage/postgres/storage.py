@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 # How many earlier contents of a document are kept (memory.backup_keep's default, as the files' backups).
 VERSIONS_KEEP = 50
+PING_WAIT = 0.5  # seconds `ping` waits for a pool connection before it asks the server on one of its own
+CONNECT_CHECK_SECONDS = 2  # libpq's shortest connect_timeout: a server on a host that does not answer
 
 
 class PostgresStorage:
@@ -118,9 +120,30 @@ class PostgresStorage:
         return PostgresInbox(self.pool, self.dsn, bot)
 
     def ping(self) -> None:
-        """One round trip to the server (StorageUnavailable when it cannot be reached)."""
-        with self._connection() as conn:
-            conn.execute("select 1")
+        """One round trip to the server, within a second or two (StorageUnavailable when it cannot be reached),
+        never the pool's 30 s wait for a connection: a health check must answer at once.
+
+        Tried on a pool connection first. When none comes in time, either all are busy or the server dropped
+        them (it restarted); a connection of its own tells which, and if the server answers, the pool lets go of
+        the dead ones, so the calls after it connect again at once instead of finding them one by one.
+        """
+        import psycopg
+        from psycopg_pool import PoolClosed, PoolTimeout
+
+        try:
+            with self.pool.connection(timeout=PING_WAIT) as conn:
+                conn.execute("select 1")
+            return
+        except PoolClosed as exc:
+            raise unreachable(self.dsn, exc) from None
+        except (PoolTimeout, psycopg.OperationalError):
+            pass
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=CONNECT_CHECK_SECONDS) as conn:
+                conn.execute("select 1")
+        except psycopg.Error as exc:
+            raise unreachable(self.dsn, exc) from None
+        self.pool.check()
 
     def refresh(self) -> None:
         """Bring the shared scope's copy up to date (and send what changed here): a brief hold of its lock.
