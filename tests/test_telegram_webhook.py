@@ -1,6 +1,8 @@
-"""Webhook mode on one worker (the files backend): what is refused at the door, what is stored once, what the
-inbox keeps across a restart, and the one line that refuses a second worker. Real aiogram and aiohttp against
-the fake Bot API, which POSTs updates to the worker as Telegram does."""
+"""Webhook mode on one worker (the files backend, and PostgreSQL where it differs): what is refused at the door
+(a slow or cut-off body too, an id that does not fit), what is stored once and what of a stranger is not, what
+the inbox keeps across a restart, a turn that cannot reach the storage, an idle worker's cost, and the one line
+that refuses a second worker. Real aiogram and aiohttp against the fake Bot API, which POSTs updates to the
+worker as Telegram does."""
 
 from __future__ import annotations
 
@@ -13,18 +15,24 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import psycopg
 import pytest
 
 from picoclaw.app import App
-from picoclaw.channels.telegram import TelegramChannel, Webhook, make_bot, webhook_secret
+from picoclaw.channels.telegram import APOLOGY, TelegramChannel, Webhook, make_bot, not_authorised, webhook_secret
+from picoclaw.channels.telegram import channel as channel_module
+from picoclaw.channels.telegram import webhook as webhook_module
 from picoclaw.cli import main
 from picoclaw.config import WebhookConfig
 from picoclaw.memory.workspace import Workspace
+from picoclaw.storage import StorageUnavailable
+from picoclaw.storage.inbox import SqliteInbox
 from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer, Text
-from tests.fakes.telegram_server import TOKEN, FakeTelegramServer, free_port
-from tests.test_telegram import OWNER, configure, echo, picoclaw_telegram, replied, serve, until
+from tests.fakes.telegram_server import BOT_USERNAME, TOKEN, FakeTelegramServer, free_port
+from tests.test_telegram import OWNER, STRANGER, configure, echo, picoclaw_telegram, replied, serve, until
 from tests.test_telegram_reliability import finished
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 URL = "https://bot.example.com/tg"
@@ -72,13 +80,42 @@ def update(update_id: int, chat_id: int, text: str) -> dict[str, Any]:
                                                 "text": text}}
 
 
-def inbox_rows(home: Path) -> list[tuple[Any, ...]]:
+def inbox_rows(home: Path, dsn: str | None = None, columns: str = "update_id, chat, attempts, "
+               "replied_at is not null, done_at is not null") -> list[tuple[Any, ...]]:
+    """The inbox's rows (on PostgreSQL when `dsn` is given), in update order."""
+    query = f"select {columns} from telegram_inbox order by update_id"
+    if dsn is not None:
+        with psycopg.connect(dsn) as pg:
+            return [tuple(row) for row in pg.execute(query.encode()).fetchall()]  # our own query, not input
     path = home / "workspace" / INBOX
     if not path.exists():
         return []
     with sqlite3.connect(path) as conn:
-        return conn.execute("select update_id, chat, attempts, replied_at is not null, done_at is not null "
-                            "from telegram_inbox order by update_id").fetchall()
+        return conn.execute(query).fetchall()
+
+
+def on_postgres(home: Path, dsn: str) -> None:
+    """The home's storage on PostgreSQL (before `configure`, which keeps it)."""
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}
+    path.write_text(json.dumps(config), encoding="utf-8")
+
+
+def backend_dsn(request: pytest.FixtureRequest, home: Path, backend: str) -> str | None:
+    """For a test parametrized over both backends: PostgreSQL's DSN (the home set up for it), or None: files."""
+    if backend == "files":
+        return None
+    dsn = str(request.getfixturevalue("postgres_dsn"))
+    on_postgres(home, dsn)
+    return dsn
+
+
+async def inbox_done(webhook: Webhook, count: int) -> None:
+    """Until `count` updates are done (each finished by the worker, its answer sent or not needed)."""
+    inbox = webhook.inbox
+    assert inbox is not None
+    await wait_until(lambda: inbox.counts()["done"] >= count, what=f"{count} updates done")
 
 
 # -- at the door --------------------------------------------------------------------------------------------------
@@ -127,6 +164,144 @@ def test_a_request_without_the_secret_or_not_an_update_is_refused_and_nothing_is
     logged = [r.getMessage() for r in caplog.records if r.name.endswith("webhook")]
     assert len(logged) == 1 and logged[0].startswith("telegram webhook: refused a request from 127.0.0.1"), logged
     assert webhook_secret(TOKEN) not in caplog.text
+
+
+def a_message(update_id: int, chat: dict[str, Any], user: dict[str, Any], text: str) -> dict[str, Any]:
+    return {"update_id": update_id, "message": {"message_id": update_id, "date": 1_700_000_000, "chat": chat,
+                                                "from": {"is_bot": False, **user}, "text": text}}
+
+
+@pytest.mark.parametrize("backend", ["files", "postgres"])
+def test_nothing_a_stranger_writes_reaches_the_inbox_only_the_refusal_does(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, request: pytest.FixtureRequest,
+        backend: str) -> None:
+    dsn = backend_dsn(request, home, backend)
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = echo
+    secret = {"X-Telegram-Bot-Api-Secret-Token": webhook_secret(TOKEN)}
+    group, member = -100777, 7777
+    stranger = {"id": STRANGER, "first_name": "王秘密", "last_name": "Secretson", "username": "secret_wang"}
+    their_group = {"id": group, "type": "supergroup", "title": "家庭秘密 family secrets"}
+    updates = [
+        a_message(1, {"id": STRANGER, "type": "private", "first_name": "王秘密"}, stranger, "我的银行卡密码是 4729"),
+        a_message(2, {"id": STRANGER, "type": "private"}, stranger, "my card PIN is 4729"),
+        a_message(3, their_group, {"id": member, "first_name": "Li Mi"}, f"@{BOT_USERNAME} 记住 hunter2 please"),
+        a_message(4, their_group, {"id": member, "first_name": "Li Mi"}, "not for the bot: hunter2 / 不是给机器人的"),
+        update(5, OWNER, "the owner's own / 主人的话"),
+    ]
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> list[int]:
+        statuses = [await post(port, body, secret) for body in updates]
+        await inbox_done(webhook, 4)  # 4, a message not for the bot, was not even stored
+        return statuses
+    assert serve_webhook(workspace, fake_telegram, fake_openai, run) == [200] * 5
+    # Each stranger told their id once, in the chat they wrote in; the owner answered.
+    assert fake_telegram.sent_texts(STRANGER) == [not_authorised(STRANGER)]
+    assert fake_telegram.sent_texts(group) == [not_authorised(member)]
+    assert fake_telegram.sent_texts(OWNER) == ["echo: the owner's own / 主人的话"]
+    rows = inbox_rows(home, dsn, "update_id, chat, body")
+    assert [row[:2] for row in rows] == [(1, str(STRANGER)), (2, str(STRANGER)), (3, str(group)), (5, str(OWNER))]
+    kept = " ".join(row[2] for row in rows[:3])
+    for secret_word in ("4729", "hunter2", "王秘密", "Secretson", "secret_wang", "Li Mi", "家庭秘密", "family"):
+        assert secret_word not in kept, secret_word
+    assert json.loads(rows[2][2]) == {"update_id": 3, "refusal": {"chat_id": group, "user_id": member}}
+    assert json.loads(rows[4 - 1][2])["message"]["text"] == "the owner's own / 主人的话"  # an allowed user's, as sent
+    assert all("4729" not in json.dumps(r) and "hunter2" not in json.dumps(r) for r in fake_openai.chat_requests())
+
+
+@pytest.mark.parametrize("backend", ["files", "postgres"])
+def test_an_id_that_does_not_fit_64_bits_is_a_400_not_a_503_retried_for_ever(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture, backend: str) -> None:
+    dsn = backend_dsn(request, home, backend)
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = echo
+    secret = {"X-Telegram-Bot-Api-Secret-Token": webhook_secret(TOKEN)}
+    largest = 2**63 - 1
+    bodies = [update(2**63 + 5, OWNER, "too big / 太大"), update(-1, OWNER, "negative / 负数"),
+              update(-(2**63) - 5, OWNER, "far too small / 太小"),
+              a_message(9, {"id": 2**63, "type": "private"}, {"id": OWNER, "first_name": "u"}, "chat id / 聊天"),
+              update(largest, OWNER, "the largest that fits / 最大的")]
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> list[int]:
+        statuses = [await post(port, body, secret) for body in bodies]
+        await inbox_done(webhook, 1)
+        return statuses
+    assert serve_webhook(workspace, fake_telegram, fake_openai, run) == [400, 400, 400, 400, 200]
+    assert inbox_rows(home, dsn) == [(largest, str(OWNER), 1, 1, 1)]
+    assert fake_telegram.sent_texts(OWNER) == ["echo: the largest that fits / 最大的"]
+    refused = [r.getMessage() for r in caplog.records if "refused a request" in r.getMessage()]
+    assert len(refused) == 4 and all(r.exc_info is None for r in caplog.records), refused
+
+
+def test_a_body_that_drips_in_or_never_ends_is_cut_off_and_an_aborted_one_is_one_log_line(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(webhook_module, "BODY_TIMEOUT", 1.0)
+    monkeypatch.setattr(webhook_module, "IDLE_TIMEOUT", 2.0)
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = echo
+    head = (f"POST /tg HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"X-Telegram-Bot-Api-Secret-Token: {webhook_secret(TOKEN)}\r\nContent-Length: 200\r\n\r\n").encode()
+
+    async def dripping(start: bytes, byte: bytes) -> bytes:
+        """Send `start`, then `byte` every half second, until the worker closes the connection (a hang fails):
+        what it answered meanwhile (a byte dropped in after the close is answered with a reset, which may
+        take an answer not read yet with it)."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(start)
+
+        async def drip() -> None:
+            while not writer.is_closing():
+                await asyncio.sleep(0.5)
+                writer.write(byte)
+        dripper = asyncio.create_task(drip())
+        answer = b""
+        try:
+            while chunk := await asyncio.wait_for(reader.read(1024), 60):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        finally:
+            dripper.cancel()
+            writer.close()
+        return answer
+
+    async def sent(data: bytes, *, hang_up: bool) -> bytes:
+        """Send `data` (and hang up at once): what the worker answered before it closed the connection."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        await writer.drain()
+        if hang_up:
+            writer.close()
+        try:
+            return await asyncio.wait_for(reader.read(), 60)
+        finally:
+            writer.close()
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> tuple[list[bytes], bytes, bytes, int]:
+        bodies = [asyncio.create_task(dripping(head + b"{", b" ")) for _ in range(20)]
+        headers = asyncio.create_task(dripping(b"POST /tg HTTP/1.1\r\nHost: 1", b"1"))  # headers that never end
+        await sent(head + b'{"update_id": 1', hang_up=True)  # a body cut off
+        garbage = await sent(b"POST /tg HTTP/1.1\r\nA {bad} header\r\n\r\n", hang_up=False)
+        status = await post(port, update(2, OWNER, "still served / 照常服务"),
+                            {"X-Telegram-Bot-Api-Secret-Token": webhook_secret(TOKEN)})
+        return list(await asyncio.gather(*bodies)), await headers, garbage, status
+    cut_bodies, cut_headers, garbage, status = serve_webhook(workspace, fake_telegram, fake_openai, run)
+    assert status == 200 and fake_telegram.sent_texts(OWNER) == ["echo: still served / 照常服务"]
+    # Each closed by the worker: with a 408 (the log below says each was one), and no request began for the last.
+    assert all(answer.startswith(b"HTTP/1.1 408 ") or answer == b"" for answer in cut_bodies), cut_bodies
+    assert cut_headers == b""
+    assert garbage.startswith(b"HTTP/1.0 400 ")
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("picoclaw.channels.telegram.webhook")]
+    assert len([line for line in logged if "its body did not arrive within 1 s" in line]) == 20
+    assert len([line for line in logged if "ended before its body did" in line]) == 1, logged
+    assert len([line for line in logged if "not HTTP" in line]) == 1, logged
+    assert all(r.exc_info is None for r in caplog.records), [r.getMessage() for r in caplog.records if r.exc_info]
+    assert all("\n" not in line for line in logged)
 
 
 def test_a_flood_of_one_update_is_stored_once_and_answered_once(home: Path, fake_telegram: FakeTelegramServer,
@@ -182,6 +357,97 @@ def test_a_stop_finishes_the_turn_under_way_before_the_worker_ends(home: Path, f
     serve_webhook(workspace, fake_telegram, fake_openai, run)
     assert fake_telegram.sent_texts(OWNER) == ["echo: answer before you go / 走之前回答"]
     assert [row[2:] for row in inbox_rows(home)] == [(1, 1, 1)]  # answered, recorded, done: not given back
+
+
+def test_an_idle_worker_leaves_the_inbox_alone(home: Path, fake_telegram: FakeTelegramServer,
+                                              fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = echo
+    looks: list[float] = []
+    claim = SqliteInbox.claim
+
+    def counted(inbox: SqliteInbox, worker: str, lease: float, limit: int) -> Any:
+        looks.append(limit)
+        return claim(inbox, worker, lease, limit)
+    monkeypatch.setattr(SqliteInbox, "claim", counted)
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> int:
+        fake_telegram.deliver_to([port])
+        fake_telegram.send_text(OWNER, OWNER, "then nothing more / 然后就没有了")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        await inbox_done(webhook, 1)
+        before = len(looks)
+        await asyncio.sleep(2)  # idle: nothing is stored, no lease runs out
+        return len(looks) - before
+    # At most the look after the last turn ended; polling every half second made four.
+    assert serve_webhook(workspace, fake_telegram, fake_openai, run) <= 1
+
+
+@pytest.mark.parametrize("failing", ["the turn", "the memory refresh"])
+def test_a_turn_that_cannot_reach_the_storage_sends_no_apology_and_is_answered_at_the_next_attempt(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, failing: str) -> None:
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = echo
+    down = StorageUnavailable("PostgreSQL at db.example:5432 cannot be reached: server closed the connection")
+    failures = [down]
+    if failing == "the turn":
+        run_turn = channel_module.run_turn
+
+        async def flaky_turn(*args: Any) -> Any:
+            if failures:
+                raise failures.pop()
+            return await run_turn(*args)
+        monkeypatch.setattr(channel_module, "run_turn", flaky_turn)
+    else:  # the agent answers "Sorry, I cannot reach my memory right now" itself
+        refresh = Workspace.refresh
+
+        def flaky_refresh(self: Workspace) -> None:
+            if failures:
+                raise failures.pop()
+            refresh(self)
+        monkeypatch.setattr(Workspace, "refresh", flaky_refresh)
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> None:
+        fake_telegram.deliver_to([port])
+        fake_telegram.send_text(OWNER, OWNER, "answer me once / 只回答一次")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        await inbox_done(webhook, 1)
+    serve_webhook(workspace, fake_telegram, fake_openai, run)
+    assert fake_telegram.sent_texts(OWNER) == ["echo: answer me once / 只回答一次"]  # no apology before it
+    assert APOLOGY not in fake_telegram.sent_texts() and not failures
+    assert inbox_rows(home) == [(1, str(OWNER), 2, 1, 1)]  # given back, answered at the second attempt
+    assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_a_reply_whose_record_fails_is_recorded_at_a_retry(home: Path, fake_telegram: FakeTelegramServer,
+                                                           fake_openai: FakeOpenAIServer,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = echo
+    failures = [StorageUnavailable("PostgreSQL at db.example:5432 cannot be reached: the database system is "
+                                   "shutting down")]
+    mark_replied = SqliteInbox.mark_replied
+
+    def flaky(inbox: SqliteInbox, update_id: int) -> None:
+        if failures:
+            raise failures.pop()
+        mark_replied(inbox, update_id)
+    monkeypatch.setattr(SqliteInbox, "mark_replied", flaky)
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> None:
+        fake_telegram.deliver_to([port])
+        fake_telegram.send_text(OWNER, OWNER, "record my answer / 记下回答")
+        await inbox_done(webhook, 1)
+    serve_webhook(workspace, fake_telegram, fake_openai, run)
+    assert fake_telegram.sent_texts(OWNER) == ["echo: record my answer / 记下回答"] and not failures
+    # Recorded: had this worker died before finishing, the worker taking over would not have answered again.
+    assert inbox_rows(home) == [(1, str(OWNER), 1, 1, 1)]
+    assert "reply sent but not recorded" not in caplog.text
 
 
 def test_polling_takes_down_a_webhook_left_by_webhook_mode(home: Path, fake_telegram: FakeTelegramServer,

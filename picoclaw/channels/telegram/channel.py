@@ -23,12 +23,19 @@ from collections.abc import Callable
 from aiogram import Bot, Dispatcher, Router
 from aiogram.enums import ChatType
 from aiogram.exceptions import ClientDecodeError, TelegramAPIError, TelegramBadRequest, TelegramUnauthorizedError
-from aiogram.types import Message, User
+from aiogram.types import Message, Update, User
 from aiogram.utils.chat_action import ChatActionSender
 
 from picoclaw.agent import AgentLoop
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
-from picoclaw.channels.telegram.access import AddressedToBot, AllowedUser, not_authorised, without_mention
+from picoclaw.channels.telegram.access import (
+    AddressedToBot,
+    AllowedUser,
+    Refusal,
+    not_authorised,
+    screen,
+    without_mention,
+)
 from picoclaw.channels.telegram.bot import (
     ERROR_EXCERPT,
     ConflictWatch,
@@ -42,13 +49,14 @@ from picoclaw.channels.telegram.bot import (
 )
 from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import EMPTY_REPLY, MessagePart, telegram_parts
-from picoclaw.channels.telegram.webhook import Webhook, reply_sent
+from picoclaw.channels.telegram.webhook import Webhook, from_inbox, reply_sent
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import PicoclawError
 from picoclaw.jobs import Scheduler
 from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.secrets import excerpt
 from picoclaw.session_key import TELEGRAM, SessionKey
+from picoclaw.storage import StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +115,7 @@ class TelegramChannel:
 
     def _dispatcher(self) -> Dispatcher:
         """The routers of the module's docstring, in that order."""
-        addressed = AddressedToBot(self.settings.group_trigger, lambda: self.me)
+        addressed = self.addressed = AddressedToBot(self.settings.group_trigger, lambda: self.me)
         served = Router(name="picoclaw")
         served.message.filter(addressed, self.allowed)
         commands = Router(name="commands")
@@ -124,10 +132,12 @@ class TelegramChannel:
     # -- life cycle ---------------------------------------------------------------------------------
 
     async def start(self, webhook: Webhook | None = None) -> User:
-        """Check the token, set the `webhook` (or, to poll, drop any), register the command menu."""
+        """Check the token, open and set the `webhook` (or, to poll, drop any), register the command menu."""
         try:
-            self.me = await self.bot.get_me()
+            self.me = await self.bot.get_me()  # first: whether a group message mentions the bot needs its name
             if webhook is not None:
+                # Listening before setWebhook: Telegram may post at once. OSError (the port) goes up as it is.
+                await webhook.open(self.bot, self.dispatcher, self)
                 await webhook.register(self.bot, self.dispatcher)
             else:
                 await self.bot.delete_webhook(drop_pending_updates=False)  # long polling gets nothing while set
@@ -183,8 +193,6 @@ class TelegramChannel:
         self.bot.session.middleware(watch)  # for this run only: a bot may be run again
         try:
             self._webhook = webhook
-            if webhook is not None:
-                await webhook.open(self.bot, self.dispatcher)  # before setWebhook: Telegram may post at once
             await self.start(webhook)
             # Everything loaded so far (modules, config, the model client) lives as long as the process:
             # frozen, it is left out of the garbage collector's full passes, which otherwise stop every
@@ -250,12 +258,20 @@ class TelegramChannel:
         """A message for the bot from someone not in allow_from: told their id once, nothing kept."""
         user = message.from_user
         assert user is not None  # AddressedToBot passes people's messages only
-        log.info("telegram: refused chat %s user %s (not in allow_from)", message.chat.id, user.id)
-        if user.id in self._told:
+        await self.refuse(Refusal(message.chat.id, user.id))
+
+    async def refuse(self, refusal: Refusal) -> None:
+        """Tell a stranger their id, once (a webhook worker stores only this of their message)."""
+        log.info("telegram: refused chat %s user %s (not in allow_from)", refusal.chat_id, refusal.user_id)
+        if refusal.user_id in self._told:
             return
-        self._told.put(user.id, True)
-        await self._send(message.chat.id, not_authorised(user.id))
+        self._told.put(refusal.user_id, True)
+        await self._send(refusal.chat_id, not_authorised(refusal.user_id))
         await _record_reply_sent()
+
+    def screen(self, update: Update) -> Update | Refusal | None:
+        """What a webhook worker keeps of `update`, by the access policy of polling (access.screen)."""
+        return screen(update, self.allowed, self.addressed)
 
     async def _in_chat_order(self, message: Message, *, kept: bool) -> None:
         user, chat = message.from_user, message.chat
@@ -288,7 +304,18 @@ class TelegramChannel:
         try:
             async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
                 answer = await run_turn(agent, inbound, self._hooks)
+            if isinstance(answer.error, StorageUnavailable):
+                raise answer.error  # the agent's apology for its memory: a storage failure like any other
             reply, stored = answer.text, kept and answer.error is None
+        except StorageUnavailable as exc:
+            if from_inbox():
+                # No apology: another attempt answers once the storage is back (a worker that could reach it
+                # may even be answering already), and an apology would come before the answer.
+                log.info("telegram: chat %s user %s: storage unreachable; the message goes back to the inbox "
+                         "(%s)", chat_id, user.id, exc)
+                raise
+            log.warning("telegram: chat %s user %s: the turn failed: %s", chat_id, user.id, exc)
+            reply = APOLOGY
         except Exception:
             log.exception("telegram: chat %s user %s: the turn failed", chat_id, user.id)
             reply = APOLOGY
