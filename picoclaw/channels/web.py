@@ -1,6 +1,7 @@
 """The web console's conversations as a channel (`web:<name>` sessions): a turn streamed to the page that sent
-it as `ChatEvent`s, Stop, and what the scheduler delivers to a `web:` session shown on the pages that have it
-open. The HTTP side (picoclaw/web/chat_page.py) only moves these events to and from the browser."""
+it as `ChatEvent`s, Stop, and what the scheduler delivers to a `web:` session, and the receipts of memory writes,
+shown on the pages that have it open. The HTTP side (picoclaw/web/chat_page.py) only moves these events to and
+from the browser."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from picoclaw.session_key import WEB
 if TYPE_CHECKING:
     from picoclaw.agent import AgentLoop
     from picoclaw.jobs import Scheduler
+    from picoclaw.memory import MemoryWrite
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,14 @@ class WebChannel:
         for queue in listeners:
             queue.put_nowait(ChatEvent("delivered", markdown))
 
+    async def remembered(self, session_key: str, write: MemoryWrite) -> None:
+        """Show the receipt of an automatic memory write (a "notice" event) on every page with `session_key` open."""
+        # Receipts come after the reply (the flush, a lesson, even memory_append's are shown after the turn), when
+        # the turn's own stream may have ended: the page's event stream is what is still read. With no page open
+        # none is shown; the agent logged the write and `/memory recent` lists it.
+        for queue in self._listeners.get(session_key, ()):
+            queue.put_nowait(ChatEvent("notice", write.notice))
+
     @contextlib.contextmanager
     def listening(self, session_key: str) -> Iterator[asyncio.Queue[ChatEvent]]:
         """A queue of what is delivered to `session_key` while the block runs (a page's event stream)."""
@@ -132,7 +142,8 @@ class WebChannel:
         async def run() -> None:
             try:
                 reply = await run_turn(self.agent, Inbound(CONSOLE_USER, session_key, text),
-                                       TurnHooks(on_text=on_text, on_tool=on_tool, on_notice=on_notice))
+                                       TurnHooks(on_text=on_text, on_tool=on_tool, on_notice=on_notice,
+                                                 on_memory=self.remembered))
                 events.put_nowait(ChatEvent("error" if reply.error is not None else "done", reply.text))
             except asyncio.CancelledError:
                 events.put_nowait(ChatEvent("stopped", ""))

@@ -99,13 +99,15 @@ async def chat_stop(request: web.Request) -> web.Response:
 
 
 async def chat_events(request: web.Request) -> web.StreamResponse:
-    """What the scheduler delivers to the conversation while this page is open (server-sent events)."""
+    """What the scheduler delivers to the conversation, and the receipts of its memory writes, while this page is
+    open (server-sent events)."""
     key = session_of(request.query.get("name", ""))
     conversations = channel(request.app)
     response = secured(web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}))
-    await response.prepare(request)
-    await response.write(b": open\n\n")
+    # Following before the page hears back: once it has the stream (or its ": open"), nothing sent is missed.
     with conversations.listening(key) as queue:
+        await response.prepare(request)
+        await response.write(b": open\n\n")
         # A keep-alive comment now and then finds a page that went away (its write fails), so a page closed
         # stops counting as open within KEEP_ALIVE_SECONDS; the stream ends when the channel stops.
         while not conversations.closed:

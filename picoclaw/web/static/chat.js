@@ -1,6 +1,6 @@
 // The console's chat: sends a message, shows the answer as it streams in (one JSON event a line), each tool
-// call as one line, Stop, and what the scheduler delivers while the page is open. Text is only ever set as
-// textContent: nothing a model or a memory wrote becomes markup.
+// call as one line, Stop, and what the scheduler delivers and the receipts of memory writes while the page is
+// open. Text is only ever set as textContent: nothing a model or a memory wrote becomes markup.
 "use strict";
 
 (function () {
@@ -98,9 +98,21 @@
     const body = new URLSearchParams({name: name, csrf_token: csrf});
     fetch("/chat/stop", {method: "POST", credentials: "same-origin", body: body});
   });
+  // A receipt of what was written to memory without a command ("remembered: …"): a small note, once.
+  function receipt(text) {
+    const p = document.createElement("p");
+    p.className = "event notice receipt";
+    p.textContent = "✍ " + text;
+    box.append(p);
+    p.scrollIntoView({block: "end"});
+  }
+
+  // What arrives while the page is open: the scheduler's deliveries, and the receipts of memory writes (they
+  // come after the reply, from work done in the background, so here and not in the turn's own stream).
   const events = new EventSource("/chat/events?name=" + encodeURIComponent(name));
   events.onmessage = function (message) {
     const event = JSON.parse(message.data);
-    said("delivered", "⏰").textContent = event.text;
+    if (event.kind === "notice") receipt(event.text);
+    else said("delivered", "⏰").textContent = event.text;
   };
 })();
