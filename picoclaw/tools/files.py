@@ -5,7 +5,9 @@ store, the policy, the jobs or another user own it). Memory files belong to Memo
 are routed through it instead of touching the file:
 
 - `memory/MEMORY.md`: write_file and append_file add a `## YYYY-MM-DD` entry (never an overwrite, seed 004
-  §2.2); edit_file reads, replaces and calls `rewrite_long_term` under the memory lock (a backup is taken).
+  §2.2) by the path memory_append takes (tools/facts.py): junk is refused with its reason, a fact the user never
+  said is marked as the assistant's words, and the write gets its receipt; edit_file reads, replaces and calls
+  `rewrite_long_term` under the memory lock (a backup is taken).
 - `memory/YYYYMM/YYYYMMDD.md` (daily notes): write_file and append_file add a `## HH:MM` entry to that
   day's note via `append_note` (a daily note is never overwritten, so no earlier note is lost); edit_file
   rewrites it atomically under the memory lock.
@@ -25,19 +27,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
 from picoclaw.fsutil import atomic_write
-from picoclaw.memory import LongTermEntry, Workspace, demote_headings
+from picoclaw.memory import Workspace, demote_headings
 from picoclaw.tools.base import Tool, ToolError
+from picoclaw.tools.facts import save_fact
 from picoclaw.tools.sandbox import Target, WorkspaceFiles
 
 MAX_READ_CHARS = 50_000
 MAX_READ_LINES = 100_000
 MAX_WRITE_BYTES = 1_000_000
 MAX_LIST_ENTRIES = 500
-
-
-def already_stored(entry: LongTermEntry, shown: str) -> str:
-    """The tool result for content MEMORY.md already holds: where, so the model can say so."""
-    return f"already stored: {shown}:{entry.line} under '{entry.heading}' says this; nothing was added"
 
 
 def check_size(content: str) -> None:
@@ -84,20 +82,20 @@ class WorkspaceTool(Tool):
     def run_sync(self, args: Any) -> str:
         """Do the work (blocking is fine here); raise ToolError when it cannot be done."""
 
-    def _append_memory(self, target: Target, content: str) -> str:
-        """Add `content` to MEMORY.md or a daily note through the store; the result text for the model."""
+    def _append_memory(self, target: Target, content: str, after: str = "") -> str:
+        """Add `content` to MEMORY.md (as memory_append does) or a daily note through the store; the result text
+        for the model, `after` added to it when something was written."""
         store = self.workspace.store
         if target.kind == "long_term":
-            entry = store.append_long_term(content)
-            if not entry.new:
-                return already_stored(entry, target.shown)
-            return f"appended a '{entry.heading}' entry to {target.shown}"
+            saved = save_fact(self.workspace, content, self.name)
+            return saved.told(target.shown, lambda entry: f"appended a '{entry.heading}' entry to {target.shown}",
+                              after)
         assert target.day is not None
         now = clock.now(store.tz)
         # The note's own day with the current time of day, so append_note writes to the file named.
         at = now.replace(year=target.day.year, month=target.day.month, day=target.day.day)
         store.append_note(content, at=at)
-        return f"appended a '## {at.strftime('%H:%M')}' entry to the daily note {target.shown}"
+        return f"appended a '## {at.strftime('%H:%M')}' entry to the daily note {target.shown}{after}"
 
 
 class ReadFile(WorkspaceTool):
@@ -177,7 +175,7 @@ class WriteFile(WorkspaceTool):
             if target.kind == "long_term":
                 return self._write_long_term(target, args.content)
             if target.kind == "note":
-                return self._append_memory(target, args.content) + " (daily notes are never overwritten)"
+                return self._append_memory(target, args.content, " (daily notes are never overwritten)")
             if target.path.is_dir():
                 raise ToolError(f"{target.shown} is a folder, not a file")
             existed = target.path.exists()
@@ -193,8 +191,8 @@ class WriteFile(WorkspaceTool):
             new = new[len(current):]
             if not new.strip():
                 return f"{target.shown} already holds this text; nothing was appended"
-        result = self._append_memory(target, new)
-        return f"{result} (MEMORY.md is never overwritten; use edit_file to change existing entries)"
+        return self._append_memory(target, new, " (MEMORY.md is never overwritten; use edit_file to change existing "
+                                                "entries)")
 
 
 class EditFile(WorkspaceTool):

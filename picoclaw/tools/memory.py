@@ -1,10 +1,8 @@
 """Memory tools for the model: memory_search (BM25 over MEMORY.md, daily notes and lessons) and memory_append.
 
-memory_append to MEMORY.md is held to the rule of every automatic write (memory/grounding.py, issue 40): a
-question, advice, an apology or refusal, or a line about the assistant is not saved; a line an entry already says
-is not saved again; a fact whose telling content the user never said in this conversation is saved, but marked
-as the assistant's words in its `Source:` line (and never marks an entry a person gave as superseded). Each
-write is added to the turn's receipts (memory/receipts.py), which the agent shows the user after the reply.
+memory_append to MEMORY.md is held to the rule of every automatic write (memory/grounding.py, issue 40) through
+tools/facts.py, the one path the file tools take too. Each write is added to the turn's receipts
+(memory/receipts.py), which the agent shows the user after the reply.
 """
 
 from __future__ import annotations
@@ -13,21 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from picoclaw.memory import (
-    LEARNINGS,
-    LONG_TERM,
-    Hit,
-    Known,
-    MemoryWrite,
-    Said,
-    current_turn,
-    grounded,
-    models_entry,
-    not_a_fact,
-)
+from picoclaw.memory import LEARNINGS, Hit, MemoryWrite, current_turn
 from picoclaw.printable import has_controls, printable
 from picoclaw.tools.base import current_session
-from picoclaw.tools.files import WorkspaceTool, already_stored, check_size, os_errors
+from picoclaw.tools.facts import already_stored, save_fact
+from picoclaw.tools.files import WorkspaceTool, check_size, os_errors
 
 MAX_SEARCH_LIMIT = 50
 MAX_SNIPPET_CHARS = 2_000
@@ -124,33 +112,10 @@ class MemoryAppend(WorkspaceTool):
                 return f"updated the lesson at {shown}:{lesson.entry.line}, which said the same thing{cleaned}"
             return f"saved to {shown} under '{lesson.entry.heading}'{cleaned}"
         if args.slot == "long_term":
-            return self._long_term(content, session, cleaned)
+            shown = self.files.shown(self.files.long_term)
+            with os_errors("save to", shown):
+                saved = save_fact(self.workspace, content, self.name)
+            return saved.told(shown, lambda entry: f"saved to {shown} under '{entry.heading}'", cleaned)
         with os_errors("save to", "today's daily note"):
             path = store.append_note(content)
         return f"saved to today's daily note {self.files.shown(path)}{cleaned}"
-
-    def _long_term(self, content: str, session: str | None, cleaned: str) -> str:
-        """Save a fact to MEMORY.md by the rule of every automatic write (see the module docstring)."""
-        reason = not_a_fact(content)
-        if reason is not None:
-            return (f"not saved: that is no fact about the user ({reason}); save only what the user said about "
-                    "themselves, in their words")
-        store = self.workspace.store
-        shown = self.files.shown(self.files.long_term)
-        turn = current_turn.get()
-        with os_errors("save to", shown):
-            known = Known.of_memory(store.read_long_term())
-            found = known.find(content)
-            stored = known.entries[found] if found is not None else None
-            if stored is not None:
-                return already_stored(stored, shown)
-            # Outside a turn (no conversation to ground it in) the tool keeps what it did before the rule.
-            by_user = turn is None or grounded(content, Said.of(turn.said))
-            entry = store.append_long_term(content if by_user else models_entry(content, session))
-        if not entry.new:
-            return already_stored(entry, shown)
-        if turn is not None:
-            turn.writes.append(MemoryWrite(LONG_TERM, content, "memory_append", session, by_user=by_user))
-        marked = "" if by_user else (", marked as your words: the user did not say this in the conversation "
-                                     "(save the user's own words when they give a fact)")
-        return f"saved to {shown} under '{entry.heading}'{marked}{cleaned}"
