@@ -118,3 +118,32 @@ def test_the_models_entry_is_the_same_fact_and_never_supersedes_a_persons(worksp
     # The model's own entry is marked by its own update, with the update's words only.
     assert "My dog is called Bob.\nSource: the assistant, not the user's words; session cli:test (memory_append)\n" \
            "> superseded by the 2025-03-10 entry: My dog is now called Max.\n" in text
+
+
+# A real 1.5B model's flush of "My sister Lin lives in Hangzhou." wrote "Lin's sister is named Lin.": each of its
+# words is the user's, but it names a thing after itself. A telling word (name, number, term) used more often
+# than the user used it makes up a relation; the same facts paraphrased use each as often.
+@pytest.mark.parametrize(("said", "line", "expected"), [
+    ("My sister Lin lives in Hangzhou.", "Lin's sister is named Lin.", False),
+    ("My sister is called Lin. She lives in Hangzhou.", "Lin's sister is called Lin.", False),
+    ("My sister Lin lives in Hangzhou.", "Lin lives in Hangzhou.", True),
+    ("My sister Lin lives in Hangzhou.", "Lin is my sister", True),
+    ("My sister Lin lives in Hangzhou.", "My sister is Lin", True),
+    ("My sister Lin lives in Hangzhou.", "The user's sister Lin lives in Hangzhou", True),
+    ("My sister Lin lives in Hangzhou.", "The user has a sister named Lin.", True),
+    ("My sister Lin is a teacher. Lin lives in Hangzhou.", "Lin, the user's sister, is a teacher; Lin lives in "
+                                                            "Hangzhou.", True),  # the user named her twice too
+    ("I have 2 cats and 2 dogs.", "The user has 2 cats and 2 dogs.", True),
+    ("I have 2 cats.", "The user has 2 cats aged 2.", False),
+    ("我妹妹林林住在杭州", "林林的妹妹叫林林", False),
+    ("我妹妹叫林林，她住在杭州。", "林林的妹妹叫林林", False),  # every pair of it is the user's: only the count tells
+    ("我妹妹林林住在杭州", "林林住在杭州", True),
+    ("我妹妹林林住在杭州", "用户的妹妹林林住在杭州", True),
+    ("我妹妹叫林林，她住在杭州。", "用户的妹妹叫林林", True),
+    ("我妹妹叫Lin，她住在杭州。", "Lin的妹妹叫Lin", False),
+    ("我妹妹叫Lin，她住在杭州。", "用户的妹妹叫Lin", True),
+    ("我妹妹Lin住在杭州", "用户的妹妹Lin住在杭州", True),
+], ids=lambda value: value if isinstance(value, bool) else None)
+def test_a_telling_word_used_more_often_than_the_user_used_it_is_a_garble(said: str, line: str,
+                                                                          expected: bool) -> None:
+    assert grounded(line, Said.of([said])) is expected

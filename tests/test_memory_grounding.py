@@ -221,6 +221,21 @@ def test_a_fact_the_user_stated_is_written_and_shown(
     assert (logged.text, logged.source, logged.session, logged.by_user) == (proposed, "memory flush", SESSION, True)
 
 
+@pytest.mark.parametrize(("told", "garble", "fact"), [
+    ("My sister Lin lives in Hangzhou.", "Lin's sister is named Lin.", "Lin lives in Hangzhou."),
+    ("我妹妹叫林林，她住在杭州。", "林林的妹妹叫林林。", "林林住在杭州。"),
+    ("我妹妹叫Lin，她住在杭州。", "Lin的妹妹叫Lin。", "Lin住在杭州。"),
+], ids=["english", "chinese", "mixed"])
+def test_a_relation_made_up_of_the_users_words_is_not_written(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, told: str, garble: str, fact: str) -> None:
+    # As a real 1.5B model did: every reply empty, and the flush writes the user's fact and a garble of it.
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    fake_openai.responder = model([Text(""), Text("")], listed([fact, garble]))
+    with frozen():
+        converse(workspace, fake_openai, [told, "ok", "/new"])
+    assert entries(workspace) == [fact]
+
+
 @pytest.mark.parametrize(("old", "told", "update"), [
     ("My gym locker is number 217.", "They moved me: my gym locker is now number 305.",
      "My gym locker is now number 305."),

@@ -339,9 +339,23 @@ class Rewrite:
             return re.search(pattern, self.text) is not None
         if fact.kind == "term":
             return fact.text in self.text
+        return re.search(self._word_pattern(fact), self.lower) is not None
+
+    def count(self, fact: Fact) -> int | None:
+        """How often the rewrite says `fact` (a name, number, identifier or CJK term); None for a date or a phone
+        number, which are written in too many forms to count."""
+        if fact.kind == "number":
+            return _NUMBER.findall(self.text).count(fact.text)
+        if fact.kind == "term":
+            return self.text.count(fact.text)
+        if fact.kind in ("date", "phone"):
+            return None
+        return len(re.findall(self._word_pattern(fact), self.lower))
+
+    @staticmethod
+    def _word_pattern(fact: Fact) -> str:
         suffix = "(?:'s|s|es)?" if fact.kind == "name" else ""
-        pattern = rf"(?<![{LATIN}]){re.escape(fact.text.lower())}{suffix}(?![{LATIN}])"
-        return re.search(pattern, self.lower) is not None
+        return rf"(?<![{LATIN}]){re.escape(fact.text.lower())}{suffix}(?![{LATIN}])"
 
     def keeps_sentence(self, sentence: Sentence) -> bool:
         """Whether enough of a sentence's words and CJK shingles are left (each script on its own).

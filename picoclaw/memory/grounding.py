@@ -18,7 +18,9 @@ write (the memory flush, `memory_append`) a line is checked here:
   there; the Latin content words (stemmed, stop words and the words a restatement adds, "user", "name", aside),
   all but one in four of which must be there; and the CJK characters (common ones aside), all but one in
   five of which must be there, with half the CJK bigrams at least (so the user's characters in the user's
-  order). A line saying "the user"/"用户"/"您" for the user is compared as if it said "I"/"我".
+  order). None of those key facts may stand in the line more often than in the user's statements: "Lin's sister
+  is named Lin" from "My sister Lin lives in Hangzhou" uses only the user's words, but relates Lin to herself.
+  A line saying "the user"/"用户"/"您" for the user is compared as if it said "I"/"我".
 
 A line that is none of these and not grounded is refused as "not in the user's words", or as contradicting a
 stored entry when it is about what one is about (the update rule's subject). Rules live here once; the flush
@@ -34,7 +36,7 @@ from typing import Any, Literal
 
 from picoclaw import cjk
 from picoclaw.memory.entries import LongTermEntry, entry_body, recent_entries
-from picoclaw.memory.facts import Rewrite, key_facts, normalise, sentences
+from picoclaw.memory.facts import Fact, Rewrite, key_facts, normalise, sentences
 from picoclaw.memory.terms import CJK_STOP_CHARS, STOP_WORDS, stem
 from picoclaw.memory.updates import Statement
 
@@ -245,6 +247,22 @@ def _as_said_by_user(line: str) -> str:
     return _ZH_USER.sub("我", line)
 
 
+def _said_more_often(text: str, hard: Sequence[Fact], said: Rewrite) -> bool:
+    """Whether a name, number, identifier or CJK term stands in `text` more often than in the user's statements.
+
+    Each of its words may be the user's while the line relates a thing to itself: "My sister Lin lives in
+    Hangzhou" → "Lin's sister is named Lin", 我妹妹林林住在杭州 → 林林的妹妹叫林林. Using a telling word twice
+    where the user used it once makes up a relation the user never stated; a paraphrase names things as often.
+    """
+    line = Rewrite(text)
+    for fact in hard:
+        here = line.count(fact)
+        there = said.count(fact)
+        if here is not None and there is not None and here > there:
+            return True
+    return False
+
+
 def grounded(line: str, said: Said) -> bool:
     """Whether the telling content of `line` is in the user's statements `said` (see the module's rule)."""
     if not said:
@@ -253,6 +271,8 @@ def grounded(line: str, said: Said) -> bool:
     index = Rewrite(said.text)
     hard = key_facts(text).facts
     if not all(index.keeps(fact) for fact in hard):
+        return False
+    if _said_more_often(text, hard, index):
         return False
     words = _latin_stems(text)
     if words and len(words - said.stems) > (len(words) - 1) // LATIN_MISSING_PER:
