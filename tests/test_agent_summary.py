@@ -11,6 +11,7 @@ import pytest
 
 from picoclaw.agent.loop import SUMMARY_NOTICE, AgentLoop
 from picoclaw.agent.summary import SECTIONS, accept_summary
+from picoclaw.memory.summary_notes import repeats_last_summary
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     SESSION,
@@ -21,6 +22,7 @@ from tests.agent_helpers import (
     contents,
     frozen,
     history,
+    is_flush_request,
     is_summary_request,
     records_of,
     reopen,
@@ -209,3 +211,41 @@ def test_a_model_that_never_writes_a_summary_is_asked_again_only_after_a_growing
     assert notices.sent == [(SESSION, SUMMARY_NOTICE)] * 4  # no notice for a turn that does not try
     assert records_of(workspace, "compaction") == []
     assert len(contents(history(turn_requests(fake_openai)[-1]))) == 39
+
+
+def _styled(summary: str) -> str:
+    """`summary` as a small model gives it back: its lines bold, other case, extra spaces."""
+    return "\n".join(f"**{line.upper()}**  " if line and not line.startswith("#") else line
+                     for line in summary.splitlines())
+
+
+@pytest.mark.parametrize("summary", [SUMMARY_EN, SUMMARY_ZH], ids=["english", "chinese"])
+def test_a_summary_repeating_the_previous_one_is_not_appended_to_the_note_again(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, summary: str, caplog: pytest.LogCaptureFixture) -> None:
+    # A real 1.5B model gave back the previous summary word for word three compactions in a row. The compaction
+    # goes on (the history shrinks, so the model is not asked again every turn); the note keeps it once.
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    newer = summary.replace("## Key context\n", "## Key context\nLater: a second shop. 第二家店。\n")
+    answers = [summary, summary, _styled(summary), newer]
+    fake_openai.responder = lambda body: (answers.pop(0) if is_summary_request(body)
+                                          else "NONE" if is_flush_request(body) else "ok / 好")
+    with frozen(), caplog.at_level("INFO", logger="picoclaw.memory.store"):
+        chat(workspace, fake_openai, [f"turn {n} 第{n}轮" for n in range(1, 10)])
+
+    assert answers == []
+    assert len(records_of(workspace, "compaction")) == 4  # each summary asked for once, and used
+    assert sum(is_summary_request(body) for body in fake_openai.chat_requests()) == 4
+    note = today_note(workspace)
+    assert note.count(f"Summary of session {SESSION}:") == 2  # the first summary once, then the newer one
+    assert note.count("第二家店") == 1
+    repeated = [r for r in caplog.records if "repeats the session's previous one" in r.getMessage()]
+    assert len(repeated) == 2
+
+
+def test_only_the_same_sessions_previous_summary_counts_as_repeated() -> None:
+    note = (f"# 2025-03-10\n\n## 09:00\nSummary of session cli:other:\n{SUMMARY_EN}\n\n## 09:30\nBought milk.\n\n"
+            f"## 10:00\nSummary of session {SESSION}:\n{SUMMARY_ZH}\n")
+    assert repeats_last_summary(f"Summary of session {SESSION}:\n{SUMMARY_ZH}", [note])
+    assert not repeats_last_summary(f"Summary of session {SESSION}:\n{SUMMARY_EN}", [note])  # another session's
+    assert repeats_last_summary(f"Summary of session {SESSION}:\n{SUMMARY_ZH}", ["# 2025-03-11\n", note])  # day before
+    assert not repeats_last_summary("Bought milk.", [note])  # a note of the user's is never refused here

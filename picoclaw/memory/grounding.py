@@ -297,6 +297,12 @@ def _tokens(text: str) -> str:
     return " " + " ".join(token.casefold() for token in _TOKEN.findall(plain(text))) + " "
 
 
+def same_words(one: str, other: str) -> bool:
+    """Whether two texts say the same words in the same order once Markdown emphasis, quotes, case, width and
+    punctuation are set aside (as a restatement is found)."""
+    return _tokens(one) == _tokens(other)
+
+
 @dataclass(frozen=True)
 class Known:
     """Stored entries as `check` compares a line with them: each one's body, worked out once, and the entry."""
