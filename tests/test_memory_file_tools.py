@@ -116,3 +116,40 @@ def test_lessons_are_written_by_memory_append_only_and_get_its_receipt(
     assert all("holds lessons; save one with memory_append" in result for result in results[:3])
     assert receipts.notices == [f"learned (the assistant's words, not yours): {lesson}"]  # memory_append's only
     assert learnings.read_bytes() != before and learnings.read_text(encoding="utf-8").count(lesson) == 1
+
+
+def memory_edit(old_text: str, new_text: str) -> tuple[str, dict[str, Any]]:
+    """A call of edit_file on memory/MEMORY.md."""
+    return "edit_file", {"path": "memory/MEMORY.md", "old_text": old_text, "new_text": new_text}
+
+
+def test_edit_file_on_memory_md_changes_an_entry_only_to_what_the_user_said_with_a_receipt(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    workspace.store.append_long_term("My gym locker is number 217.")
+    workspace.store.append_long_term("我的狗叫豆豆。")
+    receipts = Receipts()
+    fake_openai.responder = model([
+        ToolCalls([memory_edit("217", "999"),  # a number the user never said
+                   memory_edit("My gym locker is number 217.", "What is my gym locker number?"),
+                   memory_edit("number 217", "number 305")]),
+        Text("Updated."),
+        ToolCalls([memory_edit("豆豆", "旺财"),
+                   memory_edit("我的狗叫旺财。", "我的狗叫来福。"),  # a name the user never said
+                   memory_edit("我的狗叫旺财。", "你可以试试给狗换个名字。")]),  # advice
+        Text("改好了。")], "NONE")
+    with frozen():
+        converse(workspace, fake_openai, ["They moved me: my gym locker is now number 305.", "我的狗现在叫旺财了。"],
+                 receipts=receipts)
+
+    results = tool_results(fake_openai)
+    assert results[0].startswith("not edited: the new text is no fact the user stated (not in the user's words)")
+    assert results[1].startswith("not edited: the new text is no fact the user stated (question)")
+    assert results[2] == "edited memory/MEMORY.md (the previous version was backed up)"
+    assert results[3] == "edited memory/MEMORY.md (the previous version was backed up)"
+    assert results[4].startswith("not edited: the new text is no fact the user stated (not in the user's words)")
+    assert results[5].startswith("not edited: the new text is no fact the user stated (advice)")
+    assert entries(workspace) == ["My gym locker is number 305.", "我的狗叫旺财。"]
+    # The receipt names the sentence the edit changed, whole.
+    assert receipts.notices == ["remembered: My gym locker is number 305.", "remembered: 我的狗叫旺财。"]
+    assert [line.split("  ", 2)[2] for line in recent(workspace, fake_openai)] == [
+        f"edit_file, session {SESSION}: 我的狗叫旺财。", f"edit_file, session {SESSION}: My gym locker is number 305."]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
     from picoclaw.memory.flush import flush_facts
     from picoclaw.memory.flush_counts import FlushCounts, FlushTally
-    from picoclaw.memory.grounding import Known, Said, check, grounded, not_a_fact, user_texts
+    from picoclaw.memory.grounding import UNGROUNDED, Known, Said, added_text, check, grounded, not_a_fact, user_texts
     from picoclaw.memory.index.embedders import (
         DEFAULT_LOCAL_MODEL,
         LOCAL,
@@ -73,8 +73,10 @@ __all__ = [
     "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex", "MemorySearch", "MemoryStats",
     "MemoryStore", "MemoryWrite", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
     "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "SUPERSEDED", "Said", "Session",
-    "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics", "TurnWrites", "Workspace",
-    "WriteLog", "check", "current_turn", "demote_headings", "entry_injections", "entry_version", "flush_facts",
+    "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics", "TurnWrites", "UNGROUNDED",
+    "Workspace",
+    "WriteLog", "added_text", "check", "current_turn", "demote_headings", "entry_injections",
+    "entry_version", "flush_facts",
     "format_missing", "grounded", "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome",
     "lesson_of", "long_term_entries", "memory_stats", "models_entry", "not_a_fact", "open_search", "rank_blocks",
     "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons", "stands",
@@ -89,7 +91,8 @@ _HOMES = {
     "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
     "picoclaw.memory.flush": ("flush_facts",),
     "picoclaw.memory.flush_counts": ("FlushCounts", "FlushTally"),
-    "picoclaw.memory.grounding": ("Known", "Said", "check", "grounded", "not_a_fact", "user_texts"),
+    "picoclaw.memory.grounding": ("UNGROUNDED", "Known", "Said", "added_text", "check", "grounded", "not_a_fact",
+                                  "user_texts"),
     "picoclaw.memory.index.embedders": ("DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT",
                                         "E5Embedder", "Embedder", "EmbeddingUnavailable", "LocalEmbedder",
                                         "OpenAICompatEmbedder"),

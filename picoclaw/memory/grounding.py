@@ -37,6 +37,7 @@ from typing import Any, Literal
 from picoclaw import cjk
 from picoclaw.memory.entries import LongTermEntry, entry_body, recent_entries
 from picoclaw.memory.facts import Fact, Rewrite, key_facts, normalise, sentences
+from picoclaw.memory.lessons import SOURCE_PREFIX
 from picoclaw.memory.terms import CJK_STOP_CHARS, STOP_WORDS, stem
 from picoclaw.memory.updates import Statement
 
@@ -295,6 +296,15 @@ _TOKEN = re.compile(rf"[{cjk.LETTERS}]|[^\W_]+")
 def _tokens(text: str) -> str:
     """The words and CJK characters of `text`, lower-cased, one space apart and around: for run look-ups."""
     return " " + " ".join(token.casefold() for token in _TOKEN.findall(plain(text))) + " "
+
+
+def added_text(old: str, new: str) -> str:
+    """What an edit replacing `old` with `new` says that `old` did not: the sentences of `new` that are in no
+    sentence of `old`, without headings, `Source:` lines and superseded marks (the entry's frame, not a fact)."""
+    before = {_tokens(sentence) for sentence, _ in sentences(old)}
+    body = "\n".join(line for line in new.splitlines()
+                     if not line.lstrip().startswith((SOURCE_PREFIX, ">", "#")))
+    return " ".join(sentence for sentence, _ in sentences(body) if _tokens(sentence) not in before)
 
 
 def same_words(one: str, other: str) -> bool:

@@ -6,6 +6,9 @@ is not saved again; a fact whose telling content the user never said in this con
 the assistant's words in its `Source:` line (so it never marks an entry a person gave as superseded). Each write is
 added to the turn's receipts (memory/receipts.py): the agent logs it for `/memory recent` and shows it after the
 reply. A second way in that skipped this (the file tools once did) would let a model write around the rule.
+
+An edit of an entry (edit_file) is held to it too: what the edit adds must be no junk and, within a turn, the
+user's words (an edit replaces what a person gave, so the assistant's own words are refused, not marked).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from dataclasses import dataclass
 
 from picoclaw.memory import (
     LONG_TERM,
+    UNGROUNDED,
     Known,
     LongTermEntry,
     MemoryWrite,
     Said,
     Workspace,
+    added_text,
     current_turn,
     grounded,
     models_entry,
@@ -79,3 +84,36 @@ def save_fact(workspace: Workspace, content: str, source: str) -> SavedFact:
     if entry.new and turn is not None:
         turn.writes.append(MemoryWrite(LONG_TERM, content, source, session, by_user=by_user))
     return SavedFact(entry, by_user=by_user)
+
+
+@dataclass(frozen=True)
+class FactEdit:
+    """What an edit of MEMORY.md adds (`text`, "" for one that only removes) and why it is refused, if it is."""
+
+    text: str
+    refused: str | None = None
+
+    def told(self) -> str:
+        """The tool's result for a refused edit."""
+        return (f"not edited: the new text is no fact the user stated ({self.refused}); change an entry only to "
+                "what the user said, in their words")
+
+
+def check_edit(before: str, after: str) -> FactEdit:
+    """Whether an edit of MEMORY.md may turn its text `before` into `after`, by save_fact's rule: the sentences
+    it adds, whole (so "217" → "305" is checked as "My gym locker is number 305.")."""
+    added = printable(added_text(before, after))
+    if not added.strip():
+        return FactEdit("")
+    reason = not_a_fact(added)
+    turn = current_turn.get()
+    if reason is None and turn is not None and not grounded(added, Said.of(turn.said)):
+        reason = UNGROUNDED
+    return FactEdit(added, reason)
+
+
+def edited(edit: FactEdit, source: str) -> None:
+    """Add the receipt of an edit made (the text it added) to the turn's writes."""
+    turn = current_turn.get()
+    if edit.text and turn is not None:
+        turn.writes.append(MemoryWrite(LONG_TERM, edit.text, source, current_session.get()))

@@ -6,7 +6,8 @@ are routed through it instead of touching the file:
 
 - `memory/MEMORY.md`: write_file and append_file add a `## YYYY-MM-DD` entry (never an overwrite, seed 004
   §2.2) by the path memory_append takes (tools/facts.py): junk is refused with its reason, a fact the user never
-  said is marked as the assistant's words, and the write gets its receipt; edit_file reads, replaces and calls
+  said is marked as the assistant's words, and the write gets its receipt; edit_file holds what it adds to the
+  same rule (refused unless the user said it) and sends its receipt, then reads, replaces and calls
   `rewrite_long_term` under the memory lock (a backup is taken).
 - `memory/YYYYMM/YYYYMMDD.md` (daily notes): write_file and append_file add a `## HH:MM` entry to that
   day's note via `append_note` (a daily note is never overwritten, so no earlier note is lost); edit_file
@@ -29,7 +30,7 @@ from picoclaw.errors import MemoryStoreError
 from picoclaw.fsutil import atomic_write
 from picoclaw.memory import Workspace, demote_headings
 from picoclaw.tools.base import Tool, ToolError
-from picoclaw.tools.facts import save_fact
+from picoclaw.tools.facts import check_edit, edited, save_fact
 from picoclaw.tools.sandbox import Target, WorkspaceFiles
 
 MAX_READ_CHARS = 50_000
@@ -225,8 +226,14 @@ class EditFile(WorkspaceTool):
                 # Read and rewrite under one lock hold, so an entry appended meanwhile is not lost. (warn
                 # False: the rewrite itself warns about bytes that were not UTF-8, naming the backup.)
                 with store.locked():
-                    updated = self._replace(target, store.read_long_term(warn=False), args)
+                    current = store.read_long_term(warn=False)
+                    updated = self._replace(target, current, args)
+                    # The sentences the edit adds, whole, are held to memory_append's rule (tools/facts.py).
+                    edit = check_edit(current, updated)
+                    if edit.refused is not None:
+                        return edit.told()
                     store.rewrite_long_term(updated)
+                edited(edit, self.name)
                 return f"edited {target.shown} (the previous version was backed up){note}"
             if target.kind == "note":
                 store.edit_note(target.path, lambda text: self._replace(target, text, args))
