@@ -127,8 +127,10 @@ def test_threshold_five_summarises_and_the_chat_goes_on(
     texts, summary = SUMMARY_CASES[language]
     set_policy(workspace, session_summary_message_threshold=5)
     answers = iter(f"answer {n}" for n in range(1, 10))
-    fake_openai.responder = lambda body: (summary if is_summary_request(body) else "NONE" if is_flush_request(body)
-                                          else next(answers))
+    # The second summary says more than the first: a summary the same as the last is not noted again.
+    summaries = iter([summary, f"{summary} {texts[-1]}"])
+    fake_openai.responder = lambda body: (next(summaries) if is_summary_request(body)
+                                          else "NONE" if is_flush_request(body) else next(answers))
     notices = Notices()
 
     with frozen():
