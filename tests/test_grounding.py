@@ -19,6 +19,7 @@ from picoclaw.memory.grounding import (
     UNGROUNDED,
     Known,
     Said,
+    added_text,
     check,
     grounded,
     not_a_fact,
@@ -147,3 +148,11 @@ def test_the_models_entry_is_the_same_fact_and_never_supersedes_a_persons(worksp
 def test_a_telling_word_used_more_often_than_the_user_used_it_is_a_garble(said: str, line: str,
                                                                           expected: bool) -> None:
     assert grounded(line, Said.of([said])) is expected
+
+
+def test_an_edit_adds_what_it_writes_in_a_quote_a_title_or_a_new_heading_but_not_the_frame() -> None:
+    old = "## 2025-03-10\n\nMy dog is called Bob.\n"
+    assert added_text(old, old + "> I am allergic to penicillin.\n") == "I am allergic to penicillin."
+    assert "4821" in added_text(old, old + "### My bank PIN is 4821\n")
+    assert "4821" in added_text(old, old.replace("2025-03-10", "我的银行密码是4821"))
+    assert added_text(old, old + "> superseded by the 2025-03-11 entry: My dog is called Rex.\n") == ""

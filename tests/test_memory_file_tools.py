@@ -153,3 +153,35 @@ def test_edit_file_on_memory_md_changes_an_entry_only_to_what_the_user_said_with
     assert receipts.notices == ["remembered: My gym locker is number 305.", "remembered: 我的狗叫旺财。"]
     assert [line.split("  ", 2)[2] for line in recent(workspace, fake_openai)] == [
         f"edit_file, session {SESSION}: 我的狗叫旺财。", f"edit_file, session {SESSION}: My gym locker is number 305."]
+
+
+def test_edit_file_on_memory_md_keeps_source_lines_and_reads_quotes_and_titles_as_text(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    workspace.store.append_long_term(f"My gym locker is number 305.\n{MODELS}")
+    workspace.store.append_long_term(f"我的储物柜是305号\n{MODELS}")
+    workspace.store.append_long_term("My dog is called Bob.")
+    workspace.store.append_long_term("我的狗叫豆豆。")
+    before = workspace.store.read_long_term()
+    receipts = Receipts()
+    fake_openai.responder = model([
+        ToolCalls([memory_edit(f"305.\n{MODELS}", "305."),  # the model's entry would pass as the user's
+                   memory_edit(f"305.\n{MODELS}", "305.\nSource: the user (memory_append)"),
+                   memory_edit(f"305.\n{MODELS}", f"305.\n**{MODELS}**"),  # no longer read as a Source line
+                   memory_edit("My dog is called Bob.", "My dog is called Bob.\n> I am allergic to penicillin."),
+                   memory_edit("My dog is called Bob.", "My dog is called Bob.\n# My bank PIN is 4821")]),
+        Text("Done."),
+        ToolCalls([memory_edit(f"305号\n{MODELS}", "305号"),
+                   memory_edit("我的狗叫豆豆。", "我的狗叫豆豆。\n> 我对青霉素过敏。"),
+                   memory_edit("我的狗叫豆豆。", "我的狗叫豆豆。\n# 我的银行密码是4821")]),
+        Text("好了。")], "NONE")
+    with frozen():
+        converse(workspace, fake_openai, ["My dog is called Bob.", "我的狗叫豆豆。"], receipts=receipts)
+
+    results = tool_results(fake_openai)
+    assert [result.split(";")[0] for result in results] == [
+        "not edited: it drops or changes an entry's Source: line, which says who gave the entry"] * 3 + [
+        "not edited: the new text is no fact the user stated (not in the user's words)"] * 2 + [
+        "not edited: it drops or changes an entry's Source: line, which says who gave the entry"] + [
+        "not edited: the new text is no fact the user stated (not in the user's words)"] * 2
+    assert workspace.store.read_long_term() == before
+    assert receipts.notices == []

@@ -25,7 +25,17 @@ if TYPE_CHECKING:
     from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
     from picoclaw.memory.flush import flush_facts
     from picoclaw.memory.flush_counts import FlushCounts, FlushTally
-    from picoclaw.memory.grounding import UNGROUNDED, Known, Said, added_text, check, grounded, not_a_fact, user_texts
+    from picoclaw.memory.grounding import (
+        UNGROUNDED,
+        Known,
+        Said,
+        added_text,
+        check,
+        grounded,
+        not_a_fact,
+        sources_changed,
+        user_texts,
+    )
     from picoclaw.memory.index.embedders import (
         DEFAULT_LOCAL_MODEL,
         LOCAL,
@@ -79,7 +89,8 @@ __all__ = [
     "entry_version", "flush_facts",
     "format_missing", "grounded", "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome",
     "lesson_of", "long_term_entries", "memory_stats", "models_entry", "not_a_fact", "open_search", "rank_blocks",
-    "record_outcome", "search_method", "select_turn_memory", "split_blocks", "standing_lessons", "stands",
+    "record_outcome", "search_method", "select_turn_memory", "sources_changed", "split_blocks", "standing_lessons",
+    "stands",
     "suggest_policy_change", "user_texts", "why_not_due",
 ]
 
@@ -92,7 +103,7 @@ _HOMES = {
     "picoclaw.memory.flush": ("flush_facts",),
     "picoclaw.memory.flush_counts": ("FlushCounts", "FlushTally"),
     "picoclaw.memory.grounding": ("UNGROUNDED", "Known", "Said", "added_text", "check", "grounded", "not_a_fact",
-                                  "user_texts"),
+                                  "sources_changed", "user_texts"),
     "picoclaw.memory.index.embedders": ("DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT",
                                         "E5Embedder", "Embedder", "EmbeddingUnavailable", "LocalEmbedder",
                                         "OpenAICompatEmbedder"),

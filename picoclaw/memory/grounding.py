@@ -30,12 +30,20 @@ stored entry when it is about what one is about (the update rule's subject). Rul
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from picoclaw import cjk
-from picoclaw.memory.entries import LongTermEntry, entry_body, recent_entries
+from picoclaw.memory.entries import (
+    SECTION_HEADING,
+    SUPERSEDED,
+    LongTermEntry,
+    entry_body,
+    long_term_entries,
+    recent_entries,
+)
 from picoclaw.memory.facts import Fact, Rewrite, key_facts, normalise, sentences
 from picoclaw.memory.lessons import SOURCE_PREFIX
 from picoclaw.memory.terms import CJK_STOP_CHARS, STOP_WORDS, stem
@@ -300,11 +308,32 @@ def _tokens(text: str) -> str:
 
 def added_text(old: str, new: str) -> str:
     """What an edit replacing `old` with `new` says that `old` did not: the sentences of `new` that are in no
-    sentence of `old`, without headings, `Source:` lines and superseded marks (the entry's frame, not a fact)."""
+    sentence of `old`, without the entries' frame (their `## ` headings as in `old`, superseded marks).
+
+    Only the real frame is skipped: a `> ` quote, a `# ` title or a `## ` heading the edit wrote is read like
+    any line, and a `Source:` line is guarded by `sources_changed`."""
     before = {_tokens(sentence) for sentence, _ in sentences(old)}
-    body = "\n".join(line for line in new.splitlines()
-                     if not line.lstrip().startswith((SOURCE_PREFIX, ">", "#")))
+    headings = {line for line in old.splitlines() if SECTION_HEADING.match(line)}
+    body = "\n".join(line for line in new.splitlines() if line not in headings and not line.startswith(SUPERSEDED))
     return " ".join(sentence for sentence, _ in sentences(body) if _tokens(sentence) not in before)
+
+
+def _provenance(entry: LongTermEntry) -> tuple[str, tuple[str, ...]]:
+    """What an entry says (its words, any line that reads as a `Source:` line aside) and its `Source:`-like lines
+    as written, so a line dressed differently ("**Source:**", indented) still counts as one."""
+    lines = entry.text.rstrip("\n").split("\n")[1:]
+    sources = tuple(line for line in lines if plain(line).casefold().startswith(SOURCE_PREFIX.casefold()))
+    said = "\n".join(line for line in lines if line not in sources and not line.startswith(SUPERSEDED))
+    return _tokens(said), sources
+
+
+def sources_changed(old: str, new: str) -> bool:
+    """Whether turning MEMORY.md's `old` into `new` drops or changes an entry's `Source:` line while the entry
+    still says the same words: who gave an entry is the store's record, and the model's must not pass as the user's."""
+    before = Counter(_provenance(entry) for entry in long_term_entries(old))
+    said = {words for words, _ in before}
+    after = Counter(_provenance(entry) for entry in long_term_entries(new))
+    return any(count > before[key] for key, count in after.items() if key[0] in said)
 
 
 def same_words(one: str, other: str) -> bool:

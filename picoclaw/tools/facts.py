@@ -29,9 +29,13 @@ from picoclaw.memory import (
     grounded,
     models_entry,
     not_a_fact,
+    sources_changed,
 )
 from picoclaw.printable import printable
 from picoclaw.tools.base import current_session
+
+# Why an edit that changes who gave an entry is refused (`FactEdit.refused`).
+SOURCE_KEPT = "it drops or changes an entry's Source: line"
 
 MARKED = (", marked as your words: the user did not say this in the conversation (save the user's own words "
           "when they give a fact)")
@@ -95,13 +99,19 @@ class FactEdit:
 
     def told(self) -> str:
         """The tool's result for a refused edit."""
+        if self.refused == SOURCE_KEPT:
+            return (f"not edited: {SOURCE_KEPT}, which says who gave the entry; keep it as it is, or change the "
+                    "entry's text to what the user said")
         return (f"not edited: the new text is no fact the user stated ({self.refused}); change an entry only to "
                 "what the user said, in their words")
 
 
 def check_edit(before: str, after: str) -> FactEdit:
     """Whether an edit of MEMORY.md may turn its text `before` into `after`, by save_fact's rule: the sentences
-    it adds, whole (so "217" → "305" is checked as "My gym locker is number 305.")."""
+    it adds, whole (so "217" → "305" is checked as "My gym locker is number 305."), and no entry's `Source:` line
+    dropped or changed while its text stays (the model's words would pass as the user's, with no receipt)."""
+    if sources_changed(before, after):
+        return FactEdit("", SOURCE_KEPT)
     added = printable(added_text(before, after))
     if not added.strip():
         return FactEdit("")
