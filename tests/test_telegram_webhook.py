@@ -10,6 +10,7 @@ import asyncio
 import json
 import signal
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from picoclaw.app import App
 from picoclaw.channels.telegram import APOLOGY, TelegramChannel, Webhook, make_bot, not_authorised, webhook_secret
 from picoclaw.channels.telegram import channel as channel_module
 from picoclaw.channels.telegram import webhook as webhook_module
+from picoclaw.channels.telegram.storage_watch import StorageWatch
 from picoclaw.cli import main
 from picoclaw.config import WebhookConfig
 from picoclaw.memory.workspace import Workspace
@@ -448,6 +450,41 @@ def test_a_reply_whose_record_fails_is_recorded_at_a_retry(home: Path, fake_tele
     # Recorded: had this worker died before finishing, the worker taking over would not have answered again.
     assert inbox_rows(home) == [(1, str(OWNER), 1, 1, 1)]
     assert "reply sent but not recorded" not in caplog.text
+
+
+def test_a_worker_paused_past_its_lease_sends_nothing_for_an_update_another_took_over(tmp_path: Path) -> None:
+    async def run() -> tuple[list[bool], list[str]]:
+        inbox = SqliteInbox(tmp_path / "inbox.sqlite3", 123456)
+        assert inbox.store(1, "42", '{"update_id": 1}')
+        checks: list[bool] = []
+        sent: list[str] = []
+
+        ended = asyncio.Event()
+
+        async def feed(update: dict[str, Any]) -> None:  # what the channel does around a reply
+            turn = webhook_module.inbox_turn.get()
+            assert turn is not None
+            try:
+                checks.append(await turn.still_ours())  # renewed on time: known without asking
+                with sqlite3.connect(tmp_path / "inbox.sqlite3") as db:  # another worker takes the update over
+                    db.execute("update telegram_inbox set worker = 'w2', lease_until = ? where update_id = 1",
+                               (time.time() + 60,))
+                time.sleep(2)  # and this one stalls past half its 3 s lease (a SIGSTOP, a stalled machine)
+                checks.append(await turn.still_ours())
+                if checks[-1]:
+                    sent.append("the answer, a second time")
+            finally:  # also when its renewal learnt it first and stopped the turn
+                ended.set()
+        worker = webhook_module.InboxWorker(inbox, feed, worker="w1", lease=3, parallel=1,
+                                            watch=StorageWatch(lambda: None))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(ended.wait(), 60)
+        await worker.drain(30)
+        await running
+        inbox.close()
+        return checks, sent
+    checks, sent = asyncio.run(run())
+    assert sent == [] and checks[0] is True  # its renewal may have learnt it first and stopped the turn
 
 
 def test_polling_takes_down_a_webhook_left_by_webhook_mode(home: Path, fake_telegram: FakeTelegramServer,

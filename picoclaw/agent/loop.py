@@ -138,9 +138,12 @@ class Reply:
 
 def _log_failure(task: asyncio.Future[None]) -> None:
     """A background job's failure, in one line (the metrics file's write when the storage just went away):
-    never asyncio's "exception was never retrieved" with a traceback."""
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("background work failed: %s", task.exception())
+    never asyncio's "exception was never retrieved" with a traceback. An unreachable storage is no news: whoever
+    watches it (a webhook worker) has said so."""
+    if task.cancelled() or (exc := task.exception()) is None:
+        return
+    log.log(logging.INFO if isinstance(exc, StorageUnavailable) else logging.WARNING, "background work failed: %s",
+            exc)
 
 
 class AgentLoop:
@@ -425,7 +428,7 @@ class AgentLoop:
             try:
                 await job()
             except StorageUnavailable as exc:  # an outage: one line, not a traceback per job and turn
-                log.warning("session %s: background %s skipped: %s", key, name, exc)
+                log.info("session %s: background %s skipped: %s", key, name, exc)
             except Exception:
                 log.exception("session %s: background %s failed", key, name)
 

@@ -49,7 +49,7 @@ from picoclaw.channels.telegram.bot import (
 )
 from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import EMPTY_REPLY, MessagePart, telegram_parts
-from picoclaw.channels.telegram.webhook import Webhook, from_inbox, reply_sent
+from picoclaw.channels.telegram.webhook import ClaimLost, Webhook, from_inbox, inbox_turn
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import PicoclawError
 from picoclaw.jobs import Scheduler
@@ -70,11 +70,17 @@ TOLD_SIZE = 10_000
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
 
 
+async def _claim_kept() -> bool:
+    """Before a reply goes out: whether this worker still holds the update it answers (always, when polling)."""
+    turn = inbox_turn.get()
+    return turn is None or await turn.still_ours()
+
+
 async def _record_reply_sent() -> None:
     """Tell the inbox the update being answered has had its reply (webhook mode; nothing when polling)."""
-    record = reply_sent.get()
-    if record is not None:
-        await record()
+    turn = inbox_turn.get()
+    if turn is not None:
+        await turn.replied()
 
 
 def chat_of(session_key: str) -> int | None:
@@ -265,6 +271,8 @@ class TelegramChannel:
         log.info("telegram: refused chat %s user %s (not in allow_from)", refusal.chat_id, refusal.user_id)
         if refusal.user_id in self._told:
             return
+        if not await _claim_kept():
+            raise ClaimLost
         self._told.put(refusal.user_id, True)
         await self._send(refusal.chat_id, not_authorised(refusal.user_id))
         await _record_reply_sent()
@@ -292,6 +300,8 @@ class TelegramChannel:
     async def _answer(self, message: Message, user: User, key: str, kept: bool) -> None:
         chat_id = message.chat.id
         if message.text is None:
+            if not await _claim_kept():
+                raise ClaimLost
             await self.send_reply(chat_id, NOT_TEXT)
             await _record_reply_sent()
             return
@@ -319,6 +329,10 @@ class TelegramChannel:
         except Exception:
             log.exception("telegram: chat %s user %s: the turn failed", chat_id, user.id)
             reply = APOLOGY
+        if not await _claim_kept():  # this worker was paused past its lease, and another answers the message
+            if stored:
+                await self._mark_undelivered(agent, key, reply, "not sent: another worker answered this message")
+            raise ClaimLost
         failure = await self.send_reply(chat_id, reply)
         await _record_reply_sent()
         if failure is not None and stored:

@@ -33,6 +33,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 import orjson
@@ -77,13 +78,27 @@ STORE_GRACE = 5.0  # seconds the HTTP server waits for requests under way when t
 INBOX_THREADS = 4
 REFUSAL = "refusal"  # the key of a stranger's stored update: {"update_id": …, "refusal": {"chat_id", "user_id"}}
 
-# What the handler of the update being answered calls once its reply was sent (None: not from the inbox).
-reply_sent: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("reply_sent", default=None)
+
+@dataclass(frozen=True)
+class InboxTurn:
+    """The update being answered, as its handler sees it when it came from the inbox (webhook mode)."""
+
+    still_ours: Callable[[], Awaitable[bool]]  # before a reply goes out: whether the claim is still this worker's
+    replied: Callable[[], Awaitable[None]]  # once it went out: recorded, so no worker answers it again
+
+
+class ClaimLost(Exception):
+    """Raised by a handler whose claim another worker took over (this one was paused past its lease): it sends
+    nothing, as the other answers."""
+
+
+# The update being answered from the inbox (None: polling, or nothing from the inbox).
+inbox_turn: ContextVar[InboxTurn | None] = ContextVar("inbox_turn", default=None)
 
 
 def from_inbox() -> bool:
     """Whether the update being handled came from the inbox (webhook mode), where a turn can be given back."""
-    return reply_sent.get() is not None
+    return inbox_turn.get() is not None
 
 
 def webhook_secret(token: str) -> str:
@@ -276,6 +291,7 @@ class InboxWorker:
         self._task: asyncio.Task[None] | None = None
         self._renewing: asyncio.Task[None] | None = None
         self._held: dict[asyncio.Task[None], int] = {}  # turn under way → its update
+        self._renewed: dict[int, float] = {}  # update held → when its lease was last taken or renewed (loop time)
 
     def wake(self) -> None:
         """Look at the inbox now (an update was stored, or a chat's update finished)."""
@@ -339,6 +355,7 @@ class InboxWorker:
         for update in claimed:
             if update.update_id in self._held.values():
                 continue  # ours still: this worker was too slow to renew, and the claim renewed it
+            self._renewed[update.update_id] = asyncio.get_running_loop().time()
             task = asyncio.create_task(self._answer(update))
             self._held[task] = update.update_id
             task.add_done_callback(self._done)
@@ -347,7 +364,9 @@ class InboxWorker:
         return self.fallback_poll if ends is None else min(self.fallback_poll, ends + LEASE_SLACK)
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        self._held.pop(task, None)
+        update_id = self._held.pop(task, None)
+        if update_id is not None and update_id not in self._held.values():
+            self._renewed.pop(update_id, None)
         self._wake.set()  # room for one more, and the chat's next update may now be claimed
 
     async def _answer(self, update: InboxUpdate) -> None:
@@ -361,9 +380,14 @@ class InboxWorker:
             if update.attempts > 1:
                 log.info("telegram inbox: update %d: attempt %d (the one before stopped, or could not reach the "
                          "storage)", update.update_id, update.attempts)
-            token = reply_sent.set(lambda: self._record_reply(update.update_id))
+            token = inbox_turn.set(InboxTurn(lambda: self._still_ours(update.update_id),
+                                             lambda: self._record_reply(update.update_id)))
             try:
                 await self.feed(orjson.loads(update.body))
+            except ClaimLost:
+                log.info("telegram inbox: update %d: another worker took it over; nothing sent from here",
+                         update.update_id)
+                return
             except StorageUnavailable as exc:
                 # Nothing was sent (the channel sends no apology then): answered once the storage is back.
                 self.watch.failed(exc)
@@ -377,10 +401,27 @@ class InboxWorker:
             except Exception:  # a bug in a handler: logged, and the update not fed again
                 log.exception("telegram inbox: update %d failed", update.update_id)
             finally:
-                reply_sent.reset(token)
+                inbox_turn.reset(token)
         error = await self._write(self.inbox.finish, self.worker, update.update_id)
         if error is not None:  # its lease runs out and another worker takes it: replied, so not re-answered
             log.error("telegram inbox: update %d not marked done: %s", update.update_id, error)
+
+    async def _still_ours(self, update_id: int) -> bool:
+        """Whether this worker still holds the update's claim, asked before a reply goes out. Known without asking
+        while its renewals are on time; after a pause (a stopped process, a stalled machine) the database is
+        asked, so a worker whose claim was taken over meanwhile does not answer a second time."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._renewed.get(update_id, 0.0) < self.lease / 2:
+            return True
+        try:
+            held = await self.offload(self.inbox.renew, self.worker, [update_id], self.lease)
+        except StorageError as exc:  # no one can take it over while the storage is down: the reply goes out
+            if isinstance(exc, StorageUnavailable):
+                self.watch.failed(exc)
+            return True
+        if update_id in held:
+            self._renewed[update_id] = loop.time()
+        return update_id in held
 
     async def _record_reply(self, update_id: int) -> None:
         error = await self._write(self.inbox.mark_replied, update_id)
@@ -414,6 +455,7 @@ class InboxWorker:
             held = list(self._held.values())
             if not held:
                 continue
+            asked = asyncio.get_running_loop().time()
             try:
                 kept = await self.offload(self.inbox.renew, self.worker, held, self.lease)
             except StorageError as exc:
@@ -422,6 +464,8 @@ class InboxWorker:
                 else:
                     log.error("telegram inbox: cannot renew the leases of %d update(s): %s", len(held), exc)
                 continue
+            for update_id in kept & set(self._renewed):
+                self._renewed[update_id] = asked
             lost = (set(held) - kept) & set(self._held.values())  # one finished meanwhile is not lost
             if lost:
                 # Another worker answers them now: this one stops, so the user does not get two answers.

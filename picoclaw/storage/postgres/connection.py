@@ -23,16 +23,19 @@ CONNECT_TIMEOUT_SECONDS = 10
 RECONNECT_SECONDS = 3.0
 
 
-class _PoolNoise(logging.Filter):
-    """psycopg_pool's warning at every failed connection attempt and every dead connection it drops: while a
-    server is down that is dozens a second. Each call that fails says so in its own one line (a webhook
-    worker once per outage), so only the pool's errors pass."""
+class _LostConnectionNoise(logging.Filter):
+    """While a server is down, psycopg_pool warns at every failed connection attempt and every dead connection
+    it drops (dozens a second), and psycopg at every pipeline or transaction it could not close on a lost
+    connection ("error ignored …"). Each call that fails says so in its own one line (a webhook worker once per
+    outage): these repeat it, so they are dropped; the pool's errors pass."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "psycopg":
+            return not str(record.msg).startswith("error ignored")
         return record.levelno >= logging.ERROR
 
 
-_POOL_NOISE = _PoolNoise()
+_NOISE = _LostConnectionNoise()
 
 
 def server_name(dsn: str) -> str:
@@ -87,7 +90,8 @@ def open_pool(dsn: str, size: int) -> ConnectionPool:
     # min_size 1: one connection is made at once, so a wrong DSN fails here and not in the middle of a turn.
     # check: a connection the server closed while it sat idle (a restart, a failover) is replaced when handed
     # out, instead of failing the lock or turn that took it.
-    logging.getLogger("psycopg.pool").addFilter(_POOL_NOISE)  # once: a filter already there is not added again
+    for name in ("psycopg.pool", "psycopg"):
+        logging.getLogger(name).addFilter(_NOISE)  # once: a filter already there is not added again
     pool = ConnectionPool(dsn, min_size=1, max_size=max(size, 2), open=False, name="picoclaw",
                           check=ConnectionPool.check_connection, reconnect_timeout=RECONNECT_SECONDS,
                           kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_SECONDS})
