@@ -25,6 +25,7 @@ from picoclaw.memory.grounding import (
     not_a_fact,
     user_texts,
 )
+from picoclaw.memory.updates import Statement
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import frozen
 
@@ -156,3 +157,22 @@ def test_an_edit_adds_what_it_writes_in_a_quote_a_title_or_a_new_heading_but_not
     assert "4821" in added_text(old, old + "### My bank PIN is 4821\n")
     assert "4821" in added_text(old, old.replace("2025-03-10", "我的银行密码是4821"))
     assert added_text(old, old + "> superseded by the 2025-03-11 entry: My dog is called Rex.\n") == ""
+
+
+def test_known_works_out_each_entrys_statements_once_however_many_lines_it_checks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    real = Statement.of
+
+    def counted(text: str) -> Statement:
+        made.append(text)
+        return real(text)
+
+    monkeypatch.setattr(Statement, "of", staticmethod(counted))
+    known = Known.of(["My dog is called Bob. He is five.", "我住在杭州。", "I work at Acme."])
+    lines = ["My cat is called Mimi.", "我的猫叫咪咪。", "I like green tea.", "My bank is Chase."]
+    for line in lines:
+        known.contradicted(line)
+    known.plus("My sister is Lin.").contradicted("My brother is Tom.")
+    assert "He is five." in made and "我住在杭州。" in made and "My sister is Lin." in made
+    assert len(made) == len(set(made))  # each entry's sentence (and each line) once

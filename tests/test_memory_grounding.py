@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
@@ -19,6 +20,7 @@ from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.summary import EMPTY_REPLY, render_transcript, unseen_answer_claims
 from picoclaw.cli import main
 from picoclaw.memory import FlushCounts, FlushTally, MemoryWrite, WriteLog
+from picoclaw.memory import flush as flush_module
 from picoclaw.memory.grounding import ADVICE, QUESTION, REFUSAL, UNGROUNDED
 from picoclaw.memory.workspace import Workspace
 from picoclaw.storage import FilesStorage, Storage, mount, unmount
@@ -421,3 +423,23 @@ def test_the_repl_prints_each_receipt_above_the_prompt_and_memory_recent_lists_t
 def test_memory_recent_with_nothing_written(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     assert converse(workspace, fake_openai, ["/memory recent"]) == [
         "Nothing has been written to memory without a command of yours yet."]
+
+
+def test_the_flush_checks_its_facts_off_the_event_loop(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checking a flush's facts against 2,000 entries takes a while: the channels' turns must not wait on it."""
+    threads: list[threading.Thread] = []
+    real = flush_module.check
+
+    def check(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(flush_module, "check", check)
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    fake_openai.responder = model([], lambda conversation: listed(
+        ["My sister Anna lives in Lyon.", "我住在杭州"]) if "Anna" in conversation else "NONE")
+    with frozen():
+        converse(workspace, fake_openai, ["My sister Anna lives in Lyon. 我住在杭州。", "ok", "/new"])
+    assert threads and threading.main_thread() not in threads
+    assert entries(workspace) == ["My sister Anna lives in Lyon.", "我住在杭州"]

@@ -122,8 +122,16 @@ async def _flush(provider: ChatProvider, store: MemoryStore, transcript: str, sa
     if not result.proposed:
         result.refused = "no facts in the answer"
         return result
-    known = Known.of_memory(await asyncio.to_thread(store.read_long_term))
-    ground = Said.of(said)
+    # Reading MEMORY.md and checking each fact against up to KNOWN_WINDOW entries is CPU work and file I/O:
+    # off the event loop, so a flush does not stall the channels' turns.
+    await asyncio.to_thread(_write_checked, store, Said.of(said), result)
+    return result
+
+
+def _write_checked(store: MemoryStore, ground: Said, result: FlushResult) -> None:
+    """Check each proposed fact against `ground` and MEMORY.md, and append the grounded new ones (blocking)."""
+    session = result.session
+    known = Known.of_memory(store.read_long_term())
     for fact in result.proposed:
         verdict = check(fact, ground, known)
         if verdict.action == "known":
@@ -135,11 +143,10 @@ async def _flush(provider: ChatProvider, store: MemoryStore, transcript: str, sa
             result.rejected.append((fact, reason))
             continue
         try:
-            entry = await asyncio.to_thread(store.append_long_term, fact)
+            entry = store.append_long_term(fact)
         except MemoryStoreError as exc:
             log.warning("memory flush: could not store %r: %s", fact[:80], exc)
             result.rejected.append((fact, "the store refused it"))
             continue
         (result.stored if entry.new else result.known).append(fact)
         known = known.plus(fact)  # a second wording of it further down the list is known now
-    return result

@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from picoclaw import cjk
@@ -352,6 +352,9 @@ class Known:
     stems: tuple[frozenset[str], ...]
     characters: tuple[frozenset[str], ...]
     negated: tuple[bool, ...]
+    # Each entry's sentences as the update rule sees them, worked out when first asked for (`statements`): only
+    # an ungrounded line needs them, and then every one, for each such line of a flush.
+    _statements: dict[int, tuple[Statement, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, texts: Sequence[str], entries: Sequence[LongTermEntry | None] = ()) -> Known:
@@ -370,7 +373,8 @@ class Known:
         """These entries and one more (a fact written just now)."""
         one = Known.of([text])
         return Known(self.texts + one.texts, self.entries + one.entries, self.runs + one.runs,
-                     self.stems + one.stems, self.characters + one.characters, self.negated + one.negated)
+                     self.stems + one.stems, self.characters + one.characters, self.negated + one.negated,
+                     dict(self._statements))  # indices stay, so the statements worked out are kept
 
     def find(self, line: str) -> int | None:
         """The index of an entry that already says what `line` says (its words are a run of the entry's, or every
@@ -399,12 +403,17 @@ class Known:
     def contradicted(self, line: str) -> bool:
         """Whether `line` is about what a stored entry is about (the update rule's subject, two words at least)."""
         new = Statement.of(_as_said_by_user(plain(line)))
-        for entry in self.texts:
-            for sentence, _ in sentences(entry):
-                old = Statement.of(sentence)
+        for n in range(len(self.texts)):
+            for old in self.statements(n):
                 if len(new.subject & old.words) >= 2 or new.updates(old):
                     return True
         return False
+
+    def statements(self, n: int) -> tuple[Statement, ...]:
+        """Entry `n`'s sentences as the update rule sees them, worked out once."""
+        if n not in self._statements:
+            self._statements[n] = tuple(Statement.of(sentence) for sentence, _ in sentences(self.texts[n]))
+        return self._statements[n]
 
 
 def check(line: str, said: Said, known: Known) -> Verdict:
