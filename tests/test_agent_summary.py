@@ -11,7 +11,6 @@ import pytest
 
 from picoclaw.agent.loop import SUMMARY_NOTICE, AgentLoop
 from picoclaw.agent.summary import SECTIONS, accept_summary
-from picoclaw.memory.summary_notes import repeats_last_summary
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     SESSION,
@@ -229,7 +228,7 @@ def test_a_summary_repeating_the_previous_one_is_not_appended_to_the_note_again(
     answers = [summary, summary, _styled(summary), newer]
     fake_openai.responder = lambda body: (answers.pop(0) if is_summary_request(body)
                                           else "NONE" if is_flush_request(body) else "ok / 好")
-    with frozen(), caplog.at_level("INFO", logger="picoclaw.memory.store"):
+    with frozen(), caplog.at_level("INFO", logger="picoclaw.agent.loop"):
         chat(workspace, fake_openai, [f"turn {n} 第{n}轮" for n in range(1, 10)])
 
     assert answers == []
@@ -238,14 +237,21 @@ def test_a_summary_repeating_the_previous_one_is_not_appended_to_the_note_again(
     note = today_note(workspace)
     assert note.count(f"Summary of session {SESSION}:") == 2  # the first summary once, then the newer one
     assert note.count("第二家店") == 1
-    repeated = [r for r in caplog.records if "repeats the session's previous one" in r.getMessage()]
+    repeated = [r for r in caplog.records if "repeats the previous one" in r.getMessage()]
     assert len(repeated) == 2
 
 
-def test_only_the_same_sessions_previous_summary_counts_as_repeated() -> None:
-    note = (f"# 2025-03-10\n\n## 09:00\nSummary of session cli:other:\n{SUMMARY_EN}\n\n## 09:30\nBought milk.\n\n"
-            f"## 10:00\nSummary of session {SESSION}:\n{SUMMARY_ZH}\n")
-    assert repeats_last_summary(f"Summary of session {SESSION}:\n{SUMMARY_ZH}", [note])
-    assert not repeats_last_summary(f"Summary of session {SESSION}:\n{SUMMARY_EN}", [note])  # another session's
-    assert repeats_last_summary(f"Summary of session {SESSION}:\n{SUMMARY_ZH}", ["# 2025-03-11\n", note])  # day before
-    assert not repeats_last_summary("Bought milk.", [note])  # a note of the user's is never refused here
+def test_only_the_same_sessions_previous_summary_counts_as_repeated(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    answers = [SUMMARY_ZH, SUMMARY_ZH]  # one summary for each of two sessions: each is its session's first
+    fake_openai.responder = lambda body: (answers.pop(0) if is_summary_request(body)
+                                          else "NONE" if is_flush_request(body) else "ok / 好")
+    with frozen():
+        workspace.store.append_note(f"Summary of session {SESSION}:\n{SUMMARY_ZH}")  # a note, not the session's
+        chat(workspace, fake_openai, [f"turn {n} 第{n}轮" for n in range(1, 4)])
+        chat(workspace, fake_openai, [f"turn {n} 第{n}轮" for n in range(1, 4)], key="cli:other")
+
+    assert answers == []
+    note = today_note(workspace)
+    assert note.count(f"Summary of session {SESSION}:") == 2 and note.count("Summary of session cli:other:") == 1

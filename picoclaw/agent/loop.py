@@ -72,6 +72,7 @@ from picoclaw.memory import (
     WriteLog,
     current_turn,
     flush_facts,
+    same_words,
     user_texts,
 )
 from picoclaw.policy_schema import MemoryPolicy
@@ -565,8 +566,14 @@ class AgentLoop:
                 log.info("session %s was reset while its summary was written; summary dropped", key)
                 return None
             self._summary_backoff.pop(key, None)
+            previous = session.summary or ""
             await asyncio.to_thread(self.sessions.add_compaction, session, folded[-1].id, summary, "summary")
-            await asyncio.to_thread(self.workspace.store.append_note, f"Summary of session {key}:\n{summary}")
+            if same_words(previous, summary):
+                # A small model often gives back the previous summary word for word (a 1.5B one did three
+                # compactions in a row): the history still shrinks, but the daily note gets nothing new.
+                log.info("session %s: the summary repeats the previous one word for word; not noted again", key)
+            else:
+                await asyncio.to_thread(self.workspace.store.append_note, f"Summary of session {key}:\n{summary}")
             return CompactResult(len(folded), summary)
         finally:
             self._summarizing.discard(key)

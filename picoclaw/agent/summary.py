@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from picoclaw.memory import UNDELIVERED
 from picoclaw.providers.base import Message
 
 SECTIONS = ("Goal", "Constraints and preferences", "Progress", "Key decisions", "Next steps", "Key context")
@@ -30,7 +31,7 @@ EMPTY_REPLY = "(an empty reply: the user was shown no answer)"
 # How the loop records a turn the model failed after its tools ran (agent/loop.py writes it, the user sees an error).
 CUT_SHORT = "(The answer was cut short: "
 # The mark session.py puts after a reply that never reached the user (`undelivered_note`).
-_UNDELIVERED = re.compile(r"\(not delivered: [^\n]*\)\s*$")
+_UNDELIVERED = re.compile(rf"{re.escape(UNDELIVERED)}[^\n]*\)\s*$")
 
 @dataclass(frozen=True)
 class CompactResult:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         check,
         grounded,
         not_a_fact,
+        same_words,
         sources_changed,
         user_texts,
     )
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
         split_blocks,
         standing_lessons,
     )
-    from picoclaw.memory.session import Session, SessionStore, StoredMessage
+    from picoclaw.memory.session import UNDELIVERED, Session, SessionStore, StoredMessage
     from picoclaw.memory.stats import MemoryStats, entry_injections, memory_stats
     from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
     from picoclaw.memory.turn_metrics import TurnMetrics
@@ -83,14 +84,15 @@ __all__ = [
     "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex", "MemorySearch", "MemoryStats",
     "MemoryStore", "MemoryWrite", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
     "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "SUPERSEDED", "Said", "Session",
-    "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics", "TurnWrites", "UNGROUNDED",
+    "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics", "TurnWrites", "UNDELIVERED",
+    "UNGROUNDED",
     "Workspace",
     "WriteLog", "added_text", "check", "current_turn", "demote_headings", "entry_injections",
     "entry_version", "flush_facts",
     "format_missing", "grounded", "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome",
     "lesson_of", "long_term_entries", "memory_stats", "models_entry", "not_a_fact", "open_search", "rank_blocks",
-    "record_outcome", "search_method", "select_turn_memory", "sources_changed", "split_blocks", "standing_lessons",
-    "stands",
+    "record_outcome", "same_words", "search_method", "select_turn_memory", "sources_changed", "split_blocks",
+    "standing_lessons", "stands",
     "suggest_policy_change", "user_texts", "why_not_due",
 ]
 
@@ -103,7 +105,7 @@ _HOMES = {
     "picoclaw.memory.flush": ("flush_facts",),
     "picoclaw.memory.flush_counts": ("FlushCounts", "FlushTally"),
     "picoclaw.memory.grounding": ("UNGROUNDED", "Known", "Said", "added_text", "check", "grounded", "not_a_fact",
-                                  "sources_changed", "user_texts"),
+                                  "same_words", "sources_changed", "user_texts"),
     "picoclaw.memory.index.embedders": ("DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT",
                                         "E5Embedder", "Embedder", "EmbeddingUnavailable", "LocalEmbedder",
                                         "OpenAICompatEmbedder"),
@@ -118,7 +120,7 @@ _HOMES = {
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
                                "index_of", "open_search", "rank_blocks", "search_method", "select_turn_memory",
                                "split_blocks", "standing_lessons"),
-    "picoclaw.memory.session": ("Session", "SessionStore", "StoredMessage"),
+    "picoclaw.memory.session": ("UNDELIVERED", "Session", "SessionStore", "StoredMessage"),
     "picoclaw.memory.stats": ("MemoryStats", "entry_injections", "memory_stats"),
     "picoclaw.memory.store": ("BACKUPS_DIR", "DailyNote", "MemoryStore"),
     "picoclaw.memory.turn_metrics": ("TurnMetrics",),

@@ -104,12 +104,16 @@ def with_context(context: str, text: str) -> str:
     return f"{context}\n\n{text}"
 
 
+# How the mark after a reply that never reached the user begins (`undelivered_note`); agent/summary.py finds it.
+UNDELIVERED = "(not delivered: "
+
+
 def undelivered_note(reason: str) -> str:
     """What follows the text of a reply that did not reach the user: the one wording of it.
 
     Derived from the session's records alone, so the history is sent byte for byte the same on every turn.
     """
-    return f"(not delivered: {' '.join(reason.split())})"
+    return f"{UNDELIVERED}{' '.join(reason.split())})"
 
 
 @dataclass

@@ -56,14 +56,9 @@ from picoclaw.memory.entry_table import ENTRIES_FILE
 from picoclaw.memory.in_place_append import append_in_place, journal_path, repair_append
 from picoclaw.memory.lessons import LEARNINGS_FILE, MAX_LESSON_CHARS, lesson_of, lesson_text, restates
 from picoclaw.memory.reading import FileText, decode, warn_rewritten, warn_unreadable
-from picoclaw.memory.summary_notes import repeats_last_summary
 from picoclaw.storage import cross_process_lock
 
 log = logging.getLogger(__name__)
-
-# How many daily notes before the current one are searched for a session's previous summary: compactions of a
-# live session are days apart at most, and a compaction must not read a year of notes.
-SUMMARY_LOOKBACK = 7
 
 LONG_TERM_FILE = "MEMORY.md"
 BACKUPS_DIR = "backups"
@@ -448,22 +443,8 @@ class MemoryStore:
                 read = decode(read_regular(path))
             except FileNotFoundError:
                 read = FileText(b"", f"# {moment.date().isoformat()}\n", None)
-            if repeats_last_summary(content, self._notes_before(path, read.text)):
-                log.info("%s: the summary repeats the session's previous one word for word; not appended again",
-                         path.name)
-                return path
             self._rewrite_note(path, read, joined(read.text, entry))
         return path
-
-    def _notes_before(self, path: Path, text: str) -> Iterator[str]:
-        """`text` (the note `path` holds) and the SUMMARY_LOOKBACK notes before it, newest first, read as needed."""
-        yield text
-        earlier = [note for note in self.note_files() if note.name < path.name][-SUMMARY_LOOKBACK:]
-        for note in reversed(earlier):
-            try:
-                yield decode(read_regular(note)).text
-            except (OSError, MemoryStoreError):  # an unreadable old note hides no summary to compare with
-                continue
 
     def _rewrite_note(self, path: Path, read: FileText, text: str) -> None:
         # Called with the lock held. Notes are not backed up on every change like MEMORY.md, but a note
