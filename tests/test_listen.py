@@ -9,13 +9,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.fakes.console import login_link_of, picoclaw_web, stopped
-
-
-def free_port(family: socket.AddressFamily = socket.AF_INET, host: str = "127.0.0.1") -> int:
-    with socket.socket(family) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+from tests.fakes.console import free_port, login_link_of, picoclaw_web, stopped
 
 
 @pytest.mark.parametrize(("listen", "port", "expected"), [
@@ -86,3 +80,4 @@ def test_a_bad_telegram_listen_is_one_line(home: Path, capsys: pytest.CaptureFix
     assert main(["telegram", "--webhook", "https://bot.example.com/tg", "--listen", listen]) == 2
     _, err = capsys.readouterr()
     assert err.count("\n") == 1 and "must be host:port such as 0.0.0.0:8080 or [::]:8080" in err, err
+

@@ -20,7 +20,7 @@ from picoclaw.app import App
 from picoclaw.web import Gate
 from picoclaw.web.security import COOKIE
 from tests.fakes import FakeOpenAIServer
-from tests.fakes.console import Console, csrf_of, logged_in
+from tests.fakes.console import Console, csrf_of, free_port, logged_in
 
 XSS = '<img src=x onerror=alert(1)> <a href="javascript:alert(2)">click</a>'
 
@@ -767,14 +767,11 @@ def test_secrets_in_urls_and_command_lines_are_masked() -> None:
 
 def test_serve_without_a_model_still_prints_its_login_link_and_serves(home: Path) -> None:
     import contextlib
-    import socket
     import stat
 
     from picoclaw.web import serve
 
-    with socket.socket() as probe:  # a free port for `serve`, which takes a fixed one as `picoclaw web` does
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     app = App.open(home)
     token_file = home / f"console-{port}.token"
     links: list[str] = []

@@ -5,7 +5,6 @@ new link from the running console without a restart."""
 from __future__ import annotations
 
 import re
-import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import httpx2
 import pytest
 
 from picoclaw.app import App
-from tests.fakes.console import Console, csrf_of, logged_in, login_link_of, picoclaw_web, stopped
+from tests.fakes.console import Console, csrf_of, free_port, logged_in, login_link_of, picoclaw_web, stopped
 
 
 @pytest.fixture
@@ -33,12 +32,6 @@ def anonymous(console: Console) -> httpx2.Client:
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_a_used_link_opens_nothing_again_not_even_as_a_bearer_token(console: Console) -> None:

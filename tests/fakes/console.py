@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -79,6 +80,13 @@ def csrf_of(page: str) -> str:
     found = re.search(r'name="csrf_token" value="([^"]+)"', page)
     assert found is not None, "no CSRF field on the page"
     return found.group(1)
+
+
+def free_port(family: socket.AddressFamily = socket.AF_INET, host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now, for a console that takes a fixed one as `picoclaw web` does."""
+    with socket.socket(family) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def picoclaw_web(home: Path, *args: str) -> subprocess.Popen[str]:
