@@ -81,3 +81,20 @@ def test_a_bad_telegram_listen_is_one_line(home: Path, capsys: pytest.CaptureFix
     _, err = capsys.readouterr()
     assert err.count("\n") == 1 and "must be host:port such as 0.0.0.0:8080 or [::]:8080" in err, err
 
+
+def test_two_consoles_on_one_port_but_two_hosts_keep_a_token_file_each(home: Path) -> None:
+    port = free_port()
+    four = picoclaw_web(home, "--listen", f"127.0.0.1:{port}")
+    try:
+        login_link_of(four)
+        six = picoclaw_web(home, "--listen", f"[::1]:{port}")
+        try:
+            login_link_of(six)
+            files = sorted(home.glob("console-*.token"))
+            assert [path.name for path in files] == [f"console-127.0.0.1-{port}.token", f"console-__1-{port}.token"]
+            assert len({path.read_text(encoding="utf-8") for path in files}) == 2  # neither overwrote the other's
+        finally:
+            stopped(six)
+    finally:
+        stopped(four)
+    assert not any(home.glob("console-*.token"))  # each removed its own

@@ -98,7 +98,7 @@ def test_picoclaw_web_writes_its_script_token_for_the_user_only_and_new_link_wor
     from picoclaw.cli import main
 
     port = free_port()
-    token_file = home / f"console-{port}.token"
+    token_file = home / f"console-127.0.0.1-{port}.token"
     process = picoclaw_web(home, "--port", str(port))
     try:
         first = login_link_of(process)

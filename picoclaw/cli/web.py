@@ -29,7 +29,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help=f"the port (default {DEFAULT_PORT}, or the one --listen names)")
     parser.add_argument("--token-file", metavar="PATH", type=Path,
                         help="where the script token is kept while the console runs (default "
-                             "<home>/console-<port>.token, readable by you only)")
+                             "<home>/console-<host>-<port>.token, readable by you only)")
     parser.add_argument("--new-link", action="store_true",
                         help="ask the console running at --listen/--port for a new one-time login link, print it "
                              "and exit")
@@ -95,7 +95,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     with opened_app() as app, contextlib.suppress(KeyboardInterrupt):
         from picoclaw.web.token_file import default_path
 
-        token_file = args.token_file or default_path(app.home, port)
+        token_file = args.token_file or default_path(app.home, host, port)
         try:
             asyncio.run(serve(app, host, port, token_file, announce=announce))
         except OSError as exc:
@@ -118,6 +118,6 @@ def _new_link(host: str, port: int, token_file: Path | None) -> int:
     from picoclaw.web.login_link import ask_for_link
     from picoclaw.web.token_file import default_path, read_token
 
-    token = read_token(token_file or default_path(home_dir(), port))
+    token = read_token(token_file or default_path(home_dir(), host, port))
     echo(ask_for_link(host, port, token))
     return 0

@@ -2,11 +2,13 @@
 alone (mode 0600, as config.json's keys deserve), removed when it stops.
 
 A script reads it for `Authorization: Bearer …`; `picoclaw web --new-link` reads it to ask the running console
-for a login link. One file per port, so two consoles of one home do not overwrite each other's.
+for a login link. One file per host and port, so two consoles of one home do not overwrite each other's (one
+may listen on 127.0.0.1 and another on a LAN address with the same port).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from picoclaw.errors import PicoclawError
@@ -19,9 +21,10 @@ class TokenFileError(PicoclawError):
     """The token file could not be written or read; says which file and why, in one line."""
 
 
-def default_path(home: Path, port: int) -> Path:
-    """`<home>/console-<port>.token`: beside config.json, whose secrets it shares the folder with."""
-    return home / f"console-{port}.token"
+def default_path(home: Path, host: str, port: int) -> Path:
+    """`<home>/console-<host>-<port>.token` (an IPv6 address's ":" as "_", which every file system takes):
+    beside config.json, whose secrets it shares the folder with."""
+    return home / f"console-{re.sub(r'[^A-Za-z0-9.-]', '_', host)}-{port}.token"
 
 
 def write_token(path: Path, token: str) -> None:
