@@ -784,16 +784,25 @@ def test_per_user_scope_in_a_group_keeps_each_member_apart(home: Path, fake_tele
     fake_openai.reply_text("Noted, friend.")
     fake_openai.responder = echo  # once the scripted replies are used up
 
+    def shown(*texts: str) -> Callable[[], bool]:
+        return lambda: all(any(text in sent for sent in fake_telegram.sent_texts(group)) for text in texts)
+
     async def body(channel: TelegramChannel) -> None:
         fake_telegram.send_text(group, OWNER, "remember: I drink oolong", chat_type="supergroup")
-        await until(fake_telegram, replied(fake_telegram, group))
+        await until(fake_telegram, shown("Noted, owner.", "喝乌龙茶"))  # the answer, and the write's receipt
         fake_telegram.send_text(group, FRIEND, "remember: I drink espresso", chat_type="supergroup")
-        await until(fake_telegram, replied(fake_telegram, group, 2))
+        await until(fake_telegram, shown("Noted, friend.", "喝浓缩咖啡"))
         fake_telegram.send_text(group, FRIEND, "what do I drink?", chat_type="supergroup")
-        await until(fake_telegram, replied(fake_telegram, group, 3))
+        await until(fake_telegram, shown("echo: what do I drink?"))
     serve(workspace, fake_telegram, fake_openai, body)
 
-    assert fake_telegram.sent_texts(group) == ["Noted, owner.", "Noted, friend.", "echo: what do I drink?"]
+    sent = fake_telegram.sent_texts(group)
+    # Each memory_append is shown once, as the model's words (the user said "I drink …", not "Owner drinks …").
+    receipts = [text for text in sent if text.startswith("remembered")]
+    assert receipts == ["remembered (the assistant's words, not yours): Owner drinks oolong / 喝乌龙茶",
+                        "remembered (the assistant's words, not yours): Friend drinks espresso / 喝浓缩咖啡"]
+    assert [text for text in sent if text not in receipts] == ["Noted, owner.", "Noted, friend.",
+                                                               "echo: what do I drink?"]
 
     def transcript(user: int) -> list[str]:
         scope = workspace.for_user(str(user))

@@ -54,6 +54,7 @@ from picoclaw.config import TelegramConfig
 from picoclaw.errors import PicoclawError
 from picoclaw.jobs import Scheduler
 from picoclaw.keyed import KeyedLocks, LruCache
+from picoclaw.memory import MemoryWrite
 from picoclaw.secrets import excerpt
 from picoclaw.session_key import TELEGRAM, SessionKey
 from picoclaw.storage import StorageUnavailable
@@ -109,7 +110,8 @@ class TelegramChannel:
         install_middlewares(bot, sleep)
         self.me: User | None = None
         self.dispatcher = self._dispatcher()
-        self._hooks = TurnHooks(on_notice=self._notify)  # the answer is sent whole: nothing streamed
+        # The answer is sent whole: nothing streamed. A memory write's receipt is a short line (issue 40).
+        self._hooks = TurnHooks(on_notice=self._notify, on_memory=self._remembered)
         # The agents this channel used, to wait for their background work at the end. Weak: the app keeps
         # a bounded number of them and drops idle ones, which need no waiting.
         self._agents_used: weakref.WeakSet[AgentLoop] = weakref.WeakSet()
@@ -371,6 +373,10 @@ class TelegramChannel:
         chat_id = chat_of(key)
         if chat_id is not None:
             await self._send(chat_id, text)
+
+    async def _remembered(self, key: str, write: MemoryWrite) -> None:
+        """The receipt of a memory write made without a command: its one line, in the chat it came from."""
+        await self._notify(key, write.notice)
 
     # -- sending ------------------------------------------------------------------------------------
 
