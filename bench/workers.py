@@ -16,18 +16,30 @@ kill
     the same closed loop; once every chat has had an answer, one worker is SIGKILLed. Reported: how long
     after the kill each update it held was answered (by the others, once its lease ran out), the slowest
     and the median, per run and their median over ``--runs``.
+faults
+    3 workers (lease ``--lease``) on a PostgreSQL server of the run's own, under the same closed loop, which
+    never stops sending: w0 is SIGKILLed; later w1 is SIGSTOPped for 1.5 leases and SIGCONTed; later
+    PostgreSQL is stopped for ``--outage`` seconds (20) and started again, while /healthz of the live workers
+    is asked every quarter second. Then the load stops and every message still waiting must be answered.
+    Reported per run: messages lost (never answered), apologies (and those followed by the real answer),
+    messages answered twice (and when: after the kill, the SIGCONT or the outage's start), the /healthz
+    questions asked from the stop to the return that were answered 503 and the slowest answer, the time from
+    PostgreSQL's return to the first answer (the median of it over ``--runs``), and the warnings, errors and
+    tracebacks in the logs of w1 and w2 over the whole run.
 
 The fakes run in threads of this process, sharing the machine's 2 cores with the workers: the figures are
 what one small machine does, not what a bot's workers on separate machines would.
 
-    python bench/workers.py                 # both parts, ~4 minutes
+    python bench/workers.py                 # load and kill, ~4 minutes
     python bench/workers.py --part load --runs 1
+    python bench/workers.py --part faults   # ~4 minutes
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -35,6 +47,9 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -48,9 +63,10 @@ if str(REPO) not in sys.path:  # run as `python bench/workers.py` without instal
 
 import psycopg  # noqa: E402
 
+from picoclaw.channels.telegram import APOLOGY  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from tests.fakes import FakeOpenAIServer, Text  # noqa: E402
-from tests.fakes.postgres import TEST_DSN_ENV, embedded_server, fresh_database  # noqa: E402
+from tests.fakes.postgres import TEST_DSN_ENV, embedded_server, fresh_database, stoppable_server  # noqa: E402
 from tests.fakes.telegram_server import TOKEN, FakeTelegramServer, free_port, worker_healthy  # noqa: E402
 
 URL = "https://bot.example.com/tg"
@@ -128,6 +144,7 @@ class ClosedLoop:
         self.messages = messages  # None: until stopped
         self.queued: dict[tuple[int, int], float] = {}
         self.answered: dict[tuple[int, int], float] = {}
+        self.sent: list[tuple[float, int, str]] = []  # every message the bot sent: (time, chat, text)
         self.stopped = False
         self.done = threading.Event()
         self.lock = threading.Lock()
@@ -145,6 +162,8 @@ class ClosedLoop:
 
     def _on_sent(self, params: dict[str, Any]) -> None:
         text = str(params.get("text", ""))
+        with self.lock:
+            self.sent.append((time.monotonic(), int(params["chat_id"]), text))
         if "#" not in text:
             return
         chat, n = int(params["chat_id"]), int(text.rsplit("#", 1)[1])
@@ -219,6 +238,108 @@ def kill_run(admin: str, chats: Sequence[int], lease: float, delay: float) -> li
     return waits
 
 
+def fault_run(chats: Sequence[int], lease: float, delay: float, outage: float) -> dict[str, Any]:
+    """One run of the fault sequence (module docstring, "faults"); what it counted."""
+    with tempfile.TemporaryDirectory(prefix="picoclaw-bench-workers-") as tmp, stoppable_server() as server, \
+            fresh_database(server.dsn) as dsn, FakeTelegramServer() as telegram, FakeOpenAIServer() as model:
+        model.responder = lambda body: Text(_echo(body), delay=delay)
+        home = Path(tmp) / "home"
+        prepare_home(home, dsn, telegram, model, chats, lease=lease)
+        with workers(home, 3) as running:
+            telegram.deliver_to([port for port, _ in running.values()])
+            loop = ClosedLoop(telegram, chats, None)
+            loop.start(0)
+            until(lambda: len({key[0] for key in loop.answered}) == len(chats), 240, "every chat answered once")
+            running["w0"][1].kill()  # its chats wait for its leases to run out
+            time.sleep(lease + 5)
+            stopped = running["w1"][1]
+            stopped.send_signal(signal.SIGSTOP)  # alive, but renewing nothing: its leases run out too
+            time.sleep(lease * 1.5)
+            stopped.send_signal(signal.SIGCONT)
+            continued_at = time.monotonic()
+            time.sleep(lease)
+            probe = HealthProbe([running[name][0] for name in ("w1", "w2")])
+            probe.start()
+            stopping_at = time.monotonic()
+            server.stop()
+            down_at = time.monotonic()
+            time.sleep(outage)
+            server.start()
+            back_at = time.monotonic()
+            until(lambda: any(at > back_at for at in loop.answered.values()), 240, "an answer after the return")
+            probe.stop()
+            time.sleep(10)  # the load goes on a while after the return
+            loop.stopped = True
+            # Those still unanswered after this are lost.
+            until(lambda: set(loop.queued) <= set(loop.answered), 180, "every message answered", fatal=False)
+            time.sleep(2)  # a second answer to any of them would arrive now
+            logs = "".join(f"{name} " + line for name in ("w1", "w2")
+                           for line in (home / f"{name}.log").read_text(encoding="utf-8").splitlines(keepends=True))
+        with loop.lock:
+            queued, answered, sent = dict(loop.queued), dict(loop.answered), list(loop.sent)
+    answers = Counter((chat, int(text.rsplit("#", 1)[1])) for _, chat, text in sent if "#" in text)
+    times: dict[tuple[int, int], list[float]] = {}
+    for at, chat, text in sent:
+        if "#" in text:
+            times.setdefault((chat, int(text.rsplit("#", 1)[1])), []).append(at)
+    # When each message answered twice got its second answer: after w1's SIGCONT, or once the outage began.
+    twice_when = Counter("outage" if at[1] >= down_at else "SIGCONT" if at[1] >= continued_at else "kill"
+                         for at in times.values() if len(at) > 1)
+    apologies = [(at, chat) for at, chat, text in sent if text == APOLOGY or text.startswith("Sorry")]
+    followed = 0
+    for at, chat in apologies:
+        waiting = max((key for key, when in queued.items() if key[0] == chat and when < at), default=None)
+        if waiting is not None and answered.get(waiting, 0) > at:
+            followed += 1
+    during = [(status, seconds) for at, status, seconds in probe.answers if stopping_at <= at <= back_at]
+    return {"lost": len(set(queued) - set(answered)), "apologies": len(apologies), "followed": followed,
+            "twice": sum(count - 1 for count in answers.values() if count > 1),
+            "health_503": sum(1 for status, _ in during if status == 503), "health_asked": len(during),
+            "health_slowest": max((seconds for _, seconds in during), default=0.0),
+            "first_answer": min(at for at in answered.values() if at > back_at) - back_at,
+            "messages": len(queued), "log_warnings": len(re.findall(r"^w\d picoclaw: (WARNING|ERROR): ", logs, re.M)),
+            "log_tracebacks": logs.count("Traceback (most recent call last)"), "twice_when": dict(twice_when),
+            "log_lines": dict(Counter(line[:110] for line in logs.splitlines()
+                                      if re.match(r"w\d picoclaw: (WARNING|ERROR): ", line)))}
+
+
+class HealthProbe(threading.Thread):
+    """Asks /healthz of each port every quarter second: (time asked, status or 0, seconds to the answer)."""
+
+    def __init__(self, ports: Sequence[int]):
+        super().__init__(daemon=True)
+        self.ports = ports
+        self.answers: list[tuple[float, int, float]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(0.25):
+            for port in self.ports:
+                asked = time.monotonic()
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as response:
+                        status = response.status
+                except urllib.error.HTTPError as exc:
+                    status = exc.code
+                except OSError:
+                    status = 0
+                self.answers.append((asked, status, time.monotonic() - asked))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def until(condition: Any, limit: float, what: str, *, fatal: bool = True) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            if not fatal:
+                return
+            raise SystemExit(f"no {what} within {limit:g} s")
+        time.sleep(0.05)
+
+
 def unanswered(loop: ClosedLoop, updates: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The updates whose answer has not arrived (one sent just before a kill is not waiting for anyone)."""
     with loop.lock:
@@ -242,14 +363,18 @@ def _echo(body: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("all", "load", "kill"), default="all")
+    parser.add_argument("--part", choices=("all", "load", "kill", "faults"), default="all")
     parser.add_argument("--chats", type=int, default=50)
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--model-delay", type=float, default=0.2)
     parser.add_argument("--lease", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--outage", type=float, default=20.0)
     args = parser.parse_args()
     chats = [FIRST_CHAT + i for i in range(args.chats)]
+    if args.part == "faults":  # a server of its own, which it stops and starts
+        faults(chats, args)
+        return
     with database() as admin:
         if args.part in ("all", "load"):
             rows = {}
@@ -274,6 +399,26 @@ def main() -> None:
                 print(f"| {i} | {len(waits)} | {max(waits):.2f} | {statistics.median(waits):.2f} |")
             print(f"| median | | {statistics.median(max(w) for w in results):.2f} | "
                   f"{statistics.median(statistics.median(w) for w in results):.2f} |")
+
+
+def faults(chats: Sequence[int], args: argparse.Namespace) -> None:
+    runs = []
+    for _ in range(args.runs):
+        runs.append(fault_run(chats, args.lease, args.model_delay, args.outage))
+        print(f"  run {len(runs)}: {runs[-1]}", flush=True)
+    print(f"\n3 workers, {args.chats} chats in a closed loop, model {args.model_delay * 1000:.0f} ms, lease "
+          f"{args.lease:g} s: w0 SIGKILLed, w1 SIGSTOPped for {args.lease * 1.5:g} s, PostgreSQL stopped for "
+          f"{args.outage:g} s\n")
+    print("| run | messages | lost | apologies (followed by an answer) | answered twice (after) | /healthz 503 "
+          "during the outage (slowest) | first answer after PostgreSQL's return | w1+w2 log: warnings, tracebacks |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for i, run in enumerate(runs, 1):
+        when = ", ".join(f"{phase} {count}" for phase, count in run["twice_when"].items())
+        print(f"| {i} | {run['messages']} | {run['lost']} | {run['apologies']} ({run['followed']}) | {run['twice']}"
+              f"{f' ({when})' if when else ''} | "
+              f"{run['health_503']}/{run['health_asked']} ({run['health_slowest']:.2f} s) | "
+              f"{run['first_answer']:.2f} s | {run['log_warnings']}, {run['log_tracebacks']} |")
+    print(f"| median | | | | | | {statistics.median(run['first_answer'] for run in runs):.2f} s | |")
 
 
 if __name__ == "__main__":
