@@ -10,8 +10,9 @@ import asyncio
 import json
 import signal
 import sqlite3
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -485,6 +486,43 @@ def test_a_worker_paused_past_its_lease_sends_nothing_for_an_update_another_took
         return checks, sent
     checks, sent = asyncio.run(run())
     assert sent == [] and checks[0] is True  # its renewal may have learnt it first and stopped the turn
+
+
+def test_an_update_finished_while_its_lease_is_renewed_is_not_reported_lost(tmp_path: Path,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    renewed = threading.Event()
+
+    class SlowToReturn(SqliteInbox):
+        """Its finish commits, then returns only once a renewal has run: the renewal no longer finds the update."""
+
+        def finish(self, worker: str, update_id: int) -> None:
+            super().finish(worker, update_id)
+            renewed.clear()
+            assert renewed.wait(60)
+
+        def renew(self, worker: str, update_ids: Sequence[int], lease: float) -> set[int]:
+            try:
+                return super().renew(worker, update_ids, lease)
+            finally:
+                renewed.set()
+
+    async def run() -> None:
+        inbox = SlowToReturn(tmp_path / "inbox.sqlite3", 123456)
+        assert inbox.store(1, "42", '{"update_id": 1}')
+        fed = asyncio.Event()
+
+        async def feed(update: dict[str, Any]) -> None:
+            fed.set()
+        worker = webhook_module.InboxWorker(inbox, feed, worker="w1", lease=3, parallel=1,
+                                            watch=StorageWatch(lambda: None))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(fed.wait(), 60)
+        await wait_until(lambda: inbox.counts()["done"] == 1, what="the update finished")
+        await worker.drain(30)
+        await running
+        inbox.close()
+    asyncio.run(run())
+    assert "lost the claim" not in caplog.text
 
 
 def test_polling_takes_down_a_webhook_left_by_webhook_mode(home: Path, fake_telegram: FakeTelegramServer,

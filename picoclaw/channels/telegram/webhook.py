@@ -292,6 +292,8 @@ class InboxWorker:
         self._renewing: asyncio.Task[None] | None = None
         self._held: dict[asyncio.Task[None], int] = {}  # turn under way → its update
         self._renewed: dict[int, float] = {}  # update held → when its lease was last taken or renewed (loop time)
+        # Updates being finished or given back: a renewal that no longer finds them has not lost them.
+        self._letting_go: set[int] = set()
 
     def wake(self) -> None:
         """Look at the inbox now (an update was stored, or a chat's update finished)."""
@@ -367,6 +369,7 @@ class InboxWorker:
         update_id = self._held.pop(task, None)
         if update_id is not None and update_id not in self._held.values():
             self._renewed.pop(update_id, None)
+            self._letting_go.discard(update_id)
         self._wake.set()  # room for one more, and the chat's next update may now be claimed
 
     async def _answer(self, update: InboxUpdate) -> None:
@@ -393,6 +396,7 @@ class InboxWorker:
                 self.watch.failed(exc)
                 log.info("telegram inbox: update %d: its turn could not reach the storage; given back",
                          update.update_id)
+                self._letting_go.add(update.update_id)
                 error = await self._write(self.inbox.release, self.worker, [update.update_id], attempted=True)
                 if error is not None:
                     log.info("telegram inbox: update %d not given back (its claim runs out by itself): %s",
@@ -402,6 +406,7 @@ class InboxWorker:
                 log.exception("telegram inbox: update %d failed", update.update_id)
             finally:
                 inbox_turn.reset(token)
+        self._letting_go.add(update.update_id)
         error = await self._write(self.inbox.finish, self.worker, update.update_id)
         if error is not None:  # its lease runs out and another worker takes it: replied, so not re-answered
             log.error("telegram inbox: update %d not marked done: %s", update.update_id, error)
@@ -466,7 +471,8 @@ class InboxWorker:
                 continue
             for update_id in kept & set(self._renewed):
                 self._renewed[update_id] = asked
-            lost = (set(held) - kept) & set(self._held.values())  # one finished meanwhile is not lost
+            # One finished or given back meanwhile is not lost, though its task may not have ended yet.
+            lost = (set(held) - kept - self._letting_go) & set(self._held.values())
             if lost:
                 # Another worker answers them now: this one stops, so the user does not get two answers.
                 log.warning("telegram inbox: lost the claim of update(s) %s (this worker was too slow to renew); "
