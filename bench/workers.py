@@ -238,8 +238,10 @@ def kill_run(admin: str, chats: Sequence[int], lease: float, delay: float) -> li
     return waits
 
 
-def fault_run(chats: Sequence[int], lease: float, delay: float, outage: float) -> dict[str, Any]:
-    """One run of the fault sequence (module docstring, "faults"); what it counted."""
+def fault_run(chats: Sequence[int], lease: float, delay: float, outage: float,
+              keep: Path | None = None) -> dict[str, Any]:
+    """One run of the fault sequence (module docstring, "faults"); what it counted. `keep`: a folder to copy the
+    workers' logs, the inbox and the timeline into, to look at afterwards."""
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-workers-") as tmp, stoppable_server() as server, \
             fresh_database(server.dsn) as dsn, FakeTelegramServer() as telegram, FakeOpenAIServer() as model:
         model.responder = lambda body: Text(_echo(body), delay=delay)
@@ -253,6 +255,7 @@ def fault_run(chats: Sequence[int], lease: float, delay: float, outage: float) -
             running["w0"][1].kill()  # its chats wait for its leases to run out
             time.sleep(lease + 5)
             stopped = running["w1"][1]
+            paused_at = time.monotonic()
             stopped.send_signal(signal.SIGSTOP)  # alive, but renewing nothing: its leases run out too
             time.sleep(lease * 1.5)
             stopped.send_signal(signal.SIGCONT)
@@ -275,6 +278,17 @@ def fault_run(chats: Sequence[int], lease: float, delay: float, outage: float) -
             time.sleep(2)  # a second answer to any of them would arrive now
             logs = "".join(f"{name} " + line for name in ("w1", "w2")
                            for line in (home / f"{name}.log").read_text(encoding="utf-8").splitlines(keepends=True))
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                for name in ("w0", "w1", "w2"):
+                    (keep / f"{name}.log").write_bytes((home / f"{name}.log").read_bytes())
+                with psycopg.connect(dsn) as conn:
+                    rows = conn.execute("select update_id, chat, body, attempts, worker, received_at::text, "
+                                        "replied_at::text, done_at::text from telegram_inbox order by update_id")
+                    (keep / "inbox.json").write_bytes(orjson.dumps(rows.fetchall()))
+                (keep / "timeline.json").write_bytes(orjson.dumps({
+                    "paused": paused_at, "continued": continued_at, "down": down_at, "back": back_at,
+                    "sent": loop.sent, "queued": [[*key, at] for key, at in loop.queued.items()]}))
         with loop.lock:
             queued, answered, sent = dict(loop.queued), dict(loop.answered), list(loop.sent)
     answers = Counter((chat, int(text.rsplit("#", 1)[1])) for _, chat, text in sent if "#" in text)
@@ -370,6 +384,7 @@ def main() -> None:
     parser.add_argument("--lease", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--outage", type=float, default=20.0)
+    parser.add_argument("--keep", type=Path, help="faults: copy each run's logs, inbox and timeline here")
     args = parser.parse_args()
     chats = [FIRST_CHAT + i for i in range(args.chats)]
     if args.part == "faults":  # a server of its own, which it stops and starts
@@ -402,9 +417,10 @@ def main() -> None:
 
 
 def faults(chats: Sequence[int], args: argparse.Namespace) -> None:
-    runs = []
+    runs: list[dict[str, Any]] = []
     for _ in range(args.runs):
-        runs.append(fault_run(chats, args.lease, args.model_delay, args.outage))
+        keep = args.keep / f"run{len(runs) + 1}" if args.keep is not None else None
+        runs.append(fault_run(chats, args.lease, args.model_delay, args.outage, keep))
         print(f"  run {len(runs)}: {runs[-1]}", flush=True)
     print(f"\n3 workers, {args.chats} chats in a closed loop, model {args.model_delay * 1000:.0f} ms, lease "
           f"{args.lease:g} s: w0 SIGKILLed, w1 SIGSTOPped for {args.lease * 1.5:g} s, PostgreSQL stopped for "

@@ -346,7 +346,7 @@ class InboxWorker:
         ends = None
         try:
             claimed = await self.offload(self.inbox.claim, self.worker, self.lease, free)
-            if not claimed:
+            if not claimed and not self._held:  # busy, a turn ending wakes it soon enough: one call less a turn
                 ends = await self.offload(self.inbox.next_lease_end, self.lease)
         except StorageUnavailable as exc:
             self.watch.failed(exc)  # an outage stops the claims until it ends; a passing failure, for a second
