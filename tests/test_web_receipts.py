@@ -101,6 +101,8 @@ def test_a_receipt_with_no_page_open_is_not_shown_but_listed(chatting: tuple[Con
     while "I live in Hangzhou." not in (recent := turn(client, token, "/memory recent")[-1]["text"]):
         assert time.monotonic() < deadline, recent  # the receipt is logged in the background, after the reply
         time.sleep(0.2)
+    # Listed before it is shown: let the receipt's showing (to no page) finish before a page opens.
+    asyncio.run_coroutine_threadsafe(console.app.agent().wait_background(), console.loop).result(60)
     with client.stream("GET", "/chat/events", params={"name": "console"}) as stream:
         lines = stream.iter_lines()
         assert next(lines) == ": open"
