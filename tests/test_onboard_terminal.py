@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import socket
 import stat
 import subprocess
@@ -70,6 +69,17 @@ class Terminal:
 
     def type(self, text: str) -> None:
         os.write(self.master, text.encode("utf-8"))
+
+    def wait_until_reading(self) -> None:
+        """Wait until the child is blocked reading its terminal (Linux's /proc/PID/syscall: read on fd 0).
+
+        CPython writes input()'s prompt and then reads; a SIGINT landing between the two is only noticed when the
+        read returns, so a Ctrl-C sent on seeing the prompt can go unanswered (seen once on a busy CI machine)."""
+        deadline = time.monotonic() + WAIT
+        syscall = Path(f"/proc/{self.child.pid}/syscall")
+        while not syscall.read_text().startswith("0 0x0 "):
+            assert time.monotonic() < deadline, f"the child never read its terminal:\n{self.transcript}"
+            self._read(0.01)  # a bounded poll: returns at once when the child shows something
 
     def finish(self) -> int:
         """Read to the end; the child's exit code."""
@@ -188,9 +198,8 @@ def test_ctrl_c_at_a_question_writes_nothing(tmp_path: Path, terminals: list[Ter
     terminal = Terminal(home, [("Ollama", "ollama", refusing_port)])
     terminals.append(terminal)
     terminal.expect("Choose 1-3 [1]: ")
-    # Ctrl-C as the terminal delivers it: SIGINT to the child. Sent directly: a ^C typed into the pty once went
-    # unanswered for 60 s in a CI run on a busy machine (the tty's own delivery is not what is tested here).
-    terminal.child.send_signal(signal.SIGINT)
+    terminal.wait_until_reading()
+    terminal.type("\x03")  # Ctrl-C as a person types it: the pty's line discipline sends SIGINT
     terminal.expect("picoclaw: onboarding stopped at a question; nothing was written")
     assert terminal.finish() == 130, terminal.transcript
     assert not home.exists()
