@@ -76,7 +76,16 @@ from picoclaw.memory import (
     user_texts,
 )
 from picoclaw.policy_schema import MemoryPolicy
-from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, ToolCall
+from picoclaw.providers.base import (
+    ChatProvider,
+    ChatReply,
+    ContextWindow,
+    ContextWindows,
+    FixedWindow,
+    Message,
+    ProviderError,
+    ToolCall,
+)
 from picoclaw.storage import StorageError, StorageUnavailable, storage_for
 from picoclaw.tokens import count_tokens
 from picoclaw.tools import ToolRegistry, current_session
@@ -151,9 +160,13 @@ class AgentLoop:
     """Runs turns for every session of one workspace against one provider."""
 
     def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry, *,
-                 session_cache_size: int = SESSION_CACHE_SIZE, status: Callable[[], list[str]] | None = None):
+                 session_cache_size: int = SESSION_CACHE_SIZE, status: Callable[[], list[str]] | None = None,
+                 windows: ContextWindows | None = None):
         self.workspace = workspace
         self.provider = provider
+        # The model's context window (providers: asked of the server); None: config.json's number as it stands.
+        self.windows: ContextWindows = windows or FixedWindow(
+            ContextWindow(workspace.config.agents.defaults.context_window, "config"))
         self.tools = tools
         self._status = status  # more lines for /status (the MCP servers' states), read at each /status
         self._offered = offered_tools(tools)  # tool name → its Args model, for calls written as text

@@ -14,13 +14,17 @@ from picoclaw.lazy_exports import lazy_exports
 from picoclaw.providers.base import (
     ChatProvider,
     ChatReply,
+    ContextWindow,
+    ContextWindows,
     EmbeddingClient,
     ErrorKind,
+    FixedWindow,
     Message,
     ProviderError,
     TextSink,
     ToolCall,
     Usage,
+    WindowSource,
 )
 
 if TYPE_CHECKING:
@@ -29,14 +33,18 @@ if TYPE_CHECKING:
 __all__ = [
     "ChatProvider",
     "ChatReply",
+    "ContextWindow",
+    "ContextWindows",
     "EmbeddingClient",
     "ErrorKind",
+    "FixedWindow",
     "Message",
     "OpenAICompatProvider",
     "ProviderError",
     "TextSink",
     "ToolCall",
     "Usage",
+    "WindowSource",
     "from_config",
 ]
 

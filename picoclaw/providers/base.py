@@ -63,11 +63,55 @@ class ChatReply:
 
 
 class ProviderError(Exception):
-    """A failed model call, with a kind the loop can act on and a one-line message for the user."""
+    """A failed model call, with a kind the loop can act on and a one-line message for the user.
 
-    def __init__(self, kind: ErrorKind, message: str):
+    `window`: for "context_too_long", the context window the server's answer named (llama.cpp's n_ctx), if any."""
+
+    def __init__(self, kind: ErrorKind, message: str, *, window: int | None = None):
         super().__init__(message)
         self.kind = kind
+        self.window = window
+
+
+# Where a context window's size came from: config.json, the server's own report, an overflow answer that named
+# it, or the fallback when nothing said.
+WindowSource = Literal["config", "server", "overflow", "default"]
+
+
+@dataclass(frozen=True)
+class ContextWindow:
+    """How many tokens one request (prompt and reply) may hold, and where that number came from."""
+
+    tokens: int
+    source: WindowSource
+    detail: str = ""  # for /context: which endpoint said it, or why the default applies
+
+
+class ContextWindows(Protocol):
+    """The model's context window as this process knows it: asked of the server once, corrected by overflows."""
+
+    async def current(self) -> ContextWindow:
+        """The window to budget the next request against (the first call may ask the server)."""
+        ...
+
+    def learn(self, tokens: int) -> ContextWindow:
+        """An overflow answer named the window: use it from now on; the window now in force."""
+        ...
+
+
+class FixedWindow:
+    """A window that is what it was given and learns only from overflows: tests, and a number with no server."""
+
+    def __init__(self, window: ContextWindow):
+        self._window = window
+
+    async def current(self) -> ContextWindow:
+        return self._window
+
+    def learn(self, tokens: int) -> ContextWindow:
+        if tokens < self._window.tokens:
+            self._window = ContextWindow(tokens, "overflow", "the server's answer to an over-long request")
+        return self._window
 
 
 class ChatProvider(Protocol):
