@@ -99,6 +99,14 @@ def test_parse_facts_reads_lists_in_both_languages() -> None:
     assert parse_facts("none.") == []
 
 
+def test_parse_facts_drops_emphasis_around_a_whole_fact() -> None:
+    # Qwen2.5-Coder-1.5B's flush answer, as a real session stored it in MEMORY.md.
+    assert parse_facts("- **My sister Lin lives in Hangzhou**\n- __我妹妹住在杭州。__\n- *Locker 317*") == [
+        "My sister Lin lives in Hangzhou", "我妹妹住在杭州。", "Locker 317"]
+    # Emphasis inside a fact is the user's own: kept.
+    assert parse_facts("- My **new** locker is 317") == ["My **new** locker is 317"]
+
+
 # -- no duplicates -------------------------------------------------------------------------------------------
 
 

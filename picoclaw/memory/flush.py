@@ -49,6 +49,9 @@ FLUSH_INSTRUCTIONS = (
 
 _ITEM = re.compile(r"^\s*(?:[-*•]|\d{1,2}[.)])\s+(.*\S)\s*$")
 _WORDISH = re.compile(r"[^\W\d_]", re.UNICODE)  # any letter, Latin or CJK
+# Emphasis around a whole fact ("- **My sister Lin lives in Hangzhou**", a 1.5B model's answer): the fact is kept,
+# the stars are not, so MEMORY.md reads as plain sentences and a later duplicate is recognised as one.
+_WRAPPED = re.compile(r"^(\*\*|__|\*|_)(?P<fact>[^*_].*?)\1$")
 
 
 @dataclass
@@ -92,6 +95,8 @@ def parse_facts(answer: str | None) -> list[str]:
         if match is None:
             continue  # a heading or a sentence around the list ("Here are the facts:")
         fact = match.group(1).strip()
+        if (wrapped := _WRAPPED.match(fact)) is not None:
+            fact = wrapped.group("fact").strip()
         if len(fact) <= MAX_FACT_CHARS and _WORDISH.search(fact) and fact.upper() != NOTHING:
             facts.append(fact)
     # Mostly prose with a stray dash line is not a list of facts.
