@@ -300,18 +300,25 @@ def test_learn_before_any_probe_is_kept() -> None:
     assert asked.probes == 0
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
 @pytest.mark.parametrize("style", ["llama.cpp", "llama-cpp-python"])
 @pytest.mark.parametrize("text", ["The weather report for tomorrow, in detail. " * 40,
                                   "明天的天气预报，非常详细。" * 40])
-def test_an_overflow_answer_is_sorted_with_its_window(style: Any, text: str) -> None:
+def test_an_overflow_answer_is_sorted_with_its_window(style: Any, text: str, streamed: bool) -> None:
+    pieces: list[str] = []
+
+    async def sink(piece: str) -> None:
+        pieces.append(piece)
+
     with FakeOpenAIServer(window=200, overflow=style) as server:
         async def ask() -> None:
             async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
                                             defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
-                await provider.chat([{"role": "user", "content": text}])
+                await provider.chat([{"role": "user", "content": text}], on_text=sink if streamed else None)
 
         with pytest.raises(ProviderError) as info:
             asyncio.run(ask())
         assert info.value.kind == "context_too_long"
         assert info.value.window == 200
         assert server.prompt_counts[0] > 200
+        assert len(server.chat_requests()) == 1 and pieces == []  # not retried, nor asked again without streaming
