@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from picoclaw.channels import Channel
     from picoclaw.jobs import JobStore, Scheduler, Sleep
     from picoclaw.memory import Embedder
-    from picoclaw.providers import OpenAICompatProvider
+    from picoclaw.providers import ContextWindows, OpenAICompatProvider
     from picoclaw.tools import McpServers, Tool
 
 ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
@@ -51,6 +51,7 @@ class App:
             raise
         self._make_provider = make_provider
         self._provider: OpenAICompatProvider | None = None
+        self._windows: ContextWindows | None = None
         self._shared: AgentLoop | None = None
         self._mcp: McpServers | None = None
         self.worker: str | None = None  # this process's name among several bot workers, shown by /status
@@ -69,6 +70,13 @@ class App:
             make = self._make_provider or _configured_provider
             self._provider = make(self.config)
         return self._provider
+
+    def windows(self) -> ContextWindows:
+        """The chat model's context window, shared by every agent of this app: its server is asked once per
+        process (at the first turn), and an overflow one agent meets lowers it for all."""
+        if self._windows is None:
+            self._windows = self.provider().context_windows(self.config.agents.defaults.context_window)
+        return self._windows
 
     async def start_mcp(self) -> McpServers:
         """Start the MCP servers of `tools.mcp` (once per process), so their tools join every agent's. A server
@@ -99,12 +107,13 @@ class App:
         if user_key is None:
             if self._shared is None:
                 self._shared = AgentLoop(self.workspace, self.provider(), build_tools(self.workspace, extra),
-                                         status=status)
+                                         status=status, windows=self.windows())
             return self._shared
         loop = self._agents.get(user_key)
         if loop is None:
             workspace = self.workspace.for_user(user_key)
-            loop = AgentLoop(workspace, self.provider(), build_tools(workspace, extra), status=status)
+            loop = AgentLoop(workspace, self.provider(), build_tools(workspace, extra), status=status,
+                             windows=self.windows())
             self._agents.put(user_key, loop)
         return loop
 

@@ -30,13 +30,36 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# The context window when nothing tells it (picoclaw/providers/context_window.py): a local server's is assumed
+# small (a summary too early costs little, an overflow costs a turn), a known cloud API's large.
+LOCAL_DEFAULT_WINDOW = 8_192
+CLOUD_DEFAULT_WINDOW = 128_000
+
+
 class AgentDefaults(_Strict):
+    """`agents.defaults`. `context_window`: a number of tokens, or None (absent, null or "auto"): ask the server."""
+
+    WINDOW_MIN: ClassVar[int] = 1024
+    WINDOW_MAX: ClassVar[int] = 10_000_000
+
     provider: str = "openai"
     model: str = "gpt-4o-mini"
     max_tokens: int = Field(4096, ge=1, le=1_000_000)
     temperature: float = Field(0.7, ge=0.0, le=2.0)
-    context_window: int = Field(128_000, ge=1024, le=10_000_000)
+    context_window: int | None = None
     max_tool_iterations: int = Field(20, ge=1, le=200)
+
+    @field_validator("context_window", mode="before")
+    @classmethod
+    def _auto_or_number(cls, value: Any) -> Any:
+        if value is None or value == "auto":
+            return None
+        # Strict: "8192" or true is a mistake to point out, not a number to guess.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f'must be "auto" or a whole number of tokens from {cls.WINDOW_MIN} to {cls.WINDOW_MAX}')
+        if not cls.WINDOW_MIN <= value <= cls.WINDOW_MAX:
+            raise ValueError(f"must be from {cls.WINDOW_MIN} to {cls.WINDOW_MAX} tokens (or \"auto\")")
+        return value
 
 
 class AgentsConfig(_Strict):

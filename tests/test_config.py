@@ -61,7 +61,8 @@ def test_empty_config_gives_documented_defaults(tmp_path: Path) -> None:
     assert config.timezone == "local"
     defaults = config.agents.defaults
     assert (defaults.provider, defaults.model, defaults.max_tokens) == ("openai", "gpt-4o-mini", 4096)
-    assert (defaults.temperature, defaults.context_window, defaults.max_tool_iterations) == (0.7, 128_000, 20)
+    # context_window None: found from the server (picoclaw/providers/context_window.py).
+    assert (defaults.temperature, defaults.context_window, defaults.max_tool_iterations) == (0.7, None, 20)
     assert set(config.providers) == {"openai", "deepseek", "ollama"}
     assert config.providers["openai"].api_base == "https://api.openai.com/v1"
     assert config.providers["ollama"].api_key == "ollama"
@@ -300,6 +301,17 @@ def test_top_level_array_is_rejected(tmp_path: Path) -> None:
         pytest.param({"memory": {"long_term_compress_char_threshold": 500}},
                      ["long_term_compress_char_threshold", "at least 1000"], id="compress-threshold"),
         pytest.param({"memory": {"backup_keep": 0}}, ["memory.backup_keep", "allowed 1–100000"], id="backup-keep"),
+        pytest.param({"agents": {"defaults": {"context_window": 512}}},
+                     ["agents.defaults.context_window", "from 1024 to 10000000", "got 512"], id="window-too-small"),
+        pytest.param({"agents": {"defaults": {"context_window": 20_000_000}}},
+                     ["agents.defaults.context_window", "from 1024 to 10000000", "got 20000000"], id="window-absurd"),
+        pytest.param({"agents": {"defaults": {"context_window": "8192"}}},
+                     ["agents.defaults.context_window", '"auto" or a whole number', "got '8192'"], id="window-text"),
+        pytest.param({"agents": {"defaults": {"context_window": "自动"}}},
+                     ["agents.defaults.context_window", '"auto" or a whole number', "got '自动'"],
+                     id="window-chinese-word"),
+        pytest.param({"agents": {"defaults": {"context_window": 8192.5}}},
+                     ["agents.defaults.context_window", "whole number", "got 8192.5"], id="window-fraction"),
     ],
 )
 def test_invalid_values_give_one_line_naming_file_key_and_expectation(
@@ -363,6 +375,13 @@ def test_every_numeric_key_has_an_upper_bound(model: type[BaseModel]) -> None:
         with pytest.raises(ValidationError) as info:
             model.model_validate({**base, name: 10 ** 15})
         assert any(err["loc"][:1] == (name,) for err in info.value.errors()), name
+
+
+@pytest.mark.parametrize(("value", "expected"), [("auto", None), (None, None), (4096, 4096), (1024, 1024),
+                                               (10_000_000, 10_000_000)])
+def test_context_window_is_auto_or_a_number(tmp_path: Path, value: object, expected: int | None) -> None:
+    config = parse_config({"agents": {"defaults": {"context_window": value}}}, tmp_path / "config.json")
+    assert config.agents.defaults.context_window == expected
 
 
 def test_compress_threshold_is_bounded(tmp_path: Path) -> None:

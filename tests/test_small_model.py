@@ -78,15 +78,19 @@ def test_the_offline_token_estimate_is_not_a_warning_on_every_command(
     configure(home, fake_openai)
     memory = home / "workspace" / "memory" / "MEMORY.md"
     memory.write_text("# Long-term memory\n\n## 2025-03-01\n我的狗叫旺财 / my dog is Wangcai\n", encoding="utf-8")
-    fake_openai.reply_text("旺财！Wangcai!")
     fake_openai.reply_text("旺财 / Wangcai")
+    fake_openai.reply_text("旺财！Wangcai!")
 
-    # Two sessions, so that both turns inject (and count) the memory block.
-    quiet = picoclaw(home, "chat", "--session", "one", "-m", "我的狗叫什么？ what is my dog called?")
-    verbose = picoclaw(home, "-v", "chat", "--session", "two", "-m", "my dog's name again? 狗叫什么")
+    # Two sessions, so that both turns inject (and count) the memory block. A cache of their own: the first
+    # process that finds no encoding remembers it there, and the processes after it say nothing even with -v.
+    cache = {"TIKTOKEN_CACHE_DIR": str(home.parent / "tiktoken-cache")}
+    verbose = picoclaw(home, "-v", "chat", "--session", "two", "-m", "my dog's name again? 狗叫什么", env=cache)
+    quiet = picoclaw(home, "chat", "--session", "one", "-m", "我的狗叫什么？ what is my dog called?", env=cache)
+    again = picoclaw(home, "-v", "chat", "--session", "three", "-m", "狗叫什么", env=cache)
 
-    assert quiet.returncode == verbose.returncode == 0, quiet.stderr + verbose.stderr
+    assert quiet.returncode == verbose.returncode == again.returncode == 0, quiet.stderr + verbose.stderr
     assert quiet.stdout == "旺财！Wangcai!\n"
+    assert "tiktoken" not in again.stderr
     assert all("旺财" in body["messages"][-1]["content"] for body in fake_openai.chat_requests())  # counted, sent
     assert "tiktoken" not in quiet.stderr
     assert "token counts are estimated" in verbose.stderr

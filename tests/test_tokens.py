@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +17,19 @@ import pytest
 import tiktoken
 
 from picoclaw import tokens
-from picoclaw.tokens import count_tokens, estimate_tokens, is_exact
+from picoclaw.tokens import ENCODING_URL, UNAVAILABLE_MARKER, count_tokens, estimate_tokens, is_exact
+
+REPO = Path(__file__).resolve().parents[1]
 
 COFFEE = "我的咖啡偏好是无糖拿铁"  # 11 Han characters
 
 
 @pytest.fixture(autouse=True)
-def fresh_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test loads the encoder anew (it is cached module-wide after the first count)."""
+def fresh_encoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test loads the encoder anew (it is cached module-wide after the first count), with a cache folder
+    of its own (a failure another test remembered there would skip the load)."""
     monkeypatch.setattr(tokens, "_encoder", None)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
 
 
 @pytest.fixture
@@ -152,3 +161,79 @@ def test_loaded_encoding_is_used_once_for_all_threads(
     # Text that looks like a special token is counted, never rejected.
     assert all(call == {"disallowed_special": ()} for call in encoding.calls)
     assert _warnings(caplog) == []
+
+
+# -- no network attempt at every start -------------------------------------------------------------
+
+# A process as picoclaw starts: offline (the network guard), logging at DEBUG to stderr; it prints its count,
+# whether it is exact, and how many times it reached for the network.
+_PROCESS = """
+import logging, socket, sys
+from tests.fakes import network_guard
+network_guard.install()
+attempts = []
+guarded_lookup, guarded_connect = socket.getaddrinfo, socket.socket.connect
+def lookup(*args, **kwargs):
+    attempts.append(args[0])
+    return guarded_lookup(*args, **kwargs)
+def connect(self, address):
+    attempts.append(address)
+    return guarded_connect(self, address)
+socket.getaddrinfo, socket.socket.connect = lookup, connect
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
+from picoclaw.tokens import count_tokens, is_exact
+print(count_tokens("我的咖啡偏好是无糖拿铁 and oat milk"), is_exact(), len(attempts))
+"""
+
+
+def _start(cache: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", _PROCESS], env=env, capture_output=True, text=True,
+                          encoding="utf-8", timeout=60, cwd=REPO)
+
+
+def test_a_second_process_makes_no_network_attempt_and_logs_nothing(tmp_path: Path) -> None:
+    cache = tmp_path / "tiktoken-cache"
+    first, second = _start(cache), _start(cache)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    count, exact, attempts = first.stdout.split()
+    assert (count, exact) == (str(11 + 4), "False") and int(attempts) >= 1  # tried, and failed
+    assert "token counts are estimated" in first.stderr and "not tried again for a day" in first.stderr
+    assert (cache / UNAVAILABLE_MARKER).exists()
+    assert second.stdout.split() == [str(11 + 4), "False", "0"]  # same estimate, no attempt at all
+    assert "picoclaw.tokens" not in second.stderr
+
+
+def test_a_remembered_failure_is_tried_again_after_a_day(tmp_path: Path) -> None:
+    cache = tmp_path / "tiktoken-cache"
+    _start(cache)
+    day_and_more = time.time() - tokens.RETRY_AFTER - 60
+    os.utime(cache / UNAVAILABLE_MARKER, (day_and_more, day_and_more))
+    later = _start(cache)
+    assert int(later.stdout.split()[2]) >= 1  # a day later: the download is tried once more
+    assert "token counts are estimated" in later.stderr
+
+
+def test_an_encoding_put_into_the_cache_is_used_despite_the_marker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "tiktoken-cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    cache.mkdir()
+    (cache / UNAVAILABLE_MARKER).write_text("yesterday\n", encoding="utf-8")
+    (cache / hashlib.sha1(ENCODING_URL.encode()).hexdigest()).write_bytes(b"the encoding, copied by hand")
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: _FakeEncoding())
+    assert count_tokens("我的咖啡") == 4 and is_exact() is True  # loaded (one token per character here)
+    assert not (cache / UNAVAILABLE_MARKER).exists()  # and the marker is gone
+
+
+def test_a_fresh_marker_skips_the_load_in_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    cache = tmp_path / "tiktoken-cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    cache.mkdir()
+    (cache / UNAVAILABLE_MARKER).write_text("just now\n", encoding="utf-8")
+    loads: list[str] = []
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: loads.append(name))
+    caplog.set_level(logging.INFO, logger="picoclaw.tokens")
+    assert count_tokens(COFFEE) == 11
+    assert loads == [] and _warnings(caplog) == []

@@ -59,6 +59,7 @@ from picoclaw.agent.summary import (
 )
 from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
 from picoclaw.agent.turn_review import FinishedTurn
+from picoclaw.config import CLOUD_DEFAULT_WINDOW
 from picoclaw.errors import ConfigError
 from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import (
@@ -164,9 +165,14 @@ class AgentLoop:
                  windows: ContextWindows | None = None):
         self.workspace = workspace
         self.provider = provider
-        # The model's context window (providers: asked of the server); None: config.json's number as it stands.
-        self.windows: ContextWindows = windows or FixedWindow(
-            ContextWindow(workspace.config.agents.defaults.context_window, "config"))
+        # The model's context window (providers: asked of the server); None: config.json's number as it stands
+        # (no server asked: 128,000 when config.json has none, as before windows were found).
+        configured = workspace.config.agents.defaults.context_window
+        fixed = (ContextWindow(configured, "config") if configured is not None else
+                 ContextWindow(CLOUD_DEFAULT_WINDOW, "default", "no server was asked"))
+        self.windows: ContextWindows = windows or FixedWindow(fixed)
+        # The window in force at the last turn (or learnt since), for the sync checks between turns (needs_summary).
+        self.window: ContextWindow = fixed
         self.tools = tools
         self._status = status  # more lines for /status (the MCP servers' states), read at each /status
         self._offered = offered_tools(tools)  # tool name → its Args model, for calls written as text
@@ -296,6 +302,7 @@ class AgentLoop:
         """The answer to `text`, and the turn as stored (for the review after the reply); what memory_append
         wrote is added to `writes`."""
         session = await self.session(key)
+        self.window = await self.windows.current()  # the first turn of a process may ask the server
         # What the user said in the conversation so far: the ground of a fact memory_append saves.
         writes.said = (*user_texts([m.message for m in session.active()]), text)
         token = current_turn.set(writes)
@@ -323,6 +330,7 @@ class AgentLoop:
                 try:
                     reply = await self._ask(messages, schemas, on_text)
                 except ProviderError as exc:
+                    self._learn_window(exc)
                     # Nothing set aside means the same request again: it could only fail the same way.
                     if exc.kind != "context_too_long" or notice or not await self.force_compress(session):
                         raise
@@ -404,6 +412,11 @@ class AgentLoop:
         log.info("the model wrote a call of %s as text; running it as a tool call", call.name)
         return ChatReply(call.before or None, [ToolCall(f"call_text_{len(messages)}", call.name, call.arguments)],
                          reply.usage, "tool_calls")
+
+    def _learn_window(self, exc: ProviderError) -> None:
+        """An overflow answer that names the window: budget (and summarise) against it from now on."""
+        if exc.kind == "context_too_long" and exc.window is not None:
+            self.window = self.windows.learn(exc.window)
 
     async def force_compress(self, session: Session) -> int:
         """Set aside the oldest half of the active history (never splitting a tool call from its results)."""
@@ -507,8 +520,7 @@ class AgentLoop:
         tokens = session.last_prompt_tokens()
         if tokens is None:  # no provider count yet: the local count (it drifts, above all for Chinese)
             tokens = sum(count_tokens(str(m.message.get("content") or "")) for m in active)
-        window = self.workspace.config.agents.defaults.context_window
-        return tokens > window * policy.session_summary_token_percent / 100
+        return tokens > self.window.tokens * policy.session_summary_token_percent / 100
 
     async def _flush(self, key: str, messages: list[Message], receipts: Receipts) -> None:
         """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what

@@ -28,6 +28,7 @@ from picoclaw.providers.base import (
 )
 
 if TYPE_CHECKING:
+    from picoclaw.providers.context_window import ServerWindows
     from picoclaw.providers.openai_compat import OpenAICompatProvider, from_config
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Message",
     "OpenAICompatProvider",
     "ProviderError",
+    "ServerWindows",
     "TextSink",
     "ToolCall",
     "Usage",
@@ -51,4 +53,5 @@ __all__ = [
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.providers.openai_compat": ("OpenAICompatProvider", "from_config"),
+    "picoclaw.providers.context_window": ("ServerWindows",),
 })

@@ -23,6 +23,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from picoclaw.config import AgentDefaults, Config, ProviderConfig, provider_env_name
 from picoclaw.errors import ConfigError
 from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, TextSink, Usage
+from picoclaw.providers.context_window import ServerWindows
 from picoclaw.providers.openai_replies import (
     StreamState,
     UnreadableReply,
@@ -44,6 +45,10 @@ DEFAULT_TEXT_TOOL_CALLS = "auto"
 _CONTEXT_TOO_LONG = re.compile(
     r"context[ _]length|maximum context|context window|too many tokens|prompt is too long"
     r"|input is too long|reduce the length", re.IGNORECASE)
+# The window an overflow answer names: llama-cpp-python's "Requested tokens (N) exceed context window of M";
+# llama.cpp's own server sends `n_ctx` beside type "exceed_context_size_error" (and says "context size (M tokens)").
+_WINDOW_IN_MESSAGE = re.compile(r"exceeds? (?:the )?(?:available )?context (?:window|size) (?:of )?\(?(\d+)")
+_LLAMA_CPP_OVERFLOW = "exceed_context_size_error"
 _SERVER_MESSAGE_LIMIT = 200
 
 T = TypeVar("T")
@@ -87,6 +92,12 @@ class OpenAICompatProvider:
         self.last_usage: Usage | None = None
         self.total_usage = Usage(prompt_tokens=0, completion_tokens=0)
         self.calls = 0  # chat calls that returned a reply
+
+    def context_windows(self, configured: int | None) -> ServerWindows:
+        """This provider+model's context window, asked of its server at the first `current()` (config.json's
+        explicit number `configured` wins unless the server runs with a smaller one)."""
+        return ServerWindows(provider=self.name, api_base=self.api_base, api_key=self._api_key, model=self.model,
+                             configured=configured)
 
     async def __aenter__(self) -> OpenAICompatProvider:
         return self
@@ -276,9 +287,11 @@ class OpenAICompatProvider:
                                              f"read ({why})")
 
     def _sorted(self, exc: Exception) -> ProviderError:
-        """The ProviderError for a failed call: kind by what went wrong, one line, no secret in it."""
+        """The ProviderError for a failed call: kind by what went wrong, one line, no secret in it; an overflow
+        carries the window the server named, if it did."""
         kind, message = self._kind_and_message(exc)
-        return ProviderError(kind, message)
+        window = overflow_window(exc) if kind == "context_too_long" else None
+        return ProviderError(kind, message, window=window)
 
     def _kind_and_message(self, exc: Exception) -> tuple[ErrorKind, str]:
         who = f"the model provider '{self.name}'"
@@ -288,7 +301,8 @@ class OpenAICompatProvider:
             return "unavailable", f"could not connect to {who} at {self.api_base}"
         if isinstance(exc, openai.APIStatusError):
             status, said = exc.status_code, self._server_message(exc)
-            if exc.code == "context_length_exceeded" or (400 <= status < 500 and _CONTEXT_TOO_LONG.search(said)):
+            if (exc.code == "context_length_exceeded" or exc.type == _LLAMA_CPP_OVERFLOW
+                    or (400 <= status < 500 and _CONTEXT_TOO_LONG.search(said))):
                 return "context_too_long", f"the conversation is too long for model '{self.model}': {said}"
             if status in (401, 403):
                 # No server text: OpenAI's 401 echoes part of the key.
@@ -341,6 +355,21 @@ def validation_summary(said: str) -> str:
     where = ".".join(part.strip().strip("'\"") for part in telling["loc"].split(",") if part.strip()
                      and part.strip().strip("'\"") not in ("body", "typed-dict"))
     return f"the request did not validate ({count[1]} errors; {where}: {telling['msg']})"
+
+
+def overflow_window(exc: Exception) -> int | None:
+    """The context window an over-long request's refusal names (llama.cpp's `n_ctx`, or llama-cpp-python's
+    "exceed context window of M"), or None."""
+    if not isinstance(exc, openai.APIStatusError):
+        return None
+    body = exc.body
+    if isinstance(body, dict):
+        n_ctx = body.get("n_ctx")
+        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0:
+            return n_ctx
+    said = body.get("message") if isinstance(body, dict) else None
+    found = _WINDOW_IN_MESSAGE.search(str(said or exc.message or ""))
+    return int(found[1]) if found else None
 
 
 def from_config(config: Config, provider_name: str | None = None, *, timeout: float | None = None,

@@ -26,6 +26,16 @@ a usage chunk when `stream_options.include_usage` is set, then `data: [DONE]`. T
 met in the wild: `streaming=False` answers any streamed request with a 400 "streaming is not supported"
 (leaving the scripted reply for the plain request that should follow), and `strict_content=True` answers
 an assistant message with `content: null` beside `tool_calls` with a 500, as llama.cpp's server does.
+
+A context window: `window` (tokens) makes the server refuse a chat request whose prompt is longer, as
+llama.cpp does (`overflow="llama.cpp"`: HTTP 400, type `exceed_context_size_error` with `n_prompt_tokens` and
+`n_ctx`) or llama-cpp-python does (`overflow="llama-cpp-python"`: "Requested tokens (N) exceed context window of
+M"). The prompt is counted by `window_tokens` (a deterministic rule: 4 per message, `rough_tokens` of each text
+and of the tool schemas' JSON), reported as `usage.prompt_tokens` too, and every chat request's count is kept in
+`prompt_counts`. `kind` says which way the server tells its window: "llama.cpp" (`GET /props`), "vllm"
+(`max_model_len` in `GET /v1/models`), "ollama" (`POST /api/show`), "lm-studio" (`GET /api/v0/models`), or
+"none" (those paths answer 404, as on a server that has none of them). Each of those answers can be scripted
+(`endpoint="props"`, `"show"`, `"lm_models"`, `"models"`) to play a broken server.
 """
 
 from __future__ import annotations
@@ -48,7 +58,9 @@ from aiohttp import web
 
 from tests.fakes.http_server import BackgroundHTTPServer
 
-Endpoint = Literal["chat", "embeddings", "models"]
+Endpoint = Literal["chat", "embeddings", "models", "props", "show", "lm_models"]
+ServerKind = Literal["llama.cpp", "vllm", "ollama", "lm-studio", "none"]
+OverflowStyle = Literal["llama.cpp", "llama-cpp-python"]
 UsageSpec = Mapping[str, int] | Literal[False] | None  # None: estimate; False: leave `usage` out
 STREAM_PIECE_CHARS = 3  # characters of text per streamed delta
 STREAM_ARGUMENT_CHARS = 7  # characters of tool-call arguments per streamed delta
@@ -134,13 +146,19 @@ class FakeOpenAIServer(BackgroundHTTPServer):
     name = "fake-openai"
 
     def __init__(self, *, api_key: str | None = None, validate: bool = True,
-                 default_dimensions: int = 16, streaming: bool = True, strict_content: bool = False) -> None:
+                 default_dimensions: int = 16, streaming: bool = True, strict_content: bool = False,
+                 kind: ServerKind = "none", window: int | None = None,
+                 overflow: OverflowStyle = "llama.cpp") -> None:
         super().__init__()
         self.api_key = api_key  # when set, any other bearer token gets a 401 like OpenAI's
         self.validate = validate
         self.streaming = streaming  # False: a streamed request gets a 400, like a server without streaming
         self.strict_content = strict_content  # True: an assistant message with content null is a 500 (llama.cpp)
         self.default_dimensions = default_dimensions
+        self.kind: ServerKind = kind  # which way it reports `window` (see the module's docstring)
+        self.window = window  # None: no window, every prompt is taken
+        self.overflow: OverflowStyle = overflow
+        self.prompt_counts: list[int] = []  # each chat request's prompt tokens (by window_tokens), refused ones too
         self.models: list[str] = ["gpt-4o-mini"]  # what GET /v1/models lists (unless a reply is scripted for it)
         self.responder: Callable[[dict[str, Any]], Reply | str] | None = None
         self.embedder: Callable[[str, int], list[float]] | None = None
@@ -152,7 +170,8 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         self.delay_embeddings: Callable[[list[str]], float] | None = None
         self._released = threading.Event()
         self._lock = threading.Lock()
-        self._queues: dict[Endpoint, deque[Reply]] = {"chat": deque(), "embeddings": deque(), "models": deque()}
+        self._queues: dict[Endpoint, deque[Reply]] = {name: deque() for name in
+                                                      ("chat", "embeddings", "models", "props", "show", "lm_models")}
         self._requests: list[RecordedRequest] = []
         self._counter = 0
 
@@ -216,6 +235,9 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/props", partial(self._told, "props", "llama.cpp"))
+        app.router.add_post("/api/show", partial(self._told, "show", "ollama"))
+        app.router.add_get("/api/v0/models", partial(self._told, "lm_models", "lm-studio"))
 
     # -- handlers ----------------------------------------------------------------------------------
 
@@ -227,6 +249,11 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         streamed = bool(body.get("stream"))
         if streamed and not self.streaming:  # before taking a reply: the plain retry should get it
             return _bad_request("streaming is not supported")
+        tokens = window_tokens(body)
+        with self._lock:
+            self.prompt_counts.append(tokens)
+        if self.window is not None and tokens > self.window:  # before taking a reply: the retry should get it
+            return _overflow(self.overflow, tokens, self.window)
         scripted = self._next("chat")
         if scripted is None:
             responder = self.responder
@@ -280,8 +307,35 @@ class FakeOpenAIServer(BackgroundHTTPServer):
             await self.pause(scripted.delay)
             return _render(scripted) if isinstance(scripted, Error | Raw) else _bad_request(
                 "only errors and raw bodies can be scripted for models")
-        return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "fake"}
-                                                 for name in self.models]})
+        told = {"max_model_len": self.window} if self.kind == "vllm" and self.window is not None else {}
+        return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "fake",
+                                                  **told} for name in self.models]})
+
+    async def _told(self, endpoint: Endpoint, kind: ServerKind, request: web.Request) -> web.Response:
+        """llama.cpp's /props, Ollama's /api/show, LM Studio's /api/v0/models: the window, when the server is of
+        that kind; a 404 otherwise, as a server without that path answers."""
+        body = await self._record(request)
+        scripted = self._next(endpoint)
+        if scripted is not None:
+            await self.pause(scripted.delay)  # a server that never answers: a delay past the client's timeout
+            return _render(scripted) if isinstance(scripted, Error | Raw) else _bad_request(
+                "only errors and raw bodies can be scripted for this path")
+        if self.kind != kind or self.window is None:
+            return web.Response(status=404, text="404: Not Found")
+        model = self.models[0] if self.models else "fake-model"
+        if kind == "llama.cpp":
+            return _json({"default_generation_settings": {"n_ctx": self.window, "temperature": 0.8},
+                          "total_slots": 1, "model_path": f"/models/{model}.gguf"})
+        if kind == "ollama":
+            asked = body.get("model") or body.get("name") if isinstance(body, dict) else None
+            if asked not in self.models:
+                return _json({"error": f"model '{asked}' not found"}, status=404)
+            # The model could hold more; the server runs it with num_ctx, the window that counts.
+            return _json({"parameters": f'num_ctx                        {self.window}\nstop "<|im_end|>"',
+                          "model_info": {"general.architecture": "qwen2", "qwen2.context_length": 32768}})
+        return _json({"object": "list", "data": [
+            {"id": name, "object": "model", "type": "llm", "state": "loaded", "max_context_length": 32768,
+             "loaded_context_length": self.window} for name in self.models]})
 
     def release_embeddings(self) -> None:
         """Let every held embeddings request (and any later one) answer."""
@@ -373,7 +427,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
             "model": request.get("model", "fake-model"), "system_fingerprint": "fp_fake",
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
         }
-        usage = _usage(request, reply, produced)
+        usage = _usage(request, reply, produced, self.window is not None)
         if usage is not None:
             completion["usage"] = usage
         return completion
@@ -411,7 +465,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
                        for piece in _pieces(arguments, STREAM_ARGUMENT_CHARS)]
         chunks.append(chunk({}, finish_reason))
         produced = (text or "") + "".join(arguments for _, arguments in calls)
-        usage = _usage(body, reply, produced)
+        usage = _usage(body, reply, produced, self.window is not None)
         if with_usage and usage is not None:
             chunks.append({**base, "choices": [], "usage": usage})
 
@@ -449,11 +503,14 @@ def _pieces(text: str, size: int) -> list[str]:
     return [text[start:start + size] for start in range(0, len(text), size)]
 
 
-def _usage(request: dict[str, Any], reply: Text | ToolCalls, produced: str) -> dict[str, Any] | None:
-    """The `usage` object for a reply: scripted, or estimated from the text; None when scripted away."""
+def _usage(request: dict[str, Any], reply: Text | ToolCalls, produced: str,
+           windowed: bool = False) -> dict[str, Any] | None:
+    """The `usage` object for a reply: scripted, or estimated from the text (with the tool schemas when the
+    server has a window: the count it refuses by); None when scripted away."""
     if reply.usage is False:
         return None
-    usage: dict[str, Any] = dict(reply.usage or {"prompt_tokens": _prompt_tokens(request),
+    prompt = window_tokens(request) if windowed else _prompt_tokens(request)
+    usage: dict[str, Any] = dict(reply.usage or {"prompt_tokens": prompt,
                                                  "completion_tokens": rough_tokens(produced)})
     usage.setdefault("total_tokens", usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
     if reply.cached_tokens is not None:
@@ -467,6 +524,34 @@ def _prompt_tokens(request: dict[str, Any]) -> int:
         content = message.get("content") if isinstance(message, dict) else None
         total += 4 + (rough_tokens(content) if isinstance(content, str) else 0)
     return total
+
+
+def window_tokens(request: dict[str, Any]) -> int:
+    """The prompt tokens a windowed fake counts: 4 per message plus the text of each (string or text parts),
+    plus the tool schemas as JSON. Deterministic, and about what a real tokenizer says."""
+    total = 0
+    for message in request.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        parts = [content] if isinstance(content, str) else [
+            part.get("text") for part in content if isinstance(part, dict)] if isinstance(content, list) else []
+        total += 4 + sum(rough_tokens(text) for text in parts if isinstance(text, str) and text)
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if calls:
+            total += rough_tokens(_json_dumps(calls))
+    if request.get("tools"):
+        total += rough_tokens(_json_dumps(request["tools"]))
+    return total
+
+
+def _overflow(style: OverflowStyle, tokens: int, window: int) -> web.Response:
+    """The 400 a llama.cpp server (or llama-cpp-python's) gives a prompt longer than its window."""
+    if style == "llama.cpp":
+        return _json({"error": {"code": 400, "message": f"request ({tokens} tokens) exceeds the available context "
+                                                        f"size ({window} tokens), try increasing it",
+                                "type": "exceed_context_size_error", "n_prompt_tokens": tokens, "n_ctx": window}},
+                     status=400)
+    return _render(Error(400, f"Requested tokens ({tokens}) exceed context window of {window}",
+                         code="context_length_exceeded"))
 
 
 def default_embedding(text: str, dimensions: int) -> list[float]:

@@ -1,0 +1,309 @@
+"""The model's context window, found: config.json's number, what the server reports, or a default by host.
+
+At the first `current()` of a process the endpoint is asked once (concurrent first callers share the one
+probe), within `PROBE_DEADLINE` seconds whatever the server does, in each way a local server tells it:
+
+- llama.cpp's server: `GET /props` at the server root → `default_generation_settings.n_ctx`;
+- Ollama: `POST /api/show` → the model's `*.context_length` and the `num_ctx` it runs with (the smaller);
+- LM Studio: `GET /api/v0/models` → the model's `loaded_context_length`;
+- vLLM: `GET <api_base>/models` → the model's `max_model_len`.
+
+Known cloud APIs are not asked (they report nothing there). config.json's number wins, unless the server runs
+with a smaller one (then the smaller, with one log line); with nothing told, 8,192 tokens for any server that is
+not a known cloud API, 128,000 for those. An overflow answer that names the window (`learn`) lowers it for the
+rest of the process. A bad answer never raises: it leaves the fallback, with one log line for the whole probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from picoclaw.config import CLOUD_DEFAULT_WINDOW, LOCAL_DEFAULT_WINDOW
+from picoclaw.providers.base import ContextWindow
+
+log = logging.getLogger(__name__)
+
+# The whole probe's bound: every way is asked at once, and a server that never answers costs this, no more.
+PROBE_DEADLINE = 1.5
+# A reported window outside this range is a misreading (or a broken server), not a window to budget against.
+SANE_WINDOW = (256, 10_000_000)
+# Ollama runs a model with this num_ctx unless its parameters (or the server's OLLAMA_CONTEXT_LENGTH) say
+# otherwise, whatever the model itself could hold; over it, Ollama cuts the prompt's start without a word.
+OLLAMA_DEFAULT_NUM_CTX = 4096
+
+# Hosted APIs whose windows are large and who report none of the above: not asked, 128,000 assumed. A host
+# matches when it is one of these or ends with "." + one of them.
+CLOUD_HOSTS = (
+    "openai.com", "openai.azure.com", "deepseek.com", "anthropic.com", "openrouter.ai", "groq.com", "mistral.ai",
+    "googleapis.com", "together.xyz", "fireworks.ai", "x.ai", "perplexity.ai", "cohere.ai", "cohere.com",
+    "moonshot.cn", "moonshot.ai", "aliyuncs.com", "bigmodel.cn", "siliconflow.cn", "siliconflow.com",
+    "volces.com", "minimax.chat", "minimaxi.com", "baichuan-ai.com", "lingyiwanwu.com", "deepinfra.com",
+    "cerebras.ai", "sambanova.ai", "novita.ai", "hyperbolic.xyz", "nvidia.com",
+)
+
+
+class BadAnswer(Exception):
+    """An endpoint answered, but not with a window picoclaw can believe (HTML, a negative or absurd number)."""
+
+
+@dataclass(frozen=True)
+class Told:
+    """A window one endpoint reported, and how to name that endpoint."""
+
+    tokens: int
+    detail: str
+
+
+Probe = Callable[[Any, str, str], Awaitable["Told | None"]]  # (client, api_base, model) → told, or None: not there
+
+
+def is_cloud_host(api_base: str) -> bool:
+    """Whether `api_base` is a known hosted API (not asked; 128,000 assumed)."""
+    host = (urlsplit(api_base).hostname or "").lower().rstrip(".")
+    return any(host == known or host.endswith("." + known) for known in CLOUD_HOSTS)
+
+
+def is_local_host(api_base: str) -> bool:
+    """Whether `api_base` is this machine or a private network (localhost, 127.x, ::1, 10.x, 192.168.x …)."""
+    host = (urlsplit(api_base).hostname or "").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private or address.is_link_local
+
+
+def fallback_window(api_base: str) -> ContextWindow:
+    """The window when nothing told it: 128,000 for a known cloud API, 8,192 for any other server."""
+    if is_cloud_host(api_base):
+        host = urlsplit(api_base).hostname
+        return ContextWindow(CLOUD_DEFAULT_WINDOW, "default",
+                             f"{host} is a cloud API: {CLOUD_DEFAULT_WINDOW:,} assumed")
+    where = "a local server" if is_local_host(api_base) else "a server that is not a known cloud API"
+    return ContextWindow(LOCAL_DEFAULT_WINDOW, "default",
+                         f"the server did not report it: {LOCAL_DEFAULT_WINDOW:,} assumed for {where}")
+
+
+def server_root(api_base: str) -> str:
+    """The server's root URL: `api_base` without its trailing `/v1` (llama.cpp's /props and Ollama's /api live
+    there)."""
+    parts = urlsplit(api_base.rstrip("/"))
+    path = re.sub(r"/v1$", "", parts.path)
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+class ServerWindows:
+    """The ContextWindows of one provider+model: asked of the server at the first `current()`, then kept.
+
+    `configured`: config.json's explicit number, or None ("auto"). `deadline` bounds the probe (seconds).
+    """
+
+    def __init__(self, *, provider: str, api_base: str, api_key: str, model: str, configured: int | None,
+                 deadline: float = PROBE_DEADLINE) -> None:
+        self.provider = provider
+        self.api_base = api_base
+        self.model = model
+        self.configured = configured
+        self.deadline = deadline
+        self._api_key = api_key
+        self._window: ContextWindow | None = None
+        self._lock: asyncio.Lock | None = None
+        self.probes = 0  # times the server was asked (1 at most: tests check it)
+
+    async def current(self) -> ContextWindow:
+        if self._window is not None:
+            return self._window
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # a second first caller waits for the first one's probe and takes its answer
+            if self._window is None:
+                self._window = await self._found()
+        return self._window
+
+    def learn(self, tokens: int) -> ContextWindow:
+        """An overflow answer named the window: lower the window to it (never raise it) for the rest of the process."""
+        now = self._window
+        if not SANE_WINDOW[0] <= tokens <= SANE_WINDOW[1]:
+            log.warning("provider %s: an overflow answer named a context window of %d tokens; ignored", self.provider,
+                        tokens)
+            return now or fallback_window(self.api_base)
+        if now is None or tokens < now.tokens:
+            self._window = ContextWindow(tokens, "overflow", "the server's answer to an over-long request")
+            log.info("provider %s, model %s: the server refused an over-long request; context window %s tokens "
+                     "from now on", self.provider, self.model, f"{tokens:,}")
+        assert self._window is not None
+        return self._window
+
+    async def _found(self) -> ContextWindow:
+        configured = (ContextWindow(self.configured, "config", "config.json agents.defaults.context_window")
+                      if self.configured is not None else None)
+        if is_cloud_host(self.api_base):
+            return configured or fallback_window(self.api_base)
+        told, problems = await self._ask()
+        if told is None:
+            fallback = configured or fallback_window(self.api_base)
+            # One line for the whole probe. A configured number makes the silence unremarkable.
+            level = logging.DEBUG if configured else logging.INFO
+            log.log(level, "provider %s, model %s: the context window was not reported (%s); using %s tokens (%s)",
+                    self.provider, self.model, "; ".join(problems), f"{fallback.tokens:,}", fallback.detail)
+            return fallback
+        if configured is None:
+            log.info("provider %s, model %s: context window %s tokens (%s)", self.provider, self.model,
+                     f"{told.tokens:,}", told.detail)
+            return ContextWindow(told.tokens, "server", told.detail)
+        if told.tokens < configured.tokens:
+            log.info("provider %s, model %s: config.json says a context window of %s tokens, but %s reports %s; "
+                     "using %s", self.provider, self.model, f"{configured.tokens:,}", told.detail,
+                     f"{told.tokens:,}", f"{told.tokens:,}")
+            return ContextWindow(told.tokens, "server",
+                                 f"{told.detail} (smaller than config.json's {configured.tokens:,})")
+        return configured
+
+    async def _ask(self) -> tuple[Told | None, list[str]]:
+        """The first telling answer, in PROBES order, and why each way before it told nothing."""
+        import httpx2  # here, not at import: `picoclaw memory show` never loads it
+
+        self.probes += 1
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        timeout = httpx2.Timeout(self.deadline)
+        # A proxy from the environment is for the internet, not for a server on this machine or network.
+        async with httpx2.AsyncClient(timeout=timeout, headers=headers, follow_redirects=False,
+                                      trust_env=not is_local_host(self.api_base)) as client:
+            tasks = [asyncio.ensure_future(_outcome(probe(client, self.api_base, self.model)))
+                     for _, probe in PROBES]
+            done, pending = await asyncio.wait(tasks, timeout=self.deadline)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        problems: list[str] = []
+        for (name, _), task in zip(PROBES, tasks, strict=True):
+            if task in pending:
+                problems.append(f"{name}: no answer within {self.deadline:g} s")
+                continue
+            told, problem = task.result()
+            if told is not None:
+                return told, problems
+            problems.append(f"{name}: {problem}")
+        return None, problems
+
+
+async def _outcome(asked: Awaitable[Told | None]) -> tuple[Told | None, str]:
+    """What one probe found, or one short reason why not; never raises (a bug in a probe is still logged)."""
+    import httpx2
+
+    try:
+        told = await asked
+    except BadAnswer as exc:
+        return None, str(exc)
+    except httpx2.HTTPStatusError as exc:
+        return None, f"HTTP {exc.response.status_code}"
+    except httpx2.TimeoutException:
+        return None, "timed out"
+    except httpx2.HTTPError as exc:
+        return None, f"{type(exc).__name__}"
+    except OSError as exc:
+        return None, f"{type(exc).__name__}"
+    except Exception as exc:  # a reply shaped like nothing expected: the fallback, not a crash
+        log.debug("context window probe failed", exc_info=True)
+        return None, f"unreadable answer ({type(exc).__name__})"
+    return told, "" if told is not None else "not reported"
+
+
+# -- the ways servers tell it ----------------------------------------------------------------------
+
+
+def _json(response: Any) -> Any:
+    response.raise_for_status()
+    try:
+        return json.loads(response.content)
+    except ValueError:
+        kind = response.headers.get("content-type", "").split(";")[0] or "no content type"
+        raise BadAnswer(f"not JSON ({kind})") from None
+
+
+def _window_number(value: Any, what: str) -> int | None:
+    """`value` as a window: None when absent, BadAnswer when present but not a believable number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise BadAnswer(f"{what} is not a whole number ({str(value)[:40]!r})")
+    if not SANE_WINDOW[0] <= value <= SANE_WINDOW[1]:
+        raise BadAnswer(f"{what} is {int(value)}, not a believable window")
+    return int(value)
+
+
+async def llama_cpp_props(client: Any, api_base: str, model: str) -> Told | None:
+    data = _json(await client.get(f"{server_root(api_base)}/props"))
+    settings = data.get("default_generation_settings") if isinstance(data, dict) else None
+    n_ctx = _window_number(settings.get("n_ctx") if isinstance(settings, dict) else None, "n_ctx")
+    return Told(n_ctx, "llama.cpp /props") if n_ctx is not None else None
+
+
+async def ollama_show(client: Any, api_base: str, model: str) -> Told | None:
+    data = _json(await client.post(f"{server_root(api_base)}/api/show", json={"model": model}))
+    if not isinstance(data, dict) or not isinstance(data.get("model_info"), dict):
+        return None
+    lengths = [_window_number(value, key) for key, value in data["model_info"].items()
+               if isinstance(key, str) and key.endswith(".context_length")]
+    trained = min((n for n in lengths if n is not None), default=None)
+    parameters = data.get("parameters")
+    found = re.search(r"^\s*num_ctx\s+(\S+)", parameters, re.MULTILINE) if isinstance(parameters, str) else None
+    if found is not None:
+        try:
+            num_ctx = _window_number(float(found[1]), "num_ctx")
+        except ValueError:
+            raise BadAnswer(f"num_ctx is not a number ({found[1][:40]!r})") from None
+        runs_with, how = num_ctx, "num_ctx"
+    else:
+        runs_with, how = OLLAMA_DEFAULT_NUM_CTX, "Ollama's default num_ctx"
+    if trained is None and found is None:
+        return None
+    tokens = min(n for n in (trained, runs_with) if n is not None)
+    said = (f"model {trained:,}, " if trained is not None else "") + f"{how} {runs_with:,}"
+    return Told(tokens, f"Ollama /api/show ({said})")
+
+
+def _model_entry(data: Any, model: str, key: str) -> dict[str, Any] | None:
+    """The `data` entry of `model` in a model list (or the only entry that has `key`)."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return None
+    entries = [e for e in entries if isinstance(e, dict)]
+    named = [e for e in entries if e.get("id") == model]
+    if named:
+        return named[0]
+    having = [e for e in entries if key in e]
+    return having[0] if len(having) == 1 else None
+
+
+async def lm_studio_models(client: Any, api_base: str, model: str) -> Told | None:
+    data = _json(await client.get(f"{server_root(api_base)}/api/v0/models"))
+    entry = _model_entry(data, model, "loaded_context_length")
+    tokens = _window_number(entry.get("loaded_context_length"), "loaded_context_length") if entry else None
+    return Told(tokens, "LM Studio /api/v0/models") if tokens is not None else None
+
+
+async def vllm_models(client: Any, api_base: str, model: str) -> Told | None:
+    data = _json(await client.get(f"{api_base.rstrip('/')}/models"))
+    entry = _model_entry(data, model, "max_model_len")
+    tokens = _window_number(entry.get("max_model_len"), "max_model_len") if entry else None
+    return Told(tokens, "vLLM /v1/models") if tokens is not None else None
+
+
+# In the order their answers are believed when more than one tells (each server answers only its own way).
+PROBES: tuple[tuple[str, Probe], ...] = (
+    ("llama.cpp /props", llama_cpp_props),
+    ("Ollama /api/show", ollama_show),
+    ("LM Studio /api/v0/models", lm_studio_models),
+    ("vLLM /v1/models", vllm_models),
+)

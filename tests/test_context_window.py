@@ -1,0 +1,324 @@
+"""The context window found: each server kind's way of telling it, bad answers, config against server, cloud
+defaults, one probe per process, and the windows that overflow answers teach."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+import pytest
+
+from picoclaw.config import CLOUD_DEFAULT_WINDOW, LOCAL_DEFAULT_WINDOW, AgentDefaults
+from picoclaw.providers import ContextWindow, OpenAICompatProvider, ProviderError
+from picoclaw.providers.context_window import (
+    OLLAMA_DEFAULT_NUM_CTX,
+    PROBE_DEADLINE,
+    ServerWindows,
+    fallback_window,
+    is_local_host,
+    server_root,
+)
+from tests.fakes.openai_server import GARBAGE, HOLD_LIMIT, FakeOpenAIServer, Raw, ServerKind
+
+MODEL = "qwen2.5-coder-1.5b"
+LOGGER = "picoclaw.providers.context_window"
+
+
+def windows(server: FakeOpenAIServer | None, *, configured: int | None = None, api_base: str | None = None,
+            deadline: float = PROBE_DEADLINE) -> ServerWindows:
+    base = api_base if api_base is not None else (server.base_url if server else "")
+    return ServerWindows(provider="local", api_base=base, api_key="sk-local", model=MODEL, configured=configured,
+                         deadline=deadline)
+
+
+def found(server: FakeOpenAIServer | None, **kwargs: Any) -> ContextWindow:
+    return asyncio.run(windows(server, **kwargs).current())
+
+
+def lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= level]
+
+
+@pytest.fixture
+def server() -> Any:
+    with FakeOpenAIServer() as fake:
+        fake.models = [MODEL]
+        yield fake
+
+
+# -- each server's way of telling it ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "detail"), [
+    ("llama.cpp", "llama.cpp /props"),
+    ("vllm", "vLLM /v1/models"),
+    ("ollama", "Ollama /api/show"),
+    ("lm-studio", "LM Studio /api/v0/models"),
+])
+def test_each_server_kind_tells_its_window(server: FakeOpenAIServer, kind: ServerKind, detail: str,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    server.kind, server.window = kind, 4096
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    window = found(server)
+    assert (window.tokens, window.source) == (4096, "server")
+    assert window.detail.startswith(detail)
+    [line] = lines(caplog)
+    assert "4,096" in line and detail in line
+
+
+def test_llama_cpp_props_is_asked_at_the_server_root_not_under_v1(server: FakeOpenAIServer) -> None:
+    server.kind, server.window = "llama.cpp", 4096
+    found(server)
+    paths = {r.path for r in server.requests}
+    assert "/props" in paths and "/v1/props" not in paths
+    assert server.requests[0].headers["authorization"] == "Bearer sk-local"
+
+
+def test_ollama_is_asked_for_the_configured_model(server: FakeOpenAIServer) -> None:
+    server.kind, server.window = "ollama", 4096
+    found(server)
+    [show] = [r for r in server.requests if r.path == "/api/show"]
+    assert show.json == {"model": MODEL}
+
+
+@pytest.mark.parametrize(("parameters", "context_length", "expected"), [
+    ("num_ctx 4096", 32768, 4096),  # the model could hold more: num_ctx is what it runs with
+    ("num_ctx 65536", 32768, 32768),  # num_ctx beyond what the model was trained for: the model's
+    ('stop "<|im_end|>"', 32768, OLLAMA_DEFAULT_NUM_CTX),  # no num_ctx: Ollama's own default
+    ("num_ctx 2048", None, 2048),
+])
+def test_ollama_the_smaller_of_model_and_num_ctx_wins(server: FakeOpenAIServer, parameters: str,
+                                                      context_length: int | None, expected: int) -> None:
+    info: dict[str, Any] = {"general.architecture": "qwen2"}
+    if context_length is not None:
+        info["qwen2.context_length"] = context_length
+    server.reply_raw({"parameters": parameters, "model_info": info}, endpoint="show")
+    window = found(server)
+    assert (window.tokens, window.source) == (expected, "server")
+    assert "Ollama /api/show" in window.detail
+
+
+def test_vllm_takes_the_configured_models_entry(server: FakeOpenAIServer) -> None:
+    server.reply_raw({"object": "list", "data": [
+        {"id": "other-model", "max_model_len": 131072},
+        {"id": MODEL, "max_model_len": 16384},
+    ]}, endpoint="models")
+    window = found(server)
+    assert (window.tokens, window.detail) == (16384, "vLLM /v1/models")
+
+
+def test_lm_studio_takes_the_loaded_context_not_the_maximum(server: FakeOpenAIServer) -> None:
+    server.kind, server.window = "lm-studio", 6000
+    window = found(server)
+    assert window.tokens == 6000  # the fake's max_context_length is 32768
+
+
+# -- nothing told, or told badly: the fallback, one log line, no crash -------------------------------
+
+
+def test_a_server_that_tells_nothing_leaves_the_local_default_with_one_line(
+        server: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    window = found(server)
+    assert (window.tokens, window.source) == (LOCAL_DEFAULT_WINDOW, "default")
+    assert "local server" in window.detail
+    [line] = lines(caplog, logging.DEBUG)
+    assert "HTTP 404" in line and "8,192" in line
+
+
+def _absurd_models() -> dict[str, Any]:
+    return {"data": [{"id": MODEL, "max_model_len": 10 ** 12}]}
+
+
+@pytest.mark.parametrize(("endpoint", "reply", "said"), [
+    ("props", Raw(GARBAGE, content_type="text/html"), "not JSON (text/html)"),
+    ("props", Raw({"default_generation_settings": {"n_ctx": -4096}}), "n_ctx is -4096"),
+    ("props", Raw({"default_generation_settings": {"n_ctx": 10 ** 12}}), "not a believable window"),
+    ("props", Raw({"default_generation_settings": {"n_ctx": "4096"}}), "not a whole number"),
+    ("props", Raw({"default_generation_settings": {"n_ctx": 4096.5}}), "not a whole number"),
+    ("props", Raw([1, 2, 3]), "llama.cpp /props: not reported"),
+    ("props", Raw('{"default_generation_settings": {"n_ctx": 40', status=200), "not JSON"),
+    ("props", Raw({"error": "internal"}, status=500), "HTTP 500"),
+    ("models", Raw(_absurd_models()), "not a believable window"),
+    ("models", Raw("<html>500</html>", content_type="text/html", status=502), "HTTP 502"),
+    ("show", Raw({"model_info": {"qwen2.context_length": 32768}, "parameters": "num_ctx lots"}),
+     "num_ctx is not a number"),
+    ("show", Raw({"model_info": {"qwen2.context_length": 0}}), "qwen2.context_length is 0"),
+    ("lm_models", Raw({"data": [{"id": MODEL, "loaded_context_length": -5}]}), "loaded_context_length is -5"),
+    ("lm_models", Raw({"data": "模型"}), "LM Studio /api/v0/models: not reported"),
+])
+def test_a_bad_answer_leaves_the_fallback_with_one_line(server: FakeOpenAIServer, endpoint: Any, reply: Raw,
+                                                        said: str, caplog: pytest.LogCaptureFixture) -> None:
+    server.enqueue(reply, endpoint)
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    window = found(server)
+    assert (window.tokens, window.source) == (LOCAL_DEFAULT_WINDOW, "default")
+    [line] = lines(caplog, logging.DEBUG)
+    assert said in line
+
+
+def test_a_server_that_never_answers_costs_the_deadline_and_no_more(
+        server: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    for endpoint in ("props", "show", "lm_models", "models"):
+        server.enqueue(Raw("{}", delay=HOLD_LIMIT), endpoint)  # held until the server stops
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    window = found(server, deadline=0.2)
+    assert (window.tokens, window.source) == (LOCAL_DEFAULT_WINDOW, "default")
+    [line] = lines(caplog)
+    assert "no answer within 0.2 s" in line or "timed out" in line
+    # What a process pays at its first turn, whatever the server does: the bound the issue sets is 2 s.
+    assert PROBE_DEADLINE <= 2.0
+    assert windows(server).deadline == PROBE_DEADLINE
+
+
+def test_connection_refused_leaves_the_fallback(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    window = found(None, api_base=f"http://127.0.0.1:{port}/v1")
+    assert (window.tokens, window.source) == (LOCAL_DEFAULT_WINDOW, "default")
+    [line] = lines(caplog)
+    assert "ConnectError" in line
+
+
+def test_a_host_that_cannot_be_looked_up_leaves_the_fallback(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    window = found(None, api_base="http://gpu-box.example:8000/v1")  # the network guard fails the lookup
+    assert (window.tokens, window.source) == (LOCAL_DEFAULT_WINDOW, "default")
+    assert "not a known cloud API" in window.detail
+    assert len(lines(caplog)) == 1
+
+
+# -- config.json against the server ----------------------------------------------------------------
+
+
+def test_a_smaller_server_window_beats_the_configured_one_with_one_line(
+        server: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    server.kind, server.window = "llama.cpp", 4096
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    window = found(server, configured=128_000)
+    assert (window.tokens, window.source) == (4096, "server")
+    assert "config.json's 128,000" in window.detail
+    [line] = lines(caplog)
+    assert "config.json says" in line and "128,000" in line and "using 4,096" in line
+
+
+def test_the_configured_window_wins_over_a_larger_server_one(server: FakeOpenAIServer) -> None:
+    server.kind, server.window = "vllm", 32768
+    window = found(server, configured=8000)
+    assert (window.tokens, window.source) == (8000, "config")
+
+
+def test_the_configured_window_stands_when_the_server_tells_nothing(
+        server: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    window = found(server, configured=16000)
+    assert (window.tokens, window.source) == (16000, "config")
+    assert lines(caplog) == []  # nothing to tell the user: they said the number
+
+
+# -- cloud hosts and local ones --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api_base", ["https://api.openai.com/v1", "https://api.deepseek.com/v1",
+                                      "https://openrouter.ai/api/v1", "https://dashscope.aliyuncs.com/compatible-mode/v1"])
+def test_a_known_cloud_api_is_not_asked_and_gets_128000(api_base: str) -> None:
+    asked = windows(None, api_base=api_base)
+    window = asyncio.run(asked.current())  # the network guard would fail any request
+    assert (window.tokens, window.source) == (CLOUD_DEFAULT_WINDOW, "default")
+    assert "cloud API" in window.detail
+    assert asked.probes == 0
+
+
+def test_a_cloud_api_with_a_configured_window_uses_it() -> None:
+    window = found(None, api_base="https://api.openai.com/v1", configured=32000)
+    assert (window.tokens, window.source) == (32000, "config")
+
+
+@pytest.mark.parametrize(("api_base", "local"), [
+    ("http://localhost:11434/v1", True), ("http://127.0.0.1:8080/v1", True), ("http://[::1]:8000/v1", True),
+    ("http://192.168.1.20:1234/v1", True), ("http://10.0.0.5:8000/v1", True), ("http://172.16.3.4/v1", True),
+    ("http://8.8.8.8:8000/v1", False), ("https://llm.example.com/v1", False),
+])
+def test_local_endpoints_are_told_apart(api_base: str, local: bool) -> None:
+    assert is_local_host(api_base) is local
+    window = fallback_window(api_base)
+    assert window.tokens == LOCAL_DEFAULT_WINDOW  # not a known cloud API: the conservative default either way
+    assert ("local server" in window.detail) is local
+
+
+@pytest.mark.parametrize(("api_base", "root"), [
+    ("http://127.0.0.1:8080/v1", "http://127.0.0.1:8080"), ("http://127.0.0.1:8080/v1/", "http://127.0.0.1:8080"),
+    ("http://host/llama/v1", "http://host/llama"), ("http://host:1234", "http://host:1234"),
+])
+def test_server_root_drops_the_v1(api_base: str, root: str) -> None:
+    assert server_root(api_base) == root
+
+
+# -- once per process --------------------------------------------------------------------------------
+
+
+def test_concurrent_first_callers_share_one_probe(server: FakeOpenAIServer) -> None:
+    server.kind, server.window = "llama.cpp", 4096
+    server.enqueue(Raw({"default_generation_settings": {"n_ctx": 4096}}, delay=0.05), "props")
+    asked = windows(server)
+
+    async def many() -> list[ContextWindow]:
+        return await asyncio.gather(*(asked.current() for _ in range(8)))
+
+    results = asyncio.run(many())
+    assert {w.tokens for w in results} == {4096}
+    assert asked.probes == 1
+    assert [r.path for r in server.requests].count("/props") == 1
+    before = len(server.requests)
+    assert asyncio.run(asked.current()).tokens == 4096  # kept: the server is not asked again
+    assert len(server.requests) == before
+
+
+# -- overflow answers teach the window ---------------------------------------------------------------
+
+
+def test_learn_lowers_the_window_for_the_rest_of_the_process(server: FakeOpenAIServer) -> None:
+    server.kind, server.window = "llama.cpp", 8192
+    asked = windows(server)
+    assert asyncio.run(asked.current()).tokens == 8192
+    learnt = asked.learn(4096)
+    assert (learnt.tokens, learnt.source) == (4096, "overflow")
+    assert asked.learn(6000).tokens == 4096  # never raised by a later answer
+    assert asked.learn(-1).tokens == 4096  # nor by nonsense
+    assert asyncio.run(asked.current()) == learnt
+    assert asked.probes == 1
+
+
+def test_learn_before_any_probe_is_kept() -> None:
+    asked = windows(None, api_base="http://127.0.0.1:9/v1")
+    asked.learn(2048)
+    assert asyncio.run(asked.current()).tokens == 2048  # no probe: the overflow already said it
+    assert asked.probes == 0
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("style", ["llama.cpp", "llama-cpp-python"])
+@pytest.mark.parametrize("text", ["The weather report for tomorrow, in detail. " * 40,
+                                  "明天的天气预报，非常详细。" * 40])
+def test_an_overflow_answer_is_sorted_with_its_window(style: Any, text: str, streamed: bool) -> None:
+    pieces: list[str] = []
+
+    async def sink(piece: str) -> None:
+        pieces.append(piece)
+
+    with FakeOpenAIServer(window=200, overflow=style) as server:
+        async def ask() -> None:
+            async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
+                                            defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
+                await provider.chat([{"role": "user", "content": text}], on_text=sink if streamed else None)
+
+        with pytest.raises(ProviderError) as info:
+            asyncio.run(ask())
+        assert info.value.kind == "context_too_long"
+        assert info.value.window == 200
+        assert server.prompt_counts[0] > 200
+        assert len(server.chat_requests()) == 1 and pieces == []  # not retried, nor asked again without streaming

@@ -1,0 +1,111 @@
+"""A small local model's window, end to end: 16 turns of ~300-token messages in one session against a fake
+server with a 4,096-token window, through the real App, AgentLoop and openai client.
+
+Every turn is answered and no request is over the window when the server tells its window (llama.cpp's /props,
+vLLM's /v1/models, Ollama's /api/show, LM Studio's /api/v0/models); when it tells nothing, its answer to the one
+over-long request (llama.cpp's 400, or llama-cpp-python's) teaches the window, and that turn is compacted and
+retried, not lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from picoclaw.app import App
+from picoclaw.memory.flush import NOTHING
+from picoclaw.providers import ContextWindow
+from tests.agent_helpers import SUMMARY_EN, SUMMARY_ZH, is_flush_request, is_summary_request, said, turn_requests
+from tests.fakes.openai_server import FakeOpenAIServer, OverflowStyle, ServerKind, rough_tokens
+from tests.test_repl import configure
+
+WINDOW = 4096
+TURNS = 16
+KEY = "cli:default"
+EN = ("About my garden, note {i}: the tomatoes need water every morning, the basil stays in the shade, "
+      "and the fence on the north side must be fixed before the rain comes. ")
+ZH = "关于我的花园，第{i}条：西红柿每天早上都要浇水，罗勒放在阴凉处，北边的篱笆要在下雨前修好。"
+REPLY = {"en": "Noted, I will keep that in mind for the garden.", "zh": "好的，花园的事我记住了。"}
+
+
+def message(i: int, lang: str) -> str:
+    """About 300 tokens (by the fake's count, which is picoclaw's estimate too), marked with its number."""
+    piece = (EN if lang == "en" else ZH).format(i=i)
+    text = piece
+    while rough_tokens(text) < 300:
+        text += piece
+    return text
+
+
+def run_session(home: Path, server: FakeOpenAIServer, lang: str) -> tuple[list[Any], ContextWindow]:
+    """16 turns in one session through App; the replies and the window the agent ended with."""
+    configure(home, server)
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["agents"]["defaults"]["context_window"] = "auto"
+    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    summary = SUMMARY_EN if lang == "en" else SUMMARY_ZH
+
+    def responder(body: dict[str, Any]) -> str:
+        if is_summary_request(body):
+            return summary
+        if is_flush_request(body):
+            return NOTHING
+        return REPLY[lang]
+
+    server.responder = responder
+
+    async def main() -> tuple[list[Any], ContextWindow]:
+        async with App.open(home) as app:
+            agent = app.agent()
+            replies = []
+            for i in range(TURNS):
+                replies.append(await agent.handle(KEY, message(i, lang)))
+                await agent.wait_background()
+            return replies, agent.window
+    return asyncio.run(main())
+
+
+def assert_every_turn_answered(replies: list[Any], server: FakeOpenAIServer, lang: str) -> None:
+    assert len(replies) == TURNS
+    for reply in replies:
+        assert reply.error is None, reply.error
+        assert REPLY[lang] in reply.text
+    # Each turn's own message reached the model whole (the last request that carried it).
+    sent = [said(body["messages"][-1]) for body in turn_requests(server)]
+    for i in range(TURNS):
+        assert any(message(i, lang) in text for text in sent), f"turn {i} never reached the model whole"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize(("kind", "detail"), [
+    ("llama.cpp", "llama.cpp /props"),
+    ("vllm", "vLLM /v1/models"),
+    ("ollama", "Ollama /api/show"),
+    ("lm-studio", "LM Studio /api/v0/models"),
+])
+def test_a_server_that_tells_its_window_never_gets_a_request_over_it(home: Path, kind: ServerKind, detail: str,
+                                                                     lang: str) -> None:
+    with FakeOpenAIServer(kind=kind, window=WINDOW) as server:
+        replies, window = run_session(home, server, lang)
+        assert_every_turn_answered(replies, server, lang)
+        assert (window.tokens, window.source) == (WINDOW, "server")
+        assert window.detail.startswith(detail)
+        assert max(server.prompt_counts) <= WINDOW, server.prompt_counts
+        assert len(server.prompt_counts) > TURNS  # background summaries ran too, and fit as well
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("overflow", ["llama.cpp", "llama-cpp-python"])
+def test_a_server_that_tells_nothing_teaches_its_window_by_one_overflow(home: Path, overflow: OverflowStyle,
+                                                                       lang: str) -> None:
+    with FakeOpenAIServer(kind="none", window=WINDOW, overflow=overflow) as server:
+        replies, window = run_session(home, server, lang)
+        assert_every_turn_answered(replies, server, lang)
+        assert (window.tokens, window.source) == (WINDOW, "overflow")
+        over = [count for count in server.prompt_counts if count > WINDOW]
+        assert len(over) == 1, server.prompt_counts
