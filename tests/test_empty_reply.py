@@ -28,6 +28,7 @@ from picoclaw.agent.loop import AgentLoop, Reply
 from picoclaw.agent.streaming import StreamGate
 from picoclaw.agent.summary import CUT_SHORT
 from picoclaw.app import App
+from picoclaw.channels.telegram import TelegramChannel
 from picoclaw.channels.web import ChatEvent, WebChannel
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
@@ -45,7 +46,11 @@ from tests.agent_helpers import (
     write_memory,
 )
 from tests.fakes import FakeOpenAIServer, Raw
+from tests.fakes.telegram_server import FakeTelegramServer
 from tests.test_repl import configure
+from tests.test_telegram import OWNER, replied, until
+from tests.test_telegram import configure as configure_telegram
+from tests.test_telegram import serve as serve_telegram
 
 DATA = Path(__file__).resolve().parent / "data" / "real-model" / "flush_poisoning.json"
 RECORDS: list[dict[str, Any]] = json.loads(DATA.read_text(encoding="utf-8"))["repl_session_records"]
@@ -391,6 +396,25 @@ def test_the_web_console_shows_the_line_as_an_error(workspace: Workspace, fake_o
     with frozen():
         events = asyncio.run(main_())
     assert events == [ChatEvent("error", NO_ANSWER)]
+
+
+def test_telegram_sends_the_line_and_keeps_no_empty_reply(home: Path, fake_openai: FakeOpenAIServer,
+                                                          fake_telegram: FakeTelegramServer) -> None:
+    workspace = configure_telegram(home, fake_telegram, fake_openai)
+    for empty in EMPTIES:
+        fake_openai.reply_text(empty)
+    fake_openai.reply_text(ZH[1])
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "hello? 在吗？")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        fake_telegram.send_text(OWNER, OWNER, ZH[0])
+        await until(fake_telegram, replied(fake_telegram, OWNER, 2))
+    serve_telegram(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(OWNER) == [NO_ANSWER, ZH[1]]
+    assert stored(workspace, f"telegram:{OWNER}") == [{"role": "user", "content": ZH[0]},
+                                                      {"role": "assistant", "content": ZH[1]}]
 
 
 # -- the echo of the <context> block ------------------------------------------------------------------------------
