@@ -261,6 +261,38 @@ def test_the_real_repeat_then_empty_answer_ends_in_an_answer_from_the_search(
     assert_nothing_empty(messages)
 
 
+CORPUS: list[dict[str, Any]] = json.loads((DATA.parent / "text_tool_calls.json").read_text(encoding="utf-8"))
+
+
+@streaming
+@pytest.mark.parametrize("query", ["dog name", "女儿在哪里读书?"], ids=["english", "chinese"])
+def test_a_real_call_written_as_text_twice_runs_once_and_the_answer_comes_without_tools(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, query: str) -> None:
+    # The corpus's fenced memory_search call with this query and nothing after it, as the model wrote it.
+    [content] = [entry["assistant_message"]["content"] for entry in CORPUS
+                 if entry["assistant_message"]["content"].startswith("```json")
+                 and f'"query": "{query}"' in entry["assistant_message"]["content"]
+                 and entry["assistant_message"]["content"].endswith("```")]
+    write_memory(workspace, ["## 2025-03-02\n我女儿在杭州的学军小学读书。My dog is called Bob."])
+    fake_openai.reply_text(content)
+    fake_openai.reply_text(content)
+    answer = "你女儿在杭州的学军小学读书。" if "女儿" in query else "Your dog is called Bob."
+    fake_openai.reply_text(answer)
+
+    reply, pieces, tools = turn(workspace, fake_openai, "我女儿在哪里读书？ / what is my dog called?",
+                                streamed=streamed)
+
+    assert reply.text == answer and tools == ["memory_search"]
+    *_, again = fake_openai.chat_requests()
+    assert len(fake_openai.chat_requests()) == 3
+    assert_no_tools(again)
+    results = again["messages"][-1]["content"].split("\n\n<tool_results>\n", 1)[1]
+    assert results.startswith("memory_search ") and "学军小学" in results and results.endswith(RESULTS_FRAME)
+    if streamed:
+        assert "".join(pieces) == answer  # neither call's JSON reached the screen
+    assert [m["role"] for m in stored(workspace)] == ["user", "assistant", "tool", "assistant"]
+
+
 @streaming
 def test_the_real_chinese_question_answered_empty_is_answered_on_the_try(
         workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool) -> None:
