@@ -189,6 +189,27 @@ def test_a_chinese_lead_in_and_a_long_term_fact(workspace: Workspace, fake_opena
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize(("fact", "answer"), [("My dog is called Bob, a corgi.", "Noted: your dog is Bob."),
+                                              ("我的狗叫 Bob，是柯基。", "记住了：你的狗叫 Bob。")],
+                         ids=["english", "chinese"])
+def test_a_call_wrapped_in_response_tags_runs(workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool,
+                                              fact: str, answer: str) -> None:
+    fake_openai.reply_text("<response>\n" + fence(call_json("memory_append", {"content": fact})) + "\n</response>")
+    fake_openai.reply_text(answer)
+
+    reply, pieces, tools = run_turn(workspace, fake_openai, streamed=streamed, question=f"remember / 记住：{fact}")
+
+    assert reply == answer
+    assert tools == [("memory_append", json.dumps({"content": fact}, ensure_ascii=False))]
+    assert fact in workspace.store.read_long_term()
+    assistant = history(fake_openai.chat_requests()[1])[-2]
+    assert assistant["content"] == "" and assistant["tool_calls"][0]["function"]["name"] == "memory_append"
+    if streamed:
+        assert "".join(pieces) == answer  # the wrapped call was held back, never shown
+    assert stored_roles(workspace) == ["user", "assistant", "tool", "assistant"]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
 def test_off_keeps_a_fenced_call_as_text(workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool) -> None:
     memory_before = workspace.store.read_long_term()
     content = fence(call_json("memory_append", {"content": "Coffee: oat-milk latte / 咖啡：燕麦拿铁"}))

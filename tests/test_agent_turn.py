@@ -60,7 +60,9 @@ def test_tool_loop_runs_each_call_and_feeds_the_result_back(
 
 def test_iteration_cap_stops_the_loop_and_the_session_stays_usable(home: Path, fake_openai: FakeOpenAIServer) -> None:
     workspace = reopen(home, max_tool_iterations=3)
-    fake_openai.responder = lambda body: (ToolCalls([("list_dir", {"path": "."})]) if len(body["messages"]) < 9
+    # Each step lists another folder: the same call twice in a row would not be run again (empty_reply.py).
+    fake_openai.responder = lambda body: (ToolCalls([("list_dir", {"path": "." if len(body["messages"]) % 4 else
+                                                                   "memory"})]) if len(body["messages"]) < 9
                                           else "好的")
 
     replies = chat(workspace, fake_openai, ["列出文件，一直列下去", "停下来吧"])

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.summary import EMPTY_REPLY, render_transcript, unseen_answer_claims
+from picoclaw.agent.summary import CUT_SHORT, EMPTY_REPLY, render_transcript, unseen_answer_claims
 from picoclaw.cli import main
 from picoclaw.memory import FlushCounts, FlushTally, MemoryWrite, WriteLog
 from picoclaw.memory import flush as flush_module
@@ -76,10 +76,11 @@ def converse(workspace: Workspace, server: FakeOpenAIServer, texts: list[str], k
     return with_agent(workspace, server, body)
 
 
-def model(turns: list[Reply], flush: str | Callable[[str], str], summary: str = SUMMARY
+def model(turns: list[Reply], flush: str | Callable[[str], str], summary: str = SUMMARY, again: str = ""
           ) -> Callable[[dict[str, Any]], Reply | str]:
     """A model answering turns from `turns` in order, the memory flush with `flush` (or `flush(conversation)`),
-    summaries with `summary`, and lesson reviews with NONE."""
+    summaries with `summary`, lesson reviews with NONE, and a turn asked again without tools after an empty answer
+    (agent/empty_reply.py) with `again` (empty: the small model stays silent)."""
     queue = list(turns)
 
     def answer(body: dict[str, Any]) -> Reply | str:
@@ -89,6 +90,8 @@ def model(turns: list[Reply], flush: str | Callable[[str], str], summary: str = 
             return summary
         if is_lesson_request(body):
             return "NONE"
+        if "tools" not in body:
+            return again
         return queue.pop(0) if queue else "ok"
     return answer
 
@@ -114,15 +117,23 @@ def seed(workspace: Workspace, server: FakeOpenAIServer, fact: str) -> None:
 
 
 def recorded_turns() -> tuple[list[str], list[Reply]]:
-    """The REPL session's user messages, and the model's recorded replies (tool calls and texts) in order."""
+    """The REPL session's user messages, and the model's recorded replies (tool calls and texts) in order.
+
+    The reply after a repeated tool call is left out: picoclaw no longer runs the repeat, and asks again without
+    tools instead of asking for that reply (issue 41; `model`'s `again` answers that)."""
     texts: list[str] = []
     replies: list[Reply] = []
+    after_repeat = False
     for message in MESSAGES:
         if message["role"] == "user":
             texts.append(message["content"])
+        elif message["role"] == "assistant" and after_repeat:
+            after_repeat = False
         elif message["role"] == "assistant" and message.get("tool_calls"):
-            replies.append(ToolCalls([(call["function"]["name"], call["function"]["arguments"])
-                                      for call in message["tool_calls"]]))
+            call = ToolCalls([(call["function"]["name"], call["function"]["arguments"])
+                              for call in message["tool_calls"]])
+            after_repeat = bool(replies) and replies[-1] == call
+            replies.append(call)
         elif message["role"] == "assistant":
             replies.append(Text(message["content"]))
     return texts, replies
@@ -141,8 +152,10 @@ def test_the_real_poisoned_flush_replayed_writes_none_of_its_junk(
 
     assert entries(workspace) == [USER_ENTRY]  # the real fact, once, and not one of the eight
     flushes = [body for body in fake_openai.chat_requests() if is_flush_request(body)]
-    assert len(flushes) >= 3
-    assert receipts.shown == []  # nothing was remembered, so nothing is shown as remembered
+    assert len(flushes) >= 2  # before the summary and at /new (the turns that got no answer left no trace)
+    # Nothing of the flush's was remembered, so none of it is shown as remembered. The user's own "answer me in
+    # Chinese from now on" may become a lesson: the turn before it (a search, then no answer) is on record now.
+    assert [(write.source, write.by_user) for _, write in receipts.shown] in ([], [("lesson (correction)", True)])
     counts = FlushCounts(workspace.store.memory_dir).read()
     assert counts is not None
     [day] = counts.values()
@@ -163,7 +176,9 @@ def test_the_real_summary_claiming_an_unseen_answer_is_refused(
 
     summaries = [body for body in fake_openai.chat_requests() if is_summary_request(body)]
     assert summaries  # asked for, and every one refused: no compaction, nothing in the daily note
-    assert EMPTY_REPLY in summaries[-1]["messages"][1]["content"]  # the summariser saw the empty replies as such
+    # The summariser saw the turn that got no answer as such (no empty reply is stored: issue 41).
+    assert CUT_SHORT in summaries[-1]["messages"][1]["content"]
+    assert EMPTY_REPLY not in summaries[-1]["messages"][1]["content"]
     assert records_of(workspace, "compaction", "cli:repl") == []
     assert "confirmed" not in today_note(workspace)
 
@@ -190,8 +205,9 @@ def test_junk_in_chinese_and_in_mixed_text_is_not_written(
     set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
     with frozen():
         seed(workspace, fake_openai, stored)
-        # Every answer empty, as the small model's were; every flush proposes all the junk.
-        fake_openai.responder = model([Text("")] * len(asked), listed(junk))
+        # Every answer empty, as the small model's were, and a bare "好的" when asked again (issue 41), so the
+        # turns are kept; every flush proposes all the junk.
+        fake_openai.responder = model([Text("")] * len(asked), listed(junk), again="好的。")
         converse(workspace, fake_openai, [*asked, "/new"], key="cli:repl")
 
     assert entries(workspace) == [stored]
@@ -230,9 +246,10 @@ def test_a_fact_the_user_stated_is_written_and_shown(
 ], ids=["english", "chinese", "mixed"])
 def test_a_relation_made_up_of_the_users_words_is_not_written(
         workspace: Workspace, fake_openai: FakeOpenAIServer, told: str, garble: str, fact: str) -> None:
-    # As a real 1.5B model did: every reply empty, and the flush writes the user's fact and a garble of it.
+    # As a real 1.5B model did: every reply empty (a bare "好的。" when asked again), and the flush writes the user's
+    # fact and a garble of it.
     set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
-    fake_openai.responder = model([Text(""), Text("")], listed([fact, garble]))
+    fake_openai.responder = model([Text(""), Text("")], listed([fact, garble]), again="好的。")
     with frozen():
         converse(workspace, fake_openai, [told, "ok", "/new"])
     assert entries(workspace) == [fact]
@@ -310,15 +327,21 @@ def test_a_summary_claiming_an_answer_after_empty_replies_is_refused_and_an_hone
         workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
     claiming = SUMMARY.replace("## Progress\nTalked.", "## Progress\n助手确认了用户对花生过敏。")
-    fake_openai.responder = model([Text("")] * 3, "NONE", claiming)
+    # Each turn a search, then nothing, also when asked again: the turn is kept (its search, with a note that no
+    # answer came) and the user saw no answer (issue 41: an empty reply itself is never stored).
+    # A turn that fails starts no summary: the one after the fourth turn (answered, and kept out of the summary
+    # by session_summary_keep_count) folds the three silent ones.
+    silent = [ToolCalls([("memory_search", {"query": "过敏 allergy"})]), Text("")]
+    fake_openai.responder = model([*silent * 3, Text("在的。")], "NONE", claiming)
     with frozen():
-        converse(workspace, fake_openai, ["我对什么过敏？", "还有呢？", "说话呀"])
+        converse(workspace, fake_openai, ["我对什么过敏？", "还有呢？", "说话呀", "在吗？"])
+    assert any(is_summary_request(body) for body in fake_openai.chat_requests())
     assert records_of(workspace, "compaction") == []
     assert today_note(workspace) == ""
 
-    fake_openai.responder = model([Text("")] * 3, "NONE", SUMMARY)
+    fake_openai.responder = model([Text("你好。")], "NONE", SUMMARY)
     with frozen():
-        converse(workspace, fake_openai, ["hello?", "anyone?"])
+        converse(workspace, fake_openai, ["hello?"])
     [compaction] = records_of(workspace, "compaction")
     assert compaction["summary"] == SUMMARY and "Summary of session" in today_note(workspace)
 

@@ -323,6 +323,46 @@ def test_forms_that_must_end_the_reply_need_the_whole_reply_in_view() -> None:
     assert find(lead_in + " " * MAX_CHARS + "x") is None
 
 
+# --- a call wrapped in <response> … </response> (issue 41) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [
+    f"<response>{SEARCH}</response>",
+    f"<response>\n{fenced(SEARCH)}\n</response>\n",
+    f"  <response>\n<tool_call>{SEARCH}</tool_call>\n</response>",
+    f"<response><tools>\n{SEARCH}\n</tools></response>",
+    '<response>functions.memory_search: {"query": "dog name"}</response>',
+    f"Let me look.\n<response>{SEARCH}</response>",
+    f"<response>{SEARCH}</response>\nThe assistant found: your dog is Rex.",
+], ids=["object", "fenced", "tool_call-inside", "tools-inside", "functions", "lead-in", "invented-after"])
+def test_a_call_wrapped_in_response_tags(content: str) -> None:
+    found = find(content)
+    assert as_pair(found) == ("memory_search", {"query": "dog name"})
+    assert found is not None and found.before == ("Let me look." if content.startswith("Let") else "")
+
+
+def test_a_chinese_call_wrapped_in_response_tags() -> None:
+    call = call_text("memory_append", {"content": "我的狗叫旺财", "slot": "long_term"})
+    content = f"<response>\n{call}\n</response>"
+    found = find(content)
+    assert found is not None and found.arguments == '{"content": "我的狗叫旺财", "slot": "long_term"}'
+
+
+@pytest.mark.parametrize("content", [
+    "<response>Your dog is called Bob.</response>",
+    "<response>你的狗叫旺财。</response>",
+    f"<response>{SEARCH} and some words</response>",
+    f"<response>{SEARCH}",
+    f"<response>{SEARCH}</tools>",
+    f"<response><response>{SEARCH}</response></response>",
+    f"<response>{call_text('delete_everything', {'path': 'memory'})}</response>",
+    f"Here it is:\n<response>{SEARCH}</response>\nand more prose",
+], ids=["answer", "chinese-answer", "words-after-the-call", "unclosed", "wrong-closer", "nested", "unknown-tool",
+        "lead-in-and-prose-after"])
+def test_response_tags_around_anything_else_stay_text(content: str) -> None:
+    assert find(content) is None
+
+
 # --- a call inside doubled braces (issue 24) ------------------------------------------------------------------
 
 DOUBLED_PATH = CORPUS_PATH.parent / "doubled_brace_calls.json"

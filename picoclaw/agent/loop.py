@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from picoclaw import clock
@@ -43,6 +43,8 @@ from picoclaw.agent.commands import (
     unknown_reply,
 )
 from picoclaw.agent.context import ContextBuilder
+from picoclaw.agent.context_echo import without_context_echo
+from picoclaw.agent.empty_reply import EmptyAnswer, is_answer, is_empty, repeats_last_call, retry_requests
 from picoclaw.agent.history import keep_last, safe_start
 from picoclaw.agent.lessons import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
@@ -261,7 +263,9 @@ class AgentLoop:
                 log.info("session %s: model call failed (%s): %s", key, exc.kind, exc)
                 # What memory_append wrote before the failure is written all the same: the user hears of it.
                 self._spawn(receipts.show(key, writes.writes, self.written))
-                return Reply(f"Sorry, I could not get an answer from the model: {exc}", error=exc)
+                apology = (f"Sorry, {exc}." if isinstance(exc, EmptyAnswer)
+                           else f"Sorry, I could not get an answer from the model: {exc}")
+                return Reply(apology, error=exc)
         self._spawn(self._after_turn(key, receipts, finished, writes.writes))
         return Reply(answer)
 
@@ -343,6 +347,8 @@ class AgentLoop:
                     messages = built.messages + [stored.as_sent() for stored in turn[1:]]
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
                     reply = await self._ask(messages, schemas, on_text)
+                if is_empty(reply) or repeats_last_call(messages, reply):
+                    reply = await self._ask_again(key, messages, reply, on_text)
                 assistant = clean_message(reply.as_message())
                 messages.append(assistant)
                 usage = reply.usage
@@ -372,7 +378,7 @@ class AgentLoop:
         # Kept for a turn that was answered (a failed one leaves no trace), in the background: the reply does
         # not wait for the metrics file.
         self._spawn(asyncio.to_thread(self.metrics.record, retrieval_ms, now))
-        answer = final.strip() or "(the model returned an empty answer)"
+        answer = final.strip()
         return (f"{notice}\n\n{answer}" if notice else answer), finished
 
     async def _search_query(self, session: Session, policy: MemoryPolicy, text: str) -> str:
@@ -396,12 +402,30 @@ class AgentLoop:
             results.append({"role": "tool", "tool_call_id": call.id, "content": result})
         return results
 
+    async def _ask_again(self, key: str, messages: list[Message], reply: ChatReply, on_text: TextSink | None
+                         ) -> ChatReply:
+        """The answer after an empty reply or a repeated tool call (agent/empty_reply.py): asked without tools, the
+        turn's tool results in view, then plainly; EmptyAnswer when both come back empty too."""
+        why = "repeated its last tool call" if reply.tool_calls else "returned an empty answer"
+        for attempt in retry_requests(messages):
+            log.info("session %s: the model %s; asking again without tools", key, why)
+            again = await self._ask(attempt, [], on_text)
+            if is_answer(again):
+                # The first reply's usage: its prompt was the whole conversation, which the summary threshold reads.
+                return ChatReply(again.content, [], reply.usage or again.usage, again.finish_reason)
+            why = "returned an empty answer again"
+        raise EmptyAnswer()
+
     async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None
                    ) -> ChatReply:
-        """One model call; a tool call the model wrote as text (small local models do) becomes a real one."""
+        """One model call; a tool call the model wrote as text (small local models do) becomes a real one, and an
+        echo of the <context> block at the start of the reply is removed (agent/context_echo.py)."""
         text_calls = self.provider.text_tool_calls == "auto"
         gate = StreamGate(on_text, hold_calls=text_calls) if on_text is not None else None
         reply = await self.provider.chat(messages, schemas, on_text=gate.feed if gate is not None else None)
+        if reply.content and (shown := without_context_echo(reply.content)) != reply.content:
+            log.info("the model's reply began by echoing the <context> block; the echo is removed")
+            reply = replace(reply, content=shown)
         call = None
         if text_calls and not reply.tool_calls:
             call = find_text_tool_call(reply.content, self._offered)

@@ -9,6 +9,8 @@ Rules:
 1. Forms recognised, each only at the very start of the reply (after whitespace, or after a lead-in, rule 3):
    - a fenced code block, ```json or a bare ```, whose whole body is one call object;
    - one call object inside `<tool_call>…</tool_call>` or `<tools>…</tools>`, nothing else inside the tags;
+   - any one of these forms inside `<response>…</response>`, nothing else inside the tags (a small model that
+     wraps every reply in the tags a template showed it wraps its calls too);
    - `functions.NAME`, an optional colon, then a JSON object of arguments (on the same line or the next
      non-blank one); with nothing else on that line and no object next, the call has no arguments (rule 5);
    - a reply that is nothing but one call object (no lead-in, nothing after it);
@@ -55,6 +57,7 @@ _LEAD_IN_FORBIDDEN = frozenset("`{}<>")
 _FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\r?\n", re.IGNORECASE)
 _FUNCTIONS = re.compile(r"functions\.([A-Za-z0-9_\-]+)")
 _TAGS = ("tool_call", "tools")
+_WRAPPER = "response"  # tags around a whole reply: a call in any form may be inside
 _CALL_KEYS = frozenset({"name", "arguments"})
 
 
@@ -165,7 +168,23 @@ def _tagged(text: str) -> _Found | None:
         opener = f"<{tag}>"
         if text.startswith(opener):
             return _object_then(text, len(opener), f"</{tag}>")
+    opener = f"<{_WRAPPER}>"
+    if text.startswith(opener) and not text.startswith(opener, _skip_space(text, len(opener))):
+        return _wrapped(text, len(opener), f"</{_WRAPPER}>")
     return None
+
+
+def _wrapped(text: str, start: int, closer: str) -> _Found | None:
+    """A call in any recognised form from `start` (after whitespace), then only whitespace before `closer`."""
+    inside = _skip_space(text, start)
+    found = _parse_at_start(text[inside:])
+    if found is None:
+        return None
+    end = _skip_space(text, inside + found.end)
+    if not text.startswith(closer, end):
+        return None
+    # The tags end the call: a bare object inside them need not be the whole reply.
+    return _Found(found.name, found.arguments, end + len(closer))
 
 
 def _object_then(text: str, start: int, closer: str) -> _Found | None:

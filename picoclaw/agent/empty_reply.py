@@ -1,0 +1,128 @@
+"""Never an empty reply: what a turn does when the model answers nothing, or repeats its last tool call.
+
+Seen from Qwen2.5-Coder-1.5B on llama.cpp's server (shared/real-model/flush_poisoning.json): a whole answer of one
+end-of-text token, twice right after the model had called memory_search twice with the same arguments, once with
+the answer in the injected memory. Stored, each empty reply went back to the model in every later request.
+
+Rules (pure functions here; the loop makes the calls):
+1. A step needs another try when its reply has no tool call and no text but white space (`is_empty`, after an
+   echo of the <context> block is removed: agent/context_echo.py), or when its tool calls repeat those of the
+   step before it in this turn, name for name and argument for argument (`repeats_last_call`). A repeated call
+   is never run: its results are already in view, and a small model that repeats a call loops on it.
+2. The tries (`retry_requests`), each without tools: first the turn as it stands, with what its tools returned
+   written out after the user's message, so the model answers from them (`with_results_in_view`); then plainly,
+   the system prompt and the user's message alone (`plain_request`). A try answers when it has text and no tool
+   call (`is_answer`): a call written in a try offered no tools is no answer either.
+3. Both tries empty: `EmptyAnswer`, a ProviderError, so the turn fails as a failed model call does: nothing empty
+   is stored (what tools ran stays on record, with a note), the user is told in one line, `chat -m` exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from picoclaw.providers.base import ChatReply, Message, ProviderError
+
+# How the results of the turn's tool calls follow the user's message in the first try: picoclaw's words, framed
+# like the <context> block (data, not the user's), with the one instruction a small model needs.
+RESULTS_OPEN = "<tool_results>"
+RESULTS_CLOSE = "</tool_results>"
+RESULTS_FRAME = ("(picoclaw: the tools called for the message above returned this. Tools are not available now: "
+                 "answer the message from these results.)")
+RESULT_CHARS = 4000  # of one tool result in that block: a whole file read would crowd out the question
+
+
+class EmptyAnswer(ProviderError):
+    """The model answered nothing, also when asked again without tools and with the user's message alone."""
+
+    def __init__(self) -> None:
+        super().__init__("bad_response", "the model returned no answer, also when asked again without tools "
+                                         "and with your message alone")
+
+
+def is_empty(reply: ChatReply) -> bool:
+    """No tool call and no text but white space."""
+    return not reply.tool_calls and not (reply.content or "").strip()
+
+
+def is_answer(reply: ChatReply) -> bool:
+    """A try's reply that is an answer: some text, and no tool call (none was offered)."""
+    return not reply.tool_calls and bool((reply.content or "").strip())
+
+
+def repeats_last_call(messages: list[Message], reply: ChatReply) -> bool:
+    """Whether `reply`'s tool calls are the same as those of the turn's step before it (the newest assistant
+    message after the turn's user message)."""
+    if not reply.tool_calls:
+        return False
+    start = _turn_start(messages)
+    previous = next((m for m in reversed(messages[start + 1:]) if m.get("role") == "assistant"), None)
+    if previous is None or not previous.get("tool_calls"):
+        return False
+    before = [(_function(call)["name"], _function(call)["arguments"]) for call in previous["tool_calls"]]
+    now = [(call.name, call.arguments) for call in reply.tool_calls]
+    return [(name, _same_json(arguments)) for name, arguments in before] == [
+        (name, _same_json(arguments)) for name, arguments in now]
+
+
+def retry_requests(messages: list[Message]) -> list[list[Message]]:
+    """The two tries after an empty reply or a repeated call, in order (rule 2); send each without tools."""
+    return [with_results_in_view(messages), plain_request(messages)]
+
+
+def with_results_in_view(messages: list[Message]) -> list[Message]:
+    """The turn's request up to its user message, that message followed by what the turn's tools returned.
+
+    Everything before the user's message is sent as it was, so a local server's prompt cache still serves it.
+    """
+    start = _turn_start(messages)
+    results = _results(messages[start + 1:])
+    if not results:
+        return messages[:start + 1]
+    user = messages[start]
+    text = str(user.get("content") or "")
+    block = "\n".join([RESULTS_OPEN, *results, RESULTS_CLOSE, RESULTS_FRAME])
+    return [*messages[:start], {**user, "content": f"{text}\n\n{block}"}]
+
+
+def plain_request(messages: list[Message]) -> list[Message]:
+    """The system prompt and the turn's user message (with its data block) alone: no history, no tool results."""
+    start = _turn_start(messages)
+    system = [messages[0]] if messages and messages[0].get("role") == "system" and start > 0 else []
+    return [*system, messages[start]]
+
+
+def _turn_start(messages: list[Message]) -> int:
+    """The index of the turn's user message: the newest one (tool results are not user messages)."""
+    return max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+
+
+def _results(steps: list[Message]) -> list[str]:
+    """Each tool call of the turn with what it returned, as lines for the results block."""
+    calls: dict[str, tuple[str, str]] = {}
+    lines: list[str] = []
+    for message in steps:
+        if message.get("role") == "assistant":
+            for call in message.get("tool_calls") or []:
+                calls[str(call.get("id"))] = (_function(call)["name"], _function(call)["arguments"])
+        elif message.get("role") == "tool":
+            name, arguments = calls.get(str(message.get("tool_call_id")), ("a tool", ""))
+            result = str(message.get("content") or "")
+            if len(result) > RESULT_CHARS:
+                result = result[:RESULT_CHARS] + " […]"
+            lines.append(f"{name} {arguments}:\n{result}".strip())
+    return lines
+
+
+def _function(call: dict[str, Any]) -> dict[str, str]:
+    function = call.get("function") or {}
+    return {"name": str(function.get("name") or ""), "arguments": str(function.get("arguments") or "")}
+
+
+def _same_json(arguments: str) -> str:
+    """Arguments in one spelling (keys sorted, no spacing), so `{"a": 1}` and `{"a":1}` are the same call."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (ValueError, RecursionError):
+        return arguments.strip()

@@ -1,0 +1,596 @@
+"""Never an empty reply (issue 41, item 4): an empty answer, or one after the model repeats its tool call, is asked
+again without tools (the turn's tool results in view), then plainly; still empty, the user gets one clear line,
+nothing empty is stored, and `chat -m` exits 1. An echo of the <context> block is removed before it is shown or
+stored. Turns run through a real AgentLoop (or the real CLI) against the fake OpenAI server, with the fake scripted
+to answer empty, and with a real 1.5B model's session (tests/data/real-model/flush_poisoning.json).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from picoclaw.agent.context_echo import may_be_echo, without_context_echo
+from picoclaw.agent.empty_reply import (
+    RESULTS_FRAME,
+    EmptyAnswer,
+    is_empty,
+    plain_request,
+    repeats_last_call,
+    with_results_in_view,
+)
+from picoclaw.agent.loop import AgentLoop, Reply
+from picoclaw.agent.streaming import StreamGate
+from picoclaw.agent.summary import CUT_SHORT
+from picoclaw.app import App
+from picoclaw.channels.telegram import TelegramChannel
+from picoclaw.channels.web import ChatEvent, WebChannel
+from picoclaw.cli import main
+from picoclaw.memory.workspace import Workspace
+from picoclaw.providers.base import ChatReply, ToolCall
+from tests.agent_helpers import (
+    SESSION,
+    frozen,
+    history,
+    make_provider,
+    records_of,
+    said,
+    session_path,
+    turn_context,
+    with_agent,
+    write_memory,
+)
+from tests.fakes import FakeOpenAIServer, Raw
+from tests.fakes.telegram_server import FakeTelegramServer
+from tests.test_repl import configure
+from tests.test_telegram import OWNER, replied, until
+from tests.test_telegram import configure as configure_telegram
+from tests.test_telegram import serve as serve_telegram
+
+DATA = Path(__file__).resolve().parent / "data" / "real-model" / "flush_poisoning.json"
+RECORDS: list[dict[str, Any]] = json.loads(DATA.read_text(encoding="utf-8"))["repl_session_records"]
+USER_ENTRY: str = json.loads(DATA.read_text(encoding="utf-8"))["entry_the_user_gave"]
+NO_ANSWER = "Sorry, the model returned no answer, also when asked again without tools and with your message alone."
+NO_ANSWER_ERROR = "picoclaw: error: the model returned no answer, also when asked again without tools and with " \
+                  "your message alone\n"
+
+EN = ("What is my dog called?", "Your dog is called Bob.")
+ZH = ("我的狗叫什么名字？", "你的狗叫 Bob，是一只柯基。")
+MEMORY = ["## 2025-03-01\nMy dog is called Bob, a corgi. 我的狗叫 Bob，是柯基。"]
+EMPTIES = ["", "\n", " \n\t "]
+
+
+def null_answer() -> Raw:
+    """A completion whose message has no text and no tool calls: `content: null` (llama.cpp's one-token answer)."""
+    return Raw({"id": "chatcmpl-null", "object": "chat.completion", "created": 0, "model": "qwen",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "stop"}]})
+
+
+def turn(workspace: Workspace, server: FakeOpenAIServer, question: str, *, streamed: bool
+         ) -> tuple[Reply, list[str], list[str]]:
+    """One turn; the reply, what reached `on_text` (streamed only) and the names of the tools that started."""
+    pieces: list[str] = []
+    tools: list[str] = []
+
+    async def on_text(piece: str) -> None:
+        pieces.append(piece)
+
+    async def on_tool(name: str, arguments: str) -> None:
+        tools.append(name)
+
+    async def body(loop: AgentLoop) -> Reply:
+        return await loop.handle(SESSION, question, on_text=on_text if streamed else None, on_tool=on_tool)
+
+    with frozen():
+        reply = with_agent(workspace, server, body)
+    return reply, pieces, tools
+
+
+def stored(workspace: Workspace, key: str = SESSION) -> list[dict[str, Any]]:
+    """The session's messages as stored ([] when the file does not exist)."""
+    if not session_path(workspace, key).exists():
+        return []
+    return [record["message"] for record in records_of(workspace, "message", key)]
+
+
+def assert_nothing_empty(messages: list[dict[str, Any]]) -> None:
+    """No assistant message without text and without tool calls: nothing a later request would send back empty."""
+    for message in messages:
+        if message["role"] == "assistant" and not message.get("tool_calls"):
+            assert str(message.get("content") or "").strip(), messages
+
+
+def assert_no_tools(body: dict[str, Any]) -> None:
+    assert "tools" not in body and "tool_choice" not in body, sorted(body)
+
+
+streaming = pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+languages = pytest.mark.parametrize(("question", "answer"), [EN, ZH], ids=["english", "chinese"])
+
+
+# -- an empty answer, then an answer on a try -------------------------------------------------------------------
+
+
+@streaming
+@languages
+@pytest.mark.parametrize("empty", EMPTIES, ids=["nothing", "newline", "white-space"])
+def test_an_empty_answer_is_asked_again_without_tools_and_that_answer_is_the_reply(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, question: str, answer: str,
+        empty: str) -> None:
+    write_memory(workspace, MEMORY)
+    fake_openai.reply_text(empty)
+    fake_openai.reply_text(answer)
+
+    reply, pieces, tools = turn(workspace, fake_openai, question, streamed=streamed)
+
+    assert reply == Reply(answer)
+    first, again = fake_openai.chat_requests()
+    assert first["tools"] and first["tool_choice"] == "auto"
+    assert_no_tools(again)
+    # No tool ran: the try is the same request, without tools (the memory block still in front of the question).
+    assert again["messages"] == first["messages"]
+    assert "Bob" in turn_context(again)
+    if streamed:
+        assert "".join(pieces) == answer  # the empty reply showed nothing; the try streamed like a first answer
+        assert pieces[0] == answer[:len(pieces[0])] and pieces[0].strip()  # no white space of the empty one first
+    assert stored(workspace) == [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    assert tools == []
+
+
+def test_an_answer_with_content_null_is_asked_again(workspace: Workspace) -> None:
+    with FakeOpenAIServer(strict_content=True) as server:
+        server.enqueue(null_answer())
+        server.reply_text(ZH[1])
+        reply, _, _ = turn(workspace, server, ZH[0], streamed=False)
+        server.reply_text("不客气 / you're welcome")
+        later, _, _ = turn(workspace, server, "谢谢 thanks", streamed=False)
+
+    assert (reply.text, later.text) == (ZH[1], "不客气 / you're welcome")
+    assert_nothing_empty(stored(workspace))
+    # The next turn sends the answer the user saw, never an empty one.
+    assert [m["content"] for m in history(server.chat_requests()[-1]) if m["role"] == "assistant"] == [ZH[1]]
+
+
+@streaming
+@languages
+def test_an_empty_answer_after_a_tool_ran_is_asked_again_with_the_results_in_view(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, question: str, answer: str) -> None:
+    write_memory(workspace, MEMORY)
+    fake_openai.reply_tool_calls([("memory_search", {"query": "狗 dog"})])
+    fake_openai.reply_text("")
+    fake_openai.reply_text(answer)
+
+    reply, pieces, tools = turn(workspace, fake_openai, question, streamed=streamed)
+
+    assert reply.text == answer and tools == ["memory_search"]
+    first, after_tool, again = fake_openai.chat_requests()
+    assert_no_tools(again)
+    # Everything before the user's message as it was sent (the prompt cache keeps it); the message followed by
+    # what the tool returned, the tool messages themselves left out.
+    assert again["messages"][:-1] == first["messages"][:-1]
+    asked = again["messages"][-1]
+    assert asked["role"] == "user" and asked["content"].startswith(first["messages"][-1]["content"])
+    tool_result = after_tool["messages"][-1]["content"]
+    assert "Bob" in tool_result and tool_result in asked["content"]
+    assert 'memory_search {"query": "狗 dog"}' in asked["content"] and RESULTS_FRAME in asked["content"]
+    assert [m["role"] for m in again["messages"]] == ["system", "user"]
+    if streamed:
+        assert "".join(pieces) == answer
+    assert [m["role"] for m in stored(workspace)] == ["user", "assistant", "tool", "assistant"]
+    assert stored(workspace)[-1] == {"role": "assistant", "content": answer}
+
+
+# -- a repeated tool call -------------------------------------------------------------------------------------
+
+
+@streaming
+@languages
+def test_a_repeated_tool_call_is_not_run_again_and_the_model_answers_from_the_results(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, question: str, answer: str) -> None:
+    write_memory(workspace, MEMORY)
+    fake_openai.reply_tool_calls([("memory_search", {"query": "dog", "limit": 10})])
+    fake_openai.reply_tool_calls([("memory_search", '{"limit":10,  "query":"dog"}')])  # the same call, spelt anew
+    fake_openai.reply_text(answer)
+
+    reply, pieces, tools = turn(workspace, fake_openai, question, streamed=streamed)
+
+    assert reply.text == answer
+    assert tools == ["memory_search"]  # once: the repeat was not run
+    _, repeat, again = fake_openai.chat_requests()
+    assert repeat["tools"]
+    assert_no_tools(again)
+    assert "Bob" in again["messages"][-1]["content"]
+    assert [m["role"] for m in stored(workspace)] == ["user", "assistant", "tool", "assistant"]
+    if streamed:
+        assert "".join(pieces) == answer
+
+
+def test_different_arguments_are_no_repeat(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    write_memory(workspace, MEMORY)
+    fake_openai.reply_tool_calls([("memory_search", {"query": "dog"})])
+    fake_openai.reply_tool_calls([("memory_search", {"query": "狗"})])
+    fake_openai.reply_text(EN[1])
+
+    reply, _, tools = turn(workspace, fake_openai, EN[0], streamed=True)
+
+    assert reply.text == EN[1] and tools == ["memory_search", "memory_search"]
+    assert all(body.get("tools") for body in fake_openai.chat_requests())
+
+
+# -- the real session: a repeated memory_search, then one end-of-text token ---------------------------------------
+
+
+def recorded(ids: range) -> list[dict[str, Any]]:
+    return [record["message"] for record in RECORDS if record["type"] == "message" and record["id"] in ids]
+
+
+@streaming
+def test_the_real_repeat_then_empty_answer_ends_in_an_answer_from_the_search(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool) -> None:
+    question, call, _, repeat, _, empty = recorded(range(1, 7))
+    assert call["tool_calls"][0]["function"] == repeat["tool_calls"][0]["function"] and empty["content"] == ""
+    write_memory(workspace, [f"## 2026-11-28\n{USER_ENTRY}"])
+    for message in (call, repeat):
+        fake_openai.reply_tool_calls([(c["function"]["name"], c["function"]["arguments"])
+                                      for c in message["tool_calls"]])
+    fake_openai.reply_text(empty["content"])  # what the model said then: nothing
+    answer = "You are allergic to peanuts, and your gym locker number is 317."
+    fake_openai.reply_text(answer)
+
+    reply, pieces, tools = turn(workspace, fake_openai, question["content"], streamed=streamed)
+
+    assert reply == Reply(answer)
+    assert tools == ["memory_search"]
+    first, _, with_results, plain = fake_openai.chat_requests()
+    assert_no_tools(with_results)
+    assert_no_tools(plain)
+    assert USER_ENTRY in with_results["messages"][-1]["content"]  # the search's passage, in view
+    assert "1 match for 'allergy, gym locker number'" in with_results["messages"][-1]["content"]
+    # Plainly: the system prompt and the user's message as sent (its memory block with it), nothing else.
+    assert plain["messages"] == [first["messages"][0], first["messages"][-1]]
+    if streamed:
+        assert "".join(pieces) == answer
+    messages = stored(workspace)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[-1] == {"role": "assistant", "content": answer}
+    assert_nothing_empty(messages)
+
+
+CORPUS: list[dict[str, Any]] = json.loads((DATA.parent / "text_tool_calls.json").read_text(encoding="utf-8"))
+
+
+@streaming
+@pytest.mark.parametrize("query", ["dog name", "女儿在哪里读书?"], ids=["english", "chinese"])
+def test_a_real_call_written_as_text_twice_runs_once_and_the_answer_comes_without_tools(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, query: str) -> None:
+    # The corpus's fenced memory_search call with this query and nothing after it, as the model wrote it.
+    [content] = [entry["assistant_message"]["content"] for entry in CORPUS
+                 if entry["assistant_message"]["content"].startswith("```json")
+                 and f'"query": "{query}"' in entry["assistant_message"]["content"]
+                 and entry["assistant_message"]["content"].endswith("```")]
+    write_memory(workspace, ["## 2025-03-02\n我女儿在杭州的学军小学读书。My dog is called Bob."])
+    fake_openai.reply_text(content)
+    fake_openai.reply_text(content)
+    answer = "你女儿在杭州的学军小学读书。" if "女儿" in query else "Your dog is called Bob."
+    fake_openai.reply_text(answer)
+
+    reply, pieces, tools = turn(workspace, fake_openai, "我女儿在哪里读书？ / what is my dog called?",
+                                streamed=streamed)
+
+    assert reply.text == answer and tools == ["memory_search"]
+    *_, again = fake_openai.chat_requests()
+    assert len(fake_openai.chat_requests()) == 3
+    assert_no_tools(again)
+    results = again["messages"][-1]["content"].split("\n\n<tool_results>\n", 1)[1]
+    assert results.startswith("memory_search ") and "学军小学" in results and results.endswith(RESULTS_FRAME)
+    if streamed:
+        assert "".join(pieces) == answer  # neither call's JSON reached the screen
+    assert [m["role"] for m in stored(workspace)] == ["user", "assistant", "tool", "assistant"]
+
+
+@streaming
+def test_the_real_chinese_question_answered_empty_is_answered_on_the_try(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool) -> None:
+    question, empty = recorded(range(7, 9))
+    assert question["content"] == "我最喜欢的咖啡是什么？" and empty["content"] == ""
+    write_memory(workspace, ["## 2026-11-28\n我最喜欢的咖啡是燕麦拿铁 (oat-milk flat white)。"])
+    fake_openai.reply_text(empty["content"])
+    answer = "你最喜欢的咖啡是燕麦拿铁。"
+    fake_openai.reply_text(answer)
+
+    reply, pieces, _ = turn(workspace, fake_openai, question["content"], streamed=streamed)
+
+    assert reply.text == answer
+    assert_no_tools(fake_openai.chat_requests()[1])
+    assert "燕麦拿铁" in turn_context(fake_openai.chat_requests()[1])
+    if streamed:
+        assert "".join(pieces) == answer
+    assert stored(workspace) == [{"role": "user", "content": question["content"]},
+                                 {"role": "assistant", "content": answer}]
+
+
+# -- empty every time -----------------------------------------------------------------------------------------
+
+
+@streaming
+@languages
+def test_three_empty_answers_end_in_one_clear_line_and_nothing_is_stored(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture, streamed: bool,
+        question: str, answer: str) -> None:
+    for empty in EMPTIES:
+        fake_openai.reply_text(empty)
+
+    with caplog.at_level(logging.INFO, logger="picoclaw.agent.loop"):
+        reply, pieces, _ = turn(workspace, fake_openai, question, streamed=streamed)
+
+    assert reply.text == NO_ANSWER and "\n" not in reply.text
+    assert isinstance(reply.error, EmptyAnswer)
+    assert pieces == []  # nothing empty was shown
+    first, again, plain = fake_openai.chat_requests()
+    assert first["tools"]
+    assert_no_tools(again)
+    assert_no_tools(plain)
+    assert [m["role"] for m in plain["messages"]] == ["system", "user"]
+    assert stored(workspace) == []  # as a failed model call: no trace of the turn
+    tries = [r.getMessage() for r in caplog.records if "asking again without tools" in r.getMessage()]
+    assert tries == [f"session {SESSION}: the model returned an empty answer; asking again without tools",
+                     f"session {SESSION}: the model returned an empty answer again; asking again without tools"]
+
+    # The next turn is sent no trace of the failed one.
+    fake_openai.reply_text(answer)
+    later, _, _ = turn(workspace, fake_openai, "再试一次 / try again", streamed=streamed)
+    assert later.text == answer
+    assert [said(m) for m in history(fake_openai.chat_requests()[-1])] == ["再试一次 / try again"]
+
+
+def test_empty_every_time_after_a_tool_ran_keeps_what_the_tool_did_with_a_note(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_tool_calls([("memory_append", {"content": "我的猫叫 Mimi / my cat is Mimi"})])
+    for empty in EMPTIES:
+        fake_openai.reply_text(empty)
+
+    reply, _, tools = turn(workspace, fake_openai, "记住：我的猫叫 Mimi / remember: my cat is Mimi", streamed=True)
+
+    assert reply.text == NO_ANSWER and tools == ["memory_append"]
+    assert "我的猫叫 Mimi" in workspace.store.read_long_term()
+    messages = stored(workspace)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[-1]["content"].startswith(CUT_SHORT) and "did run" in messages[-1]["content"]
+    assert_nothing_empty(messages)
+
+
+def test_a_tool_call_written_in_a_try_is_no_answer(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    write_memory(workspace, MEMORY)
+    fake_openai.reply_text("")
+    fake_openai.reply_text('```json\n{"name": "memory_search", "arguments": {"query": "dog"}}\n```')
+    fake_openai.reply_text(EN[1])
+
+    reply, pieces, tools = turn(workspace, fake_openai, EN[0], streamed=True)
+
+    assert reply.text == EN[1] and "".join(pieces) == EN[1]  # the call's JSON was held back, never shown
+    assert tools == []
+    assert len(fake_openai.chat_requests()) == 3
+
+
+# -- chat -m --------------------------------------------------------------------------------------------------
+
+
+@languages
+def test_chat_m_exits_1_with_the_reason_on_stderr_when_no_answer_comes(
+        home: Path, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str], question: str,
+        answer: str) -> None:
+    configure(home, fake_openai)
+    for empty in EMPTIES:
+        fake_openai.reply_text(empty)
+
+    code = main(["chat", "-m", question])
+
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (1, "", NO_ANSWER_ERROR)
+    assert not session_path(App.open(home).workspace, "cli:default").exists()  # nothing of the turn was kept
+
+
+@languages
+def test_chat_m_prints_the_answer_of_a_try_and_exits_0(
+        home: Path, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str], question: str,
+        answer: str) -> None:
+    configure(home, fake_openai)
+    fake_openai.reply_text("\n")
+    fake_openai.reply_text(answer)
+
+    code = main(["chat", "-m", question])
+
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (0, f"{answer}\n", "")
+    assert_nothing_empty(stored(App.open(home).workspace, "cli:default"))
+
+
+# -- the web console and Telegram show the one line ----------------------------------------------------------------
+
+
+def test_the_web_console_shows_the_line_as_an_error(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    for empty in EMPTIES:
+        fake_openai.reply_text(empty)
+
+    async def main_() -> list[ChatEvent]:
+        async with make_provider(workspace, fake_openai) as provider:
+            from picoclaw.tools.registry import build_tools
+            channel = WebChannel(AgentLoop(workspace, provider, build_tools(workspace)))
+            events = [event async for event in channel.turn("web:console", "你好？ hello?")]
+            await channel.agent.wait_background()
+            return events
+
+    with frozen():
+        events = asyncio.run(main_())
+    assert events == [ChatEvent("error", NO_ANSWER)]
+
+
+def test_telegram_sends_the_line_and_keeps_no_empty_reply(home: Path, fake_openai: FakeOpenAIServer,
+                                                          fake_telegram: FakeTelegramServer) -> None:
+    workspace = configure_telegram(home, fake_telegram, fake_openai)
+    for empty in EMPTIES:
+        fake_openai.reply_text(empty)
+    fake_openai.reply_text(ZH[1])
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "hello? 在吗？")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        fake_telegram.send_text(OWNER, OWNER, ZH[0])
+        await until(fake_telegram, replied(fake_telegram, OWNER, 2))
+    serve_telegram(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(OWNER) == [NO_ANSWER, ZH[1]]
+    assert stored(workspace, f"telegram:{OWNER}") == [{"role": "user", "content": ZH[0]},
+                                                      {"role": "assistant", "content": ZH[1]}]
+
+
+# -- the echo of the <context> block ------------------------------------------------------------------------------
+
+
+@streaming
+@languages
+def test_an_echo_of_the_context_block_is_removed_before_it_is_shown_or_stored(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, question: str, answer: str) -> None:
+    write_memory(workspace, MEMORY)
+    fake_openai.responder = lambda body: f"{turn_context(body)}\n\n{answer}"  # the block as it was sent, copied
+
+    reply, pieces, _ = turn(workspace, fake_openai, question, streamed=streamed)
+
+    assert "Bob" in turn_context(fake_openai.chat_requests()[0])  # there was a block with memory in it to echo
+    assert reply.text == answer
+    if streamed:
+        assert "".join(pieces) == answer
+    assert stored(workspace)[-1] == {"role": "assistant", "content": answer}
+    assert len(fake_openai.chat_requests()) == 1
+
+
+@streaming
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "never-closed"])
+def test_a_reply_that_is_only_an_echo_is_empty_and_asked_again(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, closed: bool) -> None:
+    write_memory(workspace, MEMORY)
+    echo = "<context>\n<memory>\n[memory/MEMORY.md:3-4]\n## 2025-03-01\n我的狗叫 Bob，是柯基。\n</memory>\n"
+    fake_openai.reply_text(echo + ("<time>2025-03-10 10:00</time>\n</context>\n" if closed else ""))
+    fake_openai.reply_text(ZH[1])
+
+    reply, pieces, _ = turn(workspace, fake_openai, ZH[0], streamed=streamed)
+
+    assert reply.text == ZH[1]
+    if streamed:
+        assert "".join(pieces) == ZH[1]
+    assert stored(workspace)[-1] == {"role": "assistant", "content": ZH[1]}
+
+
+def test_an_echo_then_a_tool_call_runs_the_call(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    write_memory(workspace, MEMORY)
+    call = '{"name": "memory_search", "arguments": {"query": "狗"}}'
+    fake_openai.responder = None
+    fake_openai.reply_text("<context>\n<time>2025-03-10 10:00</time>\n</context>\n" + f"<response>{call}</response>")
+    fake_openai.reply_text(ZH[1])
+
+    reply, pieces, tools = turn(workspace, fake_openai, ZH[0], streamed=True)
+
+    assert (reply.text, "".join(pieces), tools) == (ZH[1], ZH[1], ["memory_search"])
+
+
+# -- the pure parts -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("<context>\n<time>2025-03-10 10:00</time>\n</context>\n\nHello.", "Hello."),
+    ("  \n<context>\n<memory>\n我的狗叫 Bob\n</memory>\n</context>你好。", "你好。"),
+    ("<context>\n<memory>\nnever closed", ""),
+    ("Hello <context> is a tag.", "Hello <context> is a tag."),
+    ("<contexts> are many", "<contexts> are many"),
+    ("", ""),
+], ids=["english", "chinese-glued", "never-closed", "later-mention", "other-tag", "nothing"])
+def test_without_context_echo(text: str, shown: str) -> None:
+    assert without_context_echo(text) == shown
+
+
+def test_may_be_echo() -> None:
+    assert all(may_be_echo(start) for start in ["<", " <cont", "<context>", "<context>\n<memory>\n我"])
+    assert not any(may_be_echo(start) for start in ["", "  ", "Hi", "<b>", "<context></context> hi", "<response>"])
+
+
+def gate_output(pieces: list[str], *, hold_calls: bool = True, was_call: bool = False) -> list[str]:
+    shown: list[str] = []
+
+    async def sink(text: str) -> None:
+        shown.append(text)
+
+    async def run() -> None:
+        gate = StreamGate(sink, hold_calls=hold_calls)
+        for piece in pieces:
+            await gate.feed(piece)
+        await gate.finish(was_call=was_call)
+    asyncio.run(run())
+    return shown
+
+
+@pytest.mark.parametrize("hold_calls", [True, False], ids=["calls-held", "calls-off"])
+def test_the_stream_gate(hold_calls: bool) -> None:
+    assert gate_output(["\n", "  ", "\t"], hold_calls=hold_calls) == []  # white space alone shows nothing
+    echo = "<context>\n<time>2025-03-10 10:00</time>\n</context>\n\n你好，Bob。"
+    pieces = [echo[i:i + 3] for i in range(0, len(echo), 3)]
+    shown = gate_output(pieces, hold_calls=hold_calls)
+    assert "".join(shown) == "你好，Bob。" and len(shown) > 1  # after the echo, it streams
+    assert "".join(gate_output(["<con", "text>\n<memory>\nBob"], hold_calls=hold_calls)) == ""
+    assert gate_output(["Hi ", "there"], hold_calls=hold_calls) == ["Hi ", "there"]
+
+
+def test_the_stream_gate_holds_a_response_wrapped_call() -> None:
+    call = '<response>{"name": "memory_search", "arguments": {"query": "狗"}}</response>'
+    assert gate_output([call[:5], call[5:12], call[12:]], was_call=True) == []
+    # Held to the end when it turns out to be text: shown once, whole.
+    assert gate_output(["<resp", "onse>Bob.</response>"]) == ["<response>Bob.</response>"]
+
+
+def reply_of(*calls: tuple[str, str]) -> ChatReply:
+    return ChatReply(None, [ToolCall(f"c{i}", name, arguments) for i, (name, arguments) in enumerate(calls)])
+
+
+def assistant_calling(*calls: tuple[str, str]) -> dict[str, Any]:
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": f"a{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        for i, (name, arguments) in enumerate(calls)]}
+
+
+def test_is_empty_and_repeats_last_call() -> None:
+    assert is_empty(ChatReply(None)) and is_empty(ChatReply(" \n")) and not is_empty(ChatReply("好"))
+    assert not is_empty(reply_of(("memory_search", "{}")))
+    search = ("memory_search", '{"query": "狗", "limit": 10}')
+    same = ("memory_search", '{"limit":10,"query":"狗"}')
+    turn_so_far = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, assistant_calling(search),
+                   {"role": "tool", "tool_call_id": "a0", "content": "r"}]
+    assert repeats_last_call(turn_so_far, reply_of(same))
+    assert not repeats_last_call(turn_so_far, reply_of(("memory_search", '{"query": "dog"}')))
+    assert not repeats_last_call(turn_so_far, reply_of(same, same))
+    assert not repeats_last_call(turn_so_far, ChatReply("text"))
+    # A call of an earlier turn is no repeat: the new user message stands between.
+    assert not repeats_last_call([*turn_so_far, {"role": "assistant", "content": "ok"},
+                                  {"role": "user", "content": "again"}], reply_of(same))
+    broken = ("memory_search", "{not json")
+    assert repeats_last_call([{"role": "user", "content": "q"}, assistant_calling(broken),
+                              {"role": "tool", "tool_call_id": "a0", "content": "bad arguments"}], reply_of(broken))
+
+
+def test_the_retry_requests() -> None:
+    system, user = {"role": "system", "content": "s"}, {"role": "user", "content": "<context>\n</context>\n\n问"}
+    older = [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "sure"}]
+    long_result = "结果" * 5000
+    messages = [system, *older, user, assistant_calling(("read_file", '{"path": "a.md"}')),
+                {"role": "tool", "tool_call_id": "a0", "content": long_result}]
+    in_view = with_results_in_view(messages)
+    assert in_view[:-1] == [system, *older]
+    text = in_view[-1]["content"]
+    assert text.startswith(user["content"] + "\n\n<tool_results>\nread_file {\"path\": \"a.md\"}:\n结果")
+    assert text.endswith(RESULTS_FRAME) and " […]" in text and len(text) < 5000
+    assert plain_request(messages) == [system, user]
+    assert with_results_in_view([system, user]) == [system, user]
+    assert plain_request([user]) == [user]
