@@ -213,6 +213,18 @@ def test_a_bare_object_closed_by_a_fence_is_a_call_and_the_prose_after_it_is_dro
     assert find("Let me look.\n" + SEARCH + "\n```\nmore words") is None  # after a lead-in it must end the reply
 
 
+def test_a_bare_object_then_an_invented_tool_response_is_a_call_and_the_rest_is_dropped() -> None:
+    """Verbatim from llama-cpp-python's server with Qwen2.5-Coder-1.5B (2026-11-28, asked "What am I allergic to,
+    and what is my gym locker number?"): the call, a tool result it made up, and a question built on that."""
+    real = ('{"name": "memory_search", "arguments": "{\\"query\\": \\"allergy\\", \\"limit\\": 1}"}\n'
+            '<tool_response>\n{"data": ["I am allergic to peanuts"]}\n</tool_response>\nWhat is my gym locker number?')
+    assert as_pair(find(real)) == ("memory_search", {"query": "allergy", "limit": 1})
+    chinese = SEARCH + '\n<tool_response>\n{"data": ["我对花生过敏"]}\n</tool_response>\n你的储物柜号码是多少？'
+    assert as_pair(find(chinese)) == ("memory_search", {"query": "dog name"})
+    assert find("Let me look.\n" + SEARCH + "\n<tool_response>{}</tool_response>") is None  # a lead-in: must end
+    assert find(SEARCH + "\n<tool_call>" + SEARCH + "</tool_call>") is None  # only the invented result's tag
+
+
 def test_a_short_lead_in_line_is_kept_as_before() -> None:
     found = find("I'll search your memory.\n\n" + fenced(SEARCH) + "\n")
     assert found is not None and found.before == "I'll search your memory."

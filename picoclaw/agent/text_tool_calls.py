@@ -16,6 +16,9 @@ Rules:
    - a reply that is nothing but one call object (no lead-in, nothing after it);
    - one call object, then a closing ``` (a fenced call whose opening fence the model left out: seen from
      Qwen2.5-Coder-1.5B, a call followed by that fence and prose about it), what follows dropped (rule 4);
+   - one call object, then `<tool_response>`: the model went on to invent the tool's result (seen from
+     Qwen2.5-Coder-1.5B, `{"name": "memory_search", …}` then a made-up result and an answer built on it); the
+     call is run, the invented rest dropped (rule 4);
    - a reply that is nothing but one call object inside one extra pair of braces, `{{"name": …, "arguments":
      {…}}}` (a template's doubled braces copied literally: seen from Qwen2.5-Coder-1.5B).
    A call object is a JSON object with exactly the keys `name` (a string) and `arguments` (an object, or a
@@ -59,6 +62,7 @@ _FUNCTIONS = re.compile(r"functions\.([A-Za-z0-9_\-]+)")
 _TAGS = ("tool_call", "tools")
 _WRAPPER = "response"  # tags around a whole reply: a call in any form may be inside
 _CALL_KEYS = frozenset({"name", "arguments"})
+_INVENTED_RESULT = "<tool_response>"  # the tag Qwen's template puts around a real tool result
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,8 @@ def _parse_at_start(text: str) -> _Found | None:
         after = _skip_space(text, decoded[1])
         if text.startswith("```", after):  # its opening fence left out: the fenced form, what follows dropped
             return _Found(call[0], call[1], after + 3)
+        if text.startswith(_INVENTED_RESULT, after):  # the call, then a result the model made up: dropped
+            return _Found(call[0], call[1], after)
         return _Found(call[0], call[1], decoded[1], whole_reply_only=True)
     return None
 
