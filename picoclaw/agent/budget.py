@@ -155,7 +155,7 @@ class Fit:
 
 def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequence[int], max_tokens: int,
                 reserve: int) -> Fit:
-    """Fit memory pieces (best first, each already within its cap) and history messages (oldest first) next to
+    """Fit memory pieces (best first, together already within their cap) and history messages (oldest first) next to
     the `fixed` parts (system prompt, lessons, skills, tools, summary, the user's message), keeping `reserve` for
     the reply; what the prompt then leaves, up to `max_tokens`, is the reply's."""
     room = usable(window)
@@ -165,20 +165,34 @@ def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequ
         reply = min(max_tokens, room - fixed)
         return Fit(len(history), 0, max(reply, 0), fixed, reply >= floor)
     left = room - fixed - reserve
+    # Memory takes at most half of what is left, the history the rest: the recent conversation matters as much as
+    # what memory brings up, and a fixed split keeps a set-aside from being filled by memory at the next turn.
+    memory_room = left // 2
     keep = 0
     for cost in memory:
-        if cost > left:
+        if cost > memory_room:
             break
+        memory_room -= cost
         left -= cost
         keep += 1
-    start = len(history)
-    for index in range(len(history) - 1, -1, -1):
-        if history[index] > left:
-            break
-        left -= history[index]
-        start = index
+    start = _history_start(history, left)
+    if start > 0:
+        # Cut once, deep enough that the next turns fit again: keep what fills half the history's room, so a small
+        # window sets its history aside (or summarises it) every few turns, not at every turn.
+        start = _history_start(history, left // 2)
     prompt = fixed + sum(memory[:keep]) + sum(history[start:])
     return Fit(start, keep, min(max_tokens, room - prompt), prompt, True)
+
+
+def _history_start(history: Sequence[int], room: int) -> int:
+    """The first message of the newest run of `history` that fits in `room` tokens."""
+    start = len(history)
+    for index in range(len(history) - 1, -1, -1):
+        if history[index] > room:
+            break
+        room -= history[index]
+        start = index
+    return start
 
 
 def reply_tokens(window: int, prompt: int, max_tokens: int) -> int:

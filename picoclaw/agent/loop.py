@@ -291,7 +291,7 @@ class AgentLoop:
         if command.name == "/policy":
             return policy_report(self.workspace.policy.effective())
         if command.name == "/context":
-            return await self._context_report(key)
+            return await self.describe_context(key)
         if command.name == "/status":
             return status_report(self.provider.model, self.provider.name, await self.session(key),
                                  self.workspace.policy.effective(), self._status() if self._status else (),
@@ -420,8 +420,9 @@ class AgentLoop:
         return reply_tokens((await self.windows.current()).tokens, prompt,
                             self.workspace.config.agents.defaults.max_tokens)
 
-    async def _context_report(self, key: str) -> str:
-        """/context: the split of the session's last request (kept in its turn's record), or of the next one."""
+    async def describe_context(self, key: str) -> str:
+        """/context (and `chat --show-context`): the split of the session's last request (kept in its turn's
+        record), or of the next one when there is none yet."""
         session = await self.session(key)
         last = next((m for m in reversed(session.active()) if m.message.get("role") == "user"), None)
         record = (last.why or {}).get("context") if last is not None else None
