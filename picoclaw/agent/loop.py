@@ -25,12 +25,20 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from picoclaw import clock
-from picoclaw.agent.budget import PromptSplit, Shares, json_tokens, memory_cap, message_tokens, reply_tokens
+from picoclaw.agent.budget import (
+    PromptSplit,
+    Shares,
+    json_tokens,
+    memory_cap,
+    message_tokens,
+    reply_reserve,
+    reply_tokens,
+)
 from picoclaw.agent.commands import (
     HELP,
     RECENT,
@@ -404,14 +412,22 @@ class AgentLoop:
         if built.cut_through is None:
             return built, ""
         notice = SUMMARISED_NOTICE
-        if await self.compact(session.key) is not None:
+        result = await self.compact(session.key)
+        moved = result.compacted if result is not None else 0
+        if result is not None:
             built = await self._build(session, policy, text, now, query, count_use=False)
         if built.cut_through is not None:
             notice = SET_ASIDE_NOTICE
-            await asyncio.to_thread(self.sessions.add_compaction, session, built.cut_through, None, "over_budget")
+            through = built.cut_through
+            moved += sum(1 for m in session.active() if m.id <= through)
+            await asyncio.to_thread(self.sessions.add_compaction, session, through, None, "over_budget")
             log.info("session %s: history over the window's budget; set aside through message %d", session.key,
-                     built.cut_through)
+                     through)
             built = await self._build(session, policy, text, now, query, count_use=False)
+        if built.split is not None and built.user.why is not None:  # the record says what this request moved
+            split = replace(built.split, history_set_aside=moved)
+            built.user.why["context"] = split.record()
+            built = replace(built, split=split)
         return built, notice
 
     async def _reply_room(self, messages: list[Message], schemas: list[dict[str, Any]]) -> int:
@@ -434,9 +450,11 @@ class AgentLoop:
                                          shape=RequestShape(await self.windows.current(), self.tools.schemas(),
                                                             self.workspace.config.agents.defaults.max_tokens))
         assert built.split is not None
-        window = built.split.window.tokens
-        return context_report(built.split, sent=False,
-                              memory_cap=memory_cap(window, policy.memory_token_budget, Shares.of(policy)))
+        window, max_tokens = built.split.window.tokens, self.workspace.config.agents.defaults.max_tokens
+        shares = Shares.of(policy)
+        # The reply's part of a request not yet written: its share (what the message leaves may raise it).
+        split = replace(built.split, parts={**built.split.parts, "reply": reply_reserve(window, max_tokens, shares)})
+        return context_report(split, sent=False, memory_cap=memory_cap(window, policy.memory_token_budget, shares))
 
     async def _search_query(self, session: Session, policy: MemoryPolicy, text: str) -> str:
         """What memory is searched with for `text`: the message, or with its rewrite when the policy asks.
