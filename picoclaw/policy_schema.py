@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
 # The shares of the window the tools, memory and reply may take together; the rest is the system prompt's, the
 # history's and the user's.
 PROMPT_SHARES_MAX = 80
