@@ -199,18 +199,20 @@ class ContextBuilder:
         system = prefix
         summary = f"\n\n## Summary of the earlier conversation\n{session.summary.strip()}" if session.summary else ""
         system += summary
-        tools_short = short_tools_needed(json_tokens(shape.tools), window, shares) if shape.tools else False
+        full_tools = json_tokens(shape.tools) if shape.tools else 0
+        tools_short = short_tools_needed(full_tools, window, shares)
         tools = short_schemas(shape.tools) if tools_short else list(shape.tools)
         history = self.select_history(policy, session, query)
         pieces = _priority(memory)
         bare = StoredMessage(0, {"role": "user", "content": user_text},
                              context=self._data_block(InjectedMemory([], [], memory.ranked), now))
         system_tokens = message_tokens({"role": "system", "content": system})
-        tools_tokens = json_tokens(tools) if tools else 0
+        tools_tokens = json_tokens(tools) if tools_short else full_tools
         user_tokens = message_tokens(bare.as_sent())
+        costs = [message_tokens(m) for m in history]
         fit = fit_request(window, fixed=system_tokens + tools_tokens + user_tokens,
                           memory=[text_tokens(piece.text) + PIECE_OVERHEAD for piece in pieces],
-                          history=[message_tokens(m) for m in history],
+                          history=costs,
                           max_tokens=shape.max_tokens, reserve=reply_reserve(window, shape.max_tokens, shares))
         kept = memory if fit.memory_keep == len(pieces) else _keep(memory, pieces[:fit.memory_keep])
         start, through = 0, None
@@ -233,7 +235,7 @@ class ContextBuilder:
         summary_tokens = text_tokens(summary)
         said = message_tokens({"role": "user", "content": user_text})
         memory_tokens = message_tokens(user.as_sent()) - said  # the whole data block: memory, notes, the time
-        history_tokens = sum(message_tokens(m) for m in history[start:]) + summary_tokens
+        history_tokens = sum(costs[start:]) + summary_tokens
         parts = {"system": system_tokens - named["lessons"] - named["skills"] - summary_tokens, **named,
                  "tools": tools_tokens, "memory": memory_tokens, "history": history_tokens,
                  "user": said, "reply": fit.max_tokens}
