@@ -20,6 +20,8 @@ from picoclaw.providers.base import ContextWindow, FixedWindow
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import SESSION, make_provider, records_of, write_memory
 from tests.fakes import FakeOpenAIServer
+from tests.fakes.console import Console, logged_in
+from tests.test_web_console import chat_events, chatting  # noqa: F401  (chatting: a fixture)
 
 SMALL = ContextWindow(4096, "server", "llama.cpp /props")
 
@@ -161,3 +163,18 @@ def test_without_show_context_nothing_more_is_printed_and_context_reads_the_reco
     out = capsys.readouterr().out
     assert out.startswith(LAST_REQUEST) and "window: 16,000 tokens (config)" in out
     assert len(fake_openai.chat_requests()) == 1
+
+
+def test_the_web_console_chat_answers_context(chatting: tuple[Console, FakeOpenAIServer]) -> None:  # noqa: F811
+    console, fake = chatting
+    client = logged_in(console)
+    page = client.get("/chat").text
+    token = re.search(r'<meta name="csrf-token" content="([^"]+)">', page)
+    assert token is not None
+    before = chat_events(client, token.group(1), "/context")[-1]
+    assert before["kind"] == "done" and before["text"].startswith(NEXT_REQUEST)
+    fake.reply_text("你好！")
+    chat_events(client, token.group(1), "你好，今天怎么样？")
+    after = chat_events(client, token.group(1), "/context")[-1]
+    assert after["kind"] == "done" and after["text"].startswith(LAST_REQUEST)
+    assert "window: " in after["text"] and len(fake.chat_requests()) == 1
