@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The shares of the window the tools, memory and reply may take together; the rest is the system prompt's, the
+# history's and the user's.
+PROMPT_SHARES_MAX = 80
+
 
 class MemoryPolicy(BaseModel):
     """Every policy key with its default, bounds and meaning (DESIGN §3). Strict: "15" is not an int."""
@@ -69,6 +73,19 @@ class MemoryPolicy(BaseModel):
     learning_token_percent: int = Field(
         20, ge=0, le=50, description="share (%) of memory_token_budget kept for lessons from LEARNINGS.md"
     )
+    prompt_tools_percent: int = Field(
+        25, ge=5, le=60,
+        description="most share (%) of the context window the tool schemas take in full; above it their short form "
+                    "is sent (names, one-line descriptions, parameters)"
+    )
+    prompt_memory_percent: int = Field(
+        20, ge=5, le=50,
+        description="most share (%) of the context window for memory and notes (memory_token_budget caps it too)"
+    )
+    prompt_reply_percent: int = Field(
+        25, ge=5, le=50,
+        description="share (%) of the context window kept for the reply: max_tokens is lowered to it on a small window"
+    )
     skill_draft_successes: int = Field(
         3, ge=2, le=50, description="successes of the same tool workflow before a skill is drafted from its lessons"
     )
@@ -82,6 +99,11 @@ class MemoryPolicy(BaseModel):
             )
         if 0 < self.long_term_compress_char_threshold < 1000:
             raise ValueError("long_term_compress_char_threshold must be 0 (off) or at least 1000")
+        shares = self.prompt_tools_percent + self.prompt_memory_percent + self.prompt_reply_percent
+        if shares > PROMPT_SHARES_MAX:
+            # The system prompt, the history and the user's message need the rest of the window.
+            raise ValueError("prompt_tools_percent + prompt_memory_percent + prompt_reply_percent must be at most "
+                             f"{PROMPT_SHARES_MAX} ({shares})")
         return self
 
 

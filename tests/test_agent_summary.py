@@ -155,7 +155,7 @@ TOKEN_CASES = {
 @pytest.mark.parametrize("case", TOKEN_CASES)
 def test_token_trigger_prefers_the_provider_count(home: Path, fake_openai: FakeOpenAIServer, case: str) -> None:
     texts, reported, expected = TOKEN_CASES[case]
-    workspace = reopen(home, context_window=1024)  # 10 % of it: 102 tokens
+    workspace = reopen(home, context_window=4096)  # 10 % of it: 409 tokens (and room for the tools)
     set_policy(workspace, session_summary_token_percent=10)
     usages = iter(reported)
 

@@ -1,4 +1,4 @@
-"""Slash commands, answered without the model: /new /compact /memory /policy /status /help.
+"""Slash commands, answered without the model: /new /compact /memory /policy /status /context /help.
 
 Parsing and the replies' wording live here; the loop runs a command with its own parts (AgentLoop.command).
 """
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from pathlib import Path
 
+from picoclaw.agent.budget import PromptSplit, split_report
 from picoclaw.agent.summary import CompactResult
 from picoclaw.clock import describe_timezone
 from picoclaw.memory import EffectivePolicy, InjectedMemory, MemoryWrite, Session
@@ -23,6 +24,7 @@ HELP = """Commands:
 /memory recent — what was written to memory lately without a command of yours, and from where
 /policy — show the memory policy in force
 /status — the model, this conversation's size, the last prompt's tokens (and how many were cached)
+/context — where the last request's tokens went: each part's share of the model's window
 /help — this list
 Anything else goes to the assistant."""
 
@@ -155,3 +157,18 @@ def status_report(model: str, provider: str, session: Session, effective: Effect
         lines.append(f"timezone: {describe_timezone(timezone)}")
     lines += extra
     return "\n".join(lines)
+
+
+LAST_REQUEST = "The last request of this conversation:"
+NEXT_REQUEST = ("No request in this conversation yet. The next one would hold, before your message and the memory "
+                "it brings up:")
+
+
+def context_report(split: PromptSplit, *, sent: bool, memory_cap: int = 0) -> str:
+    """/context: the split of the last request `sent`, or of the next one (without the message and its memory,
+    which may take up to `memory_cap` tokens)."""
+    if sent:
+        return split_report(split, LAST_REQUEST)
+    shown = {name: tokens for name, tokens in split.parts.items() if name not in ("memory", "user")}
+    return (split_report(PromptSplit(split.window, shown, split.tools_short), NEXT_REQUEST)
+            + f"\nmemory and notes: up to {memory_cap:,} tokens, chosen for your message")

@@ -13,10 +13,23 @@ Which memory blocks a turn carries is chosen in memory/search/turn_memory.py; th
 from __future__ import annotations
 
 from collections.abc import Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+from picoclaw.agent.budget import (
+    PromptSplit,
+    Shares,
+    fit_request,
+    json_tokens,
+    memory_cap,
+    message_tokens,
+    reply_reserve,
+    short_schemas,
+    short_tools_needed,
+    text_tokens,
+)
 from picoclaw.agent.history import keep_last, safe_start, turns
 from picoclaw.clock import describe_timezone
 from picoclaw.fsutil import FileCache
@@ -35,7 +48,7 @@ from picoclaw.memory import (
     standing_lessons,
 )
 from picoclaw.policy_schema import MemoryPolicy
-from picoclaw.providers.base import Message
+from picoclaw.providers.base import ContextWindow, Message
 from picoclaw.tools import shared_catalog, skills_prompt
 from picoclaw.workspace_text import bootstrap_text
 
@@ -60,14 +73,37 @@ PER_USER_GUIDANCE = ("- This conversation has its own folder: file paths are rel
                      "is this user's alone. " + ", ".join(BOOTSTRAP_FILES) + " are shared by all users and read-only.")
 
 
+# A window so large nothing is ever fitted: `build` without a RequestShape.
+UNBOUNDED = 10**9
+# A memory piece's label ("[memory/MEMORY.md:3-5]") and newlines around its text, in tokens.
+PIECE_OVERHEAD = 12
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """What one request is fitted to: the model's window, the tool schemas in full, config's max_tokens."""
+
+    window: ContextWindow
+    tools: list[dict[str, Any]]
+    max_tokens: int
+
+
 @dataclass(frozen=True)
 class BuiltContext:
-    """The messages for the model, and this turn's user message as it is to be stored."""
+    """The messages for the model, and this turn's user message as it is to be stored; the tools and max_tokens
+    to send with them, and the split of the window (`fits` False: the user's message alone leaves no room for a
+    reply; `cut_through`: the id of the newest history message that did not fit: it and those before it are to be
+    summarised or set aside)."""
 
     messages: list[Message]
     stable_prefix: str
     memory: InjectedMemory
     user: StoredMessage  # the text, with the data block sent in front of it and the blocks it carries
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    max_tokens: int | None = None
+    split: PromptSplit | None = None
+    fits: bool = True
+    cut_through: int | None = None
 
 
 class ContextBuilder:
@@ -121,43 +157,91 @@ class ContextBuilder:
         """The part of the system prompt that only changes when a bootstrap file, a skill, a standing lesson
         or the date does. `standing`: the standing lessons a turn chose (`select_memory`, off the event loop);
         None: looked up here."""
-        parts = [(self._files.get(self.workspace.root / name) or "").strip() for name in BOOTSTRAP_FILES]
-        parts.append(TOOL_GUIDANCE)
+        return "\n\n".join(text for _, text in self._prefix_parts(now, standing))
+
+    def _prefix_parts(self, now: datetime, standing: list[Hit] | None) -> list[tuple[str, str]]:
+        """The stable prefix's pieces, each named by the budget part it counts towards (system, skills, lessons)."""
+        parts = [("system", (self._files.get(self.workspace.root / name) or "").strip()) for name in BOOTSTRAP_FILES]
+        parts.append(("system", TOOL_GUIDANCE))
         if self.workspace.layout.is_per_user:
-            parts.append(PER_USER_GUIDANCE)
+            parts.append(("system", PER_USER_GUIDANCE))
         if self.skills.offered():  # no skill tool, no list that would send the model to call it
-            parts.append(skills_prompt(self.skills.scan()))
+            parts.append(("skills", skills_prompt(self.skills.scan())))
         if standing is None:
             standing = standing_lessons(self.workspace.searcher, self.workspace.policy.current())
         if standing:
             # Here, not in a turn's data block: they apply to every turn, and change as rarely as a skill.
-            parts.append(f"## Standing lessons\n{STANDING_FRAME}:\n"
-                         + "\n".join(f"- {' '.join(lesson_of(hit.block.text).split())}" for hit in standing))
+            parts.append(("lessons", f"## Standing lessons\n{STANDING_FRAME}:\n"
+                          + "\n".join(f"- {' '.join(lesson_of(hit.block.text).split())}" for hit in standing)))
         # "local (Europe/Berlin)", not a bare "local": the model is told which zone the date and times are in.
-        parts.append(f"## Today\n{now.strftime('%A %Y-%m-%d')} ({describe_timezone(self.workspace.config.timezone)})")
-        return "\n\n".join(part for part in parts if part)
+        parts.append(("system", f"## Today\n{now.strftime('%A %Y-%m-%d')} "
+                                f"({describe_timezone(self.workspace.config.timezone)})"))
+        return [(name, text) for name, text in parts if text]
 
     async def build(self, policy: MemoryPolicy, session: Session, user_text: str, now: datetime,
-                    query: str | None = None, *, count_use: bool = True) -> BuiltContext:
-        """System prompt + history as sent + this turn's user message with its data block.
+                    query: str | None = None, *, count_use: bool = True, shape: RequestShape | None = None
+                    ) -> BuiltContext:
+        """System prompt + history as sent + this turn's user message with its data block, fitted to `shape`'s
+        window (agent/budget.py); without a shape, nothing is fitted (the split is still counted).
 
         Memory (and relevant history) is searched with `query`, the message itself unless the loop rewrote it.
         """
         query = user_text if query is None else query
-        memory = await self.select_memory(policy, query, session.injected_blocks(), count_use=count_use)
-        prefix = self.stable_prefix(now, memory.standing)  # the same lessons the budget counted
+        shape = shape or RequestShape(ContextWindow(UNBOUNDED, "config", "no budget"), [], UNBOUNDED)
+        shares = Shares.of(policy)
+        window = shape.window.tokens
+        cap = memory_cap(window, policy.memory_token_budget, shares)
+        # The window's share caps memory; standing lessons follow the same cap, the same on every turn of a window.
+        fitted = policy if cap >= policy.memory_token_budget else policy.model_copy(update={"memory_token_budget": cap})
+        memory = await self.select_memory(fitted, query, session.injected_blocks(), count_use=count_use)
+        prefix_parts = self._prefix_parts(now, memory.standing)  # the same lessons the budget counted
+        prefix = "\n\n".join(text for _, text in prefix_parts)
         system = prefix
-        if session.summary:
-            system += f"\n\n## Summary of the earlier conversation\n{session.summary.strip()}"
-        why = memory.explained(self.workspace.root, policy, search_method(self.workspace.searcher))
+        summary = f"\n\n## Summary of the earlier conversation\n{session.summary.strip()}" if session.summary else ""
+        system += summary
+        full_tools = json_tokens(shape.tools) if shape.tools else 0
+        tools_short = short_tools_needed(full_tools, window, shares)
+        tools = short_schemas(shape.tools) if tools_short else list(shape.tools)
+        history = self.select_history(policy, session, query)
+        pieces = _priority(memory)
+        bare = StoredMessage(0, {"role": "user", "content": user_text},
+                             context=self._data_block(InjectedMemory([], [], memory.ranked), now))
+        system_tokens = message_tokens({"role": "system", "content": system})
+        tools_tokens = json_tokens(tools) if tools_short else full_tools
+        user_tokens = message_tokens(bare.as_sent())
+        costs = [message_tokens(m) for m in history]
+        fit = fit_request(window, fixed=system_tokens + tools_tokens + user_tokens,
+                          memory=[text_tokens(piece.text) + PIECE_OVERHEAD for piece in pieces],
+                          history=costs,
+                          max_tokens=shape.max_tokens, reserve=reply_reserve(window, shape.max_tokens, shares))
+        kept = memory if fit.memory_keep == len(pieces) else _keep(memory, pieces[:fit.memory_keep])
+        start, through = 0, None
+        if fit.history_start:
+            start = safe_start(history, fit.history_start)  # never a tool result without its call
+            # Relevant-history mode chose its turns for this query alone: trimmed here, nothing to set aside.
+            if policy.session_relevant_history_limit <= 0:
+                active = session.active()  # the history is its tail, as sent
+                through = active[len(active) - len(history) + start - 1].id
+        why = kept.explained(self.workspace.root, fitted, search_method(self.workspace.searcher))
         if query != user_text:
             why["query"] = query  # the loop searched with a rewrite of the message
-        user = StoredMessage(0, {"role": "user", "content": user_text}, context=self._data_block(memory, now),
-                             blocks=memory.keys(), why=why)
+        user = StoredMessage(0, {"role": "user", "content": user_text}, context=self._data_block(kept, now),
+                             blocks=kept.keys(), why=why)
         messages: list[Message] = [{"role": "system", "content": system}]
-        messages.extend(self.select_history(policy, session, query))
+        messages.extend(history[start:])
         messages.append(user.as_sent())
-        return BuiltContext(messages, prefix, memory, user)
+        named = {name: sum(text_tokens(text) for part, text in prefix_parts if part == name)
+                 for name in ("lessons", "skills")}
+        summary_tokens = text_tokens(summary)
+        said = message_tokens({"role": "user", "content": user_text})
+        memory_tokens = message_tokens(user.as_sent()) - said  # the whole data block: memory, notes, the time
+        history_tokens = sum(costs[start:]) + summary_tokens
+        parts = {"system": system_tokens - named["lessons"] - named["skills"] - summary_tokens, **named,
+                 "tools": tools_tokens, "memory": memory_tokens, "history": history_tokens,
+                 "user": said, "reply": fit.max_tokens}
+        split = PromptSplit(shape.window, parts, tools_short, len(pieces) - fit.memory_keep, start)
+        why["context"] = split.record()
+        return BuiltContext(messages, prefix, kept, user, tools, fit.max_tokens, split, fit.fits, through)
 
     def _data_block(self, memory: InjectedMemory, now: datetime) -> str:
         lines = ["<context>"]
@@ -184,6 +268,22 @@ class ContextBuilder:
         except ValueError:
             relative = block.path
         return f"{relative}:{block.start_line}-{block.end_line}"
+
+
+def _priority(memory: InjectedMemory) -> list[Block]:
+    """Memory pieces in the order they are kept when not all fit: the lessons found, the blocks (best first when
+    ranked, newest first otherwise), then the notes, newest first."""
+    blocks = [hit.block for hit in memory.blocks]
+    return [*(hit.block for hit in memory.lessons), *(blocks if memory.ranked else blocks[::-1]),
+            *memory.notes[::-1]]
+
+
+def _keep(memory: InjectedMemory, pieces: list[Block]) -> InjectedMemory:
+    """`memory` with only `pieces` (each in its place)."""
+    chosen = {id(block) for block in pieces}
+    return replace(memory, blocks=[hit for hit in memory.blocks if id(hit.block) in chosen],
+                   notes=[block for block in memory.notes if id(block) in chosen],
+                   lessons=[hit for hit in memory.lessons if id(hit.block) in chosen])
 
 
 def _turn_text(messages: list[Message]) -> str:

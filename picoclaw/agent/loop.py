@@ -26,14 +26,25 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from picoclaw import clock
+from picoclaw.agent.budget import (
+    PromptSplit,
+    Shares,
+    json_tokens,
+    memory_cap,
+    message_tokens,
+    reply_reserve,
+    reply_tokens,
+)
 from picoclaw.agent.commands import (
     HELP,
     RECENT,
     Command,
     compact_reply,
+    context_report,
     memory_report,
     new_reply,
     parse_command,
@@ -42,7 +53,7 @@ from picoclaw.agent.commands import (
     status_report,
     unknown_reply,
 )
-from picoclaw.agent.context import ContextBuilder
+from picoclaw.agent.context import BuiltContext, ContextBuilder, RequestShape
 from picoclaw.agent.context_echo import without_context_echo
 from picoclaw.agent.empty_reply import EmptyAnswer, is_answer, is_empty, repeats_last_call, retry_requests
 from picoclaw.agent.history import keep_last, safe_start
@@ -105,6 +116,8 @@ ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSO
 
 SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
 TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
+SUMMARISED_NOTICE = "(The conversation had outgrown the model's window, so I summarised its earlier part.)"
+SET_ASIDE_NOTICE = "(The conversation had outgrown the model's window, so I set aside its oldest messages.)"
 
 
 @dataclass(frozen=True)
@@ -295,6 +308,8 @@ class AgentLoop:
             return memory_report(memory, command.argument, self.workspace.root, stored)
         if command.name == "/policy":
             return policy_report(self.workspace.policy.effective())
+        if command.name == "/context":
+            return await self.describe_context(key)
         if command.name == "/status":
             return status_report(self.provider.model, self.provider.name, await self.session(key),
                                  self.workspace.policy.effective(), self._status() if self._status else (),
@@ -320,19 +335,23 @@ class AgentLoop:
         policy = self.workspace.policy.current()
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
-        schemas = self.tools.schemas()
         notice = ""
         query = await self._search_query(session, policy, text)
         started = time.perf_counter()  # after the query rewrite: a model call is not retrieval
-        built = await self.context.build(policy, session, text, now, query)
+        built = await self._build(session, policy, text, now, query)
         retrieval_ms = (time.perf_counter() - started) * 1000
+        built, fitted = await self._fit_history(session, built, policy, text, now, query)
+        if fitted and on_text is not None:
+            await on_text(f"{fitted}\n\n")
+        schemas = built.tools
         messages = built.messages
+        max_tokens = built.max_tokens
         turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None
         try:
             for _ in range(defaults.max_tool_iterations):
                 try:
-                    reply = await self._ask(messages, schemas, on_text)
+                    reply = await self._ask(messages, schemas, on_text, max_tokens)
                 except ProviderError as exc:
                     self._learn_window(exc)
                     # Nothing set aside means the same request again: it could only fail the same way.
@@ -342,13 +361,15 @@ class AgentLoop:
                     if on_text is not None:
                         await on_text(f"{notice}\n\n")
                     # The first prompt's blocks were counted already: this one is the same turn's.
-                    built = await self.context.build(policy, session, text, now, query, count_use=False)
+                    built = await self._build(session, policy, text, now, query, count_use=False)
                     turn[0] = built.user
                     messages = built.messages + [stored.as_sent() for stored in turn[1:]]
+                    # A window learnt from the overflow may want the tools' short form and a smaller reply.
+                    schemas, max_tokens = built.tools, built.max_tokens
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
-                    reply = await self._ask(messages, schemas, on_text)
+                    reply = await self._ask(messages, schemas, on_text, max_tokens)
                 if is_empty(reply) or repeats_last_call(messages, reply):
-                    reply = await self._ask_again(key, messages, reply, on_text)
+                    reply = await self._ask_again(key, messages, reply, on_text, max_tokens)
                 assistant = clean_message(reply.as_message())
                 messages.append(assistant)
                 usage = reply.usage
@@ -360,6 +381,7 @@ class AgentLoop:
                 results = await self._run_tools(key, reply.tool_calls, on_tool)
                 messages.extend(results)
                 turn.extend(StoredMessage(0, result) for result in results)
+                max_tokens = await self._reply_room(messages, schemas)
         except ProviderError as exc:
             if len(turn) > 1:  # tools ran: what they did stays on record, so nothing is done twice
                 note = f"{CUT_SHORT}{exc}. The tool calls above did run.)"
@@ -379,7 +401,76 @@ class AgentLoop:
         # not wait for the metrics file.
         self._spawn(asyncio.to_thread(self.metrics.record, retrieval_ms, now))
         answer = final.strip()
+        notice = "\n\n".join(line for line in (fitted, notice) if line)
         return (f"{notice}\n\n{answer}" if notice else answer), finished
+
+    # -- the request's budget (agent/budget.py) ---------------------------------------------------------------
+
+    async def _build(self, session: Session, policy: MemoryPolicy, text: str, now: datetime, query: str | None = None,
+                     *, count_use: bool = True) -> BuiltContext:
+        """This turn's request fitted to the model's window; a user message that alone leaves no room for a reply
+        is refused in one line (ProviderError "context_too_long") rather than sent."""
+        shape = RequestShape(await self.windows.current(), self.tools.schemas(),
+                             self.workspace.config.agents.defaults.max_tokens)
+        built = await self.context.build(policy, session, text, now, query, count_use=count_use, shape=shape)
+        if not built.fits and built.split is not None:
+            window = built.split.window
+            raise ProviderError("context_too_long", f"your message alone ({built.split.parts['user']:,} tokens) leaves "
+                                f"no room for an answer in the model's window of {window.tokens:,} tokens "
+                                f"({window.source}); shorten it or send it in parts")
+        return built
+
+    async def _fit_history(self, session: Session, built: BuiltContext, policy: MemoryPolicy, text: str,
+                           now: datetime, query: str) -> tuple[BuiltContext, str]:
+        """When the history does not fit beside the rest: its earlier part summarised (a summary call now), or
+        when that is not enough (or fails) the oldest messages set aside on record; the request built again, and
+        the notice saying which. Never silently dropped: the session file keeps every message."""
+        if built.cut_through is None:
+            return built, ""
+        notice = SUMMARISED_NOTICE
+        result = await self.compact(session.key)
+        moved = result.compacted if result is not None else 0
+        if result is not None:
+            built = await self._build(session, policy, text, now, query, count_use=False)
+        if built.cut_through is not None:
+            notice = SET_ASIDE_NOTICE
+            through = built.cut_through
+            moved += sum(1 for m in session.active() if m.id <= through)
+            await asyncio.to_thread(self.sessions.add_compaction, session, through, None, "over_budget")
+            log.info("session %s: history over the window's budget; set aside through message %d", session.key,
+                     through)
+            built = await self._build(session, policy, text, now, query, count_use=False)
+        if built.split is not None and built.user.why is not None:  # the record says what this request moved
+            split = replace(built.split, history_set_aside=moved)
+            built.user.why["context"] = split.record()
+            built = replace(built, split=split)
+        return built, notice
+
+    async def _reply_room(self, messages: list[Message], schemas: list[dict[str, Any]]) -> int:
+        """The max_tokens of the next request of a turn: config's, lowered to what its prompt leaves of the window."""
+        prompt = sum(message_tokens(m) for m in messages) + (json_tokens(schemas) if schemas else 0)
+        return reply_tokens((await self.windows.current()).tokens, prompt,
+                            self.workspace.config.agents.defaults.max_tokens)
+
+    async def describe_context(self, key: str) -> str:
+        """/context (and `chat --show-context`): the split of the session's last request (kept in its turn's
+        record), or of the next one when there is none yet."""
+        session = await self.session(key)
+        last = next((m for m in reversed(session.active()) if m.message.get("role") == "user"), None)
+        record = (last.why or {}).get("context") if last is not None else None
+        split = PromptSplit.from_record(record) if isinstance(record, dict) else None
+        if split is not None:
+            return context_report(split, sent=True)
+        policy = self.workspace.policy.current()
+        built = await self.context.build(policy, session, "", clock.now(self.workspace.tz), count_use=False,
+                                         shape=RequestShape(await self.windows.current(), self.tools.schemas(),
+                                                            self.workspace.config.agents.defaults.max_tokens))
+        assert built.split is not None
+        window, max_tokens = built.split.window.tokens, self.workspace.config.agents.defaults.max_tokens
+        shares = Shares.of(policy)
+        # The reply's part of a request not yet written: its share (what the message leaves may raise it).
+        split = replace(built.split, parts={**built.split.parts, "reply": reply_reserve(window, max_tokens, shares)})
+        return context_report(split, sent=False, memory_cap=memory_cap(window, policy.memory_token_budget, shares))
 
     async def _search_query(self, session: Session, policy: MemoryPolicy, text: str) -> str:
         """What memory is searched with for `text`: the message, or with its rewrite when the policy asks.
@@ -402,27 +493,28 @@ class AgentLoop:
             results.append({"role": "tool", "tool_call_id": call.id, "content": result})
         return results
 
-    async def _ask_again(self, key: str, messages: list[Message], reply: ChatReply, on_text: TextSink | None
-                         ) -> ChatReply:
+    async def _ask_again(self, key: str, messages: list[Message], reply: ChatReply, on_text: TextSink | None,
+                         max_tokens: int | None = None) -> ChatReply:
         """The answer after an empty reply or a repeated tool call (agent/empty_reply.py): asked without tools, the
         turn's tool results in view, then plainly; EmptyAnswer when both come back empty too."""
         why = "repeated its last tool call" if reply.tool_calls else "returned an empty answer"
         for attempt in retry_requests(messages):
             log.info("session %s: the model %s; asking again without tools", key, why)
-            again = await self._ask(attempt, [], on_text)
+            again = await self._ask(attempt, [], on_text, max_tokens)
             if is_answer(again):
                 # The first reply's usage: its prompt was the whole conversation, which the summary threshold reads.
                 return ChatReply(again.content, [], reply.usage or again.usage, again.finish_reason)
             why = "returned an empty answer again"
         raise EmptyAnswer()
 
-    async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None
-                   ) -> ChatReply:
+    async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None,
+                   max_tokens: int | None = None) -> ChatReply:
         """One model call; a tool call the model wrote as text (small local models do) becomes a real one, and an
         echo of the <context> block at the start of the reply is removed (agent/context_echo.py)."""
         text_calls = self.provider.text_tool_calls == "auto"
         gate = StreamGate(on_text, hold_calls=text_calls) if on_text is not None else None
-        reply = await self.provider.chat(messages, schemas, on_text=gate.feed if gate is not None else None)
+        reply = await self.provider.chat(messages, schemas, max_tokens=max_tokens,
+                                         on_text=gate.feed if gate is not None else None)
         if reply.content and (shown := without_context_echo(reply.content)) != reply.content:
             log.info("the model's reply began by echoing the <context> block; the echo is removed")
             reply = replace(reply, content=shown)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol, TextIO
 
-from picoclaw.agent import AgentLoop, Reply
+from picoclaw.agent import AgentLoop, Reply, parse_command
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
 from picoclaw.jobs import Scheduler
 from picoclaw.memory import MemoryWrite
@@ -43,13 +43,15 @@ class LineReader(Protocol):
 
 class ReplChannel:
     """The terminal as a channel: `run()` answers the lines typed (or piped) in, `answer_once` one message
-    (`chat -m`); `deliver` prints a scheduled job's text above the prompt."""
+    (`chat -m`); `deliver` prints a scheduled job's text above the prompt. `show_context`: after each answer,
+    where its request's tokens went (`/context`) on `err`, so `chat -m … > file` keeps the answer alone."""
 
     name = CLI
 
     def __init__(self, agent: AgentLoop, session: str | None = None, *, out: TextIO | None = None,
-                 err: TextIO | None = None, lines: LineReader | None = None):
+                 err: TextIO | None = None, lines: LineReader | None = None, show_context: bool = False):
         self.agent = agent
+        self.show_context = show_context
         self._given = session or DEFAULT_SESSION
         self.session_key = terminal_key(self._given)  # `--session work` is the session cli:work
         # The streams of the moment, not of import time (a caller may have replaced sys.stdout since).
@@ -107,6 +109,9 @@ class ReplChannel:
         shown = _ShownAnswer(self.out)
         reply = await run_turn(self.agent, Inbound(TERMINAL_USER, self.session_key, text), shown.hooks())
         shown.finish(reply, self.err)
+        if self.show_context and reply.error is None and parse_command(text) is None:  # a command sent no request
+            self.err.write(printable(await self.agent.describe_context(self.session_key)) + "\n")
+            self.err.flush()
         return reply
 
     async def _open_session(self) -> None:

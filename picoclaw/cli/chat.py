@@ -14,6 +14,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     """Fill in the `chat` command's parser."""
     parser.add_argument("-m", "--message", help="send one message, print the answer and exit")
     parser.add_argument("--session", metavar="KEY", help="conversation to continue (default: cli:default)")
+    parser.add_argument("--show-context", action="store_true",
+                        help="after each answer, print on stderr where its request's tokens went (as /context does)")
     parser.set_defaults(handler=cmd_chat)
 
 
@@ -38,7 +40,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             async with app:
                 app.provider()  # a missing key or URL is reported before any MCP server starts
                 await app.start_mcp()
-                channel = ReplChannel(app.agent(), args.session)
+                channel = ReplChannel(app.agent(), args.session, show_context=args.show_context)
                 if args.message is not None:
                     return await channel.answer_once(args.message)
                 # The terminal is this session's channel while it is open: its reminders and heartbeat come here.

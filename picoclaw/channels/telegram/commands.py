@@ -18,6 +18,7 @@ COMMANDS = [
     BotCommand(command="memory", description="what memory a query would bring up"),
     BotCommand(command="policy", description="the memory policy in force"),
     BotCommand(command="status", description="model, conversation size, cached tokens"),
+    BotCommand(command="context", description="where the last request's tokens went"),
     BotCommand(command="help", description="the commands"),
 ]
 

@@ -1,0 +1,260 @@
+"""The budget of one request: system prompt, standing lessons, skills list, tool schemas, injected memory, history,
+the user's message and the reply's max_tokens together stay within the model's context window.
+
+Plain functions of token counts (no I/O). Each shrinkable part has a share of the window (policy keys
+`prompt_tools_percent`, `prompt_memory_percent`, `prompt_reply_percent`); on a small window the large parts give
+way first: the tool schemas go to their short form (decided by their size against their share alone, so the
+choice, and with it the prompt cache's prefix, stays the same for every turn on one window), memory carries
+fewer blocks, the oldest history is summarised or set aside, and the reply's max_tokens is lowered to what the
+prompt leaves. The user's message is never cut: when it alone leaves no room for a reply, the request is not
+sent (`Fit.fits` is False).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from picoclaw.policy_schema import MemoryPolicy
+from picoclaw.providers.base import ContextWindow, Message
+from picoclaw.tokens import count_tokens
+
+# The parts of a request, in the order /context lists them.
+PARTS = ("system", "lessons", "skills", "tools", "memory", "history", "user", "reply")
+PART_LABELS = {"system": "system prompt", "lessons": "standing lessons", "skills": "skills list",
+               "tools": "tool schemas", "memory": "memory and notes", "history": "history and summary",
+               "user": "your message", "reply": "reply (max_tokens)"}
+# Counts are tiktoken's (or an estimate), not the model's own tokenizer, and a chat template adds tokens of its
+# own per message: this share of the window is kept free.
+MARGIN_PERCENT = 5
+# The fewest tokens a reply is given; a message that leaves less is refused rather than sent.
+REPLY_FLOOR = 256
+# A short-form tool's description: its first sentence, at most this many characters.
+SHORT_DESCRIPTION_CHARS = 100
+
+
+@dataclass(frozen=True)
+class Shares:
+    """The policy's shares (%) of the window: tool schemas in full, memory and notes, the reply."""
+
+    tools: int
+    memory: int
+    reply: int
+
+    @classmethod
+    def of(cls, policy: MemoryPolicy) -> Shares:
+        return cls(policy.prompt_tools_percent, policy.prompt_memory_percent, policy.prompt_reply_percent)
+
+
+def share_of(window: int, percent: int) -> int:
+    return window * percent // 100
+
+
+def usable(window: int) -> int:
+    """The tokens a request may count on: the window less the margin for counting drift."""
+    return window - share_of(window, MARGIN_PERCENT)
+
+
+def reply_reserve(window: int, max_tokens: int, shares: Shares) -> int:
+    """The reply's part kept while the prompt is fitted: config's max_tokens, at most its share of the window."""
+    return max(1, min(max_tokens, share_of(window, shares.reply)))
+
+
+def memory_cap(window: int, memory_token_budget: int, shares: Shares) -> int:
+    """Most tokens of memory and notes one prompt carries: memory_token_budget, at most its share of the window."""
+    return max(0, min(memory_token_budget, share_of(window, shares.memory)))
+
+
+def short_tools_needed(full_tokens: int, window: int, shares: Shares) -> bool:
+    """Whether the tool schemas go in their short form: only their full size against their share decides, so
+    every turn on one window sends the same form (the prompt cache keeps the prefix)."""
+    return full_tokens > share_of(window, shares.tools)
+
+
+# -- counting ----------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8192)
+def _json_tokens(text: str) -> int:
+    return count_tokens(text)
+
+
+def json_tokens(value: Any) -> int:
+    """Tokens of `value` as the JSON sent (messages and tool schemas are counted as what goes over the wire)."""
+    return _json_tokens(orjson.dumps(value).decode("utf-8"))
+
+
+def message_tokens(message: Message) -> int:
+    return json_tokens(message)
+
+
+def text_tokens(text: str) -> int:
+    return _json_tokens(text)
+
+
+# -- the tools' short form ---------------------------------------------------------------------------------------
+
+
+def short_schemas(schemas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The tool schemas in their short form: each name, a one-line description, and parameters without their
+    descriptions. A pure function of the schemas: the same tools give the same bytes every turn."""
+    return [_short_schema(schema) for schema in schemas]
+
+
+def _short_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    function = dict(schema.get("function") or {})
+    short: dict[str, Any] = {"name": function.get("name", "")}
+    description = one_line(str(function.get("description") or ""))
+    if description:
+        short["description"] = description
+    if "parameters" in function:
+        short["parameters"] = _without_descriptions(function["parameters"])
+    return {**{k: v for k, v in schema.items() if k != "function"}, "function": short}
+
+
+def one_line(text: str) -> str:
+    """The first sentence (or line) of `text`, at most SHORT_DESCRIPTION_CHARS characters."""
+    first = " ".join(text.strip().split("\n", 1)[0].split())
+    for stop in (". ", "。"):
+        if stop in first:
+            first = first.split(stop, 1)[0] + stop.strip()
+    return first if len(first) <= SHORT_DESCRIPTION_CHARS else first[:SHORT_DESCRIPTION_CHARS - 1].rstrip() + "…"
+
+
+def _without_descriptions(value: Any) -> Any:
+    if isinstance(value, dict):
+        # "properties" maps names to schemas: a parameter named "description" is a name, not a description.
+        return {key: (_without_descriptions(item) if key != "properties" else
+                      {name: _without_descriptions(sub) for name, sub in item.items()} if isinstance(item, dict)
+                      else item)
+                for key, item in value.items() if key not in ("description", "title", "examples")}
+    if isinstance(value, list):
+        return [_without_descriptions(item) for item in value]
+    return value
+
+
+# -- fitting a request -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How one request fits: the history kept from index `history_start`, the first `memory_keep` memory pieces,
+    the reply's max_tokens, the prompt's tokens. `fits` False: the fixed parts and the user's message leave less
+    than REPLY_FLOOR for a reply, so it must not be sent."""
+
+    history_start: int
+    memory_keep: int
+    max_tokens: int
+    prompt: int
+    fits: bool
+
+
+def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequence[int], max_tokens: int,
+                reserve: int) -> Fit:
+    """Fit memory pieces (best first, together already within their cap) and history messages (oldest first) next to
+    the `fixed` parts (system prompt, lessons, skills, tools, summary, the user's message), keeping `reserve` for
+    the reply; what the prompt then leaves, up to `max_tokens`, is the reply's."""
+    room = usable(window)
+    floor = min(REPLY_FLOOR, reserve)
+    if fixed + reserve > room:
+        # Nothing else fits: no memory, no history, and the reply lowered to what is left.
+        reply = min(max_tokens, room - fixed)
+        return Fit(len(history), 0, max(reply, 0), fixed, reply >= floor)
+    left = room - fixed - reserve
+    # Memory takes at most half of what is left, the history the rest: the recent conversation matters as much as
+    # what memory brings up, and a fixed split keeps a set-aside from being filled by memory at the next turn.
+    memory_room = left // 2
+    keep = 0
+    for cost in memory:
+        if cost > memory_room:
+            break
+        memory_room -= cost
+        left -= cost
+        keep += 1
+    start = _history_start(history, left)
+    if start > 0:
+        # Cut once, deep enough that the next turns fit again: keep what fills half the history's room, so a small
+        # window sets its history aside (or summarises it) every few turns, not at every turn.
+        start = _history_start(history, left // 2)
+    prompt = fixed + sum(memory[:keep]) + sum(history[start:])
+    return Fit(start, keep, min(max_tokens, room - prompt), prompt, True)
+
+
+def _history_start(history: Sequence[int], room: int) -> int:
+    """The first message of the newest run of `history` that fits in `room` tokens."""
+    start = len(history)
+    for index in range(len(history) - 1, -1, -1):
+        if history[index] > room:
+            break
+        room -= history[index]
+        start = index
+    return start
+
+
+def reply_tokens(window: int, prompt: int, max_tokens: int) -> int:
+    """The max_tokens of a request whose prompt is `prompt` tokens: config's, lowered to what the window leaves."""
+    return max(1, min(max_tokens, usable(window) - prompt))
+
+
+# -- the split, for /context and the turn's record ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromptSplit:
+    """Where one request's tokens went: each part's tokens, the window and where it came from, and what was
+    shrunk to fit (tools in short form, memory pieces left out, history messages set aside)."""
+
+    window: ContextWindow
+    parts: dict[str, int]
+    tools_short: bool = False
+    memory_dropped: int = 0
+    history_set_aside: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """The split as the turn's `why` record keeps it (JSON)."""
+        return {"window": self.window.tokens, "source": self.window.source, "detail": self.window.detail,
+                "parts": dict(self.parts), "tools_short": self.tools_short, "memory_dropped": self.memory_dropped,
+                "history_set_aside": self.history_set_aside}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> PromptSplit | None:
+        """The split a `why` record keeps; None when it is not one (an older record, a hand edit)."""
+        try:
+            parts = {str(k): int(v) for k, v in dict(record["parts"]).items()}
+            window = ContextWindow(int(record["window"]), record["source"], str(record.get("detail") or ""))
+            return cls(window, parts, bool(record.get("tools_short")), int(record.get("memory_dropped") or 0),
+                       int(record.get("history_set_aside") or 0))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def split_report(split: PromptSplit, heading: str) -> str:
+    """The split as lines: each part's tokens and share of the window, the total, the window and its source."""
+    window = split.window.tokens
+    lines = [heading]
+    width = max(len(label) for label in PART_LABELS.values())
+    for name in PARTS:
+        if name not in split.parts:
+            continue
+        tokens = split.parts[name]
+        note = ""
+        if name == "tools" and split.tools_short:
+            note = "  (short form: the full schemas exceed prompt_tools_percent)"
+        elif name == "memory" and split.memory_dropped:
+            note = f"  ({split.memory_dropped} piece(s) left out to fit)"
+        elif name == "history" and split.history_set_aside:
+            note = f"  ({split.history_set_aside} older message(s) summarised or set aside to fit)"
+        lines.append(f"  {PART_LABELS[name]:<{width}}  {tokens:>7,}  {_percent(tokens, window):>5}{note}")
+    total = sum(split.parts.values())
+    lines.append(f"  {'total':<{width}}  {total:>7,}  {_percent(total, window):>5}")
+    detail = f": {split.window.detail}" if split.window.detail else ""
+    lines.append(f"window: {window:,} tokens ({split.window.source}{detail})")
+    return "\n".join(lines)
+
+
+def _percent(tokens: int, window: int) -> str:
+    return f"{100 * tokens / window:.1f}%" if window > 0 else "-"

@@ -1,0 +1,303 @@
+"""Every request fits the model's window (agent/budget.py): the pure split on small and large windows, the policy's
+shares and their bounds, the tools' short form, the user's message never cut, and real turns against a 4096-token
+window through the AgentLoop and the fake OpenAI server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+import pytest
+from pydantic import BaseModel, Field, ValidationError
+
+from picoclaw.agent.budget import (
+    REPLY_FLOOR,
+    Shares,
+    fit_request,
+    json_tokens,
+    memory_cap,
+    reply_reserve,
+    short_schemas,
+    short_tools_needed,
+    usable,
+)
+from picoclaw.agent.loop import AgentLoop
+from picoclaw.app import App
+from picoclaw.errors import ConfigError
+from picoclaw.memory.workspace import Workspace
+from picoclaw.policy_schema import MemoryPolicy
+from picoclaw.providers.base import ContextWindow, FixedWindow
+from picoclaw.tokens import count_tokens
+from picoclaw.tools.base import Tool
+from picoclaw.tools.registry import build_tools
+from tests.agent_helpers import (
+    SESSION,
+    is_flush_request,
+    is_summary_request,
+    make_provider,
+    records_of,
+    said,
+    set_policy,
+    turn_requests,
+    write_memory,
+)
+from tests.fakes import FakeOpenAIServer
+
+SMALL = ContextWindow(4096, "server", "llama.cpp /props")
+DEFAULT_SHARES = Shares.of(MemoryPolicy())
+
+
+# -- the pure budget ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window", [4096, 8192, 128_000])
+def test_a_request_fits_its_window_with_room_for_the_reply(window: int) -> None:
+    reserve = reply_reserve(window, 4096, DEFAULT_SHARES)
+    history = [300] * 500  # far more than any of these windows holds
+    memory = [150] * 5  # within memory's cap on each of them
+    fit = fit_request(window, fixed=1500, memory=memory, history=history, max_tokens=4096, reserve=reserve)
+    assert fit.fits
+    assert fit.prompt + fit.max_tokens <= usable(window) <= window
+    assert fit.max_tokens >= reserve  # the reply keeps its share
+    kept = sum(history[fit.history_start:]) + sum(memory[:fit.memory_keep])
+    assert fit.prompt == 1500 + kept
+    # The newest history is what stays: a contiguous tail.
+    assert 0 < fit.history_start < len(history)
+
+
+def test_the_reply_share_depends_on_the_window() -> None:
+    assert reply_reserve(4096, 4096, DEFAULT_SHARES) == 1024  # 25 % of a small window
+    assert reply_reserve(8192, 4096, DEFAULT_SHARES) == 2048
+    assert reply_reserve(128_000, 4096, DEFAULT_SHARES) == 4096  # config's max_tokens, as before
+
+
+def test_on_a_large_window_nothing_shrinks() -> None:
+    fit = fit_request(128_000, fixed=2000, memory=[200] * 10, history=[300] * 40, max_tokens=4096,
+                      reserve=reply_reserve(128_000, 4096, DEFAULT_SHARES))
+    assert (fit.history_start, fit.memory_keep, fit.max_tokens) == (0, 10, 4096)
+
+
+def test_memory_cap_is_the_smaller_of_budget_and_share() -> None:
+    assert memory_cap(4096, 2000, DEFAULT_SHARES) == 819  # 20 % of 4096
+    assert memory_cap(8192, 2000, DEFAULT_SHARES) == 1638
+    assert memory_cap(128_000, 2000, DEFAULT_SHARES) == 2000
+
+
+def test_memory_gives_way_before_the_reply_and_the_message() -> None:
+    # Fixed parts leave 4096·0.95 − 2500 − 1024 = 367 tokens: memory takes at most half (one 150-token piece),
+    # the history the rest; cut once, it keeps what fills half its room (one 100-token message, the newest), so
+    # the next turn fits without another cut.
+    fit = fit_request(4096, fixed=2500, memory=[150] * 5, history=[100] * 5, max_tokens=4096, reserve=1024)
+    assert fit.memory_keep == 1 and fit.history_start == 4
+    assert fit.prompt + fit.max_tokens <= 4096
+    following = fit_request(4096, fixed=2500, memory=[150] * 5, history=[100] * 2, max_tokens=4096, reserve=1024)
+    assert following.history_start == 0
+    # A history that fits is not cut.
+    short = fit_request(4096, fixed=2500, memory=[150] * 5, history=[50, 50], max_tokens=4096, reserve=1024)
+    assert short.memory_keep == 1 and short.history_start == 0
+
+
+def test_a_message_that_alone_leaves_no_room_for_a_reply_does_not_fit() -> None:
+    fit = fit_request(4096, fixed=3800, memory=[100], history=[100], max_tokens=4096, reserve=1024)
+    assert not fit.fits
+    # Squeezed, but still a reply: the request is sent with a lowered max_tokens and nothing else.
+    squeezed = fit_request(4096, fixed=3300, memory=[100], history=[100], max_tokens=4096, reserve=1024)
+    assert squeezed.fits and squeezed.memory_keep == 0 and squeezed.history_start == 1
+    assert REPLY_FLOOR <= squeezed.max_tokens < 1024 and squeezed.prompt + squeezed.max_tokens <= 4096
+
+
+# -- shares and their bounds -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value"), [("prompt_tools_percent", 4), ("prompt_tools_percent", 61),
+                                            ("prompt_memory_percent", 0), ("prompt_memory_percent", 51),
+                                            ("prompt_reply_percent", 4), ("prompt_reply_percent", 99)])
+def test_shares_out_of_bounds_are_refused(key: str, value: int) -> None:
+    with pytest.raises(ValidationError, match=key):
+        MemoryPolicy(**{key: value})
+
+
+def test_shares_together_leave_room_for_the_rest() -> None:
+    with pytest.raises(ValidationError, match="at most 80"):
+        MemoryPolicy(prompt_tools_percent=40, prompt_memory_percent=30, prompt_reply_percent=20)
+    assert MemoryPolicy(prompt_tools_percent=40, prompt_memory_percent=20, prompt_reply_percent=20)
+
+
+def test_a_bad_share_in_config_json_names_the_key(home: Path) -> None:
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["memory"]["prompt_reply_percent"] = "25"  # strict: text is not a number
+    path.write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(ConfigError, match="prompt_reply_percent"):
+        App.open(home)
+
+
+def test_a_bad_share_in_the_overrides_is_ignored_key_by_key(workspace: Workspace,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    overrides = workspace.memory_dir / "policy_overrides.json"
+    overrides.write_text(json.dumps({"prompt_tools_percent": 500, "prompt_memory_percent": 10}), encoding="utf-8")
+    policy = workspace.policy.current()
+    assert policy.prompt_tools_percent == 25 and policy.prompt_memory_percent == 10
+    assert "prompt_tools_percent" in caplog.text
+
+
+# -- the tools' short form ------------------------------------------------------------------------------------
+
+
+LONG = ("Looks up the thing in the remote catalogue. It supports pagination, filtering by many fields, fuzzy "
+        "matching, and it returns JSON with every field documented below. 它还支持中文查询与模糊匹配。") * 3
+
+
+class _Args(BaseModel):
+    query: str = Field(description="what to look for; " + LONG)
+    limit: int = Field(5, description="how many results " + LONG)
+    description: str = Field("", description="a parameter that happens to be called description")
+
+
+def _tool(index: int) -> Tool:
+    class Catalogue(Tool):
+        name: ClassVar[str] = f"catalogue_{index:02d}"
+        description: ClassVar[str] = LONG
+        Args: ClassVar[type[BaseModel]] = _Args
+
+        async def run(self, args: Any) -> str:
+            return "nothing found"
+    return Catalogue()
+
+
+MANY_TOOLS = [_tool(n) for n in range(6)]
+
+
+def test_short_form_keeps_names_and_parameters_and_drops_long_descriptions() -> None:
+    full = [tool.schema() for tool in MANY_TOOLS]
+    short = short_schemas(full)
+    assert [s["function"]["name"] for s in short] == [s["function"]["name"] for s in full]
+    first = short[0]["function"]
+    assert first["description"] == "Looks up the thing in the remote catalogue."
+    assert set(first["parameters"]["properties"]) == {"query", "limit", "description"}  # a parameter's *name* stays
+    assert "description" not in json.dumps(first["parameters"]["properties"]["query"])
+    assert first["parameters"]["required"] == ["query"]
+    assert json_tokens(short) * 5 < json_tokens(full)
+    # The same input gives the same bytes: a session's prefix stays cached.
+    assert orjson.dumps(short_schemas(full)) == orjson.dumps(short)
+
+
+def test_the_short_form_is_chosen_by_the_tools_size_alone() -> None:
+    full = json_tokens([tool.schema() for tool in MANY_TOOLS])
+    assert short_tools_needed(full, 4096, DEFAULT_SHARES)
+    assert not short_tools_needed(full, 128_000, DEFAULT_SHARES)
+
+
+# -- real turns on a 4096 window ------------------------------------------------------------------------------
+
+
+def run_small(workspace: Workspace, server: FakeOpenAIServer, texts: list[str], *, window: ContextWindow = SMALL,
+              tools: list[Tool] | None = None, key: str = SESSION) -> list[str]:
+    """Send `texts` to one session of an AgentLoop whose model has `window`, waiting for background work."""
+    async def main() -> list[str]:
+        async with make_provider(workspace, server) as provider:
+            loop = AgentLoop(workspace, provider, build_tools(workspace, tools or []), windows=FixedWindow(window))
+            replies = []
+            for text in texts:
+                replies.append((await loop.handle(key, text)).text)
+                await loop.wait_background()
+            return replies
+    return asyncio.run(main())
+
+
+def request_tokens(body: dict[str, Any]) -> int:
+    """What a request holds, counted on its own: every message and the tools as the JSON sent, and max_tokens."""
+    messages = sum(count_tokens(json.dumps(m, ensure_ascii=False, separators=(",", ":"))) for m in body["messages"])
+    tools = count_tokens(json.dumps(body.get("tools") or [], ensure_ascii=False, separators=(",", ":")))
+    return messages + (tools if body.get("tools") else 0) + int(body["max_tokens"])
+
+
+def big_memory(workspace: Workspace) -> None:
+    write_memory(workspace, [f"## 2025-03-0{1 + n % 9}\nProject {n}: the deploy of service {n} runs on Thursdays; "
+                             f"项目 {n} 的负责人是王{n}，预算 {n * 1000} 元。" + " Details follow." * 30
+                             for n in range(40)])
+
+
+def answering(server: FakeOpenAIServer) -> None:
+    """Every request answered by kind: the flush stores nothing, a summary is a valid one, a turn a short text."""
+    def respond(body: dict[str, Any]) -> str:
+        if is_flush_request(body):
+            return "NONE"
+        if is_summary_request(body):
+            return ("## Goal\nTalk about the projects.\n## Progress\nMany questions answered.\n"
+                    "## Next steps\nMore questions.\n## Key context\n项目与预算。")
+        return "Thursday. 周四。"
+    server.responder = respond
+
+
+def test_every_request_stays_within_a_4096_window(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    big_memory(workspace)
+    answering(fake_openai)
+    questions = [f"Question {n}: when is the deploy of project {n}, and who owns 项目 {n}? " + "Please be brief. " * 20
+                 for n in range(14)]
+
+    replies = run_small(workspace, fake_openai, questions, tools=MANY_TOOLS)
+
+    assert all("Thursday" in reply for reply in replies)
+    requests = fake_openai.chat_requests()
+    turns = turn_requests(fake_openai)
+    assert len(turns) == len(questions) and len(requests) >= len(turns)
+    for body in turns:  # the background calls (flush, summary) are shaped in agent/summary.py, memory/flush.py
+        assert request_tokens(body) <= SMALL.tokens, request_tokens(body)
+    # Each turn's own words arrived whole, and the reply was given less than config's 4096.
+    for question, body in zip(questions, turns, strict=True):
+        assert said(body["messages"][-1]) == question
+        assert body["max_tokens"] < 4096
+    # The tools went in their short form, the same bytes in every turn (the prompt cache keeps them).
+    assert len({orjson.dumps(body["tools"]) for body in turns}) == 1
+    assert len(turns[0]["tools"]) == len(build_tools(workspace, MANY_TOOLS).schemas())  # every tool offered
+    assert all("description" not in json.dumps(t["function"]["parameters"]["properties"]["query"])
+               for t in turns[0]["tools"] if t["function"]["name"].startswith("catalogue_"))
+    # History over its room was summarised on record, never dropped without a trace.
+    assert records_of(workspace, "compaction")
+    # The split went into each turn's record.
+    user_records = [r for r in records_of(workspace, "message") if r["message"]["role"] == "user"]
+    split = user_records[-1]["why"]["context"]
+    assert split["window"] == 4096 and split["source"] == "server" and split["detail"] == "llama.cpp /props"
+    assert split["tools_short"] is True
+    assert sum(split["parts"].values()) <= 4096
+
+
+def test_a_long_message_is_never_cut(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    answering(fake_openai)
+    english = "Here is my long story. " * 250  # ~1250 tokens
+    chinese = "这是我很长的一段话，请你完整地读完它。" * 100  # ~1900 tokens
+    earlier = [f"earlier message {n} " + "words " * 150 for n in range(6)]
+
+    replies = run_small(workspace, fake_openai, [*earlier, english, chinese])
+
+    assert all(reply.endswith("周四。") for reply in replies)
+    turns = turn_requests(fake_openai)
+    assert said(turns[-2]["messages"][-1]) == english
+    assert said(turns[-1]["messages"][-1]) == chinese
+    for body in turns:
+        assert request_tokens(body) <= SMALL.tokens
+
+
+@pytest.mark.parametrize("message", ["Read all of this. " * 900, "请完整阅读下面的内容。" * 400])
+def test_a_message_too_long_for_the_window_is_refused_in_one_line(workspace: Workspace,
+                                                                   fake_openai: FakeOpenAIServer, message: str) -> None:
+    [reply] = run_small(workspace, fake_openai, [message])
+
+    assert fake_openai.chat_requests() == []  # nothing over-long was sent
+    assert "\n" not in reply and "leaves no room for an answer" in reply and "4,096" in reply
+    assert not (workspace.root / "sessions").exists() or records_of(workspace, "message") == []
+
+
+def test_a_large_window_sends_what_it_did_before(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    big_memory(workspace)
+    set_policy(workspace, memory_token_budget=2000)
+    answering(fake_openai)
+    run_small(workspace, fake_openai, ["when is the deploy of project 3?"], tools=MANY_TOOLS,
+              window=ContextWindow(128_000, "config"))
+    [body] = turn_requests(fake_openai)
+    assert body["max_tokens"] == 4096
+    assert body["tools"] == [tool.schema() for tool in [*build_tools(workspace).tools.values(), *MANY_TOOLS]]
