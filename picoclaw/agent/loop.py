@@ -473,7 +473,9 @@ class AgentLoop:
             return
         async with self._alone(f"reflection:{key}") as ours:
             if ours:  # looked at again, brought up to date: another worker may have just reflected on it
-                await self.reflector.maybe_reflect(self.sessions, await self.session(key))
+                remembered = self.last_requests.get(key)
+                await self.reflector.maybe_reflect(self.sessions, await self.session(key),
+                                                   remembered.prefix if remembered is not None else None)
 
     @asynccontextmanager
     async def _alone(self, work: str) -> AsyncIterator[bool]:
