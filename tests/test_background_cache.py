@@ -6,6 +6,7 @@ guarded as before; with no such request known (a fresh process, another session'
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -32,7 +33,7 @@ from tests.agent_helpers import (
     turn_requests,
     with_agent,
 )
-from tests.fakes import FakeOpenAIServer, Text
+from tests.fakes import Error, FakeOpenAIServer, Text
 from tests.fakes.openai_server import RecordedRequest
 from tests.waiting import wait_until
 
@@ -261,3 +262,32 @@ def test_a_summary_written_while_new_archived_the_session_is_dropped(
     last = turn_requests(fake_openai)[-1]
     assert [said(m) for m in last["messages"][1:]] == ["fresh"]
 
+
+
+def test_a_continued_request_over_the_window_is_asked_again_in_its_own_prompt(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
+    # The conversation filled the window; with its reply and the instruction the server refuses it (llama-cpp-python's
+    # words): the job's own, shorter prompt is sent instead, and its answer is used.
+    overflow = Error(400, "Requested tokens (8300) exceed context window of 8192")
+    set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+
+    def model(body: dict[str, Any]) -> Text | Error:
+        if is_background(body) and is_continued(body):
+            return overflow
+        if is_summary_request(body):
+            return Text(SUMMARY_ZH)
+        return Text("- 我妹妹安娜住在柏林。" if is_flush_request(body) else "好的")
+
+    fake_openai.responder = model
+    with frozen(), caplog.at_level(logging.INFO, logger="picoclaw.providers.base"):
+        chat(workspace, fake_openai, CASES["chinese"][0])
+
+    kinds = [("summary" if is_summary_request(b) else "flush") + (" after" if is_continued(b) else " own")
+             for b in fake_openai.chat_requests() if is_background(b)]
+    assert kinds == ["flush after", "flush own", "summary after", "summary own"]
+    said_so = [r.message for r in caplog.records if r.message.startswith(
+        "a background call after the conversation is too long for the model (")]
+    assert len(said_so) == 2 and all("exceed context window of 8192" in line for line in said_so)  # one line each
+    [compaction] = records_of(workspace, "compaction")
+    assert compaction["summary"] == SUMMARY_ZH
+    assert "我妹妹安娜住在柏林。" in workspace.store.read_long_term()

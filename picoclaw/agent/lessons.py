@@ -233,7 +233,7 @@ class Learner:
         try:
             if after is not None:
                 reply = await after.ask(self.provider, continued_lesson_request(turn, trigger, after),
-                                        max_tokens=MAX_ANSWER_TOKENS)
+                                        lesson_request(turn, trigger), max_tokens=MAX_ANSWER_TOKENS)
             else:
                 reply = await self.provider.chat(lesson_request(turn, trigger), None, max_tokens=MAX_ANSWER_TOKENS)
         except ProviderError as exc:

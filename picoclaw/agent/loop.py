@@ -575,12 +575,12 @@ class AgentLoop:
             if policy.memory_flush_enabled:  # the facts in what is folded away go to MEMORY.md first
                 await self._flush(key, [m.message for m in folded], receipts, fold)
             try:
+                own = summary_request(session.summary, [m.message for m in folded])
                 if fold is not None:
                     reply = await fold.prefix.ask(self.provider, continued_summary_request(
-                        fold.part, fold.earlier, session.summary, fold.summary_shown))
+                        fold.part, fold.earlier, session.summary, fold.summary_shown), own)
                 else:
-                    reply = await self.provider.chat(summary_request(session.summary, [m.message for m in folded]),
-                                                     None)
+                    reply = await self.provider.chat(own, None)
             except ProviderError as exc:
                 log.warning("session %s: summary failed (%s); history kept as it was", key, exc)
                 self._back_off(key, session, policy)

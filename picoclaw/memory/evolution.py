@@ -126,7 +126,8 @@ async def suggest_policy_change(provider: ChatProvider, manager: PolicyManager, 
     to judge), instead of sending `transcript` in a prompt of its own."""
     try:
         if after is not None:
-            reply = await after.ask(provider, continued_reflection_request(manager.current(), part))
+            reply = await after.ask(provider, continued_reflection_request(manager.current(), part),
+                                    reflection_request(manager.current(), transcript))
         else:
             reply = await provider.chat(reflection_request(manager.current(), transcript), None)
     except ProviderError as exc:

@@ -142,7 +142,8 @@ async def _flush(provider: ChatProvider, store: MemoryStore, transcript: str, sa
         return result
     try:
         if after is not None:
-            reply = await after.prefix.ask(provider, continued_flush_request(after.part, after.earlier))
+            reply = await after.prefix.ask(provider, continued_flush_request(after.part, after.earlier),
+                                           flush_request(transcript))
         else:
             reply = await provider.chat(flush_request(transcript), None)
     except ProviderError as exc:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+log = logging.getLogger(__name__)
 
 Message = dict[str, Any]  # one OpenAI chat message: {"role": ..., "content": ..., ...}
 
@@ -138,11 +141,22 @@ class PromptPrefix:
         """The prefix's messages followed by `instruction` as a user message (after the BETWEEN_TURNS line)."""
         return [*self.messages, {"role": "user", "content": f"{BETWEEN_TURNS}\n{instruction}"}]
 
-    async def ask(self, provider: ChatProvider, instruction: str, *, max_tokens: int | None = None) -> ChatReply:
+    async def ask(self, provider: ChatProvider, instruction: str, own: list[Message], *,
+                  max_tokens: int | None = None) -> ChatReply:
         """`instruction` asked after the prefix, with the conversation's tools offered and none to be called: a
-        server that renders the tools into the prompt (llama.cpp, Qwen's template) sees the same bytes first."""
-        return await provider.chat(self.then(instruction), list(self.tools) or None, max_tokens=max_tokens,
-                                   tool_choice="none")
+        server that renders the tools into the prompt (llama.cpp, Qwen's template) sees the same bytes first.
+
+        The conversation filled the window up to its reply's share; with the reply and the instruction after it
+        the request may not fit: then `own`, the job's request of its own (shorter: only what it must read), is
+        sent instead, without tools."""
+        try:
+            return await provider.chat(self.then(instruction), list(self.tools) or None, max_tokens=max_tokens,
+                                       tool_choice="none")
+        except ProviderError as exc:
+            if exc.kind != "context_too_long":
+                raise
+            log.info("a background call after the conversation is too long for the model (%s); asking it alone", exc)
+        return await provider.chat(own, None, max_tokens=max_tokens)
 
 
 class ChatProvider(Protocol):
