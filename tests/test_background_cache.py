@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
+from picoclaw.agent.cache_prefix import fold_of
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, UNSEEN
 from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, NOT_CONTEXT
+from picoclaw.memory.session import StoredMessage
 from picoclaw.memory.workspace import Workspace
-from picoclaw.providers.base import BETWEEN_TURNS
+from picoclaw.providers.base import BETWEEN_TURNS, PromptPrefix
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_EN,
@@ -291,3 +293,50 @@ def test_a_continued_request_over_the_window_is_asked_again_in_its_own_prompt(
     [compaction] = records_of(workspace, "compaction")
     assert compaction["summary"] == SUMMARY_ZH
     assert "我妹妹安娜住在柏林。" in workspace.store.read_long_term()
+
+
+# -- which part is folded, said for the model (pure) ------------------------------------------------------------
+
+
+def stored(*pairs: tuple[str, str]) -> list[StoredMessage]:
+    return [StoredMessage(n, {"role": role, "content": text}) for n, (role, text) in enumerate(pairs, start=1)]
+
+
+HISTORY = stored(("user", "我妹妹安娜住在柏林。"), ("assistant", "好的，记住了。"), ("user", "How are you?"),
+                 ("assistant", "Fine, thanks."), ("user", "讲个笑话"), ("assistant", "好的：……"))
+SYSTEM = {"role": "system", "content": "You are picoclaw."}
+
+
+def test_the_part_is_named_by_where_it_ends_and_what_follows() -> None:
+    prefix = PromptPrefix((SYSTEM, *(m.as_sent() for m in HISTORY)))
+    fold = fold_of(prefix, HISTORY, 4, None)
+    assert fold is not None and fold.earlier == ""
+    assert fold.part == ("the conversation above up to and including the assistant's reply that begins «Fine, "
+                         "thanks.»; the last 2 messages above come after it and are not part of it")
+    whole = fold_of(prefix, HISTORY, 6, None)
+    assert whole is not None and whole.part == "the whole conversation above"
+
+
+def test_folded_messages_the_request_did_not_carry_are_quoted() -> None:
+    # The request sent only the newest four messages (the history was trimmed to fit): the first two are quoted.
+    prefix = PromptPrefix((SYSTEM, *(m.as_sent() for m in HISTORY[2:])))
+    fold = fold_of(prefix, HISTORY, 4, None)
+    assert fold is not None
+    assert fold.earlier == "User: 我妹妹安娜住在柏林。\nAssistant: 好的，记住了。"
+    assert fold.part.endswith("not part of it, and the earlier messages of that part quoted below")
+    # Nothing of the folded part in the request: only the quoted messages are read.
+    none_shown = fold_of(PromptPrefix((SYSTEM, *(m.as_sent() for m in HISTORY[4:]))), HISTORY, 4, None)
+    assert none_shown is not None and none_shown.part.startswith("only the earlier messages quoted below")
+    assert "讲个笑话" not in none_shown.earlier
+
+
+def test_a_request_that_is_not_this_history_is_not_continued() -> None:
+    prefix = PromptPrefix((SYSTEM, *(m.as_sent() for m in HISTORY)))
+    changed = [*HISTORY[:-1], StoredMessage(6, {"role": "assistant", "content": "另一个回答"})]
+    assert fold_of(prefix, changed, 4, None) is None  # another reply since (another process, a mark)
+    assert fold_of(prefix, HISTORY[:3], 2, None) is None  # compacted since: the request is longer than the history
+    assert fold_of(prefix, HISTORY, 4, "## Goal\n旧的摘要") is None  # a summary the request's system prompt lacks
+    with_summary = PromptPrefix(({"role": "system", "content": "You are picoclaw.\n\n## Summary of the earlier "
+                                  "conversation\n## Goal\n旧的摘要"}, *(m.as_sent() for m in HISTORY)))
+    fold = fold_of(with_summary, HISTORY, 4, "## Goal\n旧的摘要")
+    assert fold is not None and fold.summary_shown
