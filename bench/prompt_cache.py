@@ -24,10 +24,24 @@ What is measured
     for every third place, so a third of the questions bring one, plus two standing lessons that every
     conversation carries), and prints both shares side by side (issue 27: not lower with lessons than without).
 
+    The table has a column for a 128k window (config.json's number, the old default) and one for an 8k window
+    (a local server's ``--n_ctx 8192``); on the 8k window a summary may fire even with summaries off (the token
+    trigger), and the turn after it starts again from the summary, so its share is lower.
+
+    Background calls (issue 41): with ``--summaries``, every flush and summary request between turns is measured
+    against the conversation request before it, and each turn after them against the request sent just before it
+    (what a single-slot local server, llama.cpp or llama-cpp-python, still holds) and against the conversation
+    request before the background calls (what an undisturbed cache would hold). Those shares compare prompts: the
+    tool schemas and the messages as sent, what a server renders and caches, not the sampling fields around them
+    (a background call's max_tokens and tool_choice "none"). The same session runs twice: background calls in
+    their own prompts (as before issue 41), and asked after the conversation's last request (now); a third row
+    shows the share the background calls would have if they dropped the tool schemas (why they keep them).
+
 Run (from the repository root):
     python bench/prompt_cache.py
     python bench/prompt_cache.py --lessons
     python bench/prompt_cache.py --turns 80 --summaries
+    python bench/prompt_cache.py --turns 30 --summaries --background-only
     python bench/prompt_cache.py --server http://127.0.0.1:8765/v1
 """
 
@@ -40,20 +54,29 @@ import logging
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_TASK  # noqa: E402
+from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK  # noqa: E402
 from picoclaw.app import App  # noqa: E402
 from picoclaw.config import Config, load_config  # noqa: E402
+from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_TASK  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
+from picoclaw.providers.base import BETWEEN_TURNS  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
 from picoclaw.tokens import count_tokens, is_exact  # noqa: E402
 from tests.fakes import FakeOpenAIServer, Text  # noqa: E402
+from tests.fakes.openai_server import RecordedRequest  # noqa: E402
 
 SESSION = "cli:bench"
 TARGET = 0.95
+WINDOWS = {"128k": 128_000, "8k": 8_192}
+SUMMARY = ("## Goal\nTalk about places.\n## Constraints and preferences\nShort answers.\n## Progress\nAsked about "
+           "several places.\n## Key decisions\nNone.\n## Next steps\nMore places.\n## Key context\nSee MEMORY.md.")
 FIRST_TARGET = 1500  # tokens of the first request (issue 24)
 FIRST_BEFORE = 2419  # what llama-cpp-python's server counted for it before issue 24
 FIRST_QUESTION = "What is the capital of France?"
@@ -107,13 +130,40 @@ def shared_prefix(previous: bytes, current: bytes) -> int:
     return low
 
 
-async def run_session(turns: int, summaries: bool, with_lessons: bool = False) -> list[bytes]:
+def kind_of(body: dict[str, object]) -> str:
+    """"turn", or the background call a chat request is: "summary", "flush" or "lesson" (either shape)."""
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    first, last = str(messages[0].get("content") or ""), str(messages[-1].get("content") or "")
+    for kind, instructions, task in (("summary", SUMMARY_INSTRUCTIONS, SUMMARY_TASK),
+                                     ("flush", FLUSH_INSTRUCTIONS, FLUSH_TASK),
+                                     ("lesson", LESSON_INSTRUCTIONS, LESSON_TASK)):
+        if first == instructions or last.startswith(f"{BETWEEN_TURNS}\n{task}"):
+            return kind
+    return "turn"
+
+
+def answer(body: dict[str, object]) -> Text:
+    kind = kind_of(body)
+    if kind == "summary":
+        return Text(SUMMARY)
+    if kind == "flush":
+        return Text("NONE")
+    return Text("Noted; that matches what you told me before. 好的。")
+
+
+async def run_session(turns: int, summaries: bool, with_lessons: bool = False, window: int = WINDOWS["128k"],
+                      continued: bool = True) -> list[RecordedRequest]:
+    """Every chat request of one session of `turns` turns, in order (background calls included).
+
+    `continued` off: background calls use their own prompts, as before issue 41 (the loop remembers no request)."""
     entries, questions = facts()
     with FakeOpenAIServer() as model, tempfile.TemporaryDirectory(prefix="picoclaw-bench-cache-") as tmp:
         home = Path(tmp) / "home"
         onboard(home)
         config_path = home / "config.json"
         data = json.loads(config_path.read_text(encoding="utf-8"))
+        data["agents"]["defaults"]["context_window"] = window
         if not summaries:
             data["memory"].update(session_summary_message_threshold=1000, session_summary_token_percent=95)
         config_path.write_text(json.dumps(data), encoding="utf-8")
@@ -121,7 +171,7 @@ async def run_session(turns: int, summaries: bool, with_lessons: bool = False) -
         memory.write_text("# Long-term memory\n\n" + "\n\n".join(entries) + "\n", encoding="utf-8")
         if with_lessons:
             (memory.parent / "LEARNINGS.md").write_text(lessons(), encoding="utf-8")
-        model.responder = lambda body: Text("Noted; that matches what you told me before. 好的。")
+        model.responder = answer
 
         def connect(config: Config) -> OpenAICompatProvider:
             return OpenAICompatProvider(name="openai", api_base=model.base_url, api_key="sk-bench",
@@ -129,11 +179,17 @@ async def run_session(turns: int, summaries: bool, with_lessons: bool = False) -
 
         async with App(load_config(home), home, make_provider=connect) as app:
             agent = app.agent()
+            if not continued:
+                agent.last_requests.keep = lambda *args, **kwargs: None  # type: ignore[method-assign]
             for n in range(turns):
                 await agent.handle(SESSION, questions[n % len(questions)])
                 await agent.wait_background()
-        return [request.raw for request in model.requests if request.path.endswith("/chat/completions")
-                and not _is_summary(request.raw)]
+        return [request for request in model.requests if request.path.endswith("/chat/completions")]
+
+
+def turn_bodies(requests: list[RecordedRequest]) -> list[bytes]:
+    """The raw bodies of the session's turns (background calls left out)."""
+    return [request.raw for request in requests if kind_of(request.json) == "turn"]
 
 
 async def first_request() -> dict[str, object]:
@@ -189,8 +245,73 @@ def print_first_request(server: str | None) -> None:
     print()
 
 
-def _is_summary(raw: bytes) -> bool:
-    return b"You compact a conversation" in raw[:2000]
+def prompt_of(body: dict[str, object], tools: bool = True) -> bytes:
+    """What a server renders into its prompt and caches: the tool schemas and the messages, as the client sends
+    them (compact JSON, UTF-8); `tools` off: as if the request offered none."""
+    parts = {"tools": body.get("tools") if tools else None, "messages": body["messages"]}
+    return json.dumps(parts, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@dataclass
+class Background:
+    """One session's background calls, measured: each call's share of its prompt already in the conversation
+    request before it (with the tools it sent, and as if it had sent none), and for each turn after such calls its
+    share against the request just before it and against the conversation request before the calls."""
+
+    calls: dict[str, list[float]] = field(default_factory=dict)
+    without_tools: list[float] = field(default_factory=list)
+    after_single_slot: list[float] = field(default_factory=list)
+    after_undisturbed: list[float] = field(default_factory=list)
+
+
+def measure_background(requests: list[RecordedRequest]) -> Background:
+    measured = Background()
+    conversation: RecordedRequest | None = None  # the last turn's request so far
+    previous: RecordedRequest | None = None  # the request sent just before
+    disturbed = False
+    for request in requests:
+        kind = kind_of(request.json)
+        if kind != "turn":
+            assert conversation is not None
+            body, before = request.json, conversation.json
+            measured.calls.setdefault(kind, []).append(share(prompt_of(before), prompt_of(body)))
+            measured.without_tools.append(share(prompt_of(before), prompt_of(body, tools=False)))
+            disturbed = True
+        else:
+            if disturbed and previous is not None and conversation is not None:
+                measured.after_single_slot.append(share(prompt_of(previous.json), prompt_of(request.json)))
+                measured.after_undisturbed.append(share(prompt_of(conversation.json), prompt_of(request.json)))
+            conversation, disturbed = request, False
+        previous = request
+    return measured
+
+
+def share(previous: bytes, current: bytes) -> float:
+    return shared_prefix(previous, current) / len(current)
+
+
+def print_background(turns: int) -> None:
+    print(f"\nbackground calls between turns ({turns} turns, summaries on; shares of the prompt: tools + messages)")
+    print(f"| {'window':<6} | {'background calls':<35} | {'calls':<18} | {'call vs conversation':>20} | "
+          f"{'next turn vs last request':>25} | {'next turn vs conversation':>25} |")
+    print(f"|{'-' * 8}|{'-' * 37}|{'-' * 20}|{'-' * 22}|{'-' * 27}|{'-' * 27}|")
+    for window_name, window in WINDOWS.items():
+        for name, continued in (("own prompts (before issue 41)", False), ("after the conversation (now)", True)):
+            measured = measure_background(asyncio.run(run_session(turns, True, window=window, continued=continued)))
+            calls = [value for values in measured.calls.values() for value in values]
+            counts = ", ".join(f"{len(values)} {kind}" for kind, values in sorted(measured.calls.items()))
+            print(f"| {window_name:<6} | {name:<35} | {counts:<18} | {_spread(calls):>20} | "
+                  f"{_spread(measured.after_single_slot):>25} | {_spread(measured.after_undisturbed):>25} |")
+            if continued:
+                print(f"| {window_name:<6} | {'now, but without the tool schemas':<35} | {counts:<18} | "
+                      f"{_spread(measured.without_tools):>20} | {'–':>25} | {'–':>25} |")
+
+
+def _spread(values: list[float]) -> str:
+    """Median and range of `values` ("–" when there are none)."""
+    if not values:
+        return "–"
+    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
 
 
 def shares_from_turn_3(requests: list[bytes]) -> list[float]:
@@ -205,7 +326,7 @@ def print_lessons_comparison(turns: int, summaries: bool) -> None:
           f"{'new bytes/turn':>14} |")
     print(f"|{'-' * 30}|{'-' * 11}|{'-' * 14}|{'-' * 14}|{'-' * 16}|")
     for name, with_lessons in (("onboarding header only", False), ("20 lessons, 2 standing", True)):
-        requests = asyncio.run(run_session(turns, summaries, with_lessons))
+        requests = turn_bodies(asyncio.run(run_session(turns, summaries, with_lessons)))
         shares = shares_from_turn_3(requests)
         new = [len(current) - shared_prefix(previous, current) for previous, current in zip(requests, requests[1:])]
         print(f"| {name:<28} | {min(shares):>9.4f} | {statistics.median(shares):>12.4f} | "
@@ -218,28 +339,44 @@ def main() -> None:
     parser.add_argument("--summaries", action="store_true", help="let session summaries fire (default: off)")
     parser.add_argument("--server", help="a real OpenAI-compatible server's base URL, to count the first request")
     parser.add_argument("--lessons", action="store_true", help="also compare the share with and without lessons")
+    parser.add_argument("--background-only", action="store_true",
+                        help="with --summaries: only the background calls' table")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    print_first_request(args.server)
-    requests = asyncio.run(run_session(args.turns, args.summaries))
-    print(f"{len(requests)} turns of one session; share = byte-identical prefix of the previous request")
-    print(f"| {'turn':>4} | {'request bytes':>13} | {'shared bytes':>12} | {'new bytes':>9} | {'share':>6} |")
-    print(f"|{'-' * 6}|{'-' * 15}|{'-' * 14}|{'-' * 11}|{'-' * 8}|")
-    shares = []
-    for n, (previous, current) in enumerate(zip(requests, requests[1:]), start=2):
+    if not args.background_only:
+        print_first_request(args.server)
+        print_turns(args.turns, args.summaries)
+        if args.lessons:
+            print_lessons_comparison(args.turns, args.summaries)
+    if args.summaries:
+        print_background(args.turns)
+
+
+def print_turns(turns: int, summaries: bool) -> None:
+    """Each turn's share of the previous turn's request, on each window."""
+    sessions = {name: turn_bodies(asyncio.run(run_session(turns, summaries, window=window)))
+                for name, window in WINDOWS.items()}
+    main = sessions["128k"]
+    print(f"{len(main)} turns of one session; share = byte-identical prefix of the previous turn's request "
+          "(background calls left out)")
+    print(f"| {'turn':>4} | {'request bytes':>13} | {'shared bytes':>12} | {'new bytes':>9} | {'share 128k':>10} | "
+          f"{'share 8k':>8} |")
+    print(f"|{'-' * 6}|{'-' * 15}|{'-' * 14}|{'-' * 11}|{'-' * 12}|{'-' * 10}|")
+    for n, (previous, current) in enumerate(zip(main, main[1:]), start=2):
         shared = shared_prefix(previous, current)
-        share = shared / len(current)
-        shares.append((n, share))
-        print(f"| {n:>4} | {len(current):>13,} | {shared:>12,} | {len(current) - shared:>9,} | {share:>6.3f} |")
-    later = [share for n, share in shares if n >= 3]
-    new = [len(current) - shared_prefix(previous, current) for previous, current in zip(requests, requests[1:])]
-    print(f"\nfrom turn 3 on: min {min(later):.3f}, median {statistics.median(later):.3f} "
-          f"(target >= {TARGET}; before issue 11: 0.53-0.70, falling): "
-          f"{'met' if min(later) >= TARGET else 'NOT met'}; new bytes per turn: median {statistics.median(new):,.0f} "
-          "(the question, its memory, the previous answer: a smaller fixed prefix makes the same new part a larger "
-          "share of an early turn)")
-    if args.lessons:
-        print_lessons_comparison(args.turns, args.summaries)
+        small = sessions["8k"]
+        other = f"{share(small[n - 2], small[n - 1]):>8.3f}" if n - 1 < len(small) else f"{'–':>8}"
+        print(f"| {n:>4} | {len(current):>13,} | {shared:>12,} | {len(current) - shared:>9,} | "
+              f"{shared / len(current):>10.3f} | {other} |")
+    for name, requests in sessions.items():
+        later = shares_from_turn_3(requests)
+        new = [len(current) - shared_prefix(previous, current) for previous, current in zip(requests, requests[1:])]
+        print(f"\n{name} window, from turn 3 on: min {min(later):.3f}, median {statistics.median(later):.3f} "
+              f"(target >= {TARGET}; before issue 11: 0.53-0.70, falling): "
+              f"{'met' if min(later) >= TARGET else 'NOT met'}; new bytes per turn: median "
+              f"{statistics.median(new):,.0f}")
+    print("(new bytes: the question, its memory, the previous answer: a smaller fixed prefix makes the same new part "
+          "a larger share of an early turn; on a small window a summary starts the history again from the summary)")
 
 
 if __name__ == "__main__":

@@ -18,13 +18,14 @@ import orjson
 from freezegun import freeze_time
 from freezegun.api import _freeze_time
 
-from picoclaw.agent.lessons import LESSON_INSTRUCTIONS
+from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_TASK
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS
+from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK
 from picoclaw.app import App
-from picoclaw.memory.flush import FLUSH_INSTRUCTIONS
+from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_TASK
 from picoclaw.memory.session import session_filename
 from picoclaw.memory.workspace import Workspace
+from picoclaw.providers.base import BETWEEN_TURNS
 from picoclaw.providers.openai_compat import OpenAICompatProvider
 from picoclaw.tools.registry import build_tools
 from tests.fakes import FakeOpenAIServer
@@ -131,18 +132,41 @@ def write_memory(workspace: Workspace, blocks: list[str]) -> str:
 # -- what the model was sent ---------------------------------------------------------------------------
 
 
+def background_task(body: dict[str, Any]) -> str:
+    """The instruction of a background request asked after the conversation (`PromptPrefix.then`), without its
+    BETWEEN_TURNS line; "" for any other request."""
+    last = str(body["messages"][-1].get("content") or "")
+    head = f"{BETWEEN_TURNS}\n"
+    return last[len(head):] if body["messages"][-1].get("role") == "user" and last.startswith(head) else ""
+
+
 def is_summary_request(body: dict[str, Any]) -> bool:
-    return body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
+    """The session summary, in its own prompt or asked after the conversation (agent/summary.py)."""
+    return (body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
+            or background_task(body).startswith(SUMMARY_TASK))
 
 
 def is_flush_request(body: dict[str, Any]) -> bool:
-    """The memory flush before a summary or /new (memory/flush.py)."""
-    return body["messages"][0]["content"] == FLUSH_INSTRUCTIONS
+    """The memory flush before a summary or /new (memory/flush.py), in either shape."""
+    return body["messages"][0]["content"] == FLUSH_INSTRUCTIONS or background_task(body).startswith(FLUSH_TASK)
 
 
 def is_lesson_request(body: dict[str, Any]) -> bool:
-    """The lesson review after a turn that taught something (agent/lessons.py)."""
-    return body["messages"][0]["content"] == LESSON_INSTRUCTIONS
+    """The lesson review after a turn that taught something (agent/lessons.py), in either shape."""
+    return body["messages"][0]["content"] == LESSON_INSTRUCTIONS or background_task(body).startswith(LESSON_TASK)
+
+
+def background_reading(body: dict[str, Any]) -> str:
+    """What a background request gives the model to read: its user message in its own prompt, or the conversation's
+    messages (each as `role: text`) and the instruction when asked after the conversation."""
+    if not background_task(body):
+        return str(body["messages"][1]["content"])
+    return "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in body["messages"][1:])
+
+
+def is_continued(body: dict[str, Any]) -> bool:
+    """A background request asked after the conversation's last request (agent/cache_prefix.py)."""
+    return bool(background_task(body))
 
 
 def turn_requests(server: FakeOpenAIServer) -> list[dict[str, Any]]:

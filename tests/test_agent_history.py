@@ -84,8 +84,12 @@ def test_summary_keeps_a_tail_that_does_not_start_with_a_tool_result(
     [compaction] = records_of(workspace, "compaction")[:1]
     assert compaction["through"] == 8  # the tool result (id 8) went with its call (id 7)
     summary_request = next(b for b in fake_openai.chat_requests() if is_summary_request(b))
-    assert "Assistant called memory_search" in summary_request["messages"][1]["content"]
-    assert "Tool result: no matches in memory" in summary_request["messages"][1]["content"]
+    # Asked after turn 3's request (agent/cache_prefix.py): the call and its result are there as sent, and the part
+    # to fold is said to end with that result.
+    sent = summary_request["messages"]
+    assert any(call["function"]["name"] == "memory_search" for m in sent for call in m.get("tool_calls") or [])
+    assert "the tool result that begins «no matches in memory" in sent[-1]["content"]
+    assert "the last message above comes after it" in sent[-1]["content"]  # "two"
     third = turn_requests(fake_openai)[-1]
     assert [m["role"] for m in history(third)] == ["assistant", "user"]
     assert contents(history(third)) == ["two", "third 第三"]

@@ -154,8 +154,12 @@ def test_threshold_five_summarises_and_the_chat_goes_on(
     fourth = turn_requests(fake_openai)[3]
     assert f"## Summary of the earlier conversation\n{summary}" in system_prompt(fourth)
     assert contents(history(fourth)) == [texts[1], "answer 2", texts[2], "answer 3", texts[3]]
-    second_summary_request = fake_openai.chat_requests()[7]["messages"][1]["content"]
-    assert second_summary_request.startswith(f"Summary of the conversation before this part:\n{summary}")
+    # The second summary is asked after turn 4's request, whose system message carries the first summary.
+    second_summary_request = fake_openai.chat_requests()[7]
+    answered = {"role": "assistant", "content": "answer 4"}
+    assert second_summary_request["messages"][:-1] == [*fourth["messages"], answered]
+    assert "together with the summary of the earlier conversation in the system message" in str(
+        second_summary_request["messages"][-1]["content"])
 
 
 def test_summary_replaces_itself_not_the_memory(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:

@@ -161,7 +161,8 @@ def test_without_show_context_nothing_more_is_printed_and_context_reads_the_reco
     # Another process: the last request's split comes from the turn's record.
     assert main(["chat", "-m", "/context"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(LAST_REQUEST) and "window: 16,000 tokens (config: config.json agents.defaults.context_window)" in out
+    assert out.startswith(LAST_REQUEST)
+    assert "window: 16,000 tokens (config: config.json agents.defaults.context_window)" in out
     assert len(fake_openai.chat_requests()) == 1
 
 

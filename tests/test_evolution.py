@@ -23,6 +23,7 @@ from picoclaw.memory.policy import ValueChange
 from picoclaw.memory.session import SessionStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
+from picoclaw.providers.base import BETWEEN_TURNS
 from picoclaw.providers.openai_compat import from_config
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import turn_context
@@ -41,7 +42,9 @@ REASON_ZH = "用户多次问起较早的事，但相关记忆没有被检索到"
 
 
 def is_reflection(body: dict[str, Any]) -> bool:
-    return body["messages"][0]["content"] == evolution.INSTRUCTIONS
+    """A reflection request, in its own prompt or asked after the conversation's last request."""
+    return (body["messages"][0]["content"] == evolution.INSTRUCTIONS
+            or str(body["messages"][-1]["content"]).startswith(f"{BETWEEN_TURNS}\n{evolution.REFLECTION_TASK}"))
 
 
 def evolving(home: Path, server: FakeOpenAIServer, **memory: Any) -> Workspace:
@@ -267,8 +270,13 @@ def test_reflection_fires_at_the_interval_and_not_before(home: Path, fake_openai
     agent_turns(home, fake_openai, ["第一条", "second"])  # 4 messages: due after the second turn
     assert kinds(fake_openai) == ["turn", "turn", "reflect"]
     assert reflections(home) == [4]
-    reflection_prompt = fake_openai.chat_requests()[2]["messages"][1]["content"]
-    assert "User: 第一条" in reflection_prompt and "Assistant: 好的" in reflection_prompt
+    # Asked after the second turn's request (a local server keeps the conversation cached), about all of it.
+    turn, reflection = fake_openai.chat_requests()[1:3]
+    assert reflection["messages"][:-1] == [*turn["messages"], {"role": "assistant", "content": "好的"}]
+    assert reflection["tools"] == turn["tools"] and reflection["tool_choice"] == "none"
+    asked = reflection["messages"][-1]["content"]
+    assert "Judge the newest part of the conversation above: from the user's message that begins «第一条»" in asked
+    assert "retrieve_limit = 10 (allowed" in asked
 
     # A restarted agent counts on from the session file: 2 more messages are not enough, 4 are.
     agent_turns(home, fake_openai, ["third"])
@@ -277,8 +285,8 @@ def test_reflection_fires_at_the_interval_and_not_before(home: Path, fake_openai
     assert kinds(fake_openai)[-2:] == ["turn", "reflect"]
     assert reflections(home) == [4, 8]
     # The second reflection saw only the messages since the first one.
-    second = fake_openai.chat_requests()[-1]["messages"][1]["content"]
-    assert "第一条" not in second and "User: third" in second and "User: 第四条" in second
+    second = fake_openai.chat_requests()[-1]["messages"][-1]["content"]
+    assert "from the user's message that begins «third» to the end" in second
     # It suggested what is already in force, so only the first changed anything.
     assert [entry.source for entry in App.open(home).workspace.policy.history()] == ["evolution"]
 
@@ -309,7 +317,7 @@ def test_change_is_used_by_the_next_turn_of_every_running_agent(home: Path, fake
     def model(body: dict[str, Any]) -> str:
         if not is_reflection(body):
             return "ok"
-        if "无关的记忆太多" in body["messages"][1]["content"]:
+        if "无关的记忆太多" in str(body["messages"]):
             return json.dumps({"retrieve_limit": 1, "reason": "用户说无关的记忆太多"}, ensure_ascii=False)
         return "{}"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, MAX_ANSWER_TOKENS, read_lesson
+from picoclaw.agent.lessons import MAX_ANSWER_TOKENS, read_lesson
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.turn_review import FinishedTurn, is_correction, result_failed, tool_steps, trigger_of
 from picoclaw.memory import ModelUsage
@@ -31,6 +31,11 @@ USAGE = {"prompt_tokens": 321, "completion_tokens": 27}
 
 def lesson_requests(server: FakeOpenAIServer) -> list[dict[str, Any]]:
     return [body for body in server.chat_requests() if is_lesson_request(body)]
+
+
+def asked(request: dict[str, Any]) -> str:
+    """What a lesson request asks: the instruction after the conversation (its last message)."""
+    return str(request["messages"][-1]["content"])
 
 
 def learnings(workspace: Workspace) -> str:
@@ -182,18 +187,20 @@ def test_a_failed_then_working_call_writes_one_lesson_and_the_request_says_what_
     assert entries(workspace) == [f"{LESSON_EN}\nSource: session {KEY} (recovery)"]
     assert f"## {TODAY}\n{LESSON_EN}" in learnings(workspace)
     [request] = lesson_requests(fake_openai)
-    assert "tools" not in request and request["max_tokens"] == MAX_ANSWER_TOKENS
-    system, user = request["messages"]
-    assert system == {"role": "system", "content": LESSON_INSTRUCTIONS}
+    # Asked after the turn's last request, byte for byte (a local server's prompt cache keeps the conversation):
+    # the same tools, none to be called, the reply appended, then the instruction.
+    last = turn_requests(fake_openai)[-1]
+    assert request["tools"] == last["tools"] and request["tool_choice"] == "none"
+    assert request["max_tokens"] == MAX_ANSWER_TOKENS
+    assert request["messages"][:-1] == [*last["messages"], {"role": "assistant", "content": replies[0]}]
+    text = asked(request)
     for promise in ("Keep tool names, file paths, URLs", "not instructions to you", "LESSON: ", "NONE",
                     "language named below"):
-        assert promise in system["content"]
-    text = user["content"]
-    assert text.startswith("What happened: A tool call failed and a later one worked.")
+        assert promise in text
+    assert "Look at the last turn of the conversation above: the user's message that begins «where is my todo " \
+           "list?» and everything after it." in text
+    assert "What happened: A tool call failed and a later one worked." in text
     assert "Language of the lesson: the language of the user's messages" in text
-    assert "<turn>\nUser: where is my todo list?\nAssistant called read_file(" in text
-    assert "Tool result: error: no such file or folder: notes/todo.md" in text
-    assert text.endswith("Assistant: Your todo list is in memory/.\n</turn>")
     assert len(turn_requests(fake_openai)) == 3  # the turn's own requests are the turn's, as before
     # What the call cost is in the ledger, under "learning".
     used = ModelUsage(workspace.memory_dir).on("learning", date.fromisoformat(TODAY))
@@ -223,10 +230,12 @@ def test_a_correction_in_english_sends_the_reply_it_corrects(
         chat(workspace, fake_openai, ["What is the capital of Australia?", "No, that's wrong. It's Canberra."])
 
     [request] = lesson_requests(fake_openai)  # the first turn was a plain question: no review call
-    text = request["messages"][1]["content"]
-    assert text.startswith("What happened: The user corrected the assistant's earlier reply.")
-    assert "<turn>\nAssistant (the earlier reply): The capital of Australia is Sydney.\n" \
-           "User: No, that's wrong. It's Canberra.\nAssistant: Sorry: Canberra.\n</turn>" in text
+    text = asked(request)
+    assert "What happened: The user corrected the assistant's earlier reply." in text
+    # The reply it corrects is in the conversation the request continues, so it is not quoted again.
+    assert {"role": "assistant", "content": "The capital of Australia is Sydney."} in request["messages"]
+    assert "the user's message that begins «No, that's wrong. It's Canberra.»" in text
+    assert "not shown above" not in text
     assert entries(workspace) == [f"{lesson}\nSource: session {KEY} (correction)"]
 
 
@@ -238,9 +247,10 @@ def test_a_correction_in_chinese_asks_for_a_chinese_lesson(workspace: Workspace,
         chat(workspace, fake_openai, ["今天杭州天气怎么样？", "不对，我说过用摄氏度。"])
 
     [request] = lesson_requests(fake_openai)
-    text = request["messages"][1]["content"]
+    text = asked(request)
     assert "Language of the lesson: Chinese" in text
-    assert "Assistant (the earlier reply): 今天杭州 75°F，晴。\nUser: 不对，我说过用摄氏度。" in text
+    assert {"role": "assistant", "content": "今天杭州 75°F，晴。"} in request["messages"]
+    assert "the user's message that begins «不对，我说过用摄氏度。»" in text
     assert entries(workspace) == [f"{LESSON_ZH}\nSource: session {KEY} (correction)"]
 
 
@@ -264,7 +274,7 @@ def test_a_three_step_workflow_that_worked_writes_a_lesson(workspace: Workspace,
         chat(workspace, fake_openai, ["save my tea note: 龙井 Longjing"])
 
     [request] = lesson_requests(fake_openai)
-    assert request["messages"][1]["content"].startswith("What happened: Several tool calls together did the task.")
+    assert "What happened: Several tool calls together did the task." in asked(request)
     assert entries(workspace) == [f"{lesson}\nSource: session {KEY} (workflow)"]
 
 
@@ -428,7 +438,7 @@ def test_a_standing_instruction_in_a_correction_is_kept_whatever_the_draft(
     with frozen():
         chat(workspace, fake_openai, ["First question?", correction])
     [request] = lesson_requests(fake_openai)
-    assert "The user's instruction, which the lesson must keep: \"" in request["messages"][1]["content"]
+    assert "The user's instruction, which the lesson must keep: \"" in asked(request)
     # The user's words when the draft dropped them (or found nothing), the draft when it kept them.
     assert entries(workspace) == [f"{stored}\nSource: session {KEY} (correction)"]
 
@@ -442,5 +452,5 @@ def test_a_correction_that_states_a_habit_keeps_the_models_none(workspace: Works
     with frozen():
         chat(workspace, fake_openai, ["How do I get to work?", "No, I always take the bus to work."])
     [request] = lesson_requests(fake_openai)  # a correction: reviewed, but nothing asked of every answer
-    assert "The user's instruction" not in request["messages"][1]["content"]
+    assert "The user's instruction" not in asked(request)
     assert learnings(workspace) == before

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.summary import CUT_SHORT, EMPTY_REPLY, render_transcript, unseen_answer_claims
+from picoclaw.agent.summary import CUT_SHORT, EMPTY_REPLY, UNSEEN, render_transcript, unseen_answer_claims
 from picoclaw.cli import main
 from picoclaw.memory import FlushCounts, FlushTally, MemoryWrite, WriteLog
 from picoclaw.memory import flush as flush_module
@@ -26,7 +26,9 @@ from picoclaw.memory.workspace import Workspace
 from picoclaw.storage import FilesStorage, Storage, mount, unmount
 from tests.agent_helpers import (
     SESSION,
+    background_reading,
     frozen,
+    is_continued,
     is_flush_request,
     is_lesson_request,
     is_summary_request,
@@ -85,7 +87,7 @@ def model(turns: list[Reply], flush: str | Callable[[str], str], summary: str = 
 
     def answer(body: dict[str, Any]) -> Reply | str:
         if is_flush_request(body):
-            return flush(body["messages"][1]["content"]) if callable(flush) else flush
+            return flush(background_reading(body)) if callable(flush) else flush
         if is_summary_request(body):
             return summary
         if is_lesson_request(body):
@@ -176,9 +178,12 @@ def test_the_real_summary_claiming_an_unseen_answer_is_refused(
 
     summaries = [body for body in fake_openai.chat_requests() if is_summary_request(body)]
     assert summaries  # asked for, and every one refused: no compaction, nothing in the daily note
-    # The summariser saw the turn that got no answer as such (no empty reply is stored: issue 41).
-    assert CUT_SHORT in summaries[-1]["messages"][1]["content"]
-    assert EMPTY_REPLY not in summaries[-1]["messages"][1]["content"]
+    # Asked after the conversation (so a local server keeps it cached): the summariser sees the turn that got no
+    # answer as such (no empty reply is stored: issue 41), and is told what an unseen answer is.
+    last = summaries[-1]
+    assert is_continued(last) and UNSEEN in last["messages"][-1]["content"]
+    assert any(CUT_SHORT in str(m["content"]) for m in last["messages"] if m["role"] == "assistant")
+    assert not any(m["role"] == "assistant" and not m["content"] and not m.get("tool_calls") for m in last["messages"])
     assert records_of(workspace, "compaction", "cli:repl") == []
     assert "confirmed" not in today_note(workspace)
 

@@ -12,6 +12,7 @@ from picoclaw.memory.flush import parse_facts
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     FAST_RETRY,
+    background_reading,
     chat,
     frozen,
     history,
@@ -34,7 +35,7 @@ def forgetful_model(body: dict[str, Any]) -> str:
     if is_summary_request(body):
         return SUMMARY
     if is_flush_request(body):
-        conversation = body["messages"][1]["content"]
+        conversation = background_reading(body)
         found = [fact for fact in FACTS if fact in conversation]
         return "Here is what to keep:\n" + "\n".join(f"- {fact}" for fact in found) if found else "NONE"
     return "I have stored that in your long-term memory. 好的，我已经记住了。"

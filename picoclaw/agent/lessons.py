@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from picoclaw.agent.cache_prefix import describe
 from picoclaw.agent.skill_drafting import DraftWritten, SkillDrafter
 from picoclaw.agent.summary import render_transcript
 from picoclaw.agent.text_tool_calls import find_text_tool_call
@@ -36,7 +37,7 @@ from picoclaw.cjk import HAN, HANGUL, KANA
 from picoclaw.errors import MemoryStoreError
 from picoclaw.keyed import LruCache
 from picoclaw.memory import LEARNINGS, MemoryWrite, ModelUsage, Workspace, instruction_lesson, keeps_point
-from picoclaw.providers.base import ChatProvider, Message, ProviderError
+from picoclaw.providers.base import ChatProvider, Message, PromptPrefix, ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,10 @@ TRANSCRIPT_TAIL_CHARS = 4_000  # … and how the turn ended, when the whole turn
 EARLIER_REPLY_CHARS = 1_500
 REVIEWED_KEPT = 1_024  # turns remembered as reviewed (a turn is reviewed right after it ends, or never)
 
-LESSON_INSTRUCTIONS = (
-    "You keep the lessons a personal assistant learns from its own work: what worked, what failed, what the "
-    "user corrected. You are shown one turn of a conversation. Decide whether it teaches one lesson that will "
+LESSON_ROLE = ("You keep the lessons a personal assistant learns from its own work: what worked, what failed, what "
+               "the user corrected.")
+LESSON_RULES = (
+    "Decide whether it teaches one lesson that will "
     "help the assistant in future conversations, and write it: when it applies and what to do, in one to three "
     "short sentences, for example 'When asked for the weather of a city, fetch https://wttr.in/CITY?format=3 "
     "with web_fetch; the JSON API needs a key.' Keep tool names, file paths, URLs, commands and numbers exactly "
@@ -61,6 +63,9 @@ LESSON_INSTRUCTIONS = (
     f"asks. Answer with exactly one line: 'LESSON: ' followed by the lesson, or {NOTHING} if the turn teaches "
     "nothing worth keeping."
 )
+LESSON_INSTRUCTIONS = f"{LESSON_ROLE} You are shown one turn of a conversation. {LESSON_RULES}"
+# How a lesson asked after the conversation's own last request begins (agent/cache_prefix.py).
+LESSON_TASK = LESSON_ROLE
 
 HINTS: dict[Trigger, str] = {
     "correction": "The user corrected the assistant's earlier reply. The lesson is what to do instead next time.",
@@ -123,13 +128,31 @@ def turn_transcript(turn: FinishedTurn, trigger: Trigger) -> str:
     return transcript
 
 
-def lesson_request(turn: FinishedTurn, trigger: Trigger) -> list[Message]:
-    """The messages asking the model for the lesson of `turn` (the instructions are the same every time)."""
+def _what_happened(turn: FinishedTurn, trigger: Trigger) -> str:
     instruction = standing_instruction(turn.user_text) if trigger == "correction" else None
     said = (f"\nThe user's instruction, which the lesson must keep: \"{instruction}\"" if instruction else "")
-    user = (f"What happened: {HINTS[trigger]}{said}\nLanguage of the lesson: {language_of(turn.user_text)}\n\n"
-            f"<turn>\n{turn_transcript(turn, trigger)}\n</turn>")
+    return f"What happened: {HINTS[trigger]}{said}\nLanguage of the lesson: {language_of(turn.user_text)}"
+
+
+def lesson_request(turn: FinishedTurn, trigger: Trigger) -> list[Message]:
+    """The messages asking the model for the lesson of `turn` (the instructions are the same every time)."""
+    user = f"{_what_happened(turn, trigger)}\n\n<turn>\n{turn_transcript(turn, trigger)}\n</turn>"
     return [{"role": "system", "content": LESSON_INSTRUCTIONS}, {"role": "user", "content": user}]
+
+
+def continued_lesson_request(turn: FinishedTurn, trigger: Trigger, prefix: PromptPrefix) -> str:
+    """The instruction asking for the lesson of `turn` after the request it ended with (`prefix`, whose last
+    messages are the turn's)."""
+    first = prefix.messages[max(len(prefix.messages) - len(turn.messages), 0)]
+    text = (f"{LESSON_TASK} Look at the last turn of the conversation above: {describe(first)} and everything after "
+            f"it. {LESSON_RULES}\n{_what_happened(turn, trigger)}")
+    earlier = (turn.earlier_reply or "").strip()
+    if trigger == "correction" and earlier and not any(
+            m.get("role") == "assistant" and str(m.get("content") or "").strip() == earlier for m in prefix.messages):
+        if len(earlier) > EARLIER_REPLY_CHARS:
+            earlier = earlier[:EARLIER_REPLY_CHARS] + " […]"
+        text += f"\nThe earlier reply the user corrected (not shown above): {earlier}"
+    return text
 
 
 def read_lesson(answer: str | None, offered: Mapping[str, type[BaseModel]], *, cut_off: bool = False) -> LessonAnswer:
@@ -183,19 +206,22 @@ class Learner:
         self.skills = SkillDrafter(workspace)
         self._reviewed: LruCache[tuple[str, int], bool] = LruCache(REVIEWED_KEPT)
 
-    async def learn(self, turn: FinishedTurn) -> Learned:
-        """Review `turn` once: draft and store its lesson if it taught one, then count it towards a skill draft."""
+    async def learn(self, turn: FinishedTurn, after: PromptPrefix | None = None) -> Learned:
+        """Review `turn` once: draft and store its lesson if it taught one, then count it towards a skill draft.
+
+        `after`: the request the turn ended with; the lesson is asked after it (a prompt cache keeps the
+        conversation) instead of in a prompt of its own."""
         if not self.workspace.policy.current().learning_enabled:
             return Learned(skipped="learning is off")
         seen = (turn.key, turn.user_id)
         if seen in self._reviewed:
             return Learned(skipped="this turn was reviewed already")
         self._reviewed.put(seen, True)
-        learned = await self._lesson(turn)
+        learned = await self._lesson(turn, after)
         draft = await self.skills.after_turn(turn, learned.lesson)
         return Learned(learned.trigger, learned.lesson, learned.outcome, draft, learned.skipped, learned.write)
 
-    async def _lesson(self, turn: FinishedTurn) -> Learned:
+    async def _lesson(self, turn: FinishedTurn, after: PromptPrefix | None) -> Learned:
         trigger = trigger_of(turn)
         if trigger is None:
             return Learned()
@@ -205,7 +231,11 @@ class Learner:
             return self._nothing(turn, trigger, f"the daily cap of {policy.learning_daily_calls} drafting calls "
                                                 "is reached (learning_daily_calls)")
         try:
-            reply = await self.provider.chat(lesson_request(turn, trigger), None, max_tokens=MAX_ANSWER_TOKENS)
+            if after is not None:
+                reply = await after.ask(self.provider, continued_lesson_request(turn, trigger, after),
+                                        lesson_request(turn, trigger), max_tokens=MAX_ANSWER_TOKENS)
+            else:
+                reply = await self.provider.chat(lesson_request(turn, trigger), None, max_tokens=MAX_ANSWER_TOKENS)
         except ProviderError as exc:
             return self._nothing(turn, trigger, f"the model call failed: {exc}")
         if reply.usage is not None:

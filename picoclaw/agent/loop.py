@@ -39,6 +39,7 @@ from picoclaw.agent.budget import (
     reply_reserve,
     reply_tokens,
 )
+from picoclaw.agent.cache_prefix import Fold, LastRequests
 from picoclaw.agent.commands import (
     HELP,
     RECENT,
@@ -66,6 +67,7 @@ from picoclaw.agent.summary import (
     CUT_SHORT,
     CompactResult,
     accept_summary,
+    continued_summary_request,
     render_transcript,
     summary_request,
     unseen_answer_claims,
@@ -76,6 +78,7 @@ from picoclaw.config import CLOUD_DEFAULT_WINDOW
 from picoclaw.errors import ConfigError
 from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import (
+    AfterConversation,
     LongTermCompressor,
     MemoryWrite,
     Session,
@@ -207,6 +210,8 @@ class AgentLoop:
             session_cache_size, keep=lambda key: self._locks.busy(key) or key in self._summarizing,
             on_evict=self._forget)
         self._background: set[asyncio.Task[None]] = set()
+        # Each session's last request as sent: background calls ask after it (agent/cache_prefix.py).
+        self.last_requests = LastRequests(session_cache_size)
 
     # -- sessions ----------------------------------------------------------------------------------
 
@@ -234,10 +239,12 @@ class AgentLoop:
         archived = await asyncio.to_thread(self.sessions.archive, key)
         self._loaded.pop(key)
         self._summary_backoff.pop(key, None)
+        self.last_requests.forget(key)
         return archived.name if archived else None
 
     def _forget(self, key: str, session: Session) -> None:
         self._summary_backoff.pop(key, None)
+        self.last_requests.forget(key)
 
     async def _append(self, session: Session, messages: list[StoredMessage]) -> None:
         await asyncio.to_thread(self.sessions.append_messages, session, messages)
@@ -288,10 +295,15 @@ class AgentLoop:
         if command.name in ("/help", "/start"):
             return HELP
         if command.name == "/new":
-            set_aside = [m.message for m in (await self.session(key)).active()]
+            session = await self.session(key)
+            active = session.active()
+            set_aside = [m.message for m in active]
+            # Asked after the conversation's last request: the fresh conversation's first turn finds the tools and
+            # the system prompt still in a local server's prompt cache.
+            fold = self.last_requests.for_history(key, active, len(active), session.summary)
             reply = new_reply(await self.reset_session(key))
             if set_aside and self.workspace.policy.current().memory_flush_enabled:
-                self._spawn(self._flush(key, set_aside, receipts))
+                self._spawn(self._flush(key, set_aside, receipts, fold))
             return reply
         if command.name == "/compact":
             return compact_reply(await self.compact(key, receipts))
@@ -397,6 +409,7 @@ class AgentLoop:
                 await on_text(final)
         await self._append(session, turn)
         finished = FinishedTurn.of(session, len(turn), answered and bool(final.strip()))
+        self.last_requests.keep(key, messages, schemas, finished.user_id)
         # Kept for a turn that was answered (a failed one leaves no trace), in the background: the reply does
         # not wait for the metrics file.
         self._spawn(asyncio.to_thread(self.metrics.record, retrieval_ms, now))
@@ -578,7 +591,7 @@ class AgentLoop:
     async def _learn(self, finished: FinishedTurn, receipts: Receipts) -> None:
         """Write the lesson the turn taught, if any, with its receipt; tell the chat, once, about a skill drafted
         meanwhile."""
-        learned = await self.learner.learn(finished)
+        learned = await self.learner.learn(finished, self.last_requests.for_turn(finished))
         if learned.write is not None:
             await receipts.show(finished.key, [learned.write], self.written)
         if learned.draft is not None and receipts.notify is not None:
@@ -589,7 +602,9 @@ class AgentLoop:
             return
         async with self._alone(f"reflection:{key}") as ours:
             if ours:  # looked at again, brought up to date: another worker may have just reflected on it
-                await self.reflector.maybe_reflect(self.sessions, await self.session(key))
+                remembered = self.last_requests.get(key)
+                await self.reflector.maybe_reflect(self.sessions, await self.session(key),
+                                                   remembered.prefix if remembered is not None else None)
 
     @asynccontextmanager
     async def _alone(self, work: str) -> AsyncIterator[bool]:
@@ -638,12 +653,13 @@ class AgentLoop:
             tokens = sum(count_tokens(str(m.message.get("content") or "")) for m in active)
         return tokens > self.window.tokens * policy.session_summary_token_percent / 100
 
-    async def _flush(self, key: str, messages: list[Message], receipts: Receipts) -> None:
+    async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Fold | None = None) -> None:
         """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
-        was written; never raises."""
+        was written; never raises. `fold`: ask after the conversation's last request, which carries them."""
+        after = AfterConversation(fold.prefix, fold.part, fold.earlier) if fold is not None else None
         try:
             result = await flush_facts(self.provider, self.workspace.store, render_transcript(messages),
-                                       user_texts(messages), session=key)
+                                       user_texts(messages), session=key, after=after)
         except Exception:  # a bug here must not cost the summary
             log.exception("session %s: memory flush failed", key)
             return
@@ -681,11 +697,18 @@ class AgentLoop:
             if cut == 0:
                 return None
             folded = active[:cut]
+            # Both calls are asked after the conversation's last request when it is this history, so a single-slot
+            # local server keeps the conversation cached (agent/cache_prefix.py).
+            fold = self.last_requests.for_history(key, active, cut, session.summary)
             if policy.memory_flush_enabled:  # the facts in what is folded away go to MEMORY.md first
-                await self._flush(key, [m.message for m in folded], receipts)
-            request = summary_request(session.summary, [m.message for m in folded])
+                await self._flush(key, [m.message for m in folded], receipts, fold)
             try:
-                reply = await self.provider.chat(request, None)
+                own = summary_request(session.summary, [m.message for m in folded])
+                if fold is not None:
+                    reply = await fold.prefix.ask(self.provider, continued_summary_request(
+                        fold.part, fold.earlier, session.summary, fold.summary_shown), own)
+                else:
+                    reply = await self.provider.chat(own, None)
             except ProviderError as exc:
                 log.warning("session %s: summary failed (%s); history kept as it was", key, exc)
                 self._back_off(key, session, policy)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from picoclaw.agent.cache_prefix import describe
 from picoclaw.agent.summary import render_transcript
 from picoclaw.memory import (
     REFLECTION,
@@ -20,12 +21,13 @@ from picoclaw.memory import (
     PolicyManager,
     Session,
     SessionStore,
+    StoredMessage,
     SuggestionError,
     record_outcome,
     suggest_policy_change,
 )
 from picoclaw.policy_schema import MemoryPolicy
-from picoclaw.providers.base import ChatProvider, Message
+from picoclaw.providers.base import ChatProvider, Message, PromptPrefix
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,16 @@ def reflection_due(policy: MemoryPolicy, session: Session) -> bool:
     return policy.evolution_enabled and session.messages_since_reflection() >= policy.evolution_interval_messages
 
 
+def newest_part(prefix: PromptPrefix | None, stored: list[StoredMessage]) -> tuple[PromptPrefix, str] | None:
+    """`prefix` and the words naming `stored` in it, when the request ends with exactly those messages as sent."""
+    if prefix is None or not stored or len(stored) >= len(prefix.messages):
+        return None
+    tail = list(prefix.messages[-len(stored):])
+    if tail != [m.as_sent() for m in stored]:
+        return None
+    return prefix, f"the newest part of the conversation above: from {describe(tail[0])} to the end"
+
+
 def recent_transcript(messages: list[Message]) -> str:
     """The conversation as text for the model, cut to its newest TRANSCRIPT_CHARS characters."""
     transcript = render_transcript(messages)
@@ -75,21 +87,25 @@ class Reflector:
         self.policy = policy
         self.provider = provider
 
-    async def maybe_reflect(self, sessions: SessionStore, session: Session) -> ReflectionOutcome | None:
-        """Reflect on the session's messages since the last reflection, if due; else None."""
+    async def maybe_reflect(self, sessions: SessionStore, session: Session,
+                            after: PromptPrefix | None = None) -> ReflectionOutcome | None:
+        """Reflect on the session's messages since the last reflection, if due; else None. `after`: the session's
+        last request; when it ends with those messages, the reflection is asked after it (agent/cache_prefix.py)."""
         if not reflection_due(self.policy.current(), session):
             return None
-        recent = [m.message for m in session.messages if m.id > session.reflected_through]
+        stored = [m for m in session.messages if m.id > session.reflected_through]
         # Recorded before the model call: a turn ending meanwhile does not start a second reflection, and
         # a failing model is asked once per interval, not after every turn.
         await asyncio.to_thread(sessions.add_reflection, session, session.last_id)
-        return await self.reflect(session.key, recent)
+        return await self.reflect(session.key, [m.message for m in stored], newest_part(after, stored))
 
-    async def reflect(self, session_key: str, messages: list[Message]) -> ReflectionOutcome:
+    async def reflect(self, session_key: str, messages: list[Message],
+                      after: tuple[PromptPrefix, str] | None = None) -> ReflectionOutcome:
         """Ask for a suggestion about `messages` and apply it if it is valid; what came of it is kept as the
-        last reflection's outcome (memory/job_outcomes.py), a reflection that changed nothing too."""
+        last reflection's outcome (memory/job_outcomes.py), a reflection that changed nothing too. `after`: a
+        request ending with `messages`, and which part of it they are, to ask after."""
         try:
-            outcome = await self._reflect(session_key, messages)
+            outcome = await self._reflect(session_key, messages, after)
         except Exception as exc:
             await asyncio.to_thread(self._record, session_key, "failed", f"{type(exc).__name__}: {exc}")
             raise
@@ -100,9 +116,12 @@ class Reflector:
         # Beside the policy it tunes: the owner's, shared by every memory scope.
         record_outcome(self.policy.memory_dir, REFLECTION, status, f"session {session_key}: {detail}")
 
-    async def _reflect(self, session_key: str, messages: list[Message]) -> ReflectionOutcome:
+    async def _reflect(self, session_key: str, messages: list[Message],
+                       after: tuple[PromptPrefix, str] | None) -> ReflectionOutcome:
         try:
-            suggestion = await suggest_policy_change(self.provider, self.policy, recent_transcript(messages))
+            suggestion = await suggest_policy_change(
+                self.provider, self.policy, recent_transcript(messages), after=after[0] if after else None,
+                part=after[1] if after else "")
         except SuggestionError as exc:
             return self._refused(session_key, str(exc))
         if not suggestion.changes:

@@ -41,13 +41,22 @@ class CompactResult:
     summary: str
 
 
-SUMMARY_INSTRUCTIONS = (
-    "You compact a conversation between a user and an assistant so it can continue with less context. "
+SUMMARY_FORMAT = (
     "Write a summary in the conversation's language with exactly these Markdown headings, in this order: "
     + ", ".join(f"'## {s}'" for s in SECTIONS)
     + ". Keep exact file paths, names, numbers, dates, identifiers and the user's stated preferences. "
     "Write only the summary."
 )
+SUMMARY_INSTRUCTIONS = ("You compact a conversation between a user and an assistant so it can continue with less "
+                        "context. " + SUMMARY_FORMAT)
+# How a summary asked after the conversation's own last request begins (agent/cache_prefix.py).
+SUMMARY_TASK = "Compact the conversation so it can continue with less context."
+# Said to the summariser of the conversation itself, which sees the replies as they were, not as render_transcript
+# writes them, and the memory picoclaw put in front of the user's messages.
+UNSEEN = (f"An assistant message that is empty, that begins {CUT_SHORT!r}, or that is marked {UNDELIVERED!r} is an "
+          "answer the user never saw: never write that the assistant answered, told or confirmed anything there. "
+          "A <context> block in front of a user's message is picoclaw's stored memory, not something said in the "
+          "conversation.")
 
 
 def render_transcript(messages: list[Message]) -> str:
@@ -86,6 +95,20 @@ def summary_request(previous: str | None, messages: list[Message]) -> list[Messa
         parts.append(f"Summary of the conversation before this part:\n{previous.strip()}")
     parts.append(f"Conversation to summarise:\n{render_transcript(messages)}")
     return [{"role": "system", "content": SUMMARY_INSTRUCTIONS}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def continued_summary_request(part: str, earlier: str, previous: str | None, previous_shown: bool) -> str:
+    """The instruction asking, after the conversation's last request, for a summary of `part` of it (`earlier`: the
+    transcript of that part's messages the request did not carry); `previous` the earlier summary, in the request's
+    system message when `previous_shown`."""
+    scope = part + (", together with the summary of the earlier conversation in the system message"
+                    if previous and previous_shown else "")
+    lines = [f"{SUMMARY_TASK} Summarise {scope}. {UNSEEN} {SUMMARY_FORMAT}"]
+    if previous and not previous_shown:
+        lines.append(f"Summary of the conversation before this part:\n{previous.strip()}")
+    if earlier:
+        lines.append(f"Earlier messages of that part, not shown above:\n{earlier}")
+    return "\n\n".join(lines)
 
 
 _HEADING = re.compile(r"^#{1,4}\s*(.+?)\s*$", re.MULTILINE)

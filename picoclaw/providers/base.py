@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+log = logging.getLogger(__name__)
 
 Message = dict[str, Any]  # one OpenAI chat message: {"role": ..., "content": ..., ...}
 
@@ -13,6 +16,9 @@ Message = dict[str, Any]  # one OpenAI chat message: {"role": ..., "content": ..
 TextSink = Callable[[str], Awaitable[None]]
 
 ErrorKind = Literal["context_too_long", "auth", "rate_limit", "unavailable", "bad_response"]
+
+# "none": the tools are offered (so the prompt is the conversation's, byte for byte) but none may be called.
+ToolChoice = Literal["auto", "none"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,45 @@ class FixedWindow:
         return self._window
 
 
+# The first line of every background request sent after the conversation (`PromptPrefix.then`): it is sent as a user
+# message, and the model must not take it for the user's next one.
+BETWEEN_TURNS = "(This message is picoclaw's, not the user's: a task between turns. The user will not see your answer.)"
+
+
+@dataclass(frozen=True)
+class PromptPrefix:
+    """A conversation's last request as it was sent (its messages, with the reply appended, and its tool schemas):
+    what a single-slot local server holds in its prompt cache after the turn.
+
+    A background call between turns asks `then(...)`: the same messages and tools, its own instruction as a final
+    user message, so the server reads only that instruction (and the next turn finds the conversation still cached).
+    """
+
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] = ()
+
+    def then(self, instruction: str) -> list[Message]:
+        """The prefix's messages followed by `instruction` as a user message (after the BETWEEN_TURNS line)."""
+        return [*self.messages, {"role": "user", "content": f"{BETWEEN_TURNS}\n{instruction}"}]
+
+    async def ask(self, provider: ChatProvider, instruction: str, own: list[Message], *,
+                  max_tokens: int | None = None) -> ChatReply:
+        """`instruction` asked after the prefix, with the conversation's tools offered and none to be called: a
+        server that renders the tools into the prompt (llama.cpp, Qwen's template) sees the same bytes first.
+
+        The conversation filled the window up to its reply's share; with the reply and the instruction after it
+        the request may not fit: then `own`, the job's request of its own (shorter: only what it must read), is
+        sent instead, without tools."""
+        try:
+            return await provider.chat(self.then(instruction), list(self.tools) or None, max_tokens=max_tokens,
+                                       tool_choice="none")
+        except ProviderError as exc:
+            if exc.kind != "context_too_long":
+                raise
+            log.info("a background call after the conversation is too long for the model (%s); asking it alone", exc)
+        return await provider.chat(own, None, max_tokens=max_tokens)
+
+
 class ChatProvider(Protocol):
     """Anything that can answer a chat: the OpenAI-compatible provider, or a test double."""
 
@@ -122,9 +167,11 @@ class ChatProvider(Protocol):
     text_tool_calls: str  # "auto": a tool call the model writes as text is still run; "off": only tool_calls
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
-                   *, max_tokens: int | None = None, on_text: TextSink | None = None) -> ChatReply:
+                   *, max_tokens: int | None = None, on_text: TextSink | None = None,
+                   tool_choice: ToolChoice = "auto") -> ChatReply:
         """One answer. With `on_text`, the text is also handed over piece by piece as it arrives (each
-        piece once; the pieces join to `content`), and the same ChatReply is returned at the end."""
+        piece once; the pieces join to `content`), and the same ChatReply is returned at the end.
+        `tool_choice` "none": `tools` are offered but may not be called (a background call's)."""
         ...
 
 

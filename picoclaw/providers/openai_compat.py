@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from picoclaw.config import AgentDefaults, Config, ProviderConfig, provider_env_name
 from picoclaw.errors import ConfigError
-from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, TextSink, Usage
+from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, TextSink, ToolChoice, Usage
 from picoclaw.providers.context_window import ServerWindows
 from picoclaw.providers.openai_replies import (
     StreamState,
@@ -109,8 +109,9 @@ class OpenAICompatProvider:
         await self._client.close()
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
-                   *, max_tokens: int | None = None, on_text: TextSink | None = None) -> ChatReply:
-        """One chat completion; tools (with tool_choice "auto") only when given.
+                   *, max_tokens: int | None = None, on_text: TextSink | None = None,
+                   tool_choice: ToolChoice = "auto") -> ChatReply:
+        """One chat completion; tools (with `tool_choice`, "auto" unless told) only when given.
 
         With `on_text`, the reply is streamed and each content piece goes to `on_text` as it arrives; the
         returned ChatReply is the one a plain call would give. Once a piece was delivered the request is
@@ -122,7 +123,7 @@ class OpenAICompatProvider:
         body: dict[str, Any] = {
             "model": self.model, "temperature": self.temperature,
             "max_tokens": max_tokens if max_tokens is not None else self.max_tokens,
-            **({"tools": tools, "tool_choice": "auto"} if tools else {}),
+            **({"tools": tools, "tool_choice": tool_choice} if tools else {}),
             "messages": messages,
         }
         try:
