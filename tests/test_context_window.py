@@ -322,3 +322,31 @@ def test_an_overflow_answer_is_sorted_with_its_window(style: Any, text: str, str
         assert info.value.window == 200
         assert server.prompt_counts[0] > 200
         assert len(server.chat_requests()) == 1 and pieces == []  # not retried, nor asked again without streaming
+
+
+@pytest.mark.parametrize(("message", "code", "window"), [
+    # OpenAI's wording, which llama-cpp-python's server, vLLM and DeepSeek send as well.
+    ("This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (5000 in the "
+     "messages, None in the completion). Please reduce the length of the messages or completion.",
+     "context_length_exceeded", 4096),
+    ("This model's maximum context length is 32768 tokens. However, you requested 33000 tokens in the messages, "
+     "Please reduce the length of the messages.", None, 32768),
+    ("This model's maximum context length is 65536 tokens. However, you requested 70000 tokens (70000 in the "
+     "messages, 0 in the completion). Please reduce the length of the messages or completion.",
+     "invalid_request_error", 65536),
+    # llama-cpp-python's library text, passed through by a server that wraps it differently.
+    ("Requested tokens (5000) exceed context window of 4096", None, 4096),
+    ("prompt is too long: 提示太长了", None, None),  # too long, but no window named
+])
+def test_each_overflow_wording_names_its_window(message: str, code: str | None, window: int | None) -> None:
+    with FakeOpenAIServer() as server:
+        server.reply_error(400, message, code=code)
+
+        async def ask() -> None:
+            async with OpenAICompatProvider(name="cloud", api_base=server.base_url, api_key="sk-local",
+                                            defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
+                await provider.chat([{"role": "user", "content": "你好, hello"}])
+
+        with pytest.raises(ProviderError) as info:
+            asyncio.run(ask())
+    assert (info.value.kind, info.value.window) == ("context_too_long", window)

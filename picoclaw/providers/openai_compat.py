@@ -45,9 +45,14 @@ DEFAULT_TEXT_TOOL_CALLS = "auto"
 _CONTEXT_TOO_LONG = re.compile(
     r"context[ _]length|maximum context|context window|too many tokens|prompt is too long"
     r"|input is too long|reduce the length", re.IGNORECASE)
-# The window an overflow answer names: llama-cpp-python's "Requested tokens (N) exceed context window of M";
-# llama.cpp's own server sends `n_ctx` beside type "exceed_context_size_error" (and says "context size (M tokens)").
-_WINDOW_IN_MESSAGE = re.compile(r"exceeds? (?:the )?(?:available )?context (?:window|size) (?:of )?\(?(\d+)")
+# The window an overflow answer names. OpenAI's wording, which vLLM, DeepSeek and llama-cpp-python's server send
+# too: "This model's maximum context length is M tokens. However, you requested N tokens …" (llama-cpp-python's
+# server turns its library's "Requested tokens (N) exceed context window of M" into it; the library's own text is
+# still read, for servers that pass it through). llama.cpp's server sends `n_ctx` beside type
+# "exceed_context_size_error" (and says "the available context size (M tokens)").
+_WINDOW_IN_MESSAGE = re.compile(r"maximum context length is (\d+)"
+                                r"|exceeds? (?:the )?(?:available )?context (?:window|size) (?:of )?\(?(\d+)",
+                                re.IGNORECASE)
 _LLAMA_CPP_OVERFLOW = "exceed_context_size_error"
 _SERVER_MESSAGE_LIMIT = 200
 
@@ -358,8 +363,8 @@ def validation_summary(said: str) -> str:
 
 
 def overflow_window(exc: Exception) -> int | None:
-    """The context window an over-long request's refusal names (llama.cpp's `n_ctx`, or llama-cpp-python's
-    "exceed context window of M"), or None."""
+    """The context window an over-long request's refusal names (llama.cpp's `n_ctx`; "maximum context length is
+    M", as OpenAI, vLLM, DeepSeek and llama-cpp-python's server word it; "exceed context window of M"), or None."""
     if not isinstance(exc, openai.APIStatusError):
         return None
     body = exc.body
@@ -369,7 +374,7 @@ def overflow_window(exc: Exception) -> int | None:
             return n_ctx
     said = body.get("message") if isinstance(body, dict) else None
     found = _WINDOW_IN_MESSAGE.search(str(said or exc.message or ""))
-    return int(found[1]) if found else None
+    return int(found[1] or found[2]) if found else None
 
 
 def from_config(config: Config, provider_name: str | None = None, *, timeout: float | None = None,
