@@ -29,13 +29,14 @@ an assistant message with `content: null` beside `tool_calls` with a 500, as lla
 
 A context window: `window` (tokens) makes the server refuse a chat request whose prompt is longer, as
 llama.cpp does (`overflow="llama.cpp"`: HTTP 400, type `exceed_context_size_error` with `n_prompt_tokens` and
-`n_ctx`) or llama-cpp-python's server does (`overflow="llama-cpp-python"`: HTTP 400, code `context_length_exceeded`,
-"This model's maximum context length is M tokens. However, you requested …", its llama_cpp/server/errors.py). The prompt is counted by `window_tokens` (a deterministic rule: 4 per message, `rough_tokens` of each text
-and of the tool schemas' JSON), reported as `usage.prompt_tokens` too, and every chat request's count is kept in
-`prompt_counts`. `kind` says which way the server tells its window: "llama.cpp" (`GET /props`), "vllm"
-(`max_model_len` in `GET /v1/models`), "ollama" (`POST /api/show`), "lm-studio" (`GET /api/v0/models`), or
-"none" (those paths answer 404, as on a server that has none of them). Each of those answers can be scripted
-(`endpoint="props"`, `"show"`, `"lm_models"`, `"models"`) to play a broken server.
+`n_ctx`) or llama-cpp-python's server does (`overflow="llama-cpp-python"`: HTTP 400, code
+`context_length_exceeded`, "This model's maximum context length is M tokens. However, you requested …", as its
+llama_cpp/server/errors.py words it). The prompt is counted by `window_tokens` (a deterministic rule: 4 per
+message, `rough_tokens` of each text and of the tool schemas' JSON), reported as `usage.prompt_tokens` too, and
+every chat request's count is kept in `prompt_counts`. `kind` says which way the server tells its window:
+"llama.cpp" (`GET /props`), "vllm" (`max_model_len` in `GET /v1/models`), "ollama" (`POST /api/show`),
+"lm-studio" (`GET /api/v0/models`), or "none" (those paths answer 404, as on a server that has none of them).
+Each of those answers can be scripted (`endpoint="props"`, `"show"`, `"lm_models"`, `"models"`) to play a broken server.
 """
 
 from __future__ import annotations
