@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from picoclaw.config import CLOUD_DEFAULT_WINDOW, LOCAL_DEFAULT_WINDOW, AgentDefaults
+from picoclaw.hosts import is_local_host
 from picoclaw.providers import ContextWindow, OpenAICompatProvider, ProviderError
 from picoclaw.providers.context_window import (
     OLLAMA_DEFAULT_NUM_CTX,
     PROBE_DEADLINE,
     ServerWindows,
     fallback_window,
-    is_local_host,
     server_root,
 )
 from tests.fakes.openai_server import GARBAGE, HOLD_LIMIT, FakeOpenAIServer, Raw, ServerKind

@@ -17,7 +17,6 @@ rest of the process. A bad answer never raises: it leaves the fallback, with one
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import re
@@ -27,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from picoclaw.config import CLOUD_DEFAULT_WINDOW, LOCAL_DEFAULT_WINDOW
+from picoclaw.hosts import host_of, is_local_host
 from picoclaw.providers.base import ContextWindow
 
 log = logging.getLogger(__name__)
@@ -67,20 +67,8 @@ Probe = Callable[[Any, str, str], Awaitable["Told | None"]]  # (client, api_base
 
 def is_cloud_host(api_base: str) -> bool:
     """Whether `api_base` is a known hosted API (not asked; 128,000 assumed)."""
-    host = (urlsplit(api_base).hostname or "").lower().rstrip(".")
+    host = host_of(api_base)
     return any(host == known or host.endswith("." + known) for known in CLOUD_HOSTS)
-
-
-def is_local_host(api_base: str) -> bool:
-    """Whether `api_base` is this machine or a private network (localhost, 127.x, ::1, 10.x, 192.168.x …)."""
-    host = (urlsplit(api_base).hostname or "").lower().rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return address.is_loopback or address.is_private or address.is_link_local
 
 
 def fallback_window(api_base: str) -> ContextWindow:
