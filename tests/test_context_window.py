@@ -184,12 +184,22 @@ def test_connection_refused_leaves_the_fallback(caplog: pytest.LogCaptureFixture
     assert "ConnectError" in line
 
 
-def test_a_host_that_cannot_be_looked_up_leaves_the_fallback(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("api_base", "tokens", "where"), [
+    ("http://gpu-box:8000/v1", LOCAL_DEFAULT_WINDOW, "a local server"),
+    ("http://llama.lan:8080/v1", LOCAL_DEFAULT_WINDOW, "a local server"),
+    ("https://llm.example.com/v1", CLOUD_DEFAULT_WINDOW, "llm.example.com, on the internet"),
+    ("https://api.某家模型.中国/v1", CLOUD_DEFAULT_WINDOW, "on the internet"),
+])
+def test_a_host_that_cannot_be_looked_up_is_still_asked_and_leaves_the_fallback(
+        api_base: str, tokens: int, where: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
-    window = found(None, api_base="http://gpu-box.example:8000/v1")  # the network guard fails the lookup
-    assert (window.tokens, window.source) == (LOCAL_DEFAULT_WINDOW, "default")
-    assert "not a known cloud API" in window.detail
-    assert len(lines(caplog)) == 1
+    asked = windows(None, api_base=api_base)
+    window = asyncio.run(asked.current())  # the network guard fails the lookup
+    assert (window.tokens, window.source) == (tokens, "default")
+    assert where in window.detail
+    assert asked.probes == 1  # not a known cloud API: asked, in case it is a server that tells
+    [line] = lines(caplog)
+    assert f"{tokens:,}" in line
 
 
 # -- config.json against the server ----------------------------------------------------------------
@@ -223,8 +233,15 @@ def test_the_configured_window_stands_when_the_server_tells_nothing(
 # -- cloud hosts and local ones --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("api_base", ["https://api.openai.com/v1", "https://api.deepseek.com/v1",
-                                      "https://openrouter.ai/api/v1", "https://dashscope.aliyuncs.com/compatible-mode/v1"])
+@pytest.mark.parametrize("api_base", [
+    "https://api.openai.com/v1", "https://api.deepseek.com/v1", "https://openrouter.ai/api/v1",
+    "https://dashscope.aliyuncs.com/compatible-mode/v1", "https://my-resource.openai.azure.com/openai/v1",
+    "https://my-resource.cognitiveservices.azure.com/openai/v1", "https://my-project.services.ai.azure.com/models",
+    "https://bedrock-runtime.us-east-1.amazonaws.com/openai/v1", "https://router.huggingface.co/v1",
+    "https://models.github.ai/inference", "https://qianfan.baidubce.com/v2", "https://hunyuan.tencentcloudapi.com",
+    "https://api.stepfun.com/v1", "https://api.z.ai/api/paas/v4", "https://open.bigmodel.cn/api/paas/v4",
+    "https://api.moonshot.cn/v1", "https://api.moonshot.ai/v1", "https://API.OpenAI.com./v1",
+])
 def test_a_known_cloud_api_is_not_asked_and_gets_128000(api_base: str) -> None:
     asked = windows(None, api_base=api_base)
     window = asyncio.run(asked.current())  # the network guard would fail any request
@@ -233,20 +250,33 @@ def test_a_known_cloud_api_is_not_asked_and_gets_128000(api_base: str) -> None:
     assert asked.probes == 0
 
 
+@pytest.mark.parametrize("api_base", ["http://ec2-3-80-1-2.compute-1.amazonaws.com:8000/v1",
+                                      "http://vllm-123.us-west-2.elb.amazonaws.com/v1", "https://notopenai.com/v1"])
+def test_a_server_on_a_clouds_rented_machine_is_asked(api_base: str) -> None:
+    asked = windows(None, api_base=api_base)
+    window = asyncio.run(asked.current())
+    assert asked.probes == 1
+    assert (window.tokens, window.source) == (CLOUD_DEFAULT_WINDOW, "default")  # a name on the internet
+
+
 def test_a_cloud_api_with_a_configured_window_uses_it() -> None:
     window = found(None, api_base="https://api.openai.com/v1", configured=32000)
     assert (window.tokens, window.source) == (32000, "config")
 
 
-@pytest.mark.parametrize(("api_base", "local"), [
-    ("http://localhost:11434/v1", True), ("http://127.0.0.1:8080/v1", True), ("http://[::1]:8000/v1", True),
-    ("http://192.168.1.20:1234/v1", True), ("http://10.0.0.5:8000/v1", True), ("http://172.16.3.4/v1", True),
-    ("http://8.8.8.8:8000/v1", False), ("https://llm.example.com/v1", False),
+@pytest.mark.parametrize(("api_base", "tokens", "local"), [
+    *[(url, LOCAL_DEFAULT_WINDOW, True) for url in (
+        "http://localhost:11434/v1", "http://127.0.0.1:8080/v1", "http://[::1]:8000/v1", "http://192.168.1.20:1234/v1",
+        "http://10.0.0.5:8000/v1", "http://172.16.3.4/v1", "http://100.101.102.103:8080/v1", "http://gpu-box:8000/v1",
+        "http://llama.local:8080/v1")],
+    ("http://8.8.8.8:8000/v1", LOCAL_DEFAULT_WINDOW, False),  # a bare address: a machine someone runs a server on
+    ("https://llm.example.com/v1", CLOUD_DEFAULT_WINDOW, False),  # a name on the internet: a hosted API, likely
 ])
-def test_local_endpoints_are_told_apart(api_base: str, local: bool) -> None:
+def test_the_fallback_is_small_on_the_local_network_and_large_on_the_internet(api_base: str, tokens: int,
+                                                                              local: bool) -> None:
     assert is_local_host(api_base) is local
     window = fallback_window(api_base)
-    assert window.tokens == LOCAL_DEFAULT_WINDOW  # not a known cloud API: the conservative default either way
+    assert (window.tokens, window.source) == (tokens, "default")
     assert ("local server" in window.detail) is local
 
 

@@ -9,9 +9,10 @@ probe), within `PROBE_DEADLINE` seconds whatever the server does, in each way a 
 - vLLM: `GET <api_base>/models` → the model's `max_model_len`.
 
 Known cloud APIs are not asked (they report nothing there). config.json's number wins, unless the server runs
-with a smaller one (then the smaller, with one log line); with nothing told, 8,192 tokens for any server that is
-not a known cloud API, 128,000 for those. An overflow answer that names the window (`learn`) lowers it for the
-rest of the process. A bad answer never raises: it leaves the fallback, with one log line for the whole probe.
+with a smaller one (then the smaller, with one log line); with nothing told, 8,192 tokens for a server on this
+machine or its network (or at a bare IP address), 128,000 for a known cloud API or any other name on the
+internet. An overflow answer that names the window (`learn`) lowers it for the rest of the process. A bad answer
+never raises: it leaves the fallback, with one log line for the whole probe.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from picoclaw.config import CLOUD_DEFAULT_WINDOW, LOCAL_DEFAULT_WINDOW
-from picoclaw.hosts import host_of, is_local_host
+from picoclaw.hosts import host_of, is_internet_name, is_local_host
 from picoclaw.providers.base import ContextWindow
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,18 @@ OLLAMA_DEFAULT_NUM_CTX = 4096
 # Hosted APIs whose windows are large and who report none of the above: not asked, 128,000 assumed. A host
 # matches when it is one of these or ends with "." + one of them.
 CLOUD_HOSTS = (
-    "openai.com", "openai.azure.com", "deepseek.com", "anthropic.com", "openrouter.ai", "groq.com", "mistral.ai",
-    "googleapis.com", "together.xyz", "fireworks.ai", "x.ai", "perplexity.ai", "cohere.ai", "cohere.com",
-    "moonshot.cn", "moonshot.ai", "aliyuncs.com", "bigmodel.cn", "siliconflow.cn", "siliconflow.com",
-    "volces.com", "minimax.chat", "minimaxi.com", "baichuan-ai.com", "lingyiwanwu.com", "deepinfra.com",
-    "cerebras.ai", "sambanova.ai", "novita.ai", "hyperbolic.xyz", "nvidia.com",
+    "openai.com", "openai.azure.com", "cognitiveservices.azure.com", "services.ai.azure.com",
+    "inference.ai.azure.com", "amazonaws.com", "googleapis.com", "anthropic.com", "deepseek.com", "openrouter.ai",
+    "groq.com", "mistral.ai", "together.xyz", "fireworks.ai", "x.ai", "perplexity.ai", "cohere.ai", "cohere.com",
+    "huggingface.co", "github.ai", "ai21.com", "reka.ai", "upstage.ai", "nebius.ai", "nebius.com", "lambda.ai",
+    "featherless.ai", "friendli.ai", "deepinfra.com", "cerebras.ai", "sambanova.ai", "novita.ai", "hyperbolic.xyz",
+    "nvidia.com",
+    "moonshot.cn", "moonshot.ai", "aliyuncs.com", "bigmodel.cn", "z.ai", "baidubce.com", "tencentcloudapi.com",
+    "cloud.tencent.com", "volces.com", "stepfun.com", "siliconflow.cn", "siliconflow.com", "minimax.chat",
+    "minimaxi.com", "minimax.io", "baichuan-ai.com", "lingyiwanwu.com", "sensenova.cn", "xf-yun.com",
 )
+# Under those, the names of machines people rent and run their own server on (EC2, its load balancers): asked.
+SELF_HOSTED_UNDER_CLOUD = ("compute.amazonaws.com", "compute-1.amazonaws.com", "elb.amazonaws.com")
 
 
 class BadAnswer(Exception):
@@ -65,19 +72,29 @@ class Told:
 Probe = Callable[[Any, str, str], Awaitable["Told | None"]]  # (client, api_base, model) → told, or None: not there
 
 
+def _under(host: str, domains: tuple[str, ...]) -> bool:
+    return any(host == domain or host.endswith("." + domain) for domain in domains)
+
+
 def is_cloud_host(api_base: str) -> bool:
     """Whether `api_base` is a known hosted API (not asked; 128,000 assumed)."""
     host = host_of(api_base)
-    return any(host == known or host.endswith("." + known) for known in CLOUD_HOSTS)
+    return _under(host, CLOUD_HOSTS) and not _under(host, SELF_HOSTED_UNDER_CLOUD)
 
 
 def fallback_window(api_base: str) -> ContextWindow:
-    """The window when nothing told it: 128,000 for a known cloud API, 8,192 for any other server."""
+    """The window when nothing told it: 8,192 for a server on this machine or its network (or at a bare IP
+    address), 128,000 for a known cloud API and any other name on the internet (an unknown hosted API, most
+    likely; a self-hosted one that is smaller teaches its window with its first overflow)."""
+    host = host_of(api_base)
     if is_cloud_host(api_base):
-        host = urlsplit(api_base).hostname
         return ContextWindow(CLOUD_DEFAULT_WINDOW, "default",
                              f"{host} is a cloud API: {CLOUD_DEFAULT_WINDOW:,} assumed")
-    where = "a local server" if is_local_host(api_base) else "a server that is not a known cloud API"
+    if is_internet_name(api_base):
+        return ContextWindow(CLOUD_DEFAULT_WINDOW, "default",
+                             f"the server did not report it: {CLOUD_DEFAULT_WINDOW:,} assumed for {host}, on the "
+                             "internet")
+    where = "a local server" if is_local_host(api_base) else "a server at a bare IP address"
     return ContextWindow(LOCAL_DEFAULT_WINDOW, "default",
                          f"the server did not report it: {LOCAL_DEFAULT_WINDOW:,} assumed for {where}")
 
