@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 from typing import Any
 
 import pytest
@@ -166,11 +167,69 @@ def test_a_server_that_never_answers_costs_the_deadline_and_no_more(
     caplog.set_level(logging.INFO, logger=LOGGER)
     window = found(server, deadline=0.2)
     assert (window.tokens, window.source) == (LOCAL_DEFAULT_WINDOW, "default")
-    [line] = lines(caplog)
-    assert "no answer within 0.2 s" in line or "timed out" in line
+    # Each request's own timeout is longer than the deadline: the deadline, and only it, ends every way.
+    assert lines(caplog) == [
+        f"provider local, model {MODEL}: the context window was not reported (llama.cpp /props: no answer within "
+        "0.2 s; Ollama /api/show: no answer within 0.2 s; LM Studio /api/v0/models: no answer within 0.2 s; "
+        "vLLM /v1/models: no answer within 0.2 s); using 8,192 tokens (the server did not report it: 8,192 assumed "
+        "for a local server)"]
     # What a process pays at its first turn, whatever the server does: the bound the issue sets is 2 s.
     assert PROBE_DEADLINE <= 2.0
     assert windows(server).deadline == PROBE_DEADLINE
+
+
+@pytest.mark.parametrize(("telling", "kind", "detail"), [
+    ("props", "llama.cpp", "llama.cpp /props"), ("models", "vllm", "vLLM /v1/models"),
+])
+def test_the_first_way_to_tell_ends_the_probe_without_waiting_for_the_others(
+        server: FakeOpenAIServer, telling: str, kind: ServerKind, detail: str) -> None:
+    server.kind, server.window = kind, 4096
+    for endpoint in {"props", "show", "lm_models", "models"} - {telling}:
+        server.enqueue(Raw("{}", delay=HOLD_LIMIT), endpoint)  # held until the server stops
+    asked = windows(server, deadline=4 * HOLD_LIMIT)
+
+    async def first() -> ContextWindow:
+        window = await asyncio.wait_for(asked.current(), timeout=HOLD_LIMIT / 2)  # fails, not hangs, if it waits
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # the held ways were cancelled, none left behind
+        return window
+
+    window = asyncio.run(first())
+    assert (window.tokens, window.source, window.detail) == (4096, "server", detail)
+
+
+def test_a_caller_cancelled_during_the_probe_leaves_no_probe_behind(server: FakeOpenAIServer) -> None:
+    for endpoint in ("props", "show", "lm_models", "models"):
+        server.enqueue(Raw("{}", delay=HOLD_LIMIT), endpoint)
+    asked = windows(server, deadline=4 * HOLD_LIMIT)
+
+    async def cancelled() -> set[asyncio.Task[Any]]:
+        probing = asyncio.ensure_future(asked.current())
+        for _ in range(2000):  # until the server holds all four requests (bounded: ~10 s at most)
+            if len(server.requests) == 4:
+                break
+            await asyncio.sleep(0.005)
+        assert len(server.requests) == 4
+        probing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probing
+        return asyncio.all_tasks() - {asyncio.current_task()}
+
+    assert asyncio.run(cancelled()) == set()
+
+
+def test_a_client_that_cannot_be_made_leaves_the_fallback_with_one_line(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # A SOCKS proxy in the environment without the socksio package: httpx refuses to make the client at all.
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
+    monkeypatch.setitem(sys.modules, "socksio", None)  # not installed, whatever this machine has
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    asked = windows(None, api_base="https://llm.example.com/v1")  # on the internet: the proxy applies
+    window = asyncio.run(asked.current())
+    assert (window.tokens, window.source) == (CLOUD_DEFAULT_WINDOW, "default")
+    [line] = lines(caplog)
+    assert "the probe could not start (ImportError" in line and "socksio" in line
 
 
 def test_connection_refused_leaves_the_fallback(caplog: pytest.LogCaptureFixture) -> None:

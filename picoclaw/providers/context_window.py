@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -32,7 +32,8 @@ from picoclaw.providers.base import ContextWindow
 
 log = logging.getLogger(__name__)
 
-# The whole probe's bound: every way is asked at once, and a server that never answers costs this, no more.
+# The whole probe's bound: every way is asked at once, the first to tell ends it, and a server that never
+# answers costs this, no more.
 PROBE_DEADLINE = 1.5
 # A reported window outside this range is a misreading (or a broken server), not a window to budget against.
 SANE_WINDOW = (256, 10_000_000)
@@ -175,31 +176,52 @@ class ServerWindows:
         return configured
 
     async def _ask(self) -> tuple[Told | None, list[str]]:
-        """The first telling answer, in PROBES order, and why each way before it told nothing."""
+        """The first telling answer, and why each way told nothing when none did; never raises."""
+        self.probes += 1
+        try:
+            return await self._asked()
+        except Exception as exc:  # the client itself could not be made (a SOCKS proxy without socksio …)
+            return None, [f"the probe could not start ({type(exc).__name__}: {str(exc)[:120]})"]
+
+    async def _asked(self) -> tuple[Told | None, list[str]]:
         import httpx2  # here, not at import: `picoclaw memory show` never loads it
 
-        self.probes += 1
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        timeout = httpx2.Timeout(self.deadline)
+        # Each request may outlast the deadline: only the deadline ends a probe that is held, with one message.
+        timeout = httpx2.Timeout(self.deadline + 1)
         # A proxy from the environment is for the internet, not for a server on this machine or network.
         async with httpx2.AsyncClient(timeout=timeout, headers=headers, follow_redirects=False,
                                       trust_env=not is_local_host(self.api_base)) as client:
             tasks = [asyncio.ensure_future(_outcome(probe(client, self.api_base, self.model)))
                      for _, probe in PROBES]
-            done, pending = await asyncio.wait(tasks, timeout=self.deadline)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        problems: list[str] = []
+            try:
+                told = await _first_told(tasks, self.deadline)
+            finally:  # also when the caller is cancelled: no probe outlives the client
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        if told is not None:
+            return told, []
+        problems = []
         for (name, _), task in zip(PROBES, tasks, strict=True):
-            if task in pending:
-                problems.append(f"{name}: no answer within {self.deadline:g} s")
-                continue
-            told, problem = task.result()
-            if told is not None:
-                return told, problems
-            problems.append(f"{name}: {problem}")
+            why = f"no answer within {self.deadline:g} s" if task.cancelled() else task.result()[1]
+            problems.append(f"{name}: {why}")
         return None, problems
+
+
+async def _first_told(tasks: Sequence[asyncio.Future[tuple[Told | None, str]]], deadline: float) -> Told | None:
+    """The window the first probe to tell reports (each server answers only its own way; among answers that
+    arrive together, PROBES order), as soon as it does; None when none has by `deadline` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    pending: set[asyncio.Future[tuple[Told | None, str]]] = set(tasks)
+    while pending and (left := end - loop.time()) > 0:
+        done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task in done and (told := task.result()[0]) is not None:
+                return told
+    # One that finished as the deadline came still counts.
+    return next((told for task in tasks if task.done() and (told := task.result()[0]) is not None), None)
 
 
 async def _outcome(asked: Awaitable[Told | None]) -> tuple[Told | None, str]:
