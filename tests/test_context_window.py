@@ -110,6 +110,19 @@ def test_vllm_takes_the_configured_models_entry(server: FakeOpenAIServer) -> Non
     assert (window.tokens, window.detail) == (16384, "vLLM /v1/models")
 
 
+@pytest.mark.parametrize(("entries", "expected"), [
+    # Only one model served, under another name (vLLM's --served-model-name): its window is the server's.
+    ([{"id": "Qwen/Qwen2.5-7B-Instruct", "max_model_len": 16384}], (16384, "server")),
+    # Other models listed, ours not: none of their windows is ours, even when only one tells.
+    ([{"id": "big-model", "max_model_len": 131072}, {"id": "small-model"}], (LOCAL_DEFAULT_WINDOW, "default")),
+])
+def test_vllm_takes_another_models_entry_only_when_it_is_the_only_one(
+        server: FakeOpenAIServer, entries: list[dict[str, Any]], expected: tuple[int, str]) -> None:
+    server.reply_raw({"object": "list", "data": entries}, endpoint="models")
+    window = found(server)
+    assert (window.tokens, window.source) == expected
+
+
 def test_lm_studio_takes_the_loaded_context_not_the_maximum(server: FakeOpenAIServer) -> None:
     server.kind, server.window = "lm-studio", 6000
     window = found(server)
@@ -389,6 +402,60 @@ def test_learn_before_any_probe_is_kept() -> None:
     assert asked.probes == 0
 
 
+@pytest.mark.parametrize(("configured", "learnt", "expected"), [
+    (4096, 8192, (4096, "config")),  # the overflow says the server holds more: config.json's number still wins
+    (8192, 4096, (4096, "overflow")),
+    (None, 4096, (4096, "overflow")),
+])
+def test_learn_before_any_probe_does_not_beat_a_smaller_configured_window(
+        configured: int | None, learnt: int, expected: tuple[int, str]) -> None:
+    asked = windows(None, api_base="http://127.0.0.1:9/v1", configured=configured)
+    assert (asked.learn(learnt).tokens, asked.learn(learnt).source) == expected
+    window = asyncio.run(asked.current())
+    assert (window.tokens, window.source) == expected
+    assert asked.probes == 0  # the overflow was the server's own word: nothing left to ask
+
+
+@pytest.mark.parametrize("style", ["llama.cpp", "llama-cpp-python"])
+@pytest.mark.parametrize("probed_first", [False, True], ids=["before the probe", "after the probe"])
+def test_any_call_that_overflows_teaches_the_providers_window(style: Any, probed_first: bool) -> None:
+    """A summary or the memory flush meets the overflow as well as a turn does: the provider teaches the window
+    it handed out, whoever called."""
+    with FakeOpenAIServer(kind="none", window=400, overflow=style) as server:
+        async def summarise() -> tuple[ContextWindow, ContextWindow, int]:
+            async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
+                                            defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
+                asked = provider.context_windows(None)
+                before = await asked.current() if probed_first else None
+                with pytest.raises(ProviderError):
+                    await provider.chat([{"role": "user", "content": "把下面的对话总结一下。Summarise: " + "话" * 600}])
+                after = await asked.current()
+                return before or after, after, asked.probes
+
+        before, after, probes = asyncio.run(summarise())
+    assert (after.tokens, after.source) == (400, "overflow")
+    assert before.tokens == (LOCAL_DEFAULT_WINDOW if probed_first else 400)
+    assert probes == (1 if probed_first else 0)
+
+
+def test_an_absurd_window_in_an_overflow_answer_is_not_learnt() -> None:
+    with FakeOpenAIServer() as server:
+        server.reply_error(400, "This model's maximum context length is 99999999999 tokens.",
+                           code="context_length_exceeded")
+
+        async def ask() -> ContextWindow:
+            async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
+                                            defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
+                asked = provider.context_windows(16000)
+                with pytest.raises(ProviderError) as info:
+                    await provider.chat([{"role": "user", "content": "hello 你好"}])
+                assert (info.value.kind, info.value.window) == ("context_too_long", None)
+                return await asked.current()
+
+        window = asyncio.run(ask())
+    assert (window.tokens, window.source) == (16000, "config")
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
 @pytest.mark.parametrize("style", ["llama.cpp", "llama-cpp-python"])
 @pytest.mark.parametrize("text", ["The weather report for tomorrow, in detail. " * 40,
@@ -399,7 +466,7 @@ def test_an_overflow_answer_is_sorted_with_its_window(style: Any, text: str, str
     async def sink(piece: str) -> None:
         pieces.append(piece)
 
-    with FakeOpenAIServer(window=200, overflow=style) as server:
+    with FakeOpenAIServer(window=400, overflow=style) as server:
         async def ask() -> None:
             async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
                                             defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
@@ -408,8 +475,8 @@ def test_an_overflow_answer_is_sorted_with_its_window(style: Any, text: str, str
         with pytest.raises(ProviderError) as info:
             asyncio.run(ask())
         assert info.value.kind == "context_too_long"
-        assert info.value.window == 200
-        assert server.prompt_counts[0] > 200
+        assert info.value.window == 400
+        assert server.prompt_counts[0] > 400
         assert len(server.chat_requests()) == 1 and pieces == []  # not retried, nor asked again without streaming
 
 

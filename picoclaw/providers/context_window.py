@@ -137,22 +137,29 @@ class ServerWindows:
         return self._window
 
     def learn(self, tokens: int) -> ContextWindow:
-        """An overflow answer named the window: lower the window to it (never raise it) for the rest of the process."""
-        now = self._window
+        """An overflow answer named the window: lower the window to it (never raise it) for the rest of the process.
+
+        Before any probe, the overflow is the server's own word: no probe follows, and config.json's number still
+        wins when it is the smaller."""
+        now = self._window or self._configured()
         if not SANE_WINDOW[0] <= tokens <= SANE_WINDOW[1]:
             log.warning("provider %s: an overflow answer named a context window of %d tokens; ignored", self.provider,
                         tokens)
             return now or fallback_window(self.api_base)
         if now is None or tokens < now.tokens:
-            self._window = ContextWindow(tokens, "overflow", "the server's answer to an over-long request")
+            now = ContextWindow(tokens, "overflow", "the server's answer to an over-long request")
             log.info("provider %s, model %s: the server refused an over-long request; context window %s tokens "
                      "from now on", self.provider, self.model, f"{tokens:,}")
-        assert self._window is not None
-        return self._window
+        self._window = now
+        return now
+
+    def _configured(self) -> ContextWindow | None:
+        if self.configured is None:
+            return None
+        return ContextWindow(self.configured, "config", "config.json agents.defaults.context_window")
 
     async def _found(self) -> ContextWindow:
-        configured = (ContextWindow(self.configured, "config", "config.json agents.defaults.context_window")
-                      if self.configured is not None else None)
+        configured = self._configured()
         if is_cloud_host(self.api_base):
             return configured or fallback_window(self.api_base)
         told, problems = await self._ask()
@@ -301,7 +308,8 @@ async def ollama_show(client: Any, api_base: str, model: str) -> Told | None:
 
 
 def _model_entry(data: Any, model: str, key: str) -> dict[str, Any] | None:
-    """The `data` entry of `model` in a model list (or the only entry that has `key`)."""
+    """The `data` entry of `model` in a model list, or the list's only entry when it has `key` (a server that
+    serves one model under another name); None when other models are listed and `model` is not."""
     entries = data.get("data") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         return None
@@ -309,8 +317,7 @@ def _model_entry(data: Any, model: str, key: str) -> dict[str, Any] | None:
     named = [e for e in entries if e.get("id") == model]
     if named:
         return named[0]
-    having = [e for e in entries if key in e]
-    return having[0] if len(having) == 1 else None
+    return entries[0] if len(entries) == 1 and key in entries[0] else None
 
 
 async def lm_studio_models(client: Any, api_base: str, model: str) -> Told | None:
