@@ -30,14 +30,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# The context window when nothing tells it (picoclaw/providers/context_window.py): a local server's is assumed
-# small (a summary too early costs little, an overflow costs a turn), a known cloud API's large.
+# The context window when nothing tells it (picoclaw/providers/context_window.py): a server on this machine or its
+# network is assumed small (a summary too early costs little, an overflow costs a turn), a known cloud API or any
+# other name on the internet large.
 LOCAL_DEFAULT_WINDOW = 8_192
 CLOUD_DEFAULT_WINDOW = 128_000
 
 
 class AgentDefaults(_Strict):
-    """`agents.defaults`. `context_window`: a number of tokens, or None (absent, null or "auto"): ask the server."""
+    """`agents.defaults`. `context_window`: a number of tokens, or None (absent, null or "auto"): found, by asking
+    the server (a known cloud API is not asked: 128,000) or from its overflow answer."""
 
     WINDOW_MIN: ClassVar[int] = 1024
     WINDOW_MAX: ClassVar[int] = 10_000_000

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import math
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -59,9 +60,11 @@ def _remembered_failure(cache: Path | None) -> bool:
     if cache is None or (cache / hashlib.sha1(ENCODING_URL.encode()).hexdigest()).exists():
         return False
     try:
-        return time.time() - (cache / UNAVAILABLE_MARKER).stat().st_mtime < RETRY_AFTER
+        marker = (cache / UNAVAILABLE_MARKER).lstat()  # a link is not our marker: the next failure replaces it
     except OSError:
         return False
+    # A marker dated ahead of the clock (the clock went back) holds no longer than a day's marker would.
+    return stat.S_ISREG(marker.st_mode) and 0 <= time.time() - marker.st_mtime < RETRY_AFTER
 
 
 def _remember(cache: Path | None, failed: bool) -> None:
@@ -72,7 +75,12 @@ def _remember(cache: Path | None, failed: bool) -> None:
     try:
         if failed:
             cache.mkdir(parents=True, exist_ok=True)
-            marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n", encoding="utf-8")
+            # Made anew, never through a link: the default cache (/tmp/data-gym-cache) may belong to another
+            # user, whose link there would otherwise have us overwrite whatever it points at.
+            marker.unlink(missing_ok=True)
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
         else:
             marker.unlink(missing_ok=True)
     except OSError as exc:

@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 from typing import Any
 
 import pytest
 
 from picoclaw.config import CLOUD_DEFAULT_WINDOW, LOCAL_DEFAULT_WINDOW, AgentDefaults
+from picoclaw.hosts import is_local_host
 from picoclaw.providers import ContextWindow, OpenAICompatProvider, ProviderError
 from picoclaw.providers.context_window import (
     OLLAMA_DEFAULT_NUM_CTX,
     PROBE_DEADLINE,
     ServerWindows,
     fallback_window,
-    is_local_host,
     server_root,
 )
 from tests.fakes.openai_server import GARBAGE, HOLD_LIMIT, FakeOpenAIServer, Raw, ServerKind
@@ -109,6 +110,19 @@ def test_vllm_takes_the_configured_models_entry(server: FakeOpenAIServer) -> Non
     assert (window.tokens, window.detail) == (16384, "vLLM /v1/models")
 
 
+@pytest.mark.parametrize(("entries", "expected"), [
+    # Only one model served, under another name (vLLM's --served-model-name): its window is the server's.
+    ([{"id": "Qwen/Qwen2.5-7B-Instruct", "max_model_len": 16384}], (16384, "server")),
+    # Other models listed, ours not: none of their windows is ours, even when only one tells.
+    ([{"id": "big-model", "max_model_len": 131072}, {"id": "small-model"}], (LOCAL_DEFAULT_WINDOW, "default")),
+])
+def test_vllm_takes_another_models_entry_only_when_it_is_the_only_one(
+        server: FakeOpenAIServer, entries: list[dict[str, Any]], expected: tuple[int, str]) -> None:
+    server.reply_raw({"object": "list", "data": entries}, endpoint="models")
+    window = found(server)
+    assert (window.tokens, window.source) == expected
+
+
 def test_lm_studio_takes_the_loaded_context_not_the_maximum(server: FakeOpenAIServer) -> None:
     server.kind, server.window = "lm-studio", 6000
     window = found(server)
@@ -166,11 +180,69 @@ def test_a_server_that_never_answers_costs_the_deadline_and_no_more(
     caplog.set_level(logging.INFO, logger=LOGGER)
     window = found(server, deadline=0.2)
     assert (window.tokens, window.source) == (LOCAL_DEFAULT_WINDOW, "default")
-    [line] = lines(caplog)
-    assert "no answer within 0.2 s" in line or "timed out" in line
+    # Each request's own timeout is longer than the deadline: the deadline, and only it, ends every way.
+    assert lines(caplog) == [
+        f"provider local, model {MODEL}: the context window was not reported (llama.cpp /props: no answer within "
+        "0.2 s; Ollama /api/show: no answer within 0.2 s; LM Studio /api/v0/models: no answer within 0.2 s; "
+        "vLLM /v1/models: no answer within 0.2 s); using 8,192 tokens (the server did not report it: 8,192 assumed "
+        "for a local server)"]
     # What a process pays at its first turn, whatever the server does: the bound the issue sets is 2 s.
     assert PROBE_DEADLINE <= 2.0
     assert windows(server).deadline == PROBE_DEADLINE
+
+
+@pytest.mark.parametrize(("telling", "kind", "detail"), [
+    ("props", "llama.cpp", "llama.cpp /props"), ("models", "vllm", "vLLM /v1/models"),
+])
+def test_the_first_way_to_tell_ends_the_probe_without_waiting_for_the_others(
+        server: FakeOpenAIServer, telling: str, kind: ServerKind, detail: str) -> None:
+    server.kind, server.window = kind, 4096
+    for endpoint in {"props", "show", "lm_models", "models"} - {telling}:
+        server.enqueue(Raw("{}", delay=HOLD_LIMIT), endpoint)  # held until the server stops
+    asked = windows(server, deadline=4 * HOLD_LIMIT)
+
+    async def first() -> ContextWindow:
+        window = await asyncio.wait_for(asked.current(), timeout=HOLD_LIMIT / 2)  # fails, not hangs, if it waits
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # the held ways were cancelled, none left behind
+        return window
+
+    window = asyncio.run(first())
+    assert (window.tokens, window.source, window.detail) == (4096, "server", detail)
+
+
+def test_a_caller_cancelled_during_the_probe_leaves_no_probe_behind(server: FakeOpenAIServer) -> None:
+    for endpoint in ("props", "show", "lm_models", "models"):
+        server.enqueue(Raw("{}", delay=HOLD_LIMIT), endpoint)
+    asked = windows(server, deadline=4 * HOLD_LIMIT)
+
+    async def cancelled() -> set[asyncio.Task[Any]]:
+        probing = asyncio.ensure_future(asked.current())
+        for _ in range(2000):  # until the server holds all four requests (bounded: ~10 s at most)
+            if len(server.requests) == 4:
+                break
+            await asyncio.sleep(0.005)
+        assert len(server.requests) == 4
+        probing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probing
+        return asyncio.all_tasks() - {asyncio.current_task()}
+
+    assert asyncio.run(cancelled()) == set()
+
+
+def test_a_client_that_cannot_be_made_leaves_the_fallback_with_one_line(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # A SOCKS proxy in the environment without the socksio package: httpx refuses to make the client at all.
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
+    monkeypatch.setitem(sys.modules, "socksio", None)  # not installed, whatever this machine has
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    asked = windows(None, api_base="https://llm.example.com/v1")  # on the internet: the proxy applies
+    window = asyncio.run(asked.current())
+    assert (window.tokens, window.source) == (CLOUD_DEFAULT_WINDOW, "default")
+    [line] = lines(caplog)
+    assert "the probe could not start (ImportError" in line and "socksio" in line
 
 
 def test_connection_refused_leaves_the_fallback(caplog: pytest.LogCaptureFixture) -> None:
@@ -184,12 +256,22 @@ def test_connection_refused_leaves_the_fallback(caplog: pytest.LogCaptureFixture
     assert "ConnectError" in line
 
 
-def test_a_host_that_cannot_be_looked_up_leaves_the_fallback(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("api_base", "tokens", "where"), [
+    ("http://gpu-box:8000/v1", LOCAL_DEFAULT_WINDOW, "a local server"),
+    ("http://llama.lan:8080/v1", LOCAL_DEFAULT_WINDOW, "a local server"),
+    ("https://llm.example.com/v1", CLOUD_DEFAULT_WINDOW, "llm.example.com, on the internet"),
+    ("https://api.某家模型.中国/v1", CLOUD_DEFAULT_WINDOW, "on the internet"),
+])
+def test_a_host_that_cannot_be_looked_up_is_still_asked_and_leaves_the_fallback(
+        api_base: str, tokens: int, where: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
-    window = found(None, api_base="http://gpu-box.example:8000/v1")  # the network guard fails the lookup
-    assert (window.tokens, window.source) == (LOCAL_DEFAULT_WINDOW, "default")
-    assert "not a known cloud API" in window.detail
-    assert len(lines(caplog)) == 1
+    asked = windows(None, api_base=api_base)
+    window = asyncio.run(asked.current())  # the network guard fails the lookup
+    assert (window.tokens, window.source) == (tokens, "default")
+    assert where in window.detail
+    assert asked.probes == 1  # not a known cloud API: asked, in case it is a server that tells
+    [line] = lines(caplog)
+    assert f"{tokens:,}" in line
 
 
 # -- config.json against the server ----------------------------------------------------------------
@@ -223,8 +305,15 @@ def test_the_configured_window_stands_when_the_server_tells_nothing(
 # -- cloud hosts and local ones --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("api_base", ["https://api.openai.com/v1", "https://api.deepseek.com/v1",
-                                      "https://openrouter.ai/api/v1", "https://dashscope.aliyuncs.com/compatible-mode/v1"])
+@pytest.mark.parametrize("api_base", [
+    "https://api.openai.com/v1", "https://api.deepseek.com/v1", "https://openrouter.ai/api/v1",
+    "https://dashscope.aliyuncs.com/compatible-mode/v1", "https://my-resource.openai.azure.com/openai/v1",
+    "https://my-resource.cognitiveservices.azure.com/openai/v1", "https://my-project.services.ai.azure.com/models",
+    "https://bedrock-runtime.us-east-1.amazonaws.com/openai/v1", "https://router.huggingface.co/v1",
+    "https://models.github.ai/inference", "https://qianfan.baidubce.com/v2", "https://hunyuan.tencentcloudapi.com",
+    "https://api.stepfun.com/v1", "https://api.z.ai/api/paas/v4", "https://open.bigmodel.cn/api/paas/v4",
+    "https://api.moonshot.cn/v1", "https://api.moonshot.ai/v1", "https://API.OpenAI.com./v1",
+])
 def test_a_known_cloud_api_is_not_asked_and_gets_128000(api_base: str) -> None:
     asked = windows(None, api_base=api_base)
     window = asyncio.run(asked.current())  # the network guard would fail any request
@@ -233,20 +322,33 @@ def test_a_known_cloud_api_is_not_asked_and_gets_128000(api_base: str) -> None:
     assert asked.probes == 0
 
 
+@pytest.mark.parametrize("api_base", ["http://ec2-3-80-1-2.compute-1.amazonaws.com:8000/v1",
+                                      "http://vllm-123.us-west-2.elb.amazonaws.com/v1", "https://notopenai.com/v1"])
+def test_a_server_on_a_clouds_rented_machine_is_asked(api_base: str) -> None:
+    asked = windows(None, api_base=api_base)
+    window = asyncio.run(asked.current())
+    assert asked.probes == 1
+    assert (window.tokens, window.source) == (CLOUD_DEFAULT_WINDOW, "default")  # a name on the internet
+
+
 def test_a_cloud_api_with_a_configured_window_uses_it() -> None:
     window = found(None, api_base="https://api.openai.com/v1", configured=32000)
     assert (window.tokens, window.source) == (32000, "config")
 
 
-@pytest.mark.parametrize(("api_base", "local"), [
-    ("http://localhost:11434/v1", True), ("http://127.0.0.1:8080/v1", True), ("http://[::1]:8000/v1", True),
-    ("http://192.168.1.20:1234/v1", True), ("http://10.0.0.5:8000/v1", True), ("http://172.16.3.4/v1", True),
-    ("http://8.8.8.8:8000/v1", False), ("https://llm.example.com/v1", False),
+@pytest.mark.parametrize(("api_base", "tokens", "local"), [
+    *[(url, LOCAL_DEFAULT_WINDOW, True) for url in (
+        "http://localhost:11434/v1", "http://127.0.0.1:8080/v1", "http://[::1]:8000/v1", "http://192.168.1.20:1234/v1",
+        "http://10.0.0.5:8000/v1", "http://172.16.3.4/v1", "http://100.101.102.103:8080/v1", "http://gpu-box:8000/v1",
+        "http://llama.local:8080/v1")],
+    ("http://8.8.8.8:8000/v1", LOCAL_DEFAULT_WINDOW, False),  # a bare address: a machine someone runs a server on
+    ("https://llm.example.com/v1", CLOUD_DEFAULT_WINDOW, False),  # a name on the internet: a hosted API, likely
 ])
-def test_local_endpoints_are_told_apart(api_base: str, local: bool) -> None:
+def test_the_fallback_is_small_on_the_local_network_and_large_on_the_internet(api_base: str, tokens: int,
+                                                                              local: bool) -> None:
     assert is_local_host(api_base) is local
     window = fallback_window(api_base)
-    assert window.tokens == LOCAL_DEFAULT_WINDOW  # not a known cloud API: the conservative default either way
+    assert (window.tokens, window.source) == (tokens, "default")
     assert ("local server" in window.detail) is local
 
 
@@ -300,6 +402,60 @@ def test_learn_before_any_probe_is_kept() -> None:
     assert asked.probes == 0
 
 
+@pytest.mark.parametrize(("configured", "learnt", "expected"), [
+    (4096, 8192, (4096, "config")),  # the overflow says the server holds more: config.json's number still wins
+    (8192, 4096, (4096, "overflow")),
+    (None, 4096, (4096, "overflow")),
+])
+def test_learn_before_any_probe_does_not_beat_a_smaller_configured_window(
+        configured: int | None, learnt: int, expected: tuple[int, str]) -> None:
+    asked = windows(None, api_base="http://127.0.0.1:9/v1", configured=configured)
+    assert (asked.learn(learnt).tokens, asked.learn(learnt).source) == expected
+    window = asyncio.run(asked.current())
+    assert (window.tokens, window.source) == expected
+    assert asked.probes == 0  # the overflow was the server's own word: nothing left to ask
+
+
+@pytest.mark.parametrize("style", ["llama.cpp", "llama-cpp-python"])
+@pytest.mark.parametrize("probed_first", [False, True], ids=["before the probe", "after the probe"])
+def test_any_call_that_overflows_teaches_the_providers_window(style: Any, probed_first: bool) -> None:
+    """A summary or the memory flush meets the overflow as well as a turn does: the provider teaches the window
+    it handed out, whoever called."""
+    with FakeOpenAIServer(kind="none", window=400, overflow=style) as server:
+        async def summarise() -> tuple[ContextWindow, ContextWindow, int]:
+            async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
+                                            defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
+                asked = provider.context_windows(None)
+                before = await asked.current() if probed_first else None
+                with pytest.raises(ProviderError):
+                    await provider.chat([{"role": "user", "content": "把下面的对话总结一下。Summarise: " + "话" * 600}])
+                after = await asked.current()
+                return before or after, after, asked.probes
+
+        before, after, probes = asyncio.run(summarise())
+    assert (after.tokens, after.source) == (400, "overflow")
+    assert before.tokens == (LOCAL_DEFAULT_WINDOW if probed_first else 400)
+    assert probes == (1 if probed_first else 0)
+
+
+def test_an_absurd_window_in_an_overflow_answer_is_not_learnt() -> None:
+    with FakeOpenAIServer() as server:
+        server.reply_error(400, "This model's maximum context length is 99999999999 tokens.",
+                           code="context_length_exceeded")
+
+        async def ask() -> ContextWindow:
+            async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
+                                            defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
+                asked = provider.context_windows(16000)
+                with pytest.raises(ProviderError) as info:
+                    await provider.chat([{"role": "user", "content": "hello 你好"}])
+                assert (info.value.kind, info.value.window) == ("context_too_long", None)
+                return await asked.current()
+
+        window = asyncio.run(ask())
+    assert (window.tokens, window.source) == (16000, "config")
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
 @pytest.mark.parametrize("style", ["llama.cpp", "llama-cpp-python"])
 @pytest.mark.parametrize("text", ["The weather report for tomorrow, in detail. " * 40,
@@ -310,7 +466,7 @@ def test_an_overflow_answer_is_sorted_with_its_window(style: Any, text: str, str
     async def sink(piece: str) -> None:
         pieces.append(piece)
 
-    with FakeOpenAIServer(window=200, overflow=style) as server:
+    with FakeOpenAIServer(window=400, overflow=style) as server:
         async def ask() -> None:
             async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
                                             defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
@@ -319,6 +475,34 @@ def test_an_overflow_answer_is_sorted_with_its_window(style: Any, text: str, str
         with pytest.raises(ProviderError) as info:
             asyncio.run(ask())
         assert info.value.kind == "context_too_long"
-        assert info.value.window == 200
-        assert server.prompt_counts[0] > 200
+        assert info.value.window == 400
+        assert server.prompt_counts[0] > 400
         assert len(server.chat_requests()) == 1 and pieces == []  # not retried, nor asked again without streaming
+
+
+@pytest.mark.parametrize(("message", "code", "window"), [
+    # OpenAI's wording, which llama-cpp-python's server, vLLM and DeepSeek send as well.
+    ("This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (5000 in the "
+     "messages, None in the completion). Please reduce the length of the messages or completion.",
+     "context_length_exceeded", 4096),
+    ("This model's maximum context length is 32768 tokens. However, you requested 33000 tokens in the messages, "
+     "Please reduce the length of the messages.", None, 32768),
+    ("This model's maximum context length is 65536 tokens. However, you requested 70000 tokens (70000 in the "
+     "messages, 0 in the completion). Please reduce the length of the messages or completion.",
+     "invalid_request_error", 65536),
+    # llama-cpp-python's library text, passed through by a server that wraps it differently.
+    ("Requested tokens (5000) exceed context window of 4096", None, 4096),
+    ("prompt is too long: 提示太长了", None, None),  # too long, but no window named
+])
+def test_each_overflow_wording_names_its_window(message: str, code: str | None, window: int | None) -> None:
+    with FakeOpenAIServer() as server:
+        server.reply_error(400, message, code=code)
+
+        async def ask() -> None:
+            async with OpenAICompatProvider(name="cloud", api_base=server.base_url, api_key="sk-local",
+                                            defaults=AgentDefaults(model=MODEL), max_retries=0) as provider:
+                await provider.chat([{"role": "user", "content": "你好, hello"}])
+
+        with pytest.raises(ProviderError) as info:
+            asyncio.run(ask())
+    assert (info.value.kind, info.value.window) == ("context_too_long", window)

@@ -155,6 +155,25 @@ def test_the_check_says_plainly_what_is_wrong(closed_port: int) -> None:
     assert not any(RIGHT_KEY in check.problem for check in (refused, failed, unreachable))
 
 
+@pytest.mark.parametrize(("api_base", "proxied"), [
+    ("http://gpu-box:8000/v1", False),  # a single-label name: the local network's
+    ("http://llama.lan:8080/v1", False),
+    ("http://100.101.102.103:8080/v1", False),  # a Tailscale address
+    ("http://192.168.1.20:1234/v1", False),
+    ("http://llm.example.com/v1", True),  # the internet: through the environment's proxy
+])
+def test_the_check_reaches_the_local_network_without_the_proxy(monkeypatch: pytest.MonkeyPatch, api_base: str,
+                                                               proxied: bool) -> None:
+    with FakeOpenAIServer(api_key=RIGHT_KEY) as proxy:  # answers a proxied GET as it would a direct one
+        proxy.models = ["qwen2.5:7b"]
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy", "all_proxy", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("http_proxy", proxy.origin)
+        check = check_endpoint(api_base, RIGHT_KEY, "qwen2.5:7b", timeout=5)
+        assert bool(proxy.requests) is proxied
+        assert check.ok is proxied  # the network guard stops the direct attempt: "cannot reach …"
+
+
 # -- the questions ----------------------------------------------------------------------------------------
 
 

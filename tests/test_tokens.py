@@ -237,3 +237,68 @@ def test_a_fresh_marker_skips_the_load_in_process(
     caplog.set_level(logging.INFO, logger="picoclaw.tokens")
     assert count_tokens(COFFEE) == 11
     assert loads == [] and _warnings(caplog) == []
+
+
+def _offline(name: str) -> Any:
+    raise OSError(f"{name}: offline")
+
+
+def test_a_marker_from_the_future_does_not_hold_forever(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "tiktoken-cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    cache.mkdir()
+    marker = cache / UNAVAILABLE_MARKER
+    marker.write_text("written before the clock went back\n", encoding="utf-8")
+    next_year = time.time() + 365 * 24 * 3600
+    os.utime(marker, (next_year, next_year))
+    loads: list[str] = []
+
+    def get_encoding(name: str) -> _FakeEncoding:
+        loads.append(name)
+        return _FakeEncoding()
+
+    monkeypatch.setattr(tiktoken, "get_encoding", get_encoding)
+    assert count_tokens("咖啡") == 2 and is_exact() is True
+    assert loads == ["o200k_base"]  # tried again: a marker dated ahead of the clock is not a fresh failure
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symbolic links here")
+def test_the_marker_is_written_without_following_a_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default cache (/tmp/data-gym-cache) may have been made by another user, who could leave a link there.
+    cache = tmp_path / "tiktoken-cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    cache.mkdir()
+    victim = tmp_path / "someone-elses-file"
+    victim.write_text("keep me\n", encoding="utf-8")
+    (cache / UNAVAILABLE_MARKER).symlink_to(victim)
+    monkeypatch.setattr(tiktoken, "get_encoding", _offline)
+    assert count_tokens(COFFEE) == 11
+    assert victim.read_text(encoding="utf-8") == "keep me\n"
+    marker = cache / UNAVAILABLE_MARKER
+    assert not marker.is_symlink() and marker.is_file()  # the link is replaced by the marker itself
+    assert tokens._remembered_failure(cache)
+
+
+def test_the_marker_of_an_unwritable_cache_is_skipped_quietly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "not-a-folder"
+    cache.write_text("a file where the cache folder should be\n", encoding="utf-8")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    monkeypatch.setattr(tiktoken, "get_encoding", _offline)
+    assert count_tokens(COFFEE) == 11 and is_exact() is False  # no marker, no crash: the next process tries again
+
+
+def test_the_encoding_url_is_tiktokens_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENCODING_URL copies tiktoken's URL (its cache file is named by the URL's SHA-1): the two must agree."""
+    from tiktoken_ext import openai_public
+
+    asked: list[str] = []
+
+    def load(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        asked.append(url)
+        return {}
+
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", load)
+    openai_public.ENCODING_CONSTRUCTORS[tokens.ENCODING_NAME]()
+    assert asked == [ENCODING_URL]

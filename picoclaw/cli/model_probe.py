@@ -9,10 +9,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx2
 
+from picoclaw.hosts import is_local_host
 from picoclaw.printable import printable
 from picoclaw.secrets import excerpt
 
@@ -121,11 +121,10 @@ async def _bounded_body(chunks: Any) -> bytes | None:
 def check_endpoint(api_base: str, api_key: str, model: str, timeout: float = CHECK_TIMEOUT) -> Check:
     """Ask `api_base` for its model list with `api_key`: does it answer, take the key, offer `model`?"""
     url = f"{api_base.rstrip('/')}/models"
-    host = urlsplit(url).hostname or ""
-    local = host in ("localhost", "::1") or host.startswith("127.")
+    local = is_local_host(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        # A hosted API may need the environment's proxy; this machine never does.
+        # A hosted API may need the environment's proxy; this machine and its network never do.
         with httpx2.Client(timeout=timeout, trust_env=not local) as client, \
                 client.stream("GET", url, headers=headers) as response:
             status = response.status_code

@@ -9,29 +9,31 @@ probe), within `PROBE_DEADLINE` seconds whatever the server does, in each way a 
 - vLLM: `GET <api_base>/models` → the model's `max_model_len`.
 
 Known cloud APIs are not asked (they report nothing there). config.json's number wins, unless the server runs
-with a smaller one (then the smaller, with one log line); with nothing told, 8,192 tokens for any server that is
-not a known cloud API, 128,000 for those. An overflow answer that names the window (`learn`) lowers it for the
-rest of the process. A bad answer never raises: it leaves the fallback, with one log line for the whole probe.
+with a smaller one (then the smaller, with one log line); with nothing told, 8,192 tokens for a server on this
+machine or its network (or at a bare IP address), 128,000 for a known cloud API or any other name on the
+internet. An overflow answer that names the window (`learn`) lowers it for the rest of the process. A bad answer
+never raises: it leaves the fallback, with one log line for the whole probe.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from picoclaw.config import CLOUD_DEFAULT_WINDOW, LOCAL_DEFAULT_WINDOW
+from picoclaw.hosts import host_of, is_internet_name, is_local_host
 from picoclaw.providers.base import ContextWindow
 
 log = logging.getLogger(__name__)
 
-# The whole probe's bound: every way is asked at once, and a server that never answers costs this, no more.
+# The whole probe's bound: every way is asked at once, the first to tell ends it, and a server that never
+# answers costs this, no more.
 PROBE_DEADLINE = 1.5
 # A reported window outside this range is a misreading (or a broken server), not a window to budget against.
 SANE_WINDOW = (256, 10_000_000)
@@ -42,12 +44,18 @@ OLLAMA_DEFAULT_NUM_CTX = 4096
 # Hosted APIs whose windows are large and who report none of the above: not asked, 128,000 assumed. A host
 # matches when it is one of these or ends with "." + one of them.
 CLOUD_HOSTS = (
-    "openai.com", "openai.azure.com", "deepseek.com", "anthropic.com", "openrouter.ai", "groq.com", "mistral.ai",
-    "googleapis.com", "together.xyz", "fireworks.ai", "x.ai", "perplexity.ai", "cohere.ai", "cohere.com",
-    "moonshot.cn", "moonshot.ai", "aliyuncs.com", "bigmodel.cn", "siliconflow.cn", "siliconflow.com",
-    "volces.com", "minimax.chat", "minimaxi.com", "baichuan-ai.com", "lingyiwanwu.com", "deepinfra.com",
-    "cerebras.ai", "sambanova.ai", "novita.ai", "hyperbolic.xyz", "nvidia.com",
+    "openai.com", "openai.azure.com", "cognitiveservices.azure.com", "services.ai.azure.com",
+    "inference.ai.azure.com", "amazonaws.com", "googleapis.com", "anthropic.com", "deepseek.com", "openrouter.ai",
+    "groq.com", "mistral.ai", "together.xyz", "fireworks.ai", "x.ai", "perplexity.ai", "cohere.ai", "cohere.com",
+    "huggingface.co", "github.ai", "ai21.com", "reka.ai", "upstage.ai", "nebius.ai", "nebius.com", "lambda.ai",
+    "featherless.ai", "friendli.ai", "deepinfra.com", "cerebras.ai", "sambanova.ai", "novita.ai", "hyperbolic.xyz",
+    "nvidia.com",
+    "moonshot.cn", "moonshot.ai", "aliyuncs.com", "bigmodel.cn", "z.ai", "baidubce.com", "tencentcloudapi.com",
+    "cloud.tencent.com", "volces.com", "stepfun.com", "siliconflow.cn", "siliconflow.com", "minimax.chat",
+    "minimaxi.com", "minimax.io", "baichuan-ai.com", "lingyiwanwu.com", "sensenova.cn", "xf-yun.com",
 )
+# Under those, the names of machines people rent and run their own server on (EC2, its load balancers): asked.
+SELF_HOSTED_UNDER_CLOUD = ("compute.amazonaws.com", "compute-1.amazonaws.com", "elb.amazonaws.com")
 
 
 class BadAnswer(Exception):
@@ -65,31 +73,29 @@ class Told:
 Probe = Callable[[Any, str, str], Awaitable["Told | None"]]  # (client, api_base, model) → told, or None: not there
 
 
+def _under(host: str, domains: tuple[str, ...]) -> bool:
+    return any(host == domain or host.endswith("." + domain) for domain in domains)
+
+
 def is_cloud_host(api_base: str) -> bool:
     """Whether `api_base` is a known hosted API (not asked; 128,000 assumed)."""
-    host = (urlsplit(api_base).hostname or "").lower().rstrip(".")
-    return any(host == known or host.endswith("." + known) for known in CLOUD_HOSTS)
-
-
-def is_local_host(api_base: str) -> bool:
-    """Whether `api_base` is this machine or a private network (localhost, 127.x, ::1, 10.x, 192.168.x …)."""
-    host = (urlsplit(api_base).hostname or "").lower().rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return address.is_loopback or address.is_private or address.is_link_local
+    host = host_of(api_base)
+    return _under(host, CLOUD_HOSTS) and not _under(host, SELF_HOSTED_UNDER_CLOUD)
 
 
 def fallback_window(api_base: str) -> ContextWindow:
-    """The window when nothing told it: 128,000 for a known cloud API, 8,192 for any other server."""
+    """The window when nothing told it: 8,192 for a server on this machine or its network (or at a bare IP
+    address), 128,000 for a known cloud API and any other name on the internet (an unknown hosted API, most
+    likely; a self-hosted one that is smaller teaches its window with its first overflow)."""
+    host = host_of(api_base)
     if is_cloud_host(api_base):
-        host = urlsplit(api_base).hostname
         return ContextWindow(CLOUD_DEFAULT_WINDOW, "default",
                              f"{host} is a cloud API: {CLOUD_DEFAULT_WINDOW:,} assumed")
-    where = "a local server" if is_local_host(api_base) else "a server that is not a known cloud API"
+    if is_internet_name(api_base):
+        return ContextWindow(CLOUD_DEFAULT_WINDOW, "default",
+                             f"the server did not report it: {CLOUD_DEFAULT_WINDOW:,} assumed for {host}, on the "
+                             "internet")
+    where = "a local server" if is_local_host(api_base) else "a server at a bare IP address"
     return ContextWindow(LOCAL_DEFAULT_WINDOW, "default",
                          f"the server did not report it: {LOCAL_DEFAULT_WINDOW:,} assumed for {where}")
 
@@ -131,22 +137,29 @@ class ServerWindows:
         return self._window
 
     def learn(self, tokens: int) -> ContextWindow:
-        """An overflow answer named the window: lower the window to it (never raise it) for the rest of the process."""
-        now = self._window
+        """An overflow answer named the window: lower the window to it (never raise it) for the rest of the process.
+
+        Before any probe, the overflow is the server's own word: no probe follows, and config.json's number still
+        wins when it is the smaller."""
+        now = self._window or self._configured()
         if not SANE_WINDOW[0] <= tokens <= SANE_WINDOW[1]:
             log.warning("provider %s: an overflow answer named a context window of %d tokens; ignored", self.provider,
                         tokens)
             return now or fallback_window(self.api_base)
         if now is None or tokens < now.tokens:
-            self._window = ContextWindow(tokens, "overflow", "the server's answer to an over-long request")
+            now = ContextWindow(tokens, "overflow", "the server's answer to an over-long request")
             log.info("provider %s, model %s: the server refused an over-long request; context window %s tokens "
                      "from now on", self.provider, self.model, f"{tokens:,}")
-        assert self._window is not None
-        return self._window
+        self._window = now
+        return now
+
+    def _configured(self) -> ContextWindow | None:
+        if self.configured is None:
+            return None
+        return ContextWindow(self.configured, "config", "config.json agents.defaults.context_window")
 
     async def _found(self) -> ContextWindow:
-        configured = (ContextWindow(self.configured, "config", "config.json agents.defaults.context_window")
-                      if self.configured is not None else None)
+        configured = self._configured()
         if is_cloud_host(self.api_base):
             return configured or fallback_window(self.api_base)
         told, problems = await self._ask()
@@ -170,31 +183,52 @@ class ServerWindows:
         return configured
 
     async def _ask(self) -> tuple[Told | None, list[str]]:
-        """The first telling answer, in PROBES order, and why each way before it told nothing."""
+        """The first telling answer, and why each way told nothing when none did; never raises."""
+        self.probes += 1
+        try:
+            return await self._asked()
+        except Exception as exc:  # the client itself could not be made (a SOCKS proxy without socksio …)
+            return None, [f"the probe could not start ({type(exc).__name__}: {str(exc)[:120]})"]
+
+    async def _asked(self) -> tuple[Told | None, list[str]]:
         import httpx2  # here, not at import: `picoclaw memory show` never loads it
 
-        self.probes += 1
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        timeout = httpx2.Timeout(self.deadline)
+        # Each request may outlast the deadline: only the deadline ends a probe that is held, with one message.
+        timeout = httpx2.Timeout(self.deadline + 1)
         # A proxy from the environment is for the internet, not for a server on this machine or network.
         async with httpx2.AsyncClient(timeout=timeout, headers=headers, follow_redirects=False,
                                       trust_env=not is_local_host(self.api_base)) as client:
             tasks = [asyncio.ensure_future(_outcome(probe(client, self.api_base, self.model)))
                      for _, probe in PROBES]
-            done, pending = await asyncio.wait(tasks, timeout=self.deadline)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        problems: list[str] = []
+            try:
+                told = await _first_told(tasks, self.deadline)
+            finally:  # also when the caller is cancelled: no probe outlives the client
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        if told is not None:
+            return told, []
+        problems = []
         for (name, _), task in zip(PROBES, tasks, strict=True):
-            if task in pending:
-                problems.append(f"{name}: no answer within {self.deadline:g} s")
-                continue
-            told, problem = task.result()
-            if told is not None:
-                return told, problems
-            problems.append(f"{name}: {problem}")
+            why = f"no answer within {self.deadline:g} s" if task.cancelled() else task.result()[1]
+            problems.append(f"{name}: {why}")
         return None, problems
+
+
+async def _first_told(tasks: Sequence[asyncio.Future[tuple[Told | None, str]]], deadline: float) -> Told | None:
+    """The window the first probe to tell reports (each server answers only its own way; among answers that
+    arrive together, PROBES order), as soon as it does; None when none has by `deadline` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    pending: set[asyncio.Future[tuple[Told | None, str]]] = set(tasks)
+    while pending and (left := end - loop.time()) > 0:
+        done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task in done and (told := task.result()[0]) is not None:
+                return told
+    # One that finished as the deadline came still counts.
+    return next((told for task in tasks if task.done() and (told := task.result()[0]) is not None), None)
 
 
 async def _outcome(asked: Awaitable[Told | None]) -> tuple[Told | None, str]:
@@ -274,7 +308,8 @@ async def ollama_show(client: Any, api_base: str, model: str) -> Told | None:
 
 
 def _model_entry(data: Any, model: str, key: str) -> dict[str, Any] | None:
-    """The `data` entry of `model` in a model list (or the only entry that has `key`)."""
+    """The `data` entry of `model` in a model list, or the list's only entry when it has `key` (a server that
+    serves one model under another name); None when other models are listed and `model` is not."""
     entries = data.get("data") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         return None
@@ -282,8 +317,7 @@ def _model_entry(data: Any, model: str, key: str) -> dict[str, Any] | None:
     named = [e for e in entries if e.get("id") == model]
     if named:
         return named[0]
-    having = [e for e in entries if key in e]
-    return having[0] if len(having) == 1 else None
+    return entries[0] if len(entries) == 1 and key in entries[0] else None
 
 
 async def lm_studio_models(client: Any, api_base: str, model: str) -> Told | None:

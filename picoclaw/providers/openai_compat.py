@@ -23,7 +23,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from picoclaw.config import AgentDefaults, Config, ProviderConfig, provider_env_name
 from picoclaw.errors import ConfigError
 from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, TextSink, ToolChoice, Usage
-from picoclaw.providers.context_window import ServerWindows
+from picoclaw.providers.context_window import SANE_WINDOW, ServerWindows
 from picoclaw.providers.openai_replies import (
     StreamState,
     UnreadableReply,
@@ -45,9 +45,14 @@ DEFAULT_TEXT_TOOL_CALLS = "auto"
 _CONTEXT_TOO_LONG = re.compile(
     r"context[ _]length|maximum context|context window|too many tokens|prompt is too long"
     r"|input is too long|reduce the length", re.IGNORECASE)
-# The window an overflow answer names: llama-cpp-python's "Requested tokens (N) exceed context window of M";
-# llama.cpp's own server sends `n_ctx` beside type "exceed_context_size_error" (and says "context size (M tokens)").
-_WINDOW_IN_MESSAGE = re.compile(r"exceeds? (?:the )?(?:available )?context (?:window|size) (?:of )?\(?(\d+)")
+# The window an overflow answer names. OpenAI's wording, which vLLM, DeepSeek and llama-cpp-python's server send
+# too: "This model's maximum context length is M tokens. However, you requested N tokens …" (llama-cpp-python's
+# server turns its library's "Requested tokens (N) exceed context window of M" into it; the library's own text is
+# still read, for servers that pass it through). llama.cpp's server sends `n_ctx` beside type
+# "exceed_context_size_error" (and says "the available context size (M tokens)").
+_WINDOW_IN_MESSAGE = re.compile(r"maximum context length is (\d+)"
+                                r"|exceeds? (?:the )?(?:available )?context (?:window|size) (?:of )?\(?(\d+)",
+                                re.IGNORECASE)
 _LLAMA_CPP_OVERFLOW = "exceed_context_size_error"
 _SERVER_MESSAGE_LIMIT = 200
 
@@ -92,12 +97,18 @@ class OpenAICompatProvider:
         self.last_usage: Usage | None = None
         self.total_usage = Usage(prompt_tokens=0, completion_tokens=0)
         self.calls = 0  # chat calls that returned a reply
+        # The windows handed out: every overflow answer that names the window teaches them, whichever call
+        # (a turn, a summary, the memory flush) met it.
+        self._windows: list[ServerWindows] = []
 
     def context_windows(self, configured: int | None) -> ServerWindows:
         """This provider+model's context window, asked of its server at the first `current()` (config.json's
-        explicit number `configured` wins unless the server runs with a smaller one)."""
-        return ServerWindows(provider=self.name, api_base=self.api_base, api_key=self._api_key, model=self.model,
-                             configured=configured)
+        explicit number `configured` wins unless the server runs with a smaller one); this provider's overflow
+        answers teach it."""
+        windows = ServerWindows(provider=self.name, api_base=self.api_base, api_key=self._api_key, model=self.model,
+                                configured=configured)
+        self._windows.append(windows)
+        return windows
 
     async def __aenter__(self) -> OpenAICompatProvider:
         return self
@@ -292,6 +303,9 @@ class OpenAICompatProvider:
         carries the window the server named, if it did."""
         kind, message = self._kind_and_message(exc)
         window = overflow_window(exc) if kind == "context_too_long" else None
+        if window is not None:
+            for windows in self._windows:
+                windows.learn(window)
         return ProviderError(kind, message, window=window)
 
     def _kind_and_message(self, exc: Exception) -> tuple[ErrorKind, str]:
@@ -359,18 +373,20 @@ def validation_summary(said: str) -> str:
 
 
 def overflow_window(exc: Exception) -> int | None:
-    """The context window an over-long request's refusal names (llama.cpp's `n_ctx`, or llama-cpp-python's
-    "exceed context window of M"), or None."""
+    """The context window an over-long request's refusal names (llama.cpp's `n_ctx`; "maximum context length is
+    M", as OpenAI, vLLM, DeepSeek and llama-cpp-python's server word it; "exceed context window of M"), or None."""
     if not isinstance(exc, openai.APIStatusError):
         return None
     body = exc.body
-    if isinstance(body, dict):
-        n_ctx = body.get("n_ctx")
-        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0:
-            return n_ctx
-    said = body.get("message") if isinstance(body, dict) else None
-    found = _WINDOW_IN_MESSAGE.search(str(said or exc.message or ""))
-    return int(found[1]) if found else None
+    n_ctx = body.get("n_ctx") if isinstance(body, dict) else None
+    if isinstance(n_ctx, int) and not isinstance(n_ctx, bool):
+        window: int | None = n_ctx
+    else:
+        said = body.get("message") if isinstance(body, dict) else None
+        found = _WINDOW_IN_MESSAGE.search(str(said or exc.message or ""))
+        window = int(found[1] or found[2]) if found else None
+    # A number no window can be is a misreading: the overflow is still sorted as one, without a window to learn.
+    return window if window is not None and SANE_WINDOW[0] <= window <= SANE_WINDOW[1] else None
 
 
 def from_config(config: Config, provider_name: str | None = None, *, timeout: float | None = None,

@@ -29,13 +29,14 @@ an assistant message with `content: null` beside `tool_calls` with a 500, as lla
 
 A context window: `window` (tokens) makes the server refuse a chat request whose prompt is longer, as
 llama.cpp does (`overflow="llama.cpp"`: HTTP 400, type `exceed_context_size_error` with `n_prompt_tokens` and
-`n_ctx`) or llama-cpp-python does (`overflow="llama-cpp-python"`: "Requested tokens (N) exceed context window of
-M"). The prompt is counted by `window_tokens` (a deterministic rule: 4 per message, `rough_tokens` of each text
-and of the tool schemas' JSON), reported as `usage.prompt_tokens` too, and every chat request's count is kept in
-`prompt_counts`. `kind` says which way the server tells its window: "llama.cpp" (`GET /props`), "vllm"
-(`max_model_len` in `GET /v1/models`), "ollama" (`POST /api/show`), "lm-studio" (`GET /api/v0/models`), or
-"none" (those paths answer 404, as on a server that has none of them). Each of those answers can be scripted
-(`endpoint="props"`, `"show"`, `"lm_models"`, `"models"`) to play a broken server.
+`n_ctx`) or llama-cpp-python's server does (`overflow="llama-cpp-python"`: HTTP 400, code
+`context_length_exceeded`, "This model's maximum context length is M tokens. However, you requested …", as its
+llama_cpp/server/errors.py words it). The prompt is counted by `window_tokens` (a deterministic rule: 4 per
+message, `rough_tokens` of each text and of the tool schemas' JSON), reported as `usage.prompt_tokens` too, and
+every chat request's count is kept in `prompt_counts`. `kind` says which way the server tells its window:
+"llama.cpp" (`GET /props`), "vllm" (`max_model_len` in `GET /v1/models`), "ollama" (`POST /api/show`),
+"lm-studio" (`GET /api/v0/models`), or "none" (those paths answer 404, as on a server that has none of them).
+Each of those answers can be scripted (`endpoint="props"`, `"show"`, `"lm_models"`, `"models"`) to play a broken server.
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         with self._lock:
             self.prompt_counts.append(tokens)
         if self.window is not None and tokens > self.window:  # before taking a reply: the retry should get it
-            return _overflow(self.overflow, tokens, self.window)
+            return _overflow(self.overflow, tokens, self.window, body.get("max_tokens"))
         scripted = self._next("chat")
         if scripted is None:
             responder = self.responder
@@ -543,15 +544,21 @@ def window_tokens(request: dict[str, Any]) -> int:
     return total
 
 
-def _overflow(style: OverflowStyle, tokens: int, window: int) -> web.Response:
-    """The 400 a llama.cpp server (or llama-cpp-python's) gives a prompt longer than its window."""
+def _overflow(style: OverflowStyle, tokens: int, window: int, max_tokens: Any) -> web.Response:
+    """The 400 a llama.cpp server (or llama-cpp-python's) gives a prompt longer than its window, as on the wire."""
     if style == "llama.cpp":
         return _json({"error": {"code": 400, "message": f"request ({tokens} tokens) exceeds the available context "
                                                         f"size ({window} tokens), try increasing it",
                                 "type": "exceed_context_size_error", "n_prompt_tokens": tokens, "n_ctx": window}},
                      status=400)
-    return _render(Error(400, f"Requested tokens ({tokens}) exceed context window of {window}",
-                         code="context_length_exceeded"))
+    # llama-cpp-python's server rewrites the library's "Requested tokens (N) exceed context window of M" into
+    # OpenAI's wording (its ErrorResponseFormatters.context_length_exceeded); the library's text never leaves.
+    requested = tokens + (max_tokens if isinstance(max_tokens, int) else 0)
+    return _json({"error": {"message": f"This model's maximum context length is {window} tokens. However, you "
+                                       f"requested {requested} tokens ({tokens} in the messages, {max_tokens} in the "
+                                       "completion). Please reduce the length of the messages or completion.",
+                            "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}},
+                 status=400)
 
 
 def default_embedding(text: str, dimensions: int) -> list[float]:
