@@ -55,9 +55,8 @@ from tests.test_telegram import serve as serve_telegram
 DATA = Path(__file__).resolve().parent / "data" / "real-model" / "flush_poisoning.json"
 RECORDS: list[dict[str, Any]] = json.loads(DATA.read_text(encoding="utf-8"))["repl_session_records"]
 USER_ENTRY: str = json.loads(DATA.read_text(encoding="utf-8"))["entry_the_user_gave"]
-NO_ANSWER = "Sorry, the model returned no answer, also when asked again without tools and with your message alone."
-NO_ANSWER_ERROR = "picoclaw: error: the model returned no answer, also when asked again without tools and with " \
-                  "your message alone\n"
+NO_ANSWER = "Sorry, the model returned no answer, also when asked twice more without tools."
+NO_ANSWER_ERROR = "picoclaw: error: the model returned no answer, also when asked twice more without tools\n"
 
 EN = ("What is my dog called?", "Your dog is called Bob.")
 ZH = ("我的狗叫什么名字？", "你的狗叫 Bob，是一只柯基。")

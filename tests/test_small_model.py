@@ -162,8 +162,8 @@ def test_an_empty_answer_says_so_in_the_repl(home: Path, fake_openai: FakeOpenAI
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "旺财。Wangcai.\n"  # nothing empty shown
-    assert result.stderr.splitlines() == ["picoclaw: error: the model returned no answer, also when asked again "
-                                          "without tools and with your message alone"]
+    assert result.stderr.splitlines() == ["picoclaw: error: the model returned no answer, also when asked twice "
+                                          "more without tools"]
 
 
 def test_a_warning_while_the_prompt_waits_is_printed_above_it_and_the_prompt_is_drawn_again(

@@ -15,6 +15,10 @@ Rules (pure functions here; the loop makes the calls):
    call (`is_answer`): a call written in a try offered no tools is no answer either.
 3. Both tries empty: `EmptyAnswer`, a ProviderError, so the turn fails as a failed model call does: nothing empty
    is stored (what tools ran stays on record, with a note), the user is told in one line, `chat -m` exits 1.
+4. A caller to whom an empty answer is an answer (the heartbeat, told to stay quiet when nothing is due) asks
+   for no tries (`AgentLoop.handle(ask_again=False)`): an empty reply is `EmptyAnswer(asked_again=False)` at once,
+   and the turn's reply is "", quiet, with that error (kind "empty_answer"). A repeated call is still asked again:
+   the model meant to say something.
 """
 
 from __future__ import annotations
@@ -34,11 +38,14 @@ RESULT_CHARS = 4000  # of one tool result in that block: a whole file read would
 
 
 class EmptyAnswer(ProviderError):
-    """The model answered nothing, also when asked again without tools and with the user's message alone."""
+    """The model answered nothing; `asked_again`: also when asked twice more without tools (rule 2), or, for a
+    caller to whom an empty answer is an answer (the heartbeat: nothing to report), not asked again."""
 
-    def __init__(self) -> None:
-        super().__init__("bad_response", "the model returned no answer, also when asked again without tools "
-                                         "and with your message alone")
+    def __init__(self, *, asked_again: bool = True) -> None:
+        # Worded for a chat and a scheduled task alike: the apology reaches both.
+        super().__init__("empty_answer", "the model returned no answer, also when asked twice more without tools"
+                         if asked_again else "the model returned no answer")
+        self.asked_again = asked_again
 
 
 def is_empty(reply: ChatReply) -> bool:

@@ -246,13 +246,14 @@ class AgentLoop:
 
     async def handle(self, key: str, text: str, *, notify: NoticeSink | None = None,
                      on_text: TextSink | None = None, on_tool: ToolSink | None = None,
-                     remembered: MemorySink | None = None) -> Reply:
+                     remembered: MemorySink | None = None, ask_again: bool = True) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
         as it starts, and `notify(key, text)`, shaped like a channel's `deliver`, work done after the reply
         (a summary starting). `remembered(key, write)`, shaped the same, the receipt of each automatic write to
-        long-term memory the turn and its background work made (agent/receipts.py).
+        long-term memory the turn and its background work made (agent/receipts.py). `ask_again` False: an empty
+        answer is not asked again but is the reply, "" (the heartbeat's "nothing to report"; agent/empty_reply.py).
         Channels call this through `picoclaw.channels.run_turn`.
         """
         text = clean_text(text)
@@ -270,14 +271,16 @@ class AgentLoop:
                 return Reply(await self.command(key, command, receipts))
             writes = TurnWrites(key, ())
             try:
-                answer, finished = await self._turn(key, text, on_text, on_tool, writes)
+                answer, finished = await self._turn(key, text, on_text, on_tool, writes, ask_again)
             except ProviderError as exc:
                 # Info, not a warning: the channel shows the failure itself, once.
                 log.info("session %s: model call failed (%s): %s", key, exc.kind, exc)
                 # What memory_append wrote before the failure is written all the same: the user hears of it.
                 self._spawn(receipts.show(key, writes.writes, self.written))
-                apology = (f"Sorry, {exc}." if isinstance(exc, EmptyAnswer)
-                           else f"Sorry, I could not get an answer from the model: {exc}")
+                if isinstance(exc, EmptyAnswer):
+                    apology = f"Sorry, {exc}." if exc.asked_again else ""  # not asked again: silence was an answer
+                else:
+                    apology = f"Sorry, I could not get an answer from the model: {exc}"
                 return Reply(apology, error=exc)
         self._spawn(self._after_turn(key, receipts, finished, writes.writes))
         return Reply(answer)
@@ -317,7 +320,7 @@ class AgentLoop:
         return unknown_reply(command)
 
     async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None,
-                    writes: TurnWrites) -> tuple[str, FinishedTurn]:
+                    writes: TurnWrites, ask_again: bool = True) -> tuple[str, FinishedTurn]:
         """The answer to `text`, and the turn as stored (for the review after the reply); what memory_append
         wrote is added to `writes`."""
         session = await self.session(key)
@@ -326,12 +329,12 @@ class AgentLoop:
         writes.said = (*user_texts([m.message for m in session.active()]), text)
         token = current_turn.set(writes)
         try:
-            return await self._answer(session, key, text, on_text, on_tool)
+            return await self._answer(session, key, text, on_text, on_tool, ask_again)
         finally:
             current_turn.reset(token)
 
     async def _answer(self, session: Session, key: str, text: str, on_text: TextSink | None,
-                      on_tool: ToolSink | None) -> tuple[str, FinishedTurn]:
+                      on_tool: ToolSink | None, ask_again: bool = True) -> tuple[str, FinishedTurn]:
         policy = self.workspace.policy.current()
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
@@ -368,6 +371,8 @@ class AgentLoop:
                     schemas, max_tokens = built.tools, built.max_tokens
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
                     reply = await self._ask(messages, schemas, on_text, max_tokens)
+                if is_empty(reply) and not ask_again:
+                    raise EmptyAnswer(asked_again=False)
                 if is_empty(reply) or repeats_last_call(messages, reply):
                     reply = await self._ask_again(key, messages, reply, on_text, max_tokens)
                 assistant = clean_message(reply.as_message())
