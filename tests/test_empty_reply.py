@@ -58,6 +58,11 @@ USER_ENTRY: str = json.loads(DATA.read_text(encoding="utf-8"))["entry_the_user_g
 NO_ANSWER = "Sorry, the model returned no answer, also when asked twice more without tools."
 NO_ANSWER_ERROR = "picoclaw: error: the model returned no answer, also when asked twice more without tools\n"
 
+# Answers about the data block's tag: text, not an echo of the block.
+TAG_EN = ("<context> is the tag picoclaw puts before your message; it ends with </context>. Inside are your "
+          "memory, your notes and the time.")
+TAG_ZH = "<context> 是 picoclaw 放在你的消息前面的标签，以 </context> 结尾。里面有你的记忆、笔记和时间。"
+TAG_UNCLOSED = "<context> is the tag picoclaw puts before your message, with your memory and the time inside."
 EN = ("What is my dog called?", "Your dog is called Bob.")
 ZH = ("我的狗叫什么名字？", "你的狗叫 Bob，是一只柯基。")
 MEMORY = ["## 2025-03-01\nMy dog is called Bob, a corgi. 我的狗叫 Bob，是柯基。"]
@@ -473,8 +478,8 @@ def test_an_echo_of_the_context_block_is_removed_before_it_is_shown_or_stored(
 def test_a_reply_that_is_only_an_echo_is_empty_and_asked_again(
         workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, closed: bool) -> None:
     write_memory(workspace, MEMORY)
-    echo = "<context>\n<memory>\n[memory/MEMORY.md:3-4]\n## 2025-03-01\n我的狗叫 Bob，是柯基。\n</memory>\n"
-    fake_openai.reply_text(echo + ("<time>2025-03-10 10:00</time>\n</context>\n" if closed else ""))
+    echo = "<context>\n<memory>\n[memory/MEMORY.md:3-4]\n## 2025-03-01\n我的狗叫 Bob，是柯基。\n</memory>\n<time>2025-"
+    fake_openai.reply_text(echo + ("03-10 10:00</time>\n</context>\n" if closed else ""))
     fake_openai.reply_text(ZH[1])
 
     reply, pieces, _ = turn(workspace, fake_openai, ZH[0], streamed=streamed)
@@ -484,6 +489,22 @@ def test_a_reply_that_is_only_an_echo_is_empty_and_asked_again(
         assert "".join(pieces) == ZH[1]
     assert stored(workspace)[-1] == {"role": "assistant", "content": ZH[1]}
 
+
+@streaming
+@pytest.mark.parametrize(("question", "answer"), [
+    ("What is the <context> tag?", TAG_EN), ("<context> 标签是什么？", TAG_ZH), ("And unclosed?", TAG_UNCLOSED),
+], ids=["english", "chinese", "unclosed"])
+def test_an_answer_about_the_context_tag_is_shown_and_stored_whole(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, question: str, answer: str) -> None:
+    fake_openai.reply_text(answer)
+
+    reply, pieces, _ = turn(workspace, fake_openai, question, streamed=streamed)
+
+    assert reply == Reply(answer)
+    if streamed:
+        assert "".join(pieces) == answer
+    assert stored(workspace)[-1] == {"role": "assistant", "content": answer}
+    assert len(fake_openai.chat_requests()) == 1  # an answer: not asked again
 
 def test_an_echo_then_a_tool_call_runs_the_call(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     write_memory(workspace, MEMORY)
@@ -502,19 +523,26 @@ def test_an_echo_then_a_tool_call_runs_the_call(workspace: Workspace, fake_opena
 
 @pytest.mark.parametrize(("text", "shown"), [
     ("<context>\n<time>2025-03-10 10:00</time>\n</context>\n\nHello.", "Hello."),
-    ("  \n<context>\n<memory>\n我的狗叫 Bob\n</memory>\n</context>你好。", "你好。"),
-    ("<context>\n<memory>\nnever closed", ""),
+    ("  \n<context>\n<memory>\n我的狗叫 Bob\n</memory>\n<time>2025-03-10 10:00</time></context>你好。", "你好。"),
+    ("<context>\n<memory>\nBob\n</memory>\n<time>2025-03-10 10:", ""),
+    ("<context>\n<time>2025-03-10 10:00</time>\nYour dog is Bob.", "Your dog is Bob."),
     ("Hello <context> is a tag.", "Hello <context> is a tag."),
     ("<contexts> are many", "<contexts> are many"),
     ("", ""),
-], ids=["english", "chinese-glued", "never-closed", "later-mention", "other-tag", "nothing"])
+    # Not the block: no time line in it (context.py always writes one), or prose after the tag.
+    ("<context>\n<memory>\nnever closed", "<context>\n<memory>\nnever closed"),
+    ("<context>\n<memory>\nBob\n</memory>\n</context>\nHi", "<context>\n<memory>\nBob\n</memory>\n</context>\nHi"),
+    (TAG_EN, TAG_EN), (TAG_ZH, TAG_ZH), (TAG_UNCLOSED, TAG_UNCLOSED),
+], ids=["english", "chinese-glued", "never-closed", "never-closed-then-answer", "later-mention", "other-tag",
+        "nothing", "no-time-never-closed", "no-time", "about-the-tag-en", "about-the-tag-zh", "about-the-tag-unclosed"])
 def test_without_context_echo(text: str, shown: str) -> None:
     assert without_context_echo(text) == shown
 
 
 def test_may_be_echo() -> None:
-    assert all(may_be_echo(start) for start in ["<", " <cont", "<context>", "<context>\n<memory>\n我"])
-    assert not any(may_be_echo(start) for start in ["", "  ", "Hi", "<b>", "<context></context> hi", "<response>"])
+    assert all(may_be_echo(start) for start in ["<", " <cont", "<context>", "<context>\n", "<context>\n<memory>\n我"])
+    assert not any(may_be_echo(start) for start in ["", "  ", "Hi", "<b>", "<context></context> hi", "<response>",
+                                                    "<context> is", "<context> 是", TAG_EN[:30]])
 
 
 def gate_output(pieces: list[str], *, hold_calls: bool = True, was_call: bool = False) -> list[str]:
@@ -539,7 +567,13 @@ def test_the_stream_gate(hold_calls: bool) -> None:
     pieces = [echo[i:i + 3] for i in range(0, len(echo), 3)]
     shown = gate_output(pieces, hold_calls=hold_calls)
     assert "".join(shown) == "你好，Bob。" and len(shown) > 1  # after the echo, it streams
-    assert "".join(gate_output(["<con", "text>\n<memory>\nBob"], hold_calls=hold_calls)) == ""
+    assert "".join(gate_output(["<con", "text>\n<memory>\nBob\n</memory>\n<time>"], hold_calls=hold_calls)) == ""
+    # Held to its end, then not the block after all (no time line): shown.
+    assert gate_output(["<con", "text>\n<memory>\nBob"], hold_calls=hold_calls) == ["<context>\n<memory>\nBob"]
+    # Prose about the tag flows as it comes.
+    pieces = [TAG_ZH[i:i + 4] for i in range(0, len(TAG_ZH), 4)]
+    shown = gate_output(pieces, hold_calls=hold_calls)
+    assert "".join(shown) == TAG_ZH and len(shown) > len(pieces) // 2
     assert gate_output(["Hi ", "there"], hold_calls=hold_calls) == ["Hi ", "there"]
 
 
