@@ -8,12 +8,14 @@ to answer empty, and with a real 1.5B model's session (tests/data/real-model/flu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from picoclaw.agent.context_echo import may_be_echo, without_context_echo
 from picoclaw.agent.empty_reply import (
@@ -31,6 +33,7 @@ from picoclaw.app import App
 from picoclaw.channels.telegram import TelegramChannel
 from picoclaw.channels.web import ChatEvent, WebChannel
 from picoclaw.cli import main
+from picoclaw.config import ToolsConfig, WebConfig
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import ChatReply, ToolCall
 from tests.agent_helpers import (
@@ -51,6 +54,7 @@ from tests.test_repl import configure
 from tests.test_telegram import OWNER, replied, until
 from tests.test_telegram import configure as configure_telegram
 from tests.test_telegram import serve as serve_telegram
+from tests.test_web_tools import CHINESE, FakeWeb
 
 DATA = Path(__file__).resolve().parent / "data" / "real-model" / "flush_poisoning.json"
 RECORDS: list[dict[str, Any]] = json.loads(DATA.read_text(encoding="utf-8"))["repl_session_records"]
@@ -73,6 +77,12 @@ def null_answer() -> Raw:
     """A completion whose message has no text and no tool calls: `content: null` (llama.cpp's one-token answer)."""
     return Raw({"id": "chatcmpl-null", "object": "chat.completion", "created": 0, "model": "qwen",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "stop"}]})
+
+
+def with_web(workspace: Workspace, web_config: WebConfig) -> Workspace:
+    """`workspace` with `tools.web` set to `web_config`."""
+    return dataclasses.replace(workspace, config=workspace.config.model_copy(
+        update={"tools": ToolsConfig(web=web_config)}))
 
 
 def turn(workspace: Workspace, server: FakeOpenAIServer, question: str, *, streamed: bool
@@ -225,6 +235,41 @@ def test_different_arguments_are_no_repeat(workspace: Workspace, fake_openai: Fa
     assert reply.text == EN[1] and tools == ["memory_search", "memory_search"]
     assert all(body.get("tools") for body in fake_openai.chat_requests())
 
+
+class FlakyWeb(FakeWeb):
+    """The fake web with a page that does not answer the first time it is asked (a timeout), then does."""
+
+    def add_routes(self, app: web.Application) -> None:
+        super().add_routes(app)
+        app.router.add_get("/flaky", self._flaky)
+
+    async def _flaky(self, request: web.Request) -> web.StreamResponse:
+        self._record(request, web.Response())
+        if sum(1 for seen in self.requests if seen["path"] == "/flaky") == 1:
+            await self.pause(30)  # past web_fetch's time limit; cut short when the server stops
+        return web.Response(text=CHINESE.replace('charset="gbk"', 'charset="utf-8"'), content_type="text/html")
+
+
+def test_a_call_whose_result_was_an_error_is_tried_again_and_runs(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    # A timeout passes: the same call again is what the model should do, not a loop to cut short.
+    with FlakyWeb() as page:
+        url = f"{page.origin}/flaky"
+        workspace = with_web(workspace, WebConfig(allow_private=True, timeout=0.5))
+        fake_openai.reply_tool_calls([("web_fetch", {"url": url})])
+        fake_openai.reply_tool_calls([("web_fetch", {"url": url})])
+        fake_openai.reply_text("水温八十度左右。About eighty degrees.")
+
+        reply, _, tools = turn(workspace, fake_openai, "龙井用多少度的水泡？ / how hot for Longjing?", streamed=True)
+
+        assert [seen["path"] for seen in page.requests] == ["/flaky", "/flaky"]
+    assert reply.text == "水温八十度左右。About eighty degrees." and tools == ["web_fetch", "web_fetch"]
+    # The turn's three requests (a lesson review of the failed call may follow, after the reply).
+    first, again, answered = fake_openai.chat_requests()[:3]
+    assert again["tools"] and answered["tools"]  # a step like any other: not a try without tools
+    assert again["messages"][-1]["content"] == f"error: timed out after 0.5 s fetching {url}"
+    assert "八十度" in answered["messages"][-1]["content"]
+    assert [m["role"] for m in stored(workspace)] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
 
 # -- the real session: a repeated memory_search, then one end-of-text token ---------------------------------------
 
@@ -608,6 +653,18 @@ def test_is_empty_and_repeats_last_call() -> None:
     # A call of an earlier turn is no repeat: the new user message stands between.
     assert not repeats_last_call([*turn_so_far, {"role": "assistant", "content": "ok"},
                                   {"role": "user", "content": "again"}], reply_of(same))
+    # The step before failed (a timeout passes): trying it again is no repeat; a result that only mentions an
+    # error is a result.
+    fetch = ("web_fetch", '{"url": "https://example.com/天气"}')
+    failed = [{"role": "user", "content": "q"}, assistant_calling(fetch),
+              {"role": "tool", "tool_call_id": "a0", "content": "error: timed out after 15 s fetching https://…"}]
+    assert not repeats_last_call(failed, reply_of(fetch))
+    assert repeats_last_call([*failed[:2], {"role": "tool", "tool_call_id": "a0", "content": "the error: none 无"}],
+                             reply_of(fetch))
+    assert not repeats_last_call([{"role": "user", "content": "q"}, assistant_calling(search, fetch),
+                                  {"role": "tool", "tool_call_id": "a0", "content": "r"},
+                                  {"role": "tool", "tool_call_id": "a1", "content": "error: 404"}],
+                                 reply_of(search, fetch))
     broken = ("memory_search", "{not json")
     assert repeats_last_call([{"role": "user", "content": "q"}, assistant_calling(broken),
                               {"role": "tool", "tool_call_id": "a0", "content": "bad arguments"}], reply_of(broken))

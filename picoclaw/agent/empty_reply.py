@@ -8,7 +8,9 @@ Rules (pure functions here; the loop makes the calls):
 1. A step needs another try when its reply has no tool call and no text but white space (`is_empty`, after an
    echo of the <context> block is removed: agent/context_echo.py), or when its tool calls repeat those of the
    step before it in this turn, name for name and argument for argument (`repeats_last_call`). A repeated call
-   is never run: its results are already in view, and a small model that repeats a call loops on it.
+   is never run: its results are already in view, and a small model that repeats a call loops on it. A call
+   whose result was an error (tools' ERROR_PREFIX: a web_fetch that timed out) is no repeat: trying it again is
+   what the model should do, and it runs (bounded, as every step, by max_tool_iterations).
 2. The tries (`retry_requests`), each without tools: first the turn as it stands, with what its tools returned
    written out after the user's message, so the model answers from them (`with_results_in_view`); then plainly,
    the system prompt and the user's message alone (`plain_request`). A try answers when it has text and no tool
@@ -27,6 +29,7 @@ import json
 from typing import Any
 
 from picoclaw.providers.base import ChatReply, Message, ProviderError
+from picoclaw.tools import ERROR_PREFIX
 
 # How the results of the turn's tool calls follow the user's message in the first try: picoclaw's words, framed
 # like the <context> block (data, not the user's), with the one instruction a small model needs.
@@ -60,12 +63,17 @@ def is_answer(reply: ChatReply) -> bool:
 
 def repeats_last_call(messages: list[Message], reply: ChatReply) -> bool:
     """Whether `reply`'s tool calls are the same as those of the turn's step before it (the newest assistant
-    message after the turn's user message)."""
+    message after the turn's user message), none of whose results was an error."""
     if not reply.tool_calls:
         return False
     start = _turn_start(messages)
-    previous = next((m for m in reversed(messages[start + 1:]) if m.get("role") == "assistant"), None)
-    if previous is None or not previous.get("tool_calls"):
+    at = next((i for i in range(len(messages) - 1, start, -1) if messages[i].get("role") == "assistant"), None)
+    if at is None or not messages[at].get("tool_calls"):
+        return False
+    previous = messages[at]
+    ids = {str(call.get("id")) for call in previous["tool_calls"]}
+    if any(str(m.get("content") or "").startswith(ERROR_PREFIX) for m in messages[at + 1:]
+           if m.get("role") == "tool" and str(m.get("tool_call_id")) in ids):
         return False
     before = [(_function(call)["name"], _function(call)["arguments"]) for call in previous["tool_calls"]]
     now = [(call.name, call.arguments) for call in reply.tool_calls]
