@@ -184,8 +184,8 @@ def test_an_empty_answer_after_a_tool_ran_is_asked_again_with_the_results_in_vie
     assert reply.text == answer and tools == ["memory_search"]
     first, after_tool, again = fake_openai.chat_requests()
     assert_no_tools(again)
-    # Everything before the user's message as it was sent (the prompt cache keeps it); the message followed by
-    # what the tool returned, the tool messages themselves left out.
+    # Everything before the user's message as it was sent (kept in the prompt cache where the chat template
+    # ignores the tools); the message followed by what the tool returned, the tool messages themselves left out.
     assert again["messages"][:-1] == first["messages"][:-1]
     asked = again["messages"][-1]
     assert asked["role"] == "user" and asked["content"].startswith(first["messages"][-1]["content"])

@@ -12,7 +12,8 @@ Rules (pure functions here; the loop makes the calls):
    whose result was an error (tools' ERROR_PREFIX: a web_fetch that timed out) is no repeat: trying it again is
    what the model should do, and it runs (bounded, as every step, by max_tool_iterations).
 2. The tries (`retry_requests`), each without tools: first the turn as it stands, with what its tools returned
-   written out after the user's message, so the model answers from them (`with_results_in_view`); then plainly,
+   written out after the user's message, so the model answers from them (`with_results_in_view`; the prompt cache
+   keeps the part before that message only where the chat template ignores the tools); then plainly,
    the system prompt and the user's message alone (`plain_request`). A try answers when it has text and no tool
    call (`is_answer`): a call written in a try offered no tools is no answer either.
 3. Both tries empty: `EmptyAnswer`, a ProviderError, so the turn fails as a failed model call does: nothing empty
@@ -89,7 +90,9 @@ def retry_requests(messages: list[Message]) -> list[list[Message]]:
 def with_results_in_view(messages: list[Message]) -> list[Message]:
     """The turn's request up to its user message, that message followed by what the turn's tools returned.
 
-    Everything before the user's message is sent as it was, so a local server's prompt cache still serves it.
+    Everything before the user's message is sent as it was, so a local server's prompt cache still serves it
+    where the chat template ignores the tools; a template that writes the tool schemas into the prompt (Qwen's,
+    at its start) makes a request without them a new prefix, read afresh.
     """
     start = _turn_start(messages)
     results = _results(messages[start + 1:])

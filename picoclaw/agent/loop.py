@@ -505,6 +505,8 @@ class AgentLoop:
         why = "repeated its last tool call" if reply.tool_calls else "returned an empty answer"
         for attempt in retry_requests(messages):
             log.info("session %s: the model %s; asking again without tools", key, why)
+            # Without tools: a chat template that writes the schemas into the prompt then sees a new prefix (the
+            # cache is lost there); the same schemas with tool_choice "none" would keep it.
             again = await self._ask(attempt, [], on_text, max_tokens)
             if is_answer(again):
                 # The first reply's usage: its prompt was the whole conversation, which the summary threshold reads.
