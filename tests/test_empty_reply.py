@@ -29,6 +29,7 @@ from picoclaw.agent.empty_reply import (
 from picoclaw.agent.loop import AgentLoop, Reply
 from picoclaw.agent.streaming import StreamGate
 from picoclaw.agent.summary import CUT_SHORT
+from picoclaw.agent.text_tool_calls import without_response_wrapper
 from picoclaw.app import App
 from picoclaw.channels.telegram import TelegramChannel
 from picoclaw.channels.web import ChatEvent, WebChannel
@@ -625,8 +626,51 @@ def test_the_stream_gate(hold_calls: bool) -> None:
 def test_the_stream_gate_holds_a_response_wrapped_call() -> None:
     call = '<response>{"name": "memory_search", "arguments": {"query": "狗"}}</response>'
     assert gate_output([call[:5], call[5:12], call[12:]], was_call=True) == []
-    # Held to the end when it turns out to be text: shown once, whole.
-    assert gate_output(["<resp", "onse>Bob.</response>"]) == ["<response>Bob.</response>"]
+    # A call's start held to the end, then text after all: shown once, without the tags.
+    assert gate_output(['<resp', 'onse>{"a": 1} is JSON', "</response>\n"]) == ['{"a": 1} is JSON']
+
+
+@pytest.mark.parametrize("hold_calls", [True, False], ids=["calls-held", "calls-off"])
+@pytest.mark.parametrize("text", ["Your dog is called Bob.\nHe is a corgi.", "你的狗叫 Bob。\n它是一只柯基。"],
+                         ids=["english", "chinese"])
+def test_the_stream_gate_streams_a_response_wrapped_answer_without_its_tags(hold_calls: bool, text: str) -> None:
+    wrapped = f"<response>\n{text}\n</response>\n"
+    pieces = [wrapped[i:i + 3] for i in range(0, len(wrapped), 3)]
+    shown = gate_output(pieces, hold_calls=hold_calls)
+    assert "".join(shown) == text and len(shown) > 4  # as it came, not held to the end
+    assert gate_output(["<response>Bob.</response>"], hold_calls=hold_calls) == ["Bob."]
+    # A closing tag that does not end the reply is text; so is one cut off.
+    assert "".join(gate_output(["<response>a</resp", "onse> b"], hold_calls=hold_calls)) == "a</response> b"
+    assert "".join(gate_output(["<response>a </resp"], hold_calls=hold_calls)) == "a </resp"
+    # Not the wrapper: shown as it is.
+    assert "".join(gate_output(["<responses> are ", "many"], hold_calls=hold_calls)) == "<responses> are many"
+
+
+@pytest.mark.parametrize(("text", "plain"), [
+    ("<response>Bob.</response>", "Bob."),
+    ("  <response>\n你的狗叫 Bob。\n</response>\n", "你的狗叫 Bob。"),
+    ("<response>a</response> b", "a</response> b"),
+    ("<response>never closed", "never closed"),
+    ("Hi <response>x</response>", "Hi <response>x</response>"),
+    ("<responses>", "<responses>"),
+], ids=["english", "chinese", "closed-inside", "never-closed", "later", "other-tag"])
+def test_without_response_wrapper(text: str, plain: str) -> None:
+    assert without_response_wrapper(text) == plain
+
+
+@streaming
+@languages
+def test_a_model_that_wraps_every_reply_in_response_tags_streams_and_its_answer_is_kept_without_them(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, question: str, answer: str) -> None:
+    fake_openai.reply_text(f"<response>\n{answer}\n</response>")
+
+    reply, pieces, _ = turn(workspace, fake_openai, question, streamed=streamed)
+
+    assert reply == Reply(answer)
+    if streamed:
+        assert "".join(pieces) == answer and len(pieces) > 1  # streamed, not held to the end
+    assert stored(workspace)[-1] == {"role": "assistant", "content": answer}
+    assert len(fake_openai.chat_requests()) == 1
 
 
 def reply_of(*calls: tuple[str, str]) -> ChatReply:

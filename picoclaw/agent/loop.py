@@ -70,7 +70,7 @@ from picoclaw.agent.summary import (
     summary_request,
     unseen_answer_claims,
 )
-from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
+from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools, without_response_wrapper
 from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.config import CLOUD_DEFAULT_WINDOW
 from picoclaw.errors import ConfigError
@@ -516,8 +516,9 @@ class AgentLoop:
 
     async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None,
                    max_tokens: int | None = None) -> ChatReply:
-        """One model call; a tool call the model wrote as text (small local models do) becomes a real one, and an
-        echo of the <context> block at the start of the reply is removed (agent/context_echo.py)."""
+        """One model call; a tool call the model wrote as text (small local models do) becomes a real one, an
+        echo of the <context> block at the start of the reply is removed (agent/context_echo.py), and so are the
+        tags of a plain answer wrapped in <response>…</response>."""
         text_calls = self.provider.text_tool_calls == "auto"
         gate = StreamGate(on_text, hold_calls=text_calls) if on_text is not None else None
         reply = await self.provider.chat(messages, schemas, max_tokens=max_tokens,
@@ -531,6 +532,8 @@ class AgentLoop:
         if gate is not None:
             await gate.finish(was_call=call is not None)
         if call is None:
+            if reply.content and (shown := without_response_wrapper(reply.content)) != reply.content:
+                reply = replace(reply, content=shown)  # shown without the tags as it streamed (agent/streaming.py)
             return reply
         log.info("the model wrote a call of %s as text; running it as a tool call", call.name)
         return ChatReply(call.before or None, [ToolCall(f"call_text_{len(messages)}", call.name, call.arguments)],
