@@ -225,6 +225,20 @@ def test_a_repeated_tool_call_is_not_run_again_and_the_model_answers_from_the_re
         assert "".join(pieces) == answer
 
 
+@pytest.mark.parametrize(("beside", "question", "answer"), [("Let me check again.", *EN), ("我再查一下。", *ZH)],
+                         ids=["english", "chinese"])
+def test_the_answer_after_a_repeated_call_with_text_beside_it_starts_on_a_line_of_its_own(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, beside: str, question: str, answer: str) -> None:
+    write_memory(workspace, MEMORY)
+    fake_openai.reply_tool_calls([("memory_search", {"query": "dog"})])
+    fake_openai.reply_tool_calls([("memory_search", {"query": "dog"})], content=beside)
+    fake_openai.reply_text(answer)
+
+    reply, pieces, tools = turn(workspace, fake_openai, question, streamed=True)
+
+    assert reply.text == answer and tools == ["memory_search"]
+    assert "".join(pieces) == f"{beside}\n\n{answer}"  # what streamed beside the call, then the answer below it
+
 def test_different_arguments_are_no_repeat(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     write_memory(workspace, MEMORY)
     fake_openai.reply_tool_calls([("memory_search", {"query": "dog"})])

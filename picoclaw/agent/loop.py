@@ -503,6 +503,10 @@ class AgentLoop:
         """The answer after an empty reply or a repeated tool call (agent/empty_reply.py): asked without tools, the
         turn's tool results in view, then plainly; EmptyAnswer when both come back empty too."""
         why = "repeated its last tool call" if reply.tool_calls else "returned an empty answer"
+        if on_text is not None and reply.tool_calls and (reply.content or "").strip():
+            # The text beside the repeated call was shown as it streamed ("Let me check again."): the answer
+            # starts on a line of its own, not glued to it.
+            await on_text("\n\n")
         for attempt in retry_requests(messages):
             log.info("session %s: the model %s; asking again without tools", key, why)
             # Without tools: a chat template that writes the schemas into the prompt then sees a new prefix (the
