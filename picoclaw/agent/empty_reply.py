@@ -27,6 +27,7 @@ Rules (pure functions here; the loop makes the calls):
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from picoclaw.providers.base import ChatReply, Message, ProviderError
@@ -39,6 +40,9 @@ RESULTS_CLOSE = "</tool_results>"
 RESULTS_FRAME = ("(picoclaw: the tools called for the message above returned this. Tools are not available now: "
                  "answer the message from these results.)")
 RESULT_CHARS = 4000  # of one tool result in that block: a whole file read would crowd out the question
+# The block's closing tag inside a result (a fetched page, a file), in any spelling: written as text, it cannot end
+# the block early and make what follows it read as picoclaw's words.
+_CLOSE_INSIDE = re.compile(r"<\s*/\s*tool_results\s*>", re.IGNORECASE)
 
 
 class EmptyAnswer(ProviderError):
@@ -129,7 +133,7 @@ def _results(steps: list[Message]) -> list[str]:
             result = str(message.get("content") or "")
             if len(result) > RESULT_CHARS:
                 result = result[:RESULT_CHARS] + " […]"
-            lines.append(f"{name} {arguments}:\n{result}".strip())
+            lines.append(_CLOSE_INSIDE.sub("&lt;/tool_results&gt;", f"{name} {arguments}:\n{result}".strip()))
     return lines
 
 
