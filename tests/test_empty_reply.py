@@ -35,6 +35,7 @@ from picoclaw.channels.telegram import TelegramChannel
 from picoclaw.channels.web import ChatEvent, WebChannel
 from picoclaw.cli import main
 from picoclaw.config import ToolsConfig, WebConfig
+from picoclaw.memory.receipts import MemoryWrite
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import ChatReply, ToolCall
 from tests.agent_helpers import (
@@ -427,6 +428,28 @@ def test_empty_every_time_after_a_tool_ran_keeps_what_the_tool_did_with_a_note(
     assert messages[-1]["content"].startswith(CUT_SHORT) and "did run" in messages[-1]["content"]
     assert_nothing_empty(messages)
 
+
+@pytest.mark.parametrize("fact", ["my cat is called Mimi", "我的猫叫 Mimi"], ids=["english", "chinese"])
+def test_a_memory_write_before_an_empty_answer_still_shows_its_receipt(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, fact: str) -> None:
+    fake_openai.reply_tool_calls([("memory_append", {"content": fact})])
+    for empty in EMPTIES:
+        fake_openai.reply_text(empty)
+    shown: list[tuple[str, MemoryWrite]] = []
+
+    async def remembered(key: str, write: MemoryWrite) -> None:
+        shown.append((key, write))
+
+    async def body(loop: AgentLoop) -> Reply:
+        return await loop.handle(SESSION, f"记住 / remember: {fact}", remembered=remembered)
+
+    with frozen():
+        reply = with_agent(workspace, fake_openai, body)
+
+    assert reply.text == NO_ANSWER and isinstance(reply.error, EmptyAnswer)
+    assert [(key, write.source, write.text, write.notice) for key, write in shown] == [
+        (SESSION, "memory_append", fact, f"remembered: {fact}")]
+    assert fact in workspace.store.read_long_term()
 
 def test_a_tool_call_written_in_a_try_is_no_answer(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     write_memory(workspace, MEMORY)
