@@ -50,7 +50,8 @@ from tests.agent_helpers import (
     with_agent,
     write_memory,
 )
-from tests.fakes import FakeOpenAIServer, Raw
+from tests.fakes import FakeOpenAIServer
+from tests.fakes.replies import null_answer
 from tests.fakes.telegram_server import FakeTelegramServer
 from tests.test_repl import configure
 from tests.test_telegram import OWNER, replied, until
@@ -73,12 +74,6 @@ EN = ("What is my dog called?", "Your dog is called Bob.")
 ZH = ("我的狗叫什么名字？", "你的狗叫 Bob，是一只柯基。")
 MEMORY = ["## 2025-03-01\nMy dog is called Bob, a corgi. 我的狗叫 Bob，是柯基。"]
 EMPTIES = ["", "\n", " \n\t "]
-
-
-def null_answer() -> Raw:
-    """A completion whose message has no text and no tool calls: `content: null` (llama.cpp's one-token answer)."""
-    return Raw({"id": "chatcmpl-null", "object": "chat.completion", "created": 0, "model": "qwen",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "stop"}]})
 
 
 def with_web(workspace: Workspace, web_config: WebConfig) -> Workspace:
@@ -160,7 +155,7 @@ def test_an_empty_answer_is_asked_again_without_tools_and_that_answer_is_the_rep
 
 def test_an_answer_with_content_null_is_asked_again(workspace: Workspace) -> None:
     with FakeOpenAIServer(strict_content=True) as server:
-        server.enqueue(null_answer())
+        server.reply_raw(null_answer())
         server.reply_text(ZH[1])
         reply, _, _ = turn(workspace, server, ZH[0], streamed=False)
         server.reply_text("不客气 / you're welcome")
@@ -239,6 +234,22 @@ def test_the_answer_after_a_repeated_call_with_text_beside_it_starts_on_a_line_o
 
     assert reply.text == answer and tools == ["memory_search"]
     assert "".join(pieces) == f"{beside}\n\n{answer}"  # what streamed beside the call, then the answer below it
+
+def test_the_log_says_what_each_try_follows(workspace: Workspace, fake_openai: FakeOpenAIServer,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    write_memory(workspace, MEMORY)
+    fake_openai.reply_tool_calls([("memory_search", {"query": "狗"})])
+    fake_openai.reply_tool_calls([("memory_search", {"query": "狗"})])
+    fake_openai.reply_text("")  # the try with the results in view
+    fake_openai.reply_text(ZH[1])
+
+    with caplog.at_level(logging.INFO, logger="picoclaw.agent.loop"):
+        reply, _, _ = turn(workspace, fake_openai, ZH[0], streamed=False)
+
+    assert reply.text == ZH[1]
+    tries = [r.getMessage() for r in caplog.records if "asking again without tools" in r.getMessage()]
+    assert tries == [f"session {SESSION}: the model repeated its last tool call; asking again without tools",
+                     f"session {SESSION}: the model gave no answer to that either; asking again without tools"]
 
 def test_different_arguments_are_no_repeat(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     write_memory(workspace, MEMORY)
@@ -404,7 +415,7 @@ def test_three_empty_answers_end_in_one_clear_line_and_nothing_is_stored(
     assert stored(workspace) == []  # as a failed model call: no trace of the turn
     tries = [r.getMessage() for r in caplog.records if "asking again without tools" in r.getMessage()]
     assert tries == [f"session {SESSION}: the model returned an empty answer; asking again without tools",
-                     f"session {SESSION}: the model returned an empty answer again; asking again without tools"]
+                     f"session {SESSION}: the model gave no answer to that either; asking again without tools"]
 
     # The next turn is sent no trace of the failed one.
     fake_openai.reply_text(answer)

@@ -33,15 +33,9 @@ from tests.agent_helpers import (
     session_path,
 )
 from tests.fakes import Error, FakeOpenAIServer, Text
+from tests.fakes.replies import null_answer
 from tests.test_repl import REPO, configure, picoclaw
 from tests.waiting import wait_until_sync
-
-
-def null_answer() -> dict[str, Any]:
-    """A completion whose message has no text and no tool calls: `content: null`."""
-    return {"id": "chatcmpl-null", "object": "chat.completion", "created": 0, "model": "qwen",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": None},
-                         "finish_reason": "stop"}]}
 
 
 def test_an_answer_without_text_is_asked_again_never_stored_and_the_next_turn_works(workspace: Workspace) -> None:

@@ -515,7 +515,7 @@ class AgentLoop:
             if is_answer(again):
                 # The first reply's usage: its prompt was the whole conversation, which the summary threshold reads.
                 return ChatReply(again.content, [], reply.usage or again.usage, again.finish_reason)
-            why = "returned an empty answer again"
+            why = "gave no answer to that either"  # to the try: after an empty answer or a repeated call alike
         raise EmptyAnswer()
 
     async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None,
