@@ -154,10 +154,13 @@ def test_the_real_poisoned_flush_replayed_writes_none_of_its_junk(
 
     assert entries(workspace) == [USER_ENTRY]  # the real fact, once, and not one of the eight
     flushes = [body for body in fake_openai.chat_requests() if is_flush_request(body)]
-    assert len(flushes) >= 2  # before the summary and at /new (the turns that got no answer left no trace)
+    assert len(flushes) == 2  # before the summary and at /new (the turns that got no answer left no trace)
     # Nothing of the flush's was remembered, so none of it is shown as remembered. The user's own "answer me in
-    # Chinese from now on" may become a lesson: the turn before it (a search, then no answer) is on record now.
-    assert [(write.source, write.by_user) for _, write in receipts.shown] in ([], [("lesson (correction)", True)])
+    # Chinese from now on" becomes a lesson in their words (the draft, NONE here, gave none): the turn before it
+    # (a search, then no answer) is on record with its note, so the message corrects a reply. Scripted replies
+    # under a frozen clock, background work awaited after each turn: this outcome, every run.
+    assert [(write.source, write.by_user, write.text) for _, write in receipts.shown] == [
+        ("lesson (correction)", True, 'The user asked: "answer me in Chinese from now on."')]
     counts = FlushCounts(workspace.store.memory_dir).read()
     assert counts is not None
     [day] = counts.values()

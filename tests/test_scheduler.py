@@ -408,6 +408,44 @@ def test_a_heartbeat_with_nothing_to_say_sends_nothing(home: Path, fake_openai: 
     assert len(fake_openai.chat_requests()) == 1 and delivered.sent == []
 
 
+@pytest.mark.parametrize("task", ["- check the weather for rain", "- 看看今天会不会下雨"], ids=["english", "chinese"])
+def test_an_empty_heartbeat_answer_is_quiet_asked_once_with_no_error_and_nothing_stored(
+        home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture, task: str) -> None:
+    # The frame asks for silence when nothing is due: an empty answer is that, not a failure to ask again.
+    enable_heartbeat(home)
+    (home / "workspace" / "HEARTBEAT.md").write_text(f"{task}\n", encoding="utf-8")
+    fake_openai.reply_text("\n")
+    fake_openai.reply_text("It will rain at noon. 中午有雨。")  # what a try would have said: never asked
+    delivered = Delivered()
+    with caplog.at_level(logging.INFO):
+        assert beat(home, fake_openai, delivered) is None
+    assert len(fake_openai.chat_requests()) == 1 and delivered.sent == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert "scheduler: heartbeat: nothing to report" in [r.getMessage() for r in caplog.records]
+    assert App.open(home).workspace.sessions().load("telegram:42").active() == []
+
+
+def test_an_agent_job_the_model_never_answers_delivers_one_line_that_fits_a_task(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    app = open_app(home, fake_openai)
+    jobs = app.jobs()
+    delivered = Delivered()
+    for empty in ("", "\n", " "):
+        fake_openai.reply_text(empty)
+    with freeze_time(NOW, real_asyncio=True) as frozen:
+        job = jobs.add(make_schedule(cron="0 11 * * 1", tz=jobs.tz), "agent", "总结我这周的笔记", "telegram:42")
+        frozen.move_to("2025-03-10 03:00:00")
+
+        async def body() -> None:
+            async with app:
+                await app.scheduler(delivered).run_due()
+        in_loop(body)
+    line = "Sorry, the model returned no answer, also when asked twice more without tools."
+    assert delivered.sent == [("telegram:42", line)]  # no "your message": nobody typed one
+    assert len(fake_openai.chat_requests()) == 3
+    assert stored(app)[job.id]["last_outcome"] == f"error: {line[len('Sorry, '):-1]}"
+    assert App.open(home).workspace.sessions().load("telegram:42").active() == []
+
 def test_a_heartbeat_for_a_session_this_process_does_not_serve_makes_no_model_call(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     enable_heartbeat(home, session="cli:default")  # `picoclaw chat` beats for it, not the bot

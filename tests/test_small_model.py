@@ -33,15 +33,9 @@ from tests.agent_helpers import (
     session_path,
 )
 from tests.fakes import Error, FakeOpenAIServer, Text
+from tests.fakes.replies import null_answer
 from tests.test_repl import REPO, configure, picoclaw
 from tests.waiting import wait_until_sync
-
-
-def null_answer() -> dict[str, Any]:
-    """A completion whose message has no text and no tool calls: `content: null`."""
-    return {"id": "chatcmpl-null", "object": "chat.completion", "created": 0, "model": "qwen",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": None},
-                         "finish_reason": "stop"}]}
 
 
 def test_an_answer_without_text_is_asked_again_never_stored_and_the_next_turn_works(workspace: Workspace) -> None:
@@ -162,8 +156,8 @@ def test_an_empty_answer_says_so_in_the_repl(home: Path, fake_openai: FakeOpenAI
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "旺财。Wangcai.\n"  # nothing empty shown
-    assert result.stderr.splitlines() == ["picoclaw: error: the model returned no answer, also when asked again "
-                                          "without tools and with your message alone"]
+    assert result.stderr.splitlines() == ["picoclaw: error: the model returned no answer, also when asked twice "
+                                          "more without tools"]
 
 
 def test_a_warning_while_the_prompt_waits_is_printed_above_it_and_the_prompt_is_drawn_again(

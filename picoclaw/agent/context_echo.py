@@ -2,25 +2,38 @@
 
 A small model sometimes copies the block (memory, notes, the time: agent/context.py) before its answer, or as all
 of it. The echo is removed before the reply is shown or stored: the text after `</context>` is the answer, and a
-reply that opens the block and never closes it is all echo (an empty reply, then: agent/empty_reply.py). While
-the reply streams, text that may still be the start of an echo is held back until that is decided
-(`may_be_echo`, used by agent/streaming.py).
+reply that opens the block and never closes it is echo up to its `</time>` (all of it without one: an empty
+reply, then; agent/empty_reply.py). While the reply streams, text that may still be the start of an echo is held
+back until that is decided (`may_be_echo`, used by agent/streaming.py).
+
+Only what looks like the block is an echo: `<context>` followed by a tag (the block's first line is always one)
+and, before `</context>`, the `<time>` line the block always holds. An answer about the tag itself ("<context> is
+the tag picoclaw puts before your message; it ends with </context>") is text.
 """
 
 from __future__ import annotations
 
-# The data block's tags, as agent/context.py writes them.
+# The data block's tags, as agent/context.py writes them: `<time>…</time>` is always its last line.
 OPEN = "<context>"
 CLOSE = "</context>"
+TIME = "<time>"
+TIME_CLOSE = "</time>"
 
 
 def without_context_echo(text: str) -> str:
     """`text` without an echo of the data block at its start; unchanged when it does not begin with one."""
     start = text.lstrip()
-    if not start.startswith(OPEN):
+    if not _opens_the_block(start):
         return text
     end = start.find(CLOSE)
-    return "" if end < 0 else start[end + len(CLOSE):].lstrip()
+    block = start if end < 0 else start[:end]
+    if TIME not in block:
+        return text
+    if end >= 0:
+        return start[end + len(CLOSE):].lstrip()
+    # Never closed: the block's time line was its end.
+    time_end = block.find(TIME_CLOSE, block.find(TIME))
+    return "" if time_end < 0 else block[time_end + len(TIME_CLOSE):].lstrip()
 
 
 def may_be_echo(text: str) -> bool:
@@ -30,4 +43,12 @@ def may_be_echo(text: str) -> bool:
         return False
     if OPEN.startswith(start):  # "<", "<cont": the opening tag not yet complete
         return True
-    return start.startswith(OPEN) and CLOSE not in start
+    return _opens_the_block(start) and CLOSE not in start
+
+
+def _opens_the_block(start: str) -> bool:
+    """`<context>` followed by nothing yet or by a tag, as the block's first line is; not prose about the tag."""
+    if not start.startswith(OPEN):
+        return False
+    inner = start[len(OPEN):].lstrip()
+    return not inner or inner.startswith("<")

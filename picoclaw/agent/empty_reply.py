@@ -8,21 +8,30 @@ Rules (pure functions here; the loop makes the calls):
 1. A step needs another try when its reply has no tool call and no text but white space (`is_empty`, after an
    echo of the <context> block is removed: agent/context_echo.py), or when its tool calls repeat those of the
    step before it in this turn, name for name and argument for argument (`repeats_last_call`). A repeated call
-   is never run: its results are already in view, and a small model that repeats a call loops on it.
+   is never run: its results are already in view, and a small model that repeats a call loops on it. A call
+   whose result was an error (tools' ERROR_PREFIX: a web_fetch that timed out) is no repeat: trying it again is
+   what the model should do, and it runs (bounded, as every step, by max_tool_iterations).
 2. The tries (`retry_requests`), each without tools: first the turn as it stands, with what its tools returned
-   written out after the user's message, so the model answers from them (`with_results_in_view`); then plainly,
+   written out after the user's message, so the model answers from them (`with_results_in_view`; the prompt cache
+   keeps the part before that message only where the chat template ignores the tools); then plainly,
    the system prompt and the user's message alone (`plain_request`). A try answers when it has text and no tool
    call (`is_answer`): a call written in a try offered no tools is no answer either.
 3. Both tries empty: `EmptyAnswer`, a ProviderError, so the turn fails as a failed model call does: nothing empty
    is stored (what tools ran stays on record, with a note), the user is told in one line, `chat -m` exits 1.
+4. A caller to whom an empty answer is an answer (the heartbeat, told to stay quiet when nothing is due) asks
+   for no tries (`AgentLoop.handle(ask_again=False)`): an empty reply is `EmptyAnswer(asked_again=False)` at once,
+   and the turn's reply is "", quiet, with that error (kind "empty_answer"). A repeated call is still asked again:
+   the model meant to say something.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from picoclaw.providers.base import ChatReply, Message, ProviderError
+from picoclaw.tools import ERROR_PREFIX
 
 # How the results of the turn's tool calls follow the user's message in the first try: picoclaw's words, framed
 # like the <context> block (data, not the user's), with the one instruction a small model needs.
@@ -31,14 +40,20 @@ RESULTS_CLOSE = "</tool_results>"
 RESULTS_FRAME = ("(picoclaw: the tools called for the message above returned this. Tools are not available now: "
                  "answer the message from these results.)")
 RESULT_CHARS = 4000  # of one tool result in that block: a whole file read would crowd out the question
+# The block's closing tag inside a result (a fetched page, a file), in any spelling: written as text, it cannot end
+# the block early and make what follows it read as picoclaw's words.
+_CLOSE_INSIDE = re.compile(r"<\s*/\s*tool_results\s*>", re.IGNORECASE)
 
 
 class EmptyAnswer(ProviderError):
-    """The model answered nothing, also when asked again without tools and with the user's message alone."""
+    """The model answered nothing; `asked_again`: also when asked twice more without tools (rule 2), or, for a
+    caller to whom an empty answer is an answer (the heartbeat: nothing to report), not asked again."""
 
-    def __init__(self) -> None:
-        super().__init__("bad_response", "the model returned no answer, also when asked again without tools "
-                                         "and with your message alone")
+    def __init__(self, *, asked_again: bool = True) -> None:
+        # Worded for a chat and a scheduled task alike: the apology reaches both.
+        super().__init__("empty_answer", "the model returned no answer, also when asked twice more without tools"
+                         if asked_again else "the model returned no answer")
+        self.asked_again = asked_again
 
 
 def is_empty(reply: ChatReply) -> bool:
@@ -53,12 +68,17 @@ def is_answer(reply: ChatReply) -> bool:
 
 def repeats_last_call(messages: list[Message], reply: ChatReply) -> bool:
     """Whether `reply`'s tool calls are the same as those of the turn's step before it (the newest assistant
-    message after the turn's user message)."""
+    message after the turn's user message), none of whose results was an error."""
     if not reply.tool_calls:
         return False
     start = _turn_start(messages)
-    previous = next((m for m in reversed(messages[start + 1:]) if m.get("role") == "assistant"), None)
-    if previous is None or not previous.get("tool_calls"):
+    at = next((i for i in range(len(messages) - 1, start, -1) if messages[i].get("role") == "assistant"), None)
+    if at is None or not messages[at].get("tool_calls"):
+        return False
+    previous = messages[at]
+    ids = {str(call.get("id")) for call in previous["tool_calls"]}
+    if any(str(m.get("content") or "").startswith(ERROR_PREFIX) for m in messages[at + 1:]
+           if m.get("role") == "tool" and str(m.get("tool_call_id")) in ids):
         return False
     before = [(_function(call)["name"], _function(call)["arguments"]) for call in previous["tool_calls"]]
     now = [(call.name, call.arguments) for call in reply.tool_calls]
@@ -74,7 +94,9 @@ def retry_requests(messages: list[Message]) -> list[list[Message]]:
 def with_results_in_view(messages: list[Message]) -> list[Message]:
     """The turn's request up to its user message, that message followed by what the turn's tools returned.
 
-    Everything before the user's message is sent as it was, so a local server's prompt cache still serves it.
+    Everything before the user's message is sent as it was, so a local server's prompt cache still serves it
+    where the chat template ignores the tools; a template that writes the tool schemas into the prompt (Qwen's,
+    at its start) makes a request without them a new prefix, read afresh.
     """
     start = _turn_start(messages)
     results = _results(messages[start + 1:])
@@ -111,7 +133,7 @@ def _results(steps: list[Message]) -> list[str]:
             result = str(message.get("content") or "")
             if len(result) > RESULT_CHARS:
                 result = result[:RESULT_CHARS] + " […]"
-            lines.append(f"{name} {arguments}:\n{result}".strip())
+            lines.append(_CLOSE_INSIDE.sub("&lt;/tool_results&gt;", f"{name} {arguments}:\n{result}".strip()))
     return lines
 
 

@@ -72,7 +72,7 @@ from picoclaw.agent.summary import (
     summary_request,
     unseen_answer_claims,
 )
-from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools
+from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools, without_response_wrapper
 from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.config import CLOUD_DEFAULT_WINDOW
 from picoclaw.errors import ConfigError
@@ -253,13 +253,14 @@ class AgentLoop:
 
     async def handle(self, key: str, text: str, *, notify: NoticeSink | None = None,
                      on_text: TextSink | None = None, on_tool: ToolSink | None = None,
-                     remembered: MemorySink | None = None) -> Reply:
+                     remembered: MemorySink | None = None, ask_again: bool = True) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
         as it starts, and `notify(key, text)`, shaped like a channel's `deliver`, work done after the reply
         (a summary starting). `remembered(key, write)`, shaped the same, the receipt of each automatic write to
-        long-term memory the turn and its background work made (agent/receipts.py).
+        long-term memory the turn and its background work made (agent/receipts.py). `ask_again` False: an empty
+        answer is not asked again but is the reply, "" (the heartbeat's "nothing to report"; agent/empty_reply.py).
         Channels call this through `picoclaw.channels.run_turn`.
         """
         text = clean_text(text)
@@ -277,14 +278,16 @@ class AgentLoop:
                 return Reply(await self.command(key, command, receipts))
             writes = TurnWrites(key, ())
             try:
-                answer, finished = await self._turn(key, text, on_text, on_tool, writes)
+                answer, finished = await self._turn(key, text, on_text, on_tool, writes, ask_again)
             except ProviderError as exc:
                 # Info, not a warning: the channel shows the failure itself, once.
                 log.info("session %s: model call failed (%s): %s", key, exc.kind, exc)
                 # What memory_append wrote before the failure is written all the same: the user hears of it.
                 self._spawn(receipts.show(key, writes.writes, self.written))
-                apology = (f"Sorry, {exc}." if isinstance(exc, EmptyAnswer)
-                           else f"Sorry, I could not get an answer from the model: {exc}")
+                if isinstance(exc, EmptyAnswer):
+                    apology = f"Sorry, {exc}." if exc.asked_again else ""  # not asked again: silence was an answer
+                else:
+                    apology = f"Sorry, I could not get an answer from the model: {exc}"
                 return Reply(apology, error=exc)
         self._spawn(self._after_turn(key, receipts, finished, writes.writes))
         return Reply(answer)
@@ -329,7 +332,7 @@ class AgentLoop:
         return unknown_reply(command)
 
     async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None,
-                    writes: TurnWrites) -> tuple[str, FinishedTurn]:
+                    writes: TurnWrites, ask_again: bool = True) -> tuple[str, FinishedTurn]:
         """The answer to `text`, and the turn as stored (for the review after the reply); what memory_append
         wrote is added to `writes`."""
         session = await self.session(key)
@@ -338,12 +341,12 @@ class AgentLoop:
         writes.said = (*user_texts([m.message for m in session.active()]), text)
         token = current_turn.set(writes)
         try:
-            return await self._answer(session, key, text, on_text, on_tool)
+            return await self._answer(session, key, text, on_text, on_tool, ask_again)
         finally:
             current_turn.reset(token)
 
     async def _answer(self, session: Session, key: str, text: str, on_text: TextSink | None,
-                      on_tool: ToolSink | None) -> tuple[str, FinishedTurn]:
+                      on_tool: ToolSink | None, ask_again: bool = True) -> tuple[str, FinishedTurn]:
         policy = self.workspace.policy.current()
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
@@ -380,6 +383,8 @@ class AgentLoop:
                     schemas, max_tokens = built.tools, built.max_tokens
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
                     reply = await self._ask(messages, schemas, on_text, max_tokens)
+                if is_empty(reply) and not ask_again:
+                    raise EmptyAnswer(asked_again=False)
                 if is_empty(reply) or repeats_last_call(messages, reply):
                     reply = await self._ask_again(key, messages, reply, on_text, max_tokens)
                 assistant = clean_message(reply.as_message())
@@ -511,19 +516,26 @@ class AgentLoop:
         """The answer after an empty reply or a repeated tool call (agent/empty_reply.py): asked without tools, the
         turn's tool results in view, then plainly; EmptyAnswer when both come back empty too."""
         why = "repeated its last tool call" if reply.tool_calls else "returned an empty answer"
+        if on_text is not None and reply.tool_calls and (reply.content or "").strip():
+            # The text beside the repeated call was shown as it streamed ("Let me check again."): the answer
+            # starts on a line of its own, not glued to it.
+            await on_text("\n\n")
         for attempt in retry_requests(messages):
             log.info("session %s: the model %s; asking again without tools", key, why)
+            # Without tools: a chat template that writes the schemas into the prompt then sees a new prefix (the
+            # cache is lost there); the same schemas with tool_choice "none" would keep it.
             again = await self._ask(attempt, [], on_text, max_tokens)
             if is_answer(again):
                 # The first reply's usage: its prompt was the whole conversation, which the summary threshold reads.
                 return ChatReply(again.content, [], reply.usage or again.usage, again.finish_reason)
-            why = "returned an empty answer again"
+            why = "gave no answer to that either"  # to the try: after an empty answer or a repeated call alike
         raise EmptyAnswer()
 
     async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None,
                    max_tokens: int | None = None) -> ChatReply:
-        """One model call; a tool call the model wrote as text (small local models do) becomes a real one, and an
-        echo of the <context> block at the start of the reply is removed (agent/context_echo.py)."""
+        """One model call; a tool call the model wrote as text (small local models do) becomes a real one, an
+        echo of the <context> block at the start of the reply is removed (agent/context_echo.py), and so are the
+        tags of a plain answer wrapped in <response>…</response>."""
         text_calls = self.provider.text_tool_calls == "auto"
         gate = StreamGate(on_text, hold_calls=text_calls) if on_text is not None else None
         reply = await self.provider.chat(messages, schemas, max_tokens=max_tokens,
@@ -537,6 +549,8 @@ class AgentLoop:
         if gate is not None:
             await gate.finish(was_call=call is not None)
         if call is None:
+            if reply.content and (shown := without_response_wrapper(reply.content)) != reply.content:
+                reply = replace(reply, content=shown)  # shown without the tags as it streamed (agent/streaming.py)
             return reply
         log.info("the model wrote a call of %s as text; running it as a tool call", call.name)
         return ChatReply(call.before or None, [ToolCall(f"call_text_{len(messages)}", call.name, call.arguments)],

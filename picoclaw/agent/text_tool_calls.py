@@ -40,6 +40,8 @@ Rules:
    the reply (a lead-in, a bare object) need the whole reply to lie within them.
 7. `TextToolCall.arguments` is `json.dumps(arguments, ensure_ascii=False)` of the dict that was validated
    (not the model's dump), so the tool registry validates the same thing again.
+8. A plain answer in `<response>…</response>` (no call inside) is text; `without_response_wrapper` drops the tags
+   before it is shown or stored.
 """
 
 from __future__ import annotations
@@ -61,8 +63,23 @@ _FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\r?\n", re.IGNORECASE)
 _FUNCTIONS = re.compile(r"functions\.([A-Za-z0-9_\-]+)")
 _TAGS = ("tool_call", "tools")
 _WRAPPER = "response"  # tags around a whole reply: a call in any form may be inside
+RESPONSE_OPEN = f"<{_WRAPPER}>"
+RESPONSE_CLOSE = f"</{_WRAPPER}>"
 _CALL_KEYS = frozenset({"name", "arguments"})
 _INVENTED_RESULT = "<tool_response>"  # the tag Qwen's template puts around a real tool result
+
+
+def without_response_wrapper(text: str) -> str:
+    """A plain answer without the `<response>…</response>` a small model wraps every reply in (the tags a template
+    showed it): the opening tag at its start and the closing one at its end dropped, the rest stripped; a text
+    that does not begin with the tag unchanged."""
+    start = text.lstrip()
+    if not start.startswith(RESPONSE_OPEN):
+        return text
+    inner = start[len(RESPONSE_OPEN):].rstrip()
+    if inner.endswith(RESPONSE_CLOSE):
+        inner = inner[:-len(RESPONSE_CLOSE)]
+    return inner.strip()
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,8 @@ class _ShownAnswer:
         elif self.streamed and self.visible:
             out.write(self.pieces.end() + "\n")
         else:
-            # A command's reply, or an answer with no text (or only white space): the reply says so.
+            # A command's reply (nothing streams). A model's answer always has text (an empty one fails the turn:
+            # agent/empty_reply.py), so this prints it whole only when none of it streamed visibly.
             out.write(self.pieces.end() + printable(reply.text) + "\n")
         out.flush()
 

@@ -53,9 +53,10 @@ class TurnReply(Protocol):
 
 
 class SessionAgent(Protocol):
-    """What runs agent jobs and the heartbeat: handles a text as a turn of a session (AgentLoop does)."""
+    """What runs agent jobs and the heartbeat: handles a text as a turn of a session (AgentLoop does); with
+    `ask_again` False an empty answer is not asked again but comes back as "", its error of kind EMPTY_ANSWER_KIND."""
 
-    async def handle(self, key: str, text: str, /) -> TurnReply: ...
+    async def handle(self, key: str, text: str, /, *, ask_again: bool = True) -> TurnReply: ...
 
 
 class Outbox(Protocol):
@@ -74,11 +75,12 @@ OUTCOME_CHARS = 200
 MAX_PARALLEL_JOBS = 4  # due jobs run at once: enough that one slow agent job delays no reminder
 RUNNING = "running"
 INTERRUPTED = "interrupted: the bot stopped while it ran; not run again"
-# The heartbeat's reply when there is nothing to tell; AgentLoop's words for an empty answer are quiet too.
+# The heartbeat's reply when there is nothing to tell; an empty answer is quiet too (the frame asks for silence).
 HEARTBEAT_QUIET = "HEARTBEAT_OK"
+# The kind of the error (a ProviderError's) of a reply the model left empty: providers/base.py's ErrorKind.
+EMPTY_ANSWER_KIND = "empty_answer"
 HEARTBEAT_WORK = "heartbeat"  # the name several workers claim the heartbeat's interval under (storage/work.py)
 HEARTBEAT_SLACK = 0.9  # share of the interval that must have passed since any worker's last beat
-EMPTY_ANSWER = "(the model returned an empty answer)"
 HEARTBEAT_FRAME = (
     "Periodic check ({now}). These are your standing tasks from HEARTBEAT.md:\n\n{tasks}\n\n"
     "Do what they ask now. Reply only if something needs the user's attention; if nothing does, "
@@ -363,12 +365,14 @@ class Scheduler:
         try:
             agent = self.agent_for(scope)
             now = clock.now(self.store.tz)
-            reply = await agent.handle(session, HEARTBEAT_FRAME.format(now=f"{now:%Y-%m-%d %H:%M %Z}", tasks=tasks))
+            # Not asked again when empty: told to stay quiet when nothing is due, an empty answer says just that.
+            reply = await agent.handle(session, HEARTBEAT_FRAME.format(now=f"{now:%Y-%m-%d %H:%M %Z}", tasks=tasks),
+                                       ask_again=False)
             answer = reply.text.strip()
-            if reply.error is not None:
+            if reply.error is not None and getattr(reply.error, "kind", None) != EMPTY_ANSWER_KIND:
                 log.error("scheduler: heartbeat: the model could not answer: %s", reply.error)
                 return None
-            if not answer or answer in (EMPTY_ANSWER, HEARTBEAT_QUIET) or answer.endswith(HEARTBEAT_QUIET):
+            if reply.error is not None or not answer or answer == HEARTBEAT_QUIET or answer.endswith(HEARTBEAT_QUIET):
                 log.info("scheduler: heartbeat: nothing to report")
                 return None
             await self.outbox.deliver(session, answer)

@@ -15,7 +15,9 @@ Message = dict[str, Any]  # one OpenAI chat message: {"role": ..., "content": ..
 # model sees the answer grow instead of waiting for all of it.
 TextSink = Callable[[str], Awaitable[None]]
 
-ErrorKind = Literal["context_too_long", "auth", "rate_limit", "unavailable", "bad_response"]
+# "empty_answer": the model answered nothing (agent/empty_reply.py); a caller for whom silence is an answer (the
+# heartbeat) tells it apart by this kind.
+ErrorKind = Literal["context_too_long", "auth", "rate_limit", "unavailable", "bad_response", "empty_answer"]
 
 # "none": the tools are offered (so the prompt is the conversation's, byte for byte) but none may be called.
 ToolChoice = Literal["auto", "none"]
