@@ -60,11 +60,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_TASK  # noqa: E402
+from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_ROLE  # noqa: E402
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK  # noqa: E402
 from picoclaw.app import App  # noqa: E402
 from picoclaw.config import Config, load_config  # noqa: E402
-from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_TASK  # noqa: E402
+from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_ROLE  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.base import BETWEEN_TURNS  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
@@ -136,8 +136,8 @@ def kind_of(body: dict[str, object]) -> str:
     assert isinstance(messages, list)
     first, last = str(messages[0].get("content") or ""), str(messages[-1].get("content") or "")
     for kind, instructions, task in (("summary", SUMMARY_INSTRUCTIONS, SUMMARY_TASK),
-                                     ("flush", FLUSH_INSTRUCTIONS, FLUSH_TASK),
-                                     ("lesson", LESSON_INSTRUCTIONS, LESSON_TASK)):
+                                     ("flush", FLUSH_INSTRUCTIONS, FLUSH_ROLE),
+                                     ("lesson", LESSON_INSTRUCTIONS, LESSON_ROLE)):
         if first == instructions or last.startswith(f"{BETWEEN_TURNS}\n{task}"):
             return kind
     return "turn"
