@@ -49,6 +49,7 @@ class LastRequests:
     `size` 0 none (background calls use their own prompts)."""
 
     def __init__(self, size: int):
+        self.size = size
         self._kept: LruCache[str, Remembered] | None = LruCache(size) if size > 0 else None
 
     def keep(self, key: str, messages: Sequence[Message], tools: Sequence[dict[str, Any]], user_id: int) -> None:
