@@ -24,7 +24,7 @@ from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, NOT_CONTEXT
 from picoclaw.memory.flush_counts import FlushCounts
 from picoclaw.memory.session import StoredMessage
 from picoclaw.memory.workspace import Workspace
-from picoclaw.providers.base import BETWEEN_TURNS, Continuation, PromptPrefix
+from picoclaw.providers.base import BETWEEN_TURNS, ChatReply, Continuation, PromptPrefix, ToolCall, is_call_not_answer
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_EN,
@@ -578,3 +578,17 @@ def test_a_context_fact_the_continued_flush_lists_is_not_written_again(
     assert workspace.store.read_long_term() == memory  # nothing of the injected memory or note written again
     [counts] = (FlushCounts(workspace.memory_dir).read() or {}).values()
     assert counts.proposed == 4 and counts.written == 0 and counts.known + sum(counts.rejected.values()) == 4
+
+
+def test_every_call_of_the_corpus_is_no_answer_and_every_jobs_answer_is_one() -> None:
+    offered = {"memory_search", "memory_append", "read_file", "write_file", "edit_file", "append_file", "list_dir"}
+    calls = [str(entry["assistant_message"].get("content") or "") for entry in CORPUS]
+    for text in calls:
+        if text.lstrip().startswith(("```json", "<tool_call>", "functions.", '{"name"', "memory_search(")):
+            assert is_call_not_answer(ChatReply(text), offered), text
+    answers = ["- My sister Anna lives in Berlin.", "- 我妹妹安娜住在柏林。", "NONE", SUMMARY_EN, SUMMARY_ZH,
+               "LESSON: When asked for the weather, use web_fetch.", "LESSON: 回答首都前先查证。",
+               '{"retrieve_limit": 15, "reason": "用户问了旧事"}', "{}", "memory is fine (no change)"]
+    assert not [text for text in answers if is_call_not_answer(ChatReply(text), offered)]
+    assert is_call_not_answer(ChatReply("  "), offered)
+    assert is_call_not_answer(ChatReply(None, [ToolCall("1", "memory_append", "{}")]), offered)

@@ -4,7 +4,9 @@ A single-slot local server (llama.cpp, llama-cpp-python) keeps only its last pro
 between turns (the memory flush, the session summary, a lesson) with a prompt of its own evicts the conversation,
 and the next turn reads its whole prompt again (minutes on a CPU). So the loop remembers each session's last request
 as sent (`LastRequests`), and a background call asks its question after it (providers/base.py `ask_between_turns`):
-the server reads only the instruction, and the next turn still finds the conversation cached.
+the server reads only the instruction, and the next turn still finds the conversation cached. (Not after a reply
+that came empty and was asked again without tools: the server last read that retry, not the request kept, so the
+first background call reads the conversation once more.)
 
 Only for a local endpoint (app.py: `continue_background`): a cloud API bills the whole conversation again for every
 lesson, and its cache is not a single slot. A remembered request is used only when it is the conversation the job is

@@ -133,8 +133,8 @@ class PromptPrefix:
 
     A background call between turns asks `then(...)`: the same messages and tools, its own instruction as a final
     user message, so the server reads only that instruction when the prefix is still cached (and the next turn
-    finds the conversation there too). A turn whose reply came empty was last asked again without tools: that
-    request is not the prefix, so the first background call after it reads the conversation once more.
+    finds the conversation there too). A turn whose reply came empty was last asked again without tools: the server
+    last read that retry, not the prefix, so the first background call after it reads the conversation once more.
     """
 
     messages: tuple[Message, ...]
