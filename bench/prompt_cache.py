@@ -60,11 +60,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_TASK  # noqa: E402
+from picoclaw.agent.cache_prefix import LastRequests  # noqa: E402
+from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_ROLE  # noqa: E402
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK  # noqa: E402
 from picoclaw.app import App  # noqa: E402
 from picoclaw.config import Config, load_config  # noqa: E402
-from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_TASK  # noqa: E402
+from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_ROLE  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.base import BETWEEN_TURNS  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
@@ -136,8 +137,8 @@ def kind_of(body: dict[str, object]) -> str:
     assert isinstance(messages, list)
     first, last = str(messages[0].get("content") or ""), str(messages[-1].get("content") or "")
     for kind, instructions, task in (("summary", SUMMARY_INSTRUCTIONS, SUMMARY_TASK),
-                                     ("flush", FLUSH_INSTRUCTIONS, FLUSH_TASK),
-                                     ("lesson", LESSON_INSTRUCTIONS, LESSON_TASK)):
+                                     ("flush", FLUSH_INSTRUCTIONS, FLUSH_ROLE),
+                                     ("lesson", LESSON_INSTRUCTIONS, LESSON_ROLE)):
         if first == instructions or last.startswith(f"{BETWEEN_TURNS}\n{task}"):
             return kind
     return "turn"
@@ -156,7 +157,8 @@ async def run_session(turns: int, summaries: bool, with_lessons: bool = False, w
                       continued: bool = True) -> list[RecordedRequest]:
     """Every chat request of one session of `turns` turns, in order (background calls included).
 
-    `continued` off: background calls use their own prompts, as before issue 41 (the loop remembers no request)."""
+    `continued` off: background calls use their own prompts, as before issue 41 and as for a cloud endpoint (the loop
+    remembers no request). On: the fake server is on 127.0.0.1, a local endpoint, so app.py continues them."""
     entries, questions = facts()
     with FakeOpenAIServer() as model, tempfile.TemporaryDirectory(prefix="picoclaw-bench-cache-") as tmp:
         home = Path(tmp) / "home"
@@ -179,8 +181,9 @@ async def run_session(turns: int, summaries: bool, with_lessons: bool = False, w
 
         async with App(load_config(home), home, make_provider=connect) as app:
             agent = app.agent()
+            assert agent.last_requests.size > 0, "the fake server is local: app.py continues background calls"
             if not continued:
-                agent.last_requests.keep = lambda *args, **kwargs: None  # type: ignore[method-assign]
+                agent.last_requests = LastRequests(0)  # what a cloud endpoint gets
             for n in range(turns):
                 await agent.handle(SESSION, questions[n % len(questions)])
                 await agent.wait_background()

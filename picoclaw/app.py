@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from picoclaw.config import Config, home_dir, load_config, workspace_dir
+from picoclaw.hosts import is_local_host
 from picoclaw.keyed import LruCache
 from picoclaw.memory import Workspace
 from picoclaw.storage import open_storage, unmount
@@ -107,15 +108,20 @@ class App:
         if user_key is None:
             if self._shared is None:
                 self._shared = AgentLoop(self.workspace, self.provider(), build_tools(self.workspace, extra),
-                                         status=status, windows=self.windows())
+                                         status=status, windows=self.windows(), continue_background=self._local())
             return self._shared
         loop = self._agents.get(user_key)
         if loop is None:
             workspace = self.workspace.for_user(user_key)
             loop = AgentLoop(workspace, self.provider(), build_tools(workspace, extra), status=status,
-                             windows=self.windows())
+                             windows=self.windows(), continue_background=self._local())
             self._agents.put(user_key, loop)
         return loop
+
+    def _local(self) -> bool:
+        """Whether the model is served on this machine or its network: only there do background calls continue the
+        conversation's request (agent/cache_prefix.py); a cloud API would bill the conversation again for each."""
+        return is_local_host(self.provider().api_base)
 
     def _status_lines(self) -> list[str]:
         """What /status adds to the agent's own lines: this worker's name, the MCP servers' states."""

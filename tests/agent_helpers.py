@@ -18,11 +18,11 @@ import orjson
 from freezegun import freeze_time
 from freezegun.api import _freeze_time
 
-from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_TASK
+from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_ROLE
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK
 from picoclaw.app import App
-from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_TASK
+from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_ROLE
 from picoclaw.memory.session import session_filename
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import BETWEEN_TURNS
@@ -81,12 +81,13 @@ class Notices:
 
 def with_agent(workspace: Workspace, server: FakeOpenAIServer | None,
                body: Callable[[AgentLoop], Awaitable[T]], *, max_retries: int = 0, api_base: str | None = None,
-               text_tool_calls: str = "auto") -> T:
-    """Run `body(loop)` with a fresh AgentLoop in a fresh event loop; background work is awaited after."""
+               text_tool_calls: str = "auto", continue_background: bool = False) -> T:
+    """Run `body(loop)` with a fresh AgentLoop in a fresh event loop; background work is awaited after.
+    `continue_background`: background calls ask after the conversation's last request (a local server's way)."""
     async def main() -> T:
         async with make_provider(workspace, server, max_retries=max_retries, api_base=api_base,
                                  text_tool_calls=text_tool_calls) as provider:
-            loop = AgentLoop(workspace, provider, build_tools(workspace))
+            loop = AgentLoop(workspace, provider, build_tools(workspace), continue_background=continue_background)
             try:
                 return await body(loop)
             finally:
@@ -96,7 +97,7 @@ def with_agent(workspace: Workspace, server: FakeOpenAIServer | None,
 
 def chat(workspace: Workspace, server: FakeOpenAIServer | None, texts: list[str], key: str = SESSION, *,
          notices: Notices | None = None, max_retries: int = 0, api_base: str | None = None,
-         text_tool_calls: str = "auto") -> list[str]:
+         text_tool_calls: str = "auto", continue_background: bool = False) -> list[str]:
     """Send `texts` one after the other to one session, waiting for background work after each turn."""
     async def body(loop: AgentLoop) -> list[str]:
         replies = []
@@ -105,7 +106,7 @@ def chat(workspace: Workspace, server: FakeOpenAIServer | None, texts: list[str]
             await loop.wait_background()
         return replies
     return with_agent(workspace, server, body, max_retries=max_retries, api_base=api_base,
-                      text_tool_calls=text_tool_calls)
+                      text_tool_calls=text_tool_calls, continue_background=continue_background)
 
 
 def reopen(home: Path, **agent_defaults: Any) -> Workspace:
@@ -148,12 +149,12 @@ def is_summary_request(body: dict[str, Any]) -> bool:
 
 def is_flush_request(body: dict[str, Any]) -> bool:
     """The memory flush before a summary or /new (memory/flush.py), in either shape."""
-    return body["messages"][0]["content"] == FLUSH_INSTRUCTIONS or background_task(body).startswith(FLUSH_TASK)
+    return body["messages"][0]["content"] == FLUSH_INSTRUCTIONS or background_task(body).startswith(FLUSH_ROLE)
 
 
 def is_lesson_request(body: dict[str, Any]) -> bool:
     """The lesson review after a turn that taught something (agent/lessons.py), in either shape."""
-    return body["messages"][0]["content"] == LESSON_INSTRUCTIONS or background_task(body).startswith(LESSON_TASK)
+    return body["messages"][0]["content"] == LESSON_INSTRUCTIONS or background_task(body).startswith(LESSON_ROLE)
 
 
 def background_reading(body: dict[str, Any]) -> str:

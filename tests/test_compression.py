@@ -372,7 +372,8 @@ def agent_turns(home: Path, server: FakeOpenAIServer, texts: list[str], key: str
 
     async def go() -> list[str]:
         async with from_config(workspace.config, max_retries=0) as provider:
-            loop = AgentLoop(workspace, provider, build_tools(workspace))
+            # The fake server is local: background calls continue the conversation, as app.py wires it.
+            loop = AgentLoop(workspace, provider, build_tools(workspace), continue_background=True)
             replies = []
             for text in texts:
                 replies.append((await loop.handle(key, text)).text)

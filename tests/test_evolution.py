@@ -44,7 +44,7 @@ REASON_ZH = "用户多次问起较早的事，但相关记忆没有被检索到"
 def is_reflection(body: dict[str, Any]) -> bool:
     """A reflection request, in its own prompt or asked after the conversation's last request."""
     return (body["messages"][0]["content"] == evolution.INSTRUCTIONS
-            or str(body["messages"][-1]["content"]).startswith(f"{BETWEEN_TURNS}\n{evolution.REFLECTION_TASK}"))
+            or str(body["messages"][-1]["content"]).startswith(f"{BETWEEN_TURNS}\n{evolution.REFLECTION_ROLE}"))
 
 
 def evolving(home: Path, server: FakeOpenAIServer, **memory: Any) -> Workspace:

@@ -181,7 +181,7 @@ def test_a_failed_then_working_call_writes_one_lesson_and_the_request_says_what_
         workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     script_recovery(fake_openai, usage=USAGE)
     with frozen():
-        replies = chat(workspace, fake_openai, ["where is my todo list?"])
+        replies = chat(workspace, fake_openai, ["where is my todo list?"], continue_background=True)
 
     assert replies == ["Your todo list is in memory/."]
     assert entries(workspace) == [f"{LESSON_EN}\nSource: session {KEY} (recovery)"]
@@ -227,7 +227,8 @@ def test_a_correction_in_english_sends_the_reply_it_corrects(
     lesson = "When asked for a capital city, check memory_search or web_fetch before answering from recall."
     fake_openai.reply_text(f"LESSON: {lesson}")
     with frozen():
-        chat(workspace, fake_openai, ["What is the capital of Australia?", "No, that's wrong. It's Canberra."])
+        chat(workspace, fake_openai, ["What is the capital of Australia?", "No, that's wrong. It's Canberra."],
+             continue_background=True)
 
     [request] = lesson_requests(fake_openai)  # the first turn was a plain question: no review call
     text = asked(request)
@@ -244,7 +245,7 @@ def test_a_correction_in_chinese_asks_for_a_chinese_lesson(workspace: Workspace,
     fake_openai.reply_text("抱歉：今天杭州 24°C，晴。")
     fake_openai.reply_text(f"好的。\nLESSON: {LESSON_ZH}")
     with frozen():
-        chat(workspace, fake_openai, ["今天杭州天气怎么样？", "不对，我说过用摄氏度。"])
+        chat(workspace, fake_openai, ["今天杭州天气怎么样？", "不对，我说过用摄氏度。"], continue_background=True)
 
     [request] = lesson_requests(fake_openai)
     text = asked(request)

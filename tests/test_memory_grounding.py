@@ -67,7 +67,7 @@ class Receipts:
 
 
 def converse(workspace: Workspace, server: FakeOpenAIServer, texts: list[str], key: str = SESSION,
-             receipts: Receipts | None = None) -> list[str]:
+             receipts: Receipts | None = None, *, continue_background: bool = False) -> list[str]:
     """Send `texts` to one session, each turn's background work (summary, flush, receipts) awaited after it."""
     async def body(loop: AgentLoop) -> list[str]:
         replies = []
@@ -75,7 +75,7 @@ def converse(workspace: Workspace, server: FakeOpenAIServer, texts: list[str], k
             replies.append((await loop.handle(key, text, remembered=receipts)).text)
             await loop.wait_background()
         return replies
-    return with_agent(workspace, server, body)
+    return with_agent(workspace, server, body, continue_background=continue_background)
 
 
 def model(turns: list[Reply], flush: str | Callable[[str], str], summary: str = SUMMARY, again: str = ""
@@ -177,7 +177,7 @@ def test_the_real_summary_claiming_an_unseen_answer_is_refused(
         seed(workspace, fake_openai, USER_ENTRY)
         texts, replies = recorded_turns()
         fake_openai.responder = model(replies, "NONE", RECORDED_SUMMARY)
-        converse(workspace, fake_openai, texts, key="cli:repl")
+        converse(workspace, fake_openai, texts, key="cli:repl", continue_background=True)
 
     summaries = [body for body in fake_openai.chat_requests() if is_summary_request(body)]
     assert summaries  # asked for, and every one refused: no compaction, nothing in the daily note

@@ -1,14 +1,17 @@
-"""Background calls that keep the prompt cache: each session's last request, and which part of it a summary folds.
+"""Background calls that keep the prompt cache: each session's last request, and which part of it a job is about.
 
 A single-slot local server (llama.cpp, llama-cpp-python) keeps only its last prompt in the cache. A background call
 between turns (the memory flush, the session summary, a lesson) with a prompt of its own evicts the conversation,
 and the next turn reads its whole prompt again (minutes on a CPU). So the loop remembers each session's last request
-as sent (`LastRequests`), and a background call asks its question after it (`PromptPrefix.then`): the server reads
-only the instruction, and the next turn still finds the conversation cached.
+as sent (`LastRequests`), and a background call asks its question after it (providers/base.py `ask_between_turns`):
+the server reads only the instruction, and the next turn still finds the conversation cached. (Not after a reply
+that came empty and was asked again without tools: the server last read that retry, not the request kept, so the
+first background call reads the conversation once more.)
 
-A remembered request is used only when it is the conversation the job is about: its history must be the session's
-active history as sent (or the newest part of it), else the job falls back to its own prompt (a fresh process, a
-/compact before any turn, relevant-history mode, another process's messages since).
+Only for a local endpoint (app.py: `continue_background`): a cloud API bills the whole conversation again for every
+lesson, and its cache is not a single slot. A remembered request is used only when it is the conversation the job is
+about: its history must be the session's active history as sent (or the newest part of it), else the job falls back
+to its own prompt (a fresh process, a /compact before any turn, relevant-history mode, another process's messages).
 """
 
 from __future__ import annotations
@@ -21,9 +24,15 @@ from picoclaw.agent.summary import render_transcript
 from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.keyed import LruCache
 from picoclaw.memory import StoredMessage, user_texts
-from picoclaw.providers.base import Message, PromptPrefix
+from picoclaw.providers.base import Continuation, Message, PromptPrefix
 
 EXCERPT_CHARS = 80  # of the message a folded part ends with, quoted so a small model need not count messages
+# Sessions whose last request is kept. Each is a whole request (up to the window's worth of text); a single-slot
+# server caches one prompt anyway, so more than the recently active sessions would only hold memory.
+LAST_REQUESTS_KEPT = 32
+# Taken out of a quoted excerpt: the quotes' own marks, so a message cannot close its quote and speak as picoclaw.
+_QUOTE_MARKS = str.maketrans("", "", "«»")
+_ORDINALS = ("first", "second", "third", "fourth", "fifth")
 
 # What `ContextBuilder.build` puts after the system prompt for a session with a summary.
 SUMMARY_HEADING = "## Summary of the earlier conversation"
@@ -37,50 +46,67 @@ class Remembered:
     user_id: int
 
 
-@dataclass(frozen=True)
-class Fold:
-    """What a background job about the older part of a conversation asks after the conversation's last request:
-    `part` says which messages above are that part, `earlier` is the transcript of those of its messages the
-    request did not carry ("" when it carried them all)."""
-
-    prefix: PromptPrefix
-    part: str
-    earlier: str
-    summary_shown: bool  # the session's summary is in the request's system message
-
-
 class LastRequests:
-    """Each session's last request as sent, at most `size` sessions (the least recently used forgotten)."""
+    """Each session's last request as sent, at most `size` sessions (the least recently used forgotten); with
+    `size` 0 none (background calls use their own prompts)."""
 
     def __init__(self, size: int):
-        self._kept: LruCache[str, Remembered] = LruCache(size)
+        self.size = size
+        self._kept: LruCache[str, Remembered] | None = LruCache(size) if size > 0 else None
 
     def keep(self, key: str, messages: Sequence[Message], tools: Sequence[dict[str, Any]], user_id: int) -> None:
         """Remember `messages` (the last request's, with the reply appended) and `tools` for session `key`."""
-        self._kept.put(key, Remembered(PromptPrefix(tuple(messages), tuple(tools)), user_id))
+        if self._kept is not None:
+            self._kept.put(key, Remembered(PromptPrefix(tuple(messages), tuple(tools)), user_id))
 
     def forget(self, key: str) -> Remembered | None:
-        return self._kept.pop(key)
+        return self._kept.pop(key) if self._kept is not None else None
 
     def get(self, key: str) -> Remembered | None:
-        return self._kept.peek(key)
+        return self._kept.peek(key) if self._kept is not None else None
 
-    def for_turn(self, turn: FinishedTurn) -> PromptPrefix | None:
-        """The request `turn` ended with, when it is still the session's last one (no turn of it came since)."""
-        remembered = self._kept.peek(turn.key)
+    def for_turn(self, turn: FinishedTurn) -> Continuation | None:
+        """How to ask about `turn` after the request it ended with: when that is still the session's last request
+        (no turn of it came since) and ends with the turn's messages as they were sent."""
+        remembered = self.get(turn.key)
         if remembered is None or remembered.user_id != turn.user_id:
             return None
-        return remembered.prefix
+        messages = remembered.prefix.messages
+        count = len(turn.messages)
+        if not count or count >= len(messages) or not _sent_as(messages[-count:], turn.messages):
+            return None
+        return Continuation(remembered.prefix, f"the last turn of the conversation above: "
+                                               f"{describe(messages, len(messages) - count)} and everything after it")
+
+    def for_newest(self, key: str, stored: Sequence[StoredMessage]) -> Continuation | None:
+        """How to ask about `stored` after session `key`'s last request, when it ends with exactly those messages
+        as sent (a reflection on the messages since the last one)."""
+        remembered = self.get(key)
+        messages = remembered.prefix.messages if remembered is not None else ()
+        if remembered is None or not stored or len(stored) >= len(messages):
+            return None
+        if list(messages[-len(stored):]) != [m.as_sent() for m in stored]:
+            return None
+        return Continuation(remembered.prefix, "the newest part of the conversation above: from "
+                                               f"{describe(messages, len(messages) - len(stored))} to the end")
 
     def for_history(self, key: str, active: Sequence[StoredMessage], cut: int,
-                    summary: str | None) -> Fold | None:
+                    summary: str | None) -> Continuation | None:
         """How to ask about `active[:cut]` after session `key`'s last request; None when that request is not this
         history (see the module doc)."""
-        remembered = self._kept.peek(key)
+        remembered = self.get(key)
         return None if remembered is None else fold_of(remembered.prefix, active, cut, summary)
 
 
-def fold_of(prefix: PromptPrefix, active: Sequence[StoredMessage], cut: int, summary: str | None) -> Fold | None:
+def _sent_as(sent: Sequence[Message], stored: Sequence[Message]) -> bool:
+    """Whether the request's messages `sent` are the turn's `stored` ones (the user's with its data block in
+    front, the others as they are)."""
+    return all(a == b or (a.get("role") == b.get("role") == "user" and user_texts([a]) == user_texts([b]))
+               for a, b in zip(sent, stored, strict=True))
+
+
+def fold_of(prefix: PromptPrefix, active: Sequence[StoredMessage], cut: int,
+            summary: str | None) -> Continuation | None:
     """Which messages of `prefix` are `active[:cut]`, said for the model; None when the request's history is not
     the newest part of `active` as sent, or its system message lacks the session's summary."""
     messages = prefix.messages
@@ -104,27 +130,55 @@ def fold_of(prefix: PromptPrefix, active: Sequence[StoredMessage], cut: int, sum
     else:
         tail = ("the last message above comes after it and is not" if after == 1
                 else f"the last {after} messages above come after it and are not")
-        part = f"the conversation above up to and including {describe(sent[cut - 1])}; {tail} part of it"
+        part = (f"the conversation above up to and including {describe(shown, cut - 1 - start)}; {tail} part of "
+                "it")
     if earlier and cut > start:
         part += ", and the earlier messages of that part quoted below"
-    return Fold(prefix, part, earlier, summary_shown)
+    return Continuation(prefix, part, earlier, summary_shown)
 
 
-def describe(message: Message) -> str:
-    """A message named for the model by its role and the start of its text: "the user's message that begins «…»"."""
+def describe(messages: Sequence[Message], index: int) -> str:
+    """`messages[index]` named for the model: a tool result by its tool and position ("the result of web_fetch"),
+    the others by role and the start of their text ("the user's message that begins «…»", without « » or line
+    breaks of its own)."""
+    message = messages[index]
     role = message.get("role")
+    if role == "tool":
+        return _tool_result(messages, index)
     content = str(message.get("content") or "")
     if role == "user":
         content = user_texts([message])[0]  # without the data block picoclaw sent in front of it
     calls = message.get("tool_calls") or []
     if role == "assistant" and not content.strip() and calls:
-        names = ", ".join(str(call.get("function", {}).get("name")) for call in calls)
-        return f"the assistant's call of {names}"
-    who = {"user": "the user's message", "assistant": "the assistant's reply", "tool": "the tool result"}.get(
-        str(role), "the message")
-    text = " ".join(content.split())
+        return f"the assistant's call of {', '.join(_call_name(call) for call in calls)}"
+    who = {"user": "the user's message", "assistant": "the assistant's reply"}.get(str(role), "the message")
+    text = " ".join(content.translate(_QUOTE_MARKS).split())
     if not text:
         return f"{who} that is empty"
     excerpt = text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "…"
     return f"{who} that begins «{excerpt}»"
 
+
+def _call_name(call: dict[str, Any]) -> str:
+    return str(call.get("function", {}).get("name"))
+
+
+def _tool_result(messages: Sequence[Message], index: int) -> str:
+    """A tool result named by its tool, never quoted (it is what a web page or a file said): "the result of
+    web_fetch", "the second result of web_fetch" when the same call step ran it more than once."""
+    call_id = messages[index].get("tool_call_id")
+    for earlier in reversed(messages[:index]):
+        calls = earlier.get("tool_calls") or []
+        if earlier.get("role") != "assistant" or not calls:
+            continue
+        names = [_call_name(call) for call in calls]
+        position = next((i for i, call in enumerate(calls) if call.get("id") == call_id), None)
+        if position is None:
+            break
+        name = names[position]
+        if names.count(name) == 1:
+            return f"the result of {name}"
+        nth = names[:position + 1].count(name)
+        ordinal = _ORDINALS[nth - 1] if nth <= len(_ORDINALS) else f"#{nth}"
+        return f"the {ordinal} result of {name}"
+    return "a tool result"

@@ -6,7 +6,8 @@ It runs after the reply, in the background, when `learning_enabled` is on: a tur
 id of its user message), one turn drafts at most one lesson whatever triggered it, and each drafting call is
 claimed in the workspace's ledger (memory/model_usage.py, purpose "learning") before it is made, so no more
 than `learning_daily_calls` are made a day, across processes and restarts; the tokens it used are recorded
-after. The call offers no tools and allows MAX_ANSWER_TOKENS.
+after. The call allows MAX_ANSWER_TOKENS; asked after the conversation it offers the conversation's tools, none
+to be called (providers/base.py `ask_between_turns`).
 
 A correction that gives a standing instruction ("No — answer me in Chinese from now on") is the lesson itself:
 the request quotes it, and a draft that drops it (small models write fluent lessons beside the point), or
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from picoclaw.agent.cache_prefix import describe
 from picoclaw.agent.skill_drafting import DraftWritten, SkillDrafter
 from picoclaw.agent.summary import render_transcript
 from picoclaw.agent.text_tool_calls import find_text_tool_call
@@ -37,7 +37,7 @@ from picoclaw.cjk import HAN, HANGUL, KANA
 from picoclaw.errors import MemoryStoreError
 from picoclaw.keyed import LruCache
 from picoclaw.memory import LEARNINGS, MemoryWrite, ModelUsage, Workspace, instruction_lesson, keeps_point
-from picoclaw.providers.base import ChatProvider, Message, PromptPrefix, ProviderError
+from picoclaw.providers.base import ChatProvider, Continuation, Message, ProviderError, ask_between_turns
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,6 @@ LESSON_RULES = (
     "nothing worth keeping."
 )
 LESSON_INSTRUCTIONS = f"{LESSON_ROLE} You are shown one turn of a conversation. {LESSON_RULES}"
-# How a lesson asked after the conversation's own last request begins (agent/cache_prefix.py).
-LESSON_TASK = LESSON_ROLE
 
 HINTS: dict[Trigger, str] = {
     "correction": "The user corrected the assistant's earlier reply. The lesson is what to do instead next time.",
@@ -140,15 +138,14 @@ def lesson_request(turn: FinishedTurn, trigger: Trigger) -> list[Message]:
     return [{"role": "system", "content": LESSON_INSTRUCTIONS}, {"role": "user", "content": user}]
 
 
-def continued_lesson_request(turn: FinishedTurn, trigger: Trigger, prefix: PromptPrefix) -> str:
-    """The instruction asking for the lesson of `turn` after the request it ended with (`prefix`, whose last
-    messages are the turn's)."""
-    first = prefix.messages[max(len(prefix.messages) - len(turn.messages), 0)]
-    text = (f"{LESSON_TASK} Look at the last turn of the conversation above: {describe(first)} and everything after "
-            f"it. {LESSON_RULES}\n{_what_happened(turn, trigger)}")
+def continued_lesson_request(turn: FinishedTurn, trigger: Trigger, after: Continuation) -> str:
+    """The instruction asking for the lesson of `turn` after the request it ended with (`after.part` names the
+    turn in it); it begins with LESSON_ROLE, as the own prompt does."""
+    text = f"{LESSON_ROLE} Look at {after.part}. {LESSON_RULES}\n{_what_happened(turn, trigger)}"
     earlier = (turn.earlier_reply or "").strip()
     if trigger == "correction" and earlier and not any(
-            m.get("role") == "assistant" and str(m.get("content") or "").strip() == earlier for m in prefix.messages):
+            m.get("role") == "assistant" and str(m.get("content") or "").strip() == earlier
+            for m in after.prefix.messages):
         if len(earlier) > EARLIER_REPLY_CHARS:
             earlier = earlier[:EARLIER_REPLY_CHARS] + " […]"
         text += f"\nThe earlier reply the user corrected (not shown above): {earlier}"
@@ -206,11 +203,11 @@ class Learner:
         self.skills = SkillDrafter(workspace)
         self._reviewed: LruCache[tuple[str, int], bool] = LruCache(REVIEWED_KEPT)
 
-    async def learn(self, turn: FinishedTurn, after: PromptPrefix | None = None) -> Learned:
+    async def learn(self, turn: FinishedTurn, after: Continuation | None = None) -> Learned:
         """Review `turn` once: draft and store its lesson if it taught one, then count it towards a skill draft.
 
-        `after`: the request the turn ended with; the lesson is asked after it (a prompt cache keeps the
-        conversation) instead of in a prompt of its own."""
+        `after`: the request the turn ended with, and the turn's place in it; the lesson is asked after it (a
+        prompt cache keeps the conversation) instead of in a prompt of its own."""
         if not self.workspace.policy.current().learning_enabled:
             return Learned(skipped="learning is off")
         seen = (turn.key, turn.user_id)
@@ -221,7 +218,7 @@ class Learner:
         draft = await self.skills.after_turn(turn, learned.lesson)
         return Learned(learned.trigger, learned.lesson, learned.outcome, draft, learned.skipped, learned.write)
 
-    async def _lesson(self, turn: FinishedTurn, after: PromptPrefix | None) -> Learned:
+    async def _lesson(self, turn: FinishedTurn, after: Continuation | None) -> Learned:
         trigger = trigger_of(turn)
         if trigger is None:
             return Learned()
@@ -231,11 +228,9 @@ class Learner:
             return self._nothing(turn, trigger, f"the daily cap of {policy.learning_daily_calls} drafting calls "
                                                 "is reached (learning_daily_calls)")
         try:
-            if after is not None:
-                reply = await after.ask(self.provider, continued_lesson_request(turn, trigger, after),
-                                        lesson_request(turn, trigger), max_tokens=MAX_ANSWER_TOKENS)
-            else:
-                reply = await self.provider.chat(lesson_request(turn, trigger), None, max_tokens=MAX_ANSWER_TOKENS)
+            reply = await ask_between_turns(self.provider, lesson_request(turn, trigger), after,
+                                            lambda after: continued_lesson_request(turn, trigger, after),
+                                            max_tokens=MAX_ANSWER_TOKENS)
         except ProviderError as exc:
             return self._nothing(turn, trigger, f"the model call failed: {exc}")
         if reply.usage is not None:

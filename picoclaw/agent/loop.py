@@ -39,7 +39,7 @@ from picoclaw.agent.budget import (
     reply_reserve,
     reply_tokens,
 )
-from picoclaw.agent.cache_prefix import Fold, LastRequests
+from picoclaw.agent.cache_prefix import LAST_REQUESTS_KEPT, LastRequests
 from picoclaw.agent.commands import (
     HELP,
     RECENT,
@@ -78,7 +78,6 @@ from picoclaw.config import CLOUD_DEFAULT_WINDOW
 from picoclaw.errors import ConfigError
 from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import (
-    AfterConversation,
     LongTermCompressor,
     MemoryWrite,
     Session,
@@ -98,10 +97,12 @@ from picoclaw.providers.base import (
     ChatReply,
     ContextWindow,
     ContextWindows,
+    Continuation,
     FixedWindow,
     Message,
     ProviderError,
     ToolCall,
+    ask_between_turns,
 )
 from picoclaw.storage import StorageError, StorageUnavailable, storage_for
 from picoclaw.tokens import count_tokens
@@ -180,7 +181,7 @@ class AgentLoop:
 
     def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry, *,
                  session_cache_size: int = SESSION_CACHE_SIZE, status: Callable[[], list[str]] | None = None,
-                 windows: ContextWindows | None = None):
+                 windows: ContextWindows | None = None, continue_background: bool = False):
         self.workspace = workspace
         self.provider = provider
         # The model's context window (providers: asked of the server); None: config.json's number as it stands
@@ -210,8 +211,9 @@ class AgentLoop:
             session_cache_size, keep=lambda key: self._locks.busy(key) or key in self._summarizing,
             on_evict=self._forget)
         self._background: set[asyncio.Task[None]] = set()
-        # Each session's last request as sent: background calls ask after it (agent/cache_prefix.py).
-        self.last_requests = LastRequests(session_cache_size)
+        # Each session's last request as sent: background calls ask after it (agent/cache_prefix.py), when the model
+        # is served locally (`continue_background`, app.py); else nothing is kept and they use their own prompts.
+        self.last_requests = LastRequests(min(session_cache_size, LAST_REQUESTS_KEPT) if continue_background else 0)
 
     # -- sessions ----------------------------------------------------------------------------------
 
@@ -410,6 +412,7 @@ class AgentLoop:
             final = (f"I stopped after {defaults.max_tool_iterations} tool steps without finishing. "
                      "Tell me to go on if you want me to continue.")
             turn.append(StoredMessage(0, {"role": "assistant", "content": final}))
+            messages.append({"role": "assistant", "content": final})  # as `turn` ends (cache_prefix.for_turn)
             if on_text is not None:
                 await on_text(final)
         await self._append(session, turn)
@@ -616,9 +619,8 @@ class AgentLoop:
             return
         async with self._alone(f"reflection:{key}") as ours:
             if ours:  # looked at again, brought up to date: another worker may have just reflected on it
-                remembered = self.last_requests.get(key)
                 await self.reflector.maybe_reflect(self.sessions, await self.session(key),
-                                                   remembered.prefix if remembered is not None else None)
+                                                   lambda stored: self.last_requests.for_newest(key, stored))
 
     @asynccontextmanager
     async def _alone(self, work: str) -> AsyncIterator[bool]:
@@ -667,13 +669,13 @@ class AgentLoop:
             tokens = sum(count_tokens(str(m.message.get("content") or "")) for m in active)
         return tokens > self.window.tokens * policy.session_summary_token_percent / 100
 
-    async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Fold | None = None) -> None:
+    async def _flush(self, key: str, messages: list[Message], receipts: Receipts,
+                     fold: Continuation | None = None) -> None:
         """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
         was written; never raises. `fold`: ask after the conversation's last request, which carries them."""
-        after = AfterConversation(fold.prefix, fold.part, fold.earlier) if fold is not None else None
         try:
             result = await flush_facts(self.provider, self.workspace.store, render_transcript(messages),
-                                       user_texts(messages), session=key, after=after)
+                                       user_texts(messages), session=key, after=fold)
         except Exception:  # a bug here must not cost the summary
             log.exception("session %s: memory flush failed", key)
             return
@@ -718,11 +720,8 @@ class AgentLoop:
                 await self._flush(key, [m.message for m in folded], receipts, fold)
             try:
                 own = summary_request(session.summary, [m.message for m in folded])
-                if fold is not None:
-                    reply = await fold.prefix.ask(self.provider, continued_summary_request(
-                        fold.part, fold.earlier, session.summary, fold.summary_shown), own)
-                else:
-                    reply = await self.provider.chat(own, None)
+                reply = await ask_between_turns(self.provider, own, fold,
+                                                lambda after: continued_summary_request(after, session.summary))
             except ProviderError as exc:
                 log.warning("session %s: summary failed (%s); history kept as it was", key, exc)
                 self._back_off(key, session, policy)

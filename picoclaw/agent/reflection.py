@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from picoclaw.agent.cache_prefix import describe
 from picoclaw.agent.summary import render_transcript
 from picoclaw.memory import (
     REFLECTION,
@@ -27,7 +27,7 @@ from picoclaw.memory import (
     suggest_policy_change,
 )
 from picoclaw.policy_schema import MemoryPolicy
-from picoclaw.providers.base import ChatProvider, Message, PromptPrefix
+from picoclaw.providers.base import ChatProvider, Continuation, Message
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +64,6 @@ def reflection_due(policy: MemoryPolicy, session: Session) -> bool:
     return policy.evolution_enabled and session.messages_since_reflection() >= policy.evolution_interval_messages
 
 
-def newest_part(prefix: PromptPrefix | None, stored: list[StoredMessage]) -> tuple[PromptPrefix, str] | None:
-    """`prefix` and the words naming `stored` in it, when the request ends with exactly those messages as sent."""
-    if prefix is None or not stored or len(stored) >= len(prefix.messages):
-        return None
-    tail = list(prefix.messages[-len(stored):])
-    if tail != [m.as_sent() for m in stored]:
-        return None
-    return prefix, f"the newest part of the conversation above: from {describe(tail[0])} to the end"
-
-
 def recent_transcript(messages: list[Message]) -> str:
     """The conversation as text for the model, cut to its newest TRANSCRIPT_CHARS characters."""
     transcript = render_transcript(messages)
@@ -88,22 +78,23 @@ class Reflector:
         self.provider = provider
 
     async def maybe_reflect(self, sessions: SessionStore, session: Session,
-                            after: PromptPrefix | None = None) -> ReflectionOutcome | None:
-        """Reflect on the session's messages since the last reflection, if due; else None. `after`: the session's
-        last request; when it ends with those messages, the reflection is asked after it (agent/cache_prefix.py)."""
+                            after: Callable[[list[StoredMessage]], Continuation | None] = lambda stored: None
+                            ) -> ReflectionOutcome | None:
+        """Reflect on the session's messages since the last reflection, if due; else None. `after(stored)`: how to
+        ask about those messages after the session's last request, if they end it (agent/cache_prefix.py)."""
         if not reflection_due(self.policy.current(), session):
             return None
         stored = [m for m in session.messages if m.id > session.reflected_through]
         # Recorded before the model call: a turn ending meanwhile does not start a second reflection, and
         # a failing model is asked once per interval, not after every turn.
         await asyncio.to_thread(sessions.add_reflection, session, session.last_id)
-        return await self.reflect(session.key, [m.message for m in stored], newest_part(after, stored))
+        return await self.reflect(session.key, [m.message for m in stored], after(stored))
 
     async def reflect(self, session_key: str, messages: list[Message],
-                      after: tuple[PromptPrefix, str] | None = None) -> ReflectionOutcome:
+                      after: Continuation | None = None) -> ReflectionOutcome:
         """Ask for a suggestion about `messages` and apply it if it is valid; what came of it is kept as the
         last reflection's outcome (memory/job_outcomes.py), a reflection that changed nothing too. `after`: a
-        request ending with `messages`, and which part of it they are, to ask after."""
+        request ending with `messages` to ask after, and which part of it they are."""
         try:
             outcome = await self._reflect(session_key, messages, after)
         except Exception as exc:
@@ -117,11 +108,10 @@ class Reflector:
         record_outcome(self.policy.memory_dir, REFLECTION, status, f"session {session_key}: {detail}")
 
     async def _reflect(self, session_key: str, messages: list[Message],
-                       after: tuple[PromptPrefix, str] | None) -> ReflectionOutcome:
+                       after: Continuation | None) -> ReflectionOutcome:
         try:
             suggestion = await suggest_policy_change(
-                self.provider, self.policy, recent_transcript(messages), after=after[0] if after else None,
-                part=after[1] if after else "")
+                self.provider, self.policy, recent_transcript(messages), after=after)
         except SuggestionError as exc:
             return self._refused(session_key, str(exc))
         if not suggestion.changes:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from picoclaw.memory import UNDELIVERED
-from picoclaw.providers.base import Message
+from picoclaw.providers.base import Continuation, Message
 
 SECTIONS = ("Goal", "Constraints and preferences", "Progress", "Key decisions", "Next steps", "Key context")
 # Models writing in Chinese often translate the headings; these are seed 001's names for the sections.
@@ -97,17 +97,15 @@ def summary_request(previous: str | None, messages: list[Message]) -> list[Messa
     return [{"role": "system", "content": SUMMARY_INSTRUCTIONS}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def continued_summary_request(part: str, earlier: str, previous: str | None, previous_shown: bool) -> str:
-    """The instruction asking, after the conversation's last request, for a summary of `part` of it (`earlier`: the
-    transcript of that part's messages the request did not carry); `previous` the earlier summary, in the request's
-    system message when `previous_shown`."""
-    scope = part + (", together with the summary of the earlier conversation in the system message"
-                    if previous and previous_shown else "")
+def continued_summary_request(after: Continuation, previous: str | None) -> str:
+    """The instruction asking, after the conversation's last request, for a summary of `after.part` of it (with
+    `after.earlier`, that part's messages the request did not carry); `previous`, the earlier summary, is in the
+    request's system message (cache_prefix.py continues only then)."""
+    scope = after.part + (", together with the summary of the earlier conversation in the system message"
+                          if previous and after.summary_shown else "")
     lines = [f"{SUMMARY_TASK} Summarise {scope}. {UNSEEN} {SUMMARY_FORMAT}"]
-    if previous and not previous_shown:
-        lines.append(f"Summary of the conversation before this part:\n{previous.strip()}")
-    if earlier:
-        lines.append(f"Earlier messages of that part, not shown above:\n{earlier}")
+    if after.earlier:
+        lines.append(f"Earlier messages of that part, not shown above:\n{after.earlier}")
     return "\n\n".join(lines)
 
 

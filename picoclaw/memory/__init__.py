@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         models_entry,
     )
     from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
-    from picoclaw.memory.flush import AfterConversation, flush_facts
+    from picoclaw.memory.flush import flush_facts
     from picoclaw.memory.flush_counts import FlushCounts, FlushTally
     from picoclaw.memory.grounding import (
         UNGROUNDED,
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.workspace import Workspace
 
 __all__ = [
-    "AfterConversation", "BACKUPS_DIR", "Block", "COMPRESSION", "CompressionResult", "DEFAULT_LOCAL_MODEL",
+    "BACKUPS_DIR", "Block", "COMPRESSION", "CompressionResult", "DEFAULT_LOCAL_MODEL",
     "DailyNote", "E5Embedder",
     "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "FlushCounts", "FlushTally", "Hit", "IndexStatus",
     "IndexedSearch", "InjectedMemory", "JobOutcome", "KeywordSearch", "Known", "LEARNINGS", "LOCAL", "LONG_TERM",
@@ -103,7 +103,7 @@ _HOMES = {
     "picoclaw.memory.entries": ("SUPERSEDED", "LongTermEntry", "demote_headings", "entry_version", "is_superseded",
                                 "long_term_entries", "models_entry"),
     "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
-    "picoclaw.memory.flush": ("AfterConversation", "flush_facts"),
+    "picoclaw.memory.flush": ("flush_facts",),
     "picoclaw.memory.flush_counts": ("FlushCounts", "FlushTally"),
     "picoclaw.memory.grounding": ("UNGROUNDED", "Known", "Said", "added_text", "check", "grounded", "not_a_fact",
                                   "same_words", "sources_changed", "user_texts"),

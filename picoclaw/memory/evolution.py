@@ -15,7 +15,7 @@ from typing import Any
 from picoclaw.errors import PicoclawError
 from picoclaw.memory.policy import PolicyError, PolicyManager
 from picoclaw.policy_schema import TUNABLE_KEYS, USER_ONLY, MemoryPolicy
-from picoclaw.providers.base import ChatProvider, Message, PromptPrefix, ProviderError
+from picoclaw.providers.base import ChatProvider, Continuation, Message, ProviderError, ask_between_turns
 from picoclaw.pydantic_errors import bounds_of
 
 REASON_KEY = "reason"
@@ -35,9 +35,6 @@ REFLECTION_RULES = (
 )
 INSTRUCTIONS = (f"{REFLECTION_ROLE} You get the policy keys you may change (current value, allowed range, meaning) "
                 f"and a recent conversation. {REFLECTION_RULES}")
-# How a reflection asked after the conversation's own last request begins (agent/cache_prefix.py): a single-slot
-# local server then keeps the conversation in its prompt cache.
-REFLECTION_TASK = REFLECTION_ROLE
 
 
 class SuggestionError(PicoclawError):
@@ -70,9 +67,10 @@ def reflection_request(policy: MemoryPolicy, transcript: str) -> list[Message]:
                                         f"Recent conversation:\n{transcript}"}]
 
 
-def continued_reflection_request(policy: MemoryPolicy, part: str) -> str:
-    """The instruction asking, after the conversation's last request, for a policy suggestion about `part` of it."""
-    return (f"{REFLECTION_TASK} Judge {part}. {REFLECTION_RULES}\n\nPolicy keys you may change:\n"
+def continued_reflection_request(policy: MemoryPolicy, after: Continuation) -> str:
+    """The instruction asking, after the conversation's last request, for a policy suggestion about `after.part` of
+    it; it begins with REFLECTION_ROLE, as the own prompt does."""
+    return (f"{REFLECTION_ROLE} Judge {after.part}. {REFLECTION_RULES}\n\nPolicy keys you may change:\n"
             f"{key_guide(policy)}")
 
 
@@ -119,17 +117,15 @@ def validate_suggestion(raw: dict[str, Any], manager: PolicyManager) -> Suggesti
 
 
 async def suggest_policy_change(provider: ChatProvider, manager: PolicyManager, transcript: str, *,
-                                after: PromptPrefix | None = None, part: str = "") -> Suggestion:
+                                after: Continuation | None = None) -> Suggestion:
     """The model's validated suggestion for the policy in force; SuggestionError (nothing to apply) otherwise.
 
-    `after`: ask after the conversation's last request, which carries the conversation (`part` says which of it
-    to judge), instead of sending `transcript` in a prompt of its own."""
+    `after`: ask after the conversation's last request, which carries the conversation (`after.part` says which of
+    it to judge), instead of sending `transcript` in a prompt of its own."""
+    policy = manager.current()
     try:
-        if after is not None:
-            reply = await after.ask(provider, continued_reflection_request(manager.current(), part),
-                                    reflection_request(manager.current(), transcript))
-        else:
-            reply = await provider.chat(reflection_request(manager.current(), transcript), None)
+        reply = await ask_between_turns(provider, reflection_request(policy, transcript), after,
+                                        lambda after: continued_reflection_request(policy, after))
     except ProviderError as exc:
         raise SuggestionError(f"the model call failed: {exc}") from None
     return validate_suggestion(parse_suggestion(reply.content), manager)

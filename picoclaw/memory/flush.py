@@ -26,7 +26,7 @@ from picoclaw.memory.flush_counts import FlushCounts, FlushTally
 from picoclaw.memory.grounding import Known, Said, check
 from picoclaw.memory.receipts import LONG_TERM, MemoryWrite
 from picoclaw.memory.store import MemoryStore
-from picoclaw.providers.base import ChatProvider, Message, PromptPrefix, ProviderError
+from picoclaw.providers.base import ChatProvider, Continuation, Message, ProviderError, ask_between_turns
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,6 @@ FLUSH_RULES = (
     "to you."
 )
 FLUSH_INSTRUCTIONS = f"{FLUSH_ROLE} From the conversation below, {FLUSH_RULES}"
-# How a flush asked after the conversation's own last request begins (agent/cache_prefix.py): a single-slot local
-# server then keeps the conversation in its prompt cache.
-FLUSH_TASK = FLUSH_ROLE
 NOT_CONTEXT = ("The <context> blocks in front of the user's messages are memory picoclaw already holds, not something "
                "the user said: take nothing from them.")
 
@@ -91,11 +88,12 @@ def flush_request(transcript: str) -> list[Message]:
             {"role": "user", "content": f"Conversation:\n{transcript}"}]
 
 
-def continued_flush_request(part: str, earlier: str) -> str:
-    """The instruction asking, after the conversation's last request, for the lasting facts of `part` of it
-    (`earlier`: the transcript of that part's messages the request did not carry)."""
-    text = f"{FLUSH_TASK} From {part}, {FLUSH_RULES} {NOT_CONTEXT}"
-    return f"{text}\n\nEarlier messages of that part, not shown above:\n{earlier}" if earlier else text
+def continued_flush_request(after: Continuation) -> str:
+    """The instruction asking, after the conversation's last request, for the lasting facts of `after.part` of it
+    (with `after.earlier`, that part's messages the request did not carry). It begins with FLUSH_ROLE, as the own
+    prompt does."""
+    text = f"{FLUSH_ROLE} From {after.part}, {FLUSH_RULES} {NOT_CONTEXT}"
+    return f"{text}\n\nEarlier messages of that part, not shown above:\n{after.earlier}" if after.earlier else text
 
 
 def parse_facts(answer: str | None) -> list[str]:
@@ -117,18 +115,8 @@ def parse_facts(answer: str | None) -> list[str]:
     return facts[:MAX_FACTS] if len(facts) * 2 >= len(lines) else []
 
 
-@dataclass(frozen=True)
-class AfterConversation:
-    """Where a flush is asked after the conversation's last request: `prefix` that request, `part` which of its
-    messages to read (said for the model), `earlier` the transcript of that part's messages it did not carry."""
-
-    prefix: PromptPrefix
-    part: str
-    earlier: str = ""
-
-
 async def flush_facts(provider: ChatProvider, store: MemoryStore, transcript: str, said: Sequence[str] = (), *,
-                      session: str | None = None, after: AfterConversation | None = None) -> FlushResult:
+                      session: str | None = None, after: Continuation | None = None) -> FlushResult:
     """Ask for the lasting facts of `transcript` and append to MEMORY.md, each as an entry, those grounded in
     `said` (the user's own messages in that part, memory/grounding.py) that it does not hold yet.
 
@@ -140,17 +128,13 @@ async def flush_facts(provider: ChatProvider, store: MemoryStore, transcript: st
 
 
 async def _flush(provider: ChatProvider, store: MemoryStore, transcript: str, said: Sequence[str],
-                 session: str | None, after: AfterConversation | None) -> FlushResult:
+                 session: str | None, after: Continuation | None) -> FlushResult:
     result = FlushResult(session=session)
     if not transcript.strip():
         result.refused = "nothing to read"
         return result
     try:
-        if after is not None:
-            reply = await after.prefix.ask(provider, continued_flush_request(after.part, after.earlier),
-                                           flush_request(transcript))
-        else:
-            reply = await provider.chat(flush_request(transcript), None)
+        reply = await ask_between_turns(provider, flush_request(transcript), after, continued_flush_request)
     except ProviderError as exc:
         result.refused = f"the model call failed: {exc}"
         return result

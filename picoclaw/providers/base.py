@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -133,7 +134,9 @@ class PromptPrefix:
     what a single-slot local server holds in its prompt cache after the turn.
 
     A background call between turns asks `then(...)`: the same messages and tools, its own instruction as a final
-    user message, so the server reads only that instruction (and the next turn finds the conversation still cached).
+    user message, so the server reads only that instruction when the prefix is still cached (and the next turn
+    finds the conversation there too). A turn whose reply came empty was last asked again without tools: the server
+    last read that retry, not the prefix, so the first background call after it reads the conversation once more.
     """
 
     messages: tuple[Message, ...]
@@ -143,22 +146,67 @@ class PromptPrefix:
         """The prefix's messages followed by `instruction` as a user message (after the BETWEEN_TURNS line)."""
         return [*self.messages, {"role": "user", "content": f"{BETWEEN_TURNS}\n{instruction}"}]
 
-    async def ask(self, provider: ChatProvider, instruction: str, own: list[Message], *,
-                  max_tokens: int | None = None) -> ChatReply:
-        """`instruction` asked after the prefix, with the conversation's tools offered and none to be called: a
-        server that renders the tools into the prompt (llama.cpp, Qwen's template) sees the same bytes first.
 
-        The conversation filled the window up to its reply's share; with the reply and the instruction after it
-        the request may not fit: then `own`, the job's request of its own (shorter: only what it must read), is
-        sent instead, without tools."""
+@dataclass(frozen=True)
+class Continuation:
+    """Where a background job (summary, flush, lesson, reflection) is asked after the conversation's last request:
+    `prefix` that request, `part` which of its messages the job is about (said for the model), `earlier` the
+    transcript of that part's messages the request did not carry, `summary_shown` whether the session's summary
+    is in its system message."""
+
+    prefix: PromptPrefix
+    part: str
+    earlier: str = ""
+    summary_shown: bool = False
+
+
+# The start of a reply that is a tool call written as text (agent/text_tool_calls.py reads them in full; this
+# layer only needs to know that the answer is no job's answer): `<tool_call>`, `functions.NAME`, a call object.
+_CALL_TEXT = re.compile(r"\A(?:```[a-z]*\s*)?(?:<response>\s*)?(?:<tool_call>|<tools>|functions\.[\w-]+"
+                        r"|\{+\s*\"name\"\s*:)", re.IGNORECASE)
+_CALL_SYNTAX = re.compile(r"\A(?:```[a-z]*\s*)?([A-Za-z_][\w-]*)\s*\(")
+
+
+def tool_names(schemas: Sequence[dict[str, Any]]) -> set[str]:
+    """The names of the tools in OpenAI tool schemas."""
+    return {str(schema.get("function", {}).get("name")) for schema in schemas}
+
+
+def is_call_not_answer(reply: ChatReply, offered: set[str]) -> bool:
+    """Whether a background call's `reply` is no answer to its job: empty, a tool call, or a call written as text
+    (`<tool_call>`, `functions.NAME`, a `{"name": …}` object, or `NAME(` of a tool in `offered`)."""
+    content = (reply.content or "").strip()
+    if reply.tool_calls or not content or _CALL_TEXT.match(content):
+        return True
+    syntax = _CALL_SYNTAX.match(content)
+    return syntax is not None and syntax.group(1) in offered
+
+
+async def ask_between_turns(provider: ChatProvider, own: list[Message], after: Continuation | None,
+                            instruction: Callable[[Continuation], str], *,
+                            max_tokens: int | None = None) -> ChatReply:
+    """A background job's answer: asked after the conversation's last request when `after` is given (its tools
+    offered, tool_choice "none", `instruction(after)` at the end), else in `own`, its request of its own.
+
+    The continued shape falls back to `own` (without tools, one log line) when it fails: the request no longer
+    fits the window; the server refuses it (HTTP 4xx: some refuse tool_choice "none", and the provider then
+    stops sending it); or the reply is empty or a tool call (tool_choice "none" is ignored by llama-cpp-python's
+    stock chat format and by Ollama, and a small model answers a fact with memory_append)."""
+    if after is not None:
+        prefix = after.prefix
         try:
-            return await provider.chat(self.then(instruction), list(self.tools) or None, max_tokens=max_tokens,
-                                       tool_choice="none")
+            reply = await provider.chat(prefix.then(instruction(after)), list(prefix.tools) or None,
+                                        max_tokens=max_tokens, tool_choice="none")
         except ProviderError as exc:
-            if exc.kind != "context_too_long":
+            if exc.kind not in ("context_too_long", "bad_response"):
                 raise
-            log.info("a background call after the conversation is too long for the model (%s); asking it alone", exc)
-        return await provider.chat(own, None, max_tokens=max_tokens)
+            log.info("a background call after the conversation failed (%s); asking it in its own prompt", exc)
+        else:
+            if not is_call_not_answer(reply, tool_names(prefix.tools)):
+                return reply
+            log.info("a background call after the conversation was answered with %s; asking it in its own prompt",
+                     "a tool call" if reply.tool_calls or (reply.content or "").strip() else "nothing")
+    return await provider.chat(own, None, max_tokens=max_tokens)
 
 
 class ChatProvider(Protocol):

@@ -94,6 +94,10 @@ class OpenAICompatProvider:
         # Set once a streamed request was refused and the same request then worked without streaming:
         # later calls go straight to the plain request instead of paying for the refusal every turn.
         self._streaming_refused = False
+        # Set once the server refused a request with tool_choice "none" (HTTP 4xx; some vLLM versions accept only
+        # "auto" or a named tool): later requests leave tool_choice out, and the background call that asked for
+        # "none" reads a tool call in its answer as a failure (providers/base.py `ask_between_turns`).
+        self._choice_none_refused = False
         self.last_usage: Usage | None = None
         self.total_usage = Usage(prompt_tokens=0, completion_tokens=0)
         self.calls = 0  # chat calls that returned a reply
@@ -134,7 +138,7 @@ class OpenAICompatProvider:
         body: dict[str, Any] = {
             "model": self.model, "temperature": self.temperature,
             "max_tokens": max_tokens if max_tokens is not None else self.max_tokens,
-            **({"tools": tools, "tool_choice": tool_choice} if tools else {}),
+            **({"tools": tools, **self._tool_choice(tool_choice)} if tools else {}),
             "messages": messages,
         }
         try:
@@ -146,12 +150,21 @@ class OpenAICompatProvider:
         except ProviderError:
             raise
         except Exception as exc:
-            raise self._sorted(exc) from exc
+            error = self._sorted(exc)
+            if error.kind == "bad_response" and body.get("tool_choice") == "none" and _is_status_4xx(exc):
+                log.info("provider %s refused tool_choice \"none\" (%s); later requests leave it out", self.name,
+                         error)
+                self._choice_none_refused = True
+            raise error from exc
         self.calls += 1
         self.last_usage = reply.usage
         if reply.usage is not None:
             self.total_usage = added_usage(self.total_usage, reply.usage)
         return reply
+
+    def _tool_choice(self, choice: ToolChoice) -> dict[str, Any]:
+        """The request's tool_choice field: none once this server refused "none" (see `_choice_none_refused`)."""
+        return {} if choice == "none" and self._choice_none_refused else {"tool_choice": choice}
 
     async def embed(self, texts: list[str], model: str, dimensions: int | None = None) -> list[list[float]]:
         """One vector per text, in order."""
@@ -432,3 +445,8 @@ async def _deliver(on_text: TextSink, piece: str) -> None:
         await on_text(piece)
     except Exception as exc:
         raise _SinkFailed(exc) from exc
+
+
+def _is_status_4xx(exc: Exception) -> bool:
+    """An HTTP 4xx answer: the server refused the request as such (not a failure a retry would mend)."""
+    return isinstance(exc, openai.APIStatusError) and 400 <= exc.status_code < 500
