@@ -23,6 +23,8 @@ from picoclaw.agent.empty_reply import (
     EmptyAnswer,
     is_empty,
     plain_request,
+    previous_answer,
+    repeats_last_answer,
     repeats_last_call,
     with_results_in_view,
 )
@@ -151,6 +153,119 @@ def test_an_empty_answer_is_asked_again_without_tools_and_that_answer_is_the_rep
         assert pieces[0] == answer[:len(pieces[0])] and pieces[0].strip()  # no white space of the empty one first
     assert stored(workspace) == [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     assert tools == []
+
+
+# The previous turn's answer, given again word for word to another message: Qwen2.5-Coder-1.5B on llama-cpp-python
+# (2026-11-28, a 4096-token window) answered this to eight different messages in a row after saving the first.
+SAVED = "I've saved your message to today's daily note."
+ECHOES = {
+    "english": ("Hi, I'm Mara and I work night shifts.", "What is my car's plate number?", "Your plate is 42-XR-17."),
+    "chinese": ("我叫玛拉，我上夜班。", "我的车牌号是多少？", "你的车牌号是 42-XR-17。"),
+}
+
+
+@streaming
+@pytest.mark.parametrize("language", ECHOES)
+def test_the_previous_answer_again_to_another_message_is_asked_again_and_never_shown(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool, language: str) -> None:
+    first, question, answer = ECHOES[language]
+    fake_openai.reply_text(SAVED)
+    turn(workspace, fake_openai, first, streamed=False)
+    fake_openai.reply_text(SAVED.upper())  # the echo (case aside)
+    fake_openai.reply_text(answer)  # the plain try: the user's message alone
+
+    reply, pieces, _ = turn(workspace, fake_openai, question, streamed=streamed)
+
+    assert reply == Reply(answer)
+    *_, asked, plain = fake_openai.chat_requests()
+    assert asked["tools"] and "tools" not in plain
+    assert [m["role"] for m in plain["messages"]] == ["system", "user"]
+    if streamed:
+        assert "".join(pieces) == answer  # the echo was not shown
+    assert stored(workspace)[-1] == {"role": "assistant", "content": answer}
+
+
+@streaming
+def test_an_echo_whose_plain_try_is_empty_or_the_same_is_the_answer(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, streamed: bool) -> None:
+    first, question, _ = ECHOES["chinese"]
+    fake_openai.reply_text(SAVED)
+    turn(workspace, fake_openai, first, streamed=False)
+    for plain in ("", SAVED):  # nothing to the message alone; the same answer to it: meant
+        fake_openai.reply_text(SAVED)
+        fake_openai.reply_text(plain)
+        reply, pieces, _ = turn(workspace, fake_openai, f"{question} {plain}", streamed=streamed)
+        assert reply == Reply(SAVED)
+        if streamed:
+            assert "".join(pieces) == SAVED  # shown once, after the try
+    assert len(fake_openai.chat_requests()) == 5
+
+
+def test_an_answer_after_this_turns_tools_is_no_echo(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_text(SAVED)
+    turn(workspace, fake_openai, ECHOES["english"][0], streamed=False)
+    fake_openai.reply_tool_calls([("memory_search", {"query": "plate"})])
+    fake_openai.reply_text(SAVED)  # from what the search returned: no echo of history
+    assert turn(workspace, fake_openai, ECHOES["english"][1], streamed=True)[0] == Reply(SAVED)
+    assert len(fake_openai.chat_requests()) == 3
+
+
+@pytest.mark.parametrize("language", ECHOES)
+def test_the_same_answer_to_the_same_message_or_a_short_one_is_no_echo(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, language: str) -> None:
+    first, _, _ = ECHOES[language]
+    fake_openai.reply_text(SAVED)
+    turn(workspace, fake_openai, first, streamed=False)
+    fake_openai.reply_text(SAVED)
+    reply, _, _ = turn(workspace, fake_openai, first, streamed=True)  # the same message again: the same answer
+    assert reply == Reply(SAVED) and len(fake_openai.chat_requests()) == 2
+
+    short = "好的。" if language == "chinese" else "You're welcome!"
+    for text in ("thanks", "great"):
+        fake_openai.reply_text(short)
+        assert turn(workspace, fake_openai, text, streamed=True)[0] == Reply(short)
+    assert len(fake_openai.chat_requests()) == 4
+
+
+def test_previous_answer_and_repeats_last_answer() -> None:
+    system = {"role": "system", "content": "s"}
+    user = {"role": "user", "content": "<context>\n<time>2026-11-28 05:40</time>\n</context>\n\nHi"}
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "memory_search", "arguments": "{}"}}]}
+    result = {"role": "tool", "tool_call_id": "c", "content": "x"}
+    answered = [system, user, call, result, {"role": "assistant", "content": SAVED}]
+    now = {"role": "user", "content": "What is my plate?"}
+    assert previous_answer([*answered, now]) == SAVED
+    assert previous_answer([system, user, call, result, now]) is None  # that turn ended in no answer
+    assert previous_answer([system, now]) is None
+    assert repeats_last_answer([*answered, now], ChatReply(f"  {SAVED.lower()}\n"))
+    assert not repeats_last_answer([*answered, now], ChatReply("Your plate is 42-XR-17."))
+    assert not repeats_last_answer([*answered, now], ChatReply(SAVED, [ToolCall("d", "memory_search", "{}")]))
+    again = {"role": "user", "content": "<context>\n<time>2026-11-28 05:41</time>\n</context>\n\nHi"}
+    assert not repeats_last_answer([*answered, again], ChatReply(SAVED))  # the same message, its time aside
+
+
+def test_the_stream_gate_holds_the_previous_answers_start_until_it_differs() -> None:
+    shown: list[str] = []
+
+    async def sink(text: str) -> None:
+        shown.append(text)
+
+    async def run() -> None:
+        gate = StreamGate(sink, previous=SAVED)
+        for piece in ("I've saved ", "your message ", "to your car's notes."):
+            await gate.feed(piece)
+        await gate.finish(was_call=False)
+        assert "".join(shown) == "I've saved your message to your car's notes." and len(shown) == 1
+        shown.clear()
+        gate = StreamGate(sink, previous=SAVED)
+        for piece in ("I've saved ", "your message ", "to today's daily note."):
+            await gate.feed(piece)
+        assert shown == []  # all of it may still be the previous answer: nothing shown while it is
+        await gate.finish(was_call=True)  # the loop found the echo: asked again, never shown
+        assert shown == []
+
+    asyncio.run(run())
 
 
 def test_an_answer_with_content_null_is_asked_again(workspace: Workspace) -> None:

@@ -10,7 +10,12 @@ Rules (pure functions here; the loop makes the calls):
    step before it in this turn, name for name and argument for argument (`repeats_last_call`). A repeated call
    is never run: its results are already in view, and a small model that repeats a call loops on it. A call
    whose result was an error (tools' ERROR_PREFIX: a web_fetch that timed out) is no repeat: trying it again is
-   what the model should do, and it runs (bounded, as every step, by max_tool_iterations).
+   what the model should do, and it runs (bounded, as every step, by max_tool_iterations). So does an answer
+   that repeats the previous turn's answer word for word to a different message, with no tool result in between
+   (`repeats_last_answer`): a small model echoing its own history (Qwen2.5-Coder-1.5B answered "I've saved your
+   message to today's daily note." to eight different questions in a row). It gets the plain try only (rule 2),
+   whose answer is taken even if it is the same (then it was meant), and the repeat itself when that try is empty.
+   While it streams, such an answer is held back until it differs from the previous one (agent/streaming.py).
 2. The tries (`retry_requests`), each without tools: first the turn as it stands, with what its tools returned
    written out after the user's message, so the model answers from them (`with_results_in_view`; the prompt cache
    keeps the part before that message only where the chat template ignores the tools); then plainly,
@@ -30,6 +35,7 @@ import json
 import re
 from typing import Any
 
+from picoclaw.memory import user_texts
 from picoclaw.providers.base import ChatReply, Message, ProviderError
 from picoclaw.tools import ERROR_PREFIX
 
@@ -84,6 +90,43 @@ def repeats_last_call(messages: list[Message], reply: ChatReply) -> bool:
     now = [(call.name, call.arguments) for call in reply.tool_calls]
     return [(name, _same_json(arguments)) for name, arguments in before] == [
         (name, _same_json(arguments)) for name, arguments in now]
+
+
+# Shorter answers may well be the same twice ("You're welcome!", "好的。"): only a longer one is taken for an echo.
+MIN_REPEAT_CHARS = 20
+
+
+def previous_answer(messages: list[Message]) -> str | None:
+    """The answer that ended the turn before this one, if that turn ended in one."""
+    start = _turn_start(messages)
+    for message in reversed(messages[:start]):
+        if message.get("role") == "user":
+            return None
+        if message.get("role") == "assistant" and not message.get("tool_calls"):
+            return str(message.get("content") or "") or None
+    return None
+
+
+def repeats_last_answer(messages: list[Message], reply: ChatReply) -> bool:
+    """Whether `reply` is the previous turn's answer again, word for word, to a message that is not the
+    previous message again (rule 1)."""
+    previous = previous_answer(messages)
+    start = _turn_start(messages)
+    if reply.tool_calls or previous is None or any(m.get("role") == "tool" for m in messages[start + 1:]):
+        return False  # an answer from this turn's tool results is no echo of history
+    answer = same_words(reply.content or "")
+    if len(answer) < MIN_REPEAT_CHARS or answer != same_words(previous):
+        return False
+    before = max((i for i, m in enumerate(messages[:start]) if m.get("role") == "user"), default=None)
+    if before is None:
+        return True
+    now, then = user_texts([messages[start], messages[before]])
+    return same_words(now) != same_words(then)
+
+
+def same_words(text: str) -> str:
+    """`text` with its white space collapsed and its case folded: how two answers are compared."""
+    return " ".join(text.split()).casefold()
 
 
 def retry_requests(messages: list[Message]) -> list[list[Message]]:

@@ -56,7 +56,16 @@ from picoclaw.agent.commands import (
 )
 from picoclaw.agent.context import BuiltContext, ContextBuilder, RequestShape
 from picoclaw.agent.context_echo import without_context_echo
-from picoclaw.agent.empty_reply import EmptyAnswer, is_answer, is_empty, repeats_last_call, retry_requests
+from picoclaw.agent.empty_reply import (
+    EmptyAnswer,
+    is_answer,
+    is_empty,
+    plain_request,
+    previous_answer,
+    repeats_last_answer,
+    repeats_last_call,
+    retry_requests,
+)
 from picoclaw.agent.history import keep_last, safe_start
 from picoclaw.agent.lessons import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
@@ -387,7 +396,8 @@ class AgentLoop:
                     reply = await self._ask(messages, schemas, on_text, max_tokens)
                 if is_empty(reply) and not ask_again:
                     raise EmptyAnswer(asked_again=False)
-                if is_empty(reply) or repeats_last_call(messages, reply):
+                if (is_empty(reply) or repeats_last_call(messages, reply)
+                        or (ask_again and repeats_last_answer(messages, reply))):  # a heartbeat may say it again
                     reply = await self._ask_again(key, messages, reply, on_text, max_tokens)
                 assistant = clean_message(reply.as_message())
                 messages.append(assistant)
@@ -517,7 +527,16 @@ class AgentLoop:
     async def _ask_again(self, key: str, messages: list[Message], reply: ChatReply, on_text: TextSink | None,
                          max_tokens: int | None = None) -> ChatReply:
         """The answer after an empty reply or a repeated tool call (agent/empty_reply.py): asked without tools, the
-        turn's tool results in view, then plainly; EmptyAnswer when both come back empty too."""
+        turn's tool results in view, then plainly; EmptyAnswer when both come back empty too. After the previous
+        answer given again: the plain try alone, and that answer (held back, not yet shown) when the try is empty."""
+        if repeats_last_answer(messages, reply):
+            log.info("session %s: the model gave the previous turn's answer again; asking with the message alone", key)
+            again = await self._ask(plain_request(messages), [], on_text, max_tokens, conversation=[])
+            if is_answer(again):  # the same answer once more, to the message alone, was meant: taken as it is
+                return replace(again, usage=reply.usage or again.usage)
+            if on_text is not None:
+                await on_text(reply.content or "")
+            return reply
         why = "repeated its last tool call" if reply.tool_calls else "returned an empty answer"
         if on_text is not None and reply.tool_calls and (reply.content or "").strip():
             # The text beside the repeated call was shown as it streamed ("Let me check again."): the answer
@@ -535,12 +554,15 @@ class AgentLoop:
         raise EmptyAnswer()
 
     async def _ask(self, messages: list[Message], schemas: list[dict[str, Any]], on_text: TextSink | None,
-                   max_tokens: int | None = None) -> ChatReply:
+                   max_tokens: int | None = None, *, conversation: list[Message] | None = None) -> ChatReply:
         """One model call; a tool call the model wrote as text (small local models do) becomes a real one, an
         echo of the <context> block at the start of the reply is removed (agent/context_echo.py), and so are the
-        tags of a plain answer wrapped in <response>…</response>."""
+        tags of a plain answer wrapped in <response>…</response>. `conversation` (a retry's): the turn whose previous
+        answer must not be shown again (agent/empty_reply.py); by default `messages`."""
         text_calls = self.provider.text_tool_calls == "auto"
-        gate = StreamGate(on_text, hold_calls=text_calls) if on_text is not None else None
+        conversation = messages if conversation is None else conversation
+        gate = (StreamGate(on_text, hold_calls=text_calls, previous=previous_answer(conversation))
+                if on_text is not None else None)
         reply = await self.provider.chat(messages, schemas, max_tokens=max_tokens,
                                          on_text=gate.feed if gate is not None else None)
         if reply.content and (shown := without_context_echo(reply.content)) != reply.content:
@@ -549,8 +571,8 @@ class AgentLoop:
         call = None
         if text_calls and not reply.tool_calls:
             call = find_text_tool_call(reply.content, self._offered)
-        if gate is not None:
-            await gate.finish(was_call=call is not None)
+        if gate is not None:  # a repeat of the previous answer is asked again, not shown
+            await gate.finish(was_call=call is not None or repeats_last_answer(conversation, reply))
         if call is None:
             if reply.content and (shown := without_response_wrapper(reply.content)) != reply.content:
                 reply = replace(reply, content=shown)  # shown without the tags as it streamed (agent/streaming.py)

@@ -5,7 +5,9 @@ loop then runs as a call (agent/text_tool_calls.py). Shown as it streamed, that 
 before anyone knew it was a call. So while the start of a reply could still be such a call, it is held back;
 once it clearly is not, what was held and everything after it flows through. The same holds for a start that
 may be an echo of the <context> data block (agent/context_echo.py: the echo is dropped, what follows it shown),
-and for white space alone: an empty reply shows nothing (the loop asks again, agent/empty_reply.py).
+and for white space alone: an empty reply shows nothing (the loop asks again, agent/empty_reply.py). With
+`previous`, the answer that ended the turn before, a start that is that answer's start is held too: the whole of
+it again is an echo the loop asks again for, never shown.
 A model that wraps its replies in `<response>…</response>` streams too: after the opening tag, what follows is
 judged as a reply's start is, and the tags are not shown (a closing tag that ends the reply is held until it is
 clear that it does; `without_response_wrapper` drops the same from what is stored).
@@ -14,6 +16,7 @@ clear that it does; `without_response_wrapper` drops the same from what is store
 from __future__ import annotations
 
 from picoclaw.agent.context_echo import may_be_echo, without_context_echo
+from picoclaw.agent.empty_reply import MIN_REPEAT_CHARS, same_words
 from picoclaw.agent.text_tool_calls import RESPONSE_CLOSE, RESPONSE_OPEN, without_response_wrapper
 from picoclaw.providers.base import TextSink
 
@@ -26,9 +29,11 @@ class StreamGate:
     """Passes streamed text to `sink`, holding back a start that is white space, may echo the <context> block, or
     (with `hold_calls`) may be a tool call written as text; without a `<response>` wrapper's tags."""
 
-    def __init__(self, sink: TextSink, *, hold_calls: bool = True):
+    def __init__(self, sink: TextSink, *, hold_calls: bool = True, previous: str | None = None):
         self.sink = sink
         self.hold_calls = hold_calls
+        # The previous turn's answer (agent/empty_reply.py `repeats_last_answer`), compared as same_words.
+        self.previous = same_words(previous) if previous and len(same_words(previous)) >= MIN_REPEAT_CHARS else ""
         self.holding = True
         self.held: list[str] = []
         self.echoed = False  # an echo of the <context> block was dropped from the start
@@ -59,6 +64,8 @@ class StreamGate:
         elif RESPONSE_OPEN.startswith(start):  # "<resp": may be the wrapper's tag
             return
         if not start or (self.hold_calls and _may_open_a_call(start)):
+            return
+        if self.previous and self.previous.startswith(same_words(start)):  # may be the previous answer again
             return
         self.holding = False
         await self._release()
