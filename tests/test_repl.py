@@ -398,7 +398,9 @@ def test_log_lines_print_no_escapes(home: Path, fake_openai: FakeOpenAIServer) -
     for answer in ("one", "two", "three"):
         fake_openai.reply_text(answer)
     fake_openai.reply_text("NONE")  # the memory flush before the summary
-    fake_openai.reply_error(400, f"summary refused {HOSTILE_ANSWER}")
+    # Refused after the conversation and then in its own prompt (a refusal after it is tried once alone).
+    for _ in range(2):
+        fake_openai.reply_error(400, f"summary refused {HOSTILE_ANSWER}")
 
     result = picoclaw(home, "chat", stdin="first\nsecond\nthird\n")
 
