@@ -20,7 +20,7 @@ from picoclaw.app import App
 from picoclaw.memory.flush import NOTHING
 from picoclaw.providers import ContextWindow
 from tests.agent_helpers import SUMMARY_EN, SUMMARY_ZH, is_flush_request, is_summary_request, said, turn_requests
-from tests.fakes.openai_server import FakeOpenAIServer, OverflowStyle, ServerKind, rough_tokens
+from tests.fakes.openai_server import FakeOpenAIServer, OverflowStyle, ServerKind, rough_tokens, window_tokens
 from tests.test_repl import configure
 
 WINDOW = 4096
@@ -109,3 +109,69 @@ def test_a_server_that_tells_nothing_teaches_its_window_by_one_overflow(home: Pa
         assert (window.tokens, window.source) == (WINDOW, "overflow")
         over = [count for count in server.prompt_counts if count > WINDOW]
         assert len(over) == 1, server.prompt_counts
+
+
+def over_window(server: FakeOpenAIServer) -> list[tuple[int, int]]:
+    """Each chat request's prompt (the fake's count) and max_tokens whose sum exceeds the window."""
+    counts = [(window_tokens(body), int(body.get("max_tokens") or 0)) for body in server.chat_requests()]
+    return [(prompt, reply) for prompt, reply in counts if prompt + reply > WINDOW]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_tool_result_bigger_than_the_window_is_cut_to_fit_it(home: Path, lang: str) -> None:
+    # Measured before: one read_file of a 48 KB file made the second request 13,675 tokens with max_tokens 1.
+    line = ("Line {i}: the deploy checklist says to run the migrations first.\n" if lang == "en"
+            else "第{i}行：部署清单说先运行数据库迁移，然后重启服务。\n")
+    big = "".join(line.format(i=i) for i in range(800 if lang == "en" else 700))
+    assert rough_tokens(big) > WINDOW
+    answer = {"en": "The checklist starts with the migrations.", "zh": "清单第一步是运行迁移。"}[lang]
+    with FakeOpenAIServer(kind="llama.cpp", window=WINDOW) as server:
+        configure(home, server)
+        (home / "workspace" / "big.txt").write_text(big, encoding="utf-8")
+        server.reply_tool_calls([("read_file", {"path": "big.txt"})])
+        server.reply_text(answer)
+
+        async def main() -> Any:
+            async with App.open(home) as app:
+                agent = app.agent()
+                reply = await agent.handle(KEY, "What does big.txt say?" if lang == "en" else "big.txt 里写了什么？")
+                await agent.wait_background()
+                return reply, await agent.session(KEY)
+        reply, session = asyncio.run(main())
+        assert reply.error is None and answer in reply.text
+        assert over_window(server) == []
+        second = server.chat_requests()[1]
+        result = next(m for m in second["messages"] if m["role"] == "tool")["content"]
+        assert "cut to fit the model's window" in result and "(offset/limit)" in result
+        assert result.startswith(big[:200])
+        # Stored as sent: the next turn carries the cut result, not the whole file.
+        stored = next(m.message for m in session.active() if m.message.get("role") == "tool")
+        assert stored["content"] == result
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_each_retry_after_an_empty_reply_gets_the_room_its_own_prompt_leaves(home: Path, lang: str) -> None:
+    # Measured before: the retries were sent with the tool step's leftover max_tokens (1 on a 1,504-token retry).
+    line = "Line {i}: rotate the keys every month.\n" if lang == "en" else "第{i}行：每个月轮换一次密钥。\n"
+    big = "".join(line.format(i=i) for i in range(900))
+    answer = {"en": "Rotate the keys monthly.", "zh": "每月轮换密钥。"}[lang]
+    with FakeOpenAIServer(kind="llama.cpp", window=WINDOW) as server:
+        configure(home, server)
+        (home / "workspace" / "big.txt").write_text(big, encoding="utf-8")
+        server.reply_tool_calls([("read_file", {"path": "big.txt"})])
+        server.reply_text("")
+        server.reply_text("")
+        server.reply_text(answer)
+
+        async def main() -> Any:
+            async with App.open(home) as app:
+                agent = app.agent()
+                return await agent.handle(KEY, "What does big.txt say?" if lang == "en" else "big.txt 里写了什么？")
+        reply = asyncio.run(main())
+        assert reply.error is None and answer in reply.text
+        assert over_window(server) == []
+        tool_step, in_view, plain = server.chat_requests()[1:4]
+        assert "tools" not in plain and len(plain["messages"]) == 2
+        # The plain try carries only the system prompt and the message: it has far more room than the tool step.
+        assert plain["max_tokens"] > tool_step["max_tokens"]
+        assert plain["max_tokens"] + window_tokens(plain) > WINDOW // 2

@@ -33,6 +33,8 @@ PART_LABELS = {"system": "system prompt", "lessons": "standing lessons", "skills
 MARGIN_PERCENT = 5
 # The fewest tokens a reply is given; a message that leaves less is refused rather than sent.
 REPLY_FLOOR = 256
+# The fewest tokens a tool result is given before the tool schemas leave the next request to make room for it.
+RESULT_FLOOR = 128
 # A short-form tool's description: its first sentence, at most this many characters.
 SHORT_DESCRIPTION_CHARS = 100
 
@@ -195,9 +197,34 @@ def _history_start(history: Sequence[int], room: int) -> int:
     return start
 
 
-def reply_tokens(window: int, prompt: int, max_tokens: int) -> int:
-    """The max_tokens of a request whose prompt is `prompt` tokens: config's, lowered to what the window leaves."""
-    return max(1, min(max_tokens, usable(window) - prompt))
+def reply_tokens(window: int, prompt: int, max_tokens: int) -> int | None:
+    """The max_tokens of a request whose prompt is `prompt` tokens: config's, lowered to what the window leaves;
+    None when that is below the reply's floor (the request must not be sent as it is)."""
+    room = min(max_tokens, usable(window) - prompt)
+    return room if room >= min(REPLY_FLOOR, max_tokens) else None
+
+
+# -- a tool's result, cut to the window ----------------------------------------------------------------------------
+
+CUT_NOTE = "\n[… cut to fit the model's window: {left:,} more characters; read it in parts (offset/limit)]"
+
+
+def cut_to_fit(message: Message, room: int) -> Message:
+    """A tool result `message` whose whole form (as sent) is at most `room` tokens: its content cut, with a note
+    saying how much more there is. The cut is estimated from the CJK-aware counter, then checked against it."""
+    if message_tokens(message) <= room:
+        return message
+    content = str(message.get("content") or "")
+    fixed = message_tokens({**message, "content": ""}) + count_tokens(CUT_NOTE.format(left=len(content)))
+    # Characters per token of this text (Chinese about 1, English about 4), a tenth kept back for the drift.
+    per_token = len(content) / max(1, count_tokens(content))
+    keep = min(len(content) - 1, int((room - fixed) * per_token * 0.9))
+    while keep > 0:
+        candidate = {**message, "content": content[:keep] + CUT_NOTE.format(left=len(content) - keep)}
+        if message_tokens(candidate) <= room:
+            return candidate
+        keep = int(keep * 0.9)
+    return {**message, "content": CUT_NOTE.format(left=len(content)).lstrip()}
 
 
 # -- the split, for /context and the turn's record ---------------------------------------------------------------

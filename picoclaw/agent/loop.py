@@ -31,13 +31,17 @@ from typing import Any
 
 from picoclaw import clock
 from picoclaw.agent.budget import (
+    REPLY_FLOOR,
+    RESULT_FLOOR,
     PromptSplit,
     Shares,
+    cut_to_fit,
     json_tokens,
     memory_cap,
     message_tokens,
     reply_reserve,
     reply_tokens,
+    usable,
 )
 from picoclaw.agent.cache_prefix import Fold, LastRequests
 from picoclaw.agent.commands import (
@@ -378,10 +382,13 @@ class AgentLoop:
                     messages = built.messages + [stored.as_sent() for stored in turn[1:]]
                     # A window learnt from the overflow may want the tools' short form and a smaller reply.
                     schemas, max_tokens = built.tools, built.max_tokens
+                    if len(turn) > 1:  # the turn's tool steps are in this request too: their room, not the first's
+                        max_tokens = await self._reply_room(messages, schemas)
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
                     reply = await self._ask(messages, schemas, on_text, max_tokens)
                 if is_empty(reply) or repeats_last_call(messages, reply):
-                    reply = await self._ask_again(key, messages, reply, on_text, max_tokens)
+                    reply = await self._ask_again(key, messages, reply, on_text, max_tokens,
+                                                  room=lambda attempt: self._reply_room(attempt, []))
                 assistant = clean_message(reply.as_message())
                 messages.append(assistant)
                 usage = reply.usage
@@ -391,6 +398,8 @@ class AgentLoop:
                     final = reply.content or ""
                     break
                 results = await self._run_tools(key, reply.tool_calls, on_tool)
+                # Cut to what the window leaves, and stored as sent (agent/budget.py).
+                results, schemas = await self._fit_results(key, messages, results, schemas)
                 messages.extend(results)
                 turn.extend(StoredMessage(0, result) for result in results)
                 max_tokens = await self._reply_room(messages, schemas)
@@ -460,10 +469,41 @@ class AgentLoop:
         return built, notice
 
     async def _reply_room(self, messages: list[Message], schemas: list[dict[str, Any]]) -> int:
-        """The max_tokens of the next request of a turn: config's, lowered to what its prompt leaves of the window."""
+        """The max_tokens of the next request of a turn: config's, lowered to what its prompt leaves of the window;
+        ProviderError "context_too_long" when that is below the reply's floor (the request is not sent)."""
         prompt = sum(message_tokens(m) for m in messages) + (json_tokens(schemas) if schemas else 0)
-        return reply_tokens((await self.windows.current()).tokens, prompt,
-                            self.workspace.config.agents.defaults.max_tokens)
+        window = await self.windows.current()
+        room = reply_tokens(window.tokens, prompt, self.workspace.config.agents.defaults.max_tokens)
+        if room is None:
+            raise ProviderError("context_too_long", f"the turn's request ({prompt:,} tokens) leaves no room for an "
+                                f"answer in the model's window of {window.tokens:,} tokens ({window.source})")
+        return room
+
+    async def _fit_results(self, key: str, messages: list[Message], results: list[Message],
+                           schemas: list[dict[str, Any]]) -> tuple[list[Message], list[dict[str, Any]]]:
+        """Tool results cut to what the window leaves beside the request and the reply's reserve, and the tools
+        the next request offers: none when even cut results leave the reply less than its floor (the model then
+        answers with the results in view)."""
+        window = (await self.windows.current()).tokens
+        max_tokens = self.workspace.config.agents.defaults.max_tokens
+        reserve = reply_reserve(window, max_tokens, Shares.of(self.workspace.policy.current()))
+        prompt = sum(message_tokens(m) for m in messages)
+        tools = json_tokens(schemas) if schemas else 0
+        fitted: list[Message] = []
+        for result in results:
+            room = usable(window) - prompt - tools - reserve
+            if room < RESULT_FLOOR and schemas:
+                log.info("session %s: the tool results leave no room for the tool schemas; asking without tools", key)
+                schemas, tools = [], 0
+                room = usable(window) - prompt - reserve
+            kept = cut_to_fit(result, max(room, 0))
+            if kept is not result:
+                log.info("session %s: a tool result cut to fit the window (%d tokens left for it)", key, room)
+            fitted.append(kept)
+            prompt += message_tokens(kept)
+        if schemas and usable(window) - prompt - tools < min(REPLY_FLOOR, reserve):
+            schemas = []
+        return fitted, schemas
 
     async def describe_context(self, key: str) -> str:
         """/context (and `chat --show-context`): the split of the session's last request (kept in its turn's
@@ -507,13 +547,15 @@ class AgentLoop:
         return results
 
     async def _ask_again(self, key: str, messages: list[Message], reply: ChatReply, on_text: TextSink | None,
-                         max_tokens: int | None = None) -> ChatReply:
+                         max_tokens: int | None = None, *,
+                         room: Callable[[list[Message]], Awaitable[int]] | None = None) -> ChatReply:
         """The answer after an empty reply or a repeated tool call (agent/empty_reply.py): asked without tools, the
         turn's tool results in view, then plainly; EmptyAnswer when both come back empty too."""
         why = "repeated its last tool call" if reply.tool_calls else "returned an empty answer"
         for attempt in retry_requests(messages):
             log.info("session %s: the model %s; asking again without tools", key, why)
-            again = await self._ask(attempt, [], on_text, max_tokens)
+            # Each try's own room (its prompt is not the tool step's): `room` says it when given.
+            again = await self._ask(attempt, [], on_text, await room(attempt) if room is not None else max_tokens)
             if is_answer(again):
                 # The first reply's usage: its prompt was the whole conversation, which the summary threshold reads.
                 return ChatReply(again.content, [], reply.usage or again.usage, again.finish_reason)
