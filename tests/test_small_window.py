@@ -81,6 +81,13 @@ def assert_every_turn_answered(replies: list[Any], server: FakeOpenAIServer, lan
         assert any(message(i, lang) in text for text in sent), f"turn {i} never reached the model whole"
 
 
+def over_window(server: FakeOpenAIServer, after: int = -1) -> list[tuple[int, int]]:
+    """Each chat request's prompt (the fake's count) and max_tokens whose sum exceeds the window (of the requests
+    after index `after`)."""
+    counts = [(window_tokens(body), int(body.get("max_tokens") or 0)) for body in server.chat_requests()[after + 1:]]
+    return [(prompt, reply) for prompt, reply in counts if prompt + reply > WINDOW]
+
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize(("kind", "detail"), [
     ("llama.cpp", "llama.cpp /props"),
@@ -95,8 +102,9 @@ def test_a_server_that_tells_its_window_never_gets_a_request_over_it(home: Path,
         assert_every_turn_answered(replies, server, lang)
         assert (window.tokens, window.source) == (WINDOW, "server")
         assert window.detail.startswith(detail)
-        assert max(server.prompt_counts) <= WINDOW, server.prompt_counts
-        assert len(server.prompt_counts) > TURNS  # background summaries ran too, and fit as well
+        # Background requests (summaries, flushes) included, each with its max_tokens.
+        assert over_window(server) == [], over_window(server)
+        assert any(is_summary_request(body) for body in server.chat_requests())
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -109,12 +117,9 @@ def test_a_server_that_tells_nothing_teaches_its_window_by_one_overflow(home: Pa
         assert (window.tokens, window.source) == (WINDOW, "overflow")
         over = [count for count in server.prompt_counts if count > WINDOW]
         assert len(over) == 1, server.prompt_counts
-
-
-def over_window(server: FakeOpenAIServer) -> list[tuple[int, int]]:
-    """Each chat request's prompt (the fake's count) and max_tokens whose sum exceeds the window."""
-    counts = [(window_tokens(body), int(body.get("max_tokens") or 0)) for body in server.chat_requests()]
-    return [(prompt, reply) for prompt, reply in counts if prompt + reply > WINDOW]
+        # Once the window is learnt, no request is over it with its max_tokens, background ones included.
+        refused = server.prompt_counts.index(over[0])
+        assert over_window(server, after=refused) == [], over_window(server, after=refused)
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

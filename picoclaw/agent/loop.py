@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from picoclaw import clock
+from picoclaw.agent.background_room import WindowedProvider
 from picoclaw.agent.budget import (
     REPLY_FLOOR,
     RESULT_FLOOR,
@@ -199,11 +200,13 @@ class AgentLoop:
         self._status = status  # more lines for /status (the MCP servers' states), read at each /status
         self._offered = offered_tools(tools)  # tool name → its Args model, for calls written as text
         self.context = ContextBuilder(workspace)
-        self.rewriter = QueryRewriter(provider)  # used when the policy's query_rewrite_enabled is on
+        # The calls beside the conversation, each reply's room fitted to the window (agent/background_room.py).
+        self.background = WindowedProvider(provider, self.windows)
+        self.rewriter = QueryRewriter(self.background)  # used when the policy's query_rewrite_enabled is on
         self.sessions = workspace.sessions()
-        self.compressor = LongTermCompressor(workspace.store, provider)
-        self.reflector = Reflector(workspace.policy, provider)
-        self.learner = Learner(workspace, provider, self._offered)
+        self.compressor = LongTermCompressor(workspace.store, self.background)
+        self.reflector = Reflector(workspace.policy, self.background)
+        self.learner = Learner(workspace, self.background, self._offered)
         self.metrics = TurnMetrics(workspace.memory_dir)  # retrieval time per turn, for `memory stats`
         self.written = WriteLog(workspace.memory_dir)  # the automatic memory writes, for `/memory recent`
         self._locks: KeyedLocks[str] = KeyedLocks()
@@ -700,7 +703,7 @@ class AgentLoop:
         was written; never raises. `fold`: ask after the conversation's last request, which carries them."""
         after = AfterConversation(fold.prefix, fold.part, fold.earlier) if fold is not None else None
         try:
-            result = await flush_facts(self.provider, self.workspace.store, render_transcript(messages),
+            result = await flush_facts(self.background, self.workspace.store, render_transcript(messages),
                                        user_texts(messages), session=key, after=after)
         except Exception:  # a bug here must not cost the summary
             log.exception("session %s: memory flush failed", key)
@@ -747,10 +750,10 @@ class AgentLoop:
             try:
                 own = summary_request(session.summary, [m.message for m in folded])
                 if fold is not None:
-                    reply = await fold.prefix.ask(self.provider, continued_summary_request(
+                    reply = await fold.prefix.ask(self.background, continued_summary_request(
                         fold.part, fold.earlier, session.summary, fold.summary_shown), own)
                 else:
-                    reply = await self.provider.chat(own, None)
+                    reply = await self.background.chat(own, None)
             except ProviderError as exc:
                 log.warning("session %s: summary failed (%s); history kept as it was", key, exc)
                 self._back_off(key, session, policy)
