@@ -28,7 +28,7 @@ from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
 from picoclaw.memory.workspace import Workspace
-from picoclaw.policy_schema import MemoryPolicy
+from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.base import ContextWindow, FixedWindow
 from picoclaw.tokens import count_tokens
 from picoclaw.tools.base import Tool
@@ -301,3 +301,9 @@ def test_a_large_window_sends_what_it_did_before(workspace: Workspace, fake_open
     [body] = turn_requests(fake_openai)
     assert body["max_tokens"] == 4096
     assert body["tools"] == [tool.schema() for tool in [*build_tools(workspace).tools.values(), *MANY_TOOLS]]
+
+
+def test_reflection_cannot_tune_the_prompt_shares() -> None:
+    # A tuned tools share would flip the tools between full and short form mid-session (and lose the prompt cache).
+    for key in ("prompt_tools_percent", "prompt_memory_percent", "prompt_reply_percent"):
+        assert key not in TUNABLE_KEYS
