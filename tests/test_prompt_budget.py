@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,9 +25,11 @@ from picoclaw.agent.budget import (
     short_tools_needed,
     usable,
 )
+from picoclaw.agent.context import ContextBuilder, RequestShape
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
+from picoclaw.memory import Session, StoredMessage
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.base import ContextWindow, FixedWindow
@@ -307,3 +310,19 @@ def test_reflection_cannot_tune_the_prompt_shares() -> None:
     # A tuned tools share would flip the tools between full and short form mid-session (and lose the prompt cache).
     for key in ("prompt_tools_percent", "prompt_memory_percent", "prompt_reply_percent"):
         assert key not in TUNABLE_KEYS
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_history_is_cut_at_a_turn_start_never_on_a_reply(workspace: Workspace, lang: str) -> None:
+    # The oldest turn's question is too long to keep: the cut landed on its answer, sent without its question.
+    long = ("Tell me everything about the garden. " * 300 if lang == "en" else "告诉我花园的一切。" * 900)
+    said_ = ([long, "Short answer.", "And the fence?", "Fix it before the rain."] if lang == "en"
+             else [long, "简短的回答。", "篱笆呢？", "下雨前修好。"])
+    messages = [{"role": "user" if n % 2 == 0 else "assistant", "content": text} for n, text in enumerate(said_)]
+    session = Session(SESSION, Path("unused.jsonl"), [StoredMessage(n + 1, m) for n, m in enumerate(messages)])
+    built = asyncio.run(ContextBuilder(workspace).build(
+        workspace.policy.current(), session, "hi", datetime(2025, 3, 1, 9, 0), count_use=False,
+        shape=RequestShape(SMALL, [], 4096)))
+    sent = built.messages[1:-1]
+    assert sent == messages[2:]  # from the next user message on
+    assert built.cut_through == 2  # the reply goes with its question

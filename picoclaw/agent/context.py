@@ -217,7 +217,7 @@ class ContextBuilder:
         kept = memory if fit.memory_keep == len(pieces) else _keep(memory, pieces[:fit.memory_keep])
         start, through = 0, None
         if fit.history_start:
-            start = safe_start(history, fit.history_start)  # never a tool result without its call
+            start = turn_start(history, fit.history_start)  # at a turn's boundary: never a reply without its ask
             # Relevant-history mode chose its turns for this query alone: trimmed here, nothing to set aside.
             if policy.session_relevant_history_limit <= 0:
                 active = session.active()  # the history is its tail, as sent
@@ -268,6 +268,15 @@ class ContextBuilder:
         except ValueError:
             relative = block.path
         return f"{relative}:{block.start_line}-{block.end_line}"
+
+
+def turn_start(history: list[Message], index: int) -> int:
+    """The first user message at or after `index` (a turn's start, as history.turns has it); len(history) when
+    there is none. A cut there never leaves a reply, a tool call or its results without what they answer."""
+    index = max(0, index)
+    while index < len(history) and history[index].get("role") != "user":
+        index += 1
+    return index
 
 
 def _priority(memory: InjectedMemory) -> list[Block]:

@@ -59,10 +59,10 @@ from picoclaw.agent.commands import (
     status_report,
     unknown_reply,
 )
-from picoclaw.agent.context import BuiltContext, ContextBuilder, RequestShape
+from picoclaw.agent.context import BuiltContext, ContextBuilder, RequestShape, turn_start
 from picoclaw.agent.context_echo import without_context_echo
 from picoclaw.agent.empty_reply import EmptyAnswer, is_answer, is_empty, repeats_last_call, retry_requests
-from picoclaw.agent.history import keep_last, safe_start
+from picoclaw.agent.history import keep_last
 from picoclaw.agent.lessons import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
 from picoclaw.agent.receipts import MemorySink, NoticeSink, Receipts
@@ -595,7 +595,7 @@ class AgentLoop:
     async def force_compress(self, session: Session) -> int:
         """Set aside the oldest half of the active history (never splitting a tool call from its results)."""
         active = session.active()
-        cut = safe_start([m.message for m in active], len(active) // 2)
+        cut = turn_start([m.message for m in active], len(active) // 2)  # at a turn's start
         if cut == 0:
             return 0
         await asyncio.to_thread(self.sessions.add_compaction, session, active[cut - 1].id, None, "context_too_long")
