@@ -16,10 +16,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from picoclaw.agent.budget import (
     REPLY_FLOOR,
+    PromptSplit,
     Shares,
     fit_request,
     json_tokens,
     memory_cap,
+    refusal,
     reply_reserve,
     short_schemas,
     short_tools_needed,
@@ -326,3 +328,26 @@ def test_the_history_is_cut_at_a_turn_start_never_on_a_reply(workspace: Workspac
     sent = built.messages[1:-1]
     assert sent == messages[2:]  # from the next user message on
     assert built.cut_through == 2  # the reply goes with its question
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_summary_too_big_for_the_window_never_refuses_a_short_message(workspace: Workspace, lang: str) -> None:
+    # The refusal "your message alone … leaves no room" was given for "hi" once the summary had grown too big.
+    summary = ("## Goal\n" + "The garden, the fence, the tomatoes and the rain. " * 400 if lang == "en"
+               else "## 目标\n" + "花园、篱笆、西红柿和雨。" * 400)
+    session = Session(SESSION, Path("unused.jsonl"), [], summary=summary)
+    text = "hi" if lang == "en" else "你好"
+    built = asyncio.run(ContextBuilder(workspace).build(
+        workspace.policy.current(), session, text, datetime(2025, 3, 1, 9, 0), count_use=False,
+        shape=RequestShape(SMALL, [], 4096)))
+    assert built.fits
+    assert summary not in built.messages[0]["content"]
+    assert built.split is not None and sum(built.split.parts.values()) <= SMALL.tokens
+
+
+def test_the_refusal_names_the_part_that_is_too_big() -> None:
+    window = ContextWindow(4096, "server", "llama.cpp /props")
+    message = refusal(PromptSplit(window, {"system": 400, "tools": 600, "user": 3500, "reply": 0}))
+    assert message.startswith("your message alone (3,500 tokens)")
+    standing = refusal(PromptSplit(window, {"system": 1500, "tools": 2400, "user": 2, "reply": 0}))
+    assert "your message" not in standing and "(3,900 tokens)" in standing and "4,096" in standing

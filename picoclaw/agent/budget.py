@@ -227,6 +227,20 @@ def cut_to_fit(message: Message, room: int) -> Message:
     return {**message, "content": CUT_NOTE.format(left=len(content)).lstrip()}
 
 
+def refusal(split: PromptSplit) -> str:
+    """Why a request that does not fit (without a summary, memory or history: they give way first) is not sent:
+    the system prompt and the tools when they alone leave no room for a reply, else the user's message."""
+    window = split.window
+    standing = sum(split.parts.get(name, 0) for name in ("system", "lessons", "skills", "tools"))
+    user = split.parts.get("user", 0)
+    where = f"the model's window of {window.tokens:,} tokens ({window.source})"
+    if standing + REPLY_FLOOR <= usable(window.tokens):
+        return (f"your message alone ({user:,} tokens) leaves no room for an answer in {where}; shorten it or send "
+                "it in parts")
+    return (f"the system prompt, skills and tool schemas ({standing:,} tokens) leave no room for an answer in "
+            f"{where}; shorten AGENTS.md and the other bootstrap files, or use a model with a larger window")
+
+
 # -- the split, for /context and the turn's record ---------------------------------------------------------------
 
 

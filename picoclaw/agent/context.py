@@ -214,6 +214,14 @@ class ContextBuilder:
                           memory=[text_tokens(piece.text) + PIECE_OVERHEAD for piece in pieces],
                           history=costs,
                           max_tokens=shape.max_tokens, reserve=reply_reserve(window, shape.max_tokens, shares))
+        if not fit.fits and summary:
+            # A summary grown too big must not refuse every message (even "hi"): this request goes without it.
+            system, summary = prefix, ""
+            system_tokens = message_tokens({"role": "system", "content": system})
+            fit = fit_request(window, fixed=system_tokens + tools_tokens + user_tokens,
+                              memory=[text_tokens(piece.text) + PIECE_OVERHEAD for piece in pieces],
+                              history=costs, max_tokens=shape.max_tokens,
+                              reserve=reply_reserve(window, shape.max_tokens, shares))
         kept = memory if fit.memory_keep == len(pieces) else _keep(memory, pieces[:fit.memory_keep])
         start, through = 0, None
         if fit.history_start:

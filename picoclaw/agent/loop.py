@@ -40,6 +40,7 @@ from picoclaw.agent.budget import (
     json_tokens,
     memory_cap,
     message_tokens,
+    refusal,
     reply_reserve,
     reply_tokens,
     usable,
@@ -439,10 +440,7 @@ class AgentLoop:
                              self.workspace.config.agents.defaults.max_tokens)
         built = await self.context.build(policy, session, text, now, query, count_use=count_use, shape=shape)
         if not built.fits and built.split is not None:
-            window = built.split.window
-            raise ProviderError("context_too_long", f"your message alone ({built.split.parts['user']:,} tokens) leaves "
-                                f"no room for an answer in the model's window of {window.tokens:,} tokens "
-                                f"({window.source}); shorten it or send it in parts")
+            raise ProviderError("context_too_long", refusal(built.split))
         return built
 
     async def _fit_history(self, session: Session, built: BuiltContext, policy: MemoryPolicy, text: str,
