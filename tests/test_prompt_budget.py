@@ -23,6 +23,7 @@ from picoclaw.agent.budget import (
     memory_cap,
     refusal,
     reply_reserve,
+    short_description,
     short_schemas,
     short_tools_needed,
     usable,
@@ -37,6 +38,8 @@ from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.base import ContextWindow, FixedWindow
 from picoclaw.tokens import count_tokens
 from picoclaw.tools.base import Tool
+from picoclaw.tools.cron import Cron
+from picoclaw.tools.exec import Exec
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import (
     SESSION,
@@ -181,11 +184,12 @@ def test_short_form_keeps_names_and_parameters_and_drops_long_descriptions() -> 
     short = short_schemas(full)
     assert [s["function"]["name"] for s in short] == [s["function"]["name"] for s in full]
     first = short[0]["function"]
-    assert first["description"] == "Looks up the thing in the remote catalogue."
+    assert first["description"].startswith("Looks up the thing in the remote catalogue. It supports pagination")
+    assert len(first["description"]) <= 200 and first["description"].endswith(("。", "."))
     assert set(first["parameters"]["properties"]) == {"query", "limit", "description"}  # a parameter's *name* stays
-    assert "description" not in json.dumps(first["parameters"]["properties"]["query"])
+    assert len(first["parameters"]["properties"]["query"]["description"]) <= 40
     assert first["parameters"]["required"] == ["query"]
-    assert json_tokens(short) * 5 < json_tokens(full)
+    assert json_tokens(short) * 3 < json_tokens(full)
     # The same input gives the same bytes: a session's prefix stays cached.
     assert orjson.dumps(short_schemas(full)) == orjson.dumps(short)
 
@@ -259,7 +263,7 @@ def test_every_request_stays_within_a_4096_window(workspace: Workspace, fake_ope
     # The tools went in their short form, the same bytes in every turn (the prompt cache keeps them).
     assert len({orjson.dumps(body["tools"]) for body in turns}) == 1
     assert len(turns[0]["tools"]) == len(build_tools(workspace, MANY_TOOLS).schemas())  # every tool offered
-    assert all("description" not in json.dumps(t["function"]["parameters"]["properties"]["query"])
+    assert all(len(t["function"]["parameters"]["properties"]["query"]["description"]) <= 40
                for t in turns[0]["tools"] if t["function"]["name"].startswith("catalogue_"))
     # History over its room was summarised on record, never dropped without a trace.
     assert records_of(workspace, "compaction")
@@ -351,3 +355,30 @@ def test_the_refusal_names_the_part_that_is_too_big() -> None:
     assert message.startswith("your message alone (3,500 tokens)")
     standing = refusal(PromptSplit(window, {"system": 1500, "tools": 2400, "user": 2, "reply": 0}))
     assert "your message" not in standing and "(3,900 tokens)" in standing and "4,096" in standing
+
+
+def test_the_short_form_keeps_what_the_model_needs_to_call_a_tool() -> None:
+    # cron's description became "This chat's reminders." and its "at" lost "e.g. 2026-12-01T09:00"; exec was cut
+    # mid-word.
+    tools = {tool["function"]["name"]: tool["function"] for tool in short_schemas(
+        [{"type": "function", "function": {"name": name, "description": described.description,
+                                           "parameters": described.Args.model_json_schema()}}
+         for name, described in (("cron", Cron), ("exec", Exec))])}
+    assert tools["cron"]["description"] == " ".join(Cron.description.split())  # whole: under 200 characters
+    assert "remove: by id" in tools["cron"]["description"]
+    assert tools["cron"]["parameters"]["properties"]["at"]["description"] == "e.g. 2026-12-01T09:00"
+    assert tools["exec"]["description"].endswith(".") and len(tools["exec"]["description"]) <= 200
+    assert "return its exit code and output" in tools["exec"]["description"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("Finds a thing, e.g. a book. " + "It pages, filters and sorts the results for you. " * 6,
+     "Finds a thing, e.g. a book. It pages, filters and sorts the results for you."),
+    ("查找东西，例如一本书。" + "它支持分页、过滤和排序。" * 20, "查找东西，例如一本书。它支持分页、过滤和排序。"),
+])
+def test_a_long_description_keeps_whole_sentences(text: str, expected: str) -> None:
+    assert short_description(text, 80).startswith(expected)
+    assert len(short_description(text, 80)) <= 80
+    # One sentence longer than the limit: cut at a word (or a character in Chinese), marked.
+    assert short_description("word " * 40, 40).endswith("word…")
+    assert len(short_description("很长的句子" * 20, 40)) == 40

@@ -13,6 +13,7 @@ sent (`Fit.fits` is False).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +36,10 @@ MARGIN_PERCENT = 5
 REPLY_FLOOR = 256
 # The fewest tokens a tool result is given before the tool schemas leave the next request to make room for it.
 RESULT_FLOOR = 128
-# A short-form tool's description: its first sentence, at most this many characters.
-SHORT_DESCRIPTION_CHARS = 100
+# A short-form tool's description: whole up to this many characters (cron's says how to call it), else its first
+# sentences that fit; a parameter's description at most SHORT_PARAMETER_CHARS ("e.g. 2026-12-01T09:00" stays).
+SHORT_DESCRIPTION_CHARS = 200
+SHORT_PARAMETER_CHARS = 40
 
 
 @dataclass(frozen=True)
@@ -110,32 +113,63 @@ def short_schemas(schemas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _short_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     function = dict(schema.get("function") or {})
     short: dict[str, Any] = {"name": function.get("name", "")}
-    description = one_line(str(function.get("description") or ""))
+    description = short_description(str(function.get("description") or ""), SHORT_DESCRIPTION_CHARS)
     if description:
         short["description"] = description
     if "parameters" in function:
-        short["parameters"] = _without_descriptions(function["parameters"])
+        short["parameters"] = _short_parameters(function["parameters"])
     return {**{k: v for k, v in schema.items() if k != "function"}, "function": short}
 
 
-def one_line(text: str) -> str:
-    """The first sentence (or line) of `text`, at most SHORT_DESCRIPTION_CHARS characters."""
-    first = " ".join(text.strip().split("\n", 1)[0].split())
-    for stop in (". ", "。"):
-        if stop in first:
-            first = first.split(stop, 1)[0] + stop.strip()
-    return first if len(first) <= SHORT_DESCRIPTION_CHARS else first[:SHORT_DESCRIPTION_CHARS - 1].rstrip() + "…"
+# A sentence ends at . ! ? followed by a space (not after an abbreviation such as "e.g."), or at 。！？.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])")
+_ABBREVIATION = re.compile(r"(?:^|\s)(?:e\.g|i\.e|etc|vs|cf|approx|incl|no)\.$", re.IGNORECASE)
 
 
-def _without_descriptions(value: Any) -> Any:
+def short_description(text: str, limit: int) -> str:
+    """`text` on one line, whole when it is at most `limit` characters; else its first sentences that fit (never
+    split at an abbreviation), or the first sentence cut at a word with "…"."""
+    whole = " ".join(text.split())
+    if len(whole) <= limit:
+        return whole
+    sentences: list[str] = []
+    for piece in _SENTENCE_END.split(whole):
+        if sentences and _ABBREVIATION.search(sentences[-1]):
+            sentences[-1] = f"{sentences[-1]} {piece}"
+        elif piece:
+            sentences.append(piece)
+    kept = ""
+    for sentence in sentences:
+        joined = f"{kept} {sentence}".strip() if kept and not kept.endswith(("。", "！", "？")) else kept + sentence
+        if len(joined) > limit:
+            break
+        kept = joined
+    if kept:
+        return kept
+    cut = whole[:limit - 1]
+    # At a word's end where there are words (a Chinese text has no spaces: cut at the character).
+    if " " in cut[limit // 2:]:
+        cut = cut[:cut.rindex(" ")]
+    return cut.rstrip(" ,;:") + "…"
+
+
+def _short_parameters(value: Any) -> Any:
+    """A parameters schema with titles and examples dropped and each description at most SHORT_PARAMETER_CHARS."""
     if isinstance(value, dict):
         # "properties" maps names to schemas: a parameter named "description" is a name, not a description.
-        return {key: (_without_descriptions(item) if key != "properties" else
-                      {name: _without_descriptions(sub) for name, sub in item.items()} if isinstance(item, dict)
-                      else item)
-                for key, item in value.items() if key not in ("description", "title", "examples")}
+        short: dict[str, Any] = {}
+        for key, item in value.items():
+            if key in ("title", "examples"):
+                continue
+            if key == "description" and isinstance(item, str):
+                short[key] = short_description(item, SHORT_PARAMETER_CHARS)
+            elif key == "properties" and isinstance(item, dict):
+                short[key] = {name: _short_parameters(sub) for name, sub in item.items()}
+            else:
+                short[key] = _short_parameters(item)
+        return short
     if isinstance(value, list):
-        return [_without_descriptions(item) for item in value]
+        return [_short_parameters(item) for item in value]
     return value
 
 
