@@ -29,7 +29,7 @@ from picoclaw.agent.budget import (
     usable,
 )
 from picoclaw.agent.context import ContextBuilder, RequestShape
-from picoclaw.agent.loop import AgentLoop
+from picoclaw.agent.loop import SET_ASIDE_NOTICE, SUMMARISED_NOTICE, AgentLoop
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
 from picoclaw.memory import Session, StoredMessage
@@ -43,6 +43,8 @@ from picoclaw.tools.exec import Exec
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import (
     SESSION,
+    SUMMARY_EN,
+    SUMMARY_ZH,
     is_flush_request,
     is_summary_request,
     make_provider,
@@ -382,3 +384,43 @@ def test_a_long_description_keeps_whole_sentences(text: str, expected: str) -> N
     # One sentence longer than the limit: cut at a word (or a character in Chinese), marked.
     assert short_description("word " * 40, 40).endswith("word…")
     assert len(short_description("很长的句子" * 20, 40)) == 40
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_history_over_the_window_is_summarised_in_the_turn_and_its_flush_is_shown(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str) -> None:
+    # The in-turn summary kept session_summary_keep_count messages, so the history rarely fitted and the rest was
+    # set aside without a summary or a flush; the flush it did run was never shown (an empty Receipts()).
+    set_policy(workspace, session_summary_message_threshold=1000, session_summary_token_percent=95,
+               session_summary_keep_count=8)
+    fact = "My sister Lin lives in Hangzhou." if lang == "en" else "我妹妹林住在杭州。"
+    filler = ("Here is more about my week, the garden and the fence that needs fixing. " * 14 if lang == "en"
+              else "这是关于我这一周、花园和需要修理的篱笆的更多内容。" * 14)
+    texts = [f"{fact} {filler}"] + [f"{n}. {filler}" for n in range(1, 12)]
+    summary = SUMMARY_EN if lang == "en" else SUMMARY_ZH
+
+    def respond(body: dict[str, Any]) -> str:
+        if is_flush_request(body):
+            return f"- {fact}" if fact in json.dumps(body, ensure_ascii=False) else "NONE"
+        if is_summary_request(body):
+            return summary
+        return "Noted." if lang == "en" else "记下了。"
+    fake_openai.responder = respond
+    shown: list[str] = []
+
+    async def remembered(key: str, write: Any) -> None:
+        shown.append(write.notice)
+
+    async def main() -> list[str]:
+        async with make_provider(workspace, fake_openai) as provider:
+            loop = AgentLoop(workspace, provider, build_tools(workspace, []), windows=FixedWindow(SMALL))
+            replies = []
+            for text in texts:
+                replies.append((await loop.handle(SESSION, text, remembered=remembered)).text)
+                await loop.wait_background()
+            return replies
+    replies = asyncio.run(main())
+    assert any(SUMMARISED_NOTICE in reply for reply in replies), replies
+    assert not any(SET_ASIDE_NOTICE in reply for reply in replies)
+    assert any(("Lin" if lang == "en" else "林") in notice for notice in shown), shown
+    assert records_of(workspace, "compaction")

@@ -126,6 +126,9 @@ ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSO
 SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
 TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
 SUMMARISED_NOTICE = "(The conversation had outgrown the model's window, so I summarised its earlier part.)"
+# How long a turn whose history is over the window waits for a summary already being written (a CPU model's
+# summary takes a minute or two) before it summarises or sets aside on its own.
+SUMMARY_WAIT = 120.0
 SET_ASIDE_NOTICE = "(The conversation had outgrown the model's window, so I set aside its oldest messages.)"
 
 
@@ -213,6 +216,7 @@ class AgentLoop:
         self._locks: KeyedLocks[str] = KeyedLocks()
         self._summarizing: set[str] = set()
         self._summary_backoff: dict[str, SummaryBackoff] = {}  # kept only for sessions in the cache
+        self._flushed: dict[str, int] = {}  # per session, the newest message id whose facts the flush has seen
         # A session in use (a turn or a summary under way) is never evicted under its user's feet.
         self._loaded: LruCache[str, Session] = LruCache(
             session_cache_size, keep=lambda key: self._locks.busy(key) or key in self._summarizing,
@@ -247,11 +251,13 @@ class AgentLoop:
         archived = await asyncio.to_thread(self.sessions.archive, key)
         self._loaded.pop(key)
         self._summary_backoff.pop(key, None)
+        self._flushed.pop(key, None)
         self.last_requests.forget(key)
         return archived.name if archived else None
 
     def _forget(self, key: str, session: Session) -> None:
         self._summary_backoff.pop(key, None)
+        self._flushed.pop(key, None)
         self.last_requests.forget(key)
 
     async def _append(self, session: Session, messages: list[StoredMessage]) -> None:
@@ -445,29 +451,57 @@ class AgentLoop:
 
     async def _fit_history(self, session: Session, built: BuiltContext, policy: MemoryPolicy, text: str,
                            now: datetime, query: str) -> tuple[BuiltContext, str]:
-        """When the history does not fit beside the rest: its earlier part summarised (a summary call now), or
-        when that is not enough (or fails) the oldest messages set aside on record; the request built again, and
-        the notice saying which. Never silently dropped: the session file keeps every message."""
+        """When the history does not fit beside the rest: the range cut summarised (a summary call now, or the
+        background one under way, waited for), or when that fails the range set aside on record, its facts flushed
+        to memory first as /new does; the request built again, and the notice saying which. The flush's writes go
+        to the turn's, shown after the reply. Never silently dropped: the session file keeps every message."""
         if built.cut_through is None:
             return built, ""
-        notice = SUMMARISED_NOTICE
-        result = await self.compact(session.key)
-        moved = result.compacted if result is not None else 0
-        if result is not None:
+        key = session.key
+        before = len(session.active())
+        turn = current_turn.get()
+        writes = turn.writes if turn is not None else None
+        if await self._summary_finished(key):
             built = await self._build(session, policy, text, now, query, count_use=False)
+        if built.cut_through is not None:
+            if await self.compact(key, through=built.cut_through, collect=writes) is not None:
+                built = await self._build(session, policy, text, now, query, count_use=False)
+        notice = SUMMARISED_NOTICE if len(session.active()) < before else ""
         if built.cut_through is not None:
             notice = SET_ASIDE_NOTICE
             through = built.cut_through
-            moved += sum(1 for m in session.active() if m.id <= through)
-            await asyncio.to_thread(self.sessions.add_compaction, session, through, None, "over_budget")
-            log.info("session %s: history over the window's budget; set aside through message %d", session.key,
-                     through)
+            active = session.active()
+            head = [m for m in active if m.id <= through]
+            unflushed = [m.message for m in head if m.id > self._flushed.get(key, 0)]  # a failed summary's flush ran
+            if unflushed and policy.memory_flush_enabled:  # as /new does: their facts go to MEMORY.md first
+                fold = (self.last_requests.for_history(key, active, len(head), session.summary)
+                        if len(unflushed) == len(head) else None)
+                await self._flush(key, unflushed, Receipts(), fold, collect=writes)
+            await self._set_aside(session, through, "over_budget")
             built = await self._build(session, policy, text, now, query, count_use=False)
+        moved = before - len(session.active())
         if built.split is not None and built.user.why is not None:  # the record says what this request moved
             split = replace(built.split, history_set_aside=moved)
             built.user.why["context"] = split.record()
             built = replace(built, split=split)
         return built, notice
+
+    async def _summary_finished(self, key: str) -> bool:
+        """Wait (at most SUMMARY_WAIT seconds) for a background summary of `key` under way; whether there was one."""
+        if key not in self._summarizing:
+            return False
+        log.info("session %s: the history is over the window's budget; waiting for the summary under way", key)
+        deadline = time.monotonic() + SUMMARY_WAIT
+        while key in self._summarizing and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return True
+
+    async def _set_aside(self, session: Session, through: int, reason: str) -> None:
+        """Set aside the active history through message `through` on record (never deleted: the file keeps it)."""
+        count = sum(1 for m in session.active() if m.id <= through)
+        await asyncio.to_thread(self.sessions.add_compaction, session, through, None, reason)
+        log.info("session %s: %s: set aside %d oldest messages (through message %d)", session.key, reason, count,
+                 through)
 
     async def _reply_room(self, messages: list[Message], schemas: list[dict[str, Any]]) -> int:
         """The max_tokens of the next request of a turn: config's, lowered to what its prompt leaves of the window;
@@ -596,8 +630,7 @@ class AgentLoop:
         cut = turn_start([m.message for m in active], len(active) // 2)  # at a turn's start
         if cut == 0:
             return 0
-        await asyncio.to_thread(self.sessions.add_compaction, session, active[cut - 1].id, None, "context_too_long")
-        log.warning("session %s: context too long, set aside %d oldest messages", session.key, cut)
+        await self._set_aside(session, active[cut - 1].id, "context_too_long")
         return cut
 
     # -- background work ---------------------------------------------------------------------------
@@ -696,9 +729,11 @@ class AgentLoop:
             tokens = sum(count_tokens(str(m.message.get("content") or "")) for m in active)
         return tokens > self.window.tokens * policy.session_summary_token_percent / 100
 
-    async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Fold | None = None) -> None:
+    async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Fold | None = None, *,
+                     collect: list[MemoryWrite] | None = None) -> None:
         """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
-        was written; never raises. `fold`: ask after the conversation's last request, which carries them."""
+        was written (or add it to `collect`, a turn's writes shown after its reply); never raises. `fold`: ask
+        after the conversation's last request, which carries them."""
         after = AfterConversation(fold.prefix, fold.part, fold.earlier) if fold is not None else None
         try:
             result = await flush_facts(self.background, self.workspace.store, render_transcript(messages),
@@ -711,6 +746,9 @@ class AgentLoop:
         else:
             log.info("session %s: memory flush stored %d fact(s), %d already known, %d rejected", key,
                      len(result.stored), len(result.known), len(result.rejected))
+        if collect is not None:
+            collect.extend(result.writes())
+            return
         try:
             await receipts.show(key, result.writes(), self.written)
         except Exception:
@@ -723,11 +761,14 @@ class AgentLoop:
         self._summary_backoff[key] = SummaryBackoff(session.last_id + wait, wait)
         log.info("session %s: next summary attempt after message %d", key, session.last_id + wait)
 
-    async def compact(self, key: str, receipts: Receipts = Receipts()) -> CompactResult | None:
-        """Summarise all but the last `session_summary_keep_count` messages; None when nothing was done.
+    async def compact(self, key: str, receipts: Receipts = Receipts(), *, through: int | None = None,
+                      collect: list[MemoryWrite] | None = None) -> CompactResult | None:
+        """Summarise all but the last `session_summary_keep_count` messages (`through`: exactly those up to that
+        id, the range a request must cut); None when nothing was done.
 
         The model call runs without the session lock: messages that arrive meanwhile are newer than
-        the compacted range and are kept. What the memory flush before it writes is shown through `receipts`.
+        the compacted range and are kept. What the memory flush before it writes is shown through `receipts` (or
+        added to `collect`, a turn's writes).
         """
         if key in self._summarizing:
             return None
@@ -736,7 +777,10 @@ class AgentLoop:
             session = await self.session(key)
             policy = self.workspace.policy.current()
             active = session.active()
-            cut = keep_last([m.message for m in active], policy.session_summary_keep_count)
+            if through is None:
+                cut = keep_last([m.message for m in active], policy.session_summary_keep_count)
+            else:
+                cut = sum(1 for m in active if m.id <= through)
             if cut == 0:
                 return None
             folded = active[:cut]
@@ -744,7 +788,8 @@ class AgentLoop:
             # local server keeps the conversation cached (agent/cache_prefix.py).
             fold = self.last_requests.for_history(key, active, cut, session.summary)
             if policy.memory_flush_enabled:  # the facts in what is folded away go to MEMORY.md first
-                await self._flush(key, [m.message for m in folded], receipts, fold)
+                await self._flush(key, [m.message for m in folded], receipts, fold, collect=collect)
+                self._flushed[key] = max(self._flushed.get(key, 0), folded[-1].id)
             try:
                 own = summary_request(session.summary, [m.message for m in folded])
                 if fold is not None:
