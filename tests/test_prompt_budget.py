@@ -388,9 +388,11 @@ def test_a_long_description_keeps_whole_sentences(text: str, expected: str) -> N
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_history_over_the_window_is_summarised_in_the_turn_and_its_flush_is_shown(
-        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str) -> None:
+        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The in-turn summary kept session_summary_keep_count messages, so the history rarely fitted and the rest was
     # set aside without a summary or a flush; the flush it did run was never shown (an empty Receipts()).
+    # No background summary here (as when it failed): the turn itself must make the history fit.
+    monkeypatch.setattr(AgentLoop, "needs_summary", lambda self, session, policy: False)
     set_policy(workspace, session_summary_message_threshold=1000, session_summary_token_percent=95,
                session_summary_keep_count=8)
     fact = "My sister Lin lives in Hangzhou." if lang == "en" else "我妹妹林住在杭州。"
@@ -424,3 +426,19 @@ def test_history_over_the_window_is_summarised_in_the_turn_and_its_flush_is_show
     assert not any(SET_ASIDE_NOTICE in reply for reply in replies)
     assert any(("Lin" if lang == "en" else "林") in notice for notice in shown), shown
     assert records_of(workspace, "compaction")
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_on_a_small_window_the_summary_comes_before_the_budget_cuts(workspace: Workspace,
+                                                                     fake_openai: FakeOpenAIServer, lang: str) -> None:
+    # With max_tokens at 25 % of a 4096 window the largest prompt is about 70 % of it, and the trigger was 75 %:
+    # the history was always cut in the turn (or set aside) before a background summary could fire.
+    answering(fake_openai)
+    piece = ("Notes on the garden: water the tomatoes, shade the basil, fix the north fence. " if lang == "en"
+             else "花园笔记：给西红柿浇水，把罗勒放在阴凉处，修好北边的篱笆。")
+    texts = [f"{n}. " + piece * (12 if lang == "en" else 8) for n in range(10)]
+    replies = run_small(workspace, fake_openai, texts)
+    assert any(is_summary_request(body) for body in fake_openai.chat_requests())
+    assert not any(SUMMARISED_NOTICE in reply or SET_ASIDE_NOTICE in reply for reply in replies), replies
+    records = records_of(workspace, "compaction")
+    assert records and all(r.get("reason") == "summary" for r in records)

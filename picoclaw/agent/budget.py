@@ -187,6 +187,7 @@ class Fit:
     max_tokens: int
     prompt: int
     fits: bool
+    history_room: int = 0  # what the fixed parts, the kept memory and the reply's reserve leave for the history
 
 
 def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequence[int], max_tokens: int,
@@ -199,7 +200,7 @@ def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequ
     if fixed + reserve > room:
         # Nothing else fits: no memory, no history, and the reply lowered to what is left.
         reply = min(max_tokens, room - fixed)
-        return Fit(len(history), 0, max(reply, 0), fixed, reply >= floor)
+        return Fit(len(history), 0, max(reply, 0), fixed, reply >= floor, 0)
     left = room - fixed - reserve
     # Memory takes at most half of what is left, the history the rest: the recent conversation matters as much as
     # what memory brings up, and a fixed split keeps a set-aside from being filled by memory at the next turn.
@@ -217,7 +218,7 @@ def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequ
         # window sets its history aside (or summarises it) every few turns, not at every turn.
         start = _history_start(history, left // 2)
     prompt = fixed + sum(memory[:keep]) + sum(history[start:])
-    return Fit(start, keep, min(max_tokens, room - prompt), prompt, True)
+    return Fit(start, keep, min(max_tokens, room - prompt), prompt, True, left)
 
 
 def _history_start(history: Sequence[int], room: int) -> int:
@@ -288,12 +289,13 @@ class PromptSplit:
     tools_short: bool = False
     memory_dropped: int = 0
     history_set_aside: int = 0
+    history_room: int = 0  # the history's room in this request (Fit.history_room): the summary threshold's base
 
     def record(self) -> dict[str, Any]:
         """The split as the turn's `why` record keeps it (JSON)."""
         return {"window": self.window.tokens, "source": self.window.source, "detail": self.window.detail,
                 "parts": dict(self.parts), "tools_short": self.tools_short, "memory_dropped": self.memory_dropped,
-                "history_set_aside": self.history_set_aside}
+                "history_set_aside": self.history_set_aside, "history_room": self.history_room}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> PromptSplit | None:
@@ -302,7 +304,7 @@ class PromptSplit:
             parts = {str(k): int(v) for k, v in dict(record["parts"]).items()}
             window = ContextWindow(int(record["window"]), record["source"], str(record.get("detail") or ""))
             return cls(window, parts, bool(record.get("tools_short")), int(record.get("memory_dropped") or 0),
-                       int(record.get("history_set_aside") or 0))
+                       int(record.get("history_set_aside") or 0), int(record.get("history_room") or 0))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -333,3 +335,13 @@ def split_report(split: PromptSplit, heading: str) -> str:
 
 def _percent(tokens: int, window: int) -> str:
     return f"{100 * tokens / window:.1f}%" if window > 0 else "-"
+
+
+def over_history_share(history: int, room: int, percent: int) -> bool:
+    """Whether `history` tokens are over `percent` % of the history's `room` in a request (0: no room known)."""
+    return room > 0 and history > room * percent // 100
+
+
+def keep_within(costs: Sequence[int], room: int) -> int:
+    """The first index of the newest run of `costs` within `room` tokens (a summary keeps no more than that)."""
+    return _history_start(costs, room)

@@ -247,7 +247,9 @@ class ContextBuilder:
         parts = {"system": system_tokens - named["lessons"] - named["skills"] - summary_tokens, **named,
                  "tools": tools_tokens, "memory": memory_tokens, "history": history_tokens,
                  "user": said, "reply": fit.max_tokens}
-        split = PromptSplit(shape.window, parts, tools_short, len(pieces) - fit.memory_keep, start)
+        # The history's room with the summary in it: the history part counts the summary too.
+        split = PromptSplit(shape.window, parts, tools_short, len(pieces) - fit.memory_keep, start,
+                            fit.history_room + summary_tokens if fit.fits else 0)
         why["context"] = split.record()
         return BuiltContext(messages, prefix, kept, user, tools, fit.max_tokens, split, fit.fits, through)
 

@@ -38,8 +38,10 @@ from picoclaw.agent.budget import (
     Shares,
     cut_to_fit,
     json_tokens,
+    keep_within,
     memory_cap,
     message_tokens,
+    over_history_share,
     refusal,
     reply_reserve,
     reply_tokens,
@@ -172,6 +174,20 @@ class Reply:
 
     text: str
     error: ProviderError | StorageError | None = None
+
+
+def history_load(session: Session) -> tuple[int, int, int] | None:
+    """The history's tokens now (the last request's history part and the turn stored after it), its room in
+    that request (from the turn's `why` record) and the last turn's tokens; None before any such record."""
+    active = session.active()
+    for index in range(len(active) - 1, -1, -1):
+        record = (active[index].why or {}).get("context") if active[index].message.get("role") == "user" else None
+        split = PromptSplit.from_record(record) if isinstance(record, dict) else None
+        if split is not None:
+            # Our count, not the provider's: the budget cuts by it, and this is to come before the cut.
+            last_turn = sum(message_tokens(m.as_sent()) for m in active[index:])
+            return split.parts.get("history", 0) + last_turn, split.history_room, last_turn
+    return None
 
 
 def _log_failure(task: asyncio.Future[None]) -> None:
@@ -720,14 +736,28 @@ class AgentLoop:
             await self.compact(key, receipts)
 
     def needs_summary(self, session: Session, policy: MemoryPolicy) -> bool:
-        """History over the message threshold, or over the token share of the context window."""
+        """History over the message threshold, or over the token share of the history's room in the last request
+        (on a small window the budget would cut it before the window's share is reached), or of the window."""
         active = session.active()
         if len(active) > policy.session_summary_message_threshold:
             return True
+        load = history_load(session) if self._budget_cuts_first(policy) else None
+        if load is not None:
+            history, room, last_turn = load
+            # Over the share of its room, or a turn like the last would not fit: summarise before the budget cuts.
+            if over_history_share(history, room, policy.session_summary_token_percent) or history + last_turn > room:
+                return True
         tokens = session.last_prompt_tokens()
         if tokens is None:  # no provider count yet: the local count (it drifts, above all for Chinese)
             tokens = sum(count_tokens(str(m.message.get("content") or "")) for m in active)
         return tokens > self.window.tokens * policy.session_summary_token_percent / 100
+
+    def _budget_cuts_first(self, policy: MemoryPolicy) -> bool:
+        """Whether the budget would cut the history before the window's token share is reached: the largest prompt
+        it allows (the window less the reply's reserve) is below that share (windows up to about 4×max_tokens)."""
+        window = self.window.tokens
+        reserve = reply_reserve(window, self.workspace.config.agents.defaults.max_tokens, Shares.of(policy))
+        return usable(window) - reserve <= window * policy.session_summary_token_percent / 100
 
     async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Fold | None = None, *,
                      collect: list[MemoryWrite] | None = None) -> None:
@@ -779,6 +809,12 @@ class AgentLoop:
             active = session.active()
             if through is None:
                 cut = keep_last([m.message for m in active], policy.session_summary_keep_count)
+                load = history_load(session)
+                if load is not None and load[1] > 0:
+                    # On a small window keep_count messages can be over the history's room by themselves: keep
+                    # no more than fits in half of it, from a turn's start.
+                    within = keep_within([message_tokens(m.as_sent()) for m in active], load[1] // 2)
+                    cut = max(cut, turn_start([m.message for m in active], within))
             else:
                 cut = sum(1 for m in active if m.id <= through)
             if cut == 0:
