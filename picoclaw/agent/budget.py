@@ -5,9 +5,10 @@ Plain functions of token counts (no I/O). Each shrinkable part has a share of th
 `prompt_tools_percent`, `prompt_memory_percent`, `prompt_reply_percent`); on a small window the large parts give
 way first: the tool schemas go to their short form (decided by their size against their share alone, so the
 choice, and with it the prompt cache's prefix, stays the same for every turn on one window), memory carries
-fewer blocks, the oldest history is summarised or set aside, and the reply's max_tokens is lowered to what the
-prompt leaves. The user's message is never cut: when it alone leaves no room for a reply, the request is not
-sent (`Fit.fits` is False).
+fewer blocks, the oldest history is summarised or set aside; the reply's part is a reserve while fitting, and its
+max_tokens is config's lowered to what the prompt leaves. A tool's result is cut to what the window leaves
+(`cut_to_fit`), and a request that would leave the reply less than REPLY_FLOOR is not sent. The user's message
+is never cut: when it alone leaves no room for a reply, the request is not sent (`Fit.fits` is False).
 """
 
 from __future__ import annotations
@@ -328,6 +329,8 @@ def split_report(split: PromptSplit, heading: str) -> str:
         lines.append(f"  {PART_LABELS[name]:<{width}}  {tokens:>7,}  {_percent(tokens, window):>5}{note}")
     total = sum(split.parts.values())
     lines.append(f"  {'total':<{width}}  {total:>7,}  {_percent(total, window):>5}")
+    margin = share_of(window, MARGIN_PERCENT)
+    lines.append(f"  {'kept free':<{width}}  {margin:>7,}  {_percent(margin, window):>5}  (token counts are estimates)")
     detail = f": {split.window.detail}" if split.window.detail else ""
     lines.append(f"window: {window:,} tokens ({split.window.source}{detail})")
     return "\n".join(lines)

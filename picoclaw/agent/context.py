@@ -248,7 +248,9 @@ class ContextBuilder:
                  "tools": tools_tokens, "memory": memory_tokens, "history": history_tokens,
                  "user": said, "reply": fit.max_tokens}
         # The history's room with the summary in it: the history part counts the summary too.
-        split = PromptSplit(shape.window, parts, tools_short, len(pieces) - fit.memory_keep, start,
+        # Relevant-history mode leaves turns out of this request only: none is set aside.
+        set_aside = start if policy.session_relevant_history_limit <= 0 else 0
+        split = PromptSplit(shape.window, parts, tools_short, len(pieces) - fit.memory_keep, set_aside,
                             fit.history_room + summary_tokens if fit.fits else 0)
         why["context"] = split.record()
         return BuiltContext(messages, prefix, kept, user, tools, fit.max_tokens, split, fit.fits, through)
