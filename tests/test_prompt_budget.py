@@ -26,6 +26,7 @@ from picoclaw.agent.budget import (
     short_description,
     short_schemas,
     short_tools_needed,
+    stored_tokens,
     usable,
 )
 from picoclaw.agent.context import ContextBuilder, RequestShape
@@ -442,3 +443,17 @@ def test_on_a_small_window_the_summary_comes_before_the_budget_cuts(workspace: W
     assert not any(SUMMARISED_NOTICE in reply or SET_ASIDE_NOTICE in reply for reply in replies), replies
     records = records_of(workspace, "compaction")
     assert records and all(r.get("reason") == "summary" for r in records)
+
+
+def test_each_history_message_is_counted_once_and_again_only_when_it_changes(workspace: Workspace) -> None:
+    # The counts were kept in an lru_cache keyed on each message's whole JSON: cold with many sessions, and a copy of
+    # every message. Now each stored message keeps its own count.
+    messages = [{"role": "user", "content": "哪天部署？"}, {"role": "assistant", "content": "Thursday."}]
+    session = Session(SESSION, Path("unused.jsonl"), [StoredMessage(n + 1, m) for n, m in enumerate(messages)])
+    asyncio.run(ContextBuilder(workspace).build(workspace.policy.current(), session, "hi", datetime(2025, 3, 1, 9, 0),
+                                                count_use=False, shape=RequestShape(SMALL, [], 4096)))
+    counted = [m.tokens for m in session.active()]
+    assert all(counted) and counted == [stored_tokens(m) for m in session.active()]
+    reply = session.active()[1]
+    reply.mark_undelivered("the chat was closed")
+    assert reply.tokens is None and stored_tokens(reply) > counted[1]

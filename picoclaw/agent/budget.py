@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from picoclaw.memory import StoredMessage
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ContextWindow, Message
 from picoclaw.tokens import count_tokens
@@ -84,22 +85,30 @@ def short_tools_needed(full_tokens: int, window: int, shares: Shares) -> bool:
 # -- counting ----------------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=8192)
-def _json_tokens(text: str) -> int:
+@functools.lru_cache(maxsize=32)
+def _schema_tokens(text: str) -> int:
     return count_tokens(text)
 
 
 def json_tokens(value: Any) -> int:
-    """Tokens of `value` as the JSON sent (messages and tool schemas are counted as what goes over the wire)."""
-    return _json_tokens(orjson.dumps(value).decode("utf-8"))
+    """Tokens of tool schemas as the JSON sent; cached (a process has a few sets of tools, sent every turn)."""
+    return _schema_tokens(orjson.dumps(value).decode("utf-8"))
 
 
 def message_tokens(message: Message) -> int:
-    return json_tokens(message)
+    """Tokens of `message` as the JSON sent (not cached: a history message is counted once, `stored_tokens`)."""
+    return count_tokens(orjson.dumps(message).decode("utf-8"))
+
+
+def stored_tokens(stored: StoredMessage) -> int:
+    """Tokens of a history message as sent, counted once and kept on it."""
+    if stored.tokens is None:
+        stored.tokens = message_tokens(stored.as_sent())
+    return stored.tokens
 
 
 def text_tokens(text: str) -> int:
-    return _json_tokens(text)
+    return count_tokens(text)
 
 
 # -- the tools' short form ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from picoclaw.agent.budget import (
     reply_reserve,
     short_schemas,
     short_tools_needed,
+    stored_tokens,
     text_tokens,
 )
 from picoclaw.agent.history import keep_last, safe_start, turns
@@ -209,7 +210,11 @@ class ContextBuilder:
         system_tokens = message_tokens({"role": "system", "content": system})
         tools_tokens = json_tokens(tools) if tools_short else full_tools
         user_tokens = message_tokens(bare.as_sent())
-        costs = [message_tokens(m) for m in history]
+        active = session.active()
+        if policy.session_relevant_history_limit <= 0:  # the history is the active tail: each counted once
+            costs = [stored_tokens(m) for m in active[len(active) - len(history):]]
+        else:
+            costs = [message_tokens(m) for m in history]
         fit = fit_request(window, fixed=system_tokens + tools_tokens + user_tokens,
                           memory=[text_tokens(piece.text) + PIECE_OVERHEAD for piece in pieces],
                           history=costs,
@@ -227,8 +232,7 @@ class ContextBuilder:
         if fit.history_start:
             start = turn_start(history, fit.history_start)  # at a turn's boundary: never a reply without its ask
             # Relevant-history mode chose its turns for this query alone: trimmed here, nothing to set aside.
-            if policy.session_relevant_history_limit <= 0:
-                active = session.active()  # the history is its tail, as sent
+            if policy.session_relevant_history_limit <= 0:  # the history is the active tail, as sent
                 through = active[len(active) - len(history) + start - 1].id
         why = kept.explained(self.workspace.root, fitted, search_method(self.workspace.searcher))
         if query != user_text:

@@ -45,6 +45,7 @@ from picoclaw.agent.budget import (
     refusal,
     reply_reserve,
     reply_tokens,
+    stored_tokens,
     usable,
 )
 from picoclaw.agent.cache_prefix import Fold, LastRequests
@@ -185,7 +186,7 @@ def history_load(session: Session) -> tuple[int, int, int] | None:
         split = PromptSplit.from_record(record) if isinstance(record, dict) else None
         if split is not None:
             # Our count, not the provider's: the budget cuts by it, and this is to come before the cut.
-            last_turn = sum(message_tokens(m.as_sent()) for m in active[index:])
+            last_turn = sum(stored_tokens(m) for m in active[index:])
             return split.parts.get("history", 0) + last_turn, split.history_room, last_turn
     return None
 
@@ -813,7 +814,7 @@ class AgentLoop:
                 if load is not None and load[1] > 0:
                     # On a small window keep_count messages can be over the history's room by themselves: keep
                     # no more than fits in half of it, from a turn's start.
-                    within = keep_within([message_tokens(m.as_sent()) for m in active], load[1] // 2)
+                    within = keep_within([stored_tokens(m) for m in active], load[1] // 2)
                     cut = max(cut, turn_start([m.message for m in active], within))
             else:
                 cut = sum(1 for m in active if m.id <= through)
