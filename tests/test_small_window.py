@@ -20,7 +20,14 @@ from picoclaw.app import App
 from picoclaw.memory.flush import NOTHING
 from picoclaw.providers import ContextWindow
 from tests.agent_helpers import SUMMARY_EN, SUMMARY_ZH, is_flush_request, is_summary_request, said, turn_requests
-from tests.fakes.openai_server import FakeOpenAIServer, OverflowStyle, ServerKind, rough_tokens, window_tokens
+from tests.fakes.openai_server import (
+    FakeOpenAIServer,
+    OverflowStyle,
+    ServerKind,
+    ToolCalls,
+    rough_tokens,
+    window_tokens,
+)
 from tests.test_repl import configure
 
 WINDOW = 4096
@@ -180,3 +187,49 @@ def test_each_retry_after_an_empty_reply_gets_the_room_its_own_prompt_leaves(hom
         # The plain try carries only the system prompt and the message: it has far more room than the tool step.
         assert plain["max_tokens"] > tool_step["max_tokens"]
         assert plain["max_tokens"] + window_tokens(plain) > WINDOW // 2
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_an_overflow_after_a_tool_step_is_retried_with_the_results_cut_to_the_learnt_window(home: Path,
+                                                                                          lang: str) -> None:
+    # The retry after an overflow was sent with the first request's max_tokens, ignoring the turn's tool steps
+    # (and their results, cut for the window assumed before, no longer fitted the one learnt).
+    line = "Line {i}: the backup runs at night.\n" if lang == "en" else "第{i}行：备份在夜里运行。\n"
+    big = "".join(line.format(i=i) for i in range(2500 if lang == "en" else 1200))
+    answer = {"en": "The backup runs at night.", "zh": "备份在夜里运行。"}[lang]
+    question = "What does big.txt say?" if lang == "en" else "big.txt 里写了什么？"
+
+    def responder(body: dict[str, Any]) -> Any:
+        if is_summary_request(body):
+            return SUMMARY_EN if lang == "en" else SUMMARY_ZH
+        if is_flush_request(body):
+            return NOTHING
+        sent = body["messages"]
+        if any(m["role"] == "tool" for m in sent):
+            return answer
+        if question in said(sent[-1]) and body.get("tools"):
+            return ToolCalls([("read_file", {"path": "big.txt"})])
+        return REPLY[lang]
+
+    with FakeOpenAIServer(kind="none", window=WINDOW, overflow="llama.cpp") as server:
+        run_config = home / "config.json"
+        configure(home, server)
+        config = json.loads(run_config.read_text(encoding="utf-8"))
+        config["agents"]["defaults"]["context_window"] = "auto"
+        run_config.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+        (home / "workspace" / "big.txt").write_text(big, encoding="utf-8")
+        server.responder = responder
+
+        async def main() -> list[Any]:
+            async with App.open(home) as app:
+                agent = app.agent()
+                replies = []
+                for text in [message(0, lang), message(1, lang), question]:
+                    replies.append(await agent.handle(KEY, text))
+                    await agent.wait_background()
+                return replies
+        replies = asyncio.run(main())
+        assert replies[-1].error is None and answer in replies[-1].text, replies[-1]
+        over = [n for n, count in enumerate(server.prompt_counts) if count > WINDOW]
+        assert len(over) == 1, server.prompt_counts
+        assert over_window(server, after=over[0]) == []

@@ -406,10 +406,11 @@ class AgentLoop:
                     # The first prompt's blocks were counted already: this one is the same turn's.
                     built = await self._build(session, policy, text, now, query, count_use=False)
                     turn[0] = built.user
-                    messages = built.messages + [stored.as_sent() for stored in turn[1:]]
                     # A window learnt from the overflow may want the tools' short form and a smaller reply.
                     schemas, max_tokens = built.tools, built.max_tokens
-                    if len(turn) > 1:  # the turn's tool steps are in this request too: their room, not the first's
+                    messages = list(built.messages)
+                    if len(turn) > 1:  # the turn's tool steps: their results cut again to the window, their room
+                        messages, schemas = await self._refit_steps(key, messages, turn, schemas)
                         max_tokens = await self._reply_room(messages, schemas)
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
                     reply = await self._ask(messages, schemas, on_text, max_tokens)
@@ -530,6 +531,18 @@ class AgentLoop:
             raise ProviderError("context_too_long", f"the turn's request ({prompt:,} tokens) leaves no room for an "
                                 f"answer in the model's window of {window.tokens:,} tokens ({window.source})")
         return room
+
+    async def _refit_steps(self, key: str, messages: list[Message], turn: list[StoredMessage],
+                           schemas: list[dict[str, Any]]) -> tuple[list[Message], list[dict[str, Any]]]:
+        """The turn's steps after `messages` (rebuilt for a window learnt from an overflow), each tool result cut
+        again to what that window leaves (and kept as sent in `turn`); and the tools the request still offers."""
+        for index in range(1, len(turn)):
+            sent = turn[index].as_sent()
+            if sent.get("role") == "tool":
+                [sent], schemas = await self._fit_results(key, messages, [sent], schemas)
+                turn[index] = StoredMessage(0, sent)
+            messages.append(sent)
+        return messages, schemas
 
     async def _fit_results(self, key: str, messages: list[Message], results: list[Message],
                            schemas: list[dict[str, Any]]) -> tuple[list[Message], list[dict[str, Any]]]:
