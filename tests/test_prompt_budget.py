@@ -457,3 +457,20 @@ def test_each_history_message_is_counted_once_and_again_only_when_it_changes(wor
     reply = session.active()[1]
     reply.mark_undelivered("the chat was closed")
     assert reply.tokens is None and stored_tokens(reply) > counted[1]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_tool_results_that_fill_the_window_leave_the_tools_out_of_the_next_request(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str) -> None:
+    line = "Entry {i}: the invoice was paid late.\n" if lang == "en" else "第{i}条：发票付款晚了。\n"
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (workspace.root / name).write_text("".join(line.format(i=i) for i in range(1500)), encoding="utf-8")
+    fake_openai.reply_tool_calls([("read_file", {"path": name}) for name in ("a.txt", "b.txt", "c.txt")])
+    fake_openai.reply_text("Paid late." if lang == "en" else "付款晚了。")
+    [reply] = run_small(workspace, fake_openai, ["Read a, b and c." if lang == "en" else "读一下 a、b 和 c。"])
+    assert reply in ("Paid late.", "付款晚了。")
+    first, after = fake_openai.chat_requests()[:2]
+    assert first.get("tools") and not after.get("tools")  # no room left for them: the model answers from the results
+    results = [m["content"] for m in after["messages"] if m["role"] == "tool"]
+    assert len(results) == 3 and all("cut to fit the model's window" in text for text in results)
+    assert all(request_tokens(body) <= SMALL.tokens for body in fake_openai.chat_requests()[:2])
