@@ -84,7 +84,8 @@ class MemoryPolicy(BaseModel):
     )
     prompt_reply_percent: int = Field(
         25, ge=5, le=50,
-        description="share (%) of the context window kept for the reply: max_tokens is lowered to it on a small window"
+        description="share (%) of the context window kept free for the reply while the prompt is fitted (history and "
+                    "memory give way to it); the reply's max_tokens is config's, lowered to what the prompt leaves"
     )
     skill_draft_successes: int = Field(
         3, ge=2, le=50, description="successes of the same tool workflow before a skill is drafted from its lessons"
@@ -111,5 +112,6 @@ POLICY_KEYS: tuple[str, ...] = tuple(MemoryPolicy.model_fields)
 # Reflection tunes numbers; the switches (its own above all) are the user's.
 SWITCHES = ("evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled", "learning_enabled")
 # …and so are the caps on what background work may spend: a model loop must not raise its own limit.
-USER_ONLY = (*SWITCHES, "learning_daily_calls")
+# The prompt's shares too: a tuned tools share would flip the tools' form mid-session (and the prompt cache with it).
+USER_ONLY = (*SWITCHES, "learning_daily_calls", "prompt_tools_percent", "prompt_memory_percent", "prompt_reply_percent")
 TUNABLE_KEYS: tuple[str, ...] = tuple(key for key in POLICY_KEYS if key not in USER_ONLY)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from picoclaw.agent.budget import PART_LABELS, PARTS
+from picoclaw.agent.budget import PART_LABELS, PARTS, PromptSplit, split_report
 from picoclaw.agent.commands import HELP, LAST_REQUEST, NEXT_REQUEST
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.channels.telegram.commands import COMMANDS
@@ -179,3 +179,8 @@ def test_the_web_console_chat_answers_context(chatting: tuple[Console, FakeOpenA
     after = chat_events(client, token.group(1), "/context")[-1]
     assert after["kind"] == "done" and after["text"].startswith(LAST_REQUEST)
     assert "window: " in after["text"] and len(fake.chat_requests()) == 1
+
+
+def test_the_split_shows_the_counting_margin_kept_free() -> None:
+    report = split_report(PromptSplit(ContextWindow(4096, "server", "llama.cpp /props"), {"system": 300}), "h")
+    assert "kept free" in report and "204" in report and "5.0%" in report

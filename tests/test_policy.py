@@ -90,7 +90,7 @@ def test_evolution_switch_is_not_tunable_by_reflection() -> None:
     assert "evolution_enabled" in POLICY_KEYS and "evolution_enabled" not in TUNABLE_KEYS
     # The switches are the user's, and so is the cap on background model calls: reflection tunes the rest.
     user_only = {"evolution_enabled", "memory_flush_enabled", "query_rewrite_enabled", "learning_enabled",
-                 "learning_daily_calls"}
+                 "learning_daily_calls", "prompt_tools_percent", "prompt_memory_percent", "prompt_reply_percent"}
     assert set(TUNABLE_KEYS) == set(POLICY_KEYS) - user_only
 
 

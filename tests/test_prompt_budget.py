@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -15,26 +16,36 @@ from pydantic import BaseModel, Field, ValidationError
 
 from picoclaw.agent.budget import (
     REPLY_FLOOR,
+    PromptSplit,
     Shares,
     fit_request,
     json_tokens,
     memory_cap,
+    refusal,
     reply_reserve,
+    short_description,
     short_schemas,
     short_tools_needed,
+    stored_tokens,
     usable,
 )
-from picoclaw.agent.loop import AgentLoop
+from picoclaw.agent.context import ContextBuilder, RequestShape
+from picoclaw.agent.loop import SET_ASIDE_NOTICE, SUMMARISED_NOTICE, AgentLoop
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
+from picoclaw.memory import Session, StoredMessage
 from picoclaw.memory.workspace import Workspace
-from picoclaw.policy_schema import MemoryPolicy
+from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.base import ContextWindow, FixedWindow
 from picoclaw.tokens import count_tokens
 from picoclaw.tools.base import Tool
+from picoclaw.tools.cron import Cron
+from picoclaw.tools.exec import Exec
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import (
     SESSION,
+    SUMMARY_EN,
+    SUMMARY_ZH,
     is_flush_request,
     is_summary_request,
     make_provider,
@@ -176,11 +187,12 @@ def test_short_form_keeps_names_and_parameters_and_drops_long_descriptions() -> 
     short = short_schemas(full)
     assert [s["function"]["name"] for s in short] == [s["function"]["name"] for s in full]
     first = short[0]["function"]
-    assert first["description"] == "Looks up the thing in the remote catalogue."
+    assert first["description"].startswith("Looks up the thing in the remote catalogue. It supports pagination")
+    assert len(first["description"]) <= 200 and first["description"].endswith(("。", "."))
     assert set(first["parameters"]["properties"]) == {"query", "limit", "description"}  # a parameter's *name* stays
-    assert "description" not in json.dumps(first["parameters"]["properties"]["query"])
+    assert len(first["parameters"]["properties"]["query"]["description"]) <= 40
     assert first["parameters"]["required"] == ["query"]
-    assert json_tokens(short) * 5 < json_tokens(full)
+    assert json_tokens(short) * 3 < json_tokens(full)
     # The same input gives the same bytes: a session's prefix stays cached.
     assert orjson.dumps(short_schemas(full)) == orjson.dumps(short)
 
@@ -254,7 +266,7 @@ def test_every_request_stays_within_a_4096_window(workspace: Workspace, fake_ope
     # The tools went in their short form, the same bytes in every turn (the prompt cache keeps them).
     assert len({orjson.dumps(body["tools"]) for body in turns}) == 1
     assert len(turns[0]["tools"]) == len(build_tools(workspace, MANY_TOOLS).schemas())  # every tool offered
-    assert all("description" not in json.dumps(t["function"]["parameters"]["properties"]["query"])
+    assert all(len(t["function"]["parameters"]["properties"]["query"]["description"]) <= 40
                for t in turns[0]["tools"] if t["function"]["name"].startswith("catalogue_"))
     # History over its room was summarised on record, never dropped without a trace.
     assert records_of(workspace, "compaction")
@@ -301,3 +313,164 @@ def test_a_large_window_sends_what_it_did_before(workspace: Workspace, fake_open
     [body] = turn_requests(fake_openai)
     assert body["max_tokens"] == 4096
     assert body["tools"] == [tool.schema() for tool in [*build_tools(workspace).tools.values(), *MANY_TOOLS]]
+
+
+def test_reflection_cannot_tune_the_prompt_shares() -> None:
+    # A tuned tools share would flip the tools between full and short form mid-session (and lose the prompt cache).
+    for key in ("prompt_tools_percent", "prompt_memory_percent", "prompt_reply_percent"):
+        assert key not in TUNABLE_KEYS
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_history_is_cut_at_a_turn_start_never_on_a_reply(workspace: Workspace, lang: str) -> None:
+    # The oldest turn's question is too long to keep: the cut landed on its answer, sent without its question.
+    long = ("Tell me everything about the garden. " * 300 if lang == "en" else "告诉我花园的一切。" * 900)
+    said_ = ([long, "Short answer.", "And the fence?", "Fix it before the rain."] if lang == "en"
+             else [long, "简短的回答。", "篱笆呢？", "下雨前修好。"])
+    messages = [{"role": "user" if n % 2 == 0 else "assistant", "content": text} for n, text in enumerate(said_)]
+    session = Session(SESSION, Path("unused.jsonl"), [StoredMessage(n + 1, m) for n, m in enumerate(messages)])
+    built = asyncio.run(ContextBuilder(workspace).build(
+        workspace.policy.current(), session, "hi", datetime(2025, 3, 1, 9, 0), count_use=False,
+        shape=RequestShape(SMALL, [], 4096)))
+    sent = built.messages[1:-1]
+    assert sent == messages[2:]  # from the next user message on
+    assert built.cut_through == 2  # the reply goes with its question
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_summary_too_big_for_the_window_never_refuses_a_short_message(workspace: Workspace, lang: str) -> None:
+    # The refusal "your message alone … leaves no room" was given for "hi" once the summary had grown too big.
+    summary = ("## Goal\n" + "The garden, the fence, the tomatoes and the rain. " * 400 if lang == "en"
+               else "## 目标\n" + "花园、篱笆、西红柿和雨。" * 400)
+    session = Session(SESSION, Path("unused.jsonl"), [], summary=summary)
+    text = "hi" if lang == "en" else "你好"
+    built = asyncio.run(ContextBuilder(workspace).build(
+        workspace.policy.current(), session, text, datetime(2025, 3, 1, 9, 0), count_use=False,
+        shape=RequestShape(SMALL, [], 4096)))
+    assert built.fits
+    assert summary not in built.messages[0]["content"]
+    assert built.split is not None and sum(built.split.parts.values()) <= SMALL.tokens
+
+
+def test_the_refusal_names_the_part_that_is_too_big() -> None:
+    window = ContextWindow(4096, "server", "llama.cpp /props")
+    message = refusal(PromptSplit(window, {"system": 400, "tools": 600, "user": 3500, "reply": 0}))
+    assert message.startswith("your message alone (3,500 tokens)")
+    standing = refusal(PromptSplit(window, {"system": 1500, "tools": 2400, "user": 2, "reply": 0}))
+    assert "your message" not in standing and "(3,900 tokens)" in standing and "4,096" in standing
+
+
+def test_the_short_form_keeps_what_the_model_needs_to_call_a_tool() -> None:
+    # cron's description became "This chat's reminders." and its "at" lost "e.g. 2026-12-01T09:00"; exec was cut
+    # mid-word.
+    tools = {tool["function"]["name"]: tool["function"] for tool in short_schemas(
+        [{"type": "function", "function": {"name": name, "description": described.description,
+                                           "parameters": described.Args.model_json_schema()}}
+         for name, described in (("cron", Cron), ("exec", Exec))])}
+    assert tools["cron"]["description"] == " ".join(Cron.description.split())  # whole: under 200 characters
+    assert "remove: by id" in tools["cron"]["description"]
+    assert tools["cron"]["parameters"]["properties"]["at"]["description"] == "e.g. 2026-12-01T09:00"
+    assert tools["exec"]["description"].endswith(".") and len(tools["exec"]["description"]) <= 200
+    assert "return its exit code and output" in tools["exec"]["description"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("Finds a thing, e.g. a book. " + "It pages, filters and sorts the results for you. " * 6,
+     "Finds a thing, e.g. a book. It pages, filters and sorts the results for you."),
+    ("查找东西，例如一本书。" + "它支持分页、过滤和排序。" * 20, "查找东西，例如一本书。它支持分页、过滤和排序。"),
+])
+def test_a_long_description_keeps_whole_sentences(text: str, expected: str) -> None:
+    assert short_description(text, 80).startswith(expected)
+    assert len(short_description(text, 80)) <= 80
+    # One sentence longer than the limit: cut at a word (or a character in Chinese), marked.
+    assert short_description("word " * 40, 40).endswith("word…")
+    assert len(short_description("很长的句子" * 20, 40)) == 40
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_history_over_the_window_is_summarised_in_the_turn_and_its_flush_is_shown(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The in-turn summary kept session_summary_keep_count messages, so the history rarely fitted and the rest was
+    # set aside without a summary or a flush; the flush it did run was never shown (an empty Receipts()).
+    # No background summary here (as when it failed): the turn itself must make the history fit.
+    monkeypatch.setattr(AgentLoop, "needs_summary", lambda self, session, policy: False)
+    set_policy(workspace, session_summary_message_threshold=1000, session_summary_token_percent=95,
+               session_summary_keep_count=8)
+    fact = "My sister Lin lives in Hangzhou." if lang == "en" else "我妹妹林住在杭州。"
+    filler = ("Here is more about my week, the garden and the fence that needs fixing. " * 14 if lang == "en"
+              else "这是关于我这一周、花园和需要修理的篱笆的更多内容。" * 14)
+    texts = [f"{fact} {filler}"] + [f"{n}. {filler}" for n in range(1, 12)]
+    summary = SUMMARY_EN if lang == "en" else SUMMARY_ZH
+
+    def respond(body: dict[str, Any]) -> str:
+        if is_flush_request(body):
+            return f"- {fact}" if fact in json.dumps(body, ensure_ascii=False) else "NONE"
+        if is_summary_request(body):
+            return summary
+        return "Noted." if lang == "en" else "记下了。"
+    fake_openai.responder = respond
+    shown: list[str] = []
+
+    async def remembered(key: str, write: Any) -> None:
+        shown.append(write.notice)
+
+    async def main() -> list[str]:
+        async with make_provider(workspace, fake_openai) as provider:
+            loop = AgentLoop(workspace, provider, build_tools(workspace, []), windows=FixedWindow(SMALL))
+            replies = []
+            for text in texts:
+                replies.append((await loop.handle(SESSION, text, remembered=remembered)).text)
+                await loop.wait_background()
+            return replies
+    replies = asyncio.run(main())
+    assert any(SUMMARISED_NOTICE in reply for reply in replies), replies
+    assert not any(SET_ASIDE_NOTICE in reply for reply in replies)
+    assert any(("Lin" if lang == "en" else "林") in notice for notice in shown), shown
+    assert records_of(workspace, "compaction")
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_on_a_small_window_the_summary_comes_before_the_budget_cuts(workspace: Workspace,
+                                                                     fake_openai: FakeOpenAIServer, lang: str) -> None:
+    # With max_tokens at 25 % of a 4096 window the largest prompt is about 70 % of it, and the trigger was 75 %:
+    # the history was always cut in the turn (or set aside) before a background summary could fire.
+    answering(fake_openai)
+    piece = ("Notes on the garden: water the tomatoes, shade the basil, fix the north fence. " if lang == "en"
+             else "花园笔记：给西红柿浇水，把罗勒放在阴凉处，修好北边的篱笆。")
+    texts = [f"{n}. " + piece * (12 if lang == "en" else 8) for n in range(10)]
+    replies = run_small(workspace, fake_openai, texts)
+    assert any(is_summary_request(body) for body in fake_openai.chat_requests())
+    assert not any(SUMMARISED_NOTICE in reply or SET_ASIDE_NOTICE in reply for reply in replies), replies
+    records = records_of(workspace, "compaction")
+    assert records and all(r.get("reason") == "summary" for r in records)
+
+
+def test_each_history_message_is_counted_once_and_again_only_when_it_changes(workspace: Workspace) -> None:
+    # The counts were kept in an lru_cache keyed on each message's whole JSON: cold with many sessions, and a copy of
+    # every message. Now each stored message keeps its own count.
+    messages = [{"role": "user", "content": "哪天部署？"}, {"role": "assistant", "content": "Thursday."}]
+    session = Session(SESSION, Path("unused.jsonl"), [StoredMessage(n + 1, m) for n, m in enumerate(messages)])
+    asyncio.run(ContextBuilder(workspace).build(workspace.policy.current(), session, "hi", datetime(2025, 3, 1, 9, 0),
+                                                count_use=False, shape=RequestShape(SMALL, [], 4096)))
+    counted = [m.tokens for m in session.active()]
+    assert all(counted) and counted == [stored_tokens(m) for m in session.active()]
+    reply = session.active()[1]
+    reply.mark_undelivered("the chat was closed")
+    assert reply.tokens is None and stored_tokens(reply) > counted[1]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_tool_results_that_fill_the_window_leave_the_tools_out_of_the_next_request(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str) -> None:
+    line = "Entry {i}: the invoice was paid late.\n" if lang == "en" else "第{i}条：发票付款晚了。\n"
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (workspace.root / name).write_text("".join(line.format(i=i) for i in range(1500)), encoding="utf-8")
+    fake_openai.reply_tool_calls([("read_file", {"path": name}) for name in ("a.txt", "b.txt", "c.txt")])
+    fake_openai.reply_text("Paid late." if lang == "en" else "付款晚了。")
+    [reply] = run_small(workspace, fake_openai, ["Read a, b and c." if lang == "en" else "读一下 a、b 和 c。"])
+    assert reply in ("Paid late.", "付款晚了。")
+    first, after = fake_openai.chat_requests()[:2]
+    assert first.get("tools") and not after.get("tools")  # no room left for them: the model answers from the results
+    results = [m["content"] for m in after["messages"] if m["role"] == "tool"]
+    assert len(results) == 3 and all("cut to fit the model's window" in text for text in results)
+    assert all(request_tokens(body) <= SMALL.tokens for body in fake_openai.chat_requests()[:2])

@@ -20,7 +20,14 @@ from picoclaw.app import App
 from picoclaw.memory.flush import NOTHING
 from picoclaw.providers import ContextWindow
 from tests.agent_helpers import SUMMARY_EN, SUMMARY_ZH, is_flush_request, is_summary_request, said, turn_requests
-from tests.fakes.openai_server import FakeOpenAIServer, OverflowStyle, ServerKind, rough_tokens
+from tests.fakes.openai_server import (
+    FakeOpenAIServer,
+    OverflowStyle,
+    ServerKind,
+    ToolCalls,
+    rough_tokens,
+    window_tokens,
+)
 from tests.test_repl import configure
 
 WINDOW = 4096
@@ -81,6 +88,13 @@ def assert_every_turn_answered(replies: list[Any], server: FakeOpenAIServer, lan
         assert any(message(i, lang) in text for text in sent), f"turn {i} never reached the model whole"
 
 
+def over_window(server: FakeOpenAIServer, after: int = -1) -> list[tuple[int, int]]:
+    """Each chat request's prompt (the fake's count) and max_tokens whose sum exceeds the window (of the requests
+    after index `after`)."""
+    counts = [(window_tokens(body), int(body.get("max_tokens") or 0)) for body in server.chat_requests()[after + 1:]]
+    return [(prompt, reply) for prompt, reply in counts if prompt + reply > WINDOW]
+
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize(("kind", "detail"), [
     ("llama.cpp", "llama.cpp /props"),
@@ -95,8 +109,9 @@ def test_a_server_that_tells_its_window_never_gets_a_request_over_it(home: Path,
         assert_every_turn_answered(replies, server, lang)
         assert (window.tokens, window.source) == (WINDOW, "server")
         assert window.detail.startswith(detail)
-        assert max(server.prompt_counts) <= WINDOW, server.prompt_counts
-        assert len(server.prompt_counts) > TURNS  # background summaries ran too, and fit as well
+        # Background requests (summaries, flushes) included, each with its max_tokens.
+        assert over_window(server) == [], over_window(server)
+        assert any(is_summary_request(body) for body in server.chat_requests())
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -109,3 +124,112 @@ def test_a_server_that_tells_nothing_teaches_its_window_by_one_overflow(home: Pa
         assert (window.tokens, window.source) == (WINDOW, "overflow")
         over = [count for count in server.prompt_counts if count > WINDOW]
         assert len(over) == 1, server.prompt_counts
+        # Once the window is learnt, no request is over it with its max_tokens, background ones included.
+        refused = server.prompt_counts.index(over[0])
+        assert over_window(server, after=refused) == [], over_window(server, after=refused)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_tool_result_bigger_than_the_window_is_cut_to_fit_it(home: Path, lang: str) -> None:
+    # Measured before: one read_file of a 48 KB file made the second request 13,675 tokens with max_tokens 1.
+    line = ("Line {i}: the deploy checklist says to run the migrations first.\n" if lang == "en"
+            else "第{i}行：部署清单说先运行数据库迁移，然后重启服务。\n")
+    big = "".join(line.format(i=i) for i in range(800 if lang == "en" else 700))
+    assert rough_tokens(big) > WINDOW
+    answer = {"en": "The checklist starts with the migrations.", "zh": "清单第一步是运行迁移。"}[lang]
+    with FakeOpenAIServer(kind="llama.cpp", window=WINDOW) as server:
+        configure(home, server)
+        (home / "workspace" / "big.txt").write_text(big, encoding="utf-8")
+        server.reply_tool_calls([("read_file", {"path": "big.txt"})])
+        server.reply_text(answer)
+
+        async def main() -> Any:
+            async with App.open(home) as app:
+                agent = app.agent()
+                reply = await agent.handle(KEY, "What does big.txt say?" if lang == "en" else "big.txt 里写了什么？")
+                await agent.wait_background()
+                return reply, await agent.session(KEY)
+        reply, session = asyncio.run(main())
+        assert reply.error is None and answer in reply.text
+        assert over_window(server) == []
+        second = server.chat_requests()[1]
+        result = next(m for m in second["messages"] if m["role"] == "tool")["content"]
+        assert "cut to fit the model's window" in result and "(offset/limit)" in result
+        assert result.startswith(big[:200])
+        # Stored as sent: the next turn carries the cut result, not the whole file.
+        stored = next(m.message for m in session.active() if m.message.get("role") == "tool")
+        assert stored["content"] == result
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_each_retry_after_an_empty_reply_gets_the_room_its_own_prompt_leaves(home: Path, lang: str) -> None:
+    # Measured before: the retries were sent with the tool step's leftover max_tokens (1 on a 1,504-token retry).
+    line = "Line {i}: rotate the keys every month.\n" if lang == "en" else "第{i}行：每个月轮换一次密钥。\n"
+    big = "".join(line.format(i=i) for i in range(900))
+    answer = {"en": "Rotate the keys monthly.", "zh": "每月轮换密钥。"}[lang]
+    with FakeOpenAIServer(kind="llama.cpp", window=WINDOW) as server:
+        configure(home, server)
+        (home / "workspace" / "big.txt").write_text(big, encoding="utf-8")
+        server.reply_tool_calls([("read_file", {"path": "big.txt"})])
+        server.reply_text("")
+        server.reply_text("")
+        server.reply_text(answer)
+
+        async def main() -> Any:
+            async with App.open(home) as app:
+                agent = app.agent()
+                return await agent.handle(KEY, "What does big.txt say?" if lang == "en" else "big.txt 里写了什么？")
+        reply = asyncio.run(main())
+        assert reply.error is None and answer in reply.text
+        assert over_window(server) == []
+        tool_step, in_view, plain = server.chat_requests()[1:4]
+        assert "tools" not in plain and len(plain["messages"]) == 2
+        # The plain try carries only the system prompt and the message: it has far more room than the tool step.
+        assert plain["max_tokens"] > tool_step["max_tokens"]
+        assert plain["max_tokens"] + window_tokens(plain) > WINDOW // 2
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_an_overflow_after_a_tool_step_is_retried_with_the_results_cut_to_the_learnt_window(home: Path,
+                                                                                          lang: str) -> None:
+    # The retry after an overflow was sent with the first request's max_tokens, ignoring the turn's tool steps
+    # (and their results, cut for the window assumed before, no longer fitted the one learnt).
+    line = "Line {i}: the backup runs at night.\n" if lang == "en" else "第{i}行：备份在夜里运行。\n"
+    big = "".join(line.format(i=i) for i in range(2500 if lang == "en" else 1200))
+    answer = {"en": "The backup runs at night.", "zh": "备份在夜里运行。"}[lang]
+    question = "What does big.txt say?" if lang == "en" else "big.txt 里写了什么？"
+
+    def responder(body: dict[str, Any]) -> Any:
+        if is_summary_request(body):
+            return SUMMARY_EN if lang == "en" else SUMMARY_ZH
+        if is_flush_request(body):
+            return NOTHING
+        sent = body["messages"]
+        if any(m["role"] == "tool" for m in sent):
+            return answer
+        if question in said(sent[-1]) and body.get("tools"):
+            return ToolCalls([("read_file", {"path": "big.txt"})])
+        return REPLY[lang]
+
+    with FakeOpenAIServer(kind="none", window=WINDOW, overflow="llama.cpp") as server:
+        run_config = home / "config.json"
+        configure(home, server)
+        config = json.loads(run_config.read_text(encoding="utf-8"))
+        config["agents"]["defaults"]["context_window"] = "auto"
+        run_config.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+        (home / "workspace" / "big.txt").write_text(big, encoding="utf-8")
+        server.responder = responder
+
+        async def main() -> list[Any]:
+            async with App.open(home) as app:
+                agent = app.agent()
+                replies = []
+                for text in [message(0, lang), message(1, lang), question]:
+                    replies.append(await agent.handle(KEY, text))
+                    await agent.wait_background()
+                return replies
+        replies = asyncio.run(main())
+        assert replies[-1].error is None and answer in replies[-1].text, replies[-1]
+        over = [n for n, count in enumerate(server.prompt_counts) if count > WINDOW]
+        assert len(over) == 1, server.prompt_counts
+        assert over_window(server, after=over[0]) == []

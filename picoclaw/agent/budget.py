@@ -5,20 +5,23 @@ Plain functions of token counts (no I/O). Each shrinkable part has a share of th
 `prompt_tools_percent`, `prompt_memory_percent`, `prompt_reply_percent`); on a small window the large parts give
 way first: the tool schemas go to their short form (decided by their size against their share alone, so the
 choice, and with it the prompt cache's prefix, stays the same for every turn on one window), memory carries
-fewer blocks, the oldest history is summarised or set aside, and the reply's max_tokens is lowered to what the
-prompt leaves. The user's message is never cut: when it alone leaves no room for a reply, the request is not
-sent (`Fit.fits` is False).
+fewer blocks, the oldest history is summarised or set aside; the reply's part is a reserve while fitting, and its
+max_tokens is config's lowered to what the prompt leaves. A tool's result is cut to what the window leaves
+(`cut_to_fit`), and a request that would leave the reply less than REPLY_FLOOR is not sent. The user's message
+is never cut: when it alone leaves no room for a reply, the request is not sent (`Fit.fits` is False).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from picoclaw.memory import StoredMessage
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ContextWindow, Message
 from picoclaw.tokens import count_tokens
@@ -33,8 +36,12 @@ PART_LABELS = {"system": "system prompt", "lessons": "standing lessons", "skills
 MARGIN_PERCENT = 5
 # The fewest tokens a reply is given; a message that leaves less is refused rather than sent.
 REPLY_FLOOR = 256
-# A short-form tool's description: its first sentence, at most this many characters.
-SHORT_DESCRIPTION_CHARS = 100
+# The fewest tokens a tool result is given before the tool schemas leave the next request to make room for it.
+RESULT_FLOOR = 128
+# A short-form tool's description: whole up to this many characters (cron's says how to call it), else its first
+# sentences that fit; a parameter's description at most SHORT_PARAMETER_CHARS ("e.g. 2026-12-01T09:00" stays).
+SHORT_DESCRIPTION_CHARS = 200
+SHORT_PARAMETER_CHARS = 40
 
 
 @dataclass(frozen=True)
@@ -78,22 +85,30 @@ def short_tools_needed(full_tokens: int, window: int, shares: Shares) -> bool:
 # -- counting ----------------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=8192)
-def _json_tokens(text: str) -> int:
+@functools.lru_cache(maxsize=32)
+def _schema_tokens(text: str) -> int:
     return count_tokens(text)
 
 
 def json_tokens(value: Any) -> int:
-    """Tokens of `value` as the JSON sent (messages and tool schemas are counted as what goes over the wire)."""
-    return _json_tokens(orjson.dumps(value).decode("utf-8"))
+    """Tokens of tool schemas as the JSON sent; cached (a process has a few sets of tools, sent every turn)."""
+    return _schema_tokens(orjson.dumps(value).decode("utf-8"))
 
 
 def message_tokens(message: Message) -> int:
-    return json_tokens(message)
+    """Tokens of `message` as the JSON sent (not cached: a history message is counted once, `stored_tokens`)."""
+    return count_tokens(orjson.dumps(message).decode("utf-8"))
+
+
+def stored_tokens(stored: StoredMessage) -> int:
+    """Tokens of a history message as sent, counted once and kept on it."""
+    if stored.tokens is None:
+        stored.tokens = message_tokens(stored.as_sent())
+    return stored.tokens
 
 
 def text_tokens(text: str) -> int:
-    return _json_tokens(text)
+    return count_tokens(text)
 
 
 # -- the tools' short form ---------------------------------------------------------------------------------------
@@ -108,32 +123,63 @@ def short_schemas(schemas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _short_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     function = dict(schema.get("function") or {})
     short: dict[str, Any] = {"name": function.get("name", "")}
-    description = one_line(str(function.get("description") or ""))
+    description = short_description(str(function.get("description") or ""), SHORT_DESCRIPTION_CHARS)
     if description:
         short["description"] = description
     if "parameters" in function:
-        short["parameters"] = _without_descriptions(function["parameters"])
+        short["parameters"] = _short_parameters(function["parameters"])
     return {**{k: v for k, v in schema.items() if k != "function"}, "function": short}
 
 
-def one_line(text: str) -> str:
-    """The first sentence (or line) of `text`, at most SHORT_DESCRIPTION_CHARS characters."""
-    first = " ".join(text.strip().split("\n", 1)[0].split())
-    for stop in (". ", "。"):
-        if stop in first:
-            first = first.split(stop, 1)[0] + stop.strip()
-    return first if len(first) <= SHORT_DESCRIPTION_CHARS else first[:SHORT_DESCRIPTION_CHARS - 1].rstrip() + "…"
+# A sentence ends at . ! ? followed by a space (not after an abbreviation such as "e.g."), or at 。！？.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])")
+_ABBREVIATION = re.compile(r"(?:^|\s)(?:e\.g|i\.e|etc|vs|cf|approx|incl|no)\.$", re.IGNORECASE)
 
 
-def _without_descriptions(value: Any) -> Any:
+def short_description(text: str, limit: int) -> str:
+    """`text` on one line, whole when it is at most `limit` characters; else its first sentences that fit (never
+    split at an abbreviation), or the first sentence cut at a word with "…"."""
+    whole = " ".join(text.split())
+    if len(whole) <= limit:
+        return whole
+    sentences: list[str] = []
+    for piece in _SENTENCE_END.split(whole):
+        if sentences and _ABBREVIATION.search(sentences[-1]):
+            sentences[-1] = f"{sentences[-1]} {piece}"
+        elif piece:
+            sentences.append(piece)
+    kept = ""
+    for sentence in sentences:
+        joined = f"{kept} {sentence}".strip() if kept and not kept.endswith(("。", "！", "？")) else kept + sentence
+        if len(joined) > limit:
+            break
+        kept = joined
+    if kept:
+        return kept
+    cut = whole[:limit - 1]
+    # At a word's end where there are words (a Chinese text has no spaces: cut at the character).
+    if " " in cut[limit // 2:]:
+        cut = cut[:cut.rindex(" ")]
+    return cut.rstrip(" ,;:") + "…"
+
+
+def _short_parameters(value: Any) -> Any:
+    """A parameters schema with titles and examples dropped and each description at most SHORT_PARAMETER_CHARS."""
     if isinstance(value, dict):
         # "properties" maps names to schemas: a parameter named "description" is a name, not a description.
-        return {key: (_without_descriptions(item) if key != "properties" else
-                      {name: _without_descriptions(sub) for name, sub in item.items()} if isinstance(item, dict)
-                      else item)
-                for key, item in value.items() if key not in ("description", "title", "examples")}
+        short: dict[str, Any] = {}
+        for key, item in value.items():
+            if key in ("title", "examples"):
+                continue
+            if key == "description" and isinstance(item, str):
+                short[key] = short_description(item, SHORT_PARAMETER_CHARS)
+            elif key == "properties" and isinstance(item, dict):
+                short[key] = {name: _short_parameters(sub) for name, sub in item.items()}
+            else:
+                short[key] = _short_parameters(item)
+        return short
     if isinstance(value, list):
-        return [_without_descriptions(item) for item in value]
+        return [_short_parameters(item) for item in value]
     return value
 
 
@@ -151,6 +197,7 @@ class Fit:
     max_tokens: int
     prompt: int
     fits: bool
+    history_room: int = 0  # what the fixed parts, the kept memory and the reply's reserve leave for the history
 
 
 def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequence[int], max_tokens: int,
@@ -163,7 +210,7 @@ def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequ
     if fixed + reserve > room:
         # Nothing else fits: no memory, no history, and the reply lowered to what is left.
         reply = min(max_tokens, room - fixed)
-        return Fit(len(history), 0, max(reply, 0), fixed, reply >= floor)
+        return Fit(len(history), 0, max(reply, 0), fixed, reply >= floor, 0)
     left = room - fixed - reserve
     # Memory takes at most half of what is left, the history the rest: the recent conversation matters as much as
     # what memory brings up, and a fixed split keeps a set-aside from being filled by memory at the next turn.
@@ -181,7 +228,7 @@ def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequ
         # window sets its history aside (or summarises it) every few turns, not at every turn.
         start = _history_start(history, left // 2)
     prompt = fixed + sum(memory[:keep]) + sum(history[start:])
-    return Fit(start, keep, min(max_tokens, room - prompt), prompt, True)
+    return Fit(start, keep, min(max_tokens, room - prompt), prompt, True, left)
 
 
 def _history_start(history: Sequence[int], room: int) -> int:
@@ -195,9 +242,48 @@ def _history_start(history: Sequence[int], room: int) -> int:
     return start
 
 
-def reply_tokens(window: int, prompt: int, max_tokens: int) -> int:
-    """The max_tokens of a request whose prompt is `prompt` tokens: config's, lowered to what the window leaves."""
-    return max(1, min(max_tokens, usable(window) - prompt))
+def reply_tokens(window: int, prompt: int, max_tokens: int) -> int | None:
+    """The max_tokens of a request whose prompt is `prompt` tokens: config's, lowered to what the window leaves;
+    None when that is below the reply's floor (the request must not be sent as it is)."""
+    room = min(max_tokens, usable(window) - prompt)
+    return room if room >= min(REPLY_FLOOR, max_tokens) else None
+
+
+# -- a tool's result, cut to the window ----------------------------------------------------------------------------
+
+CUT_NOTE = "\n[… cut to fit the model's window: {left:,} more characters; read it in parts (offset/limit)]"
+
+
+def cut_to_fit(message: Message, room: int) -> Message:
+    """A tool result `message` whose whole form (as sent) is at most `room` tokens: its content cut, with a note
+    saying how much more there is. The cut is estimated from the CJK-aware counter, then checked against it."""
+    if message_tokens(message) <= room:
+        return message
+    content = str(message.get("content") or "")
+    fixed = message_tokens({**message, "content": ""}) + count_tokens(CUT_NOTE.format(left=len(content)))
+    # Characters per token of this text (Chinese about 1, English about 4), a tenth kept back for the drift.
+    per_token = len(content) / max(1, count_tokens(content))
+    keep = min(len(content) - 1, int((room - fixed) * per_token * 0.9))
+    while keep > 0:
+        candidate = {**message, "content": content[:keep] + CUT_NOTE.format(left=len(content) - keep)}
+        if message_tokens(candidate) <= room:
+            return candidate
+        keep = int(keep * 0.9)
+    return {**message, "content": CUT_NOTE.format(left=len(content)).lstrip()}
+
+
+def refusal(split: PromptSplit) -> str:
+    """Why a request that does not fit (without a summary, memory or history: they give way first) is not sent:
+    the system prompt and the tools when they alone leave no room for a reply, else the user's message."""
+    window = split.window
+    standing = sum(split.parts.get(name, 0) for name in ("system", "lessons", "skills", "tools"))
+    user = split.parts.get("user", 0)
+    where = f"the model's window of {window.tokens:,} tokens ({window.source})"
+    if standing + REPLY_FLOOR <= usable(window.tokens):
+        return (f"your message alone ({user:,} tokens) leaves no room for an answer in {where}; shorten it or send "
+                "it in parts")
+    return (f"the system prompt, skills and tool schemas ({standing:,} tokens) leave no room for an answer in "
+            f"{where}; shorten AGENTS.md and the other bootstrap files, or use a model with a larger window")
 
 
 # -- the split, for /context and the turn's record ---------------------------------------------------------------
@@ -213,12 +299,13 @@ class PromptSplit:
     tools_short: bool = False
     memory_dropped: int = 0
     history_set_aside: int = 0
+    history_room: int = 0  # the history's room in this request (Fit.history_room): the summary threshold's base
 
     def record(self) -> dict[str, Any]:
         """The split as the turn's `why` record keeps it (JSON)."""
         return {"window": self.window.tokens, "source": self.window.source, "detail": self.window.detail,
                 "parts": dict(self.parts), "tools_short": self.tools_short, "memory_dropped": self.memory_dropped,
-                "history_set_aside": self.history_set_aside}
+                "history_set_aside": self.history_set_aside, "history_room": self.history_room}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> PromptSplit | None:
@@ -227,7 +314,7 @@ class PromptSplit:
             parts = {str(k): int(v) for k, v in dict(record["parts"]).items()}
             window = ContextWindow(int(record["window"]), record["source"], str(record.get("detail") or ""))
             return cls(window, parts, bool(record.get("tools_short")), int(record.get("memory_dropped") or 0),
-                       int(record.get("history_set_aside") or 0))
+                       int(record.get("history_set_aside") or 0), int(record.get("history_room") or 0))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -251,6 +338,8 @@ def split_report(split: PromptSplit, heading: str) -> str:
         lines.append(f"  {PART_LABELS[name]:<{width}}  {tokens:>7,}  {_percent(tokens, window):>5}{note}")
     total = sum(split.parts.values())
     lines.append(f"  {'total':<{width}}  {total:>7,}  {_percent(total, window):>5}")
+    margin = share_of(window, MARGIN_PERCENT)
+    lines.append(f"  {'kept free':<{width}}  {margin:>7,}  {_percent(margin, window):>5}  (token counts are estimates)")
     detail = f": {split.window.detail}" if split.window.detail else ""
     lines.append(f"window: {window:,} tokens ({split.window.source}{detail})")
     return "\n".join(lines)
@@ -258,3 +347,13 @@ def split_report(split: PromptSplit, heading: str) -> str:
 
 def _percent(tokens: int, window: int) -> str:
     return f"{100 * tokens / window:.1f}%" if window > 0 else "-"
+
+
+def over_history_share(history: int, room: int, percent: int) -> bool:
+    """Whether `history` tokens are over `percent` % of the history's `room` in a request (0: no room known)."""
+    return room > 0 and history > room * percent // 100
+
+
+def keep_within(costs: Sequence[int], room: int) -> int:
+    """The first index of the newest run of `costs` within `room` tokens (a summary keeps no more than that)."""
+    return _history_start(costs, room)

@@ -159,7 +159,7 @@ def status_report(model: str, provider: str, session: Session, effective: Effect
     return "\n".join(lines)
 
 
-LAST_REQUEST = "The last request of this conversation:"
+LAST_REQUEST = "The last turn's first request (the one with your message; tool steps add to it):"
 NEXT_REQUEST = ("No request in this conversation yet. The next one would hold, before your message and the memory "
                 "it brings up:")
 

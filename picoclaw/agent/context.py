@@ -28,6 +28,7 @@ from picoclaw.agent.budget import (
     reply_reserve,
     short_schemas,
     short_tools_needed,
+    stored_tokens,
     text_tokens,
 )
 from picoclaw.agent.history import keep_last, safe_start, turns
@@ -209,18 +210,29 @@ class ContextBuilder:
         system_tokens = message_tokens({"role": "system", "content": system})
         tools_tokens = json_tokens(tools) if tools_short else full_tools
         user_tokens = message_tokens(bare.as_sent())
-        costs = [message_tokens(m) for m in history]
+        active = session.active()
+        if policy.session_relevant_history_limit <= 0:  # the history is the active tail: each counted once
+            costs = [stored_tokens(m) for m in active[len(active) - len(history):]]
+        else:
+            costs = [message_tokens(m) for m in history]
         fit = fit_request(window, fixed=system_tokens + tools_tokens + user_tokens,
                           memory=[text_tokens(piece.text) + PIECE_OVERHEAD for piece in pieces],
                           history=costs,
                           max_tokens=shape.max_tokens, reserve=reply_reserve(window, shape.max_tokens, shares))
+        if not fit.fits and summary:
+            # A summary grown too big must not refuse every message (even "hi"): this request goes without it.
+            system, summary = prefix, ""
+            system_tokens = message_tokens({"role": "system", "content": system})
+            fit = fit_request(window, fixed=system_tokens + tools_tokens + user_tokens,
+                              memory=[text_tokens(piece.text) + PIECE_OVERHEAD for piece in pieces],
+                              history=costs, max_tokens=shape.max_tokens,
+                              reserve=reply_reserve(window, shape.max_tokens, shares))
         kept = memory if fit.memory_keep == len(pieces) else _keep(memory, pieces[:fit.memory_keep])
         start, through = 0, None
         if fit.history_start:
-            start = safe_start(history, fit.history_start)  # never a tool result without its call
+            start = turn_start(history, fit.history_start)  # at a turn's boundary: never a reply without its ask
             # Relevant-history mode chose its turns for this query alone: trimmed here, nothing to set aside.
-            if policy.session_relevant_history_limit <= 0:
-                active = session.active()  # the history is its tail, as sent
+            if policy.session_relevant_history_limit <= 0:  # the history is the active tail, as sent
                 through = active[len(active) - len(history) + start - 1].id
         why = kept.explained(self.workspace.root, fitted, search_method(self.workspace.searcher))
         if query != user_text:
@@ -239,7 +251,11 @@ class ContextBuilder:
         parts = {"system": system_tokens - named["lessons"] - named["skills"] - summary_tokens, **named,
                  "tools": tools_tokens, "memory": memory_tokens, "history": history_tokens,
                  "user": said, "reply": fit.max_tokens}
-        split = PromptSplit(shape.window, parts, tools_short, len(pieces) - fit.memory_keep, start)
+        # The history's room with the summary in it: the history part counts the summary too.
+        # Relevant-history mode leaves turns out of this request only: none is set aside.
+        set_aside = start if policy.session_relevant_history_limit <= 0 else 0
+        split = PromptSplit(shape.window, parts, tools_short, len(pieces) - fit.memory_keep, set_aside,
+                            fit.history_room + summary_tokens if fit.fits else 0)
         why["context"] = split.record()
         return BuiltContext(messages, prefix, kept, user, tools, fit.max_tokens, split, fit.fits, through)
 
@@ -268,6 +284,15 @@ class ContextBuilder:
         except ValueError:
             relative = block.path
         return f"{relative}:{block.start_line}-{block.end_line}"
+
+
+def turn_start(history: list[Message], index: int) -> int:
+    """The first user message at or after `index` (a turn's start, as history.turns has it); len(history) when
+    there is none. A cut there never leaves a reply, a tool call or its results without what they answer."""
+    index = max(0, index)
+    while index < len(history) and history[index].get("role") != "user":
+        index += 1
+    return index
 
 
 def _priority(memory: InjectedMemory) -> list[Block]:

@@ -30,14 +30,23 @@ from datetime import datetime
 from typing import Any
 
 from picoclaw import clock
+from picoclaw.agent.background_room import WindowedProvider
 from picoclaw.agent.budget import (
+    REPLY_FLOOR,
+    RESULT_FLOOR,
     PromptSplit,
     Shares,
+    cut_to_fit,
     json_tokens,
+    keep_within,
     memory_cap,
     message_tokens,
+    over_history_share,
+    refusal,
     reply_reserve,
     reply_tokens,
+    stored_tokens,
+    usable,
 )
 from picoclaw.agent.cache_prefix import LAST_REQUESTS_KEPT, LastRequests
 from picoclaw.agent.commands import (
@@ -54,7 +63,7 @@ from picoclaw.agent.commands import (
     status_report,
     unknown_reply,
 )
-from picoclaw.agent.context import BuiltContext, ContextBuilder, RequestShape
+from picoclaw.agent.context import BuiltContext, ContextBuilder, RequestShape, turn_start
 from picoclaw.agent.context_echo import without_context_echo
 from picoclaw.agent.empty_reply import (
     EmptyAnswer,
@@ -66,7 +75,7 @@ from picoclaw.agent.empty_reply import (
     repeats_last_call,
     retry_requests,
 )
-from picoclaw.agent.history import keep_last, safe_start
+from picoclaw.agent.history import keep_last
 from picoclaw.agent.lessons import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
 from picoclaw.agent.receipts import MemorySink, NoticeSink, Receipts
@@ -130,6 +139,9 @@ ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSO
 SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
 TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
 SUMMARISED_NOTICE = "(The conversation had outgrown the model's window, so I summarised its earlier part.)"
+# How long a turn whose history is over the window waits for a summary already being written (a CPU model's
+# summary takes a minute or two) before it summarises or sets aside on its own.
+SUMMARY_WAIT = 120.0
 SET_ASIDE_NOTICE = "(The conversation had outgrown the model's window, so I set aside its oldest messages.)"
 
 
@@ -175,6 +187,20 @@ class Reply:
     error: ProviderError | StorageError | None = None
 
 
+def history_load(session: Session) -> tuple[int, int, int] | None:
+    """The history's tokens now (the last request's history part and the turn stored after it), its room in
+    that request (from the turn's `why` record) and the last turn's tokens; None before any such record."""
+    active = session.active()
+    for index in range(len(active) - 1, -1, -1):
+        record = (active[index].why or {}).get("context") if active[index].message.get("role") == "user" else None
+        split = PromptSplit.from_record(record) if isinstance(record, dict) else None
+        if split is not None:
+            # Our count, not the provider's: the budget cuts by it, and this is to come before the cut.
+            last_turn = sum(stored_tokens(m) for m in active[index:])
+            return split.parts.get("history", 0) + last_turn, split.history_room, last_turn
+    return None
+
+
 def _log_failure(task: asyncio.Future[None]) -> None:
     """A background job's failure, in one line (the metrics file's write when the storage just went away):
     never asyncio's "exception was never retrieved" with a traceback. An unreachable storage is no news: whoever
@@ -205,16 +231,19 @@ class AgentLoop:
         self._status = status  # more lines for /status (the MCP servers' states), read at each /status
         self._offered = offered_tools(tools)  # tool name → its Args model, for calls written as text
         self.context = ContextBuilder(workspace)
-        self.rewriter = QueryRewriter(provider)  # used when the policy's query_rewrite_enabled is on
+        # The calls beside the conversation, each reply's room fitted to the window (agent/background_room.py).
+        self.background = WindowedProvider(provider, self.windows)
+        self.rewriter = QueryRewriter(self.background)  # used when the policy's query_rewrite_enabled is on
         self.sessions = workspace.sessions()
-        self.compressor = LongTermCompressor(workspace.store, provider)
-        self.reflector = Reflector(workspace.policy, provider)
-        self.learner = Learner(workspace, provider, self._offered)
+        self.compressor = LongTermCompressor(workspace.store, self.background)
+        self.reflector = Reflector(workspace.policy, self.background)
+        self.learner = Learner(workspace, self.background, self._offered)
         self.metrics = TurnMetrics(workspace.memory_dir)  # retrieval time per turn, for `memory stats`
         self.written = WriteLog(workspace.memory_dir)  # the automatic memory writes, for `/memory recent`
         self._locks: KeyedLocks[str] = KeyedLocks()
         self._summarizing: set[str] = set()
         self._summary_backoff: dict[str, SummaryBackoff] = {}  # kept only for sessions in the cache
+        self._flushed: dict[str, int] = {}  # per session, the newest message id whose facts the flush has seen
         # A session in use (a turn or a summary under way) is never evicted under its user's feet.
         self._loaded: LruCache[str, Session] = LruCache(
             session_cache_size, keep=lambda key: self._locks.busy(key) or key in self._summarizing,
@@ -250,11 +279,13 @@ class AgentLoop:
         archived = await asyncio.to_thread(self.sessions.archive, key)
         self._loaded.pop(key)
         self._summary_backoff.pop(key, None)
+        self._flushed.pop(key, None)
         self.last_requests.forget(key)
         return archived.name if archived else None
 
     def _forget(self, key: str, session: Session) -> None:
         self._summary_backoff.pop(key, None)
+        self._flushed.pop(key, None)
         self.last_requests.forget(key)
 
     async def _append(self, session: Session, messages: list[StoredMessage]) -> None:
@@ -389,16 +420,20 @@ class AgentLoop:
                     # The first prompt's blocks were counted already: this one is the same turn's.
                     built = await self._build(session, policy, text, now, query, count_use=False)
                     turn[0] = built.user
-                    messages = built.messages + [stored.as_sent() for stored in turn[1:]]
                     # A window learnt from the overflow may want the tools' short form and a smaller reply.
                     schemas, max_tokens = built.tools, built.max_tokens
+                    messages = list(built.messages)
+                    if len(turn) > 1:  # the turn's tool steps: their results cut again to the window, their room
+                        messages, schemas = await self._refit_steps(key, messages, turn, schemas)
+                        max_tokens = await self._reply_room(messages, schemas)
                     # The one retry happens here, not as a loop step: it must not use up a tool step.
                     reply = await self._ask(messages, schemas, on_text, max_tokens)
                 if is_empty(reply) and not ask_again:
                     raise EmptyAnswer(asked_again=False)
                 if (is_empty(reply) or repeats_last_call(messages, reply)
                         or (ask_again and repeats_last_answer(messages, reply))):  # a heartbeat may say it again
-                    reply = await self._ask_again(key, messages, reply, on_text, max_tokens)
+                    reply = await self._ask_again(key, messages, reply, on_text, max_tokens,
+                                                  room=lambda attempt: self._reply_room(attempt, []))
                 assistant = clean_message(reply.as_message())
                 messages.append(assistant)
                 usage = reply.usage
@@ -408,6 +443,8 @@ class AgentLoop:
                     final = reply.content or ""
                     break
                 results = await self._run_tools(key, reply.tool_calls, on_tool)
+                # Cut to what the window leaves, and stored as sent (agent/budget.py).
+                results, schemas = await self._fit_results(key, messages, results, schemas)
                 messages.extend(results)
                 turn.extend(StoredMessage(0, result) for result in results)
                 max_tokens = await self._reply_room(messages, schemas)
@@ -445,43 +482,111 @@ class AgentLoop:
                              self.workspace.config.agents.defaults.max_tokens)
         built = await self.context.build(policy, session, text, now, query, count_use=count_use, shape=shape)
         if not built.fits and built.split is not None:
-            window = built.split.window
-            raise ProviderError("context_too_long", f"your message alone ({built.split.parts['user']:,} tokens) leaves "
-                                f"no room for an answer in the model's window of {window.tokens:,} tokens "
-                                f"({window.source}); shorten it or send it in parts")
+            raise ProviderError("context_too_long", refusal(built.split))
         return built
 
     async def _fit_history(self, session: Session, built: BuiltContext, policy: MemoryPolicy, text: str,
                            now: datetime, query: str) -> tuple[BuiltContext, str]:
-        """When the history does not fit beside the rest: its earlier part summarised (a summary call now), or
-        when that is not enough (or fails) the oldest messages set aside on record; the request built again, and
-        the notice saying which. Never silently dropped: the session file keeps every message."""
+        """When the history does not fit beside the rest: the range cut summarised (a summary call now, or the
+        background one under way, waited for), or when that fails the range set aside on record, its facts flushed
+        to memory first as /new does; the request built again, and the notice saying which. The flush's writes go
+        to the turn's, shown after the reply. Never silently dropped: the session file keeps every message."""
         if built.cut_through is None:
             return built, ""
-        notice = SUMMARISED_NOTICE
-        result = await self.compact(session.key)
-        moved = result.compacted if result is not None else 0
-        if result is not None:
+        key = session.key
+        before = len(session.active())
+        turn = current_turn.get()
+        writes = turn.writes if turn is not None else None
+        if await self._summary_finished(key):
             built = await self._build(session, policy, text, now, query, count_use=False)
+        if built.cut_through is not None:
+            if await self.compact(key, through=built.cut_through, collect=writes) is not None:
+                built = await self._build(session, policy, text, now, query, count_use=False)
+        notice = SUMMARISED_NOTICE if len(session.active()) < before else ""
         if built.cut_through is not None:
             notice = SET_ASIDE_NOTICE
             through = built.cut_through
-            moved += sum(1 for m in session.active() if m.id <= through)
-            await asyncio.to_thread(self.sessions.add_compaction, session, through, None, "over_budget")
-            log.info("session %s: history over the window's budget; set aside through message %d", session.key,
-                     through)
+            active = session.active()
+            head = [m for m in active if m.id <= through]
+            unflushed = [m.message for m in head if m.id > self._flushed.get(key, 0)]  # a failed summary's flush ran
+            if unflushed and policy.memory_flush_enabled:  # as /new does: their facts go to MEMORY.md first
+                fold = (self.last_requests.for_history(key, active, len(head), session.summary)
+                        if len(unflushed) == len(head) else None)
+                await self._flush(key, unflushed, Receipts(), fold, collect=writes)
+            await self._set_aside(session, through, "over_budget")
             built = await self._build(session, policy, text, now, query, count_use=False)
+        moved = before - len(session.active())
         if built.split is not None and built.user.why is not None:  # the record says what this request moved
             split = replace(built.split, history_set_aside=moved)
             built.user.why["context"] = split.record()
             built = replace(built, split=split)
         return built, notice
 
+    async def _summary_finished(self, key: str) -> bool:
+        """Wait (at most SUMMARY_WAIT seconds) for a background summary of `key` under way; whether there was one."""
+        if key not in self._summarizing:
+            return False
+        log.info("session %s: the history is over the window's budget; waiting for the summary under way", key)
+        deadline = time.monotonic() + SUMMARY_WAIT
+        while key in self._summarizing and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return True
+
+    async def _set_aside(self, session: Session, through: int, reason: str) -> None:
+        """Set aside the active history through message `through` on record (never deleted: the file keeps it)."""
+        count = sum(1 for m in session.active() if m.id <= through)
+        await asyncio.to_thread(self.sessions.add_compaction, session, through, None, reason)
+        log.info("session %s: %s: set aside %d oldest messages (through message %d)", session.key, reason, count,
+                 through)
+
     async def _reply_room(self, messages: list[Message], schemas: list[dict[str, Any]]) -> int:
-        """The max_tokens of the next request of a turn: config's, lowered to what its prompt leaves of the window."""
+        """The max_tokens of the next request of a turn: config's, lowered to what its prompt leaves of the window;
+        ProviderError "context_too_long" when that is below the reply's floor (the request is not sent)."""
         prompt = sum(message_tokens(m) for m in messages) + (json_tokens(schemas) if schemas else 0)
-        return reply_tokens((await self.windows.current()).tokens, prompt,
-                            self.workspace.config.agents.defaults.max_tokens)
+        window = await self.windows.current()
+        room = reply_tokens(window.tokens, prompt, self.workspace.config.agents.defaults.max_tokens)
+        if room is None:
+            raise ProviderError("context_too_long", f"the turn's request ({prompt:,} tokens) leaves no room for an "
+                                f"answer in the model's window of {window.tokens:,} tokens ({window.source})")
+        return room
+
+    async def _refit_steps(self, key: str, messages: list[Message], turn: list[StoredMessage],
+                           schemas: list[dict[str, Any]]) -> tuple[list[Message], list[dict[str, Any]]]:
+        """The turn's steps after `messages` (rebuilt for a window learnt from an overflow), each tool result cut
+        again to what that window leaves (and kept as sent in `turn`); and the tools the request still offers."""
+        for index in range(1, len(turn)):
+            sent = turn[index].as_sent()
+            if sent.get("role") == "tool":
+                [sent], schemas = await self._fit_results(key, messages, [sent], schemas)
+                turn[index] = StoredMessage(0, sent)
+            messages.append(sent)
+        return messages, schemas
+
+    async def _fit_results(self, key: str, messages: list[Message], results: list[Message],
+                           schemas: list[dict[str, Any]]) -> tuple[list[Message], list[dict[str, Any]]]:
+        """Tool results cut to what the window leaves beside the request and the reply's reserve, and the tools
+        the next request offers: none when even cut results leave the reply less than its floor (the model then
+        answers with the results in view)."""
+        window = (await self.windows.current()).tokens
+        max_tokens = self.workspace.config.agents.defaults.max_tokens
+        reserve = reply_reserve(window, max_tokens, Shares.of(self.workspace.policy.current()))
+        prompt = sum(message_tokens(m) for m in messages)
+        tools = json_tokens(schemas) if schemas else 0
+        fitted: list[Message] = []
+        for result in results:
+            room = usable(window) - prompt - tools - reserve
+            if room < RESULT_FLOOR and schemas:
+                log.info("session %s: the tool results leave no room for the tool schemas; asking without tools", key)
+                schemas, tools = [], 0
+                room = usable(window) - prompt - reserve
+            kept = cut_to_fit(result, max(room, 0))
+            if kept is not result:
+                log.info("session %s: a tool result cut to fit the window (%d tokens left for it)", key, room)
+            fitted.append(kept)
+            prompt += message_tokens(kept)
+        if schemas and usable(window) - prompt - tools < min(REPLY_FLOOR, reserve):
+            schemas = []
+        return fitted, schemas
 
     async def describe_context(self, key: str) -> str:
         """/context (and `chat --show-context`): the split of the session's last request (kept in its turn's
@@ -525,13 +630,16 @@ class AgentLoop:
         return results
 
     async def _ask_again(self, key: str, messages: list[Message], reply: ChatReply, on_text: TextSink | None,
-                         max_tokens: int | None = None) -> ChatReply:
+                         max_tokens: int | None = None, *,
+                         room: Callable[[list[Message]], Awaitable[int]] | None = None) -> ChatReply:
         """The answer after an empty reply or a repeated tool call (agent/empty_reply.py): asked without tools, the
         turn's tool results in view, then plainly; EmptyAnswer when both come back empty too. After the previous
         answer given again: the plain try alone, and that answer (held back, not yet shown) when the try is empty."""
         if repeats_last_answer(messages, reply):
             log.info("session %s: the model gave the previous turn's answer again; asking with the message alone", key)
-            again = await self._ask(plain_request(messages), [], on_text, max_tokens, conversation=[])
+            plain = plain_request(messages)
+            again = await self._ask(plain, [], on_text, await room(plain) if room is not None else max_tokens,
+                                    conversation=[])
             if is_answer(again):  # the same answer once more, to the message alone, was meant: taken as it is
                 return replace(again, usage=reply.usage or again.usage)
             if on_text is not None:
@@ -545,8 +653,9 @@ class AgentLoop:
         for attempt in retry_requests(messages):
             log.info("session %s: the model %s; asking again without tools", key, why)
             # Without tools: a chat template that writes the schemas into the prompt then sees a new prefix (the
-            # cache is lost there); the same schemas with tool_choice "none" would keep it.
-            again = await self._ask(attempt, [], on_text, max_tokens)
+            # cache is lost there); the same schemas with tool_choice "none" would keep it. Each try's own room
+            # (its prompt is not the tool step's): `room` says it when given.
+            again = await self._ask(attempt, [], on_text, await room(attempt) if room is not None else max_tokens)
             if is_answer(again):
                 # The first reply's usage: its prompt was the whole conversation, which the summary threshold reads.
                 return ChatReply(again.content, [], reply.usage or again.usage, again.finish_reason)
@@ -589,11 +698,10 @@ class AgentLoop:
     async def force_compress(self, session: Session) -> int:
         """Set aside the oldest half of the active history (never splitting a tool call from its results)."""
         active = session.active()
-        cut = safe_start([m.message for m in active], len(active) // 2)
+        cut = turn_start([m.message for m in active], len(active) // 2)  # at a turn's start
         if cut == 0:
             return 0
-        await asyncio.to_thread(self.sessions.add_compaction, session, active[cut - 1].id, None, "context_too_long")
-        log.warning("session %s: context too long, set aside %d oldest messages", session.key, cut)
+        await self._set_aside(session, active[cut - 1].id, "context_too_long")
         return cut
 
     # -- background work ---------------------------------------------------------------------------
@@ -682,21 +790,36 @@ class AgentLoop:
             await self.compact(key, receipts)
 
     def needs_summary(self, session: Session, policy: MemoryPolicy) -> bool:
-        """History over the message threshold, or over the token share of the context window."""
+        """History over the message threshold, or over the token share of the history's room in the last request
+        (on a small window the budget would cut it before the window's share is reached), or of the window."""
         active = session.active()
         if len(active) > policy.session_summary_message_threshold:
             return True
+        load = history_load(session) if self._budget_cuts_first(policy) else None
+        if load is not None:
+            history, room, last_turn = load
+            # Over the share of its room, or a turn like the last would not fit: summarise before the budget cuts.
+            if over_history_share(history, room, policy.session_summary_token_percent) or history + last_turn > room:
+                return True
         tokens = session.last_prompt_tokens()
         if tokens is None:  # no provider count yet: the local count (it drifts, above all for Chinese)
             tokens = sum(count_tokens(str(m.message.get("content") or "")) for m in active)
         return tokens > self.window.tokens * policy.session_summary_token_percent / 100
 
-    async def _flush(self, key: str, messages: list[Message], receipts: Receipts,
-                     fold: Continuation | None = None) -> None:
+    def _budget_cuts_first(self, policy: MemoryPolicy) -> bool:
+        """Whether the budget would cut the history before the window's token share is reached: the largest prompt
+        it allows (the window less the reply's reserve) is below that share (windows up to about 4×max_tokens)."""
+        window = self.window.tokens
+        reserve = reply_reserve(window, self.workspace.config.agents.defaults.max_tokens, Shares.of(policy))
+        return usable(window) - reserve <= window * policy.session_summary_token_percent / 100
+
+    async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Continuation | None = None,
+                     *, collect: list[MemoryWrite] | None = None) -> None:
         """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
-        was written; never raises. `fold`: ask after the conversation's last request, which carries them."""
+        was written (or add it to `collect`, a turn's writes shown after its reply); never raises. `fold`: ask
+        after the conversation's last request, which carries them."""
         try:
-            result = await flush_facts(self.provider, self.workspace.store, render_transcript(messages),
+            result = await flush_facts(self.background, self.workspace.store, render_transcript(messages),
                                        user_texts(messages), session=key, after=fold)
         except Exception:  # a bug here must not cost the summary
             log.exception("session %s: memory flush failed", key)
@@ -706,6 +829,9 @@ class AgentLoop:
         else:
             log.info("session %s: memory flush stored %d fact(s), %d already known, %d rejected", key,
                      len(result.stored), len(result.known), len(result.rejected))
+        if collect is not None:
+            collect.extend(result.writes())
+            return
         try:
             await receipts.show(key, result.writes(), self.written)
         except Exception:
@@ -718,11 +844,14 @@ class AgentLoop:
         self._summary_backoff[key] = SummaryBackoff(session.last_id + wait, wait)
         log.info("session %s: next summary attempt after message %d", key, session.last_id + wait)
 
-    async def compact(self, key: str, receipts: Receipts = Receipts()) -> CompactResult | None:
-        """Summarise all but the last `session_summary_keep_count` messages; None when nothing was done.
+    async def compact(self, key: str, receipts: Receipts = Receipts(), *, through: int | None = None,
+                      collect: list[MemoryWrite] | None = None) -> CompactResult | None:
+        """Summarise all but the last `session_summary_keep_count` messages (`through`: exactly those up to that
+        id, the range a request must cut); None when nothing was done.
 
         The model call runs without the session lock: messages that arrive meanwhile are newer than
-        the compacted range and are kept. What the memory flush before it writes is shown through `receipts`.
+        the compacted range and are kept. What the memory flush before it writes is shown through `receipts` (or
+        added to `collect`, a turn's writes).
         """
         if key in self._summarizing:
             return None
@@ -731,7 +860,16 @@ class AgentLoop:
             session = await self.session(key)
             policy = self.workspace.policy.current()
             active = session.active()
-            cut = keep_last([m.message for m in active], policy.session_summary_keep_count)
+            if through is None:
+                cut = keep_last([m.message for m in active], policy.session_summary_keep_count)
+                load = history_load(session)
+                if load is not None and load[1] > 0:
+                    # On a small window keep_count messages can be over the history's room by themselves: keep
+                    # no more than fits in half of it, from a turn's start.
+                    within = keep_within([stored_tokens(m) for m in active], load[1] // 2)
+                    cut = max(cut, turn_start([m.message for m in active], within))
+            else:
+                cut = sum(1 for m in active if m.id <= through)
             if cut == 0:
                 return None
             folded = active[:cut]
@@ -739,10 +877,11 @@ class AgentLoop:
             # local server keeps the conversation cached (agent/cache_prefix.py).
             fold = self.last_requests.for_history(key, active, cut, session.summary)
             if policy.memory_flush_enabled:  # the facts in what is folded away go to MEMORY.md first
-                await self._flush(key, [m.message for m in folded], receipts, fold)
+                await self._flush(key, [m.message for m in folded], receipts, fold, collect=collect)
+                self._flushed[key] = max(self._flushed.get(key, 0), folded[-1].id)
             try:
                 own = summary_request(session.summary, [m.message for m in folded])
-                reply = await ask_between_turns(self.provider, own, fold,
+                reply = await ask_between_turns(self.background, own, fold,
                                                 lambda after: continued_summary_request(after, session.summary))
             except ProviderError as exc:
                 log.warning("session %s: summary failed (%s); history kept as it was", key, exc)

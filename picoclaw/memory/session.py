@@ -73,12 +73,15 @@ class StoredMessage:
     blocks: tuple[str, ...] = ()
     undelivered: str | None = None
     why: dict[str, Any] | None = None  # a user message: what memory it carried and why (InjectedMemory.explained)
+    # Its tokens as sent, counted once by the prompt budget (agent/budget.py); never stored in the file.
+    tokens: int | None = field(default=None, repr=False, compare=False)
 
     def mark_undelivered(self, reason: str) -> None:
         """Note in this message that it never reached the user (its record in the file stays as it was)."""
         if self.undelivered is not None:
             return
         self.undelivered = reason
+        self.tokens = None  # the note changes what is sent
         content = str(self.message.get("content") or "").rstrip()
         note = undelivered_note(reason)
         self.message = {**self.message, "content": f"{content}\n\n{note}" if content else note}

@@ -1,0 +1,49 @@
+"""The provider the background calls between turns use (summary, memory flush, lessons, reflection, compression,
+the query rewrite): each request's max_tokens is what its prompt leaves of the model's window, at most
+BACKGROUND_REPLY_CAP, so no request of the process is over the window with its reply (agent/budget.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from picoclaw.agent.budget import json_tokens, message_tokens, usable
+from picoclaw.providers.base import (
+    ChatProvider,
+    ChatReply,
+    ContextWindows,
+    Message,
+    ProviderError,
+    TextSink,
+    ToolChoice,
+)
+
+# A summary, a flush's facts, a lesson: a few hundred tokens; config's max_tokens (4,096) would not fit a 4k window.
+BACKGROUND_REPLY_CAP = 1024
+# Less room than this for the answer: the request is not sent (a background call after the conversation then asks
+# in its own, shorter prompt: PromptPrefix.ask).
+BACKGROUND_REPLY_FLOOR = 128
+
+
+class WindowedProvider:
+    """`provider` with each request's max_tokens fitted to the window `windows` says (see the module doc)."""
+
+    def __init__(self, provider: ChatProvider, windows: ContextWindows, cap: int = BACKGROUND_REPLY_CAP):
+        self.inner = provider
+        self.windows = windows
+        self.cap = cap
+        self.name = provider.name
+        self.model = provider.model
+        self.text_tool_calls = provider.text_tool_calls
+
+    async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
+                   *, max_tokens: int | None = None, on_text: TextSink | None = None,
+                   tool_choice: ToolChoice = "auto") -> ChatReply:
+        window = await self.windows.current()
+        prompt = sum(message_tokens(m) for m in messages) + (json_tokens(tools) if tools else 0)
+        wanted = self.cap if max_tokens is None else min(max_tokens, self.cap)
+        room = min(wanted, usable(window.tokens) - prompt)
+        if room < min(BACKGROUND_REPLY_FLOOR, wanted):
+            raise ProviderError("context_too_long", f"a background request ({prompt:,} tokens) leaves no room for "
+                                f"its answer in the model's window of {window.tokens:,} tokens ({window.source})")
+        return await self.inner.chat(messages, tools, max_tokens=room, on_text=on_text, tool_choice=tool_choice)
