@@ -10,17 +10,22 @@ from typing import Any
 
 import pytest
 
+from picoclaw.agent.loop import AgentLoop, Reply
 from picoclaw.memory.workspace import Workspace
+from picoclaw.storage import StorageError
 from tests.agent_helpers import (
     FAST_RETRY,
+    SESSION,
     chat,
     contents,
+    frozen,
     history,
     records_of,
     reopen,
     session_path,
     session_records,
     set_policy,
+    with_agent,
 )
 from tests.fakes import FakeOpenAIServer, ToolCalls
 
@@ -217,3 +222,20 @@ def test_a_turn_cut_short_after_a_tool_ran_keeps_the_tool_on_record(
     assert records[2]["message"]["content"].startswith("saved to memory/MEMORY.md")
     assert records[3]["message"]["content"].startswith("(The answer was cut short: ")
     assert fake_openai.pending() == 0
+
+
+@pytest.mark.parametrize("question", ["What is my dog called?", "我的狗叫什么名字？"])
+def test_a_turn_whose_record_cannot_be_written_ends_in_one_line_not_a_traceback(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, question: str) -> None:
+    def failing(*args: Any) -> None:
+        raise StorageError("the sessions folder is read-only")
+
+    async def body(loop: AgentLoop) -> Reply:
+        loop.sessions.append_messages = failing  # type: ignore[method-assign]
+        return await loop.handle(SESSION, question)
+
+    fake_openai.reply_text("Bob.")
+    with frozen():
+        reply = with_agent(workspace, fake_openai, body)
+    assert reply.text == "Sorry, I cannot reach my memory right now: the sessions folder is read-only"
+    assert isinstance(reply.error, StorageError)

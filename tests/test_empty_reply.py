@@ -211,6 +211,29 @@ def test_an_answer_after_this_turns_tools_is_no_echo(workspace: Workspace, fake_
 
 
 @pytest.mark.parametrize("language", ECHOES)
+def test_the_previous_answer_again_in_response_tags_is_not_shown_either(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, language: str) -> None:
+    first, question, answer = ECHOES[language]
+    fake_openai.reply_text(SAVED)
+    turn(workspace, fake_openai, first, streamed=False)
+    fake_openai.reply_text(f"<response>{SAVED}</response>")
+    fake_openai.reply_text(answer)
+    reply, pieces, _ = turn(workspace, fake_openai, question, streamed=True)
+    assert reply == Reply(answer) and "".join(pieces) == answer
+
+
+def test_a_try_that_gives_the_previous_answer_is_taken_and_shown(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.reply_text(SAVED)
+    turn(workspace, fake_openai, ECHOES["english"][0], streamed=False)
+    fake_openai.reply_tool_calls([("memory_search", {"query": "plate"})])
+    fake_openai.reply_text("")  # empty after the search: the try with its results in view
+    fake_openai.reply_text(SAVED)  # the try answers what it answered before: taken, and shown
+    reply, pieces, _ = turn(workspace, fake_openai, ECHOES["english"][1], streamed=True)
+    assert reply == Reply(SAVED) and "".join(pieces) == SAVED
+
+
+@pytest.mark.parametrize("language", ECHOES)
 def test_the_same_answer_to_the_same_message_or_a_short_one_is_no_echo(
         workspace: Workspace, fake_openai: FakeOpenAIServer, language: str) -> None:
     first, _, _ = ECHOES[language]

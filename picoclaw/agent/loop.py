@@ -321,7 +321,12 @@ class AgentLoop:
             writes = TurnWrites(key, ())
             try:
                 answer, finished = await self._turn(key, text, on_text, on_tool, writes, ask_again)
+            except StorageError as exc:  # a summary or set-aside inside the turn could not be recorded
+                log.warning("session %s: memory storage: %s", key, exc)
+                self._spawn(receipts.show(key, writes.writes, self.written))
+                return Reply(f"Sorry, I cannot reach my memory right now: {exc}", error=exc)
             except ProviderError as exc:
+                self._learn_window(exc)  # whichever request of the turn overflowed, the window it named holds
                 # Info, not a warning: the channel shows the failure itself, once.
                 log.info("session %s: model call failed (%s): %s", key, exc.kind, exc)
                 # What memory_append wrote before the failure is written all the same: the user hears of it.
@@ -655,7 +660,14 @@ class AgentLoop:
             # Without tools: a chat template that writes the schemas into the prompt then sees a new prefix (the
             # cache is lost there); the same schemas with tool_choice "none" would keep it. Each try's own room
             # (its prompt is not the tool step's): `room` says it when given.
-            again = await self._ask(attempt, [], on_text, await room(attempt) if room is not None else max_tokens)
+            try:
+                tokens = await room(attempt) if room is not None else max_tokens
+            except ProviderError as exc:  # the results written into the message leave no room: the plain try next
+                if exc.kind != "context_too_long":
+                    raise
+                continue
+            # conversation=[]: a try's answer is taken even when it is the previous answer again, so it is shown.
+            again = await self._ask(attempt, [], on_text, tokens, conversation=[])
             if is_answer(again):
                 # The first reply's usage: its prompt was the whole conversation, which the summary threshold reads.
                 return ChatReply(again.content, [], reply.usage or again.usage, again.finish_reason)
@@ -681,7 +693,8 @@ class AgentLoop:
         if text_calls and not reply.tool_calls:
             call = find_text_tool_call(reply.content, self._offered)
         if gate is not None:  # a repeat of the previous answer is asked again, not shown
-            await gate.finish(was_call=call is not None or repeats_last_answer(conversation, reply))
+            unwrapped = replace(reply, content=without_response_wrapper(reply.content or ""))
+            await gate.finish(was_call=call is not None or repeats_last_answer(conversation, unwrapped))
         if call is None:
             if reply.content and (shown := without_response_wrapper(reply.content)) != reply.content:
                 reply = replace(reply, content=shown)  # shown without the tags as it streamed (agent/streaming.py)

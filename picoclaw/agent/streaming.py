@@ -65,7 +65,8 @@ class StreamGate:
             return
         if not start or (self.hold_calls and _may_open_a_call(start)):
             return
-        if self.previous and self.previous.startswith(same_words(start)):  # may be the previous answer again
+        judged = start[:_closing_at(start)] if self.wrapped else start  # a wrapper's closing tag is no word of it
+        if self.previous and self.previous.startswith(same_words(judged)):  # may be the previous answer again
             return
         self.holding = False
         await self._release()
