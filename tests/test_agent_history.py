@@ -79,7 +79,8 @@ def test_summary_keeps_a_tail_that_does_not_start_with_a_tool_result(
     fake_openai.reply_text("two")
     fake_openai.responder = lambda body: Text(SUMMARY_EN) if is_summary_request(body) else Text("three")
 
-    assert chat(workspace, fake_openai, ["first", "second", "third 第三"]) == ["one", "two", "three"]
+    assert chat(workspace, fake_openai, ["first", "second", "third 第三"], continue_background=True) == [
+        "one", "two", "three"]
 
     [compaction] = records_of(workspace, "compaction")[:1]
     assert compaction["through"] == 8  # the tool result (id 8) went with its call (id 7)
@@ -88,7 +89,7 @@ def test_summary_keeps_a_tail_that_does_not_start_with_a_tool_result(
     # to fold is said to end with that result.
     sent = summary_request["messages"]
     assert any(call["function"]["name"] == "memory_search" for m in sent for call in m.get("tool_calls") or [])
-    assert "the tool result that begins «no matches in memory" in sent[-1]["content"]
+    assert "the result of memory_search" in sent[-1]["content"]  # named, never quoted
     assert "the last message above comes after it" in sent[-1]["content"]  # "two"
     third = turn_requests(fake_openai)[-1]
     assert [m["role"] for m in history(third)] == ["assistant", "user"]
@@ -110,17 +111,18 @@ def test_context_too_long_drops_the_oldest_half_tells_once_and_retries_once(
 
     assert replies == [f"{TRIMMED_NOTICE}\n\n短一点的回答 / a shorter answer", "still fine / 仍然正常"]
     [compaction] = records_of(workspace, "compaction")
-    # Half of 7 is 3, a tool result: the cut moves on to 4, so the call and both results go together.
-    assert (compaction["through"], compaction["summary"], compaction["reason"]) == (4, None, "context_too_long")
+    # Half of 7 is 3, a tool result: the cut moves on to the next turn's start (the user message at 5), so the call,
+    # both results and the answer go together and the history never starts with a reply.
+    assert (compaction["through"], compaction["summary"], compaction["reason"]) == (5, None, "context_too_long")
     *turn, fourth = fake_openai.chat_requests()[sent_before:]
     failed, retried = turn[-2:]
-    assert len(history(retried)) == len(history(failed)) - 4
-    assert contents(history(retried))[:3] == ["first turn done / 第一轮完成", "and now? / 然后呢？",
-                                             "second turn done / 第二轮完成"]
+    assert len(history(retried)) == len(history(failed)) - 5
+    first, answer = history(retried)[:2]
+    assert first["content"].endswith("and now? / 然后呢？") and answer["content"] == "second turn done / 第二轮完成"
     if mid_tool_loop:  # this turn's own call and result are sent again after the trimmed history
         assert [m["role"] for m in history(retried)][-3:] == ["user", "assistant", "tool"]
     assert TRIMMED_NOTICE not in str(fourth)
-    assert history(fourth)[0]["content"] == "first turn done / 第一轮完成"
+    assert history(fourth)[0]["content"].endswith("and now? / 然后呢？")
 
 
 def test_context_too_long_twice_is_one_clear_line(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
@@ -191,5 +193,6 @@ def test_force_compress_directly_never_orphans(workspace: Workspace, fake_openai
         dropped.append(await loop.force_compress(session))
         return [str(n) for n in dropped] + [m["role"] for m in session.active_messages()]
 
-    # 7 → cut at 4 (not the tool result at 3); then 3 → cut at 1.
-    assert with_agent(workspace, fake_openai, body) == ["4", "1", "user", "assistant"]
+    # 7 → cut at 5, the next turn's start (not the tool result at 3, nor the reply at 4); then 2 (one turn) → all
+    # of it: a history never starts with a reply or a tool result.
+    assert with_agent(workspace, fake_openai, body) == ["5", "2"]

@@ -134,7 +134,7 @@ def test_threshold_five_summarises_and_the_chat_goes_on(
     notices = Notices()
 
     with frozen():
-        replies = chat(workspace, fake_openai, texts, notices=notices)
+        replies = chat(workspace, fake_openai, texts, notices=notices, continue_background=True)
 
     assert replies == ["answer 1", "answer 2", "answer 3", "answer 4"]
     kinds = ["summary" if is_summary_request(b) else "flush" if is_flush_request(b) else "turn"
