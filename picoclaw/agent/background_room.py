@@ -1,6 +1,7 @@
 """The provider the background calls between turns use (summary, memory flush, lessons, reflection, compression,
 the query rewrite): each request's max_tokens is what its prompt leaves of the model's window, at most
-BACKGROUND_REPLY_CAP, so no request of the process is over the window with its reply (agent/budget.py).
+BACKGROUND_REPLY_CAP unless the caller asks for its own max_tokens (compression: a rewrite as long as its group), so
+no request of the process is over the window with its reply (agent/budget.py).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class WindowedProvider:
                    tool_choice: ToolChoice = "auto") -> ChatReply:
         window = await self.windows.current()
         prompt = sum(message_tokens(m) for m in messages) + (json_tokens(tools) if tools else 0)
-        wanted = self.cap if max_tokens is None else min(max_tokens, self.cap)
+        wanted = self.cap if max_tokens is None else max_tokens  # asked for: wins, still lowered to the room
         room = min(wanted, usable(window.tokens) - prompt)
         if room < min(BACKGROUND_REPLY_FLOOR, wanted):
             raise ProviderError("context_too_long", f"a background request ({prompt:,} tokens) leaves no room for "
