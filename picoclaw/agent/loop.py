@@ -201,7 +201,7 @@ def history_load(session: Session) -> tuple[int, int, int] | None:
     return None
 
 
-def _log_failure(task: asyncio.Future[None]) -> None:
+def _log_failure(task: asyncio.Future[Any]) -> None:
     """A background job's failure, in one line (the metrics file's write when the storage just went away):
     never asyncio's "exception was never retrieved" with a traceback. An unreachable storage is no news: whoever
     watches it (a webhook worker) has said so."""
@@ -248,7 +248,7 @@ class AgentLoop:
         self._loaded: LruCache[str, Session] = LruCache(
             session_cache_size, keep=lambda key: self._locks.busy(key) or key in self._summarizing,
             on_evict=self._forget)
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         # Each session's last request as sent: background calls ask after it (agent/cache_prefix.py), when the model
         # is served locally (`continue_background`, app.py); else nothing is kept and they use their own prompts.
         self.last_requests = LastRequests(min(session_cache_size, LAST_REQUESTS_KEPT) if continue_background else 0)
@@ -499,7 +499,9 @@ class AgentLoop:
         writes = turn.writes if turn is not None else None
         if await self._summary_finished(key):
             built = await self._build(session, policy, text, now, query, count_use=False)
-        if built.cut_through is not None:
+        backoff = self._summary_backoff.get(key)
+        backing_off = backoff is not None and session.last_id < backoff.retry_at  # a summary failed not long ago
+        if built.cut_through is not None and not backing_off:
             if await self.compact(key, through=built.cut_through, collect=writes) is not None:
                 built = await self._build(session, policy, text, now, query, count_use=False)
         notice = SUMMARISED_NOTICE if len(session.active()) < before else ""
@@ -706,7 +708,7 @@ class AgentLoop:
 
     # -- background work ---------------------------------------------------------------------------
 
-    def _spawn(self, job: Awaitable[None]) -> None:
+    def _spawn(self, job: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(job)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -781,13 +783,18 @@ class AgentLoop:
             return
         if key in self._summarizing or not self.needs_summary(session, self.workspace.policy.current()):
             return
-        async with self._alone(f"summary:{key}") as ours:
-            # Looked at again once ours, brought up to date: another worker may have just summarised it.
-            if not ours or not self.needs_summary(await self.session(key), self.workspace.policy.current()):
-                return
-            if receipts.notify is not None:
-                await receipts.notify(key, SUMMARY_NOTICE)
-            await self.compact(key, receipts)
+        # Claimed before the first await: a turn arriving meanwhile waits for this summary instead of writing its own.
+        self._summarizing.add(key)
+        try:
+            async with self._alone(f"summary:{key}") as ours:
+                # Looked at again once ours, brought up to date: another worker may have just summarised it.
+                if not ours or not self.needs_summary(await self.session(key), self.workspace.policy.current()):
+                    return
+                if receipts.notify is not None:
+                    await receipts.notify(key, SUMMARY_NOTICE)
+                await self.compact(key, receipts, claimed=True)
+        finally:
+            self._summarizing.discard(key)
 
     def needs_summary(self, session: Session, policy: MemoryPolicy) -> bool:
         """History over the message threshold, or over the token share of the history's room in the last request
@@ -814,28 +821,31 @@ class AgentLoop:
         return usable(window) - reserve <= window * policy.session_summary_token_percent / 100
 
     async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Continuation | None = None,
-                     *, collect: list[MemoryWrite] | None = None) -> None:
+                     *, collect: list[MemoryWrite] | None = None) -> bool:
         """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
         was written (or add it to `collect`, a turn's writes shown after its reply); never raises. `fold`: ask
-        after the conversation's last request, which carries them."""
+        after the conversation's last request, which carries them. Whether the model read them (its call did not
+        fail, e.g. over the window): only then are they flushed."""
         try:
             result = await flush_facts(self.background, self.workspace.store, render_transcript(messages),
                                        user_texts(messages), session=key, after=fold)
         except Exception:  # a bug here must not cost the summary
             log.exception("session %s: memory flush failed", key)
-            return
+            return False
         if result.refused:
             log.info("session %s: memory flush stored nothing: %s", key, result.refused)
         else:
             log.info("session %s: memory flush stored %d fact(s), %d already known, %d rejected", key,
                      len(result.stored), len(result.known), len(result.rejected))
+        read = not (result.refused or "").startswith("the model call failed")  # memory/flush.py's wording
         if collect is not None:
             collect.extend(result.writes())
-            return
+            return read
         try:
             await receipts.show(key, result.writes(), self.written)
         except Exception:
             log.exception("session %s: the memory flush's receipts failed", key)
+        return read
 
     def _back_off(self, key: str, session: Session, policy: MemoryPolicy) -> None:
         """After a failed summary: the next automatic attempt waits for more messages (see the module doc)."""
@@ -845,7 +855,7 @@ class AgentLoop:
         log.info("session %s: next summary attempt after message %d", key, session.last_id + wait)
 
     async def compact(self, key: str, receipts: Receipts = Receipts(), *, through: int | None = None,
-                      collect: list[MemoryWrite] | None = None) -> CompactResult | None:
+                      collect: list[MemoryWrite] | None = None, claimed: bool = False) -> CompactResult | None:
         """Summarise all but the last `session_summary_keep_count` messages (`through`: exactly those up to that
         id, the range a request must cut); None when nothing was done.
 
@@ -853,9 +863,10 @@ class AgentLoop:
         the compacted range and are kept. What the memory flush before it writes is shown through `receipts` (or
         added to `collect`, a turn's writes).
         """
-        if key in self._summarizing:
-            return None
-        self._summarizing.add(key)
+        if not claimed:  # claimed: the caller holds `key` in _summarizing already (and lets go of it)
+            if key in self._summarizing:
+                return None
+            self._summarizing.add(key)
         try:
             session = await self.session(key)
             policy = self.workspace.policy.current()
@@ -877,8 +888,8 @@ class AgentLoop:
             # local server keeps the conversation cached (agent/cache_prefix.py).
             fold = self.last_requests.for_history(key, active, cut, session.summary)
             if policy.memory_flush_enabled:  # the facts in what is folded away go to MEMORY.md first
-                await self._flush(key, [m.message for m in folded], receipts, fold, collect=collect)
-                self._flushed[key] = max(self._flushed.get(key, 0), folded[-1].id)
+                if await self._flush(key, [m.message for m in folded], receipts, fold, collect=collect):
+                    self._flushed[key] = max(self._flushed.get(key, 0), folded[-1].id)
             try:
                 own = summary_request(session.summary, [m.message for m in folded])
                 reply = await ask_between_turns(self.background, own, fold,
@@ -914,4 +925,5 @@ class AgentLoop:
                 await asyncio.to_thread(self.workspace.store.append_note, f"Summary of session {key}:\n{summary}")
             return CompactResult(len(folded), summary)
         finally:
-            self._summarizing.discard(key)
+            if not claimed:
+                self._summarizing.discard(key)
