@@ -46,6 +46,7 @@ from picoclaw.agent.budget import (
     reply_reserve,
     reply_tokens,
     stored_tokens,
+    text_tokens,
     usable,
 )
 from picoclaw.agent.cache_prefix import LAST_REQUESTS_KEPT, LastRequests
@@ -875,9 +876,11 @@ class AgentLoop:
                 cut = keep_last([m.message for m in active], policy.session_summary_keep_count)
                 load = history_load(session)
                 if load is not None and load[1] > 0:
-                    # On a small window keep_count messages can be over the history's room by themselves: keep
-                    # no more than fits in half of it, from a turn's start.
-                    within = keep_within([stored_tokens(m) for m in active], load[1] // 2)
+                    # On a small window keep_count messages can be over the history's room by themselves: keep no
+                    # more than a third of it less the summary, which shares it, from a turn's start; the rest is
+                    # the room of the turns to come (a half kept summarised after most turns of ~300 tokens in 4k).
+                    kept_room = max(0, load[1] // 3 - text_tokens(session.summary or ""))
+                    within = keep_within([stored_tokens(m) for m in active], kept_room)
                     cut = max(cut, turn_start([m.message for m in active], within))
             else:
                 cut = sum(1 for m in active if m.id <= through)
