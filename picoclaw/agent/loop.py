@@ -3,14 +3,17 @@
 Turns of one session run one at a time; different sessions run concurrently. After the reply is
 saved, background work (session summary, long-term compression, reflection, the lesson a turn taught and
 the skill drafts of workflows that keep working: agent/lessons.py) runs without holding up the next message.
+A history too long for the request's budget is summarised inside the turn instead (or, when that fails, set aside
+on record after its facts are flushed): `_fit_history`.
 Nothing here waits on the event loop: session files are read and appended (fsync, cross-process lock) in
 worker threads, and memory search is awaited. Loaded sessions are kept in a bounded LRU cache and per-session
 locks exist only while in use, so a bot that sees thousands of chats stays small.
 
 A summary the model fails to write (refused as malformed, or the call failed) is not asked for again on
-the next turn: the next automatic attempt waits until `wait` more messages have arrived, where `wait`
-starts at `session_summary_keep_count` and doubles after each further failure (a success resets it; /compact
-always tries). A turn that does not attempt sends no "Memory threshold reached" notice.
+the next turn: the next automatic attempt, in the background or inside a turn, waits until `wait` more messages
+have arrived, where `wait` starts at `session_summary_keep_count` and doubles after each further failure (a success
+resets it; /compact always tries); a turn over its budget meanwhile sets the range aside. A turn that does not
+attempt sends no "Memory threshold reached" notice.
 
 Every write to MEMORY.md or LEARNINGS.md that no command of the user's made (the memory flush, the model's
 memory_append, a lesson) is shown once in the conversation, after the reply (agent/receipts.py), and logged
@@ -526,7 +529,8 @@ class AgentLoop:
         return built, notice
 
     async def _summary_finished(self, key: str) -> bool:
-        """Wait (at most SUMMARY_WAIT seconds) for a background summary of `key` under way; whether there was one."""
+        """Wait (at most SUMMARY_WAIT seconds) for a background summary of `key` under way; whether there was one.
+        After the wait it may still be under way: the caller's own summary is then refused and the range set aside."""
         if key not in self._summarizing:
             return False
         log.info("session %s: the history is over the window's budget; waiting for the summary under way", key)
@@ -860,9 +864,10 @@ class AgentLoop:
         """Summarise all but the last `session_summary_keep_count` messages (`through`: exactly those up to that
         id, the range a request must cut); None when nothing was done.
 
-        The model call runs without the session lock: messages that arrive meanwhile are newer than
-        the compacted range and are kept. What the memory flush before it writes is shown through `receipts` (or
-        added to `collect`, a turn's writes).
+        In the background (and for /compact) the model call runs without the session lock: messages that arrive
+        meanwhile are newer than the compacted range and are kept; with `through` it runs inside the turn, which
+        holds the lock. What the memory flush before it writes is shown through `receipts` (or added to `collect`, a
+        turn's writes). `claimed`: the caller has put `key` in _summarizing already.
         """
         if not claimed:  # claimed: the caller holds `key` in _summarizing already (and lets go of it)
             if key in self._summarizing:
