@@ -520,3 +520,35 @@ def test_a_failed_flush_before_a_failed_summary_is_flushed_again_when_set_aside(
     assert set_aside >= 2, replies
     assert any(("Lin" if lang == "en" else "林") in notice for notice in shown), (flushes, shown)
     assert summaries < set_aside, (summaries, set_aside)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_range_too_long_for_one_flush_is_flushed_in_window_sized_pieces(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str) -> None:
+    # The flush of a range set aside on a small window was one request over the window: refused before it was
+    # sent, the range's facts were never read.
+    from picoclaw.agent.receipts import Receipts
+
+    fact = "My sister Lin lives in Hangzhou." if lang == "en" else "我妹妹林住在杭州。"
+    filler = ("Here is more about my week, the garden and the fence that needs fixing. " * 30 if lang == "en"
+              else "这是关于我这一周、花园和需要修理的篱笆的更多内容。" * 30)
+    messages: list[dict[str, Any]] = []
+    for n in range(8):
+        messages += [{"role": "user", "content": f"{fact if n == 0 else n} {filler}"},
+                     {"role": "assistant", "content": "Noted." if lang == "en" else "记下了。"}]
+
+    def respond(body: dict[str, Any]) -> str:
+        if is_flush_request(body):
+            return f"- {fact}" if fact in json.dumps(body, ensure_ascii=False) else "NONE"
+        return "ok"
+    fake_openai.responder = respond
+
+    async def main() -> bool:
+        async with make_provider(workspace, fake_openai) as provider:
+            loop = AgentLoop(workspace, provider, build_tools(workspace, []), windows=FixedWindow(SMALL))
+            return await loop._flush(SESSION, messages, Receipts(), collect=[])
+    assert asyncio.run(main())
+    flushes = [body for body in fake_openai.chat_requests() if is_flush_request(body)]
+    assert len(flushes) >= 2 and all(request_tokens(body) <= SMALL.tokens for body in flushes)
+    assert fact in json.dumps(flushes[-1], ensure_ascii=False)  # newest first: the oldest piece last
+    assert fact in workspace.store.read_long_term()

@@ -21,6 +21,8 @@ from picoclaw.providers.base import (
 
 # A summary, a flush's facts, a lesson: a few hundred tokens; config's max_tokens (4,096) would not fit a 4k window.
 BACKGROUND_REPLY_CAP = 1024
+# What a flush's own prompt holds besides the transcript (its instructions, ~200 tokens), with a margin.
+FLUSH_PROMPT_ALLOWANCE = 400
 # Less room than this for the answer: the request is not sent (a background call after the conversation then asks
 # in its own, shorter prompt: PromptPrefix.ask).
 BACKGROUND_REPLY_FLOOR = 128
@@ -48,3 +50,22 @@ class WindowedProvider:
             raise ProviderError("context_too_long", f"a background request ({prompt:,} tokens) leaves no room for "
                                 f"its answer in the model's window of {window.tokens:,} tokens ({window.source})")
         return await self.inner.chat(messages, tools, max_tokens=room, on_text=on_text, tool_choice=tool_choice)
+
+
+def flush_pieces(messages: list[Message], window: int) -> list[list[Message]]:
+    """`messages` in runs whose flush request fits `window` with its reply, newest run first (what a flush can
+    still read when a range is too long for one request); a single message over it is a run of its own."""
+    room = usable(window) - BACKGROUND_REPLY_CAP - FLUSH_PROMPT_ALLOWANCE
+    pieces: list[list[Message]] = []
+    piece: list[Message] = []
+    size = 0
+    for message in reversed(messages):
+        cost = message_tokens(message)
+        if piece and size + cost > room:
+            pieces.append(piece)
+            piece, size = [], 0
+        piece.insert(0, message)
+        size += cost
+    if piece:
+        pieces.append(piece)
+    return pieces

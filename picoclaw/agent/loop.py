@@ -33,7 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from picoclaw import clock
-from picoclaw.agent.background_room import WindowedProvider
+from picoclaw.agent.background_room import WindowedProvider, flush_pieces
 from picoclaw.agent.budget import (
     REPLY_FLOOR,
     RESULT_FLOOR,
@@ -829,8 +829,18 @@ class AgentLoop:
                      *, collect: list[MemoryWrite] | None = None) -> bool:
         """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
         was written (or add it to `collect`, a turn's writes shown after its reply); never raises. `fold`: ask
-        after the conversation's last request, which carries them. Whether the model read them (its call did not
-        fail, e.g. over the window): only then are they flushed."""
+        after the conversation's last request, which carries them. Whether the model read them (no call failed):
+        only then are they flushed. A range too long for one request is read in window-sized pieces, newest first."""
+        pieces = flush_pieces(messages, (await self.windows.current()).tokens)
+        read = True
+        for piece in pieces:  # several: each in its own prompt (the last request carries the whole range only)
+            read = await self._flush_piece(key, piece, receipts, fold if len(pieces) == 1 else None,
+                                           collect=collect) and read
+        return read
+
+    async def _flush_piece(self, key: str, messages: list[Message], receipts: Receipts, fold: Continuation | None,
+                           *, collect: list[MemoryWrite] | None) -> bool:
+        """One flush request of `_flush`; whether its model call succeeded."""
         try:
             result = await flush_facts(self.background, self.workspace.store, render_transcript(messages),
                                        user_texts(messages), session=key, after=fold)
