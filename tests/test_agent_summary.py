@@ -255,3 +255,25 @@ def test_only_the_same_sessions_previous_summary_counts_as_repeated(
     assert answers == []
     note = today_note(workspace)
     assert note.count(f"Summary of session {SESSION}:") == 2 and note.count("Summary of session cli:other:") == 1
+
+
+@pytest.mark.parametrize("text", ["hello there", "你好呀"])
+def test_the_summary_is_claimed_before_its_notice_so_a_turn_meanwhile_waits_for_it(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, text: str) -> None:
+    # The background summary sent its notice (and took its cross-process lock) before claiming the session: a turn
+    # arriving in that gap found no summary under way and wrote its own in the turn (two notices, two calls).
+    set_policy(workspace, session_summary_message_threshold=5)
+    fake_openai.responder = lambda body: SUMMARY_EN if is_summary_request(body) else "ok"
+    claimed_at_notice: list[bool] = []
+
+    async def body(loop: AgentLoop) -> None:
+        async def notify(key: str, notice: str) -> None:
+            if notice == SUMMARY_NOTICE:
+                claimed_at_notice.append(key in loop._summarizing)
+
+        for n in range(4):
+            await loop.handle(SESSION, f"{text} {n}", notify=notify)
+            await loop.wait_background()
+
+    with_agent(workspace, fake_openai, body)
+    assert claimed_at_notice and all(claimed_at_notice), claimed_at_notice

@@ -813,3 +813,55 @@ def test_key_facts_kinds() -> None:
         ("name", "Alice"), ("identifier", "alice@example.com"), ("name", "Monday"), ("identifier", "CAF-42"),
         ("number", "3"), ("identifier", "https://x.example.org/a"), ("term", "小雨")]
     assert found.has_cjk
+
+
+# -- the rewrite's room ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entries", [ENGLISH, CHINESE], ids=["english", "chinese"])
+@freeze_time(FROZEN)
+def test_a_rewrite_through_the_windowed_provider_may_be_as_long_as_its_group(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, entries: list[str]) -> None:
+    """The background provider caps replies at BACKGROUND_REPLY_CAP; a group of ~4,000 Chinese characters needs
+    more (the cap cut it off, and the cut rewrite was refused, so Chinese memory was never compressed)."""
+    from picoclaw.agent import WindowedProvider
+    from picoclaw.agent.background_room import BACKGROUND_REPLY_CAP
+    from picoclaw.providers.base import ContextWindow, FixedWindow
+    from picoclaw.tokens import count_tokens
+
+    store = workspace.store
+    long_entries = [entry + " " + entry.split("\n", 1)[1] * 2 for entry in entries] * 2  # one large group
+    write_memory(store, long_entries)
+    fake_openai.reply_text(ENGLISH_REWRITE if entries is ENGLISH else CHINESE_REWRITE)
+
+    async def go() -> None:
+        async with fake_provider(fake_openai) as provider:
+            windowed = WindowedProvider(provider, FixedWindow(ContextWindow(128_000, "config", "")))
+            await LongTermCompressor(store, windowed, group_chars=20_000).run(POLICY, force=True, dry_run=True)
+    asyncio.run(go())
+
+    [request] = fake_openai.chat_requests()
+    group_tokens = count_tokens(request["messages"][1]["content"])
+    assert group_tokens > BACKGROUND_REPLY_CAP
+    assert request["max_tokens"] >= group_tokens
+
+
+@freeze_time(FROZEN)
+def test_cli_compress_fits_the_rewrite_to_a_small_window(home: Path, fake_openai: FakeOpenAIServer,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`memory compress` asked with config's max_tokens (4,096) whatever the window: on a 4k one every request
+    was over it."""
+    configure(home, fake_openai)
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["agents"]["defaults"]["context_window"] = 4096
+    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    store = App.open(home).workspace.store
+    write_memory(store, CHINESE)
+    fake_openai.reply_text(CHINESE_REWRITE)
+
+    code, _, _ = run_cli(capsys, "memory", "compress", "--force", "--dry-run")
+
+    assert code == 0
+    [request] = fake_openai.chat_requests()
+    assert 256 <= request["max_tokens"] < 4096

@@ -55,7 +55,7 @@ from tests.agent_helpers import (
     turn_requests,
     write_memory,
 )
-from tests.fakes import FakeOpenAIServer
+from tests.fakes import Error, FakeOpenAIServer
 
 SMALL = ContextWindow(4096, "server", "llama.cpp /props")
 DEFAULT_SHARES = Shares.of(MemoryPolicy())
@@ -474,3 +474,81 @@ def test_tool_results_that_fill_the_window_leave_the_tools_out_of_the_next_reque
     results = [m["content"] for m in after["messages"] if m["role"] == "tool"]
     assert len(results) == 3 and all("cut to fit the model's window" in text for text in results)
     assert all(request_tokens(body) <= SMALL.tokens for body in fake_openai.chat_requests()[:2])
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_failed_flush_before_a_failed_summary_is_flushed_again_when_set_aside(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The in-turn summary marked its range flushed even when the flush's call failed; when the summary failed too,
+    # the range was set aside and its facts never reached memory. A failed summary also backs off: the next turns
+    # over the budget set aside without asking for a summary again each time.
+    monkeypatch.setattr(AgentLoop, "needs_summary", lambda self, session, policy: False)
+    set_policy(workspace, session_summary_message_threshold=1000, session_summary_token_percent=95,
+               session_summary_keep_count=8)
+    fact = "My sister Lin lives in Hangzhou." if lang == "en" else "我妹妹林住在杭州。"
+    filler = ("Here is more about my week, the garden and the fence that needs fixing. " * 14 if lang == "en"
+              else "这是关于我这一周、花园和需要修理的篱笆的更多内容。" * 14)
+    texts = [f"{fact} {filler}"] + [f"{n}. {filler}" for n in range(1, 16)]
+    flushes: list[bool] = []
+
+    def respond(body: dict[str, Any]) -> str | Error:
+        if is_flush_request(body):
+            flushes.append(True)
+            if len(flushes) == 1:
+                return Error(500, "the server is busy")
+            return f"- {fact}" if fact in json.dumps(body, ensure_ascii=False) else "NONE"
+        if is_summary_request(body):
+            return "not a summary"
+        return "Noted." if lang == "en" else "记下了。"
+    fake_openai.responder = respond
+    shown: list[str] = []
+
+    async def remembered(key: str, write: Any) -> None:
+        shown.append(write.notice)
+
+    async def main() -> list[str]:
+        async with make_provider(workspace, fake_openai) as provider:
+            loop = AgentLoop(workspace, provider, build_tools(workspace, []), windows=FixedWindow(SMALL))
+            replies = []
+            for text in texts:
+                replies.append((await loop.handle(SESSION, text, remembered=remembered)).text)
+                await loop.wait_background()
+            return replies
+    replies = asyncio.run(main())
+    set_aside = sum(SET_ASIDE_NOTICE in reply for reply in replies)
+    summaries = sum(is_summary_request(body) for body in fake_openai.chat_requests())
+    assert set_aside >= 2, replies
+    assert any(("Lin" if lang == "en" else "林") in notice for notice in shown), (flushes, shown)
+    assert summaries < set_aside, (summaries, set_aside)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_range_too_long_for_one_flush_is_flushed_in_window_sized_pieces(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str) -> None:
+    # The flush of a range set aside on a small window was one request over the window: refused before it was
+    # sent, the range's facts were never read.
+    from picoclaw.agent.receipts import Receipts
+
+    fact = "My sister Lin lives in Hangzhou." if lang == "en" else "我妹妹林住在杭州。"
+    filler = ("Here is more about my week, the garden and the fence that needs fixing. " * 30 if lang == "en"
+              else "这是关于我这一周、花园和需要修理的篱笆的更多内容。" * 30)
+    messages: list[dict[str, Any]] = []
+    for n in range(8):
+        messages += [{"role": "user", "content": f"{fact if n == 0 else n} {filler}"},
+                     {"role": "assistant", "content": "Noted." if lang == "en" else "记下了。"}]
+
+    def respond(body: dict[str, Any]) -> str:
+        if is_flush_request(body):
+            return f"- {fact}" if fact in json.dumps(body, ensure_ascii=False) else "NONE"
+        return "ok"
+    fake_openai.responder = respond
+
+    async def main() -> bool:
+        async with make_provider(workspace, fake_openai) as provider:
+            loop = AgentLoop(workspace, provider, build_tools(workspace, []), windows=FixedWindow(SMALL))
+            return await loop._flush(SESSION, messages, Receipts(), collect=[])
+    assert asyncio.run(main())
+    flushes = [body for body in fake_openai.chat_requests() if is_flush_request(body)]
+    assert len(flushes) >= 2 and all(request_tokens(body) <= SMALL.tokens for body in flushes)
+    assert fact in json.dumps(flushes[-1], ensure_ascii=False)  # newest first: the oldest piece last
+    assert fact in workspace.store.read_long_term()

@@ -233,3 +233,15 @@ def test_an_overflow_after_a_tool_step_is_retried_with_the_results_cut_to_the_le
         over = [n for n, count in enumerate(server.prompt_counts) if count > WINDOW]
         assert len(over) == 1, server.prompt_counts
         assert over_window(server, after=over[0]) == []
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_on_a_small_window_a_summary_leaves_room_for_several_turns(home: Path, lang: str) -> None:
+    # The part a summary kept was half the history's room, not counting the summary itself, which shares that
+    # room: the history was over its share again a turn or two later (14 summaries in 16 turns in Chinese, 10 in
+    # English; 6 and 8 now).
+    with FakeOpenAIServer(kind="llama.cpp", window=WINDOW) as server:
+        replies, _ = run_session(home, server, lang)
+        assert_every_turn_answered(replies, server, lang)
+        summaries = sum(is_summary_request(body) for body in server.chat_requests())
+        assert 1 <= summaries <= TURNS // 2, summaries

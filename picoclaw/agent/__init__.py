@@ -2,7 +2,8 @@
 
 What the agent layer offers the channels and the face is listed in `__all__`: `AgentLoop` (where a message
 becomes a model call), its `Reply`, the sinks a channel passes for streamed text, tool calls, notices and
-memory writes, and the slash-command parser. Each is imported on first use (picoclaw/lazy_exports.py).
+memory writes, the slash-command parser, and `WindowedProvider` (a provider whose replies fit the window).
+Each is imported on first use (picoclaw/lazy_exports.py).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from typing import TYPE_CHECKING
 from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from picoclaw.agent.background_room import WindowedProvider
     from picoclaw.agent.commands import Command, parse_command
     from picoclaw.agent.loop import AgentLoop, Reply, ToolSink
     from picoclaw.agent.receipts import MemorySink, NoticeSink
     from picoclaw.agent.streaming import TextSink
 
-__all__ = ["AgentLoop", "Command", "MemorySink", "NoticeSink", "Reply", "TextSink", "ToolSink", "parse_command"]
+__all__ = ["AgentLoop", "Command", "MemorySink", "NoticeSink", "Reply", "TextSink", "ToolSink", "WindowedProvider",
+           "parse_command"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
+    "picoclaw.agent.background_room": ("WindowedProvider",),
     "picoclaw.agent.commands": ("Command", "parse_command"),
     "picoclaw.agent.loop": ("AgentLoop", "Reply", "ToolSink"),
     "picoclaw.agent.receipts": ("MemorySink", "NoticeSink"),

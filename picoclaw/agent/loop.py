@@ -3,14 +3,17 @@
 Turns of one session run one at a time; different sessions run concurrently. After the reply is
 saved, background work (session summary, long-term compression, reflection, the lesson a turn taught and
 the skill drafts of workflows that keep working: agent/lessons.py) runs without holding up the next message.
+A history too long for the request's budget is summarised inside the turn instead (or, when that fails, set aside
+on record after its facts are flushed): `_fit_history`.
 Nothing here waits on the event loop: session files are read and appended (fsync, cross-process lock) in
 worker threads, and memory search is awaited. Loaded sessions are kept in a bounded LRU cache and per-session
 locks exist only while in use, so a bot that sees thousands of chats stays small.
 
 A summary the model fails to write (refused as malformed, or the call failed) is not asked for again on
-the next turn: the next automatic attempt waits until `wait` more messages have arrived, where `wait`
-starts at `session_summary_keep_count` and doubles after each further failure (a success resets it; /compact
-always tries). A turn that does not attempt sends no "Memory threshold reached" notice.
+the next turn: the next automatic attempt, in the background or inside a turn, waits until `wait` more messages
+have arrived, where `wait` starts at `session_summary_keep_count` and doubles after each further failure (a success
+resets it; /compact always tries); a turn over its budget meanwhile sets the range aside. A turn that does not
+attempt sends no "Memory threshold reached" notice.
 
 Every write to MEMORY.md or LEARNINGS.md that no command of the user's made (the memory flush, the model's
 memory_append, a lesson) is shown once in the conversation, after the reply (agent/receipts.py), and logged
@@ -30,7 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from picoclaw import clock
-from picoclaw.agent.background_room import WindowedProvider
+from picoclaw.agent.background_room import WindowedProvider, flush_pieces
 from picoclaw.agent.budget import (
     REPLY_FLOOR,
     RESULT_FLOOR,
@@ -46,6 +49,7 @@ from picoclaw.agent.budget import (
     reply_reserve,
     reply_tokens,
     stored_tokens,
+    text_tokens,
     usable,
 )
 from picoclaw.agent.cache_prefix import LAST_REQUESTS_KEPT, LastRequests
@@ -201,7 +205,7 @@ def history_load(session: Session) -> tuple[int, int, int] | None:
     return None
 
 
-def _log_failure(task: asyncio.Future[None]) -> None:
+def _log_failure(task: asyncio.Future[Any]) -> None:
     """A background job's failure, in one line (the metrics file's write when the storage just went away):
     never asyncio's "exception was never retrieved" with a traceback. An unreachable storage is no news: whoever
     watches it (a webhook worker) has said so."""
@@ -248,7 +252,7 @@ class AgentLoop:
         self._loaded: LruCache[str, Session] = LruCache(
             session_cache_size, keep=lambda key: self._locks.busy(key) or key in self._summarizing,
             on_evict=self._forget)
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         # Each session's last request as sent: background calls ask after it (agent/cache_prefix.py), when the model
         # is served locally (`continue_background`, app.py); else nothing is kept and they use their own prompts.
         self.last_requests = LastRequests(min(session_cache_size, LAST_REQUESTS_KEPT) if continue_background else 0)
@@ -504,7 +508,9 @@ class AgentLoop:
         writes = turn.writes if turn is not None else None
         if await self._summary_finished(key):
             built = await self._build(session, policy, text, now, query, count_use=False)
-        if built.cut_through is not None:
+        backoff = self._summary_backoff.get(key)
+        backing_off = backoff is not None and session.last_id < backoff.retry_at  # a summary failed not long ago
+        if built.cut_through is not None and not backing_off:
             if await self.compact(key, through=built.cut_through, collect=writes) is not None:
                 built = await self._build(session, policy, text, now, query, count_use=False)
         notice = SUMMARISED_NOTICE if len(session.active()) < before else ""
@@ -528,7 +534,8 @@ class AgentLoop:
         return built, notice
 
     async def _summary_finished(self, key: str) -> bool:
-        """Wait (at most SUMMARY_WAIT seconds) for a background summary of `key` under way; whether there was one."""
+        """Wait (at most SUMMARY_WAIT seconds) for a background summary of `key` under way; whether there was one.
+        After the wait it may still be under way: the caller's own summary is then refused and the range set aside."""
         if key not in self._summarizing:
             return False
         log.info("session %s: the history is over the window's budget; waiting for the summary under way", key)
@@ -719,7 +726,7 @@ class AgentLoop:
 
     # -- background work ---------------------------------------------------------------------------
 
-    def _spawn(self, job: Awaitable[None]) -> None:
+    def _spawn(self, job: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(job)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -794,13 +801,18 @@ class AgentLoop:
             return
         if key in self._summarizing or not self.needs_summary(session, self.workspace.policy.current()):
             return
-        async with self._alone(f"summary:{key}") as ours:
-            # Looked at again once ours, brought up to date: another worker may have just summarised it.
-            if not ours or not self.needs_summary(await self.session(key), self.workspace.policy.current()):
-                return
-            if receipts.notify is not None:
-                await receipts.notify(key, SUMMARY_NOTICE)
-            await self.compact(key, receipts)
+        # Claimed before the first await: a turn arriving meanwhile waits for this summary instead of writing its own.
+        self._summarizing.add(key)
+        try:
+            async with self._alone(f"summary:{key}") as ours:
+                # Looked at again once ours, brought up to date: another worker may have just summarised it.
+                if not ours or not self.needs_summary(await self.session(key), self.workspace.policy.current()):
+                    return
+                if receipts.notify is not None:
+                    await receipts.notify(key, SUMMARY_NOTICE)
+                await self.compact(key, receipts, claimed=True)
+        finally:
+            self._summarizing.discard(key)
 
     def needs_summary(self, session: Session, policy: MemoryPolicy) -> bool:
         """History over the message threshold, or over the token share of the history's room in the last request
@@ -827,28 +839,41 @@ class AgentLoop:
         return usable(window) - reserve <= window * policy.session_summary_token_percent / 100
 
     async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Continuation | None = None,
-                     *, collect: list[MemoryWrite] | None = None) -> None:
+                     *, collect: list[MemoryWrite] | None = None) -> bool:
         """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
         was written (or add it to `collect`, a turn's writes shown after its reply); never raises. `fold`: ask
-        after the conversation's last request, which carries them."""
+        after the conversation's last request, which carries them. Whether the model read them (no call failed):
+        only then are they flushed. A range too long for one request is read in window-sized pieces, newest first."""
+        pieces = flush_pieces(messages, (await self.windows.current()).tokens)
+        read = True
+        for piece in pieces:  # several: each in its own prompt (the last request carries the whole range only)
+            read = await self._flush_piece(key, piece, receipts, fold if len(pieces) == 1 else None,
+                                           collect=collect) and read
+        return read
+
+    async def _flush_piece(self, key: str, messages: list[Message], receipts: Receipts, fold: Continuation | None,
+                           *, collect: list[MemoryWrite] | None) -> bool:
+        """One flush request of `_flush`; whether its model call succeeded."""
         try:
             result = await flush_facts(self.background, self.workspace.store, render_transcript(messages),
                                        user_texts(messages), session=key, after=fold)
         except Exception:  # a bug here must not cost the summary
             log.exception("session %s: memory flush failed", key)
-            return
+            return False
         if result.refused:
             log.info("session %s: memory flush stored nothing: %s", key, result.refused)
         else:
             log.info("session %s: memory flush stored %d fact(s), %d already known, %d rejected", key,
                      len(result.stored), len(result.known), len(result.rejected))
+        read = not (result.refused or "").startswith("the model call failed")  # memory/flush.py's wording
         if collect is not None:
             collect.extend(result.writes())
-            return
+            return read
         try:
             await receipts.show(key, result.writes(), self.written)
         except Exception:
             log.exception("session %s: the memory flush's receipts failed", key)
+        return read
 
     def _back_off(self, key: str, session: Session, policy: MemoryPolicy) -> None:
         """After a failed summary: the next automatic attempt waits for more messages (see the module doc)."""
@@ -858,17 +883,19 @@ class AgentLoop:
         log.info("session %s: next summary attempt after message %d", key, session.last_id + wait)
 
     async def compact(self, key: str, receipts: Receipts = Receipts(), *, through: int | None = None,
-                      collect: list[MemoryWrite] | None = None) -> CompactResult | None:
+                      collect: list[MemoryWrite] | None = None, claimed: bool = False) -> CompactResult | None:
         """Summarise all but the last `session_summary_keep_count` messages (`through`: exactly those up to that
         id, the range a request must cut); None when nothing was done.
 
-        The model call runs without the session lock: messages that arrive meanwhile are newer than
-        the compacted range and are kept. What the memory flush before it writes is shown through `receipts` (or
-        added to `collect`, a turn's writes).
+        In the background (and for /compact) the model call runs without the session lock: messages that arrive
+        meanwhile are newer than the compacted range and are kept; with `through` it runs inside the turn, which
+        holds the lock. What the memory flush before it writes is shown through `receipts` (or added to `collect`, a
+        turn's writes). `claimed`: the caller has put `key` in _summarizing already.
         """
-        if key in self._summarizing:
-            return None
-        self._summarizing.add(key)
+        if not claimed:  # claimed: the caller holds `key` in _summarizing already (and lets go of it)
+            if key in self._summarizing:
+                return None
+            self._summarizing.add(key)
         try:
             session = await self.session(key)
             policy = self.workspace.policy.current()
@@ -877,9 +904,11 @@ class AgentLoop:
                 cut = keep_last([m.message for m in active], policy.session_summary_keep_count)
                 load = history_load(session)
                 if load is not None and load[1] > 0:
-                    # On a small window keep_count messages can be over the history's room by themselves: keep
-                    # no more than fits in half of it, from a turn's start.
-                    within = keep_within([stored_tokens(m) for m in active], load[1] // 2)
+                    # On a small window keep_count messages can be over the history's room by themselves: keep no
+                    # more than a third of it less the summary, which shares it, from a turn's start; the rest is
+                    # the room of the turns to come (a half kept summarised after most turns of ~300 tokens in 4k).
+                    kept_room = max(0, load[1] // 3 - text_tokens(session.summary or ""))
+                    within = keep_within([stored_tokens(m) for m in active], kept_room)
                     cut = max(cut, turn_start([m.message for m in active], within))
             else:
                 cut = sum(1 for m in active if m.id <= through)
@@ -890,8 +919,8 @@ class AgentLoop:
             # local server keeps the conversation cached (agent/cache_prefix.py).
             fold = self.last_requests.for_history(key, active, cut, session.summary)
             if policy.memory_flush_enabled:  # the facts in what is folded away go to MEMORY.md first
-                await self._flush(key, [m.message for m in folded], receipts, fold, collect=collect)
-                self._flushed[key] = max(self._flushed.get(key, 0), folded[-1].id)
+                if await self._flush(key, [m.message for m in folded], receipts, fold, collect=collect):
+                    self._flushed[key] = max(self._flushed.get(key, 0), folded[-1].id)
             try:
                 own = summary_request(session.summary, [m.message for m in folded])
                 reply = await ask_between_turns(self.background, own, fold,
@@ -927,4 +956,5 @@ class AgentLoop:
                 await asyncio.to_thread(self.workspace.store.append_note, f"Summary of session {key}:\n{summary}")
             return CompactResult(len(folded), summary)
         finally:
-            self._summarizing.discard(key)
+            if not claimed:
+                self._summarizing.discard(key)

@@ -243,6 +243,7 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
     # The memory.compression module and the openai client load only for commands that talk to the model.
     import asyncio
 
+    from picoclaw.agent import WindowedProvider
     from picoclaw.memory import LongTermCompressor, format_missing, why_not_due
 
     with opened_app() as app:
@@ -255,8 +256,9 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
 
         async def run() -> CompressionResult | None:
             async with app:
-                return await LongTermCompressor(store, app.provider()).run(policy, force=args.force,
-                                                                           dry_run=args.dry_run)
+                # Each rewrite's max_tokens fitted to the window, as the agent's own compression does.
+                provider = WindowedProvider(app.provider(), app.windows())
+                return await LongTermCompressor(store, provider).run(policy, force=args.force, dry_run=args.dry_run)
 
         result = asyncio.run(run())
         if result is None:  # another process compressed it between the check and the claim

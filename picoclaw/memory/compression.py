@@ -30,6 +30,7 @@ from picoclaw.memory.search.blocks import split_blocks
 from picoclaw.memory.store import LONG_TERM_FILE, MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
+from picoclaw.tokens import count_tokens
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,12 @@ def diff_summary(before: str, after: str) -> str:
     return "; ".join(parts)
 
 
+def rewrite_room(text: str) -> int:
+    """The max_tokens a group's rewrite is asked with: a little more than the group itself (a faithful rewrite of
+    a short group is barely shorter), so a Chinese group is not cut off by a small default reply cap."""
+    return max(256, count_tokens(text) * 6 // 5)
+
+
 def compression_request(body: str) -> list[Message]:
     """The messages asking the model to rewrite the `## ` blocks of MEMORY.md."""
     return [{"role": "system", "content": INSTRUCTIONS},
@@ -394,7 +401,8 @@ class LongTermCompressor:
                 outcomes.append(GroupOutcome(index, group, offset, "", NOT_SENT))
                 continue
             try:
-                reply = await self.provider.chat(compression_request(group.text), None)
+                reply = await self.provider.chat(compression_request(group.text), None,
+                                                 max_tokens=rewrite_room(group.text))
             except ProviderError as exc:
                 failed = True
                 outcomes.append(GroupOutcome(index, group, offset, "", f"the model call failed: {exc}"))
