@@ -212,8 +212,10 @@ def test_judge_garbage_is_no_verdict(fake_openai: FakeOpenAIServer, tmp_path: Pa
 def test_a_conversation_that_does_not_fit_is_counted_never_truncated(
         fake_openai: FakeOpenAIServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake_openai.responder = model("en")
-    code, result = run(fake_openai, write_locomo(tmp_path / "data"), "en", "--context-tokens", "1024",
-                       "--max-tokens", "1000", capsys=capsys)
+    # A reply of up to 3,900 tokens leaves the whole conversation no room in a 4,096 window; picoclaw's own turns
+    # fit their prompt first and lower max_tokens to what it leaves (agent/budget.py).
+    code, result = run(fake_openai, write_locomo(tmp_path / "data"), "en", "--context-tokens", "4096",
+                       "--max-tokens", "3900", capsys=capsys)
     assert code == 0
     assert [a["status"] for a in answers_of(result, "full").values()] == ["did not fit"] * 2
     assert all(a["status"] == "answered" for a in result["answers"] if a["column"] != "full")

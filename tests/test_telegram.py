@@ -70,6 +70,9 @@ def configure(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer,
     path = home / "config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["providers"]["openai"] = {"api_key": API_KEY, "api_base": model.base_url}
+    # A cloud model's window: these tests are about Telegram; on the local default (8,192) a long reply in the
+    # history is summarised within the next turn, which takes a scripted answer (tests/test_prompt_budget.py).
+    config["agents"]["defaults"]["context_window"] = 128_000
     config["channels"]["telegram"].update({"enabled": True, "token": TOKEN, "api_base": telegram.origin,
                                           "allow_from": [OWNER], **settings})
     path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
