@@ -15,6 +15,7 @@ from picoclaw.config import CLOUD_DEFAULT_WINDOW, LOCAL_DEFAULT_WINDOW, AgentDef
 from picoclaw.hosts import is_local_host
 from picoclaw.providers import ContextWindow, OpenAICompatProvider, ProviderError
 from picoclaw.providers.context_window import (
+    CUT_BY_THE_WINDOW,
     OLLAMA_DEFAULT_NUM_CTX,
     PROBE_DEADLINE,
     ServerWindows,
@@ -506,3 +507,40 @@ def test_each_overflow_wording_names_its_window(message: str, code: str | None, 
         with pytest.raises(ProviderError) as info:
             asyncio.run(ask())
     assert (info.value.kind, info.value.window) == ("context_too_long", window)
+
+
+# -- a reply cut short where the context was full teaches the window -----------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize(("finish", "completion", "learnt"), [
+    ("length", 1, 4096),  # llama-cpp-python lowered max_tokens to what a 4,095-token prompt left: one token
+    ("length", 1000, None),  # cut at the max_tokens asked for: no word about the window
+    ("stop", 1, None),  # a short answer that simply ended
+])
+def test_a_reply_cut_short_by_the_servers_context_teaches_its_window(
+        streamed: bool, finish: str, completion: int, learnt: int | None) -> None:
+    """Seen from llama-cpp-python (--n_ctx 4096, which reports no window): a Chinese question after a long history
+    was answered "Your", one token, where the prompt filled the context and the server cut max_tokens without a
+    word; picoclaw still assumed the local default of 8,192."""
+    async def sink(piece: str) -> None:
+        pass
+
+    with FakeOpenAIServer() as server:
+        server.reply_text("Your", finish_reason=finish, usage={"prompt_tokens": 4096 - completion,
+                                                               "completion_tokens": completion})
+
+        async def ask() -> ContextWindow:
+            async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
+                                            defaults=AgentDefaults(model=MODEL, max_tokens=1000),
+                                            max_retries=0) as provider:
+                found = provider.context_windows(None)
+                found.learn(8192, "the local default")  # as if the probe had found nothing: 8,192 assumed
+                await provider.chat([{"role": "user", "content": "我女儿对什么过敏？"}],
+                                    on_text=sink if streamed else None)
+                return await found.current()
+
+        window = asyncio.run(ask())
+    assert window.tokens == (learnt or 8192)
+    if learnt is not None:
+        assert (window.source, window.detail) == ("overflow", CUT_BY_THE_WINDOW)

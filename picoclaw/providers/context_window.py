@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from picoclaw.config import CLOUD_DEFAULT_WINDOW, LOCAL_DEFAULT_WINDOW
 from picoclaw.hosts import host_of, is_internet_name, is_local_host
-from picoclaw.providers.base import ContextWindow
+from picoclaw.providers.base import ContextWindow, Usage
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +136,9 @@ class ServerWindows:
                 self._window = await self._found()
         return self._window
 
-    def learn(self, tokens: int) -> ContextWindow:
-        """An overflow answer named the window: lower the window to it (never raise it) for the rest of the process.
+    def learn(self, tokens: int, detail: str = "the server's answer to an over-long request") -> ContextWindow:
+        """An overflow answer named the window (or a reply cut short by it, `detail` says which): lower the window to
+        it (never raise it) for the rest of the process.
 
         Before any probe, the overflow is the server's own word: no probe follows, and config.json's number still
         wins when it is the smaller."""
@@ -147,9 +148,9 @@ class ServerWindows:
                         tokens)
             return now or fallback_window(self.api_base)
         if now is None or tokens < now.tokens:
-            now = ContextWindow(tokens, "overflow", "the server's answer to an over-long request")
-            log.info("provider %s, model %s: the server refused an over-long request; context window %s tokens "
-                     "from now on", self.provider, self.model, f"{tokens:,}")
+            now = ContextWindow(tokens, "overflow", detail)
+            log.info("provider %s, model %s: %s; context window %s tokens from now on", self.provider, self.model,
+                     detail, f"{tokens:,}")
         self._window = now
         return now
 
@@ -341,3 +342,15 @@ PROBES: tuple[tuple[str, Probe], ...] = (
     ("LM Studio /api/v0/models", lm_studio_models),
     ("vLLM /v1/models", vllm_models),
 )
+
+
+CUT_BY_THE_WINDOW = "a reply the server cut short where its context was full"
+
+
+def window_of_a_cut_reply(finish_reason: str | None, usage: Usage | None, max_tokens: int) -> int | None:
+    """The window a reply stopped by it shows, or None: llama-cpp-python lowers max_tokens to what the prompt leaves
+    without a word, and llama.cpp stops where its context is full, so such a reply ends "length" short of max_tokens
+    and its prompt and reply tokens fill the window exactly."""
+    if finish_reason != "length" or usage is None or not 0 < usage.completion_tokens < max_tokens:
+        return None
+    return usage.prompt_tokens + usage.completion_tokens
