@@ -387,6 +387,25 @@ def test_a_long_description_keeps_whole_sentences(text: str, expected: str) -> N
     assert len(short_description("很长的句子" * 20, 40)) == 40
 
 
+
+def small_window_turns(workspace: Workspace, server: FakeOpenAIServer, texts: list[str]) -> tuple[list[str], list[str]]:
+    """`texts` as turns of one session on the small window, background work awaited after each; the replies, and the
+    receipts of the memory writes shown."""
+    shown: list[str] = []
+
+    async def remembered(key: str, write: Any) -> None:
+        shown.append(write.notice)
+
+    async def main() -> list[str]:
+        async with make_provider(workspace, server) as provider:
+            loop = AgentLoop(workspace, provider, build_tools(workspace, []), windows=FixedWindow(SMALL))
+            replies = []
+            for text in texts:
+                replies.append((await loop.handle(SESSION, text, remembered=remembered)).text)
+                await loop.wait_background()
+            return replies
+    return asyncio.run(main()), shown
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_history_over_the_window_is_summarised_in_the_turn_and_its_flush_is_shown(
         workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -409,20 +428,7 @@ def test_history_over_the_window_is_summarised_in_the_turn_and_its_flush_is_show
             return summary
         return "Noted." if lang == "en" else "记下了。"
     fake_openai.responder = respond
-    shown: list[str] = []
-
-    async def remembered(key: str, write: Any) -> None:
-        shown.append(write.notice)
-
-    async def main() -> list[str]:
-        async with make_provider(workspace, fake_openai) as provider:
-            loop = AgentLoop(workspace, provider, build_tools(workspace, []), windows=FixedWindow(SMALL))
-            replies = []
-            for text in texts:
-                replies.append((await loop.handle(SESSION, text, remembered=remembered)).text)
-                await loop.wait_background()
-            return replies
-    replies = asyncio.run(main())
+    replies, shown = small_window_turns(workspace, fake_openai, texts)
     assert any(SUMMARISED_NOTICE in reply for reply in replies), replies
     assert not any(SET_ASIDE_NOTICE in reply for reply in replies)
     assert any(("Lin" if lang == "en" else "林") in notice for notice in shown), shown
@@ -501,20 +507,7 @@ def test_a_failed_flush_before_a_failed_summary_is_flushed_again_when_set_aside(
             return "not a summary"
         return "Noted." if lang == "en" else "记下了。"
     fake_openai.responder = respond
-    shown: list[str] = []
-
-    async def remembered(key: str, write: Any) -> None:
-        shown.append(write.notice)
-
-    async def main() -> list[str]:
-        async with make_provider(workspace, fake_openai) as provider:
-            loop = AgentLoop(workspace, provider, build_tools(workspace, []), windows=FixedWindow(SMALL))
-            replies = []
-            for text in texts:
-                replies.append((await loop.handle(SESSION, text, remembered=remembered)).text)
-                await loop.wait_background()
-            return replies
-    replies = asyncio.run(main())
+    replies, shown = small_window_turns(workspace, fake_openai, texts)
     set_aside = sum(SET_ASIDE_NOTICE in reply for reply in replies)
     summaries = sum(is_summary_request(body) for body in fake_openai.chat_requests())
     assert set_aside >= 2, replies
