@@ -117,7 +117,7 @@ def repeats_last_answer(messages: list[Message], reply: ChatReply) -> bool:
     answer = same_words(reply.content or "")
     if len(answer) < MIN_REPEAT_CHARS or answer != same_words(previous):
         return False
-    before = max((i for i, m in enumerate(messages[:start]) if m.get("role") == "user"), default=None)
+    before = next((i for i in range(start - 1, -1, -1) if messages[i].get("role") == "user"), None)
     if before is None:
         return True
     now, then = user_texts([messages[start], messages[before]])
@@ -160,7 +160,8 @@ def plain_request(messages: list[Message]) -> list[Message]:
 
 def _turn_start(messages: list[Message]) -> int:
     """The index of the turn's user message: the newest one (tool results are not user messages)."""
-    return max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    # From the end: it is near it, and a turn of a long session checks this after each step.
+    return next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), 0)
 
 
 def _results(steps: list[Message]) -> list[str]:
