@@ -150,7 +150,12 @@ def answer(body: dict[str, object]) -> Text:
         return Text(SUMMARY)
     if kind == "flush":
         return Text("NONE")
-    return Text("Noted; that matches what you told me before. 好的。")
+    # Each turn's answer its own, as a model's are: the same words to another question would be taken for an echo
+    # of the previous answer and asked again with the message alone (agent/empty_reply.py).
+    messages = body.get("messages")
+    asked = sum(1 for message in messages if isinstance(message, dict) and message.get("role") == "user"
+                ) if isinstance(messages, list) else 0
+    return Text(f"Noted ({asked}); that matches what you told me before. 好的。")
 
 
 async def run_session(turns: int, summaries: bool, with_lessons: bool = False, window: int = WINDOWS["128k"],
