@@ -513,13 +513,15 @@ def test_each_overflow_wording_names_its_window(message: str, code: str | None, 
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
-@pytest.mark.parametrize(("finish", "completion", "learnt"), [
-    ("length", 1, 4096),  # llama-cpp-python lowered max_tokens to what a 4,095-token prompt left: one token
-    ("length", 1000, None),  # cut at the max_tokens asked for: no word about the window
-    ("stop", 1, None),  # a short answer that simply ended
+@pytest.mark.parametrize(("finish", "prompt", "completion", "guessed", "learnt"), [
+    ("length", 4095, 1, True, 4096),  # llama-cpp-python lowered max_tokens to what the prompt left: one token
+    ("length", 3096, 1000, True, None),  # cut at the max_tokens asked for: no word about the window
+    ("stop", 4095, 1, True, None),  # a short answer that simply ended
+    ("length", 1500, 512, True, None),  # a server's own cap on output (llama.cpp --n-predict 512): no window size
+    ("length", 4095, 1, False, None),  # the window was configured (or reported): not second-guessed
 ])
 def test_a_reply_cut_short_by_the_servers_context_teaches_its_window(
-        streamed: bool, finish: str, completion: int, learnt: int | None) -> None:
+        streamed: bool, finish: str, prompt: int, completion: int, guessed: bool, learnt: int | None) -> None:
     """Seen from llama-cpp-python (--n_ctx 4096, which reports no window): a Chinese question after a long history
     was answered "Your", one token, where the prompt filled the context and the server cut max_tokens without a
     word; picoclaw still assumed the local default of 8,192."""
@@ -527,15 +529,15 @@ def test_a_reply_cut_short_by_the_servers_context_teaches_its_window(
         pass
 
     with FakeOpenAIServer() as server:
-        server.reply_text("Your", finish_reason=finish, usage={"prompt_tokens": 4096 - completion,
-                                                               "completion_tokens": completion})
+        server.reply_text("Your", finish_reason=finish,
+                          usage={"prompt_tokens": prompt, "completion_tokens": completion})
 
         async def ask() -> ContextWindow:
             async with OpenAICompatProvider(name="local", api_base=server.base_url, api_key="sk-local",
                                             defaults=AgentDefaults(model=MODEL, max_tokens=1000),
                                             max_retries=0) as provider:
-                found = provider.context_windows(None)
-                found.learn(8192, "the local default")  # as if the probe had found nothing: 8,192 assumed
+                found = provider.context_windows(None if guessed else 8192)
+                assert (await found.current()).source == ("default" if guessed else "config")  # nothing reported
                 await provider.chat([{"role": "user", "content": "我女儿对什么过敏？"}],
                                     on_text=sink if streamed else None)
                 return await found.current()

@@ -154,6 +154,15 @@ class ServerWindows:
         self._window = now
         return now
 
+    def learn_from_a_cut_reply(self, tokens: int) -> ContextWindow | None:
+        """A reply the server stopped where its context was full (`window_of_a_cut_reply`): learnt only while the
+        window is a guess. A server that reported its window, or config.json's number, is not second-guessed: a
+        server may also stop a reply at its own cap on output (llama.cpp's --n-predict), which says nothing of it."""
+        now = self._window or self._configured()
+        if now is not None and now.source != "default":
+            return None
+        return self.learn(tokens, CUT_BY_THE_WINDOW)
+
     def _configured(self) -> ContextWindow | None:
         if self.configured is None:
             return None
@@ -353,4 +362,7 @@ def window_of_a_cut_reply(finish_reason: str | None, usage: Usage | None, max_to
     and its prompt and reply tokens fill the window exactly."""
     if finish_reason != "length" or usage is None or not 0 < usage.completion_tokens < max_tokens:
         return None
-    return usage.prompt_tokens + usage.completion_tokens
+    total = usage.prompt_tokens + usage.completion_tokens
+    # Context sizes are set in multiples of 256 (2,048, 4,096, 8,192 …); a reply stopped by a cap on its own length
+    # almost never sums to one.
+    return total if total % 256 == 0 else None

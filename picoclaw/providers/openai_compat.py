@@ -23,7 +23,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from picoclaw.config import AgentDefaults, Config, ProviderConfig, provider_env_name
 from picoclaw.errors import ConfigError
 from picoclaw.providers.base import ChatReply, ErrorKind, Message, ProviderError, TextSink, ToolChoice, Usage
-from picoclaw.providers.context_window import CUT_BY_THE_WINDOW, SANE_WINDOW, ServerWindows, window_of_a_cut_reply
+from picoclaw.providers.context_window import SANE_WINDOW, ServerWindows, window_of_a_cut_reply
 from picoclaw.providers.openai_replies import (
     StreamState,
     UnreadableReply,
@@ -163,7 +163,7 @@ class OpenAICompatProvider:
         cut = window_of_a_cut_reply(reply.finish_reason, reply.usage, body["max_tokens"])
         if cut is not None:
             for windows in self._windows:
-                windows.learn(cut, CUT_BY_THE_WINDOW)
+                windows.learn_from_a_cut_reply(cut)
         if reply.usage is not None:
             self.total_usage = added_usage(self.total_usage, reply.usage)
         return reply
