@@ -406,18 +406,26 @@ def small_window_turns(workspace: Workspace, server: FakeOpenAIServer, texts: li
             return replies
     return asyncio.run(main()), shown
 
-@pytest.mark.parametrize("lang", ["en", "zh"])
-def test_history_over_the_window_is_summarised_in_the_turn_and_its_flush_is_shown(
-        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The in-turn summary kept session_summary_keep_count messages, so the history rarely fitted and the rest was
-    # set aside without a summary or a flush; the flush it did run was never shown (an empty Receipts()).
-    # No background summary here (as when it failed): the turn itself must make the history fit.
+
+def without_a_background_summary(workspace: Workspace, monkeypatch: pytest.MonkeyPatch, lang: str) -> tuple[str, str]:
+    """No background summary (as when it failed): the turn itself must make the history fit. A fact, and the filler
+    that makes each message long, in `lang`."""
     monkeypatch.setattr(AgentLoop, "needs_summary", lambda self, session, policy: False)
     set_policy(workspace, session_summary_message_threshold=1000, session_summary_token_percent=95,
                session_summary_keep_count=8)
     fact = "My sister Lin lives in Hangzhou." if lang == "en" else "我妹妹林住在杭州。"
     filler = ("Here is more about my week, the garden and the fence that needs fixing. " * 14 if lang == "en"
               else "这是关于我这一周、花园和需要修理的篱笆的更多内容。" * 14)
+    return fact, filler
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_history_over_the_window_is_summarised_in_the_turn_and_its_flush_is_shown(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The in-turn summary kept session_summary_keep_count messages, so the history rarely fitted and the rest was
+    # set aside without a summary or a flush; the flush it did run was never shown (an empty Receipts()).
+    # No background summary here (as when it failed): the turn itself must make the history fit.
+    fact, filler = without_a_background_summary(workspace, monkeypatch, lang)
     texts = [f"{fact} {filler}"] + [f"{n}. {filler}" for n in range(1, 12)]
     summary = SUMMARY_EN if lang == "en" else SUMMARY_ZH
 
@@ -488,12 +496,7 @@ def test_a_failed_flush_before_a_failed_summary_is_flushed_again_when_set_aside(
     # The in-turn summary marked its range flushed even when the flush's call failed; when the summary failed too,
     # the range was set aside and its facts never reached memory. A failed summary also backs off: the next turns
     # over the budget set aside without asking for a summary again each time.
-    monkeypatch.setattr(AgentLoop, "needs_summary", lambda self, session, policy: False)
-    set_policy(workspace, session_summary_message_threshold=1000, session_summary_token_percent=95,
-               session_summary_keep_count=8)
-    fact = "My sister Lin lives in Hangzhou." if lang == "en" else "我妹妹林住在杭州。"
-    filler = ("Here is more about my week, the garden and the fence that needs fixing. " * 14 if lang == "en"
-              else "这是关于我这一周、花园和需要修理的篱笆的更多内容。" * 14)
+    fact, filler = without_a_background_summary(workspace, monkeypatch, lang)
     texts = [f"{fact} {filler}"] + [f"{n}. {filler}" for n in range(1, 16)]
     flushes: list[bool] = []
 
