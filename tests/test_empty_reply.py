@@ -402,7 +402,7 @@ def test_different_arguments_are_no_repeat(workspace: Workspace, fake_openai: Fa
 
 
 class FlakyWeb(FakeWeb):
-    """The fake web with a page that does not answer the first time it is asked (a timeout), then does."""
+    """The fake web with a page whose first request is dropped unanswered (a passing failure), then answered."""
 
     def add_routes(self, app: web.Application) -> None:
         super().add_routes(app)
@@ -410,17 +410,18 @@ class FlakyWeb(FakeWeb):
 
     async def _flaky(self, request: web.Request) -> web.StreamResponse:
         self._record(request, web.Response())
-        if sum(1 for seen in self.requests if seen["path"] == "/flaky") == 1:
-            await self.pause(30)  # past web_fetch's time limit; cut short when the server stops
+        if sum(1 for seen in self.requests if seen["path"] == "/flaky") == 1 and request.transport is not None:
+            # Dropped, not delayed past a time limit: how long anything takes on a busy machine is no part of it.
+            request.transport.close()
         return web.Response(text=CHINESE.replace('charset="gbk"', 'charset="utf-8"'), content_type="text/html")
 
 
 def test_a_call_whose_result_was_an_error_is_tried_again_and_runs(
         workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
-    # A timeout passes: the same call again is what the model should do, not a loop to cut short.
+    # A dropped connection passes: the same call again is what the model should do, not a loop to cut short.
     with FlakyWeb() as page:
         url = f"{page.origin}/flaky"
-        workspace = with_web(workspace, WebConfig(allow_private=True, timeout=0.5))
+        workspace = with_web(workspace, WebConfig(allow_private=True))
         fake_openai.reply_tool_calls([("web_fetch", {"url": url})])
         fake_openai.reply_tool_calls([("web_fetch", {"url": url})])
         fake_openai.reply_text("水温八十度左右。About eighty degrees.")
@@ -432,7 +433,7 @@ def test_a_call_whose_result_was_an_error_is_tried_again_and_runs(
     # The turn's three requests (a lesson review of the failed call may follow, after the reply).
     first, again, answered = fake_openai.chat_requests()[:3]
     assert again["tools"] and answered["tools"]  # a step like any other: not a try without tools
-    assert again["messages"][-1]["content"] == f"error: timed out after 0.5 s fetching {url}"
+    assert again["messages"][-1]["content"].startswith(f"error: could not fetch {url}: ")
     assert "八十度" in answered["messages"][-1]["content"]
     assert [m["role"] for m in stored(workspace)] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
 
