@@ -56,12 +56,14 @@ def test_conversation_stores_a_fact_and_a_restart_continues_it(home: Path, fake_
     first = picoclaw(home, "chat", stdin="remember: my coffee is an oat-milk latte\n\n我喜欢什么咖啡？\nexit\n")
 
     assert first.returncode == 0, first.stderr
-    # The write's receipt comes after the answer; the user never said 燕麦拿铁, so the words are the model's.
+    # The write's receipt is shown after the reply, by background work; a pipe's next line is read at once, so it
+    # comes while the second answer is written, and waits for that answer's end instead of cutting into it. The
+    # user never said 燕麦拿铁, so the words are the model's.
     assert first.stdout.splitlines() == ['· memory_append {"content": "Coffee: oat-milk latte / 咖啡：燕麦拿铁"}',
                                          "Noted, oat-milk latte.",
+                                         "你喜欢燕麦拿铁。",
                                          "✍ remembered (the assistant's words, not yours): Coffee: oat-milk latte / "
-                                         "咖啡：燕麦拿铁",
-                                         "你喜欢燕麦拿铁。"]
+                                         "咖啡：燕麦拿铁"]
     memory = (home / "workspace" / "memory" / "MEMORY.md").read_text(encoding="utf-8")
     assert "Coffee: oat-milk latte / 咖啡：燕麦拿铁" in memory
     # The Chinese question found the stored block and sent it to the model.

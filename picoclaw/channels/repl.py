@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol, TextIO
 
 from picoclaw.agent import AgentLoop, Reply, parse_command
@@ -59,6 +59,9 @@ class ReplChannel:
         self.err = err or sys.stderr
         self.lines = lines
         self._answering = asyncio.Lock()  # a scheduled message waits for the answer being written, not cut into it
+        # Lines that come unasked (a receipt or notice of the previous turn's background work) while an answer is
+        # being written: shown after it, never cut into it. None while no answer is being written.
+        self._held: list[str] | None = None
         self._stopping = False
         self._reading: asyncio.Task[object] | None = None  # run()'s task while it waits for a line
 
@@ -106,13 +109,26 @@ class ReplChannel:
     async def answer(self, text: str) -> Reply:
         """One message: the answer streamed to `out` (tool calls as one short line each), a failure as one line
         on `err`."""
-        shown = _ShownAnswer(self.out)
-        reply = await run_turn(self.agent, Inbound(TERMINAL_USER, self.session_key, text), shown.hooks())
-        shown.finish(reply, self.err)
+        shown = _ShownAnswer(self.out, self._unasked)
+        self._held = []
+        try:
+            reply = await run_turn(self.agent, Inbound(TERMINAL_USER, self.session_key, text), shown.hooks())
+            shown.finish(reply, self.err)
+        finally:
+            held, self._held = self._held, None
+            for line in held:
+                await _print_above_prompt(self.out, line)
         if self.show_context and reply.error is None and parse_command(text) is None:  # a command sent no request
             self.err.write(printable(await self.agent.describe_context(self.session_key)) + "\n")
             self.err.flush()
         return reply
+
+    async def _unasked(self, text: str) -> None:
+        """A line nobody just asked for: above the prompt, or after the answer being written."""
+        if self._held is not None:
+            self._held.append(text)
+        else:
+            await _print_above_prompt(self.out, text)
 
     async def _open_session(self) -> None:
         """A transcript that older versions kept under the bare `--session` name is carried over to its key."""
@@ -160,8 +176,9 @@ class _ShownAnswer:
     """One answer on the terminal as it is written. Everything shown is `printable`: a model's text must not
     drive the terminal."""
 
-    def __init__(self, out: TextIO):
+    def __init__(self, out: TextIO, unasked: Callable[[str], Awaitable[None]]):
         self.out = out
+        self.unasked = unasked  # where a notice or receipt goes: the channel holds it while an answer is written
         self.streamed = False
         self.visible = False  # some streamed text was more than white space
         # An escape sequence may be cut between two streamed pieces: the pieces are cleaned as one text.
@@ -187,11 +204,11 @@ class _ShownAnswer:
 
     async def on_notice(self, _key: str, text: str) -> None:
         # Background work (a summary starting) may speak while the prompt waits for a line.
-        await _print_above_prompt(self.out, printable(text))
+        await self.unasked(printable(text))
 
     async def on_memory(self, _key: str, write: MemoryWrite) -> None:
         # A write to memory no command made (the flush, memory_append, a lesson): one line above the prompt.
-        await _print_above_prompt(self.out, RECEIPT_MARK + printable(write.notice))
+        await self.unasked(RECEIPT_MARK + printable(write.notice))
 
     def finish(self, reply: Reply, err: TextIO) -> None:
         """The end of the answer: its line ended, or the reply printed whole, or the failure on `err`."""
