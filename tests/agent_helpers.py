@@ -182,6 +182,15 @@ def system_prompt(body: dict[str, Any]) -> str:
     return str(first["content"])
 
 
+def summary_sent(body: dict[str, Any]) -> str:
+    """The session summary a turn's request carried: the <summary> block at the start of its first user message's
+    data block ("" when there is none)."""
+    first = next(str(m["content"]) for m in body["messages"] if m["role"] == "user")
+    if not first.startswith("<context>\n<summary>\n"):
+        return ""
+    return first.removeprefix("<context>\n<summary>\n").split("\n</summary>\n", 1)[0]
+
+
 def history(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The messages after the system prompt."""
     return list(body["messages"][1:])

@@ -29,6 +29,7 @@ from tests.agent_helpers import (
     memory_section,
     records_of,
     set_policy,
+    summary_sent,
     system_prompt,
     turn_context,
     turn_requests,
@@ -56,15 +57,17 @@ def test_each_request_begins_with_the_previous_one(workspace: Workspace, fake_op
 
     turns = turn_requests(fake_openai)
     systems = [system_prompt(body) for body in turns]
-    assert systems[:3] == [prefix] * 3  # nothing of a turn is in the system prompt …
-    assert systems[3] == systems[4] == f"{prefix}\n\n## Summary of the earlier conversation\n{SUMMARY_EN}"
+    assert systems == [prefix] * 5  # nothing of a turn is in the system prompt, nor the summary …
+    # … which opens the first user message's data block once it is written.
+    assert [summary_sent(body) for body in turns] == ["", "", "", SUMMARY_EN, SUMMARY_EN]
     assert prefix.startswith("# Identity\n") and TOOL_GUIDANCE in prefix and MEMORY_FRAME in prefix
     assert prefix.endswith("## Today\nMonday 2025-03-10 (Asia/Shanghai)")
     # … and each request begins with the whole previous one: its messages, byte for byte, then this turn.
     for previous, current in [(turns[0], turns[1]), (turns[1], turns[2]), (turns[3], turns[4])]:
         assert current["messages"][:len(previous["messages"])] == previous["messages"]
         assert json.dumps(current["messages"]).startswith(json.dumps(previous["messages"])[:-1])
-    # The summary is the one place the prefix changes: it folded the first two turns away.
+    # The summary is the one place the prefix changes, after the system prompt: it folded the first two turns away.
+    assert turns[3]["messages"][0] == turns[2]["messages"][0]
     assert contents(history(turns[3])) == ["coffee?", "ok", "and now?"]
     assert turn_context(turns[0]).endswith("<time>2025-03-10 10:00</time>\n</context>")
     assert turn_context(turns[1]).endswith("<time>2025-03-10 10:07</time>\n</context>")

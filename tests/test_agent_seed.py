@@ -25,7 +25,7 @@ from tests.agent_helpers import (
     memory_section,
     records_of,
     set_policy,
-    system_prompt,
+    summary_sent,
     today_note,
     turn_context,
     turn_requests,
@@ -152,13 +152,13 @@ def test_threshold_five_summarises_and_the_chat_goes_on(
     assert note.count(f"Summary of session {SESSION}:") == 2 and "### Key context" in note
     # Turn 4 went on from the summary and the 4 kept messages.
     fourth = turn_requests(fake_openai)[3]
-    assert f"## Summary of the earlier conversation\n{summary}" in system_prompt(fourth)
+    assert summary_sent(fourth) == summary
     assert contents(history(fourth)) == [texts[1], "answer 2", texts[2], "answer 3", texts[3]]
-    # The second summary is asked after turn 4's request, whose system message carries the first summary.
+    # The second summary is asked after turn 4's request, whose first user message carries the first summary.
     second_summary_request = fake_openai.chat_requests()[7]
     answered = {"role": "assistant", "content": "answer 4"}
     assert second_summary_request["messages"][:-1] == [*fourth["messages"], answered]
-    assert "together with the summary of the earlier conversation in the system message" in str(
+    assert "together with the summary of what came before it, in the <summary> block above" in str(
         second_summary_request["messages"][-1]["content"])
 
 
@@ -173,6 +173,6 @@ def test_summary_replaces_itself_not_the_memory(workspace: Workspace, fake_opena
     chat(workspace, fake_openai, ["hello", "hi again", "still here", "我喜欢什么咖啡？"])
 
     last = turn_requests(fake_openai)[-1]
-    assert "## Summary of the earlier conversation" in system_prompt(last)
+    assert summary_sent(last) == SUMMARY_EN
     # The turn that carried the fact was folded into the summary, so the fact is sent again.
     assert "咖啡：燕麦拿铁" in memory_section(turn_context(last))

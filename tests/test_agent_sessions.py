@@ -23,7 +23,7 @@ from tests.agent_helpers import (
     said,
     session_path,
     set_policy,
-    system_prompt,
+    summary_sent,
     turn_requests,
     with_agent,
 )
@@ -59,7 +59,7 @@ def test_restart_after_a_summary_continues_from_the_summary(home: Path, fake_ope
     chat(App.open(home).workspace, fake_openai, ["第四"])
 
     after_restart = turn_requests(fake_openai)[-1]
-    assert SUMMARY_ZH in system_prompt(after_restart)
+    assert summary_sent(after_restart) == SUMMARY_ZH
     assert contents(history(after_restart)) == ["第二", "好的：第二", "第三", "好的：第三", "第四"]
 
 

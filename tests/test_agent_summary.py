@@ -28,7 +28,7 @@ from tests.agent_helpers import (
     said,
     session_path,
     set_policy,
-    system_prompt,
+    summary_sent,
     today_note,
     turn_requests,
     with_agent,
@@ -72,7 +72,7 @@ def test_a_bad_summary_is_refused_and_the_history_kept(workspace: Workspace, fak
     assert records_of(workspace, "compaction") == []
     assert "Summary of session" not in today_note(workspace)
     last = turn_requests(fake_openai)[-1]
-    assert "Summary of the earlier conversation" not in system_prompt(last)
+    assert summary_sent(last) == ""
     assert contents(history(last)) == ["one 一", "好", "two 二", "好", "three 三", "好", "four 四"]
     # Tried after turn 3; turn 4 is within the back-off (4 more messages) after a failure, so no second try.
     assert sum(is_summary_request(b) for b in fake_openai.chat_requests()) == 1
@@ -110,7 +110,7 @@ def test_messages_arriving_while_a_summary_is_written_are_kept(
     assert compaction["through"] == 2  # what the summary covered when it started; "four" came later
     fifth = turn_requests(fake_openai)[4]
     assert contents(history(fifth)) == ["二", "re: 二", "三", "re: 三", "four 第四", "re: four 第四", "five 第五"]
-    assert SUMMARY_ZH in system_prompt(fifth)
+    assert summary_sent(fifth) == SUMMARY_ZH
     # Turn 4's background check found the summary already running: no second notice, no second call.
     assert notices.sent[:1] == [(SESSION, SUMMARY_NOTICE)]
     summaries = [b for b in fake_openai.chat_requests() if is_summary_request(b)]

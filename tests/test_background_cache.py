@@ -22,7 +22,7 @@ from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.app import App
 from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, NOT_CONTEXT
 from picoclaw.memory.flush_counts import FlushCounts
-from picoclaw.memory.session import StoredMessage
+from picoclaw.memory.session import StoredMessage, with_summary
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import BETWEEN_TURNS, ChatReply, Continuation, PromptPrefix, ToolCall, is_call_not_answer
 from tests.agent_helpers import (
@@ -356,11 +356,13 @@ def test_a_request_that_is_not_this_history_is_not_continued() -> None:
     changed = [*HISTORY[:-1], StoredMessage(6, {"role": "assistant", "content": "另一个回答"})]
     assert fold_of(prefix, changed, 4, None) is None  # another reply since (another process, a mark)
     assert fold_of(prefix, HISTORY[:3], 2, None) is None  # compacted since: the request is longer than the history
-    assert fold_of(prefix, HISTORY, 4, "## Goal\n旧的摘要") is None  # a summary the request's system prompt lacks
-    with_summary = PromptPrefix(({"role": "system", "content": "You are picoclaw.\n\n## Summary of the earlier "
-                                  "conversation\n## Goal\n旧的摘要"}, *(m.as_sent() for m in HISTORY)))
-    fold = fold_of(with_summary, HISTORY, 4, "## Goal\n旧的摘要")
+    assert fold_of(prefix, HISTORY, 4, "## Goal\n旧的摘要") is None  # a summary the request did not carry
+    sent = [m.as_sent() for m in HISTORY]
+    carried = PromptPrefix((SYSTEM, with_summary(sent[0], "## Goal\n旧的摘要"), *sent[1:]))
+    fold = fold_of(carried, HISTORY, 4, "## Goal\n旧的摘要")
     assert fold is not None and fold.summary_shown
+    assert str(carried.messages[1]["content"]).startswith("<context>\n<summary>\n## Goal\n旧的摘要\n</summary>\n")
+    assert fold_of(carried, HISTORY, 4, "## Goal\n新的摘要") is None  # an older summary than the session's
 
 
 # -- a continued call that fails its shape falls back to the job's own prompt ---------------------------------------

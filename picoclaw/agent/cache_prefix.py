@@ -23,7 +23,7 @@ from typing import Any
 from picoclaw.agent.summary import render_transcript
 from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.keyed import LruCache
-from picoclaw.memory import StoredMessage, user_texts
+from picoclaw.memory import StoredMessage, user_texts, with_summary
 from picoclaw.providers.base import Continuation, Message, PromptPrefix
 
 EXCERPT_CHARS = 80  # of the message a folded part ends with, quoted so a small model need not count messages
@@ -33,9 +33,6 @@ LAST_REQUESTS_KEPT = 32
 # Taken out of a quoted excerpt: the quotes' own marks, so a message cannot close its quote and speak as picoclaw.
 _QUOTE_MARKS = str.maketrans("", "", "«»")
 _ORDINALS = ("first", "second", "third", "fourth", "fifth")
-
-# What `ContextBuilder.build` puts after the system prompt for a session with a summary.
-SUMMARY_HEADING = "## Summary of the earlier conversation"
 
 
 @dataclass(frozen=True)
@@ -108,18 +105,22 @@ def _sent_as(sent: Sequence[Message], stored: Sequence[Message]) -> bool:
 def fold_of(prefix: PromptPrefix, active: Sequence[StoredMessage], cut: int,
             summary: str | None) -> Continuation | None:
     """Which messages of `prefix` are `active[:cut]`, said for the model; None when the request's history is not
-    the newest part of `active` as sent, or its system message lacks the session's summary."""
+    the newest part of `active` as sent, or its first user message lacks the session's summary."""
     messages = prefix.messages
     if not messages or messages[0].get("role") != "system":
-        return None
-    system = str(messages[0].get("content") or "")
-    summary_shown = bool(summary) and f"{SUMMARY_HEADING}\n{(summary or '').strip()}" in system
-    if summary and not summary_shown:
         return None
     shown = list(messages[1:])
     sent = [stored.as_sent() for stored in active]
     start = len(sent) - len(shown)  # the first active message the request carried
-    if not shown or start < 0 or sent[start:] != shown:
+    if not shown or start < 0:
+        return None
+    expected = sent[start:]
+    if summary:  # the request carried it, as `ContextBuilder.build` does, or it is not this history
+        first = next((i for i, message in enumerate(expected) if message.get("role") == "user"), None)
+        if first is None:
+            return None
+        expected[first] = with_summary(expected[first], summary)
+    if expected != shown:
         return None
     earlier = render_transcript([stored.message for stored in active[:min(start, cut)]])
     after = len(sent) - max(cut, start)  # messages at the end of the request that are not part of it
@@ -134,7 +135,7 @@ def fold_of(prefix: PromptPrefix, active: Sequence[StoredMessage], cut: int,
                 "it")
     if earlier and cut > start:
         part += ", and the earlier messages of that part quoted below"
-    return Continuation(prefix, part, earlier, summary_shown)
+    return Continuation(prefix, part, earlier, bool(summary))
 
 
 def describe(messages: Sequence[Message], index: int) -> str:

@@ -100,8 +100,8 @@ def summary_request(previous: str | None, messages: list[Message]) -> list[Messa
 def continued_summary_request(after: Continuation, previous: str | None) -> str:
     """The instruction asking, after the conversation's last request, for a summary of `after.part` of it (with
     `after.earlier`, that part's messages the request did not carry); `previous`, the earlier summary, is in the
-    request's system message (cache_prefix.py continues only then)."""
-    scope = after.part + (", together with the summary of the earlier conversation in the system message"
+    request's first user message (cache_prefix.py continues only then)."""
+    scope = after.part + (", together with the summary of what came before it, in the <summary> block above"
                           if previous and after.summary_shown else "")
     lines = [f"{SUMMARY_TASK} Summarise {scope}. {UNSEEN} {SUMMARY_FORMAT}"]
     if after.earlier:

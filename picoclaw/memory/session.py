@@ -43,7 +43,7 @@ from picoclaw.storage import (
 log = logging.getLogger(__name__)
 
 __all__ = ["ARCHIVE_DIR", "KEPT_COMPACTED", "LOCK_FILE", "SUFFIX", "Session", "SessionStore", "StoredMessage",
-           "said_lines", "session_filename", "transcript_files"]
+           "said_lines", "session_filename", "transcript_files", "with_summary"]
 # Compacted messages kept in memory: reflection reads the newest of them; the file keeps them all. Without
 # a bound, a chat of a year would hold every message it ever had in a process that runs for months.
 KEPT_COMPACTED = 50
@@ -105,6 +105,21 @@ class StoredMessage:
 def with_context(context: str, text: str) -> str:
     """A user message's text with its data block in front: the one way the two are joined."""
     return f"{context}\n\n{text}"
+
+
+CONTEXT_OPEN = "<context>\n"  # how a data block begins (agent/context.py writes it)
+
+
+def with_summary(message: Message, summary: str) -> Message:
+    """`message` (the request's first user message, as sent) with the session's summary at the start of its data
+    block: after the system prompt and the tools, which a summary then leaves as they were in the server's cache."""
+    section = f"<summary>\n{summary.strip()}\n</summary>\n"
+    content = str(message.get("content") or "")
+    if content.startswith(CONTEXT_OPEN):
+        content = CONTEXT_OPEN + section + content[len(CONTEXT_OPEN):]
+    else:
+        content = with_context(f"{CONTEXT_OPEN}{section}</context>", content)
+    return {**message, "content": content}
 
 
 # How the mark after a reply that never reached the user begins (`undelivered_note`); agent/summary.py finds it.
