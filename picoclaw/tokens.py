@@ -13,6 +13,7 @@ per four characters, so Chinese prompts are not under-counted fourfold.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -36,6 +37,12 @@ RETRY_AFTER = 24 * 3600.0  # seconds a remembered failure holds before a process
 
 _lock = threading.Lock()
 _encoder: Callable[[str], int] | None = None
+
+# Every turn counts some texts again byte for byte (the system message, the skills list, the standing lessons): their
+# counts are kept, by the exact text and the counter that made them. Bounded in entries, and a text longer than
+# CACHED_CHARS (a memory file, a long tool result) is counted afresh rather than held.
+CACHED_COUNTS = 64
+CACHED_CHARS = 16_000
 
 
 def estimate_tokens(text: str) -> int:
@@ -118,7 +125,13 @@ def count_tokens(text: str) -> int:
         with _lock:
             if _encoder is None:
                 _encoder = _load_encoder()
-    return _encoder(text)
+    return _encoder(text) if len(text) > CACHED_CHARS else _cached_count(_encoder, text)
+
+
+@functools.lru_cache(maxsize=CACHED_COUNTS)
+def _cached_count(encoder: Callable[[str], int], text: str) -> int:
+    """`encoder(text)`, kept; keyed by the encoder too, so counts of an estimate never stand for tiktoken's."""
+    return encoder(text)
 
 
 def is_exact() -> bool:

@@ -102,6 +102,27 @@ def test_offline_count_falls_back_to_the_estimate_and_says_so_once_at_info(
     assert "estimated" in warnings[0].getMessage() and warnings[0].levelno == logging.INFO
 
 
+def test_a_count_is_kept_by_the_exact_text_and_the_counter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The system message is counted at every turn: counted once per counter; another text or counter counts anew,
+    and a text over CACHED_CHARS is never kept."""
+    calls: list[str] = []
+
+    def counter(text: str) -> int:
+        calls.append(text)
+        return len(text)
+
+    monkeypatch.setattr(tokens, "_encoder", counter)
+    text = f"system prompt {time.monotonic_ns()}"  # not counted by any earlier test
+    assert count_tokens(text) == count_tokens(text) == len(text)
+    assert count_tokens(text + " ") == len(text) + 1
+    assert calls == [text, text + " "]
+    long = "x" * (tokens.CACHED_CHARS + 1)
+    assert count_tokens(long) == count_tokens(long) == len(long)
+    assert calls[2:] == [long, long]
+    monkeypatch.setattr(tokens, "_encoder", lambda text: 7)  # tiktoken loaded after an estimate: its own counts
+    assert count_tokens(text) == 7
+
+
 def test_get_encoding_error_falls_back_to_the_estimate(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

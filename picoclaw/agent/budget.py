@@ -233,6 +233,8 @@ def fit_request(window: int, *, fixed: int, memory: Sequence[int], history: Sequ
 
 def _history_start(history: Sequence[int], room: int) -> int:
     """The first message of the newest run of `history` that fits in `room` tokens."""
+    if sum(history) <= room:  # all of it fits, as on most turns of a large window: no walk (counts are never < 0)
+        return 0
     start = len(history)
     for index in range(len(history) - 1, -1, -1):
         if history[index] > room:

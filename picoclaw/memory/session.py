@@ -156,7 +156,8 @@ class Session:
 
     def active(self) -> list[StoredMessage]:
         """Messages not covered by a compaction, oldest first."""
-        return [m for m in self.messages if m.id > self.compacted_through]
+        through = self.compacted_through  # read once, not per message: a turn asks this of its whole history 4 times
+        return [m for m in self.messages if m.id > through]
 
     def active_messages(self) -> list[Message]:
         """The active history as it is sent to the model (user messages with their data blocks)."""

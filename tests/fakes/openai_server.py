@@ -159,7 +159,10 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         self.kind: ServerKind = kind  # which way it reports `window` (see the module's docstring)
         self.window = window  # None: no window, every prompt is taken
         self.overflow: OverflowStyle = overflow
-        self.prompt_counts: list[int] = []  # each chat request's prompt tokens (by window_tokens), refused ones too
+        # Each chat request's body, or its count where the window needed it at once: a server without a window counts
+        # when `prompt_counts` is read, so bench/turn.py's round trips do not include counting a 400-message prompt
+        # in this thread (about a millisecond of the GIL the client waits for) that nobody reads.
+        self._prompted: list[dict[str, Any] | int] = []
         self.models: list[str] = ["gpt-4o-mini"]  # what GET /v1/models lists (unless a reply is scripted for it)
         self.responder: Callable[[dict[str, Any]], Reply | str] | None = None
         self.embedder: Callable[[str, int], list[float]] | None = None
@@ -214,6 +217,13 @@ class FakeOpenAIServer(BackgroundHTTPServer):
     # -- what was sent -----------------------------------------------------------------------------
 
     @property
+    def prompt_counts(self) -> list[int]:
+        """Each chat request's prompt tokens (by `window_tokens`), refused ones too, oldest first."""
+        with self._lock:
+            prompted = list(self._prompted)
+        return [entry if isinstance(entry, int) else window_tokens(entry) for entry in prompted]
+
+    @property
     def requests(self) -> list[RecordedRequest]:
         with self._lock:
             return list(self._requests)
@@ -250,11 +260,15 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         streamed = bool(body.get("stream"))
         if streamed and not self.streaming:  # before taking a reply: the plain retry should get it
             return _bad_request("streaming is not supported")
-        tokens = window_tokens(body)
-        with self._lock:
-            self.prompt_counts.append(tokens)
-        if self.window is not None and tokens > self.window:  # before taking a reply: the retry should get it
-            return _overflow(self.overflow, tokens, self.window, body.get("max_tokens"))
+        if self.window is not None:
+            tokens = window_tokens(body)
+            with self._lock:
+                self._prompted.append(tokens)
+            if tokens > self.window:  # before taking a reply: the retry should get it
+                return _overflow(self.overflow, tokens, self.window, body.get("max_tokens"))
+        else:
+            with self._lock:
+                self._prompted.append(body)
         scripted = self._next("chat")
         if scripted is None:
             responder = self.responder
