@@ -69,6 +69,7 @@ from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit  # noqa: E402
 from picoclaw.memory.search import KeywordSearch, StandingSearch  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 from picoclaw.policy_schema import MemoryPolicy  # noqa: E402
+from picoclaw.storage import FilesStorage  # noqa: E402
 
 QUERIES: tuple[str, ...] = (
     # English, hitting
@@ -277,7 +278,7 @@ def measure(size: int, seed: int, reps: int, details: list[str] | None
     With `details`, appends one line per query: hits of ours and of the baseline, ours warm ms.
     """
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-") as tmp:
-        store = MemoryStore(Path(tmp) / "workspace" / "memory", UTC)
+        store = MemoryStore(Path(tmp) / "workspace" / "memory", UTC, storage=FilesStorage(Path(tmp) / "workspace"))
         store.rewrite_long_term(synthetic_memory(size, seed))
         path = store.long_term_path
         megabytes = path.stat().st_size / 1e6
@@ -381,7 +382,7 @@ def measure_index(chunks: int, seed: int, reps: int) -> dict[str, float]:
     """Milliseconds: build (keyword, hybrid), search median (keyword, hybrid), sync after one append."""
     result: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-index-") as tmp:
-        store = MemoryStore(Path(tmp) / "workspace" / "memory", UTC)
+        store = MemoryStore(Path(tmp) / "workspace" / "memory", UTC, storage=FilesStorage(Path(tmp) / "workspace"))
         store.long_term_path.parent.mkdir(parents=True, exist_ok=True)
         days = write_notes(store, chunks, seed)
         for mode, embedder in (("keyword", None), ("hybrid", HashEmbedder())):

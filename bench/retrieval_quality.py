@@ -107,6 +107,7 @@ from picoclaw.memory.search import Block, KeywordSearch, StandingSearch, split_b
 from picoclaw.memory.search.standing import block_date  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 from picoclaw.policy_schema import MemoryPolicy  # noqa: E402
+from picoclaw.storage import FilesStorage  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/bench-data/locomo"
 FILES = {"en": "locomo10.json", "zh": "locomo10_CN.json"}
@@ -248,7 +249,7 @@ class Workspace:
 
 
 def build_workspace(root: Path, conv: Conversation, lang: str) -> Workspace:
-    store = MemoryStore(root / "memory", UTC)
+    store = MemoryStore(root / "memory", UTC, storage=FilesStorage(root))
     file_turns: dict[str, list[str]] = {}
     for _, moment, turns in conv.sessions:
         for turn in turns:
@@ -273,7 +274,7 @@ def build_workspace(root: Path, conv: Conversation, lang: str) -> Workspace:
 
 def build_memory_workspace(root: Path, conv: Conversation, lang: str) -> Workspace:
     """The conversation as MEMORY.md: each TURNS_PER_BLOCK turns of a session one `## <date>` block."""
-    store = MemoryStore(root / "memory", UTC)
+    store = MemoryStore(root / "memory", UTC, storage=FilesStorage(root))
     parts = ["# Long-term memory\n"]
     groups: list[list[str]] = []
     for _, moment, turns in conv.sessions:

@@ -41,6 +41,7 @@ from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit  # noqa: E402
 from picoclaw.memory.index.pg_index import TableMemoryIndex  # noqa: E402
 from picoclaw.memory.search import KeywordSearch  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
+from picoclaw.storage import FilesStorage  # noqa: E402
 from picoclaw.storage.postgres.index import PostgresIndexTable  # noqa: E402
 from picoclaw.storage.postgres.storage import PostgresStorage  # noqa: E402
 
@@ -132,7 +133,7 @@ def latency(storage: PostgresStorage, sizes: Sequence[int], searches: int = 200
     for size in sizes:
         for backend in ("sqlite", "postgres"):
             with tempfile.TemporaryDirectory(prefix="picoclaw-lat-") as tmp:
-                store = MemoryStore(Path(tmp) / "memory", UTC)
+                store = MemoryStore(Path(tmp) / "memory", UTC, storage=FilesStorage(Path(tmp)))
                 _memory_file(store.long_term_path, size)
                 for mode, embedder in (("keyword", None), ("hybrid", RandomEmbedder())):
                     settings = IndexConfig(enabled=True, sources=["memory", "notes", "sessions"])

@@ -1,9 +1,11 @@
-"""The composition root: config → workspace → provider → tools → agent loops, and their lifetimes.
+"""The composition root: config → storage → workspace → provider → tools → agent loops, and their lifetimes.
 
 The CLI makes one App per command; channels receive what it built (an AgentLoop, or `App.agent` to get
-one per memory scope) and never build a provider or tools themselves. The model client is made on first
-use, inside the event loop that will close it (its connection pool belongs to that loop). The agent stack
-and the openai client are imported only then too, so `picoclaw memory show` starts quickly.
+one per memory scope) and never build a provider or tools themselves. The storage is opened here once and
+handed to everything that keeps bytes (nothing looks a backend up by path), so two Apps in one process never
+share state. The model client is made on first use, inside the event loop that will close it (its connection
+pool belongs to that loop). The agent stack and the openai client are imported only then too, so
+`picoclaw memory show` starts quickly.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from picoclaw.config import Config, home_dir, load_config, workspace_dir
 from picoclaw.hosts import is_local_host
 from picoclaw.keyed import LruCache
 from picoclaw.memory import Workspace
-from picoclaw.storage import open_storage, unmount
+from picoclaw.storage import open_storage
 
 if TYPE_CHECKING:
     from picoclaw.agent import AgentLoop
@@ -42,11 +44,10 @@ class App:
     def __init__(self, config: Config, home: Path, *, make_provider: ProviderFactory | None = None):
         self.config = config
         self.home = home
-        # Mounted before the workspace is built: its stores find their backend by path.
         self.storage = open_storage(config, workspace_dir(config, home))
         try:
             self.embedder = build_embedder(config)
-            self.workspace = Workspace.from_config(config, home, self.embedder)
+            self.workspace = Workspace.from_config(config, home, self.storage, self.embedder)
         except BaseException:
             self._close_storage()
             raise
@@ -132,7 +133,7 @@ class App:
         """The scheduled jobs of this workspace (`cron/jobs.json`, every scope's)."""
         from picoclaw.jobs import JobStore
 
-        return JobStore(self.workspace.layout.jobs_path, self.workspace.tz)
+        return JobStore(self.workspace.layout.jobs_path, self.workspace.tz, storage=self.storage)
 
     def scheduler(self, channel: Channel, *, channels: tuple[str, ...] | None = None,
                   poll_interval: float | None = None, sleep: Sleep | None = None) -> Scheduler:
@@ -141,7 +142,8 @@ class App:
         such as "telegram", or single session keys such as "cli:default"; by default the channel's own)."""
         from picoclaw.jobs import POLL_INTERVAL, Scheduler
 
-        return Scheduler(self.jobs(), self.agent, channel, memory_scope=self.config.channels.telegram.memory_scope,
+        return Scheduler(self.jobs(), self.agent, channel, storage=self.storage,
+                         memory_scope=self.config.channels.telegram.memory_scope,
                          channels=(channel.name,) if channels is None else channels, heartbeat=self.config.heartbeat,
                          heartbeat_path=self.workspace.layout.heartbeat_path,
                          poll_interval=POLL_INTERVAL if poll_interval is None else poll_interval, sleep=sleep)
@@ -175,7 +177,6 @@ class App:
         self._close_storage()
 
     def _close_storage(self) -> None:
-        unmount(self.storage)
         self.storage.close()
 
     async def __aenter__(self) -> App:

@@ -16,7 +16,7 @@ from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory import MemoryStore
-from picoclaw.storage import open_storage, unmount
+from picoclaw.storage import open_storage
 
 
 def template_paths() -> tuple[Path, Path]:
@@ -70,7 +70,7 @@ def onboard(home: Path, configure: Configure | None = None) -> list[OnboardStep]
     storage = open_storage(config, layout.root)
     try:
         storage.refresh()
-        store = MemoryStore(layout.memory_dir, resolve_timezone(config.timezone))
+        store = MemoryStore(layout.memory_dir, resolve_timezone(config.timezone), storage=storage)
         for source in sorted(p for p in template_dir.rglob("*") if p.is_file()):
             target = layout.root / source.relative_to(template_dir)
             if not target.exists():
@@ -87,6 +87,5 @@ def onboard(home: Path, configure: Configure | None = None) -> list[OnboardStep]
                 steps.append(OnboardStep(target, "kept"))
         storage.refresh()
     finally:
-        unmount(storage)
         storage.close()
     return steps

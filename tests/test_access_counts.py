@@ -18,6 +18,8 @@ from picoclaw.memory.search.standing import StandingSearch
 from picoclaw.memory.search.turn_memory import block_key, select_turn_memory
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
+from picoclaw.storage import FilesStorage
+from tests.stores import memory_store
 
 DAY = date(2025, 3, 10)
 MEMORY = ("# Memory\n\n## 2025-03-01\nMy cat is called Mimi.\n\n## 2025-03-02\n我的猫叫咪咪，是一只橘猫。\n\n"
@@ -25,16 +27,16 @@ MEMORY = ("# Memory\n\n## 2025-03-01\nMy cat is called Mimi.\n\n## 2025-03-02\n�
 
 
 def standing(tmp_path: Path) -> tuple[MemoryStore, StandingSearch]:
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     store.rewrite_long_term(MEMORY)
     return store, StandingSearch(KeywordSearch(store), store, MemoryPolicy)
 
 
 def test_counts_are_recorded_and_read_back_by_another_instance(tmp_path: Path) -> None:
-    counts = AccessCounts(tmp_path)
+    counts = AccessCounts(tmp_path, storage=FilesStorage(tmp_path))
     counts.record(["a", "b", "a"], DAY)  # a key named twice in one turn counts once
     counts.record(["a"], DAY)
-    assert dict(AccessCounts(tmp_path).counts()) == {"a": 2, "b": 1}
+    assert dict(AccessCounts(tmp_path, storage=FilesStorage(tmp_path)).counts()) == {"a": 2, "b": 1}
     assert dict(counts.counts()) == {"a": 2, "b": 1}
 
 
@@ -42,25 +44,26 @@ def test_counts_are_recorded_and_read_back_by_another_instance(tmp_path: Path) -
 def test_a_corrupt_file_is_logged_once_and_counting_starts_afresh(tmp_path: Path, content: bytes,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / ACCESS_COUNTS_FILE).write_bytes(content)
-    counts = AccessCounts(tmp_path)
+    counts = AccessCounts(tmp_path, storage=FilesStorage(tmp_path))
     with caplog.at_level(logging.WARNING):
         assert dict(counts.counts()) == {}
         assert dict(counts.counts()) == {}
         counts.record(["a"], DAY)
     assert len([r for r in caplog.records if "access counts" in r.getMessage()]) == 1
-    assert dict(AccessCounts(tmp_path).counts()) == {"a": 1}  # the file is whole again
+    assert dict(AccessCounts(tmp_path, storage=FilesStorage(tmp_path)).counts()) == {"a": 1}  # the file is whole again
 
 
 def test_a_damaged_entry_costs_only_its_own_count(tmp_path: Path) -> None:
     (tmp_path / ACCESS_COUNTS_FILE).write_text(
         '{"version": 1, "blocks": {"a": [3, "2025-03-01"], "b": ["x", 1], "c": [true, "2025-03-01"]}}')
-    assert dict(AccessCounts(tmp_path).counts()) == {"a": 3}
+    assert dict(AccessCounts(tmp_path, storage=FilesStorage(tmp_path)).counts()) == {"a": 3}
 
 
 def test_an_unwritable_folder_never_breaks_a_turn(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
-    counts = AccessCounts(blocked / "memory")  # a folder that cannot exist: every operation fails
+    # A folder that cannot exist: every operation fails.
+    counts = AccessCounts(blocked / "memory", storage=FilesStorage(blocked))
     with caplog.at_level(logging.WARNING):
         counts.record(["a"], DAY)
         counts.record(["a"], DAY)
@@ -71,7 +74,7 @@ def test_an_unwritable_folder_never_breaks_a_turn(tmp_path: Path, caplog: pytest
 def test_the_file_is_bounded_dropping_the_blocks_used_longest_ago(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(access_counts_module, "MAX_KEYS", 3)
-    counts = AccessCounts(tmp_path)
+    counts = AccessCounts(tmp_path, storage=FilesStorage(tmp_path))
     counts.record(["old"], date(2025, 1, 1))
     for key in ("a", "b", "c"):
         counts.record([key], DAY)
@@ -82,7 +85,7 @@ def test_the_file_is_bounded_dropping_the_blocks_used_longest_ago(tmp_path: Path
 def _record(folder: str, key: str) -> None:
     # A wait no busy machine runs out of: what is tested is that the lock serialises, not how fast.
     for _ in range(20):
-        AccessCounts(Path(folder), lock_wait=600).record([key], DAY)
+        AccessCounts(Path(folder), lock_wait=600, storage=FilesStorage(Path(folder))).record([key], DAY)
 
 
 def test_processes_recording_at_once_lose_no_count(tmp_path: Path) -> None:
@@ -93,7 +96,7 @@ def test_processes_recording_at_once_lose_no_count(tmp_path: Path) -> None:
     for worker in workers:
         worker.join()
     assert [worker.exitcode for worker in workers] == [0, 0]
-    assert dict(AccessCounts(tmp_path).counts()) == {"a": 20, "b": 20}
+    assert dict(AccessCounts(tmp_path, storage=FilesStorage(tmp_path)).counts()) == {"a": 20, "b": 20}
 
 
 @pytest.mark.parametrize(("query", "found"), [("what is my cat called?", "Mimi"), ("我的猫叫什么？", "咪咪")])

@@ -12,10 +12,12 @@ import pytest
 
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
-from picoclaw.memory.session import session_filename
+from picoclaw.jobs import make_schedule
+from picoclaw.memory.session import StoredMessage, session_filename
 from tests.agent_helpers import contents, is_flush_request, turn_requests
 from tests.fakes import FakeOpenAIServer
 from tests.test_repl import configure
+from tests.zones import onboard_in_shanghai
 
 T = TypeVar("T")
 OWNER, FRIEND = "1001", "1002"
@@ -129,3 +131,61 @@ def test_new_archives_a_transcript_still_in_the_shared_folder(home: Path, fake_o
     assert sent == ["hello"]  # the old conversation did not come back
     archive = home / "workspace" / "users" / OWNER / "sessions" / "archive"
     assert [p.name.endswith(session_filename(KEY)) for p in archive.iterdir()] == [True]
+
+
+# -- two Apps in one process -----------------------------------------------------------------------------------
+
+
+def _opened(home: Path, backend: str, request: pytest.FixtureRequest) -> App:
+    """The App of a new home onboarded on `backend` (a PostgreSQL database of the test's own)."""
+    onboard_in_shanghai(home)
+    if backend == "postgres":
+        path = home / "config.json"
+        config = json.loads(path.read_text(encoding="utf-8"))
+        config["storage"] = {"backend": "postgres", "postgres": {"dsn": request.getfixturevalue("postgres_dsn")}}
+        path.write_text(json.dumps(config), encoding="utf-8")
+        onboard_in_shanghai(home)  # the templates go up to the database
+    return App.open(home)
+
+
+def _keeps_working(app: App, fact: str, query: str) -> None:
+    """A memory append, a search, a job and a transcript through `app`, each read back."""
+    workspace = app.workspace
+    workspace.refresh()
+    workspace.store.append_long_term(fact)
+    assert fact in workspace.store.read_long_term()
+    assert any(fact in hit.block.text for hit in workspace.searcher.search(query, 5, include_notes=True))
+    app.jobs().add(make_schedule(in_="1 hour", tz=workspace.tz), "message", fact, KEY)
+    assert [job.text for job in app.jobs().load()] == [fact]
+    sessions = workspace.sessions()
+    sessions.append_messages(sessions.load(KEY), [StoredMessage(0, {"role": "user", "content": fact})])
+    assert [m.message["content"] for m in workspace.sessions().load(KEY).messages] == [fact]
+
+
+@pytest.mark.parametrize("backends", [("files", "files"), ("postgres", "files"), ("files", "postgres")],
+                         ids="-".join)
+def test_two_apps_in_one_process_never_share_state(tmp_path: Path, backends: tuple[str, str],
+                                                   request: pytest.FixtureRequest) -> None:
+    # Each App hands its own storage to everything it builds: nothing is looked up in a process-wide table,
+    # so neither App's writes, reads or closing reach the other's workspace.
+    opened: list[App] = []
+    try:
+        first = _opened(tmp_path / "first", backends[0], request)
+        opened.append(first)
+        second = _opened(tmp_path / "second", backends[1], request)
+        opened.append(second)
+        assert first.storage is not second.storage
+        assert first.workspace.store.storage is first.storage and second.workspace.store.storage is second.storage
+        _keeps_working(first, "The office door code is 4711. 门禁密码是 4711。", "door code 门禁密码")
+        assert "4711" not in second.workspace.store.read_long_term()
+        assert second.workspace.searcher.search("door code 门禁密码", 5, include_notes=True) == []
+        assert second.jobs().load() == [] and second.workspace.sessions().load(KEY).messages == []
+
+        opened.remove(first)
+        first.close()
+        # The first App is closed (on PostgreSQL, its pool too): the second goes on as before.
+        _keeps_working(second, "The gym locker is 7319. 健身房柜子是 7319。", "gym locker 柜子")
+        assert "7319" not in (tmp_path / "first" / "workspace" / "memory" / "MEMORY.md").read_text(encoding="utf-8")
+    finally:
+        for app in opened:
+            app.close()

@@ -578,7 +578,7 @@ def test_a_context_fact_the_continued_flush_lists_is_not_written_again(
     injected = "\n".join(str(m.get("content")) for m in flush["messages"] if m["role"] == "user")
     assert "<context>" in injected and "Anna lives in Berlin" in injected and "Dentist" in injected
     assert workspace.store.read_long_term() == memory  # nothing of the injected memory or note written again
-    [counts] = (FlushCounts(workspace.memory_dir).read() or {}).values()
+    [counts] = (FlushCounts(workspace.memory_dir, storage=workspace.storage).read() or {}).values()
     assert counts.proposed == 4 and counts.written == 0 and counts.known + sum(counts.rejected.values()) == 4
 
 

@@ -19,13 +19,13 @@ from freezegun import freeze_time
 import picoclaw
 from picoclaw.cli import main
 from picoclaw.errors import MemoryStoreError
-from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.base import ToolError
 from picoclaw.tools.memory import MemoryAppend
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import TODAY, chat, frozen, turn_context
 from tests.fakes import FakeOpenAIServer
+from tests.stores import memory_store
 from tests.test_tools import call, call_raw
 
 # 02:00 UTC is 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py).
@@ -145,7 +145,7 @@ def test_an_entry_that_opens_a_fence_closes_it(workspace: Workspace, fence: str)
 
 
 def test_stale_temp_files_in_the_backup_folder_are_swept(tmp_path: Path) -> None:
-    store = MemoryStore(tmp_path / "memory", ZoneInfo("Asia/Shanghai"), backup_keep=5)
+    store = memory_store(tmp_path / "memory", ZoneInfo("Asia/Shanghai"), backup_keep=5)
     store.append_long_term("first")
     store.backups_dir.mkdir(parents=True, exist_ok=True)
     stale = store.backups_dir / ".20250101_000000.abc123.tmp"

@@ -17,7 +17,8 @@ from picoclaw.memory.index import E5Embedder
 from picoclaw.memory.search import Hit, MemorySearch, open_search, select_turn_memory
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
-from tests.test_storage_index import TermEmbedder, workspace  # noqa: F401  (workspace: a fixture, used by name)
+from picoclaw.storage import FilesStorage, Storage
+from tests.test_storage_index import TermEmbedder, storage  # noqa: F401  (storage: a fixture, used by name)
 
 PASSPORT = "用户的护照号码是 E1234567，有效期到 2030 年。"
 LIBRARY = "用户常去市图书馆借书，最近在读《三体》。"
@@ -46,8 +47,8 @@ CASES = [
 NO_PRIORS = MemoryPolicy(memory_recency_boost_percent=0, memory_access_boost_percent=0)
 
 
-def filled(root: Path) -> MemoryStore:
-    store = MemoryStore(root / "memory", UTC)
+def filled(backend: Storage) -> MemoryStore:
+    store = MemoryStore(backend.root / "memory", UTC, storage=backend)
     store.rewrite_long_term("# Memory\n\n" + "\n".join(f"## {day}\n{text}\n" for day, text in MEMORY))
     return store
 
@@ -76,7 +77,7 @@ def searcher(root: Path, store: MemoryStore, policy: MemoryPolicy, **index: obje
 @pytest.mark.parametrize(("query", "wanted", "partial"), CASES)
 def test_memory_search_ranks_the_word_above_its_characters(tmp_path: Path, policy: MemoryPolicy, query: str,
                                                            wanted: set[str], partial: set[str]) -> None:
-    store = filled(tmp_path)
+    store = filled(FilesStorage(tmp_path))
     search = searcher(tmp_path, store, policy)
     try:
         assert_words_first(search.search(query, 10, include_notes=True), wanted, partial)  # as the CLI asks
@@ -87,7 +88,7 @@ def test_memory_search_ranks_the_word_above_its_characters(tmp_path: Path, polic
 @pytest.mark.parametrize(("query", "wanted", "partial"), CASES)
 def test_a_turn_carries_the_entry_with_the_word_first(tmp_path: Path, policy: MemoryPolicy, query: str,
                                                       wanted: set[str], partial: set[str]) -> None:
-    store = filled(tmp_path)
+    store = filled(FilesStorage(tmp_path))
     search = searcher(tmp_path, store, policy)
     try:
         memory = asyncio.run(select_turn_memory(search, store, policy, query, count_use=False))
@@ -105,8 +106,8 @@ def sources(request: pytest.FixtureRequest) -> tuple[str, ...]:
 
 
 @pytest.fixture
-def indexed_store(workspace: Path) -> Iterator[tuple[Path, MemoryStore]]:  # noqa: F811
-    yield workspace, filled(workspace)
+def indexed_store(storage: Storage) -> Iterator[tuple[Path, MemoryStore]]:  # noqa: F811
+    yield storage.root, filled(storage)
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["keyword", "hybrid"])
@@ -129,7 +130,7 @@ def test_the_index_ranks_the_word_above_its_characters(indexed_store: tuple[Path
 def test_hybrid_with_the_local_model_ranks_the_word_above_its_characters(tmp_path: Path, query: str,
                                                                          wanted: set[str], partial: set[str]) -> None:
     # A real multilingual model on the vector side (the toy embedder above only proves the plumbing).
-    store = filled(tmp_path)
+    store = filled(FilesStorage(tmp_path))
     embedder = E5Embedder()
     search = open_search(IndexConfig(enabled=True), store, embedder, sessions_dir=tmp_path / "sessions",
                          policy=MemoryPolicy)

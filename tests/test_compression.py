@@ -39,6 +39,7 @@ from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.openai_compat import OpenAICompatProvider, from_config
 from picoclaw.tools.registry import build_tools
 from tests.fakes import FakeOpenAIServer
+from tests.stores import memory_store
 from tests.test_repl import configure, picoclaw
 
 # 02:00 UTC is 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py).
@@ -227,7 +228,7 @@ def test_an_append_during_compression_survives(workspace: Workspace, fake_openai
     store = workspace.store
     write_memory(store, ENGLISH)
     # Another writer (the bot, another process) with its own store object appends while the model works.
-    other = MemoryStore(store.memory_dir, workspace.tz)
+    other = MemoryStore(store.memory_dir, workspace.tz, storage=workspace.storage)
 
     def model(body: dict[str, Any]) -> str:
         other.append_long_term("新的事实：Alice 的生日是 4 月 2 日 / Alice's birthday is April 2")
@@ -272,7 +273,7 @@ def test_a_hand_edit_during_compression_wins(workspace: Workspace, fake_openai: 
     ],
 )
 def test_replace_keeping_appends(tmp_path: Path, expected: str, current: str, carried: str) -> None:
-    store = MemoryStore(tmp_path, UTC)
+    store = memory_store(tmp_path, UTC)
     store.long_term_path.write_text(current, encoding="utf-8")
     replaced = store.replace_long_term_keeping_appends(expected, "## new\nrewritten\n")
     assert replaced.carried_over == carried
@@ -282,7 +283,7 @@ def test_replace_keeping_appends(tmp_path: Path, expected: str, current: str, ca
 @pytest.mark.parametrize("current", ["## a\nxy\n", "## b\nx\n## a\nx\n", ""],
                          ids=["longer-line", "prepended", "deleted"])
 def test_replace_keeping_appends_refuses_other_changes(tmp_path: Path, current: str) -> None:
-    store = MemoryStore(tmp_path, UTC)
+    store = memory_store(tmp_path, UTC)
     store.long_term_path.write_text(current, encoding="utf-8")
     with pytest.raises(MemoryStoreError, match="was changed"):
         store.replace_long_term_keeping_appends("## a\nx\n", "## new\n")

@@ -15,7 +15,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from picoclaw.memory.store import MemoryStore
+from tests.stores import memory_store
 from tests.waiting import Deadline
 
 # "spawn": each child is a fresh interpreter with its own imports and its own FileLock, as when the
@@ -40,7 +40,7 @@ def _entry(worker: int, number: int) -> str:
 
 
 def _append_many(memory_dir: str, worker: int, count: int, go: Event) -> None:
-    store = MemoryStore(Path(memory_dir), ZoneInfo(TZ_NAME))
+    store = memory_store(Path(memory_dir), ZoneInfo(TZ_NAME))
     go.wait()  # start together, so the appends really overlap
     for number in range(count):
         store.append_long_term(_entry(worker, number))
@@ -48,7 +48,7 @@ def _append_many(memory_dir: str, worker: int, count: int, go: Event) -> None:
 
 def test_four_processes_append_without_losing_an_entry(tmp_path: Path) -> None:
     memory_dir = tmp_path / "memory"
-    store = MemoryStore(memory_dir, ZoneInfo(TZ_NAME))
+    store = memory_store(memory_dir, ZoneInfo(TZ_NAME))
     store.rewrite_long_term("# Long-term memory\n")  # a preamble, as a person might write
     go = CTX.Event()
     workers = [
@@ -92,7 +92,7 @@ def test_four_processes_append_without_losing_an_entry(tmp_path: Path) -> None:
 
 
 def _rewrite_forever(memory_dir: str, a: str, b: str, started: Event, pace: Synchronized[float]) -> None:
-    store = MemoryStore(Path(memory_dir), ZoneInfo(TZ_NAME), backup_keep=3)
+    store = memory_store(Path(memory_dir), ZoneInfo(TZ_NAME), backup_keep=3)
     written = 0
     deadline = Deadline(WRITER_TIMEOUT, "the test to SIGKILL this writer")
     first_done = 0.0
@@ -120,7 +120,7 @@ def test_sigkill_during_rewrites_leaves_one_whole_version(tmp_path: Path) -> Non
 
     for round_number in range(ROUNDS):
         memory_dir = tmp_path / f"round{round_number}"
-        store = MemoryStore(memory_dir, ZoneInfo(TZ_NAME), backup_keep=3)
+        store = memory_store(memory_dir, ZoneInfo(TZ_NAME), backup_keep=3)
         store.rewrite_long_term(a)
         original = store.read_long_term()
         assert original in (a, b)
@@ -147,7 +147,7 @@ def test_sigkill_during_rewrites_leaves_one_whole_version(tmp_path: Path) -> Non
         # deadline, because FileLock would otherwise wait forever.)
         appended: list[str] = []
         appender = threading.Thread(
-            target=lambda: appended.append(MemoryStore(memory_dir, ZoneInfo(TZ_NAME)).append_long_term("after").text),
+            target=lambda: appended.append(memory_store(memory_dir, ZoneInfo(TZ_NAME)).append_long_term("after").text),
             daemon=True,
         )
         appender.start()

@@ -219,7 +219,7 @@ def test_the_scheduler_skips_a_job_that_can_never_run_with_one_warning(home: Pat
             waits.append(seconds)
             await scheduler.stop()
 
-        scheduler = Scheduler(jobs, no_agent, delivered, poll_interval=3600, sleep=sleep)
+        scheduler = Scheduler(jobs, no_agent, delivered, poll_interval=3600, sleep=sleep, storage=jobs.storage)
         with caplog.at_level(logging.WARNING, logger="picoclaw.jobs.runner"):
             asyncio.run(scheduler.run())
             asyncio.run(scheduler.run_due())  # another pass: nothing runs, nothing is said again

@@ -25,6 +25,7 @@ from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.base import BETWEEN_TURNS
 from picoclaw.providers.openai_compat import from_config
+from picoclaw.storage import FilesStorage
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import turn_context
 from tests.fakes import FakeOpenAIServer
@@ -253,7 +254,8 @@ def test_evolution_switched_off_meanwhile_writes_nothing(home: Path, fake_openai
 
 
 def reflections(home: Path, key: str = "cli:test") -> list[int]:
-    records = SessionStore(home / "workspace" / "sessions").path_for(key).read_bytes().splitlines()
+    sessions = SessionStore(home / "workspace" / "sessions", storage=FilesStorage(home / "workspace"))
+    records = sessions.path_for(key).read_bytes().splitlines()
     return [r["through"] for r in map(orjson.loads, records) if r["type"] == "reflection"]
 
 

@@ -19,6 +19,7 @@ from picoclaw.memory.index.fusion import RankWeights, Weights, reciprocal_rank, 
 from picoclaw.memory.index.scoring import Adjacency, in_context, with_neighbours, with_previous_entry
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT
 from picoclaw.memory.store import MemoryStore
+from tests.stores import memory_store
 
 # -- the pure rules ------------------------------------------------------------------------------------------
 
@@ -163,7 +164,7 @@ def open_index(tmp_path: Path) -> Iterator[Callable[..., MemoryIndex]]:
 
 def long_term(tmp_path: Path, entries: list[str]) -> MemoryStore:
     """A MEMORY.md with one `## date` block per entry, in order."""
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     blocks = [f"## 2024-01-{n:02d}\n{text}\n" for n, text in enumerate(entries, start=1)]
     store.rewrite_long_term("# Long-term memory\n\n" + "\n".join(blocks))
     return store
@@ -213,7 +214,7 @@ NOTES = {
 def test_a_note_entry_is_found_through_the_entry_before_it(
         tmp_path: Path, open_index: Callable[..., MemoryIndex], lang: str) -> None:
     question, answer, query = NOTES[lang]
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     for hour, text in enumerate([question, answer, "Lunch was fine." if lang == "en" else "午饭不错。"], start=9):
         store.append_note(text, at=datetime(2024, 5, 2, hour, tzinfo=UTC))
     hits = open_index(store, sources=("notes",)).search(query, 5)

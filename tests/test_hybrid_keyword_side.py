@@ -20,6 +20,7 @@ from picoclaw.memory.search import Hit, KeywordSearch, StandingSearch, open_sear
 from picoclaw.memory.search.indexed import index_of
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
+from tests.stores import memory_store
 from tests.test_fusion import CASES, PinnedEmbedder, long_term
 
 
@@ -116,7 +117,7 @@ def test_the_keyword_search_is_not_asked_beyond_its_sources(
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_notes_are_searched_with_the_keyword_search_too(
         tmp_path: Path, make_index: Callable[..., MemoryIndex], lang: str) -> None:
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     texts = (["Mel: Where did you travel last summer?", "Caroline: Kyoto, with my sister.", "Lunch was fine."]
              if lang == "en" else ["小美：你去年夏天去哪里旅行了？", "卡罗琳：京都，和我妹妹一起。", "午饭不错。"])
     for hour, text in enumerate(texts, start=9):

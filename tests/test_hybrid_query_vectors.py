@@ -14,8 +14,8 @@ import pytest
 from picoclaw.app import build_embedder
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.query_vectors import QUERY_CACHE_SIZE, QueryVectors
-from picoclaw.memory.store import MemoryStore
 from tests.fakes import FakeOpenAIServer
+from tests.stores import memory_store
 from tests.test_index_backoff import ENTRIES, asked, fail_next_try, make_config
 
 QUESTIONS = ["Which dog loves the park?", "谁喜欢在公园里追球？"]
@@ -58,7 +58,7 @@ def index(tmp_path: Path, fake_openai: FakeOpenAIServer) -> Iterator[MemoryIndex
     config = make_config(fake_openai)
     embedder = build_embedder(config)
     assert embedder is not None
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     for entry in ENTRIES:
         store.append_long_term(entry)
     made = MemoryIndex(store, config.memory.index, embedder, sessions_dir=tmp_path / "sessions")

@@ -34,6 +34,7 @@ from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.registry import build_tools
 from tests.fakes import FakeOpenAIServer
+from tests.stores import memory_store
 
 KEY = "sk-index-test-0123456789"
 FAST_RETRY = {"retry-after-ms": "5"}
@@ -58,7 +59,7 @@ def make_config(server: FakeOpenAIServer | None = None, **index: Any) -> Config:
 
 @pytest.fixture
 def store(tmp_path: Path) -> MemoryStore:
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     for entry in ENTRIES:
         store.append_long_term(entry)
     store.append_note("Dentist appointment on Thursday, 看牙医", at=datetime(2024, 5, 2, 9, 30, tzinfo=UTC))
@@ -346,7 +347,7 @@ def test_two_index_objects_on_one_file_see_each_others_changes(
         store: MemoryStore, open_index: Callable[..., MemoryIndex], fake_openai: FakeOpenAIServer) -> None:
     """Like the bot and the CLI in two processes: one file, each with its own connection and vectors."""
     config = make_config(fake_openai)
-    bot, cli = open_index(config), open_index(config, MemoryStore(store.memory_dir, UTC))
+    bot, cli = open_index(config), open_index(config, memory_store(store.memory_dir, UTC))
     assert bot.search("dog", 2) and cli.search("dog", 2)
     cli.store.append_long_term("The cat is called Mimi.")
     assert "Mimi" in bot.search("cat Mimi", 1)[0].block.text

@@ -27,8 +27,8 @@ from picoclaw.config import Config, parse_config
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.embedders import Embedder
 from picoclaw.memory.search import index_of
-from picoclaw.memory.store import MemoryStore
 from tests.fakes import FakeOpenAIServer
+from tests.stores import memory_store
 from tests.test_long_running import configure
 from tests.waiting import wait_until
 
@@ -60,7 +60,7 @@ def indexes(tmp_path: Path, fake_openai: FakeOpenAIServer) -> Iterator[Callable[
             embedder = build_embedder(config)
             assert embedder is not None
             embedders.append(embedder)
-        store = MemoryStore(tmp_path / name / "memory", UTC)
+        store = memory_store(tmp_path / name / "memory", UTC)
         for entry in ENTRIES:
             store.append_long_term(entry)
         index = MemoryIndex(store, config.memory.index, embedder, sessions_dir=tmp_path / name / "sessions")

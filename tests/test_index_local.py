@@ -21,7 +21,7 @@ from picoclaw.config import Config, parse_config
 from picoclaw.memory.index import E5Embedder, EmbeddingUnavailable, LocalEmbedder, MemoryIndex
 from picoclaw.memory.index import embedders as embedders_module
 from picoclaw.memory.index.chunks import markdown_chunks
-from picoclaw.memory.store import MemoryStore
+from tests.stores import memory_store
 
 FACTS = [
     "I prefer green tea over coffee in the morning.",
@@ -109,7 +109,7 @@ def test_the_token_limit_counts_the_models_own_tokens(e5: E5Embedder, tmp_path: 
 
 @pytest.mark.local
 def test_hybrid_search_with_the_default_local_model(tmp_path: Path) -> None:
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     for fact in FACTS:
         store.append_long_term(fact)
     config = local_config()
@@ -140,7 +140,7 @@ def test_a_sentence_transformers_model_that_is_not_on_disk_is_a_clear_warning(tm
     missing = LocalEmbedder(str(tmp_path / "no-such-model"))
     with pytest.raises(EmbeddingUnavailable, match="neither a packaged model .* nor a sentence-transformers"):
         asyncio.run(missing.embed(["x"]))
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     store.append_long_term("我养了一只柯基")
     config = local_config(model=str(tmp_path / "no-such-model"))
     index = MemoryIndex(store, config.memory.index, build_embedder(config), sessions_dir=tmp_path / "sessions")

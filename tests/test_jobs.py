@@ -23,6 +23,7 @@ from picoclaw.jobs import (
     make_schedule,
     parse_relative,
 )
+from picoclaw.storage import FilesStorage
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -34,7 +35,7 @@ def utc(text: str) -> datetime:
 
 
 def store(tmp_path: Path, tz: ZoneInfo = SHANGHAI) -> JobStore:
-    return JobStore(tmp_path / "cron" / "jobs.json", tz)
+    return JobStore(tmp_path / "cron" / "jobs.json", tz, storage=FilesStorage(tmp_path))
 
 
 # -- schedules --------------------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def test_add_list_remove_round_trip_in_chinese(tmp_path: Path) -> None:
     two = jobs.add(make_schedule(cron="0 8 * * 1", tz=SHANGHAI), "agent", "总结我这周的笔记", "telegram:42",
                    created_by="telegram:42", scope="42")
     assert one.id != two.id and len(one.id) == 8
-    loaded = JobStore(jobs.path, SHANGHAI).load()  # as another process reads it
+    loaded = JobStore(jobs.path, SHANGHAI, storage=jobs.storage).load()  # as another process reads it
     assert loaded == [one, two]
     assert loaded[0].next_run == utc("2025-03-10 02:20") and loaded[0].text == "给银行打电话"
     assert loaded[1].scope == "42" and loaded[1].created_by == "telegram:42"

@@ -341,7 +341,7 @@ def test_reflection_may_not_raise_the_daily_cap_on_lessons(workspace: Workspace)
 
 def test_a_damaged_ledger_counts_as_the_days_cap_spent(workspace: Workspace,
                                                        caplog: pytest.LogCaptureFixture) -> None:
-    ledger = ModelUsage(workspace.memory_dir)
+    ledger = ModelUsage(workspace.memory_dir, storage=workspace.storage)
     ledger.path.write_bytes(b"{not json")
     day = date(2025, 3, 10)
     with caplog.at_level(logging.WARNING):

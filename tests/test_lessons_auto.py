@@ -203,7 +203,7 @@ def test_a_failed_then_working_call_writes_one_lesson_and_the_request_says_what_
     assert "Language of the lesson: the language of the user's messages" in text
     assert len(turn_requests(fake_openai)) == 3  # the turn's own requests are the turn's, as before
     # What the call cost is in the ledger, under "learning".
-    used = ModelUsage(workspace.memory_dir).on("learning", date.fromisoformat(TODAY))
+    used = ModelUsage(workspace.memory_dir, storage=workspace.storage).on("learning", date.fromisoformat(TODAY))
     assert (used.calls, used.prompt_tokens, used.completion_tokens) == (1, 321, 27)
 
 
@@ -318,7 +318,8 @@ def test_garbage_from_the_model_leaves_learnings_unchanged(
     assert replies == ["Your todo list is in memory/."]
     assert len(lesson_requests(fake_openai)) == 1 and fake_openai.pending() == 0  # it was asked, once
     assert workspace.store.learnings_path.read_bytes() == before
-    assert ModelUsage(workspace.memory_dir).on("learning", date.fromisoformat(TODAY)).calls == 1  # counted all the same
+    ledger = ModelUsage(workspace.memory_dir, storage=workspace.storage)
+    assert ledger.on("learning", date.fromisoformat(TODAY)).calls == 1  # counted all the same
 
 
 def test_the_daily_cap_stops_drafting_calls_until_the_next_day(
@@ -332,14 +333,14 @@ def test_the_daily_cap_stops_drafting_calls_until_the_next_day(
     with frozen():
         chat(workspace, fake_openai, ["list 0?", "list 1?", "list 2?"])
     assert len(lesson_requests(fake_openai)) == 2 and fake_openai.pending() == 0
-    used = ModelUsage(workspace.memory_dir).on("learning", date.fromisoformat(TODAY))
+    used = ModelUsage(workspace.memory_dir, storage=workspace.storage).on("learning", date.fromisoformat(TODAY))
     assert (used.calls, used.prompt_tokens, used.completion_tokens) == (2, 642, 54)
 
     script_recovery(fake_openai, lessons[3], usage=USAGE)
     with frozen("2025-03-11 02:00:00"):  # the next day in Asia/Shanghai
         chat(workspace, fake_openai, ["list 3?"])
     assert len(lesson_requests(fake_openai)) == 3
-    assert ModelUsage(workspace.memory_dir).on("learning", date(2025, 3, 11)).calls == 1
+    assert ModelUsage(workspace.memory_dir, storage=workspace.storage).on("learning", date(2025, 3, 11)).calls == 1
 
 
 def test_learning_off_makes_no_call(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:

@@ -15,6 +15,7 @@ from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.memory.search import index_of
 from picoclaw.memory.session import KEPT_COMPACTED, SessionStore, StoredMessage
+from picoclaw.storage import FilesStorage
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import API_KEY, make_provider, said
 from tests.fakes import FakeOpenAIServer
@@ -181,7 +182,7 @@ def test_per_session_locks_exist_only_while_turns_run(home: Path, fake_openai: F
 
 
 def test_a_long_session_keeps_only_its_recent_compacted_messages_in_memory(tmp_path: Path) -> None:
-    store = SessionStore(tmp_path / "sessions")
+    store = SessionStore(tmp_path / "sessions", storage=FilesStorage(tmp_path))
     session = store.load("telegram:7")
     store.append_messages(session, [StoredMessage(0, {"role": "user", "content": f"消息 {n}"}) for n in range(300)])
     store.add_compaction(session, 290, "summary 摘要", "summary")

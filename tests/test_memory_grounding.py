@@ -23,7 +23,7 @@ from picoclaw.memory import FlushCounts, FlushTally, MemoryWrite, WriteLog
 from picoclaw.memory import flush as flush_module
 from picoclaw.memory.grounding import ADVICE, QUESTION, REFUSAL, UNGROUNDED
 from picoclaw.memory.workspace import Workspace
-from picoclaw.storage import FilesStorage, Storage, mount, unmount
+from picoclaw.storage import FilesStorage, Storage
 from tests.agent_helpers import (
     SESSION,
     background_reading,
@@ -161,7 +161,7 @@ def test_the_real_poisoned_flush_replayed_writes_none_of_its_junk(
     # under a frozen clock, background work awaited after each turn: this outcome, every run.
     assert [(write.source, write.by_user, write.text) for _, write in receipts.shown] == [
         ("lesson (correction)", True, 'The user asked: "answer me in Chinese from now on."')]
-    counts = FlushCounts(workspace.store.memory_dir).read()
+    counts = FlushCounts(workspace.store.memory_dir, storage=workspace.storage).read()
     assert counts is not None
     [day] = counts.values()
     assert day.runs == len(flushes) and day.proposed == len(JUNK) * len(flushes) and day.written == 0
@@ -243,7 +243,7 @@ def test_a_fact_the_user_stated_is_written_and_shown(
     assert entries(workspace) == [proposed]  # written once, in the model's words that say the user's
     assert receipts.notices == [f"remembered: {proposed}"]
     assert receipts.shown[0][0] == SESSION
-    [logged] = WriteLog(workspace.store.memory_dir).recent()
+    [logged] = WriteLog(workspace.store.memory_dir, storage=workspace.storage).recent()
     assert (logged.text, logged.source, logged.session, logged.by_user) == (proposed, "memory flush", SESSION, True)
 
 
@@ -391,16 +391,12 @@ def test_memory_stats_counts_what_the_flush_proposed_wrote_knew_and_rejected(
     assert stats["flush_enabled"] is True
 
 
-def _mount(kind: str, root: Path, dsn: str) -> Storage:
-    storage: Storage
+def _open(kind: str, root: Path, dsn: str) -> Storage:
     if kind == "postgres":
         from picoclaw.storage.postgres.storage import PostgresStorage
 
-        storage = PostgresStorage(root, dsn, 3)
-    else:
-        storage = FilesStorage(root)
-    mount(storage)
-    return storage
+        return PostgresStorage(root, dsn, 3)
+    return FilesStorage(root)
 
 
 @pytest.mark.parametrize("kind", ["files", "postgres"])
@@ -409,21 +405,22 @@ def test_flush_counts_and_the_write_log_are_kept_by_either_backend(
     dsn = request.getfixturevalue("postgres_dsn") if kind == "postgres" else ""
     # On PostgreSQL a second machine (its own folder) reads what the first wrote; on files, the same folder.
     first, second = tmp_path / "machine1", (tmp_path / "machine2" if kind == "postgres" else tmp_path / "machine1")
-    storages = [_mount(kind, first, dsn)] + ([_mount(kind, second, dsn)] if second != first else [])
+    storages = [_open(kind, first, dsn)] + ([_open(kind, second, dsn)] if second != first else [])
+    mine, theirs = storages[0], storages[-1]
     try:
         day = date(2025, 3, 10)
-        FlushCounts(first / "memory").add(day, FlushTally(1, 3, 1, 1, {UNGROUNDED: 1}))
-        FlushCounts(first / "memory").add(day, FlushTally(1, 2, 0, 0, {QUESTION: 1, UNGROUNDED: 1}))
-        WriteLog(first / "memory").record([MemoryWrite("MEMORY.md", "我女儿叫小雨。", "memory flush", "cli:a")])
-        storages[-1].refresh()
+        FlushCounts(first / "memory", storage=mine).add(day, FlushTally(1, 3, 1, 1, {UNGROUNDED: 1}))
+        FlushCounts(first / "memory", storage=mine).add(day, FlushTally(1, 2, 0, 0, {QUESTION: 1, UNGROUNDED: 1}))
+        WriteLog(first / "memory", storage=mine).record(
+            [MemoryWrite("MEMORY.md", "我女儿叫小雨。", "memory flush", "cli:a")])
+        theirs.refresh()
 
-        counts = FlushCounts(second / "memory").read()
+        counts = FlushCounts(second / "memory", storage=theirs).read()
         assert counts == {"2025-03-10": FlushTally(2, 5, 1, 1, {UNGROUNDED: 2, QUESTION: 1})}
-        [write] = WriteLog(second / "memory").recent()
+        [write] = WriteLog(second / "memory", storage=theirs).recent()
         assert (write.text, write.source, write.session) == ("我女儿叫小雨。", "memory flush", "cli:a")
     finally:
         for storage in storages:
-            unmount(storage)
             storage.close()
 
 

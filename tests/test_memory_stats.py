@@ -23,6 +23,7 @@ from picoclaw.memory.search.access_counts import ACCESS_COUNTS_FILE
 from picoclaw.memory.turn_metrics import KEEP_TURNS, TRIM_BYTES, TURN_METRICS_FILE, TurnMetrics
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import MemoryPolicy
+from picoclaw.storage import FilesStorage
 from picoclaw.tokens import count_tokens
 from tests.agent_helpers import chat, frozen
 from tests.fakes import FakeOpenAIServer
@@ -208,7 +209,7 @@ def test_a_provider_that_reports_no_cache_leaves_the_share_unknown(
 
 def test_background_model_use_for_30_days_and_today(
         home: Path, workspace: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
-    ledger = ModelUsage(workspace.memory_dir)
+    ledger = ModelUsage(workspace.memory_dir, storage=workspace.storage)
     ledger.claim("learning", date(2025, 3, 1), 10)
     ledger.add_tokens("learning", date(2025, 3, 1), 300, 40)
     ledger.claim("learning", date(2025, 3, 12), 10)
@@ -328,7 +329,7 @@ def test_damaged_soft_state_files_are_warnings_and_unknowns_not_tracebacks(
 
 
 def test_a_damaged_line_of_the_metrics_costs_only_itself(workspace: Workspace) -> None:
-    metrics = TurnMetrics(workspace.memory_dir)
+    metrics = TurnMetrics(workspace.memory_dir, storage=workspace.storage)
     metrics.record(4.0, datetime.fromisoformat("2025-03-12T10:00:00+08:00"))
     with metrics.path.open("ab") as file:
         file.write(b'{"time": "2025-03-12T10:01:00+08:00", "retrieval_ms": "fast"}\n{"torn": ')
@@ -342,7 +343,7 @@ def test_a_damaged_line_of_the_metrics_costs_only_itself(workspace: Workspace) -
 
 
 def test_the_metrics_file_stays_bounded_and_keeps_the_newest_turns(tmp_path: Path) -> None:
-    metrics = TurnMetrics(tmp_path)
+    metrics = TurnMetrics(tmp_path, storage=FilesStorage(tmp_path))
     at = datetime.fromisoformat("2025-03-12T10:00:00+08:00")
     for turn in range(1500):
         metrics.record(float(turn), at)
@@ -355,7 +356,7 @@ def test_the_metrics_file_stays_bounded_and_keeps_the_newest_turns(tmp_path: Pat
 
 def test_a_garbage_metrics_file_heals_at_the_next_trim(tmp_path: Path) -> None:
     (tmp_path / TURN_METRICS_FILE).write_bytes(b"\xff" * (TRIM_BYTES + 10))  # one long damaged line
-    metrics = TurnMetrics(tmp_path)
+    metrics = TurnMetrics(tmp_path, storage=FilesStorage(tmp_path))
     metrics.record(2.5, datetime.fromisoformat("2025-03-12T10:00:00+08:00"))
     read = metrics.read()
     assert [turn.retrieval_ms for turn in read.turns] == [2.5] and read.damaged == 0

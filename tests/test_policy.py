@@ -18,6 +18,7 @@ from picoclaw.memory import policy as policy_module
 from picoclaw.memory.policy import PolicyError, PolicyManager, ValueChange
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import POLICY_KEYS, TUNABLE_KEYS, MemoryPolicy
+from picoclaw.storage import FilesStorage
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 # 02:00 UTC is 10:00 in Shanghai: history times are in the configured timezone, snapshot names in UTC.
@@ -34,7 +35,8 @@ def memory_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def manager(memory_dir: Path) -> PolicyManager:
     """Config sets recent_days and retrieve_limit; everything else is default."""
-    return PolicyManager(memory_dir, {"recent_days": 5, "retrieve_limit": 8}, SHANGHAI)
+    return PolicyManager(memory_dir, {"recent_days": 5, "retrieve_limit": 8}, SHANGHAI,
+                         storage=FilesStorage(memory_dir.parent))
 
 
 def write_overrides(manager: PolicyManager, content: object | str) -> None:
@@ -59,7 +61,7 @@ def snapshot_dir_entries(manager: PolicyManager) -> list[str]:
 
 
 def test_defaults_only(memory_dir: Path) -> None:
-    effective = PolicyManager(memory_dir).effective()
+    effective = PolicyManager(memory_dir, storage=FilesStorage(memory_dir.parent)).effective()
     assert effective.policy == MemoryPolicy()
     assert set(effective.sources.values()) == {"default"}
     assert set(effective.sources) == set(POLICY_KEYS)
@@ -83,7 +85,7 @@ def test_workspace_policy_comes_from_config_json(workspace: Workspace) -> None:
 
 def test_unknown_config_policy_key_is_a_config_error(memory_dir: Path) -> None:
     with pytest.raises(ConfigError, match="retrive_limit"):
-        PolicyManager(memory_dir, {"retrive_limit": 3})
+        PolicyManager(memory_dir, {"retrive_limit": 3}, storage=FilesStorage(memory_dir.parent))
 
 
 def test_evolution_switch_is_not_tunable_by_reflection() -> None:
@@ -111,7 +113,8 @@ def test_overrides_file_is_reread_when_it_changes(manager: PolicyManager) -> Non
 def test_change_by_another_manager_applies_without_restart(manager: PolicyManager, memory_dir: Path) -> None:
     # Like `picoclaw policy set` in another process while the bot keeps running.
     assert manager.current().memory_token_budget == 2000
-    other = PolicyManager(memory_dir, {"recent_days": 5, "retrieve_limit": 8}, SHANGHAI)
+    other = PolicyManager(memory_dir, {"recent_days": 5, "retrieve_limit": 8}, SHANGHAI,
+                          storage=FilesStorage(memory_dir.parent))
     other.set({"memory_token_budget": 4000}, source="cli")
     assert manager.current().memory_token_budget == 4000
 
@@ -208,7 +211,8 @@ def test_cross_key_violation_is_logged_with_the_key_name(
 
 def test_set_of_interdependent_keys_takes_effect(manager: PolicyManager) -> None:
     manager.set({"session_summary_keep_count": 30, "session_summary_message_threshold": 50}, source="cli")
-    fresh = PolicyManager(manager.memory_dir, {"recent_days": 5, "retrieve_limit": 8}, SHANGHAI)
+    fresh = PolicyManager(manager.memory_dir, {"recent_days": 5, "retrieve_limit": 8}, SHANGHAI,
+                          storage=FilesStorage(manager.memory_dir.parent))
     assert fresh.current().session_summary_keep_count == 30
     assert fresh.current().session_summary_message_threshold == 50
 
@@ -362,12 +366,12 @@ def test_rollback_to_unknown_snapshot_is_an_error(manager: PolicyManager, name: 
 
 def test_changing_the_timezone_keeps_snapshots_in_time_order(memory_dir: Path) -> None:
     with freeze_time(FROZEN) as frozen:
-        shanghai = PolicyManager(memory_dir, {}, SHANGHAI)
+        shanghai = PolicyManager(memory_dir, {}, SHANGHAI, storage=FilesStorage(memory_dir.parent))
         eleven = shanghai.set({"retrieve_limit": 11}, source="cli")
         frozen.tick(1)
         twelve = shanghai.set({"retrieve_limit": 12}, source="cli")
         # 10:00 in Shanghai is 03:00 in Berlin: local-time names would file the next snapshot first.
-        berlin = PolicyManager(memory_dir, {}, ZoneInfo("Europe/Berlin"))
+        berlin = PolicyManager(memory_dir, {}, ZoneInfo("Europe/Berlin"), storage=FilesStorage(memory_dir.parent))
         frozen.tick(1)
         thirteen = berlin.set({"retrieve_limit": 13}, source="cli")
         assert berlin.snapshots() == [eleven, twelve, thirteen]
@@ -412,7 +416,7 @@ def test_a_change_after_rollbacks_is_undone_first_then_the_walk_goes_on(manager:
 
 
 def _set_in_process(memory_dir: str, changes: dict[str, int], go: Any, results: Any) -> None:
-    manager = PolicyManager(Path(memory_dir))
+    manager = PolicyManager(Path(memory_dir), storage=FilesStorage(Path(memory_dir).parent))
     go.wait()  # both processes set at once
     try:
         manager.set(changes, source="cli")
@@ -441,7 +445,7 @@ def test_concurrent_sets_never_write_an_invalid_policy(tmp_path: Path) -> None:
         assert [process.exitcode for process in workers] == [0, 0], f"trial {trial}"
         outcomes = sorted(results.get(timeout=10) for _ in workers)
         assert outcomes == ["refused", "set"], f"trial {trial}"
-        overrides = PolicyManager(memory_dir).read_overrides()
+        overrides = PolicyManager(memory_dir, storage=FilesStorage(Path(memory_dir).parent)).read_overrides()
         MemoryPolicy(**overrides)  # the written overrides are a valid policy as a whole
 
 
@@ -495,7 +499,9 @@ def test_ranking_keys_from_the_cli_the_overrides_file_and_reflection(
         validate_suggestion({key: 500}, manager)
 
 
-def _config_of(home: Path) -> tuple[Any, Path]:
-    from picoclaw.config import load_config
+def _config_of(home: Path) -> tuple[Any, Path, FilesStorage]:
+    """What Workspace.from_config takes, as a fresh process would open it (the files backend)."""
+    from picoclaw.config import load_config, workspace_dir
 
-    return load_config(home), home
+    config = load_config(home)
+    return config, home, FilesStorage(workspace_dir(config, home))

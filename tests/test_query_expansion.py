@@ -13,6 +13,7 @@ from picoclaw.memory.search.bm25 import FileIndex, rank
 from picoclaw.memory.search.query_expansion import FEEDBACK_MIN_BLOCKS, feedback_terms
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.terms import terms
+from tests.stores import memory_store
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 
@@ -44,7 +45,7 @@ FILLER = {"en": "Nothing to see.", "zh": "无关。"}
 
 
 def memory(tmp_path: Path, entries: list[str]) -> MemoryStore:
-    store = MemoryStore(tmp_path / "memory", SHANGHAI)
+    store = memory_store(tmp_path / "memory", SHANGHAI)
     store.rewrite_long_term("".join(f"## 2025-{1 + n // 28:02d}-{1 + n % 28:02d}\n{text}\n\n"
                                     for n, text in enumerate(entries)))
     return store

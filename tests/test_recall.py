@@ -14,12 +14,13 @@ from picoclaw.config import IndexConfig
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.search import Hit, KeywordSearch, keyword
 from picoclaw.memory.store import MemoryStore
+from tests.stores import memory_store
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 
 
 def memory(tmp_path: Path, text: str) -> MemoryStore:
-    store = MemoryStore(tmp_path / "memory", SHANGHAI)
+    store = memory_store(tmp_path / "memory", SHANGHAI)
     store.rewrite_long_term(text)
     return store
 
@@ -86,7 +87,7 @@ def test_a_date_heading_is_found_by_the_date_in_words(tmp_path: Path, query: str
 
 @pytest.mark.parametrize("query", ["May 2023", "on 8 May 2023", "2023年5月", "2023年5月8日"])
 def test_a_daily_note_is_found_by_its_file_date_in_words(tmp_path: Path, query: str) -> None:
-    store = MemoryStore(tmp_path / "memory", SHANGHAI)
+    store = memory_store(tmp_path / "memory", SHANGHAI)
     note = store.append_note("Went hiking. 去爬山了。", at=datetime(2023, 5, 8, 10, 30, tzinfo=SHANGHAI))
     store.append_note("Read a book. 看了书。", at=datetime(2023, 6, 5, 21, 0, tzinfo=SHANGHAI))
     hits = KeywordSearch(store).search(query, 5, include_notes=True)
@@ -123,7 +124,7 @@ def test_a_block_next_to_a_match_ranks_above_an_equal_one_far_away(
 def test_a_note_entry_is_found_with_the_entry_before_it(
     tmp_path: Path, query: str, question: str, answer: str
 ) -> None:
-    store = MemoryStore(tmp_path / "memory", SHANGHAI)
+    store = memory_store(tmp_path / "memory", SHANGHAI)
     for minute, text in enumerate([question, answer, "Carol: 天气不错 nice weather."]):
         store.append_note(text, at=datetime(2025, 3, 9, 10, minute, tzinfo=SHANGHAI))
     found = bodies(KeywordSearch(store).search(query, 5, include_notes=True))
@@ -153,7 +154,7 @@ def test_neighbours_of_a_hit_in_file_order(tmp_path: Path) -> None:
 
 
 def test_neighbours_in_a_daily_note_leave_out_its_title(tmp_path: Path) -> None:
-    store = MemoryStore(tmp_path / "memory", SHANGHAI)
+    store = memory_store(tmp_path / "memory", SHANGHAI)
     for minute, text in enumerate(["早上跑步", "Lunch with Alice", "晚上看书"]):
         store.append_note(text, at=datetime(2025, 3, 9, 8, minute, tzinfo=SHANGHAI))
     retriever = KeywordSearch(store)
@@ -166,7 +167,7 @@ def test_neighbours_in_a_daily_note_leave_out_its_title(tmp_path: Path) -> None:
 
 @pytest.fixture
 def index(tmp_path: Path) -> Iterator[MemoryIndex]:
-    store = MemoryStore(tmp_path / "memory", SHANGHAI)
+    store = memory_store(tmp_path / "memory", SHANGHAI)
     store.rewrite_long_term("## 2023-06-05\nI run every morning. 每天早上跑步。\n")
     store.append_note("Went hiking. 去爬山了。", at=datetime(2023, 5, 8, 10, 30, tzinfo=SHANGHAI))
     store.append_note("What kind of day: 什么都没做。", at=datetime(2023, 7, 1, 9, 0, tzinfo=SHANGHAI))

@@ -14,6 +14,7 @@ from picoclaw.memory.search import Block, Hit, KeywordSearch, bm25, keyword, spl
 from picoclaw.memory.search import blocks as blocks_module
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.terms import phrases, terms
+from tests.stores import memory_store
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 P = Path("MEMORY.md")
@@ -64,7 +65,7 @@ def last_line(hit: Hit) -> str:
 
 @pytest.fixture
 def store(tmp_path: Path) -> MemoryStore:
-    memory = MemoryStore(tmp_path / "memory", SHANGHAI)
+    memory = memory_store(tmp_path / "memory", SHANGHAI)
     memory.rewrite_long_term(MEMORY)
     return memory
 
@@ -166,7 +167,7 @@ def test_an_unclosed_fence_ends_at_the_next_section_heading(fence: str) -> None:
 def test_a_later_fact_is_found_after_an_entry_with_an_unclosed_fence(tmp_path: Path) -> None:
     # The probe of issue 13: a snippet whose fence was never closed, written as the file was by hand (the
     # store now closes it, see test_bad_input), then 150 more facts; every one must stay findable.
-    memory = MemoryStore(tmp_path / "memory", SHANGHAI)
+    memory = memory_store(tmp_path / "memory", SHANGHAI)
     facts = [f"Fact {n}: locker {n} holds item{n}. 第{n}号柜子放着物品{n}。" for n in range(150)]
     text = "# Long-term memory\n\n## 2025-03-01\nSnippet:\n```bash\necho hi\n\n" + "".join(
         f"## 2025-03-02\n{fact}\n\n" for fact in facts)
@@ -280,7 +281,7 @@ def test_exact_phrase_bonus_changes_the_ranking(
 ) -> None:
     # Both blocks of each pair hold both query terms; only one holds them as the exact phrase, and it
     # is the longer one, so plain BM25 prefers the other.
-    store = MemoryStore(tmp_path / "memory", SHANGHAI)
+    store = memory_store(tmp_path / "memory", SHANGHAI)
     store.rewrite_long_term(
         "## Project\nThe client says the deadline moved to next Friday, and the review too.\n\n"
         "## Notes\nReview moved; deadline unclear.\n\n"
@@ -309,7 +310,7 @@ def test_no_hit_gives_empty_list(retriever: KeywordSearch, query: str) -> None:
 
 
 def test_missing_memory_file_gives_no_hits(tmp_path: Path) -> None:
-    assert KeywordSearch(MemoryStore(tmp_path / "empty", SHANGHAI)).search("Bob", 5) == []
+    assert KeywordSearch(memory_store(tmp_path / "empty", SHANGHAI)).search("Bob", 5) == []
 
 
 def test_daily_notes_only_with_include_notes(store: MemoryStore, retriever: KeywordSearch) -> None:

@@ -75,6 +75,11 @@ def no_agent(scope: str | None) -> Any:
     raise AssertionError("a message job must not need an agent")
 
 
+def scheduler_of(jobs: JobStore, outbox: Any, **options: Any) -> Scheduler:
+    """A scheduler of `jobs` for message jobs only, on the jobs' own storage (as App builds one)."""
+    return Scheduler(jobs, no_agent, outbox, storage=jobs.storage, **options)
+
+
 def in_loop(body: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(body())
 
@@ -90,7 +95,7 @@ def test_one_time_interval_and_cron_jobs_fire_at_their_instants_in_shanghai(home
     app = open_app(home)
     jobs = app.jobs()
     delivered = Delivered()
-    scheduler = Scheduler(jobs, no_agent, delivered)
+    scheduler = scheduler_of(jobs, delivered)
     with freeze_time(NOW, real_asyncio=True) as frozen:
         once = jobs.add(make_schedule(at="2025-03-10T11:30", tz=jobs.tz), "message", "给银行打电话", "telegram:1")
         hourly = jobs.add(make_schedule(every=3600, tz=jobs.tz), "message", "stretch", "telegram:2")
@@ -123,7 +128,7 @@ def test_a_daily_job_across_berlin_dst_changes(home: Path) -> None:
     app = open_app(home)
     jobs = app.jobs()
     delivered = Delivered()
-    scheduler = Scheduler(jobs, no_agent, delivered)
+    scheduler = scheduler_of(jobs, delivered)
     with freeze_time("2026-03-27 12:00:00", real_asyncio=True) as frozen:
         jobs.add(make_schedule(cron="30 7 * * *", tz=jobs.tz), "message", "Guten Morgen", "telegram:1")
         for day in ("2026-03-28", "2026-03-29", "2026-03-30"):
@@ -148,7 +153,7 @@ def test_the_run_loop_sleeps_exactly_until_the_next_job(home: Path) -> None:
             if delivered.sent:
                 await scheduler.stop()
 
-        scheduler = Scheduler(jobs, no_agent, delivered, poll_interval=3600, sleep=sleep)
+        scheduler = scheduler_of(jobs, delivered, poll_interval=3600, sleep=sleep)
         in_loop(scheduler.run)
     assert waits == [3600, 1800, 3600]  # an hour (the poll), the half hour left, then polling again
     assert delivered.sent == [("telegram:1", "tea")] and delivered.at == [utc("2025-03-10 03:30")]
@@ -165,10 +170,10 @@ def test_a_job_due_while_down_runs_once_at_start_marked_late(home: Path) -> None
         daily = jobs.add(make_schedule(cron="0 9 * * *", tz=jobs.tz), "message", "daily", "telegram:1")
         frozen.move_to("2025-03-13 02:00:00")  # the bot was down for three days
         first, second = Delivered(), Delivered()
-        ran = in_loop(Scheduler(jobs, no_agent, first).run_due)
+        ran = in_loop(scheduler_of(jobs, first).run_due)
         assert sorted(r.outcome for r in ran) == ["late", "late"]
         assert sorted(first.sent) == [("telegram:1", "daily"), ("telegram:1", "while you were away")]
-        in_loop(Scheduler(JobStore(jobs.path, jobs.tz), no_agent, second).run_due)  # restarted again
+        in_loop(scheduler_of(JobStore(jobs.path, jobs.tz, storage=jobs.storage), second).run_due)  # restarted again
         assert second.sent == []
     after = stored(app)
     assert after[once.id]["next_run"] is None and after[once.id]["last_outcome"] == "late"
@@ -188,10 +193,10 @@ def test_a_one_time_job_is_marked_run_before_it_is_delivered(home: Path) -> None
         job = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "once", "telegram:1")
         frozen.tick(timedelta(minutes=1))
         with pytest.raises(KeyboardInterrupt):
-            in_loop(Scheduler(jobs, no_agent, Outbox(crash)).run_due)
+            in_loop(scheduler_of(jobs, Outbox(crash)).run_due)
         assert seen[0]["next_run"] is None and seen[0]["last_outcome"] == RUNNING
         delivered = Delivered()
-        restarted = Scheduler(jobs, no_agent, delivered, sleep=lambda s: restarted.stop())
+        restarted = scheduler_of(jobs, delivered, sleep=lambda s: restarted.stop())
         in_loop(restarted.run)
     assert delivered.sent == []  # never twice
     assert stored(app)[job.id]["last_outcome"] == INTERRUPTED
@@ -204,7 +209,7 @@ def test_a_terminal_chat_starting_leaves_the_bots_running_job_alone(home: Path) 
     with freeze_time(NOW, real_asyncio=True):
         job = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "agent", "summarise", "telegram:1")
         jobs.update(job.id, lambda stored: setattr(stored, "last_outcome", RUNNING) or True)
-        repl = Scheduler(jobs, no_agent, Delivered(), channels=("cli:default",), sleep=lambda s: repl.stop())
+        repl = scheduler_of(jobs, Delivered(), channels=("cli:default",), sleep=lambda s: repl.stop())
         in_loop(repl.run)
     assert stored(app)[job.id]["last_outcome"] == RUNNING
 
@@ -216,12 +221,13 @@ def test_removing_a_job_stops_it(home: Path) -> None:
     app = open_app(home)
     jobs = app.jobs()
     delivered = Delivered()
-    scheduler = Scheduler(jobs, no_agent, delivered)
+    scheduler = scheduler_of(jobs, delivered)
     with freeze_time(NOW, real_asyncio=True) as frozen:
         job = jobs.add(make_schedule(every=600, tz=jobs.tz), "message", "ping", "telegram:1")
         frozen.tick(timedelta(minutes=10))
         in_loop(scheduler.run_due)
-        JobStore(jobs.path, jobs.tz).remove(job.id)  # as `picoclaw cron remove` does, from another process
+        # As `picoclaw cron remove` does, from another process.
+        JobStore(jobs.path, jobs.tz, storage=jobs.storage).remove(job.id)
         for _ in range(3):
             frozen.tick(timedelta(minutes=10))
             in_loop(scheduler.run_due)
@@ -239,7 +245,7 @@ def test_a_failing_job_is_recorded_and_the_others_still_run(home: Path, caplog: 
         skipped = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "terminal", "cli:default")
         frozen.tick(timedelta(minutes=1))
         with caplog.at_level(logging.ERROR, logger="picoclaw.jobs.runner"):
-            in_loop(Scheduler(jobs, no_agent, delivered).run_due)
+            in_loop(scheduler_of(jobs, delivered).run_due)
     assert delivered.sent == [("telegram:2", "fine")]
     after = stored(app)
     assert after[bad.id]["last_outcome"] == "error: RuntimeError: chat telegram:1 is gone"
@@ -259,10 +265,10 @@ def test_a_scheduler_delivers_only_the_sessions_it_serves_and_leaves_the_rest_as
         chat = jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "bot's", "telegram:1")
         frozen.tick(timedelta(minutes=1))
         terminal, bot = Delivered(), Delivered()
-        repl = Scheduler(jobs, no_agent, terminal, channels=("cli:default",))
+        repl = scheduler_of(jobs, terminal, channels=("cli:default",))
         assert [r.job_id for r in in_loop(repl.run_due)] == [mine.id]
         assert repl._seconds_to_wait() > 0  # the jobs it leaves do not keep it spinning
-        assert [r.job_id for r in in_loop(Scheduler(jobs, no_agent, bot).run_due)] == [chat.id]
+        assert [r.job_id for r in in_loop(scheduler_of(jobs, bot).run_due)] == [chat.id]
     assert terminal.sent == [("cli:default", "你的提醒")] and bot.sent == [("telegram:1", "bot's")]
     assert stored(app)[other.id]["last_outcome"] is None
 
@@ -284,7 +290,7 @@ def test_a_slow_job_holds_up_no_other_job_due_at_the_same_time(home: Path) -> No
         frozen.tick(timedelta(minutes=1))
 
         async def body() -> list[str]:
-            ran = await asyncio.wait_for(Scheduler(jobs, no_agent, Outbox(deliver)).run_due(), 60)
+            ran = await asyncio.wait_for(scheduler_of(jobs, Outbox(deliver)).run_due(), 60)
             return [r.outcome for r in ran]
         assert in_loop(body) == ["ok", "ok"]
     assert sent == ["fast", "slow"]
@@ -295,7 +301,7 @@ def test_a_malformed_jobs_file_runs_nothing_and_stays_as_it_is(home: Path, caplo
     app = open_app(home)
     jobs = app.jobs()
     delivered = Delivered()
-    scheduler = Scheduler(jobs, no_agent, delivered)
+    scheduler = scheduler_of(jobs, delivered)
     with freeze_time(NOW, real_asyncio=True) as frozen:
         jobs.add(make_schedule(in_="1 minute", tz=jobs.tz), "message", "hello", "telegram:1")
         in_loop(scheduler.run_due)  # the last good state

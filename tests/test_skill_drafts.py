@@ -214,7 +214,7 @@ def test_a_workflow_that_keeps_working_becomes_one_draft_told_once(
     body = draft.skill.body
     assert "1. `write_file`\n2. `read_file`\n3. `list_dir`" in body
     assert f"- {LESSONS[0]}\n- {LESSONS[1]}" in body and LESSONS[2] not in body  # drafted at the second success
-    [workflow] = WorkflowTally(workspace.memory_dir).workflows()
+    [workflow] = WorkflowTally(workspace.memory_dir, storage=workspace.storage).workflows()
     assert (workflow.tools, workflow.successes, workflow.drafted) == (WORKFLOW, 3, True)
 
     # Not offered until accepted: the next turn's prompt does not list it and the skill tool does not load it.

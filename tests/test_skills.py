@@ -15,6 +15,7 @@ import pytest
 from picoclaw.agent.context import ContextBuilder
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
+from picoclaw.storage import FilesStorage
 from picoclaw.tools import skills as skills_module
 from picoclaw.tools.registry import build_tools
 from picoclaw.tools.skills import SkillCatalog, SkillFormatError, parse_skill, shared_catalog
@@ -214,7 +215,8 @@ def remove_shipped_skills(workspace: Workspace) -> None:
 
 def bare_workspace(workspace: Workspace, home: Path) -> Workspace:
     """A second workspace of the same config, with no skills installed."""
-    return Workspace.from_config(workspace.config.model_copy(update={"workspace": str(home / "bare")}), home)
+    bare = workspace.config.model_copy(update={"workspace": str(home / "bare")})
+    return Workspace.from_config(bare, home, FilesStorage(home / "bare"))
 
 
 def test_the_skill_tool_is_offered_only_when_a_skill_loads(workspace: Workspace, home: Path) -> None:

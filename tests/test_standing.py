@@ -15,13 +15,14 @@ from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.standing import StandingSearch, block_date, recency
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
+from tests.stores import memory_store
 
 NO_PRIORS = MemoryPolicy(memory_recency_boost_percent=0, memory_access_boost_percent=0)
 
 
 def memory(tmp_path: Path, entries: list[tuple[str, str]]) -> MemoryStore:
     """A MEMORY.md of `## date` entries written whole: nothing marked superseded."""
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     store.rewrite_long_term("# Memory\n\n" + "\n".join(f"## {day}\n{text}\n" for day, text in entries))
     return store
 
@@ -59,7 +60,7 @@ def test_the_newer_of_two_unmarked_entries_ranks_above_the_older(tmp_path: Path,
 @pytest.mark.parametrize(("question", "old", "new"), [UPDATES[0], UPDATES[1]])
 def test_an_entry_the_store_marked_superseded_ranks_below_its_replacement(tmp_path: Path, question: str,
                                                                          old: str, new: str) -> None:
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = memory_store(tmp_path / "memory", UTC)
     with freeze_time("2025-02-10 08:00:00"):
         store.append_long_term(old)
     with freeze_time("2025-09-03 08:00:00"):

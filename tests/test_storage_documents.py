@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from picoclaw.memory import MemoryStore
-from picoclaw.storage import FilesStorage, Storage, StorageUnavailable, mount, unmount
+from picoclaw.storage import FilesStorage, Storage, StorageUnavailable
 
 CTX = multiprocessing.get_context("spawn")  # fresh interpreters: other processes, or other machines
 TZ = ZoneInfo("Asia/Shanghai")
@@ -24,20 +24,16 @@ EACH = 30
 
 
 def _open(kind: str, root: Path, dsn: str) -> Storage:
-    storage: Storage
     if kind == "postgres":
         from picoclaw.storage.postgres.storage import PostgresStorage
 
-        storage = PostgresStorage(root, dsn, 3)
-    else:
-        storage = FilesStorage(root)
-    mount(storage)
-    return storage
+        return PostgresStorage(root, dsn, 3)
+    return FilesStorage(root)
 
 
 @dataclass
 class Backend:
-    """A workspace folder with a storage mounted at it; `folder(n)` is where process n works."""
+    """A workspace folder and its storage; `folder(n)` is where process n works."""
 
     kind: str
     root: Path
@@ -68,7 +64,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     try:
         yield Backend(request.param, root, dsn, storage)
     finally:
-        unmount(storage)
         storage.close()
 
 
@@ -79,7 +74,7 @@ def _entry(worker: int, number: int) -> str:
 def _append_many(kind: str, root: str, dsn: str, worker: int, go: object) -> None:
     storage = _open(kind, Path(root), dsn)
     try:
-        store = MemoryStore(Path(root) / "memory", TZ)
+        store = MemoryStore(Path(root) / "memory", TZ, storage=storage)
         go.wait()  # type: ignore[attr-defined]
         for number in range(EACH):
             store.append_long_term(_entry(worker, number))
@@ -88,8 +83,7 @@ def _append_many(kind: str, root: str, dsn: str, worker: int, go: object) -> Non
 
 
 def _append_forever(kind: str, root: str, dsn: str) -> None:
-    _open(kind, Path(root), dsn)
-    store = MemoryStore(Path(root) / "memory", TZ)
+    store = MemoryStore(Path(root) / "memory", TZ, storage=_open(kind, Path(root), dsn))
     number = 0
     while True:
         store.append_long_term(_entry(9, number))
@@ -101,7 +95,7 @@ def _blocks(text: str) -> list[str]:
 
 
 def test_appends_and_a_rewrite_reach_the_storage_in_english_and_chinese(backend: Backend) -> None:
-    store = MemoryStore(backend.root / "memory", TZ)
+    store = MemoryStore(backend.root / "memory", TZ, storage=backend.storage)
     store.append_long_term("The user prefers tea in the morning.")
     store.append_long_term("用户喜欢早上喝茶。")
     note = store.append_note("Met Alice at the café. 和爱丽丝见面。")
@@ -139,7 +133,7 @@ def test_three_processes_append_without_losing_or_doubling_an_entry(backend: Bac
     reader = backend.root.parent / "reader" if backend.kind == "postgres" else backend.root
     storage = _open(backend.kind, reader, backend.dsn) if backend.kind == "postgres" else backend.storage
     storage.refresh()
-    text = MemoryStore(reader / "memory", TZ).read_long_term()
+    text = MemoryStore(reader / "memory", TZ, storage=storage).read_long_term()
     assert text == backend.stored("memory/MEMORY.md")
     seen: Counter[str] = Counter()
     for block in _blocks(text):
@@ -165,7 +159,7 @@ def test_a_writer_killed_mid_append_leaves_whole_entries(backend: Backend) -> No
     if backend.kind == "postgres":
         stored = backend.stored("memory/MEMORY.md") or ""
     else:
-        stored = MemoryStore(folder / "memory", TZ).read_long_term()  # repairs an append cut off
+        stored = MemoryStore(folder / "memory", TZ, storage=backend.storage).read_long_term()  # repairs a cut append
     blocks = _blocks(stored)
     assert len(blocks) >= 3
     for number, block in enumerate(blocks):
@@ -173,20 +167,22 @@ def test_a_writer_killed_mid_append_leaves_whole_entries(backend: Backend) -> No
 
 
 def test_one_users_documents_never_reach_another_scope(backend: Backend) -> None:
-    alice = MemoryStore(backend.root / "users" / "alice" / "memory", TZ)
+    alice = MemoryStore(backend.root / "users" / "alice" / "memory", TZ, storage=backend.storage)
     alice.append_long_term("Alice's secret: the door code is 4711. 爱丽丝的秘密。")
-    MemoryStore(backend.root / "memory", TZ).append_long_term("Shared: the office opens at nine. 九点开门。")
-    MemoryStore(backend.root / "users" / "bob" / "memory", TZ).append_long_term("Bob likes jazz. 鲍勃喜欢爵士。")
+    shared = MemoryStore(backend.root / "memory", TZ, storage=backend.storage)
+    shared.append_long_term("Shared: the office opens at nine. 九点开门。")
+    bob = MemoryStore(backend.root / "users" / "bob" / "memory", TZ, storage=backend.storage)
+    bob.append_long_term("Bob likes jazz. 鲍勃喜欢爵士。")
 
     # On PostgreSQL, another machine that uses the shared scope and Bob's gets neither of Alice's rows.
     other = backend.folder(2)
     storage = _open(backend.kind, other, backend.dsn) if backend.kind == "postgres" else backend.storage
     storage.refresh()
-    bob = MemoryStore(other / "users" / "bob" / "memory", TZ)
+    bob = MemoryStore(other / "users" / "bob" / "memory", TZ, storage=storage)
     with bob.locked():
         pass
     assert "鲍勃喜欢爵士" in bob.read_long_term()
-    assert "九点开门" in MemoryStore(other / "memory", TZ).read_long_term()
+    assert "九点开门" in MemoryStore(other / "memory", TZ, storage=storage).read_long_term()
     for path in [*(other / "memory").rglob("*"), *(other / "users" / "bob").rglob("*")]:
         if path.is_file():
             text = path.read_bytes().decode("utf-8", "replace")
@@ -206,9 +202,8 @@ def test_a_server_gone_is_one_line_and_changes_nothing(postgres_dsn: str, tmp_pa
     from picoclaw.storage.postgres.storage import PostgresStorage
 
     storage = PostgresStorage(tmp_path / "ws", postgres_dsn, 3)
-    mount(storage)
     try:
-        store = MemoryStore(tmp_path / "ws" / "memory", TZ)
+        store = MemoryStore(tmp_path / "ws" / "memory", TZ, storage=storage)
         store.append_long_term("Kept: the first entry. 第一条。")
 
         def stored() -> bytes:
@@ -238,5 +233,4 @@ def test_a_server_gone_is_one_line_and_changes_nothing(postgres_dsn: str, tmp_pa
             store.append_long_term("Never stored. 未保存。")
         assert stored() == before
     finally:
-        unmount(storage)
         storage.close()

@@ -21,7 +21,7 @@ from picoclaw.memory.index.pg_index import TableMemoryIndex, index_for
 from picoclaw.memory.session import SessionStore, StoredMessage
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.terms import terms
-from picoclaw.storage import mount, unmount
+from picoclaw.storage import FilesStorage, Storage
 
 ENTRIES = [
     "我养了一只柯基，叫豆豆，最喜欢在公园里追球。",
@@ -53,33 +53,31 @@ class TermEmbedder:
 
 
 @pytest.fixture(params=["files", "postgres"])
-def workspace(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
-    """A workspace root with the backend mounted (files: nothing mounted, the index keeps its SQLite file)."""
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
+    """The backend of a workspace at `tmp_path` (files: the index keeps its SQLite file)."""
     if request.param == "files":
-        yield tmp_path
+        yield FilesStorage(tmp_path)
         return
     from picoclaw.storage.postgres.storage import PostgresStorage
 
-    storage = PostgresStorage(tmp_path, request.getfixturevalue("postgres_dsn"), pool_size=4)
-    mount(storage)
+    opened = PostgresStorage(tmp_path, request.getfixturevalue("postgres_dsn"), pool_size=4)
     try:
-        yield tmp_path
+        yield opened
     finally:
-        unmount(storage)
-        storage.close()
+        opened.close()
 
 
 @pytest.fixture
-def open_index(workspace: Path) -> Iterator[Callable[..., tuple[MemoryStore, MemoryIndex]]]:
+def open_index(storage: Storage) -> Iterator[Callable[..., tuple[MemoryStore, MemoryIndex]]]:
     """open_index(scope, hybrid=False): a store under `scope` (relative to the workspace) and its index."""
     made: list[MemoryIndex] = []
 
     def make(scope: str = "", hybrid: bool = False, sources: tuple[str, ...] = ("memory", "notes")
              ) -> tuple[MemoryStore, MemoryIndex]:
-        store = MemoryStore(workspace / scope / "memory", UTC)
+        store = MemoryStore(storage.root / scope / "memory", UTC, storage=storage)
         settings = IndexConfig(enabled=True, sources=list(sources))  # type: ignore[arg-type]
         index = index_for(store, settings, TermEmbedder() if hybrid else None,
-                          sessions_dir=workspace / scope / "sessions")
+                          sessions_dir=storage.root / scope / "sessions")
         store.on_change(index.mark_changed)
         made.append(index)
         return store, index
@@ -157,9 +155,9 @@ def test_a_users_chunks_are_never_found_from_another_scope(
 
 
 def test_transcripts_are_indexed_where_the_backend_keeps_them(
-        open_index: Callable[..., tuple[MemoryStore, MemoryIndex]], workspace: Path) -> None:
+        open_index: Callable[..., tuple[MemoryStore, MemoryIndex]], storage: Storage) -> None:
     _, index = open_index(sources=("memory", "sessions"))
-    sessions = SessionStore(workspace / "sessions")
+    sessions = SessionStore(storage.root / "sessions", storage=storage)
     session = sessions.load("telegram:42")
     sessions.append_messages(session, [StoredMessage(0, {"role": "user", "content": "我的护照号码以 E12 开头"}),
                                        StoredMessage(0, {"role": "assistant", "content": "Noted: passport E12."})])
@@ -183,8 +181,7 @@ def test_postgres_builds_the_vector_index_once_the_vectors_are_in_and_prunes_unu
     from picoclaw.storage.postgres.storage import PostgresStorage
 
     storage = PostgresStorage(tmp_path, postgres_dsn, pool_size=2)
-    mount(storage)
-    store = MemoryStore(tmp_path / "memory", UTC)
+    store = MemoryStore(tmp_path / "memory", UTC, storage=storage)
     index = index_for(store, IndexConfig(enabled=True, sources=["memory"]), TermEmbedder(),
                       sessions_dir=tmp_path / "sessions")
     try:
@@ -202,7 +199,6 @@ def test_postgres_builds_the_vector_index_once_the_vectors_are_in_and_prunes_unu
         assert kept == (2,)  # … up to keep_unused of them besides the one in use
     finally:
         index.close()
-        unmount(storage)
         storage.close()
 
 
@@ -232,13 +228,13 @@ class FlakyEmbedder(TermEmbedder):
         return await super().embed(texts, query=query)
 
 
-def test_an_embedding_failure_is_reported_until_a_backfill_succeeds(workspace: Path) -> None:
+def test_an_embedding_failure_is_reported_until_a_backfill_succeeds(storage: Storage) -> None:
     from freezegun import freeze_time
 
-    store = MemoryStore(workspace / "memory", UTC)
+    store = MemoryStore(storage.root / "memory", UTC, storage=storage)
     embedder = FlakyEmbedder()
     index = index_for(store, IndexConfig(enabled=True, sources=["memory"]), embedder,
-                      sessions_dir=workspace / "sessions")
+                      sessions_dir=storage.root / "sessions")
     store.on_change(index.mark_changed)
     try:
         with freeze_time("2026-11-26 12:00:00") as frozen:

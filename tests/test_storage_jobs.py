@@ -1,5 +1,5 @@
 """The jobs port on both backends (the same tests, parametrised): add/list/remove, due runs claimed once by
-any number of schedulers (on PostgreSQL: two folders, each with its own mounted storage, as two machines),
+any number of schedulers (on PostgreSQL: two folders, each with a storage of its own, as two machines),
 one-time and recurring runs, export → import byte for byte, and bad input as one clear error."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from picoclaw import clock
 from picoclaw.jobs import Job, JobsFileError, JobStore, Scheduler, SessionAgent, make_schedule
-from picoclaw.storage import FilesStorage, Storage, StorageError, mount, unmount
+from picoclaw.storage import FilesStorage, Storage, StorageError
 from picoclaw.storage.postgres.connection import open_pool
 from picoclaw.storage.postgres.storage import PostgresStorage
 
@@ -73,34 +73,36 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def open_at(backend: str, request: pytest.FixtureRequest) -> Iterator[OpenAt]:
-    """Mount the backend at a workspace folder (for PostgreSQL each folder is a machine of its own)."""
+    """Open the backend of a workspace folder (for PostgreSQL each folder is a machine of its own)."""
     dsn = str(request.getfixturevalue("postgres_dsn")) if backend == "postgres" else ""
     opened: list[Storage] = []
 
     def opening(root: Path) -> Storage:
         storage: Storage = PostgresStorage(root, dsn, 4) if dsn else FilesStorage(root)
-        mount(storage)
         opened.append(storage)
         return storage
 
     yield opening
     for storage in opened:
-        unmount(storage)
         storage.close()
 
 
-def jobs_at(root: Path) -> JobStore:
-    return JobStore(root / "cron" / "jobs.json", SHANGHAI)
+def jobs_at(root: Path, storage: Storage) -> JobStore:
+    return JobStore(root / "cron" / "jobs.json", SHANGHAI, storage=storage)
+
+
+def scheduler_of(jobs: JobStore, outbox: Delivered) -> Scheduler:
+    """A scheduler of message jobs only, on the jobs' own storage (as App builds one)."""
+    return Scheduler(jobs, no_agent, outbox, storage=jobs.storage, channels=("telegram",))
 
 
 def machines(backend: str, tmp_path: Path, open_at: OpenAt) -> tuple[JobStore, JobStore]:
     """Two schedulers' stores: one folder for files (two processes share it), two folders for PostgreSQL."""
     first = tmp_path / "machine-a"
     second = first if backend == "files" else tmp_path / "machine-b"
-    open_at(first)
-    if second != first:
-        open_at(second)
-    return jobs_at(first), jobs_at(second)
+    mine = open_at(first)
+    theirs = mine if second == first else open_at(second)
+    return jobs_at(first, mine), jobs_at(second, theirs)
 
 
 def add_reminder(jobs: JobStore, text: str, target: str = "telegram:1", **schedule: Any) -> Job:
@@ -131,7 +133,7 @@ def test_two_schedulers_fire_every_due_job_exactly_once(backend: str, tmp_path: 
     added += [add_reminder(first, f"{TEXTS[index % 2]} 每小时 #{index}", f"telegram:{index + 1}", every=3600)
               for index in range(4)]
     delivered = Delivered()
-    schedulers = [Scheduler(jobs, no_agent, delivered, channels=("telegram",)) for jobs in (first, second)]
+    schedulers = [scheduler_of(jobs, delivered) for jobs in (first, second)]
 
     async def both_run() -> None:
         await asyncio.gather(*(scheduler.run_due() for scheduler in schedulers))
@@ -181,7 +183,7 @@ def test_a_one_time_job_fires_once_and_is_gone_after_a_week(backend: str, tmp_pa
     jobs, _ = machines(backend, tmp_path, open_at)
     job = add_reminder(jobs, TEXTS[1], in_="5 minutes")
     delivered = Delivered()
-    scheduler = Scheduler(jobs, no_agent, delivered, channels=("telegram",))
+    scheduler = scheduler_of(jobs, delivered)
     now.advance(301)
     assert [ran.job_id for ran in asyncio.run(scheduler.run_due())] == [job.id]
     now.advance(3600)
@@ -201,7 +203,7 @@ def test_a_recurring_jobs_next_run_moves_forward(backend: str, tmp_path: Path, o
     job = add_reminder(jobs, TEXTS[0], every=3600)
     assert job.next_run == START + timedelta(hours=1)
     delivered = Delivered()
-    scheduler = Scheduler(jobs, no_agent, delivered, channels=("telegram",))
+    scheduler = scheduler_of(jobs, delivered)
     now.advance(3600)
     asyncio.run(scheduler.run_due())
     assert jobs.load()[0].next_run == START + timedelta(hours=2)
@@ -244,15 +246,14 @@ def test_a_malformed_job_is_one_clear_error_and_nothing_changes(backend: str, tm
         add_reminder(jobs, TEXTS[0], in_="1 hour")
     delivered = Delivered()
     now.advance(7200)
-    assert asyncio.run(Scheduler(jobs, no_agent, delivered, channels=("telegram",)).run_due()) == []
+    assert asyncio.run(scheduler_of(jobs, delivered).run_due()) == []
     assert stored_state(backend, jobs, dsn) == before and delivered.sent == []
 
 
 def test_a_server_gone_is_one_clear_error_and_the_rows_stay(tmp_path: Path, postgres_dsn: str, now: Clock) -> None:
     storage = PostgresStorage(tmp_path, postgres_dsn, 2)
-    mount(storage)
     try:
-        jobs = jobs_at(tmp_path)
+        jobs = jobs_at(tmp_path, storage)
         add_reminder(jobs, TEXTS[1], every=3600)
         # Connections the server dropped (a restart) are replaced when the pool hands them out.
         name = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
@@ -270,10 +271,9 @@ def test_a_server_gone_is_one_clear_error_and_the_rows_stay(tmp_path: Path, post
         storage.pool = open_pool(postgres_dsn, 2)  # back again
         now.advance(3600)
         delivered = Delivered()
-        assert len(asyncio.run(Scheduler(jobs, no_agent, delivered, channels=("telegram",)).run_due())) == 1
+        assert len(asyncio.run(scheduler_of(jobs, delivered).run_due())) == 1
         assert delivered.sent == [("telegram:1", TEXTS[1])]
     finally:
-        unmount(storage)
         storage.close()
 
 
@@ -281,10 +281,11 @@ def test_a_server_gone_is_one_clear_error_and_the_rows_stay(tmp_path: Path, post
 
 def test_export_then_import_is_byte_for_byte(tmp_path: Path, postgres_dsn: str, now: Clock) -> None:
     source = tmp_path / "files-workspace"
-    shared = jobs_at(source)  # a bare folder: the files backend
+    files = FilesStorage(source)
+    shared = jobs_at(source, files)
     add_reminder(shared, TEXTS[0], in_="2 hours")
     add_reminder(shared, TEXTS[1], cron="0 8 * * 1")
-    own = JobStore(source / "users" / "u42" / "cron" / "jobs.json", SHANGHAI)
+    own = JobStore(source / "users" / "u42" / "cron" / "jobs.json", SHANGHAI, storage=files)
     add_reminder(own, "只给我一个人的提醒", "telegram:42", every=86400)
     storage = PostgresStorage(tmp_path / "server-workspace", postgres_dsn, 2)
     try:
@@ -296,14 +297,14 @@ def test_export_then_import_is_byte_for_byte(tmp_path: Path, postgres_dsn: str, 
         for path in (shared.path, own.path):
             assert (exported / path.relative_to(source)).read_bytes() == path.read_bytes()
         other = tmp_path / "other-workspace"
-        add_reminder(jobs_at(other), "another workspace's job", every=600)
+        add_reminder(jobs_at(other, FilesStorage(other)), "another workspace's job", every=600)
         with pytest.raises(StorageError, match="replace"):
             storage.import_jobs(other, replace=False)
         assert storage.job_counts()["jobs"] == 3  # refused: nothing changed
         assert storage.import_jobs(other, replace=True) == 1
         again = tmp_path / "exported-again"
         storage.export_jobs(again)
-        assert (again / "cron" / "jobs.json").read_bytes() == jobs_at(other).path.read_bytes()
+        assert (again / "cron" / "jobs.json").read_bytes() == (other / "cron" / "jobs.json").read_bytes()
         assert not (again / "users").exists()
     finally:
         storage.close()

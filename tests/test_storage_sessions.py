@@ -14,7 +14,7 @@ import pytest
 from freezegun import freeze_time
 
 from picoclaw.memory.session import SessionStore, StoredMessage
-from picoclaw.storage import FilesStorage, Storage, StorageError, StorageUnavailable, mount, storage_for, unmount
+from picoclaw.storage import FilesStorage, Storage, StorageError, StorageUnavailable
 from picoclaw.storage.postgres.storage import PostgresStorage
 
 # "spawn": each writer is a fresh interpreter with its own pool (or FileLock), as separate processes are.
@@ -25,20 +25,18 @@ WRITERS, EACH = 3, 20
 
 @dataclass
 class Backend:
-    """A workspace root with a storage mounted at it."""
+    """A workspace root and its storage."""
 
     root: Path
     storage: Storage
     dsn: str | None  # PostgreSQL's, for writers in other processes
 
     def store(self, folder: str = "sessions") -> SessionStore:
-        return SessionStore(self.root / folder)
+        return SessionStore(self.root / folder, storage=self.storage)
 
 
 def _open(root: Path, dsn: str | None) -> Storage:
-    storage: Storage = PostgresStorage(root, dsn) if dsn else FilesStorage(root)
-    mount(storage)
-    return storage
+    return PostgresStorage(root, dsn) if dsn else FilesStorage(root)
 
 
 @pytest.fixture(params=["files", "postgres"])
@@ -48,7 +46,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     try:
         yield Backend(tmp_path, storage, dsn)
     finally:
-        unmount(storage)
         storage.close()
 
 
@@ -60,8 +57,7 @@ def _records(store: SessionStore, path: Path) -> list[dict[str, object]]:
     return [orjson.loads(line) for line in store.log.read(path).lines]
 
 
-def test_the_backend_is_found_by_path(backend: Backend) -> None:
-    assert storage_for(backend.root / "sessions").backend == backend.storage.backend
+def test_a_store_keeps_its_transcripts_with_the_storage_it_was_given(backend: Backend) -> None:
     assert type(backend.store().log).__name__ == ("PostgresSessionLog" if backend.dsn else "FilesSessionLog")
 
 
@@ -97,13 +93,12 @@ def test_a_second_store_takes_in_what_another_appended(backend: Backend) -> None
 def _append_many(root: str, dsn: str | None, worker: int, go: Event) -> None:
     storage = _open(Path(root), dsn)
     try:
-        store = SessionStore(Path(root) / "sessions")
+        store = SessionStore(Path(root) / "sessions", storage=storage)
         session = store.load(KEY)
         go.wait()
         for number in range(EACH):
             store.append_messages(session, [_said("user", f"writer {worker} 第{number}条")])
     finally:
-        unmount(storage)
         storage.close()
 
 
@@ -165,7 +160,8 @@ def test_a_users_sessions_are_never_read_from_another_scope(backend: Backend) ->
 def test_a_users_old_transcript_in_the_shared_folder_moves_to_the_user(backend: Backend) -> None:
     shared = backend.store()
     shared.append_messages(shared.load(KEY), [_said("user", "before per-user 以前")])
-    mine = SessionStore(backend.root / "users/alice/sessions", moved_from=backend.root / "sessions")
+    mine = SessionStore(backend.root / "users/alice/sessions", storage=backend.storage,
+                        moved_from=backend.root / "sessions")
     assert [m.message["content"] for m in mine.load(KEY).messages] == ["before per-user 以前"]
     assert shared.load(KEY).messages == []
 
@@ -188,11 +184,9 @@ def test_a_record_that_cannot_be_stored_is_one_error_and_nothing_is_written(back
 @pytest.fixture
 def postgres(postgres_dsn: str, tmp_path: Path) -> Iterator[PostgresStorage]:
     storage = PostgresStorage(tmp_path / "db", postgres_dsn)
-    mount(storage)
     try:
         yield storage
     finally:
-        unmount(storage)
         storage.close()
 
 
@@ -224,7 +218,9 @@ def test_a_server_gone_mid_write_is_one_line_and_the_transaction_is_undone(postg
 
 def _files_workspace(root: Path) -> None:
     """Transcripts as the files backend writes them: shared, archived, and one user's, in two languages."""
-    shared, alice = SessionStore(root / "sessions"), SessionStore(root / "users/alice/sessions")
+    files = FilesStorage(root)
+    shared = SessionStore(root / "sessions", storage=files)
+    alice = SessionStore(root / "users/alice/sessions", storage=files)
     session = shared.load(KEY)
     shared.append_messages(session, [_said("user", "Plant tomatoes"), _said("assistant", "好的，种番茄。")])
     shared.add_compaction(session, 1, "种番茄 / tomatoes", "budget")
@@ -255,9 +251,9 @@ def test_export_after_import_gives_the_same_bytes_and_import_is_idempotent(postg
 
     # What PostgreSQL appends exports as the files backend writes it: the imported numbering goes on.
     with freeze_time("2026-11-26 10:00:00"):
-        store = SessionStore(postgres.root / "sessions")
+        store = SessionStore(postgres.root / "sessions", storage=postgres)
         store.append_messages(store.load("cli"), [_said("assistant", "接着说 go on")])
-        files = SessionStore(source / "sessions")  # nothing mounted there: the files backend
+        files = SessionStore(source / "sessions", storage=FilesStorage(source))
         files.append_messages(files.load("cli"), [_said("assistant", "接着说 go on")])
     postgres.export_sessions(exported)
     assert _tree(exported) == _tree(source)

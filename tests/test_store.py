@@ -15,6 +15,7 @@ from picoclaw.memory.entries import MAX_ENTRY_CHARS
 from picoclaw.memory.search import split_blocks
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
+from tests.stores import memory_store
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")  # UTC+8, no daylight saving time
 UTC = ZoneInfo("UTC")
@@ -29,7 +30,7 @@ def memory_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def store(memory_dir: Path) -> MemoryStore:
     """A store in Asia/Shanghai, the timezone of the test homes (tests/zones.py)."""
-    return MemoryStore(memory_dir, SHANGHAI, backup_keep=50)
+    return memory_store(memory_dir, SHANGHAI, backup_keep=50)
 
 
 def _section_headings(text: str) -> list[str]:
@@ -64,8 +65,8 @@ def test_entry_follows_a_hand_written_preamble(store: MemoryStore) -> None:
 def test_entry_date_is_the_local_date_in_the_configured_timezone(memory_dir: Path) -> None:
     # 17:00 UTC on 31 March is already 01:00 on 1 April in Shanghai.
     with freeze_time("2026-03-31 17:00:00"):
-        shanghai = MemoryStore(memory_dir / "sh", SHANGHAI).append_long_term("x").text
-        utc = MemoryStore(memory_dir / "utc", UTC).append_long_term("x").text
+        shanghai = memory_store(memory_dir / "sh", SHANGHAI).append_long_term("x").text
+        utc = memory_store(memory_dir / "utc", UTC).append_long_term("x").text
     assert shanghai.startswith("## 2026-04-01\n")
     assert utc.startswith("## 2026-03-31\n")
 
@@ -185,13 +186,13 @@ def test_daily_notes_across_a_month_boundary(store: MemoryStore) -> None:
 @freeze_time("2026-03-31 17:00:00")
 def test_daily_note_uses_the_local_date_of_the_configured_timezone(memory_dir: Path) -> None:
     # Still 31 March in UTC, already 1 April in Shanghai.
-    shanghai = MemoryStore(memory_dir / "sh", SHANGHAI)
+    shanghai = memory_store(memory_dir / "sh", SHANGHAI)
     path = shanghai.append_note("早上好")
     assert path == memory_dir / "sh" / "202604" / "20260401.md"
     assert path.read_text(encoding="utf-8") == "# 2026-04-01\n\n## 01:00\n早上好\n"
     assert shanghai.append_long_term("早上好").text.startswith("## 2026-04-01\n")
 
-    utc = MemoryStore(memory_dir / "utc", UTC)
+    utc = memory_store(memory_dir / "utc", UTC)
     assert utc.append_note("good evening") == memory_dir / "utc" / "202603" / "20260331.md"
 
 
@@ -295,7 +296,7 @@ def test_rewrite_returns_the_backup_of_the_previous_text(store: MemoryStore) -> 
 
 
 def test_backups_are_pruned_to_backup_keep_oldest_first(memory_dir: Path) -> None:
-    store = MemoryStore(memory_dir, SHANGHAI, backup_keep=3)
+    store = memory_store(memory_dir, SHANGHAI, backup_keep=3)
     before_change: dict[str, str] = {}
     with freeze_time("2026-03-10 02:00:00") as frozen:
         store.rewrite_long_term("v0")
@@ -323,7 +324,7 @@ def test_backups_are_pruned_to_backup_keep_oldest_first(memory_dir: Path) -> Non
 
 @freeze_time("2026-03-10 02:00:00")
 def test_pruning_within_one_second_keeps_the_highest_counters(memory_dir: Path) -> None:
-    store = MemoryStore(memory_dir, SHANGHAI, backup_keep=3)
+    store = memory_store(memory_dir, SHANGHAI, backup_keep=3)
     store.rewrite_long_term("v0")
     for number in range(1, 13):  # 12 backups in one second: counters 0..11
         store.rewrite_long_term(f"v{number}")
@@ -418,12 +419,12 @@ def test_workspace_store_uses_the_configured_memory_folder(workspace: Workspace)
 
 def test_changing_the_timezone_keeps_the_newest_backup(memory_dir: Path) -> None:
     with freeze_time("2026-03-10 02:00:00") as frozen:
-        shanghai = MemoryStore(memory_dir, SHANGHAI, backup_keep=50)
+        shanghai = memory_store(memory_dir, SHANGHAI, backup_keep=50)
         for number in range(52):
             frozen.tick(1)
             shanghai.rewrite_long_term(f"{shanghai.read_long_term()}fact {number}\n")
         # 10:00 in Shanghai is 03:00 in Berlin: local-time names would file the next backup as the oldest.
-        berlin = MemoryStore(memory_dir, ZoneInfo("Europe/Berlin"), backup_keep=50)
+        berlin = memory_store(memory_dir, ZoneInfo("Europe/Berlin"), backup_keep=50)
         frozen.tick(1)
         before_last = berlin.read_long_term()
         berlin.rewrite_long_term(f"{before_last}fact 52\n")
@@ -437,7 +438,7 @@ def test_changing_the_timezone_keeps_the_newest_backup(memory_dir: Path) -> None
 
 def test_a_daylight_saving_fall_back_does_not_reorder_backups(memory_dir: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    store = MemoryStore(memory_dir, ZoneInfo("Europe/Berlin"), backup_keep=2)
+    store = memory_store(memory_dir, ZoneInfo("Europe/Berlin"), backup_keep=2)
 
     def at(utc: str) -> None:
         # Real datetimes, not freezegun's: its astimezone drops `fold`, the bit that tells the repeated hour apart.
@@ -457,7 +458,7 @@ def test_a_daylight_saving_fall_back_does_not_reorder_backups(memory_dir: Path,
 
 
 def test_a_legacy_backup_named_in_the_future_does_not_push_out_the_new_one(memory_dir: Path) -> None:
-    store = MemoryStore(memory_dir, SHANGHAI, backup_keep=2)
+    store = memory_store(memory_dir, SHANGHAI, backup_keep=2)
     store.rewrite_long_term("v0")
     store.backups_dir.mkdir(parents=True, exist_ok=True)
     # Written by an older picoclaw in a local time now unknown, the name claims a far-future moment.

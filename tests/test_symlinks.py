@@ -17,8 +17,8 @@ from freezegun import freeze_time
 
 from picoclaw.app import App
 from picoclaw.cli import main
-from picoclaw.memory.store import MemoryStore
 from tests.fakes import FakeOpenAIServer
+from tests.stores import memory_store
 from tests.test_compression import CHINESE, CHINESE_REWRITE, PREAMBLE
 from tests.test_repl import configure, picoclaw
 
@@ -141,7 +141,7 @@ def test_a_link_to_no_regular_file_is_refused_in_one_line(home: Path, tmp_path: 
 
 
 def _append_through(memory_dir: str, worker: int, count: int, go: Event) -> None:
-    store = MemoryStore(Path(memory_dir), ZoneInfo("Asia/Shanghai"))
+    store = memory_store(Path(memory_dir), ZoneInfo("Asia/Shanghai"))
     go.wait()
     for number in range(count):
         # The same words with another number: each entry updates (marks) the older ones, so every append is a

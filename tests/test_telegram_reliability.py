@@ -234,7 +234,7 @@ def test_a_reply_the_user_blocked_is_stored_as_not_delivered(home: Path, telegra
     assert third["messages"][:len(second["messages"])] == second["messages"]
 
     # Read back from the file by a fresh process, the same.
-    again = Workspace.from_config(workspace.config, home).sessions().load(f"telegram:{OWNER}")
+    again = Workspace.from_config(workspace.config, home, workspace.storage).sessions().load(f"telegram:{OWNER}")
     assert again.active_messages()[1] == {"role": "assistant", "content": f"{answer}\n\n{NOT_DELIVERED}"}
 
 

@@ -199,7 +199,7 @@ class Learner:
         self.provider = provider
         self.offered = offered  # the tools the agent offers: a lesson that is one of their calls is refused
         # The cap is the workspace's, whoever's memory the lesson goes to: per-user scopes share it.
-        self.usage = ModelUsage(workspace.layout.shared_memory_dir)
+        self.usage = ModelUsage(workspace.layout.shared_memory_dir, storage=workspace.storage)
         self.skills = SkillDrafter(workspace)
         self._reviewed: LruCache[tuple[str, int], bool] = LruCache(REVIEWED_KEPT)
 

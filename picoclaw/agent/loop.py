@@ -126,7 +126,7 @@ from picoclaw.providers.base import (
     ToolCall,
     ask_between_turns,
 )
-from picoclaw.storage import StorageError, StorageUnavailable, storage_for
+from picoclaw.storage import StorageError, StorageUnavailable
 from picoclaw.tokens import count_tokens
 from picoclaw.tools import ToolRegistry, current_session
 
@@ -242,8 +242,8 @@ class AgentLoop:
         self.compressor = LongTermCompressor(workspace.store, self.background)
         self.reflector = Reflector(workspace.policy, self.background)
         self.learner = Learner(workspace, self.background, self._offered)
-        self.metrics = TurnMetrics(workspace.memory_dir)  # retrieval time per turn, for `memory stats`
-        self.written = WriteLog(workspace.memory_dir)  # the automatic memory writes, for `/memory recent`
+        self.metrics = TurnMetrics(workspace.memory_dir, storage=workspace.storage)  # retrieval ms, `memory stats`
+        self.written = WriteLog(workspace.memory_dir, storage=workspace.storage)  # automatic writes, `/memory recent`
         self._locks: KeyedLocks[str] = KeyedLocks()
         self._summarizing: set[str] = set()
         self._summary_backoff: dict[str, SummaryBackoff] = {}  # kept only for sessions in the cache
@@ -776,7 +776,7 @@ class AgentLoop:
     async def _alone(self, work: str) -> AsyncIterator[bool]:
         """Whether this process has background work `work` to itself, across processes and worker machines
         (storage/work.py); held until the block ends."""
-        lock = storage_for(self.workspace.root).work_lock(work)
+        lock = self.workspace.storage.work_lock(work)
         taking = asyncio.ensure_future(asyncio.to_thread(lock.try_acquire))
         try:
             ours = await asyncio.shield(taking)

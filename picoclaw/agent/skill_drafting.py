@@ -30,7 +30,7 @@ from picoclaw.errors import ConfigError
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
 from picoclaw.memory import Workspace
-from picoclaw.storage import cross_process_lock
+from picoclaw.storage import Storage
 from picoclaw.tools import SkillDraftError, SkillDrafts, safe_name
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,9 @@ class WorkflowTally:
     """The successes of each workflow of one memory folder (`.skill_workflows.json`, a dot file the file
     tools cannot write). Fails closed: a ledger that cannot be updated drafts nothing."""
 
-    def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
+    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / WORKFLOWS_FILE
-        self._lock = cross_process_lock(Path(memory_dir) / ".skill_workflows.lock", timeout=lock_wait)
+        self._lock = storage.lock(Path(memory_dir) / ".skill_workflows.lock", timeout=lock_wait)
 
     def record(self, tools: tuple[str, ...], lesson: str | None, session: str, due_at: int) -> Workflow | None:
         """Count one success of `tools` (with the lesson it taught, if any); the workflow when this success makes
@@ -182,7 +182,7 @@ class SkillDrafter:
 
     def __init__(self, workspace: Workspace):
         self.workspace = workspace
-        self.tally = WorkflowTally(workspace.memory_dir)
+        self.tally = WorkflowTally(workspace.memory_dir, storage=workspace.storage)
         self.drafts = SkillDrafts(workspace.layout.skills_dir)
 
     async def after_turn(self, turn: FinishedTurn, lesson: str | None) -> DraftWritten | None:

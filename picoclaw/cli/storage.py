@@ -19,7 +19,7 @@ def cmd_storage_status(args: argparse.Namespace) -> int:
     # Only the storage is opened: a health check must not wait for the index or the model.
     from picoclaw.config import home_dir, load_config
     from picoclaw.layout import WorkspaceLayout
-    from picoclaw.storage import open_storage, unmount
+    from picoclaw.storage import open_storage
 
     home = home_dir()
     config = load_config(home)
@@ -27,7 +27,6 @@ def cmd_storage_status(args: argparse.Namespace) -> int:
     try:
         status = storage.status()
     finally:
-        unmount(storage)
         storage.close()
     for key, value in status.items():
         if isinstance(value, dict):

@@ -33,7 +33,7 @@ from picoclaw.jobs.model import Job, JobError, JobsFileError
 from picoclaw.jobs.schedule import following_run, job_problem
 from picoclaw.jobs.store import JobStore
 from picoclaw.session_key import TELEGRAM, SessionKey, channel_of
-from picoclaw.storage import StorageError, storage_for
+from picoclaw.storage import Storage, StorageError
 from picoclaw.workspace_text import strip_comments
 
 if TYPE_CHECKING:  # its settings are only read here: the config models are not built for the job runner
@@ -110,11 +110,12 @@ class Ran:
 class Scheduler:
     """Runs due jobs and the heartbeat until `stop()`; `run_due()` is one pass, for a step-by-step test."""
 
-    def __init__(self, store: JobStore, agent_for: AgentFor, outbox: Outbox, *, memory_scope: str = "shared",
-                 channels: tuple[str, ...] = (TELEGRAM,), heartbeat: HeartbeatConfig | None = None,
-                 heartbeat_path: Path | None = None, poll_interval: float = POLL_INTERVAL,
-                 sleep: Sleep | None = None):
+    def __init__(self, store: JobStore, agent_for: AgentFor, outbox: Outbox, *, storage: Storage,
+                 memory_scope: str = "shared", channels: tuple[str, ...] = (TELEGRAM,),
+                 heartbeat: HeartbeatConfig | None = None, heartbeat_path: Path | None = None,
+                 poll_interval: float = POLL_INTERVAL, sleep: Sleep | None = None):
         self.store = store
+        self.storage = storage  # where the heartbeat's interval is claimed, across workers
         self.agent_for = agent_for
         self.outbox = outbox
         self.memory_scope = memory_scope
@@ -328,7 +329,7 @@ class Scheduler:
         """
         seconds = interval_minutes * 60 * HEARTBEAT_SLACK
         try:
-            ours = await asyncio.to_thread(storage_for(self.store.path).claim_interval, HEARTBEAT_WORK, seconds)
+            ours = await asyncio.to_thread(self.storage.claim_interval, HEARTBEAT_WORK, seconds)
         except StorageError as exc:
             log.error("scheduler: heartbeat skipped: %s", exc)
             return False

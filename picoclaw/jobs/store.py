@@ -1,6 +1,6 @@
 """The jobs of a workspace, `cron/jobs.json` (or its rows on PostgreSQL): read, changed atomically, claimed.
 
-The storage mounted above the path keeps them (picoclaw.storage: the file under a `filelock` lock, or rows
+The workspace's storage keeps them (picoclaw.storage: the file under a `filelock` lock, or rows
 in PostgreSQL transactions), so the bot, the CLI and the model's tool, on one machine or several, can all
 add and remove jobs at once, and `claim` gives each due run to one scheduler. A malformed file is one clear
 error naming it, and is never overwritten.
@@ -23,7 +23,7 @@ from picoclaw.jobs.schedule import check_moment, first_run
 from picoclaw.printable import printable
 from picoclaw.pydantic_errors import describe_error, quote
 from picoclaw.session_key import SessionKey
-from picoclaw.storage import JOBS_VERSION, JobsDocument, JobTable, StorageError, storage_for
+from picoclaw.storage import JOBS_VERSION, JobsDocument, JobTable, Storage, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +46,18 @@ class JobsFile(BaseModel):
 
 class JobStore:
     """The jobs of a workspace (jobs.json, or the rows standing for it): read, changed atomically under the
-    backend's lock, and due runs claimed; the backend is the storage mounted above `path`."""
+    backend's lock, and due runs claimed; `storage` is the workspace's backend."""
 
-    def __init__(self, path: Path, tz: tzinfo):
+    def __init__(self, path: Path, tz: tzinfo, *, storage: Storage):
         self.path = Path(path)
         self.tz = tz
+        self.storage = storage
         self.lock_path = self.path.with_name(f".{self.path.name}.lock")
 
     @property
     def table(self) -> JobTable:
-        """Where the jobs are kept: asked for by path each time, so a storage mounted later is used."""
-        return storage_for(self.path).job_table(self.path)
+        """Where the jobs are kept: the storage's table for `path`."""
+        return self.storage.job_table(self.path)
 
     def load(self) -> list[Job]:
         """Every job ([] when there is none); JobsFileError, one line naming the file (or table), if malformed."""

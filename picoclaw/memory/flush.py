@@ -123,7 +123,7 @@ async def flush_facts(provider: ChatProvider, store: MemoryStore, transcript: st
     `after`: ask after the conversation's last request instead, which carries that part (a prompt cache keeps
     the conversation); the facts are checked against `said` all the same."""
     result = await _flush(provider, store, transcript, said, session, after)
-    await asyncio.to_thread(FlushCounts(store.memory_dir).add, store.today(), result.tally())
+    await asyncio.to_thread(FlushCounts(store.memory_dir, storage=store.storage).add, store.today(), result.tally())
     return result
 
 

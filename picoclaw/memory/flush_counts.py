@@ -22,7 +22,7 @@ from filelock import Timeout
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import cross_process_lock
+from picoclaw.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ class FlushTally:
 class FlushCounts:
     """The per-day counts of one memory folder's flushes."""
 
-    def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
+    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / FLUSH_COUNTS_FILE
-        self._lock = cross_process_lock(Path(memory_dir) / ".flush_counts.lock", timeout=lock_wait)
+        self._lock = storage.lock(Path(memory_dir) / ".flush_counts.lock", timeout=lock_wait)
 
     def add(self, day: date, tally: FlushTally) -> None:
         """Add one flush's `tally` to `day`; a failure is logged, never raised."""

@@ -22,7 +22,7 @@ from filelock import Timeout
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import cross_process_lock
+from picoclaw.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,9 @@ class Usage:
 class ModelUsage:
     """The per-day, per-purpose ledger of one memory folder's background model calls."""
 
-    def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
+    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / MODEL_USAGE_FILE
-        self._lock = cross_process_lock(Path(memory_dir) / ".model_usage.lock", timeout=lock_wait)
+        self._lock = storage.lock(Path(memory_dir) / ".model_usage.lock", timeout=lock_wait)
 
     def claim(self, purpose: str, day: date, limit: int) -> bool:
         """Count one call of `purpose` on `day` if fewer than `limit` were made that day; False (nothing

@@ -25,7 +25,7 @@ from picoclaw.fsutil import FileKey, append_jsonl, atomic_write, file_key, stamp
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.policy_schema import POLICY_KEYS, MemoryPolicy
 from picoclaw.pydantic_errors import describe_error
-from picoclaw.storage import cross_process_lock
+from picoclaw.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +104,15 @@ class EffectivePolicy:
 class PolicyManager:
     """Owns policy_overrides.json, its snapshots and history, and caches the effective policy."""
 
-    def __init__(self, memory_dir: Path, config_values: Mapping[str, Any] | None = None, tz: Any = None):
+    def __init__(self, memory_dir: Path, config_values: Mapping[str, Any] | None = None, tz: Any = None, *,
+                 storage: Storage):
         self.memory_dir = Path(memory_dir)
         self.overrides_path = self.memory_dir / OVERRIDES_FILE
         self.snapshots_dir = self.memory_dir / SNAPSHOTS_DIR
         self.history_path = self.memory_dir / HISTORY_FILE
         self._config_values = dict(config_values or {})
         self._tz = tz
-        self._lock = cross_process_lock(self.memory_dir / ".policy.lock")
+        self._lock = storage.lock(self.memory_dir / ".policy.lock")
         self._cache_key: FileKey | None = None
         self._cached: EffectivePolicy | None = None
         unknown = set(self._config_values) - set(POLICY_KEYS)

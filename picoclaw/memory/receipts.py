@@ -25,7 +25,7 @@ from picoclaw import clock
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import cross_process_lock
+from picoclaw.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +83,11 @@ current_turn: ContextVar[TurnWrites | None] = ContextVar("current_turn", default
 class WriteLog:
     """The newest automatic writes of one memory folder, for `/memory recent`."""
 
-    def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
+    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / WRITES_FILE
         # A lock in the memory folder: on PostgreSQL it brings the folder up to date first and stores the file
         # after, like every document of the scope.
-        self._lock = cross_process_lock(Path(memory_dir) / ".memory_writes.lock", timeout=lock_wait)
+        self._lock = storage.lock(Path(memory_dir) / ".memory_writes.lock", timeout=lock_wait)
 
     def record(self, writes: list[MemoryWrite]) -> None:
         """Add `writes` to the log (the newest KEEP_WRITES are kept); a failure is logged, never raised."""

@@ -36,7 +36,7 @@ from picoclaw.storage import (
     LOCK_FILE,
     SUFFIX,
     SessionLog,
-    storage_for,
+    Storage,
     transcript_files,
 )
 
@@ -212,11 +212,12 @@ def session_filename(key: str) -> str:
 class SessionStore:
     """Loads and appends the transcripts of one sessions folder, kept by the storage backend that holds it."""
 
-    def __init__(self, folder: Path, *, moved_from: Path | None = None, lock_path: Path | None = None):
+    def __init__(self, folder: Path, *, storage: Storage, moved_from: Path | None = None,
+                 lock_path: Path | None = None):
         self.folder = Path(folder)
         # Files backend: the lock file outside the sessions folder, which holds transcripts only (the workspace
         # passes the memory folder's lock-file place); by default a dot file next to the folder.
-        self.log: SessionLog = storage_for(self.folder).session_log(self.folder, lock_path=lock_path)
+        self.log: SessionLog = storage.session_log(self.folder, lock_path=lock_path)
         # Per-user scopes keep transcripts in their own folder; older versions kept them all in the
         # workspace's sessions/, so a transcript still there is moved over when its session is first loaded.
         self.moved_from = moved_from

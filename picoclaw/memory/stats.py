@@ -39,7 +39,7 @@ from picoclaw.memory.session import SessionStore, StoredMessage, reported_usage
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.turn_metrics import TurnMetrics
 from picoclaw.memory.workspace import Workspace
-from picoclaw.storage import StorageError
+from picoclaw.storage import Storage, StorageError
 from picoclaw.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
     today = store.today()
     first_day = today - timedelta(days=WINDOW_DAYS - 1)
     warnings: dict[str, str] = {}
-    uses = _read_uses(AccessCounts(store.memory_dir), warnings)
+    uses = _read_uses(AccessCounts(store.memory_dir, storage=store.storage), warnings)
     long_term = store.read_long_term()
     learnings = store.read_learnings()
     files = {
@@ -155,11 +155,12 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
     return MemoryStats(
         memory_dir=str(store.memory_dir), today=today.isoformat(), timezone=workspace.config.timezone,
         documents=[_document(name, found, store.memory_dir, uses, first_day) for name, found in files.items()],
-        retrieval=_retrieval(TurnMetrics(store.memory_dir), warnings),
-        prompt_cache=_prompt_cache(workspace.layout.sessions_dir),
+        retrieval=_retrieval(TurnMetrics(store.memory_dir, storage=store.storage), warnings),
+        prompt_cache=_prompt_cache(workspace.layout.sessions_dir, workspace.storage),
         # The workspace's ledger: the daily cap is shared by every user's scope (agent/lessons.py).
-        background=_background(ModelUsage(workspace.layout.shared_memory_dir), today, first_day, warnings),
-        flush=_flush(FlushCounts(store.memory_dir), first_day, warnings),
+        background=_background(ModelUsage(workspace.layout.shared_memory_dir, storage=workspace.storage), today,
+                               first_day, warnings),
+        flush=_flush(FlushCounts(store.memory_dir, storage=store.storage), first_day, warnings),
         last_compression=_last_compression(workspace, warnings),
         # Beside the policy it tunes, which is the owner's: the same for every scope.
         last_reflection=_outcome(workspace.policy.memory_dir, REFLECTION, workspace, warnings),
@@ -295,7 +296,7 @@ def entry_injections(store: MemoryStore, entries: Sequence[str], *, lessons: boo
     `lessons`) and the last day it did ("" never), as `picoclaw memory stats` counts them; None when the counts
     cannot be read."""
     try:
-        uses = AccessCounts(store.memory_dir).read()
+        uses = AccessCounts(store.memory_dir, storage=store.storage).read()
     except ConfigError:
         return None
     split, path = (lesson_blocks, store.learnings_path) if lessons else (entry_blocks, store.long_term_path)
@@ -332,9 +333,9 @@ def _retrieval(metrics: TurnMetrics, warnings: dict[str, str]) -> RetrievalStats
     return RetrievalStats(len(values), percentile(values, 0.50), percentile(values, 0.99))
 
 
-def _prompt_cache(sessions_dir: Path) -> CacheStats:
+def _prompt_cache(sessions_dir: Path, storage: Storage) -> CacheStats:
     """Over the newest CACHE_REPLIES replies with a token report, newest transcripts first (archived too)."""
-    sessions = SessionStore(sessions_dir)  # only read: no lock is taken, nothing is moved
+    sessions = SessionStore(sessions_dir, storage=storage)  # only read: no lock is taken, nothing is moved
     replies: list[StoredMessage] = []
     for path in sorted(sessions.transcripts(), key=sessions.modified, reverse=True):
         try:

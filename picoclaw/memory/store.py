@@ -19,6 +19,7 @@ rewrite that replaces such bytes keeps the file's original bytes in a backup fir
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -56,7 +57,7 @@ from picoclaw.memory.entry_table import ENTRIES_FILE
 from picoclaw.memory.in_place_append import append_in_place, journal_path, repair_append
 from picoclaw.memory.lessons import LEARNINGS_FILE, MAX_LESSON_CHARS, lesson_of, lesson_text, restates
 from picoclaw.memory.reading import FileText, decode, warn_rewritten, warn_unreadable
-from picoclaw.storage import cross_process_lock
+from picoclaw.storage import FilesStorage, Storage
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +102,15 @@ class Replacement:
 class MemoryStore:
     """MEMORY.md, daily notes `YYYYMM/YYYYMMDD.md` and backups inside one memory folder."""
 
-    def __init__(self, memory_dir: Path, tz: tzinfo, backup_keep: int = 50):
+    def __init__(self, memory_dir: Path, tz: tzinfo, backup_keep: int = 50, *, storage: Storage):
         self.memory_dir = Path(memory_dir)
         self.tz = tz
+        self.storage = storage  # the workspace's backend: its locks, and the index's table on PostgreSQL
         self.backup_keep = backup_keep
         self.long_term_path = self.memory_dir / LONG_TERM_FILE
         self.learnings_path = self.memory_dir / LEARNINGS_FILE
         self.backups_dir = self.memory_dir / BACKUPS_DIR
-        self._lock = cross_process_lock(self.memory_dir / ".memory.lock")
+        self._lock = storage.lock(self.memory_dir / ".memory.lock")
         self._target_locks: dict[Path, AbstractContextManager[object]] = {}
         self._listeners: list[Callable[[Path], None]] = []
 
@@ -141,10 +143,17 @@ class MemoryStore:
             if real is not None:
                 lock = self._target_locks.get(real)
                 if lock is None:
-                    lock = self._target_locks[real] = cross_process_lock(real.with_name(f".{real.name}.lock"))
+                    lock = self._target_locks[real] = self._target_lock(real.with_name(f".{real.name}.lock"))
                 held.enter_context(lock)
             repair_append(self.long_term_path)
             yield
+
+    def _target_lock(self, lock_file: Path) -> AbstractContextManager[object]:
+        """The lock named by `lock_file`: the storage's inside its workspace; outside it, a file no backend keeps
+        (a note elsewhere on this machine), a plain lock file."""
+        if Path(os.path.abspath(lock_file)).is_relative_to(os.path.abspath(self.storage.root)):
+            return self.storage.lock(lock_file)
+        return FilesStorage(lock_file.parent).lock(lock_file)
 
     def _linked_long_term(self) -> Path | None:
         """The file MEMORY.md links to, when it is a link to a regular file."""

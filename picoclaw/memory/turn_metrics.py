@@ -20,7 +20,7 @@ import orjson
 from filelock import Timeout
 
 from picoclaw.fsutil import FileTooLargeError, NotAFileError, append_jsonl, atomic_write, read_bounded
-from picoclaw.storage import cross_process_lock
+from picoclaw.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,9 @@ class MetricsRead:
 class TurnMetrics:
     """The per-turn metrics of one memory folder."""
 
-    def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
+    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / TURN_METRICS_FILE
-        self._lock = cross_process_lock(Path(memory_dir) / ".turn_metrics.lock", timeout=lock_wait)
+        self._lock = storage.lock(Path(memory_dir) / ".turn_metrics.lock", timeout=lock_wait)
         self._warned = False
 
     def record(self, retrieval_ms: float, at: datetime) -> None:

@@ -1,4 +1,4 @@
-"""A workspace opened from config: its folders and the memory objects of one memory scope."""
+"""A workspace opened from config: its folders, its storage and the memory objects of one memory scope."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from picoclaw.memory.policy import PolicyManager
 from picoclaw.memory.search import MemorySearch, open_search
 from picoclaw.memory.session import LOCK_FILE, SessionStore
 from picoclaw.memory.store import MemoryStore
-from picoclaw.storage import storage_for
+from picoclaw.storage import Storage
 
 if TYPE_CHECKING:
     from picoclaw.memory.index.embedders import Embedder
@@ -22,13 +22,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class Workspace:
-    """Config, folders, and the memory objects of one workspace (or of one user's scope in it)."""
+    """Config, folders, storage, and the memory objects of one workspace (or of one user's scope in it)."""
 
     config: Config
     layout: WorkspaceLayout
     tz: tzinfo
     store: MemoryStore
     policy: PolicyManager
+    storage: Storage  # opened and closed by the composition root; every scope of the workspace shares it
     embedder: Embedder | None = None  # for the optional index; one model serves every scope
     # What to search with: the index when enabled, else the memory files directly. Derived, so that a copy
     # made with dataclasses.replace for another scope (per-user memory) gets that scope's own search.
@@ -39,21 +40,23 @@ class Workspace:
                                     sessions_dir=self.layout.sessions_dir, policy=self.policy.current)
 
     @classmethod
-    def from_config(cls, config: Config, home: Path, embedder: Embedder | None = None) -> Workspace:
-        """The shared scope of the workspace of an already validated config."""
+    def from_config(cls, config: Config, home: Path, storage: Storage, embedder: Embedder | None = None
+                    ) -> Workspace:
+        """The shared scope of the workspace of an already validated config, kept by `storage`."""
         layout = WorkspaceLayout.of(config, home)
         tz = resolve_timezone(config.timezone)
-        store = MemoryStore(layout.memory_dir, tz, backup_keep=config.memory.backup_keep)
-        policy = PolicyManager(layout.memory_dir, config.memory.policy_values(), tz)
-        return cls(config, layout, tz, store, policy, embedder)
+        store = MemoryStore(layout.memory_dir, tz, backup_keep=config.memory.backup_keep, storage=storage)
+        policy = PolicyManager(layout.memory_dir, config.memory.policy_values(), tz, storage=storage)
+        return cls(config, layout, tz, store, policy, storage, embedder)
 
     def for_user(self, user_key: str) -> Workspace:
         """The same workspace with the scope `users/<user_key>/` (memory_scope "per_user").
 
-        The policy stays the workspace's own: it is the owner's setting, not each user's.
+        The policy and the storage stay the workspace's own: the policy is the owner's setting, not each user's.
         """
         layout = self.layout.for_user(user_key)
-        store = MemoryStore(layout.memory_dir, self.tz, backup_keep=self.config.memory.backup_keep)
+        store = MemoryStore(layout.memory_dir, self.tz, backup_keep=self.config.memory.backup_keep,
+                            storage=self.storage)
         return replace(self, layout=layout, store=store)
 
     @property
@@ -72,13 +75,13 @@ class Workspace:
         """The conversations of this scope; a per-user scope takes over its transcripts left in `sessions/`."""
         moved_from = self.layout.shared_sessions_dir if self.layout.is_per_user else None
         # The lock beside the memory folder's own locks: a dot file there that the file tools cannot write.
-        return SessionStore(self.layout.sessions_dir, moved_from=moved_from,
+        return SessionStore(self.layout.sessions_dir, storage=self.storage, moved_from=moved_from,
                             lock_path=self.layout.memory_dir / LOCK_FILE)
 
     def refresh(self) -> None:
         """Bring this machine's copy of the workspace's documents up to date (files: nothing to do); a
         StorageUnavailable when the server is gone. A per-user scope's own documents follow under its locks."""
-        storage_for(self.root).refresh()
+        self.storage.refresh()
 
     def close(self) -> None:
         """Close the index's database, if this scope has one."""

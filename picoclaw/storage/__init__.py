@@ -1,11 +1,14 @@
-"""The storage layer (DESIGN §1.1): one contract, the files backend and the PostgreSQL backend."""
+"""The storage layer (DESIGN §1.1): one contract, the files backend and the PostgreSQL backend.
+
+`open_storage` opens the configured backend; the composition root (app.py) hands that one object to every
+store that keeps bytes, so two workspaces in one process never share a backend by accident.
+"""
 
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailable
 from picoclaw.storage.files import FilesStorage
 from picoclaw.storage.inbox import Inbox, InboxUpdate
 from picoclaw.storage.jobs import JOBS_VERSION, FilesJobTable, JobRecord, JobsDocument, JobTable
-from picoclaw.storage.mounts import cross_process_lock, mount, storage_for, unmount
 from picoclaw.storage.opening import open_storage
 from picoclaw.storage.sessions import (
     ARCHIVE_DIR,
@@ -39,11 +42,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "StorageUnavailable",
-    "cross_process_lock",
     "export_workspace",
     "import_workspace",
-    "mount",
     "open_storage",
-    "storage_for",
-    "unmount",
 ]

@@ -21,7 +21,7 @@ from picoclaw.storage.jobs import JobTable
 
 
 class Storage(Protocol):
-    """One backend, mounted at a workspace root (storage/mounts.py finds it from any path inside)."""
+    """One backend of one workspace root, handed to every store of that workspace (nothing looks it up by path)."""
 
     backend: str  # "files" or "postgres"
     root: Path
@@ -86,5 +86,5 @@ class Storage(Protocol):
         ...
 
     def close(self) -> None:
-        """Let go of connections and the mount."""
+        """Let go of the connections it holds (files: nothing)."""
         ...

@@ -1,4 +1,4 @@
-"""open_storage: the configured backend, mounted at the workspace root."""
+"""open_storage: the configured backend of one workspace folder."""
 
 from __future__ import annotations
 
@@ -7,21 +7,16 @@ from typing import TYPE_CHECKING
 
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.files import FilesStorage
-from picoclaw.storage.mounts import mount
 
 if TYPE_CHECKING:  # an annotation only: importing the storage root must not load the config module
     from picoclaw.config import Config
 
 
 def open_storage(config: Config, root: Path) -> Storage:
-    """The backend config.json names, serving every path under `root` (the workspace folder)."""
-    storage: Storage
+    """The backend config.json names, for the workspace folder `root`; the caller closes it."""
     if config.storage.backend == "postgres":
         from picoclaw.storage.postgres.storage import PostgresStorage
 
-        storage = PostgresStorage(root, config.postgres_dsn(), config.storage.postgres.pool_size,
-                                  versions_keep=config.memory.backup_keep)
-    else:
-        storage = FilesStorage(root)
-    mount(storage)
-    return storage
+        return PostgresStorage(root, config.postgres_dsn(), config.storage.postgres.pool_size,
+                               versions_keep=config.memory.backup_keep)
+    return FilesStorage(root)

@@ -45,7 +45,7 @@ class Cron(WorkspaceTool):
 
     def __init__(self, workspace: Workspace, files: WorkspaceFiles | None = None):
         super().__init__(workspace, files)
-        self.jobs = JobStore(workspace.layout.jobs_path, workspace.tz)
+        self.jobs = JobStore(workspace.layout.jobs_path, workspace.tz, storage=workspace.storage)
         self.scope = workspace.layout.scope_dir.name if workspace.layout.is_per_user else None
 
     def run_sync(self, args: Cron.Args) -> str:

@@ -51,7 +51,7 @@ def _stats(app: App) -> dict[str, Any]:
     sizes = [(path.name[:15], float(path.stat().st_size)) for path in store.backups()]
     if store.long_term_path.exists():
         sizes.append(("now", float(store.long_term_path.stat().st_size)))
-    turns = TurnMetrics(store.memory_dir).read().turns
+    turns = TurnMetrics(store.memory_dir, storage=store.storage).read().turns
     return {"stats": stats, "size_chart": chart(sizes), "compression_backup": _before(stats.last_compression, store),
             "retrieval_chart": chart([(turn.time[:16], turn.retrieval_ms) for turn in turns])}
 

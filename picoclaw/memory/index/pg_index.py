@@ -381,9 +381,7 @@ class TableMemoryIndex(MemoryIndex):
 
 def index_for(store: Any, settings: Any, embedder: Any, *, sessions_dir: Path, keywords: Any = None) -> MemoryIndex:
     """The memory index of `store`: on its storage's chunk table when it has one (PostgreSQL), else SQLite."""
-    from picoclaw.storage import storage_for
-
-    storage = storage_for(store.memory_dir)
+    storage = store.storage
     table = storage.index_table(store.memory_dir)
     if table is None:
         return MemoryIndex(store, settings, embedder, sessions_dir=sessions_dir, keywords=keywords)

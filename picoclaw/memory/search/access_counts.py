@@ -21,7 +21,7 @@ from filelock import Timeout
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import FileKey, atomic_write, file_key
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import cross_process_lock
+from picoclaw.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,9 @@ _VERSION = 1
 class AccessCounts:
     """The injection counts of one memory folder: read with a stat-keyed cache, updated under a file lock."""
 
-    def __init__(self, memory_dir: Path, *, lock_wait: float = LOCK_WAIT_SECONDS):
+    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / ACCESS_COUNTS_FILE
-        self._lock = cross_process_lock(Path(memory_dir) / ".access_counts.lock", timeout=lock_wait)
+        self._lock = storage.lock(Path(memory_dir) / ".access_counts.lock", timeout=lock_wait)
         self._cache_key: FileKey | None = None
         self._cached: dict[str, int] = {}
         self._warned = False

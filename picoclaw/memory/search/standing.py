@@ -108,7 +108,7 @@ class StandingSearch:
         self.inner = inner
         self.store = store
         self.policy = policy  # read at each search, so a `policy set` applies on the next turn
-        self.counts = AccessCounts(store.memory_dir)
+        self.counts = AccessCounts(store.memory_dir, storage=store.storage)
 
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         """The best `limit` blocks for `query` by relevance and standing, best first."""

@@ -1,4 +1,4 @@
-"""PostgresStorage: the backend object mounted at a workspace root when storage.backend is "postgres"."""
+"""PostgresStorage: the backend of a workspace root when storage.backend is "postgres"."""
 
 from __future__ import annotations
 

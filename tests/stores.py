@@ -1,0 +1,14 @@
+"""Stores on a bare folder, as tests build them: the files backend passed explicitly, as App passes its own."""
+
+from __future__ import annotations
+
+from datetime import tzinfo
+from pathlib import Path
+
+from picoclaw.memory.store import MemoryStore
+from picoclaw.storage import FilesStorage
+
+
+def memory_store(memory_dir: Path, tz: tzinfo, *, backup_keep: int = 50) -> MemoryStore:
+    """A MemoryStore of `memory_dir` kept by the files backend of the folder above it (its workspace root)."""
+    return MemoryStore(memory_dir, tz, backup_keep=backup_keep, storage=FilesStorage(Path(memory_dir).parent))
