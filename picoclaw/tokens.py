@@ -41,8 +41,8 @@ _encoder: Callable[[str], int] | None = None
 # Every turn counts some texts again byte for byte (the system message, the skills list, the standing lessons): their
 # counts are kept, by the exact text and the counter that made them. Bounded in entries, and a text longer than
 # CACHED_CHARS (a memory file, a long tool result) is counted afresh rather than held.
-CACHED_COUNTS = 64
-CACHED_CHARS = 16_000
+CACHED_COUNTS = 1_024  # a long session's history (a tool step counts each message again) and the prompt's parts
+CACHED_CHARS = 8_000
 
 
 def estimate_tokens(text: str) -> int:

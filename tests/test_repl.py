@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -16,7 +17,8 @@ from typing import Any
 import orjson
 import pytest
 
-from picoclaw.channels.repl import CANCELLED, SCHEDULED_MARK, _ctrl_c_cancels, _ctrl_c_leaves
+from picoclaw.agent import Reply
+from picoclaw.channels.repl import CANCELLED, SCHEDULED_MARK, ReplChannel, _ctrl_c_cancels, _ctrl_c_leaves
 from tests.agent_helpers import said
 from tests.fakes import FakeOpenAIServer, Text
 from tests.waiting import wait_until_sync
@@ -274,6 +276,49 @@ def test_ctrl_c_at_the_prompt_is_seen_whichever_thread_the_kernel_hands_it_to() 
         asyncio.run(main())
     # Raised by the prompt's handler, not by Python's default one once the sleep ran out.
     assert raised.traceback[-1].name == "_ctrl_c_leaves"
+
+
+def test_a_notice_during_an_answer_waits_for_its_end_and_after_a_cancel_for_the_line_saying_so() -> None:
+    """Background work of an earlier turn speaks while an answer is written: its line comes after that answer, never
+    glued into it; when Ctrl-C cancels the answer, after the line that says so."""
+    async def main() -> str:
+        out = io.StringIO()
+        told = asyncio.Event()
+
+        class Agent:
+            async def handle(self, key: str, text: str, *, notify: Any, on_text: Any, remembered: Any,
+                             **_: Any) -> Reply:
+                await on_text("部分 partial")
+                await notify(key, "summary started / 开始总结")
+                if text == "second":
+                    await on_text(" answer")
+                    return Reply("部分 partial answer")
+                told.set()
+                await asyncio.sleep(60)  # until the Ctrl-C
+                raise AssertionError("not cancelled")
+
+        class Lines:
+            def __init__(self) -> None:
+                self.left = ["first", "second"]
+
+            async def read(self, prompt: str) -> str:
+                if not self.left:
+                    raise EOFError
+                return self.left.pop(0)
+
+        repl = ReplChannel(Agent(), out=out, err=io.StringIO(), lines=Lines())  # type: ignore[arg-type]
+
+        async def ctrl_c() -> None:
+            await told.wait()
+            os.kill(os.getpid(), signal.SIGINT)
+
+        pressing = asyncio.create_task(ctrl_c())
+        await repl._read_and_answer(Lines(), "")
+        await pressing
+        return out.getvalue()
+
+    assert asyncio.run(main()) == (f"部分 partial\n{CANCELLED}\nsummary started / 开始总结\n"
+                                   "部分 partial answer\nsummary started / 开始总结\n")
 
 
 def test_ctrl_c_during_an_answer_cancels_it_and_the_repl_goes_on(

@@ -82,7 +82,7 @@ class LastRequests:
         messages = remembered.prefix.messages if remembered is not None else ()
         if remembered is None or not stored or len(stored) >= len(messages):
             return None
-        if list(messages[-len(stored):]) != [m.as_sent() for m in stored]:
+        if not _sent_as(messages[-len(stored):], [m.as_sent() for m in stored]):  # the first may carry the summary
             return None
         return Continuation(remembered.prefix, "the newest part of the conversation above: from "
                                                f"{describe(messages, len(messages) - len(stored))} to the end")

@@ -7,7 +7,8 @@ reply, then; agent/empty_reply.py). While the reply streams, text that may still
 back until that is decided (`may_be_echo`, used by agent/streaming.py).
 
 Only what looks like the block is an echo: `<context>` followed by a tag (the block's first line is always one)
-and, before `</context>`, the `<time>` line the block always holds. An answer about the tag itself ("<context> is
+and, before `</context>`, the `<time>` line a turn's block always holds (or the session summary, which alone makes
+the block of an older message that had none). An answer about the tag itself ("<context> is
 the tag picoclaw puts before your message; it ends with </context>") is text.
 """
 
@@ -18,6 +19,7 @@ OPEN = "<context>"
 CLOSE = "</context>"
 TIME = "<time>"
 TIME_CLOSE = "</time>"
+SUMMARY = "<summary>"  # the session summary's section, at the start of the request's first block (memory/session.py)
 
 
 def without_context_echo(text: str) -> str:
@@ -27,7 +29,7 @@ def without_context_echo(text: str) -> str:
         return text
     end = start.find(CLOSE)
     block = start if end < 0 else start[:end]
-    if TIME not in block:
+    if TIME not in block and SUMMARY not in block:  # a block always holds one (an older message's, the summary)
         return text
     if end >= 0:
         return start[end + len(CLOSE):].lstrip()

@@ -35,7 +35,7 @@ import json
 import re
 from typing import Any
 
-from picoclaw.memory import user_texts
+from picoclaw.memory import summary_of, user_texts, with_summary
 from picoclaw.providers.base import ChatReply, Message, ProviderError
 from picoclaw.tools import ERROR_PREFIX
 
@@ -152,10 +152,15 @@ def with_results_in_view(messages: list[Message]) -> list[Message]:
 
 
 def plain_request(messages: list[Message]) -> list[Message]:
-    """The system prompt and the turn's user message (with its data block) alone: no history, no tool results."""
+    """The system prompt and the turn's user message (with its data block) alone: no history, no tool results;
+    the session's summary, which opens the request's first user message, goes with it."""
     start = _turn_start(messages)
     system = [messages[0]] if messages and messages[0].get("role") == "system" and start > 0 else []
-    return [*system, messages[start]]
+    message = messages[start]
+    first = next((m for m in messages if m.get("role") == "user"), message)
+    if first is not message and (summary := summary_of(first)) is not None:
+        message = with_summary(message, summary)
+    return [*system, message]
 
 
 def _turn_start(messages: list[Message]) -> int:

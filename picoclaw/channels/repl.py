@@ -62,6 +62,7 @@ class ReplChannel:
         # Lines that come unasked (a receipt or notice of the previous turn's background work) while an answer is
         # being written: shown after it, never cut into it. None while no answer is being written.
         self._held: list[str] | None = None
+        self._late: list[str] = []  # those of an answer that was cancelled, shown after the line saying so
         self._stopping = False
         self._reading: asyncio.Task[object] | None = None  # run()'s task while it waits for a line
 
@@ -113,11 +114,14 @@ class ReplChannel:
         self._held = []
         try:
             reply = await run_turn(self.agent, Inbound(TERMINAL_USER, self.session_key, text), shown.hooks())
-            shown.finish(reply, self.err)
-        finally:
-            held, self._held = self._held, None
-            for line in held:
-                await _print_above_prompt(self.out, line)
+        except BaseException:
+            # Cancelled (Ctrl-C) or failed: the lines held meanwhile come after what the caller says of that.
+            self._late, self._held = self._held, None
+            raise
+        shown.finish(reply, self.err)
+        held, self._held = self._held, None
+        for line in held:
+            await _print_above_prompt(self.out, line)
         if self.show_context and reply.error is None and parse_command(text) is None:  # a command sent no request
             self.err.write(printable(await self.agent.describe_context(self.session_key)) + "\n")
             self.err.flush()
@@ -150,7 +154,8 @@ class ReplChannel:
                     except asyncio.CancelledError:
                         if not turn.cancelled():
                             raise  # we were cancelled ourselves, not the answer
-                        self.out.write(f"\n{CANCELLED}\n")
+                        late, self._late = self._late, []
+                        self.out.write(f"\n{CANCELLED}\n" + "".join(f"{line}\n" for line in late))
                         self.out.flush()
 
     async def _next_line(self, reader: LineReader, prompt: str) -> str | None:

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
         split_blocks,
         standing_lessons,
     )
-    from picoclaw.memory.session import UNDELIVERED, Session, SessionStore, StoredMessage, with_summary
+    from picoclaw.memory.session import UNDELIVERED, Session, SessionStore, StoredMessage, summary_of, with_summary
     from picoclaw.memory.stats import MemoryStats, entry_injections, memory_stats
     from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
     from picoclaw.memory.turn_metrics import TurnMetrics
@@ -94,7 +94,7 @@ __all__ = [
     "lesson_of", "long_term_entries", "memory_stats", "models_entry", "not_a_fact", "open_search", "rank_blocks",
     "record_outcome", "same_words", "search_method", "select_turn_memory", "sources_changed", "split_blocks",
     "standing_lessons", "stands",
-    "suggest_policy_change", "user_texts", "why_not_due", "with_summary",
+    "suggest_policy_change", "summary_of", "user_texts", "why_not_due", "with_summary",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
@@ -121,7 +121,8 @@ _HOMES = {
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",
                                "index_of", "open_search", "rank_blocks", "search_method", "select_turn_memory",
                                "split_blocks", "standing_lessons"),
-    "picoclaw.memory.session": ("UNDELIVERED", "Session", "SessionStore", "StoredMessage", "with_summary"),
+    "picoclaw.memory.session": ("UNDELIVERED", "Session", "SessionStore", "StoredMessage", "summary_of",
+                                "with_summary"),
     "picoclaw.memory.stats": ("MemoryStats", "entry_injections", "memory_stats"),
     "picoclaw.memory.store": ("BACKUPS_DIR", "DailyNote", "MemoryStore"),
     "picoclaw.memory.turn_metrics": ("TurnMetrics",),

@@ -43,7 +43,8 @@ from picoclaw.storage import (
 log = logging.getLogger(__name__)
 
 __all__ = ["ARCHIVE_DIR", "KEPT_COMPACTED", "LOCK_FILE", "SUFFIX", "Session", "SessionStore", "StoredMessage",
-           "said_lines", "session_filename", "transcript_files", "with_summary"]
+           "said_lines", "session_filename", "summary_of", "transcript_files",
+           "with_summary"]
 # Compacted messages kept in memory: reflection reads the newest of them; the file keeps them all. Without
 # a bound, a chat of a year would hold every message it ever had in a process that runs for months.
 KEPT_COMPACTED = 50
@@ -108,18 +109,31 @@ def with_context(context: str, text: str) -> str:
 
 
 CONTEXT_OPEN = "<context>\n"  # how a data block begins (agent/context.py writes it)
+SUMMARY_OPEN, SUMMARY_CLOSE = "<summary>\n", "\n</summary>\n"  # the summary's section at the start of that block
 
 
 def with_summary(message: Message, summary: str) -> Message:
     """`message` (the request's first user message, as sent) with the session's summary at the start of its data
     block: after the system prompt and the tools, which a summary then leaves as they were in the server's cache."""
-    section = f"<summary>\n{summary.strip()}\n</summary>\n"
+    # Model-written from chat text: a closing tag in it must not end the block early (and make the rest read as
+    # what the user typed, to the model and to `user_texts`).
+    section = SUMMARY_OPEN + summary.strip().replace("</", "<\\/") + SUMMARY_CLOSE
     content = str(message.get("content") or "")
     if content.startswith(CONTEXT_OPEN):
         content = CONTEXT_OPEN + section + content[len(CONTEXT_OPEN):]
     else:
         content = with_context(f"{CONTEXT_OPEN}{section}</context>", content)
     return {**message, "content": content}
+
+
+def summary_of(message: Message) -> str | None:
+    """The summary `with_summary` put in `message` (as it put it, escaped), or None."""
+    content = str(message.get("content") or "")
+    head = CONTEXT_OPEN + SUMMARY_OPEN
+    if not content.startswith(head):
+        return None
+    end = content.find(SUMMARY_CLOSE, len(head))
+    return None if end < 0 else content[len(head):end]
 
 
 # How the mark after a reply that never reached the user begins (`undelivered_note`); agent/summary.py finds it.

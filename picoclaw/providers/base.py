@@ -152,7 +152,7 @@ class Continuation:
     """Where a background job (summary, flush, lesson, reflection) is asked after the conversation's last request:
     `prefix` that request, `part` which of its messages the job is about (said for the model), `earlier` the
     transcript of that part's messages the request did not carry, `summary_shown` whether the session's summary
-    is in its system message."""
+    is in it (the `<summary>` block at the start of its first user message)."""
 
     prefix: PromptPrefix
     part: str
