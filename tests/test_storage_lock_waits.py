@@ -250,6 +250,45 @@ def test_an_explicit_timeout_wins_and_none_may_be_endless(backend: Backend) -> N
         backend.storage.lock(path, timeout=-1)
 
 
+def test_a_held_sessions_lock_ends_the_wait_and_the_transcript_is_unchanged(backend: Backend) -> None:
+    from picoclaw.storage.sessions import LOCK_FILE
+
+    log = backend.storage.session_log(backend.root / "sessions")
+    path = backend.root / "sessions" / "telegram_42.jsonl"
+    first = {"type": "message", "id": 1, "message": {"role": "user", "content": "你好 / hello"}}
+    with log.lock():
+        log.append(path, [first])
+    second = {"type": "message", "id": 2, "message": {"role": "assistant", "content": "早上好 / good morning"}}
+    if backend.kind == "files":
+        holder: Holder | None = Holder("files", backend.root, "", LOCK_FILE)
+        holding = None
+    else:
+        # A second connection holds the scope's transaction lock, as another worker's transaction would.
+        import psycopg
+
+        from picoclaw.storage.postgres.sessions import LOCK_CLASS
+
+        holder = None
+        holding = psycopg.connect(backend.dsn)
+        holding.execute("select pg_advisory_xact_lock(%s, hashtext(''))", (LOCK_CLASS,))
+    try:
+        with pytest.raises(LockWaitExpired) as caught:
+            with log.lock():
+                log.append(path, [second])
+        message = _one_line(caught.value)
+        assert "another picoclaw process holds it" in message, message
+        assert len(log.read(path).lines) == 1
+    finally:
+        if holder is not None:
+            holder.let_go()
+        if holding is not None:
+            holding.rollback()
+            holding.close()
+    with log.lock():
+        log.append(path, [second])
+    assert len(log.read(path).lines) == 2
+
+
 # -- the bound comes from config.json ----------------------------------------------------------------------
 
 

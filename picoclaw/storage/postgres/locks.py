@@ -19,7 +19,7 @@ from filelock import FileLock, Timeout
 
 from picoclaw.layout import MEMORY_DIR
 from picoclaw.storage.errors import StorageError
-from picoclaw.storage.postgres.connection import unreachable
+from picoclaw.storage.postgres.connection import lock_timeout, unreachable
 from picoclaw.storage.postgres.documents import LOCAL_LOCK, ScopeCopy
 from picoclaw.storage.waits import ANOTHER_PROCESS, check_bound, lock_wait_expired
 
@@ -132,15 +132,16 @@ class ScopeLock:
                 if not row or not row[0]:
                     raise lock_wait_expired(name, self.root, bound, OTHER_MACHINE)
             else:
-                # lock_timeout bounds the wait; an advisory lock is a lock like any other to it. Set on this
-                # connection only and put back before it returns to the pool.
-                conn.execute("select set_config('lock_timeout', %s, false)", (f"{max(int(timeout * 1000), 1)}ms",))
+                # lock_timeout bounds the wait; an advisory lock is a lock like any other to it. Set to what is
+                # left of this wait, then back to the pool's own bound before the connection goes back.
+                row = conn.execute("select current_setting('lock_timeout')").fetchone()
+                conn.execute("select set_config('lock_timeout', %s, false)", (lock_timeout(timeout),))
                 try:
                     conn.execute("select pg_advisory_lock(%s, hashtext(%s))", key)
                 except psycopg.errors.LockNotAvailable:
                     raise lock_wait_expired(name, self.root, bound, OTHER_MACHINE) from None
                 finally:
-                    conn.execute("select set_config('lock_timeout', '0', false)")
+                    conn.execute("select set_config('lock_timeout', %s, false)", (row[0] if row else "0",))
         except BaseException as exc:
             self.pool.putconn(conn)
             if isinstance(exc, psycopg.Error):

@@ -53,7 +53,7 @@ class PostgresStorage:
         self.lock_wait = lock_wait
         self._scopes: dict[str, ScopeLock] = {}
         self._scopes_guard = threading.Lock()
-        self.pool = open_pool(dsn, pool_size)
+        self.pool = open_pool(dsn, pool_size, lock_wait)
         try:
             with self.pool.connection() as conn:
                 ensure_schema(conn)
