@@ -226,10 +226,12 @@ def test_a_thread_of_the_same_process_holding_the_scope_lock_bounds_the_wait(bac
         if backend.kind == "files":
             # FileLock is per object, so another object in this process is refused like another process.
             with pytest.raises(LockWaitExpired, match=r"^waited 1 s for the memory lock"):
-                backend.storage.lock(path).acquire()
+                with backend.storage.lock(path):
+                    pass
         else:
             with pytest.raises(LockWaitExpired, match=r"another task of this picoclaw process holds it$"):
-                backend.storage.lock(path).acquire()
+                with backend.storage.lock(path):
+                    pass
     finally:
         done.set()
         thread.join(HANG)
@@ -243,7 +245,8 @@ def test_an_explicit_timeout_wins_and_none_may_be_endless(backend: Backend) -> N
     holder = Holder(backend.kind, backend.root, backend.dsn, "memory/.memory.lock")
     try:
         with pytest.raises(LockWaitExpired, match=r"^waited 0 s for the memory lock"):
-            backend.storage.lock(path, timeout=0).acquire()
+            with backend.storage.lock(path, timeout=0):
+                pass
     finally:
         holder.let_go()
     with pytest.raises(ValueError, match="needs a bound"):

@@ -45,11 +45,11 @@ def check_bound(timeout: float) -> float:
 class BoundedFileLock:
     """A `filelock` lock file (reentrant within a thread) whose wait ends after `timeout` s in LockWaitExpired."""
 
-    def __init__(self, path: Path, timeout: float, root: Path | None = None, *, thread_local: bool = True):
+    def __init__(self, path: Path, timeout: float, root: Path | None = None):
         self.lock_file = str(path)
         self.timeout = check_bound(timeout)
-        self.root = root
-        self._lock = FileLock(str(path), thread_local=thread_local)
+        self.root = root  # the workspace root, for the lock's name in a failed wait
+        self._lock = FileLock(str(path))
 
     @property
     def is_locked(self) -> bool:
