@@ -386,9 +386,14 @@ class PostgresConfig(_Strict):
 
 
 class StorageConfig(_Strict):
-    """storage: "files" (the default, nothing to install) or "postgres" (several processes or machines)."""
+    """storage: "files" (the default, nothing to install) or "postgres" (several processes or machines).
+
+    `lock_wait_seconds`: the longest any storage lock is waited for before the wait ends in one error line."""
 
     backend: Literal["files", "postgres"] = "files"
+    # Strict: a string or a boolean is refused rather than read as a number. Equal to LOCK_WAIT_SECONDS in
+    # picoclaw/storage/waits.py, the default of a backend built without a config (a test keeps them equal).
+    lock_wait_seconds: float = Field(30.0, ge=1, le=3600, strict=True)
     postgres: PostgresConfig = PostgresConfig()
 
 

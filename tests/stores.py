@@ -6,9 +6,11 @@ from datetime import tzinfo
 from pathlib import Path
 
 from picoclaw.memory.store import MemoryStore
-from picoclaw.storage import FilesStorage
+from picoclaw.storage import LOCK_WAIT_SECONDS, FilesStorage
 
 
-def memory_store(memory_dir: Path, tz: tzinfo, *, backup_keep: int = 50) -> MemoryStore:
+def memory_store(memory_dir: Path, tz: tzinfo, *, backup_keep: int = 50,
+                 lock_wait: float = LOCK_WAIT_SECONDS) -> MemoryStore:
     """A MemoryStore of `memory_dir` kept by the files backend of the folder above it (its workspace root)."""
-    return MemoryStore(memory_dir, tz, backup_keep=backup_keep, storage=FilesStorage(Path(memory_dir).parent))
+    storage = FilesStorage(Path(memory_dir).parent, lock_wait=lock_wait)
+    return MemoryStore(memory_dir, tz, backup_keep=backup_keep, storage=storage)

@@ -17,12 +17,11 @@ from datetime import date, timedelta
 from pathlib import Path
 
 import orjson
-from filelock import Timeout
 
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import Storage
+from picoclaw.storage import LockWaitExpired, Storage
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ class FlushCounts:
                 oldest = (day - timedelta(days=KEEP_DAYS)).isoformat()
                 kept = {d: counts.as_json() for d, counts in sorted(days.items()) if d >= oldest}
                 atomic_write(self.path, orjson.dumps({"version": _VERSION, "days": kept}))
-        except (OSError, Timeout) as exc:
+        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
             log.warning("flush counts: cannot update %s (%s); this flush is not counted", self.path, exc)
 
     def read(self) -> dict[str, FlushTally] | None:

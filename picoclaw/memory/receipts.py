@@ -19,13 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import orjson
-from filelock import Timeout
 
 from picoclaw import clock
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import Storage
+from picoclaw.storage import LockWaitExpired, Storage
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ class WriteLog:
                 kept = (kept + list(writes))[-KEEP_WRITES:]
                 atomic_write(self.path, orjson.dumps({"version": _VERSION,
                                                       "writes": [asdict(write) for write in kept]}))
-        except (OSError, Timeout) as exc:
+        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
             log.warning("memory writes: cannot update %s (%s); not logged: %s", self.path, exc,
                         "; ".join(shorten(write.text, 60) for write in writes))
 

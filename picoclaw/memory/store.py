@@ -153,7 +153,7 @@ class MemoryStore:
         (a note elsewhere on this machine), a plain lock file."""
         if Path(os.path.abspath(lock_file)).is_relative_to(os.path.abspath(self.storage.root)):
             return self.storage.lock(lock_file)
-        return FilesStorage(lock_file.parent).lock(lock_file)
+        return FilesStorage(lock_file.parent, lock_wait=self.storage.lock_wait).lock(lock_file)
 
     def _linked_long_term(self) -> Path | None:
         """The file MEMORY.md links to, when it is a link to a regular file."""

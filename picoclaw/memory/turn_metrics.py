@@ -17,10 +17,9 @@ from datetime import datetime
 from pathlib import Path
 
 import orjson
-from filelock import Timeout
 
 from picoclaw.fsutil import FileTooLargeError, NotAFileError, append_jsonl, atomic_write, read_bounded
-from picoclaw.storage import Storage
+from picoclaw.storage import LockWaitExpired, Storage
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,7 @@ class TurnMetrics:
                 append_jsonl(self.path, [asdict(turn)], durable=False)
                 if self.path.stat().st_size > TRIM_BYTES:
                     self._trim()
-        except (OSError, Timeout) as exc:
+        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
             if not self._warned:
                 log.warning("turn metrics: cannot update %s (%s); turns go on without it (logged once)",
                             self.path, exc)

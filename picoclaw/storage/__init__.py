@@ -20,6 +20,7 @@ from picoclaw.storage.sessions import (
     transcript_files,
 )
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
+from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
 
 __all__ = [
     "ARCHIVE_DIR",
@@ -34,6 +35,8 @@ __all__ = [
     "InboxUpdate",
     "Moved",
     "JOBS_VERSION",
+    "LOCK_WAIT_SECONDS",
+    "LockWaitExpired",
     "FilesJobTable",
     "JobRecord",
     "JobTable",

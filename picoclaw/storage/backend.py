@@ -25,11 +25,13 @@ class Storage(Protocol):
 
     backend: str  # "files" or "postgres"
     root: Path
+    lock_wait: float  # seconds any lock of this storage waits by default (storage.lock_wait_seconds)
 
-    def lock(self, path: Path, timeout: float = -1) -> AbstractContextManager[object]:
+    def lock(self, path: Path, timeout: float | None = None) -> AbstractContextManager[object]:
         """A lock named by the lock file `path`, held across processes (and machines, on PostgreSQL).
 
-        Reentrant within a thread; `timeout` seconds (-1: wait for ever) then `filelock.Timeout`.
+        Reentrant within a thread; waits `timeout` seconds (None: `lock_wait`), then LockWaitExpired
+        (a StorageUnavailable naming the lock), never for ever.
         """
         ...
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from filelock import FileLock
-
 from picoclaw.fsutil import atomic_write, read_regular
 from picoclaw.storage.errors import StorageUnavailable
 from picoclaw.storage.inbox import SqliteInbox
 from picoclaw.storage.jobs import FilesJobTable
 from picoclaw.storage.sessions import FilesSessionLog
 from picoclaw.storage.stored_files import stored_files
+from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 from picoclaw.storage.work import WORK_DIR, FileWorkLock, claim_interval_in_file
 
 INBOX_FILE = "telegram-inbox.sqlite3"  # in WORK_DIR: local state, not stored content
@@ -23,20 +22,21 @@ class FilesStorage:
 
     backend = "files"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, lock_wait: float = LOCK_WAIT_SECONDS):
         self.root = root
+        self.lock_wait = lock_wait
 
-    def lock(self, path: Path, timeout: float = -1) -> FileLock:
-        """A `filelock` lock file (reentrant within a thread, as FileLock is)."""
-        return FileLock(str(path), timeout=timeout)
+    def lock(self, path: Path, timeout: float | None = None) -> BoundedFileLock:
+        """A `filelock` lock file (reentrant within a thread), waited for `timeout` s (None: `lock_wait`)."""
+        return BoundedFileLock(path, self.lock_wait if timeout is None else timeout, self.root)
 
     def session_log(self, folder: Path, lock_path: Path | None = None) -> FilesSessionLog:
         """JSONL files in `folder`, appended under the lock file `lock_path`."""
-        return FilesSessionLog(folder, lock_path)
+        return FilesSessionLog(folder, lock_path, lock_wait=self.lock_wait, root=self.root)
 
     def job_table(self, path: Path) -> FilesJobTable:
         """The jobs file at `path` (cron/jobs.json) itself."""
-        return FilesJobTable(path)
+        return FilesJobTable(path, lock_wait=self.lock_wait, root=self.root)
 
     def work_lock(self, name: str) -> FileWorkLock:
         """A lock file in the workspace's work folder."""
@@ -44,7 +44,7 @@ class FilesStorage:
 
     def claim_interval(self, name: str, seconds: float) -> bool:
         """The last claim of each name kept in the work folder's marks file."""
-        return claim_interval_in_file(self.root, name, seconds)
+        return claim_interval_in_file(self.root, name, seconds, lock_wait=self.lock_wait)
 
     def telegram_inbox(self, bot: int) -> SqliteInbox:
         """A SQLite file in the work folder: for the one worker a files workspace allows."""

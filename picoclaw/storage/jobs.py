@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import orjson
-from filelock import FileLock
 
 from picoclaw.fsutil import FileTooLargeError, NotAFileError, atomic_write, file_key, read_bounded
 from picoclaw.storage.errors import StorageError
+from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 
 T = TypeVar("T")
 
@@ -109,10 +109,12 @@ def document_bytes(document: JobsDocument) -> bytes:
 class FilesJobTable:
     """jobs.json, changed under a `filelock` lock file beside it and written atomically."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, lock_wait: float = LOCK_WAIT_SECONDS, root: Path | None = None):
         self.path = Path(path)
         self.where = str(self.path)
         self.lock_path = self.path.with_name(f".{self.path.name}.lock")
+        self.lock_wait = lock_wait
+        self.root = root  # the workspace root, for the lock's name in a failed wait
 
     def read(self) -> Any:
         """The file parsed (None when it is missing or blank)."""
@@ -141,7 +143,7 @@ class FilesJobTable:
     def change(self, edit: DocumentEdit[T]) -> T:
         # The lock, then a fresh read under it: what another process wrote meanwhile is seen, never overwritten.
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.lock_path)):
+        with BoundedFileLock(self.lock_path, self.lock_wait, self.root):
             written, result = edit(self.read())
             if written is not None:
                 atomic_write(self.path, document_bytes(written))

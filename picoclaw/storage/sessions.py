@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-from filelock import FileLock
 
 from picoclaw.fsutil import append_jsonl, atomic_write, file_key, reserve_stamped_path
 from picoclaw.storage.errors import StorageError
+from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ class SessionLog(Protocol):
     def lock(self) -> AbstractContextManager[object]:
         """The lock every writer of this folder holds while it reads what is new, appends, archives or renames.
 
-        Held across processes (and machines, on PostgreSQL); reentrant within a thread; waits for ever.
+        Held across processes (and machines, on PostgreSQL); reentrant within a thread; waits at most the
+        storage's bound (storage.lock_wait_seconds), then LockWaitExpired.
         """
         ...
 
@@ -101,14 +102,17 @@ def transcript_files(folder: Path) -> list[Path]:
 class FilesSessionLog:
     """`<folder>/<name>.jsonl` files appended under a `filelock` (beside the folder unless `lock_path` says)."""
 
-    def __init__(self, folder: Path, lock_path: Path | None = None):
+    def __init__(self, folder: Path, lock_path: Path | None = None, *, lock_wait: float = LOCK_WAIT_SECONDS,
+                 root: Path | None = None):
         self.folder = Path(folder)
         self.lock_path = Path(lock_path) if lock_path is not None else self.folder.parent / LOCK_FILE
+        self.lock_wait = lock_wait
+        self.root = root  # the workspace root, for the lock's name in a failed wait
 
-    def lock(self) -> FileLock:
-        """The folder's lock file (FileLock: reentrant within a thread)."""
+    def lock(self) -> BoundedFileLock:
+        """The folder's lock file (reentrant within a thread), waited for at most `lock_wait` s."""
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.lock_path))
+        return BoundedFileLock(self.lock_path, self.lock_wait, self.root)
 
     def read(self, path: Path) -> Transcript:
         key = file_key(path)  # taken first: a write after it shows as a change on the next look

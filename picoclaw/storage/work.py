@@ -19,6 +19,7 @@ from filelock import FileLock, Timeout
 
 from picoclaw import clock
 from picoclaw.fsutil import atomic_write
+from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 
 WORK_DIR = ".picoclaw-work"  # under the workspace root; not stored content (storage/stored_files.py)
 MARKS_FILE = "marks.json"
@@ -61,12 +62,12 @@ class FileWorkLock:
         self._lock.release()
 
 
-def claim_interval_in_file(root: Path, name: str, seconds: float) -> bool:
+def claim_interval_in_file(root: Path, name: str, seconds: float, *, lock_wait: float = LOCK_WAIT_SECONDS) -> bool:
     """True when `name` was last claimed at least `seconds` ago (or never), and it is claimed now."""
     folder = root / WORK_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / MARKS_FILE
-    with FileLock(str(folder / f"{MARKS_FILE}.lock")):
+    with BoundedFileLock(folder / f"{MARKS_FILE}.lock", lock_wait, root):
         try:
             marks = orjson.loads(path.read_bytes())
             if not isinstance(marks, dict):

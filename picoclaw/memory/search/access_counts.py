@@ -16,12 +16,11 @@ from datetime import date
 from pathlib import Path
 
 import orjson
-from filelock import Timeout
 
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import FileKey, atomic_write, file_key
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import Storage
+from picoclaw.storage import LockWaitExpired, Storage
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ class AccessCounts:
                 record = {"version": _VERSION, "blocks": {key: [used, last] for key, (used, last) in entries.items()}}
                 # Not fsynced: losing the last counts to a power cut is harmless, a sync every turn is not free.
                 atomic_write(self.path, orjson.dumps(record), durable=False)
-        except (OSError, Timeout) as exc:
+        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
             self._warn(f"cannot update {self.path}: {exc}")
 
     def read(self) -> dict[str, tuple[int, str]]:

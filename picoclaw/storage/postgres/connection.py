@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING
 
 from picoclaw.storage.errors import StorageError, StorageUnavailable
+from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
 
 if TYPE_CHECKING:
     import psycopg
@@ -72,14 +74,33 @@ def require_driver() -> None:
                            "pip install 'picoclaw[postgres]'") from None
 
 
+LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a statement cancelled by lock_timeout
+
+
 def unreachable(dsn: str, exc: BaseException) -> StorageUnavailable:
-    """The one-line error for a server that cannot be reached or went away."""
+    """The one-line error for a server that cannot be reached or went away (or a lock wait past its bound)."""
     reason = " ".join(without_password(str(exc), dsn).split()) or type(exc).__name__
+    if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+        # lock_timeout (every pool connection has storage.lock_wait_seconds) is an OperationalError to psycopg,
+        # but the server is there: say what was waited for, not that it cannot be reached.
+        return LockWaitExpired(f"a lock in PostgreSQL at {server_name(dsn)} was not free within "
+                               f"storage.lock_wait_seconds: another picoclaw process holds it ({reason[:200]})")
     return StorageUnavailable(f"PostgreSQL at {server_name(dsn)} cannot be reached: {reason[:300]}")
 
 
-def open_pool(dsn: str, size: int) -> ConnectionPool:
-    """A connection pool of up to `size` connections, its first connection made (or StorageUnavailable)."""
+def lock_timeout(seconds: float) -> str:
+    """PostgreSQL's lock_timeout for a wait of `seconds` (at least 1 ms: 0 would mean no bound)."""
+    return f"{max(int(seconds * 1000), 1)}ms"
+
+
+def _bound_lock_waits(setting: str, conn: psycopg.Connection) -> None:
+    """Every pool connection's lock waits (advisory and row locks) end after `setting`, never hang."""
+    conn.execute("select set_config('lock_timeout', %s, false)", (setting,))
+
+
+def open_pool(dsn: str, size: int, lock_wait: float = LOCK_WAIT_SECONDS) -> ConnectionPool:
+    """A connection pool of up to `size` connections, its first connection made (or StorageUnavailable); each
+    connection waits at most `lock_wait` s for any lock."""
     require_driver()
     import psycopg
     from psycopg_pool import ConnectionPool, PoolTimeout
@@ -94,6 +115,7 @@ def open_pool(dsn: str, size: int) -> ConnectionPool:
         logging.getLogger(name).addFilter(_NOISE)  # once: a filter already there is not added again
     pool = ConnectionPool(dsn, min_size=1, max_size=max(size, 2), open=False, name="picoclaw",
                           check=ConnectionPool.check_connection, reconnect_timeout=RECONNECT_SECONDS,
+                          configure=partial(_bound_lock_waits, lock_timeout(lock_wait)),
                           kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_SECONDS})
     try:
         pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)

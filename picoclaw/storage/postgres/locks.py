@@ -2,7 +2,8 @@
 
 Every lock path under a scope maps to the scope's one lock, since the working copy is shared by all of them.
 The outermost acquire in a thread pulls the rows into the folder; the outermost release pushes what changed,
-then lets go. Reentrant within a thread; other threads of the process wait, as with FileLock.
+then lets go. Reentrant within a thread; other threads of the process wait, as with FileLock. Every wait
+(for another thread, the local file, the advisory lock) shares one bound and ends in LockWaitExpired.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from filelock import FileLock, Timeout
 
 from picoclaw.layout import MEMORY_DIR
 from picoclaw.storage.errors import StorageError
-from picoclaw.storage.postgres.connection import unreachable
+from picoclaw.storage.postgres.connection import lock_timeout, unreachable
 from picoclaw.storage.postgres.documents import LOCAL_LOCK, ScopeCopy
+from picoclaw.storage.waits import ANOTHER_PROCESS, check_bound, lock_wait_expired
 
 if TYPE_CHECKING:
     import psycopg
@@ -29,43 +31,50 @@ if TYPE_CHECKING:
 # scopes sharing a hash only take turns needlessly.
 DOCUMENT_LOCK_CLASS = 0x646F6373
 
+# Who holds the lock when each stage of the wait runs out: the stages are taken in this order.
+OTHER_THREAD = "another task of this picoclaw process holds it"
+OTHER_MACHINE = "a picoclaw process on another machine (or another workspace folder on this database) holds it"
 
-def _remaining(deadline: float | None) -> float:
-    return -1 if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+def _remaining(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.0)
 
 
 class ScopeLock:
     """The one cross-machine lock of a scope, with its working copy (`copy`) pulled and pushed under it."""
 
-    def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy):
+    def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy, root: Path | None = None):
         self.pool = pool
         self.dsn = dsn
         self.copy = copy
+        self.root = root  # the workspace root, for the lock's name in a failed wait
         self._file_lock = FileLock(str(copy.root / MEMORY_DIR / LOCAL_LOCK))
         self._state = threading.Condition()
         self._owner: int | None = None
         self._depth = 0
         self._conn: psycopg.Connection | None = None
 
-    def acquire(self, name: Path, timeout: float = -1) -> None:
-        """Hold the lock (`timeout` seconds, -1 for ever, then filelock.Timeout naming `name`); pull first."""
+    def acquire(self, name: Path, timeout: float) -> None:
+        """Hold the lock within `timeout` seconds in all (else LockWaitExpired naming `name`); pull first."""
         me = threading.get_ident()
-        deadline = None if timeout < 0 else time.monotonic() + timeout
+        deadline = time.monotonic() + check_bound(timeout)
         with self._state:
             if self._owner == me:
                 self._depth += 1
                 return
             while self._owner is not None:
                 left = _remaining(deadline)
-                if left == 0 or not self._state.wait(None if left < 0 else left):
-                    if self._owner is not None:
-                        raise Timeout(str(name))
+                if (left == 0 or not self._state.wait(left)) and self._owner is not None:
+                    raise lock_wait_expired(name, self.root, timeout, OTHER_THREAD)
             self._owner, self._depth = me, 1
         try:
             self.copy.root.joinpath(MEMORY_DIR).mkdir(parents=True, exist_ok=True)
-            self._file_lock.acquire(timeout=_remaining(deadline))  # raises filelock.Timeout itself
             try:
-                self._conn = self._hold_advisory(name, _remaining(deadline))
+                self._file_lock.acquire(timeout=_remaining(deadline))
+            except Timeout:
+                raise lock_wait_expired(name, self.root, timeout, ANOTHER_PROCESS) from None
+            try:
+                self._conn = self._hold_advisory(name, _remaining(deadline), timeout)
                 self._guarded(self.copy.pull)
             except BaseException:
                 self._let_go()
@@ -106,8 +115,9 @@ class ScopeLock:
             raise StorageError(f"PostgreSQL refused the memory documents of {self.copy.root}: "
                                f"{' '.join(str(exc).split())[:300]}") from None
 
-    def _hold_advisory(self, name: Path, timeout: float) -> psycopg.Connection:
-        """A pool connection holding the scope's advisory lock (session level, so it outlives transactions)."""
+    def _hold_advisory(self, name: Path, timeout: float, bound: float) -> psycopg.Connection:
+        """A pool connection holding the scope's advisory lock (session level, so it outlives transactions),
+        taken within `timeout` s (what is left of the whole wait, `bound`)."""
         import psycopg
         from psycopg_pool import PoolClosed, PoolTimeout
 
@@ -120,18 +130,18 @@ class ScopeLock:
             if timeout == 0:
                 row = conn.execute("select pg_try_advisory_lock(%s, hashtext(%s))", key).fetchone()
                 if not row or not row[0]:
-                    raise Timeout(str(name))
-            elif timeout < 0:
-                conn.execute("select pg_advisory_lock(%s, hashtext(%s))", key)
+                    raise lock_wait_expired(name, self.root, bound, OTHER_MACHINE)
             else:
-                # lock_timeout bounds the wait; an advisory lock is a lock like any other to it.
-                conn.execute("select set_config('lock_timeout', %s, false)", (f"{max(int(timeout * 1000), 1)}ms",))
+                # lock_timeout bounds the wait; an advisory lock is a lock like any other to it. Set to what is
+                # left of this wait, then back to the pool's own bound before the connection goes back.
+                row = conn.execute("select current_setting('lock_timeout')").fetchone()
+                conn.execute("select set_config('lock_timeout', %s, false)", (lock_timeout(timeout),))
                 try:
                     conn.execute("select pg_advisory_lock(%s, hashtext(%s))", key)
                 except psycopg.errors.LockNotAvailable:
-                    raise Timeout(str(name)) from None
+                    raise lock_wait_expired(name, self.root, bound, OTHER_MACHINE) from None
                 finally:
-                    conn.execute("select set_config('lock_timeout', '0', false)")
+                    conn.execute("select set_config('lock_timeout', %s, false)", (row[0] if row else "0",))
         except BaseException as exc:
             self.pool.putconn(conn)
             if isinstance(exc, psycopg.Error):
@@ -167,9 +177,10 @@ class ScopeLockHandle:
     def __init__(self, lock: ScopeLock, path: Path, timeout: float):
         self.lock = lock
         self.lock_file = str(path)
-        self.timeout = timeout
+        self.timeout = check_bound(timeout)
 
     def acquire(self, timeout: float | None = None) -> ScopeLockHandle:
+        """Take the scope's lock within `timeout` s (default: this handle's bound), else LockWaitExpired."""
         self.lock.acquire(Path(self.lock_file), self.timeout if timeout is None else timeout)
         return self
 

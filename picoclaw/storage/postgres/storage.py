@@ -25,6 +25,7 @@ from picoclaw.storage.postgres.schema import ensure_schema, schema_version
 from picoclaw.storage.postgres.sessions import PostgresSessionLog, export_sessions, import_sessions, session_counts
 from picoclaw.storage.postgres.work import AdvisoryWorkLock, claim_interval
 from picoclaw.storage.stored_files import scope_of, stored_files
+from picoclaw.storage.waits import LOCK_WAIT_SECONDS
 
 if TYPE_CHECKING:
     import psycopg
@@ -42,15 +43,17 @@ class PostgresStorage:
 
     backend = "postgres"
 
-    def __init__(self, root: Path, dsn: str, pool_size: int = 10, *, versions_keep: int = VERSIONS_KEEP):
+    def __init__(self, root: Path, dsn: str, pool_size: int = 10, *, versions_keep: int = VERSIONS_KEEP,
+                 lock_wait: float = LOCK_WAIT_SECONDS):
         import psycopg
 
         self.root = root
         self.dsn = dsn
         self.versions_keep = versions_keep
+        self.lock_wait = lock_wait
         self._scopes: dict[str, ScopeLock] = {}
         self._scopes_guard = threading.Lock()
-        self.pool = open_pool(dsn, pool_size)
+        self.pool = open_pool(dsn, pool_size, lock_wait)
         try:
             with self.pool.connection() as conn:
                 ensure_schema(conn)
@@ -66,14 +69,15 @@ class PostgresStorage:
         with self._scopes_guard:
             found = self._scopes.get(scope)
             if found is None:
-                found = ScopeLock(self.pool, self.dsn, ScopeCopy(scope, scope_root, self.versions_keep))
+                found = ScopeLock(self.pool, self.dsn, ScopeCopy(scope, scope_root, self.versions_keep), self.root)
                 self._scopes[scope] = found
             return found
 
-    def lock(self, path: Path, timeout: float = -1) -> ScopeLockHandle:
-        """The lock of the scope `path` lies in (one for all its lock paths), held across machines: the
-        outermost acquire pulls the scope's documents into the folder, the outermost release pushes them."""
-        return ScopeLockHandle(self._scope_lock(path), path, timeout)
+    def lock(self, path: Path, timeout: float | None = None) -> ScopeLockHandle:
+        """The lock of the scope `path` lies in (one for all its lock paths), held across machines, waited for
+        `timeout` s (None: `lock_wait`): the outermost acquire pulls the scope's documents, the outermost release
+        pushes them."""
+        return ScopeLockHandle(self._scope_lock(path), path, self.lock_wait if timeout is None else timeout)
 
     def session_log(self, folder: Path, lock_path: Path | None = None) -> PostgresSessionLog:
         """The transcripts of sessions folder `folder` as rows (`lock_path`, a lock file, is for files only)."""
