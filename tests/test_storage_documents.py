@@ -17,6 +17,7 @@ import pytest
 
 from picoclaw.memory import MemoryStore
 from picoclaw.storage import FilesStorage, Storage, StorageUnavailable
+from tests.stores import stored_document
 
 CTX = multiprocessing.get_context("spawn")  # fresh interpreters: other processes, or other machines
 TZ = ZoneInfo("Asia/Shanghai")
@@ -46,14 +47,7 @@ class Backend:
 
     def stored(self, name: str) -> str | None:
         """The truth of document `name` of the shared scope, as a fresh reader sees it."""
-        if self.kind == "files":
-            path = self.root / name
-            return path.read_text(encoding="utf-8") if path.exists() else None
-        import psycopg
-
-        with psycopg.connect(self.dsn) as conn:
-            row = conn.execute("select content from documents where scope = '' and name = %s", (name,)).fetchone()
-        return bytes(row[0]).decode("utf-8") if row and row[0] is not None else None
+        return stored_document(self.kind, self.root, self.dsn, name)
 
 
 @pytest.fixture(params=["files", "postgres"])

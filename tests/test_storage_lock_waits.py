@@ -32,6 +32,7 @@ from picoclaw.storage import (
     StorageUnavailable,
     open_storage,
 )
+from tests.stores import stored_document
 from tests.test_cli import assert_one_line_error
 from tests.test_config import config_error
 
@@ -96,14 +97,7 @@ class Backend:
 
     def stored(self, name: str) -> str | None:
         """The truth of document `name` of the shared scope, as a fresh reader sees it."""
-        if self.kind == "files":
-            path = self.root / name
-            return path.read_text(encoding="utf-8") if path.exists() else None
-        import psycopg
-
-        with psycopg.connect(self.dsn) as conn:
-            row = conn.execute("select content from documents where scope = '' and name = %s", (name,)).fetchone()
-        return bytes(row[0]).decode("utf-8") if row and row[0] is not None else None
+        return stored_document(self.kind, self.root, self.dsn, name)
 
 
 def _open(kind: str, root: Path, dsn: str, lock_wait: float) -> Storage:
@@ -135,11 +129,11 @@ def _one_line(exc: BaseException) -> str:
 # -- the memory lock, held by another process --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["same folder", "other machine"])
+# The files backend has no other machines: "other machine" runs on PostgreSQL only.
+@pytest.mark.parametrize(("backend", "where"), [("files", "same folder"), ("postgres", "same folder"),
+                                                ("postgres", "other machine")], indirect=["backend"])
 def test_a_held_memory_lock_ends_the_wait_in_one_line_and_nothing_is_written(
         backend: Backend, tmp_path: Path, where: str) -> None:
-    if where == "other machine" and backend.kind == "files":
-        pytest.skip("the files backend has no other machines")
     store = MemoryStore(backend.root / "memory", TZ, storage=backend.storage)
     store.append_long_term("第一条 / the first entry")
     before = backend.stored("memory/MEMORY.md")
@@ -165,9 +159,8 @@ def test_a_held_memory_lock_ends_the_wait_in_one_line_and_nothing_is_written(
     assert "第一条 / the first entry" in (backend.stored("memory/MEMORY.md") or "")
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # the advisory lock is PostgreSQL's
 def test_a_failed_postgres_wait_leaves_no_half_taken_lock(backend: Backend, tmp_path: Path) -> None:
-    if backend.kind != "postgres":
-        pytest.skip("the advisory lock is PostgreSQL's")
     import psycopg
 
     from picoclaw.storage.postgres.documents import LOCAL_LOCK
