@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,20 @@ def templates() -> jinja2.Environment:
     """The console's templates; autoescaping on, so whatever memory or a model wrote is shown as text."""
     return jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                               undefined=jinja2.StrictUndefined)
+
+
+async def refresh(request: web.Request) -> None:
+    """Bring the workspace's documents up to date before a page reads them; an unreachable storage is a 503.
+
+    On PostgreSQL the folder is this machine's copy of the rows, refreshed only by turns and memory locks: a page
+    must show what another machine appended. Off the event loop, as the refresh waits for the server and a lock.
+    """
+    from picoclaw.storage import StorageError
+
+    try:
+        await asyncio.to_thread(request.app[APP_KEY].workspace.refresh)
+    except StorageError as exc:
+        raise web.HTTPServiceUnavailable(text=f"{in_workspace(request, str(exc))}\n") from None
 
 
 def language(request: web.Request) -> str:

@@ -1,0 +1,170 @@
+"""Every memory read is current: what one machine appends, another machine's read commands and console pages
+show at once, with no turn in between (on PostgreSQL two workspace folders on one database; on files one home)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from picoclaw.app import App
+from picoclaw.storage import FilesStorage, StorageUnavailable
+from tests.fakes.console import Console
+from tests.test_cli import assert_one_line_error, run
+from tests.zones import onboard_in_shanghai
+
+# (the entry, a search for it, a word of it the notes show) in English and in Chinese
+FACTS = [("The office door code is 4711.", "office door code", "4711"),
+         ("项目 A 的截止日期是 3 月 15 日。", "项目 A 什么时候截止？", "截止日期")]
+
+
+def _onboarded(home: Path, dsn: str | None) -> Path:
+    """A home onboarded on files, or on the PostgreSQL database `dsn` (the templates go up to it)."""
+    onboard_in_shanghai(home)
+    if dsn is not None:
+        path = home / "config.json"
+        config = json.loads(path.read_text(encoding="utf-8"))
+        config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn}}
+        path.write_text(json.dumps(config), encoding="utf-8")
+        onboard_in_shanghai(home)
+    return home
+
+
+@pytest.fixture(params=["files", "postgres"])
+def homes(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """Machine A's home and machine B's: on PostgreSQL two workspace folders on one database, on files the same."""
+    for name in ("OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN", "PICOCLAW_POSTGRES_DSN"):
+        monkeypatch.delenv(name, raising=False)
+    if request.param == "files":
+        home = _onboarded(tmp_path / "home", None)
+        return home, home
+    dsn = request.getfixturevalue("postgres_dsn")
+    return _onboarded(tmp_path / "a", dsn), _onboarded(tmp_path / "b", dsn)
+
+
+def _in(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        *argv: str) -> tuple[int, str, str]:
+    """`picoclaw ARGV` run in-process with PICOCLAW_HOME set to `home`."""
+    monkeypatch.setenv("PICOCLAW_HOME", str(home))
+    return run(capsys, *argv)
+
+
+def _entries(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> int:
+    """MEMORY.md's entry count, as `memory stats --json` in `home` says."""
+    code, out, err = _in(home, monkeypatch, capsys, "memory", "stats", "--json")
+    assert code == 0, err
+    return next(doc["entries"] for doc in json.loads(out)["documents"] if doc["name"] == "MEMORY.md")
+
+
+@pytest.mark.parametrize(("fact", "query", "word"), FACTS, ids=["english", "chinese"])
+def test_a_second_machine_reads_an_append_at_once(homes: tuple[Path, Path], fact: str, query: str, word: str,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = homes
+    # B reads first, so its folder holds a copy from before the append (a stale one, were reads not refreshed).
+    code, out, _ = _in(b, monkeypatch, capsys, "memory", "show")
+    assert code == 0 and fact not in out
+    before = _entries(b, monkeypatch, capsys)
+
+    code, _, err = _in(a, monkeypatch, capsys, "memory", "append", fact)
+    assert (code, err) == (0, "")
+    code, out, _ = _in(b, monkeypatch, capsys, "memory", "show")
+    assert code == 0 and fact in out
+    code, out, _ = _in(b, monkeypatch, capsys, "memory", "search", query)
+    assert code == 0 and out.startswith("1. score") and fact in out, out
+    assert _entries(b, monkeypatch, capsys) == before + 1
+
+    code, out, _ = _in(b, monkeypatch, capsys, "memory", "notes")
+    assert code == 0 and word not in out
+    code, _, err = _in(a, monkeypatch, capsys, "memory", "append", "--today", f"Noted: {fact}")
+    assert (code, err) == (0, "")
+    code, out, _ = _in(b, monkeypatch, capsys, "memory", "notes")
+    assert code == 0 and f"Noted: {fact}" in out
+
+
+@pytest.fixture
+def console_b(homes: tuple[Path, Path]) -> Iterator[Console]:
+    """Machine B's web console, started before anything is appended through A."""
+    app = App.open(homes[1])
+    try:
+        with Console(app) as running:
+            yield running
+    finally:
+        app.close()
+
+
+def test_the_console_pages_show_another_machines_append(homes: tuple[Path, Path], console_b: Console,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    client = httpx2.Client(base_url=console_b.base, follow_redirects=False, timeout=60,
+                           headers={"Authorization": f"Bearer {console_b.gate.script_token}"})
+    assert "4711" not in client.get("/memory").text  # B's folder is filled before the append
+    fact = "The gym locker is 4711. 健身房柜子是 4711。"
+    for argv in (("memory", "append", fact), ("memory", "append", "--today", f"Noted: {fact}"),
+                 ("memory", "append", "--learning", f"When asked for the locker, say {fact}")):
+        code, _, err = _in(homes[0], monkeypatch, capsys, *argv)
+        assert (code, err) == (0, ""), err
+    for page in ("/memory", "/memory?q=gym+locker+柜子", "/memory/notes", "/memory/lessons"):
+        answer = client.get(page)
+        assert answer.status_code == 200 and "4711" in answer.text, page
+    assert client.get("/memory/stats").status_code == 200
+
+
+def test_a_read_that_cannot_refresh_is_one_line(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # Files never fail to refresh; a backend whose server is gone does, and the read says so instead of
+    # showing an old copy as if it were current.
+    def gone(self: FilesStorage) -> None:
+        raise StorageUnavailable("cannot reach the PostgreSQL server at db.example:5432")
+
+    monkeypatch.setattr(FilesStorage, "refresh", gone)
+    for argv in (("memory", "show"), ("memory", "search", "door"), ("memory", "stats"), ("memory", "notes"),
+                 ("memory", "backups"), ("memory", "status")):
+        assert_one_line_error(*run(capsys, *argv), "cannot reach the PostgreSQL server at db.example:5432")
+
+
+def test_the_console_says_when_it_cannot_refresh(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A page that cannot bring its copy up to date refuses in one line rather than show an old copy as current.
+    def gone(self: FilesStorage) -> None:
+        raise StorageUnavailable(f"cannot reach the server; the lock {console.app.workspace.root}/memory/.lock")
+
+    monkeypatch.setattr(FilesStorage, "refresh", gone)
+    client = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60,
+                           headers={"Authorization": f"Bearer {console.gate.script_token}"})
+    for page in ("/memory", "/memory/notes", "/memory/lessons", "/memory/backups", "/memory/stats"):
+        answer = client.get(page)
+        # one line, and no folder of the server's in it
+        assert (answer.status_code, answer.text) == (503, "cannot reach the server; the lock memory/.lock\n"), page
+
+
+@pytest.fixture
+def console(home: Path) -> Iterator[Console]:
+    """The web console of the test's files home."""
+    app = App.open(home)
+    try:
+        with Console(app) as running:
+            yield running
+    finally:
+        app.close()
+
+
+def test_with_the_index_a_second_machine_finds_an_append_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 postgres_dsn: str) -> None:
+    # The index (keyword-only here) syncs from the folder at every search: the refreshed copy is what it reads.
+    for name in ("OPENAI_API_KEY", "PICOCLAW_POSTGRES_DSN"):
+        monkeypatch.delenv(name, raising=False)
+    a, b = (_onboarded(tmp_path / name, postgres_dsn) for name in ("a", "b"))
+    for home in (a, b):
+        path = home / "config.json"
+        config = json.loads(path.read_text(encoding="utf-8"))
+        config.setdefault("memory", {})["index"] = {"enabled": True}
+        path.write_text(json.dumps(config), encoding="utf-8")
+    for fact, query, _ in FACTS:
+        assert fact not in _in(b, monkeypatch, capsys, "memory", "search", query)[1]  # B's index is built first
+        assert _in(a, monkeypatch, capsys, "memory", "append", fact)[0] == 0
+        code, out, _ = _in(b, monkeypatch, capsys, "memory", "search", query)
+        assert code == 0 and out.startswith("1. score") and fact in out, out
