@@ -85,6 +85,23 @@ def test_a_second_machine_reads_an_append_at_once(homes: tuple[Path, Path], fact
     assert code == 0 and f"Noted: {fact}" in out
 
 
+def test_a_second_machine_reads_a_policy_change_at_once(homes: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = homes
+    code, out, _ = _in(b, monkeypatch, capsys, "policy", "show")
+    assert code == 0 and "(config)" in next(line for line in out.splitlines() if line.startswith("retrieve_limit"))
+
+    code, _, err = _in(a, monkeypatch, capsys, "policy", "set", "retrieve_limit=7")
+    assert code == 0, err
+    code, out, _ = _in(b, monkeypatch, capsys, "policy", "show")
+    shown = next(line for line in out.splitlines() if line.startswith("retrieve_limit"))
+    assert code == 0 and shown.split()[1] == "7" and "(config)" not in shown, out
+    code, out, _ = _in(b, monkeypatch, capsys, "policy", "history")
+    assert code == 0 and "retrieve_limit" in out, out
+    code, out, _ = _in(b, monkeypatch, capsys, "policy", "snapshots")
+    assert code == 0 and "no snapshots yet" not in out, out
+
+
 @pytest.fixture
 def console_b(homes: tuple[Path, Path]) -> Iterator[Console]:
     """Machine B's web console, started before anything is appended through A."""
@@ -111,6 +128,9 @@ def test_the_console_pages_show_another_machines_append(homes: tuple[Path, Path]
         answer = client.get(page)
         assert answer.status_code == 200 and "4711" in answer.text, page
     assert client.get("/memory/stats").status_code == 200
+    code, _, err = _in(homes[0], monkeypatch, capsys, "policy", "set", "retrieve_limit=7")
+    assert code == 0, err
+    assert 'value="7"' in client.get("/policy").text or ">7<" in client.get("/policy").text
 
 
 def test_a_read_that_cannot_refresh_is_one_line(home: Path, monkeypatch: pytest.MonkeyPatch,
@@ -122,7 +142,8 @@ def test_a_read_that_cannot_refresh_is_one_line(home: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(FilesStorage, "refresh", gone)
     for argv in (("memory", "show"), ("memory", "search", "door"), ("memory", "stats"), ("memory", "notes"),
-                 ("memory", "backups"), ("memory", "status")):
+                 ("memory", "backups"), ("memory", "status"), ("policy", "show"), ("policy", "history"),
+                 ("policy", "snapshots")):
         assert_one_line_error(*run(capsys, *argv), "cannot reach the PostgreSQL server at db.example:5432")
 
 
@@ -134,7 +155,7 @@ def test_the_console_says_when_it_cannot_refresh(console: Console, monkeypatch: 
     monkeypatch.setattr(FilesStorage, "refresh", gone)
     client = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60,
                            headers={"Authorization": f"Bearer {console.gate.script_token}"})
-    for page in ("/memory", "/memory/notes", "/memory/lessons", "/memory/backups", "/memory/stats"):
+    for page in ("/memory", "/memory/notes", "/memory/lessons", "/memory/backups", "/memory/stats", "/policy"):
         answer = client.get(page)
         # one line, and no folder of the server's in it
         assert (answer.status_code, answer.text) == (503, "cannot reach the server; the lock memory/.lock\n"), page
