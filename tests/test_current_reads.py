@@ -11,7 +11,11 @@ import httpx2
 import pytest
 
 from picoclaw.app import App
+from picoclaw.memory import MemoryStore
 from picoclaw.storage import FilesStorage, StorageUnavailable
+from picoclaw.storage.waits import LockWaitExpired
+from picoclaw.tools.base import ToolError
+from picoclaw.tools.files import os_errors
 from tests.fakes.console import Console
 from tests.test_cli import assert_one_line_error, run
 from tests.zones import onboard_in_shanghai
@@ -189,3 +193,34 @@ def test_with_the_index_a_second_machine_finds_an_append_at_once(tmp_path: Path,
         assert _in(a, monkeypatch, capsys, "memory", "append", fact)[0] == 0
         code, out, _ = _in(b, monkeypatch, capsys, "memory", "search", query)
         assert code == 0 and out.startswith("1. score") and fact in out, out
+
+
+@pytest.mark.parametrize("entry", ["The gym locker is 4711.", "健身房柜子是 4711。"], ids=["english", "chinese"])
+def test_a_form_the_storage_cannot_take_is_one_line(console: Console, monkeypatch: pytest.MonkeyPatch,
+                                                    entry: str) -> None:
+    # A lock not free in time (another process holds it) answers the form in one line, not a 500 with a traceback,
+    # and names no folder of the server's in full, not even the workspace folder itself.
+    root = console.app.workspace.root
+
+    def held(self: MemoryStore, text: str) -> None:
+        raise LockWaitExpired(f"waited 1 s for the memory lock ({root}/memory/.memory.lock): another picoclaw "
+                              f"process holds it; the memory documents of {root}")
+
+    monkeypatch.setattr(MemoryStore, "append_long_term", held)
+    client = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60,
+                           headers={"Authorization": f"Bearer {console.gate.script_token}"})
+    answer = client.post("/memory/entries", data={"content": entry})
+    assert (answer.status_code, answer.text) == (503, "waited 1 s for the memory lock (memory/.memory.lock): another "
+                                                      "picoclaw process holds it; the memory documents of "
+                                                      "~/workspace\n")
+    assert entry not in console.app.workspace.store.read_long_term()
+
+
+@pytest.mark.parametrize("shown", ["MEMORY.md", "今天的笔记"])
+def test_a_memory_tool_the_storage_cannot_serve_is_one_line_for_the_model(shown: str) -> None:
+    with pytest.raises(ToolError) as caught:
+        with os_errors("save to", shown):
+            raise LockWaitExpired("waited 1 s for the memory lock (memory/.memory.lock): another picoclaw process "
+                                  "holds it")
+    assert str(caught.value) == (f"cannot save to {shown}: waited 1 s for the memory lock (memory/.memory.lock): "
+                                 "another picoclaw process holds it")

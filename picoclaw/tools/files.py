@@ -29,6 +29,7 @@ from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
 from picoclaw.fsutil import atomic_write
 from picoclaw.memory import Workspace, demote_headings
+from picoclaw.storage import StorageError
 from picoclaw.tools.base import Tool, ToolError
 from picoclaw.tools.facts import check_edit, edited, save_fact
 from picoclaw.tools.sandbox import Target, WorkspaceFiles
@@ -53,7 +54,7 @@ def os_errors(action: str, shown: str) -> Iterator[None]:
         yield
     except ToolError:
         raise
-    except MemoryStoreError as exc:
+    except (MemoryStoreError, StorageError) as exc:  # StorageError: a lock not free in time, a server gone
         raise ToolError(f"cannot {action} {shown}: {exc}") from exc
     except FileNotFoundError as exc:
         raise ToolError(f"no such file or folder: {shown}") from exc

@@ -59,7 +59,8 @@ async def memory_page(request: web.Request, *, error: str = "", status: int = 20
     what a turn's search finds for it."""
     from picoclaw.memory import entry_injections, long_term_entries
 
-    await refresh(request)
+    if not error:  # a form's refusal is shown as it was, not replaced by a refresh's failure
+        await refresh(request)
     app = request.app[APP_KEY]
     store = app.workspace.store
     query = request.query.get("q", "").strip()[:500]

@@ -28,6 +28,18 @@ def templates() -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined)
 
 
+@web.middleware
+async def storage_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A storage that cannot do what a page or form asked (unreachable, a lock not free in time) is a one-line 503,
+    the server's folders left out, never a 500 with a traceback in the log."""
+    from picoclaw.storage import StorageError
+
+    try:
+        return await handler(request)
+    except StorageError as exc:
+        raise web.HTTPServiceUnavailable(text=f"{in_workspace(request, str(exc))}\n") from None
+
+
 async def refresh(request: web.Request) -> None:
     """Bring the workspace's documents up to date before a page reads them; an unreachable storage is a 503.
 
@@ -66,6 +78,9 @@ def in_workspace(request: web.Request, text: str) -> str:
     app = request.app[APP_KEY]
     for folder, shown in ((app.workspace.root, ""), (app.home, "~/")):
         text = text.replace(f"{folder}{os.sep}", shown)
+    # The folders themselves, named without a path after them ("the memory documents of /data/ws: …").
+    for folder, shown in ((app.workspace.root, "the workspace folder"), (app.home, "~")):
+        text = text.replace(str(folder), shown)
     return text
 
 

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from picoclaw.web import chat_page, jobs_page, login_link, memory_page, policy_page, stats_page, status_page, why_page
 from picoclaw.web.labels import LANG_COOKIE, LANGUAGES
-from picoclaw.web.render import APP_KEY, HERE, TEMPLATES_KEY, render, see_other, templates
+from picoclaw.web.render import APP_KEY, HERE, TEMPLATES_KEY, render, see_other, storage_errors, templates
 from picoclaw.web.request_log import ServerLog
 from picoclaw.web.security import COOKIE, GATE_KEY, LOGIN_PATH, Gate, middleware
 from picoclaw.web.token_file import remove_token, write_token
@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 def make_console(app: App, gate: Gate) -> web.Application:
     """The console for `app`, behind `gate`."""
-    console = web.Application(middlewares=[middleware(gate, _login_page)], client_max_size=1024 * 1024)
+    console = web.Application(middlewares=[middleware(gate, _login_page), storage_errors],
+                              client_max_size=1024 * 1024)
     console[APP_KEY] = app
     console[GATE_KEY] = gate
     console[TEMPLATES_KEY] = templates()
