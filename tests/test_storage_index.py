@@ -193,7 +193,7 @@ def test_postgres_builds_the_vector_index_once_the_vectors_are_in_and_prunes_unu
             store.long_term_path.write_text("## 2024-05-01\nA new text: 新的内容\n", encoding="utf-8")
             assert "新的内容" in index.search("新的内容", 1)[0].block.text
             cached = conn.execute("select count(*) from index_embeddings").fetchone()
-            PostgresIndexTable(storage.pool, "").finish_embedding(TermEmbedder.key, keep_unused=1)
+            PostgresIndexTable(storage.pool, postgres_dsn, "").finish_embedding(TermEmbedder.key, keep_unused=1)
             kept = conn.execute("select count(*) from index_embeddings").fetchone()
         assert cached is not None and cached[0] == len(ENTRIES) + 1  # the old texts' vectors stay cached …
         assert kept == (2,)  # … up to keep_unused of them besides the one in use

@@ -18,6 +18,7 @@ from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.protocol import MemorySearch
 from picoclaw.memory.search.standing import StandingSearch
 from picoclaw.memory.store import MemoryStore
+from picoclaw.storage.errors import StorageError
 
 if TYPE_CHECKING:
     from picoclaw.config import IndexConfig
@@ -31,7 +32,8 @@ _LONG_TERM_ONLY = frozenset({"memory"})
 
 
 class IndexedSearch:
-    """Answers from the index; from the keyword search when the index cannot (locked, unwritable disk)."""
+    """Answers from the index; from the keyword search when the index cannot (locked, unwritable disk, its
+    PostgreSQL table out of reach)."""
 
     def __init__(self, files: KeywordSearch, index: MemoryIndex):
         self.files = files
@@ -55,7 +57,7 @@ class IndexedSearch:
             return self.files.search(query, limit)
         try:
             return self.index.search(query, limit, None if include_notes else _LONG_TERM_ONLY)
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, StorageError) as exc:
             self._unusable(exc)
             return self.files.search(query, limit, include_notes=include_notes)
 
@@ -66,7 +68,7 @@ class IndexedSearch:
         try:
             return await self.index.search_async(query, limit, None if include_notes else _LONG_TERM_ONLY,
                                                  wait=self.wait)
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, StorageError) as exc:
             self._unusable(exc)
             return await self.files.search_async(query, limit, include_notes=include_notes)
 

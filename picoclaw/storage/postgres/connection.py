@@ -131,6 +131,21 @@ def open_pool(dsn: str, size: int, lock_wait: float = LOCK_WAIT_SECONDS) -> Conn
 
 
 @contextmanager
+def storage_errors(dsn: str, what: str) -> Iterator[None]:
+    """Driver errors as one line: a server gone (or a lock wait past its bound) is StorageUnavailable, anything
+    else a StorageError saying PostgreSQL refused `what` ("a sessions change")."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        raise unreachable(dsn, exc) from None
+    except psycopg.Error as exc:
+        reason = " ".join(without_password(str(exc), dsn).split()) or type(exc).__name__
+        raise StorageError(f"PostgreSQL refused {what}: {reason[:300]}") from None
+
+
+@contextmanager
 def transaction(pool: ConnectionPool, dsn: str, what: str, wait: float | None = None) -> Iterator[psycopg.Connection]:
     """A pool connection in a transaction; a lost server is StorageUnavailable, any other failure a StorageError
     naming `what` (the jobs, the inbox) and saying nothing was changed. `wait`: the most seconds to wait for a

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+from picoclaw.storage.postgres.connection import storage_errors
 
 if TYPE_CHECKING:
     import psycopg
@@ -22,6 +25,15 @@ K1 = 1.2
 B = 0.75
 IDF_FLOOR = 1e-6  # what FTS5's bm25() uses for a term in half the chunks or more
 INDEX_LOCK = 0x696E6478  # pg_advisory_xact_lock(INDEX_LOCK, hashtext(index name)) around a build ("indx")
+WHAT = "a memory index statement"  # what a driver error says PostgreSQL refused
+
+# The index's writes, its HNSW builds and its VACUUM wait for their locks with no bound (lock_timeout 0), not
+# the pool's storage.lock_wait_seconds: what they wait for is another process's build of an HNSW index (a
+# SHARE lock on index_chunks, which blocks every write to it), backfill or vacuum, each legitimately minutes,
+# and ending on its own. They waited so until every pool connection got a bound; cut off after it, a reindex
+# failed halfway and a turn's search lost its sync. A longer fixed bound would only move that failure to
+# larger indexes. Reads never wait for a build or a vacuum, and keep the pool's bound.
+NO_BOUND = "set local lock_timeout = 0"
 
 # Vectors of any size live in one untyped `vector` column; HNSW needs a fixed dimension, so each dimension
 # met gets its own partial expression index (`embedding::vector(n)` where dims = n), made on first use. One
@@ -117,10 +129,25 @@ class PostgresIndexTable:
 
     backend = "postgres"
 
-    def __init__(self, pool: ConnectionPool[Any], scope: str):
+    def __init__(self, pool: ConnectionPool[Any], dsn: str, scope: str):
         self.pool = pool
+        self.dsn = dsn  # for errors naming the server (never its password)
         self.scope = scope
         self._written = 0  # chunk rows written since this table last refreshed the planner's statistics
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pool connection; a driver error is one line (StorageUnavailable, LockWaitExpired, StorageError),
+        never psycopg's exception: the memory search falls back to the files on it, the CLI prints it."""
+        with storage_errors(self.dsn, WHAT), self.pool.connection() as conn:
+            yield conn
+
+    @contextmanager
+    def _writing(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pool connection in a transaction whose lock waits have no bound (NO_BOUND)."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute(NO_BOUND)
+            yield conn
 
     def _wrote(self, rows: int) -> None:
         """Vacuum and analyse the index tables after a bulk write, so searches use the indexes at once.
@@ -133,28 +160,33 @@ class PostgresIndexTable:
         self._written += rows
         if self._written < 1000:
             return
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             total = conn.execute("select coalesce(sum(chunks), 0) from index_totals").fetchone()
             if self._written < 0.2 * int(total[0] if total else 0):
                 return
             conn.commit()
-            conn.autocommit = True  # VACUUM cannot run inside a transaction
+            autocommit = conn.autocommit
+            conn.autocommit = True  # VACUUM cannot run inside a transaction, so no SET LOCAL: no bound (as
+            # NO_BOUND) is set on the connection, and the pool's bound put back before the connection returns
+            bound = conn.execute("select current_setting('lock_timeout')").fetchone()
+            conn.execute("set lock_timeout = 0")
             try:
                 conn.execute("vacuum (analyze) index_chunks, index_terms")
             finally:
-                conn.autocommit = False
+                conn.execute("select set_config('lock_timeout', %s, false)", (bound[0] if bound else "0",))
+                conn.autocommit = autocommit  # as the pool gave it (autocommit), not left in transactions
         self._written = 0
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
     def get_meta(self, key: str) -> str | None:
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute("select value from index_meta where scope = %s and key = %s",
                                (self.scope, key)).fetchone()
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str | None) -> None:
-        with self.pool.connection() as conn:
+        with self._writing() as conn:
             if value is None:
                 conn.execute("delete from index_meta where scope = %s and key = %s", (self.scope, key))
             else:
@@ -163,25 +195,25 @@ class PostgresIndexTable:
 
     def known_files(self) -> dict[str, tuple[str, int, int, int, int]]:
         """path → (hash, mtime_ns, size, inode, checked_ns) of every indexed file."""
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute("select path, hash, mtime_ns, size, inode, checked_ns from index_files "
                                 "where scope = %s", (self.scope,)).fetchall()
         return {row[0]: (row[1], row[2], row[3], row[4], row[5]) for row in rows}
 
     def restamp_file(self, path: str, mtime_ns: int, size: int, inode: int, checked_ns: int) -> None:
         """Record a file's new stat when its bytes are unchanged."""
-        with self.pool.connection() as conn:
+        with self._writing() as conn:
             conn.execute("update index_files set mtime_ns = %s, size = %s, inode = %s, checked_ns = %s "
                          "where scope = %s and path = %s", (mtime_ns, size, inode, checked_ns, self.scope, path))
 
     def forget_file(self, path: str) -> None:
         """Remove a file's chunks, terms and record."""
-        with self.pool.connection() as conn, conn.transaction():
+        with self._writing() as conn:
             self._drop_file(conn, path)
 
     def forget_everything(self) -> None:
         """Drop every file and chunk of the scope (cached vectors stay: a rebuild embeds nothing it had)."""
-        with self.pool.connection() as conn, conn.transaction():
+        with self._writing() as conn:
             conn.execute("delete from index_files where scope = %s", (self.scope,))
             conn.execute("delete from index_totals where scope = %s", (self.scope,))
 
@@ -207,7 +239,7 @@ class PostgresIndexTable:
 
     def _replace_file(self, path: str, source: str, digest: str, stat: tuple[int, int, int, int],
                       chunks: Sequence[ChunkRow]) -> None:
-        with self.pool.connection() as conn, conn.transaction():
+        with self._writing() as conn:
             self._drop_file(conn, path)
             conn.execute("insert into index_files (scope, path, source, hash, mtime_ns, size, inode, checked_ns) "
                          "values (%s, %s, %s, %s, %s, %s, %s, %s)", (self.scope, path, source, digest, *stat))
@@ -221,7 +253,7 @@ class PostgresIndexTable:
 
     def counts(self, model: str | None) -> tuple[int, int, int]:
         """(files, chunks, chunks with a vector of `model`)."""
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute("select (select count(*) from index_files where scope = %s), "
                                "(select count(*) from index_chunks where scope = %s), "
                                "(select count(*) from index_chunks where scope = %s and model = %s)",
@@ -233,7 +265,7 @@ class PostgresIndexTable:
 
     def term_stats(self, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
         """(number of chunks, term → chunks holding it) for BM25's idf."""
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             total = conn.execute("select chunks from index_totals where scope = %s", (self.scope,)).fetchone()
             docs = conn.execute("select term, count(*) from index_terms where scope = %s and term = any(%s) "
                                 "group by term", (self.scope, list(terms))).fetchall()
@@ -266,12 +298,12 @@ class PostgresIndexTable:
         params = {"scope": self.scope, "terms": terms, "idf": idf, "k1": K1, "b": B, "best": best,
                   "among": None if among is None else list(among),
                   "sources": None if sources is None else sorted(sources)}
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             return {int(i): float(v) for i, v in conn.execute(sql.encode(), params).fetchall()}
 
     def texts(self, ids: Iterable[int]) -> dict[int, str]:
         """Chunk id → its text."""
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             return dict(conn.execute("select id, text from index_chunks where scope = %s and id = any(%s)",
                                      (self.scope, list(ids))).fetchall())
 
@@ -289,7 +321,7 @@ class PostgresIndexTable:
             select id, source, lag(id) over (partition by path order by ordinal),
                    lag(ordinal) over (partition by path order by ordinal), ordinal
             from window_rows"""
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(sql.encode(), {"scope": self.scope, "ids": list(ids)}).fetchall()
         sources = {int(r[0]): r[1] for r in rows}
         previous = {int(r[0]): int(r[2]) for r in rows if r[2] is not None and r[3] == r[4] - 1}
@@ -301,14 +333,14 @@ class PostgresIndexTable:
         params: tuple[object, ...] = (self.scope, path, start, end, end)
         if sources is not None:
             params += (sorted(sources),)
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             return [int(r[0]) for r in conn.execute(
                 f"select id from index_chunks where scope = %s and path = %s and start_line between %s and %s "
                 f"and end_line <= %s{where} order by ordinal".encode(), params).fetchall()]
 
     def rows(self, ids: Iterable[int]) -> dict[int, tuple[str, str, str, int, int]]:
         """Chunk id → (path, heading, text, start_line, end_line)."""
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             return {int(r[0]): (r[1], r[2], r[3], r[4], r[5]) for r in conn.execute(
                 "select id, path, heading, text, start_line, end_line from index_chunks "
                 "where scope = %s and id = any(%s)", (self.scope, list(ids))).fetchall()}
@@ -317,7 +349,7 @@ class PostgresIndexTable:
 
     def missing_texts(self, model: str) -> list[tuple[str, str]]:
         """(hash, text) of every chunk text with no vector of `model`."""
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             return [(r[0], r[1]) for r in conn.execute(
                 # `model <> %s` spelled as two ranges, so the (scope, model) index answers it: this runs
                 # before every search and must not read every chunk.
@@ -330,21 +362,20 @@ class PostgresIndexTable:
         rows = [(digest, len(vector), _vector_text(vector)) for digest, vector in zip(hashes, vectors)]
         if not rows:
             return
-        with self.pool.connection() as conn:
-            with conn.transaction():
-                # One COPY into a scratch table, then one statement each for the cache and the chunks: a
-                # statement a vector took minutes for a 100,000-chunk index.
-                conn.execute("create temp table new_vectors (text_hash text primary key, dims int not null, "
-                             "embedding vector not null) on commit drop")
-                with conn.cursor().copy("copy new_vectors (text_hash, dims, embedding) from stdin") as copy:
-                    for row in dict((r[0], r) for r in rows).values():
-                        copy.write_row(row)
-                conn.execute("insert into index_embeddings (scope, model, text_hash, dims, embedding, used_ns) "
-                             "select %s, %s, text_hash, dims, embedding, %s from new_vectors "
-                             "on conflict (scope, model, text_hash) do update set dims = excluded.dims, "
-                             "embedding = excluded.embedding, used_ns = excluded.used_ns", (self.scope, model, now_ns))
-                conn.execute("update index_chunks c set model = %s, dims = v.dims, embedding = v.embedding "
-                             "from new_vectors v where c.scope = %s and c.hash = v.text_hash", (model, self.scope))
+        with self._writing() as conn:
+            # One COPY into a scratch table, then one statement each for the cache and the chunks: a
+            # statement a vector took minutes for a 100,000-chunk index.
+            conn.execute("create temp table new_vectors (text_hash text primary key, dims int not null, "
+                         "embedding vector not null) on commit drop")
+            with conn.cursor().copy("copy new_vectors (text_hash, dims, embedding) from stdin") as copy:
+                for row in dict((r[0], r) for r in rows).values():
+                    copy.write_row(row)
+            conn.execute("insert into index_embeddings (scope, model, text_hash, dims, embedding, used_ns) "
+                         "select %s, %s, text_hash, dims, embedding, %s from new_vectors "
+                         "on conflict (scope, model, text_hash) do update set dims = excluded.dims, "
+                         "embedding = excluded.embedding, used_ns = excluded.used_ns", (self.scope, model, now_ns))
+            conn.execute("update index_chunks c set model = %s, dims = v.dims, embedding = v.embedding "
+                         "from new_vectors v where c.scope = %s and c.hash = v.text_hash", (model, self.scope))
         self._wrote(len(rows))
 
     def finish_embedding(self, model: str, keep_unused: int) -> None:
@@ -354,23 +385,23 @@ class PostgresIndexTable:
         Built here, once the vectors are in, rather than grown vector by vector while they arrive: one build
         of a 100,000-chunk graph takes a fraction of the time of as many single inserts.
         """
-        with self.pool.connection() as conn:
-            with conn.transaction():
-                conn.execute("delete from index_meta where scope = %s and key in ('embed_error', 'embed_error_at')",
-                             (self.scope,))
-                conn.execute(b"""
-                    delete from index_embeddings where scope = %(scope)s and (model, text_hash) in (
-                        select e.model, e.text_hash from index_embeddings e
-                        where e.scope = %(scope)s and not (e.model = %(model)s and exists (
-                            select 1 from index_chunks c where c.scope = %(scope)s and c.hash = e.text_hash))
-                        order by e.used_ns desc offset %(keep)s)""",
-                             {"scope": self.scope, "model": model, "keep": keep_unused})
+        with self._writing() as conn:
+            conn.execute("delete from index_meta where scope = %s and key in ('embed_error', 'embed_error_at')",
+                         (self.scope,))
+            conn.execute(b"""
+                delete from index_embeddings where scope = %(scope)s and (model, text_hash) in (
+                    select e.model, e.text_hash from index_embeddings e
+                    where e.scope = %(scope)s and not (e.model = %(model)s and exists (
+                        select 1 from index_chunks c where c.scope = %(scope)s and c.hash = e.text_hash))
+                    order by e.used_ns desc offset %(keep)s)""",
+                         {"scope": self.scope, "model": model, "keep": keep_unused})
+        with self._connection() as conn:
             dims = [int(r[0]) for r in conn.execute(
                 "select distinct dims from index_chunks where scope = %s and model = %s and dims is not null",
                 (self.scope, model)).fetchall()]
-            for size in dims:
-                with conn.transaction():
-                    _ensure_hnsw(conn, size)
+        for size in dims:
+            with self._writing() as conn:
+                _ensure_hnsw(conn, size)
 
     def nearest(self, model: str, vector: Sequence[float], wanted: int,
                 sources: Iterable[str] | None) -> list[tuple[int, float]]:
@@ -382,7 +413,7 @@ class PostgresIndexTable:
                f"order by embedding::vector({dims}) <=> %(q)s::vector({dims}) limit %(wanted)s")
         params = {"q": _vector_text(vector), "scope": self.scope, "model": model, "wanted": wanted,
                   "sources": None if sources is None else sorted(sources)}
-        with self.pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             # The scope and source filters are applied to what the graph walk yields: iterative scans keep
             # walking until `wanted` rows pass them, and a wider ef_search keeps recall near exact search.
             conn.execute(f"set local hnsw.ef_search = {max(100, 2 * int(wanted))}".encode())
@@ -393,7 +424,7 @@ class PostgresIndexTable:
     def similarities(self, model: str, vector: Sequence[float], ids: Iterable[int]) -> list[tuple[int, float]]:
         """Exact cosine similarity with `vector` of the chunks `ids` that have a vector of `model`."""
         dims = int(len(vector))
-        with self.pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(
                 f"select id, 1 - (embedding::vector({dims}) <=> %s::vector({dims})) from index_chunks "
                 f"where scope = %s and model = %s and dims = {dims} and id = any(%s)".encode(),
@@ -427,7 +458,8 @@ def _ensure_hnsw(conn: psycopg.Connection[Any], dims: int) -> None:
     """The HNSW index of vectors with `dims` dimensions, built once, after the first backfill of that size.
 
     Under a transaction-scoped advisory lock named after the index: two processes finishing a backfill at
-    once would otherwise both start the build, and the second fail on the name the first took.
+    once would otherwise both start the build, and the second fail on the name the first took. In a
+    transaction whose lock waits have no bound (NO_BOUND): the other's build takes minutes.
     """
     name = f"index_chunks_hnsw_{int(dims)}"
     conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (INDEX_LOCK, name))

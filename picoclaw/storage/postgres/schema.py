@@ -42,6 +42,13 @@ def schema_version(conn: psycopg.Connection) -> int | None:
 def ensure_schema(conn: psycopg.Connection) -> int:
     """Create or upgrade the schema to SCHEMA_VERSION, in one transaction under the migration lock."""
     with conn.transaction():
+        # No bound on this transaction's lock waits (the pool's connections end theirs after
+        # storage.lock_wait_seconds): a process starting while another holds MIGRATION_LOCK waits for that
+        # migration, and an `alter table` waits behind a long transaction, as long as either takes (an upgrade
+        # of a large index rewrites every term row: minutes). Cut off, the process would not start at all, for
+        # a wait that ends on its own; a longer fixed bound would only move that failure to larger databases.
+        # SET LOCAL: the connection's own bound is back when the transaction ends.
+        conn.execute("set local lock_timeout = 0")
         conn.execute("select pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         conn.execute("create table if not exists picoclaw_schema "
                      "(version int primary key, applied_at timestamptz not null default now())")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Hashable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ import orjson
 from picoclaw.fsutil import atomic_write
 from picoclaw.layout import SESSIONS_DIR, USERS_DIR
 from picoclaw.storage.errors import StorageError
-from picoclaw.storage.postgres.connection import unreachable, without_password
+from picoclaw.storage.postgres.connection import storage_errors as driver_errors
 from picoclaw.storage.sessions import ARCHIVE_DIR, Transcript, record_lines, transcript_files
 
 if TYPE_CHECKING:
@@ -91,18 +91,9 @@ def message_id(line: bytes) -> int | None:
     return None
 
 
-@contextmanager
-def storage_errors(dsn: str) -> Iterator[None]:
-    """Driver errors as one line: a server gone is StorageUnavailable, anything else StorageError."""
-    import psycopg
-
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        raise unreachable(dsn, exc) from None
-    except psycopg.Error as exc:
-        reason = " ".join(without_password(str(exc), dsn).split()) or type(exc).__name__
-        raise StorageError(f"PostgreSQL refused a sessions change: {reason[:300]}") from None
+def storage_errors(dsn: str) -> AbstractContextManager[None]:
+    """Driver errors of a sessions change as one line (connection.storage_errors)."""
+    return driver_errors(dsn, "a sessions change")
 
 
 class PostgresSessionLog:

@@ -233,7 +233,7 @@ class PostgresStorage:
 
     def index_table(self, scope_path: Path) -> PostgresIndexTable:
         """The memory index's chunks of the scope holding `scope_path` (rows keyed by that scope)."""
-        return PostgresIndexTable(self.pool, scope_of(self.root, scope_path)[0])
+        return PostgresIndexTable(self.pool, self.dsn, scope_of(self.root, scope_path)[0])
 
     def close(self) -> None:
         """Close the pool."""
