@@ -165,17 +165,6 @@ def test_the_console_says_when_it_cannot_refresh(console: Console, monkeypatch: 
         assert (answer.status_code, answer.text) == (503, "cannot reach the server; the lock memory/.lock\n"), page
 
 
-@pytest.fixture
-def console(home: Path) -> Iterator[Console]:
-    """The web console of the test's files home."""
-    app = App.open(home)
-    try:
-        with Console(app) as running:
-            yield running
-    finally:
-        app.close()
-
-
 def test_with_the_index_a_second_machine_finds_an_append_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str],
                                                                  postgres_dsn: str) -> None:

@@ -22,16 +22,6 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 @pytest.fixture
-def console(home: Path) -> Iterator[Console]:
-    app = App.open(home)
-    try:
-        with Console(app) as running:
-            yield running
-    finally:
-        app.close()
-
-
-@pytest.fixture
 def chatting(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[tuple[Console, FakeOpenAIServer]]:
     config = json.loads((home / "config.json").read_text(encoding="utf-8"))
     config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}

@@ -25,16 +25,6 @@ from tests.fakes.console import Console, csrf_of, free_port, logged_in
 XSS = '<img src=x onerror=alert(1)> <a href="javascript:alert(2)">click</a>'
 
 
-@pytest.fixture
-def console(home: Path) -> Iterator[Console]:
-    app = App.open(home)
-    try:
-        with Console(app) as running:
-            yield running
-    finally:
-        app.close()
-
-
 def test_nothing_without_logging_in_and_the_link_works_once(console: Console) -> None:
     console.app.workspace.store.append_long_term("My locker code is 4711")
     anonymous = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60)

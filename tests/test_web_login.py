@@ -6,24 +6,12 @@ from __future__ import annotations
 
 import re
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from picoclaw.app import App
 from tests.fakes.console import Console, csrf_of, free_port, logged_in, login_link_of, picoclaw_web, stopped
-
-
-@pytest.fixture
-def console(home: Path) -> Iterator[Console]:
-    app = App.open(home)
-    try:
-        with Console(app) as running:
-            yield running
-    finally:
-        app.close()
 
 
 def anonymous(console: Console) -> httpx2.Client:
