@@ -18,7 +18,7 @@ from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.protocol import MemorySearch
 from picoclaw.memory.search.standing import StandingSearch
 from picoclaw.memory.store import MemoryStore
-from picoclaw.storage.errors import StorageError
+from picoclaw.storage import StorageError
 
 if TYPE_CHECKING:
     from picoclaw.config import IndexConfig
