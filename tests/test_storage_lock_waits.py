@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -32,9 +31,9 @@ from picoclaw.storage import (
     StorageUnavailable,
     open_storage,
 )
-from tests.stores import stored_document
 from tests.test_cli import assert_one_line_error
 from tests.test_config import config_error
+from tests.test_storage_documents import Backend
 
 TZ = ZoneInfo("Asia/Shanghai")
 HANG = 120  # seconds: only a bound on a hang (a holder that never starts or never lets go), never a speed check
@@ -86,18 +85,6 @@ class Holder:
         if not self.process.stdin.closed:
             self.process.stdin.close()
         self.process.wait(timeout=HANG)
-
-
-@dataclass
-class Backend:
-    kind: str
-    root: Path
-    dsn: str
-    storage: Storage
-
-    def stored(self, name: str) -> str | None:
-        """The truth of document `name` of the shared scope, as a fresh reader sees it."""
-        return stored_document(self.kind, self.root, self.dsn, name)
 
 
 def _open(kind: str, root: Path, dsn: str, lock_wait: float) -> Storage:
