@@ -399,3 +399,38 @@ def append_jsonl(path: Path, records: list[dict[str, Any]], *, durable: bool = T
         fh.flush()
         if durable:
             os.fsync(fh.fileno())
+
+
+# -- appending in place, crash-safe ------------------------------------------------------------------
+
+def append_bytes(real: Path, info: os.stat_result, payload: bytes) -> os.stat_result:
+    """Add `payload` at the end of `real` (whose stat is `info`), fsynced; the file's stat after.
+
+    A journal beside the file names the size before and the bytes being added, fsynced before the first
+    byte is written: a writer killed half-way leaves it behind, and the memory store's repair
+    (memory/in_place_append.py) cuts the file back. A write that fails (a full disk) cuts it back at once.
+    """
+    fd = os.open(real, os.O_WRONLY | os.O_APPEND)  # first: a file that cannot be written leaves no journal
+    try:
+        journal = journal_path(real)
+        atomic_write(journal, orjson.dumps({"inode": info.st_ino, "size": info.st_size,
+                                            "entry": payload.decode("utf-8")}))
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, info.st_size)  # should this fail too, the journal stays for the next writer
+            os.fsync(fd)
+            journal.unlink(missing_ok=True)
+            raise
+        journal.unlink(missing_ok=True)
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def journal_path(real: Path) -> Path:
+    """Where an append to `real` notes what it is about to do, beside the file (see `append_bytes`)."""
+    return real.with_name(f".{real.name}.append")

@@ -16,7 +16,7 @@ from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory import MemoryStore
-from picoclaw.storage import open_storage
+from picoclaw.storage import Storage, document_of, is_stored_document, open_storage, write_file
 
 
 def template_paths() -> tuple[Path, Path]:
@@ -66,7 +66,7 @@ def onboard(home: Path, configure: Configure | None = None) -> list[OnboardStep]
         steps.append(OnboardStep(config_path, "created"))
     layout = WorkspaceLayout.of(config, home)
     # The configured storage: on PostgreSQL, documents already in the database come into the folder first
-    # (so they count as existing and are kept), and what onboarding wrote goes to the database after.
+    # (so they count as existing and are kept); what onboarding writes goes through it to the database.
     storage = open_storage(config, layout.root)
     try:
         storage.refresh()
@@ -79,13 +79,22 @@ def onboard(home: Path, configure: Configure | None = None) -> list[OnboardStep]
                 elif target == store.learnings_path:
                     store.create_learnings(source.read_text(encoding="utf-8"))
                 else:
-                    atomic_write(target, source.read_bytes())
+                    write_file(storage, target, source.read_bytes())
                 steps.append(OnboardStep(target, "created"))
             elif filecmp.cmp(source, target, shallow=False):
+                _store_if_missing(storage, target)
                 steps.append(OnboardStep(target, "unchanged"))
             else:
+                _store_if_missing(storage, target)
                 steps.append(OnboardStep(target, "kept"))
-        storage.refresh()
     finally:
         storage.close()
     return steps
+
+
+def _store_if_missing(storage: Storage, target: Path) -> None:
+    """Store a template file the folder holds but the storage lacks, as it is (a folder whose config moved to
+    PostgreSQL): what onboarding reports as kept is what the assistant then reads."""
+    documents, name = document_of(storage, target)
+    if is_stored_document(storage, target) and documents.read(name).data is None:
+        documents.create(name, target.read_bytes())

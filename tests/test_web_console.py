@@ -610,7 +610,8 @@ def test_a_compression_links_to_its_before_and_after_with_the_fact_checks_verdic
     before = store.read_long_term()
     compressed = before.split("## ")[0] + "## 2026-11-26\nProject Falcon ships on 2026-12-18 (moved from 12-15)\n"
     store.rewrite_long_term(compressed)  # as the compressor does: a backup of the file first
-    record_outcome(store.memory_dir, COMPRESSION, "compressed", "2 entries into 1; every fact kept (fact check passed)")
+    record_outcome(store.documents, store.memory_dir, COMPRESSION, "compressed",
+                   "2 entries into 1; every fact kept (fact check passed)")
     client = logged_in(console)
     page = client.get("/memory/stats").text
     assert "compressed · 2 entries into 1; every fact kept (fact check passed)" in page

@@ -105,7 +105,8 @@ class Reflector:
 
     def _record(self, session_key: str, status: str, detail: str) -> None:
         # Beside the policy it tunes: the owner's, shared by every memory scope.
-        record_outcome(self.policy.memory_dir, REFLECTION, status, f"session {session_key}: {detail}")
+        record_outcome(self.policy.documents, self.policy.memory_dir, REFLECTION, status,
+                       f"session {session_key}: {detail}")
 
     async def _reflect(self, session_key: str, messages: list[Message],
                        after: Continuation | None) -> ReflectionOutcome:

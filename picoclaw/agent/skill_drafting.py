@@ -26,10 +26,9 @@ import yaml
 
 from picoclaw.agent.turn_review import FinishedTurn, workflow_of
 from picoclaw.errors import ConfigError
-from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
 from picoclaw.memory import Workspace
-from picoclaw.storage import LockWaitExpired, Storage
+from picoclaw.storage import LockWaitExpired, Storage, document_of
 from picoclaw.tools import SkillDraftError, SkillDrafts, safe_name
 
 log = logging.getLogger(__name__)
@@ -64,6 +63,7 @@ class WorkflowTally:
     def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / WORKFLOWS_FILE
         self._lock = storage.lock(Path(memory_dir) / ".skill_workflows.lock", timeout=lock_wait)
+        self.documents, self.name = document_of(storage, self.path)
 
     def record(self, tools: tuple[str, ...], lesson: str | None, session: str, due_at: int) -> Workflow | None:
         """Count one success of `tools` (with the lesson it taught, if any); the workflow when this success makes
@@ -120,7 +120,7 @@ class WorkflowTally:
 
     def _save(self, workflows: dict[tuple[str, ...], Workflow]) -> None:
         kept = list(workflows.values())[-MAX_WORKFLOWS:]
-        atomic_write(self.path, orjson.dumps({"version": _VERSION, "workflows": [w.record() for w in kept]},
+        self.documents.replace(self.name, orjson.dumps({"version": _VERSION, "workflows": [w.record() for w in kept]},
                                              option=orjson.OPT_INDENT_2))
 
 

@@ -348,7 +348,7 @@ class LongTermCompressor:
         return result
 
     def _record(self, status: str, detail: str) -> None:
-        record_outcome(self.store.memory_dir, COMPRESSION, status, detail)
+        record_outcome(self.store.documents, self.store.memory_dir, COMPRESSION, status, detail)
 
     async def _run(self, policy: MemoryPolicy, *, force: bool, dry_run: bool) -> CompressionResult | None:
         # The memory lock, the gate and MEMORY.md are disk work: in a worker thread, off the event loop.

@@ -19,9 +19,8 @@ from pathlib import Path
 import orjson
 
 from picoclaw.errors import ConfigError
-from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import LockWaitExpired, Storage
+from picoclaw.storage import LockWaitExpired, Storage, document_of
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +61,7 @@ class FlushCounts:
     def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / FLUSH_COUNTS_FILE
         self._lock = storage.lock(Path(memory_dir) / ".flush_counts.lock", timeout=lock_wait)
+        self.documents, self.name = document_of(storage, self.path)
 
     def add(self, day: date, tally: FlushTally) -> None:
         """Add one flush's `tally` to `day`; a failure is logged, never raised."""
@@ -76,7 +76,7 @@ class FlushCounts:
                 days[key] = days.get(key, FlushTally()) + tally
                 oldest = (day - timedelta(days=KEEP_DAYS)).isoformat()
                 kept = {d: counts.as_json() for d, counts in sorted(days.items()) if d >= oldest}
-                atomic_write(self.path, orjson.dumps({"version": _VERSION, "days": kept}))
+                self.documents.replace(self.name, orjson.dumps({"version": _VERSION, "days": kept}))
         except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
             log.warning("flush counts: cannot update %s (%s); this flush is not counted", self.path, exc)
 

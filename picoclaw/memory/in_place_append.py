@@ -17,14 +17,16 @@ from typing import BinaryIO
 
 import orjson
 
-from picoclaw.fsutil import atomic_write, write_target
+from picoclaw.fsutil import journal_path, write_target
 from picoclaw.memory.entries import LongTermEntry, entry_fingerprint, long_term_entries, updated_by
 from picoclaw.memory.entry_table import BLOCK, ENTRIES_FILE, current_entry_table, fingerprint_hash, save_entry_table
+from picoclaw.storage import Documents
 
 log = logging.getLogger(__name__)
 
 
-def append_in_place(long_term_path: Path, heading: str, body: str, window: int) -> LongTermEntry | None:
+def append_in_place(long_term_path: Path, heading: str, body: str, window: int,
+                    documents: Documents) -> LongTermEntry | None:
     """Append the entry at the end of a clean MEMORY.md without copying it, or find it already stored (`new`
     False); None when the file needs the text path of `MemoryStore.append_long_term`: no file or a blank one,
     one that is not clean, or an entry among the newest `window` that the new one updates."""
@@ -56,39 +58,12 @@ def append_in_place(long_term_path: Path, heading: str, body: str, window: int) 
             return None
         text = f"{heading}\n{body}\n"
         payload = b"\n" * (2 - trailing) + text.encode("utf-8")
-        after = append_bytes(real, info, payload)
+        documents.append(documents.name(long_term_path), payload)
+        after = os.stat(real)
         line = table.lines + 2 - trailing + 1
         table.appended(handle, info.st_size, wanted, info.st_size + 2 - trailing, line, payload, after)
     save_entry_table(memory_dir, table)
     return LongTermEntry(heading, text, line)
-
-
-def append_bytes(real: Path, info: os.stat_result, payload: bytes) -> os.stat_result:
-    """Add `payload` at the end of `real` (whose stat is `info`), fsynced; the file's stat after.
-
-    A journal beside the file names the size before and the bytes being added, fsynced before the first
-    byte is written: a writer killed half-way leaves it behind, and `repair_append` cuts the file back.
-    A write that fails (a full disk) cuts the file back at once.
-    """
-    fd = os.open(real, os.O_WRONLY | os.O_APPEND)  # first: a file that cannot be written leaves no journal
-    try:
-        journal = journal_path(real)
-        atomic_write(journal, orjson.dumps({"inode": info.st_ino, "size": info.st_size,
-                                            "entry": payload.decode("utf-8")}))
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        except BaseException:
-            os.ftruncate(fd, info.st_size)  # should this fail too, the journal stays for the next writer
-            os.fsync(fd)
-            journal.unlink(missing_ok=True)
-            raise
-        journal.unlink(missing_ok=True)
-        return os.fstat(fd)
-    finally:
-        os.close(fd)
 
 
 def repair_append(long_term_path: Path) -> None:
@@ -127,11 +102,6 @@ def repair_append(long_term_path: Path) -> None:
         log.warning("%s: an append was cut off and could not be undone yet (%s)", real, exc.strerror or exc)
         return
     journal.unlink(missing_ok=True)
-
-
-def journal_path(real: Path) -> Path:
-    """Where an append to `real` notes what it is about to do, beside the file (see `append_bytes`)."""
-    return real.with_name(f".{real.name}.append")
 
 
 def _blank(handle: BinaryIO) -> bool:

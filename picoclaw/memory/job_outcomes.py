@@ -17,8 +17,8 @@ import orjson
 
 from picoclaw import clock
 from picoclaw.errors import ConfigError
-from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
+from picoclaw.storage import Documents, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +42,17 @@ def outcome_path(memory_dir: Path, job: str) -> Path:
     return Path(memory_dir) / f".last_{job}.json"
 
 
-def record_outcome(memory_dir: Path, job: str, status: str, detail: str) -> None:
-    """Keep what `job` did just now as its last outcome; a failure is logged, never raised (the job's work is
-    done)."""
+def record_outcome(documents: Documents, memory_dir: Path, job: str, status: str, detail: str) -> None:
+    """Keep what `job` did just now as its last outcome, in `documents` (the scope's); a failure is logged,
+    never raised (the job's work is done)."""
     detail = " ".join(detail.split())
     if len(detail) > MAX_DETAIL_CHARS:
         detail = detail[:MAX_DETAIL_CHARS - 1] + "…"
     outcome = JobOutcome(job, clock.now().isoformat(timespec="seconds"), status, detail)
     path = outcome_path(memory_dir, job)
     try:
-        atomic_write(path, orjson.dumps(asdict(outcome)) + b"\n")
-    except OSError as exc:
+        documents.replace(documents.name(path), orjson.dumps(asdict(outcome)) + b"\n")
+    except (OSError, StorageError) as exc:
         log.warning("cannot record the %s outcome in %s: %s", job, path, exc)
 
 

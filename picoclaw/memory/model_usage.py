@@ -19,9 +19,8 @@ from pathlib import Path
 import orjson
 
 from picoclaw.errors import ConfigError
-from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import LockWaitExpired, Storage
+from picoclaw.storage import LockWaitExpired, Storage, document_of
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +49,7 @@ class ModelUsage:
     def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / MODEL_USAGE_FILE
         self._lock = storage.lock(Path(memory_dir) / ".model_usage.lock", timeout=lock_wait)
+        self.documents, self.name = document_of(storage, self.path)
 
     def claim(self, purpose: str, day: date, limit: int) -> bool:
         """Count one call of `purpose` on `day` if fewer than `limit` were made that day; False (nothing
@@ -128,7 +128,7 @@ class ModelUsage:
         oldest = (today - timedelta(days=KEEP_DAYS)).isoformat()
         kept = {day: {purpose: [u.calls, u.prompt_tokens, u.completion_tokens] for purpose, u in purposes.items()}
                 for day, purposes in sorted(days.items()) if day >= oldest}
-        atomic_write(self.path, orjson.dumps({"version": _VERSION, "days": kept}))
+        self.documents.replace(self.name, orjson.dumps({"version": _VERSION, "days": kept}))
 
 
 def used_since(days: Mapping[str, Mapping[str, Usage]], purpose: str, first: date) -> Usage:

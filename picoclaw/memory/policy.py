@@ -21,11 +21,11 @@ from pydantic import ValidationError
 
 from picoclaw import clock
 from picoclaw.errors import ConfigError, PicoclawError
-from picoclaw.fsutil import FileKey, append_jsonl, atomic_write, file_key, stamped_files, write_stamped
+from picoclaw.fsutil import FileKey, file_key, stamped_files
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.policy_schema import POLICY_KEYS, MemoryPolicy
 from picoclaw.pydantic_errors import describe_error
-from picoclaw.storage import Storage
+from picoclaw.storage import Storage, document_of
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class PolicyManager:
         self._config_values = dict(config_values or {})
         self._tz = tz
         self._lock = storage.lock(self.memory_dir / ".policy.lock")
+        self.documents, _ = document_of(storage, self.overrides_path)  # every write goes through it
         self._cache_key: FileKey | None = None
         self._cached: EffectivePolicy | None = None
         unknown = set(self._config_values) - set(POLICY_KEYS)
@@ -289,9 +290,9 @@ class PolicyManager:
         moment = clock.now(self._tz)
         previous = self.overrides_path.read_bytes() if self.overrides_path.exists() else b"{}\n"
         in_force = self.current()
-        # write_stamped: a crash must not leave an empty snapshot that a rollback would then restore.
-        snapshot = write_stamped(self.snapshots_dir, clock.stamp(moment), SNAPSHOT_SUFFIX, previous)
-        atomic_write(self.overrides_path, raw if raw is not None else dumps_pretty(after))
+        snapshot = self._new_snapshot(clock.stamp(moment), previous)
+        self.documents.replace(self.documents.name(self.overrides_path),
+                               raw if raw is not None else dumps_pretty(after))
         self._cached = None
         overrides = {
             key: ValueChange(before.get(key), after.get(key))
@@ -308,5 +309,15 @@ class PolicyManager:
                               undoes)
         # Append-only log written under the policy lock; after a torn last line (skipped by history())
         # append_jsonl starts this record on a line of its own.
-        append_jsonl(self.history_path, [change.to_record()])
+        self.documents.append_records(self.documents.name(self.history_path), [change.to_record()])
         return snapshot
+
+    def _new_snapshot(self, stamp: str, data: bytes) -> Path:
+        """Keep `data` as a new snapshot `<stamp>[_<n>]<suffix>`, written whole under a name never used before
+        (`Documents.create`: a crash leaves no empty snapshot for a rollback to restore)."""
+        counter = 0
+        while True:
+            path = self.snapshots_dir / f"{stamp}{f'_{counter}' if counter else ''}{SNAPSHOT_SUFFIX}"
+            if self.documents.create(self.documents.name(path), data):
+                return path
+            counter += 1

@@ -22,9 +22,8 @@ import orjson
 
 from picoclaw import clock
 from picoclaw.errors import ConfigError
-from picoclaw.fsutil import atomic_write
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import LockWaitExpired, Storage
+from picoclaw.storage import LockWaitExpired, Storage, document_of
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +86,7 @@ class WriteLog:
         # A lock in the memory folder: on PostgreSQL it brings the folder up to date first and stores the file
         # after, like every document of the scope.
         self._lock = storage.lock(Path(memory_dir) / ".memory_writes.lock", timeout=lock_wait)
+        self.documents, self.name = document_of(storage, self.path)
 
     def record(self, writes: list[MemoryWrite]) -> None:
         """Add `writes` to the log (the newest KEEP_WRITES are kept); a failure is logged, never raised."""
@@ -100,7 +100,7 @@ class WriteLog:
                     log.warning("memory writes: %s; the log starts afresh", exc)
                     kept = []
                 kept = (kept + list(writes))[-KEEP_WRITES:]
-                atomic_write(self.path, orjson.dumps({"version": _VERSION,
+                self.documents.replace(self.name, orjson.dumps({"version": _VERSION,
                                                       "writes": [asdict(write) for write in kept]}))
         except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
             log.warning("memory writes: cannot update %s (%s); not logged: %s", self.path, exc,

@@ -29,15 +29,7 @@ from pathlib import Path
 
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
-from picoclaw.fsutil import (
-    NotAFileError,
-    atomic_write,
-    read_regular,
-    stamped_files,
-    write_new,
-    write_stamped,
-    write_target,
-)
+from picoclaw.fsutil import NotAFileError, read_regular, write_target
 from picoclaw.memory.entries import (
     SUPERSEDED,
     LongTermEntry,
@@ -57,7 +49,7 @@ from picoclaw.memory.entry_table import ENTRIES_FILE
 from picoclaw.memory.in_place_append import append_in_place, journal_path, repair_append
 from picoclaw.memory.lessons import LEARNINGS_FILE, MAX_LESSON_CHARS, lesson_of, lesson_text, restates
 from picoclaw.memory.reading import FileText, decode, warn_rewritten, warn_unreadable
-from picoclaw.storage import FilesStorage, Storage
+from picoclaw.storage import FilesStorage, StaleRevision, Storage, StorageError, document_of
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +98,7 @@ class MemoryStore:
         self.memory_dir = Path(memory_dir)
         self.tz = tz
         self.storage = storage  # the workspace's backend: its locks, and the index's table on PostgreSQL
+        self.documents, _ = document_of(storage, self.memory_dir / LONG_TERM_FILE)  # every write goes through it
         self.backup_keep = backup_keep
         self.long_term_path = self.memory_dir / LONG_TERM_FILE
         self.learnings_path = self.memory_dir / LEARNINGS_FILE
@@ -118,8 +111,11 @@ class MemoryStore:
         """Call `listener(path)` after every write of a memory file (the optional index marks it changed)."""
         self._listeners.append(listener)
 
+    def _name(self, path: Path) -> str:
+        return self.documents.name(path)
+
     def _write(self, path: Path, data: str | bytes) -> None:
-        atomic_write(path, data)
+        self.documents.replace(self._name(path), data)
         if path == self.long_term_path:  # a new file: its entry table is rebuilt when next needed
             (self.memory_dir / ENTRIES_FILE).unlink(missing_ok=True)
         self._changed(path)
@@ -204,7 +200,7 @@ class MemoryStore:
 
     def create_long_term(self, content: str) -> bool:
         """Write a first MEMORY.md (onboarding's template); False, and nothing written, if one exists."""
-        if not write_new(self.long_term_path, content):
+        if not self.documents.create(self._name(self.long_term_path), content):
             return False
         for listener in self._listeners:
             listener(self.long_term_path)
@@ -219,7 +215,7 @@ class MemoryStore:
         body = clean_entry(content)
         heading = f"## {self.today().isoformat()}"
         with self.locked():
-            appended = append_in_place(self.long_term_path, heading, body, UPDATE_WINDOW)
+            appended = append_in_place(self.long_term_path, heading, body, UPDATE_WINDOW, self.documents)
             if appended is not None:
                 if appended.new:
                     self._changed(self.long_term_path)
@@ -334,7 +330,7 @@ class MemoryStore:
 
     def create_learnings(self, content: str) -> bool:
         """Write a first LEARNINGS.md (onboarding's header); False, and nothing written, if one exists."""
-        if not write_new(self.learnings_path, content):
+        if not self.documents.create(self._name(self.learnings_path), content):
             return False
         self._changed(self.learnings_path)
         return True
@@ -378,7 +374,7 @@ class MemoryStore:
             else:
                 whole, written = _replace_lesson(current, older.start_line, older.end_line, entry,
                                                  lesson_text(body, source))
-            backup = self._backup(read.raw, LEARNINGS_BACKUP_SUFFIX) if read.raw else None
+            backup = self._backup(path, read.raw, LEARNINGS_BACKUP_SUFFIX) if read.raw else None
             self._write(path, whole)
             warn_rewritten(path, read, backup)
         return LessonWrite(written, "updated", lesson_of(older.text)) if older else LessonWrite(written, "added")
@@ -386,17 +382,23 @@ class MemoryStore:
     # -- backups -----------------------------------------------------------------------------------
 
     def backups(self) -> list[Path]:
-        """Backups of MEMORY.md, oldest first."""
-        return stamped_files(self.backups_dir, BACKUP_SUFFIX)
+        """Backups of MEMORY.md, oldest first (on PostgreSQL: this machine's copies of its versions)."""
+        return [self.backups_dir / label for label in self.documents.versions(BACKUP_SUFFIX)]
+
+    def read_backup(self, name: str) -> bytes:
+        """The bytes of the backup called `name` (MemoryStoreError if there is none)."""
+        if name not in self.documents.versions(BACKUP_SUFFIX):
+            raise MemoryStoreError(f"no backup named {name!r} in {self.backups_dir}; see `picoclaw memory backups`")
+        try:
+            return self.documents.read_version(name)
+        except StorageError as exc:  # pruned meanwhile
+            raise MemoryStoreError(f"{exc}; see `picoclaw memory backups`") from None
 
     def restore_backup(self, name: str) -> Path | None:
         """Make the backup called `name` the current MEMORY.md (the current one is backed up first)."""
-        chosen = next((path for path in self.backups() if path.name == name), None)
-        if chosen is None:
-            raise MemoryStoreError(f"no backup named {name!r} in {self.backups_dir}; see `picoclaw memory backups`")
         # Its bytes, not its text: a backup taken of a file with bytes that are not UTF-8 keeps them, and
         # restoring it must give them back rather than replacement characters.
-        return self.rewrite_long_term(chosen.read_bytes())
+        return self.rewrite_long_term(self.read_backup(name))
 
     def _backup_long_term(self) -> Path | None:
         # Called with the lock held. Nothing to keep when MEMORY.md does not exist yet.
@@ -404,16 +406,13 @@ class MemoryStore:
             raw = read_regular(self.long_term_path)
         except FileNotFoundError:
             return None
-        return self._backup(raw, BACKUP_SUFFIX)
+        return self._backup(self.long_term_path, raw, BACKUP_SUFFIX)
 
-    def _backup(self, raw: bytes, suffix: str) -> Path:
-        """Keep `raw` (a file's exact bytes) as a new stamped backup; prune old ones and stale temp files."""
-        # write_stamped, not reserve-then-write: a crash must not leave an empty "backup" to restore.
-        target = write_stamped(self.backups_dir, clock.stamp(clock.now(self.tz)), suffix, raw)
-        for stale in stamped_files(self.backups_dir, suffix)[: -self.backup_keep]:
-            stale.unlink(missing_ok=True)
+    def _backup(self, path: Path, raw: bytes, suffix: str) -> Path:
+        """Keep `raw` (the exact bytes `path` held) as a new stamped backup; prune old ones and stale temp files."""
+        label = self.documents.keep_version(self._name(path), raw, suffix, self.backup_keep)
         self._sweep_temp_files()
-        return target
+        return self.backups_dir / label
 
     def _sweep_temp_files(self) -> None:
         """Remove temp files a killed writer left in the backup folder (`write_stamped` names them
@@ -427,12 +426,30 @@ class MemoryStore:
             except OSError:  # gone meanwhile, or not ours to remove: the next prune tries again
                 continue
 
+    # -- editing by hand ---------------------------------------------------------------------------
+
+    def replace_document(self, path: Path, data: bytes, expect: str) -> Path | None:
+        """Replace the document at `path` (MEMORY.md, LEARNINGS.md, a note, a bootstrap file) by `data` if it is
+        still at revision `expect` (`Documents.read`); else StaleRevision and nothing written. MEMORY.md and
+        LEARNINGS.md are backed up first; the backup is returned."""
+        name = self._name(path)
+        with self.locked():
+            current = self.documents.read(name)
+            if current.revision != expect:
+                raise StaleRevision(f"{name} was changed since it was read; nothing was written")
+            backup = None
+            if current.data and path in (self.long_term_path, self.learnings_path):
+                suffix = BACKUP_SUFFIX if path == self.long_term_path else LEARNINGS_BACKUP_SUFFIX
+                backup = self._backup(path, current.data, suffix)
+            self._write(path, data)
+        return backup
+
     # -- bookkeeping -------------------------------------------------------------------------------
 
     def write_marker(self, name: str, text: str) -> Path:
         """Write a small bookkeeping file of the memory folder (say, when compression last ran); atomic."""
         path = self.memory_dir / name
-        atomic_write(path, text)
+        self.documents.replace(self._name(path), text)
         return path
 
     # -- daily notes -------------------------------------------------------------------------------
@@ -459,7 +476,7 @@ class MemoryStore:
         # Called with the lock held. Notes are not backed up on every change like MEMORY.md, but a note
         # whose bytes are not all UTF-8 loses them to U+FFFD here, so its original bytes are kept first.
         check_unicode(text)
-        backup = self._backup(read.raw, f"_note_{path.name}") if read.bad_line is not None else None
+        backup = self._backup(path, read.raw, f"_note_{path.name}") if read.bad_line is not None else None
         self._write(path, text)
         warn_rewritten(path, read, backup)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import orjson
 
-from picoclaw.fsutil import FileTooLargeError, NotAFileError, append_jsonl, atomic_write, read_bounded
-from picoclaw.storage import LockWaitExpired, Storage
+from picoclaw.fsutil import FileTooLargeError, NotAFileError, read_bounded
+from picoclaw.storage import LockWaitExpired, Storage, document_of
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class TurnMetrics:
     def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / TURN_METRICS_FILE
         self._lock = storage.lock(Path(memory_dir) / ".turn_metrics.lock", timeout=lock_wait)
+        self.documents, self.name = document_of(storage, self.path)
         self._warned = False
 
     def record(self, retrieval_ms: float, at: datetime) -> None:
@@ -63,7 +64,7 @@ class TurnMetrics:
         turn = TurnMetric(at.isoformat(timespec="seconds"), round(retrieval_ms, 3))
         try:
             with self._lock:
-                append_jsonl(self.path, [asdict(turn)], durable=False)
+                self.documents.append_records(self.name, [asdict(turn)], durable=False)
                 if self.path.stat().st_size > TRIM_BYTES:
                     self._trim()
         except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
@@ -91,7 +92,7 @@ class TurnMetrics:
         except FileTooLargeError:
             turns = []
         kept: list[bytes | bytearray] = [orjson.dumps(asdict(turn)) + b"\n" for turn in turns[-KEEP_TURNS:]]
-        atomic_write(self.path, kept, durable=False)
+        self.documents.replace(self.name, b"".join(kept), durable=False)
 
 
 def _parse(lines: Sequence[bytes]) -> tuple[list[TurnMetric], int]:

@@ -5,6 +5,16 @@ store that keeps bytes, so two workspaces in one process never share a backend b
 """
 
 from picoclaw.storage.backend import Storage
+from picoclaw.storage.documents import (
+    MISSING,
+    Changes,
+    Document,
+    Documents,
+    StaleRevision,
+    document_of,
+    is_stored_document,
+    write_file,
+)
 from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailable
 from picoclaw.storage.files import FilesStorage
 from picoclaw.storage.inbox import Inbox, InboxUpdate
@@ -19,10 +29,20 @@ from picoclaw.storage.sessions import (
     Transcript,
     transcript_files,
 )
+from picoclaw.storage.stored_files import is_stored_name
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
 
 __all__ = [
+    "MISSING",
+    "Changes",
+    "Document",
+    "Documents",
+    "StaleRevision",
+    "document_of",
+    "is_stored_document",
+    "is_stored_name",
+    "write_file",
     "ARCHIVE_DIR",
     "LOCK_FILE",
     "SUFFIX",

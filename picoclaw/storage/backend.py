@@ -1,9 +1,9 @@
 """The storage contract: what memory, sessions and jobs ask of the backend that keeps their bytes.
 
 Two backends implement it (DESIGN §1.1): `files` (storage/files.py, the default) and `postgres`
-(storage/postgres/). The memory layer keeps working on the workspace folder in both; on PostgreSQL that folder
-is this machine's copy of the rows, brought up to date under every lock and on `refresh`, and written back
-when the lock is let go.
+(storage/postgres/). Memory writes its documents through `documents(scope)` (storage/documents.py), where
+each write is durable when it returns; it reads them from the workspace folder, which on PostgreSQL is this
+machine's read copy of the rows, brought up to date under every lock and on `refresh`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from picoclaw.storage.documents import Documents
     from picoclaw.storage.inbox import Inbox
     from picoclaw.storage.sessions import SessionLog
     from picoclaw.storage.work import WorkLock
@@ -33,6 +34,10 @@ class Storage(Protocol):
         Reentrant within a thread; waits `timeout` seconds (None: `lock_wait`), then LockWaitExpired
         (a StorageUnavailable naming the lock), never for ever.
         """
+        ...
+
+    def documents(self, scope: str) -> Documents:
+        """The memory documents of scope `scope` ("" shared, else a user key): the port memory writes through."""
         ...
 
     def session_log(self, folder: Path, lock_path: Path | None = None) -> SessionLog:
@@ -64,7 +69,7 @@ class Storage(Protocol):
         ...
 
     def refresh(self) -> None:
-        """Bring this machine's copy of the documents up to date (files: nothing to do)."""
+        """Bring this machine's read copy of the shared scope's documents up to date (files: nothing to do)."""
         ...
 
     def stored_layout(self) -> dict[str, bytes]:

@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 
 from picoclaw.fsutil import atomic_write, read_regular
+from picoclaw.layout import USERS_DIR
 from picoclaw.storage.errors import StorageUnavailable
+from picoclaw.storage.files_documents import FilesDocuments
 from picoclaw.storage.inbox import SqliteInbox
 from picoclaw.storage.jobs import FilesJobTable
 from picoclaw.storage.sessions import FilesSessionLog
@@ -25,6 +27,16 @@ class FilesStorage:
     def __init__(self, root: Path, lock_wait: float = LOCK_WAIT_SECONDS):
         self.root = root
         self.lock_wait = lock_wait
+        self._documents: dict[str, FilesDocuments] = {}
+
+    def documents(self, scope: str) -> FilesDocuments:
+        """Scope `scope`'s documents: the files under the workspace folder (or users/<scope>/)."""
+        found = self._documents.get(scope)
+        if found is None:
+            root = self.root / USERS_DIR / scope if scope else self.root
+            found = self._documents.setdefault(scope, FilesDocuments(scope, root, lock_wait=self.lock_wait,
+                                                                     workspace=self.root, shared=not scope))
+        return found
 
     def lock(self, path: Path, timeout: float | None = None) -> BoundedFileLock:
         """A `filelock` lock file (reentrant within a thread), waited for `timeout` s (None: `lock_wait`)."""

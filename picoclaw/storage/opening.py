@@ -18,5 +18,5 @@ def open_storage(config: Config, root: Path) -> Storage:
         from picoclaw.storage.postgres.storage import PostgresStorage
 
         return PostgresStorage(root, config.postgres_dsn(), config.storage.postgres.pool_size,
-                               versions_keep=config.memory.backup_keep, lock_wait=config.storage.lock_wait_seconds)
+                               lock_wait=config.storage.lock_wait_seconds)
     return FilesStorage(root, lock_wait=config.storage.lock_wait_seconds)

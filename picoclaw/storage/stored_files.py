@@ -37,6 +37,14 @@ def is_derived(name: str) -> bool:
     return (len(parts) > 1 and parts[1] == INDEX_DIR) or bool(_DERIVED.search(parts[-1]))
 
 
+def is_stored_name(name: str, *, shared: bool) -> bool:
+    """Whether `name` (a path under a scope root) is a stored document: a root document of the shared scope,
+    or a file of memory/ that is not derived."""
+    if shared and name in ROOT_DOCUMENTS:
+        return True
+    return name.startswith(f"{MEMORY_DIR}/") and not is_derived(name)
+
+
 def scope_roots(root: Path) -> Iterator[tuple[str, Path]]:
     """("", the workspace root), then (user key, users/<key>/) for every per-user scope on disk."""
     yield "", root

@@ -27,9 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
-from picoclaw.fsutil import atomic_write
 from picoclaw.memory import Workspace, demote_headings
-from picoclaw.storage import StorageError
+from picoclaw.storage import StorageError, write_file
 from picoclaw.tools.base import Tool, ToolError
 from picoclaw.tools.facts import check_edit, edited, save_fact
 from picoclaw.tools.sandbox import Target, WorkspaceFiles
@@ -181,7 +180,7 @@ class WriteFile(WorkspaceTool):
             if target.path.is_dir():
                 raise ToolError(f"{target.shown} is a folder, not a file")
             existed = target.path.exists()
-            atomic_write(target.path, args.content)
+            write_file(self.workspace.storage, target.path, args.content)
         return f"{'replaced' if existed else 'created'} {target.shown} ({len(args.content)} characters)"
 
     def _write_long_term(self, target: Target, content: str) -> str:
@@ -241,7 +240,7 @@ class EditFile(WorkspaceTool):
                 return f"edited {target.shown}{note}"
             with open(target.path, encoding="utf-8", newline="") as handle:
                 text = handle.read()
-            atomic_write(target.path, self._replace(target, text, args))
+            write_file(self.workspace.storage, target.path, self._replace(target, text, args))
         return f"edited {target.shown}"
 
     @staticmethod
@@ -301,7 +300,7 @@ class AppendFile(WorkspaceTool):
             updated = existing + args.content.encode("utf-8")
             if len(updated) > MAX_WRITE_BYTES:
                 raise ToolError(f"{target.shown} would grow to {len(updated)} bytes (at most {MAX_WRITE_BYTES})")
-            atomic_write(target.path, updated)
+            write_file(self.workspace.storage, target.path, updated)
         return f"appended {len(args.content)} characters to {target.shown}"
 
 

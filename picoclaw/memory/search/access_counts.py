@@ -18,9 +18,9 @@ from pathlib import Path
 import orjson
 
 from picoclaw.errors import ConfigError
-from picoclaw.fsutil import FileKey, atomic_write, file_key
+from picoclaw.fsutil import FileKey, file_key
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import LockWaitExpired, Storage
+from picoclaw.storage import LockWaitExpired, Storage, document_of
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class AccessCounts:
     def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / ACCESS_COUNTS_FILE
         self._lock = storage.lock(Path(memory_dir) / ".access_counts.lock", timeout=lock_wait)
+        self.documents, self.name = document_of(storage, self.path)
         self._cache_key: FileKey | None = None
         self._cached: dict[str, int] = {}
         self._warned = False
@@ -70,7 +71,7 @@ class AccessCounts:
                     entries = dict(newest[:MAX_KEYS])
                 record = {"version": _VERSION, "blocks": {key: [used, last] for key, (used, last) in entries.items()}}
                 # Not fsynced: losing the last counts to a power cut is harmless, a sync every turn is not free.
-                atomic_write(self.path, orjson.dumps(record), durable=False)
+                self.documents.replace(self.name, orjson.dumps(record), durable=False)
         except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
             self._warn(f"cannot update {self.path}: {exc}")
 

@@ -1,26 +1,43 @@
-"""Memory documents as rows: the Markdown a file would hold, its versions, and this machine's copy.
+"""Memory documents as rows: the Markdown a file would hold, its versions, and this machine's read copy.
 
-The memory layer keeps working on files; on PostgreSQL the scope's folder is this machine's working copy of
-the rows. `ScopeCopy.pull` brings the folder up to the rows' newest revision, `ScopeCopy.push` writes the
-files changed since back in one transaction. Both run under the scope's lock (storage/postgres/locks.py).
+`PostgresDocuments` is the documents port (storage/documents.py) on PostgreSQL: each write is one statement
+(a replace checks the revision it expects in its WHERE clause), durable when it returns, and then written into
+this machine's copy of the scope's folder, which the memory layer reads. `ScopeCopy.pull` brings that copy up
+to the rows' newest revision (at every hold of the scope's lock and every refresh); nothing is ever sent from
+the folder. Versions (the files backend's memory/backups/) are rows of `document_versions` only.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import orjson
+
+from picoclaw import clock
 from picoclaw.fsutil import atomic_write
 from picoclaw.layout import BOOTSTRAP_FILES, HEARTBEAT_FILE, INDEX_DIR, MEMORY_DIR, USERS_DIR
+from picoclaw.storage.documents import MISSING, Changes, Document, StaleRevision
+from picoclaw.storage.errors import StorageError
+from picoclaw.storage.files_documents import VERSIONS_DIR, FilesDocuments
+from picoclaw.storage.postgres.connection import storage_errors
+from picoclaw.storage.work import WORK_DIR
 
 if TYPE_CHECKING:
     import psycopg
+    from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
+
+# pg_advisory_xact_lock class for a scope's first content ("adop" in ASCII); the key is hashtext(scope).
+ADOPT_LOCK_CLASS = 0x61646F70
 
 DDL = """
 create sequence document_revision;
@@ -46,11 +63,31 @@ create table document_versions (
 create index document_versions_name on document_versions (scope, name, id);
 """
 
+# Versions get the label the files backend gives a backup (`<UTC stamp>_<id><suffix>`), so a copy's
+# memory/backups/ and an export look as files would; the backups that earlier versions kept as document rows
+# (memory/backups/<label>) become versions, so the history is kept once.
+DDL_V4 = r"""
+alter table document_versions add column label text, add column suffix text;
+update document_versions set suffix = '_' || regexp_replace(name, '^.*/', ''),
+    label = to_char(replaced_at at time zone 'UTC', 'YYYYMMDD"_"HH24MISS"Z_"') || id || '_'
+            || regexp_replace(name, '^.*/', '');
+insert into document_versions (scope, name, content, replaced_at, label, suffix)
+    select scope, 'memory/' || substr(regexp_replace(name, '^memory/backups/\d{8}_\d{6}Z?(_\d+)?', ''), 2),
+           content, updated_at, regexp_replace(name, '^.*/', ''),
+           regexp_replace(name, '^memory/backups/\d{8}_\d{6}Z?(_\d+)?', '')
+    from documents where name ~ '^memory/backups/\d{8}_\d{6}' and content is not null;
+update documents set content = null, revision = nextval('document_revision'), updated_at = now()
+    where name like 'memory/backups/%' and content is not null;
+create index document_versions_suffix on document_versions (scope, suffix, id);
+"""
+
 # Files at a scope's root that are documents: the bootstrap files (layout.py) and the heartbeat's tasks.
 ROOT_DOCUMENTS = (*BOOTSTRAP_FILES, HEARTBEAT_FILE)
 # This backend's own files in the memory folder (the local lock, the stale mark): never documents.
 OWN_PREFIX = ".storage."
 STALE_MARK = ".storage.stale"
+COPY_MARK = ".storage.copy"  # the folder is this database's copy (a first pull sets aside what differs)
+SET_ASIDE_DIR = "before-postgres"  # under the work folder: the folder's own files a first pull replaced
 LOCAL_LOCK = ".storage.lock"
 # The entry table of MEMORY.md (memory/entry_table.py ENTRIES_FILE, ".MEMORY.md.entries"): derived per machine.
 DERIVED_SUFFIX = ".entries"
@@ -85,17 +122,12 @@ def scan_documents(scope_root: Path) -> dict[str, Path]:
     return found
 
 
-def keeps_versions(name: str) -> bool:
-    """Whether replacing this document keeps its old content as a version.
-
-    Dot files are counters and caches (.model_usage.json, .access_counts.json): rewritten every turn, their old
-    content is of no use to anyone, and keeping 50 copies of each would only grow the table.
-    """
-    return not Path(name).name.startswith(".")
+_STAMPED = re.compile(r"^\d{8}_\d{6}Z?(_\d+)?_")
 
 
-def _digest(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
+def is_version(name: str) -> bool:
+    """Whether a file of the files layout is a version (memory/backups/<stamp>…), not a document."""
+    return name.startswith(f"{VERSIONS_DIR}/")
 
 
 def _journal(path: Path) -> Path:
@@ -104,22 +136,26 @@ def _journal(path: Path) -> Path:
 
 @dataclass
 class ScopeCopy:
-    """This process's knowledge of one scope's working copy: the newest revision seen, and each file as synced."""
+    """This machine's read copy of one scope: the newest revision (and version id) brought into the folder.
+
+    Nothing is ever sent from the folder: every write goes through `PostgresDocuments`, row first, then file.
+    """
 
     scope: str
     root: Path
-    versions_keep: int
     revision: int = 0
-    synced: dict[str, tuple[int, int, bytes]] = field(default_factory=dict)  # name -> (mtime_ns, size, sha256)
+    version_id: int = 0
+    own: dict[str, int] = field(default_factory=dict)  # name -> the revision this process wrote into the folder
+    adoption_checked: bool = False  # whether the first pull asked if the database holds anything of the scope
 
     @property
     def stale_mark(self) -> Path:
         return self.root / MEMORY_DIR / STALE_MARK
 
     def mark_stale(self) -> None:
-        """Forget what was synced, on disk too, so the next pull (of any process here) takes the rows' truth."""
-        self.revision = 0
-        self.synced.clear()
+        """Forget what was brought in, on disk too, so the next pull (of any process here) takes the rows' truth."""
+        self.revision = self.version_id = 0
+        self.own.clear()
         try:
             self.stale_mark.parent.mkdir(parents=True, exist_ok=True)
             self.stale_mark.touch()
@@ -127,103 +163,311 @@ class ScopeCopy:
             log.warning("could not mark %s stale: %s", self.root, exc)
 
     def pull(self, conn: psycopg.Connection) -> None:
-        """Write the rows changed since the last revision seen into the folder (a full re-read when stale)."""
+        """Write the rows changed since the last revision seen into the folder (a full re-read when stale), and
+        the versions kept since into memory/backups/."""
         stale = self.stale_mark.exists()
+        if not self.adoption_checked and not stale:
+            self._adopt(conn)
+            self.adoption_checked = True
+        # A folder that never was this database's copy (a files workspace whose config moved to PostgreSQL) may
+        # hold what the rows do not: each file of it the rows would replace is set aside first, never lost.
+        first = not self.copy_mark.exists()
         since = 0 if stale else self.revision
-        rows = conn.execute("select name, content, revision from documents where scope = %s and revision > %s "
-                            "order by revision", (self.scope, since)).fetchall()
-        live: set[str] = set()
-        for name, content, revision in rows:
-            path = self.root / name
-            if content is None:
-                path.unlink(missing_ok=True)
-                self.synced.pop(name, None)
-            else:
-                data = bytes(content)
-                live.add(name)
-                if not _holds(path, data):
-                    _journal(path).unlink(missing_ok=True)  # the row is the truth: no append is left to undo
-                    atomic_write(path, data)
-                self._record(name, path, data)
-            self.revision = max(self.revision, int(revision))
-        if stale:
-            # Local changes that never reached the database are replaced by its truth: new files go too.
-            for name, path in scan_documents(self.root).items():
-                if name not in live:
+        changed = conn.execute("select name, revision from documents where scope = %s and revision > %s",
+                               (self.scope, since)).fetchall()
+        # A document this process wrote itself is in the folder already: only others' writes are fetched.
+        wanted = [name for name, revision in changed if self.own.get(name) != int(revision)]
+        if wanted:
+            for name, content in conn.execute("select name, content from documents where scope = %s and "
+                                              "name = any(%s)", (self.scope, wanted)):
+                path = self.root / name
+                if first and path.is_file() and (content is None or not _holds(path, bytes(content))):
+                    self._set_aside(name, path)
+                if content is None:
                     path.unlink(missing_ok=True)
-                    self.synced.pop(name, None)
+                elif not _holds(path, bytes(content)):
+                    _journal(path).unlink(missing_ok=True)  # the row is the truth: no append is left to undo
+                    atomic_write(path, bytes(content))
+        for _, revision in changed:
+            self.revision = max(self.revision, int(revision))
+        self._pull_versions(conn, 0 if stale else self.version_id)
+        if stale:
+            # Files that are not rows (a copy left by a failed write, a hand edit) give way to the rows' truth.
+            current = {name for (name,) in conn.execute(
+                "select name from documents where scope = %s and content is not null", (self.scope,))}
+            for name, path in scan_documents(self.root).items():
+                if name not in current:
+                    if first:
+                        self._set_aside(name, path)
+                    path.unlink(missing_ok=True)
             self.stale_mark.unlink(missing_ok=True)
+        if first:
+            self.copy_mark.parent.mkdir(parents=True, exist_ok=True)
+            self.copy_mark.touch()
 
-    def push(self, conn: psycopg.Connection) -> None:
-        """Upsert the document files changed since they were last synced, and tombstone removed ones: one
-        transaction, so the rows are all of it or none of it."""
-        files = scan_documents(self.root)
-        changed: list[tuple[str, bytes, tuple[int, int, bytes]]] = []
-        for name, path in files.items():
-            if _journal(path).exists():
-                continue  # an append under way or cut off: the file is pushed once whole (repaired or done)
-            try:
-                info = path.stat()
-                known = self.synced.get(name)
-                if known is not None and known[:2] == (info.st_mtime_ns, info.st_size):
-                    continue
-                data = path.read_bytes()
-            except FileNotFoundError:
-                continue
-            state = (info.st_mtime_ns, info.st_size, _digest(data))
-            if known is not None and known[2] == state[2]:
-                self.synced[name] = state
-                continue
-            changed.append((name, data, state))
-        removed = [name for name in self.synced if name not in files]
-        if not changed and not removed:
+    @property
+    def copy_mark(self) -> Path:
+        return self.root / MEMORY_DIR / COPY_MARK
+
+    def _set_aside(self, name: str, path: Path) -> None:
+        """Keep the folder's own `name` under .picoclaw-work/before-postgres/ before the rows replace it."""
+        kept = self.root / WORK_DIR / SET_ASIDE_DIR / name
+        try:
+            atomic_write(kept, path.read_bytes())
+        except OSError as exc:
+            raise StorageError(f"{path} differs from the database's copy and could not be set aside before it is "
+                               f"replaced ({exc.strerror or exc}); nothing was changed") from None
+        log.warning("%s differs from the database's %s: the folder's file was kept as %s (`picoclaw memory import` "
+                    "brings a files workspace into the database)", path, name, kept)
+
+    def _adopt(self, conn: psycopg.Connection) -> None:
+        """A scope the database holds nothing of (not even a removed document) takes the folder's documents as
+        its first content: a workspace folder opened on an empty database keeps what it shows. Never afterwards:
+        a file that is not a row is then a copy gone stale, replaced by the rows' truth."""
+        if self._holds_any(conn):
             return
-        revisions: list[int] = []
+        found = {(self.scope, name): path.read_bytes() for name, path in scan_documents(self.root).items()}
+        if not found:
+            return
         with conn.transaction():
-            for name, data, _ in changed:
-                self._keep_version(conn, name, data)
-                row = conn.execute(
-                    "insert into documents (scope, name, content) values (%s, %s, %s) "
-                    "on conflict (scope, name) do update set content = excluded.content, "
-                    "revision = nextval('document_revision'), updated_at = now() returning revision",
-                    (self.scope, name, data)).fetchone()
-                assert row is not None
-                revisions.append(int(row[0]))
-            for name in removed:
-                row = conn.execute(
-                    "update documents set content = null, revision = nextval('document_revision'), "
-                    "updated_at = now() where scope = %s and name = %s and content is not null returning revision",
-                    (self.scope, name)).fetchone()
-                if row is not None:
-                    revisions.append(int(row[0]))
-        for name, _, state in changed:
-            self.synced[name] = state
-        for name in removed:
-            del self.synced[name]
-        # Every writer of this scope holds its lock, pulled first: no revision between ours was missed.
-        self.revision = max([self.revision, *revisions])
+            conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (ADOPT_LOCK_CLASS, self.scope))
+            if self._holds_any(conn):
+                return
+            for (scope, name), data in found.items():
+                if is_version(name):
+                    label, suffix, document = _version_row(name)
+                    conn.execute("insert into document_versions (scope, name, content, label, suffix) "
+                                 "values (%s, %s, %s, %s, %s)", (scope, document, data, label, suffix))
+                else:
+                    conn.execute("insert into documents (scope, name, content) values (%s, %s, %s) "
+                                 "on conflict (scope, name) do nothing", (scope, name, data))
+        log.warning("%s: the database held no memory of this folder, so its %d files were stored as the first "
+                    "content (once; from now on the database is the truth)", self.root, len(found))
 
-    def _keep_version(self, conn: psycopg.Connection, name: str, data: bytes) -> None:
-        """Keep the row's current content as a version when `data` replaces it (an append keeps none: the
-        old content is the start of the new one), pruned to the newest `versions_keep`."""
-        if not keeps_versions(name):
+    def _holds_any(self, conn: psycopg.Connection) -> bool:
+        row = conn.execute("select exists (select 1 from documents where scope = %s) or exists "
+                           "(select 1 from document_versions where scope = %s)", (self.scope, self.scope)).fetchone()
+        return bool(row and row[0])
+
+    def _pull_versions(self, conn: psycopg.Connection, since: int) -> None:
+        rows = conn.execute("select id, label, content from document_versions where scope = %s and id > %s "
+                            "and label is not null order by id", (self.scope, since)).fetchall()
+        for version_id, label, content in rows:
+            path = self.root / VERSIONS_DIR / label
+            if not _holds(path, bytes(content)):
+                atomic_write(path, bytes(content))
+            self.version_id = max(self.version_id, int(version_id))
+        if rows:
+            self.prune_versions(conn)
+
+    def prune_versions(self, conn: psycopg.Connection) -> None:
+        """Remove the version files of the folder that are no longer rows (pruned to memory.backup_keep)."""
+        folder = self.root / VERSIONS_DIR
+        if not folder.is_dir():
             return
-        row = conn.execute("select content from documents where scope = %s and name = %s for update",
-                           (self.scope, name)).fetchone()
+        kept = {label for (label,) in conn.execute(
+            "select label from document_versions where scope = %s and label is not null", (self.scope,))}
+        for path in folder.iterdir():
+            if _STAMPED.match(path.name) and path.name not in kept and path.is_file():
+                path.unlink(missing_ok=True)
+
+    def wrote(self, name: str, revision: int) -> None:
+        """Note that this process wrote `name` at `revision` into the folder itself (the pull skips it)."""
+        self.own[name] = revision
+
+
+class PostgresDocuments:
+    """The documents of one scope as rows: every write one statement, durable when it returns, then copied into
+    this machine's folder (`copy`), which readers read. Writes hold the scope's lock, so no pull of this machine
+    can put an older row over the file just written."""
+
+    def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy,
+                 lock: Callable[[float | None], AbstractContextManager[object]], *, shared: bool = True):
+        self.pool = pool
+        self.dsn = dsn
+        self.copy = copy
+        self.scope = copy.scope
+        self.root = copy.root
+        self._lock = lock
+        self.files = FilesDocuments(copy.scope, copy.root, shared=shared)  # the copy's files, written after the row
+
+    def path(self, name: str) -> Path:
+        return self.files.path(name)
+
+    def name(self, path: Path) -> str:
+        return self.files.name(path)
+
+    @contextmanager
+    def _statement(self, what: str) -> Iterator[psycopg.Connection]:
+        with storage_errors(self.dsn, what), self.pool.connection() as conn:
+            yield conn
+
+    def _copied(self, name: str, revision: int, write: Callable[[], object]) -> str:
+        """Bring the copy's file up to the row just written; if that fails, the copy is marked stale (the next
+        pull rewrites it from the rows): the write itself is done."""
+        try:
+            write()
+        except OSError as exc:
+            log.warning("%s: the document was saved in PostgreSQL, but this machine's copy could not be written "
+                        "(%s); it is read again from the database", self.path(name), exc.strerror or exc)
+            self.copy.mark_stale()
+        else:
+            self.copy.wrote(name, revision)
+        return str(revision)
+
+    def read(self, name: str) -> Document:
+        self.files.path(name)  # a name that leaves the scope is refused before any query
+        with self._statement(f"reading {name}") as conn:
+            row = conn.execute("select content, revision from documents where scope = %s and name = %s",
+                               (self.scope, name)).fetchone()
         if row is None or row[0] is None:
-            return
-        old = bytes(row[0])
-        if data.startswith(old):
-            return
-        conn.execute("insert into document_versions (scope, name, content) values (%s, %s, %s)",
-                     (self.scope, name, old))
-        conn.execute("delete from document_versions where scope = %s and name = %s and id not in "
-                     "(select id from document_versions where scope = %s and name = %s order by id desc limit %s)",
-                     (self.scope, name, self.scope, name, self.versions_keep))
+            return Document(name, None, MISSING)
+        return Document(name, bytes(row[0]), str(row[1]))
 
-    def _record(self, name: str, path: Path, data: bytes) -> None:
-        info = path.stat()
-        self.synced[name] = (info.st_mtime_ns, info.st_size, _digest(data))
+    def replace(self, name: str, data: bytes | str, *, expect: str | None = None, durable: bool = True) -> str:
+        payload = data.encode("utf-8") if isinstance(data, str) else data
+        self.files.path(name)
+        with self._lock(None), self._statement(f"a change of {name}") as conn:
+            if expect is None:
+                row = conn.execute(
+                    "insert into documents (scope, name, content) values (%s, %s, %s) on conflict (scope, name) "
+                    "do update set content = excluded.content, revision = nextval('document_revision'), "
+                    "updated_at = now() returning revision", (self.scope, name, payload)).fetchone()
+            elif expect == MISSING:
+                row = conn.execute(
+                    "insert into documents (scope, name, content) values (%s, %s, %s) on conflict (scope, name) "
+                    "do update set content = excluded.content, revision = nextval('document_revision'), "
+                    "updated_at = now() where documents.content is null returning revision",
+                    (self.scope, name, payload)).fetchone()
+            else:
+                row = conn.execute(
+                    "update documents set content = %s, revision = nextval('document_revision'), updated_at = now() "
+                    "where scope = %s and name = %s and revision = %s and content is not null returning revision",
+                    (payload, self.scope, name, _revision(expect))).fetchone()
+            if row is None:
+                raise StaleRevision(f"{name} was changed since it was read; nothing was written")
+            revision = int(row[0])
+            return self._copied(name, revision, lambda: self.files.replace(name, payload, durable=durable))
+
+    def create(self, name: str, data: bytes | str) -> bool:
+        try:
+            self.replace(name, data, expect=MISSING)
+        except StaleRevision:
+            return False
+        return True
+
+    def append(self, name: str, data: bytes) -> str:
+        self.files.path(name)
+        with self._lock(None), self._statement(f"an append to {name}") as conn:
+            row = conn.execute(
+                "update documents set content = content || %s, revision = nextval('document_revision'), "
+                "updated_at = now() where scope = %s and name = %s and content is not null "
+                "returning revision, octet_length(content)", (data, self.scope, name)).fetchone()
+            if row is None:
+                raise StorageError(f"{name} does not exist: there is nothing to append to")
+            return self._copied(name, int(row[0]), lambda: self._append_copy(conn, name, data, int(row[1])))
+
+    def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> None:
+        payload = b"".join(orjson.dumps(record) + b"\n" for record in records)
+        self.files.path(name)
+        with self._lock(None), self._statement(f"an append to {name}") as conn:
+            # As on files (fsutil.append_jsonl): records start on a line of their own after a torn last line.
+            row = conn.execute(
+                "insert into documents (scope, name, content) values (%s, %s, %s) on conflict (scope, name) "
+                "do update set content = case when documents.content is null then excluded.content "
+                "when octet_length(documents.content) = 0 or substring(documents.content from "
+                "octet_length(documents.content)) = '\\x0a'::bytea then documents.content || excluded.content "
+                "else documents.content || '\\x0a'::bytea || excluded.content end, "
+                "revision = nextval('document_revision'), updated_at = now() "
+                "returning revision, octet_length(content)", (self.scope, name, payload)).fetchone()
+            assert row is not None
+            self._copied(name, int(row[0]), lambda: self._append_copy(conn, name, payload, int(row[1])))
+
+    def _append_copy(self, conn: psycopg.Connection, name: str, data: bytes, length: int) -> None:
+        """Append to the copy's file when it holds what the row held before; else write the row's content."""
+        path = self.path(name)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = -1
+        if size >= 0 and size + len(data) == length:
+            self.files.append(name, data)
+            return
+        row = conn.execute("select content from documents where scope = %s and name = %s",
+                           (self.scope, name)).fetchone()
+        if row is not None and row[0] is not None:
+            self.files.replace(name, bytes(row[0]))
+
+    def delete(self, name: str) -> None:
+        self.files.path(name)
+        with self._lock(None), self._statement(f"removing {name}") as conn:
+            row = conn.execute(
+                "update documents set content = null, revision = nextval('document_revision'), updated_at = now() "
+                "where scope = %s and name = %s and content is not null returning revision",
+                (self.scope, name)).fetchone()
+            if row is not None:
+                self._copied(name, int(row[0]), lambda: self.files.delete(name))
+
+    def names(self, prefix: str = "") -> list[str]:
+        like = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._statement("the list of documents") as conn:
+            return sorted(name for (name,) in conn.execute(
+                "select name from documents where scope = %s and content is not null and name like %s",
+                (self.scope, like)))
+
+    def changes_since(self, mark: str) -> Changes:
+        """Documents written (or removed) after revision `mark`, from the rows."""
+        with self._statement("the changed documents") as conn:
+            rows = conn.execute("select name, revision from documents where scope = %s and revision > %s "
+                                "order by revision", (self.scope, _revision(mark) if mark else 0)).fetchall()
+        return Changes([name for name, _ in rows], str(rows[-1][1]) if rows else mark)
+
+    def keep_version(self, name: str, data: bytes, suffix: str, keep: int) -> str:
+        stamp = clock.stamp(clock.now(UTC))
+        with self._lock(None), self._statement(f"a version of {name}") as conn, conn.transaction():
+            row = conn.execute(
+                "insert into document_versions (scope, name, content, suffix, label) values (%s, %s, %s, %s, "
+                "%s || '_' || currval('document_versions_id_seq') || %s) returning id, label",
+                (self.scope, name, data, suffix, stamp, suffix)).fetchone()
+            assert row is not None
+            if keep > 0:
+                conn.execute("delete from document_versions where scope = %s and suffix = %s and id not in "
+                             "(select id from document_versions where scope = %s and suffix = %s "
+                             "order by id desc limit %s)", (self.scope, suffix, self.scope, suffix, keep))
+            label = str(row[1])
+            try:
+                atomic_write(self.path(f"{VERSIONS_DIR}/{label}"), data)
+                self.copy.prune_versions(conn)
+            except OSError as exc:
+                log.warning("%s: a version was saved in PostgreSQL but not copied here (%s)", label,
+                            exc.strerror or exc)
+            return label
+
+    def versions(self, suffix: str) -> list[str]:
+        with self._statement("the list of versions") as conn:
+            return [label for (label,) in conn.execute(
+                "select label from document_versions where scope = %s and suffix = %s and label is not null "
+                "order by id", (self.scope, suffix))]
+
+    def read_version(self, label: str) -> bytes:
+        with self._statement(f"the version {label}") as conn:
+            row = conn.execute("select content from document_versions where scope = %s and label = %s",
+                               (self.scope, label)).fetchone()
+        if row is None:
+            raise StorageError(f"no version named {label!r}")
+        return bytes(row[0])
+
+    def exclusive(self, timeout: float | None = None) -> AbstractContextManager[object]:
+        """The scope's lock, held across machines."""
+        return self._lock(timeout)
+
+
+def _revision(text: str) -> int:
+    """A revision given back by this port (a number); anything else matches no row."""
+    try:
+        return int(text)
+    except ValueError:
+        return -1
 
 
 def _holds(path: Path, data: bytes) -> bool:
@@ -239,18 +483,27 @@ def scope_folder(dest_root: Path, scope: str) -> Path:
 
 
 def export_documents(conn: psycopg.Connection, dest_root: Path) -> int:
-    """Write every live document of every scope into the files layout under `dest_root`; how many."""
+    """Write every live document and every version of every scope into the files layout under `dest_root`
+    (versions as memory/backups/<label>); how many files."""
     count = 0
-    with conn.cursor(name="picoclaw_export") as cursor, conn.transaction():
-        cursor.execute("select scope, name, content from documents where content is not null order by scope, name")
-        for scope, name, content in cursor:
-            atomic_write(scope_folder(dest_root, scope) / name, bytes(content))
-            count += 1
+    with conn.transaction():
+        with conn.cursor(name="picoclaw_export") as cursor:
+            cursor.execute("select scope, name, content from documents where content is not null "
+                           "order by scope, name")
+            for scope, name, content in cursor:
+                atomic_write(scope_folder(dest_root, scope) / name, bytes(content))
+                count += 1
+        with conn.cursor(name="picoclaw_export_versions") as cursor:
+            cursor.execute("select scope, label, content from document_versions where label is not null "
+                           "order by scope, id")
+            for scope, label, content in cursor:
+                atomic_write(scope_folder(dest_root, scope) / VERSIONS_DIR / label, bytes(content))
+                count += 1
     return count
 
 
 def workspace_documents(src_root: Path) -> dict[tuple[str, str], bytes]:
-    """The documents of a files workspace, by (scope, name): the shared scope's and each user's."""
+    """The documents and versions of a files workspace, by (scope, name): the shared scope's and each user's."""
     found = {("", name): path.read_bytes() for name, path in scan_documents(src_root).items()}
     users = src_root / USERS_DIR
     if users.is_dir():
@@ -261,13 +514,25 @@ def workspace_documents(src_root: Path) -> dict[tuple[str, str], bytes]:
     return found
 
 
-def import_documents(conn: psycopg.Connection, documents: dict[tuple[str, str], bytes], replace: bool) -> bool:
-    """Load `documents` in one transaction (False, nothing done, when the table holds live documents and not
-    `replace`); with `replace`, live rows not among them become tombstones. Unchanged rows keep their revision,
-    so importing the same workspace again changes nothing."""
+def _version_row(name: str) -> tuple[str, str, str]:
+    """(label, suffix, the document's name) of the version file `name` (memory/backups/<stamp><suffix>)."""
+    label = name.rsplit("/", 1)[-1]
+    match = _STAMPED.match(label)
+    suffix = label[match.end() - 1:] if match else f"_{label}"
+    return label, suffix, f"{MEMORY_DIR}/{suffix[1:]}"
+
+
+def import_documents(conn: psycopg.Connection, found: dict[tuple[str, str], bytes], replace: bool) -> bool:
+    """Load `found` (documents, and versions under memory/backups/) in one transaction (False, nothing done, when
+    the table holds live documents and not `replace`); with `replace`, live rows not among them become tombstones
+    and versions not among them go. Unchanged rows keep their revision: importing the same again changes nothing."""
+    documents = {key: data for key, data in found.items() if not is_version(key[1])}
+    versions = {(scope, _version_row(name)[0]): (name, data) for (scope, name), data in found.items()
+                if is_version(name)}
     with conn.transaction():
         # Every scope's writers hold its advisory lock; one transaction lock keeps them all out meanwhile.
         conn.execute("lock table documents in share row exclusive mode")
+        conn.execute("lock table document_versions in share row exclusive mode")
         row = conn.execute("select exists (select 1 from documents where content is not null)").fetchone()
         if row and row[0] and not replace:
             return False
@@ -282,6 +547,18 @@ def import_documents(conn: psycopg.Connection, documents: dict[tuple[str, str], 
         for scope, name in current.keys() - documents.keys():
             conn.execute("update documents set content = null, revision = nextval('document_revision'), "
                          "updated_at = now() where scope = %s and name = %s", (scope, name))
+        kept = {(scope, label): bytes(content) for scope, label, content in
+                conn.execute("select scope, label, content from document_versions where label is not null")}
+        for (scope, label), (name, data) in sorted(versions.items()):
+            if kept.get((scope, label)) == data:
+                continue
+            _, suffix, document = _version_row(name)
+            conn.execute("delete from document_versions where scope = %s and label = %s", (scope, label))
+            conn.execute("insert into document_versions (scope, name, content, label, suffix) "
+                         "values (%s, %s, %s, %s, %s)", (scope, document, data, label, suffix))
+        if replace:
+            for scope, label in kept.keys() - versions.keys():
+                conn.execute("delete from document_versions where scope = %s and label = %s", (scope, label))
     return True
 
 

@@ -1,9 +1,10 @@
 """The lock of one scope's documents: a local file lock for this machine, an advisory lock for the others.
 
-Every lock path under a scope maps to the scope's one lock, since the working copy is shared by all of them.
-The outermost acquire in a thread pulls the rows into the folder; the outermost release pushes what changed,
-then lets go. Reentrant within a thread; other threads of the process wait, as with FileLock. Every wait
-(for another thread, the local file, the advisory lock) shares one bound and ends in LockWaitExpired.
+Every lock path under a scope maps to the scope's one lock, since the folder's copy is shared by all of them.
+The outermost acquire in a thread pulls the rows written since into the folder (writes themselves go through
+the documents port, storage/postgres/documents.py, row first). Reentrant within a thread; other threads of the
+process wait, as with FileLock. Every wait (for another thread, the local file, the advisory lock) shares one
+bound and ends in LockWaitExpired.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _remaining(deadline: float) -> float:
 
 
 class ScopeLock:
-    """The one cross-machine lock of a scope, with its working copy (`copy`) pulled and pushed under it."""
+    """The one cross-machine lock of a scope, with its read copy (`copy`) brought up to date under it."""
 
     def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy, root: Path | None = None):
         self.pool = pool
@@ -84,7 +85,7 @@ class ScopeLock:
             raise
 
     def release(self) -> None:
-        """Let go once; the outermost release pushes what changed (StorageUnavailable if it cannot)."""
+        """Let go once (the outermost release lets go of the advisory lock and the local file)."""
         with self._state:
             if self._owner != threading.get_ident():
                 raise RuntimeError("this thread does not hold the lock")
@@ -92,26 +93,20 @@ class ScopeLock:
             if self._depth:
                 return
         try:
-            self._guarded(self.copy.push, stale_on_failure=True)
-        finally:
             self._let_go()
+        finally:
             self._leave()
 
-    def _guarded(self, work: Callable[[psycopg.Connection], None], *, stale_on_failure: bool = False) -> None:
-        """Run `work` on the held connection; a server gone is StorageUnavailable (and, when pushing, the copy
-        is marked stale: what did not reach the database is replaced by its truth at the next pull)."""
+    def _guarded(self, work: Callable[[psycopg.Connection], None]) -> None:
+        """Run `work` on the held connection; a server gone is StorageUnavailable, a refusal a StorageError."""
         import psycopg
 
         assert self._conn is not None
         try:
             work(self._conn)
         except psycopg.OperationalError as exc:
-            if stale_on_failure:
-                self.copy.mark_stale()
             raise unreachable(self.dsn, exc) from None
         except psycopg.Error as exc:
-            if stale_on_failure:
-                self.copy.mark_stale()
             raise StorageError(f"PostgreSQL refused the memory documents of {self.copy.root}: "
                                f"{' '.join(str(exc).split())[:300]}") from None
 

@@ -26,6 +26,7 @@ STEPS: list[tuple[int, str]] = [
     (1, "create extension if not exists vector;\n" + documents.DDL + sessions.DDL + jobs.DDL + index.DDL),
     (2, index.TOTALS_V2),
     (3, inbox.DDL + work.DDL),
+    (4, documents.DDL_V4),
 ]
 SCHEMA_VERSION = STEPS[-1][0]
 

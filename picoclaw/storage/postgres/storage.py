@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 from psycopg import sql
 
 from picoclaw.fsutil import read_regular
-from picoclaw.layout import MEMORY_DIR
+from picoclaw.layout import MEMORY_DIR, USERS_DIR
 from picoclaw.storage.errors import StorageError
+from picoclaw.storage.files_documents import MEMORY_LOCK_FILE
 from picoclaw.storage.postgres import documents, jobs
 from picoclaw.storage.postgres.connection import open_pool, server_name, unreachable
-from picoclaw.storage.postgres.documents import LOCAL_LOCK, ScopeCopy
+from picoclaw.storage.postgres.documents import LOCAL_LOCK, PostgresDocuments, ScopeCopy
 from picoclaw.storage.postgres.inbox import PostgresInbox
 from picoclaw.storage.postgres.index import PostgresIndexTable
 from picoclaw.storage.postgres.locks import ScopeLock, ScopeLockHandle
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How many earlier contents of a document are kept (memory.backup_keep's default, as the files' backups).
-VERSIONS_KEEP = 50
 PING_WAIT = 0.5  # seconds `ping` waits for a pool connection before it asks the server on one of its own
 CONNECT_CHECK_SECONDS = 2  # libpq's shortest connect_timeout: a server on a host that does not answer
 
@@ -43,15 +42,15 @@ class PostgresStorage:
 
     backend = "postgres"
 
-    def __init__(self, root: Path, dsn: str, pool_size: int = 10, *, versions_keep: int = VERSIONS_KEEP,
+    def __init__(self, root: Path, dsn: str, pool_size: int = 10, *,
                  lock_wait: float = LOCK_WAIT_SECONDS):
         import psycopg
 
         self.root = root
         self.dsn = dsn
-        self.versions_keep = versions_keep
         self.lock_wait = lock_wait
         self._scopes: dict[str, ScopeLock] = {}
+        self._documents: dict[str, PostgresDocuments] = {}
         self._scopes_guard = threading.Lock()
         self.pool = open_pool(dsn, pool_size, lock_wait)
         try:
@@ -69,15 +68,28 @@ class PostgresStorage:
         with self._scopes_guard:
             found = self._scopes.get(scope)
             if found is None:
-                found = ScopeLock(self.pool, self.dsn, ScopeCopy(scope, scope_root, self.versions_keep), self.root)
+                found = ScopeLock(self.pool, self.dsn, ScopeCopy(scope, scope_root), self.root)
                 self._scopes[scope] = found
             return found
 
     def lock(self, path: Path, timeout: float | None = None) -> ScopeLockHandle:
         """The lock of the scope `path` lies in (one for all its lock paths), held across machines, waited for
-        `timeout` s (None: `lock_wait`): the outermost acquire pulls the scope's documents, the outermost release
-        pushes them."""
+        `timeout` s (None: `lock_wait`): the outermost acquire brings the scope's copy up to date."""
         return ScopeLockHandle(self._scope_lock(path), path, self.lock_wait if timeout is None else timeout)
+
+    def documents(self, scope: str) -> PostgresDocuments:
+        """Scope `scope`'s documents as rows (one per scope and process, sharing the scope's lock and copy)."""
+        with self._scopes_guard:
+            found = self._documents.get(scope)
+        if found is None:
+            scope_root = self.root / USERS_DIR / scope if scope else self.root
+            lock_path = scope_root / MEMORY_DIR / MEMORY_LOCK_FILE
+            scope_lock = self._scope_lock(lock_path)
+            found = PostgresDocuments(self.pool, self.dsn, scope_lock.copy,
+                                      lambda timeout: self.lock(lock_path, timeout), shared=not scope)
+            with self._scopes_guard:
+                found = self._documents.setdefault(scope, found)
+        return found
 
     def session_log(self, folder: Path, lock_path: Path | None = None) -> PostgresSessionLog:
         """The transcripts of sessions folder `folder` as rows (`lock_path`, a lock file, is for files only)."""

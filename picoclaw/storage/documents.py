@@ -1,0 +1,151 @@
+"""The documents port: the Markdown and JSON documents of one memory scope, read and written by name.
+
+A name is a "/"-separated path under the scope's root (`memory/MEMORY.md`, `memory/202612/20261202.md`,
+`AGENTS.md`). Every write lands in the backend's truth when the call returns: files (storage/files_documents.py)
+write the file itself, atomically; PostgreSQL (storage/postgres/documents.py) writes the row in one statement
+and then this machine's read copy of it. Readers read the files under `root`, which the backend keeps current
+(`Storage.refresh`). A replace may name the revision it was based on: a stale one is refused, never merged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from picoclaw.storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from picoclaw.storage.backend import Storage
+
+MISSING = ""  # the revision of a document that does not exist
+
+
+@dataclass(frozen=True)
+class Document:
+    """A document's bytes (None: there is no such document) and the revision they are at."""
+
+    name: str
+    data: bytes | None
+    revision: str
+
+
+@dataclass(frozen=True)
+class Changes:
+    """The documents written since a mark (`Documents.changes_since`), and the mark to ask from next time."""
+
+    names: list[str]
+    mark: str
+
+
+class StaleRevision(StorageError):
+    """A replace expected a revision the document no longer has: someone wrote it meanwhile; nothing was written."""
+
+
+class Documents(Protocol):
+    """One scope's documents (its root: the workspace folder, or users/<key>/ of a per-user scope)."""
+
+    scope: str
+    root: Path  # where this machine reads the scope's documents from
+
+    def path(self, name: str) -> Path:
+        """The file under `root` that holds document `name` on this machine."""
+        ...
+
+    def name(self, path: Path) -> str:
+        """The name of the document held by the file `path` (under `root`)."""
+        ...
+
+    def read(self, name: str) -> Document:
+        """The document with its current revision, from the backend's truth (MISSING revision: none)."""
+        ...
+
+    def replace(self, name: str, data: bytes | str, *, expect: str | None = None, durable: bool = True) -> str:
+        """Make `data` the document's content; its new revision. With `expect` (a revision read earlier, MISSING
+        for "must not exist yet"), StaleRevision and nothing written when the document is no longer at it.
+        `durable` False: soft state (counters, caches) a power cut may roll back."""
+        ...
+
+    def create(self, name: str, data: bytes | str) -> bool:
+        """Write a first version of `name`; False, and nothing written, when it exists."""
+        ...
+
+    def append(self, name: str, data: bytes) -> str:
+        """Add `data` at the end of an existing document, crash-safe (the old or the new, never half); its revision."""
+        ...
+
+    def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> None:
+        """Append JSON lines to `name` (created if missing), each record on a line of its own."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Remove the document, if it exists."""
+        ...
+
+    def names(self, prefix: str = "") -> list[str]:
+        """The names of the scope's documents that start with `prefix`, sorted."""
+        ...
+
+    def changes_since(self, mark: str) -> Changes:
+        """The documents written since `mark` (MISSING: all of them), for the index and the entry table."""
+        ...
+
+    def keep_version(self, name: str, data: bytes, suffix: str, keep: int) -> str:
+        """Keep `data` (what `name` held before a rewrite) as a new version labelled `<UTC stamp><suffix>`;
+        only the newest `keep` with that suffix stay. Its label."""
+        ...
+
+    def versions(self, suffix: str) -> list[str]:
+        """The labels of the kept versions with `suffix`, oldest first."""
+        ...
+
+    def read_version(self, label: str) -> bytes:
+        """The bytes of the version `label` (StorageError if there is none)."""
+        ...
+
+    def exclusive(self, timeout: float | None = None) -> AbstractContextManager[object]:
+        """A section no other writer of the scope's memory enters meanwhile, for a read-modify-write."""
+        ...
+
+
+def document_of(storage: Storage, path: Path) -> tuple[Documents, str]:
+    """The documents holding the file `path` of a workspace kept by `storage`, and its name there.
+
+    A file outside the workspace (a store made on a bare folder) is a document of the files beside it.
+    """
+    from picoclaw.storage.files_documents import FilesDocuments
+    from picoclaw.storage.stored_files import scope_of
+
+    try:
+        scope, scope_root = scope_of(storage.root, path)
+    except ValueError:
+        return FilesDocuments("", path.parent, lock_wait=storage.lock_wait), path.name
+    documents = storage.documents(scope)
+    return documents, Path(os.path.abspath(path)).relative_to(os.path.abspath(scope_root)).as_posix()
+
+
+def write_file(storage: Storage, path: Path, data: bytes | str) -> None:
+    """Write a file of the workspace at once: a stored document through its scope's documents (so it lands in
+    the backend's truth), any other file (a skill, a script) in place, atomically."""
+    from picoclaw.fsutil import atomic_write
+
+    if is_stored_document(storage, path):
+        documents, name = document_of(storage, path)
+        documents.replace(name, data)
+    else:
+        atomic_write(path, data)
+
+
+def is_stored_document(storage: Storage, path: Path) -> bool:
+    """Whether the file `path` is one of the stored documents of a workspace kept by `storage`."""
+    from picoclaw.storage.stored_files import is_stored_name, scope_of
+
+    try:
+        scope, scope_root = scope_of(storage.root, path)
+    except ValueError:
+        return False
+    name = Path(os.path.abspath(path)).relative_to(os.path.abspath(scope_root)).as_posix()
+    return is_stored_name(name, shared=not scope)
