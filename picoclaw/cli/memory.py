@@ -55,6 +55,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--replace", action="store_true",
                       help="replace memory, sessions and jobs the target already holds")
     load.set_defaults(handler=cmd_memory_import)
+    edit = actions.add_parser("edit", help="open a memory document in $EDITOR and save it back, unless it changed "
+                                           "meanwhile (for PostgreSQL, where the folder is only a copy)")
+    edit.add_argument("document", nargs="?", default="MEMORY.md",
+                      help="MEMORY.md (default), LEARNINGS.md, a bootstrap file such as USER.md, or a note "
+                           "(memory/YYYYMM/YYYYMMDD.md, or its date YYYY-MM-DD)")
+    edit.set_defaults(handler=cmd_memory_edit)
     notes = actions.add_parser("notes", help="print the last days' daily notes")
     notes.add_argument("--days", type=bounded_int(0, 3660), help="how many days (default: recent_days)")
     notes.set_defaults(handler=cmd_memory_notes)
@@ -287,4 +293,34 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
             echo(f"the previous version was saved as {result.backup.name} (`picoclaw memory restore` undoes this)")
         if result.carried_over:
             echo(f"kept what was appended meanwhile: {' '.join(result.carried_over.split())[:200]}")
+    return 0
+
+
+def cmd_memory_edit(args: argparse.Namespace) -> int:
+    from picoclaw.cli.editing import edit_in_editor, editable_name, keep_rejected_edit
+    from picoclaw.storage import StaleRevision
+
+    with current_app() as app:
+        store = app.workspace.store
+        name = editable_name(store.documents, args.document)
+        found = store.documents.read(name)
+        if found.data is None:
+            raise PicoclawError(f"{name} does not exist yet; nothing to edit")
+        edited = edit_in_editor(found.data, name)
+        if edited == found.data:
+            echo(f"{name} unchanged; nothing was written")
+            return 0
+        try:
+            edited.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            kept = keep_rejected_edit(app.home, name, edited)
+            raise PicoclawError(f"the edited {name} is not valid UTF-8 (byte {exc.start}), so nothing was written; "
+                                f"your edited text is in {kept}") from None
+        try:
+            backup = store.replace_document(store.documents.path(name), edited, found.revision)
+        except StaleRevision:
+            kept = keep_rejected_edit(app.home, name, edited)
+            raise PicoclawError(f"{name} was changed while it was being edited, so nothing was written; your "
+                                f"edited text is in {kept}") from None
+        echo(f"saved {name}" + (f" (the previous version was kept as {backup.name})" if backup else ""))
     return 0

@@ -1,0 +1,198 @@
+"""The documents port (storage/documents.py), the same tests on files and on PostgreSQL, and `picoclaw memory
+edit`, which saves a hand edit back only when the document did not change meanwhile."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from picoclaw.storage import MISSING, Documents, StaleRevision, StorageError
+from tests.test_cli import assert_one_line_error, run
+from tests.test_storage_documents import Backend, backend  # noqa: F401 - the fixture, on both backends
+from tests.test_storage_transfer import set_storage
+
+MEMORY = "memory/MEMORY.md"
+
+
+@pytest.fixture
+def documents(backend: Backend) -> Documents:  # noqa: F811 - the fixture imported above
+    return backend.storage.documents("")
+
+
+def test_a_replace_is_in_the_storage_when_it_returns_and_reads_give_its_revision(
+        backend: Backend, documents: Documents) -> None:  # noqa: F811
+    assert documents.read(MEMORY).data is None and documents.read(MEMORY).revision == MISSING
+    first = documents.replace(MEMORY, "## 2026-12-01\nThe user's sister lives in Lisbon.\n")
+    assert backend.stored(MEMORY) == "## 2026-12-01\nThe user's sister lives in Lisbon.\n"
+    found = documents.read(MEMORY)
+    assert found.revision == first and found.data is not None and b"Lisbon" in found.data
+    second = documents.replace(MEMORY, "## 2026-12-01\n用户的妹妹住在里斯本。\n".encode(), expect=first)
+    assert second != first and backend.stored(MEMORY) == "## 2026-12-01\n用户的妹妹住在里斯本。\n"
+    assert documents.path(MEMORY).read_text(encoding="utf-8") == "## 2026-12-01\n用户的妹妹住在里斯本。\n"
+
+
+def test_a_stale_replace_is_refused_and_writes_nothing(backend: Backend, documents: Documents) -> None:  # noqa: F811
+    read = documents.replace(MEMORY, "## 2026-12-01\nversion one 第一版\n")
+    documents.append(MEMORY, "\n## 2026-12-02\nappended meanwhile 之后追加\n".encode())
+    with pytest.raises(StaleRevision, match="changed since it was read; nothing was written"):
+        documents.replace(MEMORY, "## 2026-12-01\nan edit of version one\n", expect=read)
+    after = "## 2026-12-01\nversion one 第一版\n\n## 2026-12-02\nappended meanwhile 之后追加\n"
+    assert backend.stored(MEMORY) == after and documents.path(MEMORY).read_text(encoding="utf-8") == after
+    with pytest.raises(StaleRevision):  # "must not exist yet"
+        documents.replace(MEMORY, "new", expect=MISSING)
+    with pytest.raises(StaleRevision):  # a revision this port never gave
+        documents.replace(MEMORY, "new", expect="not-a-revision")
+    assert backend.stored(MEMORY) == after
+
+
+def test_create_append_records_names_and_delete(backend: Backend, documents: Documents) -> None:  # noqa: F811
+    assert documents.create("memory/LEARNINGS.md", "# Lessons\n") is True
+    assert documents.create("memory/LEARNINGS.md", "# Other\n") is False
+    assert backend.stored("memory/LEARNINGS.md") == "# Lessons\n"
+    documents.append_records("memory/policy_history.jsonl", [{"why": "tea"}, {"why": "茶"}])
+    documents.append_records("memory/policy_history.jsonl", [{"why": "more"}])
+    assert backend.stored("memory/policy_history.jsonl") == '{"why":"tea"}\n{"why":"茶"}\n{"why":"more"}\n'
+    documents.replace("memory/202612/20261202.md", "# 2026-12-02\n")
+    assert documents.names("memory/2026") == ["memory/202612/20261202.md"]
+    assert "memory/LEARNINGS.md" in documents.names()
+    documents.delete("memory/202612/20261202.md")
+    assert backend.stored("memory/202612/20261202.md") is None and documents.names("memory/2026") == []
+    assert not documents.path("memory/202612/20261202.md").exists()
+    with pytest.raises(StorageError):
+        documents.append("memory/none.md", b"x")  # nothing to append to
+
+
+@pytest.mark.parametrize("name", ["../outside.md", "/etc/passwd", "memory/../../x", ""])
+def test_a_name_that_leaves_the_scope_is_refused(documents: Documents, name: str) -> None:
+    with pytest.raises(StorageError, match="not the name of a document"):
+        documents.replace(name, "x")
+
+
+def test_changes_since_names_what_was_written_after_a_mark(documents: Documents) -> None:
+    documents.replace(MEMORY, "## 2026-12-01\none\n")
+    mark = documents.changes_since(MISSING).mark
+    assert documents.changes_since(mark).names == []
+    documents.replace("memory/LEARNINGS.md", "# Lessons 教训\n")
+    later = documents.changes_since(mark)
+    assert later.names == ["memory/LEARNINGS.md"] and later.mark != mark
+    assert documents.changes_since(later.mark).names == []
+
+
+def test_versions_are_kept_once_pruned_and_read_back(backend: Backend, documents: Documents) -> None:  # noqa: F811
+    labels = [documents.keep_version(MEMORY, f"version {n} 版本{n}\n".encode(), "_MEMORY.md", 2) for n in range(3)]
+    assert documents.versions("_MEMORY.md") == labels[1:]
+    assert documents.read_version(labels[2]) == "version 2 版本2\n".encode()
+    assert sorted(p.name for p in (backend.root / "memory" / "backups").iterdir()) == sorted(labels[1:])
+    with pytest.raises(StorageError):
+        documents.read_version(labels[0])
+    assert documents.versions("_LEARNINGS.md") == []
+
+
+# -- picoclaw memory edit ----------------------------------------------------------------------------------
+
+EDITOR = '''
+import os, subprocess, sys
+path = sys.argv[1]
+mode = os.environ["EDIT_MODE"]
+if mode == "fail":
+    sys.exit(3)
+data = open(path, "rb").read()
+if mode == "conflict":  # someone else writes the document while it is open in the editor
+    subprocess.run([sys.executable, "-m", "picoclaw", "memory", "append", "Written meanwhile. 同时写入。"], check=True)
+if mode == "bad":
+    data += b"\\xff\\xfe"
+elif mode != "same":
+    data += "\\n## 2026-12-02\\nEdited by hand: the user's sister lives in Lisbon. 妹妹住在里斯本。\\n".encode()
+open(path, "wb").write(data)
+'''
+
+
+@pytest.fixture(params=["files", "postgres"])
+def edit_home(request: pytest.FixtureRequest, home: Path, tmp_path: Path,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    if request.param == "postgres":
+        set_storage(home, {"backend": "postgres", "postgres": {"dsn": request.getfixturevalue("postgres_dsn")}})
+    script = tmp_path / "editor.py"
+    script.write_text(EDITOR, encoding="utf-8")
+    monkeypatch.setenv("EDITOR", f"{sys.executable} {script}")
+    monkeypatch.delenv("VISUAL", raising=False)
+    yield home
+
+
+def _memory(capsys: pytest.CaptureFixture[str]) -> str:
+    code, out, _ = run(capsys, "memory", "show")
+    assert code == 0
+    return out
+
+
+def test_memory_edit_saves_the_edit_and_keeps_a_backup(edit_home: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run(capsys, "memory", "append", "The user's dog is called Biscuit. 狗叫饼干。")[0] == 0
+    monkeypatch.setenv("EDIT_MODE", "add")
+    code, out, err = run(capsys, "memory", "edit")
+    assert (code, err) == (0, "") and out.startswith("saved memory/MEMORY.md (the previous version was kept as ")
+    shown = _memory(capsys)
+    assert "Biscuit" in shown and "sister lives in Lisbon. 妹妹住在里斯本。" in shown
+    code, out, _ = run(capsys, "memory", "backups")
+    assert code == 0 and "_MEMORY.md" in out
+    code, out, _ = run(capsys, "memory", "search", "里斯本")
+    assert code == 0 and "里斯本" in out
+
+
+def test_memory_edit_of_a_document_changed_meanwhile_is_refused_and_the_text_kept(
+        edit_home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run(capsys, "memory", "append", "The user's dog is called Biscuit. 狗叫饼干。")[0] == 0
+    monkeypatch.setenv("EDIT_MODE", "conflict")
+    code, out, err = run(capsys, "memory", "edit", "MEMORY.md")
+    assert_one_line_error(code, out, err, "changed while it was being edited", "nothing was written")
+    kept = Path(err.rsplit(" in ", 1)[1].strip())
+    assert kept.is_file() and kept.is_relative_to(edit_home / "edits")
+    assert "妹妹住在里斯本" in kept.read_text(encoding="utf-8")
+    shown = _memory(capsys)
+    assert "Written meanwhile. 同时写入。" in shown and "Lisbon" not in shown  # the other write stays, ours not
+
+
+@pytest.mark.parametrize(("mode", "needle"), [("fail", "exited with status 3"), ("bad", "not valid UTF-8")])
+def test_memory_edit_that_fails_writes_nothing(edit_home: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch, mode: str, needle: str) -> None:
+    assert run(capsys, "memory", "append", "The user's dog is called Biscuit.")[0] == 0
+    before = _memory(capsys)
+    monkeypatch.setenv("EDIT_MODE", mode)
+    code, out, err = run(capsys, "memory", "edit")
+    assert_one_line_error(code, out, err, needle, "nothing was written")
+    assert _memory(capsys) == before
+
+
+def test_memory_edit_of_an_unchanged_document_writes_nothing(edit_home: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDIT_MODE", "same")
+    code, out, err = run(capsys, "memory", "edit", "USER.md")
+    assert (code, err) == (0, "") and out == "USER.md unchanged; nothing was written\n"
+
+
+@pytest.mark.parametrize(("document", "needle"), [
+    ("NOPE.md", "no memory document 'NOPE.md'"),
+    ("../config.json", "no memory document"),
+    (".model_usage.json", "bookkeeping"),
+    ("2026-13-45", "no memory document"),
+])
+def test_memory_edit_refuses_what_is_not_an_editable_document(edit_home: Path, capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch, document: str,
+                                                              needle: str) -> None:
+    monkeypatch.setenv("EDIT_MODE", "add")
+    assert_one_line_error(*run(capsys, "memory", "edit", document), needle)
+
+
+def test_memory_edit_opens_a_daily_note_by_its_date(edit_home: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = run(capsys, "memory", "append", "--today", "今天去了西湖 and walked the dog")
+    assert code == 0
+    day = Path(out.split()[-1]).stem
+    monkeypatch.setenv("EDIT_MODE", "add")
+    code, out, err = run(capsys, "memory", "edit", f"{day[:4]}-{day[4:6]}-{day[6:]}")
+    assert (code, err) == (0, "") and out == f"saved memory/{day[:6]}/{day}.md\n"
+    code, out, _ = run(capsys, "memory", "notes", "--days", "1")
+    assert "西湖" in out and "里斯本" in out
