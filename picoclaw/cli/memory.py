@@ -53,7 +53,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                                              "storage backend")
     load.add_argument("folder", help="a workspace folder, or a folder `picoclaw memory export` wrote")
     load.add_argument("--replace", action="store_true",
-                      help="replace memory, sessions and jobs the target already holds")
+                      help="replace memory, sessions and jobs of the target that the import would overwrite or remove")
     load.set_defaults(handler=cmd_memory_import)
     notes = actions.add_parser("notes", help="print the last days' daily notes")
     notes.add_argument("--days", type=bounded_int(0, 3660), help="how many days (default: recent_days)")
@@ -163,16 +163,25 @@ def cmd_memory_export(args: argparse.Namespace) -> int:
 def cmd_memory_import(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from picoclaw.storage import import_workspace
+    from picoclaw.config import home_dir, load_config
+    from picoclaw.layout import WorkspaceLayout
+    from picoclaw.storage import import_workspace, open_storage
 
-    with opened_app() as app:
-        moved = import_workspace(app.storage, Path(args.folder).expanduser(), replace=args.replace)
-        if not moved.changed:
-            echo(f"the {app.storage.backend} storage already holds the {moved.files} files of {args.folder}; "
-                 "nothing was changed")
-        else:
-            echo(f"imported {moved.files} files ({moved.size} bytes) from {args.folder} into the "
-                 f"{app.storage.backend} storage")
+    # Only the storage is opened, not the App: on PostgreSQL the workspace's start-up sends the folder's documents
+    # to the database, a write before the import could check (and, if it refuses, say nothing was changed).
+    home = home_dir()
+    config = load_config(home)
+    storage = open_storage(config, WorkspaceLayout.of(config, home).root)
+    try:
+        moved = import_workspace(storage, Path(args.folder).expanduser(), replace=args.replace)
+    finally:
+        storage.close()
+    if not moved.changed:
+        echo(f"the {storage.backend} storage already holds the {moved.files} files of {args.folder}; "
+             "nothing was changed")
+    else:
+        echo(f"imported {moved.files} files ({moved.size} bytes) from {args.folder} into the "
+             f"{storage.backend} storage")
     return 0
 
 

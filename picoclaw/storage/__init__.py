@@ -19,6 +19,7 @@ from picoclaw.storage.sessions import (
     Transcript,
     transcript_files,
 )
+from picoclaw.storage.switching import switch_warning
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
 
@@ -48,4 +49,5 @@ __all__ = [
     "export_workspace",
     "import_workspace",
     "open_storage",
+    "switch_warning",
 ]
