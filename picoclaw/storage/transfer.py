@@ -21,12 +21,11 @@ from picoclaw.storage.backend import Storage
 from picoclaw.storage.errors import StorageError
 from picoclaw.storage.jobs import due_of, records_of
 from picoclaw.storage.stored_files import JOBS_NAME, stored_files
-from picoclaw.storage.switching import remember_imported
+from picoclaw.storage.switching import ENTRY, remember_imported
 
 SHOWN_NAMES = 3  # names a refusal quotes of what the import would overwrite or remove
 
 _NOTE = re.compile(r"(^|/)memory/\d{6}/\d{8}\.md$")
-_ENTRY = re.compile(rb"(^|\n)## ")
 
 
 @dataclass(frozen=True)
@@ -43,21 +42,14 @@ def read_layout(root: Path) -> dict[str, bytes]:
     return {name: read_regular(path) for name, path in stored_files(root).items()}
 
 
-def holds_content(layout: dict[str, bytes]) -> bool:
-    """Whether a workspace holds anything a person would miss: an entry or lesson, a note, a chat, a job.
-
-    A freshly onboarded workspace (templates, an empty MEMORY.md) holds none of it and may be imported into.
-    """
-    return any(is_content(name, data) for name, data in layout.items())
-
-
 def is_content(name: str, data: bytes) -> bool:
-    """Whether the stored file `name` holding `data` is something a person would miss (see `holds_content`)."""
+    """Whether the stored file `name` holding `data` is something a person would miss: an entry or lesson, a
+    note, a chat, a job. Templates and an entry-less MEMORY.md (a freshly onboarded workspace) are not."""
     if name == JOBS_NAME:
         return holds_jobs(data)
     if name.startswith(f"{SESSIONS_DIR}/") or f"/{SESSIONS_DIR}/" in name or _NOTE.search(name):
         return True
-    return name.endswith(("memory/MEMORY.md", "memory/LEARNINGS.md")) and bool(_ENTRY.search(data))
+    return name.endswith(("memory/MEMORY.md", "memory/LEARNINGS.md")) and bool(ENTRY.search(data))
 
 
 def holds_jobs(data: bytes) -> bool:
