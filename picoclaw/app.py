@@ -11,6 +11,7 @@ pool belongs to that loop). The agent stack and the openai client are imported o
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,7 +20,7 @@ from picoclaw.config import Config, home_dir, load_config, workspace_dir
 from picoclaw.hosts import is_local_host
 from picoclaw.keyed import LruCache
 from picoclaw.memory import Workspace
-from picoclaw.storage import open_storage
+from picoclaw.storage import open_storage, switch_warning
 
 if TYPE_CHECKING:
     from picoclaw.agent import AgentLoop
@@ -37,6 +38,8 @@ ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
 # job and no embedding under way (a turn may stop waiting for new memory's embeddings before they are made).
 AGENT_CACHE_SIZE = 64
 
+log = logging.getLogger(__name__)
+
 
 class App:
     """One configured picoclaw: the workspace, the model client, and an agent per memory scope."""
@@ -46,6 +49,10 @@ class App:
         self.home = home
         self.storage = open_storage(config, workspace_dir(config, home))
         try:
+            # Before the workspace opens: on PostgreSQL its first memory lock brings the rows into the folder.
+            warning = switch_warning(self.storage)
+            if warning:
+                log.warning(warning)
             self.embedder = build_embedder(config)
             self.workspace = Workspace.from_config(config, home, self.storage, self.embedder)
         except BaseException:

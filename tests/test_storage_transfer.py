@@ -8,15 +8,25 @@ import, and a round trip files → postgres → files gives back the same bytes.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+import picoclaw
 from picoclaw.cli import main
+from picoclaw.config import load_config
+from picoclaw.layout import WorkspaceLayout
+from picoclaw.storage import Storage, open_storage, switch_warning
 from picoclaw.storage.postgres.schema import SCHEMA_VERSION
 from picoclaw.storage.stored_files import stored_files
+from picoclaw.storage.switching import SWITCH_FILE
 from picoclaw.storage.transfer import read_layout
+from picoclaw.storage.work import WORK_DIR
 from tests.fakes import FakeOpenAIServer
 from tests.test_cli import assert_one_line_error, run
 from tests.zones import onboard_in_shanghai
@@ -190,3 +200,216 @@ def test_the_whole_cli_on_postgres_one_machine_after_another(home: Path, postgre
     assert all(text in memory for text in [*ENTRIES, "Second machine fact: 第二台机器"])
     transcripts = list((tmp_path / "copy" / "sessions").glob("*.jsonl"))
     assert len(transcripts) == 1 and "我的狗叫什么" in transcripts[0].read_text(encoding="utf-8")
+
+
+# Switching a workspace from files to PostgreSQL (issue 42, item 5).
+
+BAD_MEMORY = b"# Memory\n\n## 2025-01-01\ncaf\xe9 au lait \xff\xfe\n"  # Latin-1 bytes: not UTF-8
+
+
+@contextmanager
+def opened_storage(home: Path) -> Iterator[Storage]:
+    """The configured storage of `home`, opened without an App (nothing of the workspace starts)."""
+    config = load_config(home)
+    storage = open_storage(config, WorkspaceLayout.of(config, home).root)
+    try:
+        yield storage
+    finally:
+        storage.close()
+
+
+def stored(home: Path) -> dict[str, bytes]:
+    with opened_storage(home) as storage:
+        return storage.stored_layout()
+
+
+def use_model(home: Path, fake_openai: FakeOpenAIServer) -> None:
+    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
+    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def fill_with_chat(capsys: pytest.CaptureFixture[str], home: Path, fake_openai: FakeOpenAIServer) -> None:
+    """Entries in English and Chinese, a note, a job and a conversation, on the home's current backend."""
+    use_model(home, fake_openai)
+    fill(capsys)
+    fake_openai.reply_text("记住了：Biscuit 和小白。")
+    code, _, err = run(capsys, "chat", "-m", "我的狗叫 Biscuit, remember it")
+    assert code == 0, err
+
+
+def picoclaw_process(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a shell runs it: its own process, so its log lines reach stderr as a user sees them."""
+    repo = Path(picoclaw.__file__).resolve().parent.parent
+    env = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONIOENCODING": "utf-8", "LC_ALL": "C.UTF-8",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "picoclaw", *argv], cwd=home, env=env, capture_output=True,
+                          text=True, encoding="utf-8", timeout=120)
+
+
+def switch_warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "picoclaw memory import" in line]
+
+
+@pytest.mark.parametrize("source", ["export", "workspace folder"])
+def test_import_after_the_cli_already_started_on_the_folder_needs_no_replace(
+        home: Path, postgres_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        fake_openai: FakeOpenAIServer, source: str) -> None:
+    """The operator's report: a files workspace switched to a database nobody had used, one command run (which
+    sent the folder's documents up), then `memory import` without --replace: it succeeds, and every read command
+    shows the entries, the note, the job and the conversation."""
+    fill_with_chat(capsys, home, fake_openai)
+    folder = home / "workspace"
+    if source == "export":
+        assert run(capsys, "memory", "export", str(tmp_path / "copy"))[0] == 0
+        src = tmp_path / "copy"
+    else:
+        src = folder
+    expected = read_layout(src)
+    set_storage(home, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
+    assert run(capsys, "memory", "show")[0] == 0  # the start-up: on PostgreSQL the folder's documents went up
+
+    code, out, err = run(capsys, "memory", "import", str(src))
+    assert code == 0, err
+    assert f"imported {len(expected)} files" in out
+    assert stored(home) == expected
+    code, out, _ = run(capsys, "memory", "import", str(src))
+    assert code == 0 and "nothing was changed" in out
+
+    code, out, _ = run(capsys, "memory", "show")
+    assert code == 0 and all(text in out for text in ENTRIES)
+    for query, needle in (("Biscuit", ENTRIES[0]), ("小白", ENTRIES[1])):
+        code, out, _ = run(capsys, "memory", "search", query)
+        assert code == 0 and needle in out, out
+    code, out, _ = run(capsys, "memory", "notes", "--days", "3")
+    assert code == 0 and "西湖" in out
+    code, out, _ = run(capsys, "memory", "stats")
+    assert code == 0 and "MEMORY.md" in out
+    code, out, _ = run(capsys, "cron", "list")
+    assert code == 0 and "drink water" in out
+    fake_openai.reply_text("Biscuit。")
+    code, out, err = run(capsys, "chat", "-m", "他叫什么？")
+    assert code == 0, err
+    sent = json.dumps(fake_openai.chat_requests()[-1]["messages"], ensure_ascii=False)
+    assert "我的狗叫 Biscuit, remember it" in sent  # the imported conversation goes on
+
+
+def test_a_refused_import_changes_nothing_and_says_so(home: Path, postgres_dsn: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database another machine filled, a folder with memory of its own, an import that would overwrite the
+    database's entries: refused in one line that names what it would overwrite, and not a byte of the database
+    changed (the folder's own documents were not sent up either)."""
+    other = tmp_path / "other-machine"
+    onboard_in_shanghai(other)
+    set_storage(other, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
+    monkeypatch.setenv("PICOCLAW_HOME", str(other))
+    fill(capsys)
+    source = tmp_path / "source"
+    (source / "memory").mkdir(parents=True)
+    (source / "memory" / "MEMORY.md").write_text("# Memory\n\n## 2025-01-01\n另一个事实 another fact\n",
+                                                   encoding="utf-8")
+    monkeypatch.setenv("PICOCLAW_HOME", str(home))
+    assert run(capsys, "memory", "append", "This folder's own fact 本机的事实")[0] == 0
+    (home / "workspace" / "memory" / "topics.md").write_text("# 话题 Topics\n", encoding="utf-8")
+    set_storage(home, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
+    before = stored(home)
+
+    code, out, err = run(capsys, "memory", "import", str(source))
+    assert_one_line_error(code, out, err, "--replace", "memory/MEMORY.md", "nothing was changed")
+    assert stored(home) == before
+    assert "memory/topics.md" not in before and "本机的事实".encode() not in b"".join(before.values())
+
+    code, out, err = run(capsys, "memory", "import", "--replace", str(source))
+    assert code == 0, err
+    assert stored(home) == read_layout(source)
+
+
+def test_the_switch_warning_is_one_line_in_every_command_until_the_import(
+        home: Path, postgres_dsn: str, capsys: pytest.CaptureFixture[str], fake_openai: FakeOpenAIServer) -> None:
+    """A files workspace whose config.json now says postgres: each command starts with one line naming
+    `picoclaw memory import`, until the import. A chat meanwhile is a conversation the import would overwrite,
+    which it says (and --replace does)."""
+    fill_with_chat(capsys, home, fake_openai)
+    folder = home / "workspace"
+    set_storage(home, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
+    fake_openai.reply_text("好的。")
+    for argv in (("memory", "show"), ("cron", "list"), ("chat", "-m", "你好")):
+        done = picoclaw_process(home, *argv)
+        assert done.returncode == 0, done.stderr
+        warnings = switch_warnings(done.stderr)
+        assert len(warnings) == 1 and done.stderr == warnings[0] + "\n", done.stderr
+        assert warnings[0].startswith("picoclaw: WARNING: the workspace folder ")
+        assert f"run `picoclaw memory import {folder}`" in warnings[0]
+        assert "1 conversation" in warnings[0] and "scheduled jobs" in warnings[0], warnings[0]
+    assert "好的。" in done.stdout
+
+    assert_one_line_error(*run(capsys, "memory", "import", str(folder)), "sessions/", "nothing was changed")
+    code, _, err = run(capsys, "memory", "import", "--replace", str(folder))
+    assert code == 0, err
+    for argv in (("memory", "show"), ("cron", "list")):
+        done = picoclaw_process(home, *argv)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "drink water" in done.stdout
+
+
+def test_the_switch_warning_goes_once_the_database_holds_the_folder_content(
+        home: Path, postgres_dsn: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `memory import` needed when the database already holds what the folder does (imported from an export)."""
+    fill(capsys)
+    folder = home / "workspace"
+    export = home.parent / "export"
+    assert run(capsys, "memory", "export", str(export))[0] == 0
+    set_storage(home, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
+    with opened_storage(home) as storage:
+        assert switch_warning(storage) is not None
+        storage.import_files(export)  # as another command, or machine, might have: no mark of this folder's
+        assert switch_warning(storage) is None
+        marks = folder / WORK_DIR / SWITCH_FILE
+        assert marks.is_file() and "picoclaw_test_" in marks.read_text(encoding="utf-8")
+        assert switch_warning(storage) is None
+
+
+def test_no_switch_warning_for_a_fresh_postgres_workspace_or_a_files_one(
+        home: Path, postgres_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fill(capsys)
+    done = picoclaw_process(home, "memory", "show")  # files, full of content: nothing to say
+    assert done.returncode == 0 and done.stderr == "" and ENTRIES[1] in done.stdout, done.stderr
+
+    fresh = tmp_path / "fresh"
+    onboard_in_shanghai(fresh)
+    set_storage(fresh, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
+    for argv in (("memory", "show"), ("cron", "list")):
+        done = picoclaw_process(fresh, *argv)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_import_of_a_file_a_missing_folder_or_a_bad_jobs_file_is_one_line_and_changes_nothing(
+        backend_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fill(capsys)
+    before = stored(backend_home)
+    a_file = tmp_path / "a-file.md"
+    a_file.write_text("## 2025-01-01\nnot a workspace\n", encoding="utf-8")
+    bad_jobs = tmp_path / "bad-jobs"
+    (bad_jobs / "cron").mkdir(parents=True)
+    (bad_jobs / "memory").mkdir()
+    (bad_jobs / "memory" / "MEMORY.md").write_text("# Memory\n\n## 2025-01-01\nfact\n", encoding="utf-8")
+    (bad_jobs / "cron" / "jobs.json").write_text('{"version": 1, "jobs": [', encoding="utf-8")
+    for folder, needle in ((tmp_path / "nowhere", "no such folder"), (a_file, "not a folder"),
+                           (bad_jobs, "not valid JSON")):
+        for argv in (("memory", "import", str(folder)), ("memory", "import", "--replace", str(folder))):
+            assert_one_line_error(*run(capsys, *argv), needle, "nothing was imported")
+            assert stored(backend_home) == before
+
+
+def test_import_keeps_memory_that_is_not_utf8_byte_for_byte(backend_home: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "latin1"
+    (source / "memory").mkdir(parents=True)
+    (source / "memory" / "MEMORY.md").write_bytes(BAD_MEMORY)
+    code, out, err = run(capsys, "memory", "import", str(source))
+    assert code == 0, err
+    assert out.count("\n") == 1 and "imported 1 files" in out
+    assert stored(backend_home) == {"memory/MEMORY.md": BAD_MEMORY}
+    code, out, _ = run(capsys, "memory", "import", str(source))
+    assert code == 0 and "nothing was changed" in out

@@ -53,7 +53,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                                              "storage backend")
     load.add_argument("folder", help="a workspace folder, or a folder `picoclaw memory export` wrote")
     load.add_argument("--replace", action="store_true",
-                      help="replace memory, sessions and jobs the target already holds")
+                      help="replace memory, sessions and jobs of the target that the import would overwrite or remove")
     load.set_defaults(handler=cmd_memory_import)
     edit = actions.add_parser("edit", help="open a memory document in $EDITOR and save it back, unless it changed "
                                            "meanwhile (for PostgreSQL, where the folder is only a copy)")
@@ -169,16 +169,25 @@ def cmd_memory_export(args: argparse.Namespace) -> int:
 def cmd_memory_import(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from picoclaw.storage import import_workspace
+    from picoclaw.config import home_dir, load_config
+    from picoclaw.layout import WorkspaceLayout
+    from picoclaw.storage import import_workspace, open_storage
 
-    with opened_app() as app:
-        moved = import_workspace(app.storage, Path(args.folder).expanduser(), replace=args.replace)
-        if not moved.changed:
-            echo(f"the {app.storage.backend} storage already holds the {moved.files} files of {args.folder}; "
-                 "nothing was changed")
-        else:
-            echo(f"imported {moved.files} files ({moved.size} bytes) from {args.folder} into the "
-                 f"{app.storage.backend} storage")
+    # Only the storage is opened, not the App: the import needs nothing else, and the App's start-up warning about
+    # a folder the database lacks would only announce what this command is doing.
+    home = home_dir()
+    config = load_config(home)
+    storage = open_storage(config, WorkspaceLayout.of(config, home).root)
+    try:
+        moved = import_workspace(storage, Path(args.folder).expanduser(), replace=args.replace)
+    finally:
+        storage.close()
+    if not moved.changed:
+        echo(f"the {storage.backend} storage already holds the {moved.files} files of {args.folder}; "
+             "nothing was changed")
+    else:
+        echo(f"imported {moved.files} files ({moved.size} bytes) from {args.folder} into the "
+             f"{storage.backend} storage")
     return 0
 
 

@@ -30,6 +30,7 @@ from picoclaw.storage.sessions import (
     transcript_files,
 )
 from picoclaw.storage.stored_files import is_stored_name
+from picoclaw.storage.switching import switch_warning
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
 
@@ -68,4 +69,5 @@ __all__ = [
     "export_workspace",
     "import_workspace",
     "open_storage",
+    "switch_warning",
 ]
