@@ -5,16 +5,7 @@ store that keeps bytes, so two workspaces in one process never share a backend b
 """
 
 from picoclaw.storage.backend import Storage
-from picoclaw.storage.documents import (
-    MISSING,
-    Changes,
-    Document,
-    Documents,
-    StaleRevision,
-    document_of,
-    is_stored_document,
-    write_file,
-)
+from picoclaw.storage.documents import MISSING, Changes, Document, Documents, StaleRevision
 from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailable
 from picoclaw.storage.files import FilesStorage
 from picoclaw.storage.inbox import Inbox, InboxUpdate
@@ -33,6 +24,7 @@ from picoclaw.storage.stored_files import is_stored_name
 from picoclaw.storage.switching import switch_warning
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
+from picoclaw.storage.workspace_documents import document_of, is_stored_document, write_file
 
 __all__ = [
     "MISSING",

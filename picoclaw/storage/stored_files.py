@@ -27,8 +27,8 @@ from picoclaw.layout import (
 ROOT_DOCUMENTS = (*BOOTSTRAP_FILES, HEARTBEAT_FILE)
 JOBS_NAME = f"{CRON_DIR}/{JOBS_FILE}"
 # Derived or per-process files inside memory/: locks, atomic_write's temp files, in-place append journals,
-# the entry table of MEMORY.md (".MEMORY.md.entries").
-_DERIVED = re.compile(r"(\.lock|\.tmp|\.append|\.entries)$")
+# the entry table of MEMORY.md (".MEMORY.md.entries"), and the PostgreSQL copy's own marks (".storage.*").
+_DERIVED = re.compile(r"(\.lock|\.tmp|\.append|\.entries)$|^\.storage\.")
 
 
 def is_derived(name: str) -> bool:

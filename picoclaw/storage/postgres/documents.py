@@ -241,8 +241,8 @@ class ScopeCopy:
                 else:
                     conn.execute("insert into documents (scope, name, content) values (%s, %s, %s) "
                                  "on conflict (scope, name) do nothing", (scope, name, data))
-        log.warning("%s: the database held no memory of this folder, so its %d files were stored as the first "
-                    "content (once; from now on the database is the truth)", self.root, len(found))
+        log.info("%s: the database held no memory of this folder, so its %d files were stored as the first "
+                 "content (once; from now on the database is the truth)", self.root, len(found))
 
     def _holds_any(self, conn: psycopg.Connection) -> bool:
         row = conn.execute("select exists (select 1 from documents where scope = %s) or exists "

@@ -1,0 +1,45 @@
+"""Which document a file of the workspace is: its scope's documents and its name there, and writing one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from picoclaw.fsutil import atomic_write
+from picoclaw.storage.backend import Storage
+from picoclaw.storage.documents import Documents
+from picoclaw.storage.files_documents import FilesDocuments
+from picoclaw.storage.stored_files import is_stored_name, scope_of
+
+
+def document_of(storage: Storage, path: Path) -> tuple[Documents, str]:
+    """The documents holding the file `path` of a workspace kept by `storage`, and its name there.
+
+    A file outside the workspace (a store made on a bare folder) is a document of the files beside it.
+    """
+    try:
+        scope, scope_root = scope_of(storage.root, path)
+    except ValueError:
+        return FilesDocuments("", path.parent, lock_wait=storage.lock_wait), path.name
+    documents = storage.documents(scope)
+    return documents, Path(os.path.abspath(path)).relative_to(os.path.abspath(scope_root)).as_posix()
+
+
+def write_file(storage: Storage, path: Path, data: bytes | str) -> None:
+    """Write a file of the workspace at once: a stored document through its scope's documents (so it lands in
+    the backend's truth), any other file (a skill, a script) in place, atomically."""
+    if is_stored_document(storage, path):
+        documents, name = document_of(storage, path)
+        documents.replace(name, data)
+    else:
+        atomic_write(path, data)
+
+
+def is_stored_document(storage: Storage, path: Path) -> bool:
+    """Whether the file `path` is one of the stored documents of a workspace kept by `storage`."""
+    try:
+        scope, scope_root = scope_of(storage.root, path)
+    except ValueError:
+        return False
+    name = Path(os.path.abspath(path)).relative_to(os.path.abspath(scope_root)).as_posix()
+    return is_stored_name(name, shared=not scope)
