@@ -29,7 +29,8 @@ from picoclaw.storage.errors import StorageError
 from picoclaw.storage.stored_files import document_names
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 
-VERSIONS_DIR = f"{MEMORY_DIR}/backups"
+BACKUPS = "backups"
+VERSIONS_DIR = f"{MEMORY_DIR}/{BACKUPS}"
 # The lock of a read-modify-write of the scope's memory: the memory store's own (memory/store.py).
 MEMORY_LOCK_FILE = ".memory.lock"
 MEMORY_LOCK = f"{MEMORY_DIR}/{MEMORY_LOCK_FILE}"
@@ -48,9 +49,12 @@ class FilesDocuments:
     """The documents of the scope rooted at `root`, as the files under it."""
 
     def __init__(self, scope: str, root: Path, *, lock_wait: float = LOCK_WAIT_SECONDS,
-                 workspace: Path | None = None, shared: bool = True):
+                 workspace: Path | None = None, shared: bool = True, memory: str = MEMORY_DIR):
         self.scope = scope
         self.root = root
+        # The memory folder (relative to root) whose backups/ holds the versions: memory/ in a workspace; the
+        # folder itself ("") for a store made on a bare folder.
+        self.versions_dir = f"{memory}/{BACKUPS}" if memory else BACKUPS
         self.lock_wait = lock_wait
         self.workspace = workspace or root  # for the lock's name in a failed wait
         self.shared = shared  # the shared scope also holds the bootstrap documents at the root
@@ -123,20 +127,20 @@ class FilesDocuments:
 
     def keep_version(self, name: str, data: bytes, suffix: str, keep: int) -> str:
         # write_stamped, not reserve-then-write: a crash must not leave an empty "backup" to restore.
-        folder = self.path(VERSIONS_DIR)
+        folder = self.path(self.versions_dir)
         written = write_stamped(folder, clock.stamp(clock.now(UTC)), suffix, data)
         for stale in stamped_files(folder, suffix)[:-keep]:
             stale.unlink(missing_ok=True)
         return written.name
 
     def versions(self, suffix: str) -> list[str]:
-        return [path.name for path in stamped_files(self.path(VERSIONS_DIR), suffix)]
+        return [path.name for path in stamped_files(self.path(self.versions_dir), suffix)]
 
     def read_version(self, label: str) -> bytes:
         if "/" in label or label.startswith("."):
             raise StorageError(f"no version named {label!r}")
         try:
-            return read_regular(self.path(f"{VERSIONS_DIR}/{label}"))
+            return read_regular(self.path(f"{self.versions_dir}/{label}"))
         except FileNotFoundError:
             raise StorageError(f"no version named {label!r}") from None
 

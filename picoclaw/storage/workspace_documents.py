@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from picoclaw.fsutil import atomic_write
+from picoclaw.layout import MEMORY_DIR
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.documents import Documents
 from picoclaw.storage.files_documents import FilesDocuments
@@ -15,14 +16,18 @@ from picoclaw.storage.stored_files import is_stored_name, scope_of
 def document_of(storage: Storage, path: Path) -> tuple[Documents, str]:
     """The documents holding the file `path` of a workspace kept by `storage`, and its name there.
 
-    A file outside the workspace (a store made on a bare folder) is a document of the files beside it.
+    A file outside a workspace's memory/ and root documents (a store made on a bare folder, as tests do) is a
+    document of the files around it, with its backups beside it.
     """
     try:
         scope, scope_root = scope_of(storage.root, path)
     except ValueError:
-        return FilesDocuments("", path.parent, lock_wait=storage.lock_wait), path.name
-    documents = storage.documents(scope)
-    return documents, Path(os.path.abspath(path)).relative_to(os.path.abspath(scope_root)).as_posix()
+        return FilesDocuments("", path.parent, lock_wait=storage.lock_wait, memory=""), path.name
+    name = Path(os.path.abspath(path)).relative_to(os.path.abspath(scope_root)).as_posix()
+    folder = name.split("/", 1)[0] if "/" in name else ""
+    if folder in ("", MEMORY_DIR):
+        return storage.documents(scope), name
+    return FilesDocuments(scope, scope_root, lock_wait=storage.lock_wait, memory=folder), name
 
 
 def write_file(storage: Storage, path: Path, data: bytes | str) -> None:
