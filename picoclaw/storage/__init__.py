@@ -2,6 +2,13 @@
 
 `open_storage` opens the configured backend; the composition root (app.py) hands that one object to every
 store that keeps bytes, so two workspaces in one process never share a backend by accident.
+
+Where a write lands and when it is durable: memory documents go through `Storage.documents(scope)`
+(documents.py). On files a write is the file itself, replaced atomically (an entry appended in place with a
+journal), fsynced before the call returns. On PostgreSQL it is the document's row, written in one statement and
+committed before the call returns, then this machine's read copy in the workspace folder; nothing is ever sent
+from that folder. Sessions, jobs and the inbox have their own ports and land the same way. Either way a writer
+killed half-way leaves the old content or the new, never half.
 """
 
 from picoclaw.storage.backend import Storage
