@@ -83,6 +83,8 @@ class FilesDocuments:
         if expect is None:
             atomic_write(path, data, durable=durable)
             return file_revision(path)
+        # The memory lock, on a lock object of its own: a caller already holding the store's lock compares the
+        # revision itself (MemoryStore.replace_document) rather than wait here for its own lock.
         with self.exclusive():
             found = file_revision(path)
             if found != expect:
