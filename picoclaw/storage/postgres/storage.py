@@ -69,7 +69,10 @@ class PostgresStorage:
         with self._scopes_guard:
             found = self._scopes.get(scope)
             if found is None:
-                found = ScopeLock(self.pool, self.dsn, ScopeCopy(scope, scope_root, self.versions_keep), self.root)
+                # The advisory lock's lease is the wait's bound: a holder that stops answering for as long as
+                # the others wait loses it.
+                found = ScopeLock(self.pool, self.dsn, ScopeCopy(scope, scope_root, self.versions_keep), self.root,
+                                  lease=self.lock_wait)
                 self._scopes[scope] = found
             return found
 
