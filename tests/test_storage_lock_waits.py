@@ -393,3 +393,24 @@ def test_a_holder_frozen_past_its_lease_loses_the_lock_and_its_write_fails_in_on
     assert "Traceback" not in logged, logged
     assert ENTRY in (backend.stored("memory/MEMORY.md") or "")
     assert "the frozen holder's entry" not in (backend.stored("memory/MEMORY.md") or "")
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_live_holder_keeps_the_lock_past_its_lease_and_its_write_lands(backend: Backend, tmp_path: Path) -> None:
+    import time
+
+    other = _open("postgres", tmp_path / "machine1", backend.dsn, lock_wait=1)
+    store = MemoryStore(backend.root / "memory", TZ, storage=backend.storage)
+    try:
+        with backend.storage.lock(backend.root / "memory" / ".memory.lock"):  # a lease of 1 s (its lock wait)
+            time.sleep(3.5)  # working past the lease three times over: the renewals keep the session
+            with pytest.raises(LockWaitExpired):
+                other.lock(tmp_path / "machine1" / "memory" / ".memory.lock", timeout=0).acquire()
+            store.append_long_term(ENTRY)
+    finally:
+        other.close()
+    assert ENTRY in (backend.stored("memory/MEMORY.md") or "")
+    # and the connection went back to the pool without its lease: idle there, the server does not end it
+    time.sleep(1.5)
+    store.append_long_term("之后 / afterwards")
+    assert "之后 / afterwards" in (backend.stored("memory/MEMORY.md") or "")

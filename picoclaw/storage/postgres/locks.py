@@ -79,12 +79,14 @@ class Lease:
                     return
                 try:
                     self.conn.execute("select 1")
-                except psycopg.Error as exc:
+                except psycopg.OperationalError as exc:
                     # The session is gone (its lease ran out while this process was stopped, or the server went
                     # away): the holder's next statement fails with its own one line; this says why once.
                     log.warning("the memory lock's lease of %g s could not be renewed (this process was stopped "
                                 "or cut off from PostgreSQL?): %s", self.seconds, " ".join(str(exc).split())[:200])
                     return
+                except psycopg.Error:
+                    pass  # the holder's own transaction failed meanwhile (it rolls back): the session lives on
 
     def stop(self) -> None:
         """No ping from now on (one under way is waited for: the connection is about to be used or given back)."""
