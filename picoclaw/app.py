@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,21 @@ AGENT_CACHE_SIZE = 64
 
 log = logging.getLogger(__name__)
 
+# The threads of the executor an App makes its event loop's default (`use_threads`): every asyncio.to_thread (the
+# storage calls of turns, background jobs and console pages; file tools) and the DNS lookups of the model's and
+# Telegram's hosts run on them. Python's own default is min(32, CPUs + 4), 6 on a 2-core machine: 6 turns waiting
+# for a storage lock whose holder was stuck (each wait ends only after storage.lock_wait_seconds) took every
+# thread, and no other chat's turn, no reply's DNS lookup could run. A turn waits on one thread at a time, and so
+# does each background job it leaves (summary, flush, lessons, reflection, metrics): THREADS_PER_TURN for each of
+# the turns a worker answers at once leaves threads free while all of them wait for the same lock.
+THREADS_PER_TURN = 4
+MIN_THREADS = 32
+
+
+def executor_threads(config: Config) -> int:
+    """How many threads the app's executor has: enough that turns waiting for a stuck lock cannot take them all."""
+    return max(MIN_THREADS, THREADS_PER_TURN * config.channels.telegram.webhook.max_parallel)
+
 
 class App:
     """One configured picoclaw: the workspace, the model client, and an agent per memory scope."""
@@ -64,6 +80,8 @@ class App:
         self._shared: AgentLoop | None = None
         self._mcp: McpServers | None = None
         self.worker: str | None = None  # this process's name among several bot workers, shown by /status
+        self.executor: ThreadPoolExecutor | None = None  # the running loop's default executor (`use_threads`)
+        self._executor_loop: asyncio.AbstractEventLoop | None = None
         self._agents: LruCache[str, AgentLoop] = LruCache(
             AGENT_CACHE_SIZE, keep=lambda key: self._busy(key), on_evict=lambda key, agent: agent.workspace.close())
 
@@ -72,6 +90,17 @@ class App:
         """The app of `<home>/config.json` (home from PICOCLAW_HOME, else ~/.picoclaw)."""
         home = home or home_dir()
         return cls(load_config(home), home)
+
+    def use_threads(self) -> ThreadPoolExecutor:
+        """Make this app's sized executor (executor_threads) the running event loop's default one, where
+        asyncio.to_thread runs storage calls; once per loop. The loop shuts it down when it closes, App.close too."""
+        loop = asyncio.get_running_loop()
+        if self.executor is None or self._executor_loop is not loop:
+            # A loop before this one (an earlier asyncio.run of the same app) shut its own down as it closed.
+            self.executor = ThreadPoolExecutor(executor_threads(self.config), thread_name_prefix="picoclaw-worker")
+            self._executor_loop = loop
+            loop.set_default_executor(self.executor)
+        return self.executor
 
     def provider(self) -> OpenAICompatProvider:
         """The chat model's client, made on the first call: a missing key or URL is a ConfigError then."""
@@ -172,10 +201,20 @@ class App:
         if self._provider is not None:
             await self._provider.aclose()
             self._provider = None
-        await asyncio.to_thread(self.close)  # the embedder's close waits for its own thread's loop
+        # The embedder's close waits for its own thread's loop. The executor stays: the loop may still use it, and
+        # shuts it down itself as it closes.
+        await asyncio.to_thread(self._close_parts)
 
     def close(self) -> None:
-        """Close what needs no event loop: the indexes' databases and the embedding model."""
+        """Close what needs no event loop: the indexes' databases, the embedding model, the storage, and the
+        executor's threads."""
+        self._close_parts()
+        if self.executor is not None:
+            # Not waited for: a storage call still under way ends within its bound, and the interpreter joins it.
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor = self._executor_loop = None
+
+    def _close_parts(self) -> None:
         for loop in self._loops():
             loop.workspace.close()
         self.workspace.close()
@@ -187,6 +226,7 @@ class App:
         self.storage.close()
 
     async def __aenter__(self) -> App:
+        self.use_threads()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -388,7 +388,8 @@ class PostgresConfig(_Strict):
 class StorageConfig(_Strict):
     """storage: "files" (the default, nothing to install) or "postgres" (several processes or machines).
 
-    `lock_wait_seconds`: the longest any storage lock is waited for before the wait ends in one error line."""
+    `lock_wait_seconds`: the longest any storage lock is waited for before the wait ends in one error line; on
+    PostgreSQL also the lease of the memory lock held across machines (a holder silent that long loses it)."""
 
     backend: Literal["files", "postgres"] = "files"
     # Strict: a string or a boolean is refused rather than read as a number. Equal to LOCK_WAIT_SECONDS in

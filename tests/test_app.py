@@ -189,3 +189,37 @@ def test_two_apps_in_one_process_never_share_state(tmp_path: Path, backends: tup
     finally:
         for app in opened:
             app.close()
+
+
+def test_storage_calls_run_on_the_apps_own_threads_and_a_stuck_lock_cannot_take_them_all(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    import threading
+
+    configure(home, fake_openai)
+    app = App.open(home)
+    stuck = threading.Event()  # a lock whose holder is stuck: every call waiting for it waits on this
+
+    async def main() -> str:
+        async with app:
+            # Every turn a full worker answers at once, and a background job of each, waiting for that lock.
+            waiting = [asyncio.ensure_future(asyncio.to_thread(stuck.wait, 120))
+                       for _ in range(2 * app.config.channels.telegram.webhook.max_parallel)]
+            try:
+                # Another chat's storage call and a reply's DNS lookup still find a thread (Python's own default
+                # executor has 6 on a 2-core machine: both waited for the stuck ones).
+                name = await asyncio.wait_for(asyncio.to_thread(lambda: threading.current_thread().name), 60)
+                await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo("localhost", 80), 60)
+            finally:
+                stuck.set()
+                await asyncio.gather(*waiting)
+            return name
+    try:
+        name = asyncio.run(main())
+        executor = app.executor
+        assert executor is not None
+    finally:
+        app.close()
+    assert name.startswith("picoclaw-worker")
+    assert app.executor is None
+    with pytest.raises(RuntimeError):  # App.close shut it down
+        executor.submit(print)

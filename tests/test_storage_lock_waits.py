@@ -328,3 +328,91 @@ def test_memory_append_while_another_process_holds_the_lock_is_one_error_line(
         holder.let_go()
     assert main(["memory", "append", ENTRY]) == 0
     assert ENTRY in memory.read_text(encoding="utf-8")
+
+
+# -- the advisory lock's lease: a frozen holder on another machine ------------------------------------------
+
+# Takes the memory lock on a storage of its own (the lease is its lock wait, argv[3] s), says "held", then waits
+# for a line on stdin (the test stops it meanwhile) and appends an entry still under the lock: one line out.
+FROZEN_HOLDER = """
+import sys
+from pathlib import Path
+from zoneinfo import ZoneInfo
+from picoclaw.memory import MemoryStore
+from picoclaw.storage import StorageError
+from picoclaw.storage.postgres.storage import PostgresStorage
+root, dsn, lease, entry = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
+storage = PostgresStorage(root, dsn, 2, lock_wait=lease)
+store = MemoryStore(root / "memory", ZoneInfo("Asia/Shanghai"), storage=storage)
+try:
+    with storage.lock(root / "memory" / ".memory.lock"):
+        print("held", flush=True)
+        sys.stdin.readline()
+        store.append_long_term(entry)
+    print("written", flush=True)
+except StorageError as exc:
+    print(f"{type(exc).__name__}: {exc}", flush=True)
+finally:
+    storage.close()
+"""
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_holder_frozen_past_its_lease_loses_the_lock_and_its_write_fails_in_one_line(
+        backend: Backend, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    lease = 2.0
+    machine1 = tmp_path / "machine1"
+    machine1.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", FROZEN_HOLDER, str(machine1), backend.dsn, str(lease),
+                               "冻结者 / the frozen holder's entry"], env=_env(), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline() == "held\n", holder.stderr.read() if holder.stderr else ""
+        holder.send_signal(signal.SIGSTOP)  # frozen with the lock: its lease is no longer renewed
+        store = MemoryStore(backend.root / "memory", TZ, storage=backend.storage)
+        started = time.monotonic()
+        with backend.storage.lock(backend.root / "memory" / ".memory.lock", timeout=HANG):
+            waited = time.monotonic() - started
+            store.append_long_term(ENTRY)  # the lock is this machine's now: its write lands
+        print(f"\nthe frozen holder's lease of {lease:g} s freed the lock after {waited:.1f} s")
+        holder.send_signal(signal.SIGCONT)
+        holder.stdin.write("go on\n")
+        holder.stdin.flush()
+        said = holder.stdout.readline()
+        holder.wait(HANG)
+        logged = holder.stderr.read() if holder.stderr else ""
+    finally:
+        holder.kill()
+        holder.wait(HANG)
+    # Its next statement found the session ended: one StorageUnavailable line saying the lock was lost (not that
+    # the server is gone), and nothing of it written.
+    assert said.startswith("StorageUnavailable: the memory lock was lost before ") and said.count("\n") == 1, said
+    assert "nothing was written" in said
+    assert "Traceback" not in logged, logged
+    assert ENTRY in (backend.stored("memory/MEMORY.md") or "")
+    assert "the frozen holder's entry" not in (backend.stored("memory/MEMORY.md") or "")
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_live_holder_keeps_the_lock_past_its_lease_and_its_write_lands(backend: Backend, tmp_path: Path) -> None:
+    import time
+
+    other = _open("postgres", tmp_path / "machine1", backend.dsn, lock_wait=1)
+    store = MemoryStore(backend.root / "memory", TZ, storage=backend.storage)
+    try:
+        with backend.storage.lock(backend.root / "memory" / ".memory.lock"):  # a lease of 1 s (its lock wait)
+            time.sleep(3.5)  # working past the lease three times over: the renewals keep the session
+            with pytest.raises(LockWaitExpired):
+                other.lock(tmp_path / "machine1" / "memory" / ".memory.lock", timeout=0).acquire()
+            store.append_long_term(ENTRY)
+    finally:
+        other.close()
+    assert ENTRY in (backend.stored("memory/MEMORY.md") or "")
+    # and the connection went back to the pool without its lease: idle there, the server does not end it
+    time.sleep(1.5)
+    store.append_long_term("之后 / afterwards")
+    assert "之后 / afterwards" in (backend.stored("memory/MEMORY.md") or "")

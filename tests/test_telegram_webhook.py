@@ -21,14 +21,22 @@ import psycopg
 import pytest
 
 from picoclaw.app import App
-from picoclaw.channels.telegram import APOLOGY, TelegramChannel, Webhook, make_bot, not_authorised, webhook_secret
+from picoclaw.channels.telegram import (
+    APOLOGY,
+    MEMORY_BUSY,
+    TelegramChannel,
+    Webhook,
+    make_bot,
+    not_authorised,
+    webhook_secret,
+)
 from picoclaw.channels.telegram import channel as channel_module
 from picoclaw.channels.telegram import webhook as webhook_module
 from picoclaw.channels.telegram.storage_watch import StorageWatch
 from picoclaw.cli import main
 from picoclaw.config import WebhookConfig
 from picoclaw.memory.workspace import Workspace
-from picoclaw.storage import StorageUnavailable
+from picoclaw.storage import LockWaitExpired, StorageUnavailable
 from picoclaw.storage.inbox import SqliteInbox
 from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer, Text
@@ -422,6 +430,46 @@ def test_a_turn_that_cannot_reach_the_storage_sends_no_apology_and_is_answered_a
     assert fake_telegram.sent_texts(OWNER) == ["echo: answer me once / 只回答一次"]  # no apology before it
     assert APOLOGY not in fake_telegram.sent_texts() and not failures
     assert inbox_rows(home) == [(1, str(OWNER), 2, 1, 1)]  # given back, answered at the second attempt
+    assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_a_turn_whose_lock_wait_ran_out_is_answered_in_one_line_and_healthz_is_503_until_a_turn_gets_storage(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = echo
+    stuck = LockWaitExpired("waited 3 s for the memory lock (memory/.memory.lock): another picoclaw process holds it")
+    failures = [stuck]
+    refresh = Workspace.refresh
+
+    def held_refresh(self: Workspace) -> None:  # the server answers, but the memory lock's holder is stuck
+        if failures:
+            raise failures.pop()
+        refresh(self)
+    monkeypatch.setattr(Workspace, "refresh", held_refresh)
+
+    async def health() -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:
+            return response.status, await response.text()
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> list[tuple[int, str]]:
+        fake_telegram.deliver_to([port])
+        seen = [await health()]
+        fake_telegram.send_text(OWNER, OWNER, "stuck / 卡住了")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        await inbox_done(webhook, 1)
+        seen.append(await health())
+        fake_telegram.send_text(OWNER, OWNER, "again / 再来")
+        await until(fake_telegram, replied(fake_telegram, OWNER, 2))
+        await inbox_done(webhook, 2)
+        seen.append(await health())
+        return seen
+    seen = serve_webhook(workspace, fake_telegram, fake_openai, run)
+    # One line for the stuck turn, counted as answered (not given back to wait as long again); then as usual.
+    assert fake_telegram.sent_texts(OWNER) == [MEMORY_BUSY, "echo: again / 再来"]
+    assert inbox_rows(home) == [(1, str(OWNER), 1, 1, 1), (2, str(OWNER), 1, 1, 1)]
+    assert seen == [(200, "ok w1\n"), (503, f"turns cannot get storage: {stuck}\n"), (200, "ok w1\n")]
     assert all(r.exc_info is None for r in caplog.records)
 
 

@@ -11,8 +11,10 @@ import asyncio
 import importlib.util
 import json
 import logging
+import os
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Iterator
@@ -27,15 +29,16 @@ import pytest
 
 from picoclaw import clock
 from picoclaw.app import App
-from picoclaw.channels.telegram import TelegramChannel, Webhook, webhook_secret
+from picoclaw.channels.telegram import MEMORY_BUSY, TelegramChannel, Webhook, webhook_secret
 from picoclaw.channels.telegram import webhook as webhook_module
 from picoclaw.cli.cron import schedule_job
+from picoclaw.config import load_config, workspace_dir
 from picoclaw.storage import StorageError
 from picoclaw.storage.postgres.storage import PostgresStorage
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.postgres import StoppableServer, fresh_database, missing, stoppable_server
 from tests.fakes.telegram_server import BOT_ID, TOKEN, FakeTelegramServer, free_port, worker_healthy
-from tests.test_telegram import OWNER, configure, echo, picoclaw_telegram, replied, until
+from tests.test_telegram import OWNER, REPO, configure, echo, picoclaw_telegram, replied, until
 from tests.test_telegram_webhook import (
     LEASE,
     URL,
@@ -106,6 +109,20 @@ def held_by(dsn: str, worker: str) -> int:
         row = conn.execute("select count(*) from telegram_inbox where worker = %s and done_at is null "
                            "and lease_until > now()", (worker,)).fetchone()
     return int(row[0]) if row else 0
+
+
+def healthz(port: int) -> tuple[int, str]:
+    """What the worker on `port` answers to GET /healthz: status and text (0 when it does not answer)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
 
 
 def add_reminders(home: Path, chats: list[int], first: int, count: int, start_in: float) -> list[str]:
@@ -314,3 +331,108 @@ def store_elsewhere(root: Path, dsn: str, body: dict[str, Any]) -> None:
         assert storage.telegram_inbox(BOT_ID).store(body["update_id"], str(OWNER), json.dumps(body))
     finally:
         storage.close()
+
+
+
+# -- a process frozen while it holds the memory lock ----------------------------------------------------------
+
+# Takes the memory lock of the workspace folder argv[1] on the database argv[2] (its lease: its lock wait, argv[3]
+# s), says "held", and lets go when a line comes on stdin; one line out either way, as the CLI would print.
+FROZEN_HOLDER = """
+import sys
+from pathlib import Path
+from picoclaw.storage import StorageError
+from picoclaw.storage.postgres.storage import PostgresStorage
+root, dsn, lease = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+storage = PostgresStorage(root, dsn, 2, lock_wait=lease)
+try:
+    with storage.lock(root / "memory" / ".memory.lock"):
+        print("held", flush=True)
+        sys.stdin.readline()
+    print("let go", flush=True)
+except StorageError as exc:
+    print(f"{type(exc).__name__}: {exc}", flush=True)
+finally:
+    storage.close()
+"""
+
+
+# "this machine": a `picoclaw memory append` stopped in the workers' own folder (the file lock stays held too);
+# "another machine": a folder of its own on the same database, so only the advisory lock, and its lease, is shared.
+@pytest.mark.parametrize("where", ["this machine", "another machine"])
+def test_a_process_frozen_holding_the_memory_lock_stops_no_chat_past_the_bound_and_all_resumes_when_it_continues(
+        home: Path, postgres_dsn: str, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
+        tmp_path: Path, where: str) -> None:
+    chats = [8001 + n for n in range(6)]
+    set_up(home, fake_telegram, fake_openai, postgres_dsn, chats)
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["storage"]["lock_wait_seconds"] = 3  # the workers' bound on every lock wait, and their own leases
+    path.write_text(json.dumps(config), encoding="utf-8")
+    fake_openai.responder = echo
+    root = workspace_dir(load_config(home), home) if where == "this machine" else tmp_path / "machine1"
+    root.mkdir(parents=True, exist_ok=True)
+    logs = [home.parent / f"{name}.log" for name in ("f0", "f1")]
+    answers = lambda chat: fake_telegram.sent_texts(chat)  # noqa: E731
+
+    with workers(home, fake_telegram, ["f0", "f1"]) as running:
+        ports = [port for port, _ in running.values()]
+        fake_telegram.deliver_to(ports)
+        for chat in chats:  # every chat's memory is on the database before the holder freezes
+            fake_telegram.send_text(chat, chat, f"{chat} before / 之前")
+        wait_for(lambda: all(answers(chat) == [f"echo: {chat} before / 之前"] for chat in chats), "the first answers")
+
+        holder = subprocess.Popen([sys.executable, "-c", FROZEN_HOLDER, str(root), postgres_dsn, "2"],
+                                  env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8")
+        assert holder.stdin is not None and holder.stdout is not None
+        try:
+            assert holder.stdout.readline() == "held\n", holder.stderr.read() if holder.stderr else ""
+            holder.send_signal(signal.SIGSTOP)  # frozen with the lock, as a `memory append` stopped by Ctrl-Z
+            sent_at = time.monotonic()
+            for chat in chats:
+                fake_telegram.send_text(chat, chat, f"{chat} during / 期间")
+            # Answered while the holder is still frozen: each turn waits at most the bound (3 s), then its answer
+            # (the lease freed the lock) or one line saying the memory is held.
+            wait_for(lambda: all(len(answers(chat)) == 2 for chat in chats), "an answer to each message meanwhile")
+            took = time.monotonic() - sent_at  # shown, not asserted: the check is that the holder is still frozen
+            during = [answers(chat)[1] for chat in chats]
+            health = [healthz(port) for port in ports]
+            assert holder.poll() is None  # still frozen
+            holder.send_signal(signal.SIGCONT)
+            holder.stdin.write("let go\n")
+            holder.stdin.flush()
+            said = holder.stdout.readline()
+            holder.wait(120)
+            stderr = holder.stderr.read() if holder.stderr else ""
+        finally:
+            holder.kill()
+            holder.wait(60)
+
+        for chat in chats:
+            fake_telegram.send_text(chat, chat, f"{chat} after / 之后")
+        wait_for(lambda: all(len(answers(chat)) == 3 for chat in chats), "the answers after it continued")
+        for name in ("f0", "f1"):
+            stopped(running[name][1], home.parent / f"{name}.log")
+
+    for chat, text in zip(chats, during, strict=True):
+        assert text in (f"echo: {chat} during / 期间", MEMORY_BUSY), text
+    # Every turn takes the memory lock (its documents brought up to date first). On this machine the frozen
+    # holder's file lock outlives any lease: each turn meanwhile ran out of its bound.
+    if where == "this machine":
+        assert during == [MEMORY_BUSY] * len(chats)
+        assert any(status == 503 and text.startswith("turns cannot get storage: waited 3 s for the ")
+                   for status, text in health), health
+    # Resumed: each message answered once, in order, by a turn with its memory; nothing given back or retried.
+    for chat in chats:
+        assert answers(chat)[0::2] == [f"echo: {chat} before / 之前", f"echo: {chat} after / 之后"]
+    rows = inbox(postgres_dsn)
+    assert len(rows) == 3 * len(chats) and all(done and attempts == 1 for attempts, _, done in rows.values())
+    # The holder's lease ran out while it was stopped: letting go afterwards is one line, no traceback.
+    assert said.count("\n") == 1 and "Traceback" not in said + stderr, said + stderr
+    for log in logs:
+        text = log.read_text(encoding="utf-8")
+        assert "Traceback" not in text, text[-3000:]
+    print(f"\n{where}: the {len(chats)} messages sent meanwhile were answered within {took:.1f} s: "
+          f"{during.count(MEMORY_BUSY)} memory-held lines, {len(during) - during.count(MEMORY_BUSY)} answers; "
+          f"the holder, continued: {said.strip()}")

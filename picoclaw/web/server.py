@@ -101,6 +101,7 @@ async def serve(app: App, host: str, port: int, token_file: Path, *,
     beside it, as the terminal's run beside `picoclaw chat`."""
     from picoclaw.errors import PicoclawError
 
+    app.use_threads()  # the pages' storage calls on the app's sized executor, as a bot's turns
     gate = Gate.for_address(host, port)
     console = make_console(app, gate)
     runner = make_runner(console)

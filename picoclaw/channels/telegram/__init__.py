@@ -27,7 +27,7 @@ from picoclaw.channels.telegram.bot import (
     make_bot,
     polling_lock,
 )
-from picoclaw.channels.telegram.channel import APOLOGY, NOT_TEXT, TelegramChannel, chat_of
+from picoclaw.channels.telegram.channel import APOLOGY, MEMORY_BUSY, NOT_TEXT, TelegramChannel, chat_of
 from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import render_html, telegram_parts
 from picoclaw.channels.telegram.split import MESSAGE_LIMIT, MessagePart
@@ -36,6 +36,7 @@ from picoclaw.channels.telegram.webhook import Webhook, webhook_secret
 __all__ = [
     "APOLOGY",
     "COMMANDS",
+    "MEMORY_BUSY",
     "MESSAGE_LIMIT",
     "NOT_TEXT",
     "RETRY_AFTER_ATTEMPTS",

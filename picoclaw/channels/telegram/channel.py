@@ -57,7 +57,7 @@ from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import MemoryWrite
 from picoclaw.secrets import excerpt
 from picoclaw.session_key import TELEGRAM, SessionKey
-from picoclaw.storage import StorageUnavailable
+from picoclaw.storage import LockWaitExpired, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 AgentFor = Callable[[str | None], AgentLoop]
 
 APOLOGY = "Sorry, something went wrong on my side while answering. Please try again in a moment."
+# A storage lock not free within storage.lock_wait_seconds: the server answers, but a holder is stuck.
+MEMORY_BUSY = ("Sorry, my memory is held by another task for too long, so I could not answer this. "
+               "Please try again in a moment.")
 NOT_TEXT = "I can only read text messages."
 # Strangers already told their id: enough to cover any real crowd of unknown users, and small (ints).
 TOLD_SIZE = 10_000
@@ -75,6 +78,13 @@ async def _claim_kept() -> bool:
     """Before a reply goes out: whether this worker still holds the update it answers (always, when polling)."""
     turn = inbox_turn.get()
     return turn is None or await turn.still_ours()
+
+
+def _turn_storage(error: StorageUnavailable | None) -> None:
+    """Tell the inbox worker whether this turn got its storage (what its /healthz says); nothing when polling."""
+    turn = inbox_turn.get()
+    if turn is not None:
+        turn.storage(error)
 
 
 async def _record_reply_sent() -> None:
@@ -318,8 +328,16 @@ class TelegramChannel:
                 answer = await run_turn(agent, inbound, self._hooks)
             if isinstance(answer.error, StorageUnavailable):
                 raise answer.error  # the agent's apology for its memory: a storage failure like any other
+            _turn_storage(None)
             reply, stored = answer.text, kept and answer.error is None
+        except LockWaitExpired as exc:
+            # The server answers but a lock's holder is stuck: another attempt would wait as long, and the update
+            # would go unanswered until the holder lets go. One line now, and the update counts as answered.
+            _turn_storage(exc)
+            log.warning("telegram: chat %s user %s: the turn could not get its storage: %s", chat_id, user.id, exc)
+            reply = MEMORY_BUSY
         except StorageUnavailable as exc:
+            _turn_storage(exc)
             if from_inbox():
                 # No apology: another attempt answers once the storage is back (a worker that could reach it
                 # may even be answering already), and an apology would come before the answer.

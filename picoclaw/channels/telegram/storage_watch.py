@@ -7,6 +7,10 @@ refuses posts at once (503, Telegram retries them), claims and renews nothing, a
 PROBE_INTERVAL seconds; the first ping that succeeds ends it and wakes whoever waits (`wait_up`). A failed call
 whose ping succeeds (a busy pool) is no outage. Pings run on a thread of the watch's own, so a health check is
 never queued behind turns that wait for the database on the shared threads.
+
+A server that answers pings can still leave turns without their storage: a lock whose holder is stuck (each
+wait ends after storage.lock_wait_seconds). Each turn says whether it got its storage (`turn`); from a turn that
+did not until one that did, `turn_error` says why, and /healthz answers 503 with it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class StorageWatch:
         self._probing: asyncio.Task[None] | None = None
         self.outages = 0  # how many began
         self.error = StorageError("the storage is unreachable")  # why the last outage began
+        self.turn_error: StorageError | None = None  # why the latest turn could not get its storage; None: it did
 
     @property
     def up(self) -> bool:
@@ -53,6 +58,14 @@ class StorageWatch:
         ping (`pinged`) needs no second look: the outage begins at once."""
         if self._probing is None or self._probing.done():
             self._probing = asyncio.create_task(self._probe(exc, pinged))
+
+    def turn(self, error: StorageError | None) -> None:
+        """A turn got its storage (None), or could not (`error`): what /healthz says of turns from now on."""
+        if error is not None and self.turn_error is None:
+            log.info("telegram: a turn could not get its storage; /healthz answers 503 until one does: %s", error)
+        elif error is None and self.turn_error is not None:
+            log.info("telegram: a turn got its storage again; /healthz answers 200")
+        self.turn_error = error
 
     async def check(self) -> StorageError | None:
         """A health check: None when a ping succeeds within CHECK_TIMEOUT, else why not (an outage then begins,

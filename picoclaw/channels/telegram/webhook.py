@@ -19,7 +19,9 @@ every worker answers updates from the inbox (storage/inbox.py).
 When a reply has been sent, the update is marked replied at once (again once the storage is back, if it is
 down): an update taken over from a worker that died is answered again only if that worker died between sending
 and marking (one Bot API round trip). A turn that fails because the storage is unreachable sends nothing, no
-apology either: its claim goes back to the inbox, and the update is answered once the storage is back.
+apology either: its claim goes back to the inbox, and the update is answered once the storage is back. One whose
+lock wait ran out (LockWaitExpired: the server answers, a lock's holder is stuck) is answered with one line by
+the channel; either way /healthz answers 503 until a turn gets its storage again.
 """
 
 from __future__ import annotations
@@ -85,6 +87,9 @@ class InboxTurn:
 
     still_ours: Callable[[], Awaitable[bool]]  # before a reply goes out: whether the claim is still this worker's
     replied: Callable[[], Awaitable[None]]  # once it went out: recorded, so no worker answers it again
+    # Whether the turn got its storage: None when it did, else why not (a lock past its bound, the server gone).
+    # What /healthz says of this worker's turns.
+    storage: Callable[[StorageUnavailable | None], None] = lambda error: None
 
 
 class ClaimLost(Exception):
@@ -384,7 +389,7 @@ class InboxWorker:
                 log.info("telegram inbox: update %d: attempt %d (the one before stopped, or could not reach the "
                          "storage)", update.update_id, update.attempts)
             token = inbox_turn.set(InboxTurn(lambda: self._still_ours(update.update_id),
-                                             lambda: self._record_reply(update.update_id)))
+                                             lambda: self._record_reply(update.update_id), self.watch.turn))
             try:
                 await self.feed(orjson.loads(update.body))
             except ClaimLost:
@@ -394,6 +399,7 @@ class InboxWorker:
             except StorageUnavailable as exc:
                 # Nothing was sent (the channel sends no apology then): answered once the storage is back.
                 self.watch.failed(exc)
+                self.watch.turn(exc)
                 log.info("telegram inbox: update %d: its turn could not reach the storage; given back",
                          update.update_id)
                 self._letting_go.add(update.update_id)
@@ -634,12 +640,15 @@ class Webhook:
         self._stopped.set()
 
     async def _health(self, request: web.Request) -> web.Response:
-        """200 while the storage answers; 503 within about a second when it does not (at once during an
-        outage), so the load balancer sends posts to a worker that can store them."""
+        """200 while the storage answers and this worker's turns get it; 503 within about a second when it does
+        not answer (at once during an outage), so the load balancer sends posts to a worker that can store them,
+        and 503 from a turn that could not get its storage (a lock past its bound) until one gets it again."""
         assert self.watch is not None, "Webhook.open first"
         error = await self.watch.check()
         if error is not None:
             return web.Response(status=503, text=f"storage unreachable: {error}\n")
+        if self.watch.turn_error is not None:
+            return web.Response(status=503, text=f"turns cannot get storage: {self.watch.turn_error}\n")
         return web.Response(text=f"ok {self.worker}\n")
 
 

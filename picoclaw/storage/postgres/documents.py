@@ -25,7 +25,7 @@ from picoclaw import clock
 from picoclaw.fsutil import atomic_write
 from picoclaw.layout import BOOTSTRAP_FILES, HEARTBEAT_FILE, INDEX_DIR, MEMORY_DIR, USERS_DIR
 from picoclaw.storage.documents import MISSING, Changes, Document, StaleRevision
-from picoclaw.storage.errors import StorageError
+from picoclaw.storage.errors import StorageError, StorageUnavailable
 from picoclaw.storage.files_documents import VERSIONS_DIR, FilesDocuments
 from picoclaw.storage.postgres.connection import storage_errors
 from picoclaw.storage.work import WORK_DIR
@@ -282,13 +282,16 @@ class PostgresDocuments:
     can put an older row over the file just written."""
 
     def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy,
-                 lock: Callable[[float | None], AbstractContextManager[object]], *, shared: bool = True):
+                 lock: Callable[[float | None], AbstractContextManager[object]],
+                 held: Callable[[], psycopg.Connection], *, lease: float, shared: bool = True):
         self.pool = pool
         self.dsn = dsn
         self.copy = copy
         self.scope = copy.scope
         self.root = copy.root
+        self.lease = lease
         self._lock = lock
+        self._held = held  # the connection holding the scope's lock, in the thread that holds it
         self.files = FilesDocuments(copy.scope, copy.root, shared=shared)  # the copy's files, written after the row
 
     def path(self, name: str) -> Path:
@@ -299,8 +302,26 @@ class PostgresDocuments:
 
     @contextmanager
     def _statement(self, what: str) -> Iterator[psycopg.Connection]:
+        """A pool connection for a read."""
         with storage_errors(self.dsn, what), self.pool.connection() as conn:
             yield conn
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[psycopg.Connection]:
+        """The scope's lock held, and the connection holding it for the write: a holder whose lease ran out while
+        it was stopped finds its session ended, and its write fails in one line rather than landing late."""
+        with self._lock(None):
+            conn = self._held()
+            try:
+                with storage_errors(self.dsn, what):
+                    yield conn
+            except StorageUnavailable:
+                if conn.closed or conn.broken:
+                    raise StorageUnavailable(
+                        f"the memory lock was lost before {what} (this process was stopped or cut off from "
+                        f"PostgreSQL for longer than the lock's lease of {self.lease:g} s); nothing was written"
+                    ) from None
+                raise
 
     def _copied(self, name: str, revision: int, write: Callable[[], object]) -> str:
         """Bring the copy's file up to the row just written; if that fails, the copy is marked stale (the next
@@ -327,7 +348,7 @@ class PostgresDocuments:
     def replace(self, name: str, data: bytes | str, *, expect: str | None = None, durable: bool = True) -> str:
         payload = data.encode("utf-8") if isinstance(data, str) else data
         self.files.path(name)
-        with self._lock(None), self._statement(f"a change of {name}") as conn:
+        with self._write(f"a change of {name}") as conn:
             if expect is None:
                 row = conn.execute(
                     "insert into documents (scope, name, content) values (%s, %s, %s) on conflict (scope, name) "
@@ -358,7 +379,7 @@ class PostgresDocuments:
 
     def append(self, name: str, data: bytes) -> str:
         self.files.path(name)
-        with self._lock(None), self._statement(f"an append to {name}") as conn:
+        with self._write(f"an append to {name}") as conn:
             row = conn.execute(
                 "update documents set content = content || %s, revision = nextval('document_revision'), "
                 "updated_at = now() where scope = %s and name = %s and content is not null "
@@ -370,7 +391,7 @@ class PostgresDocuments:
     def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> None:
         payload = b"".join(orjson.dumps(record) + b"\n" for record in records)
         self.files.path(name)
-        with self._lock(None), self._statement(f"an append to {name}") as conn:
+        with self._write(f"an append to {name}") as conn:
             # As on files (fsutil.append_jsonl): records start on a line of their own after a torn last line.
             row = conn.execute(
                 "insert into documents (scope, name, content) values (%s, %s, %s) on conflict (scope, name) "
@@ -400,7 +421,7 @@ class PostgresDocuments:
 
     def delete(self, name: str) -> None:
         self.files.path(name)
-        with self._lock(None), self._statement(f"removing {name}") as conn:
+        with self._write(f"removing {name}") as conn:
             row = conn.execute(
                 "update documents set content = null, revision = nextval('document_revision'), updated_at = now() "
                 "where scope = %s and name = %s and content is not null returning revision",
@@ -424,7 +445,7 @@ class PostgresDocuments:
 
     def keep_version(self, name: str, data: bytes, suffix: str, keep: int) -> str:
         stamp = clock.stamp(clock.now(UTC))
-        with self._lock(None), self._statement(f"a version of {name}") as conn, conn.transaction():
+        with self._write(f"a version of {name}") as conn, conn.transaction():
             row = conn.execute(
                 "insert into document_versions (scope, name, content, suffix, label) values (%s, %s, %s, %s, "
                 "%s || '_' || currval('document_versions_id_seq') || %s) returning id, label",

@@ -4,11 +4,13 @@ Every lock path under a scope maps to the scope's one lock, since the folder's c
 The outermost acquire in a thread pulls the rows written since into the folder (writes themselves go through
 the documents port, storage/postgres/documents.py, row first). Reentrant within a thread; other threads of the
 process wait, as with FileLock. Every wait (for another thread, the local file, the advisory lock) shares one
-bound and ends in LockWaitExpired.
+bound and ends in LockWaitExpired. The advisory lock is held on a lease (`Lease`): a holder that stops answering
+the server loses it.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,11 +24,13 @@ from picoclaw.layout import MEMORY_DIR
 from picoclaw.storage.errors import StorageError
 from picoclaw.storage.postgres.connection import lock_timeout, unreachable
 from picoclaw.storage.postgres.documents import LOCAL_LOCK, ScopeCopy
-from picoclaw.storage.waits import ANOTHER_PROCESS, check_bound, lock_wait_expired
+from picoclaw.storage.waits import ANOTHER_PROCESS, LOCK_WAIT_SECONDS, check_bound, lock_wait_expired
 
 if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import ConnectionPool
+
+log = logging.getLogger(__name__)
 
 # pg_advisory_lock(class, key) class for document scopes ("docs" in ASCII); the key is hashtext(scope). Two
 # scopes sharing a hash only take turns needlessly.
@@ -37,23 +41,84 @@ OTHER_THREAD = "another task of this picoclaw process holds it"
 OTHER_MACHINE = "a picoclaw process on another machine (or another workspace folder on this database) holds it"
 
 
+# The server's idle timeouts that end the session of a holder gone quiet, and with it the advisory lock: between
+# statements, and inside a transaction (a pull or push frozen half-way).
+LEASE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
+# Both back to what RESET would give them, before the connection goes back to the pool.
+END_LEASE = ("select set_config(name, reset_val, false) from pg_settings "
+             "where name in ('idle_session_timeout', 'idle_in_transaction_session_timeout')")
+
+
 def _remaining(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.0)
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(int(seconds * 1000), 1)}ms"
+
+
+class Lease:
+    """Keeps a held advisory lock's session alive: a trivial query on its connection every third of the lease,
+    from a daemon thread. A process frozen (SIGSTOP) or cut off from the server stops it too; the server then
+    ends the session after `seconds` idle (LEASE_SETTINGS), which frees the lock for the other machines, and
+    the frozen process's next statement on that connection fails instead of writing."""
+
+    def __init__(self, conn: psycopg.Connection, seconds: float):
+        self.conn = conn
+        self.seconds = seconds
+        self._stopped = threading.Event()
+        self._pinging = threading.Lock()  # held while a ping is under way: none starts after `stop` returned
+        self._thread = threading.Thread(target=self._renew, name="picoclaw-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        import psycopg
+
+        while not self._stopped.wait(self.seconds / 3):
+            with self._pinging:
+                if self._stopped.is_set():
+                    return
+                try:
+                    self.conn.execute("select 1")
+                except psycopg.OperationalError as exc:
+                    # The session is gone (its lease ran out while this process was stopped, or the server went
+                    # away): the holder's next statement fails with its own one line; this says why once.
+                    log.warning("the memory lock's lease of %g s could not be renewed (this process was stopped "
+                                "or cut off from PostgreSQL?): %s", self.seconds, " ".join(str(exc).split())[:200])
+                    return
+                except psycopg.Error:
+                    pass  # the holder's own transaction failed meanwhile (it rolls back): the session lives on
+
+    def stop(self) -> None:
+        """No ping from now on (one under way is waited for: the connection is about to be used or given back)."""
+        self._stopped.set()
+        with self._pinging:
+            pass
 
 
 class ScopeLock:
     """The one cross-machine lock of a scope, with its read copy (`copy`) brought up to date under it."""
 
-    def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy, root: Path | None = None):
+    def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy, root: Path | None = None, *,
+                 lease: float = LOCK_WAIT_SECONDS):
         self.pool = pool
         self.dsn = dsn
         self.copy = copy
         self.root = root  # the workspace root, for the lock's name in a failed wait
+        self.lease = lease  # seconds a holder that stopped answering the server keeps the advisory lock
+        self._lease: Lease | None = None
         self._file_lock = FileLock(str(copy.root / MEMORY_DIR / LOCAL_LOCK))
         self._state = threading.Condition()
         self._owner: int | None = None
         self._depth = 0
         self._conn: psycopg.Connection | None = None
+
+    def held(self) -> psycopg.Connection:
+        """The connection that holds the advisory lock, for the writes made under it: once a holder's lease ran
+        out (its session ended), they fail on it instead of landing after another machine's."""
+        if self._owner != threading.get_ident() or self._conn is None:
+            raise RuntimeError("this thread does not hold the lock")
+        return self._conn
 
     def acquire(self, name: Path, timeout: float) -> None:
         """Hold the lock within `timeout` seconds in all (else LockWaitExpired naming `name`); pull first."""
@@ -112,7 +177,7 @@ class ScopeLock:
 
     def _hold_advisory(self, name: Path, timeout: float, bound: float) -> psycopg.Connection:
         """A pool connection holding the scope's advisory lock (session level, so it outlives transactions),
-        taken within `timeout` s (what is left of the whole wait, `bound`)."""
+        taken within `timeout` s (what is left of the whole wait, `bound`), on a lease of `self.lease` s."""
         import psycopg
         from psycopg_pool import PoolClosed, PoolTimeout
 
@@ -121,16 +186,22 @@ class ScopeLock:
         except (PoolTimeout, PoolClosed) as exc:
             raise unreachable(self.dsn, exc) from None
         key = (DOCUMENT_LOCK_CLASS, self.copy.scope)
+        lease = _ms(self.lease)
         try:
+            # The lease is set before the lock is taken: a process frozen right after taking it loses it too.
             if timeout == 0:
-                row = conn.execute("select pg_try_advisory_lock(%s, hashtext(%s))", key).fetchone()
-                if not row or not row[0]:
+                row = conn.execute("select set_config(%s, %s, false), set_config(%s, %s, false), "
+                                   "pg_try_advisory_lock(%s, hashtext(%s))",
+                                   (LEASE_SETTINGS[0], lease, LEASE_SETTINGS[1], lease, *key)).fetchone()
+                if not row or not row[2]:
                     raise lock_wait_expired(name, self.root, bound, OTHER_MACHINE)
             else:
                 # lock_timeout bounds the wait; an advisory lock is a lock like any other to it. Set to what is
                 # left of this wait, then back to the pool's own bound before the connection goes back.
                 row = conn.execute("select current_setting('lock_timeout')").fetchone()
-                conn.execute("select set_config('lock_timeout', %s, false)", (lock_timeout(timeout),))
+                conn.execute("select set_config('lock_timeout', %s, false), set_config(%s, %s, false), "
+                             "set_config(%s, %s, false)",
+                             (lock_timeout(timeout), LEASE_SETTINGS[0], lease, LEASE_SETTINGS[1], lease))
                 try:
                     conn.execute("select pg_advisory_lock(%s, hashtext(%s))", key)
                 except psycopg.errors.LockNotAvailable:
@@ -138,10 +209,11 @@ class ScopeLock:
                 finally:
                     conn.execute("select set_config('lock_timeout', %s, false)", (row[0] if row else "0",))
         except BaseException as exc:
-            self.pool.putconn(conn)
+            self._give_back(conn)
             if isinstance(exc, psycopg.Error):
                 raise unreachable(self.dsn, exc) from None
             raise
+        self._lease = Lease(conn, self.lease)
         return conn
 
     def _let_go(self) -> None:
@@ -149,16 +221,30 @@ class ScopeLock:
         import psycopg
 
         conn, self._conn = self._conn, None
+        lease, self._lease = self._lease, None
         try:
+            if lease is not None:
+                lease.stop()
             if conn is not None:
                 try:
                     conn.execute("select pg_advisory_unlock(%s, hashtext(%s))", (DOCUMENT_LOCK_CLASS, self.copy.scope))
                 except psycopg.Error:
                     pass  # a connection that is gone holds no lock any more
                 finally:
-                    self.pool.putconn(conn)
+                    self._give_back(conn)
         finally:
             self._file_lock.release()
+
+    def _give_back(self, conn: psycopg.Connection) -> None:
+        """`conn` back to the pool with its lease ended: idle in the pool, it must not be closed by the server."""
+        import psycopg
+
+        try:
+            conn.execute(END_LEASE)
+        except psycopg.Error:
+            pass  # a broken connection: the pool drops it
+        finally:
+            self.pool.putconn(conn)
 
     def _leave(self) -> None:
         with self._state:

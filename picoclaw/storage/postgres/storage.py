@@ -68,7 +68,9 @@ class PostgresStorage:
         with self._scopes_guard:
             found = self._scopes.get(scope)
             if found is None:
-                found = ScopeLock(self.pool, self.dsn, ScopeCopy(scope, scope_root), self.root)
+                # The advisory lock's lease is the wait's bound: a holder that stops answering for as long as
+                # the others wait loses it.
+                found = ScopeLock(self.pool, self.dsn, ScopeCopy(scope, scope_root), self.root, lease=self.lock_wait)
                 self._scopes[scope] = found
             return found
 
@@ -86,7 +88,8 @@ class PostgresStorage:
             lock_path = scope_root / MEMORY_DIR / MEMORY_LOCK_FILE
             scope_lock = self._scope_lock(lock_path)
             found = PostgresDocuments(self.pool, self.dsn, scope_lock.copy,
-                                      lambda timeout: self.lock(lock_path, timeout), shared=not scope)
+                                      lambda timeout: self.lock(lock_path, timeout), scope_lock.held,
+                                      lease=self.lock_wait, shared=not scope)
             with self._scopes_guard:
                 found = self._documents.setdefault(scope, found)
         return found
