@@ -1,5 +1,5 @@
 """The memory documents' contract, run on both backends: the files themselves, and PostgreSQL rows with this
-machine's folder as their working copy (storage/postgres/documents.py)."""
+machine's folder as their read copy (storage/postgres/documents.py)."""
 
 from __future__ import annotations
 
