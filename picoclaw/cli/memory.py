@@ -155,11 +155,25 @@ def cmd_memory_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_export(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
     from pathlib import Path
 
     from picoclaw.storage import export_workspace
 
-    with opened_app() as app:
+    with opened_app() as app, ExitStack() as held:
+        # Under each memory scope's lock, as every reader of MEMORY.md: an append under way is waited for, and one
+        # a killed writer cut off is undone (memory/in_place_append.py), before the bytes are copied. The files
+        # backend copies the files as they are, so without it an export could hold half an entry.
+        ws = app.workspace
+        held.enter_context(ws.store.locked())
+        users = ws.layout.users_dir
+        keys = sorted(folder.name for folder in users.iterdir() if (folder / "memory").is_dir()) \
+            if users.is_dir() else []
+        for key in keys:
+            if all(c.isalnum() or c in "-_" for c in key):  # a folder picoclaw made for a user
+                scope = ws.for_user(key)
+                held.callback(scope.close)
+                held.enter_context(scope.store.locked())
         moved = export_workspace(app.storage, Path(args.folder).expanduser())
         echo(f"exported {moved.files} files ({moved.size} bytes) from the {app.storage.backend} storage "
              f"to {args.folder}")
