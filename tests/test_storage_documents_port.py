@@ -196,3 +196,74 @@ def test_memory_edit_opens_a_daily_note_by_its_date(edit_home: Path, capsys: pyt
     assert (code, err) == (0, "") and out == f"saved memory/{day[:6]}/{day}.md\n"
     code, out, _ = run(capsys, "memory", "notes", "--days", "1")
     assert "西湖" in out and "里斯本" in out
+
+
+# -- a folder that is, was, or becomes PostgreSQL's copy --------------------------------------------------------
+
+def test_a_folder_back_from_files_keeps_what_it_gained_there(tmp_path: Path, postgres_dsn: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    from picoclaw.memory import MemoryStore
+    from picoclaw.storage import FilesStorage
+    from picoclaw.storage.postgres.storage import PostgresStorage
+    from tests.test_storage_documents import TZ
+
+    root = tmp_path / "workspace"
+    on_postgres = PostgresStorage(root, postgres_dsn, 3)
+    try:
+        MemoryStore(root / "memory", TZ, storage=on_postgres).append_long_term("On PostgreSQL first. 先在数据库。")
+    finally:
+        on_postgres.close()
+    on_files = MemoryStore(root / "memory", TZ, storage=FilesStorage(root))  # config switched to files
+    on_files.append_long_term("Added on files: the user's sister is Ana. 妹妹叫安娜。")
+    note = on_files.append_note("A note written on files. 文件里的笔记。")
+    on_postgres = PostgresStorage(root, postgres_dsn, 3)  # and back: the rows lack what files added
+    try:
+        back = MemoryStore(root / "memory", TZ, storage=on_postgres)
+        with back.locked():  # the lock brings the copy up to date, as every turn and read command does
+            text = back.read_long_term()
+    finally:
+        on_postgres.close()
+    assert "On PostgreSQL first" in text and "Ana" not in text  # the folder shows the database's truth...
+    aside = root / ".picoclaw-work" / "before-postgres"
+    assert "妹妹叫安娜" in (aside / "memory" / "MEMORY.md").read_text(encoding="utf-8")  # ...and keeps its own
+    assert "文件里的笔记" in (aside / note.relative_to(root)).read_text(encoding="utf-8")
+    assert not note.exists()
+    assert any("before-postgres" in record.getMessage() and "memory import" in record.getMessage()
+               for record in caplog.records)
+
+
+def test_a_stale_copy_is_reread_whole_and_keeps_its_backups(backend: Backend) -> None:  # noqa: F811
+    from picoclaw.memory import MemoryStore
+    from tests.test_storage_documents import TZ
+
+    store = MemoryStore(backend.root / "memory", TZ, storage=backend.storage)
+    store.append_long_term("The first entry. 第一条。")
+    store.rewrite_long_term("## 2026-12-01\nRewritten. 改写了。\n")
+    if backend.kind == "postgres":
+        from picoclaw.storage.postgres.storage import PostgresStorage
+
+        assert isinstance(backend.storage, PostgresStorage)
+        backend.storage.documents("").copy.mark_stale()  # a copy write failed: the next pull re-reads everything
+        (backend.root / "memory" / "MEMORY.md").write_text("a hand edit of the copy\n", encoding="utf-8")
+    with store.locked():
+        pass
+    assert store.read_long_term() == "## 2026-12-01\nRewritten. 改写了。\n"
+    [backup] = store.backups()
+    assert "第一条" in backup.read_text(encoding="utf-8")
+
+
+def test_a_tool_edit_of_a_document_written_meanwhile_is_refused(backend: Backend) -> None:  # noqa: F811
+    from picoclaw.storage import edit_file
+
+    path = backend.root / "USER.md"
+    backend.storage.documents("").replace("USER.md", "# User\nName: Ana 安娜\n")
+
+    def meanwhile(data: bytes | None) -> bytes:
+        backend.storage.documents("").replace("USER.md", "# User\nName: Ana 安娜\nLives in Lisbon.\n")
+        return (data or b"") + b"Likes tea.\n"
+
+    with pytest.raises(StaleRevision):
+        edit_file(backend.storage, path, meanwhile)
+    assert backend.stored("USER.md") == "# User\nName: Ana 安娜\nLives in Lisbon.\n"
+    edit_file(backend.storage, path, lambda data: (data or b"") + "Likes tea. 喜欢茶。\n".encode())
+    assert backend.stored("USER.md") == "# User\nName: Ana 安娜\nLives in Lisbon.\nLikes tea. 喜欢茶。\n"

@@ -447,15 +447,8 @@ def test_a_writer_killed_mid_write_leaves_the_old_or_the_new_document_never_a_ha
 
 # -- a per-user scope's documents through a second folder ----------------------------------------------------
 
-PER_USER_COPY = pytest.mark.xfail(strict=True, reason=(
-    "defect of PostgreSQL's working copy (storage/postgres/storage.py, documents.py): refresh() brings only the "
-    "shared scope's folder up to date, and a per-user scope's copy is pulled only when its store takes its lock, "
-    "so a per-user turn (or read) through another folder sees that user's memory as it was there before; "
-    "issue 42, 'every read is current', to be fixed by the documents port"))
-
-
 # On files both homes are one folder: the turn reads the file itself, which shows what the test expects of a turn.
-@pytest.mark.parametrize("homes", ["files", pytest.param("postgres", marks=PER_USER_COPY)], indirect=True)
+@pytest.mark.parametrize("homes", ["files", "postgres"], indirect=True)
 def test_a_per_user_turn_through_a_second_folder_knows_what_the_first_appended_for_that_user(
         homes: tuple[Path, Path], fake_openai: FakeOpenAIServer) -> None:  # noqa: F811
     a, b = homes

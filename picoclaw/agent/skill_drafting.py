@@ -28,7 +28,7 @@ from picoclaw.agent.turn_review import FinishedTurn, workflow_of
 from picoclaw.errors import ConfigError
 from picoclaw.jsonio import read_json_object
 from picoclaw.memory import Workspace
-from picoclaw.storage import LockWaitExpired, Storage, document_of
+from picoclaw.storage import Storage, StorageError, document_of
 from picoclaw.tools import SkillDraftError, SkillDrafts, safe_name
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class WorkflowTally:
                 workflow = Workflow(tools, old.successes + 1, lessons, sessions, old.drafted or due)
                 workflows[tools] = workflow  # last: the most recently successful
                 self._save(workflows)
-        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
+        except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             log.warning("skill drafts: cannot update %s (%s); this success is not counted", self.path, exc)
             return None
         return workflow if due else None
@@ -93,7 +93,7 @@ class WorkflowTally:
                 if tools in workflows:
                     workflows[tools] = replace(workflows[tools], drafted=False)
                     self._save(workflows)
-        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
+        except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             log.warning("skill drafts: cannot update %s (%s)", self.path, exc)
 
     def workflows(self) -> list[Workflow]:

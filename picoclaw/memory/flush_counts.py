@@ -20,7 +20,7 @@ import orjson
 
 from picoclaw.errors import ConfigError
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import LockWaitExpired, Storage, document_of
+from picoclaw.storage import Storage, StorageError, document_of
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class FlushCounts:
                 oldest = (day - timedelta(days=KEEP_DAYS)).isoformat()
                 kept = {d: counts.as_json() for d, counts in sorted(days.items()) if d >= oldest}
                 self.documents.replace(self.name, orjson.dumps({"version": _VERSION, "days": kept}))
-        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
+        except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             log.warning("flush counts: cannot update %s (%s); this flush is not counted", self.path, exc)
 
     def read(self) -> dict[str, FlushTally] | None:

@@ -20,7 +20,7 @@ import orjson
 
 from picoclaw.errors import ConfigError
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import LockWaitExpired, Storage, document_of
+from picoclaw.storage import Storage, StorageError, document_of
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class ModelUsage:
                     return False
                 days.setdefault(day.isoformat(), {})[purpose] = used + Usage(calls=1)
                 self._save(days, day)
-        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
+        except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             log.warning("model usage: cannot update %s (%s); no %s call is made", self.path, exc, purpose)
             return False
         return True
@@ -85,7 +85,7 @@ class ModelUsage:
                 used = days.get(day.isoformat(), {}).get(purpose, Usage())
                 days.setdefault(day.isoformat(), {})[purpose] = used + Usage(0, prompt_tokens, completion_tokens)
                 self._save(days, day)
-        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
+        except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             log.warning("model usage: cannot update %s (%s); tokens not counted", self.path, exc)
 
     def on(self, purpose: str, day: date) -> Usage:

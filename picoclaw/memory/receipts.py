@@ -23,7 +23,7 @@ import orjson
 from picoclaw import clock
 from picoclaw.errors import ConfigError
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import LockWaitExpired, Storage, document_of
+from picoclaw.storage import Storage, StorageError, document_of
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,8 @@ class WriteLog:
 
     def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / WRITES_FILE
-        # A lock in the memory folder: on PostgreSQL it brings the folder up to date first and stores the file
-        # after, like every document of the scope.
+        # A lock in the memory folder: on PostgreSQL it brings the folder up to date first; the file is written
+        # through the scope's documents, like every document of the scope.
         self._lock = storage.lock(Path(memory_dir) / ".memory_writes.lock", timeout=lock_wait)
         self.documents, self.name = document_of(storage, self.path)
 
@@ -102,7 +102,7 @@ class WriteLog:
                 kept = (kept + list(writes))[-KEEP_WRITES:]
                 self.documents.replace(self.name, orjson.dumps({"version": _VERSION,
                                                       "writes": [asdict(write) for write in kept]}))
-        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
+        except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             log.warning("memory writes: cannot update %s (%s); not logged: %s", self.path, exc,
                         "; ".join(shorten(write.text, 60) for write in writes))
 

@@ -382,7 +382,8 @@ class MemoryStore:
     # -- backups -----------------------------------------------------------------------------------
 
     def backups(self) -> list[Path]:
-        """Backups of MEMORY.md, oldest first (on PostgreSQL: this machine's copies of its versions)."""
+        """Backups of MEMORY.md, oldest first (on PostgreSQL its versions, each with its file in this machine's
+        copy of memory/backups/)."""
         return [self.backups_dir / label for label in self.documents.versions(BACKUP_SUFFIX)]
 
     def read_backup(self, name: str) -> bytes:

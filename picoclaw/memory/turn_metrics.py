@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 
 from picoclaw.fsutil import FileTooLargeError, NotAFileError, read_bounded
-from picoclaw.storage import LockWaitExpired, Storage, document_of
+from picoclaw.storage import Storage, StorageError, document_of
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class TurnMetrics:
                 self.documents.append_records(self.name, [asdict(turn)], durable=False)
                 if self.path.stat().st_size > TRIM_BYTES:
                     self._trim()
-        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
+        except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             if not self._warned:
                 log.warning("turn metrics: cannot update %s (%s); turns go on without it (logged once)",
                             self.path, exc)

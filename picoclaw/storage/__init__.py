@@ -5,10 +5,11 @@ store that keeps bytes, so two workspaces in one process never share a backend b
 
 Where a write lands and when it is durable: memory documents go through `Storage.documents(scope)`
 (documents.py). On files a write is the file itself, replaced atomically (an entry appended in place with a
-journal), fsynced before the call returns. On PostgreSQL it is the document's row, written in one statement and
-committed before the call returns, then this machine's read copy in the workspace folder; nothing is ever sent
-from that folder. Sessions, jobs and the inbox have their own ports and land the same way. Either way a writer
-killed half-way leaves the old content or the new, never half.
+journal), fsynced before the call returns (counters and caches written with durable=False are not fsynced).
+On PostgreSQL it is the document's row, written in one statement and committed before the call returns, then
+this machine's read copy in the workspace folder; nothing is ever sent from that folder. Sessions, jobs and the
+inbox have their own ports and land the same way. Either way a writer killed half-way leaves the old content or
+the new, never half.
 """
 
 from picoclaw.storage.backend import Storage
@@ -31,7 +32,7 @@ from picoclaw.storage.stored_files import is_stored_name
 from picoclaw.storage.switching import switch_warning
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
-from picoclaw.storage.workspace_documents import document_of, is_stored_document, write_file
+from picoclaw.storage.workspace_documents import document_of, edit_file, is_stored_document, write_file
 
 __all__ = [
     "MISSING",
@@ -40,6 +41,7 @@ __all__ = [
     "Documents",
     "StaleRevision",
     "document_of",
+    "edit_file",
     "is_stored_document",
     "is_stored_name",
     "write_file",

@@ -68,8 +68,8 @@ class Storage(Protocol):
         two: a webhook worker's health check and its watch over an outage ask it."""
         ...
 
-    def refresh(self) -> None:
-        """Bring this machine's read copy of the shared scope's documents up to date (files: nothing to do)."""
+    def refresh(self, scope: str = "") -> None:
+        """Bring this machine's read copy of scope `scope`'s documents up to date (files: nothing to do)."""
         ...
 
     def stored_layout(self) -> dict[str, bytes]:

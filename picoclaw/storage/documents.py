@@ -86,7 +86,8 @@ class Documents(Protocol):
         ...
 
     def changes_since(self, mark: str) -> Changes:
-        """The documents written since `mark` (MISSING: all of them), for the index and the entry table."""
+        """The documents written since `mark` (MISSING: all of them), for a reader that follows what changed
+        (on PostgreSQL, the read copy's pull asks the rows the same question)."""
         ...
 
     def keep_version(self, name: str, data: bytes, suffix: str, keep: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from picoclaw.fsutil import atomic_write
@@ -38,6 +39,22 @@ def write_file(storage: Storage, path: Path, data: bytes | str) -> None:
         documents.replace(name, data)
     else:
         atomic_write(path, data)
+
+
+def edit_file(storage: Storage, path: Path, change: Callable[[bytes | None], bytes]) -> None:
+    """Rewrite a file of the workspace as `change(its bytes, None if missing)`: a stored document is read from the
+    backend's truth and replaced only if no one wrote it meanwhile (StaleRevision, nothing written); any other
+    file in place, atomically."""
+    if is_stored_document(storage, path):
+        documents, name = document_of(storage, path)
+        found = documents.read(name)
+        documents.replace(name, change(found.data), expect=found.revision)
+        return
+    try:
+        data: bytes | None = path.read_bytes()
+    except FileNotFoundError:
+        data = None
+    atomic_write(path, change(data))
 
 
 def is_stored_document(storage: Storage, path: Path) -> bool:

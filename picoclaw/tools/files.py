@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import Workspace, demote_headings
-from picoclaw.storage import StorageError, write_file
+from picoclaw.storage import StorageError, edit_file, write_file
 from picoclaw.tools.base import Tool, ToolError
 from picoclaw.tools.facts import check_edit, edited, save_fact
 from picoclaw.tools.sandbox import Target, WorkspaceFiles
@@ -238,9 +238,9 @@ class EditFile(WorkspaceTool):
             if target.kind == "note":
                 store.edit_note(target.path, lambda text: self._replace(target, text, args))
                 return f"edited {target.shown}{note}"
-            with open(target.path, encoding="utf-8", newline="") as handle:
-                text = handle.read()
-            write_file(self.workspace.storage, target.path, self._replace(target, text, args))
+            # Read and replaced by revision: another process's write meanwhile is refused, never overwritten.
+            edit_file(self.workspace.storage, target.path,
+                      lambda data: self._replace(target, _existing(data).decode("utf-8"), args).encode("utf-8"))
         return f"edited {target.shown}"
 
     @staticmethod
@@ -296,12 +296,22 @@ class AppendFile(WorkspaceTool):
                 return self._append_memory(target, args.content)
             if target.path.is_dir():
                 raise ToolError(f"{target.shown} is a folder, not a file")
-            existing = target.path.read_bytes() if target.path.exists() else b""
-            updated = existing + args.content.encode("utf-8")
-            if len(updated) > MAX_WRITE_BYTES:
-                raise ToolError(f"{target.shown} would grow to {len(updated)} bytes (at most {MAX_WRITE_BYTES})")
-            write_file(self.workspace.storage, target.path, updated)
+
+            def appended(existing: bytes | None) -> bytes:
+                updated = (existing or b"") + args.content.encode("utf-8")
+                if len(updated) > MAX_WRITE_BYTES:
+                    raise ToolError(f"{target.shown} would grow to {len(updated)} bytes (at most {MAX_WRITE_BYTES})")
+                return updated
+
+            edit_file(self.workspace.storage, target.path, appended)
         return f"appended {len(args.content)} characters to {target.shown}"
+
+
+def _existing(data: bytes | None) -> bytes:
+    """The bytes of a file that must exist (an edit's): a missing one is the usual "no such file"."""
+    if data is None:
+        raise FileNotFoundError
+    return data
 
 
 class ListDir(WorkspaceTool):

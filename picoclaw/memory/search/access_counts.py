@@ -20,7 +20,7 @@ import orjson
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import FileKey, file_key
 from picoclaw.jsonio import read_json_object
-from picoclaw.storage import LockWaitExpired, Storage, document_of
+from picoclaw.storage import Storage, StorageError, document_of
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class AccessCounts:
                 record = {"version": _VERSION, "blocks": {key: [used, last] for key, (used, last) in entries.items()}}
                 # Not fsynced: losing the last counts to a power cut is harmless, a sync every turn is not free.
                 self.documents.replace(self.name, orjson.dumps(record), durable=False)
-        except (OSError, LockWaitExpired) as exc:  # a held lock past its short wait: skipped, not fatal
+        except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             self._warn(f"cannot update {self.path}: {exc}")
 
     def read(self) -> dict[str, tuple[int, str]]:

@@ -10,7 +10,6 @@ the folder. Versions (the files backend's memory/backups/) are rows of `document
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -23,11 +22,12 @@ import orjson
 
 from picoclaw import clock
 from picoclaw.fsutil import atomic_write
-from picoclaw.layout import BOOTSTRAP_FILES, HEARTBEAT_FILE, INDEX_DIR, MEMORY_DIR, USERS_DIR
+from picoclaw.layout import MEMORY_DIR, USERS_DIR
 from picoclaw.storage.documents import MISSING, Changes, Document, StaleRevision
 from picoclaw.storage.errors import StorageError, StorageUnavailable
 from picoclaw.storage.files_documents import VERSIONS_DIR, FilesDocuments
 from picoclaw.storage.postgres.connection import storage_errors
+from picoclaw.storage.stored_files import COPY_MARK, document_names
 from picoclaw.storage.work import WORK_DIR
 
 if TYPE_CHECKING:
@@ -64,13 +64,12 @@ create index document_versions_name on document_versions (scope, name, id);
 """
 
 # Versions get the label the files backend gives a backup (`<UTC stamp>_<id><suffix>`), so a copy's
-# memory/backups/ and an export look as files would; the backups that earlier versions kept as document rows
-# (memory/backups/<label>) become versions, so the history is kept once.
+# memory/backups/ and an export look as files would. The backups that earlier versions kept as document rows
+# (memory/backups/<label>) become the versions, so the history is kept once; the versions those versions kept of
+# every replace (the same history again, and of notes and bootstrap files too) stay unlabelled: never listed,
+# copied or exported, and not deleted either.
 DDL_V4 = r"""
 alter table document_versions add column label text, add column suffix text;
-update document_versions set suffix = '_' || regexp_replace(name, '^.*/', ''),
-    label = to_char(replaced_at at time zone 'UTC', 'YYYYMMDD"_"HH24MISS"Z_"') || id || '_'
-            || regexp_replace(name, '^.*/', '');
 insert into document_versions (scope, name, content, replaced_at, label, suffix)
     select scope, 'memory/' || substr(regexp_replace(name, '^memory/backups/\d{8}_\d{6}Z?(_\d+)?', ''), 2),
            content, updated_at, regexp_replace(name, '^.*/', ''),
@@ -81,45 +80,17 @@ update documents set content = null, revision = nextval('document_revision'), up
 create index document_versions_suffix on document_versions (scope, suffix, id);
 """
 
-# Files at a scope's root that are documents: the bootstrap files (layout.py) and the heartbeat's tasks.
-ROOT_DOCUMENTS = (*BOOTSTRAP_FILES, HEARTBEAT_FILE)
-# This backend's own files in the memory folder (the local lock, the stale mark): never documents.
-OWN_PREFIX = ".storage."
+# This backend's own files in the memory folder (".storage.*": never stored, see storage/stored_files.py).
 STALE_MARK = ".storage.stale"
-COPY_MARK = ".storage.copy"  # the folder is this database's copy (a first pull sets aside what differs)
-SET_ASIDE_DIR = "before-postgres"  # under the work folder: the folder's own files a first pull replaced
 LOCAL_LOCK = ".storage.lock"
-# The entry table of MEMORY.md (memory/entry_table.py ENTRIES_FILE, ".MEMORY.md.entries"): derived per machine.
-DERIVED_SUFFIX = ".entries"
+SET_ASIDE_DIR = "before-postgres"  # under the work folder: the folder's own files a first pull replaced
 # An in-place append's journal (memory/in_place_append.py journal_path): ".<name>.append" beside the file.
 JOURNAL_SUFFIX = ".append"
 
 
-def is_document_file(filename: str) -> bool:
-    """Whether a file of the memory folder with this name is a document (not a lock, temp file, journal...)."""
-    if filename.startswith(OWN_PREFIX) or filename.endswith(".lock"):
-        return False
-    if filename.startswith(".") and filename.endswith((".tmp", DERIVED_SUFFIX, JOURNAL_SUFFIX)):
-        return False
-    return True
-
-
-def scan_documents(scope_root: Path) -> dict[str, Path]:
-    """The scope's document files by name: the root documents and everything under memory/ but index/."""
-    found: dict[str, Path] = {}
-    for name in ROOT_DOCUMENTS:
-        path = scope_root / name
-        if path.is_file():
-            found[name] = path
-    memory = scope_root / MEMORY_DIR
-    for folder, dirs, files in os.walk(memory):
-        if Path(folder) == memory and INDEX_DIR in dirs:
-            dirs.remove(INDEX_DIR)  # derived data, rebuilt from the documents on each machine
-        for filename in files:
-            path = Path(folder) / filename
-            if is_document_file(filename) and path.is_file():
-                found[path.relative_to(scope_root).as_posix()] = path
-    return found
+def scan_documents(scope_root: Path, *, shared: bool = True) -> dict[str, Path]:
+    """The scope's document files by name (storage/stored_files.py's rule: the one place that says what is stored)."""
+    return {name: scope_root / name for name in document_names(scope_root, shared=shared)}
 
 
 _STAMPED = re.compile(r"^\d{8}_\d{6}Z?(_\d+)?_")
@@ -170,19 +141,21 @@ class ScopeCopy:
             self._adopt(conn)
             self.adoption_checked = True
         # A folder that never was this database's copy (a files workspace whose config moved to PostgreSQL) may
-        # hold what the rows do not: each file of it the rows would replace is set aside first, never lost.
+        # hold what the rows do not: each file of it the rows would replace or drop is set aside first.
         first = not self.copy_mark.exists()
-        since = 0 if stale else self.revision
+        since = 0 if stale or first else self.revision
         changed = conn.execute("select name, revision from documents where scope = %s and revision > %s",
                                (self.scope, since)).fetchall()
-        # A document this process wrote itself is in the folder already: only others' writes are fetched.
-        wanted = [name for name, revision in changed if self.own.get(name) != int(revision)]
+        # A document this process wrote itself is in the folder already: only others' writes are fetched. A
+        # version's file (memory/backups/) is the versions' business, whatever a row of that name says.
+        wanted = [name for name, revision in changed if self.own.get(name) != int(revision) and not is_version(name)]
+        aside: list[str] = []
         if wanted:
             for name, content in conn.execute("select name, content from documents where scope = %s and "
                                               "name = any(%s)", (self.scope, wanted)):
                 path = self.root / name
                 if first and path.is_file() and (content is None or not _holds(path, bytes(content))):
-                    self._set_aside(name, path)
+                    aside.append(self._set_aside(name, path))
                 if content is None:
                     path.unlink(missing_ok=True)
                 elif not _holds(path, bytes(content)):
@@ -190,26 +163,37 @@ class ScopeCopy:
                     atomic_write(path, bytes(content))
         for _, revision in changed:
             self.revision = max(self.revision, int(revision))
-        self._pull_versions(conn, 0 if stale else self.version_id)
-        if stale:
-            # Files that are not rows (a copy left by a failed write, a hand edit) give way to the rows' truth.
-            current = {name for (name,) in conn.execute(
+        if stale or first:
+            # Files that are not rows give way to the rows' truth: a copy left by a failed write, a hand edit, or
+            # (first) what the folder held before it became the copy, which is set aside.
+            live = {name for (name,) in conn.execute(
                 "select name from documents where scope = %s and content is not null", (self.scope,))}
-            for name, path in scan_documents(self.root).items():
-                if name not in current:
+            labels = {label for (label,) in conn.execute(
+                "select label from document_versions where scope = %s and label is not null", (self.scope,))}
+            for name, path in scan_documents(self.root, shared=not self.scope).items():
+                if is_version(name):
+                    if first and path.name not in labels:
+                        aside.append(self._set_aside(name, path))
+                elif name not in live:
                     if first:
-                        self._set_aside(name, path)
+                        aside.append(self._set_aside(name, path))
                     path.unlink(missing_ok=True)
+        self._pull_versions(conn, 0 if stale or first else self.version_id)
+        if stale:
             self.stale_mark.unlink(missing_ok=True)
         if first:
             self.copy_mark.parent.mkdir(parents=True, exist_ok=True)
             self.copy_mark.touch()
+        if aside:
+            log.warning("%s held %d files the PostgreSQL database does not (this folder's memory from before it "
+                        "was the database's copy); they were kept under %s: `picoclaw memory import` brings a files "
+                        "workspace into the database", self.root, len(aside), self.root / WORK_DIR / SET_ASIDE_DIR)
 
     @property
     def copy_mark(self) -> Path:
         return self.root / MEMORY_DIR / COPY_MARK
 
-    def _set_aside(self, name: str, path: Path) -> None:
+    def _set_aside(self, name: str, path: Path) -> str:
         """Keep the folder's own `name` under .picoclaw-work/before-postgres/ before the rows replace it."""
         kept = self.root / WORK_DIR / SET_ASIDE_DIR / name
         try:
@@ -217,8 +201,7 @@ class ScopeCopy:
         except OSError as exc:
             raise StorageError(f"{path} differs from the database's copy and could not be set aside before it is "
                                f"replaced ({exc.strerror or exc}); nothing was changed") from None
-        log.warning("%s differs from the database's %s: the folder's file was kept as %s (`picoclaw memory import` "
-                    "brings a files workspace into the database)", path, name, kept)
+        return name
 
     def _adopt(self, conn: psycopg.Connection) -> None:
         """A scope the database holds nothing of (not even a removed document) takes the folder's documents as
@@ -226,7 +209,8 @@ class ScopeCopy:
         a file that is not a row is then a copy gone stale, replaced by the rows' truth."""
         if self._holds_any(conn):
             return
-        found = {(self.scope, name): path.read_bytes() for name, path in scan_documents(self.root).items()}
+        found = {(self.scope, name): path.read_bytes()
+                 for name, path in scan_documents(self.root, shared=not self.scope).items()}
         if not found:
             return
         with conn.transaction():
@@ -348,6 +332,9 @@ class PostgresDocuments:
     def replace(self, name: str, data: bytes | str, *, expect: str | None = None, durable: bool = True) -> str:
         payload = data.encode("utf-8") if isinstance(data, str) else data
         self.files.path(name)
+        if is_version(name):  # kept once, as versions (keep_version): never also as a document
+            raise StorageError(f"{name}: memory/backups/ holds versions, which are kept when a document is "
+                               "rewritten, not written as documents")
         with self._write(f"a change of {name}") as conn:
             if expect is None:
                 row = conn.execute(
@@ -531,7 +518,7 @@ def workspace_documents(src_root: Path) -> dict[tuple[str, str], bytes]:
         for folder in sorted(users.iterdir()):
             if folder.is_dir():
                 found.update({(folder.name, name): path.read_bytes()
-                              for name, path in scan_documents(folder).items()})
+                              for name, path in scan_documents(folder, shared=False).items()})
     return found
 
 

@@ -164,12 +164,10 @@ class PostgresStorage:
             raise unreachable(self.dsn, exc) from None
         self.pool.check()
 
-    def refresh(self) -> None:
-        """Bring the shared scope's copy up to date (and send what changed here): a brief hold of its lock.
-
-        A per-user scope is brought up to date whenever its store takes its lock, as every write does.
-        """
-        with self.lock(self.root / MEMORY_DIR / LOCAL_LOCK):
+    def refresh(self, scope: str = "") -> None:
+        """Bring scope `scope`'s read copy up to date: a brief hold of its lock, which pulls what changed."""
+        scope_root = self.root / USERS_DIR / scope if scope else self.root
+        with self.lock(scope_root / MEMORY_DIR / LOCAL_LOCK):
             pass
 
     def export_documents(self, dest_root: Path) -> int:
