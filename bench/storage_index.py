@@ -71,7 +71,7 @@ def postgres_opener(storage: PostgresStorage):  # type: ignore[no-untyped-def]
     def open_index(store: MemoryStore, embedder, source: str) -> MemoryIndex:  # type: ignore[no-untyped-def]
         embeddings = EmbeddingsConfig(provider="local") if embedder is not None else None
         settings = IndexConfig(enabled=True, sources=[source], embeddings=embeddings, **rq.FUSION)  # type: ignore[arg-type]
-        table = PostgresIndexTable(storage.pool, f"bench-{next(_scopes)}")
+        table = PostgresIndexTable(storage.pool, storage.dsn, f"bench-{next(_scopes)}")
         return TableMemoryIndex(store, settings, embedder, sessions_dir=store.memory_dir.parent / "sessions",
                                 keywords=KeywordSearch(store) if embedder is not None else None, table=table)
     return open_index
@@ -140,7 +140,7 @@ def latency(storage: PostgresStorage, sizes: Sequence[int], searches: int = 200
                     kwargs = {"sessions_dir": Path(tmp) / "sessions"}
                     index: MemoryIndex = (MemoryIndex(store, settings, embedder, **kwargs) if backend == "sqlite"
                                           else TableMemoryIndex(store, settings, embedder, **kwargs,
-                                                                table=PostgresIndexTable(storage.pool,
+                                                                table=PostgresIndexTable(storage.pool, storage.dsn,
                                                                                          f"lat-{next(_scopes)}")))
                     t0 = time.perf_counter()
                     index.sync()
