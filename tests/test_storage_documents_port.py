@@ -267,3 +267,45 @@ def test_a_tool_edit_of_a_document_written_meanwhile_is_refused(backend: Backend
     assert backend.stored("USER.md") == "# User\nName: Ana 安娜\nLives in Lisbon.\n"
     edit_file(backend.storage, path, lambda data: (data or b"") + "Likes tea. 喜欢茶。\n".encode())
     assert backend.stored("USER.md") == "# User\nName: Ana 安娜\nLives in Lisbon.\nLikes tea. 喜欢茶。\n"
+
+
+def test_schema_4_turns_the_backup_rows_of_a_version_3_database_into_versions(tmp_path: Path, postgres_dsn: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    from picoclaw.memory import MemoryStore
+    from picoclaw.storage.postgres import schema
+    from picoclaw.storage.postgres.storage import PostgresStorage
+    from tests.test_storage_documents import TZ
+
+    # A database as the previous picoclaw left it: its backups were document rows, and every replace also kept a
+    # version of its own (of MEMORY.md, and of a note).
+    monkeypatch.setattr(schema, "STEPS", schema.STEPS[:3])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        schema.ensure_schema(conn)
+        for name, content in [("memory/MEMORY.md", "## 2026-12-02\nNow. 现在。\n"),
+                              ("memory/backups/20261201_120000Z_MEMORY.md", "## 2026-12-01\nBefore. 之前。\n"),
+                              ("memory/202612/20261201.md", "# 2026-12-01\n")]:
+            conn.execute("insert into documents (scope, name, content) values ('', %s, %s)", (name, content.encode()))
+        for name, content in [("memory/MEMORY.md", "## 2026-12-01\nBefore. 之前。\n"),
+                              ("memory/202612/20261201.md", "")]:
+            conn.execute("insert into document_versions (scope, name, content) values ('', %s, %s)",
+                         (name, content.encode()))
+    monkeypatch.undo()
+
+    storage = PostgresStorage(tmp_path / "workspace", postgres_dsn, 3)  # starts, and upgrades to version 4
+    try:
+        store = MemoryStore(tmp_path / "workspace" / "memory", TZ, storage=storage)
+        with store.locked():
+            assert store.read_long_term() == "## 2026-12-02\nNow. 现在。\n"
+        assert [path.name for path in store.backups()] == ["20261201_120000Z_MEMORY.md"]  # kept once, as before
+        assert store.read_backup("20261201_120000Z_MEMORY.md") == "## 2026-12-01\nBefore. 之前。\n".encode()
+        assert store.backups()[0].read_text(encoding="utf-8") == "## 2026-12-01\nBefore. 之前。\n"
+        assert storage.documents("").names("memory/backups/") == []  # no longer a document
+        assert not (tmp_path / "workspace" / ".picoclaw-work" / "before-postgres").exists()  # nothing set aside
+        layout = storage.stored_layout()
+        assert sorted(name for name in layout if name.startswith("memory/backups/")) == [
+            "memory/backups/20261201_120000Z_MEMORY.md"]
+    finally:
+        storage.close()
