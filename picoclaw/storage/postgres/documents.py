@@ -433,9 +433,11 @@ class PostgresDocuments:
     def keep_version(self, name: str, data: bytes, suffix: str, keep: int) -> str:
         stamp = clock.stamp(clock.now(UTC))
         with self._write(f"a version of {name}") as conn, conn.transaction():
+            # The id drawn first, so the label can carry it (a counter no other version of that second has).
             row = conn.execute(
-                "insert into document_versions (scope, name, content, suffix, label) values (%s, %s, %s, %s, "
-                "%s || '_' || currval('document_versions_id_seq') || %s) returning id, label",
+                "with drawn as (select nextval('document_versions_id_seq') as id) "
+                "insert into document_versions (id, scope, name, content, suffix, label) "
+                "select id, %s, %s, %s, %s, %s || '_' || id || %s from drawn returning id, label",
                 (self.scope, name, data, suffix, stamp, suffix)).fetchone()
             assert row is not None
             if keep > 0:
