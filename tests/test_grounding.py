@@ -58,6 +58,9 @@ def test_the_recorded_entries_one_by_one() -> None:
     ("抱歉，我不能回答这个问题。", REFUSAL), ("I'm sorry, I can't answer that.", REFUSAL),
     ("I cannot provide personal information.", REFUSAL),
     ("The assistant can search memory.", ABOUT_ASSISTANT), ("我是一个AI助手。", ABOUT_ASSISTANT),
+    # A question form opening a Chinese sentence, no question mark after it.
+    ("能不能帮我查一下我的柜子号码", QUESTION), ("请问我的车牌号是多少", QUESTION), ("是否需要提前预约", QUESTION),
+    ("可不可以把会议改到周五", QUESTION), ("麻烦你帮我记一下明天的会议", QUESTION),
 ])
 def test_what_is_no_fact_whoever_says_it(line: str, reason: str) -> None:
     assert not_a_fact(line) == reason
@@ -69,6 +72,7 @@ def test_what_is_no_fact_whoever_says_it(line: str, reason: str) -> None:
     "My assistant Mary books my flights.", "Unfortunately, I can't have dairy.", "What can I say, I love turtles.",
     "I'm an assistant manager now.", "说不定哪天我会试试陶艺！", "音乐让我想起我们是如何走到一起的。",
     "It's important to me that people have someone to talk to.",
+    "提醒我要追随自己的热情的，是我的老师。", "是我妹妹安娜推荐了这家咖啡馆。", "有一次我在柏林丢了护照。",
 ])
 def test_facts_that_look_like_junk_are_facts(line: str) -> None:
     assert not_a_fact(line) is None
@@ -125,6 +129,25 @@ def test_the_models_entry_is_the_same_fact_and_never_supersedes_a_persons(worksp
 # A real 1.5B model's flush of "My sister Lin lives in Hangzhou." wrote "Lin's sister is named Lin.": each of its
 # words is the user's, but it names a thing after itself. A telling word (name, number, term) used more often
 # than the user used it makes up a relation; the same facts paraphrased use each as often.
+@pytest.mark.parametrize(("said", "line", "expected"), [
+    ("I am not allergic to peanuts.", "I am allergic to peanuts.", False),
+    ("I am not allergic to peanuts.", "The user is not allergic to peanuts.", True),
+    ("I'm not allergic to peanuts, but my daughter Inês is.", "The user is not allergic to peanuts.", True),
+    ("I don't like tea. I like coffee.", "I like coffee.", True),
+    ("I don't like tea. I like coffee.", "I like tea.", False),
+    ("I like tea.", "I don't like tea.", False),  # a denial the user never made
+    ("No, my daughter is seven.", "The user's daughter is seven.", True),  # "No," denies nothing after it
+    ("我不喜欢咖啡。", "我喜欢咖啡。", False),
+    ("我不喜欢咖啡。", "用户不喜欢咖啡。", True),
+    ("我没有车。", "用户有车。", False),
+    ("我的咖啡要燕麦奶拿铁，不加糖，中杯。", "用户的咖啡要燕麦奶拿铁，不加糖。", True),
+    ("我们的孩子是我们的未来；他们应该拥有最好的。", "我们的孩子是我们的未来；他们应该拥有最好的。", True),
+    ("My coffee is an oat-milk latte, 不加糖.", "My coffee is an oat-milk latte, 加糖.", False),
+], ids=lambda value: value if isinstance(value, bool) else None)
+def test_a_line_that_says_the_opposite_of_the_user_is_not_grounded(said: str, line: str, expected: bool) -> None:
+    assert grounded(line, Said.of([said])) is expected
+
+
 @pytest.mark.parametrize(("said", "line", "expected"), [
     ("My sister Lin lives in Hangzhou.", "Lin's sister is named Lin.", False),
     ("My sister is called Lin. She lives in Hangzhou.", "Lin's sister is called Lin.", False),

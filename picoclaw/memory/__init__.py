@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.flush import flush_facts
     from picoclaw.memory.flush_counts import FlushCounts, FlushTally
     from picoclaw.memory.grounding import (
+        QUESTION,
         UNGROUNDED,
         Known,
         Said,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
         check,
         grounded,
         not_a_fact,
+        overlap,
         same_words,
         sources_changed,
         user_texts,
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
     from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome, record_outcome
-    from picoclaw.memory.lessons import instruction_lesson, keeps_point, lesson_of, stands
+    from picoclaw.memory.lessons import DRAFTED_CORRECTION, instruction_lesson, keeps_point, lesson_of, stands
     from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
     from picoclaw.memory.receipts import LEARNINGS, LONG_TERM, MemoryWrite, TurnWrites, WriteLog, current_turn
@@ -78,20 +80,21 @@ if TYPE_CHECKING:
     from picoclaw.memory.workspace import Workspace
 
 __all__ = [
-    "BACKUPS_DIR", "Block", "COMPRESSION", "CompressionResult", "DEFAULT_LOCAL_MODEL",
+    "BACKUPS_DIR", "Block", "COMPRESSION", "DRAFTED_CORRECTION", "CompressionResult", "DEFAULT_LOCAL_MODEL",
     "DailyNote", "E5Embedder",
     "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "FlushCounts", "FlushTally", "Hit", "IndexStatus",
     "IndexedSearch", "InjectedMemory", "JobOutcome", "KeywordSearch", "Known", "LEARNINGS", "LOCAL", "LONG_TERM",
     "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex", "MemorySearch", "MemoryStats",
     "MemoryStore", "MemoryWrite", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange", "PolicyError",
-    "PolicyManager", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "SUPERSEDED", "Said", "Session",
+    "PolicyManager", "QUESTION", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "SUPERSEDED", "Said", "Session",
     "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics", "TurnWrites", "UNDELIVERED",
     "UNGROUNDED",
     "Workspace",
     "WriteLog", "added_text", "check", "current_turn", "demote_headings", "entry_injections",
     "entry_version", "flush_facts",
     "format_missing", "grounded", "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome",
-    "lesson_of", "long_term_entries", "memory_stats", "models_entry", "not_a_fact", "open_search", "rank_blocks",
+    "lesson_of", "long_term_entries", "memory_stats", "models_entry", "not_a_fact", "open_search", "overlap",
+    "rank_blocks",
     "record_outcome", "same_words", "search_method", "select_turn_memory", "sources_changed", "split_blocks",
     "standing_lessons", "stands",
     "suggest_policy_change", "summary_of", "user_texts", "why_not_due", "with_summary",
@@ -105,8 +108,8 @@ _HOMES = {
     "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
     "picoclaw.memory.flush": ("flush_facts",),
     "picoclaw.memory.flush_counts": ("FlushCounts", "FlushTally"),
-    "picoclaw.memory.grounding": ("UNGROUNDED", "Known", "Said", "added_text", "check", "grounded", "not_a_fact",
-                                  "same_words", "sources_changed", "user_texts"),
+    "picoclaw.memory.grounding": ("QUESTION", "UNGROUNDED", "Known", "Said", "added_text", "check", "grounded",
+                                  "not_a_fact", "overlap", "same_words", "sources_changed", "user_texts"),
     "picoclaw.memory.index.embedders": ("DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT",
                                         "E5Embedder", "Embedder", "EmbeddingUnavailable", "LocalEmbedder",
                                         "OpenAICompatEmbedder"),
@@ -114,7 +117,7 @@ _HOMES = {
     "picoclaw.memory.index.status": ("IndexStatus",),
     "picoclaw.memory.index.sync": ("SyncReport",),
     "picoclaw.memory.job_outcomes": ("COMPRESSION", "REFLECTION", "JobOutcome", "last_outcome", "record_outcome"),
-    "picoclaw.memory.lessons": ("instruction_lesson", "keeps_point", "lesson_of", "stands"),
+    "picoclaw.memory.lessons": ("DRAFTED_CORRECTION", "instruction_lesson", "keeps_point", "lesson_of", "stands"),
     "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.receipts": ("LEARNINGS", "LONG_TERM", "MemoryWrite", "TurnWrites", "WriteLog", "current_turn"),

@@ -165,6 +165,8 @@ _ZH_QUESTION_END = re.compile(r"[吗呢么嘛][\s。.!！~～]*$")
 # statement ("让我想起音乐是如何将我们凝聚在一起的", "说不定哪天我会试试").
 _ZH_QUESTION_TAIL = re.compile(r"(?:什么|哪[里儿个些种天年]?|谁|多少|几[点号个岁月天年次]?|怎么样?|怎样|如何"
                                r"|为什么|为何|是否|有没有|是不是|要不要|能不能|可不可以)[了呀啊]?$")
+# A question form opening a Chinese sentence, with no question mark after it: 能不能帮我查一下…, 请问…, 是否…
+_ZH_QUESTION_START = re.compile(r"^(?:请问|能不能|能否|可不可以|可否|是否|有没有|是不是|要不要|会不会|难道)")
 _TERMINAL = (".", "!", "。", "！")
 
 
@@ -178,7 +180,8 @@ def is_question(line: str) -> bool:
     if _EN_QUESTION_FORM.search(text):
         return True
     return cjk.has_cjk(text) and (_ZH_QUESTION_END.search(text) is not None
-                                  or _ZH_QUESTION_TAIL.search(text) is not None)
+                                  or _ZH_QUESTION_TAIL.search(text) is not None
+                                  or _ZH_QUESTION_START.search(text) is not None)
 
 
 _REFUSAL = re.compile(
@@ -210,7 +213,8 @@ _ADVICE = re.compile(
     re.IGNORECASE)
 
 
-_REQUEST = re.compile(r"^(?:please\s+)?(?:tell|remind|show|give|help)\s+me\b|^(?:请)?(?:告诉|帮)我", re.IGNORECASE)
+_REQUEST = re.compile(r"^(?:please\s+)?(?:tell|remind|show|give|help)\s+me\b|^(?:请|麻烦)?[你您]?(?:告诉|帮)我",
+                      re.IGNORECASE)
 
 
 def not_a_fact(line: str) -> str | None:
@@ -293,7 +297,45 @@ def grounded(line: str, said: Said) -> bool:
         pairs = _pairs(text)
         if pairs and len(pairs & said.pairs) < CJK_PAIR_SHARE * len(pairs):
             return False
-    return bool(hard or words or characters)
+    return bool(hard or words or characters) and _same_polarity(text, words | characters, said)
+
+
+# A negation, and the word it denies: "not allergic", "don't really like", "never drink", 不喜欢, 没有车. A bare
+# "No," answering a question denies nothing in the sentence after it.
+_DENIAL = re.compile(r"\b(?:not|no|never|don't|doesn't|didn't|isn't|aren't|wasn't|won't|can't|cannot)\s+"
+                     r"(?:(?:really|very|at|all|so|too|much|ever|even|a|an|the|be|been|to|any)\s+)*"
+                     rf"([A-Za-z\u00c0-\u024f]+)|[不没别未非]([{cjk.LETTERS}])", re.IGNORECASE)
+
+
+def _terms(text: str) -> frozenset[str]:
+    """Every word of `text` (stemmed) and every CJK character: what a negation may deny."""
+    return frozenset(_stem(word) for word in _LATIN_WORD.findall(text)) | frozenset(cjk.letters(text))
+
+
+def _denied(text: str) -> frozenset[str]:
+    return frozenset(_stem(latin) if latin else han for latin, han in _DENIAL.findall(text))
+
+
+def overlap(line: str, text: str) -> int:
+    """How much telling content `line` shares with `text`: content words (stemmed) and CJK characters."""
+    plain_line, plain_text = plain(line), plain(text)
+    return len((_latin_stems(plain_line) | frozenset(_characters(plain_line)))
+               & (_latin_stems(plain_text) | frozenset(_characters(plain_text))))
+
+
+def _same_polarity(text: str, telling: set[str] | frozenset[str], said: Said) -> bool:
+    """Whether `text` denies only what the user denied, and states nothing the user's sentence closest to it
+    denies: "I am allergic to peanuts" from "I am not allergic to peanuts", 我喜欢咖啡 from 我不喜欢咖啡, has every
+    word of the user's and says the opposite. The closest sentence shares most telling content with `text` (the
+    bag of words compares the whole span; a polarity belongs to one sentence)."""
+    scored = [(len(telling & (_latin_stems(sentence) | set(_characters(sentence)))), _denied(sentence))
+              for sentence in said.text.split("\n")]
+    denied = _denied(text)
+    if not denied <= frozenset().union(*(theirs for score, theirs in scored if score)):
+        return False
+    stated = _terms(text) - denied
+    best = max(score for score, _ in scored)
+    return any(not (theirs & stated) for score, theirs in scored if score == best)
 
 
 # -- what memory already holds ------------------------------------------------------------------------------

@@ -32,7 +32,9 @@ RESTATES_SHARE = 0.5
 RESTATES_MIN_TERMS = 3
 # Where a lesson came from, as the learner and the memory_append tool write it: the model's own words, or
 # drafted from tool results. Such a lesson never stands in every system prompt.
-MODEL_SOURCES = ("(memory_append)", "(recovery)", "(workflow)")
+# A correction's lesson the model drafted in words the user did not say (agent/lessons.py): the model's too.
+DRAFTED_CORRECTION = "correction, drafted"
+MODEL_SOURCES = ("(memory_append)", "(recovery)", "(workflow)", f"({DRAFTED_CORRECTION})")
 
 
 def lesson_text(body: str, source: str) -> str:
