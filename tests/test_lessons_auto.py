@@ -15,7 +15,7 @@ import pytest
 from picoclaw.agent.lessons import MAX_ANSWER_TOKENS, read_lesson
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.turn_review import FinishedTurn, is_correction, result_failed, tool_steps, trigger_of
-from picoclaw.memory import ModelUsage
+from picoclaw.memory import ModelUsage, stands
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.memory import MemoryAppend
 from tests.agent_helpers import TODAY, chat, frozen, is_lesson_request, set_policy, turn_requests, with_agent
@@ -237,7 +237,8 @@ def test_a_correction_in_english_sends_the_reply_it_corrects(
     assert {"role": "assistant", "content": "The capital of Australia is Sydney."} in request["messages"]
     assert "the user's message that begins «No, that's wrong. It's Canberra.»" in text
     assert "not shown above" not in text
-    assert entries(workspace) == [f"{lesson}\nSource: session {KEY} (correction)"]
+    # The draft is the model's words, not the user's: kept, and marked as the model's.
+    assert entries(workspace) == [f"{lesson}\nSource: session {KEY} (correction, drafted)"]
 
 
 def test_a_correction_in_chinese_asks_for_a_chinese_lesson(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
@@ -252,7 +253,43 @@ def test_a_correction_in_chinese_asks_for_a_chinese_lesson(workspace: Workspace,
     assert "Language of the lesson: Chinese" in text
     assert {"role": "assistant", "content": "今天杭州 75°F，晴。"} in request["messages"]
     assert "the user's message that begins «不对，我说过用摄氏度。»" in text
-    assert entries(workspace) == [f"{LESSON_ZH}\nSource: session {KEY} (correction)"]
+    # "以后" and 华氏度 are the model's (the user never said "from now on"): the lesson is kept as the model's
+    # draft, so it never stands in every system prompt as a person's would.
+    [entry] = entries(workspace)
+    assert entry == f"{LESSON_ZH}\nSource: session {KEY} (correction, drafted)"
+    assert not stands(entry)
+
+
+@pytest.mark.parametrize(("corrected", "said", "lesson"), [
+    ("The meeting is on Tuesday.", "No, the team meeting is on Thursday at 3 pm, in room 204.",
+     "The team meeting is on Thursday at 3 pm, in room 204."),
+    ("会议在周二。", "不对，团队会议在周四下午三点，在204会议室。", "团队会议在周四下午三点，在204会议室。"),
+], ids=["english", "chinese"])
+def test_a_correction_lesson_in_the_users_own_words_is_theirs(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, corrected: str, said: str, lesson: str) -> None:
+    fake_openai.reply_text(corrected)
+    fake_openai.reply_text("Sorry. / 抱歉。")
+    fake_openai.reply_text(f"LESSON: {lesson}")
+    with frozen():
+        chat(workspace, fake_openai, ["When is the meeting? / 会议什么时候？", said], continue_background=True)
+
+    assert entries(workspace) == [f"{lesson}\nSource: session {KEY} (correction)"]
+
+
+@pytest.mark.parametrize("question", ["Should I always check the calendar before answering?",
+                                      "以后回答前要不要先查日历？"], ids=["english", "chinese"])
+def test_a_drafted_lesson_that_is_a_question_is_not_written(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, question: str) -> None:
+    fake_openai.reply_text("The meeting is on Tuesday.")
+    fake_openai.reply_text("Sorry.")
+    fake_openai.reply_text(f"LESSON: {question}")
+    before = learnings(workspace)
+    with frozen():
+        chat(workspace, fake_openai, ["When is the meeting?", "No, that's wrong, it is on Thursday."],
+             continue_background=True)
+
+    assert len(lesson_requests(fake_openai)) == 1
+    assert learnings(workspace) == before
 
 
 def test_a_correction_with_nothing_before_it_to_correct_is_not_one(

@@ -36,7 +36,19 @@ from picoclaw.agent.turn_review import FinishedTurn, Trigger, standing_instructi
 from picoclaw.cjk import HAN, HANGUL, KANA
 from picoclaw.errors import MemoryStoreError
 from picoclaw.keyed import LruCache
-from picoclaw.memory import LEARNINGS, MemoryWrite, ModelUsage, Workspace, instruction_lesson, keeps_point
+from picoclaw.memory import (
+    DRAFTED_CORRECTION,
+    LEARNINGS,
+    QUESTION,
+    MemoryWrite,
+    ModelUsage,
+    Said,
+    Workspace,
+    grounded,
+    instruction_lesson,
+    keeps_point,
+    not_a_fact,
+)
 from picoclaw.providers.base import ChatProvider, Continuation, Message, ProviderError, ask_between_turns
 
 log = logging.getLogger(__name__)
@@ -248,17 +260,21 @@ class Learner:
             return self._nothing(turn, trigger, f"the answer was refused: {answer.refused}")
         if lesson is None:
             return self._nothing(turn, trigger, "the model found no lesson in it")
-        source = f"session {turn.key} ({trigger})"
+        if not_a_fact(lesson) == QUESTION:
+            return self._nothing(turn, trigger, "the answer was a question, not a lesson")
+        # A correction's lesson is the user's when it keeps their instruction or says what they said; a draft in
+        # the model's own words is kept as the model's (never a standing lesson, not shown as the user's).
+        users = trigger == "correction" and (instruction is not None or grounded(lesson, Said.of([turn.user_text])))
+        kind = DRAFTED_CORRECTION if trigger == "correction" and not users else trigger
+        source = f"session {turn.key} ({kind})"
         try:
             written = await asyncio.to_thread(self.workspace.store.append_learning, lesson, source)
         except MemoryStoreError as exc:
             return self._nothing(turn, trigger, f"the store refused the lesson: {exc}")
-        log.info("session %s: lesson %s (%s): %s", turn.key, written.outcome, trigger, lesson)
-        # A correction's lesson is the user's (their words, or a draft that keeps them); the others are drafted
-        # from tool results, the model's (memory/lessons.py MODEL_SOURCES).
+        log.info("session %s: lesson %s (%s): %s", turn.key, written.outcome, kind, lesson)
+        # The others are drafted from tool results: the model's (memory/lessons.py MODEL_SOURCES).
         receipt = None if written.outcome == "known" else MemoryWrite(
-            LEARNINGS, lesson, f"lesson ({trigger})", turn.key, by_user=trigger == "correction",
-            outcome=written.outcome)
+            LEARNINGS, lesson, f"lesson ({kind})", turn.key, by_user=users, outcome=written.outcome)
         return Learned(trigger, lesson, written.outcome, write=receipt)
 
     @staticmethod
