@@ -107,7 +107,7 @@ from picoclaw.memory.search import Block, KeywordSearch, StandingSearch, split_b
 from picoclaw.memory.search.standing import block_date  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 from picoclaw.policy_schema import MemoryPolicy  # noqa: E402
-from picoclaw.storage import FilesStorage  # noqa: E402
+from picoclaw.storage import FilesStorage, Storage  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/bench-data/locomo"
 FILES = {"en": "locomo10.json", "zh": "locomo10_CN.json"}
@@ -508,8 +508,8 @@ class StoreOnDay(MemoryStore):
     """The conversation's store as seen the day after its last session: the recency prior of `plain-standing`
     measures a memory in use, not one years old (today's date would make every block equally old)."""
 
-    def __init__(self, memory_dir: Path, tz: tzinfo, day: date):
-        super().__init__(memory_dir, tz)
+    def __init__(self, memory_dir: Path, tz: tzinfo, day: date, storage: Storage):
+        super().__init__(memory_dir, tz, storage=storage)
         self.day = day
 
     def today(self) -> date:
@@ -520,7 +520,7 @@ def standing_search(ws: Workspace, blocks: list[Block]) -> StandingSearch:
     """The keyword search as the runtime wraps it (memory/search/standing.py), with the default policy."""
     days = [day for day in map(block_date, blocks) if day is not None]
     day = max(days) + timedelta(days=1) if days else date.today()
-    return StandingSearch(KeywordSearch(ws.store), StoreOnDay(ws.store.memory_dir, UTC, day), MemoryPolicy)
+    return StandingSearch(KeywordSearch(ws.store), StoreOnDay(ws.store.memory_dir, UTC, day, ws.store.storage), MemoryPolicy)
 
 
 def rank_all(mode: str, layout: str, ws: Workspace, blocks: list[Block], questions: list[Question],

@@ -367,12 +367,36 @@ def test_the_summariser_is_shown_empty_replies_and_claims_only_count_without_a_s
     assert unseen_answer_claims("## Progress\nThe assistant searched memory for allergies.", empty) == []
 
 
+@pytest.mark.parametrize(("messages", "summary", "unseen"), [
+    ([{"role": "user", "content": "What am I allergic to?"}, {"role": "assistant", "content": ""},
+      {"role": "user", "content": "How do I order my coffee?"},
+      {"role": "assistant", "content": "Oat-milk flat white."}],
+     "## Progress\n- The assistant confirmed the user's allergies as peanuts. The assistant told the user their "
+     "coffee order is an oat-milk flat white.",
+     ["The assistant confirmed the user's allergies as peanuts."]),
+    ([{"role": "user", "content": "我对什么过敏？"}, {"role": "assistant", "content": ""},
+      {"role": "user", "content": "我的咖啡怎么点？"}, {"role": "assistant", "content": "燕麦奶拿铁，不加糖。"}],
+     "## 进展\n- 助手确认了用户对花生过敏。助手告诉用户咖啡是燕麦奶拿铁。",
+     ["助手确认了用户对花生过敏。"]),
+], ids=["english", "chinese"])
+def test_a_claim_about_a_turn_whose_reply_was_not_seen_counts_beside_one_that_was(
+        messages: list[dict[str, str]], summary: str, unseen: list[str]) -> None:
+    # One reply of the part was seen: a claim is the unseen turn's when it is closer to it than to the seen one.
+    assert unseen_answer_claims(summary, messages) == unseen
+
+
 # -- what is measured, on both storage backends ---------------------------------------------------------------
 
 
 def test_memory_stats_counts_what_the_flush_proposed_wrote_knew_and_rejected(
-        workspace: Workspace, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+        workspace: Workspace, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
     set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
+    # The window is 30 days, today (2025-03-10) included: 2025-02-08 is outside it, 2025-02-09 inside.
+    counts = FlushCounts(workspace.memory_dir, storage=workspace.storage)
+    counts.add(date(2025, 2, 8), FlushTally(5, 9, 9, 0, {}))
+    counts.add(date(2025, 2, 9), FlushTally(1, 1, 0, 0, {ADVICE: 1}))
+    caplog.set_level("INFO", logger="picoclaw.memory.flush")
     fake_openai.responder = model([], lambda conversation: listed(
         ["My sister Anna lives in Lyon.", "**My sister Anna lives in Lyon**", "I like coffee.",
          "What is my favourite coffee?"]) if "Anna" in conversation else "NONE")
@@ -384,10 +408,14 @@ def test_memory_stats_counts_what_the_flush_proposed_wrote_knew_and_rejected(
         stats = json.loads(capsys.readouterr().out)
 
     line = next(line for line in text.splitlines() if line.startswith("memory flush:"))
-    assert line.endswith("4 facts proposed over 1 run (last 30 days): 1 written, 1 already known, 2 rejected "
-                         "(1 not in the user's words, 1 question)")
-    assert stats["flush"] == {"runs": 1, "proposed": 4, "written": 1, "known": 1,
-                              "rejected": {QUESTION: 1, UNGROUNDED: 1}}
+    assert line.endswith("5 facts proposed over 2 runs (last 30 days): 1 written, 1 already known, 3 rejected "
+                         "(1 advice, 1 not in the user's words, 1 question)")
+    assert stats["flush"] == {"runs": 2, "proposed": 5, "written": 1, "known": 1,
+                              "rejected": {ADVICE: 1, QUESTION: 1, UNGROUNDED: 1}}
+    # Each rejected fact is logged with its reason; none is shown as remembered.
+    logged = [record.getMessage() for record in caplog.records if "not written" in record.getMessage()]
+    assert any(f"({QUESTION}): 'What is my favourite coffee?'" in message for message in logged)
+    assert any(f"({UNGROUNDED}): 'I like coffee.'" in message for message in logged)
     assert stats["flush_enabled"] is True
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from picoclaw.memory import UNDELIVERED
+from picoclaw.memory import UNDELIVERED, overlap
 from picoclaw.providers.base import Continuation, Message
 
 SECTIONS = ("Goal", "Constraints and preferences", "Progress", "Key decisions", "Next steps", "Key context")
@@ -145,13 +145,37 @@ _SUMMARY_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]?")
 
 
 def unseen_answer_claims(summary: str, messages: list[Message], previous: str | None = None) -> list[str]:
-    """The sentences of `summary` that claim the assistant answered, when no reply in `messages` (the part it
-    covers) reached the user; sentences the earlier summary `previous` already had are its, not new claims."""
-    if any(shown_reply(message) for message in messages):
+    """The sentences of `summary` that claim the assistant answered something the user never saw: every claim
+    when no reply in `messages` (the part it covers) reached the user; otherwise a claim closer to a turn whose
+    reply was not seen than to any turn whose reply was. Sentences the earlier summary `previous` already had are
+    its, not new claims."""
+    turns = _turns(messages)
+    unseen = [text for text, seen in turns if not seen]
+    if not unseen:
         return []
+    seen = [text for text, seen in turns if seen]
     before = {_fold(sentence) for sentence in _SUMMARY_SENTENCE.findall(previous or "")}
-    return [sentence.strip(" -*#\t") for sentence in _SUMMARY_SENTENCE.findall(summary)
-            if _CLAIM.search(sentence) and _fold(sentence) not in before]
+    claims = [sentence.strip(" -*#\t") for sentence in _SUMMARY_SENTENCE.findall(summary)
+              if _CLAIM.search(sentence) and _fold(sentence) not in before]
+    if not seen:
+        return claims
+    return [claim for claim in claims
+            if max(overlap(claim, text) for text in unseen) > max(overlap(claim, text) for text in seen)]
+
+
+def _turns(messages: list[Message]) -> list[tuple[str, bool]]:
+    """Each turn of `messages` (a user message and what followed it) as its user's words and the replies the
+    user saw, and whether any was seen; a turn with no reply yet is left out."""
+    turns: list[tuple[list[str], list[str], bool]] = []
+    for message in messages:
+        if message.get("role") == "user" or not turns:
+            turns.append(([str(message.get("content") or "")] if message.get("role") == "user" else [], [], False))
+        if message.get("role") == "assistant":
+            said, shown, replied = turns[-1]
+            if shown_reply(message):
+                shown.append(str(message.get("content") or ""))
+            turns[-1] = (said, shown, True)
+    return [("\n".join(said + shown), bool(shown)) for said, shown, replied in turns if replied]
 
 
 def _fold(sentence: str) -> str:
