@@ -168,6 +168,12 @@ def test_a_line_that_says_the_opposite_of_the_user_is_not_grounded(said: str, li
     ("我妹妹叫Lin，她住在杭州。", "Lin的妹妹叫Lin", False),
     ("我妹妹叫Lin，她住在杭州。", "用户的妹妹叫Lin", True),
     ("我妹妹Lin住在杭州", "用户的妹妹Lin住在杭州", True),
+    # A count in words is as telling as one in digits (a 1.5B flush wrote the first of these, for real).
+    ("Please remember: my daughter Inês is allergic to peanuts.",
+     "She has two daughters: Inês, who is allergic to peanuts.", False),
+    ("I have two daughters; Inês is allergic to peanuts.", "The user has two daughters.", True),
+    ("我的女儿叫小雨，对花生过敏。", "用户有两个女儿，小雨对花生过敏。", False),
+    ("我有两个女儿。", "用户有两个女儿。", True),
 ], ids=lambda value: value if isinstance(value, bool) else None)
 def test_a_telling_word_used_more_often_than_the_user_used_it_is_a_garble(said: str, line: str,
                                                                           expected: bool) -> None:

@@ -255,6 +255,18 @@ def _pairs(text: str) -> frozenset[str]:
     return frozenset(run[i:i + 2] for run in cjk.runs(text) for i in range(len(run) - 1))
 
 
+# A count written as a word is as telling as one written in digits ("She has two daughters" from "my daughter
+# Inês"): it must be the user's. 一 and 十 are left out (一起, 一下, 十分 are how a paraphrase says "together",
+# "a little", "very"), and so is "one" ("one of", "the one who").
+_NUMBER_WORD = re.compile(r"\b(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty"
+                          r"|fifty|sixty|seventy|eighty|ninety|hundred|thousand|million|dozen|twice)\b"
+                          r"|[两三四五六七八九]", re.IGNORECASE)
+
+
+def _number_words(text: str) -> frozenset[str]:
+    return frozenset(word.lower() for word in _NUMBER_WORD.findall(text))
+
+
 def _as_said_by_user(line: str) -> str:
     """The line with the user named as "I" in Chinese (用户的女儿 → 我的女儿), as the user would say it."""
     return _ZH_USER.sub("我", line)
@@ -286,6 +298,8 @@ def grounded(line: str, said: Said) -> bool:
     if not all(index.keeps(fact) for fact in hard):
         return False
     if _said_more_often(text, hard, index):
+        return False
+    if not _number_words(text) <= _number_words(said.text):
         return False
     words = _latin_stems(text)
     if words and len(words - said.stems) > (len(words) - 1) // LATIN_MISSING_PER:
