@@ -370,18 +370,24 @@ def test_a_stop_finishes_the_turn_under_way_before_the_worker_ends(home: Path, f
     assert [row[2:] for row in inbox_rows(home)] == [(1, 1, 1)]  # answered, recorded, done: not given back
 
 
-def test_an_idle_worker_leaves_the_inbox_alone(home: Path, fake_telegram: FakeTelegramServer,
-                                              fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("backend", ["files", "postgres"])
+def test_an_idle_worker_leaves_the_inbox_alone(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest, backend: str) -> None:
+    backend_dsn(request, home, backend)
     port = free_port()
     workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
     fake_openai.responder = echo
     looks: list[float] = []
-    claim = SqliteInbox.claim
+    from picoclaw.storage.postgres.inbox import PostgresInbox
 
-    def counted(inbox: SqliteInbox, worker: str, lease: float, limit: int) -> Any:
+    inbox_class: Any = SqliteInbox if backend == "files" else PostgresInbox  # PostgreSQL: woken by LISTEN/NOTIFY
+    claim = inbox_class.claim
+
+    def counted(inbox: Any, worker: str, lease: float, limit: int) -> Any:
         looks.append(limit)
         return claim(inbox, worker, lease, limit)
-    monkeypatch.setattr(SqliteInbox, "claim", counted)
+    monkeypatch.setattr(inbox_class, "claim", counted)
 
     async def run(channel: TelegramChannel, webhook: Webhook) -> int:
         fake_telegram.deliver_to([port])
