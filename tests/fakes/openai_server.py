@@ -37,11 +37,21 @@ every chat request's count is kept in `prompt_counts`. `kind` says which way the
 "llama.cpp" (`GET /props`), "vllm" (`max_model_len` in `GET /v1/models`), "ollama" (`POST /api/show`),
 "lm-studio" (`GET /api/v0/models`), or "none" (those paths answer 404, as on a server that has none of them).
 Each of those answers can be scripted (`endpoint="props"`, `"show"`, `"lm_models"`, `"models"`) to play a broken server.
+
+Audio transcription: POST /v1/audio/transcriptions takes the multipart form the `openai` client sends
+(`client.audio.transcriptions.create(model=..., file=(name, data), language=..., response_format=...)`) and
+answers with the next `reply_transcript` (`endpoint="transcription"` for errors, garbage and raw bodies), else with
+`transcriber(request)` if set, else a 500 "no scripted transcription". `transcription_requests()` gives what
+each request sent. As OpenAI does, a file whose name has no supported audio extension gets a 400 "Invalid file
+format" (unless `validate=False`), a request without model or file a 400, and a body over 25 MB a 413.
+`response_format` "text", "srt" or "vtt" gets the text as a plain body; "verbose_json" adds language and duration.
 """
 
 from __future__ import annotations
 
 import base64
+import email.message
+import email.policy
 import hashlib
 import json
 import math
@@ -59,7 +69,7 @@ from aiohttp import web
 
 from tests.fakes.http_server import BackgroundHTTPServer
 
-Endpoint = Literal["chat", "embeddings", "models", "props", "show", "lm_models"]
+Endpoint = Literal["chat", "embeddings", "models", "props", "show", "lm_models", "transcription"]
 ServerKind = Literal["llama.cpp", "vllm", "ollama", "lm-studio", "none"]
 OverflowStyle = Literal["llama.cpp", "llama-cpp-python"]
 UsageSpec = Mapping[str, int] | Literal[False] | None  # None: estimate; False: leave `usage` out
@@ -128,6 +138,9 @@ class Raw:
 Reply = Text | ToolCalls | Error | Raw
 HOLD_LIMIT = 30.0  # seconds a held reply waits at most: a test whose release never comes fails, not hangs
 GARBAGE = "<html><body><h1>502 Bad Gateway</h1>nginx</body></html>"
+TRANSCRIPTION_LIMIT = 25 * 1024 * 1024  # bytes: OpenAI's limit for an audio upload
+AUDIO_FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "oga", "ogg", "wav", "webm")  # what OpenAI takes
+NO_TRANSCRIPTION = "no scripted transcription: call reply_transcript() or set transcriber first"
 
 
 @dataclass(frozen=True)
@@ -165,6 +178,8 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         self._prompted: list[dict[str, Any] | int] = []
         self.models: list[str] = ["gpt-4o-mini"]  # what GET /v1/models lists (unless a reply is scripted for it)
         self.responder: Callable[[dict[str, Any]], Reply | str] | None = None
+        # Answers a transcription request (as `transcription_requests()` shows it) when nothing is queued for it.
+        self.transcriber: Callable[[dict[str, Any]], Reply | str] | None = None
         self.embedder: Callable[[str, int], list[float]] | None = None
         # An embeddings request whose inputs this picks waits until `release_embeddings()` (a slow endpoint
         # without real waiting), at most HOLD_LIMIT seconds, so a test of code that blocks fails, not hangs.
@@ -174,9 +189,10 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         self.delay_embeddings: Callable[[list[str]], float] | None = None
         self._released = threading.Event()
         self._lock = threading.Lock()
-        self._queues: dict[Endpoint, deque[Reply]] = {name: deque() for name in
-                                                      ("chat", "embeddings", "models", "props", "show", "lm_models")}
+        self._queues: dict[Endpoint, deque[Reply]] = {
+            name: deque() for name in ("chat", "embeddings", "models", "props", "show", "lm_models", "transcription")}
         self._requests: list[RecordedRequest] = []
+        self._transcriptions: list[dict[str, Any]] = []
         self._counter = 0
 
     # -- scripting ---------------------------------------------------------------------------------
@@ -190,6 +206,11 @@ class FakeOpenAIServer(BackgroundHTTPServer):
                          content: str | None = None, usage: UsageSpec = None, delay: float = 0.0,
                          cached_tokens: int | None = None) -> None:
         self.enqueue(ToolCalls(list(calls), content=content, usage=usage, delay=delay, cached_tokens=cached_tokens))
+
+    def reply_transcript(self, text: str, *, delay: float = 0.0, until: threading.Event | None = None) -> None:
+        """The next transcription request's answer: {"text": text} (or the plain text, as its response_format
+        asks). `until` holds it until that event is set, as for a chat reply."""
+        self.enqueue(Text(text, delay=delay, until=until), "transcription")
 
     def reply_error(self, status: int, message: str, code: str | None = None,
                     headers: Mapping[str, str] | None = None, *, delay: float = 0.0,
@@ -235,6 +256,13 @@ class FakeOpenAIServer(BackgroundHTTPServer):
     def embedding_requests(self) -> list[dict[str, Any]]:
         return [r.json for r in self.requests if r.path.endswith("/embeddings")]
 
+    def transcription_requests(self) -> list[dict[str, Any]]:
+        """Each transcription request, oldest first (refused ones too): "model", "language", "response_format"
+        and "prompt" (None when not sent), and the file part's "filename", "content_type", "size" and "data"
+        (None and 0 and b"" without one)."""
+        with self._lock:
+            return [dict(entry) for entry in self._transcriptions]
+
     # -- lifecycle ---------------------------------------------------------------------------------
 
     @property
@@ -246,6 +274,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcription)
         app.router.add_get("/props", partial(self._told, "props", "llama.cpp"))
         app.router.add_post("/api/show", partial(self._told, "show", "ollama"))
         app.router.add_get("/api/v0/models", partial(self._told, "lm_models", "lm-studio"))
@@ -325,6 +354,63 @@ class FakeOpenAIServer(BackgroundHTTPServer):
         told = {"max_model_len": self.window} if self.kind == "vllm" and self.window is not None else {}
         return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "fake",
                                                   **told} for name in self.models]})
+
+    async def _transcription(self, request: web.Request) -> web.Response:
+        """POST /v1/audio/transcriptions: a multipart form with the audio file, answered as OpenAI's Whisper does."""
+        try:
+            raw = await request.clone(client_max_size=TRANSCRIPTION_LIMIT).read()
+        except web.HTTPRequestEntityTooLarge:
+            return _render(Error(413, f"Maximum content size limit ({TRANSCRIPTION_LIMIT}) exceeded."))
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        fields, files = _multipart(request.headers.get("Content-Type", ""), raw)
+        upload = files.get("file")
+        entry: dict[str, Any] = {
+            "model": fields.get("model"), "language": fields.get("language"),
+            "response_format": fields.get("response_format"), "prompt": fields.get("prompt"),
+            "filename": upload[0] if upload else None, "content_type": upload[1] if upload else None,
+            "size": len(upload[2]) if upload else 0, "data": upload[2] if upload else b""}
+        with self._lock:
+            self._requests.append(RecordedRequest(request.path, headers, None, raw=raw))
+            self._transcriptions.append(entry)
+        refused = self._check_auth(request) or self._check_transcription(entry)
+        if refused is not None:
+            return refused
+        scripted = self._next("transcription")
+        if scripted is None:
+            transcriber = self.transcriber
+            if transcriber is None:
+                return _render(Error(500, NO_TRANSCRIPTION))
+            answered = transcriber(dict(entry))
+            scripted = Text(answered) if isinstance(answered, str) else answered
+        await self.pause(scripted.delay)
+        if isinstance(scripted, Text) and scripted.until is not None:
+            await self._held(scripted.until)
+        if isinstance(scripted, Error | Raw):
+            return _render(scripted)
+        if not isinstance(scripted, Text):
+            return _bad_request("only text, errors and raw bodies can be scripted for transcriptions")
+        form = entry["response_format"] or "json"
+        if form in ("text", "srt", "vtt"):
+            return web.Response(text=scripted.text, content_type="text/plain", charset="utf-8")
+        if form == "verbose_json":
+            return _json({"task": "transcribe", "language": entry["language"] or "english", "duration": 3.0,
+                          "text": scripted.text, "segments": []})
+        return _json({"text": scripted.text})
+
+    def _check_transcription(self, entry: dict[str, Any]) -> web.Response | None:
+        if not entry["model"]:
+            return _bad_request("you must provide a model parameter")
+        if entry["filename"] is None:
+            return _bad_request("1 validation error for Request\nbody -> file\n  field required "
+                                "(type=value_error.missing)")
+        form = entry["response_format"]
+        if form is not None and form not in ("json", "text", "srt", "verbose_json", "vtt"):
+            return _bad_request(f"'{form}' is not one of ['json', 'text', 'srt', 'verbose_json', 'vtt'] - "
+                                "'response_format'")
+        extension = str(entry["filename"]).rsplit(".", 1)[-1].lower() if "." in str(entry["filename"]) else ""
+        if self.validate and extension not in AUDIO_FORMATS:
+            return _bad_request(f"Invalid file format. Supported formats: {list(AUDIO_FORMATS)}")
+        return None
 
     async def _told(self, endpoint: Endpoint, kind: ServerKind, request: web.Request) -> web.Response:
         """llama.cpp's /props, Ollama's /api/show, LM Studio's /api/v0/models: the window, when the server is of
@@ -679,3 +765,42 @@ def _render(reply: Error | Raw) -> web.Response:
 
 def _bad_request(message: str) -> web.Response:
     return _render(Error(400, message))
+
+
+def _multipart(content_type: str, raw: bytes) -> tuple[dict[str, str], dict[str, tuple[str, str, bytes]]]:
+    """A multipart/form-data body's text fields, and its files as (filename, content type, bytes), by field name.
+    Parsed from the raw bytes (which the server also records); anything not multipart gives nothing."""
+    head = email.message.Message()
+    head["Content-Type"] = content_type
+    boundary = head.get_param("boundary")
+    if head.get_content_type() != "multipart/form-data" or not isinstance(boundary, str):
+        return {}, {}
+    fields: dict[str, str] = {}
+    files: dict[str, tuple[str, str, bytes]] = {}
+    delimiter = b"--" + boundary.encode()
+    for chunk in raw.split(delimiter)[1:]:
+        if chunk.startswith(b"--"):  # the closing delimiter
+            break
+        chunk = chunk.removeprefix(b"\r\n").removesuffix(b"\r\n")
+        header_bytes, _, body = chunk.partition(b"\r\n\r\n")
+        part = email.message_from_bytes(header_bytes + b"\r\n\r\n", policy=email.policy.HTTP)
+        disposition = part.get("Content-Disposition")
+        if disposition is None:
+            continue
+        params = dict(getattr(disposition, "params", {}))
+        name = _utf8(str(params.get("name", "")))
+        if "filename" in params:
+            files[name] = (_utf8(str(params["filename"])), part.get_content_type() if "Content-Type" in part
+                           else "application/octet-stream", body)
+        else:
+            fields[name] = body.decode("utf-8", "replace")
+    return fields, files
+
+
+
+def _utf8(header_text: str) -> str:
+    """A header's text as UTF-8 (the email parser leaves raw non-ASCII bytes as surrogate escapes)."""
+    try:
+        return header_text.encode("ascii", "surrogateescape").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return header_text

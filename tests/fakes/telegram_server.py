@@ -8,9 +8,16 @@ call the bot made:
         ...  # run the bot against telegram.origin
         assert telegram.sent_texts(42) == ["hi!"]
 
-Users send text, stickers or photos. Methods: getMe, getUpdates (long polling; an `offset` confirms earlier
-updates, as Telegram does), sendMessage, sendChatAction, setMyCommands, setWebhook, getWebhookInfo,
-deleteWebhook. While a webhook is set, getUpdates gets Telegram's 409, and `deliver_to(ports)` POSTs each
+Users send text, stickers, photos, voice notes, audio, video notes or documents. Methods: getMe, getUpdates (long
+polling; an `offset` confirms earlier updates, as Telegram does), sendMessage, sendChatAction, setMyCommands,
+setWebhook, getWebhookInfo, deleteWebhook, getFile.
+
+Files: every media message stores its bytes (`add_file` stores any), getFile answers with the file's `file_path`,
+and GET /file/bot<token>/<file_path> serves the bytes, as Telegram does. A file whose `file_size` is over the Bot
+API's 20 MB download limit gets getFile's 400 "file is too big"; `downloads()` lists every file path asked for;
+`fail_next_download` makes the next downloads fail.
+
+While a webhook is set, getUpdates gets Telegram's 409, and `deliver_to(ports)` POSTs each
 update in turn to the workers' ports, round-robin as a load balancer would, trying the next port on a refused
 connection or an answer other than 200 (as Telegram retries). Errors can be
 scripted for any method (400 "can't parse entities", 403 blocked, 409 Conflict, 429 with retry_after, or a
@@ -38,6 +45,9 @@ TOKEN = "123456:TEST-fake-telegram-token"
 BOT_ID = 123456
 BOT_USERNAME = "picoclaw_test_bot"
 ENTITY_ERROR = "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0"
+DOWNLOAD_LIMIT = 20 * 1024 * 1024  # bytes: the Bot API's getFile refuses bigger files
+TOO_BIG = "Bad Request: file is too big"
+INVALID_FILE_ID = "Bad Request: invalid file_id"
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,17 @@ class ScriptedError:
     page: str | None = None  # sent as text/html instead of the Bot API's JSON error (a proxy's page)
 
 
+@dataclass(frozen=True)
+class StoredFile:
+    """A file users sent: its ids, where getFile says it lies, its bytes, and the size Telegram reports."""
+
+    file_id: str
+    file_unique_id: str
+    file_path: str
+    data: bytes
+    file_size: int
+
+
 class FakeTelegramServer(BackgroundHTTPServer):
     """Bot API stand-in on 127.0.0.1; thread-safe for the test thread and the bot's loop."""
 
@@ -72,6 +93,9 @@ class FakeTelegramServer(BackgroundHTTPServer):
         self._calls: list[ApiCall] = []
         self._errors: dict[str, deque[ScriptedError | None]] = {}  # None: that call is served
         self._message_ids = 0
+        self._files: dict[str, StoredFile] = {}  # by file_id
+        self._downloads: list[str] = []  # file paths asked for at /file/bot<token>/..., in order
+        self._download_errors: deque[int] = deque()  # HTTP statuses for the next downloads
         self._arrived: asyncio.Event | None = None
         # Called on the server's loop after each successful sendMessage with its params (a bench uses it
         # to send a chat's next message as soon as the answer arrives).
@@ -97,11 +121,96 @@ class FakeTelegramServer(BackgroundHTTPServer):
         return self._queue_message(chat_id, user_id, {"sticker": sticker}, chat_type=chat_type)
 
     def send_photo(self, chat_id: int, user_id: int, *, caption: str | None = None,
-                   chat_type: str = "private") -> int:
-        """Queue a photo, with a caption if given (still no text); returns its update_id."""
-        photo = [{"file_id": "photo-1", "file_unique_id": "p1", "width": 90, "height": 60}]
-        return self._queue_message(chat_id, user_id, {"photo": photo, **({"caption": caption} if caption else {})},
-                                   chat_type=chat_type)
+                   chat_type: str = "private", data: bytes | None = None, username: str | None = None,
+                   reply_to_bot: bool = False) -> int:
+        """Queue a photo, with a caption if given (still no text); returns its update_id. The photo's bytes
+        (`data`, else a few placeholder bytes) are stored: getFile and the download serve them."""
+        data = PLACEHOLDER_JPEG if data is None else data
+        file_id = self.add_file(data, file_path=self._next_path("photos", ".jpg"))
+        photo = [{**self._file_fields(file_id), "width": 90, "height": 60}]
+        return self._queue_message(chat_id, user_id, {"photo": photo, **_caption(caption)}, username=username,
+                                   chat_type=chat_type, reply_to_bot=reply_to_bot)
+
+    def send_voice(self, chat_id: int, user_id: int, data: bytes, *, duration: int = 3,
+                   mime_type: str = "audio/ogg", file_size: int | None = None, chat_type: str = "private",
+                   caption: str | None = None, username: str | None = None, reply_to_bot: bool = False) -> int:
+        """Queue a voice note (OGG/Opus as Telegram records them); returns its update_id. `file_size` (default:
+        the bytes' length) may be set larger to play a file over the download limit."""
+        file_id = self.add_file(data, file_path=self._next_path("voice", ".oga"), file_size=file_size)
+        voice = {**self._file_fields(file_id), "duration": duration, "mime_type": mime_type}
+        return self._queue_message(chat_id, user_id, {"voice": voice, **_caption(caption)}, username=username,
+                                   chat_type=chat_type, reply_to_bot=reply_to_bot)
+
+    def send_audio(self, chat_id: int, user_id: int, data: bytes, *, duration: int = 3,
+                   file_name: str = "song.mp3", mime_type: str = "audio/mpeg", file_size: int | None = None,
+                   chat_type: str = "private", caption: str | None = None, username: str | None = None,
+                   reply_to_bot: bool = False) -> int:
+        """Queue an audio file (music, sent as a file to play); returns its update_id."""
+        file_id = self.add_file(data, file_path=self._next_path("music", _suffix(file_name, ".mp3")),
+                                file_size=file_size)
+        audio = {**self._file_fields(file_id), "duration": duration, "file_name": file_name, "mime_type": mime_type}
+        return self._queue_message(chat_id, user_id, {"audio": audio, **_caption(caption)}, username=username,
+                                   chat_type=chat_type, reply_to_bot=reply_to_bot)
+
+    def send_video_note(self, chat_id: int, user_id: int, data: bytes, *, duration: int = 3, length: int = 240,
+                        file_size: int | None = None, chat_type: str = "private", username: str | None = None,
+                        reply_to_bot: bool = False) -> int:
+        """Queue a video note (a round video; Telegram gives these no caption); returns its update_id."""
+        file_id = self.add_file(data, file_path=self._next_path("video_notes", ".mp4"), file_size=file_size)
+        video_note = {**self._file_fields(file_id), "length": length, "duration": duration}
+        return self._queue_message(chat_id, user_id, {"video_note": video_note}, username=username,
+                                   chat_type=chat_type, reply_to_bot=reply_to_bot)
+
+    def send_document(self, chat_id: int, user_id: int, data: bytes, *, file_name: str,
+                      mime_type: str | None = None, file_size: int | None = None, caption: str | None = None,
+                      chat_type: str = "private", username: str | None = None, reply_to_bot: bool = False) -> int:
+        """Queue a document (any file sent as a file); returns its update_id. `mime_type` None leaves it out,
+        as Telegram does when it cannot tell."""
+        file_id = self.add_file(data, file_path=self._next_path("documents", _suffix(file_name, "")),
+                                file_size=file_size)
+        document = {**self._file_fields(file_id), "file_name": file_name,
+                    **({"mime_type": mime_type} if mime_type is not None else {})}
+        return self._queue_message(chat_id, user_id, {"document": document, **_caption(caption)}, username=username,
+                                   chat_type=chat_type, reply_to_bot=reply_to_bot)
+
+    # -- files ------------------------------------------------------------------------------------
+
+    def add_file(self, data: bytes, *, file_path: str | None = None, file_size: int | None = None) -> str:
+        """Store a file as Telegram would hold it; returns its new file_id (`file(file_id)` has the rest: its
+        file_unique_id, the file_path getFile gives, e.g. "voice/file_1.oga", and `file_size`, by default
+        the bytes' length, which may be set larger to play an oversized file)."""
+        with self._lock:
+            serial = len(self._files) + 1
+            path = file_path if file_path is not None else f"documents/file_{serial}"
+            stored = StoredFile(file_id=f"file-{serial}-{path.rsplit('/', 1)[0]}", file_unique_id=f"u{serial}",
+                                file_path=path, data=bytes(data),
+                                file_size=len(data) if file_size is None else file_size)
+            self._files[stored.file_id] = stored
+            return stored.file_id
+
+    def file(self, file_id: str) -> StoredFile:
+        """A stored file by its file_id (KeyError when there is none)."""
+        with self._lock:
+            return self._files[file_id]
+
+    def downloads(self) -> list[str]:
+        """The file paths the bot asked to download (failed attempts too), in order."""
+        with self._lock:
+            return list(self._downloads)
+
+    def fail_next_download(self, status: int = 500, *, times: int = 1) -> None:
+        """The next `times` downloads answer with HTTP `status` and no file (as when Telegram's file server
+        has a bad moment); they are still listed in `downloads()`."""
+        with self._lock:
+            self._download_errors.extend([status] * times)
+
+    def _next_path(self, folder: str, suffix: str) -> str:
+        with self._lock:
+            return f"{folder}/file_{len(self._files) + 1}{suffix}"
+
+    def _file_fields(self, file_id: str) -> dict[str, Any]:
+        stored = self.file(file_id)
+        return {"file_id": stored.file_id, "file_unique_id": stored.file_unique_id, "file_size": stored.file_size}
 
     def _queue_message(self, chat_id: int, user_id: int, content: dict[str, Any], *, username: str | None = None,
                        chat_type: str = "private", reply_to_bot: bool = False) -> int:
@@ -237,6 +346,7 @@ class FakeTelegramServer(BackgroundHTTPServer):
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/bot{token}/{method}", self._api)
+        app.router.add_get("/file/bot{token}/{file_path:.*}", self._download)
 
     async def _api(self, request: web.Request) -> web.Response:
         if self._arrived is None:
@@ -248,7 +358,8 @@ class FakeTelegramServer(BackgroundHTTPServer):
         scripted = self._take_error(method)
         handler = {"getMe": self._get_me, "getUpdates": self._get_updates, "sendMessage": self._send_message,
                    "sendChatAction": _true, "setMyCommands": _true, "deleteWebhook": self._delete_webhook,
-                   "setWebhook": self._set_webhook, "getWebhookInfo": self._webhook_info}.get(method)
+                   "setWebhook": self._set_webhook, "getWebhookInfo": self._webhook_info,
+                   "getFile": self._get_file}.get(method)
         if method == "getUpdates" and self.webhook is not None and scripted is None:
             scripted = ScriptedError(409, "Conflict: can't use getUpdates method while webhook is active; "
                                           "use deleteWebhook to delete the webhook first")
@@ -258,7 +369,11 @@ class FakeTelegramServer(BackgroundHTTPServer):
         self._record(method, params)
         if scripted is not None:
             return _error(scripted)
-        result = await handler(params)
+        assert handler is not None
+        try:
+            result = await handler(params)
+        except ApiError as refused:
+            return _error(refused.error)
         self._record(method, params, ok=True)
         if method == "sendMessage" and self.on_sent is not None:
             self.on_sent(params)
@@ -320,6 +435,32 @@ class FakeTelegramServer(BackgroundHTTPServer):
             pending = len(self._updates) - self._delivered if url else 0
         return {"url": url, "has_custom_certificate": False, "pending_update_count": pending}
 
+    async def _get_file(self, params: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            stored = self._files.get(str(params.get("file_id") or ""))
+        if stored is None:
+            raise ApiError(ScriptedError(400, INVALID_FILE_ID))
+        if stored.file_size > DOWNLOAD_LIMIT:
+            raise ApiError(ScriptedError(400, TOO_BIG))
+        return {"file_id": stored.file_id, "file_unique_id": stored.file_unique_id, "file_size": stored.file_size,
+                "file_path": stored.file_path}
+
+    async def _download(self, request: web.Request) -> web.Response:
+        """GET /file/bot<token>/<file_path>: the file's bytes, as Telegram's file server sends them."""
+        path = request.match_info["file_path"]
+        with self._lock:
+            self._downloads.append(path)
+            failure = self._download_errors.popleft() if self._download_errors else None
+            stored = next((f for f in self._files.values() if f.file_path == path), None)
+            self._lock.notify_all()
+        if request.match_info["token"] != self.token or self.revoked:
+            return _error(ScriptedError(401, "Unauthorized"))
+        if failure is not None:
+            return web.Response(status=failure, text=f"{failure}: scripted download failure")
+        if stored is None:
+            return _error(ScriptedError(404, "Not Found"))
+        return web.Response(body=stored.data, content_type="application/octet-stream")
+
     async def _send_message(self, params: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             self._message_ids += 1
@@ -369,6 +510,28 @@ async def _params(request: web.Request) -> dict[str, Any]:
         except ValueError:
             params[name] = text
     return params
+
+
+class ApiError(Exception):
+    """Raised by a method's handler to answer with a Bot API error (e.g. getFile's "invalid file_id")."""
+
+    def __init__(self, error: ScriptedError) -> None:
+        super().__init__(error.description)
+        self.error = error
+
+
+# A few bytes for a photo sent without `data` (a JPEG's start-of-image and end-of-image markers).
+PLACEHOLDER_JPEG = b"\xff\xd8\xff\xe0fake-photo\xff\xd9"
+
+
+def _caption(caption: str | None) -> dict[str, Any]:
+    return {"caption": caption} if caption else {}
+
+
+def _suffix(file_name: str, default: str) -> str:
+    """The extension Telegram keeps in a file_path: the file name's, else `default`."""
+    dot = file_name.rfind(".")
+    return file_name[dot:].lower() if dot > 0 and len(file_name) - dot <= 6 else default
 
 
 async def _true(params: dict[str, Any]) -> bool:
