@@ -17,10 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from picoclaw.channels import MediaRefused, Transcriber
 from picoclaw.config import Config, home_dir, load_config, workspace_dir
 from picoclaw.hosts import is_local_host
 from picoclaw.keyed import LruCache
 from picoclaw.memory import Workspace
+from picoclaw.providers import ProviderError
 from picoclaw.storage import open_storage, switch_warning
 
 if TYPE_CHECKING:
@@ -76,6 +78,7 @@ class App:
             raise
         self._make_provider = make_provider
         self._provider: OpenAICompatProvider | None = None
+        self._transcription: OpenAICompatProvider | None = None  # the transcriber's client, when there is one
         self._windows: ContextWindows | None = None
         self._shared: AgentLoop | None = None
         self._mcp: McpServers | None = None
@@ -108,6 +111,27 @@ class App:
             make = self._make_provider or _configured_provider
             self._provider = make(self.config)
         return self._provider
+
+    def transcriber(self) -> Transcriber | None:
+        """The transcriber of config.json's `transcription` (its client made on the first call: a missing key or
+        URL is a ConfigError then), or None when none is configured."""
+        settings = self.config.transcription
+        if settings is None:
+            return None
+        if self._transcription is None:
+            from picoclaw.providers import from_config
+
+            self._transcription = from_config(self.config, settings.provider)
+        client, model, language = self._transcription, settings.model, settings.language
+
+        async def transcribe(audio: bytes, filename: str) -> str:
+            try:
+                return await client.transcribe(audio, filename, model, language)
+            except ProviderError as exc:
+                log.warning("transcription: %s", exc)
+                raise MediaRefused(f"I could not transcribe that: {exc}") from None
+
+        return Transcriber(transcribe, settings.max_seconds, settings.max_megabytes * 1_000_000)
 
     def windows(self) -> ContextWindows:
         """The chat model's context window, shared by every agent of this app: its server is asked once per
@@ -198,9 +222,10 @@ class App:
             await loop.wait_background()
         if self._mcp is not None:
             await self._mcp.aclose()
-        if self._provider is not None:
-            await self._provider.aclose()
-            self._provider = None
+        for client in (self._provider, self._transcription):
+            if client is not None:
+                await client.aclose()
+        self._provider = self._transcription = None
         # The embedder's close waits for its own thread's loop. The executor stays: the loop may still use it, and
         # shuts it down itself as it closes.
         await asyncio.to_thread(self._close_parts)

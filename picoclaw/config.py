@@ -411,6 +411,20 @@ class MemoryConfig(MemoryPolicy):
         return {key: getattr(self, key) for key in POLICY_KEYS if key in self.model_fields_set}
 
 
+class TranscriptionConfig(_Strict):
+    """transcription: the OpenAI-compatible `/audio/transcriptions` endpoint that turns voice notes and audio into
+    text (OpenAI, Groq, a local whisper server). `provider` names an entry of `providers` (its api_base and key);
+    `language` (an ISO-639-1 code such as "en" or "zh") is a hint, None lets the transcriber tell. Audio longer
+    than `max_seconds` or larger than `max_megabytes` is refused before it is downloaded (Telegram's bots get
+    files of at most 20 MB)."""
+
+    provider: str
+    model: str = "whisper-1"
+    language: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
+    max_seconds: int = Field(600, ge=1, le=7200, strict=True)
+    max_megabytes: int = Field(20, ge=1, le=20, strict=True)
+
+
 class Config(_Strict):
     """The whole config.json. Unknown keys are errors: a typo must not be silently ignored."""
 
@@ -423,6 +437,7 @@ class Config(_Strict):
     storage: StorageConfig = StorageConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     tools: ToolsConfig = ToolsConfig()
+    transcription: TranscriptionConfig | None = None  # None: voice notes are answered with how to turn it on
 
     @field_validator("workspace")
     @classmethod
@@ -442,6 +457,14 @@ class Config(_Strict):
             raise ValueError(f"unknown timezone {value!r} (use an IANA name such as 'Asia/Shanghai', "
                              f"or 'local')") from None
         return value
+
+    @model_validator(mode="after")
+    def _known_transcription_provider(self) -> Config:
+        if self.transcription is not None and self.transcription.provider not in self.providers:
+            known = ", ".join(sorted(self.providers)) or "none"
+            raise ValueError(f"transcription.provider '{self.transcription.provider}' is not in providers "
+                             f"(known: {known})")
+        return self
 
     @model_validator(mode="after")
     def _known_embeddings_provider(self) -> Config:

@@ -98,7 +98,8 @@ def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIS
         app = App(workspace.config, workspace.home,  # the provider with a short timeout and no retries
                   make_provider=lambda _config: make_provider(workspace, model))
         async with app:
-            channel = TelegramChannel(settings, bot, app.agent, typing_interval=0.05, sleep=sleeps or Sleeps())
+            channel = TelegramChannel(settings, bot, app.agent, transcriber=app.transcriber(), typing_interval=0.05,
+                                      sleep=sleeps or Sleeps())
             running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
             await until(telegram, lambda: bool(telegram.calls("getUpdates")))
             try:

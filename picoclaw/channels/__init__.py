@@ -13,15 +13,18 @@ from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from picoclaw.channels.base import Channel, Inbound, TurnHooks, run_turn
+    from picoclaw.channels.media import NOT_LISTENING, SPOKEN_MARK, MediaRefused, Transcriber, spoken
     from picoclaw.channels.repl import ReplChannel
     from picoclaw.channels.telegram import TelegramChannel, Webhook, make_bot, polling_lock, webhook_secret
     from picoclaw.channels.web import ChatEvent, NotOpen, WebChannel
 
-__all__ = ["Channel", "ChatEvent", "Inbound", "NotOpen", "ReplChannel", "TelegramChannel", "TurnHooks", "WebChannel",
-           "Webhook", "make_bot", "polling_lock", "run_turn", "webhook_secret"]
+__all__ = ["NOT_LISTENING", "SPOKEN_MARK", "Channel", "ChatEvent", "Inbound", "MediaRefused", "NotOpen", "ReplChannel",
+           "TelegramChannel", "Transcriber", "TurnHooks", "WebChannel", "Webhook", "make_bot", "polling_lock",
+           "run_turn", "spoken", "webhook_secret"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.channels.base": ("Channel", "Inbound", "TurnHooks", "run_turn"),
+    "picoclaw.channels.media": ("NOT_LISTENING", "SPOKEN_MARK", "MediaRefused", "Transcriber", "spoken"),
     "picoclaw.channels.repl": ("ReplChannel",),
     "picoclaw.channels.telegram": ("TelegramChannel", "Webhook", "make_bot", "polling_lock", "webhook_secret"),
     "picoclaw.channels.web": ("ChatEvent", "NotOpen", "WebChannel"),

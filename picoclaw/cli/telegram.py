@@ -55,6 +55,7 @@ def cmd_telegram(args: argparse.Namespace) -> int:
             try:
                 async with app:
                     app.provider()  # a missing key or URL stops the bot now, not at the first message
+                    app.transcriber()  # the transcriber's too
                     # Before anything talks to Telegram or starts: a second worker that cannot share is refused.
                     with one_worker_only(app, bot.token, webhook=bool(hook.url)):
                         await app.start_mcp()  # the same MCP tools as in chat: one code path
@@ -62,7 +63,7 @@ def cmd_telegram(args: argparse.Namespace) -> int:
                         if hook.url:
                             webhook = Webhook(hook, app.storage, worker=app.worker or "",
                                               secret_token=hook.secret_token or webhook_secret(bot.token))
-                        channel = TelegramChannel(settings, bot, app.agent)
+                        channel = TelegramChannel(settings, bot, app.agent, transcriber=app.transcriber())
                         await channel.run(scheduler=app.scheduler(channel), webhook=webhook)
             finally:
                 await bot.session.close()

@@ -197,6 +197,20 @@ class OpenAICompatProvider:
             vectors.append([float(x) for x in vector])
         return vectors
 
+    async def transcribe(self, audio: bytes, filename: str, model: str, language: str | None = None) -> str:
+        """The words spoken in `audio` (a file named `filename`: its extension tells the format), through the
+        endpoint's `/audio/transcriptions`; "" when it heard none."""
+        extra: dict[str, Any] = {"language": language} if language else {}
+        try:
+            result = await self._retrying(lambda: self._client.audio.transcriptions.create(
+                model=model, file=(filename, audio), response_format="json", **extra))
+        except Exception as exc:
+            raise self._sorted(exc) from exc
+        text = getattr(result, "text", None)
+        if not isinstance(text, str):
+            raise self._bad_response("no text in the transcription")
+        return text.strip()
+
     # -- requests ----------------------------------------------------------------------------------
 
     async def _plain(self, body: dict[str, Any]) -> ChatReply:

@@ -28,6 +28,7 @@ from aiogram.utils.chat_action import ChatActionSender
 
 from picoclaw.agent import AgentLoop
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
+from picoclaw.channels.media import NOT_LISTENING, MediaRefused, Transcriber, spoken
 from picoclaw.channels.telegram.access import (
     AddressedToBot,
     AllowedUser,
@@ -49,6 +50,7 @@ from picoclaw.channels.telegram.bot import (
 )
 from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import EMPTY_REPLY, MessagePart, telegram_parts
+from picoclaw.channels.telegram.media import Audio, audio_of, echo_html, transcript_of
 from picoclaw.channels.telegram.webhook import ClaimLost, Webhook, from_inbox, inbox_turn
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import PicoclawError
@@ -68,7 +70,7 @@ APOLOGY = "Sorry, something went wrong on my side while answering. Please try ag
 # A storage lock not free within storage.lock_wait_seconds: the server answers, but a holder is stuck.
 MEMORY_BUSY = ("Sorry, my memory is held by another task for too long, so I could not answer this. "
                "Please try again in a moment.")
-NOT_TEXT = "I can only read text messages."
+NOT_TEXT = "I can only read text messages and voice notes."
 # Strangers already told their id: enough to cover any real crowd of unknown users, and small (ints).
 TOLD_SIZE = 10_000
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
@@ -108,11 +110,12 @@ class TelegramChannel:
     name = TELEGRAM
 
     def __init__(self, settings: TelegramConfig, bot: Bot, agent_for: AgentFor, *,
-                 typing_interval: float = TYPING_INTERVAL, shutdown_timeout: float = 30.0,
-                 sleep: Sleep = asyncio.sleep):
+                 transcriber: Transcriber | None = None, typing_interval: float = TYPING_INTERVAL,
+                 shutdown_timeout: float = 30.0, sleep: Sleep = asyncio.sleep):
         self.settings = settings
         self.bot = bot
         self.agent_for = agent_for
+        self.transcriber = transcriber  # None: voice notes and audio are answered with how to turn it on
         self.allowed = AllowedUser(settings.allow_from)
         self.typing_interval = typing_interval
         self.shutdown_timeout = shutdown_timeout
@@ -311,13 +314,17 @@ class TelegramChannel:
 
     async def _answer(self, message: Message, user: User, key: str, kept: bool) -> None:
         chat_id = message.chat.id
-        if message.text is None:
-            if not await _claim_kept():
-                raise ClaimLost
-            await self.send_reply(chat_id, NOT_TEXT)
-            await _record_reply_sent()
+        audio = audio_of(message)
+        if audio is not None:
+            heard = await self._listen(message, user, audio)
+            if heard is None:
+                return
+            text = spoken(heard, message.caption)
+        elif message.text is None:
+            await self._say(chat_id, NOT_TEXT)
             return
-        text = without_mention(message.text, self.me)
+        else:
+            text = without_mention(message.text, self.me)
         log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))
         agent = self._loop_for(key)
         replied = message.reply_to_message
@@ -357,6 +364,34 @@ class TelegramChannel:
         await _record_reply_sent()
         if failure is not None and stored:
             await self._mark_undelivered(agent, key, reply, failure)
+
+    async def _say(self, chat_id: int, line: str) -> None:
+        """One line of the bot's own (no turn, nothing kept), sent only while this worker holds the update."""
+        if not await _claim_kept():
+            raise ClaimLost
+        await self.send_reply(chat_id, line)
+        await _record_reply_sent()
+
+    async def _listen(self, message: Message, user: User, audio: Audio) -> str | None:
+        """The words of the message's audio, shown back to the user first; None when it was answered with why
+        it could not be heard instead (nothing sent to the model, nothing stored)."""
+        chat_id = message.chat.id
+        if self.transcriber is None:
+            log.info("telegram: chat %s user %s: a %s, and no transcription is configured", chat_id, user.id,
+                     audio.kind)
+            await self._say(chat_id, NOT_LISTENING)
+            return None
+        try:
+            async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
+                heard = await transcript_of(self.bot, audio, self.transcriber)
+        except MediaRefused as exc:
+            log.info("telegram: chat %s user %s: a %s not transcribed: %s", chat_id, user.id, audio.kind, exc)
+            await self._say(chat_id, str(exc))
+            return None
+        if not await _claim_kept():
+            raise ClaimLost
+        await self._send(chat_id, f"🎤 {heard}", html=echo_html(heard))
+        return heard
 
     async def _mark_undelivered(self, agent: AgentLoop, key: str, reply: str, reason: str) -> None:
         """Record that the reply of the session's newest turn did not reach the user, so that neither a later
