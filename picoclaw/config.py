@@ -50,6 +50,8 @@ class AgentDefaults(_Strict):
     temperature: float = Field(0.7, ge=0.0, le=2.0)
     context_window: int | None = None
     max_tool_iterations: int = Field(20, ge=1, le=200)
+    # Whether the model can see images: "auto" asks the server (llama.cpp's /props) or knows the model's name.
+    vision: bool | Literal["auto"] = "auto"
 
     @field_validator("context_window", mode="before")
     @classmethod
@@ -411,6 +413,19 @@ class MemoryConfig(MemoryPolicy):
         return {key: getattr(self, key) for key in POLICY_KEYS if key in self.model_fields_set}
 
 
+class MediaConfig(_Strict):
+    """media: the photos and files people send (Telegram, `chat --attach`, the console). What is kept goes under
+    the workspace's `media/` folder, pruned to `keep_days` and `keep_megabytes`; a larger photo or document is
+    refused in one line; a document's text beyond `document_chars` reaches the model cut (the whole file stays
+    in media/ for the file tools)."""
+
+    image_megabytes: int = Field(10, ge=1, le=20, strict=True)
+    document_kilobytes: int = Field(1024, ge=1, le=20_480, strict=True)
+    document_chars: int = Field(20_000, ge=1_000, le=1_000_000, strict=True)
+    keep_days: int = Field(30, ge=1, le=3650, strict=True)
+    keep_megabytes: int = Field(500, ge=1, le=100_000, strict=True)
+
+
 class TranscriptionConfig(_Strict):
     """transcription: the OpenAI-compatible `/audio/transcriptions` endpoint that turns voice notes and audio into
     text (OpenAI, Groq, a local whisper server). `provider` names an entry of `providers` (its api_base and key);
@@ -438,6 +453,7 @@ class Config(_Strict):
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     tools: ToolsConfig = ToolsConfig()
     transcription: TranscriptionConfig | None = None  # None: voice notes are answered with how to turn it on
+    media: MediaConfig = MediaConfig()
 
     @field_validator("workspace")
     @classmethod

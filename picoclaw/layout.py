@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from picoclaw.config import Config
 
 MEMORY_DIR = "memory"
+MEDIA_DIR = "media"  # photos and files people sent (memory/media.py), in the scope folder: per user, the user's
 SESSIONS_DIR = "sessions"
 USERS_DIR = "users"
 INDEX_DIR = "index"
@@ -97,6 +98,11 @@ class WorkspaceLayout:
     @property
     def users_dir(self) -> Path:
         return self.root / USERS_DIR
+
+    @property
+    def media_dir(self) -> Path:
+        """The photos and files this scope's people sent, where the file tools reach them too."""
+        return self.scope_dir / MEDIA_DIR
 
     @property
     def index_dir(self) -> Path:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from picoclaw.clock import resolve_timezone
 from picoclaw.config import Config
 from picoclaw.layout import WorkspaceLayout
+from picoclaw.memory.media import MediaFolder
 from picoclaw.memory.policy import PolicyManager
 from picoclaw.memory.search import MemorySearch, open_search
 from picoclaw.memory.session import LOCK_FILE, SessionStore
@@ -70,6 +71,12 @@ class Workspace:
     @property
     def memory_dir(self) -> Path:
         return self.store.memory_dir
+
+    def media(self) -> MediaFolder:
+        """The photos and files this scope's people sent (media/, pruned as config.json's `media` says)."""
+        settings = self.config.media
+        return MediaFolder(self.layout.media_dir, self.layout.files_root, keep_days=settings.keep_days,
+                           keep_bytes=settings.keep_megabytes * 1_000_000)
 
     def sessions(self) -> SessionStore:
         """The conversations of this scope; a per-user scope takes over its transcripts left in `sessions/`."""
