@@ -39,6 +39,9 @@ class WindowedProvider:
         self.model = provider.model
         self.text_tool_calls = provider.text_tool_calls
 
+    async def sees_images(self) -> bool:
+        return await self.inner.sees_images()
+
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
                    *, max_tokens: int | None = None, on_text: TextSink | None = None,
                    tool_choice: ToolChoice = "auto") -> ChatReply:

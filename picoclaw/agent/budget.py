@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from picoclaw.agent.images import IMAGE_TOKENS, image_count, without_images
 from picoclaw.memory import StoredMessage
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ContextWindow, Message
@@ -96,8 +97,12 @@ def json_tokens(value: Any) -> int:
 
 
 def message_tokens(message: Message) -> int:
-    """Tokens of `message` as the JSON sent (not cached: a history message is counted once, `stored_tokens`)."""
-    return count_tokens(orjson.dumps(message).decode("utf-8"))
+    """Tokens of `message` as the JSON sent (not cached: a history message is counted once, `stored_tokens`); an
+    image part counts IMAGE_TOKENS, not its data URL's characters."""
+    images = image_count(message)
+    if images:
+        message = without_images(message)
+    return count_tokens(orjson.dumps(message).decode("utf-8")) + images * IMAGE_TOKENS
 
 
 def stored_tokens(stored: StoredMessage) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -80,6 +80,7 @@ from picoclaw.agent.empty_reply import (
     retry_requests,
 )
 from picoclaw.agent.history import keep_last
+from picoclaw.agent.images import with_images
 from picoclaw.agent.lessons import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
 from picoclaw.agent.receipts import MemorySink, NoticeSink, Receipts
@@ -299,7 +300,8 @@ class AgentLoop:
 
     async def handle(self, key: str, text: str, *, notify: NoticeSink | None = None,
                      on_text: TextSink | None = None, on_tool: ToolSink | None = None,
-                     remembered: MemorySink | None = None, ask_again: bool = True) -> Reply:
+                     remembered: MemorySink | None = None, ask_again: bool = True,
+                     images: Sequence[bytes] = ()) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
@@ -307,6 +309,7 @@ class AgentLoop:
         (a summary starting). `remembered(key, write)`, shaped the same, the receipt of each automatic write to
         long-term memory the turn and its background work made (agent/receipts.py). `ask_again` False: an empty
         answer is not asked again but is the reply, "" (the heartbeat's "nothing to report"; agent/empty_reply.py).
+        `images`: what the message shows, sent with it to a model that sees (agent/images.py); the text names them.
         Channels call this through `picoclaw.channels.run_turn`.
         """
         text = clean_text(text)
@@ -324,7 +327,7 @@ class AgentLoop:
                 return Reply(await self.command(key, command, receipts))
             writes = TurnWrites(key, ())
             try:
-                answer, finished = await self._turn(key, text, on_text, on_tool, writes, ask_again)
+                answer, finished = await self._turn(key, text, on_text, on_tool, writes, ask_again, images)
             except StorageError as exc:  # a summary or set-aside inside the turn could not be recorded
                 log.warning("session %s: memory storage: %s", key, exc)
                 self._spawn(receipts.show(key, writes.writes, self.written))
@@ -342,6 +345,10 @@ class AgentLoop:
                 return Reply(apology, error=exc)
         self._spawn(self._after_turn(key, receipts, finished, writes.writes))
         return Reply(answer)
+
+    async def sees_images(self) -> bool:
+        """Whether this agent's model can be sent images (agents.defaults.vision; "auto": providers/vision.py)."""
+        return await self.provider.sees_images()
 
     async def command(self, key: str, command: Command, receipts: Receipts = Receipts()) -> str:
         """The reply to a slash command of session `key`; `receipts`: where the writes of the memory flush that
@@ -383,7 +390,8 @@ class AgentLoop:
         return unknown_reply(command)
 
     async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None,
-                    writes: TurnWrites, ask_again: bool = True) -> tuple[str, FinishedTurn]:
+                    writes: TurnWrites, ask_again: bool = True, images: Sequence[bytes] = ()
+                    ) -> tuple[str, FinishedTurn]:
         """The answer to `text`, and the turn as stored (for the review after the reply); what memory_append
         wrote is added to `writes`."""
         session = await self.session(key)
@@ -392,12 +400,13 @@ class AgentLoop:
         writes.said = (*user_texts([m.message for m in session.active()]), text)
         token = current_turn.set(writes)
         try:
-            return await self._answer(session, key, text, on_text, on_tool, ask_again)
+            return await self._answer(session, key, text, on_text, on_tool, ask_again, images)
         finally:
             current_turn.reset(token)
 
     async def _answer(self, session: Session, key: str, text: str, on_text: TextSink | None,
-                      on_tool: ToolSink | None, ask_again: bool = True) -> tuple[str, FinishedTurn]:
+                      on_tool: ToolSink | None, ask_again: bool = True, images: Sequence[bytes] = ()
+                      ) -> tuple[str, FinishedTurn]:
         policy = self.workspace.policy.current()
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
@@ -410,7 +419,7 @@ class AgentLoop:
         if fitted and on_text is not None:
             await on_text(f"{fitted}\n\n")
         schemas = built.tools
-        messages = built.messages
+        messages = [*built.messages[:-1], with_images(built.messages[-1], images)]
         max_tokens = built.max_tokens
         turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None
@@ -431,7 +440,7 @@ class AgentLoop:
                     turn[0] = built.user
                     # A window learnt from the overflow may want the tools' short form and a smaller reply.
                     schemas, max_tokens = built.tools, built.max_tokens
-                    messages = list(built.messages)
+                    messages = [*built.messages[:-1], with_images(built.messages[-1], images)]
                     if len(turn) > 1:  # the turn's tool steps: their results cut again to the window, their room
                         messages, schemas = await self._refit_steps(key, messages, turn, schemas)
                         max_tokens = await self._reply_room(messages, schemas)

@@ -27,6 +27,7 @@ class Inbound:
     session_key: str
     text: str
     reply_to: int | None = None  # the channel's id of the message this one replies to, when it replies to one
+    images: tuple[bytes, ...] = ()  # what the message shows, for a model that sees; `text` names where each is kept
 
 
 @dataclass(frozen=True)
@@ -69,4 +70,4 @@ class Channel(Protocol):
 async def run_turn(agent: AgentLoop, message: Inbound, hooks: TurnHooks = TurnHooks()) -> Reply:
     """The one place a channel's message becomes a model call: one `AgentLoop.handle` of its session."""
     return await agent.handle(message.session_key, message.text, notify=hooks.on_notice, on_text=hooks.on_text,
-                              on_tool=hooks.on_tool, remembered=hooks.on_memory)
+                              on_tool=hooks.on_tool, remembered=hooks.on_memory, images=message.images)

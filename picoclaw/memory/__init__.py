@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.sync import SyncReport
     from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome, record_outcome
     from picoclaw.memory.lessons import DRAFTED_CORRECTION, instruction_lesson, keeps_point, lesson_of, stands
-    from picoclaw.memory.media import MediaFolder, safe_name
+    from picoclaw.memory.media import MediaFolder, image_type, safe_name
     from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
     from picoclaw.memory.receipts import LEARNINGS, LONG_TERM, MemoryWrite, TurnWrites, WriteLog, current_turn
@@ -94,7 +94,8 @@ __all__ = [
     "Workspace",
     "WriteLog", "added_text", "check", "current_turn", "demote_headings", "entry_injections",
     "entry_version", "flush_facts",
-    "format_missing", "grounded", "index_of", "instruction_lesson", "is_superseded", "keeps_point", "last_outcome",
+    "format_missing", "grounded", "image_type", "index_of", "instruction_lesson", "is_superseded", "keeps_point",
+    "last_outcome",
     "lesson_of", "long_term_entries", "memory_stats", "models_entry", "not_a_fact", "open_search", "overlap",
     "rank_blocks", "record_outcome", "safe_name", "same_words", "search_method", "select_turn_memory",
     "sources_changed", "split_blocks", "standing_lessons", "stands",
@@ -119,7 +120,7 @@ _HOMES = {
     "picoclaw.memory.index.sync": ("SyncReport",),
     "picoclaw.memory.job_outcomes": ("COMPRESSION", "REFLECTION", "JobOutcome", "last_outcome", "record_outcome"),
     "picoclaw.memory.lessons": ("DRAFTED_CORRECTION", "instruction_lesson", "keeps_point", "lesson_of", "stands"),
-    "picoclaw.memory.media": ("MediaFolder", "safe_name"),
+    "picoclaw.memory.media": ("MediaFolder", "image_type", "safe_name"),
     "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.receipts": ("LEARNINGS", "LONG_TERM", "MemoryWrite", "TurnWrites", "WriteLog", "current_turn"),

@@ -18,7 +18,7 @@ from picoclaw.fsutil import atomic_write
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MediaFolder", "safe_name"]
+__all__ = ["MediaFolder", "image_type", "safe_name"]
 
 NAME_CHARS = 80
 _UNSAFE = re.compile(r"[^\w.\-]+", re.UNICODE)
@@ -82,3 +82,19 @@ class MediaFolder:
                 total -= size
             except OSError as exc:
                 log.warning("media: could not remove %s: %s", path, exc)
+
+
+# What an image's first bytes say it is: the formats vision endpoints take.
+_IMAGE_MAGIC = ((b"\xff\xd8\xff", "image/jpeg"), (b"\x89PNG\r\n\x1a\n", "image/png"), (b"GIF87a", "image/gif"),
+                (b"GIF89a", "image/gif"))
+
+
+def image_type(data: bytes) -> str | None:
+    """The MIME type of an image in a format a vision model takes (JPEG, PNG, GIF, WebP), by its bytes; None for
+    anything else, a damaged header included."""
+    for magic, mime in _IMAGE_MAGIC:
+        if data.startswith(magic):
+            return mime
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None

@@ -224,6 +224,10 @@ class ChatProvider(Protocol):
         `tool_choice` "none": `tools` are offered but may not be called (a background call's)."""
         ...
 
+    async def sees_images(self) -> bool:
+        """Whether the model can be sent images (a user message's `image_url` parts)."""
+        ...
+
 
 class EmbeddingClient(Protocol):
     """Anything that turns texts into vectors through an `/embeddings` endpoint (the index's remote embedder)."""

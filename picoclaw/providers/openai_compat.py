@@ -33,6 +33,7 @@ from picoclaw.providers.openai_replies import (
     take_chunk,
 )
 from picoclaw.providers.openai_retries import RETRY_STATUSES, retry_delay
+from picoclaw.providers.vision import named_for_vision, server_sees_images
 from picoclaw.secrets import excerpt
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class OpenAICompatProvider:
         # "auto" or a named tool): later requests leave tool_choice out, and the background call that asked for
         # "none" reads a tool call in its answer as a failure (providers/base.py `ask_between_turns`).
         self._choice_none_refused = False
+        self.vision = defaults.vision
+        self._sees_images: bool | None = None  # "auto", once asked
         self.last_usage: Usage | None = None
         self.total_usage = Usage(prompt_tokens=0, completion_tokens=0)
         self.calls = 0  # chat calls that returned a reply
@@ -196,6 +199,19 @@ class OpenAICompatProvider:
                 raise self._bad_response(f"embedding has {len(vector)} dimensions, asked for {dimensions}")
             vectors.append([float(x) for x in vector])
         return vectors
+
+    async def sees_images(self) -> bool:
+        """Whether the model can see images: agents.defaults.vision, or with "auto" the server's word or the
+        model's name (providers/vision.py), asked once."""
+        if isinstance(self.vision, bool):
+            return self.vision
+        if self._sees_images is None:
+            told = await server_sees_images(self.api_base, self._api_key)
+            self._sees_images = told if told is not None else named_for_vision(self.model)
+            log.info("provider %s, model %s: %s images (%s)", self.name, self.model,
+                     "sees" if self._sees_images else "does not see",
+                     "the server says so" if told is not None else "known by its name")
+        return self._sees_images
 
     async def transcribe(self, audio: bytes, filename: str, model: str, language: str | None = None) -> str:
         """The words spoken in `audio` (a file named `filename`: its extension tells the format), through the
