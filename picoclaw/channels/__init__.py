@@ -13,18 +13,39 @@ from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from picoclaw.channels.base import Channel, Inbound, TurnHooks, run_turn
-    from picoclaw.channels.media import NOT_LISTENING, SPOKEN_MARK, MediaRefused, Transcriber, spoken
+    from picoclaw.channels.documents import (
+        ACCEPTED,
+        DocumentText,
+        ImageDocument,
+        document_turn,
+        read_document,
+        save_document,
+    )
+    from picoclaw.channels.media import (
+        IMAGE_NOT_KEPT,
+        NO_VISION,
+        NOT_LISTENING,
+        SPOKEN_MARK,
+        MediaRefused,
+        Transcriber,
+        image_turn,
+        spoken,
+    )
     from picoclaw.channels.repl import ReplChannel
     from picoclaw.channels.telegram import TelegramChannel, Webhook, make_bot, polling_lock, webhook_secret
     from picoclaw.channels.web import ChatEvent, NotOpen, WebChannel
 
-__all__ = ["NOT_LISTENING", "SPOKEN_MARK", "Channel", "ChatEvent", "Inbound", "MediaRefused", "NotOpen", "ReplChannel",
-           "TelegramChannel", "Transcriber", "TurnHooks", "WebChannel", "Webhook", "make_bot", "polling_lock",
-           "run_turn", "spoken", "webhook_secret"]
+__all__ = ["ACCEPTED", "IMAGE_NOT_KEPT", "NOT_LISTENING", "NO_VISION", "SPOKEN_MARK", "Channel", "ChatEvent",
+           "DocumentText", "ImageDocument", "Inbound", "MediaRefused", "NotOpen", "ReplChannel", "TelegramChannel",
+           "Transcriber", "TurnHooks", "WebChannel", "Webhook", "document_turn", "image_turn", "make_bot",
+           "polling_lock", "read_document", "run_turn", "save_document", "spoken", "webhook_secret"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.channels.base": ("Channel", "Inbound", "TurnHooks", "run_turn"),
-    "picoclaw.channels.media": ("NOT_LISTENING", "SPOKEN_MARK", "MediaRefused", "Transcriber", "spoken"),
+    "picoclaw.channels.documents": ("ACCEPTED", "DocumentText", "ImageDocument", "document_turn", "read_document",
+                                    "save_document"),
+    "picoclaw.channels.media": ("IMAGE_NOT_KEPT", "NO_VISION", "NOT_LISTENING", "SPOKEN_MARK", "MediaRefused",
+                                "Transcriber", "image_turn", "spoken"),
     "picoclaw.channels.repl": ("ReplChannel",),
     "picoclaw.channels.telegram": ("TelegramChannel", "Webhook", "make_bot", "polling_lock", "webhook_secret"),
     "picoclaw.channels.web": ("ChatEvent", "NotOpen", "WebChannel"),

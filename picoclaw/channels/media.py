@@ -3,7 +3,8 @@
 A channel hands the audio to the `Transcriber` app.py built from config.json's `transcription` (any
 OpenAI-compatible `/audio/transcriptions` endpoint) and gets the words back, or `MediaRefused`: one line for
 the person, saying why nothing was sent to the model. The turn's text is the transcript marked as spoken
-(`spoken`), so the model knows it heard a voice, and the session and memory keep what was said.
+(`spoken`), so the model knows it heard a voice, and the session and memory keep what was said. An image's turn
+(`image_turn`) is its caption and where the image is kept; the image itself goes only to a model that sees.
 """
 
 from __future__ import annotations
@@ -11,11 +12,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-__all__ = ["NOT_LISTENING", "SPOKEN_MARK", "MediaRefused", "Transcriber", "spoken"]
+__all__ = ["IMAGE_NOT_KEPT", "NOT_LISTENING", "NO_VISION", "SPOKEN_MARK", "MediaRefused", "Transcriber", "image_turn",
+           "spoken"]
 
 SPOKEN_MARK = "[voice note, transcribed]"
 NOT_LISTENING = ("I cannot listen to voice notes or audio yet: the owner can turn it on with a \"transcription\" "
                  "entry in config.json (README: Voice, photos and files).")
+
+
+NO_VISION = "This model cannot see images, so I read only what you wrote with it."
+IMAGE_NOT_KEPT = "I could not keep that image on my side, so I did not answer it. Please try again later."
+IMAGE_MARK = "[image: {saved_as}]"
+NOT_SEEN = "(this model cannot see images: only the text above was read)"
 
 
 class MediaRefused(Exception):
@@ -55,3 +63,11 @@ def spoken(transcript: str, caption: str | None = None) -> str:
     """A turn's text for audio the person sent: its transcript marked as spoken, and its caption, if any."""
     text = f"{SPOKEN_MARK} {transcript}"
     return f"{text}\n{caption.strip()}" if caption and caption.strip() else text
+
+
+def image_turn(saved_as: str, caption: str | None, *, seen: bool) -> str:
+    """A turn's text for an image the person sent: their caption, and where the image is kept (the session
+    keeps this, never the image); with `seen` False, a note that the model got only the text."""
+    lines = [caption.strip()] if caption and caption.strip() else []
+    lines.append(IMAGE_MARK.format(saved_as=saved_as) + ("" if seen else f" {NOT_SEEN}"))
+    return "\n".join(lines)

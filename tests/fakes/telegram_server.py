@@ -122,12 +122,15 @@ class FakeTelegramServer(BackgroundHTTPServer):
 
     def send_photo(self, chat_id: int, user_id: int, *, caption: str | None = None,
                    chat_type: str = "private", data: bytes | None = None, username: str | None = None,
-                   reply_to_bot: bool = False) -> int:
+                   reply_to_bot: bool = False, sizes: list[tuple[bytes, int, int, int | None]] | None = None) -> int:
         """Queue a photo, with a caption if given (still no text); returns its update_id. The photo's bytes
-        (`data`, else a few placeholder bytes) are stored: getFile and the download serve them."""
+        (`data`, else a few placeholder bytes) are stored: getFile and the download serve them. `sizes`: the
+        photo in several sizes instead, as Telegram sends one, each (bytes, width, height, file_size or None)."""
         data = PLACEHOLDER_JPEG if data is None else data
-        file_id = self.add_file(data, file_path=self._next_path("photos", ".jpg"))
-        photo = [{**self._file_fields(file_id), "width": 90, "height": 60}]
+        photo = []
+        for size_data, width, height, file_size in sizes or [(data, 90, 60, None)]:
+            file_id = self.add_file(size_data, file_path=self._next_path("photos", ".jpg"), file_size=file_size)
+            photo.append({**self._file_fields(file_id), "width": width, "height": height})
         return self._queue_message(chat_id, user_id, {"photo": photo, **_caption(caption)}, username=username,
                                    chat_type=chat_type, reply_to_bot=reply_to_bot)
 

@@ -28,7 +28,16 @@ from aiogram.utils.chat_action import ChatActionSender
 
 from picoclaw.agent import AgentLoop
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
-from picoclaw.channels.media import NOT_LISTENING, MediaRefused, Transcriber, spoken
+from picoclaw.channels.documents import KILOBYTE, document_turn, read_document, save_document
+from picoclaw.channels.media import (
+    IMAGE_NOT_KEPT,
+    NO_VISION,
+    NOT_LISTENING,
+    MediaRefused,
+    Transcriber,
+    image_turn,
+    spoken,
+)
 from picoclaw.channels.telegram.access import (
     AddressedToBot,
     AllowedUser,
@@ -50,7 +59,17 @@ from picoclaw.channels.telegram.bot import (
 )
 from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import EMPTY_REPLY, MessagePart, telegram_parts
-from picoclaw.channels.telegram.media import Audio, audio_of, echo_html, transcript_of
+from picoclaw.channels.telegram.media import (
+    Audio,
+    Document,
+    audio_of,
+    document_bytes,
+    document_of,
+    echo_html,
+    picture_bytes,
+    picture_of,
+    transcript_of,
+)
 from picoclaw.channels.telegram.webhook import ClaimLost, Webhook, from_inbox, inbox_turn
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import PicoclawError
@@ -70,7 +89,7 @@ APOLOGY = "Sorry, something went wrong on my side while answering. Please try ag
 # A storage lock not free within storage.lock_wait_seconds: the server answers, but a holder is stuck.
 MEMORY_BUSY = ("Sorry, my memory is held by another task for too long, so I could not answer this. "
                "Please try again in a moment.")
-NOT_TEXT = "I can only read text messages and voice notes."
+NOT_TEXT = "I can only read text messages, voice notes, photos and documents (text files and PDFs)."
 # Strangers already told their id: enough to cover any real crowd of unknown users, and small (ints).
 TOLD_SIZE = 10_000
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
@@ -315,11 +334,23 @@ class TelegramChannel:
     async def _answer(self, message: Message, user: User, key: str, kept: bool) -> None:
         chat_id = message.chat.id
         audio = audio_of(message)
+        document = document_of(message)
+        images: tuple[bytes, ...] = ()
         if audio is not None:
             heard = await self._listen(message, user, audio)
             if heard is None:
                 return
             text = spoken(heard, message.caption)
+        elif message.photo or (document is not None and document.image):
+            seen = await self._look(message, user, key)
+            if seen is None:
+                return
+            text, images = seen
+        elif document is not None:
+            read = await self._read_document(message, user, key, document)
+            if read is None:
+                return
+            text = read
         elif message.text is None:
             await self._say(chat_id, NOT_TEXT)
             return
@@ -328,7 +359,7 @@ class TelegramChannel:
         log.info("telegram: chat %s user %s: message of %d chars", chat_id, user.id, len(text))
         agent = self._loop_for(key)
         replied = message.reply_to_message
-        inbound = Inbound(str(user.id), key, text, replied.message_id if replied is not None else None)
+        inbound = Inbound(str(user.id), key, text, replied.message_id if replied is not None else None, images)
         stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
         try:
             async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
@@ -392,6 +423,60 @@ class TelegramChannel:
             raise ClaimLost
         await self._send(chat_id, f"🎤 {heard}", html=echo_html(heard))
         return heard
+
+    async def _look(self, message: Message, user: User, key: str) -> tuple[str, tuple[bytes, ...]] | None:
+        """The turn's text and images for a photo (or an image sent as a file): fetched within
+        media.image_megabytes, kept in the scope's media/ folder, and given to a model that sees; a model that
+        does not gets the caption and a note, and the user hears so in one line. None when it was answered with
+        why the image could not be taken instead (nothing sent to the model, nothing stored)."""
+        chat_id = message.chat.id
+        agent = self._loop_for(key)
+        max_bytes = agent.workspace.config.media.image_megabytes * 1_000_000
+        try:
+            picture = picture_of(message, max_bytes)
+            assert picture is not None  # _answer asked for a photo or an image document
+            async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
+                data = await picture_bytes(self.bot, picture, max_bytes)
+                saved_as = await asyncio.to_thread(agent.workspace.media().save, data, picture.name)
+        except MediaRefused as exc:
+            log.info("telegram: chat %s user %s: an image not taken: %s", chat_id, user.id, exc)
+            await self._say(chat_id, str(exc))
+            return None
+        except OSError as exc:
+            log.warning("telegram: chat %s user %s: an image could not be kept: %s", chat_id, user.id, exc)
+            await self._say(chat_id, IMAGE_NOT_KEPT)
+            return None
+        log.info("telegram: chat %s user %s: an image (%d bytes) saved as %s", chat_id, user.id, len(data), saved_as)
+        if await agent.sees_images():
+            return image_turn(saved_as, message.caption, seen=True), (data,)
+        if not await _claim_kept():
+            raise ClaimLost
+        await self._send(chat_id, NO_VISION)
+        return image_turn(saved_as, message.caption, seen=False), ()
+
+    async def _read_document(self, message: Message, user: User, key: str, document: Document) -> str | None:
+        """The turn's text for a document (issue 43): fetched within media.document_kilobytes, read, kept in the
+        scope's media/ folder; None when it was answered with why it could not be read instead (nothing fetched
+        over the limit, nothing sent to the model, nothing stored or saved)."""
+        chat_id = message.chat.id
+        workspace = self._loop_for(key).workspace
+        settings = workspace.config.media
+        max_bytes = settings.document_kilobytes * KILOBYTE
+        try:
+            async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
+                data = await document_bytes(self.bot, document, max_bytes)
+                doc = await asyncio.to_thread(read_document, document.name, data, max_bytes=max_bytes)
+                media = workspace.media()
+                saved_as, text_saved_as = await asyncio.to_thread(save_document, media, doc, data,
+                                                                  max_chars=settings.document_chars)
+        except MediaRefused as exc:
+            log.info("telegram: chat %s user %s: a document (%s) not read: %s", chat_id, user.id,
+                     document.mime_type or "no type", exc)
+            await self._say(chat_id, str(exc))
+            return None
+        log.info("telegram: chat %s user %s: document %s (%d bytes) saved as %s", chat_id, user.id, doc.kind,
+                 len(data), saved_as)
+        return document_turn(doc, saved_as, message.caption, settings.document_chars, text_saved_as=text_saved_as)
 
     async def _mark_undelivered(self, agent: AgentLoop, key: str, reply: str, reason: str) -> None:
         """Record that the reply of the session's newest turn did not reach the user, so that neither a later
