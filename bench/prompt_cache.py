@@ -24,6 +24,8 @@ What is measured
     (llama.cpp's, see shared/real-model/) and prints the prompt tokens it counted. Target (issue 24): under
     1,500; before it, 2,419 on llama-cpp-python with Qwen2.5-Coder-1.5B.
 
+    ``--image-turn N`` runs one more session whose turn N sends a photo (issue 43): the shares around it.
+
     ``--lessons`` runs the session twice more, without lessons and with LEARNINGS.md holding 20 lessons (one
     for every third place, so a third of the questions bring one, plus two standing lessons that every
     conversation carries), and prints both shares side by side (issue 27: not lower with lessons than without).
@@ -47,6 +49,7 @@ Run (from the repository root):
     python bench/prompt_cache.py --turns 80 --summaries
     python bench/prompt_cache.py --turns 30 --summaries --background-only
     python bench/prompt_cache.py --server http://127.0.0.1:8765/v1
+    python bench/prompt_cache.py --turns 20 --image-turn 5
 """
 
 from __future__ import annotations
@@ -93,6 +96,9 @@ THINGS_EN = ["Aurora", "Bramble", "Cobalt", "Dahlia", "Ember", "Fjord", "Garnet"
 THINGS_ZH = ["青岛", "桂林", "丽江", "大理", "厦门", "苏州", "洛阳", "开封", "敦煌", "拉萨", "喀什", "漠河", "三亚",
              "凤凰", "婺源", "黄山", "平遥", "周庄", "乌镇", "南宁", "鼓浪屿", "张家界", "九寨沟", "香格里", "泰安",
              "峨眉", "成都", "重庆", "昆明", "贵阳"]
+
+
+IMAGE = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40  # what the image turn sends (a stand-in: never decoded)
 
 
 def facts() -> tuple[list[str], list[str]]:
@@ -163,7 +169,7 @@ def answer(body: dict[str, object]) -> Text:
 
 
 async def run_session(turns: int, summaries: bool, with_lessons: bool = False, window: int = WINDOWS["128k"],
-                      continued: bool = True) -> list[RecordedRequest]:
+                      continued: bool = True, image_turn: int | None = None) -> list[RecordedRequest]:
     """Every chat request of one session of `turns` turns, in order (background calls included).
 
     `continued` off: background calls use their own prompts, as before issue 41 and as for a cloud endpoint (the loop
@@ -175,6 +181,7 @@ async def run_session(turns: int, summaries: bool, with_lessons: bool = False, w
         config_path = home / "config.json"
         data = json.loads(config_path.read_text(encoding="utf-8"))
         data["agents"]["defaults"]["context_window"] = window
+        data["agents"]["defaults"]["vision"] = True
         if not summaries:
             data["memory"].update(session_summary_message_threshold=1000, session_summary_token_percent=95)
         config_path.write_text(json.dumps(data), encoding="utf-8")
@@ -194,7 +201,12 @@ async def run_session(turns: int, summaries: bool, with_lessons: bool = False, w
             if not continued:
                 agent.last_requests = LastRequests(0)  # what a cloud endpoint gets
             for n in range(turns):
-                await agent.handle(SESSION, questions[n % len(questions)])
+                question = questions[n % len(questions)]
+                if n + 1 == image_turn:  # a photo with the question as its caption, as a channel sends it
+                    saved_as = agent.workspace.media().save(IMAGE, "photo.png")
+                    await agent.handle(SESSION, f"{question}\n[image: {saved_as}]", images=[IMAGE])
+                else:
+                    await agent.handle(SESSION, question)
                 await agent.wait_background()
         return [request for request in model.requests if request.path.endswith("/chat/completions")]
 
@@ -350,6 +362,27 @@ def print_lessons_comparison(turns: int, summaries: bool) -> None:
               f"{statistics.median(len(r) for r in requests):>12,.0f} | {statistics.median(new):>14,.0f} |")
 
 
+def print_image_turn(turns: int, at: int) -> None:
+    """Each turn's share around a turn that carries an image (issue 43): only that turn's request holds the image;
+    the turns after it send its text, so from the second turn after it every prompt begins with the previous one."""
+    requests = turn_bodies(asyncio.run(run_session(turns, False, image_turn=at)))
+    print(f"\nturn {at} carries an image ({len(IMAGE):,} bytes; 128k window, {turns} turns)")
+    print(f"| {'turn':>4} | {'request bytes':>13} | {'shared bytes':>12} | {'share':>6} | began with the previous |")
+    print(f"|{'-' * 6}|{'-' * 15}|{'-' * 14}|{'-' * 8}|{'-' * 24}|")
+    for n in range(max(at - 1, 2), min(at + 4, len(requests) + 1)):
+        previous, current = requests[n - 2], requests[n - 1]
+        shared = shared_prefix(previous, current)
+        whole = "yes" if shared >= len(previous) - len(b"]}") else "no"
+        print(f"| {n:>4} | {len(current):>13,} | {shared:>12,} | {shared / len(current):>6.3f} | {whole:<22} |")
+    after = [shared_prefix(previous, current) / len(current)
+             for n, (previous, current) in enumerate(zip(requests, requests[1:]), start=2) if n >= at + 2]
+    whole = sum(shared_prefix(previous, current) >= len(previous) - len(b"]}")
+                for n, (previous, current) in enumerate(zip(requests, requests[1:]), start=2) if n >= at + 2)
+    print(f"from turn {at + 2} on: min share {min(after):.3f}, median {statistics.median(after):.3f}; began with the "
+          f"whole previous prompt: {whole} of {len(after)} turns (turn {at + 1} reads again from the message that "
+          "held the image, which later requests send as its text)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=50, help="turns of the session (default 50)")
@@ -358,6 +391,7 @@ def main() -> None:
     parser.add_argument("--lessons", action="store_true", help="also compare the share with and without lessons")
     parser.add_argument("--background-only", action="store_true",
                         help="with --summaries: only the background calls' table")
+    parser.add_argument("--image-turn", type=int, help="also run a session whose turn N carries an image")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if not args.background_only:
@@ -367,6 +401,8 @@ def main() -> None:
             print_lessons_comparison(args.turns, args.summaries)
     if args.summaries:
         print_background(args.turns)
+    if args.image_turn:
+        print_image_turn(args.turns, args.image_turn)
 
 
 def print_turns(turns: int, summaries: bool) -> None:
