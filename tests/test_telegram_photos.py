@@ -19,7 +19,7 @@ from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import contents, session_path
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer
-from tests.test_telegram import OWNER, STRANGER, configure, replied, serve, until
+from tests.test_telegram import FRIEND, OWNER, STRANGER, configure, replied, serve, until
 
 SMALL = b"\xff\xd8\xff\xe0" + b"small" + bytes(32)
 LARGE = b"\xff\xd8\xff\xe0" + b"large" + bytes(64)
@@ -27,9 +27,9 @@ KEY = f"telegram:{OWNER}"
 
 
 def seeing(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, *, vision: bool,
-           **media: Any) -> Workspace:
+           telegram_settings: dict[str, Any] | None = None, **media: Any) -> Workspace:
     """config.json pointed at both fakes, with agents.defaults.vision and `media` settings."""
-    configure(home, telegram, model)
+    configure(home, telegram, model, **(telegram_settings or {}))
     path = home / "config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["agents"]["defaults"]["vision"] = vision
@@ -142,3 +142,23 @@ def test_a_strangers_photo_is_never_fetched(home: Path, fake_telegram: FakeTeleg
 
     assert fake_telegram.sent_texts(STRANGER) == [not_authorised(STRANGER)]
     assert fake_telegram.calls("getFile") == [] and fake_telegram.downloads() == []
+
+
+def test_with_per_user_memory_each_users_photos_are_kept_in_their_own_folder(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
+    workspace = seeing(home, fake_telegram, fake_openai, vision=True,
+                       telegram_settings={"allow_from": [OWNER, FRIEND], "memory_scope": "per_user"})
+    fake_openai.reply_text("Nice. / 不错。")
+    fake_openai.reply_text("Lovely. / 真好。")
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_photo(OWNER, OWNER, caption="my garden / 我的花园", data=SMALL)
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        fake_telegram.send_photo(FRIEND, FRIEND, caption="my cat / 我的猫", data=LARGE)
+        await until(fake_telegram, replied(fake_telegram, FRIEND))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    users = workspace.root / "users"
+    assert [p.read_bytes() for p in (users / str(OWNER) / "media").rglob("*.jpg")] == [SMALL]
+    assert [p.read_bytes() for p in (users / str(FRIEND) / "media").rglob("*.jpg")] == [LARGE]
+    assert not (workspace.root / "media").exists()  # nothing in the shared scope
