@@ -152,6 +152,26 @@ def test_a_voice_note_that_cannot_be_heard_is_one_line_and_nothing_is_stored(
     assert not [r for r in caplog.records if r.exc_info]  # and no traceback
 
 
+def test_a_transcriber_that_does_not_answer_in_time_is_one_line(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
+    listening(home, fake_telegram, fake_openai)
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["providers"]["openai"]["timeout"] = 0.5
+    path.write_text(json.dumps(config), encoding="utf-8")
+    workspace = App.open(home).workspace
+    fake_openai.reply_transcript("too late / 太晚了", delay=5)
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_voice(OWNER, OWNER, OGG)
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(OWNER) == ["I could not transcribe that: the model provider 'openai' did not "
+                                               "answer within 0.5 s"]
+    assert fake_openai.chat_requests() == [] and not session_path(workspace, KEY).exists()
+
+
 def test_a_strangers_voice_note_is_never_fetched(home: Path, fake_telegram: FakeTelegramServer,
                                                  fake_openai: FakeOpenAIServer) -> None:
     workspace = listening(home, fake_telegram, fake_openai)
