@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from picoclaw.channels import MediaRefused, Transcriber
 from picoclaw.config import Config, home_dir, load_config, workspace_dir
 from picoclaw.hosts import is_local_host
 from picoclaw.keyed import LruCache
@@ -27,7 +26,7 @@ from picoclaw.storage import open_storage, switch_warning
 
 if TYPE_CHECKING:
     from picoclaw.agent import AgentLoop
-    from picoclaw.channels import Channel
+    from picoclaw.channels import Channel, Transcriber
     from picoclaw.jobs import JobStore, Scheduler, Sleep
     from picoclaw.memory import Embedder
     from picoclaw.providers import ContextWindows, OpenAICompatProvider
@@ -118,6 +117,8 @@ class App:
         settings = self.config.transcription
         if settings is None:
             return None
+        from picoclaw.channels import MediaRefused, Transcriber
+
         if self._transcription is None:
             from picoclaw.providers import from_config
 
