@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from picoclaw.channels.attachments import HEARD_MARK, Attached, attach, largest_attachment, read_attachment
     from picoclaw.channels.base import Channel, Inbound, TurnHooks, run_turn
     from picoclaw.channels.documents import (
         ACCEPTED,
@@ -35,12 +36,14 @@ if TYPE_CHECKING:
     from picoclaw.channels.telegram import TelegramChannel, Webhook, make_bot, polling_lock, webhook_secret
     from picoclaw.channels.web import ChatEvent, NotOpen, WebChannel
 
-__all__ = ["ACCEPTED", "IMAGE_NOT_KEPT", "NOT_LISTENING", "NO_VISION", "SPOKEN_MARK", "Channel", "ChatEvent",
-           "DocumentText", "ImageDocument", "Inbound", "MediaRefused", "NotOpen", "ReplChannel", "TelegramChannel",
-           "Transcriber", "TurnHooks", "WebChannel", "Webhook", "document_turn", "image_turn", "make_bot",
-           "polling_lock", "read_document", "run_turn", "save_document", "spoken", "webhook_secret"]
+__all__ = ["ACCEPTED", "HEARD_MARK", "IMAGE_NOT_KEPT", "NOT_LISTENING", "NO_VISION", "SPOKEN_MARK", "Attached",
+           "Channel", "ChatEvent", "DocumentText", "ImageDocument", "Inbound", "MediaRefused", "NotOpen", "ReplChannel",
+           "TelegramChannel", "Transcriber", "TurnHooks", "WebChannel", "Webhook", "attach", "document_turn",
+           "image_turn", "largest_attachment", "make_bot", "polling_lock", "read_attachment", "read_document",
+           "run_turn", "save_document", "spoken", "webhook_secret"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
+    "picoclaw.channels.attachments": ("HEARD_MARK", "Attached", "attach", "largest_attachment", "read_attachment"),
     "picoclaw.channels.base": ("Channel", "Inbound", "TurnHooks", "run_turn"),
     "picoclaw.channels.documents": ("ACCEPTED", "DocumentText", "ImageDocument", "document_turn", "read_document",
                                     "save_document"),

@@ -4,6 +4,10 @@ On a terminal, prompt_toolkit reads the lines (editing, history, Ctrl-C and Ctrl
 pipe, a reader thread does. Ctrl-C at the prompt leaves; Ctrl-C during an answer cancels that answer (nothing
 of it is stored) and returns to the prompt. While it runs, the session's scheduled jobs (and its heartbeat)
 are delivered here, between answers.
+
+A file goes with a message (`chat --attach FILE`, or a `/attach PATH [message]` line): audio is transcribed and
+its transcript shown first, an image goes to a model that sees, a document is read (picoclaw/channels/
+attachments.py). A file that cannot be taken is one line on stderr, and nothing reaches the model.
 """
 
 from __future__ import annotations
@@ -15,14 +19,20 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from picoclaw.agent import AgentLoop, Reply, parse_command
+from picoclaw.channels.attachments import attach, read_attachment
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
+from picoclaw.channels.media import MediaRefused
 from picoclaw.jobs import Scheduler
 from picoclaw.memory import MemoryWrite
 from picoclaw.printable import PrintablePieces, printable
 from picoclaw.session_key import CLI, SessionKey, terminal_key
+
+if TYPE_CHECKING:
+    from picoclaw.channels.media import Transcriber
 
 PROMPT = "you> "
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
@@ -33,6 +43,8 @@ CANCELLED = "(cancelled; nothing of this answer was kept)"
 SCHEDULED_MARK = "⏰ "
 RECEIPT_MARK = "✍ "
 SCHEDULER_STOP_SECONDS = 10.0
+ATTACH_COMMAND = "/attach"
+ATTACH_USAGE = "usage: /attach PATH [message] (a path with spaces in \"quotes\")"
 
 
 class LineReader(Protocol):
@@ -44,13 +56,17 @@ class LineReader(Protocol):
 class ReplChannel:
     """The terminal as a channel: `run()` answers the lines typed (or piped) in, `answer_once` one message
     (`chat -m`); `deliver` prints a scheduled job's text above the prompt. `show_context`: after each answer,
-    where its request's tokens went (`/context`) on `err`, so `chat -m … > file` keeps the answer alone."""
+    where its request's tokens went (`/context`) on `err`, so `chat -m … > file` keeps the answer alone.
+    `transcriber` (`App.transcriber()`): what hears an attached audio file; None, audio is refused in one line.
+    What an attachment shows before the answer (its transcript, `NO_VISION`) goes to `err` as well."""
 
     name = CLI
 
     def __init__(self, agent: AgentLoop, session: str | None = None, *, out: TextIO | None = None,
-                 err: TextIO | None = None, lines: LineReader | None = None, show_context: bool = False):
+                 err: TextIO | None = None, lines: LineReader | None = None, show_context: bool = False,
+                 transcriber: Transcriber | None = None):
         self.agent = agent
+        self.transcriber = transcriber
         self.show_context = show_context
         self._given = session or DEFAULT_SESSION
         self.session_key = terminal_key(self._given)  # `--session work` is the session cli:work
@@ -89,12 +105,35 @@ class ReplChannel:
         await self.agent.wait_background()
         return 0
 
-    async def answer_once(self, text: str) -> int:
-        """Answer one message, wait for its background work (summary …); 1 when no answer could be had."""
+    async def answer_once(self, text: str | None, attachment: Path | None = None) -> int:
+        """Answer one message (with the file `attachment`, `text` its caption), wait for its background work
+        (summary …); 1 when no answer could be had, or the file could not be taken (nothing sent then)."""
         await self._open_session()
-        reply = await self.answer(text)
+        if attachment is not None:
+            reply = await self.answer_with(attachment, text)
+            if reply is None:
+                return 1
+        else:
+            reply = await self.answer(text or "")
         await self.agent.wait_background()
         return 1 if reply.error is not None else 0
+
+    async def answer_with(self, path: Path, caption: str | None) -> Reply | None:
+        """One message with the file at `path`: what the file shows first (the transcript heard, `NO_VISION`),
+        then the answer; None when the file could not be taken, said in one line on `err` (nothing sent)."""
+        media = self.agent.workspace.config.media
+        try:
+            name, data = await asyncio.to_thread(read_attachment, path, media, self.transcriber)
+            attached = await attach(name, data, caption, agent=self.agent, transcriber=self.transcriber)
+        except MediaRefused as exc:
+            logging.getLogger(__name__).info("chat: %s not attached: %s", path, exc)
+            self.err.write(f"picoclaw: error: {printable(str(exc))}\n")
+            self.err.flush()
+            return None
+        for notice in attached.notices:
+            self.err.write(printable(notice) + "\n")
+        self.err.flush()
+        return await self.answer(attached.text, attached.images)
 
     async def stop(self) -> None:
         """Make `run()` return at the prompt; an answer being written is finished first."""
@@ -107,13 +146,14 @@ class ReplChannel:
         async with self._answering:
             await _print_above_prompt(self.out, SCHEDULED_MARK + printable(markdown))
 
-    async def answer(self, text: str) -> Reply:
-        """One message: the answer streamed to `out` (tool calls as one short line each), a failure as one line
-        on `err`."""
+    async def answer(self, text: str, images: tuple[bytes, ...] = ()) -> Reply:
+        """One message (with `images`, for a model that sees): the answer streamed to `out` (tool calls as one
+        short line each), a failure as one line on `err`."""
         shown = _ShownAnswer(self.out, self._unasked)
         self._held = []
         try:
-            reply = await run_turn(self.agent, Inbound(TERMINAL_USER, self.session_key, text), shown.hooks())
+            reply = await run_turn(self.agent, Inbound(TERMINAL_USER, self.session_key, text, images=images),
+                                   shown.hooks())
         except BaseException:
             # Cancelled (Ctrl-C) or failed: the lines held meanwhile come after what the caller says of that.
             self._late, self._held = self._held, None
@@ -146,8 +186,18 @@ class ReplChannel:
                 continue
             if text.lower() in EXIT_WORDS:
                 break
+            turning: Awaitable[Reply | None]
+            if text.split(maxsplit=1)[0].lower() == ATTACH_COMMAND:
+                attaching = attach_line(text)
+                if attaching is None:
+                    self.err.write(ATTACH_USAGE + "\n")
+                    self.err.flush()
+                    continue
+                turning = self.answer_with(*attaching)
+            else:
+                turning = self.answer(text)
             async with self._answering:
-                turn = asyncio.ensure_future(self.answer(text))
+                turn = asyncio.ensure_future(turning)
                 with _ctrl_c_cancels(turn):
                     try:
                         await turn
@@ -175,6 +225,23 @@ class ReplChannel:
             return None
         finally:
             self._reading = None
+
+
+def attach_line(line: str) -> tuple[Path, str | None] | None:
+    """The file and message of a `/attach PATH [message]` line (a PATH with spaces in double or single quotes);
+    None when it names no file."""
+    rest = line.strip()[len(ATTACH_COMMAND):].strip()
+    if not rest:
+        return None
+    if rest[0] in "\"'":
+        end = rest.find(rest[0], 1)
+        if end < 0:
+            return None
+        path, message = rest[1:end], rest[end + 1:]
+    else:
+        path, _, message = rest.partition(" ")
+    message = message.strip()
+    return (Path(path).expanduser(), message or None) if path else None
 
 
 class _ShownAnswer:
@@ -304,7 +371,7 @@ def _ctrl_c_leaves(reading: asyncio.Task[object] | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _ctrl_c_cancels(task: asyncio.Future[Reply]) -> Iterator[None]:
+def _ctrl_c_cancels(task: asyncio.Future[Any]) -> Iterator[None]:
     """While `task` runs, Ctrl-C cancels it instead of ending the program; once it is done, Ctrl-C leaves."""
     late: list[bool] = []
 

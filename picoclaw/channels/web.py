@@ -1,7 +1,8 @@
 """The web console's conversations as a channel (`web:<name>` sessions): a turn streamed to the page that sent
 it as `ChatEvent`s, Stop, and what the scheduler delivers to a `web:` session, and the receipts of memory writes,
 shown on the pages that have it open. The HTTP side (picoclaw/web/chat_page.py) only moves these events to and
-from the browser."""
+from the browser. A file sent with a message becomes its turn through picoclaw/channels/attachments.py, as
+`chat --attach` does; what it shows first (the transcript heard, `NO_VISION`) are "attached" events."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from picoclaw.channels.attachments import Attached, attach
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
 from picoclaw.errors import PicoclawError
 from picoclaw.session_key import WEB
 
 if TYPE_CHECKING:
     from picoclaw.agent import AgentLoop
+    from picoclaw.channels.media import Transcriber
     from picoclaw.jobs import Scheduler
     from picoclaw.memory import MemoryWrite
 
@@ -27,7 +30,7 @@ log = logging.getLogger(__name__)
 CONSOLE_USER = "console"  # the sender of every console message: the one person the login link let in
 SCHEDULER_STOP_SECONDS = 10.0
 
-EventKind = Literal["text", "tool", "notice", "done", "error", "stopped", "delivered", "closed"]
+EventKind = Literal["attached", "text", "tool", "notice", "done", "error", "stopped", "delivered", "closed"]
 
 
 class NotOpen(PicoclawError):
@@ -122,12 +125,25 @@ class WebChannel:
         task.cancel()
         return True
 
-    async def turn(self, session_key: str, text: str) -> AsyncGenerator[ChatEvent, None]:
-        """Run one turn of `session_key` and yield what it shows, ending with "done", "error" or "stopped".
-        A caller that stops reading (the page went away) stops the turn."""
+    async def attach(self, name: str, data: bytes, caption: str | None,
+                     transcriber: Transcriber | None) -> Attached:
+        """The turn a file sent with a message makes (`caption`: the message typed with it); MediaRefused, one
+        line for the page, when it cannot make one."""
+        return await attach(name, data, caption, agent=self.agent, transcriber=transcriber)
+
+    async def turn(self, session_key: str, text: str,
+                   attached: Attached | None = None) -> AsyncGenerator[ChatEvent, None]:
+        """Run one turn of `session_key` (`text`, or the turn of the file `attached` whose lines it shows first)
+        and yield what it shows, ending with "done", "error" or "stopped". A caller that stops reading (the page
+        went away) stops the turn."""
         if self.busy(session_key):
             yield ChatEvent("error", "a turn of this conversation is still running: wait for it, or Stop it")
             return
+        images: tuple[bytes, ...] = ()
+        if attached is not None:
+            text, images = attached.text, attached.images
+            for notice in attached.notices:
+                yield ChatEvent("attached", notice)
         events: asyncio.Queue[ChatEvent | None] = asyncio.Queue()
 
         async def on_text(piece: str) -> None:
@@ -141,7 +157,7 @@ class WebChannel:
 
         async def run() -> None:
             try:
-                reply = await run_turn(self.agent, Inbound(CONSOLE_USER, session_key, text),
+                reply = await run_turn(self.agent, Inbound(CONSOLE_USER, session_key, text, images=images),
                                        TurnHooks(on_text=on_text, on_tool=on_tool, on_notice=on_notice,
                                                  on_memory=self.remembered))
                 events.put_nowait(ChatEvent("error" if reply.error is not None else "done", reply.text))

@@ -1,4 +1,5 @@
-"""`picoclaw chat`: talk to the assistant in this terminal, one message (-m) or a conversation.
+"""`picoclaw chat`: talk to the assistant in this terminal, one message (-m) or a conversation; `--attach FILE`
+sends a file (an image, a document, audio to transcribe) as one message, with -m's text as its caption.
 
 The handler imports what it uses: building this command's parser (for `--help`) loads no config and no agent.
 """
@@ -9,10 +10,18 @@ import argparse
 
 from picoclaw.cli.command import UsageError, opened_app
 
+TYPE_CHECKING = False  # as in command.py: `typing` is not loaded for `--help`
+if TYPE_CHECKING:
+    from picoclaw.app import App
+    from picoclaw.channels import Transcriber
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Fill in the `chat` command's parser."""
     parser.add_argument("-m", "--message", help="send one message, print the answer and exit")
+    parser.add_argument("--attach", metavar="FILE",
+                        help="send this file (an image, a document, or audio, transcribed) as one message, with -m's "
+                             "text if given, print the answer and exit")
     parser.add_argument("--session", metavar="KEY", help="conversation to continue (default: cli:default)")
     parser.add_argument("--show-context", action="store_true",
                         help="after each answer, print on stderr where its request's tokens went (as /context does)")
@@ -21,11 +30,14 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
+    from pathlib import Path
 
     from picoclaw.channels import ReplChannel  # the agent stack loads only for commands that talk
 
     if args.message is not None and not args.message.strip():
         raise UsageError("the message given with -m is empty")
+    if args.attach is not None and not args.attach.strip():
+        raise UsageError("--attach needs a file")
     if args.session is not None:
         from picoclaw.session_key import SessionKey, terminal_key
 
@@ -40,10 +52,29 @@ def cmd_chat(args: argparse.Namespace) -> int:
             async with app:
                 app.provider()  # a missing key or URL is reported before any MCP server starts
                 await app.start_mcp()
-                channel = ReplChannel(app.agent(), args.session, show_context=args.show_context)
+                channel = ReplChannel(app.agent(), args.session, show_context=args.show_context,
+                                      transcriber=transcriber(app, needed=args.attach is not None))
+                if args.attach is not None:
+                    return await channel.answer_once(args.message, Path(args.attach).expanduser())
                 if args.message is not None:
                     return await channel.answer_once(args.message)
                 # The terminal is this session's channel while it is open: its reminders and heartbeat come here.
                 return await channel.run(scheduler=app.scheduler(channel, channels=(channel.session_key,)))
 
         return asyncio.run(run())
+
+
+def transcriber(app: App, *, needed: bool) -> Transcriber | None:
+    """The configured transcriber. A conversation that may never attach audio starts without it when its client
+    cannot be made (a missing key: logged); `--attach` fails on that in one line."""
+    if needed:
+        return app.transcriber()
+    from picoclaw.errors import PicoclawError
+
+    try:
+        return app.transcriber()
+    except PicoclawError as exc:
+        import logging
+
+        logging.getLogger(__name__).warning("chat: audio cannot be transcribed: %s", exc)
+        return None

@@ -1,27 +1,41 @@
 """Chat in the browser: `web:<name>` conversations, the answer streamed in as it is written (one JSON line an
 event), each tool call one line, Stop, slash commands (the agent's own), and what the scheduler delivers to the
-conversation while its page is open (server-sent events)."""
+conversation while its page is open (server-sent events).
+
+A message may carry one file (Attach): `/chat/turn` then takes a multipart form (name, text, file) instead of
+JSON, bounded by the largest file config.json's `media` and `transcription` take (a larger body is refused with
+413 before it is read, and as soon as it is found over while read); the file becomes the turn as with
+`chat --attach` (picoclaw/channels/attachments.py), and one it cannot take is refused with 422 and one line,
+nothing sent to the model. The CSRF token comes in its header, as for every script-sent change."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import TYPE_CHECKING
 
 import orjson
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from picoclaw.web.render import APP_KEY, render
 from picoclaw.web.security import secured
 
 if TYPE_CHECKING:
-    from picoclaw.channels import WebChannel
+    from picoclaw.app import App
+    from picoclaw.channels import Attached, Transcriber, WebChannel
+
+log = logging.getLogger(__name__)
 
 CHANNEL_KEY: web.AppKey[list[WebChannel]] = web.AppKey("picoclaw_web_channel", list)  # made on first use
 DEFAULT_NAME = "console"
 MAX_MESSAGE = 20_000  # characters of one message typed in the console
 HISTORY_SHOWN = 200  # messages of the conversation the page shows when it opens
 KEEP_ALIVE_SECONDS = 15.0
+MULTIPART = "multipart/form-data"
+FORM_SLACK = MAX_MESSAGE * 4 + 64 * 1024  # an upload's form besides its file: the message in UTF-8, the boundaries
+NAME_CHARS = 200  # of an uploaded file's name, as the turn shows it
+NOT_UTF8 = "The form's text is not UTF-8; nothing was sent.\n"
 
 
 def channel(app: web.Application) -> WebChannel:
@@ -63,25 +77,39 @@ async def chat_page(request: web.Request) -> web.Response:
 
 async def chat_turn(request: web.Request) -> web.StreamResponse:
     """Run a turn and stream its events, one JSON object a line: {"kind": "text" | "tool" | …, "text": …}."""
-    try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError:
-        body = None
-    # Strings only: str() of a null or a number would send the model the message "None" or "5".
-    name, text = (body.get("name", ""), body.get("text")) if isinstance(body, dict) else (None, None)
-    if not isinstance(name, str) or not isinstance(text, str):
-        raise web.HTTPBadRequest(text='expected a JSON object {"name": "…", "text": "…"} (name may be left out); '
-                                      "nothing was sent\n")
+    attached: Attached | None = None
+    if request.content_type == MULTIPART:
+        conversations = channel(request.app)
+        transcriber = _transcriber(request.app[APP_KEY])
+        name, text, upload = await _upload(request, conversations, transcriber)
+    else:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            body = None
+        # Strings only: str() of a null or a number would send the model the message "None" or "5".
+        given = (body.get("name", ""), body.get("text")) if isinstance(body, dict) else (None, None)
+        if not isinstance(given[0], str) or not isinstance(given[1], str):
+            raise web.HTTPBadRequest(text='expected a JSON object {"name": "…", "text": "…"} (name may be left '
+                                          "out); nothing was sent\n")
+        name, text, upload = given[0], given[1], None
     key = session_of(name)
-    if not text.strip():
+    if upload is None and not text.strip():
         raise web.HTTPBadRequest(text="an empty message is not sent\n")
     if len(text) > MAX_MESSAGE:
         raise web.HTTPRequestEntityTooLarge(max_size=MAX_MESSAGE, actual_size=len(text))
     conversations = channel(request.app)
+    if upload is not None and not conversations.busy(key):  # busy: the turn says so, and the file is not taken
+        from picoclaw.channels import MediaRefused
+
+        try:
+            attached = await conversations.attach(*upload, text, transcriber)
+        except MediaRefused as exc:
+            raise web.HTTPUnprocessableEntity(text=f"{exc}\n") from None
     response = secured(web.StreamResponse(headers={"Content-Type": "application/x-ndjson; charset=utf-8"}))
     await response.prepare(request)
     # Closed at once when the page goes away (a write fails): closing the turn's events stops the turn.
-    async with contextlib.aclosing(conversations.turn(key, text)) as events:
+    async with contextlib.aclosing(conversations.turn(key, text, attached)) as events:
         try:
             async for event in events:
                 await response.write(orjson.dumps({"kind": event.kind, "text": event.text}) + b"\n")
@@ -89,6 +117,76 @@ async def chat_turn(request: web.Request) -> web.StreamResponse:
             return response
     await response.write_eof()
     return response
+
+
+def _transcriber(app: App) -> Transcriber | None:
+    """The configured transcriber; None when there is none, or its client cannot be made (logged: an image or a
+    document is still taken)."""
+    from picoclaw.errors import PicoclawError
+
+    try:
+        return app.transcriber()
+    except PicoclawError as exc:
+        log.warning("console: audio cannot be transcribed: %s", exc)
+        return None
+
+
+async def _upload(request: web.Request, conversations: WebChannel,
+                  transcriber: Transcriber | None) -> tuple[str, str, tuple[str, bytes] | None]:
+    """The conversation's name, the message and the file (its name and bytes; None when none was chosen) of a
+    multipart form; 413 for a body over the largest file taken, 400 for a form that is not one."""
+    from picoclaw.channels import largest_attachment
+
+    limit = largest_attachment(conversations.agent.workspace.config.media, transcriber)
+    if request.content_length is not None and request.content_length > limit + FORM_SLACK:
+        raise _too_large(limit)
+    fields: dict[str, str] = {}
+    upload: tuple[str, bytes] | None = None
+    try:
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader):
+                raise web.HTTPBadRequest(text="a form inside the form is not taken; nothing was sent\n")
+            if part.name == "file":
+                if upload is not None:
+                    raise web.HTTPBadRequest(text="one file a message; nothing was sent\n")
+                data = await _bounded(part, limit, _too_large(limit))
+                if part.filename or data:  # a form sends an empty part when no file was chosen
+                    upload = (_file_name(part.filename), data)
+            else:
+                raw = await _bounded(part, FORM_SLACK, _too_large(limit))
+                if part.name in ("name", "text"):
+                    try:
+                        fields[part.name] = raw.decode("utf-8").replace("\r\n", "\n")  # a form's line ends
+                    except UnicodeDecodeError:
+                        raise web.HTTPBadRequest(text=NOT_UTF8) from None
+    except ValueError as exc:  # aiohttp on a body that is not the multipart form it says it is
+        raise web.HTTPBadRequest(text=f"the form could not be read ({exc}); nothing was sent\n") from None
+    return fields.get("name", ""), fields.get("text", ""), upload
+
+
+async def _bounded(part: BodyPartReader, limit: int, refusal: web.HTTPException) -> bytes:
+    """The bytes of a form's part, read until they pass `limit` (then `refusal` is raised)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await part.read_chunk():
+        size += len(chunk)
+        if size > limit:
+            raise refusal
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> web.HTTPRequestEntityTooLarge:
+    return web.HTTPRequestEntityTooLarge(
+        max_size=limit, text=f"That file is larger than the {limit / 1_000_000:.1f} MB I take (media.image_megabytes, "
+                             "media.document_kilobytes, transcription.max_megabytes); nothing was sent.\n")
+
+
+def _file_name(given: str | None) -> str:
+    """An uploaded file's own name, without the folders a browser may send (Windows' backslashes too)."""
+    name = (given or "").replace("\\", "/").rsplit("/", 1)[-1].strip()
+    return name[:NAME_CHARS] or "file"
 
 
 async def chat_stop(request: web.Request) -> web.Response:

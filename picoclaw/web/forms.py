@@ -2,8 +2,9 @@
 
 aiohttp decodes a form's percent-escapes with errors="replace": `content=%CE%D2` (a GBK page's text) would
 reach a handler as U+FFFD characters and be stored. So every change's form is first parsed strictly here, and
-one that is not UTF-8 is refused before any handler reads it. Multipart forms are refused: the console's
-pages never send one, and each part could name a charset of its own.
+one that is not UTF-8 is refused before any handler reads it. Multipart forms are refused (each part could
+name a charset of its own), except where a page sends a file (`UPLOADS`: the chat's Attach), whose handler reads
+the parts itself, strictly as UTF-8 and within its bounds.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from aiohttp import web
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 NOT_UTF8 = "The form's text is not UTF-8; nothing was changed.\n"
+UPLOADS = frozenset({"/chat/turn"})  # the paths whose pages send a file, as multipart/form-data
 
 
 async def check_form(request: web.Request) -> None:
     """HTTPBadRequest unless the request's form (if it sends one) is UTF-8 in its bytes and its escapes;
-    HTTPUnsupportedMediaType for a multipart one."""
+    HTTPUnsupportedMediaType for a multipart one, except to the paths of `UPLOADS`."""
     content_type = request.content_type
-    if content_type == MULTIPART:
+    if content_type == MULTIPART and request.path not in UPLOADS:
         raise web.HTTPUnsupportedMediaType(text=f"Send the form as {FORM}, as the console's pages do; nothing "
                                                 "was changed.\n")
     if content_type not in ("", FORM):  # "" is read as a form too (aiohttp's `post`)

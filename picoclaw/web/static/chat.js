@@ -1,6 +1,8 @@
 // The console's chat: sends a message, shows the answer as it streams in (one JSON event a line), each tool
 // call as one line, Stop, and what the scheduler delivers and the receipts of memory writes while the page is
-// open. Text is only ever set as textContent: nothing a model or a memory wrote becomes markup.
+// open. Text is only ever set as textContent: nothing a model or a memory wrote becomes markup. A file chosen with
+// Attach goes with the message as a multipart form; what it shows first (the transcript heard, "this model cannot
+// see images") comes as "attached" events, shown as small notes.
 "use strict";
 
 (function () {
@@ -9,6 +11,7 @@
   const input = document.getElementById("message");
   const send = document.getElementById("send");
   const stop = document.getElementById("stop");
+  const attachment = document.getElementById("attachment");
   if (!box || !form) return;
   const name = box.dataset.name;
   const csrf = document.querySelector("meta[name=csrf-token]").content;
@@ -33,17 +36,28 @@
     target.parentElement.insertBefore(p, target);
   }
 
-  async function turn(text) {
-    said("user", "·").textContent = text;
+  function request(text, file) {
+    if (!file) {
+      return {
+        method: "POST", credentials: "same-origin",
+        headers: {"Content-Type": "application/json", "X-CSRF-Token": csrf},
+        body: JSON.stringify({name: name, text: text}),
+      };
+    }
+    const body = new FormData();  // the browser sets the multipart Content-Type, with its boundary
+    body.append("name", name);
+    body.append("text", text);
+    body.append("file", file, file.name);
+    return {method: "POST", credentials: "same-origin", headers: {"X-CSRF-Token": csrf}, body: body};
+  }
+
+  async function turn(text, file) {
+    said("user", "·").textContent = text + (file ? (text ? "\n" : "") + "📎 " + file.name : "");
     const answer = said("assistant", "…");
     send.disabled = true;
     stop.disabled = false;
     try {
-      const response = await fetch("/chat/turn", {
-        method: "POST", credentials: "same-origin",
-        headers: {"Content-Type": "application/json", "X-CSRF-Token": csrf},
-        body: JSON.stringify({name: name, text: text}),
-      });
+      const response = await fetch("/chat/turn", request(text, file));
       if (!response.ok) {
         answer.textContent = box.dataset.failed + " (" + response.status + ") " + (await response.text());
         return;
@@ -63,6 +77,8 @@
           if (event.kind === "text") {
             streamed += event.text;
             answer.textContent = streamed;
+          } else if (event.kind === "attached") {
+            line(answer, "notice receipt attached", event.text);
           } else if (event.kind === "tool" || event.kind === "notice") {
             line(answer, event.kind, "· " + event.text);
           } else if (event.kind === "done" || event.kind === "error") {
@@ -84,9 +100,11 @@
   form.addEventListener("submit", function (event) {
     event.preventDefault();
     const text = input.value.trim();
-    if (!text) return;
+    const file = attachment && attachment.files.length ? attachment.files[0] : null;
+    if (!text && !file) return;
     input.value = "";
-    turn(text);
+    if (attachment) attachment.value = "";
+    turn(text, file);
   });
   input.addEventListener("keydown", function (event) {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {  // IME composition: Chinese input
