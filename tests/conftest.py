@@ -17,7 +17,7 @@ import pytest
 from picoclaw.app import App
 from picoclaw.memory.workspace import Workspace
 from tests.fakes import network_guard
-from tests.fakes.console import Console
+from tests.fakes.console import Console, console_of
 from tests.fakes.fixtures import fake_openai, fake_telegram  # noqa: F401  (fixtures, used by name)
 from tests.fakes.postgres import postgres_dsn, postgres_server  # noqa: F401  (fixtures, used by name)
 from tests.zones import onboard_in_shanghai
@@ -83,12 +83,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def console(home: Path) -> Iterator[Console]:
     """The web console of `home`, serving on 127.0.0.1 (tests/fakes/console.py)."""
-    app = App.open(home)
-    try:
-        with Console(app) as running:
-            yield running
-    finally:
-        app.close()
+    with console_of(home) as running:
+        yield running
 
 
 @pytest.fixture

@@ -16,10 +16,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from picoclaw.app import App
 from picoclaw.web.chat_page import channel
 from tests.fakes import FakeOpenAIServer, Text, ToolCalls
-from tests.fakes.console import Console, csrf_of, logged_in
+from tests.fakes.console import Console, console_of, csrf_of, logged_in
 from tests.test_memory_grounding import model
 from tests.test_web_console import CHROMIUM, CHROMIUM_FLAGS
 
@@ -30,15 +29,10 @@ EVENT_DEADLINE = 120.0  # seconds: a generous bound, so a missing event fails th
 @pytest.fixture
 def chatting(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[tuple[Console, FakeOpenAIServer]]:
     """The console over a home whose model is the fake server."""
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    app = App.open(home)
-    try:
-        with Console(app) as console:
-            yield console, fake_openai
-    finally:
-        app.close()
+    def edit(config: dict[str, Any]) -> None:
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
+    with console_of(home, edit) as console:
+        yield console, fake_openai
 
 
 def remembers(*facts: str) -> list[ToolCalls | Text]:
