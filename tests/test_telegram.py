@@ -118,6 +118,15 @@ def replied(telegram: FakeTelegramServer, chat_id: int, count: int = 1) -> Calla
     return lambda: len(telegram.sent_texts(chat_id)) >= count
 
 
+def refused_with_nothing_kept(telegram: FakeTelegramServer, model: FakeOpenAIServer, workspace: Workspace,
+                              line: str, key: str = f"telegram:{OWNER}") -> None:
+    """The owner got one line starting with `line`, nothing reached the model and no conversation was stored."""
+    [said] = telegram.sent_texts(OWNER)
+    assert said.startswith(line)
+    assert model.chat_requests() == []  # nothing reached the model
+    assert not (workspace.root / "sessions" / session_filename(key)).exists()  # nothing stored
+
+
 def echo(body: dict[str, Any]) -> str:
     """The fake model's answer: the last user message, so a reply shows which chat it was for."""
     return "echo: " + said([m for m in body["messages"] if m["role"] == "user"][-1])

@@ -16,11 +16,11 @@ from picoclaw.app import App
 from picoclaw.channels import ACCEPTED
 from picoclaw.channels.telegram import TelegramChannel, not_authorised
 from picoclaw.memory.workspace import Workspace
-from tests.agent_helpers import session_path, session_records
+from tests.agent_helpers import session_records
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer
 from tests.test_documents import ZH_CODES, make_pdf, text_page
-from tests.test_telegram import OWNER, STRANGER, configure, replied, serve, until
+from tests.test_telegram import OWNER, STRANGER, configure, refused_with_nothing_kept, replied, serve, until
 from tests.test_telegram_media import turns
 
 KEY = f"telegram:{OWNER}"
@@ -163,15 +163,11 @@ def test_a_document_that_cannot_be_read_is_one_line_and_nothing_is_kept(
         await until(fake_telegram, replied(fake_telegram, OWNER))
     serve(workspace, fake_telegram, fake_openai, body)
 
-    [said] = fake_telegram.sent_texts(OWNER)
-    assert said.startswith(line)
-    assert fake_openai.chat_requests() == []  # nothing reached the model
-    assert not session_path(workspace, KEY).exists()  # nothing stored
+    refused_with_nothing_kept(fake_telegram, fake_openai, workspace, line)
     assert saved(workspace) == {}  # nothing saved
     if case in NOT_FETCHED:
         assert fake_telegram.calls("getFile") == [] and fake_telegram.downloads() == []
-    if case != "an image by its type":  # that one is a message of a kind not read, as a sticker is
-        assert len([r for r in caplog.records if "not read" in r.getMessage()]) == 1  # one log line says why
+    assert len([r for r in caplog.records if "not read" in r.getMessage()]) == 1  # one log line says why
     assert not [r for r in caplog.records if r.exc_info]  # and no traceback
 
 

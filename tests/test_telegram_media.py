@@ -19,7 +19,7 @@ from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import contents, session_path, session_records
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer
-from tests.test_telegram import OWNER, STRANGER, configure, replied, serve, until
+from tests.test_telegram import OWNER, STRANGER, configure, refused_with_nothing_kept, replied, serve, until
 
 OGG = b"OggS\x00\x02" + bytes(200)  # what a voice note's file starts with; the fake transcriber never decodes it
 KEY = f"telegram:{OWNER}"
@@ -142,10 +142,7 @@ def test_a_voice_note_that_cannot_be_heard_is_one_line_and_nothing_is_stored(
         await until(fake_telegram, replied(fake_telegram, OWNER))
     serve(workspace, fake_telegram, fake_openai, body)
 
-    [said] = fake_telegram.sent_texts(OWNER)
-    assert said.startswith(line)
-    assert fake_openai.chat_requests() == []  # nothing reached the model
-    assert not session_path(workspace, KEY).exists()  # nothing stored
+    refused_with_nothing_kept(fake_telegram, fake_openai, workspace, line)
     if fault is None:  # refused on what the message says: nothing fetched
         assert fake_telegram.calls("getFile") == [] and fake_telegram.downloads() == []
     assert [r for r in caplog.records if "not transcribed" in r.getMessage()]  # one log line says why
