@@ -17,6 +17,7 @@ from picoclaw.config import (
     Config,
     EmbeddingsConfig,
     IndexConfig,
+    MediaConfig,
     MemoryConfig,
     ProviderConfig,
     TelegramConfig,
@@ -88,6 +89,15 @@ def test_example_config_parses_and_shows_every_policy_key() -> None:
     assert set(config.memory.policy_values()) == set(POLICY_KEYS)
     # onboard copies the same file, so it must be the one onboarding uses.
     assert template_paths()[1].resolve() == example.resolve()
+
+
+def test_example_config_shows_the_media_settings_and_no_transcriber() -> None:
+    # A new install transcribes nothing until the user names an endpoint; every media key is spelled out.
+    data = json.loads((REPO / "config.example.json").read_text(encoding="utf-8"))
+    config = parse_config(data, "config.example.json")
+    assert "transcription" in data and config.transcription is None
+    assert set(data["media"]) == set(MediaConfig.model_fields)
+    assert data["agents"]["defaults"]["vision"] == "auto"
 
 
 def test_example_config_shows_the_tool_settings_switched_off() -> None:
