@@ -15,8 +15,8 @@ from picoclaw.session_key import (
     terminal_key,
 )
 
-NOT_A_KEY = ("is not a session key (expected telegram:<chat_id>, telegram:<chat_id>:<user_id>, cli:<name> or "
-             "web:<name>; a name has letters, digits, _ . -)")
+NOT_A_KEY = ("is not a session key (expected telegram:<chat_id>, telegram:<chat_id>:<user_id>, "
+             "telegram:<chat_id>:t<topic_id>[:<user_id>], cli:<name> or web:<name>; a name has letters, digits, _ . -)")
 NOT_AN_ID = "is not a Telegram id (a whole number without leading zeros that fits in 64 bits)"
 
 
