@@ -63,7 +63,10 @@ class AddressedToBot(BaseFilter):
         me = self.me()
         assert me is not None, "a message was handled before the bot knew who it is"
         replied = message.reply_to_message
-        if replied is not None and replied.from_user is not None and replied.from_user.id == me.id:
+        # In a forum topic a message not replying to another one comes as a reply to the topic's creation: that
+        # is no reply to the bot, even in a topic the bot created.
+        if (replied is not None and replied.forum_topic_created is None and replied.from_user is not None
+                and replied.from_user.id == me.id):
             return True
         return f"@{me.username}".lower() in (message.text or "").lower()
 
