@@ -8,19 +8,31 @@ import asyncio
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiogram.types import Chat, Message, Update, User
 
 from picoclaw.app import App
-from picoclaw.channels.telegram import AddressedToBot, AllowedUser, TelegramChannel, chat_of, topic_in, topic_of
+from picoclaw.channels.telegram import (
+    AddressedToBot,
+    AllowedUser,
+    TelegramChannel,
+    Webhook,
+    chat_of,
+    not_authorised,
+    topic_in,
+    topic_of,
+    webhook_secret,
+)
 from picoclaw.channels.telegram.access import Refusal, screen
 from picoclaw.memory.session import session_filename
 from picoclaw.session_key import SessionKey
 from tests.agent_helpers import contents, is_flush_request, session_records
 from tests.fakes import FakeOpenAIServer
-from tests.fakes.telegram_server import BOT_ID, BOT_USERNAME, FakeTelegramServer
+from tests.fakes.telegram_server import BOT_ID, BOT_USERNAME, TOKEN, FakeTelegramServer, free_port
 from tests.test_telegram import FRIEND, OWNER, STRANGER, configure, echo, serve, until
+from tests.test_telegram_webhook import hook_settings, inbox_done, inbox_rows, post, serve_webhook
 
 FORUM = -1001234567890
 
@@ -172,6 +184,36 @@ def test_a_stranger_in_a_topic_is_told_their_id_in_that_topic(home: Path, fake_t
 
     [(topic, _text)] = fake_telegram.sent_in(FORUM)
     assert topic == 9 and fake_openai.chat_requests() == []
+
+
+def test_a_webhook_worker_answers_in_the_topic_and_keeps_a_strangers_topic_only(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, group_trigger="always", **hook_settings(port))
+    fake_openai.responder = echo
+    secret = {"X-Telegram-Bot-Api-Secret-Token": webhook_secret(TOKEN)}
+    forum = {"id": FORUM, "type": "supergroup", "title": "家 family", "is_forum": True}
+
+    def in_topic(update_id: int, user: int, topic: int, text: str) -> dict[str, Any]:
+        return {"update_id": update_id, "message": {
+            "message_id": update_id, "date": 1_700_000_000, "chat": forum, "message_thread_id": topic,
+            "is_topic_message": True, "from": {"id": user, "is_bot": False, "first_name": "u"}, "text": text}}
+
+    updates = [in_topic(1, OWNER, 7, "tea in topic 7 / 第七个话题喝茶"), in_topic(2, STRANGER, 9, "let me in / 让我进"),
+               in_topic(3, OWNER, 9, "what do I drink? 我喝什么？")]
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> list[int]:
+        statuses = [await post(port, body, secret) for body in updates]
+        await inbox_done(webhook, 3)
+        return statuses
+    assert serve_webhook(workspace, fake_telegram, fake_openai, run) == [200] * 3
+
+    assert fake_telegram.sent_in(FORUM) == [(7, "echo: tea in topic 7 / 第七个话题喝茶"), (9, not_authorised(STRANGER)),
+                                            (9, "echo: what do I drink? 我喝什么？")]
+    assert "喝茶" not in json.dumps(fake_openai.chat_requests()[1], ensure_ascii=False)
+    rows = inbox_rows(home, None, "update_id, chat, body")
+    assert [row[:2] for row in rows] == [(1, str(FORUM)), (2, str(FORUM)), (3, str(FORUM))]  # one chat's order
+    assert json.loads(rows[1][2]) == {"update_id": 2, "refusal": {"chat_id": FORUM, "user_id": STRANGER, "topic_id": 9}}
 
 
 # -- the parts, without a bot ----------------------------------------------------------------------------------
