@@ -15,8 +15,8 @@ from picoclaw.session_key import (
     terminal_key,
 )
 
-NOT_A_KEY = ("is not a session key (expected telegram:<chat_id>, telegram:<chat_id>:<user_id>, cli:<name> or "
-             "web:<name>; a name has letters, digits, _ . -)")
+NOT_A_KEY = ("is not a session key (expected telegram:<chat_id>, telegram:<chat_id>:<user_id>, "
+             "telegram:<chat_id>:t<topic_id>[:<user_id>], cli:<name> or web:<name>; a name has letters, digits, _ . -)")
 NOT_AN_ID = "is not a Telegram id (a whole number without leading zeros that fits in 64 bits)"
 
 
@@ -25,6 +25,8 @@ NOT_AN_ID = "is not a Telegram id (a whole number without leading zeros that fit
     ("telegram:-1001234567890", SessionKey.telegram(-1001234567890)),
     ("telegram:-100500:1001", SessionKey.telegram(-100500, 1001)),
     ("telegram:-9223372036854775808:9223372036854775807", SessionKey.telegram(-(2**63), 2**63 - 1)),
+    ("telegram:-1001234567890:t7", SessionKey.telegram(-1001234567890, topic_id=7)),  # a forum topic
+    ("telegram:-1001234567890:t7:1001", SessionKey.telegram(-1001234567890, 1001, topic_id=7)),  # a member's, in it
     ("cli:default", SessionKey.cli("default")),
     ("cli:work.notes_2-b", SessionKey.cli("work.notes_2-b")),
     ("cli:工作", SessionKey.cli("工作")),
@@ -44,6 +46,11 @@ def test_the_parts_of_a_key() -> None:
     assert (chat.channel, chat.chat_id, chat.user_id) == (TELEGRAM, 42, None)
     terminal = SessionKey.parse("cli:工作")
     assert (terminal.channel, terminal.chat_id, terminal.user_id, terminal.name) == (CLI, None, None, "工作")
+    assert terminal.topic_id is None and chat.topic_id is None and member.topic_id is None  # older keys: no topic
+    topic = SessionKey.parse("telegram:-100500:t9")
+    assert (topic.chat_id, topic.topic_id, topic.user_id) == (-100500, 9, None)
+    in_topic = SessionKey.parse("telegram:-100500:t9:1001")
+    assert (in_topic.chat_id, in_topic.topic_id, in_topic.user_id) == (-100500, 9, 1001)
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -52,6 +59,12 @@ def test_the_parts_of_a_key() -> None:
     ("telegram:abc", f"'telegram:abc' {NOT_A_KEY}"),
     ("telegram:1:-2", f"'telegram:1:-2' {NOT_A_KEY}"),  # a user id is never negative
     ("telegram:1:2:3", f"'telegram:1:2:3' {NOT_A_KEY}"),
+    ("telegram:1:t", f"'telegram:1:t' {NOT_A_KEY}"),
+    ("telegram:1:t-7", f"'telegram:1:t-7' {NOT_A_KEY}"),
+    ("telegram:1:2:t7", f"'telegram:1:2:t7' {NOT_A_KEY}"),  # the topic comes before the member
+    ("telegram:1:t7:t9", f"'telegram:1:t7:t9' {NOT_A_KEY}"),
+    ("telegram:1:T7", f"'telegram:1:T7' {NOT_A_KEY}"),
+    ("telegram:-100:t07", f"'07' in 'telegram:-100:t07' {NOT_AN_ID}"),  # another session than t7's
     ("cli:", f"'cli:' {NOT_A_KEY}"),
     ("cli:two words", f"'cli:two words' {NOT_A_KEY}"),
     ("cli:工作 计划", f"'cli:工作 计划' {NOT_A_KEY}"),
@@ -110,6 +123,10 @@ def test_the_constructors_refuse_what_would_not_read_back() -> None:
         SessionKey("whatsapp", name="x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="is not a session key"):
         SessionKey.web("two words")
+    with pytest.raises(ValueError, match="is not a session key"):
+        SessionKey(CLI, name="x", topic_id=7)  # only a Telegram key has a topic
+    with pytest.raises(ValueError, match="is not a session key"):
+        SessionKey.telegram(5, topic_id=-7)
 
 
 def test_a_web_console_conversation_has_its_own_key() -> None:
@@ -123,6 +140,8 @@ def test_the_per_user_scope_of_a_session() -> None:
     assert SessionKey.parse("telegram:42").scope("per_user") == "42"  # a private chat's id is its user's
     assert SessionKey.parse("telegram:-100123:7").scope("per_user") == "7"  # a group member's own
     assert SessionKey.parse("telegram:-100123:7").scope("shared") is None
+    assert SessionKey.parse("telegram:-100123:t5:7").scope("per_user") == "7"  # a member's own, in a forum topic
+    assert SessionKey.parse("telegram:-100123:t5:7").scope("shared") is None
     assert SessionKey.parse("cli:default").scope("per_user") is None
     assert SessionKey.parse("cli:工作").scope("per_user") is None
 
@@ -136,9 +155,11 @@ def test_the_channel_of_a_key_even_one_that_does_not_parse() -> None:
 
 @pytest.mark.parametrize(("text", "stored"), [
     ("telegram:42", True), ("telegram:-100:7", True), ("cli:工作", True),
+    ("telegram:-100:t7", True), ("telegram:-100:t7:1001", True),  # forum topics (jobs set in one)
     ("telegram:042", True),  # older versions stored it: listed as undeliverable, not a broken file
     ("cli:" + "长" * 30, True),  # over the byte limit, but of the stored shape
-    ("telegram:abc", False), ("cli:two words", False), ("whatsapp:1", False), ("", False),
+    ("telegram:abc", False), ("telegram:-100:7:t9", False), ("cli:two words", False), ("whatsapp:1", False),
+    ("", False),
 ])
 def test_what_older_versions_stored(text: str, stored: bool) -> None:
     assert is_stored_form(text) is stored

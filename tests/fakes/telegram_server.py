@@ -8,7 +8,10 @@ call the bot made:
         ...  # run the bot against telegram.origin
         assert telegram.sent_texts(42) == ["hi!"]
 
-Users send text, stickers, photos, voice notes, audio, video notes or documents. Methods: getMe, getUpdates (long
+Users send text, stickers, photos, voice notes, audio, video notes or documents. In a forum supergroup
+(`forum=True`, or `topic=N`: a message in topic N, with its `message_thread_id`, `is_topic_message` and, as
+Telegram sends it, a `reply_to_message` that is the topic's creation) each sendMessage's `message_thread_id` is
+recorded: `sent_in(chat_id)` lists (topic, text) pairs. Methods: getMe, getUpdates (long
 polling; an `offset` confirms earlier updates, as Telegram does), sendMessage, sendChatAction, setMyCommands,
 setWebhook, getWebhookInfo, deleteWebhook, getFile.
 
@@ -109,10 +112,12 @@ class FakeTelegramServer(BackgroundHTTPServer):
     # -- what users do ----------------------------------------------------------------------------
 
     def send_text(self, chat_id: int, user_id: int, text: str, *, username: str | None = None,
-                  chat_type: str = "private", reply_to_bot: bool = False) -> int:
-        """Queue a text message from a user; returns its update_id."""
+                  chat_type: str = "private", reply_to_bot: bool = False, topic: int | None = None,
+                  forum: bool = False) -> int:
+        """Queue a text message from a user; returns its update_id. `topic`: sent in that topic of a forum
+        supergroup; `forum` without a topic: in the forum's General topic."""
         return self._queue_message(chat_id, user_id, {"text": text}, username=username, chat_type=chat_type,
-                                   reply_to_bot=reply_to_bot)
+                                   reply_to_bot=reply_to_bot, topic=topic, forum=forum)
 
     def send_sticker(self, chat_id: int, user_id: int, *, chat_type: str = "private") -> int:
         """Queue a sticker (a message without text); returns its update_id."""
@@ -216,19 +221,32 @@ class FakeTelegramServer(BackgroundHTTPServer):
         return {"file_id": stored.file_id, "file_unique_id": stored.file_unique_id, "file_size": stored.file_size}
 
     def _queue_message(self, chat_id: int, user_id: int, content: dict[str, Any], *, username: str | None = None,
-                       chat_type: str = "private", reply_to_bot: bool = False) -> int:
+                       chat_type: str = "private", reply_to_bot: bool = False, topic: int | None = None,
+                       forum: bool = False) -> int:
         user = {"id": user_id, "is_bot": False, "first_name": f"user{user_id}",
                 **({"username": username} if username else {})}
-        chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
-        if chat_type != "private":
+        forum = forum or topic is not None
+        chat: dict[str, Any] = {"id": chat_id, "type": "supergroup" if forum else chat_type}
+        if forum:
+            chat["is_forum"] = True
+        if chat["type"] != "private":
             chat["title"] = f"group {chat_id}"
         with self._lock:
             self._message_ids += 1
             message: dict[str, Any] = {"message_id": self._message_ids, "date": int(time.time()),
                                        "chat": chat, "from": user, **content}
+            if topic is not None:
+                # As Telegram sends a topic's message: its thread, and, unless it replies to another message,
+                # a reply to the topic's creation (here by the bot, which must not make it a reply to the bot).
+                message.update(message_thread_id=topic, is_topic_message=True,
+                               reply_to_message={"message_id": topic, "date": int(time.time()), "chat": chat,
+                                                 "from": self._bot_user(), "message_thread_id": topic,
+                                                 "forum_topic_created": {"name": f"topic {topic}",
+                                                                         "icon_color": 7322096}})
             if reply_to_bot:
                 message["reply_to_message"] = {"message_id": 1, "date": int(time.time()), "chat": chat,
-                                               "from": self._bot_user(), "text": "earlier answer"}
+                                               "from": self._bot_user(), "text": "earlier answer",
+                                               **({"message_thread_id": topic} if topic is not None else {})}
             update_id = len(self._updates) + 1
             self._updates.append({"update_id": update_id, "message": message})
         if self._arrived is not None:
@@ -333,6 +351,14 @@ class FakeTelegramServer(BackgroundHTTPServer):
             return [c.params["text"] for c in self._calls
                     if c.method == "sendMessage" and c.params.get("_ok")
                     and (chat_id is None or int(c.params["chat_id"]) == chat_id)]
+
+    def sent_in(self, chat_id: int) -> list[tuple[int | None, str]]:
+        """(message_thread_id or None, text) of each sendMessage to `chat_id` that succeeded, in order: where in a
+        forum each went."""
+        with self._lock:
+            return [(None if (thread := c.params.get("message_thread_id")) is None else int(thread), c.params["text"])
+                    for c in self._calls
+                    if c.method == "sendMessage" and c.params.get("_ok") and int(c.params["chat_id"]) == chat_id]
 
     def wait_until(self, condition: Callable[[], bool], timeout: float = 60.0) -> None:
         """Block until `condition()` holds (re-checked after every API call), or fail after `timeout` (generous:
@@ -468,8 +494,10 @@ class FakeTelegramServer(BackgroundHTTPServer):
         with self._lock:
             self._message_ids += 1
             message_id = self._message_ids
+        thread = params.get("message_thread_id")
         return {"message_id": message_id, "date": int(time.time()), "from": self._bot_user(),
-                "chat": {"id": int(params["chat_id"]), "type": "private"}, "text": params["text"]}
+                "chat": {"id": int(params["chat_id"]), "type": "private"}, "text": params["text"],
+                **({"message_thread_id": int(thread), "is_topic_message": True} if thread is not None else {})}
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ workers may be several on PostgreSQL; on the files backend the same lock allows 
 
 from __future__ import annotations
 
-from picoclaw.channels.telegram.access import AddressedToBot, AllowedUser, not_authorised
+from picoclaw.channels.telegram.access import AddressedToBot, AllowedUser, not_authorised, topic_of
 from picoclaw.channels.telegram.bot import (
     RETRY_AFTER_ATTEMPTS,
     RETRY_AFTER_MAX_WAIT,
@@ -27,7 +27,14 @@ from picoclaw.channels.telegram.bot import (
     make_bot,
     polling_lock,
 )
-from picoclaw.channels.telegram.channel import APOLOGY, MEMORY_BUSY, NOT_TEXT, TelegramChannel, chat_of
+from picoclaw.channels.telegram.channel import (
+    APOLOGY,
+    MEMORY_BUSY,
+    NOT_TEXT,
+    TelegramChannel,
+    chat_of,
+    topic_in,
+)
 from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import render_html, telegram_parts
 from picoclaw.channels.telegram.split import MESSAGE_LIMIT, MessagePart
@@ -55,5 +62,7 @@ __all__ = [
     "polling_lock",
     "render_html",
     "telegram_parts",
+    "topic_in",
+    "topic_of",
     "webhook_secret",
 ]

@@ -63,17 +63,33 @@ class AddressedToBot(BaseFilter):
         me = self.me()
         assert me is not None, "a message was handled before the bot knew who it is"
         replied = message.reply_to_message
-        if replied is not None and replied.from_user is not None and replied.from_user.id == me.id:
+        # In a forum topic a message not replying to another one comes as a reply to the topic's creation: that
+        # is no reply to the bot, even in a topic the bot created.
+        if (replied is not None and replied.forum_topic_created is None and replied.from_user is not None
+                and replied.from_user.id == me.id):
             return True
         return f"@{me.username}".lower() in (message.text or "").lower()
 
 
+# The General topic of a forum: its messages carry no message_thread_id (some clients say 1); it is the chat's own.
+GENERAL_TOPIC = 1
+
+
+def topic_of(message: Message) -> int | None:
+    """The forum topic a message was sent in (its message_thread_id), which is then a conversation of its own;
+    None outside a forum's topics: a private chat, a group, a supergroup's reply thread, a forum's General topic."""
+    thread = message.message_thread_id
+    return thread if message.is_topic_message and thread is not None and thread != GENERAL_TOPIC else None
+
+
 @dataclass(frozen=True)
 class Refusal:
-    """All that is kept of a stranger's message to the bot: where to tell them they are not let in, and who."""
+    """All that is kept of a stranger's message to the bot: where to tell them they are not let in (the forum
+    topic too), and who."""
 
     chat_id: int
     user_id: int
+    topic_id: int | None = None
 
 
 def screen(update: Update, allowed: AllowedUser, addressed: AddressedToBot) -> Update | Refusal | None:
@@ -86,7 +102,7 @@ def screen(update: Update, allowed: AllowedUser, addressed: AddressedToBot) -> U
             return None
         user = event.from_user
         assert user is not None  # addressed: a person's message
-        return update if allowed.allows(user) else Refusal(event.chat.id, user.id)
+        return update if allowed.allows(user) else Refusal(event.chat.id, user.id, topic_of(event))
     sender = getattr(event, "from_user", None) or getattr(event, "user", None)
     return update if isinstance(sender, User) and allowed.allows(sender) else None
 

@@ -1,8 +1,10 @@
 """`TelegramChannel`: the assistant as a Telegram bot (aiogram 3, long polling), its whole life cycle.
 
-Each chat is a session (`telegram:<chat_id>`); one chat's messages are answered in order, different chats
-at once. Only users in `channels.telegram.allow_from` are served; a stranger is told their id once and
-nothing they wrote is kept. With memory_scope "per_user" each user has a memory folder of their own.
+Each chat is a session (`telegram:<chat_id>`), and so is each topic of a forum supergroup
+(`telegram:<chat_id>:t<topic_id>`, answered in that topic; the General topic is the chat's own session); one
+session's messages are answered in order, different sessions at once. Only users in
+`channels.telegram.allow_from` are served; a stranger is told their id once and nothing they wrote is kept.
+With memory_scope "per_user" each user has a memory folder of their own.
 A reply Telegram refuses to deliver (403: the user blocked the bot) is marked in the session as not delivered.
 
 The routers, in the order aiogram tries them:
@@ -44,6 +46,7 @@ from picoclaw.channels.telegram.access import (
     Refusal,
     not_authorised,
     screen,
+    topic_of,
     without_mention,
 )
 from picoclaw.channels.telegram.bot import (
@@ -116,9 +119,17 @@ async def _record_reply_sent() -> None:
 
 
 def chat_of(session_key: str) -> int | None:
-    """The chat id of a Telegram session key (a per-user key's chat too); None for any other key."""
+    """The chat id of a Telegram session key (a per-user or a topic key's chat too); None for any other key."""
     try:
         return SessionKey.parse(session_key).chat_id
+    except ValueError:
+        return None
+
+
+def topic_in(session_key: str) -> int | None:
+    """The forum topic (message_thread_id) a Telegram session key names; None for a chat's own, or any other key."""
+    try:
+        return SessionKey.parse(session_key).topic_id
     except ValueError:
         return None
 
@@ -298,7 +309,7 @@ class TelegramChannel:
         """A message for the bot from someone not in allow_from: told their id once, nothing kept."""
         user = message.from_user
         assert user is not None  # AddressedToBot passes people's messages only
-        await self.refuse(Refusal(message.chat.id, user.id))
+        await self.refuse(Refusal(message.chat.id, user.id, topic_of(message)))
 
     async def refuse(self, refusal: Refusal) -> None:
         """Tell a stranger their id, once (a webhook worker stores only this of their message)."""
@@ -308,7 +319,7 @@ class TelegramChannel:
         if not await _claim_kept():
             raise ClaimLost
         self._told.put(refusal.user_id, True)
-        await self._send(refusal.chat_id, not_authorised(refusal.user_id))
+        await self._send(refusal.chat_id, not_authorised(refusal.user_id), topic=refusal.topic_id)
         await _record_reply_sent()
 
     def screen(self, update: Update) -> Update | Refusal | None:
@@ -318,7 +329,7 @@ class TelegramChannel:
     async def _in_chat_order(self, message: Message, *, kept: bool) -> None:
         user, chat = message.from_user, message.chat
         assert user is not None  # AddressedToBot passes people's messages only
-        key = self._session_key(chat.id, chat.type, user.id)
+        key = self._session_key(chat.id, chat.type, user.id, topic_of(message))
         task = asyncio.current_task()
         if task is not None:
             self._in_flight.add(task)
@@ -332,7 +343,7 @@ class TelegramChannel:
                 self._in_flight.discard(task)
 
     async def _answer(self, message: Message, user: User, key: str, kept: bool) -> None:
-        chat_id = message.chat.id
+        chat_id, topic = message.chat.id, topic_of(message)
         audio = audio_of(message)
         document = document_of(message)
         images: tuple[bytes, ...] = ()
@@ -352,7 +363,7 @@ class TelegramChannel:
                 return
             text = read
         elif message.text is None:
-            await self._say(chat_id, NOT_TEXT)
+            await self._say(chat_id, NOT_TEXT, topic)
             return
         else:
             text = without_mention(message.text, self.me)
@@ -362,7 +373,7 @@ class TelegramChannel:
         inbound = Inbound(str(user.id), key, text, replied.message_id if replied is not None else None, images)
         stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
         try:
-            async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
+            async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
                 answer = await run_turn(agent, inbound, self._hooks)
             if isinstance(answer.error, StorageUnavailable):
                 raise answer.error  # the agent's apology for its memory: a storage failure like any other
@@ -391,37 +402,37 @@ class TelegramChannel:
             if stored:
                 await self._mark_undelivered(agent, key, reply, "not sent: another worker answered this message")
             raise ClaimLost
-        failure = await self.send_reply(chat_id, reply)
+        failure = await self.send_reply(chat_id, reply, topic=topic)
         await _record_reply_sent()
         if failure is not None and stored:
             await self._mark_undelivered(agent, key, reply, failure)
 
-    async def _say(self, chat_id: int, line: str) -> None:
+    async def _say(self, chat_id: int, line: str, topic: int | None) -> None:
         """One line of the bot's own (no turn, nothing kept), sent only while this worker holds the update."""
         if not await _claim_kept():
             raise ClaimLost
-        await self.send_reply(chat_id, line)
+        await self.send_reply(chat_id, line, topic=topic)
         await _record_reply_sent()
 
     async def _listen(self, message: Message, user: User, audio: Audio) -> str | None:
         """The words of the message's audio, shown back to the user first; None when it was answered with why
         it could not be heard instead (nothing sent to the model, nothing stored)."""
-        chat_id = message.chat.id
+        chat_id, topic = message.chat.id, topic_of(message)
         if self.transcriber is None:
             log.info("telegram: chat %s user %s: a %s, and no transcription is configured", chat_id, user.id,
                      audio.kind)
-            await self._say(chat_id, NOT_LISTENING)
+            await self._say(chat_id, NOT_LISTENING, topic)
             return None
         try:
-            async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
+            async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
                 heard = await transcript_of(self.bot, audio, self.transcriber)
         except MediaRefused as exc:
             log.info("telegram: chat %s user %s: a %s not transcribed: %s", chat_id, user.id, audio.kind, exc)
-            await self._say(chat_id, str(exc))
+            await self._say(chat_id, str(exc), topic)
             return None
         if not await _claim_kept():
             raise ClaimLost
-        await self._send(chat_id, f"🎤 {heard}", html=echo_html(heard))
+        await self._send(chat_id, f"🎤 {heard}", html=echo_html(heard), topic=topic)
         return heard
 
     async def _look(self, message: Message, user: User, key: str) -> tuple[str, tuple[bytes, ...]] | None:
@@ -429,41 +440,41 @@ class TelegramChannel:
         media.image_megabytes, kept in the scope's media/ folder, and given to a model that sees; a model that
         does not gets the caption and a note, and the user hears so in one line. None when it was answered with
         why the image could not be taken instead (nothing sent to the model, nothing stored)."""
-        chat_id = message.chat.id
+        chat_id, topic = message.chat.id, topic_of(message)
         agent = self._loop_for(key)
         max_bytes = agent.workspace.config.media.image_megabytes * 1_000_000
         try:
             picture = picture_of(message, max_bytes)
             assert picture is not None  # _answer asked for a photo or an image document
-            async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
+            async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
                 data = await picture_bytes(self.bot, picture, max_bytes)
                 saved_as = await asyncio.to_thread(agent.workspace.media().save, data, picture.name)
         except MediaRefused as exc:
             log.info("telegram: chat %s user %s: an image not taken: %s", chat_id, user.id, exc)
-            await self._say(chat_id, str(exc))
+            await self._say(chat_id, str(exc), topic)
             return None
         except OSError as exc:
             log.warning("telegram: chat %s user %s: an image could not be kept: %s", chat_id, user.id, exc)
-            await self._say(chat_id, IMAGE_NOT_KEPT)
+            await self._say(chat_id, IMAGE_NOT_KEPT, topic)
             return None
         log.info("telegram: chat %s user %s: an image (%d bytes) saved as %s", chat_id, user.id, len(data), saved_as)
         if await agent.sees_images():
             return image_turn(saved_as, message.caption, seen=True), (data,)
         if not await _claim_kept():
             raise ClaimLost
-        await self._send(chat_id, NO_VISION)
+        await self._send(chat_id, NO_VISION, topic=topic)
         return image_turn(saved_as, message.caption, seen=False), ()
 
     async def _read_document(self, message: Message, user: User, key: str, document: Document) -> str | None:
         """The turn's text for a document (issue 43): fetched within media.document_kilobytes, read, kept in the
         scope's media/ folder; None when it was answered with why it could not be read instead (nothing fetched
         over the limit, nothing sent to the model, nothing stored or saved)."""
-        chat_id = message.chat.id
+        chat_id, topic = message.chat.id, topic_of(message)
         workspace = self._loop_for(key).workspace
         settings = workspace.config.media
         max_bytes = settings.document_kilobytes * KILOBYTE
         try:
-            async with ChatActionSender.typing(chat_id, self.bot, interval=self.typing_interval):
+            async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
                 data = await document_bytes(self.bot, document, max_bytes)
                 doc = await asyncio.to_thread(read_document, document.name, data, max_bytes=max_bytes)
                 media = workspace.media()
@@ -472,7 +483,7 @@ class TelegramChannel:
         except MediaRefused as exc:
             log.info("telegram: chat %s user %s: a document (%s) not read: %s", chat_id, user.id,
                      document.mime_type or "no type", exc)
-            await self._say(chat_id, str(exc))
+            await self._say(chat_id, str(exc), topic)
             return None
         log.info("telegram: chat %s user %s: document %s (%d bytes) saved as %s", chat_id, user.id, doc.kind,
                  len(data), saved_as)
@@ -494,11 +505,12 @@ class TelegramChannel:
             return
         log.info("telegram: session %s: message %d marked as not delivered", key, stored.id)
 
-    def _session_key(self, chat_id: int, chat_type: str, user_id: int) -> str:
-        # Per-user memory in a group: each member keeps a history of their own, so no one's
-        # remembered facts reach the others through the shared conversation.
+    def _session_key(self, chat_id: int, chat_type: str, user_id: int, topic: int | None = None) -> str:
+        # A forum topic is a conversation of its own. Per-user memory in a group (a topic too): each member
+        # keeps a history of their own, so no one's remembered facts reach the others through the shared
+        # conversation.
         per_user = self.settings.memory_scope == "per_user" and chat_type != ChatType.PRIVATE
-        return str(SessionKey.telegram(chat_id, user_id if per_user else None))
+        return str(SessionKey.telegram(chat_id, user_id if per_user else None, topic_id=topic))
 
     def _loop_for(self, key: str) -> AgentLoop:
         # The app's agent of the key's memory scope, made once per scope and kept while in use.
@@ -510,7 +522,7 @@ class TelegramChannel:
         """A notice of work after a turn (a summary starting), as plain text; a failure is only logged."""
         chat_id = chat_of(key)
         if chat_id is not None:
-            await self._send(chat_id, text)
+            await self._send(chat_id, text, topic=topic_in(key))
 
     async def _remembered(self, key: str, write: MemoryWrite) -> None:
         """The receipt of a memory write made without a command: its one line, in the chat it came from."""
@@ -519,22 +531,24 @@ class TelegramChannel:
     # -- sending ------------------------------------------------------------------------------------
 
     async def deliver(self, session_key: str, markdown: str) -> None:
-        """A scheduled job's text to the chat of `session_key` (a per-user key's chat too); raises on failure,
-        so the job's outcome says it was not delivered."""
+        """A scheduled job's text to the chat of `session_key` (a per-user key's chat too), into the forum topic
+        it names if any; raises on failure, so the job's outcome says it was not delivered."""
         chat_id = chat_of(session_key)
         if chat_id is None:
             raise PicoclawError(f"{session_key} is not a Telegram session")
-        await self.send_reply(chat_id, markdown, strict=True)
+        await self.send_reply(chat_id, markdown, strict=True, topic=topic_in(session_key))
 
-    async def send_reply(self, chat_id: int, markdown: str, *, strict: bool = False) -> str | None:
-        """The model's Markdown as HTML messages of at most 4,096 characters each, in order.
+    async def send_reply(self, chat_id: int, markdown: str, *, strict: bool = False,
+                         topic: int | None = None) -> str | None:
+        """The model's Markdown as HTML messages of at most 4,096 characters each, in order (into a forum's
+        `topic` when given).
 
         None when every part arrived, else what went wrong, for the session's record (one line, no token).
         """
         parts = telegram_parts(markdown) or [MessagePart(EMPTY_REPLY, EMPTY_REPLY)]
         sent, failure = 0, None
         for part in parts:
-            why = await self._send(chat_id, part.plain, html=part.html, strict=strict)
+            why = await self._send(chat_id, part.plain, html=part.html, strict=strict, topic=topic)
             if why is None:
                 sent += 1
             elif failure is None:
@@ -545,22 +559,24 @@ class TelegramChannel:
             return f"sending failed ({failure}); the user has not seen this reply"
         return f"only {sent} of {len(parts)} parts reached the user; sending the rest failed ({failure})"
 
-    async def _send(self, chat_id: int, plain: str, *, html: str | None = None, strict: bool = False) -> str | None:
-        """`html` if given, else (or when Telegram refuses the HTML) `plain`; None when sent, else why not.
+    async def _send(self, chat_id: int, plain: str, *, html: str | None = None, strict: bool = False,
+                    topic: int | None = None) -> str | None:
+        """`html` if given, else (or when Telegram refuses the HTML) `plain`, into the forum's `topic` when given;
+        None when sent, else why not.
 
         A failure is logged, and raised again when `strict`.
         """
         try:
             if html is not None:
                 try:
-                    await self.bot.send_message(chat_id, html, parse_mode="HTML")
+                    await self.bot.send_message(chat_id, html, message_thread_id=topic, parse_mode="HTML")
                     return None
                 except TelegramBadRequest as exc:
                     if "parse entities" not in exc.message.lower():
                         raise
                     log.warning("telegram: chat %s: Telegram refused the HTML (%s); sent as plain text",
                                 chat_id, exc.message)
-            await self.bot.send_message(chat_id, plain, parse_mode=None)
+            await self.bot.send_message(chat_id, plain, message_thread_id=topic, parse_mode=None)
             return None
         except TelegramAPIError as exc:
             log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)

@@ -78,7 +78,8 @@ PRUNE_EVERY = 3600.0  # seconds between deletions of old finished rows
 STORE_GRACE = 5.0  # seconds the HTTP server waits for requests under way when the worker stops
 # Threads of the inbox's own: the door and the claims never queue behind turns waiting for the database.
 INBOX_THREADS = 4
-REFUSAL = "refusal"  # the key of a stranger's stored update: {"update_id": …, "refusal": {"chat_id", "user_id"}}
+# The key of a stranger's stored update: {"update_id": …, "refusal": {"chat_id", "user_id"[, "topic_id"]}}.
+REFUSAL = "refusal"
 
 
 @dataclass(frozen=True)
@@ -230,8 +231,10 @@ class InboxRequestHandler(SimpleRequestHandler):
         if kept is None:
             return web.json_response({})  # nothing will answer it: nothing of it is stored
         if isinstance(kept, Refusal):
-            text = orjson.dumps({"update_id": update.update_id,
-                                 REFUSAL: {"chat_id": kept.chat_id, "user_id": kept.user_id}}).decode()
+            where = {"chat_id": kept.chat_id, "user_id": kept.user_id}
+            if kept.topic_id is not None:  # a forum topic: the refusal goes there (older rows have none)
+                where["topic_id"] = kept.topic_id
+            text = orjson.dumps({"update_id": update.update_id, REFUSAL: where}).decode()
         else:
             text = body.decode("utf-8")
         return await self._store(update.update_id, chat_of_update(data), text)
@@ -657,7 +660,9 @@ def _feeder(bot: Bot, dispatcher: Dispatcher, gate: Gate) -> Callable[[dict[str,
     async def feed(update: dict[str, Any]) -> object:
         refusal = update.get(REFUSAL)
         if isinstance(refusal, dict):
-            await gate.refuse(Refusal(int(refusal["chat_id"]), int(refusal["user_id"])))
+            topic = refusal.get("topic_id")
+            await gate.refuse(Refusal(int(refusal["chat_id"]), int(refusal["user_id"]),
+                                      None if topic is None else int(topic)))
             return None
         # feed_update, not feed_raw_update: that one logs a traceback of its own for every exception, and the
         # inbox worker handles them (a turn given back for want of the storage is no error).
