@@ -143,6 +143,15 @@ def test_the_models_entry_is_the_same_fact_and_never_supersedes_a_persons(worksp
     ("我的咖啡要燕麦奶拿铁，不加糖，中杯。", "用户的咖啡要燕麦奶拿铁，不加糖。", True),
     ("我们的孩子是我们的未来；他们应该拥有最好的。", "我们的孩子是我们的未来；他们应该拥有最好的。", True),
     ("My coffee is an oat-milk latte, 不加糖.", "My coffee is an oat-milk latte, 加糖.", False),
+    # A polarity belongs to its clause; an adverb after 不 is skipped; words that only look negative deny nothing.
+    ("I don't like coffee but I like tea.", "The user likes tea.", True),
+    ("我不喜欢咖啡，我喜欢茶。", "用户喜欢茶。", True),
+    ("我不喜欢咖啡但是喜欢茶", "用户喜欢茶", True),
+    ("我不太喜欢咖啡", "用户不喜欢咖啡", True),
+    ("我不太喜欢咖啡", "用户喜欢咖啡", False),
+    ("我未来想去日本工作", "用户未来想去日本工作", True),
+    ("I no longer smoke.", "The user smokes.", False),
+    ("I haven't got a car.", "The user has got a car.", False),
 ], ids=lambda value: value if isinstance(value, bool) else None)
 def test_a_line_that_says_the_opposite_of_the_user_is_not_grounded(said: str, line: str, expected: bool) -> None:
     assert grounded(line, Said.of([said])) is expected

@@ -467,6 +467,10 @@ REAL_OFF_POINT = "LESSON: Always consult reliable sources when trying to find in
     ("The capital of Australia is Canberra.", "No, answer me in Chinese from now on.",
      "LESSON: Answer this user in Chinese from now on, whatever language the question is in.",
      "Answer this user in Chinese from now on, whatever language the question is in."),
+    # Asked as a question, it is still the user's instruction: kept, not refused as a question.
+    ("The capital of Australia is Canberra.", "No, can you answer me in Chinese from now on?", REAL_OFF_POINT,
+     'The user asked: "can you answer me in Chinese from now on?"'),
+    ("Hangzhou is 75°F and sunny today.", "不对，以后能不能都用摄氏度？", "NONE", "用户要求：“以后能不能都用摄氏度？”"),
 ])
 def test_a_standing_instruction_in_a_correction_is_kept_whatever_the_draft(
         workspace: Workspace, fake_openai: FakeOpenAIServer, earlier: str, correction: str, draft: str,

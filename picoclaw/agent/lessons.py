@@ -260,7 +260,7 @@ class Learner:
             return self._nothing(turn, trigger, f"the answer was refused: {answer.refused}")
         if lesson is None:
             return self._nothing(turn, trigger, "the model found no lesson in it")
-        if not_a_fact(lesson) == QUESTION:
+        if instruction is None and not_a_fact(lesson) == QUESTION:  # the user's own words may well be a question
             return self._nothing(turn, trigger, "the answer was a question, not a lesson")
         # A correction's lesson is the user's when it keeps their instruction or says what they said; a draft in
         # the model's own words is kept as the model's (never a standing lesson, not shown as the user's).

@@ -311,14 +311,21 @@ def grounded(line: str, said: Said) -> bool:
         pairs = _pairs(text)
         if pairs and len(pairs & said.pairs) < CJK_PAIR_SHARE * len(pairs):
             return False
-    return bool(hard or words or characters) and _same_polarity(text, words | characters, said)
+    return bool(hard or words or characters) and _same_polarity(text, said)
 
 
-# A negation, and the word it denies: "not allergic", "don't really like", "never drink", 不喜欢, 没有车. A bare
-# "No," answering a question denies nothing in the sentence after it.
-_DENIAL = re.compile(r"\b(?:not|no|never|don't|doesn't|didn't|isn't|aren't|wasn't|won't|can't|cannot)\s+"
-                     r"(?:(?:really|very|at|all|so|too|much|ever|even|a|an|the|be|been|to|any)\s+)*"
-                     rf"([A-Za-z\u00c0-\u024f]+)|[不没别未非]([{cjk.LETTERS}])", re.IGNORECASE)
+# A negation, and the word it denies: "not allergic", "don't really like", "never drink", "no longer smoke", 不喜欢,
+# 没有车, 不太喜欢 (an adverb between is skipped). A bare "No," answering a question denies nothing after it, and the
+# Chinese words that only look negative (未来, 非常, 不错 …) deny nothing.
+_DENIAL = re.compile(r"\b(?:not|no(?:\s+longer)?|never|don't|doesn't|didn't|isn't|aren't|wasn't|weren't|won't"
+                     r"|can't|cannot|couldn't|shouldn't|wouldn't|haven't|hasn't|hadn't)\s+"
+                     r"(?:(?:really|very|at|all|so|too|much|ever|even|a|an|the|be|been|to|any|got)\s+)*"
+                     rf"([A-Za-z\u00c0-\u024f]+)"
+                     rf"|[不没别未非](?:太|大|很|是很|怎么|再|是)?([{cjk.LETTERS}])", re.IGNORECASE)
+_NOT_DENIALS = re.compile(r"未来|别人|别的|非常|不错|不过|不少|不但|不仅|差不多|不管|不久|没错|无论")
+# Where one clause ends and the next begins: a polarity belongs to its clause ("I don't like coffee but I like tea").
+_CLAUSE = re.compile(r"[,;，；、]|\b(?:but|however|although|though|yet|whereas)\b|但是|但|可是|不过|而是|却",
+                     re.IGNORECASE)
 
 
 def _terms(text: str) -> frozenset[str]:
@@ -327,7 +334,7 @@ def _terms(text: str) -> frozenset[str]:
 
 
 def _denied(text: str) -> frozenset[str]:
-    return frozenset(_stem(latin) if latin else han for latin, han in _DENIAL.findall(text))
+    return frozenset(_stem(latin) if latin else han for latin, han in _DENIAL.findall(_NOT_DENIALS.sub(" ", text)))
 
 
 def overlap(line: str, text: str) -> int:
@@ -337,19 +344,26 @@ def overlap(line: str, text: str) -> int:
                & (_latin_stems(plain_text) | frozenset(_characters(plain_text))))
 
 
-def _same_polarity(text: str, telling: set[str] | frozenset[str], said: Said) -> bool:
-    """Whether `text` denies only what the user denied, and states nothing the user's sentence closest to it
-    denies: "I am allergic to peanuts" from "I am not allergic to peanuts", 我喜欢咖啡 from 我不喜欢咖啡, has every
-    word of the user's and says the opposite. The closest sentence shares most telling content with `text` (the
-    bag of words compares the whole span; a polarity belongs to one sentence)."""
-    scored = [(len(telling & (_latin_stems(sentence) | set(_characters(sentence)))), _denied(sentence))
-              for sentence in said.text.split("\n")]
-    denied = _denied(text)
-    if not denied <= frozenset().union(*(theirs for score, theirs in scored if score)):
-        return False
-    stated = _terms(text) - denied
-    best = max(score for score, _ in scored)
-    return any(not (theirs & stated) for score, theirs in scored if score == best)
+def _same_polarity(text: str, said: Said) -> bool:
+    """Whether each clause of `text` denies only what the user denied, and states nothing the user's clause closest
+    to it denies: "I am allergic to peanuts" from "I am not allergic to peanuts", 我喜欢咖啡 from 我不喜欢咖啡, has
+    every word of the user's and says the opposite. The closest clause shares most telling content with the
+    line's clause (the bag of words compares the whole span; a polarity belongs to one clause)."""
+    theirs = [clause for sentence in said.text.split("\n") for clause in _CLAUSE.split(sentence) if clause.strip()]
+    told = [(_latin_stems(clause) | frozenset(_characters(clause)), _denied(clause)) for clause in theirs]
+    for clause in _CLAUSE.split(text):
+        telling = _latin_stems(clause) | frozenset(_characters(clause))
+        if not telling:
+            continue
+        scored = [(len(telling & content), denied) for content, denied in told] or [(0, frozenset())]
+        denied = _denied(clause)
+        if not denied <= frozenset().union(*(them for score, them in scored if score)):
+            return False
+        stated = _terms(clause) - denied
+        best = max(score for score, _ in scored)
+        if all(them & stated for score, them in scored if score == best):
+            return False
+    return True
 
 
 # -- what memory already holds ------------------------------------------------------------------------------
