@@ -65,7 +65,7 @@ def serve_webhook(workspace: Workspace, telegram: FakeTelegramServer, model: Fak
         bot = make_bot(settings, workspace.config.telegram_token())
         app = App(workspace.config, workspace.home, make_provider=lambda _config: make_provider(workspace, model))
         async with app:
-            channel = TelegramChannel(settings, bot, app.agent, typing_interval=0.05)
+            channel = TelegramChannel(settings, bot, app.agent, transcriber=app.transcriber(), typing_interval=0.05)
             webhook = Webhook(settings.webhook, app.storage, worker="w1", secret_token=webhook_secret(bot.token))
             running = asyncio.create_task(channel.run(handle_signals=False, webhook=webhook))
             await until(telegram, lambda: telegram.webhook is not None)  # the port opened before it was set
@@ -437,6 +437,40 @@ def test_a_turn_that_cannot_reach_the_storage_sends_no_apology_and_is_answered_a
     assert APOLOGY not in fake_telegram.sent_texts() and not failures
     assert inbox_rows(home) == [(1, str(OWNER), 2, 1, 1)]  # given back, answered at the second attempt
     assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_a_voice_note_whose_turn_cannot_reach_the_storage_is_not_heard_twice(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    path = home / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["transcription"] = {"provider": "openai", "model": "whisper-1"}
+    config["providers"]["openai"]["max_retries"] = 0
+    path.write_text(json.dumps(config), encoding="utf-8")
+    workspace = App.open(home).workspace
+    fake_openai.reply_transcript("remember my locker is 317 / 我的柜子是317号")
+    failures = [StorageUnavailable("PostgreSQL at db.example:5432 cannot be reached: server closed the connection")]
+    run_turn = channel_module.run_turn
+
+    async def flaky_turn(*args: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await run_turn(*args)
+    monkeypatch.setattr(channel_module, "run_turn", flaky_turn)
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> None:
+        fake_telegram.deliver_to([port])
+        fake_telegram.send_voice(OWNER, OWNER, b"OggS" + bytes(64))
+        await until(fake_telegram, replied(fake_telegram, OWNER, 2))
+        await inbox_done(webhook, 1)
+    serve_webhook(workspace, fake_telegram, fake_openai, run)
+    # The transcript went out before the turn: the update is answered here, not given back to be heard again.
+    echo_line, answer = fake_telegram.sent_texts(OWNER)
+    assert "🎤 remember my locker is 317" in echo_line and answer == APOLOGY
+    assert len(fake_openai.transcription_requests()) == 1
+    assert inbox_rows(home) == [(1, str(OWNER), 1, 1, 1)]
 
 
 def test_a_turn_whose_lock_wait_ran_out_is_answered_in_one_line_and_healthz_is_503_until_a_turn_gets_storage(

@@ -347,16 +347,18 @@ class TelegramChannel:
         audio = audio_of(message)
         document = document_of(message)
         images: tuple[bytes, ...] = ()
+        shown_first = False  # whether a line went out before the turn (the transcript heard, NO_VISION)
         if audio is not None:
             heard = await self._listen(message, user, audio)
             if heard is None:
                 return
-            text = spoken(heard, message.caption)
+            text, shown_first = spoken(heard, message.caption), True
         elif message.photo or (document is not None and document.image):
             seen = await self._look(message, user, key)
             if seen is None:
                 return
             text, images = seen
+            shown_first = not images  # a model that does not see: the user was told so
         elif document is not None:
             read = await self._read_document(message, user, key, document)
             if read is None:
@@ -387,9 +389,10 @@ class TelegramChannel:
             reply = MEMORY_BUSY
         except StorageUnavailable as exc:
             _turn_storage(exc)
-            if from_inbox():
+            if from_inbox() and not shown_first:
                 # No apology: another attempt answers once the storage is back (a worker that could reach it
-                # may even be answering already), and an apology would come before the answer.
+                # may even be answering already), and an apology would come before the answer. Once a line went
+                # out before the turn, another attempt would send it (and transcribe) again: answered here.
                 log.info("telegram: chat %s user %s: storage unreachable; the message goes back to the inbox "
                          "(%s)", chat_id, user.id, exc)
                 raise
