@@ -18,7 +18,7 @@ from picoclaw.channels.telegram import TelegramChannel, not_authorised
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import contents, session_path
 from tests.fakes import FakeOpenAIServer
-from tests.fakes.telegram_server import FakeTelegramServer
+from tests.fakes.telegram_server import BOT_USERNAME, FakeTelegramServer
 from tests.test_telegram import FRIEND, OWNER, STRANGER, configure, replied, serve, until
 
 SMALL = b"\xff\xd8\xff\xe0" + b"small" + bytes(32)
@@ -162,3 +162,23 @@ def test_with_per_user_memory_each_users_photos_are_kept_in_their_own_folder(
     assert [p.read_bytes() for p in (users / str(OWNER) / "media").rglob("*.jpg")] == [SMALL]
     assert [p.read_bytes() for p in (users / str(FRIEND) / "media").rglob("*.jpg")] == [LARGE]
     assert not (workspace.root / "media").exists()  # nothing in the shared scope
+
+
+@pytest.mark.parametrize("caption", [f"@{BOT_USERNAME} what is this?", f"@{BOT_USERNAME} 这是什么？"],
+                         ids=["english", "chinese"])
+def test_in_a_group_a_caption_that_mentions_the_bot_addresses_it(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, caption: str) -> None:
+    workspace = seeing(home, fake_telegram, fake_openai, vision=True)
+    group = -100123
+    fake_openai.reply_text("A bridge. / 一座桥。")
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_photo(group, OWNER, caption="no mention here / 没有提到", data=SMALL, chat_type="group")
+        fake_telegram.send_photo(group, OWNER, caption=caption, data=LARGE, chat_type="group")
+        await until(fake_telegram, replied(fake_telegram, group))
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert fake_telegram.sent_texts(group) == ["A bridge. / 一座桥。"]  # the photo without a mention was left alone
+    [request] = fake_openai.chat_requests()
+    text, _ = last_user(request)
+    assert f"@{BOT_USERNAME}" not in text["text"] and caption.split(" ", 1)[1] in text["text"]

@@ -68,7 +68,8 @@ class AddressedToBot(BaseFilter):
         if (replied is not None and replied.forum_topic_created is None and replied.from_user is not None
                 and replied.from_user.id == me.id):
             return True
-        return f"@{me.username}".lower() in (message.text or "").lower()
+        # A photo's, voice note's or document's words are its caption.
+        return f"@{me.username}".lower() in (message.text or message.caption or "").lower()
 
 
 # The General topic of a forum: its messages carry no message_thread_id (some clients say 1); it is the chat's own.

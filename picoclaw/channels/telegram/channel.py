@@ -352,7 +352,7 @@ class TelegramChannel:
             heard = await self._listen(message, user, audio)
             if heard is None:
                 return
-            text, shown_first = spoken(heard, message.caption), True
+            text, shown_first = spoken(heard, self._caption(message)), True
         elif message.photo or (document is not None and document.image):
             seen = await self._look(message, user, key)
             if seen is None:
@@ -410,6 +410,10 @@ class TelegramChannel:
         if failure is not None and stored:
             await self._mark_undelivered(agent, key, reply, failure)
 
+    def _caption(self, message: Message) -> str | None:
+        """The words sent with a photo, voice note or document, without the mention that addressed the bot."""
+        return without_mention(message.caption, self.me) if message.caption else None
+
     async def _say(self, chat_id: int, line: str, topic: int | None) -> None:
         """One line of the bot's own (no turn, nothing kept), sent only while this worker holds the update."""
         if not await _claim_kept():
@@ -462,11 +466,11 @@ class TelegramChannel:
             return None
         log.info("telegram: chat %s user %s: an image (%d bytes) saved as %s", chat_id, user.id, len(data), saved_as)
         if await agent.sees_images():
-            return image_turn(saved_as, message.caption, seen=True), (data,)
+            return image_turn(saved_as, self._caption(message), seen=True), (data,)
         if not await _claim_kept():
             raise ClaimLost
         await self._send(chat_id, NO_VISION, topic=topic)
-        return image_turn(saved_as, message.caption, seen=False), ()
+        return image_turn(saved_as, self._caption(message), seen=False), ()
 
     async def _read_document(self, message: Message, user: User, key: str, document: Document) -> str | None:
         """The turn's text for a document (issue 43): fetched within media.document_kilobytes, read, kept in the
@@ -490,7 +494,8 @@ class TelegramChannel:
             return None
         log.info("telegram: chat %s user %s: document %s (%d bytes) saved as %s", chat_id, user.id, doc.kind,
                  len(data), saved_as)
-        return document_turn(doc, saved_as, message.caption, settings.document_chars, text_saved_as=text_saved_as)
+        return document_turn(doc, saved_as, self._caption(message), settings.document_chars,
+                             text_saved_as=text_saved_as)
 
     async def _mark_undelivered(self, agent: AgentLoop, key: str, reply: str, reason: str) -> None:
         """Record that the reply of the session's newest turn did not reach the user, so that neither a later
