@@ -122,7 +122,8 @@ class App:
         if self._transcription is None:
             from picoclaw.providers import from_config
 
-            self._transcription = from_config(self.config, settings.provider)
+            # Its own timeout, and no re-sending of a whole upload the server may still be working on.
+            self._transcription = from_config(self.config, settings.provider, timeout=settings.timeout, max_retries=0)
         client, model, language = self._transcription, settings.model, settings.language
 
         async def transcribe(audio: bytes, filename: str) -> str:

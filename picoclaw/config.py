@@ -438,6 +438,8 @@ class TranscriptionConfig(_Strict):
     language: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
     max_seconds: int = Field(600, ge=1, le=7200, strict=True)
     max_megabytes: int = Field(20, ge=1, le=20, strict=True)
+    # Seconds to wait for one transcript: a CPU whisper server may take minutes for a long note. Never re-sent.
+    timeout: float = Field(300.0, ge=1.0, le=3600.0, strict=True)
 
 
 class Config(_Strict):

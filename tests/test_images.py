@@ -99,10 +99,17 @@ def test_image_types_by_their_bytes() -> None:
 
 @pytest.mark.parametrize(("name", "safe"), [
     ("photo.jpg", "photo.jpg"), ("../../etc/passwd", "passwd"), ("C:\\Users\\me\\报告.pdf", "报告.pdf"),
-    (".hidden", "hidden"), ("", "file"), ("a b;rm -rf.txt", "a_b_rm_-rf.txt"), ("x" * 300 + ".md", "x" * 77 + ".md"),
+    (".hidden", "hidden"), ("", "file"), ("a b;rm -rf.txt", "a_b_rm_-rf.txt"), ("x" * 300 + ".md", "x" * 117 + ".md"),
+    ("报" * 100 + ".pdf", "报" * 38 + ".pdf"),  # cut by bytes: a CJK character is three
 ])
 def test_a_sent_file_name_is_made_harmless(name: str, safe: str) -> None:
     assert safe_name(name) == safe
+
+
+def test_a_long_chinese_file_name_is_kept(tmp_path: Path) -> None:
+    folder = MediaFolder(tmp_path / "media", tmp_path, keep_days=30, keep_bytes=10_000)
+    saved = folder.save(b"%PDF-1.7", "季度报告" * 40 + ".pdf")
+    assert folder.read(saved) == b"%PDF-1.7" and saved.endswith(".pdf")
 
 
 def test_the_media_folder_keeps_each_content_once_and_prunes_the_oldest(tmp_path: Path) -> None:

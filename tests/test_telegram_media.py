@@ -154,7 +154,7 @@ def test_a_transcriber_that_does_not_answer_in_time_is_one_line(
     listening(home, fake_telegram, fake_openai)
     path = home / "config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
-    config["providers"]["openai"]["timeout"] = 0.5
+    config["transcription"]["timeout"] = 1.0  # its own, not the chat provider's
     path.write_text(json.dumps(config), encoding="utf-8")
     workspace = App.open(home).workspace
     fake_openai.reply_transcript("too late / 太晚了", delay=5)
@@ -165,7 +165,8 @@ def test_a_transcriber_that_does_not_answer_in_time_is_one_line(
     serve(workspace, fake_telegram, fake_openai, body)
 
     assert fake_telegram.sent_texts(OWNER) == ["I could not transcribe that: the model provider 'openai' did not "
-                                               "answer within 0.5 s"]
+                                               "answer within 1 s"]
+    assert len(fake_openai.transcription_requests()) == 1  # a timed-out upload is not sent again
     assert fake_openai.chat_requests() == [] and not session_path(workspace, KEY).exists()
 
 

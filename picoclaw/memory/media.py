@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -20,16 +21,20 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MediaFolder", "image_type", "safe_name"]
 
-NAME_CHARS = 80
+NAME_BYTES = 120  # UTF-8 bytes of a kept name: with the digest and a temporary file's affixes, far under 255
 _UNSAFE = re.compile(r"[^\w.\-]+", re.UNICODE)
 
 
 def safe_name(name: str, default: str = "file") -> str:
     """`name` as one harmless file name: no folders, no leading dots, only word characters, dots and dashes."""
     base = _UNSAFE.sub("_", name.replace("\\", "/").rsplit("/", 1)[-1]).strip("._") or default
-    if len(base) > NAME_CHARS:
+    if len(base.encode("utf-8")) > NAME_BYTES:
         stem, dot, suffix = base.rpartition(".")
-        base = (stem[:NAME_CHARS - len(suffix) - 1] + dot + suffix) if dot and len(suffix) <= 10 else base[:NAME_CHARS]
+        keep = dot + suffix if dot and len(suffix) <= 10 else ""
+        stem = stem if keep else base
+        while len((stem + keep).encode("utf-8")) > NAME_BYTES:  # whole characters (a CJK one is three bytes)
+            stem = stem[:-1]
+        base = stem + keep
     return base
 
 
@@ -48,6 +53,8 @@ class MediaFolder:
         path = self.folder / clock.now().strftime("%Y%m") / f"{digest}-{safe_name(name)}"
         if not path.is_file() or path.stat().st_size != len(data):
             atomic_write(path, data)
+        else:
+            os.utime(path)  # sent again now: the prune below must not take it as old
         self.prune(keep=path)
         return path.relative_to(self.root).as_posix()
 

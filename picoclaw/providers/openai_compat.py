@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -35,6 +36,8 @@ from picoclaw.providers.openai_replies import (
 from picoclaw.providers.openai_retries import RETRY_STATUSES, retry_delay
 from picoclaw.providers.vision import named_for_vision, server_sees_images
 from picoclaw.secrets import excerpt
+
+VISION_ASK_AGAIN = 600.0  # seconds before a server that did not say whether its model sees is asked again
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +103,8 @@ class OpenAICompatProvider:
         # "none" reads a tool call in its answer as a failure (providers/base.py `ask_between_turns`).
         self._choice_none_refused = False
         self.vision = defaults.vision
-        self._sees_images: bool | None = None  # "auto", once asked
+        self._sees_images: bool | None = None  # "auto": what the server said, once it said it
+        self._vision_asked_again = 0.0  # when a server that did not say may be asked again (time.monotonic)
         self.last_usage: Usage | None = None
         self.total_usage = Usage(prompt_tokens=0, completion_tokens=0)
         self.calls = 0  # chat calls that returned a reply
@@ -205,13 +209,16 @@ class OpenAICompatProvider:
         model's name (providers/vision.py), asked once."""
         if isinstance(self.vision, bool):
             return self.vision
-        if self._sees_images is None:
+        if self._sees_images is None and time.monotonic() >= self._vision_asked_again:
             told = await server_sees_images(self.api_base, self._api_key)
-            self._sees_images = told if told is not None else named_for_vision(self.model)
+            if told is not None:
+                self._sees_images = told
+            else:  # not said (no /props, or a server still starting): the name decides, and it is asked again later
+                self._vision_asked_again = time.monotonic() + VISION_ASK_AGAIN
             log.info("provider %s, model %s: %s images (%s)", self.name, self.model,
-                     "sees" if self._sees_images else "does not see",
+                     "sees" if (told if told is not None else named_for_vision(self.model)) else "does not see",
                      "the server says so" if told is not None else "known by its name")
-        return self._sees_images
+        return self._sees_images if self._sees_images is not None else named_for_vision(self.model)
 
     async def transcribe(self, audio: bytes, filename: str, model: str, language: str | None = None) -> str:
         """The words spoken in `audio` (a file named `filename`: its extension tells the format), through the
