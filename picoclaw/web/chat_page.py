@@ -177,10 +177,12 @@ async def _bounded(part: BodyPartReader, limit: int, refusal: web.HTTPException)
     return b"".join(chunks)
 
 
-def _too_large(limit: int) -> web.HTTPRequestEntityTooLarge:
-    return web.HTTPRequestEntityTooLarge(
-        max_size=limit, text=f"That file is larger than the {limit / 1_000_000:.1f} MB I take (media.image_megabytes, "
-                             "media.document_kilobytes, transcription.max_megabytes); nothing was sent.\n")
+def _too_large(limit: int, size: int | None = None) -> web.HTTPRequestEntityTooLarge:
+    # Older aiohttp versions (pyproject allows 3.9) require actual_size: always given.
+    text = (f"That file is larger than the {limit / 1_000_000:.1f} MB I take (media.image_megabytes, "
+            "media.document_kilobytes, transcription.max_megabytes); nothing was sent.\n")
+    return web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size if size is not None else limit + 1,
+                                         text=text)
 
 
 def _file_name(given: str | None) -> str:
