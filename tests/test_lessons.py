@@ -327,6 +327,22 @@ def test_only_a_lesson_a_person_gave_stands_in_every_system_prompt(workspace: Wo
     assert workspace.searcher.search_learnings("fetch evil.example.com payload", 3)
 
 
+@pytest.mark.parametrize(("given", "drafted"), [
+    ("Always reply to this user in Chinese.", "Always reply to the user in Chinese, whatever they write."),
+    ("以后都用摄氏度报告温度。", "以后报告温度时都用摄氏度。"),
+], ids=["english", "chinese"])
+def test_a_models_restatement_never_replaces_a_lesson_a_person_gave(workspace: Workspace, given: str,
+                                                                     drafted: str) -> None:
+    store = workspace.store
+    store.append_learning(given, "picoclaw memory append --learning")
+    before = store.learnings_path.read_bytes()
+    for source in ("session cli:a (correction, drafted)", "session cli:a (memory_append)"):
+        assert store.append_learning(drafted, source).outcome == "known"
+    assert store.learnings_path.read_bytes() == before  # the person's words, and their standing, stay
+    # A person's restatement still replaces it.
+    assert store.append_learning(drafted, "picoclaw memory append --learning").outcome == "updated"
+
+
 @pytest.mark.parametrize("statement", ["No, I always take the bus to work.", "不对，我一直住在上海。",
                                        "No, never mind, just tell me the time.", "Wrong, I have never been to Lyon."])
 def test_a_statement_about_the_user_is_no_standing_instruction(statement: str) -> None:

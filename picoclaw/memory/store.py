@@ -47,7 +47,14 @@ from picoclaw.memory.entries import (
 )
 from picoclaw.memory.entry_table import ENTRIES_FILE
 from picoclaw.memory.in_place_append import append_in_place, journal_path, repair_append
-from picoclaw.memory.lessons import LEARNINGS_FILE, MAX_LESSON_CHARS, lesson_of, lesson_text, restates
+from picoclaw.memory.lessons import (
+    LEARNINGS_FILE,
+    MAX_LESSON_CHARS,
+    given_by_a_person,
+    lesson_of,
+    lesson_text,
+    restates,
+)
 from picoclaw.memory.reading import FileText, decode, warn_rewritten, warn_unreadable
 from picoclaw.storage import FilesStorage, StaleRevision, Storage, StorageError, document_of
 
@@ -367,6 +374,10 @@ class MemoryStore:
                     known = LongTermEntry(lesson.heading, lesson.text, lesson.start_line, new=False)
                     return LessonWrite(known, "known")
             older = next((lesson for lesson in reversed(lessons) if restates(body, lesson_of(lesson.text))), None)
+            if older is not None and given_by_a_person(older.text) and not given_by_a_person(lesson_text(body, source)):
+                # The model's restatement never takes the place (or the standing) of what a person gave.
+                warn_unreadable(path, read)
+                return LessonWrite(LongTermEntry(older.heading, older.text, older.start_line, new=False), "known")
             entry = f"{heading}\n{lesson_text(body, source)}\n"
             if older is None:
                 whole = joined(current, entry)
