@@ -331,7 +331,7 @@ def test_only_a_lesson_a_person_gave_stands_in_every_system_prompt(workspace: Wo
     ("Always reply to this user in Chinese.", "Always reply to the user in Chinese, whatever they write."),
     ("以后都用摄氏度报告温度。", "以后报告温度时都用摄氏度。"),
 ], ids=["english", "chinese"])
-def test_a_models_restatement_never_replaces_a_lesson_a_person_gave(workspace: Workspace, given: str,
+def test_a_models_restatement_never_replaces_a_standing_lesson_a_person_gave(workspace: Workspace, given: str,
                                                                      drafted: str) -> None:
     store = workspace.store
     store.append_learning(given, "picoclaw memory append --learning")
@@ -339,6 +339,7 @@ def test_a_models_restatement_never_replaces_a_lesson_a_person_gave(workspace: W
     for source in ("session cli:a (correction, drafted)", "session cli:a (memory_append)"):
         assert store.append_learning(drafted, source).outcome == "known"
     assert store.learnings_path.read_bytes() == before  # the person's words, and their standing, stay
+    assert [hit.block.text for hit in workspace.searcher.search_learnings("", 5, standing=True)] != []
     # A person's restatement still replaces it.
     assert store.append_learning(drafted, "picoclaw memory append --learning").outcome == "updated"
 

@@ -54,6 +54,7 @@ from picoclaw.memory.lessons import (
     lesson_of,
     lesson_text,
     restates,
+    stands,
 )
 from picoclaw.memory.reading import FileText, decode, warn_rewritten, warn_unreadable
 from picoclaw.storage import FilesStorage, StaleRevision, Storage, StorageError, document_of
@@ -374,8 +375,9 @@ class MemoryStore:
                     known = LongTermEntry(lesson.heading, lesson.text, lesson.start_line, new=False)
                     return LessonWrite(known, "known")
             older = next((lesson for lesson in reversed(lessons) if restates(body, lesson_of(lesson.text))), None)
-            if older is not None and given_by_a_person(older.text) and not given_by_a_person(lesson_text(body, source)):
-                # The model's restatement never takes the place (or the standing) of what a person gave.
+            if older is not None and stands(older.text) and not given_by_a_person(lesson_text(body, source)):
+                # The model's restatement never takes the place of a standing lesson a person gave: it would take
+                # the lesson out of every system prompt with the person's source line.
                 warn_unreadable(path, read)
                 return LessonWrite(LongTermEntry(older.heading, older.text, older.start_line, new=False), "known")
             entry = f"{heading}\n{lesson_text(body, source)}\n"
