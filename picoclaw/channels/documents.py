@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ACCEPTED = "text files (.txt, .md, .csv, .json, source code …) and PDFs"
 KILOBYTE = 1024  # media.document_kilobytes counts these (its bound, 20,480, is Telegram's 20 MB)
+MAX_PDF_PAGES = 1_000
 BAD_SHARE = 0.10  # more control characters or replaced bytes than this: not text
 
 _CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1a\x1c-\x1f\x7f\ufffd]")  # tab, newlines, form feed and ESC are text
@@ -131,6 +132,8 @@ def _pdf(name: str, data: bytes) -> DocumentText:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise MediaRefused(f"{name} is a password-protected PDF; I cannot open it.")
+        if len(reader.pages) > MAX_PDF_PAGES:  # a hostile or huge PDF would keep a thread busy for minutes
+            raise MediaRefused(f"{name} has {len(reader.pages):,} pages; I read PDFs of up to {MAX_PDF_PAGES:,}.")
         pages = [(page.extract_text() or "").strip() for page in reader.pages]
     except MediaRefused:
         raise
