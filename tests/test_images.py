@@ -130,3 +130,19 @@ def test_the_media_folder_keeps_each_content_once_and_prunes_the_oldest(tmp_path
     folder.save(b"\x03", "d.bin")
     assert not (tmp_path / second).exists() and (tmp_path / third).exists()
 
+
+
+def test_the_first_request_of_an_image_turn_is_fitted_with_room_for_the_image(
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
+    # A small window: the reply's room is what the prompt leaves, so an image counted shows in max_tokens.
+    workspace = reopen(home, vision=True, model="gpt-4o-mini", context_window=8192, max_tokens=8192)
+    fake_openai.reply_text("ok / 好")
+    fake_openai.reply_text("ok / 好")
+
+    async def body(loop: AgentLoop) -> None:
+        await loop.handle("cli:plain", "What is this? 这是什么？")
+        await loop.handle("cli:image", "What is this? 这是什么？", images=[PNG])
+    with_agent(workspace, fake_openai, body)
+
+    plain, image = fake_openai.chat_requests()
+    assert plain["max_tokens"] - image["max_tokens"] >= IMAGE_TOKENS - 50

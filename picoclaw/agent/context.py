@@ -34,6 +34,7 @@ from picoclaw.agent.budget import (
     text_tokens,
 )
 from picoclaw.agent.history import keep_last, safe_start, turns
+from picoclaw.agent.images import IMAGE_TOKENS
 from picoclaw.clock import describe_timezone
 from picoclaw.fsutil import FileCache
 from picoclaw.layout import BOOTSTRAP_FILES
@@ -92,6 +93,7 @@ class RequestShape:
     window: ContextWindow
     tools: list[dict[str, Any]]
     max_tokens: int
+    images: int = 0  # images sent with the user's message (agent/images.py), each IMAGE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ class ContextBuilder:
         system_tokens = message_tokens({"role": "system", "content": system})
         summary_tokens = text_tokens(summary) + SUMMARY_OVERHEAD if summary else 0
         tools_tokens = json_tokens(tools) if tools_short else full_tools
-        user_tokens = message_tokens(bare.as_sent())
+        user_tokens = message_tokens(bare.as_sent()) + shape.images * IMAGE_TOKENS
         active = session.active()
         if policy.session_relevant_history_limit <= 0:  # the history is the active tail: each counted once
             costs = [stored_tokens(m) for m in active[len(active) - len(history):]]
@@ -251,8 +253,8 @@ class ContextBuilder:
             messages[first] = with_summary(messages[first], summary)
         named = {name: sum(text_tokens(text) for part, text in prefix_parts if part == name)
                  for name in ("lessons", "skills")}
-        said = message_tokens({"role": "user", "content": user_text})
-        memory_tokens = message_tokens(user.as_sent()) - said  # the whole data block: memory, notes, the time
+        said = message_tokens({"role": "user", "content": user_text}) + shape.images * IMAGE_TOKENS
+        memory_tokens = message_tokens(user.as_sent()) + shape.images * IMAGE_TOKENS - said  # the data block
         history_tokens = sum(costs[start:]) + summary_tokens
         parts = {"system": system_tokens - named["lessons"] - named["skills"], **named,
                  "tools": tools_tokens, "memory": memory_tokens, "history": history_tokens,

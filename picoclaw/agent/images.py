@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from contextvars import ContextVar
 
 from picoclaw.memory import image_type
 from picoclaw.providers.base import Message
 
 IMAGE_TOKENS = 1_000  # what one image costs in a request, as counted here (vision models take ~85 to ~1,500)
+# How many images the turn under way sends with its message: its requests are fitted with room for them.
+turn_images: ContextVar[int] = ContextVar("turn_images", default=0)
 
 
 def with_images(message: Message, images: Sequence[bytes]) -> Message:

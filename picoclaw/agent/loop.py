@@ -80,7 +80,7 @@ from picoclaw.agent.empty_reply import (
     retry_requests,
 )
 from picoclaw.agent.history import keep_last
-from picoclaw.agent.images import with_images
+from picoclaw.agent.images import turn_images, with_images
 from picoclaw.agent.lessons import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
 from picoclaw.agent.receipts import MemorySink, NoticeSink, Receipts
@@ -398,11 +398,12 @@ class AgentLoop:
         self.window = await self.windows.current()  # the first turn of a process may ask the server
         # What the user said in the conversation so far: the ground of a fact memory_append saves.
         writes.said = (*user_texts([m.message for m in session.active()]), text)
-        token = current_turn.set(writes)
+        token, counted = current_turn.set(writes), turn_images.set(len(images))
         try:
             return await self._answer(session, key, text, on_text, on_tool, ask_again, images)
         finally:
             current_turn.reset(token)
+            turn_images.reset(counted)
 
     async def _answer(self, session: Session, key: str, text: str, on_text: TextSink | None,
                       on_tool: ToolSink | None, ask_again: bool = True, images: Sequence[bytes] = ()
@@ -497,7 +498,7 @@ class AgentLoop:
         """This turn's request fitted to the model's window; a user message that alone leaves no room for a reply
         is refused in one line (ProviderError "context_too_long") rather than sent."""
         shape = RequestShape(await self.windows.current(), self.tools.schemas(),
-                             self.workspace.config.agents.defaults.max_tokens)
+                             self.workspace.config.agents.defaults.max_tokens, images=turn_images.get())
         built = await self.context.build(policy, session, text, now, query, count_use=count_use, shape=shape)
         if not built.fits and built.split is not None:
             raise ProviderError("context_too_long", refusal(built.split))
