@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from picoclaw.channels.telegram import TelegramChannel
+from picoclaw.memory import memory_stats
 from picoclaw.memory.feedback import FeedbackLedger, Reaction
 from picoclaw.memory.workspace import Workspace
 from tests.fakes import FakeOpenAIServer
@@ -107,6 +108,7 @@ def test_a_thumbs_down_on_a_reply_is_recorded_once_and_a_strangers_reaction_is_n
         (f"telegram:{OWNER}", OWNER, 2, FRIEND, "🔥", "positive")]
     counts = FeedbackLedger(workspace.memory_dir, storage=workspace.storage).counts()
     assert (counts.positive, counts.negative) == (1, 1)
+    assert memory_stats(workspace).to_json()["feedback"] == {"positive": 1, "negative": 1}  # `memory stats`
     assert str(STRANGER) not in (workspace.memory_dir / ".feedback.jsonl").read_text(encoding="utf-8")
     polls = fake_telegram.calls("getUpdates")
     assert polls and all("message_reaction" in c.params["allowed_updates"] for c in polls)
