@@ -171,6 +171,8 @@ def stats_lines(stats: MemoryStats) -> list[str]:
         lines.append(_labelled(f"  {purpose}", _background_text(stats, purpose) + off))
     lines.append(_labelled("memory flush", _flush_text(stats)
                            + ("" if stats.flush_enabled else " (memory_flush_enabled is false)")))
+    lines.append(_labelled("feedback", f"{stats.feedback.positive:,} 👍, {stats.feedback.negative:,} 👎 "
+                                       "(reactions on replies in Telegram)"))
     lines.append(_labelled("last compression", _outcome_text(
         stats.last_compression, "last_compression" in stats.warnings,
         "" if stats.compression_enabled else "compression is off: long_term_compress_char_threshold is 0")))

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         models_entry,
     )
     from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
+    from picoclaw.memory.feedback import FeedbackLedger, Reaction, verdict_of
     from picoclaw.memory.flush import flush_facts
     from picoclaw.memory.flush_counts import FlushCounts, FlushTally
     from picoclaw.memory.grounding import (
@@ -83,12 +84,14 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKUPS_DIR", "Block", "COMPRESSION", "DRAFTED_CORRECTION", "CompressionResult", "DEFAULT_LOCAL_MODEL",
     "DailyNote", "E5Embedder",
-    "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "FlushCounts", "FlushTally", "Hit", "IndexStatus",
+    "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "FeedbackLedger", "FlushCounts", "FlushTally", "Hit",
+    "IndexStatus",
     "IndexedSearch", "InjectedMemory", "JobOutcome", "KeywordSearch", "Known", "LEARNINGS", "LOCAL", "LONG_TERM",
     "LocalEmbedder", "LongTermCompressor", "LongTermEntry", "MemoryIndex", "MemorySearch", "MemoryStats",
     "MediaFolder", "MemoryStore", "MemoryWrite", "ModelUsage", "OpenAICompatEmbedder", "PolicyChange",
     "PolicyError",
-    "PolicyManager", "QUESTION", "REFLECTION", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "SUPERSEDED", "Said", "Session",
+    "PolicyManager", "QUESTION", "REFLECTION", "Reaction", "REMOTE_RETRIES", "REMOTE_TIMEOUT", "SUPERSEDED", "Said",
+    "Session",
     "SessionStore", "StoredMessage", "SuggestionError", "SyncReport", "TurnMetrics", "TurnWrites", "UNDELIVERED",
     "UNGROUNDED",
     "Workspace",
@@ -99,7 +102,7 @@ __all__ = [
     "lesson_of", "long_term_entries", "memory_stats", "models_entry", "not_a_fact", "open_search", "overlap",
     "rank_blocks", "record_outcome", "safe_name", "same_words", "search_method", "select_turn_memory",
     "sources_changed", "split_blocks", "standing_lessons", "stands",
-    "suggest_policy_change", "summary_of", "user_texts", "why_not_due", "with_summary",
+    "suggest_policy_change", "summary_of", "user_texts", "verdict_of", "why_not_due", "with_summary",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
@@ -108,6 +111,7 @@ _HOMES = {
     "picoclaw.memory.entries": ("SUPERSEDED", "LongTermEntry", "demote_headings", "entry_version", "is_superseded",
                                 "long_term_entries", "models_entry"),
     "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
+    "picoclaw.memory.feedback": ("FeedbackLedger", "Reaction", "verdict_of"),
     "picoclaw.memory.flush": ("flush_facts",),
     "picoclaw.memory.flush_counts": ("FlushCounts", "FlushTally"),
     "picoclaw.memory.grounding": ("QUESTION", "UNGROUNDED", "Known", "Said", "added_text", "check", "grounded",

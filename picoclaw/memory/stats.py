@@ -27,6 +27,7 @@ from picoclaw.errors import ConfigError
 from picoclaw.fsutil import read_regular
 from picoclaw.memory.compression import last_run
 from picoclaw.memory.entries import SUPERSEDED, is_superseded
+from picoclaw.memory.feedback import FeedbackCounts, FeedbackLedger
 from picoclaw.memory.flush_counts import FlushCounts, FlushTally, tally_since
 from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome
 from picoclaw.memory.lessons import LEARNINGS_FILE, SOURCE_PREFIX, stands
@@ -130,6 +131,8 @@ class MemoryStats:
     # The field above ("documents", "retrieval", "background", "last_compression", …) whose numbers are unknown
     # or partial because what records them cannot be read → why; "notes" for a daily note left out.
     warnings: dict[str, str] = field(default_factory=dict)
+    # Reactions on the assistant's replies (Telegram): each user's newest verdict on a reply (memory/feedback.py).
+    feedback: FeedbackCounts = field(default_factory=FeedbackCounts)
 
     def to_json(self) -> dict[str, Any]:
         """The same numbers as plain JSON values (None for what is not known)."""
@@ -166,7 +169,8 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
         last_reflection=_outcome(workspace.policy.memory_dir, REFLECTION, workspace, warnings),
         compression_enabled=policy.long_term_compress_char_threshold > 0,
         evolution_enabled=policy.evolution_enabled, learning_enabled=policy.learning_enabled,
-        flush_enabled=policy.memory_flush_enabled, warnings=warnings)
+        flush_enabled=policy.memory_flush_enabled, warnings=warnings,
+        feedback=FeedbackLedger(store.memory_dir, storage=store.storage).counts())
 
 
 def percentile(values: Sequence[float], share: float) -> float:

@@ -13,7 +13,12 @@ Users send text, stickers, photos, voice notes, audio, video notes or documents.
 Telegram sends it, a `reply_to_message` that is the topic's creation) each sendMessage's `message_thread_id` is
 recorded: `sent_in(chat_id)` lists (topic, text) pairs. Methods: getMe, getUpdates (long
 polling; an `offset` confirms earlier updates, as Telegram does), sendMessage, sendChatAction, setMyCommands,
-setWebhook, getWebhookInfo, deleteWebhook, getFile.
+setWebhook, getWebhookInfo, deleteWebhook, getFile, setMessageReaction (`reactions(chat_id)` lists the
+(message_id, emoji list) pairs set; `fail_next("setMessageReaction", 400, ...)` refuses one).
+
+Reactions: `send_reaction(chat_id, user_id, message_id, ["👎"])` queues a `message_reaction` update. As Telegram
+does, getUpdates hands one out only when its `allowed_updates` names "message_reaction" (Telegram's default list
+leaves it out).
 
 Files: every media message stores its bytes (`add_file` stores any), getFile answers with the file's `file_path`,
 and GET /file/bot<token>/<file_path> serves the bytes, as Telegram does. A file whose `file_size` is over the Bot
@@ -51,6 +56,9 @@ ENTITY_ERROR = "Bad Request: can't parse entities: Unsupported start tag \"x\" a
 DOWNLOAD_LIMIT = 20 * 1024 * 1024  # bytes: the Bot API's getFile refuses bigger files
 TOO_BIG = "Bad Request: file is too big"
 INVALID_FILE_ID = "Bad Request: invalid file_id"
+# What getUpdates hands out when not told: every kind but these (Telegram's default for allowed_updates).
+DEFAULT_UPDATES = {"message", "edited_message", "channel_post", "edited_channel_post", "callback_query",
+                   "inline_query", "chosen_inline_result", "my_chat_member"}
 
 
 @dataclass(frozen=True)
@@ -255,6 +263,41 @@ class FakeTelegramServer(BackgroundHTTPServer):
             self.call_in_loop(self._deliver_wake.set)
         return update_id
 
+    def send_reaction(self, chat_id: int, user_id: int, message_id: int, emoji_new: list[str],
+                      emoji_old: list[str] | None = None, *, chat_type: str = "private") -> int:
+        """A user changes their reaction on a message: a `message_reaction` update; its update_id."""
+        chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
+        if chat_type != "private":
+            chat["title"] = f"group {chat_id}"
+        with self._lock:
+            update_id = len(self._updates) + 1
+            self._updates.append({"update_id": update_id, "message_reaction": {
+                "chat": chat, "message_id": message_id, "date": int(time.time()),
+                "user": {"id": user_id, "is_bot": False, "first_name": f"user{user_id}"},
+                "old_reaction": [{"type": "emoji", "emoji": e} for e in emoji_old or []],
+                "new_reaction": [{"type": "emoji", "emoji": e} for e in emoji_new]}})
+        if self._arrived is not None:
+            self.call_in_loop(self._arrived.set)
+        if self._deliver_wake is not None:
+            self.call_in_loop(self._deliver_wake.set)
+        return update_id
+
+    def resend(self, update_id: int) -> int:
+        """The update `update_id` again, under a new update_id (as a redelivery would bring it); the new id."""
+        with self._lock:
+            again = dict(next(u for u in self._updates if u["update_id"] == update_id))
+            again["update_id"] = len(self._updates) + 1
+            self._updates.append(again)
+        if self._arrived is not None:
+            self.call_in_loop(self._arrived.set)
+        return int(again["update_id"])
+
+    def reactions(self, chat_id: int) -> list[tuple[int, list[str]]]:
+        """The reactions the bot set in a chat, in order: (message_id, [emoji, ...]) for each successful call."""
+        return [(int(c.params["message_id"]), [r["emoji"] for r in c.params.get("reaction") or []])
+                for c in self.calls("setMessageReaction") if int(c.params["chat_id"]) == chat_id
+                and c.params.get("_ok")]
+
     # -- webhook delivery ---------------------------------------------------------------------------
 
     def deliver_to(self, ports: list[int], path: str = "/tg", *, secret: str | None = None,
@@ -388,7 +431,7 @@ class FakeTelegramServer(BackgroundHTTPServer):
         handler = {"getMe": self._get_me, "getUpdates": self._get_updates, "sendMessage": self._send_message,
                    "sendChatAction": _true, "setMyCommands": _true, "deleteWebhook": self._delete_webhook,
                    "setWebhook": self._set_webhook, "getWebhookInfo": self._webhook_info,
-                   "getFile": self._get_file}.get(method)
+                   "getFile": self._get_file, "setMessageReaction": _true}.get(method)
         if method == "getUpdates" and self.webhook is not None and scripted is None:
             scripted = ScriptedError(409, "Conflict: can't use getUpdates method while webhook is active; "
                                           "use deleteWebhook to delete the webhook first")
@@ -431,17 +474,23 @@ class FakeTelegramServer(BackgroundHTTPServer):
     async def _get_updates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         assert self._arrived is not None
         offset = int(params.get("offset") or 0)
+        asked = params.get("allowed_updates")
+        allowed = set(asked) if isinstance(asked, list) and asked else DEFAULT_UPDATES
+
+        def wanted(update: dict[str, Any]) -> bool:
+            return update["update_id"] >= max(self._confirmed, 1) and any(kind in allowed for kind in update)
+
         deadline = time.monotonic() + min(float(params.get("timeout") or 0), 5.0)
         while True:
             with self._lock:
                 self._confirmed = max(self._confirmed, offset)
-                pending = [u for u in self._updates if u["update_id"] >= max(self._confirmed, 1)]
+                pending = [u for u in self._updates if wanted(u)]
             left = deadline - time.monotonic()
             if pending or left <= 0:
                 return pending
             self._arrived.clear()
             with self._lock:  # an update may have landed between the check and the clear
-                if any(u["update_id"] >= self._confirmed for u in self._updates):
+                if any(wanted(u) for u in self._updates):
                     continue
             # Stopping the server ends a long poll at once instead of making shutdown wait it out.
             await self._wait_or_close(self._arrived, left)

@@ -12,6 +12,12 @@ The routers, in the order aiogram tries them:
   - "commands": slash commands (`SlashCommand`), which the agent answers without the model;
   - "chat": any other message, a turn of the chat's session (`run_turn`, with "typing…" shown meanwhile);
 - "strangers": messages addressed to the bot by anyone else, answered with their id (`not_authorised`).
+Besides messages, the bot asks for `message_reaction` updates (issue 44, item 4): an allowed user's 👍 ❤ 🔥 or 👎 on
+one of its replies is recorded as feedback on that turn (memory/feedback.py); anyone else's is ignored.
+
+A memory write made without a command from the user's own words (the memory flush, memory_append) is receipted
+with a ✍ reaction on the user's message of that turn, even when the write comes from the turn's background work;
+the assistant's own words and lessons, or a chat where reactions cannot be set, get the short line instead.
 """
 
 from __future__ import annotations
@@ -21,11 +27,18 @@ import gc
 import logging
 import weakref
 from collections.abc import Callable
+from contextvars import ContextVar
 
 from aiogram import Bot, Dispatcher, Router
 from aiogram.enums import ChatType
-from aiogram.exceptions import ClientDecodeError, TelegramAPIError, TelegramBadRequest, TelegramUnauthorizedError
-from aiogram.types import Message, Update, User
+from aiogram.exceptions import (
+    ClientDecodeError,
+    TelegramAPIError,
+    TelegramBadRequest,
+    TelegramNotFound,
+    TelegramUnauthorizedError,
+)
+from aiogram.types import Message, MessageReactionUpdated, ReactionTypeEmoji, Update, User
 from aiogram.utils.chat_action import ChatActionSender
 
 from picoclaw.agent import AgentLoop
@@ -78,7 +91,7 @@ from picoclaw.config import TelegramConfig
 from picoclaw.errors import PicoclawError
 from picoclaw.jobs import Scheduler
 from picoclaw.keyed import KeyedLocks, LruCache
-from picoclaw.memory import MemoryWrite
+from picoclaw.memory import LONG_TERM, FeedbackLedger, MemoryWrite, Reaction, verdict_of
 from picoclaw.secrets import excerpt
 from picoclaw.session_key import TELEGRAM, SessionKey
 from picoclaw.storage import LockWaitExpired, StorageUnavailable
@@ -96,6 +109,15 @@ NOT_TEXT = "I can only read text messages, voice notes, photos and documents (te
 # Strangers already told their id: enough to cover any real crowd of unknown users, and small (ints).
 TOLD_SIZE = 10_000
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
+RECEIPT = "✍"  # the reaction on a user's message whose words were remembered (in Telegram's reaction list)
+# Replies sent whose reactions count as feedback on their turn, by (chat, message id): in memory, bounded.
+REPLIES_KEPT = 10_000
+# Chats where a reaction could not be set (reactions turned off, an older server): receipts there are lines.
+NO_REACTIONS_KEPT = 10_000
+
+# The user's message a turn answers, (chat id, message id): set for the turn, so its background work (a memory
+# flush after the answer) still knows which message its receipt belongs to.
+_turn_message: ContextVar[tuple[int, int] | None] = ContextVar("telegram_turn_message", default=None)
 
 
 async def _claim_kept() -> bool:
@@ -153,7 +175,8 @@ class TelegramChannel:
         install_middlewares(bot, sleep)
         self.me: User | None = None
         self.dispatcher = self._dispatcher()
-        # The answer is sent whole: nothing streamed. A memory write's receipt is a short line (issue 40).
+        # The answer is sent whole: nothing streamed. A memory write's receipt is a ✍ reaction on the user's
+        # message, or a short line (issue 40).
         self._hooks = TurnHooks(on_notice=self._notify, on_memory=self._remembered)
         # The agents this channel used, to wait for their background work at the end. Weak: the app keeps
         # a bounded number of them and drops idle ones, which need no waiting.
@@ -163,6 +186,8 @@ class TelegramChannel:
         self._told: LruCache[int, bool] = LruCache(TOLD_SIZE)  # strangers told their id (in memory only)
         self._in_flight: set[asyncio.Task[object]] = set()
         self._webhook: Webhook | None = None
+        self._replies: LruCache[tuple[int, int], str] = LruCache(REPLIES_KEPT)  # (chat, message) -> session key
+        self._no_reactions: LruCache[int, bool] = LruCache(NO_REACTIONS_KEPT)
 
     def _dispatcher(self) -> Dispatcher:
         """The routers of the module's docstring, in that order."""
@@ -178,6 +203,9 @@ class TelegramChannel:
         strangers.message.register(self.on_stranger, addressed)
         dispatcher = Dispatcher()
         dispatcher.include_routers(served, strangers)
+        # Registered, so polling's getUpdates and the webhook's setWebhook ask for it (resolve_used_update_types):
+        # Telegram sends no message_reaction unless asked.
+        dispatcher.message_reaction.register(self.on_reaction)
         return dispatcher
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -344,6 +372,7 @@ class TelegramChannel:
 
     async def _answer(self, message: Message, user: User, key: str, kept: bool) -> None:
         chat_id, topic = message.chat.id, topic_of(message)
+        _turn_message.set((chat_id, message.message_id))  # this update's own task (and what it spawns) only
         audio = audio_of(message)
         document = document_of(message)
         images: tuple[bytes, ...] = ()
@@ -405,7 +434,7 @@ class TelegramChannel:
             if stored:
                 await self._mark_undelivered(agent, key, reply, "not sent: another worker answered this message")
             raise ClaimLost
-        failure = await self.send_reply(chat_id, reply, topic=topic)
+        failure = await self.send_reply(chat_id, reply, topic=topic, key=key)
         await _record_reply_sent()
         if failure is not None and stored:
             await self._mark_undelivered(agent, key, reply, failure)
@@ -533,8 +562,58 @@ class TelegramChannel:
             await self._send(chat_id, text, topic=topic_in(key))
 
     async def _remembered(self, key: str, write: MemoryWrite) -> None:
-        """The receipt of a memory write made without a command: its one line, in the chat it came from."""
+        """The receipt of a memory write made without a command: a ✍ reaction on the user's message of the turn
+        it came from when the words were the user's; else (the assistant's words, a lesson, no message known, or
+        a chat where reactions cannot be set) its one line, in the chat it came from."""
+        chat_id, turn = chat_of(key), _turn_message.get()
+        if (write.by_user and write.document == LONG_TERM and turn is not None and turn[0] == chat_id
+                and await self._react(turn[0], turn[1], RECEIPT)):
+            return
         await self._notify(key, write.notice)
+
+    async def _react(self, chat_id: int, message_id: int, emoji: str) -> bool:
+        """Set the bot's reaction on a message; False when it could not (the reason logged once per chat)."""
+        if chat_id in self._no_reactions:
+            return False
+        try:
+            await self.bot.set_message_reaction(chat_id, message_id, reaction=[ReactionTypeEmoji(emoji=emoji)])
+            return True
+        except (TelegramAPIError, ClientDecodeError) as exc:
+            reason = exc.message if isinstance(exc, TelegramAPIError) else "not a Bot API answer"
+            if isinstance(exc, TelegramBadRequest | TelegramNotFound):  # the chat refuses it: not tried again
+                self._no_reactions.put(chat_id, True)
+                log.warning("telegram: chat %s: cannot set a reaction (%s); memory receipts there are a line of "
+                            "text instead", chat_id, self._excerpt(reason))
+            else:
+                log.warning("telegram: chat %s: a reaction failed (%s); this receipt is a line of text", chat_id,
+                            self._excerpt(reason))
+            return False
+
+    # -- reactions ----------------------------------------------------------------------------------
+
+    async def on_reaction(self, event: MessageReactionUpdated) -> None:
+        """An allowed user's feedback emoji added on one of the bot's replies: recorded once, on that turn's
+        session; a stranger's reaction, another emoji, or a reaction on a message that is not a known reply is
+        ignored and nothing is kept."""
+        user = event.user
+        if user is None or user.is_bot or not self.allowed.allows(user):
+            return
+        key = self._replies.peek((event.chat.id, event.message_id))
+        if key is None:
+            return
+        old = {r.emoji for r in event.old_reaction if isinstance(r, ReactionTypeEmoji)}
+        added = [r.emoji for r in event.new_reaction if isinstance(r, ReactionTypeEmoji) and r.emoji not in old]
+        judged = [(emoji, verdict) for emoji in added if (verdict := verdict_of(emoji)) is not None]
+        if not judged:
+            return
+        agent = self._loop_for(key)
+        ledger = FeedbackLedger(agent.workspace.memory_dir, storage=agent.workspace.storage)
+        for emoji, verdict in judged:
+            reaction = Reaction(event.date.isoformat(timespec="seconds"), key, event.chat.id, event.message_id,
+                                user.id, emoji, verdict)
+            if await asyncio.to_thread(ledger.record, reaction):
+                log.info("telegram: chat %s user %s: %s feedback on reply %s", event.chat.id, user.id, verdict,
+                         event.message_id)
 
     # -- sending ------------------------------------------------------------------------------------
 
@@ -547,16 +626,17 @@ class TelegramChannel:
         await self.send_reply(chat_id, markdown, strict=True, topic=topic_in(session_key))
 
     async def send_reply(self, chat_id: int, markdown: str, *, strict: bool = False,
-                         topic: int | None = None) -> str | None:
+                         topic: int | None = None, key: str | None = None) -> str | None:
         """The model's Markdown as HTML messages of at most 4,096 characters each, in order (into a forum's
-        `topic` when given).
+        `topic` when given). Given the session `key` of the turn answered, each message sent is remembered as
+        that turn's reply, so a reaction on it is feedback on the turn.
 
         None when every part arrived, else what went wrong, for the session's record (one line, no token).
         """
         parts = telegram_parts(markdown) or [MessagePart(EMPTY_REPLY, EMPTY_REPLY)]
         sent, failure = 0, None
         for part in parts:
-            why = await self._send(chat_id, part.plain, html=part.html, strict=strict, topic=topic)
+            why = await self._send(chat_id, part.plain, html=part.html, strict=strict, topic=topic, key=key)
             if why is None:
                 sent += 1
             elif failure is None:
@@ -568,7 +648,7 @@ class TelegramChannel:
         return f"only {sent} of {len(parts)} parts reached the user; sending the rest failed ({failure})"
 
     async def _send(self, chat_id: int, plain: str, *, html: str | None = None, strict: bool = False,
-                    topic: int | None = None) -> str | None:
+                    topic: int | None = None, key: str | None = None) -> str | None:
         """`html` if given, else (or when Telegram refuses the HTML) `plain`, into the forum's `topic` when given;
         None when sent, else why not.
 
@@ -577,14 +657,16 @@ class TelegramChannel:
         try:
             if html is not None:
                 try:
-                    await self.bot.send_message(chat_id, html, message_thread_id=topic, parse_mode="HTML")
+                    sent = await self.bot.send_message(chat_id, html, message_thread_id=topic, parse_mode="HTML")
+                    self._sent_reply(sent, key)
                     return None
                 except TelegramBadRequest as exc:
                     if "parse entities" not in exc.message.lower():
                         raise
                     log.warning("telegram: chat %s: Telegram refused the HTML (%s); sent as plain text",
                                 chat_id, exc.message)
-            await self.bot.send_message(chat_id, plain, message_thread_id=topic, parse_mode=None)
+            sent = await self.bot.send_message(chat_id, plain, message_thread_id=topic, parse_mode=None)
+            self._sent_reply(sent, key)
             return None
         except TelegramAPIError as exc:
             log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)
@@ -597,3 +679,8 @@ class TelegramChannel:
             if strict:
                 raise
             return f"not a Bot API answer: {page}"
+
+    def _sent_reply(self, sent: Message, key: str | None) -> None:
+        """Remember a message sent as the reply of `key`'s turn (nothing for any other message)."""
+        if key is not None:
+            self._replies.put((sent.chat.id, sent.message_id), key)
