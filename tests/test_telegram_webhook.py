@@ -53,6 +53,17 @@ INBOX = Path(".picoclaw-work") / "telegram-inbox.sqlite3"
 LEASE = 10
 
 
+def fail_turns(monkeypatch: pytest.MonkeyPatch, failures: list[Exception]) -> None:
+    """The channel's turns raise `failures`, one a turn, before they run as usual."""
+    run_turn = channel_module.run_turn
+
+    async def flaky_turn(*args: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await run_turn(*args)
+    monkeypatch.setattr(channel_module, "run_turn", flaky_turn)
+
+
 def hook_settings(port: int, **settings: Any) -> dict[str, Any]:
     return {"webhook": {"url": URL, "listen": f"127.0.0.1:{port}", "lease_seconds": LEASE, **settings}}
 
@@ -412,13 +423,7 @@ def test_a_turn_that_cannot_reach_the_storage_sends_no_apology_and_is_answered_a
     down = StorageUnavailable("PostgreSQL at db.example:5432 cannot be reached: server closed the connection")
     failures = [down]
     if failing == "the turn":
-        run_turn = channel_module.run_turn
-
-        async def flaky_turn(*args: Any) -> Any:
-            if failures:
-                raise failures.pop()
-            return await run_turn(*args)
-        monkeypatch.setattr(channel_module, "run_turn", flaky_turn)
+        fail_turns(monkeypatch, failures)
     else:  # the agent answers "Sorry, I cannot reach my memory right now" itself
         refresh = Workspace.refresh
 
@@ -453,13 +458,7 @@ def test_a_voice_note_whose_turn_cannot_reach_the_storage_is_not_heard_twice(
     workspace = App.open(home).workspace
     fake_openai.reply_transcript("remember my locker is 317 / 我的柜子是317号")
     failures = [StorageUnavailable("PostgreSQL at db.example:5432 cannot be reached: server closed the connection")]
-    run_turn = channel_module.run_turn
-
-    async def flaky_turn(*args: Any) -> Any:
-        if failures:
-            raise failures.pop()
-        return await run_turn(*args)
-    monkeypatch.setattr(channel_module, "run_turn", flaky_turn)
+    fail_turns(monkeypatch, failures)
 
     async def run(channel: TelegramChannel, webhook: Webhook) -> None:
         fake_telegram.deliver_to([port])
