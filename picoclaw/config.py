@@ -179,6 +179,11 @@ class TelegramConfig(_Strict):
     api_base: str | None = None
     memory_scope: Literal["shared", "per_user"] = "shared"
     group_trigger: Literal["mention", "always"] = "mention"
+    # The answer shown while it is written (a draft in private chats, else one message edited), then sent whole;
+    # false: one message when the answer is complete. Not in webhook mode (see channels/telegram/channel.py).
+    stream: bool = True
+    # Seconds between two updates of that preview (Telegram allows about one message a second per chat).
+    stream_interval: float = Field(1.0, ge=0.05, le=30.0)
     webhook: WebhookConfig = WebhookConfig()
 
     @field_validator("allow_from")

@@ -16,6 +16,11 @@ polling; an `offset` confirms earlier updates, as Telegram does), sendMessage, s
 setWebhook, getWebhookInfo, deleteWebhook, getFile, setMessageReaction (`reactions(chat_id)` lists the
 (message_id, emoji list) pairs set; `fail_next("setMessageReaction", 400, ...)` refuses one).
 
+Streaming (issue 44, item 1): sendMessageDraft is recorded (`drafts(chat_id)` lists their texts; `drafts_available
+= False` answers it 404 "method not found", as an older server does), editMessageText changes a sent message's
+text (`edits(chat_id)` lists the texts), deleteMessage removes one: `sent_texts` and `sent_in` list only messages
+still in the chat, so a preview the bot deleted is not counted as a reply.
+
 Reactions: `send_reaction(chat_id, user_id, message_id, ["👎"])` queues a `message_reaction` update. As Telegram
 does, getUpdates hands one out only when its `allowed_updates` names "message_reaction" (Telegram's default list
 leaves it out).
@@ -116,6 +121,8 @@ class FakeTelegramServer(BackgroundHTTPServer):
         self._delivered = 0  # updates below this index were accepted by a worker
         self._deliver_wake: asyncio.Event | None = None
         self._delivery: asyncio.Future[None] | None = None
+        self.drafts_available = True  # False: sendMessageDraft gets 404, as from a server before Bot API 9
+        self._deleted: set[tuple[int, int]] = set()  # (chat id, message id) of messages the bot deleted
 
     # -- what users do ----------------------------------------------------------------------------
 
@@ -389,11 +396,30 @@ class FakeTelegramServer(BackgroundHTTPServer):
             return [c for c in self._calls if method is None or c.method == method]
 
     def sent_texts(self, chat_id: int | None = None) -> list[str]:
-        """Texts of sendMessage calls that succeeded, in order (for one chat when given)."""
+        """Texts of sendMessage calls that succeeded, in order (for one chat when given), but for messages the
+        bot deleted since."""
         with self._lock:
             return [c.params["text"] for c in self._calls
-                    if c.method == "sendMessage" and c.params.get("_ok")
+                    if c.method == "sendMessage" and c.params.get("_ok") and not self._was_deleted(c.params)
                     and (chat_id is None or int(c.params["chat_id"]) == chat_id)]
+
+    def _was_deleted(self, params: dict[str, Any]) -> bool:
+        return (int(params["chat_id"]), params.get("_message_id")) in self._deleted
+
+    def drafts(self, chat_id: int) -> list[str]:
+        """Texts of sendMessageDraft calls to `chat_id` that succeeded, in order."""
+        return [c.params.get("text", "") for c in self.calls("sendMessageDraft")
+                if c.params.get("_ok") and int(c.params["chat_id"]) == chat_id]
+
+    def edits(self, chat_id: int) -> list[str]:
+        """Texts of editMessageText calls to `chat_id` that succeeded, in order."""
+        return [c.params["text"] for c in self.calls("editMessageText")
+                if c.params.get("_ok") and int(c.params["chat_id"]) == chat_id]
+
+    def deleted(self, chat_id: int) -> list[int]:
+        """Ids of the messages the bot deleted in `chat_id`."""
+        with self._lock:
+            return sorted(message for chat, message in self._deleted if chat == chat_id)
 
     def sent_in(self, chat_id: int) -> list[tuple[int | None, str]]:
         """(message_thread_id or None, text) of each sendMessage to `chat_id` that succeeded, in order: where in a
@@ -401,7 +427,8 @@ class FakeTelegramServer(BackgroundHTTPServer):
         with self._lock:
             return [(None if (thread := c.params.get("message_thread_id")) is None else int(thread), c.params["text"])
                     for c in self._calls
-                    if c.method == "sendMessage" and c.params.get("_ok") and int(c.params["chat_id"]) == chat_id]
+                    if c.method == "sendMessage" and c.params.get("_ok") and int(c.params["chat_id"]) == chat_id
+                    and not self._was_deleted(c.params)]
 
     def wait_until(self, condition: Callable[[], bool], timeout: float = 60.0) -> None:
         """Block until `condition()` holds (re-checked after every API call), or fail after `timeout` (generous:
@@ -431,7 +458,9 @@ class FakeTelegramServer(BackgroundHTTPServer):
         handler = {"getMe": self._get_me, "getUpdates": self._get_updates, "sendMessage": self._send_message,
                    "sendChatAction": _true, "setMyCommands": _true, "deleteWebhook": self._delete_webhook,
                    "setWebhook": self._set_webhook, "getWebhookInfo": self._webhook_info,
-                   "getFile": self._get_file, "setMessageReaction": _true}.get(method)
+                   "getFile": self._get_file, "setMessageReaction": _true, "editMessageText": self._edit_message,
+                   "deleteMessage": self._delete_message,
+                   **({"sendMessageDraft": self._send_draft} if self.drafts_available else {})}.get(method)
         if method == "getUpdates" and self.webhook is not None and scripted is None:
             scripted = ScriptedError(409, "Conflict: can't use getUpdates method while webhook is active; "
                                           "use deleteWebhook to delete the webhook first")
@@ -539,10 +568,35 @@ class FakeTelegramServer(BackgroundHTTPServer):
             return _error(ScriptedError(404, "Not Found"))
         return web.Response(body=stored.data, content_type="application/octet-stream")
 
+    async def _send_draft(self, params: dict[str, Any]) -> bool:
+        if int(params.get("draft_id") or 0) == 0:
+            raise ApiError(ScriptedError(400, "Bad Request: draft_id must be non-zero"))
+        return True
+
+    async def _edit_message(self, params: dict[str, Any]) -> dict[str, Any]:
+        message_id = int(params["message_id"])
+        with self._lock:
+            sent = next((c for c in self._calls if c.method == "sendMessage" and c.params.get("_ok")
+                         and c.params.get("_message_id") == message_id), None)
+        if sent is None:
+            raise ApiError(ScriptedError(400, "Bad Request: message to edit not found"))
+        if sent.params.get("_text", sent.params["text"]) == params["text"]:
+            raise ApiError(ScriptedError(400, "Bad Request: message is not modified"))
+        with self._lock:
+            sent.params["_text"] = params["text"]  # what the chat shows now; `text` stays what was sent
+        return {"message_id": message_id, "date": int(time.time()), "from": self._bot_user(),
+                "chat": {"id": int(params["chat_id"]), "type": "private"}, "text": params["text"]}
+
+    async def _delete_message(self, params: dict[str, Any]) -> bool:
+        with self._lock:
+            self._deleted.add((int(params["chat_id"]), int(params["message_id"])))
+        return True
+
     async def _send_message(self, params: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             self._message_ids += 1
             message_id = self._message_ids
+            params["_message_id"] = message_id
         thread = params.get("message_thread_id")
         return {"message_id": message_id, "date": int(time.time()), "from": self._bot_user(),
                 "chat": {"id": int(params["chat_id"]), "type": "private"}, "text": params["text"],

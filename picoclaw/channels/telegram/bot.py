@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,6 +41,10 @@ RETRY_AFTER_ATTEMPTS = 3  # tries of one Bot API call while Telegram answers 429
 RETRY_AFTER_MAX_WAIT = 60.0  # seconds: a longer retry_after (a flood ban) is not sat out by one call
 PAGE_EXCERPT = 80  # characters of a proxy's error page quoted in an error line
 ERROR_EXCERPT = 200  # characters of a Bot API server's error description quoted in an error line
+
+# False in a task whose calls must not sit out a 429 (the answer's previews, stream.py): the 429 is raised at
+# once, and the caller skips its updates until retry_after is over.
+waits_out_429: ContextVar[bool] = ContextVar("telegram_waits_out_429", default=True)
 
 
 def make_bot(settings: TelegramConfig, token: str) -> Bot:
@@ -121,7 +126,8 @@ class BestEffortChatActions(BaseRequestMiddleware):
 
 
 class RetryAfterMiddleware(BaseRequestMiddleware):
-    """Flood control for every Bot API call: on Telegram's 429 wait `retry_after` (capped), then retry (bounded)."""
+    """Flood control for every Bot API call: on Telegram's 429 wait `retry_after` (capped), then retry (bounded);
+    not where `waits_out_429` is False (a preview, which is skipped rather than queued)."""
 
     def __init__(self, sleep: Sleep = asyncio.sleep, *, attempts: int = RETRY_AFTER_ATTEMPTS,
                  max_wait: float = RETRY_AFTER_MAX_WAIT):
@@ -135,7 +141,7 @@ class RetryAfterMiddleware(BaseRequestMiddleware):
             try:
                 return await make_request(bot, method)
             except TelegramRetryAfter as exc:
-                if attempt == self.attempts:
+                if attempt == self.attempts or not waits_out_429.get():
                     raise
                 wait = min(float(exc.retry_after), self.max_wait)
                 log.warning("telegram: %s rate limited (429, retry after %s s); retrying in %s s (try %d of %d)",

@@ -10,7 +10,8 @@ A reply Telegram refuses to deliver (403: the user blocked the bot) is marked in
 The routers, in the order aiogram tries them:
 - "picoclaw", for messages addressed to the bot (`AddressedToBot`) by an allowed user (`AllowedUser`):
   - "commands": slash commands (`SlashCommand`), which the agent answers without the model;
-  - "chat": any other message, a turn of the chat's session (`run_turn`, with "typing…" shown meanwhile);
+  - "chat": any other message, a turn of the chat's session (`run_turn`, with "typing…" shown meanwhile, and the
+    answer previewed as it is written unless `stream` is off: stream.py), its answer then sent whole;
 - "strangers": messages addressed to the bot by anyone else, answered with their id (`not_authorised`).
 Besides messages, the bot asks for `message_reaction` updates (issue 44, item 4): an allowed user's 👍 ❤ 🔥 or 👎 on
 one of its replies is recorded as feedback on that turn (memory/feedback.py); anyone else's is ignored.
@@ -28,6 +29,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import replace
 
 from aiogram import Bot, Dispatcher, Router
 from aiogram.enums import ChatType
@@ -86,6 +88,7 @@ from picoclaw.channels.telegram.media import (
     picture_of,
     transcript_of,
 )
+from picoclaw.channels.telegram.stream import ReplyStream
 from picoclaw.channels.telegram.webhook import ClaimLost, Webhook, from_inbox, inbox_turn
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import PicoclawError
@@ -114,6 +117,8 @@ RECEIPT = "✍"  # the reaction on a user's message whose words were remembered 
 REPLIES_KEPT = 10_000
 # Chats where a reaction could not be set (reactions turned off, an older server): receipts there are lines.
 NO_REACTIONS_KEPT = 10_000
+# Chats where a draft was refused (an older server): previews there edit a message instead.
+NO_DRAFTS_KEPT = 10_000
 
 # The user's message a turn answers, (chat id, message id): set for the turn, so its background work (a memory
 # flush after the answer) still knows which message its receipt belongs to.
@@ -175,8 +180,8 @@ class TelegramChannel:
         install_middlewares(bot, sleep)
         self.me: User | None = None
         self.dispatcher = self._dispatcher()
-        # The answer is sent whole: nothing streamed. A memory write's receipt is a ✍ reaction on the user's
-        # message, or a short line (issue 40).
+        # A memory write's receipt is a ✍ reaction on the user's message, or a short line (issue 40). The answer
+        # is previewed while written when `stream` is on (`_stream_for` adds on_text and on_tool per turn).
         self._hooks = TurnHooks(on_notice=self._notify, on_memory=self._remembered)
         # The agents this channel used, to wait for their background work at the end. Weak: the app keeps
         # a bounded number of them and drops idle ones, which need no waiting.
@@ -188,6 +193,7 @@ class TelegramChannel:
         self._webhook: Webhook | None = None
         self._replies: LruCache[tuple[int, int], str] = LruCache(REPLIES_KEPT)  # (chat, message) -> session key
         self._no_reactions: LruCache[int, bool] = LruCache(NO_REACTIONS_KEPT)
+        self._no_drafts: LruCache[int, bool] = LruCache(NO_DRAFTS_KEPT)
 
     def _dispatcher(self) -> Dispatcher:
         """The routers of the module's docstring, in that order."""
@@ -402,10 +408,23 @@ class TelegramChannel:
         agent = self._loop_for(key)
         replied = message.reply_to_message
         inbound = Inbound(str(user.id), key, text, replied.message_id if replied is not None else None, images)
+        stream = self._stream_for(message)
+        try:
+            await self._turn(message, user, key, kept, agent, inbound, shown_first, stream)
+        finally:
+            if stream is not None:
+                await stream.close()  # after the final answer: a preview message is deleted
+
+    async def _turn(self, message: Message, user: User, key: str, kept: bool, agent: AgentLoop, inbound: Inbound,
+                    shown_first: bool, stream: ReplyStream | None) -> None:
+        """Run the turn (previewed by `stream` when given) and send its reply whole, as `send_reply` does."""
+        chat_id, topic = message.chat.id, topic_of(message)
+        hooks = self._hooks if stream is None else replace(self._hooks, on_text=stream.on_text,
+                                                             on_tool=stream.on_tool)
         stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
         try:
             async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
-                answer = await run_turn(agent, inbound, self._hooks)
+                answer = await run_turn(agent, inbound, hooks)
             if isinstance(answer.error, StorageUnavailable):
                 raise answer.error  # the agent's apology for its memory: a storage failure like any other
             _turn_storage(None)
@@ -430,6 +449,8 @@ class TelegramChannel:
         except Exception:
             log.exception("telegram: chat %s user %s: the turn failed", chat_id, user.id)
             reply = APOLOGY
+        if stream is not None:
+            await stream.stop()  # no preview after the final answer
         if not await _claim_kept():  # this worker was paused past its lease, and another answers the message
             if stored:
                 await self._mark_undelivered(agent, key, reply, "not sent: another worker answered this message")
@@ -438,6 +459,19 @@ class TelegramChannel:
         await _record_reply_sent()
         if failure is not None and stored:
             await self._mark_undelivered(agent, key, reply, failure)
+
+    def _stream_for(self, message: Message) -> ReplyStream | None:
+        """The preview of this turn's answer (stream.py): a draft in a private chat (unless drafts were refused
+        there), else a message edited; None when `stream` is off, and in webhook mode, where every call must
+        first check the claim on the update (a storage round trip per preview) and a worker that lost it must
+        show nothing: there the answer comes whole, as it did."""
+        if not self.settings.stream or from_inbox():
+            return None
+        chat_id = message.chat.id
+        drafts = message.chat.type == ChatType.PRIVATE and chat_id not in self._no_drafts
+        return ReplyStream(self.bot, chat_id, topic=topic_of(message),
+                           draft_id=message.message_id if drafts else None, interval=self.settings.stream_interval,
+                           on_no_drafts=lambda: self._no_drafts.put(chat_id, True))
 
     def _caption(self, message: Message) -> str | None:
         """The words sent with a photo, voice note or document, without the mention that addressed the bot."""
