@@ -124,6 +124,9 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+STREAM = [False]  # channels.telegram.stream for every home of the run (--stream)
+
+
 def prepare_home(home: Path, telegram_origin: str, model_url: str, allowed: Sequence[int], *,
                  index: bool = False) -> Config:
     """A fresh home whose bot talks to the fakes; with `index`, memory search with remote embeddings."""
@@ -132,7 +135,7 @@ def prepare_home(home: Path, telegram_origin: str, model_url: str, allowed: Sequ
     config = orjson.loads(path.read_bytes())
     config["providers"]["openai"] = {"api_key": "sk-bench", "api_base": model_url}
     config["channels"]["telegram"].update({"enabled": True, "token": TOKEN, "api_base": telegram_origin,
-                                          "allow_from": list(allowed)})
+                                          "allow_from": list(allowed), "stream": STREAM[0]})
     config["memory"].update(QUIET_POLICY)
     if index:
         config["memory"]["index"] = INDEX
@@ -564,7 +567,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rss-chats", type=int, help="rss: distinct chats (default 10,000)")
     parser.add_argument("--rss-first", type=int, default=1000, help="rss: first checkpoint (default 1,000)")
     parser.add_argument("--rss-width", type=int, default=200, help="rss: chats at a time (default 200)")
+    parser.add_argument("--stream", choices=("on", "off"), default="off",
+                        help="channels.telegram.stream: answers streamed to a preview, or sent whole (default off)")
     args = parser.parse_args(argv)
+    STREAM[0] = args.stream == "on"
     args.runs = args.runs or (1 if args.quick else 3)
     args.seconds = args.seconds or (10.0 if args.quick else 60.0)
     args.rss_chats = args.rss_chats or (2000 if args.quick else 10_000)

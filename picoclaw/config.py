@@ -180,8 +180,10 @@ class TelegramConfig(_Strict):
     memory_scope: Literal["shared", "per_user"] = "shared"
     group_trigger: Literal["mention", "always"] = "mention"
     # The answer shown while it is written (a draft in private chats, else one message edited), then sent whole;
-    # false: one message when the answer is complete. Not in webhook mode (see channels/telegram/channel.py).
-    stream: bool = True
+    # false: one message when the answer is complete. Not in webhook mode (see channels/telegram/channel.py). Off
+    # by default: a streamed request costs CPU per piece, and at 30 messages/s the other chats' answers waited
+    # several times longer (bench/telegram.py --stream on).
+    stream: bool = False
     # Seconds between two updates of that preview (Telegram allows about one message a second per chat).
     stream_interval: float = Field(1.0, ge=0.05, le=30.0)
     webhook: WebhookConfig = WebhookConfig()

@@ -44,7 +44,7 @@ def grows(previews: list[str], final: str) -> None:
 
 def test_a_private_reply_is_drafted_then_sent_whole(home: Path, fake_telegram: FakeTelegramServer,
                                                     fake_openai: FakeOpenAIServer, answer: str) -> None:
-    workspace = configure(home, fake_telegram, fake_openai, stream_interval=INTERVAL)
+    workspace = configure(home, fake_telegram, fake_openai, stream=True, stream_interval=INTERVAL)
     fake_openai.reply_text(answer, chunk_delay=CHUNK_DELAY)
 
     async def body(channel: TelegramChannel) -> None:
@@ -66,7 +66,7 @@ def test_a_private_reply_is_drafted_then_sent_whole(home: Path, fake_telegram: F
 
 def test_a_group_reply_edits_one_message_then_sends_whole(home: Path, fake_telegram: FakeTelegramServer,
                                                           fake_openai: FakeOpenAIServer, answer: str) -> None:
-    workspace = configure(home, fake_telegram, fake_openai, stream_interval=INTERVAL)
+    workspace = configure(home, fake_telegram, fake_openai, stream=True, stream_interval=INTERVAL)
     fake_openai.reply_text(answer, chunk_delay=CHUNK_DELAY)
 
     async def body(channel: TelegramChannel) -> None:
@@ -86,7 +86,7 @@ def test_a_group_reply_edits_one_message_then_sends_whole(home: Path, fake_teleg
 
 def test_where_drafts_are_refused_the_preview_edits_a_message(home: Path, fake_telegram: FakeTelegramServer,
                                                               fake_openai: FakeOpenAIServer) -> None:
-    workspace = configure(home, fake_telegram, fake_openai, stream_interval=INTERVAL)
+    workspace = configure(home, fake_telegram, fake_openai, stream=True, stream_interval=INTERVAL)
     fake_telegram.drafts_available = False  # a Bot API server before 9.x
     first, second = ANSWERS["en"], ANSWERS["zh"]
     fake_openai.reply_text(first, chunk_delay=CHUNK_DELAY)
@@ -107,7 +107,7 @@ def test_where_drafts_are_refused_the_preview_edits_a_message(home: Path, fake_t
 
 def test_a_429_on_an_edit_is_waited_out_and_the_final_text_is_whole(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, answer: str) -> None:
-    workspace = configure(home, fake_telegram, fake_openai, stream_interval=INTERVAL)
+    workspace = configure(home, fake_telegram, fake_openai, stream=True, stream_interval=INTERVAL)
     fake_openai.reply_text(answer, chunk_delay=2 * CHUNK_DELAY)  # over 3 s: previews go on after the wait
     fake_telegram.fail_next("editMessageText", 429, "Too Many Requests: retry after 1", retry_after=1)
     sleeps = Sleeps()
@@ -129,7 +129,7 @@ def test_a_429_on_an_edit_is_waited_out_and_the_final_text_is_whole(
 
 def test_a_failing_draft_or_edit_never_costs_the_answer(home: Path, fake_telegram: FakeTelegramServer,
                                                         fake_openai: FakeOpenAIServer) -> None:
-    workspace = configure(home, fake_telegram, fake_openai, stream_interval=INTERVAL)
+    workspace = configure(home, fake_telegram, fake_openai, stream=True, stream_interval=INTERVAL)
     fake_openai.reply_text(ANSWERS["zh"], chunk_delay=CHUNK_DELAY)
     fake_telegram.fail_next("editMessageText", 400, "Bad Request: message can't be edited", times=100)
 
@@ -145,7 +145,7 @@ def test_a_failing_draft_or_edit_never_costs_the_answer(home: Path, fake_telegra
 
 def test_a_tool_call_shows_as_a_status_line(home: Path, fake_telegram: FakeTelegramServer,
                                             fake_openai: FakeOpenAIServer) -> None:
-    workspace = configure(home, fake_telegram, fake_openai, stream_interval=INTERVAL)
+    workspace = configure(home, fake_telegram, fake_openai, stream=True, stream_interval=INTERVAL)
     fake_openai.reply_tool_calls([("memory_search", {"query": "birthday 生日"})])
     fake_openai.reply_text("Your birthday is in May. 你的生日在五月。", delay=0.5)
 
@@ -186,7 +186,7 @@ def test_a_preview_shows_the_end_of_a_long_text_and_the_tool_under_way() -> None
 
 
 def test_stream_settings_are_bounded() -> None:
-    assert TelegramConfig().stream is True and TelegramConfig().stream_interval == 1.0
+    assert TelegramConfig().stream is False and TelegramConfig().stream_interval == 1.0  # opt-in: it costs CPU
     with pytest.raises(ValueError):
         TelegramConfig(stream_interval=0)
     with pytest.raises(ValueError):
