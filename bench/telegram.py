@@ -163,7 +163,8 @@ async def serving(config: Config, home: Path, model_url: str) -> AsyncIterator[t
     """The app and its Telegram channel, polling (short polls, so stopping is quick) until the block ends."""
     bot = make_bot(config.channels.telegram, TOKEN)
     async with App(config, home, make_provider=provider_for(model_url)) as app:
-        channel = TelegramChannel(config.channels.telegram, bot, app.agent)
+        channel = TelegramChannel(config.channels.telegram, bot, app.agent,
+                                  replies=app.storage.telegram_replies)
         running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
         try:
             yield app, channel

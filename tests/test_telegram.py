@@ -98,7 +98,8 @@ def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIS
         app = App(workspace.config, workspace.home,  # the provider with a short timeout and no retries
                   make_provider=lambda _config: make_provider(workspace, model))
         async with app:
-            channel = TelegramChannel(settings, bot, app.agent, transcriber=app.transcriber(), typing_interval=0.05,
+            channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
+                                      transcriber=app.transcriber(), typing_interval=0.05,
                                       sleep=sleeps or Sleeps())
             running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
             await until(telegram, lambda: bool(telegram.calls("getUpdates")))
@@ -928,7 +929,8 @@ def test_the_retry_middleware_is_installed_once_per_bot(home: Path, fake_telegra
         bot = make_bot(settings, TOKEN)
         try:
             for _ in range(3):
-                TelegramChannel(settings, bot, lambda scope: pytest.fail("no agent is needed"))
+                TelegramChannel(settings, bot, lambda scope: pytest.fail("no agent is needed"),
+                                replies=lambda bot_id: pytest.fail("no reply log is needed"))
             return list(bot.session.middleware)
         finally:
             await bot.session.close()
