@@ -477,16 +477,17 @@ class TelegramChannel:
 
     def _stream_for(self, message: Message) -> ReplyStream | None:
         """The preview of this turn's answer (stream.py): a draft in a private chat (unless drafts were refused
-        there), else a message edited; None when `stream` is off, and in webhook mode, where every call must
-        first check the claim on the update (a storage round trip per preview) and a worker that lost it must
-        show nothing: there the answer comes whole, as it did."""
-        if not self.settings.stream or from_inbox():
+        there), else a message edited; None when `stream` is off. In webhook mode each preview first checks
+        that this worker still holds the update (known without a round trip while its lease renewals are on
+        time), so a worker that lost it shows nothing, as it sends no answer."""
+        if not self.settings.stream:
             return None
         chat_id = message.chat.id
         drafts = message.chat.type == ChatType.PRIVATE and chat_id not in self._no_drafts
         return ReplyStream(self.bot, chat_id, topic=topic_of(message),
                            draft_id=message.message_id if drafts else None, interval=self.settings.stream_interval,
-                           on_no_drafts=lambda: self._no_drafts.put(chat_id, True))
+                           on_no_drafts=lambda: self._no_drafts.put(chat_id, True),
+                           may_show=_claim_kept if from_inbox() else None)
 
     def _caption(self, message: Message) -> str | None:
         """The words sent with a photo, voice note or document, without the mention that addressed the bot."""
