@@ -32,6 +32,13 @@ slow
     that marker, in every variant, so the runs differ by the delay alone. Reported: the *other* chats'
     added latency (goal: p95 unchanged within noise; the ratio to the no-delay run is printed) and, for
     information, the slow chat's own latency.
+stream
+    Time to the first visible text with streaming (``channels.telegram.stream``) off and on, in runs that
+    alternate (the same minutes): the open loop over private chats, with a model that takes
+    ``--writing-seconds`` (default 3) to write each answer, streamed piece by piece or, asked without
+    streaming, answered whole after that time. First text = the first draft (sendMessageDraft) for the message,
+    or its answer, whichever comes first; also the whole answer's latency, answers lost, and chats whose
+    answers came in another order than their messages (goal: none lost, none reordered).
 rss
     ``--rss-chats`` distinct chats (default 10,000) of 3 messages each (closed loop per chat, ``--rss-width``
     = 200 chats at a time). The bot runs in a child process of its own here, so its resident memory is
@@ -54,6 +61,7 @@ Run (from the repository root):
     python bench/telegram.py --quick
     python bench/telegram.py --part open --rate 30 --seconds 20
     python bench/telegram.py --part closed --chats 20 --messages 5 --runs 5
+    python bench/telegram.py --part stream --seconds 20 --open-runs 3
 """
 
 from __future__ import annotations
@@ -87,7 +95,7 @@ from picoclaw.channels import TelegramChannel, make_bot  # noqa: E402
 from picoclaw.config import Config, load_config  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
-from tests.fakes import FakeOpenAIServer  # noqa: E402
+from tests.fakes import FakeOpenAIServer, Text  # noqa: E402
 from tests.fakes.telegram_server import TOKEN, FakeTelegramServer  # noqa: E402
 
 QUIET_POLICY = {"session_summary_message_threshold": 1000, "session_summary_token_percent": 95,
@@ -163,7 +171,8 @@ async def serving(config: Config, home: Path, model_url: str) -> AsyncIterator[t
     """The app and its Telegram channel, polling (short polls, so stopping is quick) until the block ends."""
     bot = make_bot(config.channels.telegram, TOKEN)
     async with App(config, home, make_provider=provider_for(model_url)) as app:
-        channel = TelegramChannel(config.channels.telegram, bot, app.agent)
+        channel = TelegramChannel(config.channels.telegram, bot, app.agent,
+                                  replies=app.storage.telegram_replies)
         running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
         try:
             yield app, channel
@@ -353,7 +362,10 @@ class OpenLoop:
             now = time.perf_counter()
             self.max_slip = max(self.max_slip, now - due)
             self.sent_at[seq] = now  # before queueing: the answer cannot come before the update exists
-            self.telegram.send_text(chat, chat, text)
+            self.queued(seq, self.telegram.send_text(chat, chat, text))
+
+    def queued(self, seq: int, update_id: int) -> None:
+        """Message `seq` is update `update_id` (for loops that follow more than the answer)."""
 
     def on_sent(self, params: dict[str, Any]) -> None:
         found = SEQUENCE.search(str(params.get("text", "")))
@@ -420,6 +432,107 @@ def print_open_table(variants: list[tuple[OpenVariant, list[OpenResult]]], rate:
     if SLOW_VARIANT in by_label and "index on" in by_label:
         ratio = by_label[SLOW_VARIANT][7] / by_label["index on"][7]
         print(f"others' added p95 with the slow embedding endpoint / without: {ratio:.2f}")
+
+
+# -- stream -------------------------------------------------------------------------------------------
+
+# What the writing model says after "Noted #N.": an answer of a few sentences, written in STREAM_PIECE_CHARS pieces.
+ANSWER_TAIL = (" I have put it with the rest of your notes, and I will bring it up again when it matters. "
+               "我已经把它和你的其他笔记放在一起了，需要的时候会再提起。")
+STREAM_PIECE_CHARS = 3  # the fake model's streamed piece (tests/fakes/openai_server.py)
+
+
+def writing(seconds: float) -> Callable[[dict[str, Any]], Text]:
+    """The fake model as one that takes `seconds` to write its answer: streamed piece by piece over that time,
+    or, asked without streaming, the whole answer after it."""
+    def respond(body: dict[str, Any]) -> Text:
+        text = echo_sequence(body) + ANSWER_TAIL
+        if body.get("stream"):
+            return Text(text, chunk_delay=seconds / -(-len(text) // STREAM_PIECE_CHARS))
+        return Text(text, delay=seconds)
+    return respond
+
+
+@dataclass
+class StreamLoop(OpenLoop):
+    """The open loop, following what a user sees first (a draft, or the answer) and the answers' order."""
+
+    message_seq: dict[int, int] = field(default_factory=dict)  # the user's message_id -> its sequence number
+    first_ms: dict[int, float] = field(default_factory=dict)  # sequence number -> time to the first visible text
+    answered_in: dict[int, list[int]] = field(default_factory=dict)  # chat -> sequence numbers, as answered
+
+    def queued(self, seq: int, update_id: int) -> None:
+        self.message_seq[self.telegram.message_id_of(update_id)] = seq
+
+    def on_draft(self, params: dict[str, Any]) -> None:
+        seq = self.message_seq.get(int(params.get("draft_id") or 0))
+        if seq is not None and seq in self.sent_at:
+            self.first_ms.setdefault(seq, 1000 * (time.perf_counter() - self.sent_at[seq]))
+
+    def on_sent(self, params: dict[str, Any]) -> None:
+        super().on_sent(params)
+        found = SEQUENCE.search(str(params.get("text", "")))
+        if found is not None and (seq := int(found.group(1))) in self.latencies_ms:
+            self.first_ms.setdefault(seq, self.latencies_ms[seq])
+            self.answered_in.setdefault(int(params["chat_id"]), []).append(seq)
+
+
+@dataclass
+class StreamResult:
+    stream: bool
+    planned: int
+    first_ms: list[float]
+    whole_ms: list[float]
+    out_of_order: int  # chats whose answers arrived in another order than their messages
+
+
+async def stream_run(stream: bool, rate: float, seconds: float, chats: int, writing_seconds: float) -> StreamResult:
+    ids = [FIRST_CHAT + n for n in range(chats)]
+    STREAM[0] = stream
+    with FakeTelegramServer() as telegram, FakeOpenAIServer() as model, \
+            tempfile.TemporaryDirectory(prefix="picoclaw-bench-telegram-") as tmp:
+        model.responder = writing(writing_seconds)
+        home = Path(tmp) / "home"
+        config = prepare_home(home, telegram.origin, model.base_url, [WARM_UP_CHAT, *ids])
+        async with serving(config, home, model.base_url):
+            await polled(telegram)
+            await warm_up(telegram)
+            loop = StreamLoop(telegram, ids, rate, seconds, slow_chat=0)
+            telegram.on_sent, telegram.on_draft = loop.on_sent, loop.on_draft
+            pacer = threading.Thread(target=loop.pace, name="bench-pacer", daemon=True)
+            pacer.start()
+            await asyncio.to_thread(pacer.join)
+            await asyncio.to_thread(loop.done.wait, 30 + 2 * writing_seconds)
+            telegram.on_sent = telegram.on_draft = None
+    disorder = sum(answers != sorted(answers) for answers in loop.answered_in.values())
+    return StreamResult(stream, loop.planned, list(loop.first_ms.values()), list(loop.latencies_ms.values()),
+                        disorder)
+
+
+def run_stream(args: argparse.Namespace) -> None:
+    """Streaming off and on, alternating run by run (the same minutes), each an open loop of a writing model."""
+    results: dict[bool, list[StreamResult]] = {False: [], True: []}
+    chosen = STREAM[0]
+    for i in range(args.open_runs):
+        for stream in (False, True):
+            results[stream].append(asyncio.run(stream_run(stream, args.rate, args.seconds, args.open_chats,
+                                                          args.writing_seconds)))
+            print(f"stream {'on' if stream else 'off'}: run {i + 1}/{args.open_runs} done", file=sys.stderr)
+    STREAM[0] = chosen
+    print(f"streaming: {args.rate:g} messages/s for {args.seconds:g} s over {args.open_chats} private chats, a model "
+          f"that takes {args.writing_seconds:g} s to write each answer; first text = a draft or the answer, "
+          f"whichever the user sees first; medians over {args.open_runs} run(s)")
+    rows, firsts = [], {}
+    for stream, runs in results.items():
+        figures = [[r.planned, len(r.whole_ms), r.planned - len(r.whole_ms), r.out_of_order, median(r.first_ms),
+                    p95(r.first_ms), median(r.whole_ms), p95(r.whole_ms)] for r in runs]
+        sent, answered, lost, disorder, *ms = [statistics.median(column) for column in zip(*figures)]
+        firsts[stream] = ms[0]
+        rows.append(("on" if stream else "off", f"{sent:.0f}", f"{answered:.0f}", f"{lost:.0f}", f"{disorder:.0f}",
+                     *(f"{x:.0f}" for x in ms)))
+    print_table(("stream", "sent", "answered", "lost", "chats out of order", "first text p50 ms",
+                 "first text p95 ms", "whole answer p50 ms", "whole answer p95 ms"), rows)
+    print(f"first text p50, streaming on / off: {firsts[True] / firsts[False]:.2f}")
 
 
 # -- rss ----------------------------------------------------------------------------------------------
@@ -552,7 +665,7 @@ def print_rss(result: RssResult, per_chat: int) -> None:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--part", choices=("closed", "open", "slow", "rss", "all"), default="all")
+    parser.add_argument("--part", choices=("closed", "open", "slow", "stream", "rss", "all"), default="all")
     parser.add_argument("--quick", action="store_true",
                         help="closed 1 run, open loops 10 s, rss 2,000 chats (explicit options win)")
     parser.add_argument("--chats", type=int, default=100, help="closed: chats talking at once (default 100)")
@@ -567,6 +680,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rss-chats", type=int, help="rss: distinct chats (default 10,000)")
     parser.add_argument("--rss-first", type=int, default=1000, help="rss: first checkpoint (default 1,000)")
     parser.add_argument("--rss-width", type=int, default=200, help="rss: chats at a time (default 200)")
+    parser.add_argument("--writing-seconds", type=float, default=3.0,
+                        help="stream: seconds the model takes to write each answer (default 3)")
     parser.add_argument("--stream", choices=("on", "off"), default="off",
                         help="channels.telegram.stream: answers streamed to a preview, or sent whole (default off)")
     args = parser.parse_args(argv)
@@ -607,7 +722,7 @@ def run_open(args: argparse.Namespace, variants: list[OpenVariant]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.WARNING)
-    parts = {"closed", "open", "slow", "rss"} if args.part == "all" else {args.part}
+    parts = {"closed", "open", "slow", "stream", "rss"} if args.part == "all" else {args.part}
     # The open and slow variants share one table, so (b) reads beside (a).
     variants = []
     if "open" in parts:
@@ -620,6 +735,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(flush=True)
     if variants:
         run_open(args, variants)
+        print(flush=True)
+    if "stream" in parts:
+        run_stream(args)
         print(flush=True)
     if "rss" in parts:
         print_rss(rss_run(args.rss_chats, args.rss_first, RSS_MESSAGES, args.rss_width), RSS_MESSAGES)

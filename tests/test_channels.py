@@ -79,6 +79,7 @@ async def terminal(app: App) -> AsyncIterator[Served]:
 async def telegram(app: App, server: FakeTelegramServer) -> AsyncIterator[Served]:
     settings = app.config.channels.telegram
     channel = TelegramChannel(settings, make_bot(settings, app.config.telegram_token()), app.agent,
+                              replies=app.storage.telegram_replies,
                               typing_interval=0.05)
     running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
     await asyncio.to_thread(server.wait_until, lambda: bool(server.calls("getUpdates")))

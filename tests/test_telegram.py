@@ -98,7 +98,8 @@ def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIS
         app = App(workspace.config, workspace.home,  # the provider with a short timeout and no retries
                   make_provider=lambda _config: make_provider(workspace, model))
         async with app:
-            channel = TelegramChannel(settings, bot, app.agent, transcriber=app.transcriber(), typing_interval=0.05,
+            channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
+                                      transcriber=app.transcriber(), typing_interval=0.05,
                                       sleep=sleeps or Sleeps())
             running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
             await until(telegram, lambda: bool(telegram.calls("getUpdates")))
@@ -189,8 +190,9 @@ def test_a_stranger_is_told_their_id_once_and_leaves_no_trace(home: Path, fake_t
     assert {k: v for k, v in after.items() if b"hunter2" in v} == {}
     assert [k for k in after if k not in before and f"{STRANGER}" in k] == []
     new = sorted(k for k in after if k not in before and not k.endswith(".lock"))
-    # The owner's turn (its transcript and its retrieval time), nothing else.
-    assert new == ["workspace/memory/.turn_metrics.jsonl", f"workspace/sessions/telegram%3A{OWNER}.jsonl"]
+    # The owner's turn (its transcript, its retrieval time, the reply's note for reactions), nothing else.
+    assert new == ["workspace/.picoclaw-work/telegram-replies.sqlite3", "workspace/memory/.turn_metrics.jsonl",
+                   f"workspace/sessions/telegram%3A{OWNER}.jsonl"]
 
 
 def test_allow_from_takes_usernames_with_or_without_the_at(home: Path, fake_telegram: FakeTelegramServer,
@@ -928,7 +930,8 @@ def test_the_retry_middleware_is_installed_once_per_bot(home: Path, fake_telegra
         bot = make_bot(settings, TOKEN)
         try:
             for _ in range(3):
-                TelegramChannel(settings, bot, lambda scope: pytest.fail("no agent is needed"))
+                TelegramChannel(settings, bot, lambda scope: pytest.fail("no agent is needed"),
+                                replies=lambda bot_id: pytest.fail("no reply log is needed"))
             return list(bot.session.middleware)
         finally:
             await bot.session.close()

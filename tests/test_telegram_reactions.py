@@ -5,17 +5,24 @@ once as feedback on that turn; a stranger's is ignored."""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from picoclaw.channels.telegram import TelegramChannel
+from picoclaw.channels.telegram import TelegramChannel, Webhook
 from picoclaw.memory import memory_stats
 from picoclaw.memory.feedback import FeedbackLedger, Reaction
+from picoclaw.memory.lessons import given_by_a_person
 from picoclaw.memory.workspace import Workspace
+from tests.agent_helpers import is_lesson_request
 from tests.fakes import FakeOpenAIServer
-from tests.fakes.telegram_server import FakeTelegramServer
+from tests.fakes.telegram_server import FakeTelegramServer, free_port
 from tests.test_telegram import FRIEND, OWNER, STRANGER, configure, echo, replied, serve, until
+from tests.test_telegram_webhook import backend_dsn, hook_settings, inbox_done, serve_webhook
+from tests.waiting import wait_until
 
 FACTS = ["I drink oolong tea every morning", "我每天早上喝乌龙茶"]
 
@@ -113,3 +120,107 @@ def test_a_thumbs_down_on_a_reply_is_recorded_once_and_a_strangers_reaction_is_n
     polls = fake_telegram.calls("getUpdates")
     assert polls and all("message_reaction" in c.params["allowed_updates"] for c in polls)
     assert "message" in polls[0].params["allowed_updates"]
+
+
+DISLIKED = [("what is the capital of Australia?", "Sydney.",
+             "When asked for a country's capital, check it: Canberra, not Sydney, is the capital of Australia."),
+            ("澳大利亚的首都是哪里？", "悉尼。", "回答首都问题时要核实：澳大利亚的首都是堪培拉，不是悉尼。")]
+
+
+def answer_then_lesson(reply: str, lesson: str) -> Callable[[dict[str, Any]], str]:
+    """The fake model: `reply` to the user's question, `LESSON: lesson` to a lesson request."""
+    return lambda body: f"LESSON: {lesson}" if is_lesson_request(body) else reply
+
+
+@pytest.mark.parametrize(("question", "reply", "lesson"), DISLIKED)
+def test_a_thumbs_down_asks_for_a_lesson_once_for_its_turn(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, question: str, reply: str,
+        lesson: str) -> None:
+    workspace = configure(home, fake_telegram, fake_openai, allow_from=[OWNER, FRIEND])
+    fake_openai.responder = answer_then_lesson(reply, lesson)
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, question)  # message 1; the reply is message 2
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        fake_telegram.send_reaction(OWNER, OWNER, 2, ["👎"])
+        await until(fake_telegram, lambda: lesson in workspace.store.read_learnings())
+        fake_telegram.send_reaction(OWNER, FRIEND, 2, ["👎"])  # counted, but the turn had its lesson call
+        fake_telegram.send_reaction(OWNER, FRIEND, 2, ["👍"], ["👎"])  # a change of mind: no lesson either
+        await until(fake_telegram, lambda: len(feedback(workspace)) == 3)
+    serve(workspace, fake_telegram, fake_openai, body)  # returns once the background work is done
+
+    requests = [b for b in fake_openai.chat_requests() if is_lesson_request(b)]
+    assert len(requests) == 1
+    assert "thumbs-down" in json.dumps(requests[0], ensure_ascii=False)
+    assert question in json.dumps(requests[0], ensure_ascii=False)  # the turn the 👎 was on
+    assert {r.turn for r in feedback(workspace)} == {feedback(workspace)[0].turn} != {None}
+    learnings = workspace.store.read_learnings()
+    assert lesson in learnings
+    assert f"Source: session telegram:{OWNER} (disliked)" in learnings
+    assert not given_by_a_person(learnings)  # the model's guess at what was wrong: never a standing lesson
+
+
+def test_a_thumbs_up_asks_for_no_lesson(home: Path, fake_telegram: FakeTelegramServer,
+                                        fake_openai: FakeOpenAIServer) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.responder = answer_then_lesson("Canberra. / 堪培拉。", "never used")
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, "capital of Australia? / 澳大利亚的首都？")
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        fake_telegram.send_reaction(OWNER, OWNER, 2, ["❤"])
+        await until(fake_telegram, lambda: len(feedback(workspace)) == 1)
+    serve(workspace, fake_telegram, fake_openai, body)
+
+    assert not any(is_lesson_request(b) for b in fake_openai.chat_requests())
+    assert feedback(workspace)[0].verdict == "positive"
+
+
+@pytest.mark.parametrize("question", ["what is 2+2?", "二加二等于几？"])
+def test_a_reaction_after_a_restart_still_finds_its_turn(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, question: str) -> None:
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.responder = echo
+
+    async def ask(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, question)
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+    serve(workspace, fake_telegram, fake_openai, ask)
+
+    async def react(channel: TelegramChannel) -> None:  # another process: nothing of the first is in memory
+        fake_telegram.send_reaction(OWNER, OWNER, 2, ["🔥"])
+        await until(fake_telegram, lambda: len(feedback(workspace)) == 1)
+    serve(workspace, fake_telegram, fake_openai, react)
+
+    [kept] = feedback(workspace)
+    assert (kept.session, kept.message_id, kept.verdict) == (f"telegram:{OWNER}", 2, "positive")
+    assert kept.turn is not None
+
+
+@pytest.mark.parametrize("backend", ["files", "postgres"])
+def test_in_webhook_mode_a_reaction_is_an_update_of_the_inbox_and_any_worker_finds_its_turn(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
+        request: pytest.FixtureRequest, backend: str) -> None:
+    backend_dsn(request, home, backend)
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = answer_then_lesson(*DISLIKED[1][1:])
+
+    async def ask(channel: TelegramChannel, webhook: Webhook) -> None:
+        fake_telegram.deliver_to([port])  # on to the second worker, on the same port, once it listens
+        fake_telegram.send_text(OWNER, OWNER, DISLIKED[1][0])
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        await inbox_done(webhook, 1)
+    serve_webhook(workspace, fake_telegram, fake_openai, ask)
+
+    async def react(channel: TelegramChannel, webhook: Webhook) -> None:  # another worker, started afresh
+        await wait_until(lambda: webhook.inbox is not None, what="the second worker's inbox")
+        fake_telegram.send_reaction(OWNER, OWNER, 2, ["👎"])
+        await inbox_done(webhook, 2)
+        await until(fake_telegram, lambda: len(feedback(workspace)) == 1)
+    serve_webhook(workspace, fake_telegram, fake_openai, react)
+
+    [kept] = feedback(workspace)
+    assert (kept.session, kept.message_id, kept.verdict, kept.turn is not None) == (
+        f"telegram:{OWNER}", 2, "negative", True)
+    assert DISLIKED[1][2] in workspace.store.read_learnings()  # the 👎's lesson, drafted by the second worker

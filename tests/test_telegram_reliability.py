@@ -183,7 +183,8 @@ def test_a_409_for_a_webhook_ends_the_run_with_its_reason_and_no_error_logged(
         settings = workspace.config.channels.telegram
         app = App(workspace.config, workspace.home, make_provider=lambda _config: make_provider(workspace, fake_openai))
         async with app:
-            channel = TelegramChannel(settings, make_bot(settings, TOKEN), app.agent)
+            channel = TelegramChannel(settings, make_bot(settings, TOKEN), app.agent,
+                                      replies=app.storage.telegram_replies)
             await asyncio.wait_for(channel.run(handle_signals=False, polling_timeout=1), timeout=120)
     with caplog.at_level(logging.DEBUG), pytest.raises(PicoclawError) as caught:
         asyncio.run(run())

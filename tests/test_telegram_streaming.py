@@ -3,17 +3,19 @@ chat, else one message edited), then sent whole; a preview's failure or 429 neve
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from picoclaw.channels.telegram import TelegramChannel
-from picoclaw.channels.telegram.stream import PREVIEW_CHARS, preview_of, tool_status
+from picoclaw.channels.telegram import TelegramChannel, Webhook, make_bot
+from picoclaw.channels.telegram.stream import PREVIEW_CHARS, ReplyStream, preview_of, tool_status
 from picoclaw.config import TelegramConfig
 from tests.fakes import FakeOpenAIServer
-from tests.fakes.telegram_server import BOT_USERNAME, FakeTelegramServer
+from tests.fakes.telegram_server import BOT_USERNAME, TOKEN, FakeTelegramServer, free_port
 from tests.test_telegram import OWNER, Sleeps, configure, serve, until
+from tests.test_telegram_webhook import hook_settings, serve_webhook
 
 GROUP = -100777
 INTERVAL = 0.05  # seconds between previews in these tests
@@ -191,3 +193,50 @@ def test_stream_settings_are_bounded() -> None:
         TelegramConfig(stream_interval=0)
     with pytest.raises(ValueError):
         TelegramConfig(stream_interval=600)
+
+
+def test_in_webhook_mode_a_reply_is_drafted_then_sent_whole(home: Path, fake_telegram: FakeTelegramServer,
+                                                            fake_openai: FakeOpenAIServer, answer: str) -> None:
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, stream=True, stream_interval=INTERVAL,
+                          **hook_settings(port))
+    fake_openai.reply_text(answer, chunk_delay=CHUNK_DELAY)
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> None:
+        fake_telegram.deliver_to([port])
+        fake_telegram.send_text(OWNER, OWNER, "tell me a long story / 讲个长故事")
+        await until(fake_telegram, whole(fake_telegram, OWNER, answer))
+    serve_webhook(workspace, fake_telegram, fake_openai, run)
+
+    drafts = fake_telegram.drafts(OWNER)
+    assert len(drafts) >= 2
+    grows(drafts, answer)
+    assert fake_telegram.sent_texts(OWNER) == [answer]
+
+
+@pytest.mark.parametrize(("first", "more"), [("The first part", " and more."), ("第一部分", "，还有更多。")])
+def test_a_worker_that_lost_its_update_shows_no_more_previews(fake_telegram: FakeTelegramServer, first: str,
+                                                              more: str) -> None:
+    asked: list[bool] = []
+    held = [True]
+
+    async def still_ours() -> bool:
+        asked.append(held[0])
+        return held[0]
+
+    async def main() -> None:
+        bot = make_bot(TelegramConfig(token=TOKEN, api_base=fake_telegram.origin), TOKEN)
+        try:
+            stream = ReplyStream(bot, OWNER, topic=None, draft_id=5, interval=INTERVAL, may_show=still_ours)
+            await stream.on_text(first)
+            await until(fake_telegram, lambda: len(fake_telegram.drafts(OWNER)) == 1)
+            held[0] = False  # another worker took the update over
+            await stream.on_text(more)
+            await until(fake_telegram, lambda: len(asked) == 2)
+            await stream.close()
+        finally:
+            await bot.session.close()
+    asyncio.run(main())
+
+    assert asked == [True, False]
+    assert fake_telegram.drafts(OWNER) == [first]  # nothing shown after the update was lost

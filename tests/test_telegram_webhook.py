@@ -76,7 +76,8 @@ def serve_webhook(workspace: Workspace, telegram: FakeTelegramServer, model: Fak
         bot = make_bot(settings, workspace.config.telegram_token())
         app = App(workspace.config, workspace.home, make_provider=lambda _config: make_provider(workspace, model))
         async with app:
-            channel = TelegramChannel(settings, bot, app.agent, transcriber=app.transcriber(), typing_interval=0.05)
+            channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
+                                      transcriber=app.transcriber(), typing_interval=0.05)
             webhook = Webhook(settings.webhook, app.storage, worker="w1", secret_token=webhook_secret(bot.token))
             running = asyncio.create_task(channel.run(handle_signals=False, webhook=webhook))
             await until(telegram, lambda: telegram.webhook is not None)  # the port opened before it was set

@@ -17,6 +17,7 @@ import httpx2
 import pytest
 
 from picoclaw.app import App
+from picoclaw.memory.feedback import FeedbackLedger, Reaction
 from picoclaw.web import Gate
 from picoclaw.web.security import COOKIE
 from tests.fakes import FakeOpenAIServer
@@ -788,3 +789,25 @@ def test_serve_without_a_model_still_prints_its_login_link_and_serves(home: Path
         app.close()
     assert links[0].startswith(f"http://127.0.0.1:{port}/login?token=")
     assert not token_file.exists()  # a console that stopped leaves no token behind
+
+
+def test_why_this_answer_shows_the_feedback_on_each_reply(console: Console) -> None:
+    folder = console.app.workspace.sessions().folder
+    folder.mkdir(parents=True, exist_ok=True)
+    key = "telegram:42"
+    records = [{"type": "message", "id": n, "time": f"2026-11-26T10:00:0{n}+00:00",
+                "message": {"role": "user" if n % 2 else "assistant", "content": text}}
+               for n, text in enumerate(["Capital of Australia?", "Sydney.", "澳大利亚的首都？", "堪培拉。"], 1)]
+    (folder / "telegram%3A42.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    ledger = FeedbackLedger(console.app.workspace.memory_dir, storage=console.app.workspace.storage)
+    for user, emoji, verdict, turn in [(42, "👍", "positive", 1), (42, "👎", "negative", 1), (7, "🔥", "positive", 3)]:
+        assert ledger.record(Reaction("2026-11-26T10:01:00+00:00", key, 42, 100 + turn, user, emoji, verdict, turn))
+    client = logged_in(console)
+    page = client.get("/why/conversation", params={"name": "telegram%3A42.jsonl"}).text
+    english, chinese = page.index("Capital of Australia?"), page.index("澳大利亚的首都？")
+    assert "Feedback on the reply: 🔥" in page[chinese:english]
+    assert "Feedback on the reply: 👎" in page[english:]  # the user's newest verdict, not both
+    assert "👍" not in page
+    zh = client.get("/why/conversation", params={"name": "telegram%3A42.jsonl"},
+                    headers={"Accept-Language": "zh-CN"}).text
+    assert "对回复的反馈: 👎" in zh

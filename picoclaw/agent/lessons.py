@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from picoclaw.agent.skill_drafting import DraftWritten, SkillDrafter
 from picoclaw.agent.summary import render_transcript
 from picoclaw.agent.text_tool_calls import find_text_tool_call
-from picoclaw.agent.turn_review import FinishedTurn, Trigger, standing_instruction, trigger_of
+from picoclaw.agent.turn_review import DISLIKED, FinishedTurn, Trigger, standing_instruction, trigger_of
 from picoclaw.cjk import HAN, HANGUL, KANA
 from picoclaw.errors import MemoryStoreError
 from picoclaw.keyed import LruCache
@@ -81,6 +81,8 @@ HINTS: dict[Trigger, str] = {
     "correction": "The user corrected the assistant's earlier reply. The lesson is what to do instead next time.",
     "recovery": "A tool call failed and a later one worked. The lesson is what worked, and what to avoid.",
     "workflow": "Several tool calls together did the task. The lesson is the steps that worked, in order.",
+    "disliked": "The user marked the assistant's reply as bad (a thumbs-down). If the turn shows what was wrong, "
+                "the lesson is what to do instead next time; if it does not, answer NONE.",
 }
 
 _MARKER = re.compile(r"^[\s>*_#-]*(?:\*\*)?lesson(?:\*\*)?\s*[:：]\s*(?:\*\*)?\s*(.*)$", re.IGNORECASE)
@@ -226,14 +228,23 @@ class Learner:
         if seen in self._reviewed:
             return Learned(skipped="this turn was reviewed already")
         self._reviewed.put(seen, True)
-        learned = await self._lesson(turn, after)
+        trigger = trigger_of(turn)
+        learned = await self._lesson(turn, trigger, after) if trigger is not None else Learned()
         draft = await self.skills.after_turn(turn, learned.lesson)
         return Learned(learned.trigger, learned.lesson, learned.outcome, draft, learned.skipped, learned.write)
 
-    async def _lesson(self, turn: FinishedTurn, after: Continuation | None) -> Learned:
-        trigger = trigger_of(turn)
-        if trigger is None:
-            return Learned()
+    async def learn_disliked(self, turn: FinishedTurn, after: Continuation | None = None) -> Learned:
+        """Draft the lesson of a turn whose reply the user marked as bad (a 👎), once per turn, under the same
+        daily cap as every lesson."""
+        if not self.workspace.policy.current().learning_enabled:
+            return Learned(skipped="learning is off")
+        seen = (f"{DISLIKED}:{turn.key}", turn.user_id)
+        if seen in self._reviewed:
+            return Learned(skipped="this turn was reviewed for its 👎 already")
+        self._reviewed.put(seen, True)
+        return await self._lesson(turn, DISLIKED, after)
+
+    async def _lesson(self, turn: FinishedTurn, trigger: Trigger, after: Continuation | None) -> Learned:
         policy = self.workspace.policy.current()
         today = self.workspace.store.today()
         if not await asyncio.to_thread(self.usage.claim, PURPOSE, today, policy.learning_daily_calls):

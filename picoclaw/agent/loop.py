@@ -186,10 +186,12 @@ def clean_message(value: Any) -> Any:
 @dataclass(frozen=True)
 class Reply:
     """The answer to one message; `error` is set when it is an apology because the model (or the storage) could
-    not answer."""
+    not answer. `turn`: the stored id of the turn's user message, which names the turn (None: no turn was stored,
+    as for a command)."""
 
     text: str
     error: ProviderError | StorageError | None = None
+    turn: int | None = None
 
 
 def history_load(session: Session) -> tuple[int, int, int] | None:
@@ -344,7 +346,7 @@ class AgentLoop:
                     apology = f"Sorry, I could not get an answer from the model: {exc}"
                 return Reply(apology, error=exc)
         self._spawn(self._after_turn(key, receipts, finished, writes.writes))
-        return Reply(answer)
+        return Reply(answer, turn=finished.user_id)
 
     async def sees_images(self) -> bool:
         """Whether this agent's model can be sent images (agents.defaults.vision; "auto": providers/vision.py)."""
@@ -773,6 +775,15 @@ class AgentLoop:
             await receipts.show(finished.key, [learned.write], self.written)
         if learned.draft is not None and receipts.notify is not None:
             await receipts.notify(finished.key, learned.draft.notice)
+
+    async def disliked(self, key: str, turn: int) -> None:
+        """A 👎 on the reply to turn `turn` of session `key` (the stored id of its user message): the turn is
+        reviewed for a lesson as a correction is, in the background, at most once (agent/lessons.py)."""
+        finished = FinishedTurn.at(await self.session(key), turn)
+        if finished is None:
+            log.info("session %s: a 👎 on a turn the session no longer holds (%s): no lesson", key, turn)
+            return
+        self._spawn(self.learner.learn_disliked(finished, self.last_requests.for_turn(finished)))
 
     async def _reflect_if_due(self, key: str) -> None:
         if not reflection_due(self.workspace.policy.current(), await self.session(key)):

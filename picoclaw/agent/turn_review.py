@@ -28,7 +28,8 @@ from picoclaw.memory import Session
 from picoclaw.providers.base import Message
 from picoclaw.tools import ERROR_PREFIX
 
-Trigger = Literal["correction", "recovery", "workflow"]
+Trigger = Literal["correction", "recovery", "workflow", "disliked"]
+DISLIKED: Trigger = "disliked"  # a 👎 on the turn's reply (channels/telegram): never found in the turn itself
 
 MIN_WORKFLOW_CALLS = 3
 # Loading a skill is how a known workflow starts, not a step of it: left out of a workflow's tools, so running
@@ -105,9 +106,29 @@ class FinishedTurn:
     @classmethod
     def of(cls, session: Session, count: int, answered: bool) -> FinishedTurn:
         """The turn made of the `count` newest messages of `session`, just appended."""
-        stored = session.messages[-count:]
+        return cls._made(session, len(session.messages) - count, len(session.messages), answered)
+
+    @classmethod
+    def at(cls, session: Session, user_id: int) -> FinishedTurn | None:
+        """The turn of `session` that began with the user message stored as `user_id` (up to the next user
+        message), or None when the session no longer holds it."""
+        messages = session.messages
+        start = next((i for i, m in enumerate(messages) if m.id == user_id and m.message.get("role") == "user"), None)
+        if start is None:
+            return None
+        end = start + 1
+        while end < len(messages) and messages[end].message.get("role") != "user":
+            end += 1
+        last = messages[end - 1].message
+        answered = last.get("role") == "assistant" and not last.get("tool_calls") and bool(
+            str(last.get("content") or "").strip())
+        return cls._made(session, start, end, answered)
+
+    @classmethod
+    def _made(cls, session: Session, start: int, end: int, answered: bool) -> FinishedTurn:
+        stored = session.messages[start:end]
         earlier = None
-        for message in reversed(session.messages[:-count]):
+        for message in reversed(session.messages[:start]):
             content = message.message.get("content")
             if message.message.get("role") == "assistant" and isinstance(content, str) and content.strip():
                 earlier = content

@@ -63,7 +63,8 @@ def cmd_telegram(args: argparse.Namespace) -> int:
                         if hook.url:
                             webhook = Webhook(hook, app.storage, worker=app.worker or "",
                                               secret_token=hook.secret_token or webhook_secret(bot.token))
-                        channel = TelegramChannel(settings, bot, app.agent, transcriber=app.transcriber())
+                        channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
+                                                  transcriber=app.transcriber())
                         await channel.run(scheduler=app.scheduler(channel), webhook=webhook)
             finally:
                 await bot.session.close()

@@ -1,11 +1,11 @@
 """Feedback on the assistant's replies (issue 44, item 4): a reaction of an allowed user on one of the bot's replies.
 
-The file (`memory/.feedback.jsonl`) holds one JSON line per reaction counted: its time, the session of the turn
-the reply answered, the chat and message id of the reply, the user, the emoji and its verdict ("positive" or
-"negative", FEEDBACK_EMOJI). The same user's same emoji on the same reply is counted once (Telegram may send an
-update again, a user may take a reaction back and give it again); a user who changes their mind is counted by their
-newest verdict. Appends take a file lock; past TRIM_BYTES the file is trimmed to its newest KEEP_ENTRIES lines. It
-is soft state: a damaged line is skipped, and no turn or reaction ever fails for it.
+The file (`memory/.feedback.jsonl`) holds one JSON line per reaction counted: its time, the session and turn (the
+stored id of its user message) the reply answered, the chat and message id of the reply, the user, the emoji and its
+verdict ("positive" or "negative", FEEDBACK_EMOJI). The same user's same emoji on the same reply is counted once
+(Telegram may send an update again, a user may take a reaction back and give it again); a user who changes their
+mind is counted by their newest verdict. Appends take a file lock; past TRIM_BYTES the file is trimmed to its newest
+KEEP_ENTRIES lines. It is soft state: a damaged line is skipped, and no turn or reaction ever fails for it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Reaction:
     user_id: int
     emoji: str
     verdict: str  # POSITIVE or NEGATIVE
+    turn: int | None = None  # the stored id of the turn's user message (None: unknown, as in older lines)
 
     @property
     def who_where(self) -> tuple[int, int, int]:
@@ -90,6 +91,15 @@ class FeedbackLedger:
             log.warning("feedback: cannot update %s (%s); the reaction is not counted", self.path, exc)
             return False
 
+    def first_dislike(self, reaction: Reaction) -> bool:
+        """Whether `reaction` (kept) is the first negative verdict kept on its turn: a turn's 👎 is a correction
+        signal once, however many users or parts of the reply got one."""
+        if reaction.verdict != NEGATIVE or reaction.turn is None:
+            return False
+        first = next((r for r in self.read() if r.verdict == NEGATIVE and r.session == reaction.session
+                      and r.turn == reaction.turn), None)
+        return first is not None and first.who_where == reaction.who_where and first.emoji == reaction.emoji
+
     def read(self) -> list[Reaction]:
         """Every reaction kept, oldest first (nothing when the file is missing or unreadable)."""
         try:
@@ -120,9 +130,13 @@ class FeedbackLedger:
                 fields = orjson.loads(line)
                 reaction = Reaction(str(fields["time"]), str(fields["session"]), int(fields["chat_id"]),
                                     int(fields["message_id"]), int(fields["user_id"]), str(fields["emoji"]),
-                                    str(fields["verdict"]))
+                                    str(fields["verdict"]), _turn(fields.get("turn")))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
             if reaction.verdict in (POSITIVE, NEGATIVE):
                 reactions.append(reaction)
         return reactions
+
+
+def _turn(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -34,7 +34,8 @@ RESTATES_MIN_TERMS = 3
 # drafted from tool results. Such a lesson never stands in every system prompt.
 # A correction's lesson the model drafted in words the user did not say (agent/lessons.py): the model's too.
 DRAFTED_CORRECTION = "correction, drafted"
-MODEL_SOURCES = ("(memory_append)", "(recovery)", "(workflow)", f"({DRAFTED_CORRECTION})")
+# A lesson drafted after a 👎 on a reply: the model's guess at what was wrong.
+MODEL_SOURCES = ("(memory_append)", "(recovery)", "(workflow)", f"({DRAFTED_CORRECTION})", "(disliked)")
 
 
 def lesson_text(body: str, source: str) -> str:

@@ -30,6 +30,7 @@ from picoclaw.storage.sessions import (
 )
 from picoclaw.storage.stored_files import is_stored_name
 from picoclaw.storage.switching import switch_warning
+from picoclaw.storage.telegram_replies import ReplyLog, SentReply
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
 from picoclaw.storage.workspace_documents import document_of, edit_file, is_stored_document, write_file
@@ -71,4 +72,6 @@ __all__ = [
     "import_workspace",
     "open_storage",
     "switch_warning",
+    "ReplyLog",
+    "SentReply",
 ]

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from picoclaw.storage.documents import Documents
     from picoclaw.storage.inbox import Inbox
     from picoclaw.storage.sessions import SessionLog
+    from picoclaw.storage.telegram_replies import ReplyLog
     from picoclaw.storage.work import WorkLock
 
 from picoclaw.storage.jobs import JobTable
@@ -61,6 +62,10 @@ class Storage(Protocol):
 
     def telegram_inbox(self, bot: int) -> Inbox:
         """The inbox of the Telegram bot with id `bot` (storage/inbox.py)."""
+        ...
+
+    def telegram_replies(self, bot: int) -> ReplyLog:
+        """The replies the Telegram bot with id `bot` sent, by message (storage/telegram_replies.py)."""
         ...
 
     def ping(self) -> None:

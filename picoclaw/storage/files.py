@@ -13,10 +13,12 @@ from picoclaw.storage.inbox import SqliteInbox
 from picoclaw.storage.jobs import FilesJobTable
 from picoclaw.storage.sessions import FilesSessionLog
 from picoclaw.storage.stored_files import COPY_MARK, stored_files
+from picoclaw.storage.telegram_replies import SqliteReplyLog
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 from picoclaw.storage.work import WORK_DIR, FileWorkLock, claim_interval_in_file
 
 INBOX_FILE = "telegram-inbox.sqlite3"  # in WORK_DIR: local state, not stored content
+REPLIES_FILE = "telegram-replies.sqlite3"  # in WORK_DIR too
 
 
 class FilesStorage:
@@ -66,6 +68,10 @@ class FilesStorage:
     def telegram_inbox(self, bot: int) -> SqliteInbox:
         """A SQLite file in the work folder: for the one worker a files workspace allows."""
         return SqliteInbox(self.root / WORK_DIR / INBOX_FILE, bot)
+
+    def telegram_replies(self, bot: int) -> SqliteReplyLog:
+        """A SQLite file in the work folder."""
+        return SqliteReplyLog(self.root / WORK_DIR / REPLIES_FILE, bot)
 
     def ping(self) -> None:
         """The workspace folder is there and writable."""

@@ -138,6 +138,7 @@ LABELS: dict[str, dict[str, str]] = {
         "cached_tokens": "served from the provider's cache",
         "chart_title": "Prompt tokens (grey) and cached tokens (green) per reply",
         "reply": "Reply",
+        "feedback": "Feedback on the reply",
         "login_title": "Log in",
         "login_help": ("Open the login link that `picoclaw web` printed in its terminal; `picoclaw web --new-link` "
                        "prints another."),
@@ -295,6 +296,7 @@ LABELS: dict[str, dict[str, str]] = {
         "cached_tokens": "命中服务商缓存",
         "chart_title": "每次回复的提示词 token（灰）与缓存命中 token（绿）",
         "reply": "回复",
+        "feedback": "对回复的反馈",
         "login_title": "登录",
         "login_help": "请打开 `picoclaw web` 在终端里打印的登录链接；`picoclaw web --new-link` 会打印一个新链接。",
         "link_refused": ("登录链接无效或已被使用：每个链接只能打开控制台一次。运行 `picoclaw web --new-link` "

@@ -4,12 +4,13 @@ which score, the policy values that decided, and the reply's prompt and cached t
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from picoclaw.memory import FeedbackLedger, Reaction
 from picoclaw.web.render import APP_KEY, page_number, render
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ class TurnView:
     why: dict[str, Any] | None
     prompt_tokens: int | None
     cached_tokens: int | None
+    feedback: str = ""  # the reactions on its reply counted as feedback (memory/feedback.py), e.g. "👎 🔥"
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,8 @@ async def conversation_page(request: web.Request) -> web.Response:
     if name not in found:  # only names the storage lists: no path from the request ever reaches the disk
         raise web.HTTPNotFound(text="No such conversation.\n")
     session = await asyncio.to_thread(app.workspace.sessions().read, found[name])
-    turns = _turns(session.messages)
+    ledger = FeedbackLedger(app.workspace.memory_dir, storage=app.workspace.storage)
+    turns = _with_feedback(_turns(session.messages), await asyncio.to_thread(ledger.read), _session_key(name))
     pages = max(1, -(-len(turns) // TURNS_PER_PAGE))
     number = page_number(request, pages)
     newest_first = turns[::-1]
@@ -96,6 +99,18 @@ def _turns(messages: list[Any]) -> list[TurnView]:
             last = turns[-1]
             turns[-1] = TurnView(last.id, last.text, last.why, message.prompt_tokens, message.cached_tokens)
     return turns
+
+
+def _with_feedback(turns: list[TurnView], reactions: list[Reaction], key: str) -> list[TurnView]:
+    """`turns` with the feedback on their replies: each user's newest reaction on each message of the reply."""
+    newest: dict[tuple[int, int, int], Reaction] = {}
+    for reaction in reactions:
+        if reaction.session == key and reaction.turn is not None:
+            newest[reaction.who_where] = reaction
+    by_turn: dict[int, list[str]] = {}
+    for reaction in newest.values():
+        by_turn.setdefault(reaction.turn or 0, []).append(reaction.emoji)
+    return [replace(turn, feedback=" ".join(by_turn.get(turn.id, []))) for turn in turns]
 
 
 def _why(raw: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -116,6 +116,7 @@ class FakeTelegramServer(BackgroundHTTPServer):
         # Called on the server's loop after each successful sendMessage with its params (a bench uses it
         # to send a chat's next message as soon as the answer arrives).
         self.on_sent: Callable[[dict[str, Any]], None] | None = None
+        self.on_draft: Callable[[dict[str, Any]], None] | None = None  # each sendMessageDraft answered ok
         self.webhook: dict[str, Any] | None = None  # setWebhook's params while one is set
         self.webhook_posts: list[tuple[int, int, int]] = []  # (update_id, port, HTTP status or 0: refused)
         self._delivered = 0  # updates below this index were accepted by a worker
@@ -288,6 +289,11 @@ class FakeTelegramServer(BackgroundHTTPServer):
         if self._deliver_wake is not None:
             self.call_in_loop(self._deliver_wake.set)
         return update_id
+
+    def message_id_of(self, update_id: int) -> int:
+        """The message_id of the message queued as update `update_id` (a draft answering it carries it)."""
+        with self._lock:
+            return int(self._updates[update_id - 1]["message"]["message_id"])
 
     def resend(self, update_id: int) -> int:
         """The update `update_id` again, under a new update_id (as a redelivery would bring it); the new id."""
@@ -478,6 +484,8 @@ class FakeTelegramServer(BackgroundHTTPServer):
         self._record(method, params, ok=True)
         if method == "sendMessage" and self.on_sent is not None:
             self.on_sent(params)
+        elif method == "sendMessageDraft" and self.on_draft is not None:
+            self.on_draft(params)
         return web.json_response({"ok": True, "result": result})
 
     def _record(self, method: str, params: dict[str, Any], *, ok: bool = False) -> None:

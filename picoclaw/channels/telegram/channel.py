@@ -97,7 +97,7 @@ from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import LONG_TERM, FeedbackLedger, MemoryWrite, Reaction, verdict_of
 from picoclaw.secrets import excerpt
 from picoclaw.session_key import TELEGRAM, SessionKey
-from picoclaw.storage import LockWaitExpired, StorageUnavailable
+from picoclaw.storage import LockWaitExpired, ReplyLog, SentReply, StorageError, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,6 @@ NOT_TEXT = "I can only read text messages, voice notes, photos and documents (te
 TOLD_SIZE = 10_000
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
 RECEIPT = "✍"  # the reaction on a user's message whose words were remembered (in Telegram's reaction list)
-# Replies sent whose reactions count as feedback on their turn, by (chat, message id): in memory, bounded.
-REPLIES_KEPT = 10_000
 # Chats where a reaction could not be set (reactions turned off, an older server): receipts there are lines.
 NO_REACTIONS_KEPT = 10_000
 # Chats where a draft was refused (an older server): previews there edit a message instead.
@@ -167,7 +165,8 @@ class TelegramChannel:
     name = TELEGRAM
 
     def __init__(self, settings: TelegramConfig, bot: Bot, agent_for: AgentFor, *,
-                 transcriber: Transcriber | None = None, typing_interval: float = TYPING_INTERVAL,
+                 replies: Callable[[int], ReplyLog], transcriber: Transcriber | None = None,
+                 typing_interval: float = TYPING_INTERVAL,
                  shutdown_timeout: float = 30.0, sleep: Sleep = asyncio.sleep):
         self.settings = settings
         self.bot = bot
@@ -191,7 +190,9 @@ class TelegramChannel:
         self._told: LruCache[int, bool] = LruCache(TOLD_SIZE)  # strangers told their id (in memory only)
         self._in_flight: set[asyncio.Task[object]] = set()
         self._webhook: Webhook | None = None
-        self._replies: LruCache[tuple[int, int], str] = LruCache(REPLIES_KEPT)  # (chat, message) -> session key
+        # The replies sent, by message, for reactions (storage/telegram_replies.py): opened for the bot's id.
+        self._open_replies = replies
+        self._replies: ReplyLog | None = None
         self._no_reactions: LruCache[int, bool] = LruCache(NO_REACTIONS_KEPT)
         self._no_drafts: LruCache[int, bool] = LruCache(NO_DRAFTS_KEPT)
 
@@ -220,6 +221,7 @@ class TelegramChannel:
         """Check the token, open and set the `webhook` (or, to poll, drop any), register the command menu."""
         try:
             self.me = await self.bot.get_me()  # first: whether a group message mentions the bot needs its name
+            await self._open_reply_log(self.me.id)
             if webhook is not None:
                 # Listening before setWebhook: Telegram may post at once. OSError (the port) goes up as it is.
                 await webhook.open(self.bot, self.dispatcher, self)
@@ -243,6 +245,15 @@ class TelegramChannel:
         log.info("telegram: serving as @%s (id %s), memory scope %s", self.me.username, self.me.id,
                  self.settings.memory_scope)
         return self.me
+
+    async def _open_reply_log(self, bot_id: int) -> None:
+        """The log of replies sent, where a reaction finds its turn; without it (logged) reactions are not counted."""
+        if self._replies is not None:
+            return
+        try:
+            self._replies = await asyncio.to_thread(self._open_replies, bot_id)
+        except StorageError as exc:
+            log.warning("telegram: %s; reactions on replies are not counted as feedback", exc)
 
     def _where(self) -> str:
         """The server start-up errors name, so a self-hosted Bot API's failure is not blamed on Telegram."""
@@ -327,6 +338,9 @@ class TelegramChannel:
                         len(self._in_flight), self.shutdown_timeout)
         for agent in list(self._agents_used):
             await agent.wait_background()
+        if self._replies is not None:
+            self._replies.close()
+            self._replies = None
         await self.bot.session.close()
 
     # -- messages -------------------------------------------------------------------------------------
@@ -422,13 +436,14 @@ class TelegramChannel:
         hooks = self._hooks if stream is None else replace(self._hooks, on_text=stream.on_text,
                                                              on_tool=stream.on_tool)
         stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
+        turn: int | None = None  # the stored id of the turn's user message, for feedback on the reply
         try:
             async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
                 answer = await run_turn(agent, inbound, hooks)
             if isinstance(answer.error, StorageUnavailable):
                 raise answer.error  # the agent's apology for its memory: a storage failure like any other
             _turn_storage(None)
-            reply, stored = answer.text, kept and answer.error is None
+            reply, stored, turn = answer.text, kept and answer.error is None, answer.turn
         except LockWaitExpired as exc:
             # The server answers but a lock's holder is stuck: another attempt would wait as long, and the update
             # would go unanswered until the holder lets go. One line now, and the update counts as answered.
@@ -455,23 +470,24 @@ class TelegramChannel:
             if stored:
                 await self._mark_undelivered(agent, key, reply, "not sent: another worker answered this message")
             raise ClaimLost
-        failure = await self.send_reply(chat_id, reply, topic=topic, key=key)
+        failure = await self.send_reply(chat_id, reply, topic=topic, reply_of=SentReply(key, turn))
         await _record_reply_sent()
         if failure is not None and stored:
             await self._mark_undelivered(agent, key, reply, failure)
 
     def _stream_for(self, message: Message) -> ReplyStream | None:
         """The preview of this turn's answer (stream.py): a draft in a private chat (unless drafts were refused
-        there), else a message edited; None when `stream` is off, and in webhook mode, where every call must
-        first check the claim on the update (a storage round trip per preview) and a worker that lost it must
-        show nothing: there the answer comes whole, as it did."""
-        if not self.settings.stream or from_inbox():
+        there), else a message edited; None when `stream` is off. In webhook mode each preview first checks
+        that this worker still holds the update (known without a round trip while its lease renewals are on
+        time), so a worker that lost it shows nothing, as it sends no answer."""
+        if not self.settings.stream:
             return None
         chat_id = message.chat.id
         drafts = message.chat.type == ChatType.PRIVATE and chat_id not in self._no_drafts
         return ReplyStream(self.bot, chat_id, topic=topic_of(message),
                            draft_id=message.message_id if drafts else None, interval=self.settings.stream_interval,
-                           on_no_drafts=lambda: self._no_drafts.put(chat_id, True))
+                           on_no_drafts=lambda: self._no_drafts.put(chat_id, True),
+                           may_show=_claim_kept if from_inbox() else None)
 
     def _caption(self, message: Message) -> str | None:
         """The words sent with a photo, voice note or document, without the mention that addressed the bot."""
@@ -632,22 +648,35 @@ class TelegramChannel:
         user = event.user
         if user is None or user.is_bot or not self.allowed.allows(user):
             return
-        key = self._replies.peek((event.chat.id, event.message_id))
-        if key is None:
+        found = await self._reply_of(event.chat.id, event.message_id)
+        if found is None:
             return
         old = {r.emoji for r in event.old_reaction if isinstance(r, ReactionTypeEmoji)}
         added = [r.emoji for r in event.new_reaction if isinstance(r, ReactionTypeEmoji) and r.emoji not in old]
         judged = [(emoji, verdict) for emoji in added if (verdict := verdict_of(emoji)) is not None]
         if not judged:
             return
-        agent = self._loop_for(key)
+        agent = self._loop_for(found.session)
         ledger = FeedbackLedger(agent.workspace.memory_dir, storage=agent.workspace.storage)
         for emoji, verdict in judged:
-            reaction = Reaction(event.date.isoformat(timespec="seconds"), key, event.chat.id, event.message_id,
-                                user.id, emoji, verdict)
-            if await asyncio.to_thread(ledger.record, reaction):
-                log.info("telegram: chat %s user %s: %s feedback on reply %s", event.chat.id, user.id, verdict,
-                         event.message_id)
+            reaction = Reaction(event.date.isoformat(timespec="seconds"), found.session, event.chat.id,
+                                event.message_id, user.id, emoji, verdict, found.turn)
+            if not await asyncio.to_thread(ledger.record, reaction):
+                continue
+            log.info("telegram: chat %s user %s: %s feedback on reply %s", event.chat.id, user.id, verdict,
+                     event.message_id)
+            if found.turn is not None and await asyncio.to_thread(ledger.first_dislike, reaction):
+                await agent.disliked(found.session, found.turn)  # a correction signal: a lesson, once
+
+    async def _reply_of(self, chat_id: int, message_id: int) -> SentReply | None:
+        """The turn whose reply message `message_id` is, or None (not a reply of this bot, or unknown)."""
+        if self._replies is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._replies.find, chat_id, message_id)
+        except StorageError as exc:
+            log.warning("telegram: chat %s: a reaction is not counted: %s", chat_id, exc)
+            return None
 
     # -- sending ------------------------------------------------------------------------------------
 
@@ -660,17 +689,17 @@ class TelegramChannel:
         await self.send_reply(chat_id, markdown, strict=True, topic=topic_in(session_key))
 
     async def send_reply(self, chat_id: int, markdown: str, *, strict: bool = False,
-                         topic: int | None = None, key: str | None = None) -> str | None:
+                         topic: int | None = None, reply_of: SentReply | None = None) -> str | None:
         """The model's Markdown as HTML messages of at most 4,096 characters each, in order (into a forum's
-        `topic` when given). Given the session `key` of the turn answered, each message sent is remembered as
-        that turn's reply, so a reaction on it is feedback on the turn.
+        `topic` when given). Given the turn answered (`reply_of`), each message sent is remembered as that turn's
+        reply, so a reaction on it is feedback on the turn.
 
         None when every part arrived, else what went wrong, for the session's record (one line, no token).
         """
         parts = telegram_parts(markdown) or [MessagePart(EMPTY_REPLY, EMPTY_REPLY)]
         sent, failure = 0, None
         for part in parts:
-            why = await self._send(chat_id, part.plain, html=part.html, strict=strict, topic=topic, key=key)
+            why = await self._send(chat_id, part.plain, html=part.html, strict=strict, topic=topic, reply_of=reply_of)
             if why is None:
                 sent += 1
             elif failure is None:
@@ -682,7 +711,7 @@ class TelegramChannel:
         return f"only {sent} of {len(parts)} parts reached the user; sending the rest failed ({failure})"
 
     async def _send(self, chat_id: int, plain: str, *, html: str | None = None, strict: bool = False,
-                    topic: int | None = None, key: str | None = None) -> str | None:
+                    topic: int | None = None, reply_of: SentReply | None = None) -> str | None:
         """`html` if given, else (or when Telegram refuses the HTML) `plain`, into the forum's `topic` when given;
         None when sent, else why not.
 
@@ -691,16 +720,17 @@ class TelegramChannel:
         try:
             if html is not None:
                 try:
-                    sent = await self.bot.send_message(chat_id, html, message_thread_id=topic, parse_mode="HTML")
-                    self._sent_reply(sent, key)
+                    message = await self.bot.send_message(chat_id, html, message_thread_id=topic,
+                                                          parse_mode="HTML")
+                    await self._sent_reply(message, reply_of)
                     return None
                 except TelegramBadRequest as exc:
                     if "parse entities" not in exc.message.lower():
                         raise
                     log.warning("telegram: chat %s: Telegram refused the HTML (%s); sent as plain text",
                                 chat_id, exc.message)
-            sent = await self.bot.send_message(chat_id, plain, message_thread_id=topic, parse_mode=None)
-            self._sent_reply(sent, key)
+            message = await self.bot.send_message(chat_id, plain, message_thread_id=topic, parse_mode=None)
+            await self._sent_reply(message, reply_of)
             return None
         except TelegramAPIError as exc:
             log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)
@@ -714,7 +744,13 @@ class TelegramChannel:
                 raise
             return f"not a Bot API answer: {page}"
 
-    def _sent_reply(self, sent: Message, key: str | None) -> None:
-        """Remember a message sent as the reply of `key`'s turn (nothing for any other message)."""
-        if key is not None:
-            self._replies.put((sent.chat.id, sent.message_id), key)
+    async def _sent_reply(self, message: Message, reply_of: SentReply | None) -> None:
+        """Remember a message sent as (part of) the reply `reply_of` (nothing for any other message); a failure
+        is logged: the reply went out, only a reaction on it would not count."""
+        if reply_of is None or self._replies is None:
+            return
+        try:
+            await asyncio.to_thread(self._replies.remember, message.chat.id, message.message_id, reply_of)
+        except StorageError as exc:
+            log.warning("telegram: chat %s: reply %s not noted for feedback: %s", message.chat.id,
+                        message.message_id, exc)

@@ -11,14 +11,16 @@ A tool call under way shows as a status line ("· running memory_search…") aft
 A preview over 4,096 characters shows its last ones. A 429 is not waited out by the call (the request middleware
 lets these through, `waits_out_429`): the stream sends nothing until `retry_after` is over, then the text so far,
 so nothing is lost and the turn never waits. Any other failure ends the preview for the turn (logged once at
-info). The final answer never depends on it: the channel sends it whole as always, after `stop`.
+info). The final answer never depends on it: the channel sends it whole as always, after `stop`. Given
+`may_show` (a webhook worker: whether it still holds the update), each preview asks it first, and a worker that
+lost the update shows nothing more, as it sends no answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiogram import Bot
 from aiogram.exceptions import ClientDecodeError, TelegramAPIError, TelegramRetryAfter
@@ -51,13 +53,15 @@ class ReplyStream:
     """The preview of one turn's answer in one chat (see the module's docstring)."""
 
     def __init__(self, bot: Bot, chat_id: int, *, topic: int | None, draft_id: int | None, interval: float,
-                 on_no_drafts: Callable[[], None] | None = None):
+                 on_no_drafts: Callable[[], None] | None = None,
+                 may_show: Callable[[], Awaitable[bool]] | None = None):
         self.bot = bot
         self.chat_id = chat_id
         self.topic = topic
         self.draft_id = draft_id  # None: edit a message instead (a group, or drafts refused in this chat)
         self.interval = interval
         self.on_no_drafts = on_no_drafts
+        self.may_show = may_show
         self.message_id: int | None = None  # the message edited as the preview, once sent
         self._pieces: list[str] = []
         self._status = ""
@@ -134,6 +138,9 @@ class ReplyStream:
                 preview = preview_of("".join(self._pieces), self._status)
                 if not preview or preview == self._shown:
                     continue
+                if self.may_show is not None and not await self.may_show():
+                    log.info("telegram: chat %s: another worker took the update over; no more previews", self.chat_id)
+                    return
                 self._sending = True
                 try:
                     await self._show(preview)

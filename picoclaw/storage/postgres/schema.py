@@ -10,7 +10,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from picoclaw.storage.errors import SchemaTooNew
-from picoclaw.storage.postgres import documents, inbox, index, jobs, sessions, work
+from picoclaw.storage.postgres import documents, inbox, index, jobs, sessions, telegram_replies, work
 
 if TYPE_CHECKING:
     import psycopg
@@ -27,6 +27,7 @@ STEPS: list[tuple[int, str]] = [
     (2, index.TOTALS_V2),
     (3, inbox.DDL + work.DDL),
     (4, documents.DDL_V4),
+    (5, telegram_replies.DDL),
 ]
 SCHEMA_VERSION = STEPS[-1][0]
 

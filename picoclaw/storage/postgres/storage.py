@@ -24,6 +24,7 @@ from picoclaw.storage.postgres.index import PostgresIndexTable
 from picoclaw.storage.postgres.locks import ScopeLock, ScopeLockHandle
 from picoclaw.storage.postgres.schema import ensure_schema, schema_version
 from picoclaw.storage.postgres.sessions import PostgresSessionLog, export_sessions, import_sessions, session_counts
+from picoclaw.storage.postgres.telegram_replies import PostgresReplyLog
 from picoclaw.storage.postgres.work import AdvisoryWorkLock, claim_interval
 from picoclaw.storage.stored_files import scope_of, stored_files
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS
@@ -137,6 +138,10 @@ class PostgresStorage:
     def telegram_inbox(self, bot: int) -> PostgresInbox:
         """The bot's rows of `telegram_inbox`, shared by every worker."""
         return PostgresInbox(self.pool, self.dsn, bot)
+
+    def telegram_replies(self, bot: int) -> PostgresReplyLog:
+        """The bot's rows of `telegram_replies`, shared by every worker."""
+        return PostgresReplyLog(self.pool, self.dsn, bot)
 
     def ping(self) -> None:
         """One round trip to the server, within a second or two (StorageUnavailable when it cannot be reached),
