@@ -13,16 +13,20 @@ from typing import TYPE_CHECKING
 from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from picoclaw.agent.allowance import PURPOSES, Allowance, MeteredProvider, OverBudget, is_background, spend_line
     from picoclaw.agent.background_room import WindowedProvider
     from picoclaw.agent.commands import Command, parse_command
     from picoclaw.agent.loop import AgentLoop, Reply, ToolSink
     from picoclaw.agent.receipts import MemorySink, NoticeSink
     from picoclaw.agent.streaming import TextSink
 
-__all__ = ["AgentLoop", "Command", "MemorySink", "NoticeSink", "Reply", "TextSink", "ToolSink", "WindowedProvider",
+__all__ = ["PURPOSES", "AgentLoop", "Allowance", "MeteredProvider", "OverBudget", "is_background", "spend_line",
+           "Command", "MemorySink", "NoticeSink", "Reply", "TextSink", "ToolSink", "WindowedProvider",
            "parse_command"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
+    "picoclaw.agent.allowance": ("PURPOSES", "Allowance", "MeteredProvider", "OverBudget", "is_background",
+                                 "spend_line"),
     "picoclaw.agent.background_room": ("WindowedProvider",),
     "picoclaw.agent.commands": ("Command", "parse_command"),
     "picoclaw.agent.loop": ("AgentLoop", "Reply", "ToolSink"),
