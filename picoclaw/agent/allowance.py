@@ -81,10 +81,14 @@ def chinese(text: str) -> bool:
     return len(letters(text)) > len(_LATIN_WORD.findall(text))
 
 
-def request_text(messages: Sequence[Message]) -> str:
-    """The text of a request's non-system messages (for the language its refusal is written in)."""
+_CONTEXT_BLOCK = re.compile(r"<context>.*?</context>", re.DOTALL)
+
+
+def request_text(messages: Sequence[Message], *, last_only: bool = False) -> str:
+    """The text of a request's non-system messages, or of its last one, without the memory blocks they carry (for
+    the language its refusal is written in)."""
     parts = []
-    for message in messages:
+    for message in messages[-1:] if last_only else messages:
         if message.get("role") == "system":
             continue
         content = message.get("content")
@@ -92,7 +96,7 @@ def request_text(messages: Sequence[Message]) -> str:
             parts.append(content)
         elif isinstance(content, list):
             parts.extend(str(part.get("text") or "") for part in content if isinstance(part, dict))
-    return "\n".join(parts)
+    return _CONTEXT_BLOCK.sub("", "\n".join(parts))
 
 
 # -- what is said at a cap ------------------------------------------------------------------------------------------
@@ -369,7 +373,7 @@ class MeteredProvider:
         prompt = sum(message_tokens(m) for m in messages) + (json_tokens(tools) if tools else 0)
         reply_room = self.default_max_tokens if max_tokens is None else max_tokens
         held = await self.allowance.claim(self.purpose, self.model, prompt, reply_room,
-                                          zh=chinese(request_text(messages)))
+                                          zh=chinese(request_text(messages, last_only=self.purpose == CHAT)))
         try:
             reply = await self.inner.chat(messages, tools, max_tokens=max_tokens, on_text=on_text,
                                           tool_choice=tool_choice)
