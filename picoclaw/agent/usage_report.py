@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 
 from picoclaw.agent.allowance import PURPOSES, is_background, is_chat
+from picoclaw.cjk import letters
 from picoclaw.config import BudgetConfig
 from picoclaw.memory import Day, Spent
 
@@ -128,9 +129,18 @@ def _table(period: Period, budget: BudgetConfig, lang: str) -> list[str]:
     for purpose in known:
         rows.append(_row(purpose_name(purpose, lang), period.spent[purpose], budget))
     rows.append(_row(str(words["total"]), period.total(), budget))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
-            for row in rows]
+    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+    def cell(text: str, i: int) -> str:
+        pad = " " * (widths[i] - _width(text))
+        return text + pad if i == 0 else pad + text
+
+    return ["  " + "  ".join(cell(text, i) for i, text in enumerate(row)) for row in rows]
+
+
+def _width(text: str) -> int:
+    """Columns `text` takes in a terminal: a CJK letter takes two."""
+    return len(text) + len(letters(text))
 
 
 def _row(name: str, spent: Spent, budget: BudgetConfig) -> tuple[str, ...]:
