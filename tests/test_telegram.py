@@ -189,8 +189,9 @@ def test_a_stranger_is_told_their_id_once_and_leaves_no_trace(home: Path, fake_t
     assert {k: v for k, v in after.items() if b"hunter2" in v} == {}
     assert [k for k in after if k not in before and f"{STRANGER}" in k] == []
     new = sorted(k for k in after if k not in before and not k.endswith(".lock"))
-    # The owner's turn (its transcript and its retrieval time), nothing else.
-    assert new == ["workspace/memory/.turn_metrics.jsonl", f"workspace/sessions/telegram%3A{OWNER}.jsonl"]
+    # The owner's turn (its transcript, its retrieval time and what its model call used), nothing else.
+    assert new == ["workspace/memory/.spend.json", "workspace/memory/.turn_metrics.jsonl",
+                   f"workspace/sessions/telegram%3A{OWNER}.jsonl"]
 
 
 def test_allow_from_takes_usernames_with_or_without_the_at(home: Path, fake_telegram: FakeTelegramServer,
