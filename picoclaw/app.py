@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +25,7 @@ from picoclaw.providers import ProviderError
 from picoclaw.storage import open_storage, switch_warning
 
 if TYPE_CHECKING:
-    from picoclaw.agent import AgentLoop
+    from picoclaw.agent import AgentLoop, Allowance
     from picoclaw.channels import Channel, Transcriber
     from picoclaw.jobs import JobStore, Scheduler, Sleep
     from picoclaw.memory import Embedder
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from picoclaw.tools import McpServers, Tool
 
 ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
+
+HEARTBEAT_RUNS_FILE = ".heartbeat.json"  # when each HEARTBEAT.md task last ran (jobs/heartbeat_tasks.py)
 
 # Per-user agents kept open ("per_user" memory scope): each holds a workspace and, with the index on, a
 # database connection. A bot used by thousands of people keeps the most recent ones; an idle agent that
@@ -77,6 +79,9 @@ class App:
             raise
         self._make_provider = make_provider
         self._provider: OpenAICompatProvider | None = None
+        self._background: OpenAICompatProvider | None = None  # agents.background's client, when there is one
+        self._background_windows: ContextWindows | None = None
+        self._allowance: Allowance | None = None
         self._transcription: OpenAICompatProvider | None = None  # the transcriber's client, when there is one
         self._windows: ContextWindows | None = None
         self._shared: AgentLoop | None = None
@@ -110,6 +115,34 @@ class App:
             make = self._make_provider or _configured_provider
             self._provider = make(self.config)
         return self._provider
+
+    def background_provider(self) -> OpenAICompatProvider | None:
+        """The client of `agents.background` (made on the first call), or None: background calls use the chat model."""
+        settings = self.config.agents.background
+        if settings is None:
+            return None
+        if self._background is None:
+            from picoclaw.providers import from_config
+
+            self._background = from_config(self.config, settings.provider, model=settings.model)
+            self._background_windows = self._background.context_windows(None)
+        return self._background
+
+    def allowance(self) -> Allowance:
+        """The day's budget (config.json `budget`), shared by every agent of this app: its caps are the workspace's."""
+        if self._allowance is None:
+            from picoclaw.agent import Allowance
+
+            self._allowance = Allowance.of(self.workspace)
+        return self._allowance
+
+    def tell_owner(self, deliver: Callable[[str, str], Awaitable[None]], session_key: str) -> None:
+        """Where the day's notice that the background budget is spent goes: `deliver(session_key, text)` (a channel's
+        deliver; the heartbeat's chat, or the terminal's session)."""
+        async def notify(text: str) -> None:
+            await deliver(session_key, text)
+
+        self.allowance().owner = notify
 
     def transcriber(self) -> Transcriber | None:
         """The transcriber of config.json's `transcription` (its client made on the first call: a missing key or
@@ -168,16 +201,20 @@ class App:
 
         extra = self._mcp_tools()
         status = self._status_lines
+        background = self.background_provider()
         if user_key is None:
             if self._shared is None:
                 self._shared = AgentLoop(self.workspace, self.provider(), build_tools(self.workspace, extra),
-                                         status=status, windows=self.windows(), continue_background=self._local())
+                                         status=status, windows=self.windows(), continue_background=self._local(),
+                                         allowance=self.allowance(), background=background,
+                                         background_windows=self._background_windows)
             return self._shared
         loop = self._agents.get(user_key)
         if loop is None:
             workspace = self.workspace.for_user(user_key)
             loop = AgentLoop(workspace, self.provider(), build_tools(workspace, extra), status=status,
-                             windows=self.windows(), continue_background=self._local())
+                             windows=self.windows(), continue_background=self._local(), allowance=self.allowance(),
+                             background=background, background_windows=self._background_windows)
             self._agents.put(user_key, loop)
         return loop
 
@@ -208,6 +245,7 @@ class App:
                          memory_scope=self.config.channels.telegram.memory_scope,
                          channels=(channel.name,) if channels is None else channels, heartbeat=self.config.heartbeat,
                          heartbeat_path=self.workspace.layout.heartbeat_path,
+                         heartbeat_runs=self.workspace.layout.memory_dir / HEARTBEAT_RUNS_FILE,
                          poll_interval=POLL_INTERVAL if poll_interval is None else poll_interval, sleep=sleep)
 
     def _busy(self, user_key: str) -> bool:
@@ -224,10 +262,10 @@ class App:
             await loop.wait_background()
         if self._mcp is not None:
             await self._mcp.aclose()
-        for client in (self._provider, self._transcription):
+        for client in (self._provider, self._transcription, self._background):
             if client is not None:
                 await client.aclose()
-        self._provider = self._transcription = None
+        self._provider = self._transcription = self._background = None
         # The embedder's close waits for its own thread's loop. The executor stays: the loop may still use it, and
         # shuts it down itself as it closes.
         await asyncio.to_thread(self._close_parts)

@@ -66,8 +66,18 @@ class AgentDefaults(_Strict):
         return value
 
 
+class BackgroundAgent(_Strict):
+    """`agents.background`: the provider entry and model the background calls use (summaries, the memory flush,
+    compression, reflection, query rewriting, lessons), so they can run on a cheaper or local model while chat
+    uses another. The heartbeat and agent jobs are turns of a conversation: they use the chat model."""
+
+    provider: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+
+
 class AgentsConfig(_Strict):
     defaults: AgentDefaults = AgentDefaults()
+    background: BackgroundAgent | None = None  # None: background calls use agents.defaults' model
 
 
 class ProviderConfig(_Strict):
@@ -449,6 +459,35 @@ class TranscriptionConfig(_Strict):
     timeout: float = Field(300.0, ge=1.0, le=3600.0, strict=True)
 
 
+class ModelPrice(_Strict):
+    """`budget.prices.MODEL`: what the model costs, in US dollars per million tokens; `cached_input` (the part of a
+    prompt the provider took from its prompt cache) costs `input` when not given."""
+
+    MOST: ClassVar[float] = 10_000.0  # no model costs more per million tokens: a larger number is a typo
+
+    input: float = Field(ge=0, le=MOST)
+    cached_input: float | None = Field(None, ge=0, le=MOST)
+    output: float = Field(ge=0, le=MOST)
+
+
+class BudgetConfig(_Strict):
+    """budget: hard daily caps on model use (0: no cap), counted per day in the configured timezone.
+
+    `background_tokens_per_day` caps every call no person's message asked for (summaries, the memory flush,
+    compression, reflection, query rewriting, lessons, the heartbeat, agent jobs); `usd_per_day` caps the same
+    calls' cost, by `prices`. `chat_tokens_per_day` caps the turns people ask for: at it, a turn is answered with
+    one line instead of a model call. `prices`: US dollars per million tokens, by model name, for the USD cap
+    and for `picoclaw usage`."""
+
+    MOST_TOKENS: ClassVar[int] = 10_000_000_000
+    MOST_USD: ClassVar[float] = 100_000.0
+
+    background_tokens_per_day: int = Field(0, ge=0, le=MOST_TOKENS, strict=True)
+    chat_tokens_per_day: int = Field(0, ge=0, le=MOST_TOKENS, strict=True)
+    usd_per_day: float = Field(0.0, ge=0, le=MOST_USD)
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+
+
 class Config(_Strict):
     """The whole config.json. Unknown keys are errors: a typo must not be silently ignored."""
 
@@ -460,6 +499,7 @@ class Config(_Strict):
     memory: MemoryConfig = MemoryConfig()
     storage: StorageConfig = StorageConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
+    budget: BudgetConfig = BudgetConfig()
     tools: ToolsConfig = ToolsConfig()
     transcription: TranscriptionConfig | None = None  # None: voice notes are answered with how to turn it on
     media: MediaConfig = MediaConfig()
@@ -482,6 +522,15 @@ class Config(_Strict):
             raise ValueError(f"unknown timezone {value!r} (use an IANA name such as 'Asia/Shanghai', "
                              f"or 'local')") from None
         return value
+
+    @model_validator(mode="after")
+    def _known_background_provider(self) -> Config:
+        background = self.agents.background
+        if background is not None and background.provider not in self.providers:
+            known = ", ".join(sorted(self.providers)) or "none"
+            raise ValueError(f"agents.background.provider '{background.provider}' is not in providers "
+                             f"(known: {known})")
+        return self
 
     @model_validator(mode="after")
     def _known_transcription_provider(self) -> Config:

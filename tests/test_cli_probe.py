@@ -51,7 +51,8 @@ WRITES_MEMORY = (f"{MEM}/MEMORY.md", f"{MEM}/backups*", f"{MEM}/.MEMORY.md.entri
 WRITES_NOTE = (f"{MEM}/2*",)
 WRITES_JOBS = ("workspace/cron*",)
 WRITES_SESSION = ("workspace/sessions*",)
-WRITES_TURN = (*WRITES_SESSION, "workspace/memory/.turn_metrics.jsonl")  # a turn answered: its retrieval time
+WRITES_TURN = (*WRITES_SESSION, "workspace/memory/.turn_metrics.jsonl",  # a turn answered: its retrieval time
+               "workspace/memory/.spend.json")  # and what its model call used (agent/allowance.py)
 WRITES_POLICY = (OVERRIDES, f"{MEM}/policy_snapshots*", f"{MEM}/policy_history.jsonl")
 
 

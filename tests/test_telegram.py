@@ -190,8 +190,10 @@ def test_a_stranger_is_told_their_id_once_and_leaves_no_trace(home: Path, fake_t
     assert {k: v for k, v in after.items() if b"hunter2" in v} == {}
     assert [k for k in after if k not in before and f"{STRANGER}" in k] == []
     new = sorted(k for k in after if k not in before and not k.endswith(".lock"))
-    # The owner's turn (its transcript, its retrieval time, the reply's note for reactions), nothing else.
-    assert new == ["workspace/.picoclaw-work/telegram-replies.sqlite3", "workspace/memory/.turn_metrics.jsonl",
+    # The owner's turn (its transcript, its retrieval time, what its model call used, the reply's note for
+    # reactions), nothing else.
+    assert new == ["workspace/.picoclaw-work/telegram-replies.sqlite3", "workspace/memory/.spend.json",
+                   "workspace/memory/.turn_metrics.jsonl",
                    f"workspace/sessions/telegram%3A{OWNER}.jsonl"]
 
 

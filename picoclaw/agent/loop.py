@@ -24,6 +24,7 @@ so far (`current_turn`, memory/receipts.py).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -33,6 +34,18 @@ from datetime import datetime
 from typing import Any
 
 from picoclaw import clock
+from picoclaw.agent.allowance import (
+    CHAT,
+    COMPRESSION,
+    FLUSH,
+    LESSON,
+    QUERY_REWRITE,
+    REFLECTION,
+    SUMMARY,
+    TURN_PURPOSES,
+    Allowance,
+    MeteredProvider,
+)
 from picoclaw.agent.background_room import WindowedProvider, flush_pieces
 from picoclaw.agent.budget import (
     REPLY_FLOOR,
@@ -101,6 +114,7 @@ from picoclaw.config import CLOUD_DEFAULT_WINDOW
 from picoclaw.errors import ConfigError
 from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import (
+    DeferredFlushes,
     LongTermCompressor,
     MemoryWrite,
     Session,
@@ -148,6 +162,14 @@ SUMMARISED_NOTICE = "(The conversation had outgrown the model's window, so I sum
 # summary takes a minute or two) before it summarises or sets aside on its own.
 SUMMARY_WAIT = 120.0
 SET_ASIDE_NOTICE = "(The conversation had outgrown the model's window, so I set aside its oldest messages.)"
+
+# What the turn under way is for ("chat", or "heartbeat" and "agent_job" for the scheduler's turns): the budget its
+# model calls are claimed against (agent/allowance.py).
+turn_purpose: contextvars.ContextVar[str] = contextvars.ContextVar("turn_purpose", default=CHAT)
+
+# How a flush went: its messages read; the model call failed; or the day's budget had no room (it waits).
+FlushStatus = str
+READ, FAILED, WAITS = "read", "failed", "waits"
 
 
 @dataclass(frozen=True)
@@ -223,9 +245,20 @@ class AgentLoop:
 
     def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry, *,
                  session_cache_size: int = SESSION_CACHE_SIZE, status: Callable[[], list[str]] | None = None,
-                 windows: ContextWindows | None = None, continue_background: bool = False):
+                 windows: ContextWindows | None = None, continue_background: bool = False,
+                 allowance: Allowance | None = None, background: ChatProvider | None = None,
+                 background_windows: ContextWindows | None = None):
+        """`allowance`: the day's budget every model call is claimed from (by default the workspace's own);
+        `background`: the provider of the calls beside the conversation (agents.background), by default `provider`,
+        with its own window `background_windows`."""
         self.workspace = workspace
         self.provider = provider
+        # Every call is claimed against the day's budget, tagged with what it is for (agent/allowance.py).
+        self.allowance = allowance if allowance is not None else Allowance.of(workspace)
+        max_tokens = workspace.config.agents.defaults.max_tokens
+        self._turn_providers = {purpose: MeteredProvider(provider, self.allowance, purpose, max_tokens)
+                                for purpose in TURN_PURPOSES}
+        self.deferred = DeferredFlushes(workspace.memory_dir, storage=workspace.storage)
         # The model's context window (providers: asked of the server); None: config.json's number as it stands
         # (no server asked: 128,000 when config.json has none, as before windows were found).
         configured = workspace.config.agents.defaults.context_window
@@ -238,13 +271,21 @@ class AgentLoop:
         self._status = status  # more lines for /status (the MCP servers' states), read at each /status
         self._offered = offered_tools(tools)  # tool name → its Args model, for calls written as text
         self.context = ContextBuilder(workspace)
-        # The calls beside the conversation, each reply's room fitted to the window (agent/background_room.py).
-        self.background = WindowedProvider(provider, self.windows)
-        self.rewriter = QueryRewriter(self.background)  # used when the policy's query_rewrite_enabled is on
+        # The calls beside the conversation, each reply's room fitted to the window (agent/background_room.py), each
+        # purpose's claimed as such.
+        side = background if background is not None else provider
+        side_windows = background_windows if background is not None and background_windows is not None else self.windows
+
+        def beside(purpose: str) -> WindowedProvider:
+            return WindowedProvider(MeteredProvider(side, self.allowance, purpose, max_tokens), side_windows)
+
+        self.background = beside(SUMMARY)
+        self.flusher = beside(FLUSH)
+        self.rewriter = QueryRewriter(beside(QUERY_REWRITE))  # used when the policy's query_rewrite_enabled is on
         self.sessions = workspace.sessions()
-        self.compressor = LongTermCompressor(workspace.store, self.background)
-        self.reflector = Reflector(workspace.policy, self.background)
-        self.learner = Learner(workspace, self.background, self._offered)
+        self.compressor = LongTermCompressor(workspace.store, beside(COMPRESSION))
+        self.reflector = Reflector(workspace.policy, beside(REFLECTION))
+        self.learner = Learner(workspace, beside(LESSON), self._offered)
         self.metrics = TurnMetrics(workspace.memory_dir, storage=workspace.storage)  # retrieval ms, `memory stats`
         self.written = WriteLog(workspace.memory_dir, storage=workspace.storage)  # automatic writes, `/memory recent`
         self._locks: KeyedLocks[str] = KeyedLocks()
@@ -257,8 +298,10 @@ class AgentLoop:
             on_evict=self._forget)
         self._background: set[asyncio.Future[Any]] = set()
         # Each session's last request as sent: background calls ask after it (agent/cache_prefix.py), when the model
-        # is served locally (`continue_background`, app.py); else nothing is kept and they use their own prompts.
-        self.last_requests = LastRequests(min(session_cache_size, LAST_REQUESTS_KEPT) if continue_background else 0)
+        # is served locally (`continue_background`, app.py) and answers them too (no agents.background); else nothing
+        # is kept and they use their own prompts.
+        self.last_requests = LastRequests(min(session_cache_size, LAST_REQUESTS_KEPT)
+                                          if continue_background and background is None else 0)
 
     # -- sessions ----------------------------------------------------------------------------------
 
@@ -303,7 +346,7 @@ class AgentLoop:
     async def handle(self, key: str, text: str, *, notify: NoticeSink | None = None,
                      on_text: TextSink | None = None, on_tool: ToolSink | None = None,
                      remembered: MemorySink | None = None, ask_again: bool = True,
-                     images: Sequence[bytes] = ()) -> Reply:
+                     images: Sequence[bytes] = (), purpose: str = CHAT) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
@@ -312,8 +355,20 @@ class AgentLoop:
         long-term memory the turn and its background work made (agent/receipts.py). `ask_again` False: an empty
         answer is not asked again but is the reply, "" (the heartbeat's "nothing to report"; agent/empty_reply.py).
         `images`: what the message shows, sent with it to a model that sees (agent/images.py); the text names them.
-        Channels call this through `picoclaw.channels.run_turn`.
+        `purpose`: what the turn is for, the budget its calls count against ("chat"; the scheduler's "heartbeat",
+        "agent_job"). Channels call this through `picoclaw.channels.run_turn`.
         """
+        if purpose not in TURN_PURPOSES:
+            raise ValueError(f"a turn's purpose is one of {', '.join(TURN_PURPOSES)}, not {purpose!r}")
+        token = turn_purpose.set(purpose)  # the turn's own calls read it (`_ask`)
+        try:
+            return await self._handle(key, text, notify, on_text, on_tool, remembered, ask_again, images)
+        finally:
+            turn_purpose.reset(token)
+
+    async def _handle(self, key: str, text: str, notify: NoticeSink | None, on_text: TextSink | None,
+                      on_tool: ToolSink | None, remembered: MemorySink | None, ask_again: bool,
+                      images: Sequence[bytes]) -> Reply:
         text = clean_text(text)
         receipts = Receipts(notify, remembered)
         async with self.hold(key):
@@ -342,6 +397,8 @@ class AgentLoop:
                 self._spawn(receipts.show(key, writes.writes, self.written))
                 if isinstance(exc, EmptyAnswer):
                     apology = f"Sorry, {exc}." if exc.asked_again else ""  # not asked again: silence was an answer
+                elif exc.kind == "over_budget":  # no call was made: the cap's own line says what to do
+                    apology = str(exc)
                 else:
                     apology = f"Sorry, I could not get an answer from the model: {exc}"
                 return Reply(apology, error=exc)
@@ -366,7 +423,7 @@ class AgentLoop:
             fold = self.last_requests.for_history(key, active, len(active), session.summary)
             reply = new_reply(await self.reset_session(key))
             if set_aside and self.workspace.policy.current().memory_flush_enabled:
-                self._spawn(self._flush(key, set_aside, receipts, fold))
+                self._spawn(self._flush(key, set_aside, receipts, fold, defer=True))
             return reply
         if command.name == "/compact":
             return compact_reply(await self.compact(key, receipts))
@@ -386,9 +443,9 @@ class AgentLoop:
         if command.name == "/context":
             return await self.describe_context(key)
         if command.name == "/status":
+            extra = [await self.allowance.status_line(), *(self._status() if self._status else ())]
             return status_report(self.provider.model, self.provider.name, await self.session(key),
-                                 self.workspace.policy.effective(), self._status() if self._status else (),
-                                 timezone=self.workspace.config.timezone)
+                                 self.workspace.policy.effective(), extra, timezone=self.workspace.config.timezone)
         return unknown_reply(command)
 
     async def _turn(self, key: str, text: str, on_text: TextSink | None, on_tool: ToolSink | None,
@@ -535,7 +592,7 @@ class AgentLoop:
             if unflushed and policy.memory_flush_enabled:  # as /new does: their facts go to MEMORY.md first
                 fold = (self.last_requests.for_history(key, active, len(head), session.summary)
                         if len(unflushed) == len(head) else None)
-                await self._flush(key, unflushed, Receipts(), fold, collect=writes)
+                await self._flush(key, unflushed, Receipts(), fold, collect=writes, defer=True)
             await self._set_aside(session, through, "over_budget")
             built = await self._build(session, policy, text, now, query, count_use=False)
         moved = before - len(session.active())
@@ -703,8 +760,9 @@ class AgentLoop:
         conversation = messages if conversation is None else conversation
         gate = (StreamGate(on_text, hold_calls=text_calls, previous=previous_answer(conversation))
                 if on_text is not None else None)
-        reply = await self.provider.chat(messages, schemas, max_tokens=max_tokens,
-                                         on_text=gate.feed if gate is not None else None)
+        provider = self._turn_providers[turn_purpose.get()]
+        reply = await provider.chat(messages, schemas, max_tokens=max_tokens,
+                                    on_text=gate.feed if gate is not None else None)
         if reply.content and (shown := without_context_echo(reply.content)) != reply.content:
             log.info("the model's reply began by echoing the <context> block; the echo is removed")
             reply = replace(reply, content=shown)
@@ -751,14 +809,20 @@ class AgentLoop:
 
     async def _after_turn(self, key: str, receipts: Receipts, finished: FinishedTurn,
                           written: list[MemoryWrite]) -> None:
-        # Each job on its own: a bug in one must not stop the others. Each checks whether it is due.
+        # Each job on its own: a bug in one must not stop the others. Each checks whether it is due. At the day's
+        # background cap none starts (a summary's notice would promise one); they run once budget returns.
         jobs: list[tuple[str, Callable[[], Awaitable[object]]]] = [
-            ("memory receipts", lambda: receipts.show(key, written, self.written)),
-            ("session summary", lambda: self._summarize_if_needed(key, receipts)),
-            ("long-term compression", lambda: self.compressor.run_if_due(self.workspace.policy.current())),
-            ("reflection", lambda: self._reflect_if_due(key)),
-            ("lesson review", lambda: self._learn(finished, receipts)),
-        ]
+            ("memory receipts", lambda: receipts.show(key, written, self.written))]
+        if await self.allowance.background_open():
+            jobs += [
+                ("deferred memory flushes", lambda: self.run_deferred_flushes(key, receipts)),
+                ("session summary", lambda: self._summarize_if_needed(key, receipts)),
+                ("long-term compression", lambda: self.compressor.run_if_due(self.workspace.policy.current())),
+                ("reflection", lambda: self._reflect_if_due(key)),
+                ("lesson review", lambda: self._learn(finished, receipts)),
+            ]
+        else:
+            log.info("session %s: the day's background budget is spent; background work waits", key)
         for name, job in jobs:
             try:
                 await job()
@@ -822,6 +886,8 @@ class AgentLoop:
             return
         if key in self._summarizing or not self.needs_summary(session, self.workspace.policy.current()):
             return
+        if not await self.allowance.background_open():
+            return  # the day's budget is spent: no notice of a summary that would not be written
         # Claimed before the first await: a turn arriving meanwhile waits for this summary instead of writing its own.
         self._summarizing.add(key)
         try:
@@ -860,33 +926,69 @@ class AgentLoop:
         return usable(window) - reserve <= window * policy.session_summary_token_percent / 100
 
     async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Continuation | None = None,
-                     *, collect: list[MemoryWrite] | None = None) -> bool:
+                     *, collect: list[MemoryWrite] | None = None, defer: bool = False) -> FlushStatus:
         """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
         was written (or add it to `collect`, a turn's writes shown after its reply); never raises. `fold`: ask
-        after the conversation's last request, which carries them. Whether the model read them (no call failed):
-        only then are they flushed. A range too long for one request is read in window-sized pieces, newest first."""
+        after the conversation's last request, which carries them. READ when the model read them all (only then
+        are they flushed), WAITS when the day's budget had no room for a piece (with `defer`, for messages leaving
+        the conversation, that piece is kept for a later day: DeferredFlushes), else FAILED. A range too long for
+        one request is read in window-sized pieces, newest first."""
         pieces = flush_pieces(messages, (await self.windows.current()).tokens)
-        read = True
+        statuses = []
         for piece in pieces:  # several: each in its own prompt (the last request carries the whole range only)
-            read = await self._flush_piece(key, piece, receipts, fold if len(pieces) == 1 else None,
-                                           collect=collect) and read
-        return read
+            status = await self._flush_piece(key, piece, receipts, fold if len(pieces) == 1 else None,
+                                             collect=collect)
+            if status == WAITS and defer:
+                await self._defer_flush(key, piece)
+            statuses.append(status)
+        return WAITS if WAITS in statuses else FAILED if FAILED in statuses else READ
+
+    async def _defer_flush(self, key: str, messages: list[Message]) -> None:
+        stamp = clock.now(self.workspace.tz).isoformat(timespec="seconds")
+        try:
+            await asyncio.to_thread(self.deferred.add, key, messages, stamp)
+        except (OSError, StorageError) as exc:
+            log.warning("session %s: the flush that waits for the budget cannot be kept (%s); its %d messages stay "
+                        "in the session file only", key, exc, len(messages))
+            return
+        log.info("session %s: the day's budget is spent; the flush of %d messages waits for it", key, len(messages))
+
+    async def run_deferred_flushes(self, key: str, receipts: Receipts = Receipts()) -> int:
+        """Flush what waited for the budget (DeferredFlushes), oldest first, until the budget runs out again; how
+        many were done. What a flush of session `key` writes is shown through `receipts`."""
+        pending = await asyncio.to_thread(self.deferred.pending)
+        done = 0
+        for entry in pending:
+            async with self._alone(f"deferred-flush:{entry.id}") as ours:
+                if not ours:
+                    continue
+                status = await self._flush(entry.session, entry.messages,
+                                           receipts if entry.session == key else Receipts())
+                if status == WAITS:
+                    break
+                # Read, or failed for another reason (a model down): a failure is not kept for ever, as a turn's
+                # own flush is not asked again either.
+                await asyncio.to_thread(self.deferred.done, entry.id)
+                done += 1
+        return done
 
     async def _flush_piece(self, key: str, messages: list[Message], receipts: Receipts, fold: Continuation | None,
-                           *, collect: list[MemoryWrite] | None) -> bool:
-        """One flush request of `_flush`; whether its model call succeeded."""
+                           *, collect: list[MemoryWrite] | None) -> FlushStatus:
+        """One flush request of `_flush`; how its model call went."""
         try:
-            result = await flush_facts(self.background, self.workspace.store, render_transcript(messages),
+            result = await flush_facts(self.flusher, self.workspace.store, render_transcript(messages),
                                        user_texts(messages), session=key, after=fold)
         except Exception:  # a bug here must not cost the summary
             log.exception("session %s: memory flush failed", key)
-            return False
+            return FAILED
+        if result.failed_kind == "over_budget":
+            return WAITS
         if result.refused:
             log.info("session %s: memory flush stored nothing: %s", key, result.refused)
         else:
             log.info("session %s: memory flush stored %d fact(s), %d already known, %d rejected", key,
                      len(result.stored), len(result.known), len(result.rejected))
-        read = not (result.refused or "").startswith("the model call failed")  # memory/flush.py's wording
+        read = READ if result.failed_kind is None else FAILED
         if collect is not None:
             collect.extend(result.writes())
             return read
@@ -940,13 +1042,20 @@ class AgentLoop:
             # local server keeps the conversation cached (agent/cache_prefix.py).
             fold = self.last_requests.for_history(key, active, cut, session.summary)
             if policy.memory_flush_enabled:  # the facts in what is folded away go to MEMORY.md first
-                if await self._flush(key, [m.message for m in folded], receipts, fold, collect=collect):
+                flushed = await self._flush(key, [m.message for m in folded], receipts, fold, collect=collect)
+                if flushed == WAITS:  # no summary of what was not flushed: both wait for the budget
+                    log.info("session %s: the day's budget is spent; the summary waits", key)
+                    return None
+                if flushed == READ:
                     self._flushed[key] = max(self._flushed.get(key, 0), folded[-1].id)
             try:
                 own = summary_request(session.summary, [m.message for m in folded])
                 reply = await ask_between_turns(self.background, own, fold,
                                                 lambda after: continued_summary_request(after, session.summary))
             except ProviderError as exc:
+                if exc.kind == "over_budget":  # not the model's failure: no back-off, tried again once there is room
+                    log.info("session %s: summary not written: %s", key, exc)
+                    return None
                 log.warning("session %s: summary failed (%s); history kept as it was", key, exc)
                 self._back_off(key, session, policy)
                 return None

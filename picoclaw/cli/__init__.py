@@ -27,6 +27,7 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
     ("cron", "picoclaw.cli.cron", "reminders and recurring tasks that `picoclaw telegram` delivers"),
     ("skills", "picoclaw.cli.skills", "the skills in workspace/skills/ that the model can load"),
     ("mcp", "picoclaw.cli.mcp", "the MCP servers of tools.mcp in config.json and their tools"),
+    ("usage", "picoclaw.cli.usage", "what the model cost today and in the last 30 days, by purpose, and the caps"),
     ("policy", "picoclaw.cli.policy", "show and tune the memory policy"),
     ("storage", "picoclaw.cli.storage", "the storage backend (files or PostgreSQL): status"),
     ("web", "picoclaw.cli.web", "the console in a browser: memory, search (a one-time login link)"),

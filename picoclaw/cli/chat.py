@@ -58,7 +58,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     return await channel.answer_once(args.message, Path(args.attach).expanduser())
                 if args.message is not None:
                     return await channel.answer_once(args.message)
-                # The terminal is this session's channel while it is open: its reminders and heartbeat come here.
+                # The terminal is this session's channel while it is open: its reminders and heartbeat come here,
+                # and the day's notice that the background budget is spent.
+                app.tell_owner(channel.deliver, channel.session_key)
                 return await channel.run(scheduler=app.scheduler(channel, channels=(channel.session_key,)))
 
         return asyncio.run(run())

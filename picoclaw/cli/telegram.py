@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from picoclaw.cli.command import UsageError, opened_app
+from picoclaw.session_key import channel_of
 
 if TYPE_CHECKING:
     from picoclaw.app import App
@@ -65,6 +66,9 @@ def cmd_telegram(args: argparse.Namespace) -> int:
                                               secret_token=hook.secret_token or webhook_secret(bot.token))
                         channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
                                                   transcriber=app.transcriber())
+                        owner = app.config.heartbeat.session
+                        if owner and channel.name == channel_of(owner):  # the owner's chat hears of a spent budget
+                            app.tell_owner(channel.deliver, owner)
                         await channel.run(scheduler=app.scheduler(channel), webhook=webhook)
             finally:
                 await bot.session.close()

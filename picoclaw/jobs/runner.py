@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from picoclaw import clock
+from picoclaw.jobs.heartbeat_tasks import HeartbeatRuns, HeartbeatTask, read_tasks
 from picoclaw.jobs.model import Job, JobError, JobsFileError
 from picoclaw.jobs.schedule import following_run, job_problem
 from picoclaw.jobs.store import JobStore
@@ -54,9 +55,10 @@ class TurnReply(Protocol):
 
 class SessionAgent(Protocol):
     """What runs agent jobs and the heartbeat: handles a text as a turn of a session (AgentLoop does); with
-    `ask_again` False an empty answer is not asked again but comes back as "", its error of kind EMPTY_ANSWER_KIND."""
+    `ask_again` False an empty answer is not asked again but comes back as "", its error of kind EMPTY_ANSWER_KIND.
+    `purpose` names the budget the turn's model calls count against ("heartbeat", "agent_job")."""
 
-    async def handle(self, key: str, text: str, /, *, ask_again: bool = True) -> TurnReply: ...
+    async def handle(self, key: str, text: str, /, *, ask_again: bool = True, purpose: str = ...) -> TurnReply: ...
 
 
 class Outbox(Protocol):
@@ -79,6 +81,9 @@ INTERRUPTED = "interrupted: the bot stopped while it ran; not run again"
 HEARTBEAT_QUIET = "HEARTBEAT_OK"
 # The kind of the error (a ProviderError's) of a reply the model left empty: providers/base.py's ErrorKind.
 EMPTY_ANSWER_KIND = "empty_answer"
+OVER_BUDGET_KIND = "over_budget"  # the day's budget had no room: no call was made (agent/allowance.py)
+HEARTBEAT_PURPOSE = "heartbeat"
+AGENT_JOB_PURPOSE = "agent_job"
 HEARTBEAT_WORK = "heartbeat"  # the name several workers claim the heartbeat's interval under (storage/work.py)
 HEARTBEAT_SLACK = 0.9  # share of the interval that must have passed since any worker's last beat
 HEARTBEAT_FRAME = (
@@ -113,7 +118,7 @@ class Scheduler:
     def __init__(self, store: JobStore, agent_for: AgentFor, outbox: Outbox, *, storage: Storage,
                  memory_scope: str = "shared", channels: tuple[str, ...] = (TELEGRAM,),
                  heartbeat: HeartbeatConfig | None = None, heartbeat_path: Path | None = None,
-                 poll_interval: float = POLL_INTERVAL, sleep: Sleep | None = None):
+                 heartbeat_runs: Path | None = None, poll_interval: float = POLL_INTERVAL, sleep: Sleep | None = None):
         self.store = store
         self.storage = storage  # where the heartbeat's interval is claimed, across workers
         self.agent_for = agent_for
@@ -122,6 +127,8 @@ class Scheduler:
         self.channels = channels  # channels ("telegram") or session keys ("cli:default") the outbox reaches
         self.heartbeat = heartbeat if heartbeat is not None and heartbeat.enabled else None
         self.heartbeat_path = heartbeat_path
+        # When each heartbeat task last ran (jobs/heartbeat_tasks.py); None: every task is due at every beat.
+        self.heartbeat_runs = HeartbeatRuns(heartbeat_runs, storage) if heartbeat_runs is not None else None
         self.poll_interval = poll_interval
         self._sleep = sleep
         self._jobs: list[Job] = []  # the last good state of the file
@@ -283,7 +290,7 @@ class Scheduler:
             else:
                 agent = self.agent_for(job.scope)
                 prompt = AGENT_FRAME.format(id=job.id, by=job.created_by, text=job.text)
-                reply = await agent.handle(job.target, prompt)
+                reply = await agent.handle(job.target, prompt, purpose=AGENT_JOB_PURPOSE)
                 await self.outbox.deliver(job.target, reply.text)
                 if reply.error is not None:
                     outcome = f"error: {reply.error}"
@@ -351,6 +358,13 @@ class Scheduler:
         tasks = heartbeat_tasks(text)
         if not tasks:
             return None  # nothing to do: no model call at all
+        listed = read_tasks(tasks)
+        now = clock.now(self.store.tz)
+        last = await asyncio.to_thread(self.heartbeat_runs.last_runs) if self.heartbeat_runs is not None else {}
+        due = [task for task in listed if task.due(last.get(task.key), now, self.store.tz)]
+        if not due:
+            log.info("scheduler: heartbeat: no task is due and none changed; no model call")
+            return None
         session = self.heartbeat.session
         if not self.serves(session):
             return None  # the process that serves that session beats for it: no model call here
@@ -365,14 +379,18 @@ class Scheduler:
             return None
         try:
             agent = self.agent_for(scope)
-            now = clock.now(self.store.tz)
             # Not asked again when empty: told to stay quiet when nothing is due, an empty answer says just that.
-            reply = await agent.handle(session, HEARTBEAT_FRAME.format(now=f"{now:%Y-%m-%d %H:%M %Z}", tasks=tasks),
-                                       ask_again=False)
+            frame = HEARTBEAT_FRAME.format(now=f"{now:%Y-%m-%d %H:%M %Z}", tasks="\n".join(t.line for t in due))
+            reply = await agent.handle(session, frame, ask_again=False, purpose=HEARTBEAT_PURPOSE)
             answer = reply.text.strip()
-            if reply.error is not None and getattr(reply.error, "kind", None) != EMPTY_ANSWER_KIND:
+            kind = getattr(reply.error, "kind", None)
+            if kind == OVER_BUDGET_KIND:  # the owner was told once today; the tasks stay due for tomorrow
+                log.info("scheduler: heartbeat skipped: %s", reply.error)
+                return None
+            if reply.error is not None and kind != EMPTY_ANSWER_KIND:
                 log.error("scheduler: heartbeat: the model could not answer: %s", reply.error)
                 return None
+            await self._ran(listed, due, now, last)
             if reply.error is not None or not answer or answer == HEARTBEAT_QUIET or answer.endswith(HEARTBEAT_QUIET):
                 log.info("scheduler: heartbeat: nothing to report")
                 return None
@@ -381,6 +399,16 @@ class Scheduler:
         except Exception:
             log.exception("scheduler: heartbeat failed")
             return None
+
+
+    async def _ran(self, listed: list[HeartbeatTask], due: list[HeartbeatTask], now: datetime,
+                   last: dict[str, datetime]) -> None:
+        if self.heartbeat_runs is None:
+            return
+        try:
+            await asyncio.to_thread(self.heartbeat_runs.record, listed, due, now, last)
+        except (OSError, StorageError) as exc:  # the tasks run again at the next beat: a call more, nothing lost
+            log.warning("scheduler: heartbeat: cannot record which tasks ran: %s", exc)
 
 
 def _set(job: Job, **values: object) -> bool:

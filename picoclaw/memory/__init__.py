@@ -13,6 +13,7 @@ from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from picoclaw.memory.compression import CompressionResult, LongTermCompressor, format_missing, why_not_due
+    from picoclaw.memory.deferred_flushes import DeferredFlush, DeferredFlushes
     from picoclaw.memory.entries import (
         SUPERSEDED,
         LongTermEntry,
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         standing_lessons,
     )
     from picoclaw.memory.session import UNDELIVERED, Session, SessionStore, StoredMessage, summary_of, with_summary
+    from picoclaw.memory.spend import Day, Hold, SpendLedger, Spent
     from picoclaw.memory.stats import MemoryStats, entry_injections, memory_stats
     from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
     from picoclaw.memory.turn_metrics import TurnMetrics
@@ -83,7 +85,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKUPS_DIR", "Block", "COMPRESSION", "DRAFTED_CORRECTION", "CompressionResult", "DEFAULT_LOCAL_MODEL",
-    "DailyNote", "E5Embedder",
+    "DailyNote", "Day", "DeferredFlush", "DeferredFlushes", "Hold", "Spent", "SpendLedger", "E5Embedder",
     "EffectivePolicy", "Embedder", "EmbeddingUnavailable", "FeedbackLedger", "FlushCounts", "FlushTally", "Hit",
     "IndexStatus",
     "IndexedSearch", "InjectedMemory", "JobOutcome", "KeywordSearch", "Known", "LEARNINGS", "LOCAL", "LONG_TERM",
@@ -126,6 +128,8 @@ _HOMES = {
     "picoclaw.memory.lessons": ("DRAFTED_CORRECTION", "instruction_lesson", "keeps_point", "lesson_of", "stands"),
     "picoclaw.memory.media": ("MediaFolder", "image_type", "safe_name"),
     "picoclaw.memory.model_usage": ("ModelUsage",),
+    "picoclaw.memory.deferred_flushes": ("DeferredFlush", "DeferredFlushes"),
+    "picoclaw.memory.spend": ("Day", "Hold", "Spent", "SpendLedger"),
     "picoclaw.memory.policy": ("EffectivePolicy", "PolicyChange", "PolicyError", "PolicyManager"),
     "picoclaw.memory.receipts": ("LEARNINGS", "LONG_TERM", "MemoryWrite", "TurnWrites", "WriteLog", "current_turn"),
     "picoclaw.memory.search": ("Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch",

@@ -69,6 +69,7 @@ class FlushResult:
     rejected: list[tuple[str, str]] = field(default_factory=list)
     refused: str | None = None
     session: str | None = None
+    failed_kind: str | None = None  # the ProviderError kind of a failed model call ("over_budget": it waits)
 
     def tally(self) -> FlushTally:
         """This flush's counts for `memory stats`."""
@@ -137,6 +138,7 @@ async def _flush(provider: ChatProvider, store: MemoryStore, transcript: str, sa
         reply = await ask_between_turns(provider, flush_request(transcript), after, continued_flush_request)
     except ProviderError as exc:
         result.refused = f"the model call failed: {exc}"
+        result.failed_kind = exc.kind
         return result
     result.proposed = parse_facts(reply.content)
     if not result.proposed:

@@ -17,8 +17,10 @@ Message = dict[str, Any]  # one OpenAI chat message: {"role": ..., "content": ..
 TextSink = Callable[[str], Awaitable[None]]
 
 # "empty_answer": the model answered nothing (agent/empty_reply.py); a caller for whom silence is an answer (the
-# heartbeat) tells it apart by this kind.
-ErrorKind = Literal["context_too_long", "auth", "rate_limit", "unavailable", "bad_response", "empty_answer"]
+# heartbeat) tells it apart by this kind. "over_budget": the day's budget (config.json `budget`) leaves no room for
+# the call, which was not made (agent/allowance.py); background work waits for the next day.
+ErrorKind = Literal["context_too_long", "auth", "rate_limit", "unavailable", "bad_response", "empty_answer",
+                    "over_budget"]
 
 # "none": the tools are offered (so the prompt is the conversation's, byte for byte) but none may be called.
 ToolChoice = Literal["auto", "none"]

@@ -446,12 +446,13 @@ def overflow_window(exc: Exception) -> int | None:
 
 
 def from_config(config: Config, provider_name: str | None = None, *, timeout: float | None = None,
-                max_retries: int | None = None) -> OpenAICompatProvider:
+                max_retries: int | None = None, model: str | None = None) -> OpenAICompatProvider:
     """The provider named by `agents.defaults.provider` (or `provider_name`), checked before any call.
 
     `timeout` and `max_retries` given here win over the provider entry (an embedder wants its own short
     timeout); otherwise the entry's values (defaults 60 s and 3) apply. Timed-out requests are re-sent only
     when the entry sets `max_retries` itself: that is the user saying re-sending is fine for this server.
+    `model`: this client's model instead of agents.defaults' (agents.background's).
     """
     name = provider_name or config.agents.defaults.provider
     entry = config.providers.get(name)
@@ -467,8 +468,9 @@ def from_config(config: Config, provider_name: str | None = None, *, timeout: fl
         raise ConfigError(f"provider '{name}' has no API key: set providers.{name}.api_key in config.json or "
                           f"the {provider_env_name(name, 'API_KEY')} environment variable (a local server such as "
                           "Ollama accepts any non-empty placeholder)")
+    defaults = config.agents.defaults if model is None else config.agents.defaults.model_copy(update={"model": model})
     return OpenAICompatProvider(
-        name=name, api_base=api_base, api_key=api_key, defaults=config.agents.defaults,
+        name=name, api_base=api_base, api_key=api_key, defaults=defaults,
         timeout=entry.timeout if timeout is None else timeout,
         max_retries=entry.max_retries if max_retries is None else max_retries,
         retry_timeouts=_user_set_retries(entry), text_tool_calls=entry.text_tool_calls)
