@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -213,7 +213,7 @@ class Reply:
 
     text: str
     error: ProviderError | StorageError | None = None
-    turn: int | None = None
+    turn: int | None = field(default=None, compare=False)  # which turn, not what was answered
 
 
 def history_load(session: Session) -> tuple[int, int, int] | None:
