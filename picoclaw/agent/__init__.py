@@ -2,7 +2,8 @@
 
 What the agent layer offers the channels and the face is listed in `__all__`: `AgentLoop` (where a message
 becomes a model call), its `Reply`, the sinks a channel passes for streamed text, tool calls, notices and
-memory writes, the slash-command parser, and `WindowedProvider` (a provider whose replies fit the window).
+memory writes, the approver and chooser a channel supplies (from the tools layer: channels do not import
+it), the slash-command parser, and `WindowedProvider` (a provider whose replies fit the window).
 Each is imported on first use (picoclaw/lazy_exports.py).
 """
 
@@ -18,9 +19,10 @@ if TYPE_CHECKING:
     from picoclaw.agent.loop import AgentLoop, Reply, ToolSink
     from picoclaw.agent.receipts import MemorySink, NoticeSink
     from picoclaw.agent.streaming import TextSink
+    from picoclaw.tools import ApprovalRequest, Approver, Chooser, Verdict
 
-__all__ = ["AgentLoop", "Command", "MemorySink", "NoticeSink", "Reply", "TextSink", "ToolSink", "WindowedProvider",
-           "parse_command"]
+__all__ = ["AgentLoop", "ApprovalRequest", "Approver", "Chooser", "Command", "MemorySink", "NoticeSink", "Reply",
+           "TextSink", "ToolSink", "Verdict", "WindowedProvider", "parse_command"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.agent.background_room": ("WindowedProvider",),
@@ -28,4 +30,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.agent.loop": ("AgentLoop", "Reply", "ToolSink"),
     "picoclaw.agent.receipts": ("MemorySink", "NoticeSink"),
     "picoclaw.agent.streaming": ("TextSink",),
+    # What a channel's approver and chooser speak (tools/approval.py, tools/choices.py): channels do not import tools.
+    "picoclaw.tools": ("ApprovalRequest", "Approver", "Chooser", "Verdict"),
 })
