@@ -37,7 +37,7 @@ APPROVER_GRACE = 30.0
 SECRET_NAME = re.compile(r"(?i)pass(word|wd|phrase)?|secret|token|api[_-]?key|auth(orization)?|credential")
 SECRET_IN_TEXT = re.compile(
     r"(?i)\b((?:[A-Z0-9_]*(?:pass(?:word|wd)?|secret|token|api[_-]?key|authorization|credential)[A-Z0-9_]*)"
-    r"(?:\s*[=:]\s*|\s+)(?:bearer\s+)?)(\S+)")
+    r"(?:\s*[=:]\s*|\s+)(?:bearer\s+)?)([^\s\"',;]+)")
 SECRET_SHAPE = re.compile(r"\b(sk-[A-Za-z0-9_-]{12,}|gh[pousr]_[A-Za-z0-9]{20,}|\d{6,12}:[A-Za-z0-9_-]{30,})")
 
 
