@@ -48,6 +48,7 @@ class Verdict(StrEnum):
     DENIED = "denied"
     TIMED_OUT = "timed out"  # no answer within the request's timeout
     UNASKED = "unasked"  # no one could be asked (a scheduled job, `chat -m`, piped input)
+    NOT_SHOWN = "not shown"  # the question could not be shown (Telegram refused the message)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ def refusal(verdict: Verdict, tool: str, timeout: float) -> str:
                 "them what you would have done instead.")
     if verdict is Verdict.TIMED_OUT:
         return f"not run: the user gave no answer within {timeout:g} s to the request to run this {tool} call."
+    if verdict is Verdict.NOT_SHOWN:
+        return f"not run: the request to approve this {tool} call could not be shown to the user."
     return (f"not run: {tool} runs only after the user approves it, and no one can approve it here (a scheduled "
             "job, or a chat that cannot ask).")
 

@@ -27,6 +27,7 @@ STEPS: list[tuple[int, str]] = [
     (2, index.TOTALS_V2),
     (3, inbox.DDL + work.DDL),
     (4, documents.DDL_V4),
+    (5, inbox.ASKS_DDL),
 ]
 SCHEMA_VERSION = STEPS[-1][0]
 
