@@ -22,7 +22,7 @@ from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer, free_port
 from tests.test_telegram import FRIEND, OWNER, STRANGER, Sleeps, configure, replied, until
-from tests.test_telegram_webhook import backend_dsn, hook_settings
+from tests.test_telegram_webhook import backend_dsn, hook_settings, inbox_rows
 
 T = TypeVar("T")
 TIMEOUT = 120
@@ -306,7 +306,7 @@ def serve_workers(workspace: Workspace, telegram: FakeTelegramServer, model: Fak
 def test_with_webhook_workers_a_press_reaches_the_waiting_turn_whichever_worker_takes_it(
         request: pytest.FixtureRequest, home: Path, fake_telegram: FakeTelegramServer,
         fake_openai: FakeOpenAIServer, backend: str, asked: str, command: str, made: str) -> None:
-    backend_dsn(request, home, backend)
+    dsn = backend_dsn(request, home, backend)
     # One turn at a time per worker: on PostgreSQL the press must be taken by the worker whose turn is not waiting.
     ports = [free_port()] + ([free_port()] if backend == "postgres" else [])
     workspace = set_up(home, fake_telegram, fake_openai, **{})
@@ -330,6 +330,10 @@ def test_with_webhook_workers_a_press_reaches_the_waiting_turn_whichever_worker_
 
     assert (workspace.root / made).exists()
     assert [text for _, text in fake_telegram.callback_answers()] == [NOT_YOURS, "Approved"]
+    rows = inbox_rows(home, dsn, "chat, worker")
+    assert [chat for chat, _ in rows] == [str(OWNER), f"press:{OWNER}", f"press:{OWNER}"]  # not behind the turn
+    if backend == "postgres":  # the turn's worker was full: the other took the presses, and the turn heard them
+        assert rows[1][1] == rows[2][1] != rows[0][1]
 
 
 @pytest.mark.parametrize("backend", ["files", "postgres"])
