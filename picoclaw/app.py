@@ -165,26 +165,27 @@ class App:
         """The agent of the shared memory (None), or of one user's memory (memory_scope "per_user")."""
         from picoclaw.agent import AgentLoop
 
+        extra = self._mcp_tools()  # first: MCP servers not started is the error to raise, before any other
         status = self._status_lines
         if user_key is None:
             if self._shared is None:
-                self._shared = AgentLoop(self.workspace, self.provider(), self._tools(self.workspace),
+                self._shared = AgentLoop(self.workspace, self.provider(), self._tools(self.workspace, extra),
                                          status=status, windows=self.windows(), continue_background=self._local())
             return self._shared
         loop = self._agents.get(user_key)
         if loop is None:
             workspace = self.workspace.for_user(user_key)
-            loop = AgentLoop(workspace, self.provider(), self._tools(workspace), status=status,
+            loop = AgentLoop(workspace, self.provider(), self._tools(workspace, extra), status=status,
                              windows=self.windows(), continue_background=self._local())
             self._agents.put(user_key, loop)
         return loop
 
-    def _tools(self, workspace: Workspace) -> Toolset:
+    def _tools(self, workspace: Workspace, extra: Sequence[Tool]) -> Toolset:
         """The workspace's tools and the MCP servers', the calls `tools.approval.ask_first` names waiting for the
         user's yes (tools/approval.py)."""
         from picoclaw.tools import ApprovingTools, build_tools
 
-        return ApprovingTools(build_tools(workspace, self._mcp_tools()), self.config.tools.approval,
+        return ApprovingTools(build_tools(workspace, extra), self.config.tools.approval,
                               secrets=config_secrets(self.config))
 
     def _local(self) -> bool:
