@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from picoclaw.jobs import JobStore, Scheduler, Sleep
     from picoclaw.memory import Embedder
     from picoclaw.providers import ContextWindows, OpenAICompatProvider
-    from picoclaw.tools import McpServers, Tool
+    from picoclaw.tools import McpServers, Tool, Toolset
 
 ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
 
@@ -197,14 +197,13 @@ class App:
     def agent(self, user_key: str | None = None) -> AgentLoop:
         """The agent of the shared memory (None), or of one user's memory (memory_scope "per_user")."""
         from picoclaw.agent import AgentLoop
-        from picoclaw.tools import build_tools
 
-        extra = self._mcp_tools()
+        extra = self._mcp_tools()  # first: MCP servers not started is the error to raise, before any other
         status = self._status_lines
         background = self.background_provider()
         if user_key is None:
             if self._shared is None:
-                self._shared = AgentLoop(self.workspace, self.provider(), build_tools(self.workspace, extra),
+                self._shared = AgentLoop(self.workspace, self.provider(), self._tools(self.workspace, extra),
                                          status=status, windows=self.windows(), continue_background=self._local(),
                                          allowance=self.allowance(), background=background,
                                          background_windows=self._background_windows)
@@ -212,11 +211,19 @@ class App:
         loop = self._agents.get(user_key)
         if loop is None:
             workspace = self.workspace.for_user(user_key)
-            loop = AgentLoop(workspace, self.provider(), build_tools(workspace, extra), status=status,
+            loop = AgentLoop(workspace, self.provider(), self._tools(workspace, extra), status=status,
                              windows=self.windows(), continue_background=self._local(), allowance=self.allowance(),
                              background=background, background_windows=self._background_windows)
             self._agents.put(user_key, loop)
         return loop
+
+    def _tools(self, workspace: Workspace, extra: Sequence[Tool]) -> Toolset:
+        """The workspace's tools and the MCP servers', the calls `tools.approval.ask_first` names waiting for the
+        user's yes (tools/approval.py)."""
+        from picoclaw.tools import ApprovingTools, build_tools
+
+        return ApprovingTools(build_tools(workspace, extra), self.config.tools.approval,
+                              secrets=config_secrets(self.config))
 
     def _local(self) -> bool:
         """Whether the model is served on this machine or its network: only there do background calls continue the
@@ -306,6 +313,13 @@ def _embedding(agent: AgentLoop) -> bool:
 
     index = index_of(agent.workspace.searcher)
     return index is not None and index.embedding
+
+
+def config_secrets(config: Config) -> list[str]:
+    """The keys and tokens config.json (or the environment) holds: never shown in an approval request."""
+    secrets = [config.api_key_for(name) for name in config.providers]
+    search = config.tools.web.search
+    return [s for s in secrets + [config.telegram_token(), search.api_key if search else ""] if s]
 
 
 def _configured_provider(config: Config) -> OpenAICompatProvider:

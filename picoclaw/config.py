@@ -327,12 +327,41 @@ class McpConfig(_Strict):
         return servers
 
 
+# A name in tools.approval.ask_first: a tool's name, or a shell-style pattern of names (mcp__github__*).
+ASK_FIRST_NAME = re.compile(r"^[A-Za-z0-9_*?-]{1,96}$")
+
+
+class ApprovalConfig(_Strict):
+    """tools.approval: the tools whose every call waits for the user's Approve (Telegram buttons, a y/N in the
+    terminal); a Deny, or no answer within `timeout_seconds`, and the call does not run (tools/approval.py).
+
+    `unattended` is what happens where no one can be asked (a scheduled job, `chat -m`, piped input): "refuse"
+    (the call does not run) or "allow" (it runs unasked)."""
+
+    ask_first: list[str] = Field(default_factory=lambda: ["exec"], max_length=100)
+    timeout_seconds: float = Field(120.0, ge=5, le=3600)
+    unattended: Literal["refuse", "allow"] = "refuse"
+
+    @field_validator("ask_first")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not ASK_FIRST_NAME.match(name):
+                raise ValueError(f"{name!r} is not a tool name or a pattern of names (letters, digits, _ - * ?)")
+        return names
+
+
 class ToolsConfig(_Strict):
-    """tools: settings of the model's optional tools (web, exec, MCP servers); each is off until configured."""
+    """tools: settings of the model's optional tools (web, exec, MCP servers); each is off until configured.
+    `ask_user` offers the model a question with answers to tap (tools/choices.py): off by default, as its schema
+    (~100 tokens) goes with every request a small CPU model reads; `approval` says which calls wait for the
+    user's yes."""
 
     web: WebConfig = WebConfig()
     exec: ExecConfig = ExecConfig()
     mcp: McpConfig = McpConfig()
+    ask_user: bool = False
+    approval: ApprovalConfig = ApprovalConfig()
 
 
 class HeartbeatConfig(_Strict):

@@ -2,7 +2,8 @@
 
 What the agent layer offers the channels and the face is listed in `__all__`: `AgentLoop` (where a message
 becomes a model call), its `Reply`, the sinks a channel passes for streamed text, tool calls, notices and
-memory writes, the slash-command parser, and `WindowedProvider` (a provider whose replies fit the window).
+memory writes, the approver and chooser a channel supplies (from the tools layer: channels do not import
+it), the slash-command parser, and `WindowedProvider` (a provider whose replies fit the window).
 Each is imported on first use (picoclaw/lazy_exports.py).
 """
 
@@ -20,10 +21,12 @@ if TYPE_CHECKING:
     from picoclaw.agent.receipts import MemorySink, NoticeSink
     from picoclaw.agent.streaming import TextSink
     from picoclaw.agent.usage_report import SpendReport, purpose_name, report_lines, spend_report
+    from picoclaw.tools import ApprovalRequest, Approver, Chooser, Verdict
 
-__all__ = ["PURPOSES", "AgentLoop", "Allowance", "Command", "MemorySink", "MeteredProvider", "NoticeSink",
-           "OverBudget", "Reply", "SpendReport", "TextSink", "ToolSink", "WindowedProvider", "is_background",
-           "parse_command", "purpose_name", "report_lines", "spend_line", "spend_report"]
+__all__ = ["PURPOSES", "AgentLoop", "Allowance", "ApprovalRequest", "Approver", "Chooser", "Command", "MemorySink",
+           "MeteredProvider", "NoticeSink", "OverBudget", "Reply", "SpendReport", "TextSink", "ToolSink", "Verdict",
+           "WindowedProvider", "is_background", "parse_command", "purpose_name", "report_lines", "spend_line",
+           "spend_report"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.agent.allowance": ("PURPOSES", "Allowance", "MeteredProvider", "OverBudget", "is_background",
@@ -34,4 +37,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.agent.loop": ("AgentLoop", "Reply", "ToolSink"),
     "picoclaw.agent.receipts": ("MemorySink", "NoticeSink"),
     "picoclaw.agent.streaming": ("TextSink",),
+    # What a channel's approver and chooser speak (tools/approval.py, tools/choices.py): channels do not import tools.
+    "picoclaw.tools": ("ApprovalRequest", "Approver", "Chooser", "Verdict"),
 })

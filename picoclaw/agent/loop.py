@@ -143,7 +143,7 @@ from picoclaw.providers.base import (
 )
 from picoclaw.storage import StorageError, StorageUnavailable
 from picoclaw.tokens import count_tokens
-from picoclaw.tools import ToolRegistry, current_session
+from picoclaw.tools import Approver, Chooser, Toolset, current_approver, current_chooser, current_session
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def _log_failure(task: asyncio.Future[Any]) -> None:
 class AgentLoop:
     """Runs turns for every session of one workspace against one provider."""
 
-    def __init__(self, workspace: Workspace, provider: ChatProvider, tools: ToolRegistry, *,
+    def __init__(self, workspace: Workspace, provider: ChatProvider, tools: Toolset, *,
                  session_cache_size: int = SESSION_CACHE_SIZE, status: Callable[[], list[str]] | None = None,
                  windows: ContextWindows | None = None, continue_background: bool = False,
                  allowance: Allowance | None = None, background: ChatProvider | None = None,
@@ -346,7 +346,8 @@ class AgentLoop:
     async def handle(self, key: str, text: str, *, notify: NoticeSink | None = None,
                      on_text: TextSink | None = None, on_tool: ToolSink | None = None,
                      remembered: MemorySink | None = None, ask_again: bool = True,
-                     images: Sequence[bytes] = (), purpose: str = CHAT) -> Reply:
+                     images: Sequence[bytes] = (), purpose: str = CHAT, approver: Approver | None = None,
+                     chooser: Chooser | None = None) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
@@ -356,23 +357,28 @@ class AgentLoop:
         answer is not asked again but is the reply, "" (the heartbeat's "nothing to report"; agent/empty_reply.py).
         `images`: what the message shows, sent with it to a model that sees (agent/images.py); the text names them.
         `purpose`: what the turn is for, the budget its calls count against ("chat"; the scheduler's "heartbeat",
-        "agent_job"). Channels call this through `picoclaw.channels.run_turn`.
+        "agent_job"). `approver` asks the user before an ask-first tool call runs (tools/approval.py; None: no one
+        to ask), and `chooser` shows ask_user's options (tools/choices.py; None: the model asks in its reply).
+        Channels call this through `picoclaw.channels.run_turn`.
         """
         if purpose not in TURN_PURPOSES:
             raise ValueError(f"a turn's purpose is one of {', '.join(TURN_PURPOSES)}, not {purpose!r}")
         token = turn_purpose.set(purpose)  # the turn's own calls read it (`_ask`)
         try:
-            return await self._handle(key, text, notify, on_text, on_tool, remembered, ask_again, images)
+            return await self._handle(key, text, notify, on_text, on_tool, remembered, ask_again, images, approver,
+                                      chooser)
         finally:
             turn_purpose.reset(token)
 
     async def _handle(self, key: str, text: str, notify: NoticeSink | None, on_text: TextSink | None,
                       on_tool: ToolSink | None, remembered: MemorySink | None, ask_again: bool,
-                      images: Sequence[bytes]) -> Reply:
+                      images: Sequence[bytes], approver: Approver | None, chooser: Chooser | None) -> Reply:
         text = clean_text(text)
         receipts = Receipts(notify, remembered)
         async with self.hold(key):
             current_session.set(key)  # for tools acting on "this chat" (cron); the turn's own task's context
+            current_approver.set(approver)  # for ask-first calls and ask_user: whom this turn's tools ask
+            current_chooser.set(chooser)
             try:
                 # What other processes (other machines, on PostgreSQL) wrote since: off the event loop.
                 await asyncio.to_thread(self.workspace.refresh)

@@ -54,7 +54,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from picoclaw.tools import ToolRegistry
+from picoclaw.tools import Toolset
 
 MAX_CHARS = 20_000  # only this much of a reply is looked at
 MAX_LEAD_IN_CHARS = 200
@@ -99,7 +99,7 @@ class _Found:
     whole_reply_only: bool = False  # a bare object counts only when it is the whole reply
 
 
-def offered_tools(registry: ToolRegistry) -> dict[str, type[BaseModel]]:
+def offered_tools(registry: Toolset) -> dict[str, type[BaseModel]]:
     """The `offered` mapping for a request that offers every tool of `registry`."""
     return {name: tool.Args for name, tool in registry.tools.items()}
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from picoclaw.agent import AgentLoop, MemorySink, NoticeSink, Reply, TextSink, ToolSink
+    from picoclaw.agent import AgentLoop, Approver, Chooser, MemorySink, NoticeSink, Reply, TextSink, ToolSink
     from picoclaw.jobs import Scheduler
 
 __all__ = ["Channel", "Inbound", "TurnHooks", "run_turn"]
@@ -45,6 +45,11 @@ class TurnHooks:
     # once (`MemoryWrite.notice` is the line: "remembered: …"). Shaped and handled like `on_notice`. Left None,
     # no receipt is shown (`/memory recent` still lists the write).
     on_memory: MemorySink | None = None
+    # Asks the user who sent the message before an ask-first tool call runs (Approve / Deny, y/N); None: no one can
+    # be asked here, and such a call does not run (unless tools.approval.unattended is "allow").
+    approver: Approver | None = None
+    # Shows ask_user's question and options (buttons, a numbered list); None: the model asks in its reply instead.
+    chooser: Chooser | None = None
 
 
 class Channel(Protocol):
@@ -70,4 +75,5 @@ class Channel(Protocol):
 async def run_turn(agent: AgentLoop, message: Inbound, hooks: TurnHooks = TurnHooks()) -> Reply:
     """The one place a channel's message becomes a model call: one `AgentLoop.handle` of its session."""
     return await agent.handle(message.session_key, message.text, notify=hooks.on_notice, on_text=hooks.on_text,
-                              on_tool=hooks.on_tool, remembered=hooks.on_memory, images=message.images)
+                              on_tool=hooks.on_tool, remembered=hooks.on_memory, images=message.images,
+                              approver=hooks.approver, chooser=hooks.chooser)

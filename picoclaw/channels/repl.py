@@ -5,6 +5,10 @@ pipe, a reader thread does. Ctrl-C at the prompt leaves; Ctrl-C during an answer
 of it is stored) and returns to the prompt. While it runs, the session's scheduled jobs (and its heartbeat)
 are delivered here, between answers.
 
+A tool call that asks first (tools.approval.ask_first: exec by default) is asked about at the prompt, `Run exec:
+ls -la? [y/N]`; where no one can answer (`chat -m`, piped input) it does not run, said in one line on stderr. The
+options of ask_user are a numbered list: typing a number sends that option as the next message.
+
 A file goes with a message (`chat --attach FILE`, or a `/attach PATH [message]` line): audio is transcribed and
 its transcript shown first, an image goes to a model that sees, a document is read (picoclaw/channels/
 attachments.py). A file that cannot be taken is one line on stderr, and nothing reaches the model.
@@ -19,10 +23,11 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from picoclaw.agent import AgentLoop, Reply, parse_command
+from picoclaw.agent import AgentLoop, ApprovalRequest, Reply, Verdict, parse_command
 from picoclaw.channels.attachments import attach, read_attachment
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
 from picoclaw.channels.media import MediaRefused
@@ -45,6 +50,9 @@ RECEIPT_MARK = "✍ "
 SCHEDULER_STOP_SECONDS = 10.0
 ATTACH_COMMAND = "/attach"
 ATTACH_USAGE = "usage: /attach PATH [message] (a path with spaces in \"quotes\")"
+YES = {"y", "yes", "是", "是的", "好", "对"}  # what counts as yes at a y/N question; anything else is no
+CANNOT_ASK = ("picoclaw: not run: {tool} asks first (tools.approval.ask_first), and chat -m or piped input "
+              "cannot ask; set tools.approval.unattended to \"allow\" to run such calls unasked")
 
 
 class LineReader(Protocol):
@@ -81,6 +89,9 @@ class ReplChannel:
         self._late: list[str] = []  # those of an answer that was cancelled, shown after the line saying so
         self._stopping = False
         self._reading: asyncio.Task[object] | None = None  # run()'s task while it waits for a line
+        # Where a y/N question is read: the lines being answered, when someone types them (None: no one can answer).
+        self._asking: LineReader | None = None
+        self._options: list[str] = []  # the numbered options ask_user last showed: "2" sends the second
 
     async def run(self, *, scheduler: Scheduler | None = None) -> int:
         """Read lines until EOF, `exit` or `stop()`, answering each, with the session's jobs run by `scheduler`
@@ -93,6 +104,7 @@ class ReplChannel:
             self.out.write(f"picoclaw chat — session {printable(self.session_key)}. /help for commands, "
                            "Ctrl-D or Ctrl-C to leave.\n")
         running = asyncio.create_task(scheduler.run()) if scheduler is not None else None
+        self._asking = reader if interactive or self.lines is not None else None
         try:
             with _logs_above_prompt() if interactive else contextlib.nullcontext():
                 await self._read_and_answer(reader, PROMPT if interactive else "")
@@ -151,9 +163,10 @@ class ReplChannel:
         short line each), a failure as one line on `err`."""
         shown = _ShownAnswer(self.out, self._unasked)
         self._held = []
+        hooks = replace(shown.hooks(), approver=_TerminalApprover(self._asking, shown, self.err),
+                        chooser=self._chooser(shown))
         try:
-            reply = await run_turn(self.agent, Inbound(TERMINAL_USER, self.session_key, text, images=images),
-                                   shown.hooks())
+            reply = await run_turn(self.agent, Inbound(TERMINAL_USER, self.session_key, text, images=images), hooks)
         except BaseException:
             # Cancelled (Ctrl-C) or failed: the lines held meanwhile come after what the caller says of that.
             self._late, self._held = self._held, None
@@ -166,6 +179,22 @@ class ReplChannel:
             self.err.write(printable(await self.agent.describe_context(self.session_key)) + "\n")
             self.err.flush()
         return reply
+
+    def _chooser(self, shown: _ShownAnswer) -> _TerminalChooser | None:
+        """ask_user's numbered list, where a next line can answer it (not `chat -m`: the model asks in its reply)."""
+        if self._asking is None:
+            return None
+
+        def remember(options: list[str]) -> None:
+            self._options = options
+        return _TerminalChooser(shown, remember)
+
+    def _chosen(self, text: str) -> str:
+        """The option a typed number picks from ask_user's last list (once), else the line as typed."""
+        options, self._options = self._options, []
+        if text.isdigit() and 1 <= int(text) <= len(options):
+            return options[int(text) - 1]
+        return text
 
     async def _unasked(self, text: str) -> None:
         """A line nobody just asked for: above the prompt, or after the answer being written."""
@@ -186,6 +215,7 @@ class ReplChannel:
                 continue
             if text.lower() in EXIT_WORDS:
                 break
+            text = self._chosen(text)
             turning: Awaitable[Reply | None]
             if text.split(maxsplit=1)[0].lower() == ATTACH_COMMAND:
                 attaching = attach_line(text)
@@ -244,6 +274,47 @@ def attach_line(line: str) -> tuple[Path, str | None] | None:
     return (Path(path).expanduser(), message or None) if path else None
 
 
+class _TerminalApprover:
+    """The y/N question at the prompt, before an ask-first call runs; where no line can answer, one line on
+    stderr and the call does not run."""
+
+    def __init__(self, lines: LineReader | None, shown: _ShownAnswer, err: TextIO):
+        self.lines = lines
+        self.shown = shown
+        self.err = err
+
+    async def approve(self, request: ApprovalRequest) -> Verdict:
+        if self.lines is None:
+            self.err.write(CANNOT_ASK.format(tool=printable(request.tool)) + "\n")
+            self.err.flush()
+            return Verdict.UNASKED
+        self.shown.break_line()
+        try:
+            answer = await asyncio.wait_for(self.lines.read(printable(request.question()) + " [y/N] "),
+                                            request.timeout)
+        except TimeoutError:
+            self.shown.say(f"(no answer within {request.timeout:g} s: not run)")
+            return Verdict.TIMED_OUT
+        except (EOFError, KeyboardInterrupt):  # Ctrl-D or Ctrl-C at the question: no
+            return Verdict.DENIED
+        return Verdict.APPROVED if answer.strip().lower() in YES else Verdict.DENIED
+
+
+class _TerminalChooser:
+    """ask_user's question and options as a numbered list; `remember` keeps them for the next line typed."""
+
+    def __init__(self, shown: _ShownAnswer, remember: Callable[[list[str]], None]):
+        self.shown = shown
+        self.remember = remember
+
+    async def offer(self, question: str, options: list[str]) -> bool:
+        self.shown.break_line()
+        self.shown.say("\n".join([printable(question)] + [f"  {n}. {printable(o)}" for n, o in enumerate(options, 1)]
+                                 + ["(type a number to answer)"]))
+        self.remember(options)
+        return True
+
+
 class _ShownAnswer:
     """One answer on the terminal as it is written. Everything shown is `printable`: a model's text must not
     drive the terminal."""
@@ -273,6 +344,18 @@ class _ShownAnswer:
         self.out.write(f"{self.pieces.end()}{chr(10) if self.streamed else ''}· {printable(name)} {shown}\n")
         self.out.flush()
         self.streamed = self.visible = False  # the answer starts on a line of its own
+
+    def break_line(self) -> None:
+        """End the streamed text's line, so what the channel prints next starts on a line of its own."""
+        if self.streamed:
+            self.out.write(self.pieces.end() + "\n")
+            self.out.flush()
+        self.streamed = self.visible = False
+
+    def say(self, text: str) -> None:
+        """A line of the channel's own inside the answer (the list of ask_user's options)."""
+        self.out.write(text + "\n")
+        self.out.flush()
 
     async def on_notice(self, _key: str, text: str) -> None:
         # Background work (a summary starting) may speak while the prompt waits for a line.

@@ -16,7 +16,7 @@ from picoclaw.storage.backend import Storage
 from picoclaw.storage.documents import MISSING, Changes, Document, Documents, StaleRevision
 from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailable
 from picoclaw.storage.files import FilesStorage
-from picoclaw.storage.inbox import Inbox, InboxUpdate
+from picoclaw.storage.inbox import ASK_NOT_YOURS, ASK_STALE, ASK_TAKEN, Inbox, InboxUpdate
 from picoclaw.storage.jobs import JOBS_VERSION, FilesJobTable, JobRecord, JobsDocument, JobTable
 from picoclaw.storage.opening import open_storage
 from picoclaw.storage.sessions import (
@@ -54,6 +54,9 @@ __all__ = [
     "Transcript",
     "transcript_files",
     "FilesStorage",
+    "ASK_NOT_YOURS",
+    "ASK_STALE",
+    "ASK_TAKEN",
     "Inbox",
     "InboxUpdate",
     "Moved",

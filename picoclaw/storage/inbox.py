@@ -5,6 +5,11 @@ claims the oldest open update of each chat whose earlier updates are all done, w
 the turn runs; a worker that dies loses its claims when their leases run out, and another takes them over.
 `replied` records that the answer was sent, so a taken-over update is not answered a second time.
 
+The inbox also keeps the questions a turn waits on (an approval's Approve / Deny, channels/telegram/buttons.py):
+`open_ask` when the buttons are shown, `answer_ask` by whichever worker took the press (only the user asked, and
+only once), `ask_answer` read by the worker whose turn waits, `close_ask` when its time is up (a press after it is
+stale). So a press answered by any worker reaches the turn, wherever it runs.
+
 What is stored of an update is decided before `store` (the webhook's door): an allowed user's update as sent,
 a stranger's only what the refusal needs.
 
@@ -91,6 +96,23 @@ class Inbox(Protocol):
         """Rows by state: open (not claimed or lease run out), claimed, done."""
         ...
 
+    def open_ask(self, token: str, user_id: int) -> None:
+        """A question waits for `user_id`'s answer under `token` (a random id shown in its buttons)."""
+        ...
+
+    def answer_ask(self, token: str, user_id: int, answer: str) -> str:
+        """Answer the question `token` for `user_id`: ASK_TAKEN when this answer counts, ASK_NOT_YOURS when the
+        question is another user's (nothing changes), ASK_STALE when it is unknown, answered or closed."""
+        ...
+
+    def ask_answer(self, token: str) -> str | None:
+        """The answer the question `token` got (CLOSED once closed unanswered), or None while it waits."""
+        ...
+
+    def close_ask(self, token: str) -> str | None:
+        """Stop waiting for the question `token`: its answer if one came first, else None (a later press is stale)."""
+        ...
+
     def close(self) -> None:
         """Let go of the connection (PostgreSQL's pool belongs to the storage)."""
         ...
@@ -110,12 +132,18 @@ CLAIMABLE = """
     order by i.update_id limit {p}
 """
 
+ASK_TAKEN, ASK_NOT_YOURS, ASK_STALE = "taken", "not yours", "stale"  # what answer_ask says of an answer
+CLOSED = ""  # the answer of a question closed before anyone answered it
+
 SQLITE_DDL = """
 create table if not exists telegram_inbox (
     bot integer not null, update_id integer not null, chat text not null, body text not null,
     received_at real not null, worker text, lease_until real, attempts integer not null default 0,
     replied_at real, done_at real, primary key (bot, update_id));
 create index if not exists telegram_inbox_open on telegram_inbox (bot, chat, update_id) where done_at is null;
+create table if not exists telegram_asks (
+    bot integer not null, token text not null, user_id integer not null, answer text, opened_at real not null,
+    primary key (bot, token));
 """
 
 
@@ -198,6 +226,8 @@ class SqliteInbox:
         with self._transaction() as conn:
             cursor = conn.execute("delete from telegram_inbox where bot = ? and done_at < ?",
                                   (self.bot, self._now() - DONE_KEEP.total_seconds()))
+            conn.execute("delete from telegram_asks where bot = ? and opened_at < ?",
+                         (self.bot, self._now() - DONE_KEEP.total_seconds()))
             return cursor.rowcount
 
     def release(self, worker: str, update_ids: Sequence[int], *, attempted: bool = False) -> None:
@@ -226,6 +256,36 @@ class SqliteInbox:
                 "count(*) filter (where done_at is not null) from telegram_inbox where bot = ?",
                 (now, now, self.bot)).fetchone()
         return {"open": int(row[0]), "claimed": int(row[1]), "done": int(row[2])}
+
+    def open_ask(self, token: str, user_id: int) -> None:
+        with self._transaction() as conn:
+            conn.execute("insert into telegram_asks (bot, token, user_id, opened_at) values (?, ?, ?, ?)",
+                         (self.bot, token, user_id, self._now()))
+
+    def answer_ask(self, token: str, user_id: int, answer: str) -> str:
+        with self._transaction() as conn:
+            row = conn.execute("select user_id, answer from telegram_asks where bot = ? and token = ?",
+                               (self.bot, token)).fetchone()
+            if row is None or row[1] is not None:
+                return ASK_STALE
+            if int(row[0]) != user_id:
+                return ASK_NOT_YOURS
+            conn.execute("update telegram_asks set answer = ? where bot = ? and token = ?", (answer, self.bot, token))
+            return ASK_TAKEN
+
+    def ask_answer(self, token: str) -> str | None:
+        with self._transaction() as conn:
+            row = conn.execute("select answer from telegram_asks where bot = ? and token = ?",
+                               (self.bot, token)).fetchone()
+        return None if row is None else row[0]
+
+    def close_ask(self, token: str) -> str | None:
+        with self._transaction() as conn:
+            conn.execute("update telegram_asks set answer = ? where bot = ? and token = ? and answer is null",
+                         (CLOSED, self.bot, token))
+            row = conn.execute("select answer from telegram_asks where bot = ? and token = ?",
+                               (self.bot, token)).fetchone()
+        return None if row is None or row[0] == CLOSED else str(row[0])
 
     def close(self) -> None:
         with self._guard:

@@ -1,7 +1,9 @@
 """Tools the model can call: memory search/append, workspace files, web, exec, skills, cron and MCP servers' tools.
 
-What this layer offers the layers above: the tool contract (`Tool`, `ToolError`, `ToolRegistry`,
-`current_session`, `ERROR_PREFIX`, from `base.py`), `build_tools` and `TOOL_CLASSES` (one workspace's tools), the
+What this layer offers the layers above: the tool contract (`Tool`, `ToolError`, `ToolRegistry`, `Toolset`,
+`current_session`, `ERROR_PREFIX`, from `base.py`), the ask-first wrapper and the approver a channel supplies per
+turn (`ApprovingTools`, `Approver`, `ApprovalRequest`, `Verdict`, `current_approver`), the chooser that shows
+ask_user's options (`Chooser`, `current_chooser`), `build_tools` and `TOOL_CLASSES` (one workspace's tools), the
 MCP servers (`McpServers`), the skills (`SkillCatalog`, `shared_catalog`, `skills_prompt`) and the drafts that
 wait for the user (`SkillDrafts`, `SkillDraftError`, `safe_name`). Importing any submodule runs
 this file first, so only the contract is imported at once; the rest, which brings httpx, YAML and the memory
@@ -13,9 +15,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from picoclaw.lazy_exports import lazy_exports
-from picoclaw.tools.base import ERROR_PREFIX, Tool, ToolError, ToolRegistry, current_session
+from picoclaw.tools.base import ERROR_PREFIX, Tool, ToolError, ToolRegistry, Toolset, current_session
 
 if TYPE_CHECKING:
+    from picoclaw.tools.approval import ApprovalRequest, Approver, ApprovingTools, Verdict, current_approver
+    from picoclaw.tools.choices import Chooser, current_chooser
     from picoclaw.tools.drafts import SkillDraftError, SkillDrafts, safe_name
     from picoclaw.tools.mcp import McpServers
     from picoclaw.tools.registry import TOOL_CLASSES, build_tools
@@ -24,6 +28,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ERROR_PREFIX",
     "TOOL_CLASSES",
+    "ApprovalRequest",
+    "Approver",
+    "ApprovingTools",
+    "Chooser",
     "McpServers",
     "SkillCatalog",
     "SkillDraftError",
@@ -31,7 +39,11 @@ __all__ = [
     "Tool",
     "ToolError",
     "ToolRegistry",
+    "Toolset",
+    "Verdict",
     "build_tools",
+    "current_approver",
+    "current_chooser",
     "current_session",
     "safe_name",
     "shared_catalog",
@@ -40,6 +52,8 @@ __all__ = [
 
 
 __getattr__, __dir__ = lazy_exports(__name__, {
+    "picoclaw.tools.approval": ("ApprovalRequest", "Approver", "ApprovingTools", "Verdict", "current_approver"),
+    "picoclaw.tools.choices": ("Chooser", "current_chooser"),
     "picoclaw.tools.drafts": ("SkillDraftError", "SkillDrafts", "safe_name"),
     "picoclaw.tools.mcp": ("McpServers",),
     "picoclaw.tools.registry": ("TOOL_CLASSES", "build_tools"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from contextvars import ContextVar
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -61,6 +61,24 @@ class Tool(ABC):
         """Do the work; raise ToolError with a clear message when it cannot be done."""
 
 
+class Toolset(Protocol):
+    """What an agent runs its model's calls through: a `ToolRegistry`, or a wrapper over one (tools/approval.py)."""
+
+    tools: dict[str, Tool]
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """Every tool's schema, in registration order (the same list each call)."""
+        ...
+
+    def problem(self, name: str, arguments: str) -> str | None:
+        """Why the call cannot run as given (its error result), or None."""
+        ...
+
+    async def execute(self, name: str, arguments: str) -> str:
+        """Run a tool call from the model; the text to send back as its result. Never raises."""
+        ...
+
+
 class ToolRegistry:
     """The tools of one agent; `execute` never raises, so a bad call never kills a turn."""
 
@@ -73,8 +91,13 @@ class ToolRegistry:
         """Every tool's schema, in registration order (the same list each call: do not change it)."""
         return self._schemas
 
-    async def execute(self, name: str, arguments: str) -> str:
-        """Run a tool call from the model and return the text to send back as the tool result."""
+    def problem(self, name: str, arguments: str) -> str | None:
+        """Why the call cannot run as given (an unknown tool, arguments that are not valid), or None."""
+        prepared = self._prepare(name, arguments)
+        return prepared if isinstance(prepared, str) else None
+
+    def _prepare(self, name: str, arguments: str) -> tuple[Tool, BaseModel] | str:
+        """The tool and its checked arguments, or the error result saying why not."""
         tool = self.tools.get(name)
         if tool is None:
             return f"{ERROR_PREFIX}unknown tool {name!r}; available: {', '.join(self.tools)}"
@@ -85,10 +108,17 @@ class ToolRegistry:
         if not isinstance(raw, dict):
             return f"{ERROR_PREFIX}the arguments must be a JSON object"
         try:
-            args = tool.Args.model_validate(raw)
+            return tool, tool.Args.model_validate(raw)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
             return f"{ERROR_PREFIX}invalid arguments for {name}: {problems}"
+
+    async def execute(self, name: str, arguments: str) -> str:
+        """Run a tool call from the model and return the text to send back as the tool result."""
+        prepared = self._prepare(name, arguments)
+        if isinstance(prepared, str):
+            return prepared
+        tool, args = prepared
         try:
             return await tool.run(args)
         except ToolError as exc:

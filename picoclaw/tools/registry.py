@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 from picoclaw.memory import Workspace
 from picoclaw.tools.base import Tool, ToolRegistry
+from picoclaw.tools.choices import AskUser
 from picoclaw.tools.cron import Cron
 from picoclaw.tools.exec import Exec
 from picoclaw.tools.files import AppendFile, EditFile, ListDir, ReadFile, WriteFile
@@ -14,8 +15,8 @@ from picoclaw.tools.sandbox import WorkspaceFiles
 from picoclaw.tools.skills import SkillTool, shared_catalog
 from picoclaw.tools.web import WebFetch, WebSearch
 
-# The tools of a default config, in the order offered. The skill tool is left out when no skill loads; web_search
-# and exec join them when configured.
+# The tools of a default config, in the order offered. The skill tool is left out when no skill loads; web_search,
+# exec and ask_user join them when configured.
 TOOL_CLASSES = (MemorySearch, MemoryAppend, ReadFile, WriteFile, EditFile, AppendFile, ListDir, Cron, SkillTool,
                 WebFetch)
 
@@ -37,4 +38,6 @@ def build_tools(workspace: Workspace, extra: Sequence[Tool] = ()) -> ToolRegistr
         classes.append(WebSearch)
     if tools_config.exec.enabled:
         classes.append(Exec)
+    if tools_config.ask_user:
+        classes.append(AskUser)
     return ToolRegistry([cls(workspace, files) for cls in classes] + list(extra))

@@ -25,6 +25,12 @@ Reactions: `send_reaction(chat_id, user_id, message_id, ["👎"])` queues a `mes
 does, getUpdates hands one out only when its `allowed_updates` names "message_reaction" (Telegram's default list
 leaves it out).
 
+Buttons: sendMessage's `reply_markup` is kept with the message (`keyboard(chat_id, message_id)`, the rows of
+button texts and data it shows now); editMessageText replaces it (left out: the buttons go, as Telegram does).
+`press(chat_id, user_id, message_id, data)` queues a `callback_query` update on a message the bot sent, as
+Telegram sends it (the message as it looks now, keyboard included); `press_button(..., text)` presses the button
+of that text. answerCallbackQuery is recorded: `callback_answers()` lists (callback id, text or None).
+
 Files: every media message stores its bytes (`add_file` stores any), getFile answers with the file's `file_path`,
 and GET /file/bot<token>/<file_path> serves the bytes, as Telegram does. A file whose `file_size` is over the Bot
 API's 20 MB download limit gets getFile's 400 "file is too big"; `downloads()` lists every file path asked for;
@@ -295,6 +301,64 @@ class FakeTelegramServer(BackgroundHTTPServer):
         with self._lock:
             return int(self._updates[update_id - 1]["message"]["message_id"])
 
+    def press(self, chat_id: int, user_id: int, message_id: int, data: str) -> int:
+        """A user presses a button with `data` on the bot's message `message_id` (any data: a forged one too); the
+        update_id of the `callback_query`."""
+        with self._lock:
+            sent = self._sent_message(chat_id, message_id)
+            assert sent is not None, f"the bot sent no message {message_id} to chat {chat_id}"
+            thread = sent.params.get("message_thread_id")
+            message: dict[str, Any] = {
+                "message_id": message_id, "date": int(time.time()), "from": self._bot_user(),
+                "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup",
+                         **({} if chat_id > 0 else {"title": f"group {chat_id}"})},
+                "text": sent.params.get("_text", sent.params["text"]),
+                **({"message_thread_id": int(thread), "is_topic_message": True} if thread is not None else {}),
+                **({"reply_markup": markup} if (markup := sent.params.get("_markup")) else {})}
+            update_id = len(self._updates) + 1
+            self._updates.append({"update_id": update_id, "callback_query": {
+                "id": f"cb{update_id}", "chat_instance": f"ci{chat_id}", "data": data, "message": message,
+                "from": {"id": user_id, "is_bot": False, "first_name": f"user{user_id}"}}})
+        if self._arrived is not None:
+            self.call_in_loop(self._arrived.set)
+        if self._deliver_wake is not None:
+            self.call_in_loop(self._deliver_wake.set)
+        return update_id
+
+    def press_button(self, chat_id: int, user_id: int, message_id: int, text: str) -> int:
+        """Press the button labelled `text` on the bot's message `message_id`; the update_id."""
+        [data] = [d for row in self.keyboard(chat_id, message_id) for t, d in row if t == text]
+        return self.press(chat_id, user_id, message_id, data)
+
+    def keyboard(self, chat_id: int, message_id: int) -> list[list[tuple[str, str]]]:
+        """The inline keyboard the bot's message shows now: rows of (text, callback_data); [] when it has none."""
+        with self._lock:
+            sent = self._sent_message(chat_id, message_id)
+            markup = sent.params.get("_markup") if sent is not None else None
+        rows = (markup or {}).get("inline_keyboard", [])
+        return [[(button["text"], button.get("callback_data", "")) for button in row] for row in rows]
+
+    def shown(self, chat_id: int, message_id: int) -> str:
+        """The text the bot's message shows now (after its edits)."""
+        with self._lock:
+            sent = self._sent_message(chat_id, message_id)
+            assert sent is not None
+            return str(sent.params.get("_text", sent.params["text"]))
+
+    def with_buttons(self, chat_id: int) -> list[int]:
+        """Ids of the bot's messages in `chat_id` that were sent with an inline keyboard, in order."""
+        return [int(c.params["_message_id"]) for c in self.calls("sendMessage")
+                if c.params.get("_ok") and int(c.params["chat_id"]) == chat_id and c.params.get("reply_markup")]
+
+    def callback_answers(self) -> list[tuple[str, str | None]]:
+        """(callback_query_id, text or None) of each answerCallbackQuery, in order."""
+        return [(str(c.params["callback_query_id"]), c.params.get("text")) for c in self.calls("answerCallbackQuery")
+                if c.params.get("_ok")]
+
+    def _sent_message(self, chat_id: int, message_id: int) -> ApiCall | None:
+        return next((c for c in self._calls if c.method == "sendMessage" and c.params.get("_ok")
+                     and c.params.get("_message_id") == message_id and int(c.params["chat_id"]) == chat_id), None)
+
     def resend(self, update_id: int) -> int:
         """The update `update_id` again, under a new update_id (as a redelivery would bring it); the new id."""
         with self._lock:
@@ -465,7 +529,7 @@ class FakeTelegramServer(BackgroundHTTPServer):
                    "sendChatAction": _true, "setMyCommands": _true, "deleteWebhook": self._delete_webhook,
                    "setWebhook": self._set_webhook, "getWebhookInfo": self._webhook_info,
                    "getFile": self._get_file, "setMessageReaction": _true, "editMessageText": self._edit_message,
-                   "deleteMessage": self._delete_message,
+                   "deleteMessage": self._delete_message, "answerCallbackQuery": _true,
                    **({"sendMessageDraft": self._send_draft} if self.drafts_available else {})}.get(method)
         if method == "getUpdates" and self.webhook is not None and scripted is None:
             scripted = ScriptedError(409, "Conflict: can't use getUpdates method while webhook is active; "
@@ -592,6 +656,7 @@ class FakeTelegramServer(BackgroundHTTPServer):
             raise ApiError(ScriptedError(400, "Bad Request: message is not modified"))
         with self._lock:
             sent.params["_text"] = params["text"]  # what the chat shows now; `text` stays what was sent
+            sent.params["_markup"] = params.get("reply_markup")  # left out of the edit: the buttons go
         return {"message_id": message_id, "date": int(time.time()), "from": self._bot_user(),
                 "chat": {"id": int(params["chat_id"]), "type": "private"}, "text": params["text"]}
 
@@ -605,6 +670,7 @@ class FakeTelegramServer(BackgroundHTTPServer):
             self._message_ids += 1
             message_id = self._message_ids
             params["_message_id"] = message_id
+            params["_markup"] = params.get("reply_markup")
         thread = params.get("message_thread_id")
         return {"message_id": message_id, "date": int(time.time()), "from": self._bot_user(),
                 "chat": {"id": int(params["chat_id"]), "type": "private"}, "text": params["text"],

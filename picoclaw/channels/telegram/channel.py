@@ -75,6 +75,7 @@ from picoclaw.channels.telegram.bot import (
     page_excerpt,
     token_secrets,
 )
+from picoclaw.channels.telegram.buttons import Buttons, StoredAsks, TelegramApprover, TelegramChooser, Timer
 from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import EMPTY_REPLY, MessagePart, telegram_parts
 from picoclaw.channels.telegram.media import (
@@ -166,8 +167,8 @@ class TelegramChannel:
 
     def __init__(self, settings: TelegramConfig, bot: Bot, agent_for: AgentFor, *,
                  replies: Callable[[int], ReplyLog], transcriber: Transcriber | None = None,
-                 typing_interval: float = TYPING_INTERVAL,
-                 shutdown_timeout: float = 30.0, sleep: Sleep = asyncio.sleep):
+                 typing_interval: float = TYPING_INTERVAL, shutdown_timeout: float = 30.0,
+                 sleep: Sleep = asyncio.sleep, approval_timer: Timer = asyncio.sleep):
         self.settings = settings
         self.bot = bot
         self.agent_for = agent_for
@@ -178,6 +179,9 @@ class TelegramChannel:
         # Every call this bot makes, polling included, waits out a 429 instead of failing.
         install_middlewares(bot, sleep)
         self.me: User | None = None
+        # Approve / Deny and ask_user's options (buttons.py); `approval_timer` waits out an approval's timeout.
+        self.approval_timer = approval_timer
+        self.buttons = Buttons(bot, self.allowed, lambda message: self._in_chat_order(message, kept=True))
         self.dispatcher = self._dispatcher()
         # A memory write's receipt is a ✍ reaction on the user's message, or a short line (issue 40). The answer
         # is previewed while written when `stream` is on (`_stream_for` adds on_text and on_tool per turn).
@@ -209,7 +213,7 @@ class TelegramChannel:
         strangers = Router(name="strangers")
         strangers.message.register(self.on_stranger, addressed)
         dispatcher = Dispatcher()
-        dispatcher.include_routers(served, strangers)
+        dispatcher.include_routers(served, strangers, self.buttons.router())
         # Registered, so polling's getUpdates and the webhook's setWebhook ask for it (resolve_used_update_types):
         # Telegram sends no message_reaction unless asked.
         dispatcher.message_reaction.register(self.on_reaction)
@@ -225,6 +229,8 @@ class TelegramChannel:
             if webhook is not None:
                 # Listening before setWebhook: Telegram may post at once. OSError (the port) goes up as it is.
                 await webhook.open(self.bot, self.dispatcher, self)
+                assert webhook.inbox is not None
+                self.buttons.asks = StoredAsks(webhook.inbox)  # a press may reach any worker: answered in the inbox
                 await webhook.register(self.bot, self.dispatcher)
             else:
                 await self.bot.delete_webhook(drop_pending_updates=False)  # long polling gets nothing while set
@@ -435,6 +441,10 @@ class TelegramChannel:
         chat_id, topic = message.chat.id, topic_of(message)
         hooks = self._hooks if stream is None else replace(self._hooks, on_text=stream.on_text,
                                                              on_tool=stream.on_tool)
+        # Asked of the user who sent the message, in its chat and topic (buttons.py).
+        hooks = replace(hooks, approver=TelegramApprover(self.bot, chat_id, topic, user.id, self.buttons.asks,
+                                                         self.approval_timer, _claim_kept),
+                        chooser=TelegramChooser(self.bot, chat_id, topic, user.id))
         stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
         turn: int | None = None  # the stored id of the turn's user message, for feedback on the reply
         try:

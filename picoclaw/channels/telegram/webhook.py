@@ -48,6 +48,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
 from picoclaw.channels.telegram.access import Refusal
+from picoclaw.channels.telegram.buttons import press_order
 from picoclaw.channels.telegram.storage_watch import StorageWatch
 from picoclaw.config import WebhookConfig, listen_address
 from picoclaw.storage import Inbox, InboxUpdate, Storage, StorageError, StorageUnavailable
@@ -114,14 +115,15 @@ def webhook_secret(token: str) -> str:
 
 
 def chat_of_update(update: dict[str, Any]) -> str:
-    """What orders an update: its chat's id; else its sender's (an inline query); else the update alone."""
-    for value in update.values():
+    """What orders an update: its chat's id (an approval's press apart from the chat's messages: buttons.py); else
+    its sender's (an inline query); else the update alone."""
+    for kind, value in update.items():
         if not isinstance(value, dict):
             continue
         inner = value.get("message")
         chat = value.get("chat") or (inner.get("chat") if isinstance(inner, dict) else None)
         if isinstance(chat, dict) and "id" in chat:
-            return str(chat["id"])
+            return press_order(str(chat["id"]), value.get("data")) if kind == "callback_query" else str(chat["id"])
         sender = value.get("from") or value.get("user")
         if isinstance(sender, dict) and "id" in sender:
             return f"user:{sender['id']}"

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from picoclaw.storage.inbox import CLAIMABLE, DONE_KEEP, InboxUpdate
+from picoclaw.storage.inbox import ASK_NOT_YOURS, ASK_STALE, ASK_TAKEN, CLAIMABLE, CLOSED, DONE_KEEP, InboxUpdate
 from picoclaw.storage.postgres.connection import CONNECT_TIMEOUT_SECONDS, transaction
 
 if TYPE_CHECKING:
@@ -53,6 +53,18 @@ create table telegram_inbox (
 );
 create index telegram_inbox_open on telegram_inbox (bot, chat, update_id) where done_at is null;
 create index telegram_inbox_done on telegram_inbox (bot, done_at) where done_at is not null;
+"""
+
+# The questions turns wait on (an approval's buttons), answered by whichever worker takes the press (schema step 5).
+ASKS_DDL = """
+create table telegram_asks (
+    bot       bigint not null,
+    token     text not null,               -- the random id in the question's buttons
+    user_id   bigint not null,             -- the only user whose answer counts
+    answer    text,                        -- null while it waits; '' once closed unanswered
+    opened_at timestamptz not null default now(),
+    primary key (bot, token)
+);
 """
 
 # pg_advisory_xact_lock(CLAIM_LOCK, hashtext(bot)): one bot's claims one at a time ("tgin" in ASCII).
@@ -135,6 +147,7 @@ class PostgresInbox:
         with self._transaction() as conn:
             cursor = conn.execute("delete from telegram_inbox where bot = %s and done_at < now() - %s",
                                   (self.bot, DONE_KEEP))
+            conn.execute("delete from telegram_asks where bot = %s and opened_at < now() - %s", (self.bot, DONE_KEEP))
             return cursor.rowcount
 
     def release(self, worker: str, update_ids: Sequence[int], *, attempted: bool = False) -> None:
@@ -187,6 +200,37 @@ class PostgresInbox:
                 (self.bot,)).fetchone()
         assert row is not None
         return {"open": int(row[0]), "claimed": int(row[1]), "done": int(row[2])}
+
+    def open_ask(self, token: str, user_id: int) -> None:
+        with self._transaction() as conn:
+            conn.execute("insert into telegram_asks (bot, token, user_id) values (%s, %s, %s)",
+                         (self.bot, token, user_id))
+
+    def answer_ask(self, token: str, user_id: int, answer: str) -> str:
+        with self._transaction() as conn:
+            # One statement: two presses at once (two workers) cannot both be taken.
+            taken = conn.execute("update telegram_asks set answer = %s where bot = %s and token = %s "
+                                 "and user_id = %s and answer is null returning token",
+                                 (answer, self.bot, token, user_id)).fetchone()
+            if taken is not None:
+                return ASK_TAKEN
+            row = conn.execute("select user_id, answer from telegram_asks where bot = %s and token = %s",
+                               (self.bot, token)).fetchone()
+        return ASK_NOT_YOURS if row is not None and row[1] is None else ASK_STALE
+
+    def ask_answer(self, token: str) -> str | None:
+        with self._transaction() as conn:
+            row = conn.execute("select answer from telegram_asks where bot = %s and token = %s",
+                               (self.bot, token)).fetchone()
+        return None if row is None else row[0]
+
+    def close_ask(self, token: str) -> str | None:
+        with self._transaction() as conn:
+            conn.execute("update telegram_asks set answer = %s where bot = %s and token = %s and answer is null",
+                         (CLOSED, self.bot, token))
+            row = conn.execute("select answer from telegram_asks where bot = %s and token = %s",
+                               (self.bot, token)).fetchone()
+        return None if row is None or row[0] == CLOSED else str(row[0])
 
     def close(self) -> None:
         """The pool is the storage's: nothing of the inbox's own to close."""

@@ -28,6 +28,7 @@ STEPS: list[tuple[int, str]] = [
     (3, inbox.DDL + work.DDL),
     (4, documents.DDL_V4),
     (5, telegram_replies.DDL),
+    (6, inbox.ASKS_DDL),
 ]
 SCHEMA_VERSION = STEPS[-1][0]
 
