@@ -316,12 +316,6 @@ class AgentLoop:
         receipts = Receipts(notify, remembered)
         async with self.hold(key):
             current_session.set(key)  # for tools acting on "this chat" (cron); the turn's own task's context
-            try:
-                # What other processes (other machines, on PostgreSQL) wrote since: off the event loop.
-                await asyncio.to_thread(self.workspace.refresh)
-            except StorageError as exc:
-                log.warning("session %s: memory storage: %s", key, exc)
-                return Reply(f"Sorry, I cannot reach my memory right now: {exc}", error=exc)
             command = parse_command(text)
             if command is not None:
                 return Reply(await self.command(key, command, receipts))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from picoclaw.web.render import APP_KEY, refresh, render
+from picoclaw.web.render import APP_KEY, render
 
 if TYPE_CHECKING:
     from picoclaw.app import App
@@ -72,6 +72,5 @@ def _before(outcome: Any, store: Any) -> str | None:
 
 async def stats_page(request: web.Request) -> web.Response:
     """The numbers and the charts."""
-    await refresh(request)
     found = await asyncio.to_thread(_stats, request.app[APP_KEY])
     return render(request, "stats.html", width=WIDTH, height=HEIGHT, **found)
