@@ -250,11 +250,11 @@ def cmd_memory_notes(args: argparse.Namespace) -> int:
 def cmd_memory_backups(args: argparse.Namespace) -> int:
     with opened_app() as app:
         store = app.workspace.store
-        backups = store.backups()
+        backups = store.backup_sizes()
         if not backups:
             echo(f"no backups yet in {store.backups_dir}")
-        for path in reversed(backups):
-            echo(f"{path.name}  {path.stat().st_size} bytes")
+        for name, size in reversed(backups):
+            echo(f"{name}  {size} bytes")
     return 0
 
 

@@ -32,7 +32,14 @@ from picoclaw.storage.stored_files import is_stored_name
 from picoclaw.storage.switching import switch_warning
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
-from picoclaw.storage.workspace_documents import document_of, edit_file, is_stored_document, write_file
+from picoclaw.storage.workspace_documents import (
+    document_of,
+    edit_file,
+    is_stored_document,
+    local_file,
+    local_folder,
+    write_file,
+)
 
 __all__ = [
     "MISSING",
@@ -44,6 +51,8 @@ __all__ = [
     "edit_file",
     "is_stored_document",
     "is_stored_name",
+    "local_file",
+    "local_folder",
     "write_file",
     "ARCHIVE_DIR",
     "LOCK_FILE",

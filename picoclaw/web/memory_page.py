@@ -136,8 +136,7 @@ async def backups_page(request: web.Request) -> web.Response:
     if name:
         if name not in backups:  # only names the store lists: no path from the request reaches the disk
             raise web.HTTPNotFound(text="No such backup.\n")
-        chosen = store.backups_dir / name
-        old = (await asyncio.to_thread(chosen.read_bytes)).decode("utf-8", "replace").splitlines()
+        old = (await asyncio.to_thread(store.read_backup, name)).decode("utf-8", "replace").splitlines()
         new = (await asyncio.to_thread(store.read_long_term)).splitlines()
         diff = await asyncio.to_thread(_diff, old, new, f"backups/{name}")
     return render(request, "backups.html", backups=backups, name=name, diff=diff,
