@@ -60,13 +60,17 @@ class FilesDocuments:
         self.lock_wait = lock_wait
         self.workspace = workspace or root  # for the lock's name in a failed wait
         self.shared = shared  # the shared scope also holds the bootstrap documents at the root
+        self._paths: dict[str, Path] = {}
 
     def path(self, name: str) -> Path:
         """The file of `name`; a name that leaves the root is refused."""
-        relative = PurePosixPath(name)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-            raise StorageError(f"{name!r} is not the name of a document (a path under the scope's folder)")
-        return self.root.joinpath(*relative.parts)
+        found = self._paths.get(name)
+        if found is None:  # remembered: every read asks for its file, and a turn reads a dozen documents
+            relative = PurePosixPath(name)
+            if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+                raise StorageError(f"{name!r} is not the name of a document (a path under the scope's folder)")
+            found = self._paths.setdefault(name, self.root.joinpath(*relative.parts))
+        return found
 
     def name(self, path: Path) -> str:
         return Path(os.path.abspath(path)).relative_to(os.path.abspath(self.root)).as_posix()
