@@ -37,7 +37,7 @@ OTHER_MACHINE = "a picoclaw process on another machine (or another workspace fol
 
 
 # The server's idle timeouts that end the session of a holder gone quiet, and with it the advisory lock: between
-# statements, and inside a transaction (a pull or a write frozen half-way).
+# statements, and inside a transaction (a write frozen half-way).
 LEASE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
 # Both back to what RESET would give them, before the connection goes back to the pool.
 END_LEASE = ("select set_config(name, reset_val, false) from pg_settings "
