@@ -11,6 +11,7 @@ files backend's memory/backups/) are rows of `document_versions` only.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from filelock import FileLock
 
 from picoclaw import clock
 from picoclaw.fsutil import FileKey, atomic_write, file_key
@@ -82,6 +84,7 @@ create index document_versions_suffix on document_versions (scope, suffix, id);
 """
 
 LOCAL_LOCK = ".storage.lock"  # in a scope's cache folder: this machine's processes take the scope's lock in turn
+CACHE_LOCK = ".cache.lock"  # beside it: held while a cached file is written
 CACHE_DIR = "documents"  # under the work folder: this machine's cache of the rows, the files layout per scope
 
 
@@ -108,7 +111,9 @@ class LocalCopies:
     its row when read, and kept while the row's revision stays what it was fetched at.
 
     A cached file counts only while its stat is what this process wrote or fetched (`_known`): a file another
-    process rewrote, a torn write, a hand edit, is fetched again. It is a cache: never the truth, never sent.
+    process rewrote, a torn write, a hand edit, is fetched again. Each file is written and its stat taken under
+    one lock (`_writing`: this process's threads, and this machine's processes), so a stat recorded is always
+    that of the bytes written. It is a cache: never the truth, never sent.
     """
 
     def __init__(self, scope: str, root: Path, *, shared: bool):
@@ -116,6 +121,14 @@ class LocalCopies:
         self.files = FilesDocuments(scope, root, shared=shared)
         self._known: dict[str, tuple[int, FileKey]] = {}  # name -> (revision, the stat of its file then)
         self._guard = threading.Lock()
+        self._file_lock = FileLock(str(root / CACHE_LOCK))
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        with self._guard:
+            self.files.root.mkdir(parents=True, exist_ok=True)
+            with self._file_lock:
+                yield
 
     def _revision(self, name: str) -> int:
         """The revision the cached file of `name` holds (-1: none known, or the file changed since)."""
@@ -155,14 +168,19 @@ class LocalCopies:
 
     def _take(self, name: str, revision: int, data: bytes) -> None:
         """Write `data` (the row at `revision`) as the cached file, unless a newer revision is there already."""
-        with self._guard:
+        with self._writing():
             if self._revision(name) >= revision:
                 return  # a write of this process (or a faster reader) brought a newer one meanwhile
-            self.files.replace(name, data, durable=False)
+            # Another process of this machine may have written the same bytes: left as they are, its own record of
+            # the file stays good (rewritten, each process would make the other's stale, and fetch again).
+            if not _holds(self.files.path(name), data):
+                self.files.replace(name, data, durable=False)
             self._note(name, revision)
 
     def _drop(self, name: str) -> None:
-        with self._guard:
+        if name not in self._known and not os.path.lexists(self.files.path(name)):
+            return  # nothing cached: the usual case of a document not written yet, with no lock to take
+        with self._writing():
             self.files.delete(name)
             self._known.pop(name, None)
 
@@ -173,10 +191,15 @@ class LocalCopies:
         else:
             self._known[name] = (revision, key)
 
-    def wrote(self, name: str, revision: int, write: Callable[[FilesDocuments], object]) -> None:
+    def wrote(self, name: str, revision: int, write: Callable[[FilesDocuments], object], *,
+              based_on: int | None = None) -> None:
         """After this process wrote the row of `name` at `revision`: the same change made to the cached file by
-        `write` (so a large document is not fetched again); on failure the file is dropped, to be fetched."""
-        with self._guard:
+        `write` (so a large document is not fetched again), only when it holds revision `based_on` (None: any);
+        otherwise, or on failure, it is left to be fetched when next read."""
+        with self._writing():
+            if based_on is not None and self._revision(name) != based_on:
+                self._known.pop(name, None)
+                return
             try:
                 write(self.files)
                 self._note(name, revision)
@@ -184,10 +207,6 @@ class LocalCopies:
                 log.warning("%s: saved in PostgreSQL, but this machine's cache of it could not be written (%s); "
                             "it is fetched again when read", name, exc.strerror or exc)
                 self._known.pop(name, None)
-
-    def holds(self, name: str, revision: int) -> bool:
-        """Whether the cached file of `name` is the row at `revision`."""
-        return self._revision(name) == revision
 
 
 def adopt_folder(conn: psycopg.Connection, scope: str, scope_root: Path) -> None:
@@ -339,8 +358,8 @@ class PostgresDocuments:
                 "old.revision", (self.scope, name, data, self.scope, name)).fetchone()
             if row is None:
                 raise StorageError(f"{name} does not exist: there is nothing to append to")
-        if self.copies.holds(name, int(row[1])):  # else the cached file is fetched again when next read
-            self.copies.wrote(name, int(row[0]), lambda files: files.append(name, data))
+        # The cached file gets the append too when it held the row as it was (else it is fetched when next read).
+        self.copies.wrote(name, int(row[0]), lambda files: files.append(name, data), based_on=int(row[1]))
         return str(row[0])
 
     def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> None:
@@ -415,6 +434,14 @@ class PostgresDocuments:
     def exclusive(self, timeout: float | None = None) -> AbstractContextManager[object]:
         """The scope's lock, held across machines."""
         return self._lock(timeout)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether the file at `path` holds exactly `data` (its size compared first)."""
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def _revision(text: str) -> int:
