@@ -351,9 +351,13 @@ def file_key(path: Path) -> FileKey | None:
 
 
 class FileCache(Generic[T]):
-    """Values derived from files (parsed, indexed …), each rebuilt only when its file's `file_key` changes."""
+    """Values derived from files (parsed, indexed …), each rebuilt only when its file's `file_key` changes.
 
-    def __init__(self, load: Callable[[Path], T]):
+    A value is kept by the path it is known by and loaded as `load(path, file)` from the file that holds it
+    now, which may be another (a document's `local` file on PostgreSQL: see storage/documents.py).
+    """
+
+    def __init__(self, load: Callable[[Path, Path], T]):
         self._load = load
         self._entries: dict[Path, tuple[FileKey, T]] = {}
 
@@ -364,15 +368,17 @@ class FileCache(Generic[T]):
         """Forget the value of `path`."""
         self._entries.pop(path, None)
 
-    def get(self, path: Path) -> T | None:
-        """The value for `path`, loaded again only if the file changed; None when it does not exist."""
-        key = file_key(path)
+    def get(self, path: Path, file: Path | None = None) -> T | None:
+        """The value for `path`, read from `file` (default: `path`) and loaded again only if that file changed;
+        None when it does not exist."""
+        file = path if file is None else file
+        key = file_key(file)
         if key is None:
             self._entries.pop(path, None)
             return None
         cached = self._entries.get(path)
         if cached is None or cached[0] != key:
-            cached = (key, self._load(path))
+            cached = (key, self._load(path, file))
             self._entries[path] = cached
         return cached[1]
 

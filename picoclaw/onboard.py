@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import filecmp
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,15 +64,15 @@ def onboard(home: Path, configure: Configure | None = None) -> list[OnboardStep]
         atomic_write(config_path, dumps_pretty(data), mode=0o600)
         steps.append(OnboardStep(config_path, "created"))
     layout = WorkspaceLayout.of(config, home)
-    # The configured storage: on PostgreSQL, documents already in the database come into the folder first
-    # (so they count as existing and are kept); what onboarding writes goes through it to the database.
+    # The configured storage: what it holds already counts as existing and is kept (on PostgreSQL the rows, not
+    # the folder); what onboarding writes goes through it.
     storage = open_storage(config, layout.root)
     try:
-        storage.refresh()
         store = MemoryStore(layout.memory_dir, resolve_timezone(config.timezone), storage=storage)
         for source in sorted(p for p in template_dir.rglob("*") if p.is_file()):
             target = layout.root / source.relative_to(template_dir)
-            if not target.exists():
+            held = _stored(storage, target)
+            if held is None:
                 if target == store.long_term_path:  # the store is the only writer of memory documents
                     store.create_long_term(source.read_text(encoding="utf-8"))
                 elif target == store.learnings_path:
@@ -81,20 +80,22 @@ def onboard(home: Path, configure: Configure | None = None) -> list[OnboardStep]
                 else:
                     write_file(storage, target, source.read_bytes())
                 steps.append(OnboardStep(target, "created"))
-            elif filecmp.cmp(source, target, shallow=False):
-                _store_if_missing(storage, target)
-                steps.append(OnboardStep(target, "unchanged"))
             else:
-                _store_if_missing(storage, target)
-                steps.append(OnboardStep(target, "kept"))
+                steps.append(OnboardStep(target, "unchanged" if held == source.read_bytes() else "kept"))
     finally:
         storage.close()
     return steps
 
 
-def _store_if_missing(storage: Storage, target: Path) -> None:
-    """Store a template file the folder holds but the storage lacks, as it is (a folder whose config moved to
-    PostgreSQL): what onboarding reports as kept is what the assistant then reads."""
+def _stored(storage: Storage, target: Path) -> bytes | None:
+    """What the workspace holds at `target` (None: nothing): a stored document as the storage has it. One the
+    folder holds but the storage lacks (a folder whose config moved to PostgreSQL) is stored as it is first, so
+    what onboarding reports as kept is what the assistant then reads."""
+    if not is_stored_document(storage, target):
+        return target.read_bytes() if target.is_file() else None
     documents, name = document_of(storage, target)
-    if is_stored_document(storage, target) and documents.read(name).data is None:
-        documents.create(name, target.read_bytes())
+    held = documents.read(name).data
+    if held is None and target.is_file():
+        held = target.read_bytes()
+        documents.create(name, held)
+    return held

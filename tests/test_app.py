@@ -151,7 +151,6 @@ def _opened(home: Path, backend: str, request: pytest.FixtureRequest) -> App:
 def _keeps_working(app: App, fact: str, query: str) -> None:
     """A memory append, a search, a job and a transcript through `app`, each read back."""
     workspace = app.workspace
-    workspace.refresh()
     workspace.store.append_long_term(fact)
     assert fact in workspace.store.read_long_term()
     assert any(fact in hit.block.text for hit in workspace.searcher.search(query, 5, include_notes=True))

@@ -12,7 +12,7 @@ import pytest
 
 from picoclaw.app import App
 from picoclaw.memory import MemoryStore
-from picoclaw.storage import FilesStorage, StorageUnavailable
+from picoclaw.storage import StorageUnavailable
 from picoclaw.storage.waits import LockWaitExpired
 from picoclaw.tools.base import ToolError
 from picoclaw.tools.files import os_errors
@@ -137,26 +137,31 @@ def test_the_console_pages_show_another_machines_append(homes: tuple[Path, Path]
     assert 'value="7"' in client.get("/policy").text or ">7<" in client.get("/policy").text
 
 
-def test_a_read_that_cannot_refresh_is_one_line(home: Path, monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    # Files never fail to refresh; a backend whose server is gone does, and the read says so instead of
-    # showing an old copy as if it were current.
-    def gone(self: FilesStorage) -> None:
-        raise StorageUnavailable("cannot reach the PostgreSQL server at db.example:5432")
+def _unreachable(monkeypatch: pytest.MonkeyPatch, message: str) -> None:
+    """Every read of the documents port fails as a backend whose server is gone does."""
+    from picoclaw.storage.files_documents import FilesDocuments
 
-    monkeypatch.setattr(FilesStorage, "refresh", gone)
+    def gone(*_: object) -> None:
+        raise StorageUnavailable(message)
+
+    for read in ("read", "local", "local_folder", "versions", "version_sizes"):
+        monkeypatch.setattr(FilesDocuments, read, gone)
+
+
+def test_a_read_that_cannot_reach_the_storage_is_one_line(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # Files never fail to be read this way; a backend whose server is gone does, and the read says so instead of
+    # showing what it read before as if it were current.
+    _unreachable(monkeypatch, "cannot reach the PostgreSQL server at db.example:5432")
+    # (`memory status` with the index off reads no document: it has nothing to say about the storage.)
     for argv in (("memory", "show"), ("memory", "search", "door"), ("memory", "stats"), ("memory", "notes"),
-                 ("memory", "backups"), ("memory", "status"), ("policy", "show"), ("policy", "history"),
-                 ("policy", "snapshots")):
+                 ("memory", "backups"), ("policy", "show"), ("policy", "history"), ("policy", "snapshots")):
         assert_one_line_error(*run(capsys, *argv), "cannot reach the PostgreSQL server at db.example:5432")
 
 
-def test_the_console_says_when_it_cannot_refresh(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A page that cannot bring its copy up to date refuses in one line rather than show an old copy as current.
-    def gone(self: FilesStorage) -> None:
-        raise StorageUnavailable(f"cannot reach the server; the lock {console.app.workspace.root}/memory/.lock")
-
-    monkeypatch.setattr(FilesStorage, "refresh", gone)
+def test_the_console_says_when_it_cannot_reach_the_storage(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A page whose reads cannot reach the storage refuses in one line rather than show an old copy as current.
+    _unreachable(monkeypatch, f"cannot reach the server; the lock {console.app.workspace.root}/memory/.lock")
     client = httpx2.Client(base_url=console.base, follow_redirects=False, timeout=60,
                            headers={"Authorization": f"Bearer {console.gate.script_token}"})
     for page in ("/memory", "/memory/notes", "/memory/lessons", "/memory/backups", "/memory/stats", "/policy"):

@@ -441,7 +441,6 @@ def test_flush_counts_and_the_write_log_are_kept_by_either_backend(
         FlushCounts(first / "memory", storage=mine).add(day, FlushTally(1, 2, 0, 0, {QUESTION: 1, UNGROUNDED: 1}))
         WriteLog(first / "memory", storage=mine).record(
             [MemoryWrite("MEMORY.md", "我女儿叫小雨。", "memory flush", "cli:a")])
-        theirs.refresh()
 
         counts = FlushCounts(second / "memory", storage=theirs).read()
         assert counts == {"2025-03-10": FlushTally(2, 5, 1, 1, {UNGROUNDED: 2, QUESTION: 1})}

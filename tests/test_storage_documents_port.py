@@ -31,7 +31,7 @@ def test_a_replace_is_in_the_storage_when_it_returns_and_reads_give_its_revision
     assert found.revision == first and found.data is not None and b"Lisbon" in found.data
     second = documents.replace(MEMORY, "## 2026-12-01\n用户的妹妹住在里斯本。\n".encode(), expect=first)
     assert second != first and backend.stored(MEMORY) == "## 2026-12-01\n用户的妹妹住在里斯本。\n"
-    assert documents.path(MEMORY).read_text(encoding="utf-8") == "## 2026-12-01\n用户的妹妹住在里斯本。\n"
+    assert documents.local(MEMORY).read_text(encoding="utf-8") == "## 2026-12-01\n用户的妹妹住在里斯本。\n"
 
 
 def test_a_stale_replace_is_refused_and_writes_nothing(backend: Backend, documents: Documents) -> None:  # noqa: F811
@@ -40,7 +40,7 @@ def test_a_stale_replace_is_refused_and_writes_nothing(backend: Backend, documen
     with pytest.raises(StaleRevision, match="changed since it was read; nothing was written"):
         documents.replace(MEMORY, "## 2026-12-01\nan edit of version one\n", expect=read)
     after = "## 2026-12-01\nversion one 第一版\n\n## 2026-12-02\nappended meanwhile 之后追加\n"
-    assert backend.stored(MEMORY) == after and documents.path(MEMORY).read_text(encoding="utf-8") == after
+    assert backend.stored(MEMORY) == after and documents.local(MEMORY).read_text(encoding="utf-8") == after
     with pytest.raises(StaleRevision):  # "must not exist yet"
         documents.replace(MEMORY, "new", expect=MISSING)
     with pytest.raises(StaleRevision):  # a revision this port never gave
@@ -60,7 +60,7 @@ def test_create_append_records_names_and_delete(backend: Backend, documents: Doc
     assert "memory/LEARNINGS.md" in documents.names()
     documents.delete("memory/202612/20261202.md")
     assert backend.stored("memory/202612/20261202.md") is None and documents.names("memory/2026") == []
-    assert not documents.path("memory/202612/20261202.md").exists()
+    assert not documents.local("memory/202612/20261202.md").exists()
     with pytest.raises(StorageError):
         documents.append("memory/none.md", b"x")  # nothing to append to
 
@@ -85,7 +85,9 @@ def test_versions_are_kept_once_pruned_and_read_back(backend: Backend, documents
     labels = [documents.keep_version(MEMORY, f"version {n} 版本{n}\n".encode(), "_MEMORY.md", 2) for n in range(3)]
     assert documents.versions("_MEMORY.md") == labels[1:]
     assert documents.read_version(labels[2]) == "version 2 版本2\n".encode()
-    assert sorted(p.name for p in (backend.root / "memory" / "backups").iterdir()) == sorted(labels[1:])
+    assert [label for label, _ in documents.version_sizes("_MEMORY.md")] == labels[1:]
+    # On files a version is a file of memory/backups/; on PostgreSQL a row only, never a file in the folder.
+    assert (backend.root / "memory" / "backups").is_dir() == (backend.kind == "files")
     with pytest.raises(StorageError):
         documents.read_version(labels[0])
     assert documents.versions("_LEARNINGS.md") == []
@@ -198,10 +200,9 @@ def test_memory_edit_opens_a_daily_note_by_its_date(edit_home: Path, capsys: pyt
     assert "西湖" in out and "里斯本" in out
 
 
-# -- a folder that is, was, or becomes PostgreSQL's copy --------------------------------------------------------
+# -- the workspace folder and this machine's cache on PostgreSQL ------------------------------------------------
 
-def test_a_folder_back_from_files_keeps_what_it_gained_there(tmp_path: Path, postgres_dsn: str,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_a_folder_back_from_files_is_left_as_it_is(tmp_path: Path, postgres_dsn: str) -> None:
     from picoclaw.memory import MemoryStore
     from picoclaw.storage import FilesStorage
     from picoclaw.storage.postgres.storage import PostgresStorage
@@ -216,40 +217,36 @@ def test_a_folder_back_from_files_keeps_what_it_gained_there(tmp_path: Path, pos
     on_files = MemoryStore(root / "memory", TZ, storage=FilesStorage(root))  # config switched to files
     on_files.append_long_term("Added on files: the user's sister is Ana. 妹妹叫安娜。")
     note = on_files.append_note("A note written on files. 文件里的笔记。")
+    folder = {path: path.read_bytes() for path in (root / "memory").rglob("*") if path.is_file()}
     on_postgres = PostgresStorage(root, postgres_dsn, 3)  # and back: the rows lack what files added
     try:
         back = MemoryStore(root / "memory", TZ, storage=on_postgres)
-        with back.locked():  # the lock brings the copy up to date, as every turn and read command does
-            text = back.read_long_term()
+        text = back.read_long_term()
+        notes = back.note_files()
+        back.append_long_term("Added on PostgreSQL again. 又回到数据库。")
     finally:
         on_postgres.close()
-    assert "On PostgreSQL first" in text and "Ana" not in text  # the folder shows the database's truth...
-    aside = root / ".picoclaw-work" / "before-postgres"
-    assert "妹妹叫安娜" in (aside / "memory" / "MEMORY.md").read_text(encoding="utf-8")  # ...and keeps its own
-    assert "文件里的笔记" in (aside / note.relative_to(root)).read_text(encoding="utf-8")
-    assert not note.exists()
-    assert any("before-postgres" in record.getMessage() and "memory import" in record.getMessage()
-               for record in caplog.records)
+    assert "On PostgreSQL first" in text and "Ana" not in text and notes == []  # the database's truth...
+    after = {path: path.read_bytes() for path in (root / "memory").rglob("*") if path.is_file()}
+    assert after == folder and "文件里的笔记" in note.read_text(encoding="utf-8")  # ...the folder untouched
 
 
-def test_a_stale_copy_is_reread_whole_and_keeps_its_backups(backend: Backend) -> None:  # noqa: F811
+def test_a_damaged_cache_file_is_fetched_again(backend: Backend) -> None:  # noqa: F811
     from picoclaw.memory import MemoryStore
     from tests.test_storage_documents import TZ
 
     store = MemoryStore(backend.root / "memory", TZ, storage=backend.storage)
     store.append_long_term("The first entry. 第一条。")
     store.rewrite_long_term("## 2026-12-01\nRewritten. 改写了。\n")
-    if backend.kind == "postgres":
-        from picoclaw.storage.postgres.storage import PostgresStorage
-
-        assert isinstance(backend.storage, PostgresStorage)
-        backend.storage.documents("").copy.mark_stale()  # a copy write failed: the next pull re-reads everything
-        (backend.root / "memory" / "MEMORY.md").write_text("a hand edit of the copy\n", encoding="utf-8")
-    with store.locked():
-        pass
+    if backend.kind == "postgres":  # this machine's cache of the row, changed behind the port's back
+        local = store.local(store.long_term_path)
+        assert ".picoclaw-work" in local.parts
+        local.write_text("a hand edit of the cache\n", encoding="utf-8")
+        assert store.read_long_term() == "## 2026-12-01\nRewritten. 改写了。\n"
+        local.unlink()
     assert store.read_long_term() == "## 2026-12-01\nRewritten. 改写了。\n"
     [backup] = store.backups()
-    assert "第一条" in backup.read_text(encoding="utf-8")
+    assert "第一条" in store.read_backup(backup.name).decode("utf-8")
 
 
 def test_a_tool_edit_of_a_document_written_meanwhile_is_refused(backend: Backend) -> None:  # noqa: F811
@@ -301,9 +298,7 @@ def test_schema_4_turns_the_backup_rows_of_a_version_3_database_into_versions(tm
             assert store.read_long_term() == "## 2026-12-02\nNow. 现在。\n"
         assert [path.name for path in store.backups()] == ["20261201_120000Z_MEMORY.md"]  # kept once, as before
         assert store.read_backup("20261201_120000Z_MEMORY.md") == "## 2026-12-01\nBefore. 之前。\n".encode()
-        assert store.backups()[0].read_text(encoding="utf-8") == "## 2026-12-01\nBefore. 之前。\n"
         assert storage.documents("").names("memory/backups/") == []  # no longer a document
-        assert not (tmp_path / "workspace" / ".picoclaw-work" / "before-postgres").exists()  # nothing set aside
         layout = storage.stored_layout()
         assert sorted(name for name in layout if name.startswith("memory/backups/")) == [
             "memory/backups/20261201_120000Z_MEMORY.md"]

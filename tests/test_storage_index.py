@@ -115,17 +115,32 @@ def test_english_and_chinese_text_is_found(open_index: Callable[..., tuple[Memor
     assert status.vectors == (status.chunks if hybrid else 0)
 
 
+def _written_elsewhere(store: MemoryStore, text: str | None) -> None:
+    """MEMORY.md changed (None: removed) by someone else than `store`, which tells its index nothing: on files a
+    hand edit of the file, on PostgreSQL another machine's write of the row."""
+    if store.storage.backend == "files":
+        store.long_term_path.parent.mkdir(parents=True, exist_ok=True)
+        if text is None:
+            store.long_term_path.unlink()
+        else:
+            store.long_term_path.write_text(text, encoding="utf-8")
+    elif text is None:
+        store.documents.delete("memory/MEMORY.md")
+    else:
+        store.documents.replace("memory/MEMORY.md", text)
+
+
 def test_a_replaced_or_deleted_file_is_forgotten(open_index: Callable[..., tuple[MemoryStore, MemoryIndex]]) -> None:
     store, index = open_index()
     _filled(store)
     assert index.search("柯基", 3)
-    text = store.long_term_path.read_text(encoding="utf-8")
+    text = store.read_long_term()
     text = text.replace("一只柯基，叫豆豆", "一只猫，叫咪咪").replace("My dog Bob", "I moved to Lisbon; my dog Bob")
-    store.long_term_path.write_text(text, encoding="utf-8")
+    _written_elsewhere(store, text)
     assert not index.search("柯基", 3)
     assert "咪咪" in index.search("咪咪", 1)[0].block.text
     assert "Lisbon" in index.search("Lisbon", 1)[0].block.text
-    store.long_term_path.unlink()
+    _written_elsewhere(store, None)
     assert not index.search("Lisbon", 3)
     assert index.status().files == 1  # the note is left
 
@@ -190,7 +205,7 @@ def test_postgres_builds_the_vector_index_once_the_vectors_are_in_and_prunes_unu
         with psycopg.connect(postgres_dsn) as conn:
             built = conn.execute("select indexdef from pg_indexes where indexname = 'index_chunks_hnsw_32'").fetchone()
             assert built is not None and "hnsw" in built[0]
-            store.long_term_path.write_text("## 2024-05-01\nA new text: 新的内容\n", encoding="utf-8")
+            _written_elsewhere(store, "## 2024-05-01\nA new text: 新的内容\n")
             assert "新的内容" in index.search("新的内容", 1)[0].block.text
             cached = conn.execute("select count(*) from index_embeddings").fetchone()
             PostgresIndexTable(storage.pool, postgres_dsn, "").finish_embedding(TermEmbedder.key, keep_unused=1)
@@ -207,8 +222,7 @@ def test_a_large_memory_is_written_in_bulk_and_searched(open_index: Callable[...
     store, index = open_index(hybrid=True)
     entries = [f"## 2024-05-{1 + n % 28:02d}\nentry {n}: {'柯基豆豆在公园' if n == 777 else '小猫在家'} word{n}\n"
                for n in range(1500)]  # past the bulk-write threshold, where PostgreSQL vacuums and analyses
-    store.long_term_path.parent.mkdir(parents=True, exist_ok=True)
-    store.long_term_path.write_text("\n".join(entries), encoding="utf-8")
+    _written_elsewhere(store, "\n".join(entries))
     assert "entry 777:" in index.search("柯基 公园", 1)[0].block.text
     assert "entry 1234:" in index.search("word1234", 1)[0].block.text
     status = index.status()

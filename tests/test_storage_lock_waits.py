@@ -138,7 +138,7 @@ def test_a_held_memory_lock_ends_the_wait_in_one_line_and_nothing_is_written(
         else:
             assert "another picoclaw process holds it" in message, message
         assert backend.stored("memory/MEMORY.md") == before
-        assert ENTRY not in (backend.root / "memory" / "MEMORY.md").read_text(encoding="utf-8")
+        assert ENTRY not in store.read_long_term()
     finally:
         holder.let_go()
     store.append_long_term(ENTRY)  # the same write, once the holder let go
@@ -150,7 +150,7 @@ def test_a_held_memory_lock_ends_the_wait_in_one_line_and_nothing_is_written(
 def test_a_failed_postgres_wait_leaves_no_half_taken_lock(backend: Backend, tmp_path: Path) -> None:
     import psycopg
 
-    from picoclaw.storage.postgres.documents import LOCAL_LOCK
+    from picoclaw.storage.postgres.documents import LOCAL_LOCK, cache_root
     from picoclaw.storage.postgres.locks import DOCUMENT_LOCK_CLASS
 
     store = MemoryStore(backend.root / "memory", TZ, storage=backend.storage)
@@ -159,7 +159,7 @@ def test_a_failed_postgres_wait_leaves_no_half_taken_lock(backend: Backend, tmp_
         with pytest.raises(LockWaitExpired):
             store.append_long_term(ENTRY)
         # The local file lock was let go: another process on this machine could take it now.
-        local = FileLock(str(backend.root / "memory" / LOCAL_LOCK))
+        local = FileLock(str(cache_root(backend.root, "") / LOCAL_LOCK))
         local.acquire(timeout=0)
         local.release()
     finally:

@@ -169,8 +169,7 @@ def test_an_index_table_error_is_one_storage_error_line(storage: PostgresStorage
 def test_a_read_past_the_bound_is_lock_wait_expired_and_a_search_falls_back_to_the_files(
         storage: PostgresStorage) -> None:
     store = MemoryStore(storage.root / "memory", UTC, storage=storage)
-    store.long_term_path.parent.mkdir(parents=True, exist_ok=True)
-    store.long_term_path.write_text("## 2024-05-01\nMy dog Bob loves chasing balls in the park.\n", encoding="utf-8")
+    store.documents.replace("memory/MEMORY.md", "## 2024-05-01\nMy dog Bob loves chasing balls in the park.\n")
     index = index_for(store, IndexConfig(enabled=True, sources=["memory"]), None,  # type: ignore[arg-type]
                       sessions_dir=storage.root / "sessions")
     search = IndexedSearch(KeywordSearch(store), index)

@@ -35,6 +35,7 @@ from picoclaw.channels.telegram import webhook as webhook_module
 from picoclaw.channels.telegram.storage_watch import StorageWatch
 from picoclaw.cli import main
 from picoclaw.config import WebhookConfig
+from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.storage import LockWaitExpired, StorageUnavailable
 from picoclaw.storage.inbox import SqliteInbox
@@ -414,7 +415,7 @@ def test_an_idle_worker_leaves_the_inbox_alone(
     assert serve_webhook(workspace, fake_telegram, fake_openai, run) <= 1
 
 
-@pytest.mark.parametrize("failing", ["the turn", "the memory refresh"])
+@pytest.mark.parametrize("failing", ["the turn", "a memory read"])
 def test_a_turn_that_cannot_reach_the_storage_sends_no_apology_and_is_answered_at_the_next_attempt(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture, failing: str) -> None:
@@ -426,13 +427,13 @@ def test_a_turn_that_cannot_reach_the_storage_sends_no_apology_and_is_answered_a
     if failing == "the turn":
         fail_turns(monkeypatch, failures)
     else:  # the agent answers "Sorry, I cannot reach my memory right now" itself
-        refresh = Workspace.refresh
+        local = MemoryStore.local
 
-        def flaky_refresh(self: Workspace) -> None:
+        def flaky_read(self: MemoryStore, path: Path) -> Path:  # every read of a memory document asks it
             if failures:
                 raise failures.pop()
-            refresh(self)
-        monkeypatch.setattr(Workspace, "refresh", flaky_refresh)
+            return local(self, path)
+        monkeypatch.setattr(MemoryStore, "local", flaky_read)
 
     async def run(channel: TelegramChannel, webhook: Webhook) -> None:
         fake_telegram.deliver_to([port])
@@ -482,13 +483,13 @@ def test_a_turn_whose_lock_wait_ran_out_is_answered_in_one_line_and_healthz_is_5
     fake_openai.responder = echo
     stuck = LockWaitExpired("waited 3 s for the memory lock (memory/.memory.lock): another picoclaw process holds it")
     failures = [stuck]
-    refresh = Workspace.refresh
+    local = MemoryStore.local
 
-    def held_refresh(self: Workspace) -> None:  # the server answers, but the memory lock's holder is stuck
+    def held_read(self: MemoryStore, path: Path) -> Path:  # the server answers, but the memory lock's holder is stuck
         if failures:
             raise failures.pop()
-        refresh(self)
-    monkeypatch.setattr(Workspace, "refresh", held_refresh)
+        return local(self, path)
+    monkeypatch.setattr(MemoryStore, "local", held_read)
 
     async def health() -> tuple[int, str]:
         async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:

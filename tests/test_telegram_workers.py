@@ -417,12 +417,12 @@ def test_a_process_frozen_holding_the_memory_lock_stops_no_chat_past_the_bound_a
 
     for chat, text in zip(chats, during, strict=True):
         assert text in (f"echo: {chat} during / 期间", MEMORY_BUSY), text
-    # Every turn takes the memory lock (its documents brought up to date first). On this machine the frozen
-    # holder's file lock outlives any lease: each turn meanwhile ran out of its bound.
+    # A turn reads its memory without the lock (every read asks the rows): even on this machine, where the frozen
+    # holder's file lock outlives any lease, each turn meanwhile answered (what it counts after the answer, under
+    # the lock, is given up past the bound, in the log).
     if where == "this machine":
-        assert during == [MEMORY_BUSY] * len(chats)
-        assert any(status == 503 and text.startswith("turns cannot get storage: waited 3 s for the ")
-                   for status, text in health), health
+        assert during == [f"echo: {chat} during / 期间" for chat in chats], during
+        assert all(status == 200 for status, _ in health), health
     # Resumed: each message answered once, in order, by a turn with its memory; nothing given back or retried.
     for chat in chats:
         assert answers(chat)[0::2] == [f"echo: {chat} before / 之前", f"echo: {chat} after / 之后"]

@@ -119,8 +119,8 @@ class ContextBuilder:
 
     def __init__(self, workspace: Workspace):
         self.workspace = workspace
-        # Bootstrap files are read once and again only when they change on disk.
-        self._files = FileCache(lambda path: bootstrap_text(path.read_text(encoding="utf-8", errors="replace")))
+        # Bootstrap documents are read once and again only when they change (through the documents port).
+        self._files = FileCache(lambda _, file: bootstrap_text(file.read_text(encoding="utf-8", errors="replace")))
         # The skill list is part of the stable prefix: scanned again only when a SKILL.md changes. The catalog
         # is the one the skill tool reads, so a broken SKILL.md is logged once, not by each reader.
         self.skills = shared_catalog(workspace.layout.skills_dir)
@@ -169,7 +169,9 @@ class ContextBuilder:
 
     def _prefix_parts(self, now: datetime, standing: list[Hit] | None) -> list[tuple[str, str]]:
         """The stable prefix's pieces, each named by the budget part it counts towards (system, skills, lessons)."""
-        parts = [("system", (self._files.get(self.workspace.root / name) or "").strip()) for name in BOOTSTRAP_FILES]
+        documents = self.workspace.storage.documents("")  # the bootstrap documents are the shared scope's
+        parts = [("system", (self._files.get(self.workspace.root / name, documents.local(name)) or "").strip())
+                 for name in BOOTSTRAP_FILES]
         parts.append(("system", TOOL_GUIDANCE))
         if self.workspace.layout.is_per_user:
             parts.append(("system", PER_USER_GUIDANCE))

@@ -379,12 +379,6 @@ class AgentLoop:
             current_session.set(key)  # for tools acting on "this chat" (cron); the turn's own task's context
             current_approver.set(approver)  # for ask-first calls and ask_user: whom this turn's tools ask
             current_chooser.set(chooser)
-            try:
-                # What other processes (other machines, on PostgreSQL) wrote since: off the event loop.
-                await asyncio.to_thread(self.workspace.refresh)
-            except StorageError as exc:
-                log.warning("session %s: memory storage: %s", key, exc)
-                return Reply(f"Sorry, I cannot reach my memory right now: {exc}", error=exc)
             command = parse_command(text)
             if command is not None:
                 return Reply(await self.command(key, command, receipts))

@@ -101,10 +101,11 @@ class WorkflowTally:
         return list(self._load().values())
 
     def _load(self) -> dict[tuple[str, ...], Workflow]:
+        file = self.documents.local(self.name)
         try:
-            raw = read_json_object(self.path)
+            raw = read_json_object(file)
         except ConfigError as exc:
-            if self.path.exists() or self.path.is_symlink():
+            if file.exists() or file.is_symlink():
                 log.warning("skill drafts: %s; counting starts afresh", exc)
             return {}
         items = raw.get("workflows")

@@ -63,19 +63,6 @@ def opened_app() -> Iterator[App]:
         app.close()
 
 
-@contextmanager
-def current_app() -> Iterator[App]:
-    """`opened_app()` with the workspace's documents brought up to date first, for commands that only read them.
-
-    On PostgreSQL the folder is this machine's copy of the rows, and only turns and memory locks refresh it: without
-    this, another machine's append stays invisible here until this one runs a turn. On files it costs nothing; a
-    server that cannot be reached is the one-line StorageUnavailable every other storage error is.
-    """
-    with opened_app() as app:
-        app.workspace.refresh()
-        yield app
-
-
 def refuse_invalid_utf8(arguments: list[str]) -> None:
     """UsageError for an argument that is not valid UTF-8.
 

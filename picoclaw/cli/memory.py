@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from picoclaw.cli.command import Parser, bounded_int, current_app, opened_app
+from picoclaw.cli.command import Parser, bounded_int, opened_app
 from picoclaw.cli.output import ProgressBar, echo, reindex_lines, stats_lines, status_lines
 from picoclaw.errors import PicoclawError
 from picoclaw.printable import has_controls, printable
@@ -78,7 +78,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_memory_show(args: argparse.Namespace) -> int:
-    with current_app() as app:
+    with opened_app() as app:
         store = app.workspace.store
         text = store.read_long_term()
         echo(text.rstrip("\n") if text.strip() else f"(MEMORY.md is empty: {store.long_term_path})")
@@ -86,7 +86,7 @@ def cmd_memory_show(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_search(args: argparse.Namespace) -> int:
-    with current_app() as app:
+    with opened_app() as app:
         ws = app.workspace
         limit = args.limit or ws.policy.current().retrieve_limit
         hits = ws.searcher.search(args.query, limit, include_notes=True)
@@ -119,7 +119,7 @@ def _memory_index(ws: Workspace) -> MemoryIndex | None:
 
 
 def cmd_memory_status(args: argparse.Namespace) -> int:
-    with current_app() as app:
+    with opened_app() as app:
         index = _memory_index(app.workspace)
         if index is None:
             echo(f"{_INDEX_OFF}; searches read the memory files directly")
@@ -129,7 +129,7 @@ def cmd_memory_status(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_reindex(args: argparse.Namespace) -> int:
-    with current_app() as app:
+    with opened_app() as app:
         index = _memory_index(app.workspace)
         if index is None:
             raise PicoclawError(_INDEX_OFF)
@@ -146,7 +146,7 @@ def cmd_memory_stats(args: argparse.Namespace) -> int:
     from picoclaw.jsonio import dumps_pretty
     from picoclaw.memory import memory_stats
 
-    with current_app() as app:
+    with opened_app() as app:
         stats = memory_stats(app.workspace)
     for problem in stats.warnings.values():  # before the numbers, so no one reads an unknown as measured
         echo(f"warning: {problem}", file=sys.stderr)
@@ -235,7 +235,7 @@ def cmd_memory_append(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_notes(args: argparse.Namespace) -> int:
-    with current_app() as app:
+    with opened_app() as app:
         ws = app.workspace
         days = ws.policy.current().recent_days if args.days is None else args.days
         notes = ws.store.read_recent_notes(days)
@@ -248,13 +248,13 @@ def cmd_memory_notes(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_backups(args: argparse.Namespace) -> int:
-    with current_app() as app:
+    with opened_app() as app:
         store = app.workspace.store
-        backups = store.backups()
+        backups = store.backup_sizes()
         if not backups:
             echo(f"no backups yet in {store.backups_dir}")
-        for path in reversed(backups):
-            echo(f"{path.name}  {path.stat().st_size} bytes")
+        for name, size in reversed(backups):
+            echo(f"{name}  {size} bytes")
     return 0
 
 
@@ -323,7 +323,7 @@ def cmd_memory_edit(args: argparse.Namespace) -> int:
     from picoclaw.cli.editing import edit_in_editor, editable_name, keep_rejected_edit
     from picoclaw.storage import StaleRevision
 
-    with current_app() as app:
+    with opened_app() as app:
         store = app.workspace.store
         name = editable_name(store.documents, args.document)
         found = store.documents.read(name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from picoclaw.cli.command import Parser, UsageError, current_app, opened_app
+from picoclaw.cli.command import Parser, UsageError, opened_app
 from picoclaw.cli.output import echo, history_lines, one_line_json
 
 TYPE_CHECKING = False  # read as true by type checkers; `typing` is not loaded for it (see cli/command.py)
@@ -46,7 +46,7 @@ def parse_cli_value(text: str) -> Any:
 def cmd_policy_show(args: argparse.Namespace) -> int:
     from picoclaw.policy_schema import POLICY_KEYS
 
-    with current_app() as app:
+    with opened_app() as app:
         effective = app.workspace.policy.effective()
     width = max(len(key) for key in POLICY_KEYS)
     for key in POLICY_KEYS:
@@ -76,7 +76,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_snapshots(args: argparse.Namespace) -> int:
-    with current_app() as app:
+    with opened_app() as app:
         policy = app.workspace.policy
         snapshots = policy.snapshots()
         if not snapshots:
@@ -101,7 +101,7 @@ def cmd_policy_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_history(args: argparse.Namespace) -> int:
-    with current_app() as app:
+    with opened_app() as app:
         policy = app.workspace.policy
         changes = policy.history()
         if not changes:

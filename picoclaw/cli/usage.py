@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from picoclaw.cli.command import current_app
+from picoclaw.cli.command import opened_app
 from picoclaw.cli.output import echo
 from picoclaw.errors import PicoclawError
 
@@ -22,7 +22,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
     from picoclaw.memory import SpendLedger
 
     lang = args.lang or ("zh" if os.environ.get("LANG", "").lower().startswith("zh") else "en")
-    with current_app() as app:
+    with opened_app() as app:
         ledger = SpendLedger(app.workspace.layout.shared_memory_dir, storage=app.storage)
         try:
             days = ledger.read()

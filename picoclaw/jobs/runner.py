@@ -34,7 +34,7 @@ from picoclaw.jobs.model import Job, JobError, JobsFileError
 from picoclaw.jobs.schedule import following_run, job_problem
 from picoclaw.jobs.store import JobStore
 from picoclaw.session_key import TELEGRAM, SessionKey, channel_of
-from picoclaw.storage import Storage, StorageError
+from picoclaw.storage import Storage, StorageError, local_file
 from picoclaw.workspace_text import strip_comments
 
 if TYPE_CHECKING:  # its settings are only read here: the config models are not built for the job runner
@@ -349,10 +349,12 @@ class Scheduler:
         if self.heartbeat is None or self.heartbeat_path is None:
             return None
         try:
-            text = await asyncio.to_thread(self.heartbeat_path.read_text, encoding="utf-8")
+            # Through the storage: on PostgreSQL the row, not the workspace folder's file.
+            file = await asyncio.to_thread(local_file, self.storage, self.heartbeat_path)
+            text = await asyncio.to_thread(file.read_text, encoding="utf-8")
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, StorageError) as exc:
             log.error("scheduler: cannot read %s: %s", self.heartbeat_path, exc)
             return None
         tasks = heartbeat_tasks(text)

@@ -278,7 +278,7 @@ def last_run(store: MemoryStore) -> datetime | None:
     """When a compression of this store last started (None: never, or the gate file is unreadable)."""
     gate = store.memory_dir / GATE_FILE
     try:
-        last = datetime.fromisoformat(gate.read_text(encoding="utf-8").strip())
+        last = datetime.fromisoformat(store.local(gate).read_text(encoding="utf-8").strip())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

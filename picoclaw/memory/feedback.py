@@ -83,7 +83,7 @@ class FeedbackLedger:
                 if any(r.who_where == reaction.who_where and r.emoji == reaction.emoji for r in known):
                     return False
                 self.documents.append_records(self.name, [asdict(reaction)], durable=False)
-                if self.path.stat().st_size > TRIM_BYTES:
+                if self.documents.local(self.name).stat().st_size > TRIM_BYTES:
                     kept = [orjson.dumps(asdict(r)) + b"\n" for r in [*known, reaction][-KEEP_ENTRIES:]]
                     self.documents.replace(self.name, b"".join(kept), durable=False)
                 return True
@@ -117,7 +117,7 @@ class FeedbackLedger:
 
     def _read(self) -> list[Reaction]:
         try:
-            raw = read_bounded(self.path, READ_LIMIT)
+            raw = read_bounded(self.documents.local(self.name), READ_LIMIT)
         except FileNotFoundError:
             return []
         except (FileTooLargeError, NotAFileError):

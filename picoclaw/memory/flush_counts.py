@@ -83,14 +83,14 @@ class FlushCounts:
     def read(self) -> dict[str, FlushTally] | None:
         """Each day's tally by ISO day; None when no flush was counted yet. ConfigError when it cannot be read.
 
-        Without the lock: a reader writes nothing (not even a lock file), and the folder is as current as the
-        workspace's last refresh (on PostgreSQL, `Workspace.refresh` pulls the scope's rows)."""
+        Without the lock: a reader writes nothing (not even a lock file), and reads the counts as stored now."""
         return self._read()
 
     def _read(self) -> dict[str, FlushTally] | None:
-        if not (self.path.exists() or self.path.is_symlink()):
+        file = self.documents.local(self.name)
+        if not (file.exists() or file.is_symlink()):
             return None
-        raw = read_json_object(self.path)
+        raw = read_json_object(file)
         days = raw.get("days")
         if raw.get("version") != _VERSION or not isinstance(days, dict):
             raise ConfigError(f"{self.path} is not a version {_VERSION} file of flush counts")

@@ -25,13 +25,14 @@ from picoclaw.storage import Documents
 log = logging.getLogger(__name__)
 
 
-def append_in_place(long_term_path: Path, heading: str, body: str, window: int,
+def append_in_place(local: Path, name: str, heading: str, body: str, window: int,
                     documents: Documents) -> LongTermEntry | None:
-    """Append the entry at the end of a clean MEMORY.md without copying it, or find it already stored (`new`
-    False); None when the file needs the text path of `MemoryStore.append_long_term`: no file or a blank one,
-    one that is not clean, or an entry among the newest `window` that the new one updates."""
-    memory_dir = long_term_path.parent
-    real = write_target(long_term_path)
+    """Append the entry at the end of a clean MEMORY.md (document `name`, whose file on this machine is `local`:
+    `Documents.local`) without copying it, or find it already stored (`new` False); None when the file needs
+    the text path of `MemoryStore.append_long_term`: no file or a blank one, one that is not clean, or an entry
+    among the newest `window` that the new one updates."""
+    memory_dir = local.parent  # where the entry table is kept, beside the file it is derived from
+    real = write_target(local)
     try:
         handle = open(real, "rb")
     except FileNotFoundError:
@@ -58,7 +59,7 @@ def append_in_place(long_term_path: Path, heading: str, body: str, window: int,
             return None
         text = f"{heading}\n{body}\n"
         payload = b"\n" * (2 - trailing) + text.encode("utf-8")
-        documents.append(documents.name(long_term_path), payload)
+        documents.append(name, payload)
         after = os.stat(real)
         line = table.lines + 2 - trailing + 1
         table.appended(handle, info.st_size, wanted, info.st_size + 2 - trailing, line, payload, after)

@@ -56,9 +56,10 @@ def record_outcome(documents: Documents, memory_dir: Path, job: str, status: str
         log.warning("cannot record the %s outcome in %s: %s", job, path, exc)
 
 
-def last_outcome(memory_dir: Path, job: str) -> JobOutcome | None:
-    """`job`'s last recorded outcome; None when none was recorded. A damaged file raises ConfigError."""
-    path = outcome_path(memory_dir, job)
+def last_outcome(documents: Documents, memory_dir: Path, job: str) -> JobOutcome | None:
+    """`job`'s last recorded outcome, in `documents` (the scope's); None when none was recorded. A damaged file
+    raises ConfigError."""
+    path = documents.local(documents.name(outcome_path(memory_dir, job)))
     if not (path.exists() or path.is_symlink()):
         return None
     raw = read_json_object(path)  # ConfigError naming the file when it is not a JSON object

@@ -99,10 +99,11 @@ class ModelUsage:
     def read(self) -> dict[str, dict[str, Usage]] | None:
         """What each purpose used, by ISO day, as the ledger holds it now; None when there is no ledger yet.
         ConfigError when it cannot be read or is not a ledger."""
+        file = self.documents.local(self.name)
         try:
-            raw = read_json_object(self.path)
+            raw = read_json_object(file)
         except ConfigError:
-            if self.path.exists() or self.path.is_symlink():
+            if file.exists() or file.is_symlink():
                 raise
             return None
         days = raw.get("days")

@@ -113,7 +113,7 @@ class PolicyManager:
         self._config_values = dict(config_values or {})
         self._tz = tz
         self._lock = storage.lock(self.memory_dir / ".policy.lock")
-        self.documents, _ = document_of(storage, self.overrides_path)  # every write goes through it
+        self.documents, self._overrides_name = document_of(storage, self.overrides_path)  # every read and write
         self._cache_key: FileKey | None = None
         self._cached: EffectivePolicy | None = None
         unknown = set(self._config_values) - set(POLICY_KEYS)
@@ -123,8 +123,8 @@ class PolicyManager:
     # -- reading ---------------------------------------------------------------------------------
 
     def effective(self) -> EffectivePolicy:
-        """The policy in force now; re-reads the overrides only when the file changed."""
-        key = file_key(self.overrides_path)  # None (no overrides file) is cached like any other state
+        """The policy in force now; re-reads the overrides only when they changed."""
+        key = file_key(self._overrides())  # None (no overrides file) is cached like any other state
         if self._cached is None or key != self._cache_key:
             self._cached = self._load()
             self._cache_key = key
@@ -134,12 +134,17 @@ class PolicyManager:
         """Shortcut for `effective().policy`."""
         return self.effective().policy
 
+    def _overrides(self) -> Path:
+        """The file on this machine holding the overrides as stored now (`Documents.local`)."""
+        return self.documents.local(self._overrides_name)
+
     def read_overrides(self) -> dict[str, Any]:
         """The overrides file as written (a JSON object), {} when absent or unreadable."""
-        if not self.overrides_path.exists():
+        file = self._overrides()
+        if not file.exists():
             return {}
         try:
-            return read_json_object(self.overrides_path)
+            return read_json_object(file)
         except ConfigError as exc:
             log.warning("ignoring policy overrides: %s", exc)
             return {}
@@ -180,15 +185,17 @@ class PolicyManager:
         return EffectivePolicy(MemoryPolicy(**values), sources)
 
     def snapshots(self) -> list[Path]:
-        """Snapshot files, oldest first."""
-        return stamped_files(self.snapshots_dir, SNAPSHOT_SUFFIX)
+        """Snapshot files, oldest first, as this machine holds them now (`Documents.local_folder`)."""
+        folder = self.documents.local_folder(f"{self.documents.name(self.snapshots_dir)}/")
+        return stamped_files(folder, SNAPSHOT_SUFFIX)
 
     def history(self) -> list[PolicyChange]:
         """Every recorded policy change, oldest first (unreadable lines are skipped)."""
-        if not self.history_path.exists():
+        file = self.documents.local(self.documents.name(self.history_path))
+        if not file.exists():
             return []
         entries = []
-        for line in self.history_path.read_bytes().splitlines():
+        for line in file.read_bytes().splitlines():
             try:
                 record = orjson.loads(line)
             except orjson.JSONDecodeError:
@@ -288,7 +295,8 @@ class PolicyManager:
     def _replace_overrides(self, before: dict[str, Any], after: dict[str, Any], *, source: str, reason: str,
                            session: str | None = None, raw: bytes | None = None, undoes: str | None = None) -> Path:
         moment = clock.now(self._tz)
-        previous = self.overrides_path.read_bytes() if self.overrides_path.exists() else b"{}\n"
+        file = self._overrides()
+        previous = file.read_bytes() if file.exists() else b"{}\n"
         in_force = self.current()
         snapshot = self._new_snapshot(clock.stamp(moment), previous)
         self.documents.replace(self.documents.name(self.overrides_path),

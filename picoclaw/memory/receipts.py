@@ -83,8 +83,8 @@ class WriteLog:
 
     def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
         self.path = Path(memory_dir) / WRITES_FILE
-        # A lock in the memory folder: on PostgreSQL it brings the folder up to date first; the file is written
-        # through the scope's documents, like every document of the scope.
+        # A lock in the memory folder (the scope's lock on PostgreSQL); the file is read and written through the
+        # scope's documents, like every document of the scope.
         self._lock = storage.lock(Path(memory_dir) / ".memory_writes.lock", timeout=lock_wait)
         self.documents, self.name = document_of(storage, self.path)
 
@@ -108,13 +108,14 @@ class WriteLog:
 
     def recent(self, limit: int = KEEP_WRITES) -> list[MemoryWrite]:
         """The newest `limit` writes, newest first; ConfigError when the log is damaged or cannot be read.
-        Without the lock, as every reader of soft state: the folder is as current as the workspace's last refresh."""
+        Without the lock, as every reader of soft state: the read itself asks the storage for the log as it is."""
         return list(reversed(self._read()))[:limit]
 
     def _read(self) -> list[MemoryWrite]:
-        if not (self.path.exists() or self.path.is_symlink()):
+        file = self.documents.local(self.name)
+        if not (file.exists() or file.is_symlink()):
             return []
-        raw = read_json_object(self.path)
+        raw = read_json_object(file)
         writes = raw.get("writes")
         if raw.get("version") != _VERSION or not isinstance(writes, list):
             raise ConfigError(f"{self.path} is not a version {_VERSION} log of memory writes")

@@ -40,7 +40,7 @@ from picoclaw.memory.session import SessionStore, StoredMessage, reported_usage
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.turn_metrics import TurnMetrics
 from picoclaw.memory.workspace import Workspace
-from picoclaw.storage import Storage, StorageError
+from picoclaw.storage import Documents, Storage, StorageError
 from picoclaw.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -149,9 +149,10 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
     long_term = store.read_long_term()
     learnings = store.read_learnings()
     files = {
-        "MEMORY.md": [_file(store.long_term_path, long_term, entry_blocks)] if store.long_term_path.exists() else [],
+        "MEMORY.md": [_file(store.long_term_path, long_term, entry_blocks)]
+        if store.local(store.long_term_path).exists() else [],
         "LEARNINGS.md": [_file(store.learnings_path, learnings, lesson_blocks)]
-        if store.learnings_path.exists() else [],
+        if store.local(store.learnings_path).exists() else [],
         NOTES: _notes(workspace, warnings),
     }
     policy = workspace.policy.current()
@@ -166,7 +167,8 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
         flush=_flush(FlushCounts(store.memory_dir, storage=store.storage), first_day, warnings),
         last_compression=_last_compression(workspace, warnings),
         # Beside the policy it tunes, which is the owner's: the same for every scope.
-        last_reflection=_outcome(workspace.policy.memory_dir, REFLECTION, workspace, warnings),
+        last_reflection=_outcome(workspace.policy.documents, workspace.policy.memory_dir, REFLECTION, workspace,
+                                 warnings),
         compression_enabled=policy.long_term_compress_char_threshold > 0,
         evolution_enabled=policy.evolution_enabled, learning_enabled=policy.learning_enabled,
         flush_enabled=policy.memory_flush_enabled, warnings=warnings,
@@ -198,9 +200,9 @@ class _File:
 def _notes(workspace: Workspace, warnings: dict[str, str]) -> list[_File]:
     found = []
     problems = []
-    for path in workspace.store.note_files():
+    for path, local in workspace.store.notes():
         try:
-            text = decode(read_regular(path)).text
+            text = decode(read_regular(local)).text
         except OSError as exc:  # one unreadable note (a link to nothing, a FIFO): the others still count
             problems.append(str(exc))
             continue
@@ -385,10 +387,11 @@ def _flush(counts: FlushCounts, first_day: date, warnings: dict[str, str]) -> Fl
 # -- the last compression and reflection -----------------------------------------------------------------
 
 
-def _outcome(memory_dir: Path, job: str, workspace: Workspace, warnings: dict[str, str]) -> JobOutcome | None:
+def _outcome(documents: Documents, memory_dir: Path, job: str, workspace: Workspace, warnings: dict[str, str]
+             ) -> JobOutcome | None:
     """`job`'s last recorded outcome, its time in the workspace's timezone."""
     try:
-        outcome = last_outcome(memory_dir, job)
+        outcome = last_outcome(documents, memory_dir, job)
     except ConfigError as exc:
         warnings[f"last_{job}"] = f"{exc}; what the last {job} did is unknown"
         return None
@@ -404,7 +407,7 @@ def _outcome(memory_dir: Path, job: str, workspace: Workspace, warnings: dict[st
 def _last_compression(workspace: Workspace, warnings: dict[str, str]) -> JobOutcome | None:
     """The last recorded outcome; or, when a compression started after it (the gate file's time) and left no
     outcome, that one, as unknown: it is running, it was stopped, or an older version ran it."""
-    outcome = _outcome(workspace.store.memory_dir, COMPRESSION, workspace, warnings)
+    outcome = _outcome(workspace.store.documents, workspace.store.memory_dir, COMPRESSION, workspace, warnings)
     started = last_run(workspace.store)
     if started is None or f"last_{COMPRESSION}" in warnings:
         return outcome

@@ -11,6 +11,10 @@ rewrite (compression, restore, an edit, an update that marks an older entry) rep
 a backup. What an entry is, and how it is made safe to append, is memory/entries.py. LEARNINGS.md, the
 lessons (memory/lessons.py), is small: each change rewrites it whole, after a backup, under the same lock.
 
+Every read goes through the documents port too (`local`: on files the file itself; on PostgreSQL this
+machine's cache of the row, checked against its revision at each read), so what a read sees never depends on
+a lock taken before it.
+
 The files are user-editable, so reading never fails on bytes that are not UTF-8 (memory/reading.py: they
 read as U+FFFD, with one warning naming the file and line), and everything written is valid UTF-8; a
 rewrite that replaces such bytes keeps the file's original bytes in a backup first.
@@ -114,18 +118,26 @@ class MemoryStore:
         self._lock = storage.lock(self.memory_dir / ".memory.lock")
         self._target_locks: dict[Path, AbstractContextManager[object]] = {}
         self._listeners: list[Callable[[Path], None]] = []
+        self._names: dict[Path, str] = {}
 
     def on_change(self, listener: Callable[[Path], None]) -> None:
         """Call `listener(path)` after every write of a memory file (the optional index marks it changed)."""
         self._listeners.append(listener)
 
     def _name(self, path: Path) -> str:
-        return self.documents.name(path)
+        name = self._names.get(path)
+        if name is None:
+            name = self._names[path] = self.documents.name(path)
+        return name
+
+    def local(self, path: Path) -> Path:
+        """The file on this machine holding the document at `path` as it is now, to read (files: `path`)."""
+        return self.documents.local(self._name(path))
 
     def _write(self, path: Path, data: str | bytes) -> None:
         self.documents.replace(self._name(path), data)
         if path == self.long_term_path:  # a new file: its entry table is rebuilt when next needed
-            (self.memory_dir / ENTRIES_FILE).unlink(missing_ok=True)
+            (self.local(path).parent / ENTRIES_FILE).unlink(missing_ok=True)
         self._changed(path)
 
     def _changed(self, path: Path) -> None:
@@ -143,13 +155,14 @@ class MemoryStore:
         self.memory_dir.mkdir(parents=True, exist_ok=True)
         with ExitStack() as held:
             held.enter_context(self._lock)
-            real = self._linked_long_term()
+            local = self.local(self.long_term_path)
+            real = _linked(local)
             if real is not None:
                 lock = self._target_locks.get(real)
                 if lock is None:
                     lock = self._target_locks[real] = self._target_lock(real.with_name(f".{real.name}.lock"))
                 held.enter_context(lock)
-            repair_append(self.long_term_path)
+            repair_append(local)
             yield
 
     def _target_lock(self, lock_file: Path) -> AbstractContextManager[object]:
@@ -158,15 +171,6 @@ class MemoryStore:
         if Path(os.path.abspath(lock_file)).is_relative_to(os.path.abspath(self.storage.root)):
             return self.storage.lock(lock_file)
         return FilesStorage(lock_file.parent, lock_wait=self.storage.lock_wait).lock(lock_file)
-
-    def _linked_long_term(self) -> Path | None:
-        """The file MEMORY.md links to, when it is a link to a regular file."""
-        if not self.long_term_path.is_symlink():
-            return None
-        try:
-            return write_target(self.long_term_path)
-        except OSError:  # a link to no file: every write refuses it, there is nothing to lock
-            return None
 
     def today(self) -> date:
         """Today's date in the configured timezone."""
@@ -193,7 +197,7 @@ class MemoryStore:
         is being written it waits for the lock, so a reader never sees half an entry either.
         """
         try:
-            real = write_target(self.long_term_path)
+            real = write_target(self.local(self.long_term_path))
         except OSError:
             return
         if journal_path(real).exists():
@@ -202,7 +206,7 @@ class MemoryStore:
 
     def _read_long_term(self) -> FileText:
         try:
-            return decode(read_regular(self.long_term_path))
+            return decode(read_regular(self.local(self.long_term_path)))
         except FileNotFoundError:
             return FileText(b"", "", None)
 
@@ -223,7 +227,8 @@ class MemoryStore:
         body = clean_entry(content)
         heading = f"## {self.today().isoformat()}"
         with self.locked():
-            appended = append_in_place(self.long_term_path, heading, body, UPDATE_WINDOW, self.documents)
+            appended = append_in_place(self.local(self.long_term_path), self._name(self.long_term_path), heading,
+                                       body, UPDATE_WINDOW, self.documents)
             if appended is not None:
                 if appended.new:
                     self._changed(self.long_term_path)
@@ -269,7 +274,7 @@ class MemoryStore:
         if isinstance(content, str):
             check_unicode(content)
         with self.locked():
-            write_target(self.long_term_path)  # a link to a device or a FIFO: refused before it is read
+            write_target(self.local(self.long_term_path))  # a link to a device or a FIFO: refused before it is read
             read = self._read_long_term()
             backup = self._backup_long_term()
             self._write(self.long_term_path, content)
@@ -286,7 +291,7 @@ class MemoryStore:
         """
         check_unicode(content)
         with self.locked():
-            write_target(self.long_term_path)
+            write_target(self.local(self.long_term_path))
             read = self._read_long_term()
             carried = appended_since(expected, read.text)
             if carried is None:
@@ -307,7 +312,7 @@ class MemoryStore:
             if not body.strip():
                 raise MemoryStoreError("an entry cannot be empty: delete it instead")
         with self.locked():
-            write_target(self.long_term_path)
+            write_target(self.local(self.long_term_path))
             read = self._read_long_term()
             entry = next((e for e in long_term_entries(read.text) if e.line == line), None)
             if entry is None or entry_version(entry.text) != version:
@@ -330,7 +335,7 @@ class MemoryStore:
     def read_learnings(self) -> str:
         """LEARNINGS.md's text ("" when it does not exist yet); bytes that are not UTF-8 read as U+FFFD."""
         try:
-            read = decode(read_regular(self.learnings_path))
+            read = decode(read_regular(self.local(self.learnings_path)))
         except FileNotFoundError:
             return ""
         warn_unreadable(self.learnings_path, read)
@@ -360,9 +365,10 @@ class MemoryStore:
         heading = f"## {self.today().isoformat()}"
         path = self.learnings_path
         with self.locked():
-            write_target(path)
+            local = self.local(path)
+            write_target(local)
             try:
-                read = decode(read_regular(path))
+                read = decode(read_regular(local))
             except FileNotFoundError:
                 read = FileText(b"", "", None)
             current = read.text
@@ -395,9 +401,13 @@ class MemoryStore:
     # -- backups -----------------------------------------------------------------------------------
 
     def backups(self) -> list[Path]:
-        """Backups of MEMORY.md, oldest first (on PostgreSQL its versions, each with its file in this machine's
-        copy of memory/backups/)."""
+        """Backups of MEMORY.md, oldest first, by their place in the workspace (on PostgreSQL, names of versions:
+        read them with `read_backup`)."""
         return [self.backups_dir / label for label in self.documents.versions(BACKUP_SUFFIX)]
+
+    def backup_sizes(self) -> list[tuple[str, int]]:
+        """(name, size in bytes) of each backup of MEMORY.md, oldest first."""
+        return self.documents.version_sizes(BACKUP_SUFFIX)
 
     def read_backup(self, name: str) -> bytes:
         """The bytes of the backup called `name` (MemoryStoreError if there is none)."""
@@ -417,7 +427,7 @@ class MemoryStore:
     def _backup_long_term(self) -> Path | None:
         # Called with the lock held. Nothing to keep when MEMORY.md does not exist yet.
         try:
-            raw = read_regular(self.long_term_path)
+            raw = read_regular(self.local(self.long_term_path))
         except FileNotFoundError:
             return None
         return self._backup(self.long_term_path, raw, BACKUP_SUFFIX)
@@ -478,9 +488,10 @@ class MemoryStore:
         path = self.note_path(moment.date())
         entry = f"## {moment.strftime('%H:%M')}\n{clean_entry(content)}\n"
         with self.locked():
-            write_target(path)
+            local = self.local(path)
+            write_target(local)
             try:
-                read = decode(read_regular(path))
+                read = decode(read_regular(local))
             except FileNotFoundError:
                 read = FileText(b"", f"# {moment.date().isoformat()}\n", None)
             self._rewrite_note(path, read, joined(read.text, entry))
@@ -500,23 +511,31 @@ class MemoryStore:
         The text keeps its own line endings, so an edit made by exact text matching fits what was read.
         """
         with self.locked():
-            write_target(path)
-            read = decode(read_regular(path), translate_newlines=False)
+            local = self.local(path)
+            write_target(local)
+            read = decode(read_regular(local), translate_newlines=False)
             self._rewrite_note(path, read, edit(read.text))
 
     def note_files(self) -> list[Path]:
-        """Every daily note file, oldest first."""
+        """Every daily note, oldest first, by its place in the workspace."""
+        return [path for path, _ in self.notes()]
+
+    def notes(self) -> list[tuple[Path, Path]]:
+        """Every daily note, oldest first: (its place in the workspace, the file on this machine that holds it
+        now, as `local` gives it), all brought up to date at once."""
+        folder = self.documents.local_folder(f"{self._name(self.memory_dir)}/")
         found = [
             path
-            for month in self.memory_dir.glob("[0-9][0-9][0-9][0-9][0-9][0-9]")
+            for month in folder.glob("[0-9][0-9][0-9][0-9][0-9][0-9]")
             if month.is_dir()
             for path in month.glob("[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9].md")
         ]
-        return sorted(found, key=lambda path: path.name)
+        return [(self.memory_dir / path.relative_to(folder), path) for path in sorted(found, key=lambda p: p.name)]
 
-    def read_note(self, path: Path) -> str:
-        """The text of a daily note (one of `note_files`); bytes that are not UTF-8 read as U+FFFD."""
-        read = decode(read_regular(path))
+    def read_note(self, path: Path, local: Path | None = None) -> str:
+        """The text of a daily note (one of `note_files`; `local`, its file as `notes` gave it); bytes that are not
+        UTF-8 read as U+FFFD."""
+        read = decode(read_regular(local or self.local(path)))
         warn_unreadable(path, read)
         return read.text
 
@@ -528,7 +547,7 @@ class MemoryStore:
             day = today - timedelta(days=offset)
             path = self.note_path(day)
             try:
-                read = decode(read_regular(path))
+                read = decode(read_regular(self.local(path)))
             except FileNotFoundError:
                 continue
             except NotAFileError as exc:  # a note linked to a device or a FIFO: the other notes still count
@@ -555,3 +574,13 @@ def _replace_lesson(text: str, start: int, end: int, entry: str, paragraph: str)
     new = paragraph.split("\n")
     replaced = "\n".join([*lines[:start - 1], *new, *lines[end:]])
     return replaced, LongTermEntry(section.heading if section else "", paragraph + "\n", start)
+
+
+def _linked(path: Path) -> Path | None:
+    """The file `path` links to, when it is a link to a regular file (MEMORY.md in a vault, on files)."""
+    if not path.is_symlink():
+        return None
+    try:
+        return write_target(path)
+    except OSError:  # a link to no file: every write refuses it, there is nothing to lock
+        return None

@@ -65,7 +65,7 @@ class TurnMetrics:
         try:
             with self._lock:
                 self.documents.append_records(self.name, [asdict(turn)], durable=False)
-                if self.path.stat().st_size > TRIM_BYTES:
+                if self.documents.local(self.name).stat().st_size > TRIM_BYTES:
                     self._trim()
         except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             if not self._warned:
@@ -76,7 +76,7 @@ class TurnMetrics:
     def read(self) -> MetricsRead:
         """The newest KEEP_TURNS turns' metrics, oldest first; damaged lines are counted and skipped."""
         try:
-            raw = read_bounded(self.path, READ_LIMIT)
+            raw = read_bounded(self.documents.local(self.name), READ_LIMIT)
         except FileNotFoundError:
             return MetricsRead([])
         except (FileTooLargeError, NotAFileError, OSError) as exc:
@@ -88,7 +88,7 @@ class TurnMetrics:
         # Under the lock. Only readable lines are kept: a damaged file heals here, and one too large to be
         # picoclaw's starts afresh.
         try:
-            turns, _ = _parse(read_bounded(self.path, READ_LIMIT).split(b"\n"))
+            turns, _ = _parse(read_bounded(self.documents.local(self.name), READ_LIMIT).split(b"\n"))
         except FileTooLargeError:
             turns = []
         kept: list[bytes | bytearray] = [orjson.dumps(asdict(turn)) + b"\n" for turn in turns[-KEEP_TURNS:]]

@@ -85,13 +85,6 @@ class Workspace:
         return SessionStore(self.layout.sessions_dir, storage=self.storage, moved_from=moved_from,
                             lock_path=self.layout.memory_dir / LOCK_FILE)
 
-    def refresh(self) -> None:
-        """Bring this machine's copy of the workspace's documents up to date (files: nothing to do): the shared
-        scope's (the policy lives there) and a per-user scope's own; a StorageUnavailable when the server is gone."""
-        self.storage.refresh()
-        if self.store.documents.scope:
-            self.storage.refresh(self.store.documents.scope)
-
     def close(self) -> None:
         """Close the index's database, if this scope has one."""
         self.searcher.close()

@@ -6,10 +6,14 @@ store that keeps bytes, so two workspaces in one process never share a backend b
 Where a write lands and when it is durable: memory documents go through `Storage.documents(scope)`
 (documents.py). On files a write is the file itself, replaced atomically (an entry appended in place with a
 journal), fsynced before the call returns (counters and caches written with durable=False are not fsynced).
-On PostgreSQL it is the document's row, written in one statement and committed before the call returns, then
-this machine's read copy in the workspace folder; nothing is ever sent from that folder. Sessions, jobs and the
-inbox have their own ports and land the same way. Either way a writer killed half-way leaves the old content or
-the new, never half.
+On PostgreSQL it is the document's row, written in one statement and committed before the call returns.
+Sessions, jobs and the inbox have their own ports and land the same way. Either way a writer killed half-way
+leaves the old content or the new, never half.
+
+Where a read comes from: the same port, at the moment of the read. On files, the file; on PostgreSQL, the row
+(`Documents.local` hands a reader that wants a file this machine's cache of it under .picoclaw-work/documents/,
+checked against the row's revision at that read). No lock, and no earlier call, decides what a read sees; the
+workspace folder of a PostgreSQL workspace is never read as memory.
 """
 
 from picoclaw.storage.backend import Storage
@@ -33,7 +37,14 @@ from picoclaw.storage.switching import switch_warning
 from picoclaw.storage.telegram_replies import ReplyLog, SentReply
 from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
-from picoclaw.storage.workspace_documents import document_of, edit_file, is_stored_document, write_file
+from picoclaw.storage.workspace_documents import (
+    document_of,
+    edit_file,
+    is_stored_document,
+    local_file,
+    local_folder,
+    write_file,
+)
 
 __all__ = [
     "MISSING",
@@ -45,6 +56,8 @@ __all__ = [
     "edit_file",
     "is_stored_document",
     "is_stored_name",
+    "local_file",
+    "local_folder",
     "write_file",
     "ARCHIVE_DIR",
     "LOCK_FILE",

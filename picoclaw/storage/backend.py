@@ -1,9 +1,9 @@
 """The storage contract: what memory, sessions and jobs ask of the backend that keeps their bytes.
 
 Two backends implement it (DESIGN §1.1): `files` (storage/files.py, the default) and `postgres`
-(storage/postgres/). Memory writes its documents through `documents(scope)` (storage/documents.py), where
-each write is durable when it returns; it reads them from the workspace folder, which on PostgreSQL is this
-machine's read copy of the rows, brought up to date under every lock and on `refresh`.
+(storage/postgres/). Memory reads and writes its documents through `documents(scope)` (storage/documents.py):
+each write is durable when it returns, and each read asks the backend's truth (files: the file; PostgreSQL:
+the row), whatever lock is held or not.
 """
 
 from __future__ import annotations
@@ -71,10 +71,6 @@ class Storage(Protocol):
     def ping(self) -> None:
         """Check the storage can be reached (StorageUnavailable, or StorageError, if not), within a second or
         two: a webhook worker's health check and its watch over an outage ask it."""
-        ...
-
-    def refresh(self, scope: str = "") -> None:
-        """Bring this machine's read copy of scope `scope`'s documents up to date (files: nothing to do)."""
         ...
 
     def stored_layout(self) -> dict[str, bytes]:

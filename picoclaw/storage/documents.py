@@ -2,9 +2,13 @@
 
 A name is a "/"-separated path under the scope's root (`memory/MEMORY.md`, `memory/202612/20261202.md`,
 `AGENTS.md`). Every write lands in the backend's truth when the call returns: files (storage/files_documents.py)
-write the file itself, atomically; PostgreSQL (storage/postgres/documents.py) writes the row in one statement
-and then this machine's read copy of it. Readers read the files under `root`, which the backend keeps current
-(`Storage.refresh`). A replace may name the revision it was based on: a stale one is refused, never merged.
+write the file itself, atomically; PostgreSQL (storage/postgres/documents.py) writes the row in one statement.
+Every read asks the truth too: `read` for the bytes; `local` (and `local_folder` for a listing) for a file on
+this machine holding the document as it is at that moment, for the readers that stream a large file or keep
+what they derived from it keyed by the file's stat. On files that is the file itself, at no cost; on PostgreSQL
+a cache file under .picoclaw-work/documents/, rewritten only when the row's revision moved (one small statement
+otherwise). No lock and no earlier call decides what a read sees. A replace may name the revision it was based
+on: a stale one is refused, never merged.
 """
 
 from __future__ import annotations
@@ -45,14 +49,25 @@ class Documents(Protocol):
     """One scope's documents (its root: the workspace folder, or users/<key>/ of a per-user scope)."""
 
     scope: str
-    root: Path  # where this machine reads the scope's documents from
+    root: Path  # the scope's folder in the workspace: documents are named by their place under it
 
     def path(self, name: str) -> Path:
-        """The file under `root` that holds document `name` on this machine."""
+        """Document `name`'s place in the workspace (on files, its file; on PostgreSQL, a name only)."""
         ...
 
     def name(self, path: Path) -> str:
-        """The name of the document held by the file `path` (under `root`)."""
+        """The name of the document whose place in the workspace is `path` (under `root`)."""
+        ...
+
+    def local(self, name: str) -> Path:
+        """A file on this machine that holds document `name` as it is now (none there: no such document), to
+        read, never to write: files, the file itself; PostgreSQL, its cache, brought to the row's revision."""
+        ...
+
+    def local_folder(self, prefix: str) -> Path:
+        """The folder on this machine whose files are, as they are now, the documents named `prefix` + their
+        path under it (`prefix` a folder, "memory/"): files, that folder; PostgreSQL, the cache's, brought up to
+        date in one statement (content only for the documents that moved, files of removed ones gone)."""
         ...
 
     def read(self, name: str) -> Document:
@@ -86,8 +101,7 @@ class Documents(Protocol):
         ...
 
     def changes_since(self, mark: str) -> Changes:
-        """The documents written since `mark` (MISSING: all of them), for a reader that follows what changed
-        (on PostgreSQL, the read copy's pull asks the rows the same question)."""
+        """The documents written since `mark` (MISSING: all of them), for a reader that follows what changed."""
         ...
 
     def keep_version(self, name: str, data: bytes, suffix: str, keep: int) -> str:
@@ -97,6 +111,10 @@ class Documents(Protocol):
 
     def versions(self, suffix: str) -> list[str]:
         """The labels of the kept versions with `suffix`, oldest first."""
+        ...
+
+    def version_sizes(self, suffix: str) -> list[tuple[str, int]]:
+        """(label, size in bytes) of the kept versions with `suffix`, oldest first."""
         ...
 
     def read_version(self, label: str) -> bytes:

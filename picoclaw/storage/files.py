@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 
 from picoclaw.fsutil import atomic_write, read_regular
-from picoclaw.layout import MEMORY_DIR, USERS_DIR
+from picoclaw.layout import USERS_DIR
 from picoclaw.storage.errors import StorageUnavailable
 from picoclaw.storage.files_documents import FilesDocuments
 from picoclaw.storage.inbox import SqliteInbox
 from picoclaw.storage.jobs import FilesJobTable
 from picoclaw.storage.sessions import FilesSessionLog
-from picoclaw.storage.stored_files import COPY_MARK, stored_files
+from picoclaw.storage.stored_files import stored_files
 from picoclaw.storage.telegram_replies import SqliteReplyLog
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 from picoclaw.storage.work import WORK_DIR, FileWorkLock, claim_interval_in_file
@@ -36,11 +36,6 @@ class FilesStorage:
         found = self._documents.get(scope)
         if found is None:
             root = self.root / USERS_DIR / scope if scope else self.root
-            # The files are the truth from now on: a folder that was a PostgreSQL copy is one no longer.
-            try:
-                (root / MEMORY_DIR / COPY_MARK).unlink(missing_ok=True)
-            except OSError:
-                pass  # a folder this process cannot write: nothing will be written through it either
             found = self._documents.setdefault(scope, FilesDocuments(scope, root, lock_wait=self.lock_wait,
                                                                      workspace=self.root, shared=not scope))
         return found
@@ -77,9 +72,6 @@ class FilesStorage:
         """The workspace folder is there and writable."""
         if not self.root.is_dir() or not os.access(self.root, os.W_OK):
             raise StorageUnavailable(f"the workspace {self.root} is missing or not writable")
-
-    def refresh(self, scope: str = "") -> None:
-        """The files are the truth: there is no copy to bring up to date."""
 
     def stored_layout(self) -> dict[str, bytes]:
         """The stored files under the workspace folder."""

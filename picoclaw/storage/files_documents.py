@@ -1,7 +1,9 @@
 """The documents port on files: each document is the file itself, written atomically under the scope's root.
 
 A revision is the file's (size, mtime, inode): cheap to read at 50 MB, and changed by every write (an atomic
-replace makes a new inode; an append moves size and mtime). Versions are stamped files in memory/backups/.
+replace makes a new inode; an append moves size and mtime). A document's `local` file is the file itself, so a
+reader that reads through the port costs what reading the file always did. Versions are stamped files in
+memory/backups/.
 """
 
 from __future__ import annotations
@@ -58,16 +60,26 @@ class FilesDocuments:
         self.lock_wait = lock_wait
         self.workspace = workspace or root  # for the lock's name in a failed wait
         self.shared = shared  # the shared scope also holds the bootstrap documents at the root
+        self._paths: dict[str, Path] = {}
 
     def path(self, name: str) -> Path:
         """The file of `name`; a name that leaves the root is refused."""
-        relative = PurePosixPath(name)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-            raise StorageError(f"{name!r} is not the name of a document (a path under the scope's folder)")
-        return self.root.joinpath(*relative.parts)
+        found = self._paths.get(name)
+        if found is None:  # remembered: every read asks for its file, and a turn reads a dozen documents
+            relative = PurePosixPath(name)
+            if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+                raise StorageError(f"{name!r} is not the name of a document (a path under the scope's folder)")
+            found = self._paths.setdefault(name, self.root.joinpath(*relative.parts))
+        return found
 
     def name(self, path: Path) -> str:
         return Path(os.path.abspath(path)).relative_to(os.path.abspath(self.root)).as_posix()
+
+    def local(self, name: str) -> Path:
+        return self.path(name)
+
+    def local_folder(self, prefix: str) -> Path:
+        return self.path(prefix) if prefix.strip("/") else self.root
 
     def read(self, name: str) -> Document:
         path = self.path(name)
@@ -137,6 +149,15 @@ class FilesDocuments:
 
     def versions(self, suffix: str) -> list[str]:
         return [path.name for path in stamped_files(self.path(self.versions_dir), suffix)]
+
+    def version_sizes(self, suffix: str) -> list[tuple[str, int]]:
+        found = []
+        for path in stamped_files(self.path(self.versions_dir), suffix):
+            try:
+                found.append((path.name, path.stat().st_size))
+            except FileNotFoundError:  # pruned meanwhile
+                continue
+        return found
 
     def read_version(self, label: str) -> bytes:
         if "/" in label or label.startswith("."):

@@ -27,11 +27,9 @@ from picoclaw.layout import (
 ROOT_DOCUMENTS = (*BOOTSTRAP_FILES, HEARTBEAT_FILE)
 JOBS_NAME = f"{CRON_DIR}/{JOBS_FILE}"
 # Derived or per-process files inside memory/: locks, atomic_write's temp files, in-place append journals,
-# the entry table of MEMORY.md (".MEMORY.md.entries"), and the PostgreSQL copy's own marks (".storage.*").
+# the entry table of MEMORY.md (".MEMORY.md.entries"), and the marks (".storage.*") that earlier versions of the
+# PostgreSQL backend left in the folder it kept its read copy in.
 _DERIVED = re.compile(r"(\.lock|\.tmp|\.append|\.entries)$|^\.storage\.")
-# In a folder that is a PostgreSQL database's read copy: the mark that says so. The files backend removes it when
-# it opens the scope, so a folder back from files is never taken for a copy (its newer files would be replaced).
-COPY_MARK = ".storage.copy"
 
 
 def is_derived(name: str) -> bool:

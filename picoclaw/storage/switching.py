@@ -97,8 +97,8 @@ def database_lacks(storage: PostgresStorage, found: FolderContent) -> FolderCont
 def switch_warning(storage: Storage) -> str | None:
     """One line when the workspace folder holds files-backend content the PostgreSQL database lacks, else None.
 
-    Call it before anything takes a memory lock: on PostgreSQL the first lock brings the rows into the folder (a
-    database holding nothing of the workspace takes the folder's documents then, but never its sessions or jobs).
+    Call it before the memory documents are opened (`Storage.documents`): a database holding nothing of the
+    workspace takes the folder's documents then, but never its sessions or jobs.
     """
     if storage.backend != "postgres":
         return None

@@ -79,7 +79,6 @@ def export_workspace(storage: Storage, dest: Path) -> Moved:
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise StorageError(f"{dest}: not an empty folder; export writes into a new or empty one, so nothing of "
                            "yours is overwritten")
-    storage.refresh()
     dest.mkdir(parents=True, exist_ok=True)
     storage.export_files(dest)
     written = read_layout(dest)

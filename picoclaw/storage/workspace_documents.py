@@ -57,6 +57,28 @@ def edit_file(storage: Storage, path: Path, change: Callable[[bytes | None], byt
     atomic_write(path, change(data))
 
 
+def local_file(storage: Storage, path: Path) -> Path:
+    """The file on this machine to read for the workspace file `path`: a stored document's `local` file (on files
+    `path` itself; on PostgreSQL the cache of its row, brought up to date), any other file itself."""
+    if not is_stored_document(storage, path):
+        return path
+    documents, name = document_of(storage, path)
+    return documents.local(name)
+
+
+def local_folder(storage: Storage, path: Path) -> Path:
+    """The folder on this machine to list for the workspace folder `path`: a scope's memory/ (or a folder in it)
+    as `Documents.local_folder` gives it, any other folder itself."""
+    try:
+        scope, scope_root = scope_of(storage.root, path)
+    except ValueError:
+        return path
+    name = Path(os.path.abspath(path)).relative_to(os.path.abspath(scope_root)).as_posix()
+    if name != MEMORY_DIR and not is_stored_name(f"{name}/{MEMORY_DIR}.md", shared=not scope):  # a file in it
+        return path
+    return storage.documents(scope).local_folder(f"{name}/")
+
+
 def is_stored_document(storage: Storage, path: Path) -> bool:
     """Whether the file `path` is one of the stored documents of a workspace kept by `storage`."""
     try:

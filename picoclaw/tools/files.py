@@ -21,6 +21,7 @@ import os
 from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from picoclaw import clock
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import Workspace, demote_headings
-from picoclaw.storage import StorageError, edit_file, write_file
+from picoclaw.storage import StorageError, edit_file, local_file, local_folder, write_file
 from picoclaw.tools.base import Tool, ToolError
 from picoclaw.tools.facts import check_edit, edited, save_fact
 from picoclaw.tools.sandbox import Target, WorkspaceFiles
@@ -116,17 +117,17 @@ class ReadFile(WorkspaceTool):
         if target.path.is_dir():
             raise ToolError(f"{target.shown} is a folder; use list_dir")
         with os_errors("read", target.shown):
-            return self._read(target, args.offset, args.limit)
+            return self._read(target, local_file(self.workspace.storage, target.path), args.offset, args.limit)
 
     @staticmethod
-    def _read(target: Target, offset: int, limit: int) -> str:
+    def _read(target: Target, file: Path, offset: int, limit: int) -> str:
         chunks: list[str] = []
         size = 0
         last = offset - 1
         seen = 0
         note = ""
         # newline="" keeps the file's own line endings, so old_text copied from here matches edit_file.
-        with open(target.path, encoding="utf-8", newline="") as handle:
+        with open(file, encoding="utf-8", newline="") as handle:
             for number, line in enumerate(handle, start=1):
                 seen = number
                 if number < offset:
@@ -327,11 +328,12 @@ class ListDir(WorkspaceTool):
     def run_sync(self, args: ListDir.Args) -> str:
         target = self.files.target(args.path, writing=False)
         with os_errors("list", target.shown):
-            if not target.path.exists():
+            folder = local_folder(self.workspace.storage, target.path)
+            if not folder.exists():
                 raise ToolError(f"no such folder: {target.shown}")
-            if not target.path.is_dir():
+            if not folder.is_dir():
                 raise ToolError(f"{target.shown} is a file; use read_file")
-            entries = sorted(os.scandir(target.path),
+            entries = sorted(os.scandir(folder),
                              key=lambda e: (not e.is_dir(follow_symlinks=False), e.name.casefold()))
             lines = [_describe(entry) for entry in entries[:MAX_LIST_ENTRIES]]
         if not lines:

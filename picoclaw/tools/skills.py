@@ -134,7 +134,7 @@ class SkillCatalog:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self._files: FileCache[Skill | SkillProblem] = FileCache(_load_or_problem)
+        self._files: FileCache[Skill | SkillProblem] = FileCache(lambda path, _: _load_or_problem(path))
         self._scan_key: tuple[tuple[str, FileKey | None], ...] | None = None
         self._scan = SkillScan((), ())
         self._offered: bool | None = None

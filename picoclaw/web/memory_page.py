@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from picoclaw.web.labels import LABELS
-from picoclaw.web.render import APP_KEY, in_workspace, language, page_number, refresh, render, see_other
+from picoclaw.web.render import APP_KEY, in_workspace, language, page_number, render, see_other
 
 if TYPE_CHECKING:
     from picoclaw.memory import LongTermEntry
@@ -59,8 +59,6 @@ async def memory_page(request: web.Request, *, error: str = "", status: int = 20
     what a turn's search finds for it."""
     from picoclaw.memory import entry_injections, long_term_entries
 
-    if not error:  # a form's refusal is shown as it was, not replaced by a refresh's failure
-        await refresh(request)
     app = request.app[APP_KEY]
     store = app.workspace.store
     query = request.query.get("q", "").strip()[:500]
@@ -131,7 +129,6 @@ def _back(notice: str) -> web.Response:
 
 async def backups_page(request: web.Request) -> web.Response:
     """MEMORY.md's backups, newest first; with `name`, that backup's differences from the current file."""
-    await refresh(request)
     store = request.app[APP_KEY].workspace.store
     backups = [path.name for path in reversed(await asyncio.to_thread(store.backups))]
     name = request.query.get("name", "")
@@ -139,8 +136,7 @@ async def backups_page(request: web.Request) -> web.Response:
     if name:
         if name not in backups:  # only names the store lists: no path from the request reaches the disk
             raise web.HTTPNotFound(text="No such backup.\n")
-        chosen = store.backups_dir / name
-        old = (await asyncio.to_thread(chosen.read_bytes)).decode("utf-8", "replace").splitlines()
+        old = (await asyncio.to_thread(store.read_backup, name)).decode("utf-8", "replace").splitlines()
         new = (await asyncio.to_thread(store.read_long_term)).splitlines()
         diff = await asyncio.to_thread(_diff, old, new, f"backups/{name}")
     return render(request, "backups.html", backups=backups, name=name, diff=diff,
@@ -194,7 +190,6 @@ async def restore_backup(request: web.Request) -> web.Response:
 
 async def notes_page(request: web.Request) -> web.Response:
     """The daily notes by day, newest first; with `day` (YYYYMMDD), that day's note."""
-    await refresh(request)
     store = request.app[APP_KEY].workspace.store
     files = {path.stem: path for path in reversed(await asyncio.to_thread(store.note_files))}
     day = request.query.get("day", "") or next(iter(files), "")
@@ -210,7 +205,6 @@ async def lessons_page(request: web.Request) -> web.Response:
     """LEARNINGS.md's lessons, newest first, each with its source, and whether it stands in every prompt."""
     from picoclaw.memory import entry_injections, long_term_entries, stands
 
-    await refresh(request)
     store = request.app[APP_KEY].workspace.store
     text = await asyncio.to_thread(store.read_learnings)
     entries = list(long_term_entries(text))[::-1]

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from picoclaw.web.render import APP_KEY, refresh, render, see_other
+from picoclaw.web.render import APP_KEY, render, see_other
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,6 @@ def _keys(app: Any) -> list[KeyView]:
 
 async def policy_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
     """The keys and the history, newest change first (as stored now: another machine may have changed them)."""
-    if not error:  # a form's refusal is shown as it was, not replaced by a refresh's failure
-        await refresh(request)
     app = request.app[APP_KEY]
     policy = app.workspace.policy
     keys = await asyncio.to_thread(_keys, app)

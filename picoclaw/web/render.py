@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,20 +35,6 @@ async def storage_errors(request: web.Request, handler: Any) -> web.StreamRespon
 
     try:
         return await handler(request)
-    except StorageError as exc:
-        raise web.HTTPServiceUnavailable(text=f"{in_workspace(request, str(exc))}\n") from None
-
-
-async def refresh(request: web.Request) -> None:
-    """Bring the workspace's documents up to date before a page reads them; an unreachable storage is a 503.
-
-    On PostgreSQL the folder is this machine's copy of the rows, refreshed only by turns and memory locks: a page
-    must show what another machine appended. Off the event loop, as the refresh waits for the server and a lock.
-    """
-    from picoclaw.storage import StorageError
-
-    try:
-        await asyncio.to_thread(request.app[APP_KEY].workspace.refresh)
     except StorageError as exc:
         raise web.HTTPServiceUnavailable(text=f"{in_workspace(request, str(exc))}\n") from None
 

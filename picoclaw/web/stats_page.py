@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from picoclaw.web.render import APP_KEY, refresh, render
+from picoclaw.web.render import APP_KEY, render
 
 if TYPE_CHECKING:
     from picoclaw.app import App
@@ -48,9 +48,10 @@ def _stats(app: App) -> dict[str, Any]:
     workspace = app.workspace
     store = workspace.store
     stats = memory_stats(workspace)
-    sizes = [(path.name[:15], float(path.stat().st_size)) for path in store.backups()]
-    if store.long_term_path.exists():
-        sizes.append(("now", float(store.long_term_path.stat().st_size)))
+    sizes = [(name[:15], float(size)) for name, size in store.backup_sizes()]
+    now = store.local(store.long_term_path)
+    if now.exists():
+        sizes.append(("now", float(now.stat().st_size)))
     turns = TurnMetrics(store.memory_dir, storage=store.storage).read().turns
     return {"stats": stats, "size_chart": chart(sizes), "compression_backup": _before(stats.last_compression, store),
             "retrieval_chart": chart([(turn.time[:16], turn.retrieval_ms) for turn in turns])}
@@ -65,13 +66,21 @@ def _before(outcome: Any, store: Any) -> str | None:
         when = datetime.fromisoformat(outcome.time).timestamp()
     except ValueError:
         return None
-    # The outcome's time has whole seconds; the backup was written within the same second or just before.
-    taken = [path for path in store.backups() if path.stat().st_mtime <= when + 1]
-    return taken[-1].name if taken else None
+    # The outcome's time has whole seconds; the backup was taken within the same second or just before. Its
+    # name says when (UTC, `clock.stamp`); one without the "Z" is an older version's, taken before any of these.
+    taken = [path.name for path in store.backups() if _taken(path.name) <= when + 1]
+    return taken[-1] if taken else None
+
+
+def _taken(name: str) -> float:
+    """When the backup called `name` was taken, as a POSIX time (0 for a name of an older version)."""
+    try:
+        return datetime.strptime(name[:16], "%Y%m%d_%H%M%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
 
 
 async def stats_page(request: web.Request) -> web.Response:
     """The numbers and the charts."""
-    await refresh(request)
     found = await asyncio.to_thread(_stats, request.app[APP_KEY])
     return render(request, "stats.html", width=WIDTH, height=HEIGHT, **found)

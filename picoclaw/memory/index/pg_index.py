@@ -131,7 +131,7 @@ class TableMemoryIndex(MemoryIndex):
             marker = self.transcripts.marker(file.path)
             return None if marker is None else (0, int(marker), 0)  # type: ignore[call-overload]
         try:
-            st = os.stat(file.path)
+            st = os.stat(file.file)
         except FileNotFoundError:
             return None
         return st.st_mtime_ns, st.st_size, st.st_ino
@@ -146,7 +146,7 @@ class TableMemoryIndex(MemoryIndex):
             revision = int(transcript.marker)  # type: ignore[call-overload]
             return b"".join(line + b"\n" for line in transcript.lines), (0, revision, 0)
         version = self._version(file)
-        return None if version is None else (file.path.read_bytes(), version)
+        return None if version is None else (file.file.read_bytes(), version)
 
     def _run(self, operation: Callable[[Any], T], opened: int | None = None) -> T:
         with self._lock:

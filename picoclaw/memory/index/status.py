@@ -42,7 +42,7 @@ def read_status(conn: sqlite3.Connection, path: Path, sources: Sequence[str], mo
     stale = sorted(set(known) - {file.key for file in files})
     for file in files:
         try:
-            st = os.stat(file.path)
+            st = os.stat(file.file)
         except FileNotFoundError:
             continue
         if file.key in dirty or known.get(file.key) != (st.st_mtime_ns, st.st_size, st.st_ino):

@@ -38,11 +38,18 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 @dataclass(frozen=True)
 class SourceFile:
-    """A file the index covers: where it is, its key in the index, and which source it belongs to."""
+    """A file the index covers: its place in the workspace, its key in the index, which source it belongs to,
+    and the file on this machine that holds it now (`MemoryStore.local`; None: `path` itself)."""
 
     path: Path
     key: str
     source: str
+    local: Path | None = None
+
+    @property
+    def file(self) -> Path:
+        """The file to stat and read."""
+        return self.local or self.path
 
 
 def files_base(store: MemoryStore, sessions_dir: Path) -> Path:
@@ -51,16 +58,19 @@ def files_base(store: MemoryStore, sessions_dir: Path) -> Path:
 
 
 def source_files(store: MemoryStore, sessions_dir: Path, sources: Sequence[str]) -> list[SourceFile]:
-    """Every file of the configured sources, as they are on disk now (keys relative to `files_base`)."""
+    """Every file of the configured sources, as they are now (keys relative to `files_base`): the memory
+    documents through the store's port (on PostgreSQL, this machine's cache brought up to the rows)."""
     base = files_base(store, sessions_dir)
-    found: list[tuple[Path, str]] = []
-    if "memory" in sources and store.long_term_path.exists():
-        found.append((store.long_term_path, "memory"))
+    found: list[tuple[Path, str, Path | None]] = []
+    if "memory" in sources:
+        local = store.local(store.long_term_path)
+        if local.exists():
+            found.append((store.long_term_path, "memory", local))
     if "notes" in sources:
-        found.extend((path, "notes") for path in store.note_files())
+        found.extend((path, "notes", local) for path, local in store.notes())
     if "sessions" in sources:
-        found.extend((path, "sessions") for path in transcript_files(sessions_dir))
-    return [SourceFile(path, path.relative_to(base).as_posix(), source) for path, source in found]
+        found.extend((path, "sessions", None) for path in transcript_files(sessions_dir))
+    return [SourceFile(path, path.relative_to(base).as_posix(), source, local) for path, source, local in found]
 
 
 @dataclass
@@ -161,7 +171,7 @@ class Syncer:
     def _sync_file(self, file: SourceFile, known: tuple[str, int, int, int, int] | None, dirty: bool,
                    report: SyncReport) -> None:
         try:
-            st = os.stat(file.path)
+            st = os.stat(file.file)
         except FileNotFoundError:
             return  # deleted since it was listed; the next sync forgets it
         if known is not None and not dirty:
@@ -169,7 +179,7 @@ class Syncer:
             racy = checked_ns - st.st_mtime_ns < RACY_NS
             if (st.st_mtime_ns, st.st_size, st.st_ino) == (mtime_ns, size, inode) and not racy:
                 return
-        data = file.path.read_bytes()
+        data = file.file.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         now = time.time_ns()
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino, now, file.key)

@@ -45,7 +45,7 @@ class AccessCounts:
     def counts(self) -> Mapping[str, int]:
         """Block key → times injected; re-read only when the file changed (one stat)."""
         try:
-            key = file_key(self.path)
+            key = file_key(self.documents.local(self.name))
         except OSError as exc:  # the memory folder is gone or unreadable: nothing counted
             self._warn(str(exc))
             return {}
@@ -78,10 +78,11 @@ class AccessCounts:
     def read(self) -> dict[str, tuple[int, str]]:
         """Block key → (times injected, ISO day last injected), as the file holds them now (none for a missing
         file); ConfigError when it cannot be read or is not a counts file."""
+        file = self.documents.local(self.name)
         try:
-            raw = read_json_object(self.path)
+            raw = read_json_object(file)
         except ConfigError:
-            if self.path.exists() or self.path.is_symlink():
+            if file.exists() or file.is_symlink():
                 raise
             return {}
         blocks = raw.get("blocks")

@@ -1,8 +1,10 @@
 """KeywordSearch: BM25 over one memory folder's files, read directly (no index configured, or the index
 cannot answer).
 
-Each file is parsed and indexed once and reused until its size, mtime or inode changes, so a query on an
-unchanged MEMORY.md costs one stat per file plus the scoring. A daily-note entry is indexed together with
+Each document is parsed and indexed once and reused until its file (`MemoryStore.local`: on files the file
+itself, on PostgreSQL this machine's cache of the row, checked against its revision) changes size, mtime or
+inode, so a query on an unchanged MEMORY.md costs one stat per file (and on PostgreSQL one small statement per
+document, one for all the notes) plus the scoring. A daily-note entry is indexed together with
 the entry before it, since an entry so often answers what came just before it. The matching blocks are
 ranked again with the query expanded by its best hits' telling terms (search/query_expansion.py). A
 MEMORY.md larger than LARGE_FILE is searched as a stream instead (memory/search/large_files.py).
@@ -33,25 +35,25 @@ log = logging.getLogger(__name__)
 STANDING_LESSONS = 5
 
 
-def _read_text(path: Path) -> str:
+def _read_text(file: Path) -> str:
     # As open() in text mode reads it: bad bytes as U+FFFD, every line break as "\n".
-    text = read_regular(path).decode("utf-8", errors="replace")
+    text = read_regular(file).decode("utf-8", errors="replace")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _index_note(path: Path) -> FileIndex:
-    blocks = split_blocks(_read_text(path), path)
+def _index_note(path: Path, file: Path) -> FileIndex:
+    blocks = split_blocks(_read_text(file), path)
     # The title is left out: with the note's date in words it would match every question about that day.
     # An entry is indexed with the one before it: on LoCoMo's dev notes turn recall@10 +0.035 EN, +0.014 ZH.
     return FileIndex.build([block for block in blocks if not is_title(block)], with_previous=True)
 
 
-def _index_long_term(path: Path) -> FileIndex:
-    return FileIndex.build(entry_blocks(_read_text(path), path))
+def _index_long_term(path: Path, file: Path) -> FileIndex:
+    return FileIndex.build(entry_blocks(_read_text(file), path))
 
 
-def _index_learnings(path: Path) -> FileIndex:
-    read = decode(read_regular(path))
+def _index_learnings(path: Path, file: Path) -> FileIndex:
+    read = decode(read_regular(file))
     warn_unreadable(path, read)  # once per version of the file: the cache calls this only when it changed
     return FileIndex.build(lesson_blocks(read.text, path))
 
@@ -66,11 +68,11 @@ class KeywordSearch:
         self.learnings_cache: FileCache[FileIndex] = FileCache(_index_learnings)
         self._lock = threading.Lock()  # the caches are filled by whichever thread searches first
 
-    def _large(self) -> bool:
-        """Whether MEMORY.md is searched as a stream (larger than LARGE_FILE); its index, if it was cached
-        while the file was smaller, is dropped then."""
+    def _large(self, file: Path) -> bool:
+        """Whether MEMORY.md (held by `file`) is searched as a stream (larger than LARGE_FILE); its index, if it
+        was cached while the file was smaller, is dropped then."""
         try:
-            large = os.stat(self.store.long_term_path).st_size > LARGE_FILE
+            large = os.stat(file).st_size > LARGE_FILE
         except OSError:
             return False
         if large:
@@ -81,19 +83,22 @@ class KeywordSearch:
         """MEMORY.md's blocks in file order (of a MEMORY.md larger than LARGE_FILE, the newest ones)."""
         with self._lock:
             self.store.repair()
-            if self._large():
-                return large_tail(self.store.long_term_path)
-            index = self.cache.get(self.store.long_term_path)
+            path = self.store.long_term_path
+            file = self.store.local(path)
+            if self._large(file):
+                return large_tail(path, file)
+            index = self.cache.get(path, file)
             return list(index.blocks) if index else []
 
     def neighbours(self, block: Block, before: int = 1, after: int = 1) -> list[Block]:
         """`block` with up to `before` blocks above it and `after` below it in its file, in file order
         (a daily note's title left out); [] when the block is no longer in its file as it is now."""
         with self._lock:
-            if block.path == self.store.long_term_path and self._large():
-                return large_neighbours(block.path, block, before, after)
+            file = self.store.local(block.path)
+            if block.path == self.store.long_term_path and self._large(file):
+                return large_neighbours(block.path, block, before, after, file)
             cache = self.cache if block.path == self.store.long_term_path else self.notes_cache
-            index = cache.get(block.path)
+            index = cache.get(block.path, file)
             at = index.position(block) if index is not None else None
             if index is None or at is None:
                 return []
@@ -104,11 +109,12 @@ class KeywordSearch:
         with self._lock:
             self.store.repair()
             path = self.store.long_term_path
-            found = [large_index(path, query, limit) if self._large() else self.cache.get(path)]
+            file = self.store.local(path)
+            found = [large_index(path, query, limit, file) if self._large(file) else self.cache.get(path, file)]
             if include_notes:
-                for note in self.store.note_files():
+                for note, note_file in self.store.notes():
                     try:
-                        found.append(self.notes_cache.get(note))
+                        found.append(self.notes_cache.get(note, note_file))
                     except NotAFileError as exc:  # a note linked to a device or a FIFO: the other notes still count
                         log.warning("%s", exc)
             return rank([index for index in found if index is not None], query, limit, neighbours=NEIGHBOUR_WEIGHT,
@@ -127,7 +133,8 @@ class KeywordSearch:
         feedback nothing to learn from)."""
         with self._lock:
             try:
-                index = self.learnings_cache.get(self.store.learnings_path)
+                index = self.learnings_cache.get(self.store.learnings_path,
+                                                 self.store.local(self.store.learnings_path))
             except NotAFileError as exc:
                 log.warning("%s", exc)
                 return []

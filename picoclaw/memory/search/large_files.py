@@ -133,9 +133,10 @@ class _Scan:
             line += data.count(b"\n")
 
 
-def large_index(path: Path, query: str, limit: int) -> FileIndex | None:
+def large_index(path: Path, query: str, limit: int, file: Path | None = None) -> FileIndex | None:
     """The index of the blocks of a large MEMORY.md most likely to be the best `limit` for `query`, with
-    estimated statistics for the whole file (see the module docstring); None when the file is gone.
+    estimated statistics for the whole file (see the module docstring); None when the file is gone. Blocks are
+    labelled `path`, read from `file` (default: `path`), as everywhere here.
 
     A first pass finds the `## ` sections holding a needle of a query term and scores each by the terms it
     holds (BM25 as if each were there once, its bytes standing for its length, plus its neighbours' share);
@@ -152,7 +153,7 @@ def large_index(path: Path, query: str, limit: int) -> FileIndex | None:
     scan = _Scan({group: set() for group in groups})
     need = max(CANDIDATES_PER_HIT * limit, 100)
     try:
-        handle = open(path, "rb")
+        handle = open(file or path, "rb")
     except FileNotFoundError:
         return None
     with handle:
@@ -197,10 +198,10 @@ def large_index(path: Path, query: str, limit: int) -> FileIndex | None:
     return index
 
 
-def large_tail(path: Path) -> list[Block]:
+def large_tail(path: Path, file: Path | None = None) -> list[Block]:
     """The blocks of the last LARGE_FILE_TAIL bytes of a large MEMORY.md (from a section start), in file order."""
     try:
-        handle = open(path, "rb")
+        handle = open(file or path, "rb")
     except FileNotFoundError:
         return []
     with handle:
@@ -216,14 +217,14 @@ def large_tail(path: Path) -> list[Block]:
             if block.heading]
 
 
-def large_neighbours(path: Path, block: Block, before: int, after: int) -> list[Block]:
+def large_neighbours(path: Path, block: Block, before: int, after: int, file: Path | None = None) -> list[Block]:
     """`KeywordSearch.neighbours` in a large MEMORY.md: read up to the block's section, not indexed whole."""
 
     def blocks(data: bytes, line: int) -> list[Block]:
         return [b for b in split_blocks(data.decode("utf-8", errors="replace"), path, line) if b.heading]
 
     try:
-        handle = open(path, "rb")
+        handle = open(file or path, "rb")
     except FileNotFoundError:
         return []
     with handle:

@@ -1,33 +1,36 @@
-"""Memory documents as rows: the Markdown a file would hold, its versions, and this machine's read copy.
+"""Memory documents as rows: the Markdown a file would hold, and its versions.
 
 `PostgresDocuments` is the documents port (storage/documents.py) on PostgreSQL: each write is one statement
-(a replace checks the revision it expects in its WHERE clause), durable when it returns, and then written into
-this machine's copy of the scope's folder, which the memory layer reads. `ScopeCopy.pull` brings that copy up
-to the rows' newest revision (at every hold of the scope's lock and every refresh); nothing is ever sent from
-the folder. Versions (the files backend's memory/backups/) are rows of `document_versions` only.
+(a replace checks the revision it expects in its WHERE clause), durable when it returns; each read asks the rows.
+A reader that wants a file (`local`: the entry table of MEMORY.md, the large-file search, the index) gets this
+machine's cache of the document under .picoclaw-work/documents/ (`LocalCopies`), rewritten only when the row's
+revision moved. Nothing is ever read as memory from the workspace folder, or sent from the cache. Versions (the
+files backend's memory/backups/) are rows of `document_versions` only.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from filelock import FileLock
 
 from picoclaw import clock
-from picoclaw.fsutil import atomic_write
+from picoclaw.fsutil import FileKey, atomic_write, file_key
 from picoclaw.layout import MEMORY_DIR, USERS_DIR
 from picoclaw.storage.documents import MISSING, Changes, Document, StaleRevision
 from picoclaw.storage.errors import StorageError, StorageUnavailable
 from picoclaw.storage.files_documents import VERSIONS_DIR, FilesDocuments
 from picoclaw.storage.postgres.connection import storage_errors
-from picoclaw.storage.stored_files import COPY_MARK, document_names
+from picoclaw.storage.stored_files import document_names
 from picoclaw.storage.work import WORK_DIR
 
 if TYPE_CHECKING:
@@ -80,12 +83,9 @@ update documents set content = null, revision = nextval('document_revision'), up
 create index document_versions_suffix on document_versions (scope, suffix, id);
 """
 
-# This backend's own files in the memory folder (".storage.*": never stored, see storage/stored_files.py).
-STALE_MARK = ".storage.stale"
-LOCAL_LOCK = ".storage.lock"
-SET_ASIDE_DIR = "before-postgres"  # under the work folder: the folder's own files a first pull replaced
-# An in-place append's journal (memory/in_place_append.py journal_path): ".<name>.append" beside the file.
-JOURNAL_SUFFIX = ".append"
+LOCAL_LOCK = ".storage.lock"  # in a scope's cache folder: this machine's processes take the scope's lock in turn
+CACHE_LOCK = ".cache.lock"  # beside it: held while a cached file is written
+CACHE_DIR = "documents"  # under the work folder: this machine's cache of the rows, the files layout per scope
 
 
 def scan_documents(scope_root: Path, *, shared: bool = True) -> dict[str, Path]:
@@ -101,188 +101,172 @@ def is_version(name: str) -> bool:
     return name.startswith(f"{VERSIONS_DIR}/")
 
 
-def _journal(path: Path) -> Path:
-    return path.with_name(f".{path.name}{JOURNAL_SUFFIX}")
+def cache_root(workspace: Path, scope: str) -> Path:
+    """Where this machine caches scope `scope`'s documents: .picoclaw-work/documents/[users/<scope>/]."""
+    return scope_folder(workspace / WORK_DIR / CACHE_DIR, scope)
 
 
-@dataclass
-class ScopeCopy:
-    """This machine's read copy of one scope: the newest revision (and version id) brought into the folder.
+class LocalCopies:
+    """This machine's cache of one scope's documents, for the readers that want a file: each file written from
+    its row when read, and kept while the row's revision stays what it was fetched at.
 
-    Nothing is ever sent from the folder: every write goes through `PostgresDocuments`, row first, then file.
+    A cached file counts only while its stat is what this process wrote or fetched (`_known`): a file another
+    process rewrote, a torn write, a hand edit, is fetched again. Each file is written and its stat taken under
+    one lock (`_writing`: this process's threads, and this machine's processes), so a stat recorded is always
+    that of the bytes written. It is a cache: never the truth, never sent.
     """
 
-    scope: str
-    root: Path
-    revision: int = 0
-    version_id: int = 0
-    own: dict[str, int] = field(default_factory=dict)  # name -> the revision this process wrote into the folder
-    adoption_checked: bool = False  # whether the first pull asked if the database holds anything of the scope
+    def __init__(self, scope: str, root: Path, *, shared: bool):
+        self.scope = scope
+        self.files = FilesDocuments(scope, root, shared=shared)
+        self._known: dict[str, tuple[int, FileKey]] = {}  # name -> (revision, the stat of its file then)
+        self._guard = threading.Lock()
+        self._file_lock = FileLock(str(root / CACHE_LOCK))
 
-    @property
-    def stale_mark(self) -> Path:
-        return self.root / MEMORY_DIR / STALE_MARK
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        with self._guard:
+            self.files.root.mkdir(parents=True, exist_ok=True)
+            with self._file_lock:
+                yield
 
-    def mark_stale(self) -> None:
-        """Forget what was brought in, on disk too, so the next pull (of any process here) takes the rows' truth."""
-        self.revision = self.version_id = 0
-        self.own.clear()
-        try:
-            self.stale_mark.parent.mkdir(parents=True, exist_ok=True)
-            self.stale_mark.touch()
-        except OSError as exc:
-            log.warning("could not mark %s stale: %s", self.root, exc)
+    def _revision(self, name: str) -> int:
+        """The revision the cached file of `name` holds (-1: none known, or the file changed since)."""
+        known = self._known.get(name)
+        if known is None or file_key(self.files.path(name)) != known[1]:
+            return -1
+        return known[0]
 
-    def pull(self, conn: psycopg.Connection) -> None:
-        """Write the rows changed since the last revision seen into the folder (a full re-read when stale), and
-        the versions kept since into memory/backups/."""
-        stale = self.stale_mark.exists()
-        if not self.adoption_checked and not stale:
-            self._adopt(conn)
-            self.adoption_checked = True
-        # A folder that never was this database's copy (a files workspace whose config moved to PostgreSQL) may
-        # hold what the rows do not: each file of it the rows would replace or drop is set aside first.
-        first = not self.copy_mark.exists()
-        since = 0 if stale or first else self.revision
-        changed = conn.execute("select name, revision from documents where scope = %s and revision > %s",
-                               (self.scope, since)).fetchall()
-        # A document this process wrote itself is in the folder already: only others' writes are fetched. A
-        # version's file (memory/backups/) is the versions' business, whatever a row of that name says.
-        wanted = [name for name, revision in changed if self.own.get(name) != int(revision) and not is_version(name)]
-        aside: list[str] = []
-        if wanted:
-            for name, content in conn.execute("select name, content from documents where scope = %s and "
-                                              "name = any(%s)", (self.scope, wanted)):
-                path = self.root / name
-                if first and path.is_file() and (content is None or not _holds(path, bytes(content))):
-                    aside.append(self._set_aside(name, path))
-                if content is None:
-                    path.unlink(missing_ok=True)
-                elif not _holds(path, bytes(content)):
-                    _journal(path).unlink(missing_ok=True)  # the row is the truth: no append is left to undo
-                    atomic_write(path, bytes(content))
-        for _, revision in changed:
-            self.revision = max(self.revision, int(revision))
-        if stale or first:
-            # Files that are not rows give way to the rows' truth: a copy left by a failed write, a hand edit, or
-            # (first) what the folder held before it became the copy, which is set aside.
-            live = {name for (name,) in conn.execute(
-                "select name from documents where scope = %s and content is not null", (self.scope,))}
-            labels = {label for (label,) in conn.execute(
-                "select label from document_versions where scope = %s and label is not null", (self.scope,))}
-            for name, path in scan_documents(self.root, shared=not self.scope).items():
-                if is_version(name):
-                    if first and path.name not in labels:
-                        aside.append(self._set_aside(name, path))
-                elif name not in live:
-                    if first:
-                        aside.append(self._set_aside(name, path))
-                    path.unlink(missing_ok=True)
-        self._pull_versions(conn, 0 if stale or first else self.version_id)
-        if stale:
-            self.stale_mark.unlink(missing_ok=True)
-        if first:
-            self.copy_mark.parent.mkdir(parents=True, exist_ok=True)
-            self.copy_mark.touch()
-        if aside:
-            log.warning("%s held %d files the PostgreSQL database does not (this folder's memory from before it "
-                        "was the database's copy); they were kept under %s: `picoclaw memory import` brings a files "
-                        "workspace into the database", self.root, len(aside), self.root / WORK_DIR / SET_ASIDE_DIR)
+    def current(self, conn: psycopg.Connection, name: str) -> Path:
+        """The cached file of `name`, brought to its row: one statement, with the content only when it moved."""
+        path = self.files.path(name)
+        have = self._revision(name)
+        row = conn.execute("select revision, content is null, case when revision = %s then null else content end "
+                           "from documents where scope = %s and name = %s", (have, self.scope, name)).fetchone()
+        if row is None or row[1]:
+            self._drop(name)
+        elif int(row[0]) != have:
+            self._take(name, int(row[0]), bytes(row[2]))
+        return path
 
-    @property
-    def copy_mark(self) -> Path:
-        return self.root / MEMORY_DIR / COPY_MARK
+    def current_folder(self, conn: psycopg.Connection, prefix: str) -> Path:
+        """The cache's folder `prefix`, every document under it brought to its row (one statement to list them,
+        one to fetch those that moved); files of documents no longer there removed."""
+        rows = conn.execute("select name, revision from documents where scope = %s and content is not null "
+                            "and name like %s", (self.scope, _like(prefix))).fetchall()
+        live = {name: int(revision) for name, revision in rows if not is_version(name)}
+        moved = [name for name, revision in live.items() if self._revision(name) != revision]
+        if moved:
+            for name, revision, content in conn.execute(
+                    "select name, revision, content from documents where scope = %s and name = any(%s) "
+                    "and content is not null", (self.scope, moved)):
+                self._take(name, int(revision), bytes(content))
+        for name in self.files.names(prefix):
+            if name not in live:
+                self._drop(name)
+        return self.files.local_folder(prefix)
 
-    def _set_aside(self, name: str, path: Path) -> str:
-        """Keep the folder's own `name` under .picoclaw-work/before-postgres/ before the rows replace it."""
-        kept = self.root / WORK_DIR / SET_ASIDE_DIR / name
-        try:
-            atomic_write(kept, path.read_bytes())
-        except OSError as exc:
-            raise StorageError(f"{path} differs from the database's copy and could not be set aside before it is "
-                               f"replaced ({exc.strerror or exc}); nothing was changed") from None
-        return name
+    def _take(self, name: str, revision: int, data: bytes) -> None:
+        """Write `data` (the row at `revision`) as the cached file, unless a newer revision is there already."""
+        with self._writing():
+            if self._revision(name) >= revision:
+                return  # a write of this process (or a faster reader) brought a newer one meanwhile
+            # Another process of this machine may have written the same bytes: left as they are, its own record of
+            # the file stays good (rewritten, each process would make the other's stale, and fetch again).
+            if not _holds(self.files.path(name), data):
+                self.files.replace(name, data, durable=False)
+            self._note(name, revision)
 
-    def _adopt(self, conn: psycopg.Connection) -> None:
-        """A scope the database holds nothing of (not even a removed document) takes the folder's documents as
-        its first content: a workspace folder opened on an empty database keeps what it shows. Never afterwards:
-        a file that is not a row is then a copy gone stale, replaced by the rows' truth."""
-        if self._holds_any(conn):
-            return
-        found = {(self.scope, name): path.read_bytes()
-                 for name, path in scan_documents(self.root, shared=not self.scope).items()}
-        if not found:
-            return
-        with conn.transaction():
-            conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (ADOPT_LOCK_CLASS, self.scope))
-            if self._holds_any(conn):
+    def _drop(self, name: str) -> None:
+        if name not in self._known and not os.path.lexists(self.files.path(name)):
+            return  # nothing cached: the usual case of a document not written yet, with no lock to take
+        with self._writing():
+            self.files.delete(name)
+            self._known.pop(name, None)
+
+    def _note(self, name: str, revision: int) -> None:
+        key = file_key(self.files.path(name))
+        if key is None:
+            self._known.pop(name, None)
+        else:
+            self._known[name] = (revision, key)
+
+    def wrote(self, name: str, revision: int, write: Callable[[FilesDocuments], object], *,
+              based_on: int | None = None) -> None:
+        """After this process wrote the row of `name` at `revision`: the same change made to the cached file by
+        `write` (so a large document is not fetched again), only when it holds revision `based_on` (None: any);
+        otherwise, or on failure, it is left to be fetched when next read."""
+        with self._writing():
+            if based_on is not None and self._revision(name) != based_on:
+                self._known.pop(name, None)
                 return
-            for (scope, name), data in found.items():
-                if is_version(name):
-                    label, suffix, document = _version_row(name)
-                    conn.execute("insert into document_versions (scope, name, content, label, suffix) "
-                                 "values (%s, %s, %s, %s, %s)", (scope, document, data, label, suffix))
-                else:
-                    conn.execute("insert into documents (scope, name, content) values (%s, %s, %s) "
-                                 "on conflict (scope, name) do nothing", (scope, name, data))
-        log.info("%s: the database held no memory of this folder, so its %d files were stored as the first "
-                 "content (once; from now on the database is the truth)", self.root, len(found))
+            try:
+                write(self.files)
+                self._note(name, revision)
+            except OSError as exc:
+                log.warning("%s: saved in PostgreSQL, but this machine's cache of it could not be written (%s); "
+                            "it is fetched again when read", name, exc.strerror or exc)
+                self._known.pop(name, None)
 
-    def _holds_any(self, conn: psycopg.Connection) -> bool:
-        row = conn.execute("select exists (select 1 from documents where scope = %s) or exists "
-                           "(select 1 from document_versions where scope = %s)", (self.scope, self.scope)).fetchone()
-        return bool(row and row[0])
 
-    def _pull_versions(self, conn: psycopg.Connection, since: int) -> None:
-        rows = conn.execute("select id, label, content from document_versions where scope = %s and id > %s "
-                            "and label is not null order by id", (self.scope, since)).fetchall()
-        for version_id, label, content in rows:
-            path = self.root / VERSIONS_DIR / label
-            if not _holds(path, bytes(content)):
-                atomic_write(path, bytes(content))
-            self.version_id = max(self.version_id, int(version_id))
-        if rows:
-            self.prune_versions(conn)
-
-    def prune_versions(self, conn: psycopg.Connection) -> None:
-        """Remove the version files of the folder that are no longer rows (pruned to memory.backup_keep)."""
-        folder = self.root / VERSIONS_DIR
-        if not folder.is_dir():
+def adopt_folder(conn: psycopg.Connection, scope: str, scope_root: Path) -> None:
+    """A scope the database holds nothing of (not even a removed document) takes the folder's documents as its
+    first content: a workspace folder opened on an empty database keeps what it shows. Never afterwards: from
+    then on the rows are the truth, and a file of the folder is not memory."""
+    if _holds_any(conn, scope):
+        return
+    found = {name: path.read_bytes() for name, path in scan_documents(scope_root, shared=not scope).items()}
+    if not found:
+        return
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (ADOPT_LOCK_CLASS, scope))
+        if _holds_any(conn, scope):
             return
-        kept = {label for (label,) in conn.execute(
-            "select label from document_versions where scope = %s and label is not null", (self.scope,))}
-        for path in folder.iterdir():
-            if _STAMPED.match(path.name) and path.name not in kept and path.is_file():
-                path.unlink(missing_ok=True)
+        for name, data in found.items():
+            if is_version(name):
+                label, suffix, document = _version_row(name)
+                conn.execute("insert into document_versions (scope, name, content, label, suffix) "
+                             "values (%s, %s, %s, %s, %s)", (scope, document, data, label, suffix))
+            else:
+                conn.execute("insert into documents (scope, name, content) values (%s, %s, %s) "
+                             "on conflict (scope, name) do nothing", (scope, name, data))
+    log.info("%s: the database held no memory of this folder, so its %d files were stored as the first content "
+             "(once; from now on the database is the truth)", scope_root, len(found))
 
-    def wrote(self, name: str, revision: int) -> None:
-        """Note that this process wrote `name` at `revision` into the folder itself (the pull skips it)."""
-        self.own[name] = revision
+
+def _holds_any(conn: psycopg.Connection, scope: str) -> bool:
+    row = conn.execute("select exists (select 1 from documents where scope = %s) or exists "
+                       "(select 1 from document_versions where scope = %s)", (scope, scope)).fetchone()
+    return bool(row and row[0])
+
+
+def _like(prefix: str) -> str:
+    """A LIKE pattern for the names that start with `prefix`."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 class PostgresDocuments:
-    """The documents of one scope as rows: every write one statement, durable when it returns, then copied into
-    this machine's folder (`copy`), which readers read. Writes hold the scope's lock, so no pull of this machine
-    can put an older row over the file just written."""
+    """The documents of one scope as rows: every write one statement, durable when it returns; every read one
+    statement too (`local`: into this machine's cache, `copies`, only what moved). Writes hold the scope's lock."""
 
-    def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy,
+    def __init__(self, pool: ConnectionPool, dsn: str, scope: str, root: Path, copies: LocalCopies,
                  lock: Callable[[float | None], AbstractContextManager[object]],
-                 held: Callable[[], psycopg.Connection], *, lease: float, shared: bool = True):
+                 held: Callable[[], psycopg.Connection], *, lease: float):
         self.pool = pool
         self.dsn = dsn
-        self.copy = copy
-        self.scope = copy.scope
-        self.root = copy.root
+        self.scope = scope
+        self.root = root  # the scope's folder in the workspace, for names only: nothing is read from it
+        self.copies = copies
         self.lease = lease
         self._lock = lock
         self._held = held  # the connection holding the scope's lock, in the thread that holds it
-        self.files = FilesDocuments(copy.scope, copy.root, shared=shared)  # the copy's files, written after the row
+        self._names = FilesDocuments(scope, root)  # names and paths of the workspace layout
 
     def path(self, name: str) -> Path:
-        return self.files.path(name)
+        return self._names.path(name)
 
     def name(self, path: Path) -> str:
-        return self.files.name(path)
+        return self._names.name(path)
 
     @contextmanager
     def _statement(self, what: str) -> Iterator[psycopg.Connection]:
@@ -307,21 +291,19 @@ class PostgresDocuments:
                     ) from None
                 raise
 
-    def _copied(self, name: str, revision: int, write: Callable[[], object]) -> str:
-        """Bring the copy's file up to the row just written; if that fails, the copy is marked stale (the next
-        pull rewrites it from the rows): the write itself is done."""
-        try:
-            write()
-        except OSError as exc:
-            log.warning("%s: the document was saved in PostgreSQL, but this machine's copy could not be written "
-                        "(%s); it is read again from the database", self.path(name), exc.strerror or exc)
-            self.copy.mark_stale()
-        else:
-            self.copy.wrote(name, revision)
-        return str(revision)
+    def local(self, name: str) -> Path:
+        self.path(name)  # a name that leaves the scope is refused before any query
+        with self._statement(f"reading {name}") as conn:
+            return self.copies.current(conn, name)
+
+    def local_folder(self, prefix: str) -> Path:
+        if prefix.strip("/"):
+            self.path(prefix)
+        with self._statement(f"reading {prefix or 'the documents'}") as conn:
+            return self.copies.current_folder(conn, prefix)
 
     def read(self, name: str) -> Document:
-        self.files.path(name)  # a name that leaves the scope is refused before any query
+        self.path(name)
         with self._statement(f"reading {name}") as conn:
             row = conn.execute("select content, revision from documents where scope = %s and name = %s",
                                (self.scope, name)).fetchone()
@@ -331,7 +313,7 @@ class PostgresDocuments:
 
     def replace(self, name: str, data: bytes | str, *, expect: str | None = None, durable: bool = True) -> str:
         payload = data.encode("utf-8") if isinstance(data, str) else data
-        self.files.path(name)
+        self.path(name)
         if is_version(name):  # kept once, as versions (keep_version): never also as a document
             raise StorageError(f"{name}: memory/backups/ holds versions, which are kept when a document is "
                                "rewritten, not written as documents")
@@ -355,7 +337,8 @@ class PostgresDocuments:
             if row is None:
                 raise StaleRevision(f"{name} was changed since it was read; nothing was written")
             revision = int(row[0])
-            return self._copied(name, revision, lambda: self.files.replace(name, payload, durable=durable))
+        self.copies.wrote(name, revision, lambda files: files.replace(name, payload, durable=False))
+        return str(revision)
 
     def create(self, name: str, data: bytes | str) -> bool:
         try:
@@ -365,19 +348,23 @@ class PostgresDocuments:
         return True
 
     def append(self, name: str, data: bytes) -> str:
-        self.files.path(name)
+        self.path(name)
         with self._write(f"an append to {name}") as conn:
             row = conn.execute(
+                "with old as (select revision from documents where scope = %s and name = %s "
+                "and content is not null for update) "
                 "update documents set content = content || %s, revision = nextval('document_revision'), "
-                "updated_at = now() where scope = %s and name = %s and content is not null "
-                "returning revision, octet_length(content)", (data, self.scope, name)).fetchone()
+                "updated_at = now() from old where scope = %s and name = %s returning documents.revision, "
+                "old.revision", (self.scope, name, data, self.scope, name)).fetchone()
             if row is None:
                 raise StorageError(f"{name} does not exist: there is nothing to append to")
-            return self._copied(name, int(row[0]), lambda: self._append_copy(conn, name, data, int(row[1])))
+        # The cached file gets the append too when it held the row as it was (else it is fetched when next read).
+        self.copies.wrote(name, int(row[0]), lambda files: files.append(name, data), based_on=int(row[1]))
+        return str(row[0])
 
     def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> None:
         payload = b"".join(orjson.dumps(record) + b"\n" for record in records)
-        self.files.path(name)
+        self.path(name)
         with self._write(f"an append to {name}") as conn:
             # As on files (fsutil.append_jsonl): records start on a line of their own after a torn last line.
             row = conn.execute(
@@ -387,41 +374,22 @@ class PostgresDocuments:
                 "octet_length(documents.content)) = '\\x0a'::bytea then documents.content || excluded.content "
                 "else documents.content || '\\x0a'::bytea || excluded.content end, "
                 "revision = nextval('document_revision'), updated_at = now() "
-                "returning revision, octet_length(content)", (self.scope, name, payload)).fetchone()
-            assert row is not None
-            self._copied(name, int(row[0]), lambda: self._append_copy(conn, name, payload, int(row[1])))
-
-    def _append_copy(self, conn: psycopg.Connection, name: str, data: bytes, length: int) -> None:
-        """Append to the copy's file when it holds what the row held before; else write the row's content."""
-        path = self.path(name)
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            size = -1
-        if size >= 0 and size + len(data) == length:
-            self.files.append(name, data)
-            return
-        row = conn.execute("select content from documents where scope = %s and name = %s",
-                           (self.scope, name)).fetchone()
-        if row is not None and row[0] is not None:
-            self.files.replace(name, bytes(row[0]))
+                "returning revision", (self.scope, name, payload)).fetchone()
+            assert row is not None  # the cached file, if any, is fetched again when next read
 
     def delete(self, name: str) -> None:
-        self.files.path(name)
+        self.path(name)
         with self._write(f"removing {name}") as conn:
-            row = conn.execute(
+            conn.execute(
                 "update documents set content = null, revision = nextval('document_revision'), updated_at = now() "
-                "where scope = %s and name = %s and content is not null returning revision",
-                (self.scope, name)).fetchone()
-            if row is not None:
-                self._copied(name, int(row[0]), lambda: self.files.delete(name))
+                "where scope = %s and name = %s and content is not null", (self.scope, name))
+        self.copies.wrote(name, 0, lambda files: files.delete(name))
 
     def names(self, prefix: str = "") -> list[str]:
-        like = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         with self._statement("the list of documents") as conn:
             return sorted(name for (name,) in conn.execute(
                 "select name from documents where scope = %s and content is not null and name like %s",
-                (self.scope, like)))
+                (self.scope, _like(prefix))))
 
     def changes_since(self, mark: str) -> Changes:
         """Documents written (or removed) after revision `mark`, from the rows."""
@@ -444,20 +412,16 @@ class PostgresDocuments:
                 conn.execute("delete from document_versions where scope = %s and suffix = %s and id not in "
                              "(select id from document_versions where scope = %s and suffix = %s "
                              "order by id desc limit %s)", (self.scope, suffix, self.scope, suffix, keep))
-            label = str(row[1])
-            try:
-                atomic_write(self.path(f"{VERSIONS_DIR}/{label}"), data)
-                self.copy.prune_versions(conn)
-            except OSError as exc:
-                log.warning("%s: a version was saved in PostgreSQL but not copied here (%s)", label,
-                            exc.strerror or exc)
-            return label
+            return str(row[1])
 
     def versions(self, suffix: str) -> list[str]:
+        return [label for label, _ in self.version_sizes(suffix)]
+
+    def version_sizes(self, suffix: str) -> list[tuple[str, int]]:
         with self._statement("the list of versions") as conn:
-            return [label for (label,) in conn.execute(
-                "select label from document_versions where scope = %s and suffix = %s and label is not null "
-                "order by id", (self.scope, suffix))]
+            return [(label, int(size)) for label, size in conn.execute(
+                "select label, octet_length(content) from document_versions where scope = %s and suffix = %s "
+                "and label is not null order by id", (self.scope, suffix))]
 
     def read_version(self, label: str) -> bytes:
         with self._statement(f"the version {label}") as conn:
@@ -472,19 +436,20 @@ class PostgresDocuments:
         return self._lock(timeout)
 
 
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether the file at `path` holds exactly `data` (its size compared first)."""
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
+
+
 def _revision(text: str) -> int:
     """A revision given back by this port (a number); anything else matches no row."""
     try:
         return int(text)
     except ValueError:
         return -1
-
-
-def _holds(path: Path, data: bytes) -> bool:
-    try:
-        return path.read_bytes() == data
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return False
 
 
 def scope_folder(dest_root: Path, scope: str) -> Path:

@@ -1,11 +1,10 @@
 """The lock of one scope's documents: a local file lock for this machine, an advisory lock for the others.
 
-Every lock path under a scope maps to the scope's one lock, since the folder's copy is shared by all of them.
-The outermost acquire in a thread pulls the rows written since into the folder (writes themselves go through
-the documents port, storage/postgres/documents.py, row first). Reentrant within a thread; other threads of the
-process wait, as with FileLock. Every wait (for another thread, the local file, the advisory lock) shares one
-bound and ends in LockWaitExpired. The advisory lock is held on a lease (`Lease`): a holder that stops answering
-the server loses it.
+Every lock path under a scope maps to the scope's one lock: it is what a read-modify-write of the scope's
+documents holds (storage/postgres/documents.py). Taking it reads nothing: every read asks the rows itself.
+Reentrant within a thread; other threads of the process wait, as with FileLock. Every wait (for another
+thread, the local file, the advisory lock) shares one bound and ends in LockWaitExpired. The advisory lock
+is held on a lease (`Lease`): a holder that stops answering the server loses it.
 """
 
 from __future__ import annotations
@@ -13,17 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
-from picoclaw.layout import MEMORY_DIR
-from picoclaw.storage.errors import StorageError
 from picoclaw.storage.postgres.connection import lock_timeout, unreachable
-from picoclaw.storage.postgres.documents import LOCAL_LOCK, ScopeCopy
 from picoclaw.storage.waits import ANOTHER_PROCESS, LOCK_WAIT_SECONDS, check_bound, lock_wait_expired
 
 if TYPE_CHECKING:
@@ -42,7 +37,7 @@ OTHER_MACHINE = "a picoclaw process on another machine (or another workspace fol
 
 
 # The server's idle timeouts that end the session of a holder gone quiet, and with it the advisory lock: between
-# statements, and inside a transaction (a pull or a write frozen half-way).
+# statements, and inside a transaction (a write frozen half-way).
 LEASE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
 # Both back to what RESET would give them, before the connection goes back to the pool.
 END_LEASE = ("select set_config(name, reset_val, false) from pg_settings "
@@ -97,17 +92,19 @@ class Lease:
 
 
 class ScopeLock:
-    """The one cross-machine lock of a scope, with its read copy (`copy`) brought up to date under it."""
+    """The one cross-machine lock of scope `scope`; `lock_file` orders this machine's processes before they ask
+    the server."""
 
-    def __init__(self, pool: ConnectionPool, dsn: str, copy: ScopeCopy, root: Path | None = None, *,
+    def __init__(self, pool: ConnectionPool, dsn: str, scope: str, lock_file: Path, root: Path | None = None, *,
                  lease: float = LOCK_WAIT_SECONDS):
         self.pool = pool
         self.dsn = dsn
-        self.copy = copy
+        self.scope = scope
+        self.lock_file = lock_file
         self.root = root  # the workspace root, for the lock's name in a failed wait
         self.lease = lease  # seconds a holder that stopped answering the server keeps the advisory lock
         self._lease: Lease | None = None
-        self._file_lock = FileLock(str(copy.root / MEMORY_DIR / LOCAL_LOCK))
+        self._file_lock = FileLock(str(lock_file))
         self._state = threading.Condition()
         self._owner: int | None = None
         self._depth = 0
@@ -121,7 +118,7 @@ class ScopeLock:
         return self._conn
 
     def acquire(self, name: Path, timeout: float) -> None:
-        """Hold the lock within `timeout` seconds in all (else LockWaitExpired naming `name`); pull first."""
+        """Hold the lock within `timeout` seconds in all (else LockWaitExpired naming `name`)."""
         me = threading.get_ident()
         deadline = time.monotonic() + check_bound(timeout)
         with self._state:
@@ -134,14 +131,13 @@ class ScopeLock:
                     raise lock_wait_expired(name, self.root, timeout, OTHER_THREAD)
             self._owner, self._depth = me, 1
         try:
-            self.copy.root.joinpath(MEMORY_DIR).mkdir(parents=True, exist_ok=True)
+            self.lock_file.parent.mkdir(parents=True, exist_ok=True)
             try:
                 self._file_lock.acquire(timeout=_remaining(deadline))
             except Timeout:
                 raise lock_wait_expired(name, self.root, timeout, ANOTHER_PROCESS) from None
             try:
                 self._conn = self._hold_advisory(name, _remaining(deadline), timeout)
-                self._guarded(self.copy.pull)
             except BaseException:
                 self._let_go()
                 raise
@@ -162,19 +158,6 @@ class ScopeLock:
         finally:
             self._leave()
 
-    def _guarded(self, work: Callable[[psycopg.Connection], None]) -> None:
-        """Run `work` on the held connection; a server gone is StorageUnavailable, a refusal a StorageError."""
-        import psycopg
-
-        assert self._conn is not None
-        try:
-            work(self._conn)
-        except psycopg.OperationalError as exc:
-            raise unreachable(self.dsn, exc) from None
-        except psycopg.Error as exc:
-            raise StorageError(f"PostgreSQL refused the memory documents of {self.copy.root}: "
-                               f"{' '.join(str(exc).split())[:300]}") from None
-
     def _hold_advisory(self, name: Path, timeout: float, bound: float) -> psycopg.Connection:
         """A pool connection holding the scope's advisory lock (session level, so it outlives transactions),
         taken within `timeout` s (what is left of the whole wait, `bound`), on a lease of `self.lease` s."""
@@ -185,7 +168,7 @@ class ScopeLock:
             conn = self.pool.getconn()
         except (PoolTimeout, PoolClosed) as exc:
             raise unreachable(self.dsn, exc) from None
-        key = (DOCUMENT_LOCK_CLASS, self.copy.scope)
+        key = (DOCUMENT_LOCK_CLASS, self.scope)
         lease = _ms(self.lease)
         try:
             # The lease is set before the lock is taken: a process frozen right after taking it loses it too.
@@ -227,7 +210,7 @@ class ScopeLock:
                 lease.stop()
             if conn is not None:
                 try:
-                    conn.execute("select pg_advisory_unlock(%s, hashtext(%s))", (DOCUMENT_LOCK_CLASS, self.copy.scope))
+                    conn.execute("select pg_advisory_unlock(%s, hashtext(%s))", (DOCUMENT_LOCK_CLASS, self.scope))
                 except psycopg.Error:
                     pass  # a connection that is gone holds no lock any more
                 finally:

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 from psycopg import sql
 
 from picoclaw.fsutil import read_regular
-from picoclaw.layout import MEMORY_DIR, USERS_DIR
+from picoclaw.layout import USERS_DIR
 from picoclaw.storage.errors import StorageError
-from picoclaw.storage.files_documents import MEMORY_LOCK_FILE
+from picoclaw.storage.files_documents import MEMORY_LOCK
 from picoclaw.storage.postgres import documents, jobs
-from picoclaw.storage.postgres.connection import open_pool, server_name, unreachable
-from picoclaw.storage.postgres.documents import LOCAL_LOCK, PostgresDocuments, ScopeCopy
+from picoclaw.storage.postgres.connection import open_pool, server_name, storage_errors, unreachable
+from picoclaw.storage.postgres.documents import LOCAL_LOCK, LocalCopies, PostgresDocuments, adopt_folder, cache_root
 from picoclaw.storage.postgres.inbox import PostgresInbox
 from picoclaw.storage.postgres.index import PostgresIndexTable
 from picoclaw.storage.postgres.locks import ScopeLock, ScopeLockHandle
@@ -71,26 +71,35 @@ class PostgresStorage:
             if found is None:
                 # The advisory lock's lease is the wait's bound: a holder that stops answering for as long as
                 # the others wait loses it.
-                found = ScopeLock(self.pool, self.dsn, ScopeCopy(scope, scope_root), self.root, lease=self.lock_wait)
+                found = ScopeLock(self.pool, self.dsn, scope, cache_root(self.root, scope) / LOCAL_LOCK, self.root,
+                                  lease=self.lock_wait)
                 self._scopes[scope] = found
             return found
 
     def lock(self, path: Path, timeout: float | None = None) -> ScopeLockHandle:
         """The lock of the scope `path` lies in (one for all its lock paths), held across machines, waited for
-        `timeout` s (None: `lock_wait`): the outermost acquire brings the scope's copy up to date."""
+        `timeout` s (None: `lock_wait`)."""
         return ScopeLockHandle(self._scope_lock(path), path, self.lock_wait if timeout is None else timeout)
 
     def documents(self, scope: str) -> PostgresDocuments:
-        """Scope `scope`'s documents as rows (one per scope and process, sharing the scope's lock and copy)."""
+        """Scope `scope`'s documents as rows (one per scope and process, sharing the scope's lock and cache).
+
+        The first time in a process, a scope the database holds nothing of takes the folder's documents as its
+        first content (`adopt_folder`); from then on the folder is never read as memory.
+        """
         with self._scopes_guard:
             found = self._documents.get(scope)
         if found is None:
             scope_root = self.root / USERS_DIR / scope if scope else self.root
-            lock_path = scope_root / MEMORY_DIR / MEMORY_LOCK_FILE
+            lock_path = scope_root / MEMORY_LOCK
             scope_lock = self._scope_lock(lock_path)
-            found = PostgresDocuments(self.pool, self.dsn, scope_lock.copy,
+            with storage_errors(self.dsn, f"the memory documents of {scope_root}"), \
+                    self.pool.connection() as conn:
+                adopt_folder(conn, scope, scope_root)
+            copies = LocalCopies(scope, cache_root(self.root, scope), shared=not scope)
+            found = PostgresDocuments(self.pool, self.dsn, scope, scope_root, copies,
                                       lambda timeout: self.lock(lock_path, timeout), scope_lock.held,
-                                      lease=self.lock_wait, shared=not scope)
+                                      lease=self.lock_wait)
             with self._scopes_guard:
                 found = self._documents.setdefault(scope, found)
         return found
@@ -169,12 +178,6 @@ class PostgresStorage:
             raise unreachable(self.dsn, exc) from None
         self.pool.check()
 
-    def refresh(self, scope: str = "") -> None:
-        """Bring scope `scope`'s read copy up to date: a brief hold of its lock, which pulls what changed."""
-        scope_root = self.root / USERS_DIR / scope if scope else self.root
-        with self.lock(scope_root / MEMORY_DIR / LOCAL_LOCK):
-            pass
-
     def export_documents(self, dest_root: Path) -> int:
         """Write every live document of every scope into the files layout under `dest_root` (scope "" at the
         root, scope k at users/k/); how many were written."""
@@ -225,7 +228,6 @@ class PostgresStorage:
         self.import_documents(src, replace=True)
         self.import_sessions(src, replace=True)
         self.import_jobs(src, replace=True)
-        self.refresh()
 
     def status(self) -> dict[str, object]:
         """Server and schema versions, pgvector's version and rows per table."""

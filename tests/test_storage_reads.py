@@ -1,0 +1,141 @@
+"""Every read of a memory document asks the storage (issue 42, item 3): on PostgreSQL a write through another
+workspace folder is read at once by MemoryStore, the keyword search and the policy, with no lock taken and
+nothing refreshed first; the workspace folder is never read as memory, and nothing writes memory into it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from picoclaw.memory import MemoryStore, PolicyManager
+from picoclaw.memory.search.keyword import KeywordSearch
+from picoclaw.storage import FilesStorage, Storage
+from picoclaw.storage.stored_files import document_names
+
+TZ = ZoneInfo("Asia/Shanghai")
+FACT_EN, FACT_ZH = "The user's sister lives in Lisbon.", "用户的妹妹住在里斯本。"
+NOTE = "Called the sister in Lisbon today. 今天给住在里斯本的妹妹打了电话。"
+LESSON = "When the user asks about family, mention the sister in Lisbon. 问到家人时提到里斯本的妹妹。"
+
+
+def _postgres(root: Path, dsn: str) -> Storage:
+    from picoclaw.storage.postgres.storage import PostgresStorage
+
+    return PostgresStorage(root, dsn, 3)
+
+
+@pytest.fixture
+def machines(tmp_path: Path, postgres_dsn: str) -> Iterator[tuple[Storage, Storage]]:
+    """Two workspace folders on one database: two machines, as far as the storage can tell."""
+    first, second = _postgres(tmp_path / "machine1", postgres_dsn), _postgres(tmp_path / "machine2", postgres_dsn)
+    try:
+        yield first, second
+    finally:
+        first.close()
+        second.close()
+
+
+def _no_locks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any lock of the PostgreSQL backend taken from now on fails the test: a read must not need one."""
+    from picoclaw.storage.postgres.locks import ScopeLock
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("a read took the memory lock")
+
+    monkeypatch.setattr(ScopeLock, "acquire", refuse)
+
+
+def _store(storage: Storage) -> MemoryStore:
+    return MemoryStore(storage.root / "memory", TZ, storage=storage)
+
+
+def test_a_write_through_another_folder_is_read_at_once_without_a_lock(
+        machines: tuple[Storage, Storage], monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = machines
+    writer, reader = _store(a), _store(b)
+    search = KeywordSearch(reader)
+    policy = PolicyManager(b.root / "memory", {}, TZ, storage=b)
+    writer.append_long_term("An older fact: the user likes tea. 用户喜欢喝茶。")
+    # B reads first, so whatever it keeps of what it read is there before A writes again.
+    assert "喜欢喝茶" in reader.read_long_term() and reader.read_learnings() == ""
+    assert reader.note_files() == [] and policy.current().retrieve_limit != 7
+    assert not search.search("Lisbon 里斯本", 5, include_notes=True)
+
+    writer.append_long_term(FACT_EN)
+    writer.append_long_term(FACT_ZH)
+    day = datetime(2026, 12, 2, 9, 30, tzinfo=TZ)
+    note = writer.append_note(NOTE, at=day)
+    writer.append_learning(LESSON, "the user")
+    PolicyManager(a.root / "memory", {}, TZ, storage=a).set({"retrieve_limit": 7}, source="cli")
+
+    _no_locks(monkeypatch)
+    text = reader.read_long_term()
+    assert FACT_EN in text and FACT_ZH in text and "喜欢喝茶" in text
+    assert reader.note_files() == [b.root / "memory" / "202612" / "20261202.md"] and note.name == "20261202.md"
+    assert "今天给住在里斯本的妹妹打了电话" in reader.read_note(reader.note_files()[0])
+    assert "问到家人时提到里斯本的妹妹" in reader.read_learnings()
+    assert policy.current().retrieve_limit == 7
+    hits = [hit.block.text for hit in search.search("Lisbon 里斯本", 5, include_notes=True)]
+    assert any(FACT_EN in hit for hit in hits) and any(FACT_ZH in hit for hit in hits)
+    assert any("打了电话" in hit for hit in hits)
+    assert any("问到家人" in hit.block.text for hit in search.search_learnings("家人 family", 3))
+    # Every block is named by its place in the workspace, not by where this machine keeps its cache.
+    assert {hit.block.path.parent.name for hit in search.search("Lisbon", 5, include_notes=True)} <= {
+        "memory", "202612"}
+
+    monkeypatch.undo()  # the writer takes the lock, as every write does
+    writer.rewrite_long_term(f"## 2026-12-03\n{FACT_ZH}\n")  # a rewrite, not an append: read at once too
+    _no_locks(monkeypatch)
+    assert reader.read_long_term() == f"## 2026-12-03\n{FACT_ZH}\n"
+    assert [hit.block.text for hit in search.search("tea 喝茶", 5)] == []
+
+
+def test_a_hand_written_file_in_the_folder_is_not_memory(machines: tuple[Storage, Storage]) -> None:
+    a, _ = machines
+    store = _store(a)
+    store.append_long_term(FACT_ZH)
+    (a.root / "memory").mkdir(parents=True, exist_ok=True)
+    (a.root / "memory" / "MEMORY.md").write_text(f"## 2026-12-01\n{FACT_EN}\n", encoding="utf-8")
+    (a.root / "memory" / "202612").mkdir(exist_ok=True)
+    (a.root / "memory" / "202612" / "20261201.md").write_text(f"# 2026-12-01\n\n## 09:00\n{NOTE}\n", encoding="utf-8")
+    (a.root / "memory" / "LEARNINGS.md").write_text(f"## 2026-12-01\n{LESSON}\n", encoding="utf-8")
+
+    assert store.read_long_term() == _store(a).read_long_term()
+    assert FACT_ZH in store.read_long_term() and FACT_EN not in store.read_long_term()
+    assert store.note_files() == [] and store.read_learnings() == ""
+    assert not KeywordSearch(store).search("Lisbon 打了电话", 5, include_notes=True)
+    store.append_long_term("A second fact. 第二条。")  # and a write neither reads nor replaces the hand-written file
+    assert (a.root / "memory" / "MEMORY.md").read_text(encoding="utf-8") == f"## 2026-12-01\n{FACT_EN}\n"
+
+
+def test_nothing_writes_memory_into_a_postgres_workspace_folder(machines: tuple[Storage, Storage]) -> None:
+    a, _ = machines
+    store = _store(a)
+    store.append_long_term(FACT_EN)
+    store.append_long_term(FACT_ZH)
+    store.rewrite_long_term(f"## 2026-12-03\n{FACT_ZH}\n")  # a backup: a version row
+    store.append_note(NOTE)
+    store.append_learning(LESSON)
+    PolicyManager(a.root / "memory", {}, TZ, storage=a).set({"retrieve_limit": 7}, source="cli")
+    assert FACT_ZH in store.read_long_term() and store.read_learnings() and store.note_files()
+    KeywordSearch(store).search("Lisbon 里斯本", 5, include_notes=True)
+
+    assert document_names(a.root, shared=True) == []  # no document in the folder, read or written
+    cache = a.root / ".picoclaw-work" / "documents"  # what was read is cached here, and only here
+    assert FACT_ZH in (cache / "memory" / "MEMORY.md").read_text(encoding="utf-8")
+    assert not (a.root / "memory" / "backups").exists()
+
+
+def test_on_files_the_port_reads_the_files_themselves(tmp_path: Path) -> None:
+    storage = FilesStorage(tmp_path)
+    store = _store(storage)
+    store.append_long_term(FACT_ZH)
+    assert store.local(store.long_term_path) == store.long_term_path
+    assert storage.documents("").local_folder("memory/") == tmp_path / "memory"
+    store.long_term_path.write_text(f"## 2026-12-01\n{FACT_EN}\n", encoding="utf-8")  # a hand edit is memory here
+    assert store.read_long_term() == f"## 2026-12-01\n{FACT_EN}\n"
+    assert not (tmp_path / ".picoclaw-work" / "documents").exists()
