@@ -811,3 +811,25 @@ def test_why_this_answer_shows_the_feedback_on_each_reply(console: Console) -> N
     zh = client.get("/why/conversation", params={"name": "telegram%3A42.jsonl"},
                     headers={"Accept-Language": "zh-CN"}).text
     assert "对回复的反馈: 👎" in zh
+
+
+def test_the_stats_page_charts_the_model_tokens_of_each_day(chatting: tuple[Console, FakeOpenAIServer]) -> None:
+    console, fake = chatting
+    client = logged_in(console)
+    token = csrf_of(client.get("/memory").text)
+    fake.reply_text("Doudou.", usage={"prompt_tokens": 1200, "completion_tokens": 30})
+    fake.reply_text("豆豆。", usage={"prompt_tokens": 1300, "completion_tokens": 20})
+    assert chat_events(client, token, "What is my corgi called?")[-1]["kind"] == "done"
+    assert chat_events(client, token, "我的柯基叫什么？")[-1]["kind"] == "done"
+    page = client.get("/memory/stats").text
+    assert "Model tokens per day (last 30 days)" in page
+    assert page.count('<rect class="chat"') == 30  # a bar for each of the last 30 days
+    today = re.findall(r"<title>(\d{4}-\d\d-\d\d): 0 background, 2,550 chat</title>", page)
+    assert len(today) == 1 and "spent today: background 0 of 200,000 tokens (0%), chat 2,550 tokens" in page
+    assert "max 2,550 tokens" in page
+    assert "每天的模型 tokens（最近 30 天）" in client.get("/memory/stats", headers={"Accept-Language": "zh-CN"}).text
+    spend = console.app.workspace.memory_dir / ".spend.json"
+    spend.write_bytes(b"{not json")
+    damaged = client.get("/memory/stats")
+    assert damaged.status_code == 200 and f"{spend} is not valid JSON" in damaged.text
+    assert '<rect class="chat"' not in damaged.text

@@ -2,18 +2,27 @@
 it as `ChatEvent`s, Stop, and what the scheduler delivers to a `web:` session, and the receipts of memory writes,
 shown on the pages that have it open. The HTTP side (picoclaw/web/chat_page.py) only moves these events to and
 from the browser. A file sent with a message becomes its turn through picoclaw/channels/attachments.py, as
-`chat --attach` does; what it shows first (the transcript heard, `NO_VISION`) are "attached" events."""
+`chat --attach` does; what it shows first (the transcript heard, `NO_VISION`) are "attached" events.
+
+Before an ask-first tool call runs (tools/approval.py), the turn shows an "approval" event (its id, the tool and
+its short arguments, as JSON) and waits for `decide` — the page's Approve or Deny — at most the request's
+timeout; an "approval_done" event then says what came of it. Only a decision for that turn's own session, while
+the question is open, counts."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import orjson
+
+from picoclaw.agent import ApprovalRequest, Verdict
 from picoclaw.channels.attachments import Attached, attach
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
 from picoclaw.errors import PicoclawError
@@ -30,7 +39,8 @@ log = logging.getLogger(__name__)
 CONSOLE_USER = "console"  # the sender of every console message: the one person the login link let in
 SCHEDULER_STOP_SECONDS = 10.0
 
-EventKind = Literal["attached", "text", "tool", "notice", "done", "error", "stopped", "delivered", "closed"]
+EventKind = Literal["attached", "text", "tool", "notice", "approval", "approval_done", "done", "error", "stopped",
+                    "delivered", "closed"]
 
 
 class NotOpen(PicoclawError):
@@ -45,6 +55,18 @@ class ChatEvent:
     text: str
 
 
+@dataclass(frozen=True)
+class _PageApprover:
+    """The Approver of one console turn: the question goes to the page that sent the message."""
+
+    channel: WebChannel
+    session_key: str
+    events: asyncio.Queue[ChatEvent | None]
+
+    async def approve(self, request: ApprovalRequest) -> Verdict:
+        return await self.channel.ask(self.session_key, self.events, request)
+
+
 class WebChannel:
     """The console's conversations; `turn` runs one and yields its events, `listen` follows a session."""
 
@@ -56,6 +78,7 @@ class WebChannel:
         self._listeners: defaultdict[str, set[asyncio.Queue[ChatEvent]]] = defaultdict(set)
         self._stopping: asyncio.Event | None = None
         self._closed = False
+        self._questions: dict[str, tuple[str, asyncio.Future[bool]]] = {}  # id -> (session, the answer to come)
 
     async def run(self, *, scheduler: Scheduler | None = None) -> int:
         """Run `scheduler` (the `web:` sessions' jobs) until `stop()`; 0."""
@@ -125,6 +148,33 @@ class WebChannel:
         task.cancel()
         return True
 
+    def decide(self, session_key: str, question: str, approve: bool) -> bool:
+        """The page's Approve (or Deny) of the open question `question` of `session_key`'s turn; False, and
+        nothing decided, when there is no such open question (answered, timed out, another session's, forged)."""
+        found = self._questions.get(question)
+        if found is None or found[0] != session_key or found[1].done():
+            return False
+        found[1].set_result(approve)
+        return True
+
+    async def ask(self, session_key: str, events: asyncio.Queue[ChatEvent | None],
+                       request: ApprovalRequest) -> Verdict:
+        """Ask the page: an "approval" event, then the answer `decide` gives, or none within the timeout."""
+        question = secrets.token_urlsafe(16)
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._questions[question] = (session_key, answer)
+        events.put_nowait(ChatEvent("approval", orjson.dumps(
+            {"id": question, "tool": request.tool, "arguments": request.arguments,
+             "timeout": request.timeout}).decode()))
+        try:
+            verdict = Verdict.APPROVED if await asyncio.wait_for(answer, request.timeout) else Verdict.DENIED
+        except TimeoutError:
+            verdict = Verdict.TIMED_OUT
+        finally:
+            del self._questions[question]
+        events.put_nowait(ChatEvent("approval_done", orjson.dumps({"id": question, "verdict": verdict}).decode()))
+        return verdict
+
     async def attach(self, name: str, data: bytes, caption: str | None,
                      transcriber: Transcriber | None) -> Attached:
         """The turn a file sent with a message makes (`caption`: the message typed with it); MediaRefused, one
@@ -159,7 +209,8 @@ class WebChannel:
             try:
                 reply = await run_turn(self.agent, Inbound(CONSOLE_USER, session_key, text, images=images),
                                        TurnHooks(on_text=on_text, on_tool=on_tool, on_notice=on_notice,
-                                                 on_memory=self.remembered))
+                                                 on_memory=self.remembered,
+                                                 approver=_PageApprover(self, session_key, events)))
                 events.put_nowait(ChatEvent("error" if reply.error is not None else "done", reply.text))
             except asyncio.CancelledError:
                 events.put_nowait(ChatEvent("stopped", ""))

@@ -198,6 +198,18 @@ async def chat_stop(request: web.Request) -> web.Response:
     return web.json_response({"stopped": stopped})
 
 
+async def chat_approve(request: web.Request) -> web.Response:
+    """The page's Approve or Deny of a tool call its turn asked about (`decision`: "approve" or "deny");
+    {"decided": false} when that question is no longer open (answered, timed out, not this conversation's)."""
+    form = await request.post()
+    decision = str(form.get("decision", ""))
+    if decision not in ("approve", "deny"):
+        raise web.HTTPBadRequest(text='decision must be "approve" or "deny"; nothing was decided\n')
+    decided = channel(request.app).decide(session_of(str(form.get("name", ""))), str(form.get("id", "")),
+                                          decision == "approve")
+    return web.json_response({"decided": decided})
+
+
 async def chat_events(request: web.Request) -> web.StreamResponse:
     """What the scheduler delivers to the conversation, and the receipts of its memory writes, while this page is
     open (server-sent events)."""

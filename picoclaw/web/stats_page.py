@@ -1,11 +1,12 @@
 """Memory stats as a page: `picoclaw memory stats`' numbers, with charts of MEMORY.md's size over time (from its
-backups), retrieval time per turn and the prompt-cache share, drawn as inline SVG (no script)."""
+backups), retrieval time per turn, the prompt-cache share and the model tokens spent per day (background and chat,
+from the spend ledger, as `picoclaw usage` reports them), drawn as inline SVG (no script)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -42,6 +43,60 @@ def chart(values: list[tuple[str, float]]) -> Chart | None:
     return Chart(points, top, len(values), values[0][0], values[-1][0])
 
 
+@dataclass(frozen=True)
+class DayBar:
+    """One day's stacked bar: background tokens below, chat tokens above (SVG units), and its values."""
+
+    x: float
+    width: float
+    background_y: float
+    background_height: float
+    chat_y: float
+    chat_height: float
+    label: str
+
+
+@dataclass(frozen=True)
+class SpendChart:
+    bars: list[DayBar]
+    top: int
+    first: str
+    last: str
+    today: str  # the `/status` line: today's tokens against each cap
+
+
+def spend_chart(daily: list[tuple[date, int, int]], today: str) -> SpendChart:
+    """Stacked bars of each day's (date, background tokens, chat tokens), scaled to the highest day."""
+    top = max((background + chat for _, background, chat in daily), default=0) or 1
+    step = WIDTH / max(len(daily), 1)
+    bars = []
+    for n, (day, background, chat) in enumerate(daily):
+        low = background / top * (HEIGHT - 10)
+        high = chat / top * (HEIGHT - 10)
+        bars.append(DayBar(round(n * step + 1, 1), round(step - 2, 1), round(HEIGHT - low, 1), round(low, 1),
+                           round(HEIGHT - low - high, 1), round(high, 1),
+                           f"{day.isoformat()}: {background:,} background, {chat:,} chat"))
+    first, last = (daily[0][0].isoformat(), daily[-1][0].isoformat()) if daily else ("", "")
+    return SpendChart(bars, top, first, last, today)
+
+
+def _spend(app: App) -> SpendChart | str:
+    """The last 30 days' tokens per day, or why they cannot be shown (a damaged ledger, in one line)."""
+    from picoclaw import clock
+    from picoclaw.agent import spend_line, spend_report
+    from picoclaw.errors import PicoclawError
+    from picoclaw.memory import Day, SpendLedger
+
+    ledger = SpendLedger(app.workspace.layout.shared_memory_dir, storage=app.storage)
+    try:
+        days = ledger.read()
+    except PicoclawError as exc:
+        return str(exc)
+    today = clock.now(app.workspace.tz).date()
+    report = spend_report(days, app.config.budget, today)
+    return spend_chart(report.daily, spend_line(days.get(today.isoformat()) or Day(), app.config.budget))
+
+
 def _stats(app: App) -> dict[str, Any]:
     from picoclaw.memory import TurnMetrics, memory_stats
 
@@ -53,8 +108,11 @@ def _stats(app: App) -> dict[str, Any]:
     if now.exists():
         sizes.append(("now", float(now.stat().st_size)))
     turns = TurnMetrics(store.memory_dir, storage=store.storage).read().turns
+    spend = _spend(app)
     return {"stats": stats, "size_chart": chart(sizes), "compression_backup": _before(stats.last_compression, store),
-            "retrieval_chart": chart([(turn.time[:16], turn.retrieval_ms) for turn in turns])}
+            "retrieval_chart": chart([(turn.time[:16], turn.retrieval_ms) for turn in turns]),
+            "spend_chart": spend if isinstance(spend, SpendChart) else None,
+            "spend_problem": spend if isinstance(spend, str) else None}
 
 
 def _before(outcome: Any, store: Any) -> str | None:

@@ -2,7 +2,8 @@
 // call as one line, Stop, and what the scheduler delivers and the receipts of memory writes while the page is
 // open. Text is only ever set as textContent: nothing a model or a memory wrote becomes markup. A file chosen with
 // Attach goes with the message as a multipart form; what it shows first (the transcript heard, "this model cannot
-// see images") comes as "attached" events, shown as small notes.
+// see images") comes as "attached" events, shown as small notes. A tool call that asks first comes as an
+// "approval" event: the call with Approve and Deny, which post the decision; "approval_done" shows what came of it.
 "use strict";
 
 (function () {
@@ -51,6 +52,42 @@
     return {method: "POST", credentials: "same-origin", headers: {"X-CSRF-Token": csrf}, body: body};
   }
 
+  // The question before an ask-first tool call: the call, and two buttons whose press posts the decision.
+  const asked = {};
+  function approval(target, question) {
+    const card = document.createElement("div");
+    card.className = "event approval";
+    const call = document.createElement("p");
+    call.textContent = box.dataset.ask + " " + question.tool + (question.arguments ? ": " + question.arguments : "");
+    const outcome = document.createElement("p");
+    outcome.className = "meta";
+    card.append(call, outcome);
+    for (const [decision, label] of [["approve", box.dataset.approve], ["deny", box.dataset.deny]]) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = decision === "deny" ? "danger" : "";
+      button.dataset.decision = decision;
+      button.textContent = label;
+      button.addEventListener("click", async function () {
+        const body = new URLSearchParams({name: name, id: question.id, decision: decision, csrf_token: csrf});
+        const response = await fetch("/chat/approve", {method: "POST", credentials: "same-origin", body: body});
+        const answer = response.ok ? await response.json() : {decided: false};
+        if (!answer.decided) outcome.textContent = box.dataset.closed;
+      });
+      card.append(button);
+    }
+    target.parentElement.insertBefore(card, target);
+    asked[question.id] = card;
+  }
+  function approvalDone(done) {
+    const card = asked[done.id];
+    if (!card) return;
+    card.querySelectorAll("button").forEach(function (button) { button.remove(); });
+    const labels = {"approved": box.dataset.approved, "denied": box.dataset.denied,
+                    "timed out": box.dataset.timedOut};
+    card.querySelector(".meta").textContent = labels[done.verdict] || done.verdict;
+  }
+
   async function turn(text, file) {
     said("user", "·").textContent = text + (file ? (text ? "\n" : "") + "📎 " + file.name : "");
     const answer = said("assistant", "…");
@@ -79,6 +116,10 @@
             answer.textContent = streamed;
           } else if (event.kind === "attached") {
             line(answer, "notice receipt attached", event.text);
+          } else if (event.kind === "approval") {
+            approval(answer, JSON.parse(event.text));
+          } else if (event.kind === "approval_done") {
+            approvalDone(JSON.parse(event.text));
           } else if (event.kind === "tool" || event.kind === "notice") {
             line(answer, event.kind, "· " + event.text);
           } else if (event.kind === "done" || event.kind === "error") {
