@@ -23,7 +23,7 @@ from picoclaw.cjk import letters
 from picoclaw.memory.entries import SUPERSEDED
 from picoclaw.memory.eval.cases import GENERATED, EvalCase, holds
 from picoclaw.memory.eval.targets import AGES, DOCUMENTS, Entry, MemoryEntries
-from picoclaw.memory.terms import CJK_QUESTION_WORDS, QUESTION_WORDS, words
+from picoclaw.memory.terms import CJK_QUESTION_WORDS, QUESTION_WORDS, normalize, words
 from picoclaw.providers.base import ChatProvider, ProviderError
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ async def generate_cases(provider: ChatProvider, memory: MemoryEntries, count: i
     """Up to `count` checked cases written by the model from the entries of `memory`; `asked`: cases already saved
     (their entries are passed over); where each case came from is named relative to `root` (`memory/MEMORY.md:12`)."""
     made = Generated()
+    seen = {normalize(case.question) for case in asked}
     for entry in choose_entries(memory, asked):
         if len(made.cases) >= count:
             break
@@ -160,10 +161,13 @@ async def generate_cases(provider: ChatProvider, memory: MemoryEntries, count: i
             continue
         question, expect = parsed
         problem = case_problem(question, expect, body_of(entry))
+        if problem is None and normalize(question) in seen:
+            problem = "the same question as another case"
         if problem is not None:
             log.info("generated case refused (%s): %r", problem, question[:120])
             made.refuse(problem)
             continue
+        seen.add(normalize(question))
         made.cases.append(EvalCase(question, expect, GENERATED, f"{_where(entry, root)}:{entry.block.start_line}"))
     return made
 
