@@ -34,6 +34,7 @@ from picoclaw.memory.eval.past_turns import MIN_CASES, answer_span, past_turn_ca
 from picoclaw.memory.session import StoredMessage
 from picoclaw.memory.workspace import Workspace
 from tests.fakes import FakeOpenAIServer
+from tests.fakes.console import Console, logged_in
 from tests.test_cli import assert_one_line_error, tree
 from tests.test_compression import fake_provider
 from tests.test_repl import configure
@@ -525,3 +526,21 @@ def test_memory_stats_shows_the_last_eval_and_its_trend(remembering: Path, capsy
                     "trend over 2 runs: 1.00 → 0.80")
     code, out, _ = run(capsys, "memory", "stats", "--json")
     assert [run_["recall"] for run_ in json.loads(out)["eval_runs"]] == [1.0, 0.8]
+
+
+def test_the_console_stats_page_shows_the_last_eval_and_its_trend(remembering: Path, console: Console,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    client = logged_in(console)
+    assert "none yet: run <code>picoclaw memory eval</code>" in client.get("/memory/stats").text
+    (memory_dir(remembering) / "eval").mkdir()
+    saved = memory_dir(remembering) / "eval" / "cases.jsonl"
+    case_file(saved, CASES[:4])
+    with freeze_time(FROZEN):
+        assert run(capsys, "memory", "eval")[0] == 0
+        case_file(saved, CASES)
+        assert run(capsys, "memory", "eval")[0] == 0
+    page = client.get("/memory/stats").text
+    assert "<h2>Memory eval</h2>" in page and "recall@10 0.800 · 8/10 · 2 answer gone" in page
+    assert "trend: 1.00 → 0.80" in page
+    page = client.get("/memory/stats", headers={"Accept-Language": "zh-CN"}).text
+    assert "<h2>记忆评测</h2>" in page and "2 个答案已不在记忆中" in page and "趋势: 1.00 → 0.80" in page
