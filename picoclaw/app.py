@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from picoclaw.channels import Channel, Transcriber
     from picoclaw.jobs import JobStore, Scheduler, Sleep
     from picoclaw.memory import Embedder
-    from picoclaw.providers import ContextWindows, OpenAICompatProvider
+    from picoclaw.providers import ChatProvider, ContextWindows, OpenAICompatProvider
     from picoclaw.tools import McpServers, Tool, Toolset
 
 ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
@@ -127,6 +127,18 @@ class App:
             self._background = from_config(self.config, settings.provider, model=settings.model)
             self._background_windows = self._background.context_windows(None)
         return self._background
+
+    def background_call(self, purpose: str) -> ChatProvider:
+        """A provider for background calls of `purpose` made outside an agent (`memory eval`): the background model
+        (else the chat model), each call claimed against the day's budget and its reply fitted to the window."""
+        from picoclaw.agent import MeteredProvider, WindowedProvider
+
+        background = self.background_provider()
+        provider = background if background is not None else self.provider()
+        windows = self._background_windows if background is not None and self._background_windows is not None \
+            else self.windows()
+        return WindowedProvider(MeteredProvider(provider, self.allowance(), purpose,
+                                                self.config.agents.defaults.max_tokens), windows)
 
     def allowance(self) -> Allowance:
         """The day's budget (config.json `budget`), shared by every agent of this app: its caps are the workspace's."""

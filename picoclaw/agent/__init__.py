@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING
 from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from picoclaw.agent.allowance import PURPOSES, Allowance, MeteredProvider, OverBudget, is_background, spend_line
+    from picoclaw.agent.allowance import (
+        EVAL,
+        PURPOSES,
+        Allowance,
+        MeteredProvider,
+        OverBudget,
+        is_background,
+        spend_line,
+    )
     from picoclaw.agent.background_room import WindowedProvider
     from picoclaw.agent.commands import Command, parse_command
     from picoclaw.agent.loop import AgentLoop, Reply, ToolSink
@@ -23,13 +31,13 @@ if TYPE_CHECKING:
     from picoclaw.agent.usage_report import SpendReport, purpose_name, report_lines, spend_report
     from picoclaw.tools import ApprovalRequest, Approver, Chooser, Verdict
 
-__all__ = ["PURPOSES", "AgentLoop", "Allowance", "ApprovalRequest", "Approver", "Chooser", "Command", "MemorySink",
-           "MeteredProvider", "NoticeSink", "OverBudget", "Reply", "SpendReport", "TextSink", "ToolSink", "Verdict",
-           "WindowedProvider", "is_background", "parse_command", "purpose_name", "report_lines", "spend_line",
-           "spend_report"]
+__all__ = ["EVAL", "PURPOSES", "AgentLoop", "Allowance", "ApprovalRequest", "Approver", "Chooser", "Command",
+           "MemorySink", "MeteredProvider", "NoticeSink", "OverBudget", "Reply", "SpendReport", "TextSink", "ToolSink",
+           "Verdict", "WindowedProvider", "is_background", "parse_command", "purpose_name", "report_lines",
+           "spend_line", "spend_report"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "picoclaw.agent.allowance": ("PURPOSES", "Allowance", "MeteredProvider", "OverBudget", "is_background",
+    "picoclaw.agent.allowance": ("EVAL", "PURPOSES", "Allowance", "MeteredProvider", "OverBudget", "is_background",
                                  "spend_line"),
     "picoclaw.agent.usage_report": ("SpendReport", "purpose_name", "report_lines", "spend_report"),
     "picoclaw.agent.background_room": ("WindowedProvider",),

@@ -43,8 +43,9 @@ COMPRESSION = "compression"
 REFLECTION = "reflection"
 QUERY_REWRITE = "query_rewrite"
 LESSON = "lesson"
+EVAL = "eval"  # `memory eval --generate` and `--answers`: asked for by the user, but no conversation's turn
 # In the order reports list them.
-PURPOSES = (CHAT, HEARTBEAT, AGENT_JOB, SUMMARY, FLUSH, COMPRESSION, REFLECTION, QUERY_REWRITE, LESSON)
+PURPOSES = (CHAT, HEARTBEAT, AGENT_JOB, SUMMARY, FLUSH, COMPRESSION, REFLECTION, QUERY_REWRITE, LESSON, EVAL)
 TURN_PURPOSES = (CHAT, HEARTBEAT, AGENT_JOB)  # turns of a conversation; the rest are calls beside one
 
 OwnerNotice = Callable[[str], Awaitable[None]]
@@ -140,7 +141,7 @@ def refusal(purpose: str, cap: str, limit: str, *, zh: bool, damaged: bool = Fal
 
 
 _PURPOSE_ZH = {HEARTBEAT: "心跳", AGENT_JOB: "定时任务", SUMMARY: "摘要", FLUSH: "记忆整理", COMPRESSION: "压缩",
-               REFLECTION: "反思", QUERY_REWRITE: "查询改写", LESSON: "经验总结"}
+               REFLECTION: "反思", QUERY_REWRITE: "查询改写", LESSON: "经验总结", EVAL: "记忆评测"}
 
 
 class OverBudget(ProviderError):

@@ -123,6 +123,7 @@ from picoclaw.memory import (
     TurnWrites,
     Workspace,
     WriteLog,
+    check_change,
     current_turn,
     flush_facts,
     same_words,
@@ -284,7 +285,9 @@ class AgentLoop:
         self.rewriter = QueryRewriter(beside(QUERY_REWRITE))  # used when the policy's query_rewrite_enabled is on
         self.sessions = workspace.sessions()
         self.compressor = LongTermCompressor(workspace.store, beside(COMPRESSION))
-        self.reflector = Reflector(workspace.policy, beside(REFLECTION))
+        # A change reflection proposes is first tried against the memory's eval set, when it has one.
+        self.reflector = Reflector(workspace.policy, beside(REFLECTION),
+                                   check=lambda changes: check_change(workspace, changes))
         self.learner = Learner(workspace, beside(LESSON), self._offered)
         self.metrics = TurnMetrics(workspace.memory_dir, storage=workspace.storage)  # retrieval ms, `memory stats`
         self.written = WriteLog(workspace.memory_dir, storage=workspace.storage)  # automatic writes, `/memory recent`

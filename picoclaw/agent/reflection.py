@@ -2,7 +2,10 @@
 
 The suggestion itself (prompt, tolerant parsing, strict validation) is memory/evolution.py. Here: when a
 session is due, what it is shown, and applying a valid change through PolicyManager.set (snapshot, atomic
-write of the overrides, a history line), which every running agent reads on its next turn.
+write of the overrides, a history line), which every running agent reads on its next turn. When the memory has
+an eval set, the change is first tried against it (retrieval only, memory/eval/policy_check.py): one that finds
+fewer of the cases is refused, and the refusal kept in the policy history with both figures; one that keeps or
+raises recall applies, its history line carrying the figures too.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any
 from picoclaw.agent.summary import render_transcript
 from picoclaw.memory import (
     REFLECTION,
+    CaseFileError,
+    PolicyCheck,
     PolicyError,
     PolicyManager,
     Session,
@@ -32,6 +37,9 @@ from picoclaw.providers.base import ChatProvider, Continuation, Message
 log = logging.getLogger(__name__)
 
 SOURCE = "evolution"
+
+# Tries a change of policy keys against the memory's eval set; None when there is none (memory/eval/).
+EvalCheck = Callable[[dict[str, Any]], PolicyCheck | None]
 TRANSCRIPT_CHARS = 12_000  # the newest part of the conversation; enough to judge, cheap to send
 
 
@@ -73,9 +81,10 @@ def recent_transcript(messages: list[Message]) -> str:
 class Reflector:
     """Asks one provider for policy suggestions and applies the valid ones to one PolicyManager."""
 
-    def __init__(self, policy: PolicyManager, provider: ChatProvider):
+    def __init__(self, policy: PolicyManager, provider: ChatProvider, check: EvalCheck | None = None):
         self.policy = policy
         self.provider = provider
+        self.check = check  # run in a worker thread: it searches the memory once per case, twice
 
     async def maybe_reflect(self, sessions: SessionStore, session: Session,
                             after: Callable[[list[StoredMessage]], Continuation | None] = lambda stored: None
@@ -120,9 +129,24 @@ class Reflector:
             return ReflectionOutcome(reason=suggestion.reason)
         if not self.policy.current().evolution_enabled:  # switched off while the model was thinking
             return self._refused(session_key, "evolution was switched off meanwhile")
+        check: PolicyCheck | None = None
+        if self.check is not None:
+            try:
+                check = await asyncio.to_thread(self.check, suggestion.changes)
+            except CaseFileError as exc:  # an eval set that cannot be read cannot say yes
+                return self._refused(session_key, f"the eval could not check the change: {exc}")
+        if check is not None and check.lowers:
+            changed = ", ".join(f"{key} → {value}" for key, value in suggestion.changes.items())
+            why = f"{changed} would lower {check.describe()}"
+            await asyncio.to_thread(self.policy.record_refusal, suggestion.changes, why, source=SOURCE,
+                                    session=session_key, check=check.record(),
+                                    reason=f"not applied: {why}" + (f" (the model's reason: {suggestion.reason})"
+                                                                    if suggestion.reason else ""))
+            return self._refused(session_key, f"not applied: {why}")
         try:
             snapshot = await asyncio.to_thread(self.policy.set, suggestion.changes, source=SOURCE,
-                                               session=session_key, reason=suggestion.reason)
+                                               session=session_key, reason=suggestion.reason,
+                                               check=None if check is None else check.record())
         except PolicyError as exc:  # the policy changed meanwhile (another process) and no longer fits
             return self._refused(session_key, str(exc))
         log.info("session %s: reflection changed the policy %s (%s)", session_key, suggestion.changes,

@@ -92,7 +92,8 @@ _WORDS = {
 
 PURPOSE_NAMES = {
     "zh": {"chat": "聊天", "heartbeat": "心跳", "agent_job": "定时任务", "summary": "摘要", "flush": "记忆整理",
-           "compression": "长期记忆压缩", "reflection": "反思", "query_rewrite": "查询改写", "lesson": "经验总结"},
+           "compression": "长期记忆压缩", "reflection": "反思", "query_rewrite": "查询改写", "lesson": "经验总结",
+           "eval": "记忆评测"},
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from picoclaw.cli import memory_eval
 from picoclaw.cli.command import Parser, bounded_int, opened_app
 from picoclaw.cli.output import ProgressBar, echo, reindex_lines, stats_lines, status_lines
 from picoclaw.errors import PicoclawError
@@ -75,6 +76,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     compress.add_argument("--dry-run", action="store_true",
                           help="print the rewrite and a diff summary; write nothing")
     compress.set_defaults(handler=cmd_memory_compress)
+    memory_eval.register(actions)
 
 
 def cmd_memory_show(args: argparse.Namespace) -> int:
@@ -86,11 +88,14 @@ def cmd_memory_show(args: argparse.Namespace) -> int:
 
 
 def cmd_memory_search(args: argparse.Namespace) -> int:
+    from picoclaw.memory import retrieve
+
     with opened_app() as app:
         ws = app.workspace
         limit = args.limit or ws.policy.current().retrieve_limit
-        hits = ws.searcher.search(args.query, limit, include_notes=True)
-        lessons = ws.searcher.search_learnings(args.query, limit)
+        # The search `memory eval` scores: the two agree for the same question and limit.
+        found = retrieve(ws.searcher, args.query, limit)
+        hits, lessons = found.facts, found.lessons
         if not hits and not lessons:
             echo(f"no memory matches {args.query!r}")
             return 0

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from typing import TextIO
 
     from picoclaw.jobs import Job
-    from picoclaw.memory import IndexStatus, JobOutcome, MemoryStats, PolicyChange, SyncReport
+    from picoclaw.memory import EvalRun, IndexStatus, JobOutcome, MemoryStats, PolicyChange, SyncReport
 
 BAR_WIDTH = 30
 STALE_SHOWN = 5
@@ -99,14 +99,36 @@ def _json(value: object) -> str:
 
 
 def history_lines(change: PolicyChange) -> list[str]:
-    """One policy change: `time  who  key old → new  [before: snapshot]`, and the reason beneath."""
-    shown = ", ".join(f"{key} {_json(value.old)} → {_json(value.new)}"
-                      for key, value in change.effective.items()) or "no value in force changed"
+    """One policy change: `time  who  key old → new  [before: snapshot]`, the reason beneath, and the eval's figures
+    when the change was checked; a refused change: `time  who  refused: key old → new`, and why."""
     who = change.source + (f" (session {change.session})" if change.session else "")
-    lines = [f"{change.time}  {who}  {shown}  [before: {change.snapshot}]"]
-    if change.reason:
-        lines.append(f"    reason: {change.reason}")
+    if change.refused is not None:
+        proposed = ", ".join(f"{key} {_json(value.old)} → {_json(value.new)}"
+                             for key, value in (change.proposed or {}).items())
+        lines = [f"{change.time}  {who}  refused: {proposed or 'a change'}", f"    why: {change.refused}"]
+    else:
+        shown = ", ".join(f"{key} {_json(value.old)} → {_json(value.new)}"
+                          for key, value in change.effective.items()) or "no value in force changed"
+        lines = [f"{change.time}  {who}  {shown}  [before: {change.snapshot}]"]
+        if change.reason:
+            lines.append(f"    reason: {change.reason}")
+    if change.check is not None and change.refused is None:
+        lines.append(f"    checked by the eval: {check_text(change.check)}")
     return lines
+
+
+def check_text(check: dict[str, object]) -> str:
+    """The eval's figures of a policy change as its history line keeps them: `recall@10 0.850 → recall@5 0.700 on
+    20 eval cases`."""
+    before, after = check.get("before"), check.get("after")
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return "figures unreadable"
+
+    def recall(side: dict[str, object]) -> str:
+        value = side.get("recall")
+        return f"recall@{side.get('k')} {value:.3f}" if isinstance(value, float | int) else f"recall@{side.get('k')} ?"
+
+    return f"{recall(before)} → {recall(after)} on {check.get('cases')} eval cases"
 
 
 def one_line_json(raw: bytes) -> str:
@@ -179,7 +201,22 @@ def stats_lines(stats: MemoryStats) -> list[str]:
     lines.append(_labelled("last reflection", _outcome_text(
         stats.last_reflection, "last_reflection" in stats.warnings,
         "" if stats.evolution_enabled else "reflection is off: evolution_enabled is false")))
+    lines.append(_labelled("last eval", eval_text(stats.eval_runs)))
     return lines
+
+
+def eval_text(runs: list[EvalRun] | None) -> str:
+    """The last `memory eval` run and the trend of recall@K over the newest runs, in one line."""
+    if runs is None:
+        return "unknown (its run log cannot be read)"
+    if not runs:
+        return "none yet (`picoclaw memory eval` measures how well memory finds your answers)"
+    last = runs[-1]
+    text = (f"recall@{last.k} {last.recall:.3f} ({last.found}/{last.scored} cases"
+            + (f", {last.gone} answer gone" if last.gone else "") + f") on {last.time[:16].replace('T', ' ')}")
+    if len(runs) > 1:
+        text += f"; trend over {len(runs)} runs: " + " → ".join(f"{run.recall:.2f}" for run in runs)
+    return text
 
 
 def _labelled(label: str, text: str) -> str:

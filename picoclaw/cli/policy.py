@@ -14,6 +14,8 @@ TYPE_CHECKING = False  # read as true by type checkers; `typing` is not loaded f
 if TYPE_CHECKING:
     from typing import Any
 
+    from picoclaw.memory import PolicyCheck, Workspace
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Fill in the `policy` group's parser: one action a subcommand."""
@@ -22,6 +24,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         handler=cmd_policy_show)
     set_ = actions.add_parser("set", help="override keys: KEY=VALUE …")
     set_.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
+    set_.add_argument("--check", action="store_true",
+                      help="try the change against the memory eval first (as reflection does): set it only when it "
+                           "does not lower recall@K")
     set_.set_defaults(handler=cmd_policy_set)
     actions.add_parser("snapshots", help="list override snapshots, newest first").set_defaults(
         handler=cmd_policy_snapshots)
@@ -67,12 +72,33 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
             if not sep or not key:
                 raise UsageError(f"expected KEY=VALUE, got {item!r}")
             changes[key.strip()] = parse_cli_value(value.strip())
-        snapshot = policy.set(changes, source="cli", reason="picoclaw policy set")
+        check = _check(app.workspace, changes) if args.check else None
+        snapshot = policy.set(changes, source="cli", reason="picoclaw policy set",
+                              check=None if check is None else check.record())
+    if check is not None:
+        echo(f"checked by the eval: {check.describe()}")
     for key, value in changes.items():
         # JSON spelling (true, not True), the way the value is typed and the way `policy show` prints it.
         echo(f"{key} = {orjson.dumps(value).decode('utf-8')}")
     echo(f"previous overrides saved as {snapshot.name}")
     return 0
+
+
+def _check(workspace: Workspace, changes: dict[str, Any]) -> PolicyCheck:
+    """The eval's verdict on `changes`; a PicoclawError (nothing written) when there is no eval set, or when the
+    change lowers recall@K."""
+    from picoclaw.cli.memory_eval import NO_CASES
+    from picoclaw.errors import PicoclawError
+    from picoclaw.memory import check_change
+
+    workspace.policy.validate_changes(changes)  # a bad value is said as `policy set` says it, before any search
+    check = check_change(workspace, changes)
+    if check is None:
+        raise PicoclawError(f"--check needs eval cases; {NO_CASES}")
+    if check.lowers:
+        raise PicoclawError(f"not set: the change would lower {check.describe()}; nothing was written (without "
+                            "--check it is set anyway)")
+    return check
 
 
 def cmd_policy_snapshots(args: argparse.Namespace) -> int:

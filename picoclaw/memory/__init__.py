@@ -23,6 +23,16 @@ if TYPE_CHECKING:
         long_term_entries,
         models_entry,
     )
+    from picoclaw.memory.eval.answers import JUDGE_PROMPT, AnswerRun, answer_cases
+    from picoclaw.memory.eval.case_set import eval_set, save_cases, saved_cases
+    from picoclaw.memory.eval.cases import CASES_NAME, CaseFileError, EvalCase, merged, parse_cases, read_case_file
+    from picoclaw.memory.eval.generate import Generated, generate_cases
+    from picoclaw.memory.eval.policy_check import PolicyCheck, check_change
+    from picoclaw.memory.eval.retrieval import Retrieved, retrieve, under_policy
+    from picoclaw.memory.eval.run import EvalReport, evaluate
+    from picoclaw.memory.eval.run_log import EvalRun, log_run, logged_runs
+    from picoclaw.memory.eval.scoring import answer_tokens, parse_verdict, token_f1
+    from picoclaw.memory.eval.targets import memory_entries
     from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
     from picoclaw.memory.feedback import FeedbackLedger, Reaction, verdict_of
     from picoclaw.memory.flush import flush_facts
@@ -105,6 +115,11 @@ __all__ = [
     "rank_blocks", "record_outcome", "safe_name", "same_words", "search_method", "select_turn_memory",
     "sources_changed", "split_blocks", "standing_lessons", "stands",
     "suggest_policy_change", "summary_of", "user_texts", "verdict_of", "why_not_due", "with_summary",
+    # memory/eval/: `picoclaw memory eval`
+    "AnswerRun", "CASES_NAME", "CaseFileError", "EvalCase", "EvalReport", "EvalRun", "Generated", "JUDGE_PROMPT",
+    "PolicyCheck", "Retrieved", "answer_cases", "answer_tokens", "check_change", "eval_set", "evaluate",
+    "generate_cases", "log_run", "logged_runs", "memory_entries", "merged", "parse_cases", "parse_verdict",
+    "read_case_file", "retrieve", "save_cases", "saved_cases", "token_f1", "under_policy",
 ]
 
 # The module each name of __all__ is imported from when it is first asked for.
@@ -112,6 +127,17 @@ _HOMES = {
     "picoclaw.memory.compression": ("CompressionResult", "LongTermCompressor", "format_missing", "why_not_due"),
     "picoclaw.memory.entries": ("SUPERSEDED", "LongTermEntry", "demote_headings", "entry_version", "is_superseded",
                                 "long_term_entries", "models_entry"),
+    "picoclaw.memory.eval.answers": ("JUDGE_PROMPT", "AnswerRun", "answer_cases"),
+    "picoclaw.memory.eval.case_set": ("eval_set", "save_cases", "saved_cases"),
+    "picoclaw.memory.eval.cases": ("CASES_NAME", "CaseFileError", "EvalCase", "merged", "parse_cases",
+                                    "read_case_file"),
+    "picoclaw.memory.eval.generate": ("Generated", "generate_cases"),
+    "picoclaw.memory.eval.policy_check": ("PolicyCheck", "check_change"),
+    "picoclaw.memory.eval.retrieval": ("Retrieved", "retrieve", "under_policy"),
+    "picoclaw.memory.eval.run": ("EvalReport", "evaluate"),
+    "picoclaw.memory.eval.run_log": ("EvalRun", "log_run", "logged_runs"),
+    "picoclaw.memory.eval.scoring": ("answer_tokens", "parse_verdict", "token_f1"),
+    "picoclaw.memory.eval.targets": ("memory_entries",),
     "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
     "picoclaw.memory.feedback": ("FeedbackLedger", "Reaction", "verdict_of"),
     "picoclaw.memory.flush": ("flush_facts",),

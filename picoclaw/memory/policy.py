@@ -54,7 +54,9 @@ class PolicyChange:
     """One line of policy_history.jsonl: when, who, what changed, why, and the snapshot taken before.
 
     `undoes` is set on the records of step-back rollbacks: the snapshot name of the change undone, so the
-    next rollback skips that change and walks further back instead of redoing it.
+    next rollback skips that change and walks further back instead of redoing it. `check`: the eval's figures
+    before and after, when the change was tried against it (memory/eval/policy_check.py). `refused`: a change
+    that was proposed and not applied, and why; it has no snapshot, changed nothing, and a rollback passes it by.
     """
 
     time: str
@@ -65,6 +67,9 @@ class PolicyChange:
     reason: str
     snapshot: str
     undoes: str | None = None
+    check: dict[str, Any] | None = None
+    refused: str | None = None
+    proposed: dict[str, ValueChange] | None = None  # a refused change's keys, as they would have changed
 
     def to_record(self) -> dict[str, Any]:
         def plain(changes: dict[str, ValueChange]) -> dict[str, Any]:
@@ -74,6 +79,11 @@ class PolicyChange:
                   "snapshot": self.snapshot}
         if self.undoes is not None:
             record["undoes"] = self.undoes
+        if self.check is not None:
+            record["check"] = self.check
+        if self.refused is not None:
+            record["refused"] = self.refused
+            record["proposed"] = plain(self.proposed or {})
         return record
 
     @classmethod
@@ -88,9 +98,13 @@ class PolicyChange:
         effective = changes(record["effective"]) if "effective" in record else overrides
         session = record.get("session")
         undoes = record.get("undoes")
+        check = record.get("check")
+        refused = record.get("refused")
         return cls(str(record.get("time", "?")), str(record.get("source", "?")),
                    str(session) if session else None, overrides, effective, str(record.get("reason") or ""),
-                   str(record.get("snapshot", "?")), str(undoes) if undoes else None)
+                   str(record.get("snapshot", "?")), str(undoes) if undoes else None,
+                   check if isinstance(check, dict) else None, str(refused) if refused else None,
+                   changes(record.get("proposed")) if refused else None)
 
 
 @dataclass(frozen=True)
@@ -217,8 +231,10 @@ class PolicyManager:
         except ValidationError as exc:
             raise PolicyError(describe_error(MemoryPolicy, exc)) from None
 
-    def set(self, changes: Mapping[str, Any], *, source: str, reason: str = "", session: str | None = None) -> Path:
-        """Validate and apply `changes` on top of the current overrides; returns the snapshot taken.
+    def set(self, changes: Mapping[str, Any], *, source: str, reason: str = "", session: str | None = None,
+            check: dict[str, Any] | None = None) -> Path:
+        """Validate and apply `changes` on top of the current overrides; returns the snapshot taken. `check`: the
+        eval's figures for the change, kept in its history line.
 
         Validated under the lock of the write, against the overrides as they are then: checked only before
         taking it, two changes valid alone but not together (keep_count 10 and threshold 5) could both
@@ -231,7 +247,19 @@ class PolicyManager:
             self.validate_changes(changes)
             before = self.read_overrides()
             after = {**before, **changes}
-            return self._replace_overrides(before, after, source=source, reason=reason, session=session)
+            return self._replace_overrides(before, after, source=source, reason=reason, session=session,
+                                           check=check)
+
+    def record_refusal(self, changes: Mapping[str, Any], why: str, *, source: str, reason: str = "",
+                       session: str | None = None, check: dict[str, Any] | None = None) -> PolicyChange:
+        """Keep in the history that `changes` were proposed and not applied, and why (nothing else is written)."""
+        with self._lock:
+            current = self.current()
+            proposed = {key: ValueChange(getattr(current, key, None), value) for key, value in changes.items()}
+            change = PolicyChange(clock.now(self._tz).isoformat(), source, session, {}, {}, reason, "", None, check,
+                                  why, proposed)
+            self.documents.append_records(self.documents.name(self.history_path), [change.to_record()])
+            return change
 
     def rollback(self, snapshot: str | None = None, *, source: str = "cli") -> Path:
         """Undo the most recent change not yet undone (`snapshot` None), or restore the named snapshot.
@@ -271,7 +299,7 @@ class PolicyManager:
         for change in reversed(self.history()):
             if change.undoes is not None:
                 undone.add(change.undoes)
-            elif change.snapshot not in undone:
+            elif change.refused is None and change.snapshot not in undone:  # a refusal changed nothing
                 # Looked up among the snapshot files, so a hand-edited history cannot name a path elsewhere.
                 found = next((path for path in self.snapshots() if path.name == change.snapshot), None)
                 if found is None:
@@ -293,7 +321,8 @@ class PolicyManager:
         raise PolicyError(f"no snapshot named {name!r}; see `picoclaw policy snapshots`")
 
     def _replace_overrides(self, before: dict[str, Any], after: dict[str, Any], *, source: str, reason: str,
-                           session: str | None = None, raw: bytes | None = None, undoes: str | None = None) -> Path:
+                           session: str | None = None, raw: bytes | None = None, undoes: str | None = None,
+                           check: dict[str, Any] | None = None) -> Path:
         moment = clock.now(self._tz)
         file = self._overrides()
         previous = file.read_bytes() if file.exists() else b"{}\n"
@@ -314,7 +343,7 @@ class PolicyManager:
             if getattr(in_force, key) != getattr(now_in_force, key)
         }
         change = PolicyChange(moment.isoformat(), source, session, overrides, effective, reason, snapshot.name,
-                              undoes)
+                              undoes, check)
         # Append-only log written under the policy lock; after a torn last line (skipped by history())
         # append_jsonl starts this record on a line of its own.
         self.documents.append_records(self.documents.name(self.history_path), [change.to_record()])

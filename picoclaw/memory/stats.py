@@ -27,6 +27,7 @@ from picoclaw.errors import ConfigError
 from picoclaw.fsutil import read_regular
 from picoclaw.memory.compression import last_run
 from picoclaw.memory.entries import SUPERSEDED, is_superseded
+from picoclaw.memory.eval.run_log import TREND_RUNS, EvalRun, logged_runs
 from picoclaw.memory.feedback import FeedbackCounts, FeedbackLedger
 from picoclaw.memory.flush_counts import FlushCounts, FlushTally, tally_since
 from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome
@@ -133,6 +134,12 @@ class MemoryStats:
     warnings: dict[str, str] = field(default_factory=dict)
     # Reactions on the assistant's replies (Telegram): each user's newest verdict on a reply (memory/feedback.py).
     feedback: FeedbackCounts = field(default_factory=FeedbackCounts)
+    # The newest `memory eval` runs under the policy in force, oldest first (memory/eval/run_log.py); None: unreadable.
+    eval_runs: list[EvalRun] | None = field(default_factory=list)
+
+    @property
+    def last_eval(self) -> EvalRun | None:
+        return self.eval_runs[-1] if self.eval_runs else None
 
     def to_json(self) -> dict[str, Any]:
         """The same numbers as plain JSON values (None for what is not known)."""
@@ -172,7 +179,16 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
         compression_enabled=policy.long_term_compress_char_threshold > 0,
         evolution_enabled=policy.evolution_enabled, learning_enabled=policy.learning_enabled,
         flush_enabled=policy.memory_flush_enabled, warnings=warnings,
-        feedback=FeedbackLedger(store.memory_dir, storage=store.storage).counts())
+        feedback=FeedbackLedger(store.memory_dir, storage=store.storage).counts(),
+        eval_runs=_eval_runs(store, warnings))
+
+
+def _eval_runs(store: MemoryStore, warnings: dict[str, str]) -> list[EvalRun] | None:
+    try:
+        return logged_runs(store.documents)[-TREND_RUNS:]
+    except (OSError, StorageError) as exc:
+        warnings["eval_runs"] = f"the eval run log cannot be read: {exc}"
+        return None
 
 
 def percentile(values: Sequence[float], share: float) -> float:
