@@ -157,7 +157,7 @@ def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_
             assert "已写入 MEMORY.md。" in page.locator(".notice").inner_text()
             backups = len(store.backups())
             newest = page.locator("article.entry").first
-            newest.locator("details.edit summary").click()
+            newest.locator("details.edit > summary").click()
             newest.locator("textarea").fill("我的护照在卧室的保险箱里")
             newest.locator("button[value=save]").click()
             assert "已保存" in page.locator(".notice").inner_text()
@@ -289,7 +289,7 @@ def test_an_entry_is_edited_and_deleted_with_a_backup_and_a_stale_edit_is_refuse
     page = client.get("/memory").text
     token = csrf_of(page)
     forms = re.findall(r'name="line" value="(\d+)">\s*<input type="hidden" name="version" value="([0-9a-f]+)">\s*'
-                       r'<textarea[^>]*>([^<]*)</textarea>', page)
+                       r'<input type="hidden" name="original" value="[^"]*">\s*<textarea[^>]*>([^<]*)</textarea>', page)
     (zh_line, zh_version, zh_text), (en_line, en_version, _) = forms[0], forms[1]  # newest first
     assert zh_text == "我的自行车是蓝色的"
     backups = len(store.backups())
@@ -304,7 +304,7 @@ def test_an_entry_is_edited_and_deleted_with_a_backup_and_a_stale_edit_is_refuse
                                                       "content": "an edit from an old page", "csrf_token": token})
     assert stale.status_code == 409 and "changed since this page showed it" in stale.text
     assert store.long_term_path.read_bytes() == before  # nothing lost, nothing written
-    unknown = client.post("/memory/entries/edit", data={"line": "9999", "version": zh_version, "action": "delete",
+    unknown = client.post("/memory/entries/edit", data={"line": zh_line, "version": "0" * 16, "action": "delete",
                                                         "csrf_token": token})
     assert unknown.status_code == 409 and store.long_term_path.read_bytes() == before
     assert client.post("/memory/entries/edit", data={"line": "x", "csrf_token": token}).status_code == 400

@@ -46,6 +46,7 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_get("/memory", memory_page.memory_page)
     console.router.add_post("/memory/entries", memory_page.add_entry)
     console.router.add_post("/memory/entries/edit", memory_page.edit_entry)
+    console.router.add_post("/memory/entries/undo", memory_page.undo_delete)
     console.router.add_get("/memory/backups", memory_page.backups_page)
     console.router.add_get("/memory/stats", stats_page.stats_page)
     console.router.add_get("/memory/notes", memory_page.notes_page)
