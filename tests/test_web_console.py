@@ -215,7 +215,8 @@ def test_why_this_answer_lists_the_injected_blocks_with_scores_and_the_replys_to
             english, chinese = page.index("What is my corgi called?"), page.index("我的柯基叫什么？")
             assert chinese < english  # newest first
             turn = page[english:]
-            assert re.search(r"<td>search</td><td>\d\.\d{3}</td>\s*<td>memory/MEMORY\.md:\d+-\d+</td>", turn)
+            assert re.search(r'<td>search</td><td title="raw score [\d.]+">\d\.\d{3}</td>\s*'
+                             r'<td>memory/MEMORY\.md:\d+-\d+</td>', turn)
             assert "Doudou" in turn and "keywords (BM25 over the memory files)" in turn
             assert "900 prompt tokens, 640 served from the provider&#39;s cache" in page
             assert "<code>retrieve_limit</code> = 10" in page
@@ -546,8 +547,8 @@ def test_in_a_browser_a_chat_answer_streams_in_and_why_this_answer_shows_its_mem
             assert page.locator("article.said.assistant b").count() == 0
             assert "memory_search" in page.locator("p.event.tool").first.inner_text()
             page.click("main a[href^='/why/conversation']")
-            assert re.search(r"search\s+\d\.\d{3}\s+memory/MEMORY\.md", page.locator("table.why").first.inner_text())
-            assert "我的柯基叫豆豆" in page.locator("table.why").first.inner_text()
+            assert re.search(r"search\s+\d\.\d{3}\s+memory/MEMORY\.md", page.locator("table.blocks").first.inner_text())
+            assert "我的柯基叫豆豆" in page.locator("table.blocks").first.inner_text()
         finally:
             browser.close()
 

@@ -89,8 +89,9 @@ async def memory_page(request: web.Request, *, error: str = "", status: int = 20
     newer = {view.line: _newer(view, entries) for view in shown if view.superseded}
     injected = await asyncio.to_thread(entry_injections, store, [entry.full for entry in shown])
     root = app.workspace.root
-    results = [(hit.score, hit.block.path.relative_to(root).as_posix(), hit.block.start_line, hit.block.text)
-               for hit in hits]
+    best = max((hit.score for hit in hits), default=0.0) or 1.0  # scores relative to the best, as the why page's
+    results = [(hit.score / best, hit.score, hit.block.path.relative_to(root).as_posix(), hit.block.start_line,
+                hit.block.text) for hit in hits]
     return render(request, "memory.html", status=status, entries=shown, injected=injected, newer=newer,
                   total=len(entries),
                   page=number, pages=pages, query=query, results=results, notice=request.query.get("notice", ""),
