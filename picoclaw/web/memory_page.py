@@ -9,12 +9,15 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from picoclaw.web.file_cache import FileCache
 from picoclaw.web.labels import LABELS
 from picoclaw.web.render import APP_KEY, in_workspace, language, page_number, refresh, render, see_other
 
 if TYPE_CHECKING:
     from picoclaw.memory import LongTermEntry
 
+# MEMORY.md's entries, newest first, parsed once per version of the file (web/file_cache.py).
+ENTRIES_KEY: web.AppKey[FileCache[list[LongTermEntry]]] = web.AppKey("picoclaw_entries")
 PAGE_SIZE = 50  # entries a memory page shows: a 10,000-entry MEMORY.md stays quick to render
 MAX_ENTRY = 20_000  # characters of one entry added from the console
 
@@ -81,8 +84,8 @@ async def memory_page(request: web.Request, *, error: str = "", status: int = 20
         searcher = app.workspace.searcher
         limit = app.workspace.policy.current().retrieve_limit
         hits = await asyncio.to_thread(searcher.search, query, limit, include_notes=True)
-    text = await asyncio.to_thread(store.read_long_term)
-    entries = list(long_term_entries(text))[::-1]
+    entries = await asyncio.to_thread(request.app[ENTRIES_KEY].get, "MEMORY.md", lambda: [store.long_term_path],
+                                      lambda: list(long_term_entries(store.read_long_term()))[::-1])
     pages = max(1, -(-len(entries) // PAGE_SIZE))
     number = page_number(request, pages)
     shown = [_view(entry) for entry in entries[(number - 1) * PAGE_SIZE:number * PAGE_SIZE]]  # only these

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from picoclaw.web import chat_page, jobs_page, login_link, memory_page, policy_page, stats_page, status_page, why_page
+from picoclaw.web.file_cache import FileCache
 from picoclaw.web.labels import LANG_COOKIE, LANGUAGES
 from picoclaw.web.render import APP_KEY, HERE, TEMPLATES_KEY, render, see_other, storage_errors, templates
 from picoclaw.web.request_log import ServerLog
@@ -37,6 +38,9 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console[chat_page.CHANNEL_KEY] = []
     console[status_page.MCP_KEY] = []
     console[jobs_page.SCHEDULERS_KEY] = []
+    console[memory_page.ENTRIES_KEY] = FileCache(1)
+    console[why_page.TURNS_KEY] = FileCache(8)
+    console[stats_page.STATS_KEY] = FileCache(1)
     console.router.add_get("/", _home)
     console.router.add_get(LOGIN_PATH, _unreachable)  # answered by the gate
     console.router.add_post(login_link.NEW_LINK_PATH, login_link.new_link)

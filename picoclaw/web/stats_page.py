@@ -6,15 +6,19 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from picoclaw.web.file_cache import FileCache, folder_files
 from picoclaw.web.render import APP_KEY, refresh, render
 
 if TYPE_CHECKING:
     from picoclaw.app import App
 
+# The page's numbers, measured once per version of the files they come from (web/file_cache.py).
+STATS_KEY: web.AppKey[FileCache[dict[str, Any]]] = web.AppKey("picoclaw_stats")
 WIDTH, HEIGHT = 600, 120
 POINTS = 200  # the newest this many points a chart draws
 
@@ -56,6 +60,15 @@ def _stats(app: App) -> dict[str, Any]:
             "retrieval_chart": chart([(turn.time[:16], turn.retrieval_ms) for turn in turns])}
 
 
+def _stats_files(app: App) -> list[Path]:
+    """Every file the stats are measured from: the memory folders (documents, counters, ledgers, backups, the
+    policy) and the transcripts (the prompt cache's share)."""
+    workspace = app.workspace
+    folders = {workspace.store.memory_dir, workspace.layout.shared_memory_dir, workspace.policy.memory_dir,
+               workspace.layout.sessions_dir}
+    return folder_files(*sorted(folders))
+
+
 def _before(outcome: Any, store: Any) -> str | None:
     """The backup a compression that rewrote MEMORY.md took just before it (the newest one written by the time
     its outcome was), so the page can show before → after; None for a compression that wrote nothing."""
@@ -71,7 +84,9 @@ def _before(outcome: Any, store: Any) -> str | None:
 
 
 async def stats_page(request: web.Request) -> web.Response:
-    """The numbers and the charts."""
+    """The numbers and the charts (measured again when a file they come from changed, or the day did)."""
     await refresh(request)
-    found = await asyncio.to_thread(_stats, request.app[APP_KEY])
+    app = request.app[APP_KEY]
+    found = await asyncio.to_thread(request.app[STATS_KEY].get, app.workspace.store.today(),
+                                    lambda: _stats_files(app), lambda: _stats(app))
     return render(request, "stats.html", width=WIDTH, height=HEIGHT, **found)

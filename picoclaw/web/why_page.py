@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from picoclaw.memory import FeedbackLedger, Reaction
+from picoclaw.web.file_cache import FileCache
 from picoclaw.web.model_saw import BAR_WIDTH, ModelSaw, config_secrets, masked_request, model_saw
 from picoclaw.web.render import APP_KEY, page_number, render
 
@@ -45,6 +46,8 @@ class Bar:
     turn: int
 
 
+# A conversation's user turns, read once per version of its transcript (web/file_cache.py), and its message count.
+TURNS_KEY: web.AppKey[FileCache[tuple[list[TurnView], int]]] = web.AppKey("picoclaw_turns")
 CHART_WIDTH, CHART_HEIGHT = 600, 160
 TURNS_PER_PAGE = 50
 
@@ -82,9 +85,13 @@ async def conversation_page(request: web.Request) -> web.Response:
     found = await asyncio.to_thread(_transcripts, app)
     if name not in found:  # only names the storage lists: no path from the request ever reaches the disk
         raise web.HTTPNotFound(text="No such conversation.\n")
-    session = await asyncio.to_thread(app.workspace.sessions().read, found[name])
+    def read() -> tuple[list[TurnView], int]:
+        session = app.workspace.sessions().read(found[name])
+        return _turns(session.messages), len(session.messages)
+
+    read_turns, count = await asyncio.to_thread(request.app[TURNS_KEY].get, name, lambda: [found[name]], read)
     ledger = FeedbackLedger(app.workspace.memory_dir, storage=app.workspace.storage)
-    turns = _with_feedback(_turns(session.messages), await asyncio.to_thread(ledger.read), _session_key(name))
+    turns = _with_feedback(read_turns, await asyncio.to_thread(ledger.read), _session_key(name))
     pages = max(1, -(-len(turns) // TURNS_PER_PAGE))
     number = page_number(request, pages)
     newest_first = turns[::-1]
@@ -92,7 +99,7 @@ async def conversation_page(request: web.Request) -> web.Response:
                   _kept_request(request, _session_key(name)))
     return render(request, "conversation.html", name=name, key=_session_key(name), turns=shown, page=number,
                   pages=pages, bars=_chart(turns), bar_width=BAR_WIDTH, chart_width=CHART_WIDTH,
-                  chart_height=CHART_HEIGHT, top=_top(turns), messages=len(session.messages))
+                  chart_height=CHART_HEIGHT, top=_top(turns), messages=count)
 
 
 def _turns(messages: list[Any]) -> list[TurnView]:

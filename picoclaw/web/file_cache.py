@@ -1,0 +1,70 @@
+"""What a page computed from files, kept while none of those files changed: parsing a 10,000-entry MEMORY.md or a
+2,000-message transcript again for every request would cost a page 50–100 ms.
+
+A file's identity is its size, its modification time in nanoseconds and its inode (a rewrite through a temporary
+file and a rename changes the inode; an append, the size and the time). On PostgreSQL the workspace's folder is
+the machine's copy of the rows, brought up to date before a page reads it, so the same identity holds there. A
+value is only kept when the files were the same before and after it was computed: a write meanwhile is never
+hidden behind the older result.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+Identity = tuple[tuple[str, int, int, int], ...]
+
+
+def identity(paths: Iterable[Path]) -> Identity:
+    """Each path with its size, mtime_ns and inode; (-1, -1, -1) for one that does not exist."""
+    found = []
+    for path in paths:
+        try:
+            stat = path.stat()
+            found.append((str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino))
+        except OSError:
+            found.append((str(path), -1, -1, -1))
+    return tuple(found)
+
+
+def folder_files(*folders: Path) -> list[Path]:
+    """Every file under `folders` (walked; a missing folder has none): for a value read from many files."""
+    files: list[Path] = []
+    for folder in folders:
+        for root, _, names in os.walk(folder):
+            files.extend(Path(root) / name for name in names)
+    return sorted(files)
+
+
+class FileCache(Generic[T]):
+    """Values by a key of the caller's (a conversation's name …), each kept with the identity of the files it
+    was computed from; at most `size` keys, the least recently used forgotten."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._kept: OrderedDict[Hashable, tuple[Identity, T]] = OrderedDict()
+        self._lock = threading.Lock()  # pages compute in worker threads
+
+    def get(self, key: Hashable, paths: Callable[[], Iterable[Path]], compute: Callable[[], T]) -> T:
+        """The value for `key`: the kept one while `paths()` are as they were, else `compute()` (kept if the files
+        did not change while it ran)."""
+        before = identity(paths())
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None and kept[0] == before:
+                self._kept.move_to_end(key)
+                return kept[1]
+        value = compute()
+        if identity(paths()) == before:
+            with self._lock:
+                self._kept[key] = (before, value)
+                self._kept.move_to_end(key)
+                while len(self._kept) > self.size:
+                    self._kept.popitem(last=False)
+        return value
