@@ -57,8 +57,15 @@ def demo(app: App) -> None:
     for n, (question, answer, score, block) in enumerate(turns):
         why = {"search": "keywords (BM25 over the memory files), re-ranked by standing",
                "items": [{"key": f"k{n}", "found_by": "search", "score": score, "path": "memory/MEMORY.md",
-                          "lines": [5 + 3 * n, 6 + 3 * n], "text": block}],
-               "policy": {"retrieve_limit": 8, "memory_token_budget": 2000}}
+                          "lines": [5 + 3 * n, 6 + 3 * n], "text": block, "tokens": 18}],
+               "left_out": [{"key": "k9", "found_by": "search", "score": score * 0.6, "path": "memory/MEMORY.md",
+                             "lines": [8, 9], "text": "## 2026-11-26\nI'm allergic to peanuts", "tokens": 12,
+                             "reason": "in_conversation" if n else "over_budget"}],
+               "policy": {"retrieve_limit": 8, "memory_token_budget": 2000},
+               "context": {"window": 8192, "source": "server", "detail": "", "tools_short": False,
+                           "memory_dropped": 0, "history_set_aside": 0, "history_room": 3000,
+                           "parts": {"system": 640, "lessons": 24, "skills": 90, "tools": 830, "memory": 60,
+                                     "history": 420 + 150 * n, "user": 12, "reply": 4096}}}
         records.append({"type": "message", "id": 2 * n + 1, "time": "2026-11-26T10:00:00+00:00",
                         "message": {"role": "user", "content": question}, "why": why})
         records.append({"type": "message", "id": 2 * n + 2, "time": "2026-11-26T10:00:05+00:00",
@@ -85,6 +92,7 @@ def main() -> int:
         onboard(home)
         config = orjson.loads((home / "config.json").read_bytes())
         config["providers"]["openai"]["api_key"] = "sk-demo-placeholder"  # the chat page needs a model configured
+        config["timezone"] = "Asia/Shanghai"  # times as a user there sees them, the zone named
         (home / "config.json").write_bytes(orjson.dumps(config))
         app = App.open(home)
         demo(app)
@@ -101,7 +109,7 @@ def main() -> int:
                     context.add_cookies(cookies)
                     page = context.new_page()
                     for name, path in PAGES.items():
-                        if lang != "en" and name not in ("chat", "memory"):
+                        if lang != "en" and name not in ("chat", "memory", "why", "jobs"):
                             continue  # in Chinese two pages show the labels well enough
                         page.goto(console.base + path)
                         suffix = "" if lang == "en" else "-zh"

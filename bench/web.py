@@ -36,11 +36,11 @@ MESSAGES = 2_000
 LIMIT_MS = 100.0
 
 
-def fill(home: Path) -> str:
-    """MEMORY.md with ENTRIES entries (English and Chinese) and one MESSAGES-message transcript; its name."""
+def fill(home: Path, entries: int = ENTRIES) -> str:
+    """MEMORY.md with `entries` entries (English and Chinese) and one MESSAGES-message transcript; its name."""
     memory = home / "workspace" / "memory" / "MEMORY.md"
     lines = [memory.read_text(encoding="utf-8").rstrip("\n"), ""]
-    for n in range(ENTRIES):
+    for n in range(entries):
         text = f"Fact {n}: the deploy of service {n % 97} is reviewed on Fridays" if n % 2 else \
             f"事实 {n}：第 {n % 89} 号服务的预算每周五评审"
         lines += [f"## 2024-{1 + n % 12:02d}-{1 + n % 28:02d}", text, ""]
@@ -73,15 +73,17 @@ def p95(values: list[float]) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30, help="fetches per page (default 30)")
+    parser.add_argument("--entries", type=int, default=ENTRIES, help=f"entries of MEMORY.md (default {ENTRIES:,}; "
+                        "30 for the memory page's cost at a small file)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-web-") as tmp:
         home = Path(tmp) / "home"
         os.environ["PICOCLAW_HOME"] = str(home)
         onboard(home)
-        name = fill(home)
+        name = fill(home, args.entries)
         app = App.open(home)
         store = app.workspace.store  # one backup to list and diff: the file since then has one entry changed
-        store.rewrite_long_term(store.read_long_term().replace("Fact 5001:", "Fact 5001 (checked):"))
+        store.rewrite_long_term(store.read_long_term().replace(f"Fact {args.entries // 2 | 1}:", "Fact (checked):"))
         backup = store.backups()[-1].name
         console = Console(app).__enter__()
         pages = {
@@ -89,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "memory, page 150": "/memory?page=150",
             "memory, search": "/memory?q=deploy%20service%2042%20预算",
             "backups": "/memory/backups",
-            f"backup diff ({ENTRIES:,} entries)": f"/memory/backups?name={backup}",
+            f"backup diff ({args.entries:,} entries)": f"/memory/backups?name={backup}",
             "conversations": "/why",
             f"conversation ({MESSAGES:,} messages)": f"/why/conversation?name={name.replace('%', '%25')}",
             "memory stats": "/memory/stats",

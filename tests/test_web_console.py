@@ -157,7 +157,7 @@ def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_
             assert "已写入 MEMORY.md。" in page.locator(".notice").inner_text()
             backups = len(store.backups())
             newest = page.locator("article.entry").first
-            newest.locator("details.edit summary").click()
+            newest.locator("details.edit > summary").click()
             newest.locator("textarea").fill("我的护照在卧室的保险箱里")
             newest.locator("button[value=save]").click()
             assert "已保存" in page.locator(".notice").inner_text()
@@ -215,7 +215,8 @@ def test_why_this_answer_lists_the_injected_blocks_with_scores_and_the_replys_to
             english, chinese = page.index("What is my corgi called?"), page.index("我的柯基叫什么？")
             assert chinese < english  # newest first
             turn = page[english:]
-            assert re.search(r"<td>search</td><td>\d\.\d{3}</td>\s*<td>memory/MEMORY\.md:\d+-\d+</td>", turn)
+            assert re.search(r'<td>search</td><td title="raw score [\d.]+">\d\.\d{3}</td>\s*'
+                             r'<td>memory/MEMORY\.md:\d+-\d+</td>', turn)
             assert "Doudou" in turn and "keywords (BM25 over the memory files)" in turn
             assert "900 prompt tokens, 640 served from the provider&#39;s cache" in page
             assert "<code>retrieve_limit</code> = 10" in page
@@ -289,7 +290,7 @@ def test_an_entry_is_edited_and_deleted_with_a_backup_and_a_stale_edit_is_refuse
     page = client.get("/memory").text
     token = csrf_of(page)
     forms = re.findall(r'name="line" value="(\d+)">\s*<input type="hidden" name="version" value="([0-9a-f]+)">\s*'
-                       r'<textarea[^>]*>([^<]*)</textarea>', page)
+                       r'<input type="hidden" name="original" value="[^"]*">\s*<textarea[^>]*>([^<]*)</textarea>', page)
     (zh_line, zh_version, zh_text), (en_line, en_version, _) = forms[0], forms[1]  # newest first
     assert zh_text == "我的自行车是蓝色的"
     backups = len(store.backups())
@@ -304,7 +305,7 @@ def test_an_entry_is_edited_and_deleted_with_a_backup_and_a_stale_edit_is_refuse
                                                       "content": "an edit from an old page", "csrf_token": token})
     assert stale.status_code == 409 and "changed since this page showed it" in stale.text
     assert store.long_term_path.read_bytes() == before  # nothing lost, nothing written
-    unknown = client.post("/memory/entries/edit", data={"line": "9999", "version": zh_version, "action": "delete",
+    unknown = client.post("/memory/entries/edit", data={"line": zh_line, "version": "0" * 16, "action": "delete",
                                                         "csrf_token": token})
     assert unknown.status_code == 409 and store.long_term_path.read_bytes() == before
     assert client.post("/memory/entries/edit", data={"line": "x", "csrf_token": token}).status_code == 400
@@ -546,8 +547,8 @@ def test_in_a_browser_a_chat_answer_streams_in_and_why_this_answer_shows_its_mem
             assert page.locator("article.said.assistant b").count() == 0
             assert "memory_search" in page.locator("p.event.tool").first.inner_text()
             page.click("main a[href^='/why/conversation']")
-            assert re.search(r"search\s+\d\.\d{3}\s+memory/MEMORY\.md", page.locator("table.why").first.inner_text())
-            assert "我的柯基叫豆豆" in page.locator("table.why").first.inner_text()
+            assert re.search(r"search\s+\d\.\d{3}\s+memory/MEMORY\.md", page.locator("table.blocks").first.inner_text())
+            assert "我的柯基叫豆豆" in page.locator("table.blocks").first.inner_text()
         finally:
             browser.close()
 

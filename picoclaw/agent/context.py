@@ -314,9 +314,11 @@ def _priority(memory: InjectedMemory) -> list[Block]:
 
 
 def _keep(memory: InjectedMemory, pieces: list[Block]) -> InjectedMemory:
-    """`memory` with only `pieces` (each in its place)."""
+    """`memory` with only `pieces` (each in its place), the others recorded as left out for the window."""
     chosen = {id(block) for block in pieces}
-    return replace(memory, blocks=[hit for hit in memory.blocks if id(hit.block) in chosen],
+    dropped = [block for block in _priority(memory) if id(block) not in chosen]
+    return replace(memory.leaving_out(dropped, "over_window"),
+                   blocks=[hit for hit in memory.blocks if id(hit.block) in chosen],
                    notes=[block for block in memory.notes if id(block) in chosen],
                    lessons=[hit for hit in memory.lessons if id(hit.block) in chosen])
 

@@ -153,6 +153,7 @@ log = logging.getLogger(__name__)
 # 100 MB even at their largest, and cover every chat a family's or a team's bot has going at once. An
 # evicted session is read again from its file (a few ms) when its chat next speaks.
 SESSION_CACHE_SIZE = 256
+SHOWN_REQUESTS = 8  # sessions whose last turn's first request is kept for the console's why page
 
 ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSON text)
 
@@ -305,6 +306,9 @@ class AgentLoop:
         # is kept and they use their own prompts.
         self.last_requests = LastRequests(min(session_cache_size, LAST_REQUESTS_KEPT)
                                           if continue_background and background is None else 0)
+        # Each of the newest few sessions' last turn's first request as sent: what the console's why page shows as
+        # the exact request (the turn's record keeps its split, not its text). A few sessions only: it is for a look.
+        self.shown_requests = LastRequests(SHOWN_REQUESTS)
 
     # -- sessions ----------------------------------------------------------------------------------
 
@@ -483,6 +487,7 @@ class AgentLoop:
             await on_text(f"{fitted}\n\n")
         schemas = built.tools
         messages = [*built.messages[:-1], with_images(built.messages[-1], images)]
+        first = (list(messages), schemas)  # the request the turn's record of why describes
         max_tokens = built.max_tokens
         turn: list[StoredMessage] = [built.user]  # what is stored: each message as it was sent
         final: str | None = None
@@ -504,6 +509,7 @@ class AgentLoop:
                     # A window learnt from the overflow may want the tools' short form and a smaller reply.
                     schemas, max_tokens = built.tools, built.max_tokens
                     messages = [*built.messages[:-1], with_images(built.messages[-1], images)]
+                    first = (list(messages), schemas)
                     if len(turn) > 1:  # the turn's tool steps: their results cut again to the window, their room
                         messages, schemas = await self._refit_steps(key, messages, turn, schemas)
                         max_tokens = await self._reply_room(messages, schemas)
@@ -546,6 +552,7 @@ class AgentLoop:
         await self._append(session, turn)
         finished = FinishedTurn.of(session, len(turn), answered and bool(final.strip()))
         self.last_requests.keep(key, messages, schemas, finished.user_id)
+        self.shown_requests.keep(key, *first, finished.user_id)
         # Kept for a turn that was answered (a failed one leaves no trace), in the background: the reply does
         # not wait for the metrics file.
         self._spawn(asyncio.to_thread(self.metrics.record, retrieval_ms, now))

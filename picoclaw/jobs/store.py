@@ -89,7 +89,8 @@ class JobStore:
             before = [job.model_copy(deep=True) for job in jobs]
             result = edit(jobs)
             now = clock.now()
-            jobs[:] = [job for job in jobs if not (job.done and job.last_run is not None
+            # A one-time job that ran is dropped a while later; one switched off stays until it is removed.
+            jobs[:] = [job for job in jobs if not (job.next_run is None and job.last_run is not None
                                                     and now - job.last_run > KEEP_DONE)]
             if jobs != before:
                 return JobsFile(jobs=jobs).model_dump(mode="json"), result
@@ -155,6 +156,74 @@ class JobStore:
             raise JobError(f"no job with id {quote(job_id)}")
 
         return self.change(drop)
+
+    def edit(self, job_id: str, schedule: Schedule, action: Action, text: str, target: str, *,
+             scope: str | None = None) -> Job:
+        """Give a job a new schedule, action, text and target, checked as `add` checks them; a new schedule starts
+        from now. JobError, and nothing written, when there is no such job or a value is refused."""
+        cleaned = printable(text).strip()
+        if not cleaned:
+            raise JobError(f"the {'message' if action == 'message' else 'agent prompt'} is empty")
+        try:
+            SessionKey.parse(target)
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
+        now = clock.now()
+
+        def apply(jobs: list[Job]) -> Job:
+            for index, job in enumerate(jobs):
+                if job.id != job_id:
+                    continue
+                moved = job.schedule != schedule
+                if moved and schedule.at is not None:
+                    check_moment(schedule.at, now, self.tz)
+                try:
+                    edited = Job.model_validate({**job.model_dump(), "schedule": schedule, "action": action,
+                                                 "text": cleaned, "target": target, "scope": scope,
+                                                 "next_run": first_run(schedule, now, self.tz) if moved
+                                                 else job.next_run})
+                except ValidationError as exc:
+                    raise JobError(describe_error(Job, exc)) from None
+                jobs[index] = edited
+                return edited
+            raise JobError(f"no job with id {quote(job_id)}")
+
+        job = self.change(apply)
+        log.info("cron: edited job %s (%s, %s) for %s", job.id, schedule.describe(self.tz), action, target)
+        return job
+
+    def set_enabled(self, job_id: str, enabled: bool) -> Job:
+        """Switch a job on or off. Switched on again, a recurring job's next run is its next one from now (the
+        runs it missed while off are not made up); a one-time job whose moment passed stays done."""
+        now = clock.now()
+
+        def apply(jobs: list[Job]) -> Job:
+            job = next((job for job in jobs if job.id == job_id), None)
+            if job is None:
+                raise JobError(f"no job with id {quote(job_id)}")
+            if enabled and not job.enabled and job.schedule.at is None and job.next_run is not None \
+                    and job.next_run <= now:
+                job.next_run = first_run(job.schedule, now, self.tz)
+            job.enabled = enabled
+            return job
+
+        return self.change(apply)
+
+    def run_now(self, job_id: str) -> Job:
+        """Make a job due now: a scheduler that serves its target runs it at its next look, and a recurring job
+        then goes on with its schedule. JobError for no such job or one switched off."""
+        now = clock.now()
+
+        def apply(jobs: list[Job]) -> Job:
+            job = next((job for job in jobs if job.id == job_id), None)
+            if job is None:
+                raise JobError(f"no job with id {quote(job_id)}")
+            if not job.enabled:
+                raise JobError(f"job {job.id} is switched off: switch it on first")
+            job.next_run = now
+            return job
+
+        return self.change(apply)
 
     def update(self, job_id: str, edit: Callable[[Job], bool]) -> Job | None:
         """Apply `edit` to the job with `job_id` (it returns False to leave the job as it is)."""

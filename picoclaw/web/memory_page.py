@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from aiohttp import web
 
+from picoclaw.web.file_cache import FileCache, identity
 from picoclaw.web.labels import LABELS
 from picoclaw.web.render import APP_KEY, in_workspace, language, page_number, render, see_other
 
 if TYPE_CHECKING:
     from picoclaw.memory import LongTermEntry
 
+# MEMORY.md's entries, newest first, parsed once per version of the file (web/file_cache.py).
+ENTRIES_KEY: web.AppKey[FileCache[list[LongTermEntry]]] = web.AppKey("picoclaw_entries")
 PAGE_SIZE = 50  # entries a memory page shows: a 10,000-entry MEMORY.md stays quick to render
 MAX_ENTRY = 20_000  # characters of one entry added from the console
 
@@ -28,6 +32,16 @@ class MemoryEntryView:
     superseded: bool
     version: str  # entry_version of the entry as shown: an edit against it is refused once it changed
     full: str  # the entry as in the file, heading included: what its injections are counted by
+
+
+@dataclass(frozen=True)
+class EditConflict:
+    """A save or delete refused because its entry changed: what the user typed, kept for the editor, and the
+    entry as it is now (None: it is gone)."""
+
+    typed: str
+    delete: bool
+    current: MemoryEntryView | None
 
 
 def _view(entry: LongTermEntry) -> MemoryEntryView:
@@ -54,7 +68,8 @@ def _newer(view: MemoryEntryView, entries: list[LongTermEntry]) -> str | None:
     return None
 
 
-async def memory_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
+async def memory_page(request: web.Request, *, error: str = "", status: int = 200,
+                      conflict: EditConflict | None = None) -> web.Response:
     """MEMORY.md's entries, newest first, a page at a time, each with how often a prompt carried it; with `q`,
     what a turn's search finds for it."""
     from picoclaw.memory import entry_injections, long_term_entries
@@ -67,20 +82,30 @@ async def memory_page(request: web.Request, *, error: str = "", status: int = 20
         searcher = app.workspace.searcher
         limit = app.workspace.policy.current().retrieve_limit
         hits = await asyncio.to_thread(searcher.search, query, limit, include_notes=True)
-    text = await asyncio.to_thread(store.read_long_term)
-    entries = list(long_term_entries(text))[::-1]
+    entries = await asyncio.to_thread(request.app[ENTRIES_KEY].get, "MEMORY.md",
+                                      lambda: identity([store.local(store.long_term_path)]),
+                                      lambda: list(long_term_entries(store.read_long_term()))[::-1])
     pages = max(1, -(-len(entries) // PAGE_SIZE))
     number = page_number(request, pages)
     shown = [_view(entry) for entry in entries[(number - 1) * PAGE_SIZE:number * PAGE_SIZE]]  # only these
     newer = {view.line: _newer(view, entries) for view in shown if view.superseded}
     injected = await asyncio.to_thread(entry_injections, store, [entry.full for entry in shown])
     root = app.workspace.root
-    results = [(hit.score, hit.block.path.relative_to(root).as_posix(), hit.block.start_line, hit.block.text)
-               for hit in hits]
+    best = max((hit.score for hit in hits), default=0.0) or 1.0  # scores relative to the best, as the why page's
+    results = [(hit.score / best, hit.score, hit.block.path.relative_to(root).as_posix(), hit.block.start_line,
+                hit.block.text) for hit in hits]
     return render(request, "memory.html", status=status, entries=shown, injected=injected, newer=newer,
                   total=len(entries),
                   page=number, pages=pages, query=query, results=results, notice=request.query.get("notice", ""),
-                  error=error)
+                  error=error, conflict=conflict, undo=_undo(request))
+
+
+def _undo(request: web.Request) -> dict[str, str] | None:
+    """The undo form's fields after a delete (from the address it was sent back to), or None."""
+    query = request.query
+    if query.get("notice") != "deleted" or not query.get("undo"):
+        return None
+    return {"backup": query.get("undo", ""), "line": query.get("line", ""), "version": query.get("version", "")}
 
 
 async def add_entry(request: web.Request) -> web.Response:
@@ -97,9 +122,11 @@ async def add_entry(request: web.Request) -> web.Response:
 
 
 async def edit_entry(request: web.Request) -> web.Response:
-    """Save or delete one entry through MemoryStore.replace_long_term_entry: refused, with nothing written, when
-    the entry changed since the page showed it."""
+    """Save or delete one entry, found by its fingerprint wherever it is now (web/entry_edits.py): refused, with
+    nothing written and the typed text kept in the editor beside the entry as it is now, only when that entry
+    itself changed since the page showed it. A delete's notice offers to undo it."""
     from picoclaw.errors import MemoryStoreError
+    from picoclaw.web.entry_edits import Conflict, replace_entry
 
     form = await request.post()
     try:
@@ -108,19 +135,45 @@ async def edit_entry(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text="No entry named: the form's line number is missing.\n") from None
     version = str(form.get("version", ""))
     delete = form.get("action") == "delete"
-    content = None if delete else str(form.get("content", ""))
-    if content is not None and len(content) > MAX_ENTRY:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_ENTRY, actual_size=len(content))
+    typed = str(form.get("content", ""))
+    original = str(form.get("original", ""))[:MAX_ENTRY * 2]
+    if len(typed) > MAX_ENTRY:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_ENTRY, actual_size=len(typed))
     store = request.app[APP_KEY].workspace.store
     try:
-        await asyncio.to_thread(store.replace_long_term_entry, line, version, content)
+        done = await asyncio.to_thread(replace_entry, store, line, version, None if delete else typed, original)
     except MemoryStoreError as exc:
-        if "changed since" not in str(exc):
-            return await memory_page(request, error=str(exc), status=400)
+        return await memory_page(request, error=str(exc), status=400)
+    if isinstance(done, Conflict):
         said = LABELS[language(request)]["entry_changed"]  # the page's language, the workspace's own name
+        kept = EditConflict(typed, delete, _view(done.current) if done.current is not None else None)
         return await memory_page(request, error=said.format(line=line, file=in_workspace(
-            request, str(store.long_term_path))), status=409)
-    return _back("deleted" if delete else "saved")
+            request, str(store.long_term_path))), status=409, conflict=kept)
+    if delete:
+        return see_other("/memory?" + urlencode({"notice": "deleted", "undo": done.backup, "line": done.line,
+                                                 "version": version}))
+    return _back("saved")
+
+
+async def undo_delete(request: web.Request) -> web.Response:
+    """Put a deleted entry back from the backup its delete took, at its place (web/entry_edits.py)."""
+    from picoclaw.errors import MemoryStoreError
+    from picoclaw.web.entry_edits import undo_delete as undo
+
+    form = await request.post()
+    backup, version = str(form.get("backup", "")), str(form.get("version", ""))
+    try:
+        line = int(str(form.get("line", "")))
+    except ValueError:
+        raise web.HTTPBadRequest(text="No entry named: the form's line number is missing.\n") from None
+    store = request.app[APP_KEY].workspace.store
+    if backup not in {path.name for path in await asyncio.to_thread(store.backups)}:
+        raise web.HTTPNotFound(text="No such backup; nothing was changed.\n")
+    try:
+        restored = await asyncio.to_thread(undo, store, backup, line, version)
+    except MemoryStoreError as exc:
+        return await memory_page(request, error=str(exc), status=409)
+    return _back("undone" if restored else "already_there")
 
 
 def _back(notice: str) -> web.Response:

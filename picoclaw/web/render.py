@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,10 +22,28 @@ APP_KEY: web.AppKey[App] = web.AppKey("picoclaw_app")
 TEMPLATES_KEY: web.AppKey[jinja2.Environment] = web.AppKey("picoclaw_templates")
 
 
-def templates() -> jinja2.Environment:
-    """The console's templates; autoescaping on, so whatever memory or a model wrote is shown as text."""
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
-                              undefined=jinja2.StrictUndefined)
+def templates(tz: tzinfo = UTC) -> jinja2.Environment:
+    """The console's templates; autoescaping on, so whatever memory or a model wrote is shown as text. The
+    `when` filter shows a stored time in `tz` (the configured zone), to the minute."""
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                                     undefined=jinja2.StrictUndefined)
+    environment.filters["when"] = lambda value: local_time(value, tz)
+    return environment
+
+
+def local_time(value: object, tz: tzinfo) -> str:
+    """An ISO time as stored ("2026-11-26T02:00:00.123456+00:00") in `tz` to the minute ("2026-11-26 10:00");
+    a date, or text that is no time, as it is."""
+    text = "" if value is None else str(value)
+    if len(text) <= 10:
+        return text
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(tz)
+    return f"{moment:%Y-%m-%d %H:%M}"
 
 
 @web.middleware
@@ -53,7 +72,8 @@ def render(request: web.Request, template: str, status: int = 200, **context: An
             request[REASON_KEY] = context["error"]  # the log line says why too
     lang = language(request)
     page = request.app[TEMPLATES_KEY].get_template(template).render(
-        t=LABELS[lang], lang=lang, csrf=request.get(CSRF_KEY, ""), csrf_field=CSRF_FIELD, **context)
+        t=LABELS[lang], lang=lang, csrf=request.get(CSRF_KEY, ""), csrf_field=CSRF_FIELD,
+        back=request.path_qs if request.method == "GET" else "", **context)
     return web.Response(status=status, text=page, content_type="text/html", charset="utf-8")
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from picoclaw.web import chat_page, jobs_page, login_link, memory_page, policy_page, stats_page, status_page, why_page
+from picoclaw.web.file_cache import FileCache
 from picoclaw.web.labels import LANG_COOKIE, LANGUAGES
 from picoclaw.web.render import APP_KEY, HERE, TEMPLATES_KEY, render, see_other, storage_errors, templates
 from picoclaw.web.request_log import ServerLog
@@ -33,9 +34,13 @@ def make_console(app: App, gate: Gate) -> web.Application:
                               client_max_size=1024 * 1024)
     console[APP_KEY] = app
     console[GATE_KEY] = gate
-    console[TEMPLATES_KEY] = templates()
+    console[TEMPLATES_KEY] = templates(app.workspace.tz)
     console[chat_page.CHANNEL_KEY] = []
     console[status_page.MCP_KEY] = []
+    console[jobs_page.SCHEDULERS_KEY] = []
+    console[memory_page.ENTRIES_KEY] = FileCache(1)
+    console[why_page.TURNS_KEY] = FileCache(8)
+    console[stats_page.STATS_KEY] = FileCache(1)
     console.router.add_get("/", _home)
     console.router.add_get(LOGIN_PATH, _unreachable)  # answered by the gate
     console.router.add_post(login_link.NEW_LINK_PATH, login_link.new_link)
@@ -47,6 +52,7 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_get("/memory", memory_page.memory_page)
     console.router.add_post("/memory/entries", memory_page.add_entry)
     console.router.add_post("/memory/entries/edit", memory_page.edit_entry)
+    console.router.add_post("/memory/entries/undo", memory_page.undo_delete)
     console.router.add_get("/memory/backups", memory_page.backups_page)
     console.router.add_get("/memory/stats", stats_page.stats_page)
     console.router.add_get("/memory/notes", memory_page.notes_page)
@@ -60,6 +66,9 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_get("/jobs", jobs_page.jobs_page)
     console.router.add_post("/jobs", jobs_page.add_job)
     console.router.add_post("/jobs/remove", jobs_page.remove_job)
+    console.router.add_post("/jobs/edit", jobs_page.edit_job)
+    console.router.add_post("/jobs/switch", jobs_page.switch_job)
+    console.router.add_post("/jobs/run", jobs_page.run_job)
     console.router.add_get("/status", status_page.status_page)
     console.router.add_post("/status/drafts", status_page.decide_draft)
     console.router.add_post("/language", set_language)
@@ -80,13 +89,27 @@ async def _unreachable(request: web.Request) -> web.Response:
 
 
 async def set_language(request: web.Request) -> web.Response:
-    """Remember the language the page's switch asked for."""
+    """Remember the language the page's switch asked for, and go back to that page."""
     form = await request.post()
     lang = str(form.get("lang", ""))
-    response = see_other("/memory")
+    response = see_other(_back_to(str(form.get("back", ""))))
     if lang in LANGUAGES:
         response.set_cookie(LANG_COOKIE, lang, httponly=True, samesite="Strict", path="/")
     return response
+
+
+def _back_to(path: str) -> str:
+    """`path` when it is one of this console's own addresses ("/jobs?x=1"), else the memory page: a form's field
+    never sends the browser to another site ("//evil.example", "https://…", "/\\evil")."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(path)
+    if len(path) > 2000:
+        return "/memory"
+    if (not path.startswith("/") or path.startswith("//") or "\\" in path or parts.scheme or parts.netloc
+            or any(ord(char) < 32 for char in path)):
+        return "/memory"
+    return path
 
 
 def make_runner(console: web.Application) -> web.AppRunner:
@@ -117,7 +140,9 @@ async def serve(app: App, host: str, port: int, token_file: Path, *,
             # As chat and the bot do: the agent's tools include the configured servers', shown on the status page.
             console[status_page.MCP_KEY].append(await app.start_mcp())
             conversations = chat_page.channel(console)
-            reminders = asyncio.create_task(conversations.run(scheduler=app.scheduler(conversations)))
+            scheduler = app.scheduler(conversations)
+            console[jobs_page.SCHEDULERS_KEY].append(scheduler)  # "run now" wakes it
+            reminders = asyncio.create_task(conversations.run(scheduler=scheduler))
         except (PicoclawError, web.HTTPException) as exc:  # no model configured yet: every page but the chat works
             log.warning("the console's chat is unavailable: %s", str(getattr(exc, "text", None) or exc).strip())
         announce(gate.login_url(), token_file)

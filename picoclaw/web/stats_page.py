@@ -5,17 +5,21 @@ from the spend ledger, as `picoclaw usage` reports them), drawn as inline SVG (n
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from picoclaw.web.file_cache import FileCache, folder_files, identity
 from picoclaw.web.render import APP_KEY, render
 
 if TYPE_CHECKING:
     from picoclaw.app import App
 
+# The page's numbers, measured once per version of the files they come from (web/file_cache.py).
+STATS_KEY: web.AppKey[FileCache[dict[str, Any]]] = web.AppKey("picoclaw_stats")
 WIDTH, HEIGHT = 600, 120
 POINTS = 200  # the newest this many points a chart draws
 
@@ -115,6 +119,18 @@ def _stats(app: App) -> dict[str, Any]:
             "spend_problem": spend if isinstance(spend, str) else None}
 
 
+def _stats_version(app: App) -> Hashable:
+    """What the stats are measured from, as it is now: on files, every file of the memory folders (documents,
+    counters, ledgers, backups, the policy) and the transcripts (the prompt cache's share); on PostgreSQL a new
+    object each time, so they are measured for every request (the rows are not files to look at)."""
+    if app.storage.backend != "files":
+        return object()
+    workspace = app.workspace
+    folders = {workspace.store.memory_dir, workspace.layout.shared_memory_dir, workspace.policy.memory_dir,
+               workspace.layout.sessions_dir}
+    return identity(folder_files(*sorted(folders)))
+
+
 def _before(outcome: Any, store: Any) -> str | None:
     """The backup a compression that rewrote MEMORY.md took just before it (the newest one written by the time
     its outcome was), so the page can show before → after; None for a compression that wrote nothing."""
@@ -139,6 +155,8 @@ def _taken(name: str) -> float:
 
 
 async def stats_page(request: web.Request) -> web.Response:
-    """The numbers and the charts."""
-    found = await asyncio.to_thread(_stats, request.app[APP_KEY])
+    """The numbers and the charts (measured again when what they come from changed, or the day did)."""
+    app = request.app[APP_KEY]
+    found = await asyncio.to_thread(request.app[STATS_KEY].get, app.workspace.store.today(),
+                                    lambda: _stats_version(app), lambda: _stats(app))
     return render(request, "stats.html", width=WIDTH, height=HEIGHT, **found)

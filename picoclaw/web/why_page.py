@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from picoclaw.memory import FeedbackLedger, Reaction
+from picoclaw.web.file_cache import FileCache
+from picoclaw.web.model_saw import BAR_WIDTH, ModelSaw, config_secrets, masked_request, model_saw
 from picoclaw.web.render import APP_KEY, page_number, render
 
 if TYPE_CHECKING:
@@ -27,6 +29,10 @@ class TurnView:
     prompt_tokens: int | None
     cached_tokens: int | None
     feedback: str = ""  # the reactions on its reply counted as feedback (memory/feedback.py), e.g. "👎 🔥"
+    first_prompt: int | None = None  # the prompt tokens of the turn's first request (the one its record splits)
+    steps: int = 0  # tool steps: requests after the first, each longer by the calls and their results
+    saw: ModelSaw | None = None  # what the model saw (web/model_saw.py), for the turns a page shows
+    request: str = ""  # the exact first request, secrets masked, when this console still holds it
 
 
 @dataclass(frozen=True)
@@ -37,8 +43,11 @@ class Bar:
     prompt_height: float
     cached_height: float
     label: str
+    turn: int
 
 
+# A conversation's user turns, read once per version of its transcript (web/file_cache.py), and its message count.
+TURNS_KEY: web.AppKey[FileCache[tuple[list[TurnView], int]]] = web.AppKey("picoclaw_turns")
 CHART_WIDTH, CHART_HEIGHT = 600, 160
 TURNS_PER_PAGE = 50
 
@@ -76,19 +85,27 @@ async def conversation_page(request: web.Request) -> web.Response:
     found = await asyncio.to_thread(_transcripts, app)
     if name not in found:  # only names the storage lists: no path from the request ever reaches the disk
         raise web.HTTPNotFound(text="No such conversation.\n")
-    session = await asyncio.to_thread(app.workspace.sessions().read, found[name])
+    def read() -> tuple[list[TurnView], int]:
+        session = app.workspace.sessions().read(found[name])
+        return _turns(session.messages), len(session.messages)
+
+    read_turns, count = await asyncio.to_thread(request.app[TURNS_KEY].get, name,
+                                              lambda: app.workspace.sessions().log.marker(found[name]), read)
     ledger = FeedbackLedger(app.workspace.memory_dir, storage=app.workspace.storage)
-    turns = _with_feedback(_turns(session.messages), await asyncio.to_thread(ledger.read), _session_key(name))
+    turns = _with_feedback(read_turns, await asyncio.to_thread(ledger.read), _session_key(name))
     pages = max(1, -(-len(turns) // TURNS_PER_PAGE))
     number = page_number(request, pages)
     newest_first = turns[::-1]
-    return render(request, "conversation.html", name=name, key=_session_key(name), turns=newest_first[
-        (number - 1) * TURNS_PER_PAGE:number * TURNS_PER_PAGE], page=number, pages=pages, bars=_chart(turns),
-        chart_width=CHART_WIDTH, chart_height=CHART_HEIGHT, messages=len(session.messages))
+    shown = _seen(newest_first[(number - 1) * TURNS_PER_PAGE:number * TURNS_PER_PAGE], app,
+                  _kept_request(request, _session_key(name)))
+    return render(request, "conversation.html", name=name, key=_session_key(name), turns=shown, page=number,
+                  pages=pages, bars=_chart(turns), bar_width=BAR_WIDTH, chart_width=CHART_WIDTH,
+                  chart_height=CHART_HEIGHT, top=_top(turns), messages=count)
 
 
 def _turns(messages: list[Any]) -> list[TurnView]:
-    """User messages paired with the token counts of the last reply before the next user message."""
+    """User messages paired with the token counts of the last reply before the next user message, the prompt
+    tokens of the first, and the number of tool steps between."""
     turns: list[TurnView] = []
     for message in messages:
         role = message.message.get("role")
@@ -97,8 +114,33 @@ def _turns(messages: list[Any]) -> list[TurnView]:
                                   None))
         elif role == "assistant" and turns and message.prompt_tokens is not None:
             last = turns[-1]
-            turns[-1] = TurnView(last.id, last.text, last.why, message.prompt_tokens, message.cached_tokens)
+            first = last.first_prompt if last.first_prompt is not None else message.prompt_tokens
+            steps = last.steps + (1 if last.prompt_tokens is not None else 0)
+            turns[-1] = replace(last, prompt_tokens=message.prompt_tokens, cached_tokens=message.cached_tokens,
+                                first_prompt=first, steps=steps)
     return turns
+
+
+def _seen(turns: list[TurnView], app: App, kept: Any) -> list[TurnView]:
+    """`turns` (those a page shows) with what their model saw, and the exact request of the one `kept` is for."""
+    secrets: list[str] | None = None
+    shown = []
+    for turn in turns:
+        request = ""
+        if kept is not None and kept.user_id == turn.id:
+            secrets = config_secrets(app.config) if secrets is None else secrets
+            request = masked_request(kept.prefix.messages, kept.prefix.tools, secrets)
+        shown.append(replace(turn, saw=model_saw(turn.why) if turn.why is not None else None, request=request))
+    return shown
+
+
+def _kept_request(request: web.Request, key: str) -> Any:
+    """The first request of session `key`'s last turn, as the console's chat agent sent it; None when it holds
+    none (another process answered, or this console restarted since)."""
+    from picoclaw.web.chat_page import CHANNEL_KEY
+
+    channels = request.app[CHANNEL_KEY]
+    return channels[0].agent.shown_requests.get(key) if channels else None
 
 
 def _with_feedback(turns: list[TurnView], reactions: list[Reaction], key: str) -> list[TurnView]:
@@ -117,20 +159,32 @@ def _why(raw: dict[str, Any] | None) -> dict[str, Any] | None:
     """A turn's record of why, with every field the page reads (a hand-edited transcript may lack some)."""
     if raw is None:
         return None
-    items = []
-    for item in raw.get("items") or []:
-        if not isinstance(item, dict):
-            continue
-        lines = item.get("lines")
-        score = item.get("score")
-        items.append({"found_by": str(item.get("found_by", "")), "path": str(item.get("path", "")),
-                      "score": float(score) if isinstance(score, int | float) else None,
-                      "lines": lines if isinstance(lines, list) and len(lines) == 2 else ["?", "?"],
-                      "text": str(item.get("text", ""))})
+    found = raw.get("items")
+    items = [_item(item) for item in found if isinstance(item, dict)] if isinstance(found, list) else []
     policy = raw.get("policy")
     query = raw.get("query")
+    left = raw.get("left_out")
+    left_out = [_item(item) for item in left if isinstance(item, dict)] if isinstance(left, list) else None
     return {"search": str(raw.get("search", "")), "query": query if isinstance(query, str) else None,
-            "items": items, "policy": policy if isinstance(policy, dict) else {}}
+            "items": items, "policy": policy if isinstance(policy, dict) else {}, "left_out": left_out,
+            "split": raw.get("context") if isinstance(raw.get("context"), dict) else None}
+
+
+def _item(item: dict[str, Any]) -> dict[str, Any]:
+    """One block of a record, every field the page reads in its type (a hand edit may have broken any)."""
+    lines = item.get("lines")
+    score, tokens = item.get("score"), item.get("tokens")
+    return {"found_by": str(item.get("found_by", "")), "path": str(item.get("path", "")),
+            "score": float(score) if isinstance(score, int | float) else None,
+            "lines": lines if isinstance(lines, list) and len(lines) == 2 else ["?", "?"],
+            "text": str(item.get("text", "")), "tokens": tokens if isinstance(tokens, int) else None,
+            "reason": str(item.get("reason") or "")}
+
+
+def _top(turns: list[TurnView]) -> int:
+    """The chart's highest prompt: what its axis goes up to."""
+    measured = [turn for turn in turns if turn.prompt_tokens is not None][-100:]
+    return max((turn.prompt_tokens or 0 for turn in measured), default=0)
 
 
 def _chart(turns: list[TurnView]) -> list[Bar]:
@@ -140,4 +194,5 @@ def _chart(turns: list[TurnView]) -> list[Bar]:
     step = CHART_WIDTH / max(len(measured), 1)
     return [Bar(round(n * step, 1), round((turn.prompt_tokens or 0) / top * (CHART_HEIGHT - 10), 1),
                 round((turn.cached_tokens or 0) / top * (CHART_HEIGHT - 10), 1),
-                f"#{turn.id}: {turn.prompt_tokens} / {turn.cached_tokens or 0}") for n, turn in enumerate(measured)]
+                f"#{turn.id}: {turn.prompt_tokens} / {turn.cached_tokens or 0}", turn.id)
+            for n, turn in enumerate(measured)]

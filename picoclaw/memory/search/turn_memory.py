@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -50,6 +50,17 @@ class CountsUse(Protocol):
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """A block the search found that the turn's prompt does not carry, and why: "in_conversation" (an earlier
+    turn's prompt carries it), "over_budget" (the memory budget was spent), "over_window" (the window had no room)."""
+
+    block: Block
+    reason: str
+    score: float | None
+    found_by: str = "search"  # or "lessons", "fallback", "recent notes": as the turn's record names them
+
+
+@dataclass(frozen=True)
 class InjectedMemory:
     """What a turn's prompt carries from memory: MEMORY.md blocks (with scores when ranked), notes, the lessons
     found for the message, and the standing lessons (in the system prompt, not in the turn's data block)."""
@@ -59,27 +70,39 @@ class InjectedMemory:
     ranked: bool  # False: the fallback (whole file or newest blocks) was used
     lessons: list[Hit] = field(default_factory=list)
     standing: list[Hit] = field(default_factory=list)
+    left_out: list[LeftOut] = field(default_factory=list)
+
+    def leaving_out(self, blocks: Sequence[Block], reason: str) -> InjectedMemory:
+        """This memory with `blocks` (of its own) recorded as left out for `reason`, with their scores."""
+        found: dict[int, tuple[float | None, str]] = {id(hit.block): (hit.score, "lessons") for hit in self.lessons}
+        found.update({id(hit.block): (hit.score if self.ranked else None, "search" if self.ranked else "fallback")
+                      for hit in self.blocks})
+        return replace(self, left_out=[*self.left_out, *(LeftOut(block, reason, *found.get(id(block), (
+            None, "recent notes"))) for block in blocks)])
 
     def keys(self) -> tuple[str, ...]:
         chosen = [*(hit.block for hit in self.lessons), *(hit.block for hit in self.blocks), *self.notes]
         return tuple(block_key(block) for block in chosen)
 
     def explained(self, root: Path, policy: MemoryPolicy, method: str) -> dict[str, Any]:
-        """Why the turn carries what it carries, for its record: each block with what found it and its score,
-        the search, and the policy values that decided how much."""
+        """Why the turn carries what it carries, for its record: each block with what found it, its score and its
+        tokens, the blocks found but left out and why, the search, and the policy values that decided how much."""
         def item(block: Block, found_by: str, score: float | None) -> dict[str, Any]:
             try:
                 where = block.path.relative_to(root).as_posix()
             except ValueError:
                 where = block.path.name
             return {"key": block_key(block), "found_by": found_by, "score": None if score is None else round(score, 4),
-                    "path": where, "lines": [block.start_line, block.end_line], "text": block.text[:WHY_SNIPPET]}
+                    "path": where, "lines": [block.start_line, block.end_line], "text": block.text[:WHY_SNIPPET],
+                    "tokens": count_tokens(block.text)}
 
         items = [item(hit.block, "lessons", hit.score) for hit in self.lessons]
         items += [item(hit.block, "search" if self.ranked else "fallback", hit.score if self.ranked else None)
                   for hit in self.blocks]
         items += [item(block, "recent notes", None) for block in self.notes]
-        return {"search": method, "items": items, "policy": {key: getattr(policy, key) for key in WHY_POLICY_KEYS}}
+        left = [{**item(out.block, out.found_by, out.score), "reason": out.reason} for out in self.left_out]
+        return {"search": method, "items": items, "left_out": left,
+                "policy": {key: getattr(policy, key) for key in WHY_POLICY_KEYS}}
 
 
 async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, query: str,
@@ -132,6 +155,11 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
     standing_cost = sum(count_tokens(hit.block.text) for hit in standing)
     always = {block_key(hit.block) for hit in standing}
     chosen_lessons, used = _fit_lessons(lessons, {*present, *always}, lesson_share(policy) - standing_cost)
+    # What the search found that this prompt does not carry, and why: shown by the console's why page.
+    picked = {id(hit.block) for hit in chosen_lessons}
+    left_out = [LeftOut(hit.block, "in_conversation" if block_key(hit.block) in present else "over_budget",
+                        hit.score, "lessons")
+                for hit in lessons if id(hit.block) not in picked and block_key(hit.block) not in always]
     budget = policy.memory_token_budget - standing_cost - used
     ranked = bool(hits)
     chosen: list[Hit] = []
@@ -142,8 +170,14 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
         recent_files = {note.path for note in recent}
         for hit in hits:
             if hit.block.path not in recent_files:
+                key = block_key(hit.block)
+                if key in present:
+                    left_out.append(LeftOut(hit.block, "in_conversation", hit.score))
+                    continue
                 group, budget = _fit_hit(search, store, hit, taken, budget)
                 chosen.extend(group)
+                if not group and key not in taken:
+                    left_out.append(LeftOut(hit.block, "over_budget", hit.score))
         if count_use and isinstance(search, CountsUse):
             # What the search found and the prompt carries; a note entry's neighbours were not found.
             found = {block_key(hit.block) for hit in hits}
@@ -181,7 +215,7 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
             continue
         break
     notes.reverse()
-    return InjectedMemory(chosen, notes, ranked, chosen_lessons, standing)
+    return InjectedMemory(chosen, notes, ranked, chosen_lessons, standing, left_out)
 
 
 def _fit_hit(search: MemorySearch, store: MemoryStore, hit: Hit, taken: set[str], budget: int
