@@ -32,6 +32,7 @@ from aiogram.utils.keyboard import InlineKeyboardBuilder
 
 from picoclaw.agent import ApprovalRequest, Verdict
 from picoclaw.channels.telegram.access import AllowedUser
+from picoclaw.channels.telegram.waits import first_of
 from picoclaw.storage import ASK_NOT_YOURS, ASK_STALE, ASK_TAKEN, Inbox
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class LocalAsks:
     async def wait(self, token: str, timeout: float, timer: Timer) -> str | None:
         answered = self._open[token][1]
         try:
-            await _first_of(asyncio.shield(answered), timer(timeout))
+            await first_of(asyncio.shield(answered), timer(timeout))
             return answered.result() if answered.done() else None
         finally:
             self._open.pop(token, None)  # a press from now on is stale
@@ -145,22 +146,11 @@ class StoredAsks:
                 if answer:
                     return answer
                 woken.clear()
-                await _first_of(woken.wait(), asyncio.sleep(self.poll), asyncio.shield(ran_out))
+                await first_of(woken.wait(), asyncio.sleep(self.poll), asyncio.shield(ran_out))
             return await asyncio.to_thread(self.inbox.close_ask, token)  # an answer may have come just before
         finally:
             ran_out.cancel()
             self._waiting.pop(token, None)
-
-
-async def _first_of(*waits: Awaitable[object]) -> None:
-    """Until the first of `waits` is done; the others are cancelled (a shielded one goes on)."""
-    tasks = [asyncio.ensure_future(wait) for wait in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # -- approvals ---------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from pydantic import ValidationError
 from picoclaw.channels.telegram.access import Refusal
 from picoclaw.channels.telegram.buttons import press_order
 from picoclaw.channels.telegram.storage_watch import StorageWatch
+from picoclaw.channels.telegram.waits import first_of
 from picoclaw.config import WebhookConfig, listen_address
 from picoclaw.storage import Inbox, InboxUpdate, Storage, StorageError, StorageUnavailable
 
@@ -333,7 +334,7 @@ class InboxWorker:
         while not self._stopping:
             self._wake.clear()  # before looking: what is stored from now on wakes the wait below
             if not self.watch.up:  # nothing can be claimed: wait for the storage's return (or a stop)
-                await _first_of(self._wake.wait(), self.watch.wait_up())
+                await first_of(self._wake.wait(), self.watch.wait_up())
                 continue
             if loop.time() - pruned_at >= PRUNE_EVERY:
                 pruned_at = loop.time()
@@ -534,17 +535,6 @@ class InboxWorker:
                 await self.offload(self.inbox.release, self.worker, list(unfinished.values()))
             except StorageError as exc:
                 log.error("telegram inbox: claims not given back (they run out by themselves): %s", exc)
-
-
-async def _first_of(*waits: Awaitable[object]) -> None:
-    """Until the first of `waits` is done; the others are cancelled."""
-    tasks = [asyncio.ensure_future(wait) for wait in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Webhook:
