@@ -1,7 +1,10 @@
-"""Reading user-edited JSON files with errors that say which file and where."""
+"""Reading user-edited JSON files with errors that say which file and where, and JSON objects out of a model's
+text."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +46,18 @@ def read_json_object(path: Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
 def dumps_pretty(value: Any) -> bytes:
     """Indented, key-preserving JSON with a trailing newline, as a person would want to read it."""
     return orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def json_objects(text: str) -> Iterator[dict[str, Any]]:
+    """Every JSON object written in `text` (alone, in prose or in a code fence), in order: how a model's answer
+    holds the object it was asked for."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start != -1:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            value = None
+        if isinstance(value, dict):
+            yield value
+        start = text.find("{", start + 1)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from picoclaw.errors import PicoclawError
+from picoclaw.jsonio import json_objects
 from picoclaw.memory.policy import PolicyError, PolicyManager
 from picoclaw.policy_schema import TUNABLE_KEYS, USER_ONLY, MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Continuation, Message, ProviderError, ask_between_turns
@@ -81,16 +82,8 @@ def parse_suggestion(answer: str | None) -> dict[str, Any]:
         raise SuggestionError("the answer is empty")
     if len(text) > MAX_ANSWER_CHARS:
         raise SuggestionError(f"the answer is too long ({len(text)} characters) to be a suggestion")
-    decoder = json.JSONDecoder()
-    start = text.find("{")
-    while start != -1:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            value = None
-        if isinstance(value, dict):
-            return value
-        start = text.find("{", start + 1)
+    for value in json_objects(text):
+        return value
     raise SuggestionError("no JSON object in the answer")
 
 

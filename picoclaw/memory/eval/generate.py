@@ -12,7 +12,6 @@ one claimed against the day's background budget, so at its cap generation stops 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from picoclaw.cjk import letters
+from picoclaw.jsonio import json_objects
 from picoclaw.memory.entries import SUPERSEDED
 from picoclaw.memory.eval.cases import GENERATED, EvalCase, holds
 from picoclaw.memory.eval.targets import AGES, DOCUMENTS, Entry, MemoryEntries
@@ -123,17 +123,9 @@ def generation_request(entry: Entry) -> list[dict[str, str]]:
 
 def parse_case(answer: str | None) -> tuple[str, str] | None:
     """The question and expect of the first JSON object in the answer that has both as texts; None if none has."""
-    text = answer or ""
-    decoder = json.JSONDecoder()
-    start = text.find("{")
-    while start != -1:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            value = None
-        if isinstance(value, dict) and isinstance(value.get("question"), str) and isinstance(value.get("expect"), str):
+    for value in json_objects(answer or ""):
+        if isinstance(value.get("question"), str) and isinstance(value.get("expect"), str):
             return value["question"].strip(), value["expect"].strip()
-        start = text.find("{", start + 1)
     return None
 
 
