@@ -438,3 +438,29 @@ def test_usage_and_status_show_today_the_month_and_the_caps(home: Path, fake_ope
     assert "chat" in out_en and "200" in out_en and "800" in out_en and "summary" in out_en
     assert re.search(r"background: [\d,]+ of 200,000 tokens \(\d+%\)", out_en) and "background share: " in out_en
     assert "今天的模型用量" in out_zh and "最近 30 天" in out_zh and "摘要" in out_zh and "后台占全部 tokens" in out_zh
+
+
+@pytest.mark.parametrize("said", ["I live in Hangzhou and cycle to work.", "我住在杭州，每天骑车上班。"])
+def test_background_calls_go_to_agents_background_and_chat_stays_on_its_model(
+        home: Path, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str], said: str) -> None:
+    from tests.agent_helpers import is_flush_request, is_summary_request
+
+    with FakeOpenAIServer() as cheap:
+        config = json.loads((home / "config.json").read_text(encoding="utf-8"))
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
+        config["providers"]["local"] = {"api_key": "sk-local", "api_base": cheap.base_url}
+        config["agents"]["background"] = {"provider": "local", "model": "qwen-small"}
+        (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        fake_openai.responder = lambda body: "Noted. / 记下了。"
+        cheap.responder = lambda body: "The user told where they live. / 用户说了住处。" if is_summary_request(body) \
+            else "NONE"
+        for n in range(6):
+            assert main(["chat", "--session", "cli:bg", "-m", f"{said} ({n})"]) == 0
+        assert main(["chat", "--session", "cli:bg", "-m", "/compact"]) == 0
+        capsys.readouterr()
+        background = cheap.chat_requests()
+    assert background and {body["model"] for body in background} == {"qwen-small"}
+    assert any(is_summary_request(body) for body in background)
+    assert any(is_flush_request(body) for body in background)
+    chat = fake_openai.chat_requests()
+    assert len(chat) == 6 and not any(is_summary_request(b) or is_flush_request(b) for b in chat)
