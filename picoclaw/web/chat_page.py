@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import BodyPartReader, web
 
+from picoclaw.web.chat_history import Said, history
+from picoclaw.web.file_cache import FileCache
+from picoclaw.web.markdown import rendered
 from picoclaw.web.render import APP_KEY, render
 from picoclaw.web.security import secured
 
@@ -28,6 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHANNEL_KEY: web.AppKey[list[WebChannel]] = web.AppKey("picoclaw_web_channel", list)  # made on first use
+# What a conversation's page shows, read and rendered once per version of its transcript (web/file_cache.py).
+HISTORY_KEY: web.AppKey[FileCache[list[Said]]] = web.AppKey("picoclaw_chat_history")
 DEFAULT_NAME = "console"
 MAX_MESSAGE = 20_000  # characters of one message typed in the console
 HISTORY_SHOWN = 200  # messages of the conversation the page shows when it opens
@@ -68,11 +73,14 @@ async def chat_page(request: web.Request) -> web.Response:
     key = session_of(request.query.get("name", ""))
     app = request.app[APP_KEY]
     sessions = app.workspace.sessions()
-    session = await asyncio.to_thread(sessions.read, sessions.path_for(key))
-    shown = [(m.message.get("role"), str(m.message.get("content") or "")) for m in session.messages
-             if m.message.get("role") in ("user", "assistant") and m.message.get("content")][-HISTORY_SHOWN:]
+    path = sessions.path_for(key)
+
+    def read() -> list[Said]:
+        return history([m.message for m in sessions.read(path).messages], HISTORY_SHOWN)
+
+    shown = await asyncio.to_thread(request.app[HISTORY_KEY].get, key, lambda: sessions.log.marker(path), read)
     return render(request, "chat.html", key=key, name=key.partition(":")[2], messages=shown,
-                  transcript=sessions.path_for(key).name)
+                  transcript=path.name)
 
 
 async def chat_turn(request: web.Request) -> web.StreamResponse:
@@ -112,7 +120,10 @@ async def chat_turn(request: web.Request) -> web.StreamResponse:
     async with contextlib.aclosing(conversations.turn(key, text, attached)) as events:
         try:
             async for event in events:
-                await response.write(orjson.dumps({"kind": event.kind, "text": event.text}) + b"\n")
+                sent: dict[str, str] = {"kind": event.kind, "text": event.text}
+                if event.kind == "done":  # the whole answer, rendered: the page replaces what streamed in
+                    sent["html"] = str(rendered(event.text))
+                await response.write(orjson.dumps(sent) + b"\n")
         except ConnectionResetError:
             return response
     await response.write_eof()

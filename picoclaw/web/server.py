@@ -40,6 +40,7 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console[jobs_page.SCHEDULERS_KEY] = []
     console[memory_page.ENTRIES_KEY] = FileCache(1)
     console[why_page.TURNS_KEY] = FileCache(8)
+    console[chat_page.HISTORY_KEY] = FileCache(8)
     console[stats_page.STATS_KEY] = FileCache(1)
     console.router.add_get("/", _home)
     console.router.add_get(LOGIN_PATH, _unreachable)  # answered by the gate

@@ -1,0 +1,92 @@
+"""A real chat in the console (issue 46, item 2): the model's Markdown rendered on the server, live when its turn
+ends and after a reload, raw HTML in it escaped; links open apart; tool calls as cards; the same labels live and
+after a reload, in English and Chinese."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from tests.fakes import FakeOpenAIServer
+from tests.fakes.console import Console, csrf_of, logged_in
+from tests.test_web_console import CHROMIUM, CHROMIUM_FLAGS, chat_events, chatting  # noqa: F401  (a fixture)
+
+ANSWER = ("**Doudou** is a corgi.\n\n- loves the park\n- 喜欢公园\n\n```\n<i>not markup</i>\n```\n\n"
+          "See [the vet](https://vet.example/a).\n\n<script>window.pwned = 1</script><b>bold?</b>")
+
+
+def assert_rendered(html: str) -> None:
+    assert "<strong>Doudou</strong>" in html and "<li>喜欢公园</li>" in html
+    assert "<pre><code>&lt;i&gt;not markup&lt;/i&gt;\n</code></pre>" in html
+    assert '<a href="https://vet.example/a" rel="noopener noreferrer" target="_blank">the vet</a>' in html
+    assert "&lt;script&gt;window.pwned = 1&lt;/script&gt;&lt;b&gt;bold?&lt;/b&gt;" in html
+    assert "<script>" not in html and "<b>" not in html
+
+
+def test_the_answer_is_rendered_markdown_live_and_after_a_reload_and_its_html_is_escaped(
+        chatting: tuple[Console, FakeOpenAIServer]) -> None:  # noqa: F811  (the fixture imported)
+    console, fake = chatting
+    client = logged_in(console)
+    token = csrf_of(client.get("/chat").text)
+    fake.reply_tool_calls([("memory_search", {"query": "柯基 corgi"})])
+    fake.reply_text(ANSWER)
+    events = chat_events(client, token, "Tell me about Doudou")
+    assert events[-1]["kind"] == "done" and events[-1]["text"] == ANSWER  # the text stays as the model wrote it
+    assert_rendered(events[-1]["html"])
+    assert all("html" not in event for event in events[:-1])  # the pieces stream in as plain text
+    page = client.get("/chat")
+    assert page.headers["content-security-policy"].startswith("default-src 'self'; script-src 'self'")
+    assert_rendered(page.text)
+    card = re.search(r'<details class="event tool"><summary>🔧 memory_search</summary>(.*?)</details>', page.text,
+                     re.S)
+    assert card is not None and "柯基 corgi" in card.group(1) and "result (its start)" in card.group(1)
+    assert '<p class="meta">You</p>' in page.text and 'data-you="You" data-assistant="picoclaw"' in page.text
+    chinese = client.get("/chat", headers={"Accept-Language": "zh-CN"}).text
+    assert '<p class="meta">你</p>' in chinese and 'data-you="你"' in chinese and "参数" in chinese
+    fake.reply_text("好的：**豆豆**")
+    assert chat_events(client, token, "再说一遍")[-1]["html"] == "<p>好的：<strong>豆豆</strong></p>\n"
+    assert "<p>好的：<strong>豆豆</strong></p>" in client.get("/chat").text  # the kept page saw the new turn
+
+
+def test_in_a_browser_the_answer_is_rendered_its_script_inert_and_the_labels_match_a_reload(
+        chatting: tuple[Console, FakeOpenAIServer]) -> None:  # noqa: F811  (the fixture imported)
+    if not CHROMIUM.exists():
+        if os.environ.get("PICOCLAW_REQUIRE_CHROMIUM"):
+            pytest.fail(f"{CHROMIUM} is missing (.ci/run installs Debian's chromium)")
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium")
+    from playwright.sync_api import expect, sync_playwright
+
+    console, fake = chatting
+    fake.reply_tool_calls([("memory_search", {"query": "柯基"})])
+    fake.reply_text(ANSWER, chunk_delay=0.02)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        try:
+            for locale, you in (("en-US", "You"), ("zh-CN", "你")):
+                page = browser.new_page(locale=locale)
+                page.goto(console.gate.login_url(console.base))
+                page.goto(f"{console.base}/chat?name=browser-{locale}")
+                if locale == "zh-CN":
+                    fake.reply_text("**豆豆**是一只柯基。<b>不是标记</b>")
+                page.fill("#message", "Doudou?")
+                page.press("#message", "Enter")
+                answer = page.locator("article.said.assistant .markdown strong").last
+                expect(answer).to_have_text("Doudou" if locale == "en-US" else "豆豆", timeout=60_000)
+                live = page.locator("section#conversation").inner_html()
+                labels = page.locator("article.said p.meta").all_inner_texts()
+                assert labels == [you, "picoclaw"]
+                assert page.locator(".markdown b, .markdown script").count() == 0
+                assert page.evaluate("window.pwned") is None
+                if locale == "en-US":
+                    assert page.locator(".markdown li").count() == 2
+                    assert page.locator(".markdown pre code").inner_text().strip() == "<i>not markup</i>"
+                    assert page.locator(".markdown a").get_attribute("rel") == "noopener noreferrer"
+                    assert page.locator("details.event.tool summary").inner_text() == "🔧 memory_search"
+                page.reload()
+                assert page.locator("article.said p.meta").all_inner_texts() == labels
+                assert page.locator(".markdown").last.inner_html() in live  # the same HTML, live and reloaded
+                page.close()
+        finally:
+            browser.close()
