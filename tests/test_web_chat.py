@@ -4,6 +4,7 @@ after a reload, in English and Chinese."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -87,6 +88,65 @@ def test_in_a_browser_the_answer_is_rendered_its_script_inert_and_the_labels_mat
                 page.reload()
                 assert page.locator("article.said p.meta").all_inner_texts() == labels
                 assert page.locator(".markdown").last.inner_html() in live  # the same HTML, live and reloaded
+                if locale == "zh-CN":  # switch to the other conversation, then start a new one
+                    page.click("nav.conversations a[href='/chat?name=browser-en-US']")
+                    expect(page.locator(".markdown strong").first).to_have_text("Doudou")
+                    assert page.locator("nav.conversations [aria-current=page]").inner_text() == "browser-en-US"
+                    page.fill("nav.conversations input[name=name]", "新的")
+                    page.click("nav.conversations .new-conversation button")
+                    expect(page.locator("h1 small")).to_have_text("web:新的")
+                    assert page.locator("article.said").count() == 0
                 page.close()
         finally:
             browser.close()
+
+
+def write_transcript(console: Console, file: str, said: list[str]) -> None:
+    folder = console.app.workspace.sessions().folder
+    folder.mkdir(parents=True, exist_ok=True)
+    records = [{"type": "message", "id": n, "time": f"2026-11-26T10:00:0{n}+00:00",
+                "message": {"role": "user" if n % 2 else "assistant", "content": text}}
+               for n, text in enumerate(said, 1)]
+    (folder / file).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def test_conversations_are_listed_switched_started_and_archived_in_english_and_chinese(
+        chatting: tuple[Console, FakeOpenAIServer]) -> None:  # noqa: F811  (the fixture imported)
+    console, fake = chatting
+    write_transcript(console, "telegram%3A42.jsonl", ["Capital of Australia?", "Canberra."])
+    write_transcript(console, "cli%3Ahome.jsonl", ["澳大利亚的首都？", "堪培拉。"])
+    client = logged_in(console)
+    token = csrf_of(client.get("/chat").text)
+    fake.reply_text("Pack light.")
+    chat_events(client, token, "Trip to Lisbon?", name="trip")
+    fake.reply_text("带把伞。")
+    chat_events(client, token, "去杭州要带什么？", name="旅行")
+    trip = client.get("/chat", params={"name": "trip"}).text
+    assert "Trip to Lisbon?" in trip and "去杭州要带什么？" not in trip
+    assert '<a href="/chat?name=trip" aria-current="page">trip</a>' in trip
+    assert '<a href="/chat?name=%E6%97%85%E8%A1%8C">旅行</a>' in trip
+    for listed in ("telegram%253A42.jsonl\">telegram:42</a> <small>(read-only here)",
+                   "cli%253Ahome.jsonl\">cli:home</a> <small>(read-only here)"):
+        assert f'<a href="/why/conversation?name={listed}' in trip
+    chinese = client.get("/chat", params={"name": "旅行"}, headers={"Accept-Language": "zh-CN"}).text
+    assert "去杭州要带什么？" in chinese and "Trip to Lisbon?" not in chinese
+    assert "此处只读" in chinese and "新对话" in chinese and "归档并重新开始" in chinese
+    fresh = client.get("/chat", params={"name": "fresh"}).text  # a new one is listed before its first message
+    assert '<a href="/chat?name=fresh" aria-current="page">fresh</a>' in fresh
+    refused = client.get("/chat", params={"name": "two words"})
+    assert refused.status_code == 400 and refused.text.count("\n") == 1
+    assert client.post("/chat/archive", data={"name": "trip"}).status_code == 403  # no CSRF token
+    archived = client.post("/chat/archive", data={"name": "trip", "csrf_token": token})
+    assert archived.status_code == 303 and archived.headers["location"] == "/chat?name=trip"
+    after = client.get("/chat", params={"name": "trip"}).text
+    assert "Trip to Lisbon?" not in after and "去杭州要带什么？" not in after
+    assert "Trip to Lisbon?" in client.get("/why/conversation", params={"name": archived_name(console)}).text
+    assert "去杭州要带什么？" in client.get("/chat", params={"name": "旅行"}).text  # the other one untouched
+    bad = client.post("/chat/archive", data={"name": "a/b", "csrf_token": token})
+    assert bad.status_code == 400 and bad.text.count("\n") == 1
+
+
+def archived_name(console: Console) -> str:
+    folder = console.app.workspace.sessions().folder
+    [path] = [path for path in (folder / "archive").iterdir() if "trip" in path.name]
+    return path.relative_to(folder).as_posix()
