@@ -150,3 +150,30 @@ def archived_name(console: Console) -> str:
     folder = console.app.workspace.sessions().folder
     [path] = [path for path in (folder / "archive").iterdir() if "trip" in path.name]
     return path.relative_to(folder).as_posix()
+
+
+def test_archiving_while_a_turn_runs_is_refused_in_one_line_and_archives_nothing(
+        chatting: tuple[Console, FakeOpenAIServer]) -> None:  # noqa: F811  (the fixture imported)
+    import threading
+
+    from tests.fakes.openai_server import Text
+
+    console, fake = chatting
+    client = logged_in(console)
+    token = csrf_of(client.get("/chat").text)
+    release = threading.Event()
+    fake.enqueue(Text("a slow answer", until=release))
+    streaming = threading.Thread(target=lambda: chat_events(client, token, "take your time"))
+    streaming.start()
+    try:
+        for _ in range(600):  # until the model has the request (bounded: 60 s)
+            if fake.chat_requests():
+                break
+            threading.Event().wait(0.1)
+        refused = client.post("/chat/archive", data={"name": "console", "csrf_token": token})
+    finally:
+        release.set()
+        streaming.join(60)
+    assert refused.status_code == 409 and refused.text.count("\n") == 1 and "still running" in refused.text
+    assert not (console.app.workspace.sessions().folder / "archive").exists()
+    assert "take your time" in client.get("/chat").text
