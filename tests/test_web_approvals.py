@@ -71,7 +71,7 @@ def test_approve_runs_the_call(asking: tuple[Console, FakeOpenAIServer], file: s
     assert asked["tool"] == "write_file" and content in asked["arguments"]
     [done] = [json.loads(e["text"]) for e in events if e["kind"] == "approval_done"]
     assert done == {"id": asked["id"], "verdict": "approved"}
-    assert events[-1] == {"kind": "done", "text": reply}
+    assert (events[-1]["kind"], events[-1]["text"]) == ("done", reply)
     assert (console.app.workspace.root / file).read_text(encoding="utf-8") == content
 
 
@@ -146,7 +146,7 @@ def test_in_a_browser_the_call_waits_for_the_approve_button(asking: tuple[Consol
             assert not (console.app.workspace.root / "plan.md").exists()  # nothing runs before the press
             card.get_by_role("button", name=approve).click()
             expect(card.locator(".meta")).to_have_text(approved, timeout=60_000)
-            expect(page.locator("article.said.assistant pre").last).to_have_text("Written. / 写好了。",
+            expect(page.locator("article.said.assistant .markdown").last).to_have_text("Written. / 写好了。",
                                                                                  timeout=60_000)
             assert card.locator("button").count() == 0
         finally:

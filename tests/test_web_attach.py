@@ -66,7 +66,7 @@ def test_a_document_an_image_and_audio_go_with_their_messages(console: Console, 
 
     fake_openai.reply_text("发布改到了周五。")
     answered = events(upload(client, token, "会议.txt", ZH.encode("gbk"), "发布是哪天？"))
-    assert answered[-1] == {"kind": "done", "text": "发布改到了周五。"}
+    assert (answered[-1]["kind"], answered[-1]["text"]) == ("done", "发布改到了周五。")
     sent = last_user(fake_openai)
     assert "[document: 会议.txt, saved as media/" in sent and "安娜负责预算" in sent and sent.endswith("发布是哪天？")
 
@@ -80,7 +80,7 @@ def test_a_document_an_image_and_audio_go_with_their_messages(console: Console, 
     fake_openai.reply_text("Noted: oat milk.")
     heard = events(upload(client, token, "voice", OGG))  # no text: the file is the message
     assert heard[0] == {"kind": "attached", "text": "🎤 Buy oat milk on the way home"}
-    assert heard[-1] == {"kind": "done", "text": "Noted: oat milk."}
+    assert (heard[-1]["kind"], heard[-1]["text"]) == ("done", "Noted: oat milk.")
     assert last_user(fake_openai).endswith(f"\n{SPOKEN_MARK} Buy oat milk on the way home")
     assert fake_openai.transcription_requests()[0]["filename"] == "voice.ogg"
     transcript = console.app.workspace.sessions().folder / "web%3Aconsole.jsonl"
@@ -161,7 +161,8 @@ def test_in_a_browser_attach_sends_the_file_and_shows_the_note(console: Console,
             page.set_input_files("#attachment", str(tmp_path / "sign.png"))
             page.fill("#message", "这个牌子上写的是什么？")
             page.press("#message", "Enter")
-            expect(page.locator("article.said.assistant pre")).to_have_text("I cannot see it, sorry.", timeout=60_000)
+            expect(page.locator("article.said.assistant .markdown")).to_have_text("I cannot see it, sorry.",
+                                                                                   timeout=60_000)
             expect(page.locator("article.said.user pre")).to_have_text("这个牌子上写的是什么？\n📎 sign.png")
             expect(page.locator("#conversation p.attached")).to_have_text([NO_VISION])
             assert page.locator("#attachment").input_value() == ""  # the file went with this message only

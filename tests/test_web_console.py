@@ -439,7 +439,7 @@ def test_a_chat_turn_streams_its_answer_and_tool_calls_and_is_kept_as_a_web_sess
     assert "".join(e["text"] for e in events if e["kind"] == "text") == events[-1]["text"]
     fake.reply_text("豆豆是一只柯基。")
     chinese = chat_events(client, token.group(1), "豆豆是什么狗？")
-    assert chinese[-1] == {"kind": "done", "text": "豆豆是一只柯基。"}
+    assert chinese[-1] == {"kind": "done", "text": "豆豆是一只柯基。", "html": "<p>豆豆是一只柯基。</p>\n"}
     transcript = console.app.workspace.sessions().folder / "web%3Aconsole.jsonl"
     lines = [json.loads(line) for line in transcript.read_text(encoding="utf-8").splitlines()]
     said = [line["message"]["content"] for line in lines if line["message"].get("role") == "user"]
@@ -542,10 +542,10 @@ def test_in_a_browser_a_chat_answer_streams_in_and_why_this_answer_shows_its_mem
             page.goto(f"{console.base}/chat")
             page.fill("#message", "我的柯基叫什么？")
             page.press("#message", "Enter")
-            answer = page.locator("article.said.assistant pre").last
+            answer = page.locator("article.said.assistant .markdown").last
             expect(answer).to_have_text("<b>豆豆</b> loves the park.", timeout=60_000)  # as text, not markup
             assert page.locator("article.said.assistant b").count() == 0
-            assert "memory_search" in page.locator("p.event.tool").first.inner_text()
+            assert "memory_search" in page.locator("details.event.tool summary").first.inner_text()
             page.click("main a[href^='/why/conversation']")
             assert re.search(r"search\s+\d\.\d{3}\s+memory/MEMORY\.md", page.locator("table.blocks").first.inner_text())
             assert "我的柯基叫豆豆" in page.locator("table.blocks").first.inner_text()
@@ -640,7 +640,8 @@ def test_the_console_works_the_same_on_postgresql(home: Path, postgres_dsn: str,
             added = client.post("/memory/entries", data={"content": "我的柯基叫豆豆 (Doudou)", "csrf_token": token})
             assert added.status_code == 303
             fake_openai.reply_text("豆豆。")
-            assert chat_events(client, token, "我的狗叫什么？")[-1] == {"kind": "done", "text": "豆豆。"}
+            assert chat_events(client, token, "我的狗叫什么？")[-1] == {"kind": "done", "text": "豆豆。",
+                                                                        "html": "<p>豆豆。</p>\n"}
             assert "web:console" in client.get("/why").text
             assert client.post("/policy/set", data={"key": "recent_days", "value": "5", "csrf_token": token}
                                ).status_code == 303

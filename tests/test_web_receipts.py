@@ -71,7 +71,7 @@ def test_each_receipt_comes_once_on_the_pages_event_stream_in_english_and_chines
         lines = stream.iter_lines()
         assert next(lines) == ": open"
         english = turn(client, token, "Remember: I live in Hangzhou.")
-        assert english[-1] == {"kind": "done", "text": "Noted."}
+        assert (english[-1]["kind"], english[-1]["text"]) == ("done", "Noted.")
         assert next_event(lines) == {"kind": "notice", "text": "remembered: I live in Hangzhou."}
         chinese = turn(client, token, "记住：我住在杭州。")
         # The next event is the next write's: the first was shown once.
@@ -90,7 +90,8 @@ def test_a_receipt_with_no_page_open_is_not_shown_but_listed(chatting: tuple[Con
     fake.responder = model(remembers("I live in Hangzhou."), "NONE")
     client = logged_in(console)
     token = csrf_of(client.get("/memory").text)
-    assert turn(client, token, "Remember: I live in Hangzhou.")[-1] == {"kind": "done", "text": "Noted."}
+    assert turn(client, token, "Remember: I live in Hangzhou.")[-1] == {"kind": "done", "text": "Noted.",
+                                                                      "html": "<p>Noted.</p>\n"}
     deadline = time.monotonic() + EVENT_DEADLINE
     while "I live in Hangzhou." not in (recent := turn(client, token, "/memory recent")[-1]["text"]):
         assert time.monotonic() < deadline, recent  # the receipt is logged in the background, after the reply
@@ -129,7 +130,7 @@ def test_in_a_browser_a_chat_turns_memory_append_shows_its_receipt_as_text(
             with page.expect_response(lambda response: "/chat/events" in response.url, timeout=60_000):
                 page.goto(f"{console.base}/chat")
             receipts = page.locator("#conversation p.receipt")
-            answers = page.locator("article.said.assistant pre")
+            answers = page.locator("article.said.assistant .markdown")
             shown: list[str] = []
             for number, (said, fact) in enumerate([("Remember: I live in Hangzhou.", "I live in Hangzhou."),
                                                    ("记住：我住在杭州。", "我住在杭州"), (HOSTILE, HOSTILE)]):

@@ -14,11 +14,16 @@ import asyncio
 import contextlib
 import logging
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import orjson
 from aiohttp import BodyPartReader, web
 
-from picoclaw.web.render import APP_KEY, render
+from picoclaw.web.chat_history import Said, history
+from picoclaw.web.conversation_list import Conversation, conversations, session_key
+from picoclaw.web.file_cache import FileCache
+from picoclaw.web.markdown import rendered
+from picoclaw.web.render import APP_KEY, render, see_other
 from picoclaw.web.security import secured
 
 if TYPE_CHECKING:
@@ -28,9 +33,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHANNEL_KEY: web.AppKey[list[WebChannel]] = web.AppKey("picoclaw_web_channel", list)  # made on first use
+# What a conversation's page shows, read and rendered once per version of its transcript (web/file_cache.py).
+HISTORY_KEY: web.AppKey[FileCache[list[Said]]] = web.AppKey("picoclaw_chat_history")
 DEFAULT_NAME = "console"
 MAX_MESSAGE = 20_000  # characters of one message typed in the console
 HISTORY_SHOWN = 200  # messages of the conversation the page shows when it opens
+CONVERSATIONS_SHOWN = 30  # the newest current conversations the page lists (the why page lists them all)
 KEEP_ALIVE_SECONDS = 15.0
 MULTIPART = "multipart/form-data"
 FORM_SLACK = MAX_MESSAGE * 4 + 64 * 1024  # an upload's form besides its file: the message in UTF-8, the boundaries
@@ -68,11 +76,40 @@ async def chat_page(request: web.Request) -> web.Response:
     key = session_of(request.query.get("name", ""))
     app = request.app[APP_KEY]
     sessions = app.workspace.sessions()
-    session = await asyncio.to_thread(sessions.read, sessions.path_for(key))
-    shown = [(m.message.get("role"), str(m.message.get("content") or "")) for m in session.messages
-             if m.message.get("role") in ("user", "assistant") and m.message.get("content")][-HISTORY_SHOWN:]
+    path = sessions.path_for(key)
+
+    def read() -> list[Said]:
+        return history([m.message for m in sessions.read(path).messages], HISTORY_SHOWN)
+
+    shown = await asyncio.to_thread(request.app[HISTORY_KEY].get, key, lambda: sessions.log.marker(path), read)
+    listed = await asyncio.to_thread(_listed, app, key)
     return render(request, "chat.html", key=key, name=key.partition(":")[2], messages=shown,
-                  transcript=sessions.path_for(key).name)
+                  transcript=path.name, conversations=listed)
+
+
+def _listed(app: App, key: str) -> list[Conversation]:
+    """The current conversations (web ones to switch to, the others to read), newest first; this page's own
+    always among them, even before its first message."""
+    found = [one for one in conversations(app) if not one.archived][:CONVERSATIONS_SHOWN]
+    if all(one.key != key for one in found):
+        name = app.workspace.sessions().path_for(key).name
+        found.insert(0, Conversation(name, session_key(name), False, 0.0))
+    return found
+
+
+async def chat_archive(request: web.Request) -> web.Response:
+    """Archive the conversation and start it afresh: its `/new`, through the agent as the terminal does (the
+    memory flush included); back to its page, or 409 and one line while a turn of it runs."""
+    form = await request.post()
+    name = str(form.get("name", ""))
+    key = session_of(name)
+    async with contextlib.aclosing(channel(request.app).turn(key, "/new")) as events:
+        last = None
+        async for event in events:
+            last = event
+    if last is None or last.kind != "done":
+        raise web.HTTPConflict(text=f"{last.text if last is not None else 'nothing was archived'}\n")
+    return see_other(f"/chat?name={quote(key.partition(':')[2])}")
 
 
 async def chat_turn(request: web.Request) -> web.StreamResponse:
@@ -112,7 +149,10 @@ async def chat_turn(request: web.Request) -> web.StreamResponse:
     async with contextlib.aclosing(conversations.turn(key, text, attached)) as events:
         try:
             async for event in events:
-                await response.write(orjson.dumps({"kind": event.kind, "text": event.text}) + b"\n")
+                sent: dict[str, str] = {"kind": event.kind, "text": event.text}
+                if event.kind == "done":  # the whole answer, rendered: the page replaces what streamed in
+                    sent["html"] = str(rendered(event.text))
+                await response.write(orjson.dumps(sent) + b"\n")
         except ConnectionResetError:
             return response
     await response.write_eof()

@@ -40,6 +40,7 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console[jobs_page.SCHEDULERS_KEY] = []
     console[memory_page.ENTRIES_KEY] = FileCache(1)
     console[why_page.TURNS_KEY] = FileCache(8)
+    console[chat_page.HISTORY_KEY] = FileCache(8)
     console[stats_page.STATS_KEY] = FileCache(1)
     console.router.add_get("/", _home)
     console.router.add_get(LOGIN_PATH, _unreachable)  # answered by the gate
@@ -47,6 +48,7 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_get("/chat", chat_page.chat_page)
     console.router.add_post("/chat/turn", chat_page.chat_turn)
     console.router.add_post("/chat/stop", chat_page.chat_stop)
+    console.router.add_post("/chat/archive", chat_page.chat_archive)
     console.router.add_post("/chat/approve", chat_page.chat_approve)
     console.router.add_get("/chat/events", chat_page.chat_events)
     console.router.add_get("/memory", memory_page.memory_page)

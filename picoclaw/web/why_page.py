@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from picoclaw.memory import FeedbackLedger, Reaction
+from picoclaw.web.conversation_list import conversations, session_key, transcripts
 from picoclaw.web.file_cache import FileCache
 from picoclaw.web.model_saw import BAR_WIDTH, ModelSaw, config_secrets, masked_request, model_saw
 from picoclaw.web.render import APP_KEY, page_number, render
@@ -52,37 +52,17 @@ CHART_WIDTH, CHART_HEIGHT = 600, 160
 TURNS_PER_PAGE = 50
 
 
-def _transcripts(app: App) -> dict[str, Path]:
-    """The workspace's transcripts by their name under the sessions folder (archived ones as archive/…)."""
-    sessions = app.workspace.sessions()
-    folder = sessions.folder
-    return {path.relative_to(folder).as_posix(): path for path in sessions.log.transcripts()}
-
-
-def _session_key(name: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(name.rsplit("/", 1)[-1].removesuffix(".jsonl"))
-
-
 async def conversations_page(request: web.Request) -> web.Response:
     """Every conversation of the workspace (REPL, Telegram, web), newest first."""
-    app = request.app[APP_KEY]
-    found = await asyncio.to_thread(_transcripts, app)
-    sessions = app.workspace.sessions()
-    rows = []
-    for name, path in found.items():
-        modified = await asyncio.to_thread(sessions.modified, path)
-        rows.append((modified, name, _session_key(name), name.startswith("archive/")))
-    rows.sort(reverse=True)
-    return render(request, "conversations.html", rows=[(name, key, archived) for _, name, key, archived in rows])
+    found = await asyncio.to_thread(conversations, request.app[APP_KEY])
+    return render(request, "conversations.html", rows=[(one.name, one.key, one.archived) for one in found])
 
 
 async def conversation_page(request: web.Request) -> web.Response:
     """One conversation's user turns, newest first, each with what memory it carried and why."""
     app = request.app[APP_KEY]
     name = request.query.get("name", "")
-    found = await asyncio.to_thread(_transcripts, app)
+    found = await asyncio.to_thread(transcripts, app)
     if name not in found:  # only names the storage lists: no path from the request ever reaches the disk
         raise web.HTTPNotFound(text="No such conversation.\n")
     def read() -> tuple[list[TurnView], int]:
@@ -92,13 +72,13 @@ async def conversation_page(request: web.Request) -> web.Response:
     read_turns, count = await asyncio.to_thread(request.app[TURNS_KEY].get, name,
                                               lambda: app.workspace.sessions().log.marker(found[name]), read)
     ledger = FeedbackLedger(app.workspace.memory_dir, storage=app.workspace.storage)
-    turns = _with_feedback(read_turns, await asyncio.to_thread(ledger.read), _session_key(name))
+    turns = _with_feedback(read_turns, await asyncio.to_thread(ledger.read), session_key(name))
     pages = max(1, -(-len(turns) // TURNS_PER_PAGE))
     number = page_number(request, pages)
     newest_first = turns[::-1]
     shown = _seen(newest_first[(number - 1) * TURNS_PER_PAGE:number * TURNS_PER_PAGE], app,
-                  _kept_request(request, _session_key(name)))
-    return render(request, "conversation.html", name=name, key=_session_key(name), turns=shown, page=number,
+                  _kept_request(request, session_key(name)))
+    return render(request, "conversation.html", name=name, key=session_key(name), turns=shown, page=number,
                   pages=pages, bars=_chart(turns), bar_width=BAR_WIDTH, chart_width=CHART_WIDTH,
                   chart_height=CHART_HEIGHT, top=_top(turns), messages=count)
 

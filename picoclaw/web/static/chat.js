@@ -1,9 +1,12 @@
 // The console's chat: sends a message, shows the answer as it streams in (one JSON event a line), each tool
-// call as one line, Stop, and what the scheduler delivers and the receipts of memory writes while the page is
-// open. Text is only ever set as textContent: nothing a model or a memory wrote becomes markup. A file chosen with
-// Attach goes with the message as a multipart form; what it shows first (the transcript heard, "this model cannot
-// see images") comes as "attached" events, shown as small notes. A tool call that asks first comes as an
-// "approval" event: the call with Approve and Deny, which post the decision; "approval_done" shows what came of it.
+// call as a card (its name; the arguments inside), Stop, and what the scheduler delivers and the receipts of memory
+// writes while the page is open. Text is only ever set as textContent, with one exception: when a turn ends, its
+// "done" event carries the answer's Markdown as HTML the server rendered (picoclaw/web/markdown.py: raw HTML in it
+// escaped), which replaces the plain text that streamed in. A file chosen with Attach goes with the message as a
+// multipart form; what it shows first (the transcript heard, "this model cannot see images") comes as "attached"
+// events, shown as small notes. A tool call that asks first comes as an "approval" event: the call with Approve and
+// Deny, which post the decision; "approval_done" shows what came of it. The labels ("You", "picoclaw") are the
+// page's own (data attributes), as the reloaded page shows them.
 "use strict";
 
 (function () {
@@ -28,6 +31,30 @@
     box.append(article);
     article.scrollIntoView({block: "end"});
     return text;
+  }
+
+  // A tool call as the reloaded page shows it: a card with the tool's name, its arguments inside.
+  function toolCard(target, text) {
+    const space = text.indexOf(" ");
+    const card = document.createElement("details");
+    card.className = "event tool";
+    const summary = document.createElement("summary");
+    summary.textContent = "🔧 " + (space < 0 ? text : text.slice(0, space));
+    const label = document.createElement("p");
+    label.className = "meta";
+    label.textContent = box.dataset.arguments;
+    const args = document.createElement("pre");
+    args.textContent = space < 0 ? "" : text.slice(space + 1);
+    card.append(summary, label, args);
+    target.parentElement.parentElement.insertBefore(card, target.parentElement);
+  }
+
+  // The finished answer: the server's rendered HTML in place of the plain text that streamed in.
+  function finished(target, html) {
+    const body = document.createElement("div");
+    body.className = "markdown";
+    body.innerHTML = html;
+    target.replaceWith(body);
   }
 
   function line(target, kind, text) {
@@ -89,8 +116,8 @@
   }
 
   async function turn(text, file) {
-    said("user", "·").textContent = text + (file ? (text ? "\n" : "") + "📎 " + file.name : "");
-    const answer = said("assistant", "…");
+    said("user", box.dataset.you).textContent = text + (file ? (text ? "\n" : "") + "📎 " + file.name : "");
+    const answer = said("assistant", box.dataset.assistant);
     send.disabled = true;
     stop.disabled = false;
     try {
@@ -120,8 +147,12 @@
             approval(answer, JSON.parse(event.text));
           } else if (event.kind === "approval_done") {
             approvalDone(JSON.parse(event.text));
-          } else if (event.kind === "tool" || event.kind === "notice") {
+          } else if (event.kind === "tool") {
+            toolCard(answer, event.text);
+          } else if (event.kind === "notice") {
             line(answer, event.kind, "· " + event.text);
+          } else if (event.kind === "done" && typeof event.html === "string") {
+            finished(answer, event.html);
           } else if (event.kind === "done" || event.kind === "error") {
             answer.textContent = event.text;
             if (event.kind === "error") answer.classList.add("error");
