@@ -108,7 +108,8 @@ def prepare(home: Path, conv: Conversation, lang: str, base_url: str, api_key: s
     onboard_in_shanghai(home)
     path = home / "config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": api_key, "api_base": base_url}
+    # A local model on a CPU takes minutes a call when the machine is busy: the timeout of a local server entry.
+    config["providers"]["openai"] = {"api_key": api_key, "api_base": base_url, "timeout": 600, "max_retries": 0}
     if model:
         config["agents"]["defaults"]["model"] = model
     path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
