@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -130,6 +131,53 @@ def test_nothing_writes_memory_into_a_postgres_workspace_folder(machines: tuple[
     assert not (a.root / "memory" / "backups").exists()
 
 
+def _statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement the PostgreSQL backend sends from now on (not the pool's empty check of a connection)."""
+    import psycopg
+
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counted(self: psycopg.Connection, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(query):
+            sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    return sent
+
+
+def test_a_read_round_checks_each_document_once_and_ends_with_its_block(
+        machines: tuple[Storage, Storage], monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = machines
+    writer, reader = _store(a), _store(b)
+    policy = PolicyManager(b.root / "memory", {}, TZ, storage=b)
+    writer.append_long_term(FACT_EN)
+    assert FACT_EN in reader.read_long_term() and reader.read_learnings() == ""  # read once before: cached
+    sent = _statements(monkeypatch)
+    with b.read_round():
+        assert FACT_EN in reader.read_long_term()
+        assert len(sent) == 1  # MEMORY.md and LEARNINGS.md (read before) checked in one statement
+        for _ in range(5):
+            assert reader.read_learnings() == "" and FACT_EN in reader.read_long_term()
+            assert policy.current().retrieve_limit != 7
+        assert len(sent) == 2  # and the policy's overrides, asked about once
+
+        writer.append_long_term(FACT_ZH)  # another machine writes while the round is open
+        writer.append_learning(LESSON, "the user")
+        PolicyManager(a.root / "memory", {}, TZ, storage=a).set({"retrieve_limit": 7}, source="cli")
+        del sent[:]
+        assert FACT_ZH not in reader.read_long_term() and reader.read_learnings() == ""  # what the round saw
+        assert policy.current().retrieve_limit != 7 and sent == []
+        with reader.locked():  # a read under the lock (a read-modify-write) reads the row, round or not
+            assert "问到家人时提到里斯本的妹妹" in reader.read_learnings()
+        reader.append_long_term("B's own fact. 自己写的。")  # and this machine's own write is read at once
+        assert "自己写的" in reader.read_long_term() and FACT_ZH in reader.read_long_term()
+    # The round is over: every read checks again.
+    assert policy.current().retrieve_limit == 7
+    assert "问到家人时提到里斯本的妹妹" in reader.read_learnings()
+
+
 def test_on_files_the_port_reads_the_files_themselves(tmp_path: Path) -> None:
     storage = FilesStorage(tmp_path)
     store = _store(storage)
@@ -139,3 +187,6 @@ def test_on_files_the_port_reads_the_files_themselves(tmp_path: Path) -> None:
     store.long_term_path.write_text(f"## 2026-12-01\n{FACT_EN}\n", encoding="utf-8")  # a hand edit is memory here
     assert store.read_long_term() == f"## 2026-12-01\n{FACT_EN}\n"
     assert not (tmp_path / ".picoclaw-work" / "documents").exists()
+    with storage.read_round():  # on files a round keeps nothing: a file read is always current
+        store.long_term_path.write_text(f"## 2026-12-02\n{FACT_ZH}\n", encoding="utf-8")
+        assert store.read_long_term() == f"## 2026-12-02\n{FACT_ZH}\n"

@@ -382,33 +382,35 @@ class AgentLoop:
                       images: Sequence[bytes], approver: Approver | None, chooser: Chooser | None) -> Reply:
         text = clean_text(text)
         receipts = Receipts(notify, remembered)
+        # One read round per turn: on PostgreSQL each memory document is checked once, not at every read.
         async with self.hold(key):
-            current_session.set(key)  # for tools acting on "this chat" (cron); the turn's own task's context
-            current_approver.set(approver)  # for ask-first calls and ask_user: whom this turn's tools ask
-            current_chooser.set(chooser)
-            command = parse_command(text)
-            if command is not None:
-                return Reply(await self.command(key, command, receipts))
-            writes = TurnWrites(key, ())
-            try:
-                answer, finished = await self._turn(key, text, on_text, on_tool, writes, ask_again, images)
-            except StorageError as exc:  # a summary or set-aside inside the turn could not be recorded
-                log.warning("session %s: memory storage: %s", key, exc)
-                self._spawn(receipts.show(key, writes.writes, self.written))
-                return Reply(f"Sorry, I cannot reach my memory right now: {exc}", error=exc)
-            except ProviderError as exc:
-                self._learn_window(exc)  # whichever request of the turn overflowed, the window it named holds
-                # Info, not a warning: the channel shows the failure itself, once.
-                log.info("session %s: model call failed (%s): %s", key, exc.kind, exc)
-                # What memory_append wrote before the failure is written all the same: the user hears of it.
-                self._spawn(receipts.show(key, writes.writes, self.written))
-                if isinstance(exc, EmptyAnswer):
-                    apology = f"Sorry, {exc}." if exc.asked_again else ""  # not asked again: silence was an answer
-                elif exc.kind == "over_budget":  # no call was made: the cap's own line says what to do
-                    apology = str(exc)
-                else:
-                    apology = f"Sorry, I could not get an answer from the model: {exc}"
-                return Reply(apology, error=exc)
+            with self.workspace.storage.read_round():
+                current_session.set(key)  # for tools acting on "this chat" (cron); the turn's own task's context
+                current_approver.set(approver)  # for ask-first calls and ask_user: whom this turn's tools ask
+                current_chooser.set(chooser)
+                command = parse_command(text)
+                if command is not None:
+                    return Reply(await self.command(key, command, receipts))
+                writes = TurnWrites(key, ())
+                try:
+                    answer, finished = await self._turn(key, text, on_text, on_tool, writes, ask_again, images)
+                except StorageError as exc:  # a summary or set-aside inside the turn could not be recorded
+                    log.warning("session %s: memory storage: %s", key, exc)
+                    self._spawn(receipts.show(key, writes.writes, self.written))
+                    return Reply(f"Sorry, I cannot reach my memory right now: {exc}", error=exc)
+                except ProviderError as exc:
+                    self._learn_window(exc)  # whichever request of the turn overflowed, the window it named holds
+                    # Info, not a warning: the channel shows the failure itself, once.
+                    log.info("session %s: model call failed (%s): %s", key, exc.kind, exc)
+                    # What memory_append wrote before the failure is written all the same: the user hears of it.
+                    self._spawn(receipts.show(key, writes.writes, self.written))
+                    if isinstance(exc, EmptyAnswer):
+                        apology = f"Sorry, {exc}." if exc.asked_again else ""  # not asked again: silence was an answer
+                    elif exc.kind == "over_budget":  # no call was made: the cap's own line says what to do
+                        apology = str(exc)
+                    else:
+                        apology = f"Sorry, I could not get an answer from the model: {exc}"
+                    return Reply(apology, error=exc)
         self._spawn(self._after_turn(key, receipts, finished, writes.writes))
         return Reply(answer, turn=finished.user_id)
 
@@ -819,6 +821,11 @@ class AgentLoop:
 
     async def _after_turn(self, key: str, receipts: Receipts, finished: FinishedTurn,
                           written: list[MemoryWrite]) -> None:
+        with self.workspace.storage.read_round():  # the work after a reply reads in one round of its own
+            await self._after_turn_jobs(key, receipts, finished, written)
+
+    async def _after_turn_jobs(self, key: str, receipts: Receipts, finished: FinishedTurn,
+                               written: list[MemoryWrite]) -> None:
         # Each job on its own: a bug in one must not stop the others. Each checks whether it is due. At the day's
         # background cap none starts (a summary's notice would promise one); they run once budget returns.
         jobs: list[tuple[str, Callable[[], Awaitable[object]]]] = [

@@ -415,7 +415,10 @@ class LongTermCompressor:
 
     def _claim(self, policy: MemoryPolicy, force: bool) -> bool:
         # Set under the memory lock before the model call: a second turn or process sees the gate and
-        # stays out, and a failing model is called once a day, not on every turn.
+        # stays out, and a failing model is called once a day, not on every turn. Asked first without the lock:
+        # on most turns it is not due, and the lock is a round trip or two on PostgreSQL.
+        if not force and why_not_due(self.store, policy) is not None:
+            return False
         with self.store.locked():
             if not force and why_not_due(self.store, policy) is not None:
                 return False

@@ -3,7 +3,7 @@
 Two backends implement it (DESIGN §1.1): `files` (storage/files.py, the default) and `postgres`
 (storage/postgres/). Memory reads and writes its documents through `documents(scope)` (storage/documents.py):
 each write is durable when it returns, and each read asks the backend's truth (files: the file; PostgreSQL:
-the row), whatever lock is held or not.
+the row), whatever lock is held or not; within a turn's `read_round`, once per document.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ class Storage(Protocol):
 
     def documents(self, scope: str) -> Documents:
         """The memory documents of scope `scope` ("" shared, else a user key): the port memory writes through."""
+        ...
+
+    def read_round(self) -> AbstractContextManager[object]:
+        """A block whose reads check each memory document once (storage/read_round.py): a turn's. Files: a file
+        read is always current, so nothing is kept."""
         ...
 
     def session_log(self, folder: Path, lock_path: Path | None = None) -> SessionLog:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from picoclaw.fsutil import atomic_write, read_regular
@@ -39,6 +40,10 @@ class FilesStorage:
             found = self._documents.setdefault(scope, FilesDocuments(scope, root, lock_wait=self.lock_wait,
                                                                      workspace=self.root, shared=not scope))
         return found
+
+    def read_round(self) -> AbstractContextManager[object]:
+        """Nothing to keep: every read of a file is current."""
+        return nullcontext()
 
     def lock(self, path: Path, timeout: float | None = None) -> BoundedFileLock:
         """A `filelock` lock file (reentrant within a thread), waited for `timeout` s (None: `lock_wait`)."""

@@ -30,6 +30,7 @@ from picoclaw.storage.documents import MISSING, Changes, Document, StaleRevision
 from picoclaw.storage.errors import StorageError, StorageUnavailable
 from picoclaw.storage.files_documents import VERSIONS_DIR, FilesDocuments
 from picoclaw.storage.postgres.connection import storage_errors
+from picoclaw.storage.read_round import ABSENT, ReadRound, current_round
 from picoclaw.storage.stored_files import document_names
 from picoclaw.storage.work import WORK_DIR
 
@@ -120,6 +121,7 @@ class LocalCopies:
         self.scope = scope
         self.files = FilesDocuments(scope, root, shared=shared)
         self._known: dict[str, tuple[int, FileKey]] = {}  # name -> (revision, the stat of its file then)
+        self._asked: set[str] = set()  # every name read through `current`, there or not: a round checks them all
         self._guard = threading.Lock()
         self._file_lock = FileLock(str(root / CACHE_LOCK))
 
@@ -137,19 +139,62 @@ class LocalCopies:
             return -1
         return known[0]
 
-    def current(self, conn: psycopg.Connection, name: str) -> Path:
-        """The cached file of `name`, brought to its row: one statement, with the content only when it moved."""
-        path = self.files.path(name)
-        have = self._revision(name)
-        row = conn.execute("select revision, content is null, case when revision = %s then null else content end "
-                           "from documents where scope = %s and name = %s", (have, self.scope, name)).fetchone()
-        if row is None or row[1]:
-            self._drop(name)
-        elif int(row[0]) != have:
-            self._take(name, int(row[0]), bytes(row[2]))
-        return path
+    def current(self, conn: psycopg.Connection, name: str, round_: ReadRound | None = None) -> Path:
+        """The cached file of `name`, brought to its row: one statement, with the content only when it moved.
 
-    def current_folder(self, conn: psycopg.Connection, prefix: str) -> Path:
+        The first read of this scope in a read round checks every document cached here in the same statement,
+        and the round keeps what it saw (`fresh`)."""
+        names = [name]
+        if round_ is not None and self.scope not in round_.checked_scopes:
+            round_.checked_scopes.add(self.scope)
+            names += [asked for asked in list(self._asked) if asked != name]
+        seen = self._check(conn, names)
+        if round_ is not None:
+            round_.seen.update({(self.scope, checked): revision for checked, revision in seen.items()})
+        return self.files.path(name)
+
+    def _check(self, conn: psycopg.Connection, names: list[str]) -> dict[str, int | None]:
+        """Bring the cached files of `names` to their rows in one statement (content sent only for those whose
+        revision moved); name -> the revision now cached, ABSENT for a document with no row."""
+        rows = conn.execute(
+            "select k.name, d.revision, case when d.revision = k.have then null else d.content end "
+            "from unnest(%s::text[], %s::bigint[]) as k(name, have) join documents d on d.scope = %s "
+            "and d.name = k.name and d.content is not null",
+            (names, [self._revision(name) for name in names], self.scope)).fetchall()
+        self._asked.update(names)
+        live: dict[str, int | None] = {}
+        for name, revision, content in rows:
+            live[name] = int(revision)
+            if content is not None:
+                self._take(name, int(revision), bytes(content))
+        for name in names:
+            if name not in live:
+                self._drop(name)
+        return {name: live.get(name, ABSENT) for name in names}
+
+    def fresh(self, round_: ReadRound, name: str) -> Path | None:
+        """The cached file of `name` when round `round_` checked it and the file still holds that revision or a
+        later one this process wrote; None: it must be checked."""
+        key = (self.scope, name)
+        if key not in round_.seen:
+            return None
+        seen, have, path = round_.seen[key], self._revision(name), self.files.path(name)
+        if seen is ABSENT:
+            return path if have >= 0 or not os.path.lexists(path) else None
+        return path if have >= seen else None
+
+    def cached(self, name: str) -> Document | None:
+        """The cached document `name` with the revision it holds (data None: no document); None: not known."""
+        path = self.files.path(name)
+        revision = self._revision(name)
+        if revision < 0:
+            return None if os.path.lexists(path) else Document(name, None, MISSING)
+        try:
+            return Document(name, path.read_bytes(), str(revision))
+        except OSError:
+            return None
+
+    def current_folder(self, conn: psycopg.Connection, prefix: str, round_: ReadRound | None = None) -> Path:
         """The cache's folder `prefix`, every document under it brought to its row (one statement to list them,
         one to fetch those that moved); files of documents no longer there removed."""
         rows = conn.execute("select name, revision from documents where scope = %s and content is not null "
@@ -164,6 +209,16 @@ class LocalCopies:
         for name in self.files.names(prefix):
             if name not in live:
                 self._drop(name)
+        if round_ is not None:
+            round_.seen.update({(self.scope, name): revision for name, revision in live.items()})
+            round_.folders[(self.scope, prefix)] = frozenset(live)
+        return self.files.local_folder(prefix)
+
+    def fresh_folder(self, round_: ReadRound, prefix: str) -> Path | None:
+        """The cache's folder `prefix` when round `round_` listed it and every document listed is still fresh."""
+        listed = round_.folders.get((self.scope, prefix))
+        if listed is None or any(self.fresh(round_, name) is None for name in listed):
+            return None
         return self.files.local_folder(prefix)
 
     def _take(self, name: str, revision: int, data: bytes) -> None:
@@ -251,7 +306,7 @@ class PostgresDocuments:
 
     def __init__(self, pool: ConnectionPool, dsn: str, scope: str, root: Path, copies: LocalCopies,
                  lock: Callable[[float | None], AbstractContextManager[object]],
-                 held: Callable[[], psycopg.Connection], *, lease: float):
+                 held: Callable[[], psycopg.Connection], holding: Callable[[], bool], *, lease: float):
         self.pool = pool
         self.dsn = dsn
         self.scope = scope
@@ -260,6 +315,7 @@ class PostgresDocuments:
         self.lease = lease
         self._lock = lock
         self._held = held  # the connection holding the scope's lock, in the thread that holds it
+        self._holding = holding  # whether this thread holds the scope's lock
         self._names = FilesDocuments(scope, root)  # names and paths of the workspace layout
 
     def path(self, name: str) -> Path:
@@ -291,19 +347,37 @@ class PostgresDocuments:
                     ) from None
                 raise
 
+    def _round(self) -> ReadRound | None:
+        """The open read round, unless this thread holds the scope's lock: a read-modify-write reads the row."""
+        return None if self._holding() else current_round()
+
     def local(self, name: str) -> Path:
         self.path(name)  # a name that leaves the scope is refused before any query
+        round_ = self._round()
+        found = None if round_ is None else self.copies.fresh(round_, name)
+        if found is not None:
+            return found
         with self._statement(f"reading {name}") as conn:
-            return self.copies.current(conn, name)
+            return self.copies.current(conn, name, round_)
 
     def local_folder(self, prefix: str) -> Path:
         if prefix.strip("/"):
             self.path(prefix)
+        round_ = self._round()
+        found = None if round_ is None else self.copies.fresh_folder(round_, prefix)
+        if found is not None:
+            return found
         with self._statement(f"reading {prefix or 'the documents'}") as conn:
-            return self.copies.current_folder(conn, prefix)
+            return self.copies.current_folder(conn, prefix, round_)
 
     def read(self, name: str) -> Document:
         self.path(name)
+        round_ = self._round()
+        if round_ is not None:  # within a read round, from this machine's cache like `local`
+            self.local(name)
+            found = self.copies.cached(name)
+            if found is not None:
+                return found
         with self._statement(f"reading {name}") as conn:
             row = conn.execute("select content, revision from documents where scope = %s and name = %s",
                                (self.scope, name)).fetchone()

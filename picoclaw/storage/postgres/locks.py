@@ -42,6 +42,10 @@ LEASE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
 # Both back to what RESET would give them, before the connection goes back to the pool.
 END_LEASE = ("select set_config(name, reset_val, false) from pg_settings "
              "where name in ('idle_session_timeout', 'idle_in_transaction_session_timeout')")
+# The advisory lock let go of and the lease ended in one statement, on the way back to the pool.
+UNLOCK_AND_END_LEASE = ("select pg_advisory_unlock(%s, hashtext(%s)), " + ", ".join(
+    f"set_config('{setting}', (select reset_val from pg_settings where name = '{setting}'), false)"
+    for setting in LEASE_SETTINGS))
 
 
 def _remaining(deadline: float) -> float:
@@ -117,6 +121,10 @@ class ScopeLock:
             raise RuntimeError("this thread does not hold the lock")
         return self._conn
 
+    def holds(self) -> bool:
+        """Whether this thread holds the lock."""
+        return self._owner == threading.get_ident()
+
     def acquire(self, name: Path, timeout: float) -> None:
         """Hold the lock within `timeout` seconds in all (else LockWaitExpired naming `name`)."""
         me = threading.get_ident()
@@ -172,19 +180,17 @@ class ScopeLock:
         lease = _ms(self.lease)
         try:
             # The lease is set before the lock is taken: a process frozen right after taking it loses it too.
-            if timeout == 0:
-                row = conn.execute("select set_config(%s, %s, false), set_config(%s, %s, false), "
-                                   "pg_try_advisory_lock(%s, hashtext(%s))",
-                                   (LEASE_SETTINGS[0], lease, LEASE_SETTINGS[1], lease, *key)).fetchone()
-                if not row or not row[2]:
-                    raise lock_wait_expired(name, self.root, bound, OTHER_MACHINE)
-            else:
+            # A free lock (the usual case) is taken in this one statement.
+            row = conn.execute("select set_config(%s, %s, false), set_config(%s, %s, false), "
+                               "pg_try_advisory_lock(%s, hashtext(%s))",
+                               (LEASE_SETTINGS[0], lease, LEASE_SETTINGS[1], lease, *key)).fetchone()
+            if (not row or not row[2]) and timeout == 0:
+                raise lock_wait_expired(name, self.root, bound, OTHER_MACHINE)
+            if not row or not row[2]:
                 # lock_timeout bounds the wait; an advisory lock is a lock like any other to it. Set to what is
                 # left of this wait, then back to the pool's own bound before the connection goes back.
                 row = conn.execute("select current_setting('lock_timeout')").fetchone()
-                conn.execute("select set_config('lock_timeout', %s, false), set_config(%s, %s, false), "
-                             "set_config(%s, %s, false)",
-                             (lock_timeout(timeout), LEASE_SETTINGS[0], lease, LEASE_SETTINGS[1], lease))
+                conn.execute("select set_config('lock_timeout', %s, false)", (lock_timeout(timeout),))
                 try:
                     conn.execute("select pg_advisory_lock(%s, hashtext(%s))", key)
                 except psycopg.errors.LockNotAvailable:
@@ -210,11 +216,11 @@ class ScopeLock:
                 lease.stop()
             if conn is not None:
                 try:
-                    conn.execute("select pg_advisory_unlock(%s, hashtext(%s))", (DOCUMENT_LOCK_CLASS, self.scope))
+                    conn.execute(UNLOCK_AND_END_LEASE, (DOCUMENT_LOCK_CLASS, self.scope))
                 except psycopg.Error:
-                    pass  # a connection that is gone holds no lock any more
-                finally:
-                    self._give_back(conn)
+                    self._give_back(conn)  # a connection that is gone holds no lock any more
+                else:
+                    self.pool.putconn(conn)
         finally:
             self._file_lock.release()
 

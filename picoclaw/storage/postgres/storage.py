@@ -6,7 +6,7 @@ import logging
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ from picoclaw.storage.postgres.schema import ensure_schema, schema_version
 from picoclaw.storage.postgres.sessions import PostgresSessionLog, export_sessions, import_sessions, session_counts
 from picoclaw.storage.postgres.telegram_replies import PostgresReplyLog
 from picoclaw.storage.postgres.work import AdvisoryWorkLock, claim_interval
+from picoclaw.storage.read_round import read_round
 from picoclaw.storage.stored_files import scope_of, stored_files
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS
 
@@ -99,10 +100,14 @@ class PostgresStorage:
             copies = LocalCopies(scope, cache_root(self.root, scope), shared=not scope)
             found = PostgresDocuments(self.pool, self.dsn, scope, scope_root, copies,
                                       lambda timeout: self.lock(lock_path, timeout), scope_lock.held,
-                                      lease=self.lock_wait)
+                                      scope_lock.holds, lease=self.lock_wait)
             with self._scopes_guard:
                 found = self._documents.setdefault(scope, found)
         return found
+
+    def read_round(self) -> AbstractContextManager[object]:
+        """Within it, each document is checked against its row once (storage/read_round.py)."""
+        return read_round()
 
     def session_log(self, folder: Path, lock_path: Path | None = None) -> PostgresSessionLog:
         """The transcripts of sessions folder `folder` as rows (`lock_path`, a lock file, is for files only)."""
