@@ -6,8 +6,10 @@ a reindex, and per-user scopes that never see each other's chunks.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,9 +20,15 @@ from picoclaw.config import IndexConfig
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
 from picoclaw.memory.index.pg_index import TableMemoryIndex, index_for
+from picoclaw.memory.search.blocks import Hit
+from picoclaw.memory.search.indexed import IndexedSearch
+from picoclaw.memory.search.keyword import KeywordSearch
+from picoclaw.memory.search.standing import StandingSearch
+from picoclaw.memory.search.turn_memory import block_key, select_turn_memory
 from picoclaw.memory.session import SessionStore, StoredMessage
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.terms import terms
+from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.storage import FilesStorage, Storage
 
 ENTRIES = [
@@ -265,3 +273,30 @@ def test_an_embedding_failure_is_reported_until_a_backfill_succeeds(storage: Sto
             assert index.status() == status
     finally:
         index.close()
+
+
+@pytest.mark.parametrize("query", ["dog chasing balls", "王芳的预算评审会"])
+def test_what_the_score_floor_drops_is_told_to_the_turns_record(
+        open_index: Callable[..., tuple[MemoryStore, MemoryIndex]], query: str) -> None:
+    store, index = open_index(hybrid=True)
+    _filled(store)
+    index.weights = replace(index.weights, min_score=0.0)
+    ranked = asyncio.run(index.search_async(query, 4))
+    assert len(ranked) == 4 and ranked[1].score > ranked[2].score
+    floor = (ranked[1].score + ranked[2].score) / 2  # between the second result and the third
+    index.weights = replace(index.weights, min_score=floor)
+
+    floored: list[Hit] = []
+    kept = asyncio.run(index.search_async(query, 4, below_floor=floored))
+    assert [hit.block.text for hit in kept] == [hit.block.text for hit in ranked[:2]]
+    assert [hit.block.text for hit in floored] == [hit.block.text for hit in ranked[2:]]
+    assert all(hit.score < floor for hit in floored)
+
+    # Through the turn's search (re-ranked by standing), the turn's record names them with their reason.
+    policy = MemoryPolicy(retrieve_limit=4, recent_days=0)
+    search = StandingSearch(IndexedSearch(KeywordSearch(store), index), store, lambda: policy)
+    memory = asyncio.run(select_turn_memory(search, store, policy, query))
+    why = memory.explained(store.memory_dir.parent, policy, "hybrid")
+    below = [item["text"] for item in why["left_out"] if item["reason"] == "below_floor"]
+    assert below == [hit.block.text[:len(item)] for hit, item in zip(floored, below)] and len(below) == 2
+    assert not {block_key(hit.block) for hit in memory.blocks} & {block_key(hit.block) for hit in floored}

@@ -28,14 +28,18 @@ class Weights:
         return (self.vector * max(vector, 0.0) + self.text * text) / (self.vector + self.text)
 
 
-def weighted(keyword: dict[int, float], vector: dict[int, float], weights: Weights) -> list[tuple[float, int]]:
-    """(hybrid score, chunk id) for every chunk in either dict, best first, below min_score dropped.
+def weighted(keyword: dict[int, float], vector: dict[int, float], weights: Weights,
+             below: list[tuple[float, int]] | None = None) -> list[tuple[float, int]]:
+    """(hybrid score, chunk id) for every chunk in either dict, best first, below min_score dropped (and
+    added to `below`, best first, when given: a turn's record says what the floor left out).
 
     Both dicts must hold every chunk of the union with its real score on that side (0 when it has none).
     """
     union = set(keyword) | set(vector)
-    scored = [(weights.combine(vector.get(i, 0.0), keyword.get(i, 0.0)), i) for i in union]
-    return sorted((item for item in scored if item[0] >= weights.min_score), reverse=True)
+    scored = sorted(((weights.combine(vector.get(i, 0.0), keyword.get(i, 0.0)), i) for i in union), reverse=True)
+    if below is not None:
+        below.extend(item for item in scored if item[0] < weights.min_score)
+    return [item for item in scored if item[0] >= weights.min_score]
 
 
 @dataclass(frozen=True)

@@ -331,9 +331,10 @@ class MemoryIndex:
         return asyncio.run(self.search_async(query, limit, sources))
 
     async def search_async(self, query: str, limit: int, sources: frozenset[str] | None = None, *,
-                           wait: float | None = None) -> list[Hit]:
+                           wait: float | None = None, below_floor: list[Hit] | None = None) -> list[Hit]:
         """`search` for async code: embeddings (new chunks', then the query's) are waited for at most `wait`
-        seconds in all; past that, or when they fail, the results come from keywords alone."""
+        seconds in all; past that, or when they fail, the results come from keywords alone. `below_floor`, when
+        given, receives the chunks the hybrid score floor (`min_score`) dropped that would have been results."""
         if limit <= 0 or not query.strip():
             return []
         clock = asyncio.get_running_loop().time
@@ -345,7 +346,7 @@ class MemoryIndex:
                 self.settings.fusion == "rrf" or self.weights.vector > 0):
             vector = await self._query_vector(query, None if deadline is None else max(0.0, deadline - clock()),
                                               wait)
-        return await self._in_thread(lambda conn: self._ranked(conn, query, limit, sources, vector))
+        return await self._in_thread(lambda conn: self._ranked(conn, query, limit, sources, vector, below_floor))
 
     async def _query_vector(self, query: str, left: float | None, wait: float | None) -> np.ndarray | None:
         """The query's embedding, or None (with the reason in `last_notice`) when it cannot be had in time."""
@@ -369,11 +370,15 @@ class MemoryIndex:
         return vector
 
     def _ranked(self, conn: sqlite3.Connection, query: str, limit: int, sources: frozenset[str] | None,
-                vector: np.ndarray | None) -> list[Hit]:
+                vector: np.ndarray | None, below_floor: list[Hit] | None = None) -> list[Hit]:
         if vector is None:
             scores, _ = self._keyword_side(conn, query, limit, sources)
             return self._hits(conn, [(score, i) for i, score in scores.items()])
-        return self._hits(conn, self._hybrid(conn, query, vector, limit, sources)[:limit])
+        floored: list[tuple[float, int]] = []
+        ranked = self._hybrid(conn, query, vector, limit, sources, floored)[:limit]
+        if below_floor is not None:
+            below_floor.extend(self._hits(conn, floored[:limit - len(ranked)]))
+        return self._hits(conn, ranked)
 
     def _wanted(self, limit: int) -> int:
         """How many candidates to take from each side of a hybrid search for `limit` results."""
@@ -395,7 +400,8 @@ class MemoryIndex:
         return best_in_context(conn, keyword_query, matches, wanted), (keyword_query, matches)
 
     def _hybrid(self, conn: sqlite3.Connection, query: str, query_vector: np.ndarray, limit: int,
-                sources: frozenset[str] | None) -> list[tuple[float, int]]:
+                sources: frozenset[str] | None, below: list[tuple[float, int]] | None = None
+                ) -> list[tuple[float, int]]:
         assert self.embedder is not None
         wanted = self._wanted(limit)
         keyword, fts = self._keyword_side(conn, query, wanted, sources)
@@ -417,7 +423,7 @@ class MemoryIndex:
                 vector[chunk_id] = float(similarity[position])
         if fts is not None:
             keyword.update(in_context_units(conn, *fts, {i for i in vector if i not in keyword}))
-        return weighted(keyword, vector, self.weights)
+        return weighted(keyword, vector, self.weights, below)
 
     def _hits(self, conn: sqlite3.Connection, ranked: list[tuple[float, int]]) -> list[Hit]:
         if not ranked:

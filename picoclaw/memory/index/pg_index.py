@@ -246,11 +246,16 @@ class TableMemoryIndex(MemoryIndex):
     # -- search ------------------------------------------------------------------------------------
 
     def _ranked(self, table: ChunkTable, query: str, limit: int,  # type: ignore[override]
-                sources: frozenset[str] | None, vector: np.ndarray | None) -> list[Hit]:
+                sources: frozenset[str] | None, vector: np.ndarray | None,
+                below_floor: list[Hit] | None = None) -> list[Hit]:
         if vector is None:
             scores, _ = self._keyword_candidates(table, query, limit, sources)
             return self._rows_as_hits(table, [(score, i) for i, score in scores.items()])
-        return self._rows_as_hits(table, self._fused(table, query, vector, limit, sources)[:limit])
+        floored: list[tuple[float, int]] = []
+        ranked = self._fused(table, query, vector, limit, sources, floored)[:limit]
+        if below_floor is not None:
+            below_floor.extend(self._rows_as_hits(table, floored[:limit - len(ranked)]))
+        return self._rows_as_hits(table, ranked)
 
     def _keyword_candidates(self, table: ChunkTable, query: str, wanted: int, sources: frozenset[str] | None
                             ) -> tuple[dict[int, float], tuple[KeywordQuery, Bm25Scores] | None]:
@@ -313,7 +318,8 @@ class TableMemoryIndex(MemoryIndex):
         return {i: query.unit(score) for i, score in best}
 
     def _fused(self, table: ChunkTable, query: str, query_vector: np.ndarray, limit: int,
-               sources: frozenset[str] | None) -> list[tuple[float, int]]:
+               sources: frozenset[str] | None, below: list[tuple[float, int]] | None = None
+               ) -> list[tuple[float, int]]:
         from picoclaw.memory.index.fusion import reciprocal_rank, weighted
 
         assert self.embedder is not None
@@ -335,7 +341,7 @@ class TableMemoryIndex(MemoryIndex):
             around, window = self._adjacency(table, ids)
             context = in_context(scores.of(window), around, NEIGHBOUR_WEIGHT, ids)
             keyword.update({i: prepared.unit(s) for i, s in self._boosted(table, prepared, context, context).items()})
-        return weighted(keyword, vector, self.weights)
+        return weighted(keyword, vector, self.weights, below)
 
     def _vectors_of(self, table: ChunkTable, ids: list[int], query_vector: np.ndarray) -> dict[int, float]:
         """Cosine similarity with the query of the chunks `ids` that have a vector (exact, by id)."""

@@ -61,13 +61,15 @@ class IndexedSearch:
             self._unusable(exc)
             return self.files.search(query, limit, include_notes=include_notes)
 
-    async def search_async(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
-        """`search` without blocking the event loop; embeddings are waited for at most `max_wait_seconds`."""
+    async def search_async(self, query: str, limit: int, *, include_notes: bool = False,
+                           below_floor: list[Hit] | None = None) -> list[Hit]:
+        """`search` without blocking the event loop; embeddings are waited for at most `max_wait_seconds`; the
+        hybrid score floor's drops go to `below_floor`."""
         if not include_notes and "memory" not in self.index.settings.sources:
             return await self.files.search_async(query, limit)
         try:
             return await self.index.search_async(query, limit, None if include_notes else _LONG_TERM_ONLY,
-                                                 wait=self.wait)
+                                                 wait=self.wait, below_floor=below_floor)
         except (sqlite3.Error, OSError, StorageError) as exc:
             self._unusable(exc)
             return await self.files.search_async(query, limit, include_notes=include_notes)

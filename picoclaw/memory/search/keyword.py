@@ -120,8 +120,10 @@ class KeywordSearch:
             return rank([index for index in found if index is not None], query, limit, neighbours=NEIGHBOUR_WEIGHT,
                         feedback=True)
 
-    async def search_async(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
-        """`search` in a worker thread, so the caller's event loop serves others meanwhile."""
+    async def search_async(self, query: str, limit: int, *, include_notes: bool = False,
+                           below_floor: list[Hit] | None = None) -> list[Hit]:
+        """`search` in a worker thread, so the caller's event loop serves others meanwhile (BM25 ranks with no
+        score floor: `below_floor` gets nothing)."""
         return await asyncio.to_thread(self.search, query, limit, include_notes=include_notes)
 
     def search_learnings(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:

@@ -115,9 +115,11 @@ class StandingSearch:
         hits = self.inner.search(query, limit * CANDIDATES_PER_RESULT, include_notes=include_notes)
         return self.rerank(query, hits, limit)
 
-    async def search_async(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
+    async def search_async(self, query: str, limit: int, *, include_notes: bool = False,
+                           below_floor: list[Hit] | None = None) -> list[Hit]:
         """`search` without blocking the event loop (the counts file is read in a worker thread)."""
-        hits = await self.inner.search_async(query, limit * CANDIDATES_PER_RESULT, include_notes=include_notes)
+        hits = await self.inner.search_async(query, limit * CANDIDATES_PER_RESULT, include_notes=include_notes,
+                                             below_floor=below_floor)
         return await asyncio.to_thread(self.rerank, query, hits, limit)
 
     def rerank(self, query: str, hits: Sequence[Hit], limit: int) -> list[Hit]:

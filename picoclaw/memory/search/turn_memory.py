@@ -52,7 +52,8 @@ class CountsUse(Protocol):
 @dataclass(frozen=True)
 class LeftOut:
     """A block the search found that the turn's prompt does not carry, and why: "in_conversation" (an earlier
-    turn's prompt carries it), "over_budget" (the memory budget was spent), "over_window" (the window had no room)."""
+    turn's prompt carries it), "over_budget" (the memory budget was spent), "over_window" (the window had no room),
+    "below_floor" (the hybrid search's score floor, `memory.index.min_score`, dropped it)."""
 
     block: Block
     reason: str
@@ -112,13 +113,19 @@ async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: M
     Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing. With
     `count_use` off (a `/memory` preview, a turn's prompt built again) the found blocks are not counted as used.
     """
-    hits = (await search.search_async(query, policy.retrieve_limit, include_notes=True)
+    floored: list[Hit] = []
+    hits = (await search.search_async(query, policy.retrieve_limit, include_notes=True, below_floor=floored)
             if query.strip() else [])
+    floored = floored[:max(0, policy.retrieve_limit - len(hits))]  # those that would have been results
     lessons = (await search.search_learnings_async(query, LESSONS_PER_TURN)
                if lesson_share(policy) and query.strip() else [])
     # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
-    return await asyncio.to_thread(_fit_memory, search, store, policy, hits, lessons, present,
-                                   bool(query.strip()), count_use)
+    memory = await asyncio.to_thread(_fit_memory, search, store, policy, hits, lessons, present,
+                                     bool(query.strip()), count_use)
+    if not floored:
+        return memory
+    return replace(memory, left_out=[*memory.left_out, *(LeftOut(hit.block, "below_floor", hit.score)
+                                                         for hit in floored)])
 
 
 def lesson_share(policy: MemoryPolicy) -> int:
