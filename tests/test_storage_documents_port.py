@@ -53,7 +53,8 @@ def test_create_append_records_names_and_delete(backend: Backend, documents: Doc
     assert documents.create("memory/LEARNINGS.md", "# Other\n") is False
     assert backend.stored("memory/LEARNINGS.md") == "# Lessons\n"
     documents.append_records("memory/policy_history.jsonl", [{"why": "tea"}, {"why": "茶"}])
-    documents.append_records("memory/policy_history.jsonl", [{"why": "more"}])
+    size = documents.append_records("memory/policy_history.jsonl", [{"why": "more"}])
+    assert size == len('{"why":"tea"}\n{"why":"茶"}\n{"why":"more"}\n'.encode())  # bytes, as stored
     assert backend.stored("memory/policy_history.jsonl") == '{"why":"tea"}\n{"why":"茶"}\n{"why":"more"}\n'
     documents.replace("memory/202612/20261202.md", "# 2026-12-02\n")
     assert documents.names("memory/2026") == ["memory/202612/20261202.md"]

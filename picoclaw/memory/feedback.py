@@ -82,8 +82,7 @@ class FeedbackLedger:
                 known = self._read()
                 if any(r.who_where == reaction.who_where and r.emoji == reaction.emoji for r in known):
                     return False
-                self.documents.append_records(self.name, [asdict(reaction)], durable=False)
-                if self.documents.local(self.name).stat().st_size > TRIM_BYTES:
+                if self.documents.append_records(self.name, [asdict(reaction)], durable=False) > TRIM_BYTES:
                     kept = [orjson.dumps(asdict(r)) + b"\n" for r in [*known, reaction][-KEEP_ENTRIES:]]
                     self.documents.replace(self.name, b"".join(kept), durable=False)
                 return True

@@ -64,8 +64,7 @@ class TurnMetrics:
         turn = TurnMetric(at.isoformat(timespec="seconds"), round(retrieval_ms, 3))
         try:
             with self._lock:
-                self.documents.append_records(self.name, [asdict(turn)], durable=False)
-                if self.documents.local(self.name).stat().st_size > TRIM_BYTES:
+                if self.documents.append_records(self.name, [asdict(turn)], durable=False) > TRIM_BYTES:
                     self._trim()
         except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             if not self._warned:

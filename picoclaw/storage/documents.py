@@ -88,8 +88,9 @@ class Documents(Protocol):
         """Add `data` at the end of an existing document, crash-safe (the old or the new, never half); its revision."""
         ...
 
-    def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> None:
-        """Append JSON lines to `name` (created if missing), each record on a line of its own."""
+    def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> int:
+        """Append JSON lines to `name` (created if missing), each record on a line of its own; its size in bytes
+        after the append (a log trims itself past a size without reading itself back)."""
         ...
 
     def delete(self, name: str) -> None:

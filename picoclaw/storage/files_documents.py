@@ -116,8 +116,9 @@ class FilesDocuments:
         append_bytes(real, info, data)
         return file_revision(real)
 
-    def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> None:
+    def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> int:
         append_jsonl(self.path(name), list(records), durable=durable)
+        return self.path(name).stat().st_size
 
     def delete(self, name: str) -> None:
         self.path(name).unlink(missing_ok=True)

@@ -436,7 +436,7 @@ class PostgresDocuments:
         self.copies.wrote(name, int(row[0]), lambda files: files.append(name, data), based_on=int(row[1]))
         return str(row[0])
 
-    def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> None:
+    def append_records(self, name: str, records: Sequence[dict[str, Any]], *, durable: bool = True) -> int:
         payload = b"".join(orjson.dumps(record) + b"\n" for record in records)
         self.path(name)
         with self._write(f"an append to {name}") as conn:
@@ -448,8 +448,9 @@ class PostgresDocuments:
                 "octet_length(documents.content)) = '\\x0a'::bytea then documents.content || excluded.content "
                 "else documents.content || '\\x0a'::bytea || excluded.content end, "
                 "revision = nextval('document_revision'), updated_at = now() "
-                "returning revision", (self.scope, name, payload)).fetchone()
+                "returning revision, octet_length(content)", (self.scope, name, payload)).fetchone()
             assert row is not None  # the cached file, if any, is fetched again when next read
+            return int(row[1])
 
     def delete(self, name: str) -> None:
         self.path(name)
