@@ -279,6 +279,8 @@ class App:
         indexes and embedder."""
         for loop in self._loops():
             await loop.wait_background()
+        if self._allowance is not None:  # the counts of calls made outside an agent (`memory eval`)
+            await self._allowance.drain()
         if self._mcp is not None:
             await self._mcp.aclose()
         for client in (self._provider, self._transcription, self._background):

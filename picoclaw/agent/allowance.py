@@ -184,6 +184,7 @@ class Allowance:
         self.tz = tz
         self.owner = owner  # where the day's notice goes; None: this process tells no one (logged only)
         self._unpriced: set[str] = set()  # models whose unknown cost was reported
+        self._settling: set[asyncio.Task[None]] = set()  # counts `settle_later` started
 
     @classmethod
     def of(cls, workspace: Workspace) -> Allowance:
@@ -286,6 +287,18 @@ class Allowance:
 
         await self._change(held.day, count, f"the {held.purpose} call's tokens are not counted")
 
+    def settle_later(self, held: Held, usage: Usage | None, produced: int) -> None:
+        """`settle`, off the caller's path: for a call no cap held room for, nothing waits on its count (the
+        ledger's round trips stay out of the reply's time). `drain` waits for it."""
+        task = asyncio.get_running_loop().create_task(self.settle(held, usage, produced))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def drain(self) -> None:
+        """Wait until every count `settle_later` started on this event loop is in the ledger."""
+        while mine := [task for task in self._settling if task.get_loop() is asyncio.get_running_loop()]:
+            await asyncio.gather(*mine, return_exceptions=True)
+
     async def release(self, held: Held) -> None:
         """The call failed or was cancelled: its hold goes, nothing is counted."""
         if held.hold is None:
@@ -371,10 +384,13 @@ class MeteredProvider:
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
                    *, max_tokens: int | None = None, on_text: TextSink | None = None,
                    tool_choice: ToolChoice = "auto") -> ChatReply:
-        prompt = sum(message_tokens(m) for m in messages) + (json_tokens(tools) if tools else 0)
+        capped = self.allowance.capped(self.purpose)
+        # The prompt's estimate and its language matter to a cap, or when the server reports no usage: counted
+        # only then (a 200-message history is thousands of token counts).
+        prompt = _prompt_tokens(messages, tools) if capped else 0
         reply_room = self.default_max_tokens if max_tokens is None else max_tokens
-        held = await self.allowance.claim(self.purpose, self.model, prompt, reply_room,
-                                          zh=chinese(request_text(messages, last_only=self.purpose == CHAT)))
+        zh = capped and chinese(request_text(messages, last_only=self.purpose == CHAT))
+        held = await self.allowance.claim(self.purpose, self.model, prompt, reply_room, zh=zh)
         try:
             reply = await self.inner.chat(messages, tools, max_tokens=max_tokens, on_text=on_text,
                                           tool_choice=tool_choice)
@@ -382,5 +398,14 @@ class MeteredProvider:
             await asyncio.shield(self.allowance.release(held))
             raise
         produced = count_tokens(reply.content or "") + sum(count_tokens(c.name + c.arguments) for c in reply.tool_calls)
-        await asyncio.shield(self.allowance.settle(held, reply.usage, produced))
+        if reply.usage is None and not capped:
+            held = replace(held, prompt=_prompt_tokens(messages, tools))
+        if held.hold is None:
+            self.allowance.settle_later(held, reply.usage, produced)
+        else:
+            await asyncio.shield(self.allowance.settle(held, reply.usage, produced))
         return reply
+
+
+def _prompt_tokens(messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
+    return sum(message_tokens(m) for m in messages) + (json_tokens(tools) if tools else 0)

@@ -815,9 +815,10 @@ class AgentLoop:
         task.add_done_callback(_log_failure)
 
     async def wait_background(self) -> None:
-        """Wait until every background job (summaries …) has finished."""
+        """Wait until every background job (summaries …) has finished, and every call's count is in the ledger."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self.allowance.drain()
 
     async def _after_turn(self, key: str, receipts: Receipts, finished: FinishedTurn,
                           written: list[MemoryWrite]) -> None:
