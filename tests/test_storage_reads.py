@@ -147,7 +147,7 @@ def _statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return sent
 
 
-def test_a_read_round_checks_each_document_once_and_ends_with_its_block(
+def test_a_read_round_lists_a_scope_once_and_ends_with_its_block(
         machines: tuple[Storage, Storage], monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = machines
     writer, reader = _store(a), _store(b)
@@ -156,12 +156,10 @@ def test_a_read_round_checks_each_document_once_and_ends_with_its_block(
     assert FACT_EN in reader.read_long_term() and reader.read_learnings() == ""  # read once before: cached
     sent = _statements(monkeypatch)
     with b.read_round():
-        assert FACT_EN in reader.read_long_term()
-        assert len(sent) == 1  # MEMORY.md and LEARNINGS.md (read before) checked in one statement
         for _ in range(5):
             assert reader.read_learnings() == "" and FACT_EN in reader.read_long_term()
-            assert policy.current().retrieve_limit != 7
-        assert len(sent) == 2  # and the policy's overrides, asked about once
+            assert policy.current().retrieve_limit != 7 and reader.note_files() == []
+        assert len(sent) == 1  # the scope's documents and their revisions, listed once: nothing had moved
 
         writer.append_long_term(FACT_ZH)  # another machine writes while the round is open
         writer.append_learning(LESSON, "the user")
@@ -176,6 +174,16 @@ def test_a_read_round_checks_each_document_once_and_ends_with_its_block(
     # The round is over: every read checks again.
     assert policy.current().retrieve_limit == 7
     assert "问到家人时提到里斯本的妹妹" in reader.read_learnings()
+
+    writer.append_note(NOTE, at=datetime(2026, 12, 2, 9, 30, tzinfo=TZ))
+    del sent[:]
+    with b.read_round():  # a new round: the list, then only what moved (the new note)
+        for _ in range(3):
+            notes = reader.note_files()
+            assert notes == [b.root / "memory" / "202612" / "20261202.md"]
+            assert "今天给住在里斯本的妹妹打了电话" in reader.read_note(notes[0])
+            assert "自己写的" in reader.read_long_term()
+    assert len(sent) == 2
 
 
 def test_on_files_the_port_reads_the_files_themselves(tmp_path: Path) -> None:

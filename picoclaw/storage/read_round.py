@@ -2,10 +2,11 @@
 
 A turn reads the same documents many times (the policy's overrides, the bootstrap files, MEMORY.md, the notes).
 On files each read is the file itself and costs a stat. On PostgreSQL each would be a statement; within a round,
-the first read of a scope checks every document this process holds a copy of in one statement, and a document
-checked once is not asked about again until the round ends. A read made while holding the scope's lock (a
-read-modify-write) is never served from the round. The round belongs to the task that opened it (and the threads
-it hands work to); it ends with its `with` block, so background work spawned from it checks afresh.
+the first read of a scope lists its documents with their revisions in one statement, and the round's reads go
+by that list (a document whose revision moved since this machine cached it is fetched, once) until the round
+ends. A read made while holding the scope's lock (a read-modify-write) is never served from the round. The
+round belongs to the task that opened it (and the threads it hands work to); it ends with its `with` block, so
+background work spawned from it checks afresh.
 """
 
 from __future__ import annotations
@@ -14,17 +15,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-ABSENT = None  # what a round saw of a document that had no row (or a removed one)
-
 
 class ReadRound:
-    """What one round has seen: each checked document's revision, per scope, and the folders it listed."""
+    """What one round has seen: each scope's documents and their revisions, and the folders brought up to date."""
 
     def __init__(self) -> None:
         self.open = True
-        self.seen: dict[tuple[str, str], int | None] = {}  # (scope, name) -> revision at the check, ABSENT
-        self.folders: dict[tuple[str, str], frozenset[str]] = {}  # (scope, prefix) -> the names listed
-        self.checked_scopes: set[str] = set()  # scopes whose cached documents were checked all at once
+        self.listed: dict[str, dict[str, int]] = {}  # scope -> name -> revision, as listed at its first read
+        self.folders: set[tuple[str, str]] = set()  # (scope, prefix) whose cached folder was brought to the list
 
 
 _current: ContextVar[ReadRound | None] = ContextVar("picoclaw_read_round", default=None)

@@ -30,7 +30,7 @@ from picoclaw.storage.documents import MISSING, Changes, Document, StaleRevision
 from picoclaw.storage.errors import StorageError, StorageUnavailable
 from picoclaw.storage.files_documents import VERSIONS_DIR, FilesDocuments
 from picoclaw.storage.postgres.connection import storage_errors
-from picoclaw.storage.read_round import ABSENT, ReadRound, current_round
+from picoclaw.storage.read_round import ReadRound, current_round
 from picoclaw.storage.stored_files import document_names
 from picoclaw.storage.work import WORK_DIR
 
@@ -121,7 +121,6 @@ class LocalCopies:
         self.scope = scope
         self.files = FilesDocuments(scope, root, shared=shared)
         self._known: dict[str, tuple[int, FileKey]] = {}  # name -> (revision, the stat of its file then)
-        self._asked: set[str] = set()  # every name read through `current`, there or not: a round checks them all
         self._guard = threading.Lock()
         self._file_lock = FileLock(str(root / CACHE_LOCK))
 
@@ -141,47 +140,55 @@ class LocalCopies:
 
     def current(self, conn: psycopg.Connection, name: str, round_: ReadRound | None = None) -> Path:
         """The cached file of `name`, brought to its row: one statement, with the content only when it moved.
-
-        The first read of this scope in a read round checks every document cached here in the same statement,
-        and the round keeps what it saw (`fresh`)."""
-        names = [name]
-        if round_ is not None and self.scope not in round_.checked_scopes:
-            round_.checked_scopes.add(self.scope)
-            names += [asked for asked in list(self._asked) if asked != name]
-        seen = self._check(conn, names)
-        if round_ is not None:
-            round_.seen.update({(self.scope, checked): revision for checked, revision in seen.items()})
+        In a read round, the scope's list (`listed`) says whether it moved; its content is fetched only then."""
+        if round_ is None:
+            self._check(conn, [name])
+            return self.files.path(name)
+        revision = self.listed(conn, round_).get(name)
+        if revision is None:
+            self._drop(name)
+        elif self._revision(name) < revision:
+            self._check(conn, [name])
         return self.files.path(name)
 
-    def _check(self, conn: psycopg.Connection, names: list[str]) -> dict[str, int | None]:
+    def listed(self, conn: psycopg.Connection, round_: ReadRound) -> dict[str, int]:
+        """The scope's documents and their revisions as round `round_` saw them (listed at its first read)."""
+        found = round_.listed.get(self.scope)
+        if found is None:
+            rows = conn.execute("select name, revision from documents where scope = %s and content is not null",
+                                (self.scope,)).fetchall()
+            found = round_.listed[self.scope] = {name: int(revision) for name, revision in rows
+                                                 if not is_version(name)}
+        return found
+
+    def _check(self, conn: psycopg.Connection, names: list[str]) -> None:
         """Bring the cached files of `names` to their rows in one statement (content sent only for those whose
-        revision moved); name -> the revision now cached, ABSENT for a document with no row."""
+        revision moved); files of documents with no row removed."""
         rows = conn.execute(
             "select k.name, d.revision, case when d.revision = k.have then null else d.content end "
             "from unnest(%s::text[], %s::bigint[]) as k(name, have) join documents d on d.scope = %s "
             "and d.name = k.name and d.content is not null",
             (names, [self._revision(name) for name in names], self.scope)).fetchall()
-        self._asked.update(names)
-        live: dict[str, int | None] = {}
+        live = set()
         for name, revision, content in rows:
-            live[name] = int(revision)
+            live.add(name)
             if content is not None:
                 self._take(name, int(revision), bytes(content))
         for name in names:
             if name not in live:
                 self._drop(name)
-        return {name: live.get(name, ABSENT) for name in names}
 
     def fresh(self, round_: ReadRound, name: str) -> Path | None:
-        """The cached file of `name` when round `round_` checked it and the file still holds that revision or a
-        later one this process wrote; None: it must be checked."""
-        key = (self.scope, name)
-        if key not in round_.seen:
+        """The cached file of `name` when round `round_` listed the scope and the file holds the listed revision
+        or a later one this process wrote (or, for a document not listed, there is no file or this process
+        wrote one since); None: it must be fetched."""
+        listed = round_.listed.get(self.scope)
+        if listed is None:
             return None
-        seen, have, path = round_.seen[key], self._revision(name), self.files.path(name)
-        if seen is ABSENT:
+        revision, have, path = listed.get(name), self._revision(name), self.files.path(name)
+        if revision is None:
             return path if have >= 0 or not os.path.lexists(path) else None
-        return path if have >= seen else None
+        return path if have >= revision else None
 
     def cached(self, name: str) -> Document | None:
         """The cached document `name` with the revision it holds (data None: no document); None: not known."""
@@ -196,11 +203,14 @@ class LocalCopies:
 
     def current_folder(self, conn: psycopg.Connection, prefix: str, round_: ReadRound | None = None) -> Path:
         """The cache's folder `prefix`, every document under it brought to its row (one statement to list them,
-        one to fetch those that moved); files of documents no longer there removed."""
-        rows = conn.execute("select name, revision from documents where scope = %s and content is not null "
-                            "and name like %s", (self.scope, _like(prefix))).fetchall()
-        live = {name: int(revision) for name, revision in rows if not is_version(name)}
-        moved = [name for name, revision in live.items() if self._revision(name) != revision]
+        or the round's list; one to fetch those that moved); files of documents no longer there removed."""
+        if round_ is None:
+            rows = conn.execute("select name, revision from documents where scope = %s and content is not null "
+                                "and name like %s", (self.scope, _like(prefix))).fetchall()
+            live = {name: int(revision) for name, revision in rows if not is_version(name)}
+        else:
+            live = {name: revision for name, revision in self.listed(conn, round_).items() if name.startswith(prefix)}
+        moved = [name for name, revision in live.items() if self._revision(name) < revision]
         if moved:
             for name, revision, content in conn.execute(
                     "select name, revision, content from documents where scope = %s and name = any(%s) "
@@ -210,14 +220,15 @@ class LocalCopies:
             if name not in live:
                 self._drop(name)
         if round_ is not None:
-            round_.seen.update({(self.scope, name): revision for name, revision in live.items()})
-            round_.folders[(self.scope, prefix)] = frozenset(live)
+            round_.folders.add((self.scope, prefix))
         return self.files.local_folder(prefix)
 
     def fresh_folder(self, round_: ReadRound, prefix: str) -> Path | None:
-        """The cache's folder `prefix` when round `round_` listed it and every document listed is still fresh."""
-        listed = round_.folders.get((self.scope, prefix))
-        if listed is None or any(self.fresh(round_, name) is None for name in listed):
+        """The cache's folder `prefix` when round `round_` brought it to its list already and every document
+        listed under it is still fresh."""
+        listed = round_.listed.get(self.scope)
+        if listed is None or (self.scope, prefix) not in round_.folders or any(
+                self.fresh(round_, name) is None for name in listed if name.startswith(prefix)):
             return None
         return self.files.local_folder(prefix)
 
