@@ -185,6 +185,13 @@ def test_a_read_round_lists_a_scope_once_and_ends_with_its_block(
             assert "自己写的" in reader.read_long_term()
     assert len(sent) == 2
 
+    writer.documents.delete("memory/202612/20261202.md")  # removed through another machine
+    with b.read_round():
+        assert "自己写的" in reader.read_long_term()  # the scope listed
+        assert not reader.local(b.root / "memory" / "202612" / "20261202.md").exists()  # not served from the cache
+        assert reader.note_files() == []
+        assert not (b.root / ".picoclaw-work" / "documents" / "memory" / "202612" / "20261202.md").exists()
+
 
 def test_on_files_the_port_reads_the_files_themselves(tmp_path: Path) -> None:
     storage = FilesStorage(tmp_path)

@@ -159,6 +159,8 @@ class LocalCopies:
                                 (self.scope,)).fetchall()
             found = round_.listed[self.scope] = {name: int(revision) for name, revision in rows
                                                  if not is_version(name)}
+            for name in [known for known in list(self._known) if known not in found]:
+                self._drop(name)  # removed meanwhile: from now on a cached file not listed is one this round wrote
         return found
 
     def _check(self, conn: psycopg.Connection, names: list[str]) -> None:
