@@ -170,6 +170,57 @@ def test_a_priced_model_costs_its_price(home: Path, fake_openai: FakeOpenAIServe
     assert by_purpose(workspace)["chat"].micro_usd == round(600_000 * 0.15 + 400_000 * 0.075 + 1_000_000 * 0.6)
 
 
+class CountedLedger(SpendLedger):
+    """The real ledger, counting its writes."""
+
+    writes = 0
+
+    def change(self, day: date, edit: Callable[[Any], T]) -> T:
+        self.writes += 1
+        return super().change(day, edit)
+
+
+@pytest.mark.parametrize("text", ["Count me.", "把我记上。"])
+def test_uncapped_calls_share_one_ledger_write_which_drain_makes_at_once(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, text: str) -> None:
+    ledger = CountedLedger(workspace.layout.shared_memory_dir, storage=workspace.storage)
+    allowance = Allowance(workspace.config.budget, ledger, TZ, settle_after=3600.0)  # only `drain` writes
+    for n in range(5):
+        fake_openai.reply_text(f"{text} {n}", usage={"prompt_tokens": 100 + n, "completion_tokens": 2})
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with make_provider(workspace, fake_openai) as inner:
+            metered = MeteredProvider(inner, allowance, "chat", 256)
+            for _ in range(5):
+                await metered.chat([{"role": "user", "content": text}])
+            before = ledger.read()
+            await allowance.drain()
+            return before, ledger.read()
+    with freeze_time(MORNING, real_asyncio=True):
+        before, after = asyncio.run(main())
+    assert before == {} and ledger.writes == 1  # nothing written while the replies went out; then one write
+    chat = after[DAY1.isoformat()].spent["chat"]
+    assert (chat.calls, chat.prompt, chat.completion) == (5, 510, 10)
+
+
+def test_uncapped_counts_land_by_themselves_after_settle_after(workspace: Workspace,
+                                                                fake_openai: FakeOpenAIServer) -> None:
+    ledger = CountedLedger(workspace.layout.shared_memory_dir, storage=workspace.storage)
+    allowance = Allowance(workspace.config.budget, ledger, TZ, settle_after=0.0)
+    fake_openai.reply_text("ok 好", usage={"prompt_tokens": 40, "completion_tokens": 3})
+
+    async def main() -> None:
+        async with make_provider(workspace, fake_openai) as inner:
+            await MeteredProvider(inner, allowance, "chat", 256).chat([{"role": "user", "content": "你好 hi"}])
+            for _ in range(2000):  # no drain: the writer's own timer writes it
+                if ledger.read():
+                    return
+                await asyncio.sleep(0.01)
+    asyncio.run(main())
+    [day] = ledger.read().values()
+    assert day.spent["chat"].calls == 1 and day.spent["chat"].prompt == 40 and ledger.writes == 1
+
+
 # -- the background cap -------------------------------------------------------------------------------------------
 
 

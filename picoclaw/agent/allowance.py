@@ -14,9 +14,11 @@ ledger that cannot be updated refuses capped calls (the cap is hard); a damaged 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, tzinfo
@@ -49,6 +51,10 @@ PURPOSES = (CHAT, HEARTBEAT, AGENT_JOB, SUMMARY, FLUSH, COMPRESSION, REFLECTION,
 TURN_PURPOSES = (CHAT, HEARTBEAT, AGENT_JOB)  # turns of a conversation; the rest are calls beside one
 
 OwnerNotice = Callable[[str], Awaitable[None]]
+
+# How long the count of a call under no cap may wait, so that the calls of that time share one ledger write (a bot
+# at Telegram's rate makes dozens a second). `drain` writes what waits at once; the ledger is soft state anyway.
+SETTLE_AFTER_SECONDS = 1.0
 
 _LATIN_WORD = re.compile(r"[A-Za-z]{2,}")
 
@@ -167,6 +173,22 @@ class Held:
 
 
 @dataclass(frozen=True)
+class _Count:
+    day: date
+    purpose: str
+    spent: Spent
+
+
+class _Waiting:
+    """The counts of one event loop waiting for their shared ledger write, and the task that writes them."""
+
+    def __init__(self) -> None:
+        self.counts: list[_Count] = []
+        self.hurry = asyncio.Event()  # set by `drain`: write now, do not wait
+        self.writer: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True)
 class _Decision:
     granted: bool
     cap: str = ""
@@ -178,13 +200,16 @@ class _Decision:
 class Allowance:
     """The workspace's daily caps over its spend ledger; shared by every agent of a process (app.py makes one)."""
 
-    def __init__(self, budget: BudgetConfig, ledger: SpendLedger, tz: tzinfo, *, owner: OwnerNotice | None = None):
+    def __init__(self, budget: BudgetConfig, ledger: SpendLedger, tz: tzinfo, *, owner: OwnerNotice | None = None,
+                 settle_after: float = SETTLE_AFTER_SECONDS):
         self.budget = budget
         self.ledger = ledger
         self.tz = tz
         self.owner = owner  # where the day's notice goes; None: this process tells no one (logged only)
         self._unpriced: set[str] = set()  # models whose unknown cost was reported
-        self._settling: set[asyncio.Task[None]] = set()  # counts `settle_later` started
+        self.settle_after = settle_after  # seconds an uncapped call's count waits to share a ledger write
+        # per event loop: the counts `settle_later` took and has not written yet
+        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waiting] = weakref.WeakKeyDictionary()
 
     @classmethod
     def of(cls, workspace: Workspace) -> Allowance:
@@ -271,14 +296,7 @@ class Allowance:
     async def settle(self, held: Held, usage: Usage | None, produced: int) -> None:
         """Count what the call used: the provider's report, else the prompt's estimate and `produced` (the reply's
         tokens as counted here); its hold, if any, goes. A ledger that cannot be updated is logged, not raised."""
-        if usage is not None:
-            spent = Spent(1, usage.prompt_tokens, min(usage.cached_tokens or 0, usage.prompt_tokens),
-                          usage.completion_tokens)
-        else:
-            spent = Spent(1, held.prompt, 0, produced, estimated=1)
-        price = self.price(held.model)
-        spent = (replace(spent, unpriced=1) if price is None else
-                 replace(spent, micro_usd=micro_usd(price, spent.prompt, spent.cached, spent.completion)))
+        spent = self._spent(held, usage, produced)
 
         def count(day: Day) -> None:
             if held.hold is not None:
@@ -287,17 +305,59 @@ class Allowance:
 
         await self._change(held.day, count, f"the {held.purpose} call's tokens are not counted")
 
+    def _spent(self, held: Held, usage: Usage | None, produced: int) -> Spent:
+        if usage is not None:
+            spent = Spent(1, usage.prompt_tokens, min(usage.cached_tokens or 0, usage.prompt_tokens),
+                          usage.completion_tokens)
+        else:
+            spent = Spent(1, held.prompt, 0, produced, estimated=1)
+        price = self.price(held.model)
+        return (replace(spent, unpriced=1) if price is None else
+                replace(spent, micro_usd=micro_usd(price, spent.prompt, spent.cached, spent.completion)))
+
     def settle_later(self, held: Held, usage: Usage | None, produced: int) -> None:
-        """`settle`, off the caller's path: for a call no cap held room for, nothing waits on its count (the
-        ledger's round trips stay out of the reply's time). `drain` waits for it."""
-        task = asyncio.get_running_loop().create_task(self.settle(held, usage, produced))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        """`settle` for a call no cap held room for, off the caller's path: nothing waits on its count, so it
+        waits (up to `settle_after` seconds) to share one ledger write with the calls of that time. `drain` writes
+        it at once."""
+        assert held.hold is None, "a held call is settled at once: its hold counts against a cap"
+        loop = asyncio.get_running_loop()
+        waiting = self._waiting.get(loop)
+        if waiting is None:
+            waiting = self._waiting[loop] = _Waiting()
+        waiting.counts.append(_Count(held.day, held.purpose, self._spent(held, usage, produced)))
+        if waiting.writer is None:
+            waiting.writer = loop.create_task(self._write_waiting(waiting))
+
+    async def _write_waiting(self, waiting: _Waiting) -> None:
+        try:
+            while waiting.counts:
+                if not waiting.hurry.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(waiting.hurry.wait(), self.settle_after)
+                counts, waiting.counts = waiting.counts, []
+                for day in sorted({count.day for count in counts}):
+                    of_day = [count for count in counts if count.day == day]
+
+                    def add(today: Day, of_day: list[_Count] = of_day) -> None:
+                        for count in of_day:
+                            today.add(count.purpose, count.spent)
+
+                    await self._change(day, add, f"{len(of_day)} calls' tokens are not counted")
+        finally:
+            waiting.writer = None
 
     async def drain(self) -> None:
-        """Wait until every count `settle_later` started on this event loop is in the ledger."""
-        while mine := [task for task in self._settling if task.get_loop() is asyncio.get_running_loop()]:
-            await asyncio.gather(*mine, return_exceptions=True)
+        """Write every count `settle_later` took on this event loop and has not written yet; return when they are
+        in the ledger."""
+        waiting = self._waiting.get(asyncio.get_running_loop())
+        if waiting is None:
+            return
+        waiting.hurry.set()
+        try:
+            while waiting.writer is not None:
+                await asyncio.wait([waiting.writer])  # not cancelled with the caller; its own errors are logged
+        finally:
+            waiting.hurry.clear()
 
     async def release(self, held: Held) -> None:
         """The call failed or was cancelled: its hold goes, nothing is counted."""
@@ -334,6 +394,7 @@ class Allowance:
 
     async def status_line(self) -> str:
         """/status's line: today's tokens, background and chat, against their caps, and the cost when known."""
+        await self.drain()  # this process's latest calls count too
         try:
             days = await asyncio.to_thread(self.ledger.read)
         except ConfigError as exc:
