@@ -1,5 +1,5 @@
 """Scores of bench/answers.py: token F1 against a gold answer, and the LLM judge's yes/no read robustly. They live in
-picoclaw/memory/eval/scoring.py, which `picoclaw memory eval --answers` scores with too."""
+picoclaw/memory/eval/answer_scoring.py, which `picoclaw memory eval --answers` scores with too."""
 
 from __future__ import annotations
 

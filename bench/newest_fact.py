@@ -13,12 +13,12 @@ What is measured
     * ranking alone: MEMORY.md written whole (`MemoryStore.rewrite_long_term`), nothing marked: the order
       comes from the search only (a hand-edited or imported memory);
     * update rule: each entry appended on its own date through `MemoryStore.append_long_term`, as the
-      runtime stores a memory, so the store's update rule (memory/updates.py) marks the older entry
+      runtime stores a memory, so the store's update rule (memory/supersede.py) marks the older entry
       "> superseded …" when it recognises the update.
 
     "newer above": the newer entry is found and the older one is not found or ranks below it; "newer
     first": the newer entry is the first hit. Before: `KeywordSearch`, the plain search as it is. After:
-    the same wrapped in `StandingSearch` with the policy's default weights (no access counts: a fresh
+    the same wrapped in `RerankedSearch` with the policy's default weights (no access counts: a fresh
     memory). A case that fails is listed with the ranks of both entries (0: not in the top 10). "marked":
     in how many cases the update rule marked the older entry superseded.
 
@@ -47,7 +47,7 @@ from picoclaw.memory.entries import SUPERSEDED  # noqa: E402
 from picoclaw.memory.search.blocks import Hit  # noqa: E402
 from picoclaw.memory.search.keyword import KeywordSearch  # noqa: E402
 from picoclaw.memory.search.protocol import MemorySearch  # noqa: E402
-from picoclaw.memory.search.standing import StandingSearch  # noqa: E402
+from picoclaw.memory.search.reranking import RerankedSearch  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 from picoclaw.policy_schema import MemoryPolicy  # noqa: E402
 
@@ -126,7 +126,7 @@ def run(cases: list[Case], background: dict[str, list[tuple[str, str]]], show_mi
                 marked += f"{case.old[1]}\n{SUPERSEDED}" in store.read_long_term()
                 plain = KeywordSearch(store)
                 searches: dict[str, MemorySearch] = {"before": plain,
-                                                     "after": StandingSearch(plain, store, MemoryPolicy)}
+                                                     "after": RerankedSearch(plain, store, MemoryPolicy)}
                 for name, search in searches.items():
                     hits = search.search(case.question, LIMIT)
                     old, new = rank_of(hits, case.old[1]), rank_of(hits, case.new[1])

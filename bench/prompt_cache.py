@@ -68,7 +68,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from picoclaw.agent.cache_prefix import LastRequests  # noqa: E402
-from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_ROLE  # noqa: E402
+from picoclaw.agent.lesson_drafting import LESSON_INSTRUCTIONS, LESSON_ROLE  # noqa: E402
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK  # noqa: E402
 from picoclaw.app import App  # noqa: E402
 from picoclaw.config import Config, load_config  # noqa: E402

@@ -17,7 +17,7 @@ What is measured
       per-query cost on an unchanged MEMORY.md: one stat + BM25 scoring);
     * ours cold: the first ``search`` of a fresh ``KeywordSearch``: read + split + index + score (the
       cost after MEMORY.md changed). The file is in the OS page cache in every case;
-    * + standing: what a turn runs, ``StandingSearch`` around the warm ``KeywordSearch`` at the default
+    * + standing: what a turn runs, ``RerankedSearch`` around the warm ``KeywordSearch`` at the default
       policy (30 candidates, each one-line entry tokenised to compare it with the others, priors).
 
     Baseline, warm and + standing: the median over all queries of ``--reps`` repetitions of the query set (>= 5).
@@ -66,7 +66,7 @@ if str(REPO) not in sys.path:  # run as `python bench/retrieval.py` without inst
 from picoclaw.config import EmbeddingsConfig, IndexConfig  # noqa: E402
 from picoclaw.memory.index import MemoryIndex  # noqa: E402
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit  # noqa: E402
-from picoclaw.memory.search import KeywordSearch, StandingSearch  # noqa: E402
+from picoclaw.memory.search import KeywordSearch, RerankedSearch  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 from picoclaw.policy_schema import MemoryPolicy  # noqa: E402
 from picoclaw.storage import FilesStorage  # noqa: E402
@@ -293,7 +293,7 @@ def measure(size: int, seed: int, reps: int, details: list[str] | None
 
         retriever = KeywordSearch(store)
         retriever.search(QUERIES[0], 10)  # warm-up: builds the cached index
-        standing = StandingSearch(retriever, store, MemoryPolicy)
+        standing = RerankedSearch(retriever, store, MemoryPolicy)
         # Baseline, warm and standing alternate query by query, so a busy moment of the machine hits all alike.
         baseline: list[float] = []
         warm: list[float] = []

@@ -38,7 +38,7 @@ What is measured
     sessions as BM25 documents, which a block retriever never does; plain BM25 over turns scored the
     way this script scores session recall gets 0.561 / 0.744 / 0.809 in English (all 10).
 
-    ``plain-standing`` is the same keyword search wrapped as the runtime wraps it (StandingSearch: supersession,
+    ``plain-standing`` is the same keyword search wrapped as the runtime wraps it (RerankedSearch: supersession,
     recency and use priors at the policy's defaults), seen the day after the conversation's last session.
 
     Index modes (the optional memory index, ``picoclaw.memory.index``), on the same notes written by the
@@ -103,8 +103,8 @@ from picoclaw.config import EmbeddingsConfig, IndexConfig  # noqa: E402
 from picoclaw.memory.index import E5Embedder, EmbeddingUnavailable, MemoryIndex  # noqa: E402
 from picoclaw.memory.index.chunks import TokenLimit  # noqa: E402
 from picoclaw.memory.index.embedders import Embedder  # noqa: E402
-from picoclaw.memory.search import Block, KeywordSearch, StandingSearch, split_blocks  # noqa: E402
-from picoclaw.memory.search.standing import block_date  # noqa: E402
+from picoclaw.memory.search import Block, KeywordSearch, RerankedSearch, split_blocks  # noqa: E402
+from picoclaw.memory.search.reranking import block_date  # noqa: E402
 from picoclaw.memory.store import MemoryStore  # noqa: E402
 from picoclaw.policy_schema import MemoryPolicy  # noqa: E402
 from picoclaw.storage import FilesStorage, Storage  # noqa: E402
@@ -368,7 +368,7 @@ class Tally:
         return len(chosen), [sum(col) / len(chosen) for col in zip(*chosen)]
 
 
-def search_ours(ws: Workspace, retriever: KeywordSearch | StandingSearch, limit: int, query: str,
+def search_ours(ws: Workspace, retriever: KeywordSearch | RerankedSearch, limit: int, query: str,
                 notes: bool) -> list[list[str]]:
     """The best `limit` blocks, best first, as lists of turns (notes layout: MEMORY.md and notes)."""
     return [ws.block_turns(hit.block) for hit in retriever.search(query, limit, include_notes=notes)]
@@ -516,11 +516,11 @@ class StoreOnDay(MemoryStore):
         return self.day
 
 
-def standing_search(ws: Workspace, blocks: list[Block]) -> StandingSearch:
-    """The keyword search as the runtime wraps it (memory/search/standing.py), with the default policy."""
+def standing_search(ws: Workspace, blocks: list[Block]) -> RerankedSearch:
+    """The keyword search as the runtime wraps it (memory/search/reranking.py), with the default policy."""
     days = [day for day in map(block_date, blocks) if day is not None]
     day = max(days) + timedelta(days=1) if days else date.today()
-    return StandingSearch(KeywordSearch(ws.store), StoreOnDay(ws.store.memory_dir, UTC, day, ws.store.storage), MemoryPolicy)
+    return RerankedSearch(KeywordSearch(ws.store), StoreOnDay(ws.store.memory_dir, UTC, day, ws.store.storage), MemoryPolicy)
 
 
 def rank_all(mode: str, layout: str, ws: Workspace, blocks: list[Block], questions: list[Question],

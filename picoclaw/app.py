@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from picoclaw.config import Config, home_dir, load_config, workspace_dir
 from picoclaw.hosts import is_local_host
-from picoclaw.keyed import LruCache
 from picoclaw.memory import Workspace
+from picoclaw.per_key import LruCache
 from picoclaw.providers import ProviderError
 from picoclaw.storage import open_storage, switch_warning
 

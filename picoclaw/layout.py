@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from picoclaw.config import Config
 
 MEMORY_DIR = "memory"
-MEDIA_DIR = "media"  # photos and files people sent (memory/media.py), in the scope folder: per user, the user's
+MEDIA_DIR = "media"  # photos and files people sent (memory/media_folder.py), in the scope folder: per user, the user's
 SESSIONS_DIR = "sessions"
 USERS_DIR = "users"
 INDEX_DIR = "index"

@@ -18,7 +18,7 @@ import orjson
 from freezegun import freeze_time
 from freezegun.api import _freeze_time
 
-from picoclaw.agent.lessons import LESSON_INSTRUCTIONS, LESSON_ROLE
+from picoclaw.agent.lesson_drafting import LESSON_INSTRUCTIONS, LESSON_ROLE
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK
 from picoclaw.app import App
@@ -153,7 +153,7 @@ def is_flush_request(body: dict[str, Any]) -> bool:
 
 
 def is_lesson_request(body: dict[str, Any]) -> bool:
-    """The lesson review after a turn that taught something (agent/lessons.py), in either shape."""
+    """The lesson review after a turn that taught something (agent/lesson_drafting.py), in either shape."""
     return body["messages"][0]["content"] == LESSON_INSTRUCTIONS or background_task(body).startswith(LESSON_ROLE)
 
 

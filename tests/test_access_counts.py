@@ -14,7 +14,7 @@ import pytest
 from picoclaw.memory.search import access_counts as access_counts_module
 from picoclaw.memory.search.access_counts import ACCESS_COUNTS_FILE, AccessCounts
 from picoclaw.memory.search.keyword import KeywordSearch
-from picoclaw.memory.search.standing import StandingSearch
+from picoclaw.memory.search.reranking import RerankedSearch
 from picoclaw.memory.search.turn_memory import block_key, select_turn_memory
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
@@ -26,10 +26,10 @@ MEMORY = ("# Memory\n\n## 2025-03-01\nMy cat is called Mimi.\n\n## 2025-03-02\næ
           "## 2025-03-03\nI like green tea.\n")
 
 
-def standing(tmp_path: Path) -> tuple[MemoryStore, StandingSearch]:
+def standing(tmp_path: Path) -> tuple[MemoryStore, RerankedSearch]:
     store = memory_store(tmp_path / "memory", UTC)
     store.rewrite_long_term(MEMORY)
-    return store, StandingSearch(KeywordSearch(store), store, MemoryPolicy)
+    return store, RerankedSearch(KeywordSearch(store), store, MemoryPolicy)
 
 
 def test_counts_are_recorded_and_read_back_by_another_instance(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from picoclaw.agent.commands import HELP, Command, parse_command
 from picoclaw.agent.loop import AgentLoop
+from picoclaw.agent.slash_commands import HELP, Command, parse_command
 from picoclaw.app import App
 from picoclaw.channels.telegram import COMMANDS
 from picoclaw.memory.workspace import Workspace

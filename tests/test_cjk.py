@@ -9,9 +9,9 @@ import pytest
 
 from picoclaw import cjk
 from picoclaw.jobs import JobError, parse_relative
-from picoclaw.memory.facts import missing
+from picoclaw.memory.rewrite_guard import missing
+from picoclaw.memory.supersede import supersedes
 from picoclaw.memory.terms import terms
-from picoclaw.memory.updates import supersedes
 from picoclaw.tokens import estimate_tokens
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "picoclaw"

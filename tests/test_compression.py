@@ -32,7 +32,7 @@ from picoclaw.memory.compression import (
     split_preamble,
     why_not_due,
 )
-from picoclaw.memory.facts import key_facts, missing
+from picoclaw.memory.rewrite_guard import key_facts, missing
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import MemoryPolicy

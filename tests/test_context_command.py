@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from picoclaw.agent.budget import PART_LABELS, PARTS, PromptSplit, split_report
-from picoclaw.agent.commands import HELP, LAST_REQUEST, NEXT_REQUEST
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.channels.telegram.commands import COMMANDS
+from picoclaw.agent.slash_commands import HELP, LAST_REQUEST, NEXT_REQUEST
+from picoclaw.channels.telegram.command_menu import COMMANDS
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import ContextWindow, FixedWindow

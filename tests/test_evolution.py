@@ -18,8 +18,8 @@ from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.reflection import ReflectionOutcome, Reflector
 from picoclaw.app import App
 from picoclaw.memory import evolution
-from picoclaw.memory.evolution import SuggestionError, key_guide, parse_suggestion, validate_suggestion
 from picoclaw.memory.policy import ValueChange
+from picoclaw.memory.policy_suggestions import SuggestionError, key_guide, parse_suggestion, validate_suggestion
 from picoclaw.memory.session import SessionStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy

@@ -16,7 +16,7 @@ from picoclaw.errors import ConfigError
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
 from picoclaw.memory.index.fusion import RankWeights, Weights, reciprocal_rank, weighted
-from picoclaw.memory.index.scoring import Adjacency, in_context, with_neighbours, with_previous_entry
+from picoclaw.memory.index.keyword_scores import Adjacency, in_context, with_neighbours, with_previous_entry
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT
 from picoclaw.memory.store import MemoryStore
 from tests.stores import memory_store

@@ -25,7 +25,7 @@ from picoclaw.memory.grounding import (
     not_a_fact,
     user_texts,
 )
-from picoclaw.memory.updates import Statement
+from picoclaw.memory.supersede import Statement
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import frozen
 

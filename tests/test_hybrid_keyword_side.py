@@ -15,8 +15,8 @@ import pytest
 from picoclaw.config import EmbeddingsConfig, IndexConfig
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.chunks import TokenLimit
-from picoclaw.memory.index.index import KeywordRanking
-from picoclaw.memory.search import Hit, KeywordSearch, StandingSearch, open_search
+from picoclaw.memory.index.memory_index import KeywordRanking
+from picoclaw.memory.search import Hit, KeywordSearch, RerankedSearch, open_search
 from picoclaw.memory.search.indexed import index_of
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
@@ -69,7 +69,7 @@ def test_open_search_gives_the_index_the_keyword_search_as_its_keyword_side(tmp_
         index = index_of(search)
         assert index is not None and isinstance(index.keywords, KeywordSearch)
         # The index's answer before the standing re-order (tests/test_standing.py) is the keyword search's.
-        assert isinstance(search, StandingSearch)
+        assert isinstance(search, RerankedSearch)
         assert lines(search.inner.search(query, 5)) == lines(KeywordSearch(store).search(query, 5))
     finally:
         search.close()

@@ -29,7 +29,7 @@ from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit, markdown_chunks, session_chunks
 from picoclaw.memory.index.outage import BACKOFF_FIRST
 from picoclaw.memory.index.schema import SCHEMA_VERSION
-from picoclaw.memory.search import IndexedSearch, KeywordSearch, StandingSearch, split_blocks
+from picoclaw.memory.search import IndexedSearch, KeywordSearch, RerankedSearch, split_blocks
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.registry import build_tools
@@ -534,13 +534,13 @@ def indexed_workspace(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[Wor
     ws.store.append_long_term("I prefer green tea over coffee in the morning.")
     ws.store.append_long_term("我养了一只柯基，叫豆豆。")
     yield ws
-    assert isinstance(ws.searcher, StandingSearch) and isinstance(ws.searcher.inner, IndexedSearch)
+    assert isinstance(ws.searcher, RerankedSearch) and isinstance(ws.searcher.inner, IndexedSearch)
     ws.searcher.close()
 
 
 def test_workspace_uses_the_keyword_search_unless_the_index_is_enabled(home: Path) -> None:
     ws = App.open(home).workspace
-    assert isinstance(ws.searcher, StandingSearch) and isinstance(ws.searcher.inner, KeywordSearch)
+    assert isinstance(ws.searcher, RerankedSearch) and isinstance(ws.searcher.inner, KeywordSearch)
     assert ws.searcher.store is ws.store
     ws.store.append_long_term("我养了一只柯基")
     assert ws.searcher.search("柯基", 3)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from picoclaw.keyed import KeyedLocks, LruCache
+from picoclaw.per_key import KeyedLocks, LruCache
 
 
 def test_keyed_locks_serve_one_key_in_arrival_order_and_vanish_when_idle() -> None:

@@ -15,8 +15,8 @@ from picoclaw.agent.context import ContextBuilder
 from picoclaw.agent.turn_review import standing_instruction
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import ModelUsage, SuggestionError, Workspace
-from picoclaw.memory.evolution import validate_suggestion
-from picoclaw.memory.lessons import instruction_lesson, is_standing, keeps_point, restates
+from picoclaw.memory.learnings import instruction_lesson, is_standing, keeps_point, restates
+from picoclaw.memory.policy_suggestions import validate_suggestion
 from picoclaw.policy_schema import TUNABLE_KEYS
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import chat, frozen, set_policy, system_prompt, turn_context, turn_requests

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from picoclaw.agent.lessons import MAX_ANSWER_TOKENS, read_lesson
+from picoclaw.agent.lesson_drafting import MAX_ANSWER_TOKENS, read_lesson
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.turn_review import FinishedTurn, is_correction, result_failed, tool_steps, trigger_of
 from picoclaw.memory import ModelUsage, stands

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from picoclaw.agent.commands import Command
+from picoclaw.agent.slash_commands import Command
 from picoclaw.app import App
 from picoclaw.cli import main
 from picoclaw.config import McpServerConfig, load_config, parse_config

@@ -36,7 +36,7 @@ def test_importing_a_memory_module_does_not_bring_the_layer_or_the_index() -> No
 def test_the_search_package_does_not_import_the_index() -> None:
     loaded = _loaded_after("from picoclaw.memory.search import IndexedSearch, KeywordSearch, open_search, index_of")
     assert "picoclaw.memory.search.keyword" in loaded
-    assert not {"numpy", "picoclaw.memory.index", "picoclaw.memory.index.index"} & loaded
+    assert not {"numpy", "picoclaw.memory.index", "picoclaw.memory.index.memory_index"} & loaded
 
 
 def test_a_search_without_the_index_loads_no_numpy(home: Path) -> None:

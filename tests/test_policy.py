@@ -459,7 +459,7 @@ def test_a_set_after_a_torn_history_line_is_recorded(manager: PolicyManager) -> 
         {"retrieve_limit": ValueChange(None, 5)}, {"retrieve_limit": ValueChange(5, 6)}]
 
 
-# -- the ranking keys (memory/search/standing.py) --------------------------------------------------------------
+# -- the ranking keys (memory/search/reranking.py) --------------------------------------------------------------
 
 
 RANKING_KEYS = ("memory_recency_boost_percent", "memory_access_boost_percent")
@@ -481,7 +481,7 @@ def test_ranking_keys_are_whole_percentages_within_bounds(manager: PolicyManager
 def test_ranking_keys_from_the_cli_the_overrides_file_and_reflection(
         home: Path, key: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
     from picoclaw.cli import main
-    from picoclaw.memory.evolution import SuggestionError, key_guide, validate_suggestion
+    from picoclaw.memory.policy_suggestions import SuggestionError, key_guide, validate_suggestion
 
     assert main(["policy", "set", f"{key}=25"]) == 0
     assert f"{key} = 25" in capsys.readouterr().out

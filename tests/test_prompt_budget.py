@@ -523,7 +523,7 @@ def test_a_range_too_long_for_one_flush_is_flushed_in_window_sized_pieces(
         workspace: Workspace, fake_openai: FakeOpenAIServer, lang: str) -> None:
     # The flush of a range set aside on a small window was one request over the window: refused before it was
     # sent, the range's facts were never read.
-    from picoclaw.agent.receipts import Receipts
+    from picoclaw.agent.receipt_delivery import Receipts
 
     fact = "My sister Lin lives in Hangzhou." if lang == "en" else "我妹妹林住在杭州。"
     filler = ("Here is more about my week, the garden and the fence that needs fixing. " * 30 if lang == "en"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from picoclaw.secrets import MASK, excerpt, redact
+from picoclaw.redact import MASK, excerpt, redact
 
 # The shape of a real bot token: a public bot id, a colon, 35 secret characters.
 TOKEN = "7234567890:AAHq3ZkT9vWxR2mYpL8nB4cJ6dF0gS1hKeU"

@@ -1,4 +1,4 @@
-"""StandingSearch (memory/search/standing.py): the newer of two entries about one thing ranks above the older,
+"""RerankedSearch (memory/search/reranking.py): the newer of two entries about one thing ranks above the older,
 a mild recency prior, a use prior, and everything else left in relevance order; in English and Chinese."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from freezegun import freeze_time
 
 from picoclaw.memory.search.blocks import Hit
 from picoclaw.memory.search.keyword import KeywordSearch
-from picoclaw.memory.search.standing import StandingSearch, block_date, recency
+from picoclaw.memory.search.reranking import RerankedSearch, block_date, recency
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
 from tests.stores import memory_store
@@ -31,8 +31,8 @@ def texts(hits: list[Hit]) -> list[str]:
     return [hit.block.text.split("\n")[1] for hit in hits]
 
 
-def standing(store: MemoryStore, policy: MemoryPolicy = NO_PRIORS) -> StandingSearch:
-    return StandingSearch(KeywordSearch(store), store, lambda: policy)
+def standing(store: MemoryStore, policy: MemoryPolicy = NO_PRIORS) -> RerankedSearch:
+    return RerankedSearch(KeywordSearch(store), store, lambda: policy)
 
 
 UPDATES = [
@@ -97,7 +97,7 @@ def test_recency_is_a_mild_prior_that_policy_switches(tmp_path: Path) -> None:
     store = memory(tmp_path, [("2025-01-01", "We hiked in the Alps, 20 km. 我们在阿尔卑斯山徒步。"),
                               ("2025-09-01", "Hiking boots: Salomon, size 43. 徒步鞋是 43 码。")])
     policy = NO_PRIORS
-    search = StandingSearch(KeywordSearch(store), store, lambda: policy)
+    search = RerankedSearch(KeywordSearch(store), store, lambda: policy)
     with freeze_time("2025-09-02"):
         for question in ("hiking", "徒步"):
             plain = texts(KeywordSearch(store).search(question, 10))

@@ -23,7 +23,7 @@ from picoclaw.memory.index.pg_index import TableMemoryIndex, index_for
 from picoclaw.memory.search.blocks import Hit
 from picoclaw.memory.search.indexed import IndexedSearch
 from picoclaw.memory.search.keyword import KeywordSearch
-from picoclaw.memory.search.standing import StandingSearch
+from picoclaw.memory.search.reranking import RerankedSearch
 from picoclaw.memory.search.turn_memory import block_key, select_turn_memory
 from picoclaw.memory.session import SessionStore, StoredMessage
 from picoclaw.memory.store import MemoryStore
@@ -294,7 +294,7 @@ def test_what_the_score_floor_drops_is_told_to_the_turns_record(
 
     # Through the turn's search (re-ranked by standing), the turn's record names them with their reason.
     policy = MemoryPolicy(retrieve_limit=4, recent_days=0)
-    search = StandingSearch(IndexedSearch(KeywordSearch(store), index), store, lambda: policy)
+    search = RerankedSearch(IndexedSearch(KeywordSearch(store), index), store, lambda: policy)
     memory = asyncio.run(select_turn_memory(search, store, policy, query))
     why = memory.explained(store.memory_dir.parent, policy, "hybrid")
     below = [item["text"] for item in why["left_out"] if item["reason"] == "below_floor"]

@@ -163,7 +163,7 @@ finally:
 
 def _appended(worker: int, number: int) -> str:
     """Entry `number` of `worker`, in English and Chinese. Each has a word and two Chinese characters of its own and
-    shares one word with the others at most, so none can be taken for an update of another (memory/updates.py),
+    shares one word with the others at most, so none can be taken for an update of another (memory/supersede.py),
     which would mark it and cost every append a comparison with the newest entries."""
     word = "tag" + "xyz"[worker] + chr(97 + number // 26) + chr(97 + number % 26)
     characters = chr(0x4E00 + 2 * (worker * EACH + number)) + chr(0x4E01 + 2 * (worker * EACH + number))

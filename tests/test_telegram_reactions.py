@@ -15,7 +15,7 @@ import pytest
 from picoclaw.channels.telegram import TelegramChannel, Webhook
 from picoclaw.memory import memory_stats
 from picoclaw.memory.feedback import FeedbackLedger, Reaction
-from picoclaw.memory.lessons import given_by_a_person
+from picoclaw.memory.learnings import given_by_a_person
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import is_lesson_request
 from tests.fakes import FakeOpenAIServer

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
         spend_line,
     )
     from picoclaw.agent.background_room import WindowedProvider
-    from picoclaw.agent.commands import Command, parse_command
     from picoclaw.agent.loop import AgentLoop, Reply, ToolSink
-    from picoclaw.agent.receipts import MemorySink, NoticeSink
+    from picoclaw.agent.receipt_delivery import MemorySink, NoticeSink
+    from picoclaw.agent.slash_commands import Command, parse_command
     from picoclaw.agent.streaming import TextSink
     from picoclaw.agent.usage_report import SpendReport, purpose_name, report_lines, spend_report
     from picoclaw.tools import ApprovalRequest, Approver, Chooser, Verdict
@@ -41,9 +41,9 @@ __getattr__, __dir__ = lazy_exports(__name__, {
                                  "spend_line"),
     "picoclaw.agent.usage_report": ("SpendReport", "purpose_name", "report_lines", "spend_report"),
     "picoclaw.agent.background_room": ("WindowedProvider",),
-    "picoclaw.agent.commands": ("Command", "parse_command"),
+    "picoclaw.agent.slash_commands": ("Command", "parse_command"),
     "picoclaw.agent.loop": ("AgentLoop", "Reply", "ToolSink"),
-    "picoclaw.agent.receipts": ("MemorySink", "NoticeSink"),
+    "picoclaw.agent.receipt_delivery": ("MemorySink", "NoticeSink"),
     "picoclaw.agent.streaming": ("TextSink",),
     # What a channel's approver and chooser speak (tools/approval.py, tools/choices.py): channels do not import tools.
     "picoclaw.tools": ("ApprovalRequest", "Approver", "Chooser", "Verdict"),

@@ -22,8 +22,8 @@ from typing import Any
 
 from picoclaw.agent.summary import render_transcript
 from picoclaw.agent.turn_review import FinishedTurn
-from picoclaw.keyed import LruCache
 from picoclaw.memory import StoredMessage, user_texts, with_summary
+from picoclaw.per_key import LruCache
 from picoclaw.providers.base import Continuation, Message, PromptPrefix
 
 EXCERPT_CHARS = 80  # of the message a folded part ends with, quoted so a small model need not count messages

@@ -2,7 +2,7 @@
 
 Turns of one session run one at a time; different sessions run concurrently. After the reply is
 saved, background work (session summary, long-term compression, reflection, the lesson a turn taught and
-the skill drafts of workflows that keep working: agent/lessons.py) runs without holding up the next message.
+the skill drafts of workflows that keep working: agent/lesson_drafting.py) runs without holding up the next message.
 A history too long for the request's budget is summarised inside the turn instead (or, when that fails, set aside
 on record after its facts are flushed): `_fit_history`.
 Nothing here waits on the event loop: session files are read and appended (fsync, cross-process lock) in
@@ -16,7 +16,7 @@ resets it; /compact always tries); a turn over its budget meanwhile sets the ran
 attempt sends no "Memory threshold reached" notice.
 
 Every write to MEMORY.md or LEARNINGS.md that no command of the user's made (the memory flush, the model's
-memory_append, a lesson) is shown once in the conversation, after the reply (agent/receipts.py), and logged
+memory_append, a lesson) is shown once in the conversation, after the reply (agent/receipt_delivery.py), and logged
 for `/memory recent`. A turn's memory_append calls are grounded in what the user said in the conversation
 so far (`current_turn`, memory/receipts.py).
 """
@@ -66,20 +66,6 @@ from picoclaw.agent.budget import (
     usable,
 )
 from picoclaw.agent.cache_prefix import LAST_REQUESTS_KEPT, LastRequests
-from picoclaw.agent.commands import (
-    HELP,
-    RECENT,
-    Command,
-    compact_reply,
-    context_report,
-    memory_report,
-    new_reply,
-    parse_command,
-    policy_report,
-    recent_report,
-    status_report,
-    unknown_reply,
-)
 from picoclaw.agent.context import BuiltContext, ContextBuilder, RequestShape, turn_start
 from picoclaw.agent.context_echo import without_context_echo
 from picoclaw.agent.empty_reply import (
@@ -94,10 +80,24 @@ from picoclaw.agent.empty_reply import (
 )
 from picoclaw.agent.history import keep_last
 from picoclaw.agent.images import turn_images, with_images
-from picoclaw.agent.lessons import Learner
+from picoclaw.agent.lesson_drafting import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
-from picoclaw.agent.receipts import MemorySink, NoticeSink, Receipts
+from picoclaw.agent.receipt_delivery import MemorySink, NoticeSink, Receipts
 from picoclaw.agent.reflection import Reflector, reflection_due
+from picoclaw.agent.slash_commands import (
+    HELP,
+    RECENT,
+    Command,
+    compact_reply,
+    context_report,
+    memory_report,
+    new_reply,
+    parse_command,
+    policy_report,
+    recent_report,
+    status_report,
+    unknown_reply,
+)
 from picoclaw.agent.streaming import StreamGate, TextSink
 from picoclaw.agent.summary import (
     CUT_SHORT,
@@ -112,7 +112,6 @@ from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools, w
 from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.config import CLOUD_DEFAULT_WINDOW
 from picoclaw.errors import ConfigError
-from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import (
     DeferredFlushes,
     LongTermCompressor,
@@ -129,6 +128,7 @@ from picoclaw.memory import (
     same_words,
     user_texts,
 )
+from picoclaw.per_key import KeyedLocks, LruCache
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import (
     ChatProvider,
@@ -360,7 +360,7 @@ class AgentLoop:
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
         as it starts, and `notify(key, text)`, shaped like a channel's `deliver`, work done after the reply
         (a summary starting). `remembered(key, write)`, shaped the same, the receipt of each automatic write to
-        long-term memory the turn and its background work made (agent/receipts.py). `ask_again` False: an empty
+        long-term memory the turn and its background work made (agent/receipt_delivery.py). `ask_again` False: an empty
         answer is not asked again but is the reply, "" (the heartbeat's "nothing to report"; agent/empty_reply.py).
         `images`: what the message shows, sent with it to a model that sees (agent/images.py); the text names them.
         `purpose`: what the turn is for, the budget its calls count against ("chat"; the scheduler's "heartbeat",
@@ -860,7 +860,7 @@ class AgentLoop:
 
     async def disliked(self, key: str, turn: int) -> None:
         """A 👎 on the reply to turn `turn` of session `key` (the stored id of its user message): the turn is
-        reviewed for a lesson as a correction is, in the background, at most once (agent/lessons.py)."""
+        reviewed for a lesson as a correction is, in the background, at most once (agent/lesson_drafting.py)."""
         finished = FinishedTurn.at(await self.session(key), turn)
         if finished is None:
             log.info("session %s: a 👎 on a turn the session no longer holds (%s): no lesson", key, turn)

@@ -1,6 +1,6 @@
 """Reflection: every `evolution_interval_messages` messages of a session, the model may tune the policy.
 
-The suggestion itself (prompt, tolerant parsing, strict validation) is memory/evolution.py. Here: when a
+The suggestion itself (prompt, tolerant parsing, strict validation) is memory/policy_suggestions.py. Here: when a
 session is due, what it is shown, and applying a valid change through PolicyManager.set (snapshot, atomic
 write of the overrides, a history line), which every running agent reads on its next turn. When the memory has
 an eval set, the change is first tried against it (retrieval only, memory/eval/policy_check.py): one that finds

@@ -1,6 +1,6 @@
 """What a finished turn taught, read from the turn as it was stored: pure functions, no I/O, no model.
 
-A turn may teach a lesson (agent/lessons.py drafts it) for one of three reasons, checked in this order, the
+A turn may teach a lesson (agent/lesson_drafting.py drafts it) for one of three reasons, checked in this order, the
 first that holds naming the turn's trigger:
 
 - "correction": the user's message corrects the assistant ("no, …", "that's wrong", "I told you …", "not X,

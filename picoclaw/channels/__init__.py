@@ -22,7 +22,9 @@ if TYPE_CHECKING:
         read_document,
         save_document,
     )
-    from picoclaw.channels.media import (
+    from picoclaw.channels.repl import ReplChannel
+    from picoclaw.channels.telegram import TelegramChannel, Webhook, make_bot, polling_lock, webhook_secret
+    from picoclaw.channels.voice_notes import (
         IMAGE_NOT_KEPT,
         NO_VISION,
         NOT_LISTENING,
@@ -32,8 +34,6 @@ if TYPE_CHECKING:
         image_turn,
         spoken,
     )
-    from picoclaw.channels.repl import ReplChannel
-    from picoclaw.channels.telegram import TelegramChannel, Webhook, make_bot, polling_lock, webhook_secret
     from picoclaw.channels.web import ChatEvent, NotOpen, WebChannel
 
 __all__ = ["ACCEPTED", "HEARD_MARK", "IMAGE_NOT_KEPT", "NOT_LISTENING", "NO_VISION", "SPOKEN_MARK", "Attached",
@@ -47,7 +47,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "picoclaw.channels.base": ("Channel", "Inbound", "TurnHooks", "run_turn"),
     "picoclaw.channels.documents": ("ACCEPTED", "DocumentText", "ImageDocument", "document_turn", "read_document",
                                     "save_document"),
-    "picoclaw.channels.media": ("IMAGE_NOT_KEPT", "NO_VISION", "NOT_LISTENING", "SPOKEN_MARK", "MediaRefused",
+    "picoclaw.channels.voice_notes": ("IMAGE_NOT_KEPT", "NO_VISION", "NOT_LISTENING", "SPOKEN_MARK", "MediaRefused",
                                 "Transcriber", "image_turn", "spoken"),
     "picoclaw.channels.repl": ("ReplChannel",),
     "picoclaw.channels.telegram": ("TelegramChannel", "Webhook", "make_bot", "polling_lock", "webhook_secret"),

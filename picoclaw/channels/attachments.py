@@ -10,7 +10,7 @@ console's Attach; issue 43): what it is, told by its bytes, and the turn it make
 
 The person's typed message goes where Telegram puts a caption. Every failure is `MediaRefused`, one line for the
 person, raised before anything reaches the model; the limits are config.json's `media` (images, documents) and
-`transcription` (audio). The pieces are the ones the Telegram channel composes (media.py, documents.py); Telegram
+`transcription` (audio). The pieces are the ones the Telegram channel composes (voice_notes.py, documents.py); Telegram
 keeps its own flow only for what it fetches from the Bot API.
 """
 
@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from picoclaw.channels.documents import KILOBYTE, check_document_size, document_turn, read_document, save_document
-from picoclaw.channels.media import IMAGE_NOT_KEPT, NO_VISION, NOT_LISTENING, MediaRefused, image_turn, spoken
+from picoclaw.channels.voice_notes import IMAGE_NOT_KEPT, NO_VISION, NOT_LISTENING, MediaRefused, image_turn, spoken
 from picoclaw.memory import image_type
 
 if TYPE_CHECKING:
     from picoclaw.agent import AgentLoop
-    from picoclaw.channels.media import Transcriber
+    from picoclaw.channels.voice_notes import Transcriber
     from picoclaw.config import MediaConfig
 
 __all__ = ["HEARD_MARK", "Attached", "Kind", "attach", "audio_format", "kind_of", "largest_attachment",

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from picoclaw.channels.media import MediaRefused
+from picoclaw.channels.voice_notes import MediaRefused
 from picoclaw.memory import image_type
 
 if TYPE_CHECKING:

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from picoclaw.agent import AgentLoop, ApprovalRequest, Reply, Verdict, parse_command
 from picoclaw.channels.attachments import attach, read_attachment
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
-from picoclaw.channels.media import MediaRefused
+from picoclaw.channels.voice_notes import MediaRefused
 from picoclaw.jobs import Scheduler
 from picoclaw.memory import MemoryWrite
 from picoclaw.printable import PrintablePieces, printable
 from picoclaw.session_key import CLI, SessionKey, terminal_key
 
 if TYPE_CHECKING:
-    from picoclaw.channels.media import Transcriber
+    from picoclaw.channels.voice_notes import Transcriber
 
 PROMPT = "you> "
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}

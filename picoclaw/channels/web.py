@@ -30,7 +30,7 @@ from picoclaw.session_key import WEB
 
 if TYPE_CHECKING:
     from picoclaw.agent import AgentLoop
-    from picoclaw.channels.media import Transcriber
+    from picoclaw.channels.voice_notes import Transcriber
     from picoclaw.jobs import Scheduler
     from picoclaw.memory import MemoryWrite
 

@@ -14,7 +14,7 @@ import httpx2
 
 from picoclaw.hosts import is_local_host
 from picoclaw.printable import printable
-from picoclaw.secrets import excerpt
+from picoclaw.redact import excerpt
 
 log = logging.getLogger(__name__)
 

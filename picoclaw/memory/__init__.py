@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         long_term_entries,
         models_entry,
     )
+    from picoclaw.memory.eval.answer_scoring import answer_tokens, parse_verdict, token_f1
     from picoclaw.memory.eval.answers import JUDGE_PROMPT, AnswerRun, answer_cases
     from picoclaw.memory.eval.case_set import eval_set, save_cases, saved_cases
     from picoclaw.memory.eval.cases import CASES_NAME, CaseFileError, EvalCase, merged, parse_cases, read_case_file
@@ -31,9 +32,7 @@ if TYPE_CHECKING:
     from picoclaw.memory.eval.retrieval import Retrieved, retrieve, under_policy
     from picoclaw.memory.eval.run import EvalReport, evaluate
     from picoclaw.memory.eval.run_log import EvalRun, log_run, logged_runs
-    from picoclaw.memory.eval.scoring import answer_tokens, parse_verdict, token_f1
     from picoclaw.memory.eval.targets import memory_entries
-    from picoclaw.memory.evolution import SuggestionError, suggest_policy_change
     from picoclaw.memory.feedback import FeedbackLedger, Reaction, verdict_of
     from picoclaw.memory.flush import flush_facts
     from picoclaw.memory.flush_counts import FlushCounts, FlushTally
@@ -62,14 +61,15 @@ if TYPE_CHECKING:
         LocalEmbedder,
         OpenAICompatEmbedder,
     )
-    from picoclaw.memory.index.index import MemoryIndex
+    from picoclaw.memory.index.memory_index import MemoryIndex
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
     from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome, record_outcome
-    from picoclaw.memory.lessons import DRAFTED_CORRECTION, instruction_lesson, keeps_point, lesson_of, stands
-    from picoclaw.memory.media import MediaFolder, image_type, safe_name
+    from picoclaw.memory.learnings import DRAFTED_CORRECTION, instruction_lesson, keeps_point, lesson_of, stands
+    from picoclaw.memory.media_folder import MediaFolder, image_type, safe_name
     from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
+    from picoclaw.memory.policy_suggestions import SuggestionError, suggest_policy_change
     from picoclaw.memory.receipts import LEARNINGS, LONG_TERM, MemoryWrite, TurnWrites, WriteLog, current_turn
     from picoclaw.memory.search import (
         Block,
@@ -136,9 +136,9 @@ _HOMES = {
     "picoclaw.memory.eval.retrieval": ("Retrieved", "retrieve", "under_policy"),
     "picoclaw.memory.eval.run": ("EvalReport", "evaluate"),
     "picoclaw.memory.eval.run_log": ("EvalRun", "log_run", "logged_runs"),
-    "picoclaw.memory.eval.scoring": ("answer_tokens", "parse_verdict", "token_f1"),
+    "picoclaw.memory.eval.answer_scoring": ("answer_tokens", "parse_verdict", "token_f1"),
     "picoclaw.memory.eval.targets": ("memory_entries",),
-    "picoclaw.memory.evolution": ("SuggestionError", "suggest_policy_change"),
+    "picoclaw.memory.policy_suggestions": ("SuggestionError", "suggest_policy_change"),
     "picoclaw.memory.feedback": ("FeedbackLedger", "Reaction", "verdict_of"),
     "picoclaw.memory.flush": ("flush_facts",),
     "picoclaw.memory.flush_counts": ("FlushCounts", "FlushTally"),
@@ -147,12 +147,12 @@ _HOMES = {
     "picoclaw.memory.index.embedders": ("DEFAULT_LOCAL_MODEL", "LOCAL", "REMOTE_RETRIES", "REMOTE_TIMEOUT",
                                         "E5Embedder", "Embedder", "EmbeddingUnavailable", "LocalEmbedder",
                                         "OpenAICompatEmbedder"),
-    "picoclaw.memory.index.index": ("MemoryIndex",),
+    "picoclaw.memory.index.memory_index": ("MemoryIndex",),
     "picoclaw.memory.index.status": ("IndexStatus",),
     "picoclaw.memory.index.sync": ("SyncReport",),
     "picoclaw.memory.job_outcomes": ("COMPRESSION", "REFLECTION", "JobOutcome", "last_outcome", "record_outcome"),
-    "picoclaw.memory.lessons": ("DRAFTED_CORRECTION", "instruction_lesson", "keeps_point", "lesson_of", "stands"),
-    "picoclaw.memory.media": ("MediaFolder", "image_type", "safe_name"),
+    "picoclaw.memory.learnings": ("DRAFTED_CORRECTION", "instruction_lesson", "keeps_point", "lesson_of", "stands"),
+    "picoclaw.memory.media_folder": ("MediaFolder", "image_type", "safe_name"),
     "picoclaw.memory.model_usage": ("ModelUsage",),
     "picoclaw.memory.deferred_flushes": ("DeferredFlush", "DeferredFlushes"),
     "picoclaw.memory.spend": ("Day", "Hold", "Spent", "SpendLedger"),

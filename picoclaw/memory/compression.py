@@ -3,7 +3,7 @@
 Safe by construction: the `## ` blocks are sent in groups of whole entries (up to GROUP_CHARS characters
 each), and each group's rewrite is checked against that group before it replaces anything: not empty,
 `## ` blocks only, shorter but not absurdly so, not cut off, and no key fact lost (every date, number,
-identifier, name and sentence's language of the original still there; see `memory/facts.py`). A group
+identifier, name and sentence's language of the original still there; see `memory/rewrite_guard.py`). A group
 whose rewrite fails keeps its text verbatim, so one bad answer costs one group's compression, never the
 file; the file made of the groups must pass the same whole-file checks. A dry run goes through exactly the
 same checks. The model is called without the memory lock, and entries appended while it works are carried
@@ -24,7 +24,7 @@ from typing import Literal
 
 from picoclaw import cjk, clock
 from picoclaw.errors import MemoryStoreError
-from picoclaw.memory import facts
+from picoclaw.memory import rewrite_guard
 from picoclaw.memory.job_outcomes import COMPRESSION, record_outcome
 from picoclaw.memory.search.blocks import split_blocks
 from picoclaw.memory.store import LONG_TERM_FILE, MemoryStore
@@ -186,7 +186,7 @@ def check_group(original: str, rewrite: str, finish_reason: str | None = None) -
     problem = check_rewrite(original, rewrite)
     if problem is not None:
         return problem, ()
-    lost = tuple(facts.missing(original, rewrite))
+    lost = tuple(rewrite_guard.missing(original, rewrite))
     if not lost:
         return None, ()
     why = f"the rewrite lost {len(lost)} fact{'s' if len(lost) > 1 else ''} of the original"

@@ -1,5 +1,5 @@
 """An entry of MEMORY.md as text: content made safe to append, the `## ` entries of a file, their
-fingerprints, and the mark an entry gets when a newer one updates it (memory/updates.py says when).
+fingerprints, and the mark an entry gets when a newer one updates it (memory/supersede.py says when).
 
 The rules here are the store's (memory/store.py writes every byte of memory); they are apart so that the
 in-place append (memory/in_place_append.py) and the text path of MemoryStore share them.
@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from picoclaw.errors import MemoryStoreError
-from picoclaw.memory.lessons import SOURCE_PREFIX, given_by_a_person, lesson_text
+from picoclaw.memory.learnings import SOURCE_PREFIX, given_by_a_person, lesson_text
 from picoclaw.memory.prefilter import fold, needles, shares_two
-from picoclaw.memory.updates import supersedes
+from picoclaw.memory.supersede import supersedes
 from picoclaw.printable import printable
 
 MAX_ENTRY_CHARS = 100_000
@@ -166,7 +166,7 @@ def is_superseded(text: str) -> bool:
 
 
 def updated_by(body: str, entries: Iterable[LongTermEntry]) -> list[LongTermEntry]:
-    """The entries that the new entry `body` updates (memory/updates.py), not marked already.
+    """The entries that the new entry `body` updates (memory/supersede.py), not marked already.
 
     What the model wrote in words the user never said (its `Source:` line says so) never marks what a person
     gave: it may only update the model's own entries. A text sharing fewer than two of the new entry's terms

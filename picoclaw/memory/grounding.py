@@ -14,7 +14,7 @@ write (the memory flush, `memory_append`) a line is checked here:
 - Grounded: its telling content is in the user's own statements. Questions the user asked are not statements
   ("what is my favourite coffee?" states no coffee), and the assistant's replies, tool results and the
   `<context>` block of injected memory in front of a user's turn are not the user's words. Telling content is
-  the key facts of memory/facts.py (names, numbers, dates, phone numbers, identifiers), each of which must be
+  the key facts of memory/rewrite_guard.py (names, numbers, dates, phone numbers, identifiers), each of which must be
   there; the Latin content words (stemmed, stop words and the words a restatement adds, "user", "name", aside),
   all but one in four of which must be there; and the CJK characters (common ones aside), all but one in
   five of which must be there, with half the CJK bigrams at least (so the user's characters in the user's
@@ -44,10 +44,10 @@ from picoclaw.memory.entries import (
     long_term_entries,
     recent_entries,
 )
-from picoclaw.memory.facts import Fact, Rewrite, key_facts, normalise, sentences
-from picoclaw.memory.lessons import SOURCE_PREFIX
+from picoclaw.memory.learnings import SOURCE_PREFIX
+from picoclaw.memory.rewrite_guard import Fact, Rewrite, key_facts, normalise, sentences
+from picoclaw.memory.supersede import Statement
 from picoclaw.memory.terms import CJK_STOP_CHARS, STOP_WORDS, stem
-from picoclaw.memory.updates import Statement
 
 # Why a line was not written: stable words, counted by `picoclaw memory stats` and logged.
 QUESTION = "question"
@@ -128,7 +128,7 @@ _ASCII_END_BEFORE_CJK = re.compile(rf"(?<=[!?])(?=[{cjk.LETTERS}])")
 
 
 def statement_units(text: str) -> list[str]:
-    """The sentences of `text` as written (memory/facts.py's split, at 。！？ too), and "!"/"?" straight before
+    """The sentences of `text` as written (memory/rewrite_guard.py's split, at 。！？ too), and "!"/"?" straight before
     CJK text ("好!你呢?") ends one as well; split before NFKC turns full-width marks into ASCII ones."""
     return [part.strip() for sentence, _ in sentences(text) for part in _ASCII_END_BEFORE_CJK.split(sentence)
             if part.strip()]

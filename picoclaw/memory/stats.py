@@ -31,7 +31,7 @@ from picoclaw.memory.eval.run_log import TREND_RUNS, EvalRun, logged_runs
 from picoclaw.memory.feedback import FeedbackCounts, FeedbackLedger
 from picoclaw.memory.flush_counts import FlushCounts, FlushTally, tally_since
 from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome
-from picoclaw.memory.lessons import LEARNINGS_FILE, SOURCE_PREFIX, stands
+from picoclaw.memory.learnings import LEARNINGS_FILE, SOURCE_PREFIX, stands
 from picoclaw.memory.model_usage import ModelUsage, Usage, used_since
 from picoclaw.memory.reading import decode
 from picoclaw.memory.search.access_counts import AccessCounts
@@ -168,7 +168,7 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
         documents=[_document(name, found, store.memory_dir, uses, first_day) for name, found in files.items()],
         retrieval=_retrieval(TurnMetrics(store.memory_dir, storage=store.storage), warnings),
         prompt_cache=_prompt_cache(workspace.layout.sessions_dir, workspace.storage),
-        # The workspace's ledger: the daily cap is shared by every user's scope (agent/lessons.py).
+        # The workspace's ledger: the daily cap is shared by every user's scope (agent/lesson_drafting.py).
         background=_background(ModelUsage(workspace.layout.shared_memory_dir, storage=workspace.storage), today,
                                first_day, warnings),
         flush=_flush(FlushCounts(store.memory_dir, storage=store.storage), first_day, warnings),

@@ -9,7 +9,7 @@ makes it crash-safe, a derived table of the entries' fingerprints finds one alre
 is looked for among the newest UPDATE_WINDOW entries, so an append costs the same at 50 MB as at 1 MB. A
 rewrite (compression, restore, an edit, an update that marks an older entry) replaces the whole file after
 a backup. What an entry is, and how it is made safe to append, is memory/entries.py. LEARNINGS.md, the
-lessons (memory/lessons.py), is small: each change rewrites it whole, after a backup, under the same lock.
+lessons (memory/learnings.py), is small: each change rewrites it whole, after a backup, under the same lock.
 
 Every read goes through the documents port too (`local`: on files the file itself; on PostgreSQL this
 machine's cache of the row, checked against its revision at each read), so what a read sees never depends on
@@ -51,7 +51,7 @@ from picoclaw.memory.entries import (
 )
 from picoclaw.memory.entry_table import ENTRIES_FILE
 from picoclaw.memory.in_place_append import append_in_place, journal_path, repair_append
-from picoclaw.memory.lessons import (
+from picoclaw.memory.learnings import (
     LEARNINGS_FILE,
     MAX_LESSON_CHARS,
     given_by_a_person,
@@ -71,7 +71,7 @@ BACKUP_SUFFIX = "_MEMORY.md"
 LEARNINGS_BACKUP_SUFFIX = "_LEARNINGS.md"
 # A temp file in the backup folder older than this was left by a writer that was killed mid-write.
 STALE_TEMP_SECONDS = 3600
-# An appended entry that updates an older one marks it (see memory/updates.py) among this many newest entries:
+# An appended entry that updates an older one marks it (see memory/supersede.py) among this many newest entries:
 # a bound, so that an append to a MEMORY.md of half a million entries does not tokenise them all.
 UPDATE_WINDOW = 10_000
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from picoclaw.clock import resolve_timezone
 from picoclaw.config import Config
 from picoclaw.layout import WorkspaceLayout
-from picoclaw.memory.media import MediaFolder
+from picoclaw.memory.media_folder import MediaFolder
 from picoclaw.memory.policy import PolicyManager
 from picoclaw.memory.search import MemorySearch, open_search
 from picoclaw.memory.session import LOCK_FILE, SessionStore

@@ -35,7 +35,7 @@ from picoclaw.providers.openai_replies import (
 )
 from picoclaw.providers.openai_retries import RETRY_STATUSES, retry_delay
 from picoclaw.providers.vision import named_for_vision, server_sees_images
-from picoclaw.secrets import excerpt
+from picoclaw.redact import excerpt
 
 VISION_ASK_AGAIN = 600.0  # seconds before a server that did not say whether its model sees is asked again
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import orjson
 
 from picoclaw.config import ApprovalConfig
-from picoclaw.secrets import MASK, excerpt
+from picoclaw.redact import MASK, excerpt
 from picoclaw.tools.base import Tool, Toolset, current_session
 
 log = logging.getLogger(__name__)

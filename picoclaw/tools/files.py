@@ -5,7 +5,7 @@ store, the policy, the jobs or another user own it). Memory files belong to Memo
 are routed through it instead of touching the file:
 
 - `memory/MEMORY.md`: write_file and append_file add a `## YYYY-MM-DD` entry (never an overwrite, seed 004
-  §2.2) by the path memory_append takes (tools/facts.py): junk is refused with its reason, a fact the user never
+  §2.2) by the path memory_append takes (tools/saved_facts.py): junk is refused with its reason, a fact the user never
   said is marked as the assistant's words, and the write gets its receipt; edit_file holds what it adds to the
   same rule (refused unless the user said it) and sends its receipt, then reads, replaces and calls
   `rewrite_long_term` under the memory lock (a backup is taken).
@@ -31,8 +31,8 @@ from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import Workspace, demote_headings
 from picoclaw.storage import StorageError, edit_file, local_file, local_folder, write_file
 from picoclaw.tools.base import Tool, ToolError
-from picoclaw.tools.facts import check_edit, edited, save_fact
 from picoclaw.tools.sandbox import Target, WorkspaceFiles
+from picoclaw.tools.saved_facts import check_edit, edited, save_fact
 
 MAX_READ_CHARS = 50_000
 MAX_READ_LINES = 100_000
@@ -229,7 +229,7 @@ class EditFile(WorkspaceTool):
                 with store.locked():
                     current = store.read_long_term(warn=False)
                     updated = self._replace(target, current, args)
-                    # The sentences the edit adds, whole, are held to memory_append's rule (tools/facts.py).
+                    # The sentences the edit adds, whole, are held to memory_append's rule (tools/saved_facts.py).
                     edit = check_edit(current, updated)
                     if edit.refused is not None:
                         return edit.told()

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict
 
 from picoclaw.config import McpConfig, McpServerConfig
-from picoclaw.secrets import excerpt
+from picoclaw.redact import excerpt
 from picoclaw.tools.base import Tool, ToolError
 from picoclaw.tools.mcp_results import closed_reason, failure_reason, result_text
 from picoclaw.tools.mcp_transport import open_transport, server_secrets, watched

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from picoclaw.config import McpServerConfig
-from picoclaw.secrets import redact
+from picoclaw.redact import redact
 
 if TYPE_CHECKING:
     from mcp.types import CallToolResult, ContentBlock

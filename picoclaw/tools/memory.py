@@ -1,7 +1,7 @@
 """Memory tools for the model: memory_search (BM25 over MEMORY.md, daily notes and lessons) and memory_append.
 
 memory_append to MEMORY.md is held to the rule of every automatic write (memory/grounding.py, issue 40) through
-tools/facts.py, the one path the file tools take too. Each write is added to the turn's receipts
+tools/saved_facts.py, the one path the file tools take too. Each write is added to the turn's receipts
 (memory/receipts.py), which the agent shows the user after the reply.
 """
 
@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from picoclaw.memory import LEARNINGS, Hit, MemoryWrite, current_turn
 from picoclaw.printable import has_controls, printable
 from picoclaw.tools.base import current_session
-from picoclaw.tools.facts import already_stored, save_fact
 from picoclaw.tools.files import WorkspaceTool, check_size, os_errors
+from picoclaw.tools.saved_facts import already_stored, save_fact
 
 MAX_SEARCH_LIMIT = 50
 MAX_SNIPPET_CHARS = 2_000

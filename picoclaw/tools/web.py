@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from picoclaw.config import WebConfig, WebSearchConfig
 from picoclaw.html_text import html_text, html_title, one_line
 from picoclaw.memory import Workspace
-from picoclaw.secrets import excerpt
+from picoclaw.redact import excerpt
 from picoclaw.tools.base import Tool, ToolError
 
 log = logging.getLogger(__name__)

@@ -141,7 +141,7 @@ def config_secrets(config: Config) -> list[str]:
 def masked_request(messages: Any, tools: Any, secrets: list[str]) -> str:
     """The request as JSON, every secret masked before it is encoded (an escape would hide one), cut to
     REQUEST_CHARS."""
-    from picoclaw.secrets import redact
+    from picoclaw.redact import redact
 
     def mask(value: Any) -> Any:
         if isinstance(value, str):

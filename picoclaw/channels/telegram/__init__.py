@@ -35,7 +35,7 @@ from picoclaw.channels.telegram.channel import (
     chat_of,
     topic_in,
 )
-from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
+from picoclaw.channels.telegram.command_menu import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import render_html, telegram_parts
 from picoclaw.channels.telegram.split import MESSAGE_LIMIT, MessagePart
 from picoclaw.channels.telegram.webhook import Webhook, webhook_secret

@@ -31,7 +31,7 @@ from filelock import FileLock, Timeout
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import ConfigError, PicoclawError
 from picoclaw.html_text import one_line
-from picoclaw.secrets import excerpt, redact
+from picoclaw.redact import excerpt, redact
 
 log = logging.getLogger(__name__)
 

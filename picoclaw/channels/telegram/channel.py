@@ -46,15 +46,6 @@ from aiogram.utils.chat_action import ChatActionSender
 from picoclaw.agent import AgentLoop
 from picoclaw.channels.base import Inbound, TurnHooks, run_turn
 from picoclaw.channels.documents import KILOBYTE, document_turn, read_document, save_document
-from picoclaw.channels.media import (
-    IMAGE_NOT_KEPT,
-    NO_VISION,
-    NOT_LISTENING,
-    MediaRefused,
-    Transcriber,
-    image_turn,
-    spoken,
-)
 from picoclaw.channels.telegram.access import (
     AddressedToBot,
     AllowedUser,
@@ -76,7 +67,7 @@ from picoclaw.channels.telegram.bot import (
     token_secrets,
 )
 from picoclaw.channels.telegram.buttons import Buttons, StoredAsks, TelegramApprover, TelegramChooser, Timer
-from picoclaw.channels.telegram.commands import COMMANDS, SlashCommand
+from picoclaw.channels.telegram.command_menu import COMMANDS, SlashCommand
 from picoclaw.channels.telegram.format import EMPTY_REPLY, MessagePart, telegram_parts
 from picoclaw.channels.telegram.media import (
     Audio,
@@ -91,12 +82,21 @@ from picoclaw.channels.telegram.media import (
 )
 from picoclaw.channels.telegram.stream import ReplyStream
 from picoclaw.channels.telegram.webhook import ClaimLost, Webhook, from_inbox, inbox_turn
+from picoclaw.channels.voice_notes import (
+    IMAGE_NOT_KEPT,
+    NO_VISION,
+    NOT_LISTENING,
+    MediaRefused,
+    Transcriber,
+    image_turn,
+    spoken,
+)
 from picoclaw.config import TelegramConfig
 from picoclaw.errors import PicoclawError
 from picoclaw.jobs import Scheduler
-from picoclaw.keyed import KeyedLocks, LruCache
 from picoclaw.memory import LONG_TERM, FeedbackLedger, MemoryWrite, Reaction, verdict_of
-from picoclaw.secrets import excerpt
+from picoclaw.per_key import KeyedLocks, LruCache
+from picoclaw.redact import excerpt
 from picoclaw.session_key import TELEGRAM, SessionKey
 from picoclaw.storage import LockWaitExpired, ReplyLog, SentReply, StorageError, StorageUnavailable
 

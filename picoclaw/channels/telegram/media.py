@@ -21,7 +21,7 @@ from aiogram.utils.text_decorations import html_decoration
 from aiohttp import ClientError
 
 from picoclaw.channels.documents import check_document_size
-from picoclaw.channels.media import MediaRefused, Transcriber
+from picoclaw.channels.voice_notes import MediaRefused, Transcriber
 from picoclaw.memory import image_type
 
 log = logging.getLogger(__name__)

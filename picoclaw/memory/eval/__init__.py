@@ -8,6 +8,6 @@
 - generate.py: cases the model writes from chosen entries, and the checks each must pass.
 - past_turns.py: cases from past turns whose reply came from the memory the turn carried.
 - case_set.py: a workspace's eval set (saved cases and past turns).
-- answers.py, scoring.py: end-to-end answers, token F1 and the optional judge.
+- answers.py, answer_scoring.py: end-to-end answers, token F1 and the optional judge.
 - policy_check.py: a policy change tried against the eval before it applies.
 """

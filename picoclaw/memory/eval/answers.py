@@ -2,7 +2,7 @@
 carry for its question (select_turn_memory under the policy, nothing counted as used), and scored.
 
 Scoring, published with the figures: token F1 of the answer against the case's expect (the part of the entry that
-answers it; scoring.py), and with `--judge` the model's own yes/no on JUDGE_PROMPT, which is printed with the
+answers it; answer_scoring.py), and with `--judge` the model's own yes/no on JUDGE_PROMPT, which is printed with the
 figures. The judge is told that a hedge, a partial answer and "I don't know" are wrong: the usual judge accepts
 most wrong answers. The prompt is a short fixed one, not the agent's system prompt: it measures what memory
 gives the model, not the persona. A failed or refused call (the day's budget) ends the answers with those made.
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from picoclaw.memory.eval.answer_scoring import parse_verdict, token_f1
 from picoclaw.memory.eval.cases import EvalCase
-from picoclaw.memory.eval.scoring import parse_verdict, token_f1
 from picoclaw.memory.search import InjectedMemory, MemorySearch, select_turn_memory
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from picoclaw.memory.search import Hit, MemorySearch, StandingSearch
+from picoclaw.memory.search import Hit, MemorySearch, RerankedSearch
 from picoclaw.policy_schema import MemoryPolicy
 
 
@@ -31,6 +31,6 @@ def retrieve(search: MemorySearch, question: str, limit: int) -> Retrieved:
 
 def under_policy(search: MemorySearch, policy: MemoryPolicy) -> MemorySearch:
     """`search` re-ranked under `policy` instead of the policy in force (the same inner search and use counts)."""
-    if isinstance(search, StandingSearch):
-        return StandingSearch(search.inner, search.store, lambda: policy)
+    if isinstance(search, RerankedSearch):
+        return RerankedSearch(search.inner, search.store, lambda: policy)
     return search

@@ -15,7 +15,7 @@ from picoclaw.fsutil import NotAFileError
 from picoclaw.memory.eval.cases import holds
 from picoclaw.memory.search import Block, split_blocks
 from picoclaw.memory.search.blocks import entry_blocks, is_title, lesson_blocks
-from picoclaw.memory.search.standing import block_date
+from picoclaw.memory.search.reranking import block_date
 from picoclaw.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)

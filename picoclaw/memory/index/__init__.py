@@ -8,7 +8,7 @@ it through IndexedSearch (picoclaw/memory/search/indexed.py).
 from __future__ import annotations
 
 from picoclaw.memory.index.embedders import E5Embedder, EmbeddingUnavailable, LocalEmbedder, OpenAICompatEmbedder
-from picoclaw.memory.index.index import MemoryIndex
+from picoclaw.memory.index.memory_index import MemoryIndex
 from picoclaw.memory.index.status import IndexStatus
 
 __all__ = ["E5Embedder", "EmbeddingUnavailable", "IndexStatus", "LocalEmbedder", "MemoryIndex", "OpenAICompatEmbedder"]

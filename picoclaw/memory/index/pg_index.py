@@ -19,8 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from picoclaw.memory.index.index import IndexClosed, MemoryIndex
-from picoclaw.memory.index.scoring import (
+from picoclaw.memory.index.keyword_scores import (
     _IDF_FLOOR,
     CANDIDATE_CAP,
     Adjacency,
@@ -28,6 +27,7 @@ from picoclaw.memory.index.scoring import (
     _with_bonus,
     in_context,
 )
+from picoclaw.memory.index.memory_index import IndexClosed, MemoryIndex
 from picoclaw.memory.index.status import IndexStatus
 from picoclaw.memory.index.sync import (
     CACHE_SPARE,
@@ -260,7 +260,7 @@ class TableMemoryIndex(MemoryIndex):
     def _keyword_candidates(self, table: ChunkTable, query: str, wanted: int, sources: frozenset[str] | None
                             ) -> tuple[dict[int, float], tuple[KeywordQuery, Bm25Scores] | None]:
         """As MemoryIndex._keyword_side: the keyword search's ranking where it covers the sources, else BM25."""
-        from picoclaw.memory.index.index import KEYWORD_SEARCH_SOURCES
+        from picoclaw.memory.index.memory_index import KEYWORD_SEARCH_SOURCES
 
         searched = self.settings.sources if sources is None else sources
         if self.keywords is not None and KEYWORD_SEARCH_SOURCES.issuperset(searched):

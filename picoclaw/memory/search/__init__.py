@@ -7,7 +7,7 @@
   feedback).
 - indexed.py: IndexedSearch, the optional index (memory/index/) with the keyword search as its fallback;
   `open_search` picks the one a workspace uses. The index and numpy are imported only when it is enabled.
-- standing.py: StandingSearch, around either: a superseded entry below its replacement, mild recency and
+- reranking.py: RerankedSearch, around either: a superseded entry below its replacement, mild recency and
   use priors (access_counts.py keeps how often each block was injected, outside MEMORY.md).
 - turn_memory.py: which blocks a turn's prompt carries (`select_turn_memory`).
 """
@@ -19,9 +19,9 @@ from picoclaw.memory.search.bm25 import rank_blocks
 from picoclaw.memory.search.indexed import IndexedSearch, index_of, open_search, search_method
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.protocol import MemorySearch
-from picoclaw.memory.search.standing import StandingSearch
+from picoclaw.memory.search.reranking import RerankedSearch
 from picoclaw.memory.search.turn_memory import InjectedMemory, select_turn_memory, standing_lessons
 
 __all__ = ["Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch", "index_of",
            "search_method",
-           "StandingSearch", "open_search", "rank_blocks", "select_turn_memory", "split_blocks", "standing_lessons"]
+           "RerankedSearch", "open_search", "rank_blocks", "select_turn_memory", "split_blocks", "standing_lessons"]

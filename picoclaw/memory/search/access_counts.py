@@ -1,5 +1,5 @@
 """How often each memory block was injected into a turn's prompt: the "use" that ranking weighs
-(search/standing.py), kept beside the memory files and never inside MEMORY.md, which stays the user's text.
+(search/reranking.py), kept beside the memory files and never inside MEMORY.md, which stays the user's text.
 
 The file (`memory/.access_counts.json`) maps a block's key (turn_memory.block_key: a hash of its text, so an
 edited block starts from zero) to how often it was injected and on which day last. It is soft state: a

@@ -118,7 +118,7 @@ _warned_headless: set[Path] = set()
 
 
 def lesson_blocks(text: str, path: Path) -> list[Block]:
-    """The lessons of LEARNINGS.md (memory/lessons.py) as blocks, one a paragraph: those of its `## ` entries,
+    """The lessons of LEARNINGS.md (memory/learnings.py) as blocks, one a paragraph: those of its `## ` entries,
     and any written above the first heading or in a file without one (the title and HTML comments, the
     header onboarding writes, aside), so a hand edit that lost or never had headings is still used; such
     paragraphs get one warning naming the file."""

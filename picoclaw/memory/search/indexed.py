@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.protocol import MemorySearch
-from picoclaw.memory.search.standing import StandingSearch
+from picoclaw.memory.search.reranking import RerankedSearch
 from picoclaw.memory.store import MemoryStore
 from picoclaw.storage import StorageError
 
 if TYPE_CHECKING:
     from picoclaw.config import IndexConfig
     from picoclaw.memory.index.embedders import Embedder
-    from picoclaw.memory.index.index import MemoryIndex
+    from picoclaw.memory.index.memory_index import MemoryIndex
     from picoclaw.policy_schema import MemoryPolicy
 
 log = logging.getLogger(__name__)
@@ -94,18 +94,18 @@ def open_search(settings: IndexConfig, store: MemoryStore, embedder: Embedder | 
     re-ranked by standing (supersession, recency, use) under the policy in force."""
     files = KeywordSearch(store)
     if not settings.enabled:
-        return StandingSearch(files, store, policy)
+        return RerankedSearch(files, store, policy)
     from picoclaw.memory.index.pg_index import index_for  # only now: it imports numpy
 
     # The index fuses the keyword search's own ranking with vectors, so hybrid gains what keywords gain;
     # its chunks are in the storage backend's table when it has one (PostgreSQL), else in SQLite.
     index = index_for(store, settings, embedder, sessions_dir=sessions_dir, keywords=files)
-    return StandingSearch(IndexedSearch(files, index), store, policy)
+    return RerankedSearch(IndexedSearch(files, index), store, policy)
 
 
 def index_of(search: MemorySearch) -> MemoryIndex | None:
     """The index behind a workspace's search, or None when it searches the files directly."""
-    inner = search.inner if isinstance(search, StandingSearch) else search
+    inner = search.inner if isinstance(search, RerankedSearch) else search
     return inner.index if isinstance(inner, IndexedSearch) else None
 
 

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from picoclaw.fsutil import FileCache, NotAFileError, read_regular
-from picoclaw.memory.lessons import stands
+from picoclaw.memory.learnings import stands
 from picoclaw.memory.reading import decode, warn_unreadable
 from picoclaw.memory.search.blocks import Block, Hit, entry_blocks, is_title, lesson_blocks, split_blocks
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, FileIndex, rank
@@ -128,7 +128,7 @@ class KeywordSearch:
 
     def search_learnings(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
         """The best `limit` lessons of LEARNINGS.md for `query`, best first; with `standing`, then the standing
-        lessons (that say they always hold, and that a person gave: memory/lessons.py) that did not match,
+        lessons (that say they always hold, and that a person gave: memory/learnings.py) that did not match,
         newest first, at most STANDING_LESSONS, score 0.
 
         Each lesson stands alone: no neighbour's share and no expansion (a few dozen short entries give

@@ -6,7 +6,7 @@ lessons found for the message; what they leave of the share goes to facts and no
 
 The agent's ContextBuilder (agent/context.py) puts what `select_turn_memory` chooses into the data block
 of the turn's user message. A block the conversation already carries is not chosen again. A search that
-weighs use (`CountsUse`, search/standing.py) is told which of the blocks it found the prompt now carries.
+weighs use (`CountsUse`, search/reranking.py) is told which of the blocks it found the prompt now carries.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def block_key(block: Block) -> str:
 
 @runtime_checkable
 class CountsUse(Protocol):
-    """A search that weighs how often a block was used (search/standing.py): told what each turn injected."""
+    """A search that weighs how often a block was used (search/reranking.py): told what each turn injected."""
 
     def record_injected(self, blocks: Sequence[Block]) -> None: ...
 

@@ -35,7 +35,6 @@ from picoclaw.agent.text_tool_calls import find_text_tool_call
 from picoclaw.agent.turn_review import DISLIKED, FinishedTurn, Trigger, standing_instruction, trigger_of
 from picoclaw.cjk import HAN, HANGUL, KANA
 from picoclaw.errors import MemoryStoreError
-from picoclaw.keyed import LruCache
 from picoclaw.memory import (
     DRAFTED_CORRECTION,
     LEARNINGS,
@@ -49,6 +48,7 @@ from picoclaw.memory import (
     keeps_point,
     not_a_fact,
 )
+from picoclaw.per_key import LruCache
 from picoclaw.providers.base import ChatProvider, Continuation, Message, ProviderError, ask_between_turns
 
 log = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ class Learner:
         except MemoryStoreError as exc:
             return self._nothing(turn, trigger, f"the store refused the lesson: {exc}")
         log.info("session %s: lesson %s (%s): %s", turn.key, written.outcome, kind, lesson)
-        # The others are drafted from tool results: the model's (memory/lessons.py MODEL_SOURCES).
+        # The others are drafted from tool results: the model's (memory/learnings.py MODEL_SOURCES).
         receipt = None if written.outcome == "known" else MemoryWrite(
             LEARNINGS, lesson, f"lesson ({kind})", turn.key, by_user=users, outcome=written.outcome)
         return Learned(trigger, lesson, written.outcome, write=receipt)

@@ -1,5 +1,5 @@
 """The slash commands in Telegram: the menu the bot registers (`COMMANDS`), and the filter of the router that
-takes them (`SlashCommand`). The agent answers them itself (agent/commands.py), without the model; the
+takes them (`SlashCommand`). The agent answers them itself (agent/slash_commands.py), without the model; the
 channel keeps their replies out of the conversation's history of delivered answers.
 """
 

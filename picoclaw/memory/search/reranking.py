@@ -1,4 +1,4 @@
-"""StandingSearch: any MemorySearch, re-ranked by each memory's standing besides its relevance: whether a
+"""RerankedSearch: any MemorySearch, re-ranked by each memory's standing besides its relevance: whether a
 newer entry replaced it, how recent it is, and how often it was used (the reference design's relevance ×
 recency × use, seed 003 §2.3 and §4.1).
 
@@ -10,7 +10,7 @@ It asks the inner search for CANDIDATES_PER_RESULT times the blocks wanted, then
 - puts the entry that replaced a superseded one right above it when the superseded one ranks higher: the
   replacement named by the "> superseded by the DATE entry: …" mark the store wrote; or, for entries never
   marked (a hand edit, an import, an update the store's conservative rule did not recognise), a newer
-  MEMORY.md candidate that updates it by that rule (memory/updates.py) or that says something about the
+  MEMORY.md candidate that updates it by that rule (memory/supersede.py) or that says something about the
   same thing the query asks about (the two share two words, and both hold a word the query asks for; in
   Chinese, Japanese and Korean that word is a character pair, never one character of one: 护 is in 护士 and
   in 护照). Only one-line entries (statements) are compared so: a block of several lines is an excerpt,
@@ -39,8 +39,8 @@ from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.protocol import MemorySearch
 from picoclaw.memory.search.turn_memory import block_key
 from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.supersede import Statement
 from picoclaw.memory.terms import block_dates, words
-from picoclaw.memory.updates import Statement
 
 if TYPE_CHECKING:
     from picoclaw.policy_schema import MemoryPolicy
@@ -101,7 +101,7 @@ def _read(line: str) -> tuple[Statement, frozenset[str]]:
     return Statement.of(line), words(line)
 
 
-class StandingSearch:
+class RerankedSearch:
     """A MemorySearch whose results are re-ranked by supersession, recency and use (see the module)."""
 
     def __init__(self, inner: MemorySearch, store: MemoryStore, policy: Callable[[], MemoryPolicy]):

@@ -25,10 +25,7 @@ from picoclaw.layout import INDEX_DIR
 from picoclaw.memory.index.chunks import DEFAULT_LIMIT, TokenLimit
 from picoclaw.memory.index.embedders import Embedder, EmbeddingUnavailable
 from picoclaw.memory.index.fusion import RankWeights, Weights, reciprocal_rank, weighted
-from picoclaw.memory.index.outage import Outage, outage_of
-from picoclaw.memory.index.query_vectors import QueryVectors
-from picoclaw.memory.index.schema import INDEX_FILE, file_identity, is_unusable, open_database, remove_files
-from picoclaw.memory.index.scoring import (
+from picoclaw.memory.index.keyword_scores import (
     CANDIDATE_CAP,
     KeywordQuery,
     best_in_context,
@@ -36,6 +33,9 @@ from picoclaw.memory.index.scoring import (
     keyword_matches,
     searched_chunks,
 )
+from picoclaw.memory.index.outage import Outage, outage_of
+from picoclaw.memory.index.query_vectors import QueryVectors
+from picoclaw.memory.index.schema import INDEX_FILE, file_identity, is_unusable, open_database, remove_files
 from picoclaw.memory.index.status import IndexStatus, not_built, read_status
 from picoclaw.memory.index.sync import (
     EMBED_BATCH,

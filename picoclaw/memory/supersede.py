@@ -13,7 +13,7 @@ a deleted fact would be lost. So the rule is conservative. A new entry supersede
   least, and different numbers.
 
 The store applies the rule when an entry is appended; memory search applies it again among the entries a
-query found (search/standing.py), so entries that were never marked still rank newest first.
+query found (search/reranking.py), so entries that were never marked still rank newest first.
 """
 
 from __future__ import annotations
