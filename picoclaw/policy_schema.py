@@ -14,7 +14,7 @@ PROMPT_SHARES_MAX = 80
 
 
 class MemoryPolicy(BaseModel):
-    """Every policy key with its default, bounds and meaning (DESIGN §3). Strict: "15" is not an int."""
+    """Every policy key with its default, bounds and meaning. Strict: "15" is not an int."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 

@@ -148,7 +148,7 @@ def test_a_block_over_the_budget_is_skipped_and_smaller_ones_still_fit(workspace
 
 def test_a_message_that_matches_nothing_gets_no_memory(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     # A small model offered unrelated memory takes it as the answer, or mixes two entries into a new "fact"
-    # ("my dog is an oat-milk latte"): a message that matches nothing gets none (issue 24).
+    # ("my dog is an oat-milk latte"): a message that matches nothing gets none.
     write_memory(workspace, FACTS)
 
     chat(workspace, fake_openai, ["hello there", "你好"])

@@ -1,4 +1,5 @@
-"""Seed 004 §4.1–4.4, the manual verification script, as tests: real AgentLoop, real provider, fake model."""
+"""A new user's first sessions, step by step: a fact remembered and recalled by a new session, memory_search in
+English and Chinese, policy changes applied on the next turn, summaries. Real AgentLoop, real provider, fake model."""
 
 from __future__ import annotations
 

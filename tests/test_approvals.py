@@ -1,4 +1,4 @@
-"""Ask first (issue 44, item 3): a call of a tool `tools.approval.ask_first` names runs only after the user's yes;
+"""Ask first: a call of a tool `tools.approval.ask_first` names runs only after the user's yes;
 a no, or no one to ask, and nothing runs and the model reads why. ask_user's options, and bad ones. The terminal's
 side here (a y/N at the prompt, a numbered list); Telegram's buttons in tests/test_telegram_buttons.py."""
 

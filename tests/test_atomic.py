@@ -346,7 +346,7 @@ def test_a_name_freed_by_pruning_is_not_handed_out_again(tmp_path: Path, make: s
     assert stamped_files(tmp_path, "_MEMORY.md") == [second, third]
 
 
-# -- links: written through, never replaced; anything but a regular file is refused (issue 23) --------------
+# -- links: written through, never replaced; anything but a regular file is refused -------------------------
 
 
 VAULT_TEXT = "## 2025-03-01\n我的狗叫旺财 / my dog is Wangcai\n".encode()

@@ -1,4 +1,4 @@
-"""A file attached to a message, whatever the face (issue 43, item 5): what it is, told by its bytes, and the turn
+"""A file attached to a message, whatever the face: what it is, told by its bytes, and the turn
 it makes (picoclaw/channels/attachments.py). Audio is transcribed (none configured: one line), an image is kept and
 sent only to a model that sees, anything else is read as a document; what cannot be taken is one line, and nothing
 is kept of it."""

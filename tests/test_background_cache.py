@@ -1,4 +1,4 @@
-"""Background calls that keep the prompt cache (issue 41): the memory flush, the session summary and a lesson are
+"""Background calls that keep the prompt cache: the memory flush, the session summary and a lesson are
 asked after the conversation's last request, byte for byte (its messages as sent, the reply appended, the same tool
 schemas with tool_choice "none"), so a single-slot local server keeps the conversation; their answers are read and
 guarded as before; with no such request known (a fresh process, another session's history) they use their own prompt.
@@ -153,7 +153,7 @@ def test_a_summary_claiming_an_answer_the_user_never_saw_is_still_refused(
     set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
 
     # Each turn a search, then nothing, also when asked again: the turn is kept with a note that no answer came
-    # (issue 41: an empty reply itself is never stored), and the user saw none; yet the summary says one did. A
+    # (an empty reply itself is never stored), and the user saw none; yet the summary says one did. A
     # failed turn starts no summary: the last turn, answered, does.
     def turn(body: dict[str, Any]) -> Text | ToolCalls:
         asked = body.get("tools") and body["messages"][-1]["role"] == "user"

@@ -1,4 +1,4 @@
-"""Bad input from people and models (issue 13): invalid UTF-8 in hand-edited memory files, Latin-1 bytes on
+"""Bad input from people and models: invalid UTF-8 in hand-edited memory files, Latin-1 bytes on
 the command line, lone surrogates and NUL characters in tool arguments, fake entries made by edit_file and
 stale temp files. Nothing of it may crash a command or a turn, and nothing a backup should hold is lost."""
 

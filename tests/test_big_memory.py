@@ -1,4 +1,4 @@
-"""A large MEMORY.md (issue 23): an append adds its entry in place, without copying or backing up the file, and
+"""A large MEMORY.md: an append adds its entry in place, without copying or backing up the file, and
 still finds what is already stored anywhere in it; a crash or a full disk mid-append leaves the old file;
 a search of a file over LARGE_FILE reads it a MiB at a time instead of indexing it whole."""
 

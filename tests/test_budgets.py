@@ -1,4 +1,4 @@
-"""Budgets (issue 45): every model call claimed against the day's budget before it is made and settled with the usage
+"""Budgets: every model call claimed against the day's budget before it is made and settled with the usage
 the fake server reports (streams too); what happens at the caps; the heartbeat that costs nothing when idle; the
 two-process claim race on both backends; `picoclaw usage` and /status; bad input."""
 

@@ -1,4 +1,4 @@
-"""`picoclaw chat --attach FILE` and the REPL's `/attach PATH [message]` (issue 43, item 5): a document read, an
+"""`picoclaw chat --attach FILE` and the REPL's `/attach PATH [message]`: a document read, an
 image to a model that sees (else the text and NO_VISION), audio transcribed with its transcript shown first; a
 file that cannot be taken is one line on stderr, exit 1, nothing sent to the model and nothing stored."""
 

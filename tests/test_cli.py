@@ -126,7 +126,7 @@ def test_memory_show_empty_file(home: Path, capsys: pytest.CaptureFixture[str]) 
 
 @pytest.fixture
 def facts(home: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    """The seed 004 §4.2 facts, in Chinese and English, appended through the CLI."""
+    """Sample facts (a deadline, a pet, an email), in Chinese and English, appended through the CLI."""
     with freeze_time(FROZEN):
         for text in ("项目 A 的截止日期是 3 月 15 日。", "宠物狗叫 Bob，是一只柯基。", "常用邮箱是 alice@example.com。",
                      "The deadline for project A is March 15.", "My pet dog is called Bob."):
@@ -205,7 +205,7 @@ def test_memory_backups_and_restore(home: Path, capsys: pytest.CaptureFixture[st
     run(capsys, "memory", "append", "宠物狗叫 Bob")
     run(capsys, "memory", "append", "My pet dog is called Bob")
     code, out, _ = run(capsys, "memory", "backups")
-    assert code == 0 and out.startswith("no backups yet")  # an append copies nothing (issue 23)
+    assert code == 0 and out.startswith("no backups yet")  # an append copies nothing
     appended = memory.read_bytes()
     store = App.open(home).workspace.store  # backups are for rewrites: compression, restore, edits
     store.rewrite_long_term(original)
@@ -544,7 +544,7 @@ def test_cron_list_shows_no_escapes(home: Path, capsys: pytest.CaptureFixture[st
     added = out
     code, out, err = run(capsys, "cron", "list")
     assert code == 0 and err == ""
-    # A terminal job waits for an open chat, and the list says so: `chat -m` delivers none (issue 24).
+    # A terminal job waits for an open chat, and the list says so: `chat -m` delivers none.
     assert f"message: call {HOSTILE_SHOWN}  [not run yet; comes in an open `picoclaw chat`, not `chat -m`]" in out
     assert_inert(added, out)
 

@@ -1,4 +1,4 @@
-"""The bad-input probe of issue 23: hostile, malformed and careless command lines and stores, across every
+"""A bad-input probe: hostile, malformed and careless command lines and stores, across every
 command of `picoclaw`, run through `picoclaw.cli.main` as a user would type them.
 
 Each row of CASES is (id, argv, expectation, setup). The setup damages a freshly onboarded home first; the
@@ -334,7 +334,7 @@ CASES = [
     case("jobs-far-kiritimati", ["cron", "list"], Works(needles=("far0far0",)),
          chain(jobs_json(FAR_JOB), config(timezone="Pacific/Kiritimati"))),
     case("add-to-bad-jobs", add(*EVERY), error("jobs.json"), write(JOBS, '{"jobs": [')),
-    # cron add: the issue's seven tracebacks and undeliverable keys
+    # cron add: schedules and times out of range (each once a traceback), and undeliverable keys
     case("in-9999999-days", add("--in", "9999999 days"), usage()),
     case("in-99999999999-min", add("--in", "99999999999 minutes"), usage()),
     case("at-9999-minus-12", add("--at", "9999-12-31T23:59:59-12:00"), usage()),

@@ -1,4 +1,4 @@
-"""Long-term compression (issues 5, 12): the 24-hour gate, checks on the rewrite, appends carried over, the CLI;
+"""Long-term compression: the 24-hour gate, checks on the rewrite, appends carried over, the CLI;
 no fact lost (real small-model rewrites replayed, hand-made ones), compression group by group.
 
 The model is the fake OpenAI server over real HTTP; time is frozen with freezegun.
@@ -479,7 +479,7 @@ def test_cli_refusal_is_one_line_on_stderr_in_a_real_process(home: Path, fake_op
     assert store.long_term_path.read_bytes() == before
 
 
-# -- no fact lost (issue 12): real rewrites by a small model -----------------------------------------------
+# -- no fact lost: real rewrites by a small model ----------------------------------------------------------
 
 REAL = Path(__file__).resolve().parent / "data" / "real-model" / "lossy_compression.json"
 REAL_REPLIES: list[dict[str, Any]] = json.loads(REAL.read_text(encoding="utf-8"))

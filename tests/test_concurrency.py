@@ -91,7 +91,7 @@ def test_four_processes_append_without_losing_an_entry(tmp_path: Path) -> None:
     # Each process appended in order, and nobody's entry overwrote an earlier one.
     assert all(numbers == list(range(ENTRIES_EACH)) for numbers in order.values())
 
-    # An append copies nothing: backups are for rewrites (issue 23).
+    # An append copies nothing: backups are for rewrites.
     assert store.backups() == []
 
 

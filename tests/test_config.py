@@ -1,4 +1,4 @@
-"""config.json (DESIGN §2.1): defaults, the example file, paths, env secrets, and one-line errors."""
+"""config.json (picoclaw/config.py): defaults, the example file, paths, env secrets, and one-line errors."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_empty_config_gives_documented_defaults(tmp_path: Path) -> None:
     telegram = config.channels.telegram
     assert (telegram.enabled, telegram.token, telegram.allow_from) == (False, "", [])
     assert (telegram.memory_scope, telegram.group_trigger, telegram.api_base) == ("shared", "mention", None)
-    # Every policy key has the default of DESIGN §3, and none counts as written by the user.
+    # Every policy key has its default (picoclaw/policy_schema.py), and none counts as written by the user.
     assert {key: getattr(config.memory, key) for key in POLICY_KEYS} == MemoryPolicy().model_dump()
     assert config.memory.retrieve_limit == 10 and config.memory.memory_token_budget == 2000
     assert config.memory.policy_values() == {}
@@ -407,7 +407,7 @@ def test_a_nul_byte_in_workspace_is_a_config_error(tmp_path: Path, workspace: st
     assert "\x00" not in message  # the terminal gets no raw NUL
 
 
-# -- a config.json that is not what it should be: bounded reads (issue 23) ---------------------------------
+# -- a config.json that is not what it should be: bounded reads --------------------------------------------
 
 BOUNDED_CHILD = """
 import resource, sys

@@ -187,7 +187,7 @@ def test_a_server_that_never_answers_costs_the_deadline_and_no_more(
         "0.2 s; Ollama /api/show: no answer within 0.2 s; LM Studio /api/v0/models: no answer within 0.2 s; "
         "vLLM /v1/models: no answer within 0.2 s); using 8,192 tokens (the server did not report it: 8,192 assumed "
         "for a local server)"]
-    # What a process pays at its first turn, whatever the server does: the bound the issue sets is 2 s.
+    # What a process pays at its first turn, whatever the server does: at most 2 s of probing.
     assert PROBE_DEADLINE <= 2.0
     assert windows(server).deadline == PROBE_DEADLINE
 

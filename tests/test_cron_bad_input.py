@@ -1,4 +1,4 @@
-"""Issue 23, items 2–4: schedules and session keys that can never work are refused by `picoclaw cron add` and by
+"""Schedules and session keys that can never work are refused by `picoclaw cron add` and by
 the model's cron tool in one clear line, nothing written; a stored job that can never run (hand-edited, or
 added before these checks, then the timezone changed) is listed, marked, removable, and the scheduler
 skips it with one warning instead of stopping."""
@@ -62,7 +62,7 @@ def write_jobs(home: Path, *jobs: dict[str, Any]) -> bytes:
     return path.read_bytes()
 
 
-# -- item 2 and 4: refused at add time ------------------------------------------------------------------------
+# -- refused at add time --------------------------------------------------------------------------------------
 
 BAD_ADDS = [
     pytest.param(add("--in", "9999999 days"), "at most 100 years", id="in-9999999-days"),
@@ -171,7 +171,7 @@ def test_the_tool_refuses_a_chat_whose_key_cannot_be_delivered(workspace: Worksp
     assert not (workspace.root / "cron" / "jobs.json").exists()
 
 
-# -- item 3: a stored job that can never run breaks nothing ---------------------------------------------------
+# -- a stored job that can never run breaks nothing -----------------------------------------------------------
 
 
 def test_a_far_job_is_listed_marked_after_the_timezone_moves_to_kiritimati(home: Path,

@@ -1,4 +1,4 @@
-"""Documents read for a turn (issue 43, picoclaw/channels/documents.py): what a file is, by its bytes; text in
+"""Documents read for a turn (picoclaw/channels/documents.py): what a file is, by its bytes; text in
 UTF-8, GBK or with bad bytes; a PDF's text (English and Chinese, several pages), a scan or a broken one; what is
 refused, in one line naming what is read; the turn's text, cut at media.document_chars with where the rest is."""
 

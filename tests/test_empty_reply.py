@@ -1,4 +1,4 @@
-"""Never an empty reply (issue 41, item 4): an empty answer, or one after the model repeats its tool call, is asked
+"""Never an empty reply: an empty answer, or one after the model repeats its tool call, is asked
 again without tools (the turn's tool results in view), then plainly; still empty, the user gets one clear line,
 nothing empty is stored, and `chat -m` exits 1. An echo of the <context> block is removed before it is shown or
 stored. Turns run through a real AgentLoop (or the real CLI) against the fake OpenAI server, with the fake scripted

@@ -1,4 +1,4 @@
-"""Reflection and policy evolution (issue 5): tolerant parsing, strict validation, the interval, live pick-up.
+"""Reflection and policy evolution: tolerant parsing, strict validation, the interval, live pick-up.
 
 The model is the fake OpenAI server over real HTTP; agents are real AgentLoops; time is frozen.
 """

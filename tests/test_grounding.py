@@ -1,4 +1,4 @@
-"""The grounding check of automatic memory writes (memory/grounding.py, issue 40) on its own: what is no fact
+"""The grounding check of automatic memory writes (memory/grounding.py) on its own: what is no fact
 whoever says it, what is grounded in the user's words, what MEMORY.md already says, and the entries the model
 writes in words the user never said (their `Source:` line: found again as the same fact, never marking an
 entry a person gave as superseded). The entries a real 1.5B model's flush wrote are the first cases."""

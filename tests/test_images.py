@@ -1,4 +1,4 @@
-"""Images in a turn (issue 43): whether the model sees (agents.defaults.vision, or "auto": the server's /props,
+"""Images in a turn: whether the model sees (agents.defaults.vision, or "auto": the server's /props,
 else the model's name), the image sent as an `image_url` part of the turn's own requests only, the session
 keeping the text that names it and never its bytes, and what an image costs as counted."""
 

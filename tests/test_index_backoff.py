@@ -1,4 +1,4 @@
-"""The memory index and an embedding endpoint that is down (issue 23, item 11): after a failure it is not asked
+"""The memory index and an embedding endpoint that is down: after a failure it is not asked
 again for a while (a pause that doubles while it keeps failing), so later turns answer from keywords at once
 instead of each waiting for it; the outage is logged once, and it ends when the endpoint answers again.
 

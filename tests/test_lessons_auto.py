@@ -1,4 +1,4 @@
-"""Lessons written automatically after a turn that taught something (issue 27): which turns trigger one, the
+"""Lessons written automatically after a turn that taught something: which turns trigger one, the
 one short drafting call (what it is sent, how strictly its answer is read), the daily cap, the review running
 after the reply, and once per turn."""
 

@@ -1,4 +1,4 @@
-"""write_file and append_file on memory/MEMORY.md take memory_append's path (issue 40): junk is refused with its
+"""write_file and append_file on memory/MEMORY.md take memory_append's path: junk is refused with its
 reason, a fact the user never said is kept marked as the assistant's words (never superseding what the user gave),
 each write gets its receipt and is listed by /memory recent; LEARNINGS.md stays closed to them. Turns run through a
 real AgentLoop against the fake OpenAI server, in English and in Chinese."""

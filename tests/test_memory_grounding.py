@@ -1,4 +1,4 @@
-"""Memory that only keeps what the user said (issue 40): the memory flush, memory_append and summaries against a
+"""Memory that only keeps what the user said: the memory flush, memory_append and summaries against a
 real 1.5B model's poisoned session (tests/data/real-model/flush_poisoning.json), the same kinds of junk in Chinese
 and in mixed text, grounded facts and updates that are written, summaries that claim an answer the user never saw,
 and the receipts of what was written. Turns run through a real AgentLoop against the fake OpenAI server."""
@@ -122,7 +122,7 @@ def recorded_turns() -> tuple[list[str], list[Reply]]:
     """The REPL session's user messages, and the model's recorded replies (tool calls and texts) in order.
 
     The reply after a repeated tool call is left out: picoclaw no longer runs the repeat, and asks again without
-    tools instead of asking for that reply (issue 41; `model`'s `again` answers that)."""
+    tools instead of asking for that reply (`model`'s `again` answers that)."""
     texts: list[str] = []
     replies: list[Reply] = []
     after_repeat = False
@@ -182,7 +182,7 @@ def test_the_real_summary_claiming_an_unseen_answer_is_refused(
     summaries = [body for body in fake_openai.chat_requests() if is_summary_request(body)]
     assert summaries  # asked for, and every one refused: no compaction, nothing in the daily note
     # Asked after the conversation (so a local server keeps it cached): the summariser sees the turn that got no
-    # answer as such (no empty reply is stored: issue 41), and is told what an unseen answer is.
+    # answer as such (no empty reply is stored), and is told what an unseen answer is.
     last = summaries[-1]
     assert is_continued(last) and UNSEEN in last["messages"][-1]["content"]
     assert any(CUT_SHORT in str(m["content"]) for m in last["messages"] if m["role"] == "assistant")
@@ -213,7 +213,7 @@ def test_junk_in_chinese_and_in_mixed_text_is_not_written(
     set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
     with frozen():
         seed(workspace, fake_openai, stored)
-        # Every answer empty, as the small model's were, and a bare "好的" when asked again (issue 41), so the
+        # Every answer empty, as the small model's were, and a bare "好的" when asked again, so the
         # turns are kept; every flush proposes all the junk.
         fake_openai.responder = model([Text("")] * len(asked), listed(junk), again="好的。")
         converse(workspace, fake_openai, [*asked, "/new"], key="cli:repl")
@@ -336,7 +336,7 @@ def test_a_summary_claiming_an_answer_after_empty_replies_is_refused_and_an_hone
     set_policy(workspace, session_summary_message_threshold=4, session_summary_keep_count=2)
     claiming = SUMMARY.replace("## Progress\nTalked.", "## Progress\n助手确认了用户对花生过敏。")
     # Each turn a search, then nothing, also when asked again: the turn is kept (its search, with a note that no
-    # answer came) and the user saw no answer (issue 41: an empty reply itself is never stored).
+    # answer came) and the user saw no answer (an empty reply itself is never stored).
     # A turn that fails starts no summary: the one after the fourth turn (answered, and kept out of the summary
     # by session_summary_keep_count) folds the three silent ones.
     silent = [ToolCalls([("memory_search", {"query": "过敏 allergy"})]), Text("")]

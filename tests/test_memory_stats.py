@@ -1,4 +1,4 @@
-"""`picoclaw memory stats` (issue 27): what each memory document holds and how it is used, the retrieval time
+"""`picoclaw memory stats`: what each memory document holds and how it is used, the retrieval time
 each turn records, the prompt-cache share from the providers' reports, background model use, and what the last
 compression and reflection did. What nothing has measured says so; damaged soft state is a warning, never a
 traceback. Turns run through a real AgentLoop against the fake OpenAI server; time is frozen."""

@@ -1,4 +1,4 @@
-"""memory_scope "per_user" means per user for every path a model can reach (issue 13, defect 2).
+"""memory_scope "per_user" means per user for every path a model can reach.
 
 In a per-user scope the file tools are rooted in the user's own folder `users/<id>/`; the shared bootstrap
 files (USER.md, AGENTS.md, SOUL.md, IDENTITY.md), which go into every user's system prompt, are readable

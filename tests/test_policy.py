@@ -1,4 +1,4 @@
-"""PolicyManager (DESIGN §3): layering with sources, live re-reads, tolerant overrides, and safe changes."""
+"""PolicyManager (memory/policy.py): layering with sources, live re-reads, tolerant overrides, and safe changes."""
 
 from __future__ import annotations
 
@@ -361,7 +361,7 @@ def test_rollback_to_unknown_snapshot_is_an_error(manager: PolicyManager, name: 
     assert manager.snapshots() == snapshots
 
 
-# -- issue 13: time order across timezones, rollback as a stack, locked validation, torn history -----------
+# -- time order across timezones, rollback as a stack, locked validation, torn history ---------------------
 
 
 def test_changing_the_timezone_keeps_snapshots_in_time_order(memory_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""What the plain retriever and the index find thanks to the tokenizer and neighbour-aware scoring (issue 15)."""
+"""What the plain retriever and the index find thanks to the tokenizer and neighbour-aware scoring."""
 
 from __future__ import annotations
 

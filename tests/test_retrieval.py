@@ -19,7 +19,7 @@ from tests.stores import memory_store
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 P = Path("MEMORY.md")
 
-# The facts of seed 004 §4.2, in Chinese and in English, plus a second paragraph and an identifier.
+# Sample facts (a deadline, a pet, an email), in Chinese and in English, plus a second paragraph and an identifier.
 MEMORY = """\
 # Long-term memory
 
@@ -165,7 +165,7 @@ def test_an_unclosed_fence_ends_at_the_next_section_heading(fence: str) -> None:
 
 
 def test_a_later_fact_is_found_after_an_entry_with_an_unclosed_fence(tmp_path: Path) -> None:
-    # The probe of issue 13: a snippet whose fence was never closed, written as the file was by hand (the
+    # From an adversarial probe: a snippet whose fence was never closed, written as the file was by hand (the
     # store now closes it, see test_bad_input), then 150 more facts; every one must stay findable.
     memory = memory_store(tmp_path / "memory", SHANGHAI)
     facts = [f"Fact {n}: locker {n} holds item{n}. 第{n}号柜子放着物品{n}。" for n in range(150)]

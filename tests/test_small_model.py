@@ -1,4 +1,4 @@
-"""A small local model must never break a conversation (issue 24): what llama.cpp's server refuses is never
+"""A small local model must never break a conversation: what llama.cpp's server refuses is never
 stored or sent, and what a small model answers badly still ends in a working session."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tests.waiting import wait_until_sync
 def test_an_answer_without_text_is_asked_again_never_stored_and_the_next_turn_works(workspace: Workspace) -> None:
     with FakeOpenAIServer(strict_content=True) as server, frozen():
         server.reply_raw(null_answer())
-        server.reply_text("旺财 is your dog's name.")  # the answer to the question asked again (issue 41)
+        server.reply_text("旺财 is your dog's name.")  # the answer to the question asked again
         server.reply_text("旺财。")
         replies = chat(workspace, server, ["我的狗叫什么？ What is my dog called?", "again, please / 再说一次"])
 
@@ -91,12 +91,12 @@ def test_the_offline_token_estimate_is_not_a_warning_on_every_command(
     assert "token counts are estimated" in verbose.stderr
 
 
-# -- the first request is small (item 8) ------------------------------------------------------------------
+# -- the first request is small ---------------------------------------------------------------------------
 
 
 def test_the_first_request_of_a_fresh_workspace_is_small(workspace: Workspace) -> None:
-    # 2,419 tokens on llama.cpp's server before issue 24, 1,465 after; picoclaw's own (offline) estimate of
-    # the same request guards it here. A CPU model reads every one of them before it answers.
+    # 2,419 tokens on llama.cpp's server once, 1,465 since the prompt was trimmed; picoclaw's own (offline)
+    # estimate of the same request guards it here. A CPU model reads every one of them before it answers.
     with FakeOpenAIServer() as server, frozen():
         server.reply_text("Paris.")
         chat(workspace, server, ["What is the capital of France?"])
@@ -120,7 +120,7 @@ def test_bootstrap_files_are_sent_without_comments(text: str, sent: str) -> None
     assert bootstrap_text(text) == sent
 
 
-# -- a server that dies mid-answer (item 6) ---------------------------------------------------------------
+# -- a server that dies mid-answer ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("answer", ["The capital of France is Paris, a city on the Seine.",
@@ -148,7 +148,7 @@ def test_a_server_that_dies_mid_answer_is_a_lost_connection_not_a_failed_one(
 @pytest.mark.parametrize("empty", ["\n", "  \n\t", ""], ids=["newline", "white-space", "nothing"])
 def test_an_empty_answer_says_so_in_the_repl(home: Path, fake_openai: FakeOpenAIServer, empty: str) -> None:
     configure(home, fake_openai)
-    for _ in range(3):  # as asked, then asked again twice (issue 41): empty every time
+    for _ in range(3):  # as asked, then asked again twice: empty every time
         fake_openai.reply_text(empty)
     fake_openai.reply_text("旺财。Wangcai.")
 

@@ -1,4 +1,4 @@
-"""Start-up costs only what the command uses (issue 25): held by what a command imports, never by timing.
+"""Start-up costs only what the command uses: held by what a command imports, never by timing.
 
 Each case runs the real command line in a fresh process and lists `sys.modules` as the command ends. Help
 (`picoclaw --help`, a group's `--help`) must load no config (no pydantic) and no layer of the runtime; a

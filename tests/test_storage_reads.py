@@ -1,4 +1,4 @@
-"""Every read of a memory document asks the storage (issue 42, item 3): on PostgreSQL a write through another
+"""Every read of a memory document asks the storage: on PostgreSQL a write through another
 workspace folder is read at once by MemoryStore, the keyword search and the policy, with no lock taken and
 nothing refreshed first; the workspace folder is never read as memory, and nothing writes memory into it."""
 

@@ -1,4 +1,4 @@
-"""The storage contract of issue 42's "What it must show", through the command line and real processes, on files
+"""The storage contract as a deployment sees it, through the command line and real processes, on files
 and on PostgreSQL: a write through one workspace folder is read at once through another folder on the same
 database, by every read command and by search; 3 processes × 50 appends lose and double nothing; a database
 restored from pg_dump shows everything to a new folder; a writer killed in the middle of a write leaves the old

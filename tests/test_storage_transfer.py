@@ -202,7 +202,7 @@ def test_the_whole_cli_on_postgres_one_machine_after_another(home: Path, postgre
     assert len(transcripts) == 1 and "我的狗叫什么" in transcripts[0].read_text(encoding="utf-8")
 
 
-# Switching a workspace from files to PostgreSQL (issue 42, item 5).
+# Switching a workspace from files to PostgreSQL.
 
 BAD_MEMORY = b"# Memory\n\n## 2025-01-01\ncaf\xe9 au lait \xff\xfe\n"  # Latin-1 bytes: not UTF-8
 

@@ -278,7 +278,7 @@ def test_every_rewrite_is_backed_up_with_unique_names_within_one_second(store: M
 @freeze_time("2026-03-10 02:00:00")
 def test_an_append_takes_no_backup(store: MemoryStore) -> None:
     # An appended entry is undone by deleting it: copying the whole file for each one is what made appends
-    # to a large MEMORY.md slow (issue 23). Rewrites still back it up (above).
+    # to a large MEMORY.md slow. Rewrites still back it up (above).
     for content in ("one", "二", "three / 三"):
         store.append_long_term(content)
     assert store.backups() == []
@@ -414,7 +414,7 @@ def test_workspace_store_uses_the_configured_memory_folder(workspace: Workspace)
     assert today in (before, after)
 
 
-# -- backups are ordered by time, whatever the timezone (issue 13) -----------------------------------
+# -- backups are ordered by time, whatever the timezone ----------------------------------------------
 
 
 def test_changing_the_timezone_keeps_the_newest_backup(memory_dir: Path) -> None:

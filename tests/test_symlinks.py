@@ -1,4 +1,4 @@
-"""Memory files that are symbolic links (issue 23): a MEMORY.md kept in a synced folder or a notes vault and
+"""Memory files that are symbolic links: a MEMORY.md kept in a synced folder or a notes vault and
 linked into the workspace (`ln -s ~/vault/memory.md workspace/memory/MEMORY.md`) is written through, and
 stays a link; a link to anything but a regular file is refused in one line and never replaced."""
 

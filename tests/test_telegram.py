@@ -728,7 +728,7 @@ def test_a_refused_command_menu_does_not_stop_the_bot(home: Path, fake_telegram:
     assert "/new" in fake_telegram.sent_texts(OWNER)[0]
 
 
-# -- promises of issue 14: every message kind, notices, per-user groups, flood control, bounded state ----------
+# -- a bot that runs for months: every message kind, notices, per-user groups, flood control, bounded state ----
 
 
 def test_a_sticker_is_answered_with_what_is_read(home: Path, fake_telegram: FakeTelegramServer,

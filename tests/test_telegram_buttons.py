@@ -1,4 +1,4 @@
-"""Buttons on Telegram (issue 44, item 3), through the fake Bot API and the fake model: Approve runs an ask-first call,
+"""Buttons on Telegram, through the fake Bot API and the fake model: Approve runs an ask-first call,
 Deny and a timeout (the clock run out by the test, never waited for) do not, another user's press, a stale one and
 forged callback_data change nothing; ask_user's options arrive as buttons and a press is the user's next message.
 Polling here; webhook workers (the press an update in the inbox, taken by any worker) at the end."""

@@ -1,4 +1,4 @@
-"""Documents on Telegram (issue 43, item 3): a text file or a PDF from an allowed user is fetched through the fake
+"""Documents on Telegram: a text file or a PDF from an allowed user is fetched through the fake
 Bot API (getFile, then the file), read, kept in the workspace's media/ folder with its bytes as sent, and answered
 as a turn whose text names the file and where it was saved; every way it can fail is one line to the user with
 nothing fetched over the limit, nothing sent to the model, nothing stored and nothing saved; a stranger's file is

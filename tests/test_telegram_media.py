@@ -1,4 +1,4 @@
-"""Voice notes, audio files and video notes on Telegram (issue 43): fetched through the fake Bot API (getFile,
+"""Voice notes, audio files and video notes on Telegram: fetched through the fake Bot API (getFile,
 then the file), transcribed by the fake OpenAI-compatible server's /audio/transcriptions, shown back, and
 answered as a turn; every way it can fail is one line to the user with nothing sent to the model and nothing
 stored; a stranger's file is never fetched."""

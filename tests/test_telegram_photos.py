@@ -1,4 +1,4 @@
-"""Photos on Telegram (issue 43, item 2): the largest size within media.image_megabytes fetched, kept in the
+"""Photos on Telegram: the largest size within media.image_megabytes fetched, kept in the
 scope's media/ folder, and sent to a model that sees as an image part beside the caption; a model that does not
 see gets the caption and a note, and the user hears so in one line; a photo too large or damaged is one line
 with nothing stored; a stranger's photo is never fetched."""

@@ -1,4 +1,4 @@
-"""Reactions (issue 44, item 4): a fact remembered from the user's words is receipted with a ✍ reaction on their
+"""Reactions: a fact remembered from the user's words is receipted with a ✍ reaction on their
 message (a line of text where reactions cannot be set), and an allowed user's 👍 ❤ 🔥 / 👎 on a reply is recorded
 once as feedback on that turn; a stranger's is ignored."""
 

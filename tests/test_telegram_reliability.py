@@ -71,7 +71,7 @@ def finished(process: subprocess.Popen[str], timeout: float = 180) -> tuple[int,
     return process.returncode, out, err
 
 
-# -- item 1: a proxy's page that quotes the token -----------------------------------------------------------
+# -- a proxy's page that quotes the token -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("language", PAGES)
@@ -108,7 +108,7 @@ def test_a_proxy_page_quoting_the_token_when_sending_is_logged_and_stored_withou
     assert "not a Bot API answer" in stored and leaked(stored) == []  # the reply is marked undelivered
 
 
-# -- item 7: one poller per bot ---------------------------------------------------------------------------
+# -- one poller per bot -----------------------------------------------------------------------------------
 
 
 def test_a_second_poller_of_the_same_bot_is_refused_in_one_line(home: Path, telegram: FakeTelegramServer,
@@ -194,7 +194,7 @@ def test_a_409_for_a_webhook_ends_the_run_with_its_reason_and_no_error_logged(
     assert len(telegram.calls("getUpdates")) == 1
 
 
-# -- item 8: a reply that never arrived -----------------------------------------------------------------
+# -- a reply that never arrived -------------------------------------------------------------------------
 
 
 NOT_DELIVERED = f"(not delivered: sending failed ({BLOCKED}); the user has not seen this reply)"

@@ -1,4 +1,4 @@
-"""Streaming replies on Telegram (issue 44, item 1): the answer previewed while written (a draft in a private
+"""Streaming replies on Telegram: the answer previewed while written (a draft in a private
 chat, else one message edited), then sent whole; a preview's failure or 429 never costs the final answer."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Forum topics (issue 44, item 2): in a forum supergroup each topic is a conversation of its own
+"""Forum topics: in a forum supergroup each topic is a conversation of its own
 (`telegram:<chat>:t<topic>`), answered in its topic; /new, reminders and notices keep to the topic; the General
 topic is the chat's own conversation; per_user memory still gives each member their own, per topic."""
 

@@ -157,7 +157,7 @@ def test_setwebhook_carries_the_url_and_a_secret_and_healthz_answers(home: Path,
     assert fake_telegram.webhook is None or fake_telegram.webhook["url"] == URL
     [call] = fake_telegram.calls("setWebhook")
     assert call.params["url"] == URL and call.params["secret_token"] == webhook_secret(TOKEN)
-    # What the routers handle, nothing more: messages, reactions as feedback and button presses (issue 44).
+    # What the routers handle, nothing more: messages, reactions as feedback and button presses.
     assert sorted(call.params["allowed_updates"]) == ["callback_query", "message", "message_reaction"]
     assert TOKEN.split(":")[1] not in call.params["secret_token"] and len(call.params["secret_token"]) == 64
     assert fake_telegram.calls("deleteWebhook") == []  # a webhook worker does not drop its own webhook

@@ -335,7 +335,7 @@ def test_forms_that_must_end_the_reply_need_the_whole_reply_in_view() -> None:
     assert find(lead_in + " " * MAX_CHARS + "x") is None
 
 
-# --- a call wrapped in <response> … </response> (issue 41) -----------------------------------------------------
+# --- a call wrapped in <response> … </response> ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("content", [
@@ -375,7 +375,7 @@ def test_response_tags_around_anything_else_stay_text(content: str) -> None:
     assert find(content) is None
 
 
-# --- a call inside doubled braces (issue 24) ------------------------------------------------------------------
+# --- a call inside doubled braces (tests/data/real-model/doubled_brace_calls.json) ----------------------------
 
 DOUBLED_PATH = CORPUS_PATH.parent / "doubled_brace_calls.json"
 

@@ -1,4 +1,4 @@
-"""Ask first in the web console (issue 44, item 3): an ask-first call shows in the chat with Approve and Deny;
+"""Ask first in the web console: an ask-first call shows in the chat with Approve and Deny;
 Approve runs it, Deny does not, and a decision that is not the open question's own (another conversation's, a
 second press, a made-up id) changes nothing."""
 

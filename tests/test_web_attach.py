@@ -1,4 +1,4 @@
-"""The console's Attach (issue 43, item 5): one file with a chat message, as a multipart form to /chat/turn; it
+"""The console's Attach: one file with a chat message, as a multipart form to /chat/turn; it
 becomes the turn as with `chat --attach` (a document read, an image to a model that sees, audio transcribed), what
 it shows first comes as "attached" events; a body over the media limits is 413 with one log line, a file that
 cannot be taken 422, a form without the CSRF token 403, and in each case nothing reaches the model."""

@@ -1,4 +1,4 @@
-"""A real chat in the console (issue 46, item 2): the model's Markdown rendered on the server, live when its turn
+"""A real chat in the console: the model's Markdown rendered on the server, live when its turn
 ends and after a reload, raw HTML in it escaped; links open apart; tool calls as cards; the same labels live and
 after a reload, in English and Chinese."""
 

@@ -1,4 +1,4 @@
-"""The web console's chat shows the receipt of each memory write no command made (issue 40): over the page's event
+"""The web console's chat shows the receipt of each memory write no command made: over the page's event
 stream (the turn's own stream may be over when a receipt comes), once, as text, in English and Chinese; through
 real HTTP and in a real browser, the model being the fake OpenAI server scripting memory_append."""
 

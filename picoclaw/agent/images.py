@@ -1,4 +1,4 @@
-"""The images a user's message carries (issue 43): sent in the turn's own requests as `image_url` parts with data
+"""The images a user's message carries: sent in the turn's own requests as `image_url` parts with data
 URLs, beside the text. The session keeps the message's text, which names each image by its place in media/, never
 the bytes; a later turn sends that text only, so an image goes to the model once."""
 

@@ -1,4 +1,4 @@
-"""Lessons written automatically (issue 27): after a turn that taught something (agent/turn_review.py says
+"""Lessons written automatically: after a turn that taught something (agent/turn_review.py says
 whether one did, and why), one short model call drafts at most one lesson from it, and the lesson goes to
 LEARNINGS.md through the store; then the turn is counted towards a skill draft (agent/skill_drafting.py).
 

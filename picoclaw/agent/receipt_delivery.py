@@ -1,4 +1,4 @@
-"""Where the receipts of automatic memory writes go (issue 40): each write to MEMORY.md or LEARNINGS.md made
+"""Where the receipts of automatic memory writes go: each write to MEMORY.md or LEARNINGS.md made
 without a command of the user's (the memory flush, the model's memory_append, a lesson) is logged for
 `/memory recent` and shown once in the conversation it came from.
 

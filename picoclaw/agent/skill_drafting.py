@@ -1,4 +1,4 @@
-"""Skill drafts from lessons (issue 27): when the same workflow has worked `skill_draft_successes` times, the
+"""Skill drafts from lessons: when the same workflow has worked `skill_draft_successes` times, the
 lessons learned from its runs become a skill draft in `skills/_drafts/<name>/`, and the chat is told once.
 
 A workflow is known by its tools (turn_review.workflow_of: the tools that worked, in the order each first

@@ -2,8 +2,8 @@
 
 What the summariser (and the memory flush) is shown is what the user saw: a reply that was empty is written
 as one, an error as an error, so a summary cannot read an answer into them. A summary that still says the
-assistant confirmed, told or answered something when no reply in the part it covers reached the user (issue 40:
-"the assistant confirmed the user's allergies", after an empty answer) is refused like a malformed one.
+assistant confirmed, told or answered something when no reply in the part it covers reached the user (a small
+model wrote "the assistant confirmed the user's allergies" after an empty answer) is refused like a malformed one.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from picoclaw.memory import UNDELIVERED, overlap
 from picoclaw.providers.base import Continuation, Message
 
 SECTIONS = ("Goal", "Constraints and preferences", "Progress", "Key decisions", "Next steps", "Key context")
-# Models writing in Chinese often translate the headings; these are seed 001's names for the sections.
+# Models writing in Chinese often translate the headings: each section's English and Chinese names.
 SECTION_NAMES: dict[str, tuple[str, ...]] = {
     "Goal": ("goal", "目标"),
     "Constraints and preferences": ("constraints and preferences", "约束和偏好", "约束与偏好"),

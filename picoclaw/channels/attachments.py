@@ -1,5 +1,5 @@
 """A file a person attaches to a message, whichever face it came through (`picoclaw chat --attach`, the web
-console's Attach; issue 43): what it is, told by its bytes, and the turn it makes.
+console's Attach): what it is, told by its bytes, and the turn it makes.
 
 - audio (OGG, MP3, WAV, FLAC, M4A/MP4, WebM) is transcribed by the configured `Transcriber` (none configured:
   `NOT_LISTENING`); the turn is the transcript marked as spoken (`spoken`), and the person sees it first;

@@ -1,4 +1,4 @@
-"""Documents a person sends as files, as every channel turns them into a turn (issue 43).
+"""Documents a person sends as files, as every channel turns them into a turn.
 
 What a file is, is told by its bytes, not its name: a PDF by its `%PDF-` magic (its text extracted with pypdf),
 text by having no NUL bytes and decoding as UTF-8 (or, failing that, as GB18030, which covers Chinese GBK,

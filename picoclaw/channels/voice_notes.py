@@ -1,4 +1,4 @@
-"""Media a person sends besides text, as every channel turns it into a turn: a voice note's words (issue 43).
+"""Media a person sends besides text, as every channel turns it into a turn: a voice note's words.
 
 A channel hands the audio to the `Transcriber` app.py built from config.json's `transcription` (any
 OpenAI-compatible `/audio/transcriptions` endpoint) and gets the words back, or `MediaRefused`: one line for

@@ -116,7 +116,7 @@ def entry_fingerprint(body: str) -> str:
 
 
 def model_source(session: str | None) -> str:
-    """The `Source:` line's text of an entry the model wrote in words the user never said (issue 40). It ends
+    """The `Source:` line's text of an entry the model wrote in words the user never said. It ends
     like a lesson the model saved (`lessons.MODEL_SOURCES`), so `given_by_a_person` reads both alike."""
     where = f"session {session} " if session else ""
     return f"the assistant, not the user's words; {where}(memory_append)"

@@ -1,4 +1,4 @@
-"""Feedback on the assistant's replies (issue 44, item 4): a reaction of an allowed user on one of the bot's replies.
+"""Feedback on the assistant's replies: a reaction of an allowed user on one of the bot's replies.
 
 The file (`memory/.feedback.jsonl`) holds one JSON line per reaction counted: its time, the session and turn (the
 stored id of its user message) the reply answered, the chat and message id of the reply, the user, the emoji and its

@@ -6,7 +6,7 @@ conversation going but only reaches the daily note. The flush is what puts such 
 memory anyway. The answer is read as a list (`- fact` per line); anything else (prose, a refusal, JSON,
 an empty answer) writes nothing.
 
-A 1.5B model's list is often junk (issue 40: `flush_poisoning.json`): the stored fact again in bold,
+A 1.5B model's list is often junk (tests/data/real-model/flush_poisoning.json): the stored fact again in bold,
 preferences invented from the user's question, the assistant's advice, the question itself, a refusal. So
 each fact is checked against what the user said in the part being flushed (memory/grounding.py) before it is
 written: one that is no fact, or that MEMORY.md already holds, or whose telling content the user never said,

@@ -1,4 +1,4 @@
-"""What the memory flush did, day by day, for `picoclaw memory stats` (issue 40): the facts the model proposed,
+"""What the memory flush did, day by day, for `picoclaw memory stats`: the facts the model proposed,
 those written, those MEMORY.md already held, and those refused, by reason (memory/grounding.py).
 
 Kept beside the memory files as `memory/.flush_counts.json` (the last KEEP_DAYS days), updated under a lock of the

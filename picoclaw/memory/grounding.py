@@ -1,4 +1,4 @@
-"""Whether a line the model wants to keep is a fact the user stated (issue 40): pure functions, no I/O.
+"""Whether a line the model wants to keep is a fact the user stated: pure functions, no I/O.
 
 A small model asked for "the lasting facts" of a conversation writes whatever it read: the stored entry again
 in Markdown bold, a preference invented from the user's question ("我最喜欢的咖啡是什么？" → "My favorite coffee is

@@ -1,4 +1,4 @@
-"""Lessons: procedural memory kept in `memory/LEARNINGS.md` (seed 003, layer 3) — what worked, what failed,
+"""Lessons: procedural memory kept in `memory/LEARNINGS.md` — what worked, what failed,
 what the user corrected — one `## YYYY-MM-DD` entry per lesson, in words a person can edit.
 
 An entry is the lesson (when it applies and what to do) and a last line `Source: …` saying where it came

@@ -1,4 +1,4 @@
-"""The photos and files people sent, kept in the scope's `media/` folder (issue 43): a session names an image by
+"""The photos and files people sent, kept in the scope's `media/` folder: a session names an image by
 its place there instead of holding its bytes, and the file tools can read a document again.
 
 A file is stored once per content (`YYYYMM/<sha256 prefix>-<name>`), written atomically, and the folder is pruned

@@ -1,6 +1,6 @@
 """PolicyManager: the memory policy in force, layered defaults ← config.json ← policy_overrides.json.
 
-The keys, defaults and bounds (MemoryPolicy) are config.py's; this module owns the overrides layer.
+The keys, defaults and bounds (MemoryPolicy) are policy_schema.py's; this module owns the overrides layer.
 
 The overrides file is re-read whenever it changes on disk (one stat per turn), so a change written by
 reflection or by `picoclaw policy set` applies on the next turn of every running agent. Every change of

@@ -1,4 +1,4 @@
-"""Receipts of the writes to MEMORY.md and LEARNINGS.md that no command of the user's made (issue 40).
+"""Receipts of the writes to MEMORY.md and LEARNINGS.md that no command of the user's made.
 
 The memory flush, the model's `memory_append` and the lessons drafted after a turn all write long-term memory
 on their own. Each such write is a `MemoryWrite`: the agent shows it once where the user is (its `notice`,

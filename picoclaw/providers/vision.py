@@ -1,4 +1,4 @@
-"""Whether the chat model can see images (issue 43): agents.defaults.vision when it says true or false; with "auto",
+"""Whether the chat model can see images: agents.defaults.vision when it says true or false; with "auto",
 what the server says (llama.cpp's `/props` lists `modalities.vision`), else the model's name (a known vision
 model). Asked once per provider; never raises: a server that cannot be asked is judged by the name."""
 

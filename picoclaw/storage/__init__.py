@@ -1,4 +1,4 @@
-"""The storage layer (DESIGN §1.1): one contract, the files backend and the PostgreSQL backend.
+"""The storage layer: one contract, the files backend and the PostgreSQL backend.
 
 `open_storage` opens the configured backend; the composition root (app.py) hands that one object to every
 store that keeps bytes, so two workspaces in one process never share a backend by accident.

@@ -1,6 +1,6 @@
 """The storage contract: what memory, sessions and jobs ask of the backend that keeps their bytes.
 
-Two backends implement it (DESIGN §1.1): `files` (storage/files.py, the default) and `postgres`
+Two backends implement it: `files` (storage/files.py, the default) and `postgres`
 (storage/postgres/). Memory reads and writes its documents through `documents(scope)` (storage/documents.py):
 each write is durable when it returns, and each read asks the backend's truth (files: the file; PostgreSQL:
 the row), whatever lock is held or not; within a turn's `read_round`, once per document.

@@ -1,5 +1,5 @@
 """The bot's sent replies, by (chat, message id): which session and turn each answered, so a reaction on one counts
-as feedback on that turn whichever process sent it, and after a restart (issue 44, items 4 and 5).
+as feedback on that turn whichever process sent it, and after a restart.
 
 `SqliteReplyLog` is the files backend's (a SQLite file in the workspace's work folder); PostgreSQL has its own
 (storage/postgres/telegram_replies.py), shared by every webhook worker. A reply is kept REPLY_KEEP: feedback comes

@@ -1,6 +1,6 @@
 """Memory tools for the model: memory_search (BM25 over MEMORY.md, daily notes and lessons) and memory_append.
 
-memory_append to MEMORY.md is held to the rule of every automatic write (memory/grounding.py, issue 40) through
+memory_append to MEMORY.md is held to the rule of every automatic write (memory/grounding.py) through
 tools/saved_facts.py, the one path the file tools take too. Each write is added to the turn's receipts
 (memory/receipts.py), which the agent shows the user after the reply.
 """

@@ -1,5 +1,5 @@
 """A fact the model saves to MEMORY.md, whichever tool it uses (memory_append, write_file, append_file): the one
-path that holds it to the rule of every automatic write (memory/grounding.py, issue 40).
+path that holds it to the rule of every automatic write (memory/grounding.py).
 
 A question, advice, an apology or refusal, or a line about the assistant is not saved; a line an entry already says
 is not saved again; a fact whose telling content the user never said in this conversation is saved, but marked as

@@ -480,7 +480,7 @@ class FakeOpenAIServer(BackgroundHTTPServer):
             return _bad_request("We could not parse the JSON body of your request.")
         if self.strict_content and null_assistant_content(body):
             # What llama.cpp's servers do, status and all: the C++ one fails to parse content as a string,
-            # llama-cpp-python's answers with pydantic's validation dump (seen verbatim in issue 24).
+            # llama-cpp-python's answers with pydantic's validation dump (as seen, verbatim).
             return _render(Error(500, LLAMA_CPP_PYTHON_NULL_CONTENT if not _has_tool_calls(body) else
                                  "[json.exception.type_error.302] type must be string, but is null"))
         if not self.validate:
@@ -735,7 +735,7 @@ def _has_tool_calls(body: dict[str, Any]) -> bool:
                and m.get("tool_calls") for m in body.get("messages") or [])
 
 
-# The head of llama-cpp-python's answer to an assistant message with content null (issue 24).
+# The head of llama-cpp-python's answer to an assistant message with content null.
 LLAMA_CPP_PYTHON_NULL_CONTENT = (
     "7 validation errors: {'type': 'literal_error', 'loc': ('body', 'messages', 2, 'typed-dict', 'role'), "
     "'msg': \"Input should be 'system'\", 'input': 'assistant', 'ctx': {'expected': \"'system'\"}} "

@@ -16,7 +16,7 @@ polling; an `offset` confirms earlier updates, as Telegram does), sendMessage, s
 setWebhook, getWebhookInfo, deleteWebhook, getFile, setMessageReaction (`reactions(chat_id)` lists the
 (message_id, emoji list) pairs set; `fail_next("setMessageReaction", 400, ...)` refuses one).
 
-Streaming (issue 44, item 1): sendMessageDraft is recorded (`drafts(chat_id)` lists their texts; `drafts_available
+Streaming: sendMessageDraft is recorded (`drafts(chat_id)` lists their texts; `drafts_available
 = False` answers it 404 "method not found", as an older server does), editMessageText changes a sent message's
 text (`edits(chat_id)` lists the texts), deleteMessage removes one: `sent_texts` and `sent_in` list only messages
 still in the chat, so a preview the bot deleted is not counted as a reply.

@@ -1,4 +1,4 @@
-"""Inline buttons (issue 44, item 3): Approve / Deny before an ask-first tool call, and ask_user's options.
+"""Inline buttons: Approve / Deny before an ask-first tool call, and ask_user's options.
 
 - Approvals: `TelegramApprover` (one per turn) sends the call (tool, short arguments) with Approve / Deny to the
   chat, into the turn's topic, and waits for the press of the user who started the turn, at most the timeout

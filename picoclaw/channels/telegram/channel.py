@@ -13,7 +13,7 @@ The routers, in the order aiogram tries them:
   - "chat": any other message, a turn of the chat's session (`run_turn`, with "typing…" shown meanwhile, and the
     answer previewed as it is written unless `stream` is off: stream.py), its answer then sent whole;
 - "strangers": messages addressed to the bot by anyone else, answered with their id (`not_authorised`).
-Besides messages, the bot asks for `message_reaction` updates (issue 44, item 4): an allowed user's 👍 ❤ 🔥 or 👎 on
+Besides messages, the bot asks for `message_reaction` updates: an allowed user's 👍 ❤ 🔥 or 👎 on
 one of its replies is recorded as feedback on that turn (memory/feedback.py); anyone else's is ignored.
 
 A memory write made without a command from the user's own words (the memory flush, memory_append) is receipted
@@ -183,7 +183,7 @@ class TelegramChannel:
         self.approval_timer = approval_timer
         self.buttons = Buttons(bot, self.allowed, lambda message: self._in_chat_order(message, kept=True))
         self.dispatcher = self._dispatcher()
-        # A memory write's receipt is a ✍ reaction on the user's message, or a short line (issue 40). The answer
+        # A memory write's receipt is a ✍ reaction on the user's message, or a short line. The answer
         # is previewed while written when `stream` is on (`_stream_for` adds on_text and on_tool per turn).
         self._hooks = TurnHooks(on_notice=self._notify, on_memory=self._remembered)
         # The agents this channel used, to wait for their background work at the end. Weak: the app keeps
@@ -562,7 +562,7 @@ class TelegramChannel:
         return image_turn(saved_as, self._caption(message), seen=False), ()
 
     async def _read_document(self, message: Message, user: User, key: str, document: Document) -> str | None:
-        """The turn's text for a document (issue 43): fetched within media.document_kilobytes, read, kept in the
+        """The turn's text for a document: fetched within media.document_kilobytes, read, kept in the
         scope's media/ folder; None when it was answered with why it could not be read instead (nothing fetched
         over the limit, nothing sent to the model, nothing stored or saved)."""
         chat_id, topic = message.chat.id, topic_of(message)

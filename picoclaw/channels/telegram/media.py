@@ -1,4 +1,4 @@
-"""Voice notes, audio files and round video notes from Telegram as turns (issue 43): the message's audio checked
+"""Voice notes, audio files and round video notes from Telegram as turns: the message's audio checked
 against the transcriber's limits, fetched through the Bot API (`getFile`, then the file), and transcribed. A
 document is checked against media.document_kilobytes (the message's size, then getFile's) and fetched the same
 way; picoclaw/channels/documents.py reads it.
@@ -86,7 +86,7 @@ def echo_html(transcript: str) -> str:
     return html_decoration.expandable_blockquote(quote) if len(shown) > 200 else html_decoration.blockquote(quote)
 
 
-# -- documents (issue 43, item 3) -----------------------------------------------------------------------------
+# -- documents ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ async def document_bytes(bot: Bot, document: Document, max_bytes: int) -> bytes:
     return await fetch(bot, document.file_id, "file", lambda size: check_document_size(size, max_bytes))
 
 
-# -- photos (issue 43, item 2) ----------------------------------------------------------------------------------
+# -- photos -----------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`ReplyStream`: the answer shown while the model writes it (issue 44, item 1), a preview only.
+"""`ReplyStream`: the answer shown while the model writes it, a preview only.
 
 Fed by the turn's `on_text` and `on_tool` hooks (which only record and never wait, so the turn never waits for
 Telegram), a task of its own shows the text so far, as plain text, at most once every `interval` seconds and

@@ -1,6 +1,5 @@
 """RerankedSearch: any MemorySearch, re-ranked by each memory's standing besides its relevance: whether a
-newer entry replaced it, how recent it is, and how often it was used (the reference design's relevance ×
-recency × use, seed 003 §2.3 and §4.1).
+newer entry replaced it, how recent it is, and how often it was used (relevance × recency × use).
 
 It asks the inner search for CANDIDATES_PER_RESULT times the blocks wanted, then
 - multiplies each score by two mild priors, both policy keys: recency, 1 + boost × 0.5^(age / 30 days), the
