@@ -5,9 +5,9 @@ store, the policy, the jobs or another user own it). Memory files belong to Memo
 are routed through it instead of touching the file:
 
 - `memory/MEMORY.md`: write_file and append_file add a `## YYYY-MM-DD` entry (appended, never an
-  overwrite) by the path memory_append takes (tools/saved_facts.py): junk is refused with its reason, a fact the user never
-  said is marked as the assistant's words, and the write gets its receipt; edit_file holds what it adds to the
-  same rule (refused unless the user said it) and sends its receipt, then reads, replaces and calls
+  overwrite) by the path memory_append takes (tools/saved_facts.py): junk is refused with its reason, a fact the
+  user never said is marked as the assistant's words, and the write gets its receipt; edit_file holds what it adds
+  to the same rule (refused unless the user said it) and sends its receipt, then reads, replaces and calls
   `rewrite_long_term` under the memory lock (a backup is taken).
 - `memory/YYYYMM/YYYYMMDD.md` (daily notes): write_file and append_file add a `## HH:MM` entry to that
   day's note via `append_note` (a daily note is never overwritten, so no earlier note is lost); edit_file
