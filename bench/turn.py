@@ -53,7 +53,7 @@ from retrieval import QUERIES, synthetic_memory  # noqa: E402
 
 from picoclaw.agent.loop import AgentLoop  # noqa: E402
 from picoclaw.app import App  # noqa: E402
-from picoclaw.memory.session import StoredMessage  # noqa: E402
+from picoclaw.transcripts.session_store import StoredMessage  # noqa: E402
 from picoclaw.memory.workspace import Workspace  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.base import Message  # noqa: E402

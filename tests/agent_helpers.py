@@ -23,11 +23,11 @@ from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK
 from picoclaw.app import App
 from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_ROLE
-from picoclaw.memory.session import session_filename
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import BETWEEN_TURNS
 from picoclaw.providers.openai_compat import OpenAICompatProvider
 from picoclaw.tools.registry import build_tools
+from picoclaw.transcripts.session_store import session_filename
 from tests.fakes import FakeOpenAIServer
 
 T = TypeVar("T")

@@ -14,9 +14,9 @@ from picoclaw.agent.context import MEMORY_FRAME, TOOL_GUIDANCE, ContextBuilder
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.query_rewrite import REWRITE_INSTRUCTIONS
 from picoclaw.app import App
-from picoclaw.memory.session import Session, StoredMessage
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tokens import count_tokens
+from picoclaw.transcripts.session_store import Session, StoredMessage
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_EN,

@@ -13,7 +13,7 @@ import pytest
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
 from picoclaw.jobs import make_schedule
-from picoclaw.memory.session import StoredMessage, session_filename
+from picoclaw.transcripts.session_store import StoredMessage, session_filename
 from tests.agent_helpers import contents, is_flush_request, turn_requests
 from tests.fakes import FakeOpenAIServer
 from tests.test_repl import configure

@@ -22,9 +22,9 @@ from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.app import App
 from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, NOT_CONTEXT
 from picoclaw.memory.flush_counts import FlushCounts
-from picoclaw.memory.session import StoredMessage, with_summary
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import BETWEEN_TURNS, ChatReply, Continuation, PromptPrefix, ToolCall, is_call_not_answer
+from picoclaw.transcripts.session_store import StoredMessage, with_summary
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_EN,

@@ -37,10 +37,11 @@ from picoclaw.channels.telegram import TelegramChannel
 from picoclaw.channels.web import ChatEvent, WebChannel
 from picoclaw.cli import main
 from picoclaw.config import ToolsConfig, WebConfig
-from picoclaw.memory import summary_of, user_texts, with_summary
+from picoclaw.memory import user_texts
 from picoclaw.memory.receipts import MemoryWrite
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import ChatReply, ToolCall
+from picoclaw.transcripts import summary_of, with_summary
 from tests.agent_helpers import (
     SESSION,
     frozen,
@@ -767,7 +768,8 @@ def test_an_echo_then_a_tool_call_runs_the_call(workspace: Workspace, fake_opena
     ("<context>\n<memory>\nnever closed", "<context>\n<memory>\nnever closed"),
     ("<context>\n<memory>\nBob\n</memory>\n</context>\nHi", "<context>\n<memory>\nBob\n</memory>\n</context>\nHi"),
     (TAG_EN, TAG_EN), (TAG_ZH, TAG_ZH), (TAG_UNCLOSED, TAG_UNCLOSED),
-    # The block the session summary alone makes in front of an older message that had none (memory/session.py).
+    # The block the session summary alone makes in front of an older message that had none
+    # (transcripts/session_store.py).
     ("<context>\n<summary>\n## Goal\n咖啡 coffee\n</summary>\n</context>\n\n燕麦拿铁。", "燕麦拿铁。"),
 ], ids=["english", "chinese-glued", "never-closed", "never-closed-then-answer", "later-mention", "other-tag",
         "nothing", "no-time-never-closed", "no-time", "about-the-tag-en", "about-the-tag-zh", "about-the-tag-unclosed",

@@ -20,13 +20,13 @@ from picoclaw.app import App
 from picoclaw.memory import evolution
 from picoclaw.memory.policy import ValueChange
 from picoclaw.memory.policy_suggestions import SuggestionError, key_guide, parse_suggestion, validate_suggestion
-from picoclaw.memory.session import SessionStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.base import BETWEEN_TURNS
 from picoclaw.providers.openai_compat import from_config
 from picoclaw.storage import FilesStorage
 from picoclaw.tools.registry import build_tools
+from picoclaw.transcripts.session_store import SessionStore
 from tests.agent_helpers import turn_context
 from tests.fakes import FakeOpenAIServer
 from tests.test_compression import agent_turns, fake_provider, run_cli

@@ -2,8 +2,8 @@
 
 The layers, outermost first:
 
-    face (cli, web, app, onboard, __main__) -> channels -> agent -> tools -> memory / providers / jobs -> storage
-    -> base
+    face (cli, web, app, onboard, __main__) -> channels -> agent -> tools -> memory / providers / jobs
+    -> transcripts -> storage -> base
 
 (jobs is beside memory and providers: channels, agent and tools may import it, memory and providers not.)
 
@@ -12,20 +12,23 @@ The layers, outermost first:
   so it starts in the strictest layer.
 - storage (`picoclaw.storage`: the storage contract, the files backend, the PostgreSQL backend) imports base
   and storage. memory and jobs keep their bytes through it; nothing above it knows which backend runs.
+- transcripts (`picoclaw.transcripts`: each chat's session and its messages) imports base, storage, transcripts and
+  `picoclaw.providers.base` (a message is the provider interface's `Message`).
 - jobs (`picoclaw.jobs`: the job model, schedules, the jobs file and the runner) imports base, storage and jobs. The
   runner needs an agent only as "handle this text in this session", a Protocol of its own, so it does not
   import the agent layer.
 - providers import base and providers.
-- memory imports base, storage, memory, and `picoclaw.providers.base`, the provider interface: memory maintenance
-  (compression, flush) is handed a provider, it never builds one.
-- tools import base, storage, tools, memory, jobs, and `picoclaw.providers.base`.
-- agent imports base, storage, agent, memory, tools, jobs, and `picoclaw.providers.base`.
-- channels import base, storage, channels, agent, memory, and jobs; nothing from providers or tools (the face wires
-  those in).
+- memory imports base, storage, transcripts, memory, and `picoclaw.providers.base`, the provider interface: memory
+  maintenance (compression, flush) is handed a provider, it never builds one.
+- tools import base, storage, transcripts, tools, memory, jobs, and `picoclaw.providers.base`.
+- agent imports base, storage, transcripts, agent, memory, tools, jobs, and `picoclaw.providers.base`.
+- channels import base, storage, transcripts, channels, agent, memory, and jobs; nothing from providers or tools
+  (the face wires those in).
 - face imports anything: it is where the pieces are put together.
 
 Every layer's package (ROOT_ONLY) is imported from outside it through its root only (`from picoclaw.memory
-import MemoryStore`, never `picoclaw.memory.store`): its `__init__` says what it offers in `__all__`, and the
+import MemoryStore`, never `picoclaw.memory.store`): its `__init__` declares what it offers once, as the imports
+of its `if TYPE_CHECKING:` block (picoclaw/lazy_exports.py serves them, and `__all__`, from that block), and the
 rest may move freely. The deliberate exceptions are listed, each with its reason, in PAST_THE_ROOT, and
 nowhere else. Each root offers exactly what it imports, and each name it offers is its home module's object.
 
@@ -48,30 +51,32 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 FACE_MODULES = frozenset({"picoclaw.app", "picoclaw.onboard", "picoclaw.__main__"})
 PROVIDER_INTERFACE = "picoclaw.providers.base"
-ANY = frozenset({"base", "storage", "jobs", "providers", "memory", "tools", "agent", "channels", "face"})
+ANY = frozenset({"base", "storage", "transcripts", "jobs", "providers", "memory", "tools", "agent", "channels", "face"})
 # Packages whose modules the rest of picoclaw imports through the package root only: every layer's package.
-ROOT_ONLY = frozenset({f"{PACKAGE}.{layer}" for layer in ("storage", "jobs", "providers", "memory", "tools", "agent",
-                                                                  "channels")})
+ROOT_ONLY = frozenset({f"{PACKAGE}.{layer}" for layer in ("storage", "transcripts", "jobs", "providers", "memory",
+                                                                  "tools", "agent", "channels")})
 # The deliberate exceptions to ROOT_ONLY, the only ones: (importing layer, module imported past its root) → why.
 PAST_THE_ROOT: dict[tuple[str, str], str] = {
     (layer, PROVIDER_INTERFACE): "the provider interface, by name: the providers root also offers the OpenAI "
                                  "provider, which memory, tools and agent are handed and never build"
-    for layer in ("memory", "tools", "agent")
+    for layer in ("transcripts", "memory", "tools", "agent")
 }
 
 # The layers each layer may import, plus single modules allowed across a layer line.
 ALLOWED_LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({"base"}),
     "storage": frozenset({"base", "storage"}),
+    "transcripts": frozenset({"base", "storage", "transcripts"}),
     "jobs": frozenset({"base", "storage", "jobs"}),
     "providers": frozenset({"base", "providers"}),
-    "memory": frozenset({"base", "storage", "memory"}),
-    "tools": frozenset({"base", "storage", "tools", "memory", "jobs"}),
-    "agent": frozenset({"base", "storage", "agent", "memory", "tools", "jobs"}),
-    "channels": frozenset({"base", "storage", "channels", "agent", "memory", "jobs"}),
+    "memory": frozenset({"base", "storage", "transcripts", "memory"}),
+    "tools": frozenset({"base", "storage", "transcripts", "tools", "memory", "jobs"}),
+    "agent": frozenset({"base", "storage", "transcripts", "agent", "memory", "tools", "jobs"}),
+    "channels": frozenset({"base", "storage", "transcripts", "channels", "agent", "memory", "jobs"}),
     "face": ANY,
 }
 ALLOWED_MODULES: dict[str, frozenset[str]] = {
+    "transcripts": frozenset({PROVIDER_INTERFACE}),
     "memory": frozenset({PROVIDER_INTERFACE}),
     "tools": frozenset({PROVIDER_INTERFACE}),
     "agent": frozenset({PROVIDER_INTERFACE}),
@@ -111,7 +116,7 @@ def layer_of(module: str) -> str:
     sub = parts[1] if len(parts) > 1 else ""
     if sub in ("cli", "app", "web") or module in FACE_MODULES:
         return "face"
-    if sub in ("storage", "jobs", "providers", "memory", "tools", "agent", "channels"):
+    if sub in ("storage", "transcripts", "jobs", "providers", "memory", "tools", "agent", "channels"):
         return sub
     return "base"
 

@@ -14,9 +14,9 @@ from picoclaw import app as app_module
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.memory.search import index_of
-from picoclaw.memory.session import KEPT_COMPACTED, SessionStore, StoredMessage
 from picoclaw.storage import FilesStorage
 from picoclaw.tools.registry import build_tools
+from picoclaw.transcripts.session_store import KEPT_COMPACTED, SessionStore, StoredMessage
 from tests.agent_helpers import API_KEY, make_provider, said
 from tests.fakes import FakeOpenAIServer
 from tests.waiting import wait_until

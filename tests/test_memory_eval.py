@@ -31,8 +31,8 @@ from picoclaw.memory import (
 from picoclaw.memory.eval.cases import MAX_FILE_BYTES, holds
 from picoclaw.memory.eval.generate import INSTRUCTIONS, case_problem, content_words
 from picoclaw.memory.eval.past_turns import MIN_CASES, answer_span, past_turn_cases
-from picoclaw.memory.session import StoredMessage
 from picoclaw.memory.workspace import Workspace
+from picoclaw.transcripts.session_store import StoredMessage
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.console import Console, logged_in
 from tests.test_cli import assert_one_line_error, tree

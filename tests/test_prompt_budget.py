@@ -33,7 +33,6 @@ from picoclaw.agent.context import ContextBuilder, RequestShape
 from picoclaw.agent.loop import SET_ASIDE_NOTICE, SUMMARISED_NOTICE, AgentLoop
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
-from picoclaw.memory import Session, StoredMessage
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.base import ContextWindow, FixedWindow
@@ -42,6 +41,7 @@ from picoclaw.tools.base import Tool
 from picoclaw.tools.cron import Cron
 from picoclaw.tools.exec import Exec
 from picoclaw.tools.registry import build_tools
+from picoclaw.transcripts import Session, StoredMessage
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_EN,

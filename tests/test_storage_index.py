@@ -25,11 +25,11 @@ from picoclaw.memory.search.indexed import IndexedSearch
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.reranking import RerankedSearch
 from picoclaw.memory.search.turn_memory import block_key, select_turn_memory
-from picoclaw.memory.session import SessionStore, StoredMessage
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.terms import terms
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.storage import FilesStorage, Storage
+from picoclaw.transcripts.session_store import SessionStore, StoredMessage
 
 ENTRIES = [
     "我养了一只柯基，叫豆豆，最喜欢在公园里追球。",

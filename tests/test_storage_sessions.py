@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from freezegun import freeze_time
 
-from picoclaw.memory.session import SessionStore, StoredMessage
 from picoclaw.storage import FilesStorage, Storage, StorageError, StorageUnavailable
 from picoclaw.storage.postgres.storage import PostgresStorage
+from picoclaw.transcripts.session_store import SessionStore, StoredMessage
 
 # "spawn": each writer is a fresh interpreter with its own pool (or FileLock), as separate processes are.
 CTX = multiprocessing.get_context("spawn")

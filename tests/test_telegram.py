@@ -41,8 +41,8 @@ from picoclaw.channels.telegram import (
 )
 from picoclaw.channels.telegram import channel as telegram_channel
 from picoclaw.cli import main
-from picoclaw.memory.session import session_filename
 from picoclaw.memory.workspace import Workspace
+from picoclaw.transcripts.session_store import session_filename
 from tests.agent_helpers import (
     API_KEY,
     SUMMARY_EN,

@@ -26,8 +26,8 @@ from picoclaw.channels.telegram import (
     webhook_secret,
 )
 from picoclaw.channels.telegram.access import Refusal, screen
-from picoclaw.memory.session import session_filename
 from picoclaw.session_key import SessionKey
+from picoclaw.transcripts.session_store import session_filename
 from tests.agent_helpers import contents, is_flush_request, session_records
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import BOT_ID, BOT_USERNAME, TOKEN, FakeTelegramServer, free_port

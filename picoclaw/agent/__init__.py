@@ -1,6 +1,6 @@
 """The agent: context building, the turn loop, sessions, and their background work.
 
-What the agent layer offers the channels and the face is listed in `__all__`: `AgentLoop` (where a message
+What the agent layer offers the channels and the face (the imports of the block below): `AgentLoop` (where a message
 becomes a model call), its `Reply`, the sinks a channel passes for streamed text, tool calls, notices and
 memory writes, the approver and chooser a channel supplies (from the tools layer: channels do not import
 it), the slash-command parser, and `WindowedProvider` (a provider whose replies fit the window).
@@ -31,20 +31,4 @@ if TYPE_CHECKING:
     from picoclaw.agent.usage_report import SpendReport, purpose_name, report_lines, spend_report
     from picoclaw.tools import ApprovalRequest, Approver, Chooser, Verdict
 
-__all__ = ["EVAL", "PURPOSES", "AgentLoop", "Allowance", "ApprovalRequest", "Approver", "Chooser", "Command",
-           "MemorySink", "MeteredProvider", "NoticeSink", "OverBudget", "Reply", "SpendReport", "TextSink", "ToolSink",
-           "Verdict", "WindowedProvider", "is_background", "parse_command", "purpose_name", "report_lines",
-           "spend_line", "spend_report"]
-
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "picoclaw.agent.allowance": ("EVAL", "PURPOSES", "Allowance", "MeteredProvider", "OverBudget", "is_background",
-                                 "spend_line"),
-    "picoclaw.agent.usage_report": ("SpendReport", "purpose_name", "report_lines", "spend_report"),
-    "picoclaw.agent.background_room": ("WindowedProvider",),
-    "picoclaw.agent.slash_commands": ("Command", "parse_command"),
-    "picoclaw.agent.loop": ("AgentLoop", "Reply", "ToolSink"),
-    "picoclaw.agent.receipt_delivery": ("MemorySink", "NoticeSink"),
-    "picoclaw.agent.streaming": ("TextSink",),
-    # What a channel's approver and chooser speak (tools/approval.py, tools/choices.py): channels do not import tools.
-    "picoclaw.tools": ("ApprovalRequest", "Approver", "Chooser", "Verdict"),
-})
+__getattr__, __dir__ = lazy_exports(__name__)

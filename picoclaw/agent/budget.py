@@ -22,10 +22,10 @@ from typing import Any
 import orjson
 
 from picoclaw.agent.images import IMAGE_TOKENS, image_count, without_images
-from picoclaw.memory import StoredMessage
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ContextWindow, Message
 from picoclaw.tokens import count_tokens
+from picoclaw.transcripts import StoredMessage
 
 # The parts of a request, in the order /context lists them.
 PARTS = ("system", "lessons", "skills", "tools", "memory", "history", "user", "reply")

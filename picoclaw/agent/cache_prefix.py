@@ -22,9 +22,10 @@ from typing import Any
 
 from picoclaw.agent.summary import render_transcript
 from picoclaw.agent.turn_review import FinishedTurn
-from picoclaw.memory import StoredMessage, user_texts, with_summary
+from picoclaw.memory import user_texts
 from picoclaw.per_key import LruCache
 from picoclaw.providers.base import Continuation, Message, PromptPrefix
+from picoclaw.transcripts import StoredMessage, with_summary
 
 EXCERPT_CHARS = 80  # of the message a folded part ends with, quoted so a small model need not count messages
 # Sessions whose last request is kept. Each is a whole request (up to the window's worth of text); a single-slot

@@ -42,19 +42,17 @@ from picoclaw.memory import (
     Block,
     Hit,
     InjectedMemory,
-    Session,
-    StoredMessage,
     Workspace,
     lesson_of,
     rank_blocks,
     search_method,
     select_turn_memory,
     standing_lessons,
-    with_summary,
 )
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ContextWindow, Message
 from picoclaw.tools import shared_catalog, skills_prompt
+from picoclaw.transcripts import Session, StoredMessage, with_summary
 from picoclaw.workspace_text import bootstrap_text
 
 MEMORY_FRAME = ("A <context> block before a user's message is picoclaw's: stored memory, lessons, recent notes, the "

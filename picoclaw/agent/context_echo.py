@@ -19,7 +19,8 @@ OPEN = "<context>"
 CLOSE = "</context>"
 TIME = "<time>"
 TIME_CLOSE = "</time>"
-SUMMARY = "<summary>"  # the session summary's section, at the start of the request's first block (memory/session.py)
+# the session summary's section, at the start of the request's first block (transcripts/session_store.py)
+SUMMARY = "<summary>"
 
 
 def without_context_echo(text: str) -> str:

@@ -35,9 +35,10 @@ import json
 import re
 from typing import Any
 
-from picoclaw.memory import summary_of, user_texts, with_summary
+from picoclaw.memory import user_texts
 from picoclaw.providers.base import ChatReply, Message, ProviderError
 from picoclaw.tools import ERROR_PREFIX
+from picoclaw.transcripts import summary_of, with_summary
 
 # How the results of the turn's tool calls follow the user's message in the first try: picoclaw's words, framed
 # like the <context> block (data, not the user's), with the one instruction a small model needs.

@@ -116,8 +116,6 @@ from picoclaw.memory import (
     DeferredFlushes,
     LongTermCompressor,
     MemoryWrite,
-    Session,
-    StoredMessage,
     TurnMetrics,
     TurnWrites,
     Workspace,
@@ -145,6 +143,7 @@ from picoclaw.providers.base import (
 from picoclaw.storage import StorageError, StorageUnavailable
 from picoclaw.tokens import count_tokens
 from picoclaw.tools import Approver, Chooser, Toolset, current_approver, current_chooser, current_session
+from picoclaw.transcripts import Session, StoredMessage
 
 log = logging.getLogger(__name__)
 

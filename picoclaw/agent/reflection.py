@@ -24,15 +24,13 @@ from picoclaw.memory import (
     PolicyCheck,
     PolicyError,
     PolicyManager,
-    Session,
-    SessionStore,
-    StoredMessage,
     SuggestionError,
     record_outcome,
     suggest_policy_change,
 )
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Continuation, Message
+from picoclaw.transcripts import Session, SessionStore, StoredMessage
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,10 @@ from pathlib import Path
 from picoclaw.agent.budget import PromptSplit, split_report
 from picoclaw.agent.summary import CompactResult
 from picoclaw.clock import describe_timezone
-from picoclaw.memory import EffectivePolicy, InjectedMemory, MemoryWrite, Session
+from picoclaw.memory import EffectivePolicy, InjectedMemory, MemoryWrite
 from picoclaw.policy_schema import POLICY_KEYS
 from picoclaw.tokens import is_exact
+from picoclaw.transcripts import Session
 
 HELP = """Commands:
 /new — start a fresh conversation (the old one is archived)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from picoclaw.memory import UNDELIVERED, overlap
+from picoclaw.memory import overlap
 from picoclaw.providers.base import Continuation, Message
+from picoclaw.transcripts import UNDELIVERED
 
 SECTIONS = ("Goal", "Constraints and preferences", "Progress", "Key decisions", "Next steps", "Key context")
 # Models writing in Chinese often translate the headings: each section's English and Chinese names.

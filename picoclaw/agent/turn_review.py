@@ -24,9 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from picoclaw.memory import Session
 from picoclaw.providers.base import Message
 from picoclaw.tools import ERROR_PREFIX
+from picoclaw.transcripts import Session
 
 Trigger = Literal["correction", "recovery", "workflow", "disliked"]
 DISLIKED: Trigger = "disliked"  # a 👎 on the turn's reply (channels/telegram): never found in the turn itself

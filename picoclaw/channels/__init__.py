@@ -36,20 +36,4 @@ if TYPE_CHECKING:
     )
     from picoclaw.channels.web import ChatEvent, NotOpen, WebChannel
 
-__all__ = ["ACCEPTED", "HEARD_MARK", "IMAGE_NOT_KEPT", "NOT_LISTENING", "NO_VISION", "SPOKEN_MARK", "Attached",
-           "Channel", "ChatEvent", "DocumentText", "ImageDocument", "Inbound", "MediaRefused", "NotOpen", "ReplChannel",
-           "TelegramChannel", "Transcriber", "TurnHooks", "WebChannel", "Webhook", "attach", "document_turn",
-           "image_turn", "largest_attachment", "make_bot", "polling_lock", "read_attachment", "read_document",
-           "run_turn", "save_document", "spoken", "webhook_secret"]
-
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "picoclaw.channels.attachments": ("HEARD_MARK", "Attached", "attach", "largest_attachment", "read_attachment"),
-    "picoclaw.channels.base": ("Channel", "Inbound", "TurnHooks", "run_turn"),
-    "picoclaw.channels.documents": ("ACCEPTED", "DocumentText", "ImageDocument", "document_turn", "read_document",
-                                    "save_document"),
-    "picoclaw.channels.voice_notes": ("IMAGE_NOT_KEPT", "NO_VISION", "NOT_LISTENING", "SPOKEN_MARK", "MediaRefused",
-                                "Transcriber", "image_turn", "spoken"),
-    "picoclaw.channels.repl": ("ReplChannel",),
-    "picoclaw.channels.telegram": ("TelegramChannel", "Webhook", "make_bot", "polling_lock", "webhook_secret"),
-    "picoclaw.channels.web": ("ChatEvent", "NotOpen", "WebChannel"),
-})
+__getattr__, __dir__ = lazy_exports(__name__)

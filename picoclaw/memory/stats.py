@@ -3,7 +3,7 @@
 Each number comes from the one place that records it: the documents (MEMORY.md, LEARNINGS.md, the daily
 notes) as the keyword search splits them into blocks; how often each block was injected into a prompt
 (search/access_counts.py); the time each turn spent on retrieval (turn_metrics.py); the providers' own
-prompt and cache token reports in the session transcripts (memory/session.py, as `/status` reads them);
+prompt and cache token reports in the session transcripts (transcripts/session_store.py, as `/status` reads them);
 the ledger of background model calls (model_usage.py); what the memory flush proposed, wrote, found known
 and refused, by reason (flush_counts.py); and what the last compression and reflection did (job_outcomes.py).
 What nothing has measured yet is None, never a made-up 0; a soft-state file that cannot be read gives a
@@ -37,12 +37,12 @@ from picoclaw.memory.reading import decode
 from picoclaw.memory.search.access_counts import AccessCounts
 from picoclaw.memory.search.blocks import Block, entry_blocks, is_title, lesson_blocks, split_blocks
 from picoclaw.memory.search.turn_memory import block_key
-from picoclaw.memory.session import SessionStore, StoredMessage, reported_usage
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.turn_metrics import TurnMetrics
 from picoclaw.memory.workspace import Workspace
 from picoclaw.storage import Documents, Storage, StorageError
 from picoclaw.tokens import count_tokens
+from picoclaw.transcripts import SessionStore, StoredMessage, reported_usage
 
 log = logging.getLogger(__name__)
 

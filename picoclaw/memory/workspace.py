@@ -13,9 +13,9 @@ from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory.media_folder import MediaFolder
 from picoclaw.memory.policy import PolicyManager
 from picoclaw.memory.search import MemorySearch, open_search
-from picoclaw.memory.session import LOCK_FILE, SessionStore
 from picoclaw.memory.store import MemoryStore
 from picoclaw.storage import Storage
+from picoclaw.transcripts import LOCK_FILE, SessionStore
 
 if TYPE_CHECKING:
     from picoclaw.memory.index.embedders import Embedder

@@ -31,27 +31,4 @@ if TYPE_CHECKING:
     from picoclaw.providers.context_window import ServerWindows
     from picoclaw.providers.openai_compat import OpenAICompatProvider, from_config
 
-__all__ = [
-    "ChatProvider",
-    "ChatReply",
-    "ContextWindow",
-    "ContextWindows",
-    "EmbeddingClient",
-    "ErrorKind",
-    "FixedWindow",
-    "Message",
-    "OpenAICompatProvider",
-    "ProviderError",
-    "ServerWindows",
-    "TextSink",
-    "ToolCall",
-    "Usage",
-    "WindowSource",
-    "from_config",
-]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "picoclaw.providers.openai_compat": ("OpenAICompatProvider", "from_config"),
-    "picoclaw.providers.context_window": ("ServerWindows",),
-})
+__getattr__, __dir__ = lazy_exports(__name__)

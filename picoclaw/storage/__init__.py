@@ -16,78 +16,41 @@ checked against the row's revision at that read). No lock, and no earlier call, 
 workspace folder of a PostgreSQL workspace is never read as memory.
 """
 
-from picoclaw.storage.backend import Storage
-from picoclaw.storage.documents import MISSING, Changes, Document, Documents, StaleRevision
-from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailable
-from picoclaw.storage.files import FilesStorage
-from picoclaw.storage.inbox import ASK_NOT_YOURS, ASK_STALE, ASK_TAKEN, Inbox, InboxUpdate
-from picoclaw.storage.jobs import JOBS_VERSION, FilesJobTable, JobRecord, JobsDocument, JobTable
-from picoclaw.storage.opening import open_storage
-from picoclaw.storage.sessions import (
-    ARCHIVE_DIR,
-    LOCK_FILE,
-    SUFFIX,
-    FilesSessionLog,
-    SessionLog,
-    Transcript,
-    transcript_files,
-)
-from picoclaw.storage.stored_files import is_stored_name
-from picoclaw.storage.switching import switch_warning
-from picoclaw.storage.telegram_replies import ReplyLog, SentReply
-from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
-from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
-from picoclaw.storage.workspace_documents import (
-    document_of,
-    edit_file,
-    is_stored_document,
-    local_file,
-    local_folder,
-    write_file,
-)
+from __future__ import annotations
 
-__all__ = [
-    "MISSING",
-    "Changes",
-    "Document",
-    "Documents",
-    "StaleRevision",
-    "document_of",
-    "edit_file",
-    "is_stored_document",
-    "is_stored_name",
-    "local_file",
-    "local_folder",
-    "write_file",
-    "ARCHIVE_DIR",
-    "LOCK_FILE",
-    "SUFFIX",
-    "FilesSessionLog",
-    "SessionLog",
-    "Transcript",
-    "transcript_files",
-    "FilesStorage",
-    "ASK_NOT_YOURS",
-    "ASK_STALE",
-    "ASK_TAKEN",
-    "Inbox",
-    "InboxUpdate",
-    "Moved",
-    "JOBS_VERSION",
-    "LOCK_WAIT_SECONDS",
-    "LockWaitExpired",
-    "FilesJobTable",
-    "JobRecord",
-    "JobTable",
-    "JobsDocument",
-    "SchemaTooNew",
-    "Storage",
-    "StorageError",
-    "StorageUnavailable",
-    "export_workspace",
-    "import_workspace",
-    "open_storage",
-    "switch_warning",
-    "ReplyLog",
-    "SentReply",
-]
+from typing import TYPE_CHECKING
+
+from picoclaw.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from picoclaw.storage.backend import Storage
+    from picoclaw.storage.documents import MISSING, Changes, Document, Documents, StaleRevision
+    from picoclaw.storage.errors import SchemaTooNew, StorageError, StorageUnavailable
+    from picoclaw.storage.files import FilesStorage
+    from picoclaw.storage.inbox import ASK_NOT_YOURS, ASK_STALE, ASK_TAKEN, Inbox, InboxUpdate
+    from picoclaw.storage.jobs import JOBS_VERSION, FilesJobTable, JobRecord, JobsDocument, JobTable
+    from picoclaw.storage.opening import open_storage
+    from picoclaw.storage.sessions import (
+        ARCHIVE_DIR,
+        LOCK_FILE,
+        SUFFIX,
+        FilesSessionLog,
+        SessionLog,
+        Transcript,
+        transcript_files,
+    )
+    from picoclaw.storage.stored_files import is_stored_name
+    from picoclaw.storage.switching import switch_warning
+    from picoclaw.storage.telegram_replies import ReplyLog, SentReply
+    from picoclaw.storage.transfer import Moved, export_workspace, import_workspace
+    from picoclaw.storage.waits import LOCK_WAIT_SECONDS, LockWaitExpired
+    from picoclaw.storage.workspace_documents import (
+        document_of,
+        edit_file,
+        is_stored_document,
+        local_file,
+        local_folder,
+        write_file,
+    )
+
+__getattr__, __dir__ = lazy_exports(__name__)

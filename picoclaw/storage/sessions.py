@@ -1,6 +1,6 @@
 """The sessions port: a folder of transcripts, each an append-only list of JSON records (one a line).
 
-`memory/session.py` owns what the records mean; a `SessionLog` only keeps them. Transcripts are named by
+`transcripts/session_store.py` owns what the records mean; a `SessionLog` only keeps them. Transcripts are named by
 path (`<sessions folder>/<key file name>`, archived ones under `archive/`) in both backends, so the files
 layout is the one names are taken from. The files backend (`FilesSessionLog`, here) keeps them as JSONL
 files under a `filelock`; PostgreSQL (storage/postgres/sessions.py) as rows of the `messages` table.

@@ -25,37 +25,4 @@ if TYPE_CHECKING:
     from picoclaw.tools.registry import TOOL_CLASSES, build_tools
     from picoclaw.tools.skills import SkillCatalog, shared_catalog, skills_prompt
 
-__all__ = [
-    "ERROR_PREFIX",
-    "TOOL_CLASSES",
-    "ApprovalRequest",
-    "Approver",
-    "ApprovingTools",
-    "Chooser",
-    "McpServers",
-    "SkillCatalog",
-    "SkillDraftError",
-    "SkillDrafts",
-    "Tool",
-    "ToolError",
-    "ToolRegistry",
-    "Toolset",
-    "Verdict",
-    "build_tools",
-    "current_approver",
-    "current_chooser",
-    "current_session",
-    "safe_name",
-    "shared_catalog",
-    "skills_prompt",
-]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "picoclaw.tools.approval": ("ApprovalRequest", "Approver", "ApprovingTools", "Verdict", "current_approver"),
-    "picoclaw.tools.choices": ("Chooser", "current_chooser"),
-    "picoclaw.tools.drafts": ("SkillDraftError", "SkillDrafts", "safe_name"),
-    "picoclaw.tools.mcp": ("McpServers",),
-    "picoclaw.tools.registry": ("TOOL_CLASSES", "build_tools"),
-    "picoclaw.tools.skills": ("SkillCatalog", "shared_catalog", "skills_prompt"),
-})
+__getattr__, __dir__ = lazy_exports(__name__)

@@ -17,9 +17,9 @@ from typing import Any
 
 from picoclaw.memory.eval.cases import PAST_TURN, EvalCase, holds, merged
 from picoclaw.memory.grounding import is_question
-from picoclaw.memory.session import SessionStore, StoredMessage
 from picoclaw.memory.terms import words
 from picoclaw.storage import StorageError
+from picoclaw.transcripts import SessionStore, StoredMessage
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from picoclaw.memory.search.blocks import Block, entry_blocks, is_title, split_blocks
-from picoclaw.memory.session import said_lines
 from picoclaw.memory.terms import TERMS_VERSION, block_terms
 from picoclaw.tokens import count_tokens
+from picoclaw.transcripts import said_lines
 
 DEFAULT_CHUNK_TOKENS = 400
 CHUNKING_RULES = 2  # bumped when what becomes a chunk changes (2: MEMORY.md's title and intro are left out)

@@ -24,8 +24,8 @@ import numpy as np
 
 from picoclaw.memory.index.chunks import Chunk, TokenLimit, markdown_chunks, session_chunks
 from picoclaw.memory.index.embedders import EmbeddingUnavailable
-from picoclaw.memory.session import transcript_files
 from picoclaw.memory.store import MemoryStore
+from picoclaw.transcripts import transcript_files
 
 log = logging.getLogger(__name__)
 

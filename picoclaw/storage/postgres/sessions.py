@@ -9,7 +9,7 @@ Appends happen in one transaction: `last_seq` of the session row moves by the nu
 `seq` follow it (1, 2, 3 … per transcript, no gap, never reused: the row's update orders concurrent appends),
 and a message record's id must follow the last one (`last_message_id`), so two writers can never number two
 messages alike. Writers of one scope also share a transaction-scoped advisory lock (`lock()`), under which
-memory/session.py reads what others appended and numbers its messages.
+transcripts/session_store.py reads what others appended and numbers its messages.
 """
 
 from __future__ import annotations
