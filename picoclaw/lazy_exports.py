@@ -10,24 +10,29 @@ that each one is its home module's object).
 
 from __future__ import annotations
 
-import ast
 import importlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# `from picoclaw.x import a, b` or `from picoclaw.x import (\n a,\n b,\n)`, at the start of a line (indented
+# inside the TYPE_CHECKING block). Read with a pattern rather than the `ast` module, whose import alone costs a
+# short command more than this; tests/test_layers.py checks every root against an `ast` reading.
+_IMPORT = re.compile(r"^[ ]*from (picoclaw\.[\w.]+) import (\([^)]*\)|[^\n]*)", re.MULTILINE)
+_ALIAS = re.compile(r"(\w+)(?:\s+as\s+(\w+))?")
+_COMMENT = re.compile(r"#[^\n]*")
 
 
 def offered(source: str) -> dict[str, str]:
     """The names a root's source offers, each with its home module: the picoclaw imports of its `if
     TYPE_CHECKING:` block, and any it makes at once (the providers root imports the provider interface so)."""
     homes: dict[str, str] = {}
-    for node in ast.parse(source).body:
-        lazy = isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
-        for statement in node.body if isinstance(node, ast.If) and lazy else [node]:
-            if (isinstance(statement, ast.ImportFrom) and (statement.module or "").startswith("picoclaw.")
-                    and statement.module != __name__ and not statement.level):
-                for alias in statement.names:
-                    homes[alias.asname or alias.name] = statement.module or ""
+    for module, names in _IMPORT.findall(source):
+        if module == __name__:
+            continue
+        for name, alias in _ALIAS.findall(_COMMENT.sub("", names)):
+            homes[alias or name] = module
     return homes
 
 
