@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Screenshots of every console page, desktop and phone width, for the README (bench/screenshots/*.png).
+"""Screenshots of every console page, desktop and phone width, for docs/console.md (bench/screenshots/*.png).
 
 A temporary home with a few memories, notes, a lesson, a policy change, a reminder and a conversation whose
 turns kept their record of why (English and Chinese), served on 127.0.0.1 and shot with Debian's Chromium
-through Playwright. Run again after a page changes, so the README shows what the console looks like now:
+through Playwright. Run again after a page changes, so the docs show what the console looks like now:
 
     python bench/screenshots.py
 """

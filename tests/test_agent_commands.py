@@ -175,7 +175,7 @@ def test_status_says_when_the_server_reports_no_usage(workspace: Workspace, fake
 
     assert lines[2] == "last prompt: the server reports no token usage for streamed answers"
     # The test run has no tiktoken encoding (offline), and /status says what that means for the counts.
-    assert "token counts: estimated (tiktoken's encoding is not available offline; see the README)" in lines
+    assert "token counts: estimated (tiktoken's encoding is not available offline; see docs/setup.md)" in lines
 
 
 def test_status_of_a_new_conversation_needs_no_model_and_writes_nothing(

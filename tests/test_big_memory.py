@@ -294,8 +294,8 @@ ENDINGS = ("", "s", "es", "ed", "ing", "ly", "ness", "ful", "fulness", "ation", 
 def test_every_word_holds_the_needle_of_its_term() -> None:
     from picoclaw.memory.prefilter import needle
 
-    text = (REPO / "README.md").read_text(encoding="utf-8") + "".join(
-        path.read_text(encoding="utf-8") for path in sorted((REPO / "picoclaw").rglob("*.py")))
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "picoclaw").rglob("*.py"))]
+    text = "".join(path.read_text(encoding="utf-8") for path in docs)
     roots = sorted({word.lower() for word in re.findall(r"[A-Za-z]{3,}", text)})
     assert len(roots) > 3000
     special = ["dying", "lying", "tying", "skies", "skis", "idly", "gently", "ugly", "early", "only", "singly",

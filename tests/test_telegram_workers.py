@@ -176,7 +176,7 @@ def test_three_workers_answer_every_update_in_chat_order_though_one_is_killed(
     assert len(status) == 1 and ("worker: w0" in status[0] or "worker: w2" in status[0])
 
     # Each chat's answers in the order of its messages; a message answered twice only if its first worker died
-    # between sending and recording (the window of the README), so it was taken over.
+    # between sending and recording (the one window of docs/workers.md), so it was taken over.
     duplicates = 0
     for chat in chats:
         said = [int(t.rsplit(" ", 1)[1]) for t in fake_telegram.sent_texts(chat) if t.startswith("echo: ")]

@@ -153,7 +153,7 @@ def status_report(model: str, provider: str, session: Session, effective: Effect
     described += [f"{len(layers['default'])} default(s)"] if "default" in layers else []
     lines.append("policy: " + "; ".join(described) + " (/policy shows each value)")
     if not is_exact():
-        lines.append("token counts: estimated (tiktoken's encoding is not available offline; see the README)")
+        lines.append("token counts: estimated (tiktoken's encoding is not available offline; see docs/setup.md)")
     if timezone:  # which zone dates and daily notes follow: "local" alone would not say
         lines.append(f"timezone: {describe_timezone(timezone)}")
     lines += extra

@@ -17,7 +17,7 @@ __all__ = ["IMAGE_NOT_KEPT", "NOT_LISTENING", "NO_VISION", "SPOKEN_MARK", "Media
 
 SPOKEN_MARK = "[voice note, transcribed]"
 NOT_LISTENING = ("I cannot listen to voice notes or audio yet: the owner can turn it on with a \"transcription\" "
-                 "entry in config.json (README: Voice, photos and files).")
+                 "entry in config.json (docs/telegram.md: Voice, photos and files).")
 
 
 NO_VISION = "This model cannot see images, so I read only what you wrote with it."

@@ -19,7 +19,7 @@ from picoclaw.printable import printable
 # Hosted APIs offered by name, with the model a new user starts on.
 HOSTED: dict[str, tuple[str, str]] = {"openai": ("OpenAI", "gpt-4o-mini"), "deepseek": ("DeepSeek", "deepseek-chat")}
 # What a local server's entry gets: it ignores the key but the client needs one, and a CPU needs patience
-# (README, "Choosing the model"): no retry piled on a request it is still working on.
+# (docs/models.md, "Choosing the model"): no retry piled on a request it is still working on.
 LOCAL_KEYS = {"ollama": "ollama", "llamacpp": "sk-local", "lmstudio": "lm-studio"}
 LOCAL_SETTINGS: dict[str, Any] = {"timeout": 600, "max_retries": 0}
 MODELS_SHOWN = 5  # per local server; more would bury the hosted choices
