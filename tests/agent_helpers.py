@@ -18,11 +18,11 @@ import orjson
 from freezegun import freeze_time
 from freezegun.api import _freeze_time
 
-from picoclaw.agent.lesson_drafting import LESSON_INSTRUCTIONS, LESSON_ROLE
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK
 from picoclaw.app import App
-from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, FLUSH_ROLE
+from picoclaw.curation.flush import FLUSH_INSTRUCTIONS, FLUSH_ROLE
+from picoclaw.curation.lesson_drafting import LESSON_INSTRUCTIONS, LESSON_ROLE
+from picoclaw.curation.session_summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import BETWEEN_TURNS
 from picoclaw.providers.openai_compat import OpenAICompatProvider
@@ -142,18 +142,18 @@ def background_task(body: dict[str, Any]) -> str:
 
 
 def is_summary_request(body: dict[str, Any]) -> bool:
-    """The session summary, in its own prompt or asked after the conversation (agent/summary.py)."""
+    """The session summary, in its own prompt or asked after the conversation (curation/session_summary.py)."""
     return (body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
             or background_task(body).startswith(SUMMARY_TASK))
 
 
 def is_flush_request(body: dict[str, Any]) -> bool:
-    """The memory flush before a summary or /new (memory/flush.py), in either shape."""
+    """The memory flush before a summary or /new (curation/flush.py), in either shape."""
     return body["messages"][0]["content"] == FLUSH_INSTRUCTIONS or background_task(body).startswith(FLUSH_ROLE)
 
 
 def is_lesson_request(body: dict[str, Any]) -> bool:
-    """The lesson review after a turn that taught something (agent/lesson_drafting.py), in either shape."""
+    """The lesson review after a turn that taught something (curation/lesson_drafting.py), in either shape."""
     return body["messages"][0]["content"] == LESSON_INSTRUCTIONS or background_task(body).startswith(LESSON_ROLE)
 
 

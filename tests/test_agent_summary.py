@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from picoclaw.agent.loop import SUMMARY_NOTICE, AgentLoop
-from picoclaw.agent.summary import SECTIONS, accept_summary
+from picoclaw.curation.session_summary import SECTIONS, accept_summary
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     SESSION,

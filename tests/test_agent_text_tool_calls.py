@@ -1,7 +1,7 @@
 """Tool calls written as text, through a real AgentLoop turn: every reply of the real-model corpus as the
 model's first answer (plain and streamed), the provider's `text_tool_calls: "off"`, and hostile replies.
 
-What a reply must become follows the rule of picoclaw/agent/text_tool_calls.py, taken from the hand-written
+What a reply must become follows the rule of picoclaw/tools/text_tool_calls.py, taken from the hand-written
 table of tests/test_text_tool_calls.py (EXPECTED). A turn offers every tool, so the three corpus
 replies that stay text there because their request offered none do become calls here.
 """

@@ -17,10 +17,10 @@ import pytest
 
 from picoclaw.agent.cache_prefix import LAST_REQUESTS_KEPT, LastRequests, describe, fold_of
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.summary import SUMMARY_INSTRUCTIONS, UNSEEN
-from picoclaw.agent.turn_review import FinishedTurn
 from picoclaw.app import App
-from picoclaw.memory.flush import FLUSH_INSTRUCTIONS, NOT_CONTEXT
+from picoclaw.curation.flush import FLUSH_INSTRUCTIONS, NOT_CONTEXT
+from picoclaw.curation.session_summary import SUMMARY_INSTRUCTIONS, UNSEEN
+from picoclaw.curation.turn_review import FinishedTurn
 from picoclaw.memory.flush_counts import FlushCounts
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import BETWEEN_TURNS, ChatReply, Continuation, PromptPrefix, ToolCall, is_call_not_answer

@@ -24,7 +24,8 @@ from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.cli import main
 from picoclaw.config import BudgetConfig, Config
-from picoclaw.memory import DeferredFlushes, SpendLedger, Spent, Workspace
+from picoclaw.curation import DeferredFlushes
+from picoclaw.memory import SpendLedger, Spent, Workspace
 from picoclaw.memory.spend import SPEND_FILE
 from picoclaw.storage import Storage
 from picoclaw.tools.registry import build_tools

@@ -9,7 +9,7 @@ import pytest
 
 from picoclaw import cjk
 from picoclaw.jobs import JobError, parse_relative
-from picoclaw.memory.rewrite_guard import missing
+from picoclaw.memory.rewrite_guard import missing_facts
 from picoclaw.memory.supersede import supersedes
 from picoclaw.memory.terms import terms
 from picoclaw.tokens import estimate_tokens
@@ -82,8 +82,8 @@ def test_token_estimates_count_each_cjk_character(text: str, tokens: int) -> Non
     "저는 매주 수요일 저녁에 테니스를 칩니다.",
 ])
 def test_a_cjk_sentence_translated_into_english_is_lost_in_every_script(original: str) -> None:
-    assert missing(original, "I play tennis every Wednesday evening.") == [f"“{original}”"]
-    assert missing(original, original) == []
+    assert missing_facts(original, "I play tennis every Wednesday evening.") == [f"“{original}”"]
+    assert missing_facts(original, original) == []
 
 
 @pytest.mark.parametrize(("old", "new"), [

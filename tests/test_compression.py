@@ -22,9 +22,7 @@ from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.cli import main
 from picoclaw.config import AgentDefaults
-from picoclaw.errors import MemoryStoreError
-from picoclaw.memory import compression
-from picoclaw.memory.compression import (
+from picoclaw.curation.compression import (
     CompressionResult,
     LongTermCompressor,
     check_rewrite,
@@ -32,7 +30,9 @@ from picoclaw.memory.compression import (
     split_preamble,
     why_not_due,
 )
-from picoclaw.memory.rewrite_guard import key_facts, missing
+from picoclaw.errors import MemoryStoreError
+from picoclaw.memory import compression
+from picoclaw.memory.rewrite_guard import key_facts, missing_facts
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import MemoryPolicy
@@ -802,7 +802,7 @@ def test_cli_shows_each_group(home: Path, fake_openai: FakeOpenAIServer, capsys:
     ],
 )
 def test_missing_rules(original: str, rewrite: str, lost: list[str]) -> None:
-    assert missing(original, rewrite) == lost
+    assert missing_facts(original, rewrite) == lost
 
 
 def test_key_facts_kinds() -> None:

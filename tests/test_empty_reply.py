@@ -30,17 +30,17 @@ from picoclaw.agent.empty_reply import (
 )
 from picoclaw.agent.loop import AgentLoop, Reply
 from picoclaw.agent.streaming import StreamGate
-from picoclaw.agent.summary import CUT_SHORT
-from picoclaw.agent.text_tool_calls import without_response_wrapper
 from picoclaw.app import App
 from picoclaw.channels.telegram import TelegramChannel
 from picoclaw.channels.web import ChatEvent, WebChannel
 from picoclaw.cli import main
 from picoclaw.config import ToolsConfig, WebConfig
+from picoclaw.curation.session_summary import CUT_SHORT
 from picoclaw.memory import user_texts
 from picoclaw.memory.receipts import MemoryWrite
 from picoclaw.memory.workspace import Workspace
 from picoclaw.providers.base import ChatReply, ToolCall
+from picoclaw.tools.text_tool_calls import without_response_wrapper
 from picoclaw.transcripts import summary_of, with_summary
 from tests.agent_helpers import (
     SESSION,

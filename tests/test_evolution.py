@@ -15,11 +15,11 @@ import pytest
 from freezegun import freeze_time
 
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.reflection import ReflectionOutcome, Reflector
 from picoclaw.app import App
+from picoclaw.curation.policy_suggestions import SuggestionError, key_guide, parse_suggestion, validate_suggestion
+from picoclaw.curation.reflection import ReflectionOutcome, Reflector
 from picoclaw.memory import evolution
 from picoclaw.memory.policy import ValueChange
-from picoclaw.memory.policy_suggestions import SuggestionError, key_guide, parse_suggestion, validate_suggestion
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
 from picoclaw.providers.base import BETWEEN_TURNS

@@ -2,7 +2,7 @@
 
 The layers, outermost first:
 
-    face (cli, web, app, onboard, __main__) -> channels -> agent -> tools -> memory / providers / jobs
+    face (cli, web, app, onboard, __main__) -> channels -> agent -> curation -> tools -> memory / providers / jobs
     -> transcripts -> storage -> base
 
 (jobs is beside memory and providers: channels, agent and tools may import it, memory and providers not.)
@@ -18,10 +18,13 @@ The layers, outermost first:
   runner needs an agent only as "handle this text in this session", a Protocol of its own, so it does not
   import the agent layer.
 - providers import base and providers.
-- memory imports base, storage, transcripts, memory, and `picoclaw.providers.base`, the provider interface: memory
-  maintenance (compression, flush) is handed a provider, it never builds one.
+- memory (the store, the policy, retrieval, the eval) imports base, storage, transcripts, memory, and
+  `picoclaw.providers.base`, the provider interface (the eval and the embedders are handed a client).
 - tools import base, storage, transcripts, tools, memory, jobs, and `picoclaw.providers.base`.
-- agent imports base, storage, transcripts, agent, memory, tools, jobs, and `picoclaw.providers.base`.
+- curation (everything that calls a model to keep memory: summaries, flush, compression, turn review, lessons,
+  skill drafts, reflection, policy suggestions) imports base, storage, transcripts, memory, tools, jobs, curation
+  and `picoclaw.providers.base`: it is handed a provider, it never builds one.
+- agent imports base, storage, transcripts, agent, curation, memory, tools, jobs, and `picoclaw.providers.base`.
 - channels import base, storage, transcripts, channels, agent, memory, and jobs; nothing from providers or tools
   (the face wires those in).
 - face imports anything: it is where the pieces are put together.
@@ -51,15 +54,16 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 FACE_MODULES = frozenset({"picoclaw.app", "picoclaw.onboard", "picoclaw.__main__"})
 PROVIDER_INTERFACE = "picoclaw.providers.base"
-ANY = frozenset({"base", "storage", "transcripts", "jobs", "providers", "memory", "tools", "agent", "channels", "face"})
+ANY = frozenset({"base", "storage", "transcripts", "jobs", "providers", "memory", "tools", "curation", "agent",
+                 "channels", "face"})
 # Packages whose modules the rest of picoclaw imports through the package root only: every layer's package.
 ROOT_ONLY = frozenset({f"{PACKAGE}.{layer}" for layer in ("storage", "transcripts", "jobs", "providers", "memory",
-                                                                  "tools", "agent", "channels")})
+                                                                  "tools", "curation", "agent", "channels")})
 # The deliberate exceptions to ROOT_ONLY, the only ones: (importing layer, module imported past its root) → why.
 PAST_THE_ROOT: dict[tuple[str, str], str] = {
     (layer, PROVIDER_INTERFACE): "the provider interface, by name: the providers root also offers the OpenAI "
                                  "provider, which memory, tools and agent are handed and never build"
-    for layer in ("transcripts", "memory", "tools", "agent")
+    for layer in ("transcripts", "memory", "tools", "curation", "agent")
 }
 
 # The layers each layer may import, plus single modules allowed across a layer line.
@@ -71,7 +75,8 @@ ALLOWED_LAYERS: dict[str, frozenset[str]] = {
     "providers": frozenset({"base", "providers"}),
     "memory": frozenset({"base", "storage", "transcripts", "memory"}),
     "tools": frozenset({"base", "storage", "transcripts", "tools", "memory", "jobs"}),
-    "agent": frozenset({"base", "storage", "transcripts", "agent", "memory", "tools", "jobs"}),
+    "curation": frozenset({"base", "storage", "transcripts", "curation", "memory", "tools", "jobs"}),
+    "agent": frozenset({"base", "storage", "transcripts", "agent", "curation", "memory", "tools", "jobs"}),
     "channels": frozenset({"base", "storage", "transcripts", "channels", "agent", "memory", "jobs"}),
     "face": ANY,
 }
@@ -79,6 +84,7 @@ ALLOWED_MODULES: dict[str, frozenset[str]] = {
     "transcripts": frozenset({PROVIDER_INTERFACE}),
     "memory": frozenset({PROVIDER_INTERFACE}),
     "tools": frozenset({PROVIDER_INTERFACE}),
+    "curation": frozenset({PROVIDER_INTERFACE}),
     "agent": frozenset({PROVIDER_INTERFACE}),
 }
 
@@ -116,7 +122,7 @@ def layer_of(module: str) -> str:
     sub = parts[1] if len(parts) > 1 else ""
     if sub in ("cli", "app", "web") or module in FACE_MODULES:
         return "face"
-    if sub in ("storage", "transcripts", "jobs", "providers", "memory", "tools", "agent", "channels"):
+    if sub in ("storage", "transcripts", "jobs", "providers", "memory", "tools", "curation", "agent", "channels"):
         return sub
     return "base"
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from picoclaw.agent.context import ContextBuilder
-from picoclaw.agent.turn_review import standing_instruction
+from picoclaw.curation import SuggestionError
+from picoclaw.curation.policy_suggestions import validate_suggestion
+from picoclaw.curation.turn_review import standing_instruction
 from picoclaw.errors import MemoryStoreError
-from picoclaw.memory import ModelUsage, SuggestionError, Workspace
+from picoclaw.memory import ModelUsage, Workspace
 from picoclaw.memory.learnings import instruction_lesson, is_standing, keeps_point, restates
-from picoclaw.memory.policy_suggestions import validate_suggestion
 from picoclaw.policy_schema import TUNABLE_KEYS
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import chat, frozen, set_policy, system_prompt, turn_context, turn_requests

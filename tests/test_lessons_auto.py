@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from picoclaw.agent.lesson_drafting import MAX_ANSWER_TOKENS, read_lesson
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.turn_review import FinishedTurn, is_correction, result_failed, tool_steps, trigger_of
+from picoclaw.curation.lesson_drafting import MAX_ANSWER_TOKENS, read_lesson
+from picoclaw.curation.turn_review import FinishedTurn, is_correction, result_failed, tool_steps, trigger_of
 from picoclaw.memory import ModelUsage, stands
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.memory import MemoryAppend

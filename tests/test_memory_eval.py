@@ -15,9 +15,9 @@ import orjson
 import pytest
 from freezegun import freeze_time
 
-from picoclaw.agent.reflection import Reflector
 from picoclaw.app import App
 from picoclaw.cli import main
+from picoclaw.curation.reflection import Reflector
 from picoclaw.memory import (
     CaseFileError,
     EvalCase,

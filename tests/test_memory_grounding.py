@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from picoclaw.agent.loop import AgentLoop
-from picoclaw.agent.summary import CUT_SHORT, EMPTY_REPLY, UNSEEN, render_transcript, unseen_answer_claims
 from picoclaw.cli import main
+from picoclaw.curation.session_summary import CUT_SHORT, EMPTY_REPLY, UNSEEN, render_transcript, unseen_answer_claims
 from picoclaw.memory import FlushCounts, FlushTally, MemoryWrite, WriteLog
 from picoclaw.memory import flush as flush_module
 from picoclaw.memory.grounding import ADVICE, QUESTION, REFUSAL, UNGROUNDED
@@ -396,7 +396,7 @@ def test_memory_stats_counts_what_the_flush_proposed_wrote_knew_and_rejected(
     counts = FlushCounts(workspace.memory_dir, storage=workspace.storage)
     counts.add(date(2025, 2, 8), FlushTally(5, 9, 9, 0, {}))
     counts.add(date(2025, 2, 9), FlushTally(1, 1, 0, 0, {ADVICE: 1}))
-    caplog.set_level("INFO", logger="picoclaw.memory.flush")
+    caplog.set_level("INFO", logger="picoclaw.curation.flush")
     fake_openai.responder = model([], lambda conversation: listed(
         ["My sister Anna lives in Lyon.", "**My sister Anna lives in Lyon**", "I like coffee.",
          "What is my favourite coffee?"]) if "Anna" in conversation else "NONE")

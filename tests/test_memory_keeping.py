@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from picoclaw.curation.flush import parse_facts
 from picoclaw.memory.entries import fingerprint
-from picoclaw.memory.flush import parse_facts
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     FAST_RETRY,

@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 import pytest
 
-from picoclaw.agent.reflection import ReflectionOutcome
 from picoclaw.cli import main
+from picoclaw.curation.compression import GATE_FILE
+from picoclaw.curation.reflection import ReflectionOutcome
 from picoclaw.memory import memory_stats
-from picoclaw.memory.compression import GATE_FILE
 from picoclaw.memory.job_outcomes import outcome_path
 from picoclaw.memory.model_usage import ModelUsage
 from picoclaw.memory.search.access_counts import ACCESS_COUNTS_FILE

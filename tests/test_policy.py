@@ -481,7 +481,7 @@ def test_ranking_keys_are_whole_percentages_within_bounds(manager: PolicyManager
 def test_ranking_keys_from_the_cli_the_overrides_file_and_reflection(
         home: Path, key: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
     from picoclaw.cli import main
-    from picoclaw.memory.policy_suggestions import SuggestionError, key_guide, validate_suggestion
+    from picoclaw.curation.policy_suggestions import SuggestionError, key_guide, validate_suggestion
 
     assert main(["policy", "set", f"{key}=25"]) == 0
     assert f"{key} = 25" in capsys.readouterr().out

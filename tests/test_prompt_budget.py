@@ -257,7 +257,8 @@ def test_every_request_stays_within_a_4096_window(workspace: Workspace, fake_ope
     requests = fake_openai.chat_requests()
     turns = turn_requests(fake_openai)
     assert len(turns) == len(questions) and len(requests) >= len(turns)
-    for body in turns:  # the background calls (flush, summary) are shaped in agent/summary.py, memory/flush.py
+    # the background calls (flush, summary) are shaped in curation/session_summary.py, curation/flush.py
+    for body in turns:
         assert request_tokens(body) <= SMALL.tokens, request_tokens(body)
     # Each turn's own words arrived whole, and the reply was given less than config's 4096.
     for question, body in zip(questions, turns, strict=True):

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from picoclaw.agent.context import ContextBuilder
-from picoclaw.agent.skill_drafting import Workflow, WorkflowTally, draft_notice
+from picoclaw.curation.skill_drafting import Workflow, WorkflowTally, draft_notice
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools import SkillDraftError, SkillDrafts
 from picoclaw.tools.registry import build_tools

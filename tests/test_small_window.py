@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from picoclaw.app import App
-from picoclaw.memory.flush import NOTHING
+from picoclaw.curation.flush import NOTHING
 from picoclaw.providers import ContextWindow
 from tests.agent_helpers import SUMMARY_EN, SUMMARY_ZH, is_flush_request, is_summary_request, said, turn_requests
 from tests.fakes.openai_server import (

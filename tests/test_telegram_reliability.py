@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from picoclaw.agent.summary import UNSEEN
 from picoclaw.app import App
 from picoclaw.channels.telegram import TelegramChannel, make_bot, telegram_parts
 from picoclaw.cli import main
+from picoclaw.curation.session_summary import UNSEEN
 from picoclaw.errors import PicoclawError
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (

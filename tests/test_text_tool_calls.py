@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from picoclaw.agent.text_tool_calls import MAX_CHARS, TextToolCall, find_text_tool_call, offered_tools
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.registry import TOOL_CLASSES, build_tools
+from picoclaw.tools.text_tool_calls import MAX_CHARS, TextToolCall, find_text_tool_call, offered_tools
 
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "real-model" / "text_tool_calls.json"
 CORPUS: list[dict[str, Any]] = json.loads(CORPUS_PATH.read_text(encoding="utf-8"))

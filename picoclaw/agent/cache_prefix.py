@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from picoclaw.agent.summary import render_transcript
-from picoclaw.agent.turn_review import FinishedTurn
+from picoclaw.curation import FinishedTurn, render_transcript
 from picoclaw.memory import user_texts
 from picoclaw.per_key import LruCache
 from picoclaw.providers.base import Continuation, Message, PromptPrefix

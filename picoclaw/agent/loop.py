@@ -2,7 +2,7 @@
 
 Turns of one session run one at a time; different sessions run concurrently. After the reply is
 saved, background work (session summary, long-term compression, reflection, the lesson a turn taught and
-the skill drafts of workflows that keep working: agent/lesson_drafting.py) runs without holding up the next message.
+the skill drafts of workflows that keep working: curation/lesson_drafting.py) runs without holding up the next message.
 A history too long for the request's budget is summarised inside the turn instead (or, when that fails, set aside
 on record after its facts are flushed): `_fit_history`.
 Nothing here waits on the event loop: session files are read and appended (fsync, cross-process lock) in
@@ -80,10 +80,8 @@ from picoclaw.agent.empty_reply import (
 )
 from picoclaw.agent.history import keep_last
 from picoclaw.agent.images import turn_images, with_images
-from picoclaw.agent.lesson_drafting import Learner
 from picoclaw.agent.query_rewrite import QueryRewriter
 from picoclaw.agent.receipt_delivery import MemorySink, NoticeSink, Receipts
-from picoclaw.agent.reflection import Reflector, reflection_due
 from picoclaw.agent.slash_commands import (
     HELP,
     RECENT,
@@ -99,22 +97,25 @@ from picoclaw.agent.slash_commands import (
     unknown_reply,
 )
 from picoclaw.agent.streaming import StreamGate, TextSink
-from picoclaw.agent.summary import (
+from picoclaw.config import CLOUD_DEFAULT_WINDOW
+from picoclaw.curation import (
     CUT_SHORT,
     CompactResult,
+    DeferredFlushes,
+    FinishedTurn,
+    Learner,
+    LongTermCompressor,
+    Reflector,
     accept_summary,
     continued_summary_request,
+    flush_facts,
+    reflection_due,
     render_transcript,
     summary_request,
     unseen_answer_claims,
 )
-from picoclaw.agent.text_tool_calls import find_text_tool_call, offered_tools, without_response_wrapper
-from picoclaw.agent.turn_review import FinishedTurn
-from picoclaw.config import CLOUD_DEFAULT_WINDOW
 from picoclaw.errors import ConfigError
 from picoclaw.memory import (
-    DeferredFlushes,
-    LongTermCompressor,
     MemoryWrite,
     TurnMetrics,
     TurnWrites,
@@ -122,7 +123,6 @@ from picoclaw.memory import (
     WriteLog,
     check_change,
     current_turn,
-    flush_facts,
     same_words,
     user_texts,
 )
@@ -142,7 +142,17 @@ from picoclaw.providers.base import (
 )
 from picoclaw.storage import StorageError, StorageUnavailable
 from picoclaw.tokens import count_tokens
-from picoclaw.tools import Approver, Chooser, Toolset, current_approver, current_chooser, current_session
+from picoclaw.tools import (
+    Approver,
+    Chooser,
+    Toolset,
+    current_approver,
+    current_chooser,
+    current_session,
+    find_text_tool_call,
+    offered_tools,
+    without_response_wrapper,
+)
 from picoclaw.transcripts import Session, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -859,7 +869,7 @@ class AgentLoop:
 
     async def disliked(self, key: str, turn: int) -> None:
         """A 👎 on the reply to turn `turn` of session `key` (the stored id of its user message): the turn is
-        reviewed for a lesson as a correction is, in the background, at most once (agent/lesson_drafting.py)."""
+        reviewed for a lesson as a correction is, in the background, at most once (curation/lesson_drafting.py)."""
         finished = FinishedTurn.at(await self.session(key), turn)
         if finished is None:
             log.info("session %s: a 👎 on a turn the session no longer holds (%s): no lesson", key, turn)
@@ -944,7 +954,7 @@ class AgentLoop:
 
     async def _flush(self, key: str, messages: list[Message], receipts: Receipts, fold: Continuation | None = None,
                      *, collect: list[MemoryWrite] | None = None, defer: bool = False) -> FlushStatus:
-        """Store the lasting facts the user stated in `messages` in MEMORY.md (memory/flush.py), and show what
+        """Store the lasting facts the user stated in `messages` in MEMORY.md (curation/flush.py), and show what
         was written (or add it to `collect`, a turn's writes shown after its reply); never raises. `fold`: ask
         after the conversation's last request, which carries them. READ when the model read them all (only then
         are they flushed), WAITS when the day's budget had no room for a piece (with `defer`, for messages leaving

@@ -11,8 +11,8 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 
 from picoclaw.agent.budget import PromptSplit, split_report
-from picoclaw.agent.summary import CompactResult
 from picoclaw.clock import describe_timezone
+from picoclaw.curation import CompactResult
 from picoclaw.memory import EffectivePolicy, InjectedMemory, MemoryWrite
 from picoclaw.policy_schema import POLICY_KEYS
 from picoclaw.tokens import is_exact

@@ -1,7 +1,7 @@
 """What the terminal sees of an answer while it is written: text as it arrives, unless it must not be shown yet.
 
 A small local model may write its tool call as text (```json {"name": …}```, `<tool_call>`, …), which the
-loop then runs as a call (agent/text_tool_calls.py). Shown as it streamed, that JSON would reach the screen
+loop then runs as a call (tools/text_tool_calls.py). Shown as it streamed, that JSON would reach the screen
 before anyone knew it was a call. So while the start of a reply could still be such a call, it is held back;
 once it clearly is not, what was held and everything after it flows through. The same holds for a start that
 may be an echo of the <context> data block (agent/context_echo.py: the echo is dropped, what follows it shown),
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from picoclaw.agent.context_echo import may_be_echo, without_context_echo
 from picoclaw.agent.empty_reply import MIN_REPEAT_CHARS, same_words
-from picoclaw.agent.text_tool_calls import RESPONSE_CLOSE, RESPONSE_OPEN, without_response_wrapper
 from picoclaw.providers.base import TextSink
+from picoclaw.tools import RESPONSE_CLOSE, RESPONSE_OPEN, without_response_wrapper
 
 # How a tool call written as text begins (inside a `<response>` wrapper too); a reply that begins otherwise is
 # plain text.

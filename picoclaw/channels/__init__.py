@@ -13,7 +13,7 @@ from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from picoclaw.channels.attachments import HEARD_MARK, Attached, attach, largest_attachment, read_attachment
-    from picoclaw.channels.base import Channel, Inbound, TurnHooks, run_turn
+    from picoclaw.channels.base import Channel
     from picoclaw.channels.documents import (
         ACCEPTED,
         DocumentText,
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         read_document,
         save_document,
     )
+    from picoclaw.channels.message_turn import Inbound, TurnHooks, run_turn
     from picoclaw.channels.repl import ReplChannel
     from picoclaw.channels.telegram import TelegramChannel, Webhook, make_bot, polling_lock, webhook_secret
     from picoclaw.channels.voice_notes import (

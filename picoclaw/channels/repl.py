@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from picoclaw.agent import AgentLoop, ApprovalRequest, Reply, Verdict, parse_command
 from picoclaw.channels.attachments import attach, read_attachment
-from picoclaw.channels.base import Inbound, TurnHooks, run_turn
+from picoclaw.channels.message_turn import Inbound, TurnHooks, run_turn
 from picoclaw.channels.voice_notes import MediaRefused
 from picoclaw.jobs import Scheduler
 from picoclaw.memory import MemoryWrite

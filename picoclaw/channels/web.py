@@ -24,7 +24,7 @@ import orjson
 
 from picoclaw.agent import ApprovalRequest, Verdict
 from picoclaw.channels.attachments import Attached, attach
-from picoclaw.channels.base import Inbound, TurnHooks, run_turn
+from picoclaw.channels.message_turn import Inbound, TurnHooks, run_turn
 from picoclaw.errors import PicoclawError
 from picoclaw.session_key import WEB
 

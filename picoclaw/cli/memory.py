@@ -18,7 +18,8 @@ TYPE_CHECKING = False  # read as true by type checkers; `typing` is not loaded f
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from picoclaw.memory import CompressionResult, Hit, MemoryIndex, Workspace
+    from picoclaw.curation import CompressionResult
+    from picoclaw.memory import Hit, MemoryIndex, Workspace
 
 _INDEX_OFF = "the memory index is disabled (set memory.index.enabled to true in config.json to use it)"
 
@@ -278,7 +279,7 @@ def cmd_memory_compress(args: argparse.Namespace) -> int:
     import asyncio
 
     from picoclaw.agent import WindowedProvider
-    from picoclaw.memory import LongTermCompressor, format_missing, why_not_due
+    from picoclaw.curation import LongTermCompressor, format_missing, why_not_due
 
     with opened_app() as app:
         store = app.workspace.store

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 from picoclaw.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from picoclaw.memory.compression import CompressionResult, LongTermCompressor, format_missing, why_not_due
-    from picoclaw.memory.deferred_flushes import DeferredFlush, DeferredFlushes
     from picoclaw.memory.entries import (
         SUPERSEDED,
         LongTermEntry,
@@ -34,7 +32,6 @@ if TYPE_CHECKING:
     from picoclaw.memory.eval.run_log import EvalRun, log_run, logged_runs
     from picoclaw.memory.eval.targets import memory_entries
     from picoclaw.memory.feedback import FeedbackLedger, Reaction, verdict_of
-    from picoclaw.memory.flush import flush_facts
     from picoclaw.memory.flush_counts import FlushCounts, FlushTally
     from picoclaw.memory.grounding import (
         QUESTION,
@@ -64,13 +61,21 @@ if TYPE_CHECKING:
     from picoclaw.memory.index.memory_index import MemoryIndex
     from picoclaw.memory.index.status import IndexStatus
     from picoclaw.memory.index.sync import SyncReport
-    from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome, record_outcome
+    from picoclaw.memory.job_outcomes import (
+        COMPRESSION,
+        GATE_FILE,
+        REFLECTION,
+        JobOutcome,
+        last_compression,
+        last_outcome,
+        record_outcome,
+    )
     from picoclaw.memory.learnings import DRAFTED_CORRECTION, instruction_lesson, keeps_point, lesson_of, stands
     from picoclaw.memory.media_folder import MediaFolder, image_type, safe_name
     from picoclaw.memory.model_usage import ModelUsage
     from picoclaw.memory.policy import EffectivePolicy, PolicyChange, PolicyError, PolicyManager
-    from picoclaw.memory.policy_suggestions import SuggestionError, suggest_policy_change
     from picoclaw.memory.receipts import LEARNINGS, LONG_TERM, MemoryWrite, TurnWrites, WriteLog, current_turn
+    from picoclaw.memory.rewrite_guard import missing_facts
     from picoclaw.memory.search import (
         Block,
         Hit,
@@ -88,7 +93,7 @@ if TYPE_CHECKING:
     )
     from picoclaw.memory.spend import Day, Hold, SpendLedger, Spent
     from picoclaw.memory.stats import MemoryStats, entry_injections, memory_stats
-    from picoclaw.memory.store import BACKUPS_DIR, DailyNote, MemoryStore
+    from picoclaw.memory.store import BACKUPS_DIR, LONG_TERM_FILE, DailyNote, MemoryStore
     from picoclaw.memory.turn_metrics import TurnMetrics
     from picoclaw.memory.workspace import Workspace
 

@@ -24,7 +24,7 @@ write (the memory flush, `memory_append`) a line is checked here:
 
 A line that is none of these and not grounded is refused as "not in the user's words", or as contradicting a
 stored entry when it is about what one is about (the update rule's subject). Rules live here once; the flush
-(memory/flush.py) and the memory_append tool apply them.
+(curation/flush.py) and the memory_append tool apply them.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -20,10 +22,15 @@ from picoclaw.errors import ConfigError
 from picoclaw.jsonio import read_json_object
 from picoclaw.storage import Documents, StorageError
 
+if TYPE_CHECKING:
+    from picoclaw.memory.store import MemoryStore
+
 log = logging.getLogger(__name__)
 
 COMPRESSION = "compression"
 REFLECTION = "reflection"
+# When a compression last started (an ISO time in the memory folder): what makes the next one due.
+GATE_FILE = ".last_longterm_compress"
 MAX_DETAIL_CHARS = 500
 
 
@@ -67,3 +74,17 @@ def last_outcome(documents: Documents, memory_dir: Path, job: str) -> JobOutcome
     if not all(isinstance(value, str) for value in fields.values()):
         raise ConfigError(f"{path}: not an outcome record (time, status and detail must be text)")
     return JobOutcome(job, str(fields["time"]), str(fields["status"]), str(fields["detail"]))
+
+
+def last_compression(store: MemoryStore) -> datetime | None:
+    """When a compression of this store last started (None: never, or the gate file is unreadable)."""
+    gate = store.memory_dir / GATE_FILE
+    try:
+        last = datetime.fromisoformat(store.local(gate).read_text(encoding="utf-8").strip())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s: unreadable (%s); treating compression as never run", gate, exc)
+        return None
+    # A hand-written time without an offset is local time, like every other time picoclaw shows.
+    return last if last.tzinfo is not None else last.replace(tzinfo=store.tz)

@@ -32,7 +32,7 @@ RESTATES_SHARE = 0.5
 RESTATES_MIN_TERMS = 3
 # Where a lesson came from, as the learner and the memory_append tool write it: the model's own words, or
 # drafted from tool results. Such a lesson never stands in every system prompt.
-# A correction's lesson the model drafted in words the user did not say (agent/lesson_drafting.py): the model's too.
+# A correction's lesson the model drafted in words the user did not say (curation/lesson_drafting.py): the model's too.
 DRAFTED_CORRECTION = "correction, drafted"
 # A lesson drafted after a 👎 on a reply: the model's guess at what was wrong.
 MODEL_SOURCES = ("(memory_append)", "(recovery)", "(workflow)", f"({DRAFTED_CORRECTION})", "(disliked)")

@@ -2,7 +2,7 @@
 
 A small model asked to compress the file writes fluent `## ` Markdown that quietly drops an allergy, a phone
 number or a whole Chinese entry, or translates an entry into English. Nothing here understands the text;
-it extracts what must survive any faithful rewrite, and `missing(original, rewrite)` lists what did not.
+it extracts what must survive any faithful rewrite, and `missing_facts(original, rewrite)` lists what did not.
 
 The rules (both texts are first normalised with Unicode NFKC, so full-width digits and letters count as
 their ASCII forms, and thousands separators are dropped, so "1,200" is 1200):
@@ -374,7 +374,7 @@ def _quoted(text: str, limit: int = 40) -> str:
     return f"“{text if len(text) <= limit else text[:limit - 1] + '…'}”"
 
 
-def missing(original: str, rewrite: str) -> list[str]:
+def missing_facts(original: str, rewrite: str) -> list[str]:
     """What of `original` the `rewrite` lost, in the original's order: each fact as written, and each lost
     sentence in quotes. Empty when the rewrite keeps everything the rules can check."""
     facts = key_facts(original)

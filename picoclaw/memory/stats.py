@@ -25,12 +25,11 @@ from typing import Any
 
 from picoclaw.errors import ConfigError
 from picoclaw.fsutil import read_regular
-from picoclaw.memory.compression import last_run
 from picoclaw.memory.entries import SUPERSEDED, is_superseded
 from picoclaw.memory.eval.run_log import TREND_RUNS, EvalRun, logged_runs
 from picoclaw.memory.feedback import FeedbackCounts, FeedbackLedger
 from picoclaw.memory.flush_counts import FlushCounts, FlushTally, tally_since
-from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_outcome
+from picoclaw.memory.job_outcomes import COMPRESSION, REFLECTION, JobOutcome, last_compression, last_outcome
 from picoclaw.memory.learnings import LEARNINGS_FILE, SOURCE_PREFIX, stands
 from picoclaw.memory.model_usage import ModelUsage, Usage, used_since
 from picoclaw.memory.reading import decode
@@ -168,7 +167,7 @@ def memory_stats(workspace: Workspace) -> MemoryStats:
         documents=[_document(name, found, store.memory_dir, uses, first_day) for name, found in files.items()],
         retrieval=_retrieval(TurnMetrics(store.memory_dir, storage=store.storage), warnings),
         prompt_cache=_prompt_cache(workspace.layout.sessions_dir, workspace.storage),
-        # The workspace's ledger: the daily cap is shared by every user's scope (agent/lesson_drafting.py).
+        # The workspace's ledger: the daily cap is shared by every user's scope (curation/lesson_drafting.py).
         background=_background(ModelUsage(workspace.layout.shared_memory_dir, storage=workspace.storage), today,
                                first_day, warnings),
         flush=_flush(FlushCounts(store.memory_dir, storage=store.storage), first_day, warnings),
@@ -424,7 +423,7 @@ def _last_compression(workspace: Workspace, warnings: dict[str, str]) -> JobOutc
     """The last recorded outcome; or, when a compression started after it (the gate file's time) and left no
     outcome, that one, as unknown: it is running, it was stopped, or an older version ran it."""
     outcome = _outcome(workspace.store.documents, workspace.store.memory_dir, COMPRESSION, workspace, warnings)
-    started = last_run(workspace.store)
+    started = last_compression(workspace.store)
     if started is None or f"last_{COMPRESSION}" in warnings:
         return outcome
     if outcome is not None:

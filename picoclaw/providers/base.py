@@ -162,7 +162,7 @@ class Continuation:
     summary_shown: bool = False
 
 
-# The start of a reply that is a tool call written as text (agent/text_tool_calls.py reads them in full; this
+# The start of a reply that is a tool call written as text (tools/text_tool_calls.py reads them in full; this
 # layer only needs to know that the answer is no job's answer): `<tool_call>`, `functions.NAME`, a call object.
 _CALL_TEXT = re.compile(r"\A(?:```[a-z]*\s*)?(?:<response>\s*)?(?:<tool_call>|<tools>|functions\.[\w-]+"
                         r"|\{+\s*\"name\"\s*:)", re.IGNORECASE)

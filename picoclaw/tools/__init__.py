@@ -24,5 +24,12 @@ if TYPE_CHECKING:
     from picoclaw.tools.mcp import McpServers
     from picoclaw.tools.registry import TOOL_CLASSES, build_tools
     from picoclaw.tools.skills import SkillCatalog, shared_catalog, skills_prompt
+    from picoclaw.tools.text_tool_calls import (
+        RESPONSE_CLOSE,
+        RESPONSE_OPEN,
+        find_text_tool_call,
+        offered_tools,
+        without_response_wrapper,
+    )
 
 __getattr__, __dir__ = lazy_exports(__name__)

@@ -20,7 +20,7 @@ current_session: ContextVar[str | None] = ContextVar("current_session", default=
 
 
 # How every failed call's result starts (an unknown tool, bad arguments, a ToolError, a tool's bug): the model
-# reads it as a failure, and so does the review of a finished turn (agent/lesson_drafting.py).
+# reads it as a failure, and so does the review of a finished turn (curation/lesson_drafting.py).
 ERROR_PREFIX = "error: "
 
 

@@ -136,7 +136,8 @@ def summary_of(message: Message) -> str | None:
     return None if end < 0 else content[len(head):end]
 
 
-# How the mark after a reply that never reached the user begins (`undelivered_note`); agent/summary.py finds it.
+# How the mark after a reply that never reached the user begins (`undelivered_note`); curation/session_summary.py
+# finds it.
 UNDELIVERED = "(not delivered: "
 
 

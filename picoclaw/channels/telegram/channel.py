@@ -44,8 +44,8 @@ from aiogram.types import Message, MessageReactionUpdated, ReactionTypeEmoji, Up
 from aiogram.utils.chat_action import ChatActionSender
 
 from picoclaw.agent import AgentLoop
-from picoclaw.channels.base import Inbound, TurnHooks, run_turn
 from picoclaw.channels.documents import KILOBYTE, document_turn, read_document, save_document
+from picoclaw.channels.message_turn import Inbound, TurnHooks, run_turn
 from picoclaw.channels.telegram.access import (
     AddressedToBot,
     AllowedUser,

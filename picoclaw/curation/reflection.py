@@ -1,6 +1,6 @@
 """Reflection: every `evolution_interval_messages` messages of a session, the model may tune the policy.
 
-The suggestion itself (prompt, tolerant parsing, strict validation) is memory/policy_suggestions.py. Here: when a
+The suggestion itself (prompt, tolerant parsing, strict validation) is curation/policy_suggestions.py. Here: when a
 session is due, what it is shown, and applying a valid change through PolicyManager.set (snapshot, atomic
 write of the overrides, a history line), which every running agent reads on its next turn. When the memory has
 an eval set, the change is first tried against it (retrieval only, memory/eval/policy_check.py): one that finds
@@ -17,17 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from picoclaw.agent.summary import render_transcript
-from picoclaw.memory import (
-    REFLECTION,
-    CaseFileError,
-    PolicyCheck,
-    PolicyError,
-    PolicyManager,
-    SuggestionError,
-    record_outcome,
-    suggest_policy_change,
-)
+from picoclaw.curation.policy_suggestions import SuggestionError, suggest_policy_change
+from picoclaw.curation.session_summary import render_transcript
+from picoclaw.memory import REFLECTION, CaseFileError, PolicyCheck, PolicyError, PolicyManager, record_outcome
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Continuation, Message
 from picoclaw.transcripts import Session, SessionStore, StoredMessage

@@ -54,7 +54,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from picoclaw.tools import Toolset
+from picoclaw.tools.base import Toolset
 
 MAX_CHARS = 20_000  # only this much of a reply is looked at
 MAX_LEAD_IN_CHARS = 200

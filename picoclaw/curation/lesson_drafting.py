@@ -1,6 +1,6 @@
-"""Lessons written automatically: after a turn that taught something (agent/turn_review.py says
+"""Lessons written automatically: after a turn that taught something (curation/turn_review.py says
 whether one did, and why), one short model call drafts at most one lesson from it, and the lesson goes to
-LEARNINGS.md through the store; then the turn is counted towards a skill draft (agent/skill_drafting.py).
+LEARNINGS.md through the store; then the turn is counted towards a skill draft (curation/skill_drafting.py).
 
 It runs after the reply, in the background, when `learning_enabled` is on: a turn is reviewed once (by the
 id of its user message), one turn drafts at most one lesson whatever triggered it, and each drafting call is
@@ -29,11 +29,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from picoclaw.agent.skill_drafting import DraftWritten, SkillDrafter
-from picoclaw.agent.summary import render_transcript
-from picoclaw.agent.text_tool_calls import find_text_tool_call
-from picoclaw.agent.turn_review import DISLIKED, FinishedTurn, Trigger, standing_instruction, trigger_of
 from picoclaw.cjk import HAN, HANGUL, KANA
+from picoclaw.curation.session_summary import render_transcript
+from picoclaw.curation.skill_drafting import DraftWritten, SkillDrafter
+from picoclaw.curation.turn_review import DISLIKED, FinishedTurn, Trigger, standing_instruction, trigger_of
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory import (
     DRAFTED_CORRECTION,
@@ -50,6 +49,7 @@ from picoclaw.memory import (
 )
 from picoclaw.per_key import LruCache
 from picoclaw.providers.base import ChatProvider, Continuation, Message, ProviderError, ask_between_turns
+from picoclaw.tools import find_text_tool_call
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """What a finished turn taught, read from the turn as it was stored: pure functions, no I/O, no model.
 
-A turn may teach a lesson (agent/lesson_drafting.py drafts it) for one of three reasons, checked in this order, the
+A turn may teach a lesson (curation/lesson_drafting.py drafts it) for one of three reasons, checked in this order, the
 first that holds naming the turn's trigger:
 
 - "correction": the user's message corrects the assistant ("no, …", "that's wrong", "I told you …", "not X,
   Y", "不对，…", "不是…", "我说过…", "错了"), and the session holds an earlier reply for it to correct;
 - "recovery": a tool call failed and a later one worked: a later call of the same tool, or the very next call;
 - "workflow": three tool calls or more, every call of the last tool step worked, and the turn ended with the
-  model's answer (`workflow_of`: its tools, which agent/skill_drafting.py counts towards a skill draft).
+  model's answer (`workflow_of`: its tools, which curation/skill_drafting.py counts towards a skill draft).
 
 A turn that called tools and had every one of them fail teaches nothing (nothing worked, so there is nothing
 to repeat), nor does small talk. A tool result is a failure when it starts with the registry's ERROR_PREFIX

@@ -18,23 +18,28 @@ import difflib
 import logging
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
 from picoclaw import cjk, clock
 from picoclaw.errors import MemoryStoreError
-from picoclaw.memory import rewrite_guard
-from picoclaw.memory.job_outcomes import COMPRESSION, record_outcome
-from picoclaw.memory.search.blocks import split_blocks
-from picoclaw.memory.store import LONG_TERM_FILE, MemoryStore
+from picoclaw.memory import (
+    COMPRESSION,
+    GATE_FILE,
+    LONG_TERM_FILE,
+    MemoryStore,
+    last_compression,
+    missing_facts,
+    record_outcome,
+    split_blocks,
+)
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Message, ProviderError
 from picoclaw.tokens import count_tokens
 
 log = logging.getLogger(__name__)
 
-GATE_FILE = ".last_longterm_compress"
 INTERVAL = timedelta(hours=24)
 MIN_KEPT_SHARE = 0.10  # a rewrite under 10% of the input lost facts, whatever the model says
 # Entries sent per model call: small enough for a small local model to write back whole (about 1,000–3,000
@@ -186,7 +191,7 @@ def check_group(original: str, rewrite: str, finish_reason: str | None = None) -
     problem = check_rewrite(original, rewrite)
     if problem is not None:
         return problem, ()
-    lost = tuple(rewrite_guard.missing(original, rewrite))
+    lost = tuple(missing_facts(original, rewrite))
     if not lost:
         return None, ()
     why = f"the rewrite lost {len(lost)} fact{'s' if len(lost) > 1 else ''} of the original"
@@ -274,20 +279,6 @@ def compression_request(body: str) -> list[Message]:
                                         f"shorter):\n\n{body}"}]
 
 
-def last_run(store: MemoryStore) -> datetime | None:
-    """When a compression of this store last started (None: never, or the gate file is unreadable)."""
-    gate = store.memory_dir / GATE_FILE
-    try:
-        last = datetime.fromisoformat(store.local(gate).read_text(encoding="utf-8").strip())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("%s: unreadable (%s); treating compression as never run", gate, exc)
-        return None
-    # A hand-written time without an offset is local time, like every other time picoclaw shows.
-    return last if last.tzinfo is not None else last.replace(tzinfo=store.tz)
-
-
 def why_not_due(store: MemoryStore, policy: MemoryPolicy) -> str | None:
     """None when a compression is due now, else the reason it is not (for logs and the CLI)."""
     threshold = policy.long_term_compress_char_threshold
@@ -295,7 +286,7 @@ def why_not_due(store: MemoryStore, policy: MemoryPolicy) -> str | None:
         return "compression is off (long_term_compress_char_threshold is 0)"
     # The gate first: it is checked after every turn, and on most turns it alone answers, without
     # reading MEMORY.md.
-    last = last_run(store)
+    last = last_compression(store)
     now = clock.now(store.tz)
     # A gate in the future means the clock was wrong when it was written; do not wait for it.
     if last is not None and now - INTERVAL < last <= now:

@@ -3,7 +3,7 @@
 The model sees the conversation and each tunable key's value, meaning and bounds, and answers with a JSON
 object. The answer is parsed tolerantly (an object in prose or in a code fence) and validated strictly,
 all or nothing: only tunable keys, exact types, inside the bounds (refused, never clamped). When to ask,
-and applying the suggestion, is the agent's reflection (agent/reflection.py).
+and applying the suggestion, is the agent's reflection (curation/reflection.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from picoclaw.errors import PicoclawError
 from picoclaw.jsonio import json_objects
-from picoclaw.memory.policy import PolicyError, PolicyManager
+from picoclaw.memory import PolicyError, PolicyManager
 from picoclaw.policy_schema import TUNABLE_KEYS, USER_ONLY, MemoryPolicy
 from picoclaw.providers.base import ChatProvider, Continuation, Message, ProviderError, ask_between_turns
 from picoclaw.pydantic_errors import bounds_of

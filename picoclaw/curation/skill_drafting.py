@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import yaml
 
-from picoclaw.agent.turn_review import FinishedTurn, workflow_of
+from picoclaw.curation.turn_review import FinishedTurn, workflow_of
 from picoclaw.errors import ConfigError
 from picoclaw.jsonio import read_json_object
 from picoclaw.memory import Workspace

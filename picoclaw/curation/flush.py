@@ -22,10 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from picoclaw.errors import MemoryStoreError
-from picoclaw.memory.flush_counts import FlushCounts, FlushTally
-from picoclaw.memory.grounding import Known, Said, check
-from picoclaw.memory.receipts import LONG_TERM, MemoryWrite
-from picoclaw.memory.store import MemoryStore
+from picoclaw.memory import LONG_TERM, FlushCounts, FlushTally, Known, MemoryStore, MemoryWrite, Said, check
 from picoclaw.providers.base import ChatProvider, Continuation, Message, ProviderError, ask_between_turns
 
 log = logging.getLogger(__name__)
