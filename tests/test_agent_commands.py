@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,25 @@ def test_commands_never_reach_the_model(workspace: Workspace, fake_openai: FakeO
     assert replies[4] == "Unknown command /nonsense; see /help."
     assert fake_openai.chat_requests() == []
     assert not session_path(workspace).exists()  # a command is not a conversation message
+
+
+def test_help_and_the_telegram_menu_list_the_same_commands() -> None:
+    helped = [line.split()[0] for line in HELP.splitlines() if line.startswith("/")]
+    # The same commands in the same order, each once in the menu (`/memory recent` is a form of /memory).
+    assert [f"/{command.command}" for command in COMMANDS] == list(dict.fromkeys(helped))
+    # Within what setMyCommands accepts: a name of 1-32 lowercase letters, digits, _; a description of 1-256.
+    assert all(re.fullmatch("[a-z0-9_]{1,32}", command.command) and 0 < len(command.description) <= 256
+               for command in COMMANDS)
+
+
+@pytest.mark.parametrize("argument", ["bank card", "银行卡"], ids=["en", "zh"])
+def test_every_command_of_the_menu_is_answered_without_the_model(workspace: Workspace, fake_openai: FakeOpenAIServer,
+                                                                 argument: str) -> None:
+    # As a group sends them: the bot's name after the command, and words after that.
+    replies = chat(workspace, fake_openai, [f"/{command.command}@picoclaw_bot {argument}" for command in COMMANDS])
+    assert len(replies) == len(COMMANDS) and not any(reply.startswith("Unknown command") for reply in replies)
+    assert replies[-1] == HELP
+    assert fake_openai.chat_requests() == []
 
 
 def test_policy_shows_every_key_with_its_source(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:

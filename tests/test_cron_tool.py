@@ -17,7 +17,7 @@ from picoclaw.tools.base import ToolRegistry, current_session
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer
-from tests.test_scheduler import NOW, Delivered, utc
+from tests.test_scheduler import NOW, Delivered, set_config, utc
 
 OWNER = "telegram:42"
 STRANGER = "telegram:666"
@@ -68,23 +68,26 @@ def test_a_stranger_cannot_list_or_remove_another_chats_jobs(workspace: Workspac
         assert call(tools, STRANGER, action="list") == "this chat has no scheduled jobs"
         assert call(tools, STRANGER, action="remove", id=job_id) == f"error: no job with id '{job_id}'"
         assert (workspace.root / "cron" / "jobs.json").read_bytes() == before
-        assert f"[{job_id}] cron 0 8 * * 1" in call(tools, OWNER, action="list")
+        assert f"{job_id}  cron 0 8 * * 1" in call(tools, OWNER, action="list")
         assert call(tools, OWNER, action="remove", id=job_id).startswith(f"removed job {job_id}")
         assert call(tools, OWNER, action="list") == "this chat has no scheduled jobs"
 
 
-def test_per_user_scopes_see_only_their_own_jobs(workspace: Workspace) -> None:
-    group = "telegram:-100500"
+def test_per_user_scopes_see_only_their_own_jobs(home: Path) -> None:
+    set_config(home, channels={"telegram": {"memory_scope": "per_user"}})
+    workspace = App.open(home).workspace
+    # In a group with per-user memory each member talks in a session of their own, served by their own agent.
+    alice_key, bob_key = "telegram:-100500:7", "telegram:-100500:8"
     alice, bob = build_tools(workspace.for_user("7")), build_tools(workspace.for_user("8"))
     with freeze_time(NOW):
-        added = call(alice, group, action="add", every=3600, message="drink water")
+        added = call(alice, alice_key, action="add", every=3600, message="drink water 喝水")
         job_id = added.split()[2].rstrip(":")
         [job] = App.open(workspace.home).jobs().load()
         assert job.scope == "7"
-        assert call(bob, group, action="list") == "this chat has no scheduled jobs"  # same chat, another user
-        assert call(bob, group, action="remove", id=job_id).startswith("error: no job")
-        assert call(build_tools(workspace), group, action="list") == "this chat has no scheduled jobs"
-        assert "drink water" in call(alice, group, action="list")
+        assert call(bob, bob_key, action="list") == "this chat has no scheduled jobs"  # same chat, another user
+        assert call(bob, bob_key, action="remove", id=job_id).startswith("error: no job")
+        assert call(build_tools(workspace), "telegram:-100500", action="list") == "this chat has no scheduled jobs"
+        assert "drink water 喝水" in call(alice, alice_key, action="list")
 
 
 def test_bad_calls_are_clear_errors_and_write_nothing(workspace: Workspace) -> None:

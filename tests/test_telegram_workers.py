@@ -31,8 +31,8 @@ from picoclaw import clock
 from picoclaw.app import App
 from picoclaw.channels.telegram import MEMORY_BUSY, TelegramChannel, Webhook, webhook_secret
 from picoclaw.channels.telegram import webhook as webhook_module
-from picoclaw.cli.cron import schedule_job
 from picoclaw.config import load_config, workspace_dir
+from picoclaw.jobs import add_session_job
 from picoclaw.storage import StorageError
 from picoclaw.storage.postgres.storage import PostgresStorage
 from tests.fakes import FakeOpenAIServer, Text
@@ -134,8 +134,9 @@ def add_reminders(home: Path, chats: list[int], first: int, count: int, start_in
         for i in range(first, first + count):
             at = now + timedelta(seconds=start_in + 0.25 * (i - first))
             text = f"reminder {i} / 提醒 {i}"
-            schedule_job(app, at=at.isoformat(), action="message", text=text,
-                         session=f"telegram:{chats[i % len(chats)]}", created_by="test")
+            add_session_job(app.jobs(), f"telegram:{chats[i % len(chats)]}",
+                            memory_scope=app.config.channels.telegram.memory_scope, at=at.isoformat(),
+                            action="message", text=text, created_by="test")
             texts.append(text)
     finally:
         app.close()

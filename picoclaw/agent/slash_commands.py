@@ -1,6 +1,7 @@
 """Slash commands, answered without the model: /new /compact /memory /policy /status /context /help.
 
-Parsing and the replies' wording live here; the loop runs a command with its own parts (AgentLoop.command).
+The command table (`SLASH_COMMANDS`, from which /help's text and Telegram's command menu are made), parsing and
+the replies' wording live here; the loop runs a command with its own parts (AgentLoop.command).
 """
 
 from __future__ import annotations
@@ -18,16 +19,38 @@ from picoclaw.policy_schema import POLICY_KEYS
 from picoclaw.tokens import is_exact
 from picoclaw.transcripts import Session
 
-HELP = """Commands:
-/new — start a fresh conversation (the old one is archived)
-/compact — summarise the conversation now to free context
-/memory [query] — show what memory would be put in front of the model for a query
-/memory recent — what was written to memory lately without a command of yours, and from where
-/policy — show the memory policy in force
-/status — the model, this conversation's size, the last prompt's tokens (and how many were cached)
-/context — where the last request's tokens went: each part's share of the model's window
-/help — this list
-Anything else goes to the assistant."""
+
+@dataclass(frozen=True)
+class CommandEntry:
+    """One line of the command table: /help shows every entry, Telegram's menu those with a `menu` text."""
+
+    name: str  # as typed after the slash, and as Telegram's menu registers it: "memory"
+    usage: str  # what follows the name in /help: "[query]", "recent", or nothing
+    help: str  # /help's description
+    menu: str | None  # the shorter description in Telegram's menu (1 to 256 characters); None: not in the menu
+
+
+# The one list of slash commands: /help's text and the menu the Telegram bot registers are both made from it.
+# `/start` (what a Telegram client sends first) is answered as /help is, and listed in neither.
+SLASH_COMMANDS: tuple[CommandEntry, ...] = (
+    CommandEntry("new", "", "start a fresh conversation (the old one is archived)", "start a fresh conversation"),
+    CommandEntry("compact", "", "summarise the conversation now to free context", "summarise the conversation now"),
+    CommandEntry("memory", "[query]", "show what memory would be put in front of the model for a query",
+                 "what memory a query would bring up"),
+    CommandEntry("memory", "recent", "what was written to memory lately without a command of yours, and from where",
+                 None),  # a form of /memory, which the menu lists
+    CommandEntry("policy", "", "show the memory policy in force", "the memory policy in force"),
+    CommandEntry("status", "", "the model, this conversation's size, the last prompt's tokens (and how many were "
+                 "cached)", "model, conversation size, cached tokens"),
+    CommandEntry("context", "", "where the last request's tokens went: each part's share of the model's window",
+                 "where the last request's tokens went"),
+    CommandEntry("help", "", "this list", "the commands"),
+)
+
+HELP = "\n".join(["Commands:",
+                  *(f"/{entry.name}{f' {entry.usage}' if entry.usage else ''} — {entry.help}"
+                    for entry in SLASH_COMMANDS),
+                  "Anything else goes to the assistant."])
 
 
 @dataclass(frozen=True)

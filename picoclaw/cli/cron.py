@@ -6,14 +6,9 @@ Handlers import what they use: building this group's parser (for `--help`) loads
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Literal
 
 from picoclaw.cli.command import Parser, UsageError, bounded_int, opened_app
-from picoclaw.cli.output import echo, job_lines
-
-if TYPE_CHECKING:
-    from picoclaw.app import App
-    from picoclaw.jobs import Job
+from picoclaw.cli.output import echo
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +37,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_cron_list(args: argparse.Namespace) -> int:
-    from picoclaw.jobs import job_problem
+    from picoclaw.jobs import job_line
 
     with opened_app() as app:
         jobs = app.jobs()
@@ -50,50 +45,30 @@ def cmd_cron_list(args: argparse.Namespace) -> int:
         if not listed:
             print(f"no scheduled jobs ({jobs.path})")
             return 0
-        for job in listed:
-            problem = job_problem(job, jobs.tz)
-            if problem is not None:  # listed as off, saying why, rather than stopping the listing
-                job = job.model_copy(update={"enabled": False, "last_outcome": f"cannot be scheduled: {problem}"})
-            print("\n".join(job_lines([job], jobs.tz)))
+        for job in listed:  # one that cannot be scheduled is listed as off, saying why, not stopping the listing
+            print(job_line(job, jobs.tz))
     return 0
 
 
 def cmd_cron_add(args: argparse.Namespace) -> int:
+    from picoclaw.jobs import JobError, add_session_job, job_line
     from picoclaw.session_key import CLI, channel_of
 
     with opened_app() as app:
         jobs = app.jobs()
-        job = schedule_job(app, at=args.at, in_=args.in_, every=args.every, cron=args.cron,
-                           action="message" if args.message is not None else "agent",
-                           text=args.message if args.message is not None else args.agent, session=args.session,
-                           created_by="cli")
+        try:
+            job = add_session_job(jobs, args.session, memory_scope=app.config.channels.telegram.memory_scope,
+                                  at=args.at, in_=args.in_, every=args.every, cron=args.cron,
+                                  action="message" if args.message is not None else "agent",
+                                  text=args.message if args.message is not None else args.agent, created_by="cli")
+        except JobError as exc:
+            raise UsageError(str(exc)) from None
         print(f"added job {job.id}")
-        print("\n".join(job_lines([job], jobs.tz)))
+        print(job_line(job, jobs.tz))
     if channel_of(args.session) == CLI:
         echo(f"note: delivered while an interactive `picoclaw chat --session {args.session}` runs "
              "(`chat -m` does not wait for jobs; a job due while it is closed comes when it opens, marked late)")
     return 0
-
-
-def schedule_job(app: App, *, at: str | None = None, in_: str | None = None, every: int | None = None,
-                 cron: str | None = None, action: Literal["message", "agent"], text: str, session: str,
-                 created_by: str) -> Job:
-    """Add a job for `session` (its memory scope as the config says), as `picoclaw cron add` does; the web
-    console adds through here too. UsageError, nothing added, for a bad target, schedule or text."""
-    from picoclaw.jobs import JobError, make_schedule
-    from picoclaw.session_key import SessionKey
-
-    jobs = app.jobs()
-    try:
-        key = SessionKey.parse(session)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    try:
-        schedule = make_schedule(at=at, in_=in_, every=every, cron=cron, tz=jobs.tz)
-        scope = key.scope(app.config.channels.telegram.memory_scope)
-        return jobs.add(schedule, action, text, session, created_by=created_by, scope=scope)
-    except JobError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def cmd_cron_remove(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
 """What the CLI prints: `echo` (text freed of terminal escapes), index status, a progress bar, policy history
-and snapshots, jobs, memory stats. (Its log lines: `picoclaw.cli.logs`.)"""
+and snapshots, memory stats. (Its log lines: `picoclaw.cli.logs`.)"""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from picoclaw.printable import printable
 # `typing` (type checkers read TYPE_CHECKING as true; see picoclaw/cli/command.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from datetime import tzinfo
     from typing import TextIO
 
-    from picoclaw.jobs import Job
     from picoclaw.memory import EvalRun, IndexStatus, JobOutcome, MemoryStats, PolicyChange, SyncReport
 
 BAR_WIDTH = 30
@@ -139,30 +137,6 @@ def one_line_json(raw: bytes) -> str:
         return orjson.dumps(orjson.loads(raw)).decode("utf-8")
     except orjson.JSONDecodeError:
         return " ".join(raw.decode("utf-8", "replace").split())
-
-
-def job_lines(jobs: list[Job], tz: tzinfo) -> list[str]:
-    """One line a job: id, schedule, next run (local time), target, action and text, last outcome."""
-    from picoclaw.session_key import CLI, channel_of
-
-    lines = []
-    for job in jobs:
-        if not job.enabled:
-            when = "off"
-        elif job.next_run is None:
-            when = "done"
-        else:
-            when = f"next {job.next_run.astimezone(tz):%Y-%m-%d %H:%M %Z}"
-        text = " ".join(printable(job.text).split())  # cut what will be seen, not escape sequences
-        text = text if len(text) <= 60 else text[:59] + "…"
-        last = job.last_outcome or "not run yet"
-        if channel_of(job.target) == CLI and job.enabled and job.next_run is not None:
-            # Only an open REPL delivers terminal jobs: `chat -m` runs none, so the user should know to open one.
-            last += "; comes in an open `picoclaw chat`, not `chat -m`"
-        # Printable here too, not only where printed: the cron commands print these lines themselves.
-        lines.append(printable(f"{job.id}  {job.schedule.describe(tz)}  {when}  {job.target}  {job.action}: "
-                               f"{text}  [{last}]"))
-    return lines
 
 
 # -- memory stats ----------------------------------------------------------------------------------------

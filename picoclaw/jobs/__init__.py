@@ -4,6 +4,9 @@
 - `schedule`: schedules read from what people type (`--in/--at/--cron/--every`), first and following runs,
   and why a stored job can never run (`job_problem`);
 - `store`: `JobStore`, the file under a cross-process lock;
+- `session_jobs`: a job added (or edited) for a session, checked and put in that session's memory scope, the one way
+  `picoclaw cron add`, the console's jobs page and the `cron` tool add one;
+- `listing`: `job_line`, a job as the one line every list shows;
 - `runner`: `Scheduler`, which fires due jobs and the heartbeat beside a channel.
 
 The `cron` tool (tools/cron.py) and `picoclaw cron` are faces over these names; import them from here.
@@ -11,6 +14,7 @@ The `cron` tool (tools/cron.py) and `picoclaw cron` are faces over these names; 
 
 from __future__ import annotations
 
+from picoclaw.jobs.listing import job_line
 from picoclaw.jobs.model import (
     MAX_EVERY_SECONDS,
     MIN_EVERY_SECONDS,
@@ -45,6 +49,7 @@ from picoclaw.jobs.schedule import (
     parse_at,
     parse_relative,
 )
+from picoclaw.jobs.session_jobs import add_session_job, edit_session_job, job_scope
 from picoclaw.jobs.store import JobStore
 
 __all__ = [
@@ -67,13 +72,17 @@ __all__ = [
     "SessionAgent",
     "Sleep",
     "TurnReply",
+    "add_session_job",
     "cron_after",
+    "edit_session_job",
     "first_run",
     "following_run",
     "format_seconds",
     "heartbeat_tasks",
     "in_zone",
+    "job_line",
     "job_problem",
+    "job_scope",
     "make_schedule",
     "parse_at",
     "parse_relative",

@@ -1,10 +1,11 @@
 """cron: the model sets, lists and removes reminders and recurring tasks for the chat it is talking in.
 
-Every job the tool touches belongs to the current session (the chat of the turn) and to this agent's
-memory scope: a chat never sees, nor removes, another chat's jobs, and with memory_scope "per_user" a user
-never sees another user's. The process serving the session delivers what comes due: the bot for telegram:
-chats, `picoclaw chat` for its own cli: session while it is open (see picoclaw/jobs/runner.py). The jobs
-themselves, their schedules and their file are the `picoclaw.jobs` package's: this is a face over it.
+Every job the tool touches belongs to the current session (the chat of the turn) and to that session's memory
+scope (`job_scope`, as a job added from the CLI or the console gets it): a chat never sees, nor removes, another
+chat's jobs, and with memory_scope "per_user" a user never sees another user's. The process serving the session
+delivers what comes due: the bot for telegram: chats, `picoclaw chat` for its own cli: session while it is open
+(see picoclaw/jobs/runner.py). The jobs themselves, their schedules, their file, how one is added and shown as a
+line are the `picoclaw.jobs` package's: this is a face over it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from picoclaw.errors import PicoclawError
-from picoclaw.jobs import MAX_EVERY_SECONDS, Job, JobStore, job_problem, make_schedule
+from picoclaw.jobs import MAX_EVERY_SECONDS, Job, JobStore, add_session_job, job_line, job_scope
 from picoclaw.memory import Workspace
 from picoclaw.session_key import CLI, channel_of
 from picoclaw.tools.base import ToolError, current_session
@@ -46,7 +47,7 @@ class Cron(WorkspaceTool):
     def __init__(self, workspace: Workspace, files: WorkspaceFiles | None = None):
         super().__init__(workspace, files)
         self.jobs = JobStore(workspace.layout.jobs_path, workspace.tz, storage=workspace.storage)
-        self.scope = workspace.layout.scope_dir.name if workspace.layout.is_per_user else None
+        self.memory_scope = workspace.config.channels.telegram.memory_scope
 
     def run_sync(self, args: Cron.Args) -> str:
         session = current_session.get()
@@ -56,45 +57,36 @@ class Cron(WorkspaceTool):
             with os_errors("change", "the job list"):
                 if args.action == "add":
                     return self._add(args, session)
+                scope = job_scope(session, self.memory_scope)
+
+                def ours(job: Job) -> bool:
+                    return job.target == session and job.scope == scope
+
                 if args.action == "remove":
                     if not args.id:
                         raise ToolError("remove needs the id of a job (see action 'list')")
-                    job = self.jobs.remove(args.id.strip(), allowed=lambda job: self._ours(job, session))
+                    job = self.jobs.remove(args.id.strip(), allowed=ours)
                     return f"removed job {job.id} ({job.schedule.describe(self.jobs.tz)}: {job.text[:80]})"
-                mine = [job for job in self.jobs.load() if self._ours(job, session)]
+                mine = [job for job in self.jobs.load() if ours(job)]
         except PicoclawError as exc:  # a bad schedule, an unknown id, a malformed jobs.json
             raise ToolError(str(exc)) from None
         if not mine:
             return "this chat has no scheduled jobs"
-        lines = [self._line(job) for job in mine[:MAX_LISTED]]
+        lines = [job_line(job, self.jobs.tz) for job in mine[:MAX_LISTED]]
         if len(mine) > MAX_LISTED:
             lines.append(f"… and {len(mine) - MAX_LISTED} more")
         return "\n".join(lines)
-
-    def _ours(self, job: Job, session: str) -> bool:
-        return job.target == session and job.scope == self.scope
 
     def _add(self, args: Cron.Args, session: str) -> str:
         texts = [(kind, text) for kind, text in (("message", args.message), ("agent", args.prompt)) if text]
         if len(texts) != 1:
             raise ToolError("add needs exactly one of message (text to send) or prompt (a task to run)")
         action, text = texts[0]
-        schedule = make_schedule(at=args.at or None, in_=args.in_ or None, every=args.every or None,
-                                 cron=args.cron or None, tz=self.jobs.tz)
-        job = self.jobs.add(schedule, "message" if action == "message" else "agent", text, session,
-                            created_by=session, scope=self.scope)
-        added = f"added job {job.id}: {self._line(job)}"
+        job = add_session_job(self.jobs, session, memory_scope=self.memory_scope, at=args.at or None,
+                              in_=args.in_ or None, every=args.every or None, cron=args.cron or None,
+                              action="message" if action == "message" else "agent", text=text, created_by=session)
+        added = f"added job {job.id}: {job_line(job, self.jobs.tz)}"
         if channel_of(session) == CLI:  # the user should know a closed terminal cannot remind them
             added += (" (delivered while this terminal chat is open, not to a one-shot `picoclaw chat -m`; if it "
                       "is closed then, when it next opens)")
         return added
-
-    def _line(self, job: Job) -> str:
-        tz = self.jobs.tz
-        problem = job_problem(job, tz)
-        if problem is not None:  # listed, so the model can tell the user and remove it
-            when = f"cannot be scheduled: {problem}"
-        else:
-            when = f"next {job.next_run.astimezone(tz):%Y-%m-%d %H:%M %Z}" if job.next_run and job.enabled else "done"
-        last = f", last: {job.last_outcome}" if job.last_outcome else ""
-        return f"[{job.id}] {job.schedule.describe(tz)} ({when}{last}) {job.action}: {job.text[:200]}"

@@ -94,9 +94,9 @@ def _schedule_of(form: Any) -> tuple[dict[str, Any], str]:
 
 
 async def add_job(request: web.Request) -> web.Response:
-    """Add a job from the form through the CLI's own `schedule_job`; a bad schedule or target adds nothing."""
-    from picoclaw.cli.command import UsageError
-    from picoclaw.cli.cron import schedule_job
+    """Add a job from the form as `picoclaw cron add` and the cron tool add one (`add_session_job`); a bad schedule
+    or target adds nothing."""
+    from picoclaw.jobs import add_session_job
 
     form = await request.post()
     app = request.app[APP_KEY]
@@ -105,18 +105,15 @@ async def add_job(request: web.Request) -> web.Response:
     when, problem = _schedule_of(form)
     if problem:
         return await jobs_page(request, error=problem, status=400)
-    try:
-        await asyncio.to_thread(lambda: schedule_job(app, **when, action=action, text=text, session=session,
-                                                     created_by="web"))
-    except UsageError as exc:
-        return await jobs_page(request, error=str(exc), status=400)
-    return see_other("/jobs?notice=job_added")
+    return await _changed(request, lambda: add_session_job(
+        app.jobs(), session, memory_scope=app.config.channels.telegram.memory_scope, **when, action=action,
+        text=text, created_by="web"), "job_added")
 
 
 async def edit_job(request: web.Request) -> web.Response:
-    """Give a job a new schedule, action, text or target (checked as an added one is); nothing written if refused."""
-    from picoclaw.jobs import JobError, make_schedule
-    from picoclaw.session_key import SessionKey
+    """Give a job a new schedule, action, text or target (checked and scoped as an added one is); nothing written
+    if refused."""
+    from picoclaw.jobs import edit_session_job
 
     form = await request.post()
     app = request.app[APP_KEY]
@@ -126,18 +123,9 @@ async def edit_job(request: web.Request) -> web.Response:
     when, problem = _schedule_of(form)
     if problem:
         return await jobs_page(request, error=problem, status=400)
-
-    def edit() -> None:
-        jobs = app.jobs()
-        try:
-            key = SessionKey.parse(session)
-        except ValueError as exc:
-            raise JobError(str(exc)) from None
-        schedule = make_schedule(**when, tz=jobs.tz)
-        jobs.edit(job_id, schedule, action, text, session,
-                  scope=key.scope(app.config.channels.telegram.memory_scope))
-
-    return await _changed(request, edit, "job_edited")
+    return await _changed(request, lambda: edit_session_job(
+        app.jobs(), job_id, session, memory_scope=app.config.channels.telegram.memory_scope, **when,
+        action=action, text=text), "job_edited")
 
 
 async def switch_job(request: web.Request) -> web.Response:

@@ -1,6 +1,7 @@
-"""The slash commands in Telegram: the menu the bot registers (`COMMANDS`), and the filter of the router that
-takes them (`SlashCommand`). The agent answers them itself (agent/slash_commands.py), without the model; the
-channel keeps their replies out of the conversation's history of delivered answers.
+"""The slash commands in Telegram: the menu the bot registers (`COMMANDS`, made from the agent's `SLASH_COMMANDS`
+as /help's text is), and the filter of the router that takes them (`SlashCommand`). The agent answers them itself
+(agent/slash_commands.py), without the model; the channel keeps their replies out of the conversation's history of
+delivered answers.
 """
 
 from __future__ import annotations
@@ -8,19 +9,11 @@ from __future__ import annotations
 from aiogram.filters import BaseFilter
 from aiogram.types import BotCommand, Message
 
-from picoclaw.agent import parse_command
+from picoclaw.agent import SLASH_COMMANDS, parse_command
 from picoclaw.channels.telegram.access import BotIdentity, without_mention
 
-COMMANDS = [
-    BotCommand(command="start", description="what I can do"),
-    BotCommand(command="new", description="start a fresh conversation"),
-    BotCommand(command="compact", description="summarise the conversation now"),
-    BotCommand(command="memory", description="what memory a query would bring up"),
-    BotCommand(command="policy", description="the memory policy in force"),
-    BotCommand(command="status", description="model, conversation size, cached tokens"),
-    BotCommand(command="context", description="where the last request's tokens went"),
-    BotCommand(command="help", description="the commands"),
-]
+# The agent's command table, as the menu shows it: the commands of /help, each once, with its shorter description.
+COMMANDS = [BotCommand(command=entry.name, description=entry.menu) for entry in SLASH_COMMANDS if entry.menu]
 
 
 class SlashCommand(BaseFilter):
