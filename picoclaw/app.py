@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 ProviderFactory = Callable[[Config], "OpenAICompatProvider"]
 
-HEARTBEAT_RUNS_FILE = ".heartbeat.json"  # when each HEARTBEAT.md task last ran (jobs/heartbeat_tasks.py)
+HEARTBEAT_RUNS_FILE = ".heartbeat.json"  # when each HEARTBEAT.md task last ran (jobs/heartbeat_due.py)
 
 # Per-user agents kept open ("per_user" memory scope): each holds a workspace and, with the index on, a
 # database connection. A bot used by thousands of people keeps the most recent ones; an idle agent that

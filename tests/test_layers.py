@@ -297,6 +297,9 @@ def test_each_root_offers_exactly_its_imports_and_each_name_is_its_home_modules_
         names = _root_names(Path(root.__file__ or ""))
         assert names, package
         assert sorted(root.__all__) == sorted(names), package
+        # A submodule of the same name would replace the offered name on the package once it is imported.
+        submodules = {file.stem for file in Path(root.__file__ or "").parent.iterdir() if file.suffix == ".py"}
+        assert not submodules & set(names), package
         for name, home in names.items():
             assert getattr(root, name) is getattr(importlib.import_module(home), name), f"{package}.{name}"
 

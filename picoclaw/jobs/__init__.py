@@ -14,76 +14,47 @@ The `cron` tool (tools/cron.py) and `picoclaw cron` are faces over these names; 
 
 from __future__ import annotations
 
-from picoclaw.jobs.listing import job_line
-from picoclaw.jobs.model import (
-    MAX_EVERY_SECONDS,
-    MIN_EVERY_SECONDS,
-    Action,
-    Job,
-    JobError,
-    JobsFileError,
-    Schedule,
-    format_seconds,
-    in_zone,
-)
-from picoclaw.jobs.runner import (
-    HEARTBEAT_QUIET,
-    INTERRUPTED,
-    POLL_INTERVAL,
-    RUNNING,
-    AgentFor,
-    Outbox,
-    Ran,
-    Scheduler,
-    SessionAgent,
-    Sleep,
-    TurnReply,
-    heartbeat_tasks,
-)
-from picoclaw.jobs.schedule import (
-    cron_after,
-    first_run,
-    following_run,
-    job_problem,
-    make_schedule,
-    parse_at,
-    parse_relative,
-)
-from picoclaw.jobs.session_jobs import add_session_job, edit_session_job, job_scope
-from picoclaw.jobs.store import JobStore
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "HEARTBEAT_QUIET",
-    "INTERRUPTED",
-    "MAX_EVERY_SECONDS",
-    "MIN_EVERY_SECONDS",
-    "POLL_INTERVAL",
-    "RUNNING",
-    "Action",
-    "AgentFor",
-    "Outbox",
-    "Job",
-    "JobError",
-    "JobStore",
-    "JobsFileError",
-    "Ran",
-    "Schedule",
-    "Scheduler",
-    "SessionAgent",
-    "Sleep",
-    "TurnReply",
-    "add_session_job",
-    "cron_after",
-    "edit_session_job",
-    "first_run",
-    "following_run",
-    "format_seconds",
-    "heartbeat_tasks",
-    "in_zone",
-    "job_line",
-    "job_problem",
-    "job_scope",
-    "make_schedule",
-    "parse_at",
-    "parse_relative",
-]
+from picoclaw.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from picoclaw.jobs.listing import job_line
+    from picoclaw.jobs.model import (
+        MAX_EVERY_SECONDS,
+        MIN_EVERY_SECONDS,
+        Action,
+        Job,
+        JobError,
+        JobsFileError,
+        Schedule,
+        format_seconds,
+        in_zone,
+    )
+    from picoclaw.jobs.runner import (
+        HEARTBEAT_QUIET,
+        INTERRUPTED,
+        POLL_INTERVAL,
+        RUNNING,
+        AgentFor,
+        Outbox,
+        Ran,
+        Scheduler,
+        SessionAgent,
+        Sleep,
+        TurnReply,
+        heartbeat_tasks,
+    )
+    from picoclaw.jobs.schedule import (
+        cron_after,
+        first_run,
+        following_run,
+        job_problem,
+        make_schedule,
+        parse_at,
+        parse_relative,
+    )
+    from picoclaw.jobs.session_jobs import add_session_job, edit_session_job, job_scope
+    from picoclaw.jobs.store import JobStore
+
+__getattr__, __dir__ = lazy_exports(__name__)

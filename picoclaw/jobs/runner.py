@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from picoclaw import clock
-from picoclaw.jobs.heartbeat_tasks import HeartbeatRuns, HeartbeatTask, read_tasks
+from picoclaw.jobs.heartbeat_due import HeartbeatRuns, HeartbeatTask, read_tasks
 from picoclaw.jobs.model import Job, JobError, JobsFileError
 from picoclaw.jobs.schedule import following_run, job_problem
 from picoclaw.jobs.store import JobStore
@@ -127,7 +127,7 @@ class Scheduler:
         self.channels = channels  # channels ("telegram") or session keys ("cli:default") the outbox reaches
         self.heartbeat = heartbeat if heartbeat is not None and heartbeat.enabled else None
         self.heartbeat_path = heartbeat_path
-        # When each heartbeat task last ran (jobs/heartbeat_tasks.py); None: every task is due at every beat.
+        # When each heartbeat task last ran (jobs/heartbeat_due.py); None: every task is due at every beat.
         self.heartbeat_runs = HeartbeatRuns(heartbeat_runs, storage) if heartbeat_runs is not None else None
         self.poll_interval = poll_interval
         self._sleep = sleep
