@@ -22,6 +22,7 @@ from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.cli import main
 from picoclaw.config import AgentDefaults
+from picoclaw.curation import compression
 from picoclaw.curation.compression import (
     CompressionResult,
     LongTermCompressor,
@@ -31,7 +32,7 @@ from picoclaw.curation.compression import (
     why_not_due,
 )
 from picoclaw.errors import MemoryStoreError
-from picoclaw.memory import compression
+from picoclaw.memory.job_outcomes import GATE_FILE
 from picoclaw.memory.rewrite_guard import key_facts, missing_facts
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
@@ -101,7 +102,7 @@ def merge_last_two_blocks(body: dict[str, Any]) -> str:
 
 
 def gate(store: MemoryStore) -> Path:
-    return store.memory_dir / compression.GATE_FILE
+    return store.memory_dir / GATE_FILE
 
 
 # -- a good compression --------------------------------------------------------------------------------

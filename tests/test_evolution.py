@@ -16,9 +16,9 @@ from freezegun import freeze_time
 
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
+from picoclaw.curation import policy_suggestions
 from picoclaw.curation.policy_suggestions import SuggestionError, key_guide, parse_suggestion, validate_suggestion
 from picoclaw.curation.reflection import ReflectionOutcome, Reflector
-from picoclaw.memory import evolution
 from picoclaw.memory.policy import ValueChange
 from picoclaw.memory.workspace import Workspace
 from picoclaw.policy_schema import TUNABLE_KEYS, MemoryPolicy
@@ -44,8 +44,9 @@ REASON_ZH = "用户多次问起较早的事，但相关记忆没有被检索到"
 
 def is_reflection(body: dict[str, Any]) -> bool:
     """A reflection request, in its own prompt or asked after the conversation's last request."""
-    return (body["messages"][0]["content"] == evolution.INSTRUCTIONS
-            or str(body["messages"][-1]["content"]).startswith(f"{BETWEEN_TURNS}\n{evolution.REFLECTION_ROLE}"))
+    last = str(body["messages"][-1]["content"])
+    return (body["messages"][0]["content"] == policy_suggestions.INSTRUCTIONS
+            or last.startswith(f"{BETWEEN_TURNS}\n{policy_suggestions.REFLECTION_ROLE}"))
 
 
 def evolving(home: Path, server: FakeOpenAIServer, **memory: Any) -> Workspace:

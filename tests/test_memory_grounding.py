@@ -18,9 +18,9 @@ import pytest
 
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.cli import main
+from picoclaw.curation import flush as flush_module
 from picoclaw.curation.session_summary import CUT_SHORT, EMPTY_REPLY, UNSEEN, render_transcript, unseen_answer_claims
 from picoclaw.memory import FlushCounts, FlushTally, MemoryWrite, WriteLog
-from picoclaw.memory import flush as flush_module
 from picoclaw.memory.grounding import ADVICE, QUESTION, REFUSAL, UNGROUNDED
 from picoclaw.memory.workspace import Workspace
 from picoclaw.storage import FilesStorage, Storage

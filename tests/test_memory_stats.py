@@ -14,10 +14,9 @@ import orjson
 import pytest
 
 from picoclaw.cli import main
-from picoclaw.curation.compression import GATE_FILE
 from picoclaw.curation.reflection import ReflectionOutcome
 from picoclaw.memory import memory_stats
-from picoclaw.memory.job_outcomes import outcome_path
+from picoclaw.memory.job_outcomes import GATE_FILE, outcome_path
 from picoclaw.memory.model_usage import ModelUsage
 from picoclaw.memory.search.access_counts import ACCESS_COUNTS_FILE
 from picoclaw.memory.turn_metrics import KEEP_TURNS, TRIM_BYTES, TURN_METRICS_FILE, TurnMetrics
