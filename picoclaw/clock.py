@@ -84,7 +84,7 @@ def stamp(moment: datetime) -> str:
     (and the oldest, which pruning deletes). Local-time names go backwards when the configured timezone
     changes or a daylight-saving hour repeats, and the file just written would then sort as the oldest.
     The trailing "Z" marks the name as UTC, telling it apart from the local-time names of older versions
-    (see `fsutil.stamped_files`). A naive `moment` is taken as UTC, never as the machine's local time.
+    (see `disk/stamped.py: stamped_files`). A naive `moment` is taken as UTC, never as the machine's local time.
     """
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)

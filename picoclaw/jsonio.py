@@ -10,8 +10,9 @@ from typing import Any
 
 import orjson
 
+from picoclaw.disk.bounded_read import FileTooLargeError, read_bounded
+from picoclaw.disk.links import NotAFileError
 from picoclaw.errors import ConfigError
-from picoclaw.fsutil import FileTooLargeError, NotAFileError, read_bounded
 
 # The most a settings file (config.json, policy overrides and snapshots) may hold: a thousand times what one
 # needs, and small enough that a file linked to /dev/zero, or the wrong file, is refused at once.
@@ -21,7 +22,7 @@ MAX_JSON_BYTES = 1 << 20
 def read_json_object(path: Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
     """Parse `path` as a JSON object; any problem is a ConfigError naming the file (and line, if known).
 
-    At most `limit` bytes are read (see `fsutil.read_bounded`): a larger file is refused in one line.
+    At most `limit` bytes are read (see `disk/bounded_read.py`): a larger file is refused in one line.
     """
     try:
         raw = read_bounded(path, limit)

@@ -11,7 +11,7 @@ from typing import Any
 import picoclaw
 from picoclaw.clock import resolve_timezone
 from picoclaw.config import CONFIG_FILE, parse_config
-from picoclaw.fsutil import atomic_write
+from picoclaw.disk.atomic import atomic_write
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory import MemoryStore

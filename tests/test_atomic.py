@@ -1,4 +1,4 @@
-"""fsutil: atomic_write leaves the old file or the new one, and stamped names are never handed out twice."""
+"""picoclaw/disk: atomic_write leaves the old file or the new one, and stamped names are never handed out twice."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from picoclaw import fsutil
-from picoclaw.fsutil import atomic_write, reserve_stamped_path, stamped_files, write_stamped
+from picoclaw.disk import appends, bounded_read, links
+from picoclaw.disk.atomic import atomic_write
+from picoclaw.disk.stamped import reserve_stamped_path, stamped_files, write_stamped
 
 STAMP = "20260310_020000Z"  # as clock.stamp writes it: UTC, marked "Z"
 
@@ -113,7 +114,7 @@ def test_failing_fsync_keeps_original_and_removes_temp(
         raise error
 
     # The data is written but not yet durable: an I/O error (or Ctrl-C) here must not publish it.
-    monkeypatch.setattr(fsutil.os, "fsync", broken_fsync)
+    monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(type(error)):
         atomic_write(target, "new content that must not appear")
     monkeypatch.undo()
@@ -133,7 +134,7 @@ def test_failing_replace_keeps_original_and_removes_temp(tmp_path: Path, monkeyp
             raise OSError(18, "Invalid cross-device link")
         real_replace(src, dst)
 
-    monkeypatch.setattr(fsutil.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="cross-device"):
         atomic_write(target, "new")
     monkeypatch.undo()
@@ -267,21 +268,21 @@ def test_a_utc_name_continues_the_counters_of_its_own_stamp_only(tmp_path: Path)
 def test_append_jsonl_starts_a_new_line_after_a_torn_tail(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     path.write_bytes(b'{"n":1}\n{"n":2,"te')  # a crash mid-append
-    fsutil.append_jsonl(path, [{"n": 3}, {"n": 4}])
+    appends.append_jsonl(path, [{"n": 3}, {"n": 4}])
     assert path.read_bytes() == b'{"n":1}\n{"n":2,"te\n{"n":3}\n{"n":4}\n'
 
 
 def test_append_jsonl_keeps_a_whole_record_that_lost_only_its_newline(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     path.write_bytes(b'{"n":1}')
-    fsutil.append_jsonl(path, [{"n": 2}])
-    fsutil.append_jsonl(path, [{"n": 3}])
+    appends.append_jsonl(path, [{"n": 2}])
+    appends.append_jsonl(path, [{"n": 3}])
     assert path.read_bytes() == b'{"n":1}\n{"n":2}\n{"n":3}\n'
 
 
 def test_append_jsonl_creates_the_file_and_its_folder(tmp_path: Path) -> None:
     path = tmp_path / "new" / "log.jsonl"
-    fsutil.append_jsonl(path, [{"n": 1}])
+    appends.append_jsonl(path, [{"n": 1}])
     assert path.read_bytes() == b'{"n":1}\n'
 
 
@@ -322,7 +323,7 @@ def test_write_stamped_without_hard_links_falls_back(tmp_path: Path, monkeypatch
         raise PermissionError(1, "Operation not permitted")
 
     # Some file systems (FAT, some network mounts) refuse hard links.
-    monkeypatch.setattr(fsutil.os, "link", no_links)
+    monkeypatch.setattr(os, "link", no_links)
     path = write_stamped(tmp_path, STAMP, ".json", "newer")
     monkeypatch.undo()
     assert path.name == f"{STAMP}_1.json"
@@ -404,7 +405,7 @@ def test_a_link_to_anything_but_a_regular_file_is_refused_and_left_alone(tmp_pat
         Path(target).symlink_to(link)
     link.symlink_to(target)
     before = sorted(os.listdir(tmp_path))
-    with pytest.raises(fsutil.NotAFileError) as caught:
+    with pytest.raises(links.NotAFileError) as caught:
         atomic_write(link, "记忆 memory\n")
     message = str(caught.value)
     assert "\n" not in message and str(link) in message and "nothing was written" in message
@@ -413,25 +414,25 @@ def test_a_link_to_anything_but_a_regular_file_is_refused_and_left_alone(tmp_pat
     assert sorted(os.listdir(tmp_path)) == before  # no temp file left
     if kind == "dev-null":
         assert "/dev/null" in message and "character device" in message
-    with pytest.raises(fsutil.NotAFileError):
-        fsutil.append_jsonl(link, [{"role": "user", "content": "你好"}])
+    with pytest.raises(links.NotAFileError):
+        appends.append_jsonl(link, [{"role": "user", "content": "你好"}])
     assert os.readlink(link) == str(target)
 
 
 def test_a_fifo_or_device_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
     fifo = tmp_path / "MEMORY.md"
     os.mkfifo(fifo)
-    with pytest.raises(fsutil.NotAFileError, match="is a FIFO, not a regular file"):
+    with pytest.raises(links.NotAFileError, match="is a FIFO, not a regular file"):
         atomic_write(fifo, "x")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     # Reading it does not wait for a writer that never comes.
-    with pytest.raises(fsutil.NotAFileError, match="nothing was read"):
-        fsutil.read_regular(fifo)
+    with pytest.raises(links.NotAFileError, match="nothing was read"):
+        bounded_read.read_regular(fifo)
 
 
 def test_append_jsonl_writes_through_a_link(tmp_path: Path) -> None:
     vault, link = _vault_link(tmp_path, b'{"n":1}\n')
-    fsutil.append_jsonl(link, [{"n": 2, "text": "第二"}])
+    appends.append_jsonl(link, [{"n": 2, "text": "第二"}])
     assert link.is_symlink()
     assert vault.read_bytes() == '{"n":1}\n{"n":2,"text":"第二"}\n'.encode()
 
@@ -442,12 +443,12 @@ def test_append_jsonl_writes_through_a_link(tmp_path: Path) -> None:
 def test_read_bounded_stops_at_its_limit(tmp_path: Path) -> None:
     zero = tmp_path / "config.json"
     zero.symlink_to("/dev/zero")  # endless: reading it whole never ends
-    with pytest.raises(fsutil.FileTooLargeError) as caught:
-        fsutil.read_bounded(zero, 1 << 20)
+    with pytest.raises(bounded_read.FileTooLargeError) as caught:
+        bounded_read.read_bounded(zero, 1 << 20)
     assert str(caught.value) == f"{zero}: larger than 1 MiB; is it the right file?"
     big = tmp_path / "jobs.json"
     big.write_bytes(b"[" + b"0," * 600_000 + b"0]")
-    with pytest.raises(fsutil.FileTooLargeError, match="larger than 1 MiB"):
-        fsutil.read_bounded(big, 1 << 20)
-    assert fsutil.read_bounded(big, 2 << 20) == big.read_bytes()
-    assert fsutil.read_bounded(Path("/dev/null"), 10) == b""
+    with pytest.raises(bounded_read.FileTooLargeError, match="larger than 1 MiB"):
+        bounded_read.read_bounded(big, 1 << 20)
+    assert bounded_read.read_bounded(big, 2 << 20) == big.read_bytes()
+    assert bounded_read.read_bounded(Path("/dev/null"), 10) == b""

@@ -7,7 +7,7 @@ The layers, outermost first:
 
 (jobs is beside memory and providers: channels, agent and tools may import it, memory and providers not.)
 
-- base (the `picoclaw` package itself and every top-level module that is not a face: config, fsutil, clock,
+- base (the `picoclaw` package itself and every top-level module that is not a face: config, disk, clock,
   tokens, errors, jsonio, layout, ...) imports only base. A new top-level module is base until said otherwise,
   so it starts in the strictest layer.
 - storage (`picoclaw.storage`: the storage contract, the files backend, the PostgreSQL backend) imports base

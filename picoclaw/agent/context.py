@@ -36,7 +36,7 @@ from picoclaw.agent.budget import (
 from picoclaw.agent.history import keep_last, safe_start, turns
 from picoclaw.agent.images import IMAGE_TOKENS
 from picoclaw.clock import describe_timezone
-from picoclaw.fsutil import FileCache
+from picoclaw.disk.file_identity import FileCache
 from picoclaw.layout import BOOTSTRAP_FILES
 from picoclaw.memory import (
     Block,

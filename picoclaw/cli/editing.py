@@ -11,8 +11,8 @@ from datetime import UTC
 from pathlib import Path, PurePosixPath
 
 from picoclaw import clock
+from picoclaw.disk.stamped import write_stamped
 from picoclaw.errors import PicoclawError
-from picoclaw.fsutil import write_stamped
 from picoclaw.storage import Documents, is_stored_name
 
 EDITS_DIR = "edits"  # under the picoclaw home: edits refused because the document changed meanwhile

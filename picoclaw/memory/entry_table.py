@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from picoclaw.fsutil import atomic_write
+from picoclaw.disk.atomic import atomic_write
 from picoclaw.memory.entries import SECTION_HEADING, entry_fingerprint
 
 log = logging.getLogger(__name__)

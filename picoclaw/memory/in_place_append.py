@@ -17,7 +17,8 @@ from typing import BinaryIO
 
 import orjson
 
-from picoclaw.fsutil import journal_path, write_target
+from picoclaw.disk.appends import journal_path
+from picoclaw.disk.links import write_target
 from picoclaw.memory.entries import LongTermEntry, entry_fingerprint, long_term_entries, updated_by
 from picoclaw.memory.entry_table import BLOCK, ENTRIES_FILE, current_entry_table, fingerprint_hash, save_entry_table
 from picoclaw.storage import Documents

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from picoclaw import clock
-from picoclaw.fsutil import atomic_write
+from picoclaw.disk.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 

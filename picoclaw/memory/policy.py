@@ -20,8 +20,9 @@ import orjson
 from pydantic import ValidationError
 
 from picoclaw import clock
+from picoclaw.disk.file_identity import FileKey, file_key
+from picoclaw.disk.stamped import stamped_files
 from picoclaw.errors import ConfigError, PicoclawError
-from picoclaw.fsutil import FileKey, file_key, stamped_files
 from picoclaw.jsonio import dumps_pretty, read_json_object
 from picoclaw.policy_schema import POLICY_KEYS, MemoryPolicy
 from picoclaw.pydantic_errors import describe_error

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from picoclaw.fsutil import FileKey, file_key
+from picoclaw.disk.file_identity import FileKey, file_key
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from picoclaw.disk.bounded_read import read_regular
 from picoclaw.errors import ConfigError
-from picoclaw.fsutil import read_regular
 from picoclaw.memory.entries import SUPERSEDED, is_superseded
 from picoclaw.memory.eval.run_log import TREND_RUNS, EvalRun, logged_runs
 from picoclaw.memory.feedback import FeedbackCounts, FeedbackLedger

@@ -32,8 +32,9 @@ from datetime import date, datetime, timedelta, tzinfo
 from pathlib import Path
 
 from picoclaw import clock
+from picoclaw.disk.bounded_read import read_regular
+from picoclaw.disk.links import NotAFileError, write_target
 from picoclaw.errors import MemoryStoreError
-from picoclaw.fsutil import NotAFileError, read_regular, write_target
 from picoclaw.memory.entries import (
     SUPERSEDED,
     LongTermEntry,

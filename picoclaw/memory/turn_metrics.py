@@ -18,7 +18,8 @@ from pathlib import Path
 
 import orjson
 
-from picoclaw.fsutil import FileTooLargeError, NotAFileError, read_bounded
+from picoclaw.disk.bounded_read import FileTooLargeError, read_bounded
+from picoclaw.disk.links import NotAFileError
 from picoclaw.storage import Storage, StorageError, document_of
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,8 @@ import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
-from picoclaw.fsutil import atomic_write, read_regular
+from picoclaw.disk.atomic import atomic_write
+from picoclaw.disk.bounded_read import read_regular
 from picoclaw.layout import USERS_DIR
 from picoclaw.storage.errors import StorageUnavailable
 from picoclaw.storage.files_documents import FilesDocuments

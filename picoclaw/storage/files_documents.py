@@ -15,16 +15,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from picoclaw import clock
-from picoclaw.fsutil import (
-    append_bytes,
-    append_jsonl,
-    atomic_write,
-    read_regular,
-    stamped_files,
-    write_new,
-    write_stamped,
-    write_target,
-)
+from picoclaw.disk.appends import append_bytes, append_jsonl
+from picoclaw.disk.atomic import atomic_write
+from picoclaw.disk.bounded_read import read_regular
+from picoclaw.disk.links import write_target
+from picoclaw.disk.stamped import stamped_files, write_new, write_stamped
 from picoclaw.layout import MEMORY_DIR
 from picoclaw.storage.documents import MISSING, Changes, Document, StaleRevision
 from picoclaw.storage.errors import StorageError

@@ -15,7 +15,10 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from picoclaw.fsutil import FileTooLargeError, NotAFileError, atomic_write, file_key, read_bounded
+from picoclaw.disk.atomic import atomic_write
+from picoclaw.disk.bounded_read import FileTooLargeError, read_bounded
+from picoclaw.disk.file_identity import file_key
+from picoclaw.disk.links import NotAFileError
 from picoclaw.storage.errors import StorageError
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 

@@ -18,7 +18,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from picoclaw.fsutil import append_jsonl, atomic_write, file_key, reserve_stamped_path
+from picoclaw.disk.appends import append_jsonl
+from picoclaw.disk.atomic import atomic_write
+from picoclaw.disk.file_identity import file_key
+from picoclaw.disk.stamped import reserve_stamped_path
 from picoclaw.storage.errors import StorageError
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import orjson
 
 from picoclaw import clock
-from picoclaw.fsutil import atomic_write, read_regular
+from picoclaw.disk.atomic import atomic_write
+from picoclaw.disk.bounded_read import read_regular
 from picoclaw.layout import CRON_DIR, JOBS_FILE, MEMORY_DIR
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.stored_files import scope_roots, session_names

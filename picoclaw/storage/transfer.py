@@ -15,7 +15,8 @@ from pathlib import Path
 
 import orjson
 
-from picoclaw.fsutil import atomic_write, read_regular
+from picoclaw.disk.atomic import atomic_write
+from picoclaw.disk.bounded_read import read_regular
 from picoclaw.layout import SESSIONS_DIR
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.errors import StorageError

@@ -18,7 +18,7 @@ import orjson
 from filelock import FileLock, Timeout
 
 from picoclaw import clock
-from picoclaw.fsutil import atomic_write
+from picoclaw.disk.atomic import atomic_write
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 
 WORK_DIR = ".picoclaw-work"  # under the workspace root; not stored content (storage/stored_files.py)

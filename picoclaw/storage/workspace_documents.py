@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from picoclaw.fsutil import atomic_write
+from picoclaw.disk.atomic import atomic_write
 from picoclaw.layout import MEMORY_DIR
 from picoclaw.storage.backend import Storage
 from picoclaw.storage.documents import Documents

@@ -16,8 +16,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from picoclaw.disk.atomic import atomic_write, fsync_dir
 from picoclaw.errors import PicoclawError
-from picoclaw.fsutil import atomic_write, fsync_dir
 from picoclaw.layout import SKILL_DRAFTS_DIR
 from picoclaw.tools.skills import SKILL_FILE, SKILL_NAME, Skill, SkillFormatError, parse_skill
 

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from picoclaw.fsutil import FileCache, FileKey, file_key
+from picoclaw.disk.file_identity import FileCache, FileKey, file_key
 from picoclaw.layout import SKILL_DRAFTS_DIR
 from picoclaw.memory import Workspace
 from picoclaw.tools.base import Tool, ToolError

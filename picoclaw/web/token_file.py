@@ -29,7 +29,7 @@ def default_path(home: Path, host: str, port: int) -> Path:
 
 def write_token(path: Path, token: str) -> None:
     """Replace `path` with `token`; the file is never readable by others, not even for a moment (mkstemp)."""
-    from picoclaw.fsutil import atomic_write
+    from picoclaw.disk.atomic import atomic_write
 
     try:
         atomic_write(path, token + "\n", mode=MODE)
@@ -39,7 +39,7 @@ def write_token(path: Path, token: str) -> None:
 
 def read_token(path: Path) -> str:
     """The token `path` holds; TokenFileError when there is none (no console started with that file)."""
-    from picoclaw.fsutil import read_bounded
+    from picoclaw.disk.bounded_read import read_bounded
 
     try:
         token = read_bounded(path, MOST).decode("utf-8", "replace").strip()

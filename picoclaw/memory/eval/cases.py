@@ -15,8 +15,8 @@ from pathlib import Path
 
 import orjson
 
+from picoclaw.disk.bounded_read import FileTooLargeError, read_bounded
 from picoclaw.errors import PicoclawError
-from picoclaw.fsutil import FileTooLargeError, read_bounded
 from picoclaw.memory.terms import normalize
 
 CASES_NAME = "memory/eval/cases.jsonl"  # the scope's saved cases (generated, then the user's to edit)

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from datetime import date
 
-from picoclaw.fsutil import NotAFileError
+from picoclaw.disk.links import NotAFileError
 from picoclaw.memory.eval.cases import holds
 from picoclaw.memory.search import Block, split_blocks
 from picoclaw.memory.search.blocks import entry_blocks, is_title, lesson_blocks

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import orjson
 
+from picoclaw.disk.file_identity import FileKey, file_key
 from picoclaw.errors import ConfigError
-from picoclaw.fsutil import FileKey, file_key
 from picoclaw.jsonio import read_json_object
 from picoclaw.storage import Storage, StorageError, document_of
 

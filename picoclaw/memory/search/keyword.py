@@ -21,7 +21,9 @@ import os
 import threading
 from pathlib import Path
 
-from picoclaw.fsutil import FileCache, NotAFileError, read_regular
+from picoclaw.disk.bounded_read import read_regular
+from picoclaw.disk.file_identity import FileCache
+from picoclaw.disk.links import NotAFileError
 from picoclaw.memory.learnings import stands
 from picoclaw.memory.reading import decode, warn_unreadable
 from picoclaw.memory.search.blocks import Block, Hit, entry_blocks, is_title, lesson_blocks, split_blocks

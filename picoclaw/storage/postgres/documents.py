@@ -24,7 +24,8 @@ import orjson
 from filelock import FileLock
 
 from picoclaw import clock
-from picoclaw.fsutil import FileKey, atomic_write, file_key
+from picoclaw.disk.atomic import atomic_write
+from picoclaw.disk.file_identity import FileKey, file_key
 from picoclaw.layout import MEMORY_DIR, USERS_DIR
 from picoclaw.storage.documents import MISSING, Changes, Document, StaleRevision
 from picoclaw.storage.errors import StorageError, StorageUnavailable
@@ -453,7 +454,7 @@ class PostgresDocuments:
         payload = b"".join(orjson.dumps(record) + b"\n" for record in records)
         self.path(name)
         with self._write(f"an append to {name}") as conn:
-            # As on files (fsutil.append_jsonl): records start on a line of their own after a torn last line.
+            # As on files (disk/appends.py: append_jsonl): records start on a line of their own after a torn last line.
             row = conn.execute(
                 "insert into documents (scope, name, content) values (%s, %s, %s) on conflict (scope, name) "
                 "do update set content = case when documents.content is null then excluded.content "

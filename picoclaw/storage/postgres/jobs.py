@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from picoclaw.fsutil import atomic_write
+from picoclaw.disk.atomic import atomic_write
 from picoclaw.storage.errors import StorageError
 from picoclaw.storage.jobs import (
     DocumentEdit,

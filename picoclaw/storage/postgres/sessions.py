@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from picoclaw.fsutil import atomic_write
+from picoclaw.disk.atomic import atomic_write
 from picoclaw.layout import SESSIONS_DIR, USERS_DIR
 from picoclaw.storage.errors import StorageError
 from picoclaw.storage.postgres.connection import storage_errors as driver_errors
@@ -202,7 +202,7 @@ class PostgresSessionLog:
         with self._transaction() as conn:
             taken = {row[0] for row in conn.execute(
                 "select name from sessions where scope = %s and starts_with(name, %s)", (scope, prefix))}
-            counter = 0  # as fsutil.reserve_stamped_path names them: <stamp>_<name>, then <stamp>_1_<name> …
+            counter = 0  # as disk/stamped.py names them: <stamp>_<name>, then <stamp>_1_<name> …
             while (target := f"{prefix}{f'_{counter}' if counter else ''}_{name}") in taken:
                 counter += 1
             moved = conn.execute("update sessions set name = %s, revision = nextval('session_revision'), "

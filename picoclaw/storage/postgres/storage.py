@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
-from picoclaw.fsutil import read_regular
+from picoclaw.disk.bounded_read import read_regular
 from picoclaw.layout import USERS_DIR
 from picoclaw.storage.errors import StorageError
 from picoclaw.storage.files_documents import MEMORY_LOCK

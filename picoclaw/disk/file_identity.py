@@ -1,0 +1,54 @@
+"""A file's identity as it is now (mtime, size, inode), and values derived from files kept until it changes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+FileKey = tuple[int, int, int]  # (mtime_ns, size, inode): changes whenever the file is rewritten or replaced
+
+
+def file_key(path: Path) -> FileKey | None:
+    """The file's (mtime_ns, size, inode), or None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+class FileCache(Generic[T]):
+    """Values derived from files (parsed, indexed …), each rebuilt only when its file's `file_key` changes.
+
+    A value is kept by the path it is known by and loaded as `load(path, file)` from the file that holds it
+    now, which may be another (a document's `local` file on PostgreSQL: see storage/documents.py).
+    """
+
+    def __init__(self, load: Callable[[Path, Path], T]):
+        self._load = load
+        self._entries: dict[Path, tuple[FileKey, T]] = {}
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._entries
+
+    def discard(self, path: Path) -> None:
+        """Forget the value of `path`."""
+        self._entries.pop(path, None)
+
+    def get(self, path: Path, file: Path | None = None) -> T | None:
+        """The value for `path`, read from `file` (default: `path`) and loaded again only if that file changed;
+        None when it does not exist."""
+        file = path if file is None else file
+        key = file_key(file)
+        if key is None:
+            self._entries.pop(path, None)
+            return None
+        cached = self._entries.get(path)
+        if cached is None or cached[0] != key:
+            cached = (key, self._load(path, file))
+            self._entries[path] = cached
+        return cached[1]
