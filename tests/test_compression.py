@@ -71,13 +71,13 @@ def write_memory(store: MemoryStore, entries: list[str]) -> str:
     return text
 
 
-def compress(store: MemoryStore, server: FakeOpenAIServer, policy: MemoryPolicy = POLICY,
-             **options: bool) -> CompressionResult | None:
+def compress(store: MemoryStore, server: FakeOpenAIServer, policy: MemoryPolicy = POLICY, *,
+             group_chars: int | None = None, **options: bool) -> CompressionResult | None:
     """One compression against the fake server (provider made and closed in its own event loop): the
     after-turn job, or with `options` (force, dry_run) the one the CLI runs."""
     async def go() -> CompressionResult | None:
         async with fake_provider(server) as provider:
-            compressor = LongTermCompressor(store, provider)
+            compressor = LongTermCompressor(store, provider, group_chars=group_chars)
             return await (compressor.run(policy, **options) if options else compressor.run_if_due(policy))
     return asyncio.run(go())
 
@@ -691,15 +691,13 @@ def test_groups_are_whole_entries_within_the_budget() -> None:
 @pytest.mark.parametrize("dry_run", [False, True], ids=["real", "dry-run"])
 @freeze_time(FROZEN)
 def test_one_bad_group_keeps_its_text_and_the_good_group_is_compressed(
-        workspace: Workspace, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch, dry_run: bool,
-        caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(compression, "GROUP_CHARS", GROUP_CHARS)
+        workspace: Workspace, fake_openai: FakeOpenAIServer, dry_run: bool, caplog: pytest.LogCaptureFixture) -> None:
     store = workspace.store
     original = write_memory(store, ENGLISH + CHINESE)
     files_before = {p: p.read_bytes() for p in store.memory_dir.rglob("*") if p.is_file()}
     fake_openai.responder = one_good_one_bad
 
-    result = compress(store, fake_openai, force=True, dry_run=dry_run)
+    result = compress(store, fake_openai, force=True, dry_run=dry_run, group_chars=GROUP_CHARS)
 
     expected = PREAMBLE + "\n" + ENGLISH_REWRITE + "\n" + "\n\n".join(CHINESE) + "\n"
     assert result is not None and result.status == ("dry_run" if dry_run else "compressed"), result
@@ -751,6 +749,7 @@ def test_a_failed_call_keeps_its_group_and_sends_no_more(workspace: Workspace, f
 @freeze_time(FROZEN)
 def test_cli_shows_each_group(home: Path, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str],
                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # `memory compress` makes its own compressor, with the module's group size: patched, as no argument reaches it.
     monkeypatch.setattr(compression, "GROUP_CHARS", GROUP_CHARS)
     configure(home, fake_openai)
     store = App.open(home).workspace.store

@@ -8,11 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from picoclaw import app as app_module
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
+from picoclaw.config import load_config
 from picoclaw.memory.search import index_of
 from picoclaw.storage import FilesStorage
 from picoclaw.tools.registry import build_tools
@@ -194,13 +192,12 @@ def test_a_long_session_keeps_only_its_recent_compacted_messages_in_memory(tmp_p
 
 
 def test_per_user_agents_beyond_the_cache_are_closed_and_made_again(
-        home: Path, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
     fake_openai.responder = lambda body: "ok"
-    monkeypatch.setattr(app_module, "AGENT_CACHE_SIZE", 2)
 
     async def main() -> tuple[int, bool, bool, str]:
-        async with App.open(home) as app:
+        async with App(load_config(home), home, agent_cache_size=2) as app:
             first = app.agent("user-0")
             first.workspace.store.append_long_term("My room is 512. 我的房间号是 512。")
             await first.handle("telegram:100", "what is my room? 我的房间号是多少")

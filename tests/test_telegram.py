@@ -39,7 +39,7 @@ from picoclaw.channels.telegram import (
     make_bot,
     not_authorised,
 )
-from picoclaw.channels.telegram import channel as telegram_channel
+from picoclaw.channels.telegram.channel import TOLD_SIZE
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
 from picoclaw.transcripts.session_store import session_filename
@@ -90,7 +90,8 @@ class Sleeps:
 
 
 def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIServer,
-          body: Callable[[TelegramChannel], Awaitable[T]], *, sleeps: Sleeps | None = None) -> T:
+          body: Callable[[TelegramChannel], Awaitable[T]], *, sleeps: Sleeps | None = None,
+          told_size: int = TOLD_SIZE) -> T:
     """Run the bot until `body(channel)` returns, then stop it the way SIGTERM does and wait for it."""
     async def main() -> T:
         settings = workspace.config.channels.telegram
@@ -100,7 +101,7 @@ def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIS
         async with app:
             channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
                                       transcriber=app.transcriber(), typing_interval=0.05,
-                                      sleep=sleeps or Sleeps())
+                                      sleep=sleeps or Sleeps(), told_size=told_size)
             running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
             await until(telegram, lambda: bool(telegram.calls("getUpdates")))
             try:
@@ -967,10 +968,8 @@ def test_per_chat_locks_exist_only_while_a_chat_is_busy(home: Path, fake_telegra
 
 
 def test_strangers_told_their_id_are_remembered_within_a_bound(home: Path, fake_telegram: FakeTelegramServer,
-                                                                fake_openai: FakeOpenAIServer,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                fake_openai: FakeOpenAIServer) -> None:
     workspace = configure(home, fake_telegram, fake_openai)
-    monkeypatch.setattr(telegram_channel, "TOLD_SIZE", 2)
     strangers = [7001, 7002, 7003]
 
     async def body(channel: TelegramChannel) -> None:
@@ -980,7 +979,7 @@ def test_strangers_told_their_id_are_remembered_within_a_bound(home: Path, fake_
         fake_telegram.send_text(7003, 7003, "hello again")  # still remembered: not told twice
         fake_telegram.send_text(7001, 7001, "hello again")  # forgotten (the oldest of three): told again
         await until(fake_telegram, replied(fake_telegram, 7001, 2))
-    serve(workspace, fake_telegram, fake_openai, body)
+    serve(workspace, fake_telegram, fake_openai, body, told_size=2)
 
     assert fake_telegram.sent_texts(7001) == [not_authorised(7001)] * 2
     assert fake_telegram.sent_texts(7003) == [not_authorised(7003)]
