@@ -33,6 +33,7 @@ from freezegun import freeze_time
 import picoclaw
 from picoclaw.cli import main
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.zones import onboard_in_shanghai
 
 FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py)
@@ -115,15 +116,13 @@ def remove(relative: str) -> Setup:
 def config(**changes: Any) -> Setup:
     """Set keys of config.json; a key is a dotted path ("memory.retrieve_limit"), created when missing."""
     def run(home: Path) -> None:
-        path = home / "config.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        for dotted, value in changes.items():
-            *parents, last = dotted.split(".")
-            node = data
-            for name in parents:
-                node = node.setdefault(name, {})
-            node[last] = value
-        path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        with edit_config(home) as data:
+            for dotted, value in changes.items():
+                *parents, last = dotted.split(".")
+                node = data
+                for name in parents:
+                    node = node.setdefault(name, {})
+                node[last] = value
     return run
 
 

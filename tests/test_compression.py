@@ -40,6 +40,7 @@ from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.openai_compat import OpenAICompatProvider, from_config
 from picoclaw.tools.registry import build_tools
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.stores import memory_store
 from tests.test_repl import configure, picoclaw
 
@@ -853,10 +854,8 @@ def test_cli_compress_fits_the_rewrite_to_a_small_window(home: Path, fake_openai
     """`memory compress` asked with config's max_tokens (4,096) whatever the window: on a 4k one every request
     was over it."""
     configure(home, fake_openai)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["agents"]["defaults"]["context_window"] = 4096
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["agents"]["defaults"]["context_window"] = 4096
     store = App.open(home).workspace.store
     write_memory(store, CHINESE)
     fake_openai.reply_text(CHINESE_REWRITE)

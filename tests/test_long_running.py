@@ -17,6 +17,7 @@ from picoclaw.tools.registry import build_tools
 from picoclaw.transcripts.session_store import KEPT_COMPACTED, SessionStore, StoredMessage
 from tests.agent_helpers import API_KEY, make_provider, said
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.waiting import wait_until
 
 FACT = "I prefer green tea over coffee in the morning. 我早上喜欢喝绿茶，不喝咖啡。"
@@ -24,12 +25,10 @@ FACT = "I prefer green tea over coffee in the morning. 我早上喜欢喝绿茶�
 
 def configure(home: Path, server: FakeOpenAIServer, **embeddings: Any) -> None:
     """The model and the index's embeddings both from the fake server."""
-    path = home / "config.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    data["providers"]["openai"] = {"api_key": API_KEY, "api_base": server.base_url}
-    data["memory"]["index"] = {"enabled": True, "embeddings": {
-        "provider": "openai", "model": "text-embedding-3-small", **embeddings}}
-    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as data:
+        data["providers"]["openai"] = {"api_key": API_KEY, "api_base": server.base_url}
+        data["memory"]["index"] = {"enabled": True, "embeddings": {
+            "provider": "openai", "model": "text-embedding-3-small", **embeddings}}
 
 
 def embedded(server: FakeOpenAIServer, marker: str) -> bool:

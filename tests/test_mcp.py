@@ -5,7 +5,6 @@ AgentLoop and the fake model: tools listed, calls and their results, failures co
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ from picoclaw.tools.base import ToolError
 from picoclaw.tools.mcp import MIN_START_TIMEOUT, McpServer
 from tests.agent_helpers import API_KEY, history, make_provider
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.waiting import wait_until, wait_until_sync
 
 T = TypeVar("T")
@@ -47,20 +47,16 @@ def stdio(**settings: Any) -> dict[str, Any]:
 
 def configure(home: Path, servers: dict[str, Any], fake_openai: FakeOpenAIServer | None = None) -> None:
     """Write `servers` into config.json's tools.mcp (and point the provider at the fake model)."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config.setdefault("tools", {})["mcp"] = {"servers": servers}
-    if fake_openai is not None:
-        config["providers"]["openai"] = {"api_key": API_KEY, "api_base": fake_openai.base_url}
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config.setdefault("tools", {})["mcp"] = {"servers": servers}
+        if fake_openai is not None:
+            config["providers"]["openai"] = {"api_key": API_KEY, "api_base": fake_openai.base_url}
 
 
 def learning_off(home: Path) -> None:
     """No lesson reviews after a turn: the test scripts every model reply in order, and a review would take one."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["memory"]["learning_enabled"] = False
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["memory"]["learning_enabled"] = False
 
 
 def with_app(home: Path, fake_openai: FakeOpenAIServer | None, body: Callable[[App], Awaitable[T]]) -> T:
@@ -664,11 +660,9 @@ def test_telegram_offers_the_same_mcp_tools(home: Path, fake_openai: FakeOpenAIS
     from picoclaw.channels.telegram import TelegramChannel
 
     configure(home, {"files": stdio(tools=["echo"])}, fake_openai)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["channels"]["telegram"].update({"enabled": True, "token": "123456:TEST-token", "api_base":
-                                           "http://127.0.0.1:9", "memory_scope": "per_user"})
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["channels"]["telegram"].update({"enabled": True, "token": "123456:TEST-token", "api_base":
+                                               "http://127.0.0.1:9", "memory_scope": "per_user"})
     seen: list[list[str]] = []
 
     async def run(self: TelegramChannel, **kwargs: Any) -> None:  # instead of polling: look at the agents

@@ -21,6 +21,7 @@ from picoclaw.agent import Reply
 from picoclaw.channels.repl import CANCELLED, SCHEDULED_MARK, ReplChannel, _ctrl_c_cancels, _ctrl_c_leaves
 from tests.agent_helpers import said
 from tests.fakes import FakeOpenAIServer, Text
+from tests.homes import edit_config
 from tests.waiting import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,11 +30,9 @@ KEY = "sk-repl-test-0123456789"
 
 def configure(home: Path, server: FakeOpenAIServer, **memory: Any) -> None:
     """Point the onboarded config at the fake server (and set policy keys in its memory block)."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": KEY, "api_base": server.base_url}
-    config["memory"].update(memory)
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": KEY, "api_base": server.base_url}
+        config["memory"].update(memory)
 
 
 def picoclaw(home: Path, *args: str, stdin: str = "", env: dict[str, str] | None = None
@@ -102,9 +101,8 @@ def test_one_shot_waits_for_the_summary_before_exiting(home: Path, fake_openai: 
 
 def test_no_api_key_is_one_clear_line_and_no_request(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"]["api_key"] = ""
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"]["api_key"] = ""
 
     result = picoclaw(home, "chat", "-m", "hello")
 

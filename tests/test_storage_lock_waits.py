@@ -5,7 +5,6 @@ only upper bounds on a hang."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from picoclaw.storage import (
     StorageUnavailable,
     open_storage,
 )
+from tests.homes import edit_config
 from tests.test_cli import assert_one_line_error
 from tests.test_config import config_error
 from tests.test_storage_documents import Backend
@@ -308,10 +308,8 @@ def test_a_bad_lock_wait_is_one_config_error_line(tmp_path: Path, value: object,
 
 def test_memory_append_while_another_process_holds_the_lock_is_one_error_line(
         home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config_path = home / "config.json"
-    data = json.loads(config_path.read_text(encoding="utf-8"))
-    data.setdefault("storage", {})["lock_wait_seconds"] = 1
-    config_path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as data:
+        data.setdefault("storage", {})["lock_wait_seconds"] = 1
     root = Path(os.path.expanduser(data["workspace"])) if data.get("workspace") else home / "workspace"
     assert main(["memory", "append", "第一条 / the first entry"]) == 0
     capsys.readouterr()

@@ -20,10 +20,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,6 +32,7 @@ from picoclaw.memory.entries import entry_body, long_term_entries
 from picoclaw.storage.transfer import read_layout
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.postgres import fresh_database, missing
+from tests.homes import edit_config
 from tests.test_cli import picoclaw_env, policy_rows
 from tests.test_current_reads import _entries, _in, _onboarded, homes  # noqa: F401  (homes: a fixture, used by name)
 
@@ -43,23 +43,15 @@ NOTE = "Called the sister in Lisbon today. 今天给住在里斯本的妹妹打�
 LESSON = "When the user asks about family, mention the sister in Lisbon. 问到家人时提到里斯本的妹妹。"
 
 
-def _edit_config(home: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    edit(config)
-    path.write_text(json.dumps(config), encoding="utf-8")
-
-
 def _with_index(home: Path) -> None:
     """The optional index on (keyword terms only: no embedder is configured)."""
-    _edit_config(home, lambda config: config.setdefault("memory", {}).__setitem__("index", {"enabled": True}))
+    with edit_config(home) as config:
+        config.setdefault("memory", {})["index"] = {"enabled": True}
 
 
 def _with_model(home: Path, server: FakeOpenAIServer) -> None:
-    def edit(config: dict[str, Any]) -> None:
+    with edit_config(home) as config:
         config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": server.base_url}
-
-    _edit_config(home, edit)
 
 
 def _picoclaw(home: Path, *argv: str) -> str:

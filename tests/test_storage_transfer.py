@@ -28,6 +28,7 @@ from picoclaw.storage.switching import SWITCH_FILE
 from picoclaw.storage.transfer import read_layout
 from picoclaw.storage.work import WORK_DIR
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.test_cli import assert_one_line_error, run
 from tests.zones import onboard_in_shanghai
 
@@ -36,10 +37,8 @@ ENTRIES = ["The user's dog is called Biscuit.", "用户的猫叫小白，三岁�
 
 def set_storage(home: Path, storage: dict[str, object]) -> None:
     """Point `home`'s config.json at `storage`."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["storage"] = storage
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["storage"] = storage
 
 
 @pytest.fixture(params=["files", "postgres"])
@@ -178,9 +177,8 @@ def test_the_whole_cli_on_postgres_one_machine_after_another(home: Path, postgre
         if where == second:
             onboard_in_shanghai(second)  # the same zone as the first machine
         set_storage(where, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
-        config = json.loads((where / "config.json").read_text(encoding="utf-8"))
-        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-        (where / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        with edit_config(where) as config:
+            config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
     fill(capsys)
     fake_openai.reply_text("好的，我记住了 Biscuit。")
     code, out, err = run(capsys, "chat", "-m", "What is my dog called? 我的狗叫什么？")
@@ -224,9 +222,8 @@ def stored(home: Path) -> dict[str, bytes]:
 
 
 def use_model(home: Path, fake_openai: FakeOpenAIServer) -> None:
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
 
 
 def fill_with_chat(capsys: pytest.CaptureFixture[str], home: Path, fake_openai: FakeOpenAIServer) -> None:

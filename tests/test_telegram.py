@@ -56,6 +56,7 @@ from tests.agent_helpers import (
 )
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import BOT_USERNAME, ENTITY_ERROR, TOKEN, FakeTelegramServer
+from tests.homes import edit_config
 from tests.waiting import wait_until
 
 T = TypeVar("T")
@@ -67,15 +68,13 @@ STRANGER = 6666
 
 def configure(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, **settings: Any) -> Workspace:
     """Point config.json at both fakes; `settings` go into channels.telegram (allow_from: the owner)."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": API_KEY, "api_base": model.base_url}
-    # A cloud model's window: these tests are about Telegram; on the local default (8,192) a long reply in the
-    # history is summarised within the next turn, which takes a scripted answer (tests/test_prompt_budget.py).
-    config["agents"]["defaults"]["context_window"] = 128_000
-    config["channels"]["telegram"].update({"enabled": True, "token": TOKEN, "api_base": telegram.origin,
-                                          "allow_from": [OWNER], **settings})
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": API_KEY, "api_base": model.base_url}
+        # A cloud model's window: these tests are about Telegram; on the local default (8,192) a long reply in the
+        # history is summarised within the next turn, which takes a scripted answer (tests/test_prompt_budget.py).
+        config["agents"]["defaults"]["context_window"] = 128_000
+        config["channels"]["telegram"].update({"enabled": True, "token": TOKEN, "api_base": telegram.origin,
+                                              "allow_from": [OWNER], **settings})
     return App.open(home).workspace
 
 
@@ -221,10 +220,8 @@ def test_an_allow_from_entry_that_would_match_everyone_is_a_config_error(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
         capsys: pytest.CaptureFixture[str], allow_from: list[int | str]) -> None:
     configure(home, fake_telegram, fake_openai)  # written valid, then broken: configure() opens the App
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["channels"]["telegram"]["allow_from"] = allow_from
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["channels"]["telegram"]["allow_from"] = allow_from
     assert main(["telegram"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "channels.telegram.allow_from" in err and "Traceback" not in err, err

@@ -42,6 +42,7 @@ from picoclaw.storage.inbox import SqliteInbox
 from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import BOT_USERNAME, TOKEN, FakeTelegramServer, free_port
+from tests.homes import edit_config
 from tests.test_telegram import OWNER, STRANGER, configure, echo, picoclaw_telegram, replied, serve, until
 from tests.test_telegram_reliability import finished
 from tests.waiting import wait_until
@@ -120,10 +121,8 @@ def inbox_rows(home: Path, dsn: str | None = None, columns: str = "update_id, ch
 
 def on_postgres(home: Path, dsn: str) -> None:
     """The home's storage on PostgreSQL (before `configure`, which keeps it)."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}
 
 
 def backend_dsn(request: pytest.FixtureRequest, home: Path, backend: str) -> str | None:
@@ -452,11 +451,9 @@ def test_a_voice_note_whose_turn_cannot_reach_the_storage_is_not_heard_twice(
         monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
     configure(home, fake_telegram, fake_openai, **hook_settings(port))
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["transcription"] = {"provider": "openai", "model": "whisper-1"}
-    config["providers"]["openai"]["max_retries"] = 0
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["transcription"] = {"provider": "openai", "model": "whisper-1"}
+        config["providers"]["openai"]["max_retries"] = 0
     workspace = App.open(home).workspace
     fake_openai.reply_transcript("remember my locker is 317 / 我的柜子是317号")
     failures = [StorageUnavailable("PostgreSQL at db.example:5432 cannot be reached: server closed the connection")]

@@ -38,6 +38,7 @@ from picoclaw.storage.postgres.storage import PostgresStorage
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.postgres import StoppableServer, fresh_database, missing, stoppable_server
 from tests.fakes.telegram_server import BOT_ID, TOKEN, FakeTelegramServer, free_port, worker_healthy
+from tests.homes import edit_config
 from tests.test_telegram import OWNER, REPO, configure, echo, picoclaw_telegram, replied, until
 from tests.test_telegram_webhook import (
     LEASE,
@@ -55,12 +56,10 @@ from tests.waiting import Deadline, wait_until_sync
 def set_up(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, dsn: str, chats: list[int]) -> None:
     configure(home, telegram, model, allow_from=chats,
               webhook={"url": URL, "lease_seconds": LEASE, "max_parallel": 16})
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 8}}
-    # Twelve turns a chat stay under the summary threshold: this test is about updates, not summaries.
-    config["memory"]["session_summary_message_threshold"] = 40
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 8}}
+        # Twelve turns a chat stay under the summary threshold: this test is about updates, not summaries.
+        config["memory"]["session_summary_message_threshold"] = 40
 
 
 @contextmanager
@@ -366,10 +365,8 @@ def test_a_process_frozen_holding_the_memory_lock_stops_no_chat_past_the_bound_a
         tmp_path: Path, where: str) -> None:
     chats = [8001 + n for n in range(6)]
     set_up(home, fake_telegram, fake_openai, postgres_dsn, chats)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["storage"]["lock_wait_seconds"] = 3  # the workers' bound on every lock wait, and their own leases
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["storage"]["lock_wait_seconds"] = 3  # the workers' bound on every lock wait, and their own leases
     fake_openai.responder = echo
     root = workspace_dir(load_config(home), home) if where == "this machine" else tmp_path / "machine1"
     root.mkdir(parents=True, exist_ok=True)
