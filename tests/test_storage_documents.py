@@ -140,7 +140,7 @@ def test_three_processes_append_without_losing_or_doubling_an_entry(backend: Bac
     assert max(seen.values()) == 1
 
 
-def test_a_writer_killed_mid_append_leaves_whole_entries(backend: Backend) -> None:
+def test_a_writer_killed_mid_append_leaves_whole_entries(backend: Backend, seed: int) -> None:
     folder = backend.folder(1)
     child = CTX.Process(target=_append_forever, args=(backend.kind, str(folder), backend.dsn))
     child.start()
@@ -148,7 +148,7 @@ def test_a_writer_killed_mid_append_leaves_whole_entries(backend: Backend) -> No
         deadline = time.monotonic() + 60
         while len(_blocks(backend.stored("memory/MEMORY.md") or "")) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(random.uniform(0, 0.05))  # a random moment of the next appends: under the lock or pushing
+        time.sleep(random.Random(seed).uniform(0, 0.05))  # a moment of the next appends: under the lock or pushing
     finally:
         child.kill()
         child.join()
