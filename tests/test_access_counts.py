@@ -85,6 +85,7 @@ def _record(folder: str, key: str) -> None:
         AccessCounts(Path(folder), lock_wait=600, storage=FilesStorage(Path(folder))).record([key], DAY)
 
 
+@pytest.mark.slow
 def test_processes_recording_at_once_lose_no_count(tmp_path: Path) -> None:
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_record, args=(str(tmp_path), key)) for key in ("a", "b")]

@@ -33,6 +33,8 @@ NAMES = "Alice Bob Carol Priya Mateo Hannah Kenji Olga Samir Fatima Lucas Chloe"
 ZH_NAMES = "张伟 王芳 李娜 刘洋 陈静 杨磊 赵敏 黄勇 周杰 吴霞".split()
 PLACES = "Lisbon Tokyo Berlin Nairobi Oslo Seoul Lima Prague 成都 杭州 西安 厦门".split()
 FIRST = "## 2020-01-02\nAlice moved the build server to Lisbon; ticket OPS-1001.\n"  # the file's first entry
+# Seconds a test: a 2.4 MB MEMORY.md appended to and searched, processes killed mid-append, every word's needle.
+pytestmark = pytest.mark.slow
 
 
 def _entries(count: int, seed: int = 23) -> str:

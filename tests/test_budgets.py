@@ -391,6 +391,7 @@ def _claim_many(kind: str, root: str, dsn: str, go: Any, granted: Any) -> None:
         storage.close()
 
 
+@pytest.mark.slow
 def test_two_processes_claiming_at_once_never_exceed_the_cap(backend: Backend) -> None:  # noqa: F811
     go = CTX.Event()
     granted = CTX.Value("i", 0)

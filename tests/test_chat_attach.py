@@ -7,12 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from picoclaw.channels import NO_VISION, NOT_LISTENING, SPOKEN_MARK
 from tests.agent_helpers import said
 from tests.fakes import FakeOpenAIServer
 from tests.homes import edit_config
 from tests.test_attachments import OGG, PNG, ZH
 from tests.test_repl import configure, picoclaw, session_records
+
+pytestmark = pytest.mark.slow  # every test here runs `picoclaw chat` in a process of its own
 
 SESSION = "cli%3Adefault.jsonl"
 

@@ -409,6 +409,7 @@ def test_no_config_tells_you_to_onboard(
 # -- end to end ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_python_m_picoclaw_memory_search_subprocess(facts: Path, home: Path, tmp_path: Path) -> None:
     repo = Path(picoclaw.__file__).resolve().parent.parent
     env = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONIOENCODING": "utf-8",
@@ -431,6 +432,7 @@ def picoclaw_env(home: Path) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["memory", "show"], ["memory", "search", "咖啡 coffee", "--limit", "50"]],
                          ids=["show", "search"])
 def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(home: Path, argv: list[str]) -> None:

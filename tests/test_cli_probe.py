@@ -197,7 +197,9 @@ class Case:
 
 
 def case(id: str, argv: list[str], expect: Fails | Works, setup: Setup | None = None, **more: Any) -> Any:
-    return pytest.param(Case(tuple(argv), expect, setup, **more), id=id)
+    # A case run in a process of its own (run_isolated) is a real-process test: `slow`.
+    marks = [pytest.mark.slow] if more.get("isolated") else []
+    return pytest.param(Case(tuple(argv), expect, setup, **more), id=id, marks=marks)
 
 
 def usage(*needles: str) -> Fails:

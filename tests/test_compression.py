@@ -466,6 +466,7 @@ def test_cli_refused_rewrite_is_one_line_and_changes_nothing(home: Path, fake_op
     assert len(fake_openai.chat_requests()) == 1
 
 
+@pytest.mark.slow
 def test_cli_refusal_is_one_line_on_stderr_in_a_real_process(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai, long_term_compress_char_threshold=THRESHOLD)
     store = App.open(home).workspace.store

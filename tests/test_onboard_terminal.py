@@ -27,6 +27,8 @@ from tests.fakes import FakeOpenAIServer
 from tests.homes import edit_config
 from tests.zones import onboard_in_shanghai
 
+pytestmark = pytest.mark.slow  # every test here runs onboarding in a process on a terminal of its own
+
 REPO = Path(picoclaw.__file__).resolve().parent.parent
 RIGHT_KEY = "sk-right-0123456789abcdef"
 WRONG_KEY = "sk-wrong-fedcba9876543210"

@@ -30,6 +30,9 @@ from tests.fakes.openai_server import (
 from tests.homes import edit_config
 from tests.test_repl import configure
 
+# Every test here runs whole sessions against a fake model server of its own: seconds each.
+pytestmark = pytest.mark.slow
+
 WINDOW = 4096
 TURNS = 16
 KEY = "cli:default"

@@ -93,6 +93,7 @@ def _chunks(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
 
 
 # The files backend has one folder: two folders on one database are PostgreSQL's.
+@pytest.mark.slow
 @pytest.mark.parametrize("homes", ["postgres"], indirect=True)
 @pytest.mark.parametrize("index", [False, True], ids=["without-index", "with-index"])
 def test_every_read_command_of_a_second_folder_shows_the_first_folders_writes_at_once(
@@ -162,6 +163,7 @@ def _appended(worker: int, number: int) -> str:
     return f"Fact {word}：{characters}"
 
 
+@pytest.mark.slow
 def test_three_processes_append_fifty_entries_each_and_none_is_lost_or_doubled(
         homes: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -224,6 +226,7 @@ READS = [("memory", "show"), ("memory", "search", ENGLISH_QUERY), ("memory", "se
          ("memory", "backups"), ("policy", "show"), ("policy", "history"), ("cron", "list")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("homes", ["postgres"], indirect=True)
 def test_a_new_folder_on_a_database_restored_from_pg_dump_shows_everything(
         homes: tuple[Path, Path], tmp_path: Path, request: pytest.FixtureRequest,  # noqa: F811
@@ -393,6 +396,7 @@ def _store(home: Path, user: str) -> Iterator[MemoryStore]:
         app.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("action", "user"), [("append", ""), ("rewrite", ""), ("append", "alice")],
                          ids=["append", "rewrite", "per-user-append"])
 def test_a_writer_killed_mid_write_leaves_the_old_or_the_new_document_never_a_half(

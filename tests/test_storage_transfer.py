@@ -156,6 +156,7 @@ def test_storage_status_names_backend_versions_and_rows(backend_home: Path, caps
         assert "backend: files" in out and "stored files:" in out
 
 
+@pytest.mark.slow
 def test_storage_status_of_an_unreachable_server_is_one_line_without_the_password(
         home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     set_storage(home, {"backend": "postgres",
@@ -322,6 +323,7 @@ def test_a_refused_import_changes_nothing_and_says_so(home: Path, postgres_dsn: 
     assert stored(home) == read_layout(source)
 
 
+@pytest.mark.slow
 def test_the_switch_warning_is_one_line_in_every_command_until_the_import(
         home: Path, postgres_dsn: str, capsys: pytest.CaptureFixture[str], fake_openai: FakeOpenAIServer) -> None:
     """A files workspace whose config.json now says postgres: each command starts with one line naming
@@ -367,6 +369,7 @@ def test_the_switch_warning_goes_once_the_database_holds_the_folder_content(
         assert switch_warning(storage) is None
 
 
+@pytest.mark.slow
 def test_no_switch_warning_for_a_fresh_postgres_workspace_or_a_files_one(
         home: Path, postgres_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fill(capsys)

@@ -692,6 +692,7 @@ def test_a_disabled_channel_refuses_to_start(home: Path, fake_telegram: FakeTele
     assert not fake_telegram.calls()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_telegram, fake_openai)

@@ -118,6 +118,7 @@ def test_an_update_stored_late_waits_for_the_chats_update_under_way(inbox: Inbox
     assert ids(inbox.claim("w2", 30, 10)) == [10]
 
 
+@pytest.mark.slow
 def test_workers_claiming_at_once_take_each_update_once_and_one_per_chat_at_a_time(inbox: Inbox,
                                                                                    storage: Storage) -> None:
     stored(inbox, *((n, f"chat{n % 40}") for n in range(1, 401)))

@@ -328,6 +328,7 @@ def test_a_body_that_drips_in_or_never_ends_is_cut_off_and_an_aborted_one_is_one
     assert all("\n" not in line for line in logged)
 
 
+@pytest.mark.slow
 def test_a_flood_of_one_update_is_stored_once_and_answered_once(home: Path, fake_telegram: FakeTelegramServer,
                                                                 fake_openai: FakeOpenAIServer) -> None:
     port = free_port()
@@ -540,6 +541,7 @@ def test_a_reply_whose_record_fails_is_recorded_at_a_retry(home: Path, fake_tele
     assert "reply sent but not recorded" not in caplog.text
 
 
+@pytest.mark.slow
 def test_a_worker_paused_past_its_lease_sends_nothing_for_an_update_another_took_over(tmp_path: Path) -> None:
     async def run() -> tuple[list[bool], list[str]]:
         inbox = SqliteInbox(tmp_path / "inbox.sqlite3", 123456)
@@ -575,6 +577,7 @@ def test_a_worker_paused_past_its_lease_sends_nothing_for_an_update_another_took
     assert sent == [] and checks[0] is True  # its renewal may have learnt it first and stopped the turn
 
 
+@pytest.mark.slow
 def test_an_update_finished_while_its_lease_is_renewed_is_not_reported_lost(tmp_path: Path,
                                                                             caplog: pytest.LogCaptureFixture) -> None:
     renewed = threading.Event()
@@ -629,6 +632,7 @@ def test_polling_takes_down_a_webhook_left_by_webhook_mode(home: Path, fake_tele
 # -- the command ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_one_worker_on_files_keeps_its_inbox_across_a_kill_and_a_second_is_refused(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     port = free_port()

@@ -52,6 +52,9 @@ from tests.test_telegram_webhook import (
 )
 from tests.waiting import Deadline, wait_until_sync
 
+# Every test here runs on PostgreSQL, most with worker processes of their own.
+pytestmark = pytest.mark.slow
+
 
 def set_up(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, dsn: str, chats: list[int]) -> None:
     configure(home, telegram, model, allow_from=chats,

@@ -119,6 +119,7 @@ def test_a_decision_that_is_not_the_open_questions_own_changes_nothing(
     assert not (console.app.workspace.root / "x.md").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("locale", "approve", "approved"), [("en-US", "Approve", "Approved"),
                                                               ("zh-CN", "批准", "已批准")])
 def test_in_a_browser_the_call_waits_for_the_approve_button(asking: tuple[Console, FakeOpenAIServer], locale: str,

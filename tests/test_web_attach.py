@@ -142,6 +142,7 @@ def test_audio_without_a_transcriber_is_one_line(home: Path, fake_openai: FakeOp
     assert fake_openai.chat_requests() == []
 
 
+@pytest.mark.slow
 def test_in_a_browser_attach_sends_the_file_and_shows_the_note(console: Console, fake_openai: FakeOpenAIServer,
                                                                tmp_path: Path) -> None:
     if not CHROMIUM.exists():

@@ -171,6 +171,7 @@ def test_every_bad_request_is_one_log_line_and_never_a_traceback(
     assert store.long_term_path.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_the_terminal_of_picoclaw_web_shows_one_line_a_bad_request(home: Path) -> None:
     process = picoclaw_web(home, "--port", str(_free_port()))
     try:

@@ -126,6 +126,7 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-network
                   "--disable-sync", "--no-first-run"]  # the machine's network is closed: no background calls
 
 
+@pytest.mark.slow
 def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_set_and_rolled_back(
         console: Console, capsys: pytest.CaptureFixture[str]) -> None:
     import os
@@ -518,6 +519,7 @@ def test_a_reminder_for_a_web_session_appears_while_its_page_is_open(
         deliver("after the page's stream ended")
 
 
+@pytest.mark.slow
 def test_in_a_browser_a_chat_answer_streams_in_and_why_this_answer_shows_its_memory(
         chatting: tuple[Console, FakeOpenAIServer]) -> None:
     import os
@@ -655,6 +657,7 @@ def test_the_console_works_the_same_on_postgresql(home: Path, postgres_dsn: str,
         "recent_days": 5}
 
 
+@pytest.mark.slow
 def test_the_status_page_shows_the_state_and_tools_of_the_mcp_servers_started_for_the_chat(home: Path) -> None:
     import sys
 

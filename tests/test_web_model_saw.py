@@ -118,6 +118,7 @@ def test_a_turn_recorded_by_an_older_version_says_what_it_lacks(console: Console
     assert "没有保存窗口的划分" in zh and "没有保存被略去的记忆块" in zh
 
 
+@pytest.mark.slow
 def test_in_a_browser_the_window_bar_and_the_request_toggle(windowed: tuple[Console, FakeOpenAIServer]) -> None:
     chromium_or_skip()
     from playwright.sync_api import sync_playwright

@@ -108,6 +108,7 @@ def test_a_receipt_with_no_page_open_is_not_shown_but_listed(chatting: tuple[Con
         assert next_event(lines) == {"kind": "delivered", "text": "end"}
 
 
+@pytest.mark.slow
 def test_in_a_browser_a_chat_turns_memory_append_shows_its_receipt_as_text(
         chatting: tuple[Console, FakeOpenAIServer]) -> None:
     if not CHROMIUM.exists():
