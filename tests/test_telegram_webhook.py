@@ -71,8 +71,9 @@ def hook_settings(port: int, **settings: Any) -> dict[str, Any]:
 
 
 def serve_webhook(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIServer,
-                  body: Callable[[TelegramChannel, Webhook], Awaitable[T]]) -> T:
-    """Run one webhook worker in this process until `body` returns, then stop it as SIGTERM does."""
+                  body: Callable[[TelegramChannel, Webhook], Awaitable[T]], **timings: float) -> T:
+    """Run one webhook worker in this process until `body` returns, then stop it as SIGTERM does; `timings` go to
+    the Webhook (body_timeout, idle_timeout, fallback_poll)."""
     async def run() -> T:
         settings = workspace.config.channels.telegram
         bot = make_bot(settings, workspace.config.telegram_token())
@@ -80,7 +81,8 @@ def serve_webhook(workspace: Workspace, telegram: FakeTelegramServer, model: Fak
         async with app:
             channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
                                       transcriber=app.transcriber(), typing_interval=0.05)
-            webhook = Webhook(settings.webhook, app.storage, worker="w1", secret_token=webhook_secret(bot.token))
+            webhook = Webhook(settings.webhook, app.storage, worker="w1", secret_token=webhook_secret(bot.token),
+                              **timings)
             running = asyncio.create_task(channel.run(handle_signals=False, webhook=webhook))
             await until(telegram, lambda: telegram.webhook is not None)  # the port opened before it was set
             try:
@@ -261,10 +263,8 @@ def test_an_id_that_does_not_fit_64_bits_is_a_400_not_a_503_retried_for_ever(
 
 
 def test_a_body_that_drips_in_or_never_ends_is_cut_off_and_an_aborted_one_is_one_log_line(
-        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(webhook_module, "BODY_TIMEOUT", 1.0)
-    monkeypatch.setattr(webhook_module, "IDLE_TIMEOUT", 2.0)
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
+        caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()
     workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
     fake_openai.responder = echo
@@ -314,7 +314,8 @@ def test_a_body_that_drips_in_or_never_ends_is_cut_off_and_an_aborted_one_is_one
         status = await post(port, update(2, OWNER, "still served / 照常服务"),
                             {"X-Telegram-Bot-Api-Secret-Token": webhook_secret(TOKEN)})
         return list(await asyncio.gather(*bodies)), await headers, garbage, status
-    cut_bodies, cut_headers, garbage, status = serve_webhook(workspace, fake_telegram, fake_openai, run)
+    cut_bodies, cut_headers, garbage, status = serve_webhook(workspace, fake_telegram, fake_openai, run,
+                                                             body_timeout=1.0, idle_timeout=2.0)
     assert status == 200 and fake_telegram.sent_texts(OWNER) == ["echo: still served / 照常服务"]
     # Each closed by the worker: with a 408 (the log below says each was one), and no request began for the last.
     assert all(answer.startswith(b"HTTP/1.1 408 ") or answer == b"" for answer in cut_bodies), cut_bodies

@@ -30,7 +30,6 @@ import pytest
 from picoclaw import clock
 from picoclaw.app import App
 from picoclaw.channels.telegram import MEMORY_BUSY, TelegramChannel, Webhook, webhook_secret
-from picoclaw.channels.telegram import webhook as webhook_module
 from picoclaw.config import load_config, workspace_dir
 from picoclaw.jobs import add_session_job
 from picoclaw.storage import StorageError
@@ -267,9 +266,9 @@ def reachable(storage: PostgresStorage) -> bool:
 
 def test_postgres_going_down_is_a_quick_503_and_one_warning_and_answers_resume_as_it_returns(
         home: Path, stoppable: StoppableServer, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
-        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # No polling at all: after the outage only its return, and NOTIFY on a LISTEN made again, wake the worker.
-    monkeypatch.setattr(webhook_module, "FALLBACK_POLL", 3600.0)
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    # No polling at all (fallback_poll below): after the outage only its return, and NOTIFY on a LISTEN made
+    # again, wake the worker.
     caplog.set_level(logging.INFO)
     with fresh_database(stoppable.dsn) as dsn:
         on_postgres(home, dsn)
@@ -301,7 +300,7 @@ def test_postgres_going_down_is_a_quick_503_and_one_warning_and_answers_resume_a
             await asyncio.to_thread(store_elsewhere, tmp_path / "elsewhere", dsn, update(3, OWNER, "after / 之后"))
             await until(fake_telegram, replied(fake_telegram, OWNER, 3))
             return during, warned
-        during, warned = serve_webhook(workspace, fake_telegram, fake_openai, run)
+        during, warned = serve_webhook(workspace, fake_telegram, fake_openai, run, fallback_poll=3600.0)
 
     assert [status for status, _ in during] == [503] * 4
     assert max(seconds for _, seconds in during) < 10, during  # a pool connection was waited for 30 s each
