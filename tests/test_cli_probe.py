@@ -196,9 +196,10 @@ class Case:
     frozen: bool = False  # at FROZEN (freezing costs a tenth of a second, so only where the date matters)
 
 
-def case(id: str, argv: list[str], expect: Fails | Works, setup: Setup | None = None, **more: Any) -> Any:
-    # A case run in a process of its own (run_isolated) is a real-process test: `slow`.
-    marks = [pytest.mark.slow] if more.get("isolated") else []
+def case(id: str, argv: list[str], expect: Fails | Works, setup: Setup | None = None, *, slow: bool = False,
+         **more: Any) -> Any:
+    # A case run in a process of its own (run_isolated), or one that starts a program (`slow`), is `slow`.
+    marks = [pytest.mark.slow] if slow or more.get("isolated") else []
     return pytest.param(Case(tuple(argv), expect, setup, **more), id=id, marks=marks)
 
 
@@ -378,7 +379,7 @@ CASES = [
     case("skills-is-file", ["skills", "list"], Works(needles=("no skills",)),
          chain(remove("workspace/skills"), write("workspace/skills", "not a folder"))),
     case("mcp-no-program", ["mcp", "list"], Works(1, ("failed", "not found")),
-         config(**{"tools.mcp.servers": {"gone": {"command": ["no-such-mcp-program-探针"]}}})),
+         config(**{"tools.mcp.servers": {"gone": {"command": ["no-such-mcp-program-探针"]}}}), slow=True),
     case("mcp-wrong-type", ["mcp", "list"], error("tools.mcp.servers"), config(**{"tools.mcp.servers": {"x": "npx"}})),
     case("mcp-zh-name", ["mcp", "list"], error("server name"),
          config(**{"tools.mcp.servers": {"服务器": {"command": ["true"]}}})),

@@ -579,6 +579,7 @@ def test_a_tool_error_quoting_the_servers_env_is_redacted(home: Path, fake_opena
     assert leaked(error, secret) == []
 
 
+@pytest.mark.slow
 def test_an_http_server_that_is_not_there_fails_at_start(home: Path) -> None:
     configure(home, {"gone": {"url": "http://127.0.0.1:9/mcp", "timeout": 5}})
 
