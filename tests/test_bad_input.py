@@ -281,6 +281,7 @@ def test_edit_file_cannot_add_an_entry_heading(workspace: Workspace) -> None:
 
 
 
+@pytest.mark.slow
 def test_real_process_latin1_argument_and_bad_byte_warning(home: Path, workspace: Workspace, tmp_path: Path) -> None:
     """The probe as run from a shell: argv bytes that are not UTF-8, and the warning as one stderr line."""
     write_bad_memory(workspace)

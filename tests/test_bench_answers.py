@@ -258,6 +258,7 @@ def test_questions_first_n_or_a_seeded_sample(fake_openai: FakeOpenAIServer, tmp
     assert picks[0]["answers"][0]["question"] == picks[1]["answers"][0]["question"]  # seeded: the same pick
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_the_table_of_what_was_answered(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
     fake_openai.responder = model("en")
     release = threading.Event()

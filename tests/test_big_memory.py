@@ -14,6 +14,7 @@ import sys
 import tracemalloc
 from datetime import date, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from freezegun import freeze_time
@@ -21,9 +22,10 @@ from freezegun import freeze_time
 import picoclaw
 from picoclaw.app import App
 from picoclaw.cli import main
-from picoclaw.memory import store as store_module
 from picoclaw.memory.search import KeywordSearch, bm25, keyword, large_files
 from picoclaw.memory.terms import stem
+from tests.stores import memory_store
+from tests.zones import SHANGHAI
 
 FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py)
 REPO = Path(picoclaw.__file__).resolve().parent.parent
@@ -31,6 +33,8 @@ NAMES = "Alice Bob Carol Priya Mateo Hannah Kenji Olga Samir Fatima Lucas Chloe"
 ZH_NAMES = "张伟 王芳 李娜 刘洋 陈静 杨磊 赵敏 黄勇 周杰 吴霞".split()
 PLACES = "Lisbon Tokyo Berlin Nairobi Oslo Seoul Lima Prague 成都 杭州 西安 厦门".split()
 FIRST = "## 2020-01-02\nAlice moved the build server to Lisbon; ticket OPS-1001.\n"  # the file's first entry
+# Seconds a test: a 2.4 MB MEMORY.md appended to and searched, processes killed mid-append, every word's needle.
+pytestmark = pytest.mark.slow
 
 
 def _entries(count: int, seed: int = 23) -> str:
@@ -152,12 +156,13 @@ def test_an_update_in_a_large_memory_marks_the_older_entry(memory: Path, capsys:
 
 @freeze_time(FROZEN)
 def test_updates_are_looked_for_among_the_newest_entries_only(
-        memory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        memory: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run(capsys, "memory", "append", "My locker number is 217 / 我的储物柜是 217 号")
     for number in range(3):
         run(capsys, "memory", "append", f"Read chapter {'one two three'.split()[number]} of 三体")
-    monkeypatch.setattr(store_module, "UPDATE_WINDOW", 3)  # the locker entry is the fourth newest
-    run(capsys, "memory", "append", "My locker number is 305 / 我的储物柜是 305 号")
+    # The locker entry is the fourth newest: outside a window of the three newest.
+    memory_store(memory.parent, ZoneInfo(SHANGHAI), update_window=3).append_long_term(
+        "My locker number is 305 / 我的储物柜是 305 号")
     assert "superseded" not in memory.read_text(encoding="utf-8")
 
 

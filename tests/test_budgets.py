@@ -31,6 +31,7 @@ from picoclaw.storage import Storage
 from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import SESSION, make_provider, set_policy
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.test_scheduler import Delivered, enable_heartbeat, open_app
 from tests.test_storage_documents import Backend, backend  # noqa: F401 - the fixture, on both backends
 
@@ -44,10 +45,8 @@ DAY1, DAY2 = date(2025, 3, 10), date(2025, 3, 11)
 
 
 def set_budget(home: Path, **budget: Any) -> None:
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["budget"] = budget
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["budget"] = budget
 
 
 def ledger_of(workspace: Workspace) -> SpendLedger:
@@ -392,6 +391,7 @@ def _claim_many(kind: str, root: str, dsn: str, go: Any, granted: Any) -> None:
         storage.close()
 
 
+@pytest.mark.slow
 def test_two_processes_claiming_at_once_never_exceed_the_cap(backend: Backend) -> None:  # noqa: F811
     go = CTX.Event()
     granted = CTX.Value("i", 0)
@@ -498,11 +498,10 @@ def test_background_calls_go_to_agents_background_and_chat_stays_on_its_model(
     from tests.agent_helpers import is_flush_request, is_summary_request
 
     with FakeOpenAIServer() as cheap:
-        config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-        config["providers"]["local"] = {"api_key": "sk-local", "api_base": cheap.base_url}
-        config["agents"]["background"] = {"provider": "local", "model": "qwen-small"}
-        (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        with edit_config(home) as config:
+            config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
+            config["providers"]["local"] = {"api_key": "sk-local", "api_base": cheap.base_url}
+            config["agents"]["background"] = {"provider": "local", "model": "qwen-small"}
         fake_openai.responder = lambda body: "Noted. / 记下了。"
         cheap.responder = lambda body: "The user told where they live. / 用户说了住处。" if is_summary_request(body) \
             else "NONE"

@@ -4,29 +4,31 @@ file that cannot be taken is one line on stderr, exit 1, nothing sent to the mod
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from picoclaw.channels import NO_VISION, NOT_LISTENING, SPOKEN_MARK
 from tests.agent_helpers import said
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.test_attachments import OGG, PNG, ZH
 from tests.test_repl import configure, picoclaw, session_records
+
+pytestmark = pytest.mark.slow  # every test here runs `picoclaw chat` in a process of its own
 
 SESSION = "cli%3Adefault.jsonl"
 
 
 def setup(home: Path, fake: FakeOpenAIServer, *, vision: bool | None = None, transcription: bool = False) -> None:
     configure(home, fake)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["providers"]["openai"]["max_retries"] = 0
-    if vision is not None:
-        config["agents"]["defaults"]["vision"] = vision
-    if transcription:
-        config["transcription"] = {"provider": "openai", "model": "whisper-1"}
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"]["max_retries"] = 0
+        if vision is not None:
+            config["agents"]["defaults"]["vision"] = vision
+        if transcription:
+            config["transcription"] = {"provider": "openai", "model": "whisper-1"}
 
 
 def last_user(fake: FakeOpenAIServer) -> Any:

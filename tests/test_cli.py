@@ -17,6 +17,7 @@ import picoclaw
 from picoclaw.app import App
 from picoclaw.cli import main
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 
 # 18:30 UTC is 02:30 the next day in Asia/Shanghai, the test homes' timezone (tests/zones.py): dates follow it.
 FROZEN = "2025-03-10 18:30:00"
@@ -386,14 +387,13 @@ def test_broken_config_is_one_line_naming_the_file(
 
 def test_invalid_config_value_is_one_line_naming_key_and_range(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = home / "config.json"
-    data = json.loads(config.read_text())
-    data["memory"]["retrieve_limit"] = 0
-    config.write_text(json.dumps(data))
+    with edit_config(home) as data:
+        data["memory"]["retrieve_limit"] = 0
     assert_one_line_error(*run(capsys, "memory", "search", "dog"), str(config), "memory.retrieve_limit",
                           "allowed 1–50")
-    data["memory"]["retrieve_limit"] = 5
-    data["memory"]["retrive_limit"] = 5
-    config.write_text(json.dumps(data))
+    with edit_config(home) as data:
+        data["memory"]["retrieve_limit"] = 5
+        data["memory"]["retrive_limit"] = 5
     assert_one_line_error(*run(capsys, "policy", "show"), "memory.retrive_limit", "unknown key")
 
 
@@ -409,6 +409,7 @@ def test_no_config_tells_you_to_onboard(
 # -- end to end ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_python_m_picoclaw_memory_search_subprocess(facts: Path, home: Path, tmp_path: Path) -> None:
     repo = Path(picoclaw.__file__).resolve().parent.parent
     env = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONIOENCODING": "utf-8",
@@ -431,6 +432,7 @@ def picoclaw_env(home: Path) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["memory", "show"], ["memory", "search", "咖啡 coffee", "--limit", "50"]],
                          ids=["show", "search"])
 def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(home: Path, argv: list[str]) -> None:
@@ -563,9 +565,8 @@ def test_skills_list_shows_no_escapes(home: Path, capsys: pytest.CaptureFixture[
 
 def test_an_error_quoting_the_models_server_shows_no_escapes(
         home: Path, capsys: pytest.CaptureFixture[str], fake_openai: FakeOpenAIServer) -> None:
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": "sk-cli-test-0123456789", "api_base": fake_openai.base_url}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": "sk-cli-test-0123456789", "api_base": fake_openai.base_url}
     run(capsys, "memory", "append", "咖啡 coffee: oat-milk latte")
     memory = (memory_dir(home) / "MEMORY.md").read_bytes()
     fake_openai.reply_error(400, f"bad request {HOSTILE}")

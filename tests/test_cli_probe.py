@@ -33,6 +33,7 @@ from freezegun import freeze_time
 import picoclaw
 from picoclaw.cli import main
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.zones import onboard_in_shanghai
 
 FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py)
@@ -115,15 +116,13 @@ def remove(relative: str) -> Setup:
 def config(**changes: Any) -> Setup:
     """Set keys of config.json; a key is a dotted path ("memory.retrieve_limit"), created when missing."""
     def run(home: Path) -> None:
-        path = home / "config.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        for dotted, value in changes.items():
-            *parents, last = dotted.split(".")
-            node = data
-            for name in parents:
-                node = node.setdefault(name, {})
-            node[last] = value
-        path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        with edit_config(home) as data:
+            for dotted, value in changes.items():
+                *parents, last = dotted.split(".")
+                node = data
+                for name in parents:
+                    node = node.setdefault(name, {})
+                node[last] = value
     return run
 
 
@@ -197,8 +196,11 @@ class Case:
     frozen: bool = False  # at FROZEN (freezing costs a tenth of a second, so only where the date matters)
 
 
-def case(id: str, argv: list[str], expect: Fails | Works, setup: Setup | None = None, **more: Any) -> Any:
-    return pytest.param(Case(tuple(argv), expect, setup, **more), id=id)
+def case(id: str, argv: list[str], expect: Fails | Works, setup: Setup | None = None, *, slow: bool = False,
+         **more: Any) -> Any:
+    # A case run in a process of its own (run_isolated), or one that starts a program (`slow`), is `slow`.
+    marks = [pytest.mark.slow] if slow or more.get("isolated") else []
+    return pytest.param(Case(tuple(argv), expect, setup, **more), id=id, marks=marks)
 
 
 def usage(*needles: str) -> Fails:
@@ -377,7 +379,7 @@ CASES = [
     case("skills-is-file", ["skills", "list"], Works(needles=("no skills",)),
          chain(remove("workspace/skills"), write("workspace/skills", "not a folder"))),
     case("mcp-no-program", ["mcp", "list"], Works(1, ("failed", "not found")),
-         config(**{"tools.mcp.servers": {"gone": {"command": ["no-such-mcp-program-探针"]}}})),
+         config(**{"tools.mcp.servers": {"gone": {"command": ["no-such-mcp-program-探针"]}}}), slow=True),
     case("mcp-wrong-type", ["mcp", "list"], error("tools.mcp.servers"), config(**{"tools.mcp.servers": {"x": "npx"}})),
     case("mcp-zh-name", ["mcp", "list"], error("server name"),
          config(**{"tools.mcp.servers": {"服务器": {"command": ["true"]}}})),

@@ -40,6 +40,7 @@ from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.providers.openai_compat import OpenAICompatProvider, from_config
 from picoclaw.tools.registry import build_tools
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.stores import memory_store
 from tests.test_repl import configure, picoclaw
 
@@ -71,13 +72,13 @@ def write_memory(store: MemoryStore, entries: list[str]) -> str:
     return text
 
 
-def compress(store: MemoryStore, server: FakeOpenAIServer, policy: MemoryPolicy = POLICY,
-             **options: bool) -> CompressionResult | None:
+def compress(store: MemoryStore, server: FakeOpenAIServer, policy: MemoryPolicy = POLICY, *,
+             group_chars: int | None = None, **options: bool) -> CompressionResult | None:
     """One compression against the fake server (provider made and closed in its own event loop): the
     after-turn job, or with `options` (force, dry_run) the one the CLI runs."""
     async def go() -> CompressionResult | None:
         async with fake_provider(server) as provider:
-            compressor = LongTermCompressor(store, provider)
+            compressor = LongTermCompressor(store, provider, group_chars=group_chars)
             return await (compressor.run(policy, **options) if options else compressor.run_if_due(policy))
     return asyncio.run(go())
 
@@ -465,6 +466,7 @@ def test_cli_refused_rewrite_is_one_line_and_changes_nothing(home: Path, fake_op
     assert len(fake_openai.chat_requests()) == 1
 
 
+@pytest.mark.slow
 def test_cli_refusal_is_one_line_on_stderr_in_a_real_process(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai, long_term_compress_char_threshold=THRESHOLD)
     store = App.open(home).workspace.store
@@ -691,15 +693,13 @@ def test_groups_are_whole_entries_within_the_budget() -> None:
 @pytest.mark.parametrize("dry_run", [False, True], ids=["real", "dry-run"])
 @freeze_time(FROZEN)
 def test_one_bad_group_keeps_its_text_and_the_good_group_is_compressed(
-        workspace: Workspace, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch, dry_run: bool,
-        caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(compression, "GROUP_CHARS", GROUP_CHARS)
+        workspace: Workspace, fake_openai: FakeOpenAIServer, dry_run: bool, caplog: pytest.LogCaptureFixture) -> None:
     store = workspace.store
     original = write_memory(store, ENGLISH + CHINESE)
     files_before = {p: p.read_bytes() for p in store.memory_dir.rglob("*") if p.is_file()}
     fake_openai.responder = one_good_one_bad
 
-    result = compress(store, fake_openai, force=True, dry_run=dry_run)
+    result = compress(store, fake_openai, force=True, dry_run=dry_run, group_chars=GROUP_CHARS)
 
     expected = PREAMBLE + "\n" + ENGLISH_REWRITE + "\n" + "\n\n".join(CHINESE) + "\n"
     assert result is not None and result.status == ("dry_run" if dry_run else "compressed"), result
@@ -751,6 +751,7 @@ def test_a_failed_call_keeps_its_group_and_sends_no_more(workspace: Workspace, f
 @freeze_time(FROZEN)
 def test_cli_shows_each_group(home: Path, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str],
                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # `memory compress` makes its own compressor, with the module's group size: patched, as no argument reaches it.
     monkeypatch.setattr(compression, "GROUP_CHARS", GROUP_CHARS)
     configure(home, fake_openai)
     store = App.open(home).workspace.store
@@ -854,10 +855,8 @@ def test_cli_compress_fits_the_rewrite_to_a_small_window(home: Path, fake_openai
     """`memory compress` asked with config's max_tokens (4,096) whatever the window: on a 4k one every request
     was over it."""
     configure(home, fake_openai)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["agents"]["defaults"]["context_window"] = 4096
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["agents"]["defaults"]["context_window"] = 4096
     store = App.open(home).workspace.store
     write_memory(store, CHINESE)
     fake_openai.reply_text(CHINESE_REWRITE)

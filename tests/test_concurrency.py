@@ -15,8 +15,12 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from tests.stores import memory_store
 from tests.waiting import Deadline
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 # "spawn": each child is a fresh interpreter with its own imports and its own FileLock, as when the
 # bot, the REPL and the CLI run side by side.

@@ -423,6 +423,7 @@ def _picoclaw_bounded(home: Path, *argv: str) -> subprocess.CompletedProcess[str
                           encoding="utf-8", timeout=60)
 
 
+@pytest.mark.slow
 def test_a_config_linked_to_dev_zero_is_refused_in_one_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
     onboard(home)
@@ -442,6 +443,7 @@ def test_a_huge_config_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
     assert message == f"{home / 'config.json'}: larger than 1 MiB; is it the right file?"
 
 
+@pytest.mark.slow
 def test_policy_overrides_linked_to_dev_zero_are_ignored_with_one_warning(tmp_path: Path) -> None:
     home = tmp_path / "home"
     onboard(home)

@@ -4,7 +4,6 @@ window, and the window with where it came from; before any turn, what the next r
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from picoclaw.tools.registry import build_tools
 from tests.agent_helpers import SESSION, make_provider, records_of, write_memory
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.console import Console, logged_in
+from tests.homes import edit_config
 from tests.test_web_console import chat_events, chatting  # noqa: F401  (chatting: a fixture)
 
 SMALL = ContextWindow(4096, "server", "llama.cpp /props")
@@ -127,11 +127,9 @@ def test_context_is_listed_where_channels_list_commands() -> None:
 
 
 def configure(home: Path, server: FakeOpenAIServer) -> None:
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": "sk-context-test-0123456789", "api_base": server.base_url}
-    config["agents"]["defaults"]["context_window"] = 16000
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": "sk-context-test-0123456789", "api_base": server.base_url}
+        config["agents"]["defaults"]["context_window"] = 16000
 
 
 @pytest.mark.parametrize("message", ["what is on today?", "今天有什么安排？"])

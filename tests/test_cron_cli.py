@@ -90,6 +90,7 @@ def test_per_user_scope_comes_from_the_session(home: Path) -> None:
     assert [job["scope"] for job in stored(home)] == ["7", "42"]
 
 
+@pytest.mark.slow
 def test_a_job_added_while_picoclaw_telegram_runs_arrives_once(home: Path, fake_telegram: FakeTelegramServer,
                                                                fake_openai: FakeOpenAIServer) -> None:
     """Two real processes, as a user runs them: the bot, and `picoclaw cron add` beside it."""

@@ -17,6 +17,7 @@ from picoclaw.storage.waits import LockWaitExpired
 from picoclaw.tools.base import ToolError
 from picoclaw.tools.files import os_errors
 from tests.fakes.console import Console
+from tests.homes import edit_config
 from tests.test_cli import assert_one_line_error, run
 from tests.zones import onboard_in_shanghai
 
@@ -29,10 +30,8 @@ def _onboarded(home: Path, dsn: str | None) -> Path:
     """A home onboarded on files, or on the PostgreSQL database `dsn` (the templates go up to it)."""
     onboard_in_shanghai(home)
     if dsn is not None:
-        path = home / "config.json"
-        config = json.loads(path.read_text(encoding="utf-8"))
-        config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn}}
-        path.write_text(json.dumps(config), encoding="utf-8")
+        with edit_config(home) as config:
+            config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn}}
         onboard_in_shanghai(home)
     return home
 
@@ -178,10 +177,8 @@ def test_with_the_index_a_second_machine_finds_an_append_at_once(tmp_path: Path,
         monkeypatch.delenv(name, raising=False)
     a, b = (_onboarded(tmp_path / name, postgres_dsn) for name in ("a", "b"))
     for home in (a, b):
-        path = home / "config.json"
-        config = json.loads(path.read_text(encoding="utf-8"))
-        config.setdefault("memory", {})["index"] = {"enabled": True}
-        path.write_text(json.dumps(config), encoding="utf-8")
+        with edit_config(home) as config:
+            config.setdefault("memory", {})["index"] = {"enabled": True}
     for fact, query, _ in FACTS:
         assert fact not in _in(b, monkeypatch, capsys, "memory", "search", query)[1]  # B's index is built first
         assert _in(a, monkeypatch, capsys, "memory", "append", fact)[0] == 0

@@ -233,11 +233,9 @@ def test_a_cut_pdf_or_gbk_text_is_kept_as_utf8_text_too(tmp_path: Path) -> None:
     assert save_document(folder, pdf, b"%PDF-1.4 ...", max_chars=1_000)[1] is None  # not cut: the file alone
 
 
-def test_a_pdf_with_too_many_pages_is_refused_before_its_text_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    from picoclaw.channels import documents
-
-    monkeypatch.setattr(documents, "MAX_PDF_PAGES", 2)
+def test_a_pdf_with_too_many_pages_is_refused_before_its_text_is_read() -> None:
     pdf = make_pdf(text_page("one"), text_page("two"), text_page("three"))
     with pytest.raises(MediaRefused, match="report.pdf has 3 pages; I read PDFs of up to 2"):
-        read_document("report.pdf", pdf, max_bytes=1_000_000)
-    assert read_document("report.pdf", make_pdf(text_page("one"), text_page("two")), max_bytes=1_000_000).pages == 2
+        read_document("report.pdf", pdf, max_bytes=1_000_000, max_pages=2)
+    two_pages = make_pdf(text_page("one"), text_page("two"))
+    assert read_document("report.pdf", two_pages, max_bytes=1_000_000, max_pages=2).pages == 2

@@ -63,6 +63,7 @@ def test_environment_has_no_keys_or_tokens(workspace: Workspace, monkeypatch: py
     assert safe_environment({"a_key": "x", "Path": "y"}) == {"Path": "y"}
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_process_group(workspace: Workspace) -> None:
     # A shell and `sleep` start in milliseconds even on a busy machine, so the grandchild runs well before the
     # timeout (two Python start-ups took most of a 0.5 s timeout there).

@@ -34,6 +34,7 @@ from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.tools.registry import build_tools
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.stores import memory_store
 
 KEY = "sk-index-test-0123456789"
@@ -517,13 +518,11 @@ def test_defaults_keep_the_index_off_and_keyword_only() -> None:
 
 
 def enable_index(home: Path, server: FakeOpenAIServer | None = None, **index: Any) -> None:
-    path = home / "config.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    data["memory"]["index"] = {"enabled": True, **index}
-    if server is not None:
-        data["providers"]["openai"] = {"api_key": KEY, "api_base": server.base_url}
-        data["memory"]["index"]["embeddings"] = {"provider": "openai", "model": "text-embedding-3-small"}
-    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as data:
+        data["memory"]["index"] = {"enabled": True, **index}
+        if server is not None:
+            data["providers"]["openai"] = {"api_key": KEY, "api_base": server.base_url}
+            data["memory"]["index"]["embeddings"] = {"provider": "openai", "model": "text-embedding-3-small"}
 
 
 @pytest.fixture

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 from freezegun import freeze_time
 
-from picoclaw import app as app_module
 from picoclaw.app import App, build_embedder
-from picoclaw.config import Config, parse_config
+from picoclaw.config import Config, load_config, parse_config
 from picoclaw.memory.index import MemoryIndex
 from picoclaw.memory.index.embedders import Embedder
 from picoclaw.memory.search import index_of
@@ -232,14 +231,13 @@ def test_turns_while_the_endpoint_is_down_ask_it_once_and_log_it_once(
 
 
 def test_a_per_user_agent_still_embedding_is_not_evicted_and_its_index_stays_closed_after(
-        home: Path, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
     # A turn waits 0.2 s for new memory's embeddings, then answers from keywords; the embedding goes on.
     configure(home, fake_openai, max_wait_seconds=0.2)
     fake_openai.responder = lambda body: "ok"
-    monkeypatch.setattr(app_module, "AGENT_CACHE_SIZE", 1)
 
     async def main() -> tuple[bool, bool, bool, int, str]:
-        async with App.open(home) as app:
+        async with App(load_config(home), home, agent_cache_size=1) as app:
             first = app.agent("user-0")
             index = index_of(first.workspace.searcher)
             assert index is not None

@@ -44,6 +44,7 @@ def test_a_bad_console_address_is_one_line(home: Path, capsys: pytest.CaptureFix
     assert err.count("\n") == 1 and err.startswith("picoclaw: error: ") and said in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["127.0.0.1:{port}", "[::1]:{port}"])
 def test_picoclaw_web_listens_on_host_port(home: Path, family: str) -> None:
     v6 = family.startswith("[")
@@ -82,6 +83,7 @@ def test_a_bad_telegram_listen_is_one_line(home: Path, capsys: pytest.CaptureFix
     assert err.count("\n") == 1 and "must be host:port such as 0.0.0.0:8080 or [::]:8080" in err, err
 
 
+@pytest.mark.slow
 def test_two_consoles_on_one_port_but_two_hosts_keep_a_token_file_each(home: Path) -> None:
     port = free_port()
     four = picoclaw_web(home, "--listen", f"127.0.0.1:{port}")

@@ -8,17 +8,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from picoclaw import app as app_module
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
+from picoclaw.config import load_config
 from picoclaw.memory.search import index_of
 from picoclaw.storage import FilesStorage
 from picoclaw.tools.registry import build_tools
 from picoclaw.transcripts.session_store import KEPT_COMPACTED, SessionStore, StoredMessage
 from tests.agent_helpers import API_KEY, make_provider, said
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.waiting import wait_until
 
 FACT = "I prefer green tea over coffee in the morning. 我早上喜欢喝绿茶，不喝咖啡。"
@@ -26,12 +25,10 @@ FACT = "I prefer green tea over coffee in the morning. 我早上喜欢喝绿茶�
 
 def configure(home: Path, server: FakeOpenAIServer, **embeddings: Any) -> None:
     """The model and the index's embeddings both from the fake server."""
-    path = home / "config.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    data["providers"]["openai"] = {"api_key": API_KEY, "api_base": server.base_url}
-    data["memory"]["index"] = {"enabled": True, "embeddings": {
-        "provider": "openai", "model": "text-embedding-3-small", **embeddings}}
-    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as data:
+        data["providers"]["openai"] = {"api_key": API_KEY, "api_base": server.base_url}
+        data["memory"]["index"] = {"enabled": True, "embeddings": {
+            "provider": "openai", "model": "text-embedding-3-small", **embeddings}}
 
 
 def embedded(server: FakeOpenAIServer, marker: str) -> bool:
@@ -194,13 +191,12 @@ def test_a_long_session_keeps_only_its_recent_compacted_messages_in_memory(tmp_p
 
 
 def test_per_user_agents_beyond_the_cache_are_closed_and_made_again(
-        home: Path, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
     fake_openai.responder = lambda body: "ok"
-    monkeypatch.setattr(app_module, "AGENT_CACHE_SIZE", 2)
 
     async def main() -> tuple[int, bool, bool, str]:
-        async with App.open(home) as app:
+        async with App(load_config(home), home, agent_cache_size=2) as app:
             first = app.agent("user-0")
             first.workspace.store.append_long_term("My room is 512. 我的房间号是 512。")
             await first.handle("telegram:100", "what is my room? 我的房间号是多少")

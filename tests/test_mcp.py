@@ -5,7 +5,6 @@ AgentLoop and the fake model: tools listed, calls and their results, failures co
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ from picoclaw.tools.base import ToolError
 from picoclaw.tools.mcp import MIN_START_TIMEOUT, McpServer
 from tests.agent_helpers import API_KEY, history, make_provider
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.waiting import wait_until, wait_until_sync
 
 T = TypeVar("T")
@@ -47,20 +47,16 @@ def stdio(**settings: Any) -> dict[str, Any]:
 
 def configure(home: Path, servers: dict[str, Any], fake_openai: FakeOpenAIServer | None = None) -> None:
     """Write `servers` into config.json's tools.mcp (and point the provider at the fake model)."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config.setdefault("tools", {})["mcp"] = {"servers": servers}
-    if fake_openai is not None:
-        config["providers"]["openai"] = {"api_key": API_KEY, "api_base": fake_openai.base_url}
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config.setdefault("tools", {})["mcp"] = {"servers": servers}
+        if fake_openai is not None:
+            config["providers"]["openai"] = {"api_key": API_KEY, "api_base": fake_openai.base_url}
 
 
 def learning_off(home: Path) -> None:
     """No lesson reviews after a turn: the test scripts every model reply in order, and a review would take one."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["memory"]["learning_enabled"] = False
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["memory"]["learning_enabled"] = False
 
 
 def with_app(home: Path, fake_openai: FakeOpenAIServer | None, body: Callable[[App], Awaitable[T]]) -> T:
@@ -178,6 +174,7 @@ def test_a_good_entry_has_the_documented_defaults() -> None:
 # -- stdio: listing and calling ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tools_are_listed_sorted_with_the_servers_schema(home: Path) -> None:
     configure(home, {"files": stdio()})
 
@@ -200,6 +197,7 @@ def test_tools_are_listed_sorted_with_the_servers_schema(home: Path) -> None:
     assert parameters["required"] == ["text"]
 
 
+@pytest.mark.slow
 def test_a_call_through_the_model_reaches_the_server_and_its_result_the_next_request(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, {"files": stdio()})
@@ -222,6 +220,7 @@ def test_a_call_through_the_model_reaches_the_server_and_its_result_the_next_req
     assert add.startswith("error: ") and "validation error" in add  # the server checks its own schema
 
 
+@pytest.mark.slow
 def test_a_server_that_exits_mid_session_gives_tool_errors_and_the_turn_completes(
         home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
     configure(home, {"files": stdio()})
@@ -252,6 +251,7 @@ def test_a_server_that_exits_mid_session_gives_tool_errors_and_the_turn_complete
                         "may say why)"]
 
 
+@pytest.mark.slow
 def test_a_server_that_dies_between_calls_is_failed_at_once_without_a_call(
         home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
     configure(home, {"files": stdio()})
@@ -277,6 +277,7 @@ def test_a_server_that_dies_between_calls_is_failed_at_once_without_a_call(
     assert [r.getMessage() for r in caplog.records] == [f"MCP server files failed: {closed}"]
 
 
+@pytest.mark.slow
 def test_a_server_that_never_starts_is_one_log_line_and_the_others_work(
         home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
     configure(home, {"broken": {"command": [str(home / "no-such-server"), "--stdio"]}, "files": stdio()})
@@ -301,6 +302,7 @@ def test_a_server_that_never_starts_is_one_log_line_and_the_others_work(
     assert f"MCP files: ready, {len(SERVER_TOOLS)} tools" in status.splitlines()
 
 
+@pytest.mark.slow
 def test_a_server_that_does_not_answer_at_start_times_out(caplog: pytest.LogCaptureFixture) -> None:
     # A program that reads nothing and says nothing: the handshake never completes. (A start-up limit this
     # short is for the test: from config.json a server gets at least MIN_START_TIMEOUT.)
@@ -321,6 +323,7 @@ def test_a_server_that_does_not_answer_at_start_times_out(caplog: pytest.LogCapt
     assert [r.getMessage() for r in caplog.records] == ["MCP server mute failed: no answer within 0.5 s while starting"]
 
 
+@pytest.mark.slow
 def test_a_short_call_timeout_leaves_the_server_its_start_up_time(caplog: pytest.LogCaptureFixture) -> None:
     # The server reads nothing for 1.5 s, longer than its calls may take: it still starts, and its calls keep
     # their own limit (`block` never answers by itself).
@@ -356,6 +359,7 @@ def test_the_start_up_limit_is_the_timeout_but_never_less_than_the_minimum(timeo
 CANCELLED = "timed out after 1 s; the call was cancelled (the server was asked to stop it)"
 
 
+@pytest.mark.slow
 def test_a_call_that_times_out_is_cancelled_and_the_next_call_finds_the_server_free(
         home: Path, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture) -> None:
     # `block` holds the server's one worker until it is cancelled; `queued` needs that worker.
@@ -377,6 +381,7 @@ def test_a_call_that_times_out_is_cancelled_and_the_next_call_finds_the_server_f
         "MCP server files: block timed out after 1 s; the call was cancelled"]
 
 
+@pytest.mark.slow
 def test_a_server_that_ignores_cancellation_is_named_as_the_likely_cause_of_the_next_timeout() -> None:
     config = McpServerConfig(command=[sys.executable, str(SERVER_SCRIPT)], tools=["stubborn", "queued", "release"],
                              timeout=1)
@@ -404,6 +409,7 @@ def test_a_server_that_ignores_cancellation_is_named_as_the_likely_cause_of_the_
     assert (release, second) == ("released", "二 two (cancelled before: none)")
 
 
+@pytest.mark.slow
 def test_an_allow_list_registers_only_the_listed_tools(home: Path, caplog: pytest.LogCaptureFixture) -> None:
     configure(home, {"files": stdio(tools=["echo", "add", "rm"])})
 
@@ -453,12 +459,14 @@ def http_url() -> Iterator[str]:
         end_process(process)
 
 
+@pytest.mark.slow
 def test_an_http_server_that_never_says_its_port_fails_the_test_in_time() -> None:
     mute = [sys.executable, "-c", "import time; time.sleep(60)"]
     with pytest.raises(AssertionError, match="timed out after 0.5 s waiting for the HTTP MCP server's PORT line"):
         start_http_server(mute, timeout=0.5)
 
 
+@pytest.mark.slow
 def test_a_streamable_http_server_with_headers_works_like_a_stdio_one(
         home: Path, fake_openai: FakeOpenAIServer, http_url: str, caplog: pytest.LogCaptureFixture) -> None:
     configure(home, {"remote": {"url": http_url, "headers": dict([HTTP_HEADER]), "tools": ["echo", "picture"]},
@@ -487,6 +495,7 @@ def test_a_streamable_http_server_with_headers_works_like_a_stdio_one(
         "MCP server wrongpath failed: the server answered HTTP 404 Not Found (check its url)"]
 
 
+@pytest.mark.slow
 def test_an_http_call_that_times_out_is_cancelled_too(http_url: str) -> None:
     config = McpServerConfig(url=http_url, headers=dict([HTTP_HEADER]), tools=["block", "queued"], timeout=1)
 
@@ -516,6 +525,7 @@ def leaked(text: str, *secrets: str) -> list[str]:
     return [secret[i:i + 4] for secret in secrets for i in range(len(secret) - 3) if secret[i:i + 4] in text]
 
 
+@pytest.mark.slow
 def test_credentials_quoted_by_an_http_error_page_are_redacted_before_the_error_is_cut(
         home: Path, fake_openai: FakeOpenAIServer, http_url: str, caplog: pytest.LogCaptureFixture,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -553,6 +563,7 @@ def test_credentials_quoted_by_an_http_error_page_are_redacted_before_the_error_
         assert leaked(shown, GATEWAY_TOKEN, URL_PASSWORD, URL_KEY) == [], shown
 
 
+@pytest.mark.slow
 def test_a_tool_error_quoting_the_servers_env_is_redacted(home: Path, fake_openai: FakeOpenAIServer) -> None:
     secret = "env-Mn5Rt8Wq2Lk7Vx4Zc9Hb"
     configure(home, {"files": stdio(env={"SERVICE_KEY": secret}, tools=["fail_env"])})
@@ -568,6 +579,7 @@ def test_a_tool_error_quoting_the_servers_env_is_redacted(home: Path, fake_opena
     assert leaked(error, secret) == []
 
 
+@pytest.mark.slow
 def test_an_http_server_that_is_not_there_fails_at_start(home: Path) -> None:
     configure(home, {"gone": {"url": "http://127.0.0.1:9/mcp", "timeout": 5}})
 
@@ -577,6 +589,7 @@ def test_an_http_server_that_is_not_there_fails_at_start(home: Path) -> None:
     assert with_app(home, None, body) == "failed: cannot reach the server: All connection attempts failed"
 
 
+@pytest.mark.slow
 def test_an_http_server_that_dies_mid_session_is_failed_in_http_words(caplog: pytest.LogCaptureFixture) -> None:
     process, url = start_http_server(HTTP_SERVER)  # a server of its own: this test ends it
     config = McpServerConfig(url=url, headers=dict([HTTP_HEADER]), tools=["echo"])
@@ -616,6 +629,7 @@ def test_an_http_server_that_dies_mid_session_is_failed_in_http_words(caplog: py
 # -- the command line: mcp list, chat, telegram -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_mcp_list_shows_each_server_its_state_and_its_tools(
         home: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     # Arguments, credentials in a URL and its query may carry tokens: mcp list does not print them.
@@ -647,6 +661,7 @@ def test_mcp_list_without_servers_says_where_to_add_them(home: Path, capsys: pyt
                                        f"{home / 'config.json'})\n")
 
 
+@pytest.mark.slow
 def test_chat_offers_the_mcp_tools(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, {"files": stdio(tools=["echo"])}, fake_openai)
     fake_openai.reply_tool_calls([("mcp__files__echo", {"text": "from chat"})])
@@ -659,16 +674,15 @@ def test_chat_offers_the_mcp_tools(home: Path, fake_openai: FakeOpenAIServer) ->
     assert tool_results(second) == ["from chat"]
 
 
+@pytest.mark.slow
 def test_telegram_offers_the_same_mcp_tools(home: Path, fake_openai: FakeOpenAIServer,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from picoclaw.channels.telegram import TelegramChannel
 
     configure(home, {"files": stdio(tools=["echo"])}, fake_openai)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["channels"]["telegram"].update({"enabled": True, "token": "123456:TEST-token", "api_base":
-                                           "http://127.0.0.1:9", "memory_scope": "per_user"})
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["channels"]["telegram"].update({"enabled": True, "token": "123456:TEST-token", "api_base":
+                                               "http://127.0.0.1:9", "memory_scope": "per_user"})
     seen: list[list[str]] = []
 
     async def run(self: TelegramChannel, **kwargs: Any) -> None:  # instead of polling: look at the agents

@@ -35,6 +35,7 @@ from picoclaw.memory.workspace import Workspace
 from picoclaw.transcripts.session_store import StoredMessage
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.console import Console, logged_in
+from tests.homes import edit_config
 from tests.test_cli import assert_one_line_error, tree
 from tests.test_compression import fake_provider
 from tests.test_repl import configure
@@ -312,9 +313,8 @@ def test_generated_cases_pass_their_own_checks_in_english_and_chinese(
 def test_generation_stops_at_the_background_cap_with_what_it_made(
         remembering: Path, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
     configure(remembering, fake_openai)
-    config = json.loads((remembering / "config.json").read_text(encoding="utf-8"))
-    config["budget"] = {"background_tokens_per_day": 1}
-    (remembering / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(remembering) as config:
+        config["budget"] = {"background_tokens_per_day": 1}
     fake_openai.responder = writer
     before = tree(remembering)
     with freeze_time(FROZEN):

@@ -454,6 +454,7 @@ def test_flush_counts_and_the_write_log_are_kept_by_either_backend(
 # -- the receipt in the terminal ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_repl_prints_each_receipt_above_the_prompt_and_memory_recent_lists_them(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai, session_summary_message_threshold=4, session_summary_keep_count=2)

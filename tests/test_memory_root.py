@@ -27,18 +27,21 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         memory.MemoryRetriever  # the old name of the keyword search is gone
 
 
+@pytest.mark.slow
 def test_importing_a_memory_module_does_not_bring_the_layer_or_the_index() -> None:
     loaded = _loaded_after("import picoclaw.memory.store")
     assert "picoclaw.memory.store" in loaded
     assert not {"numpy", "picoclaw.memory.index", "picoclaw.memory.workspace", "picoclaw.config"} & loaded
 
 
+@pytest.mark.slow
 def test_the_search_package_does_not_import_the_index() -> None:
     loaded = _loaded_after("from picoclaw.memory.search import IndexedSearch, KeywordSearch, open_search, index_of")
     assert "picoclaw.memory.search.keyword" in loaded
     assert not {"numpy", "picoclaw.memory.index", "picoclaw.memory.index.memory_index"} & loaded
 
 
+@pytest.mark.slow
 def test_a_search_without_the_index_loads_no_numpy(home: Path) -> None:
     # `picoclaw memory search` with the default config (no index): English and Chinese alike.
     code = f"""

@@ -29,6 +29,7 @@ from picoclaw.cli.onboard import run_onboard
 from picoclaw.jsonio import read_json_object
 from picoclaw.onboard import template_paths
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.test_cli import run
 
 RIGHT_KEY = "sk-right-0123456789abcdef"
@@ -288,9 +289,9 @@ def test_onboarding_a_new_home_writes_the_choice_and_the_chat_works(
 def test_onboarding_an_existing_home_without_a_key_updates_only_the_model(
         home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = home / "config.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
     with FakeOpenAIServer(api_key=RIGHT_KEY) as openai:
-        path.write_text(json.dumps(hosted_at(data, openai)), encoding="utf-8")
+        with edit_config(home) as data:
+            hosted_at(data, openai)
         assert run_onboard(home, Script("1", RIGHT_KEY), servers=[]) == 0
         base = openai.base_url
     *steps, last = capsys.readouterr().out.splitlines()
@@ -329,7 +330,8 @@ def test_stopping_at_a_question_leaves_config_json_untouched(
     answers: list[str | type[BaseException]] = {"menu": [stop], "key": ["1", stop], "keep": ["1", WRONG_KEY, stop]}[at]
     with FakeOpenAIServer(api_key=RIGHT_KEY) as openai:
         path = home / "config.json"
-        path.write_text(json.dumps(hosted_at(json.loads(path.read_text(encoding="utf-8")), openai)), encoding="utf-8")
+        with edit_config(home) as config:
+            hosted_at(config, openai)
         before = path.read_bytes(), path.stat().st_mtime_ns
         fresh = tmp_path / "fresh"
         codes = [run_onboard(home, Script(*answers), servers=[]),

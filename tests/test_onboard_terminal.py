@@ -24,7 +24,10 @@ import pytest
 
 import picoclaw
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.zones import onboard_in_shanghai
+
+pytestmark = pytest.mark.slow  # every test here runs onboarding in a process on a terminal of its own
 
 REPO = Path(picoclaw.__file__).resolve().parent.parent
 RIGHT_KEY = "sk-right-0123456789abcdef"
@@ -165,9 +168,8 @@ def test_a_key_typed_is_never_shown_and_a_refused_one_is_said_plainly(
     onboard_in_shanghai(home)  # set up before, without a key: onboarding asks again
     path = home / "config.json"
     with FakeOpenAIServer(api_key=RIGHT_KEY) as openai:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        data["providers"]["openai"]["api_base"] = openai.base_url
-        path.write_text(json.dumps(data), encoding="utf-8")
+        with edit_config(home) as data:
+            data["providers"]["openai"]["api_base"] = openai.base_url
         terminal = Terminal(home, [("Ollama", "ollama", refusing_port)])
         terminals.append(terminal)
         terminal.expect(f"{path} names gpt-4o-mini on openai, which has no API key.")

@@ -426,6 +426,7 @@ def _set_in_process(memory_dir: str, changes: dict[str, int], go: Any, results: 
         results.put("set")
 
 
+@pytest.mark.slow
 def test_concurrent_sets_never_write_an_invalid_policy(tmp_path: Path) -> None:
     # Each change is valid alone (keep 10 < default threshold 20; default keep 4 < threshold 5), not together.
     ctx = multiprocessing.get_context("spawn")

@@ -56,6 +56,7 @@ from tests.agent_helpers import (
     write_memory,
 )
 from tests.fakes import Error, FakeOpenAIServer
+from tests.homes import edit_config
 
 SMALL = ContextWindow(4096, "server", "llama.cpp /props")
 DEFAULT_SHARES = Shares.of(MemoryPolicy())
@@ -138,10 +139,8 @@ def test_shares_together_leave_room_for_the_rest() -> None:
 
 
 def test_a_bad_share_in_config_json_names_the_key(home: Path) -> None:
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["memory"]["prompt_reply_percent"] = "25"  # strict: text is not a number
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["memory"]["prompt_reply_percent"] = "25"  # strict: text is not a number
     with pytest.raises(ConfigError, match="prompt_reply_percent"):
         App.open(home)
 

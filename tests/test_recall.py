@@ -12,7 +12,7 @@ import pytest
 
 from picoclaw.config import IndexConfig
 from picoclaw.memory.index import MemoryIndex
-from picoclaw.memory.search import Hit, KeywordSearch, keyword
+from picoclaw.memory.search import Hit, KeywordSearch
 from picoclaw.memory.store import MemoryStore
 from tests.stores import memory_store
 
@@ -106,14 +106,13 @@ def test_a_daily_note_is_found_by_its_file_date_in_words(tmp_path: Path, query: 
      ("暑假去里斯本", "我们计划了暑假。", "里斯本美食。", "里斯本堵车。")],
 )
 def test_a_block_next_to_a_match_ranks_above_an_equal_one_far_away(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, query: str, context: str, near: str, far: str
+    tmp_path: Path, query: str, context: str, near: str, far: str
 ) -> None:
     # `near` and `far` score the same on their own; on equal scores the later block (`far`) would win.
     store = memory(tmp_path, f"## 2025-03-01\n{context}\n\n## 2025-03-01\n{near}\n\n"
                              f"## 2025-03-02\nDentist at nine. 九点看牙医。\n\n## 2025-03-01\n{far}\n")
     assert bodies(KeywordSearch(store).search(query, 3)) == [context, near, far]
-    monkeypatch.setattr(keyword, "NEIGHBOUR_WEIGHT", 0.0)
-    assert bodies(KeywordSearch(store).search(query, 3)) == [context, far, near]
+    assert bodies(KeywordSearch(store, neighbour_weight=0.0).search(query, 3)) == [context, far, near]
 
 
 @pytest.mark.parametrize(

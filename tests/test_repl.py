@@ -21,6 +21,7 @@ from picoclaw.agent import Reply
 from picoclaw.channels.repl import CANCELLED, SCHEDULED_MARK, ReplChannel, _ctrl_c_cancels, _ctrl_c_leaves
 from tests.agent_helpers import said
 from tests.fakes import FakeOpenAIServer, Text
+from tests.homes import edit_config
 from tests.waiting import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,11 +30,9 @@ KEY = "sk-repl-test-0123456789"
 
 def configure(home: Path, server: FakeOpenAIServer, **memory: Any) -> None:
     """Point the onboarded config at the fake server (and set policy keys in its memory block)."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": KEY, "api_base": server.base_url}
-    config["memory"].update(memory)
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": KEY, "api_base": server.base_url}
+        config["memory"].update(memory)
 
 
 def picoclaw(home: Path, *args: str, stdin: str = "", env: dict[str, str] | None = None
@@ -49,6 +48,7 @@ def session_records(home: Path, name: str = "cli%3Adefault.jsonl") -> list[dict[
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_conversation_stores_a_fact_and_a_restart_continues_it(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
     fake_openai.reply_tool_calls([("memory_append", {"content": "Coffee: oat-milk latte / 咖啡：燕麦拿铁"})])
@@ -80,6 +80,7 @@ def test_conversation_stores_a_fact_and_a_restart_continues_it(home: Path, fake_
     assert resumed == ["remember: my coffee is an oat-milk latte", "我喜欢什么咖啡？", "what did we talk about?"]
 
 
+@pytest.mark.slow
 def test_one_shot_waits_for_the_summary_before_exiting(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai, session_summary_message_threshold=4, session_summary_keep_count=2)
     for answer in ("one", "two"):
@@ -100,11 +101,11 @@ def test_one_shot_waits_for_the_summary_before_exiting(home: Path, fake_openai: 
     assert fake_openai.pending() == 0
 
 
+@pytest.mark.slow
 def test_no_api_key_is_one_clear_line_and_no_request(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"]["api_key"] = ""
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"]["api_key"] = ""
 
     result = picoclaw(home, "chat", "-m", "hello")
 
@@ -116,6 +117,7 @@ def test_no_api_key_is_one_clear_line_and_no_request(home: Path, fake_openai: Fa
     assert not (home / "workspace" / "sessions").exists()
 
 
+@pytest.mark.slow
 def test_model_down_is_one_line_and_the_session_is_untouched(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
     fake_openai.reply_text("hi")
@@ -133,12 +135,14 @@ def test_model_down_is_one_line_and_the_session_is_untouched(home: Path, fake_op
     assert (home / "workspace" / "sessions" / "cli%3Adefault.jsonl").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_empty_message_is_a_usage_error(home: Path) -> None:
     result = picoclaw(home, "chat", "-m", "   ")
     assert result.returncode == 2
     assert result.stderr.strip() == "picoclaw: error: the message given with -m is empty"
 
 
+@pytest.mark.slow
 def test_one_shot_streams_the_answer_and_shows_a_tool_call_as_one_line(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
@@ -223,6 +227,7 @@ def repl(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[Repl]:
         session.kill()
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_the_idle_prompt_ends_at_once(repl: Repl, fake_openai: FakeOpenAIServer) -> None:
     """The prompt waits on a pipe that stays open: Ctrl-C must end the program there and then, not after
     another line comes."""
@@ -321,6 +326,7 @@ def test_a_notice_during_an_answer_waits_for_its_end_and_after_a_cancel_for_the_
                                    "部分 partial answer\nsummary started / 开始总结\n")
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_an_answer_cancels_it_and_the_repl_goes_on(
         home: Path, repl: Repl, fake_openai: FakeOpenAIServer) -> None:
     fake_openai.enqueue(Text("slow answer that never arrives / 慢", delay=30))
@@ -343,6 +349,7 @@ def test_ctrl_c_during_an_answer_cancels_it_and_the_repl_goes_on(
     assert [said(m) for m in second["messages"][1:]] == ["第二个问题 second question"]
 
 
+@pytest.mark.slow
 def test_a_reminder_for_this_terminal_session_is_printed_once_while_the_chat_runs(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
@@ -369,6 +376,7 @@ def test_a_reminder_for_this_terminal_session_is_printed_once_while_the_chat_run
     assert jobs["not this terminal's"]["last_outcome"] is None  # left for `picoclaw chat --session cli:work`
 
 
+@pytest.mark.slow
 def test_a_named_terminal_session_is_cli_name_and_an_older_bare_transcript_is_carried_over(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
@@ -399,6 +407,7 @@ def assert_inert(*texts: str) -> None:
         assert not any(byte in text for byte in ACTING), repr(text)
 
 
+@pytest.mark.slow
 def test_a_streamed_answer_with_escapes_prints_none_of_them(home: Path, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_openai)
     # Arguments as JSON escape the ESC as \u001b (inert as shown); raw ones carry the byte itself.
@@ -419,6 +428,7 @@ def test_a_streamed_answer_with_escapes_prints_none_of_them(home: Path, fake_ope
     assert_inert(memory)
 
 
+@pytest.mark.slow
 def test_the_repl_prints_no_escapes_from_answers_commands_or_errors(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     """Streamed answers, a slash command's reply (memory as stored by hand) and a failure's line."""
@@ -439,6 +449,7 @@ def test_the_repl_prints_no_escapes_from_answers_commands_or_errors(
     assert_inert(result.stdout, result.stderr)
 
 
+@pytest.mark.slow
 def test_log_lines_print_no_escapes(home: Path, fake_openai: FakeOpenAIServer) -> None:
     """A background failure is logged with the server's words: the log goes to the terminal too."""
     configure(home, fake_openai, session_summary_message_threshold=4, session_summary_keep_count=2)

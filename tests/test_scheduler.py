@@ -4,7 +4,6 @@ instants, restarts neither lose nor repeat a job, failures are recorded, and the
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from picoclaw.jobs import HEARTBEAT_QUIET, INTERRUPTED, RUNNING, JobStore, Sched
 from picoclaw.onboard import template_paths
 from tests.agent_helpers import make_provider, said
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 
 T = TypeVar("T")
 NOW = "2025-03-10 02:00:00"  # 10:00 in Shanghai, the test homes' timezone (tests/zones.py)
@@ -50,10 +50,8 @@ class Delivered:
 
 
 def set_config(home: Path, **changes: Any) -> None:
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config.update(changes)
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config.update(changes)
 
 
 def open_app(home: Path, model: FakeOpenAIServer | None = None) -> App:

@@ -67,6 +67,7 @@ def test_a_null_content_kept_by_an_older_version_is_sent_as_empty_text(workspace
     assert all(m["content"] is not None for m in server.chat_requests()[0]["messages"])
 
 
+@pytest.mark.slow
 def test_the_offline_token_estimate_is_not_a_warning_on_every_command(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     # The test run has no tiktoken encoding (an empty TIKTOKEN_CACHE_DIR, no network): counts are estimated.
@@ -145,6 +146,7 @@ def test_a_server_that_dies_mid_answer_is_a_lost_connection_not_a_failed_one(
 # -- the REPL: an empty answer, and notices while the prompt waits (items 2 and 5) -------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("empty", ["\n", "  \n\t", ""], ids=["newline", "white-space", "nothing"])
 def test_an_empty_answer_says_so_in_the_repl(home: Path, fake_openai: FakeOpenAIServer, empty: str) -> None:
     configure(home, fake_openai)
@@ -160,6 +162,7 @@ def test_an_empty_answer_says_so_in_the_repl(home: Path, fake_openai: FakeOpenAI
                                           "more without tools"]
 
 
+@pytest.mark.slow
 def test_a_warning_while_the_prompt_waits_is_printed_above_it_and_the_prompt_is_drawn_again(
         home: Path, fake_openai: FakeOpenAIServer) -> None:
     # The summary after the third turn is held until the prompt is on the screen, then fails: its warning

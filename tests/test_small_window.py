@@ -10,7 +10,6 @@ retried, not lost.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,11 @@ from tests.fakes.openai_server import (
     rough_tokens,
     window_tokens,
 )
+from tests.homes import edit_config
 from tests.test_repl import configure
+
+# Every test here runs whole sessions against a fake model server of its own: seconds each.
+pytestmark = pytest.mark.slow
 
 WINDOW = 4096
 TURNS = 16
@@ -51,10 +54,8 @@ def message(i: int, lang: str) -> str:
 def run_session(home: Path, server: FakeOpenAIServer, lang: str) -> tuple[list[Any], ContextWindow]:
     """16 turns in one session through App; the replies and the window the agent ended with."""
     configure(home, server)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["agents"]["defaults"]["context_window"] = "auto"
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["agents"]["defaults"]["context_window"] = "auto"
     summary = SUMMARY_EN if lang == "en" else SUMMARY_ZH
 
     def responder(body: dict[str, Any]) -> str:
@@ -212,11 +213,9 @@ def test_an_overflow_after_a_tool_step_is_retried_with_the_results_cut_to_the_le
         return REPLY[lang]
 
     with FakeOpenAIServer(kind="none", window=WINDOW, overflow="llama.cpp") as server:
-        run_config = home / "config.json"
         configure(home, server)
-        config = json.loads(run_config.read_text(encoding="utf-8"))
-        config["agents"]["defaults"]["context_window"] = "auto"
-        run_config.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+        with edit_config(home) as config:
+            config["agents"]["defaults"]["context_window"] = "auto"
         (home / "workspace" / "big.txt").write_text(big, encoding="utf-8")
         server.responder = responder
 

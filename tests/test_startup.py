@@ -55,6 +55,7 @@ def loaded_from(modules: set[str], packages: tuple[str, ...]) -> list[str]:
     return sorted(name for name in modules if any(name == p or name.startswith(f"{p}.") for p in packages))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [("--help",), *((name, "--help") for name, _, _ in GROUPS),
                                   ("memory", "search", "--help"), ("cron", "add", "--help")],
                          ids=lambda argv: " ".join(argv))
@@ -66,6 +67,7 @@ def test_help_loads_no_config_and_no_runtime(tmp_path: Path, argv: tuple[str, ..
     assert loaded_from(modules, NOT_FOR_HELP) == []
 
 
+@pytest.mark.slow
 def test_top_level_help_loads_no_group(tmp_path: Path) -> None:
     code, out, modules = run_picoclaw(tmp_path, "--help")
     assert code == 0
@@ -75,6 +77,7 @@ def test_top_level_help_loads_no_group(tmp_path: Path) -> None:
         assert module not in modules
 
 
+@pytest.mark.slow
 def test_a_group_loads_only_its_own_module(tmp_path: Path) -> None:
     code, _, modules = run_picoclaw(tmp_path, "policy", "--help")
     assert code == 0
@@ -82,6 +85,7 @@ def test_a_group_loads_only_its_own_module(tmp_path: Path) -> None:
     assert [module for _, module, _ in GROUPS if module in modules] == ["picoclaw.cli.policy"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("query", "found"), [("tea", "I drink green tea every morning"),
                                               ("绿茶", "我每天早上喝绿茶")], ids=["english", "chinese"])
 def test_memory_search_loads_no_model_client_and_no_agent(
@@ -97,6 +101,7 @@ def test_memory_search_loads_no_model_client_and_no_agent(
     assert "picoclaw.providers.openai_compat" not in modules
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("argv", "shown"), [(("policy", "show"), "retrieve_limit"),
                                              (("cron", "list"), "no scheduled jobs"),
                                              (("memory", "show"), "# Long-term memory")],

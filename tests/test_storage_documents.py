@@ -115,6 +115,7 @@ def test_appends_and_a_rewrite_reach_the_storage_in_english_and_chinese(backend:
         assert len(versions) == 1 and "prefers tea" in versions[0] and "用户喜欢早上喝茶" in versions[0]
 
 
+@pytest.mark.slow
 def test_three_processes_append_without_losing_or_doubling_an_entry(backend: Backend) -> None:
     go = CTX.Event()
     workers = [CTX.Process(target=_append_many, args=(backend.kind, str(backend.folder(n)), backend.dsn, n, go))
@@ -140,7 +141,8 @@ def test_three_processes_append_without_losing_or_doubling_an_entry(backend: Bac
     assert max(seen.values()) == 1
 
 
-def test_a_writer_killed_mid_append_leaves_whole_entries(backend: Backend) -> None:
+@pytest.mark.slow
+def test_a_writer_killed_mid_append_leaves_whole_entries(backend: Backend, seed: int) -> None:
     folder = backend.folder(1)
     child = CTX.Process(target=_append_forever, args=(backend.kind, str(folder), backend.dsn))
     child.start()
@@ -148,7 +150,7 @@ def test_a_writer_killed_mid_append_leaves_whole_entries(backend: Backend) -> No
         deadline = time.monotonic() + 60
         while len(_blocks(backend.stored("memory/MEMORY.md") or "")) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(random.uniform(0, 0.05))  # a random moment of the next appends: under the lock or pushing
+        time.sleep(random.Random(seed).uniform(0, 0.05))  # a moment of the next appends: under the lock or pushing
     finally:
         child.kill()
         child.join()

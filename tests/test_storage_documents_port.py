@@ -131,6 +131,7 @@ def _memory(capsys: pytest.CaptureFixture[str]) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_memory_edit_saves_the_edit_and_keeps_a_backup(edit_home: Path, capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     assert run(capsys, "memory", "append", "The user's dog is called Biscuit. 狗叫饼干。")[0] == 0
@@ -145,6 +146,7 @@ def test_memory_edit_saves_the_edit_and_keeps_a_backup(edit_home: Path, capsys: 
     assert code == 0 and "里斯本" in out
 
 
+@pytest.mark.slow
 def test_memory_edit_of_a_document_changed_meanwhile_is_refused_and_the_text_kept(
         edit_home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert run(capsys, "memory", "append", "The user's dog is called Biscuit. 狗叫饼干。")[0] == 0
@@ -158,6 +160,7 @@ def test_memory_edit_of_a_document_changed_meanwhile_is_refused_and_the_text_kep
     assert "Written meanwhile. 同时写入。" in shown and "Lisbon" not in shown  # the other write stays, ours not
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "needle"), [("fail", "exited with status 3"), ("bad", "not valid UTF-8")])
 def test_memory_edit_that_fails_writes_nothing(edit_home: Path, capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch, mode: str, needle: str) -> None:
@@ -169,6 +172,7 @@ def test_memory_edit_that_fails_writes_nothing(edit_home: Path, capsys: pytest.C
     assert _memory(capsys) == before
 
 
+@pytest.mark.slow
 def test_memory_edit_of_an_unchanged_document_writes_nothing(edit_home: Path, capsys: pytest.CaptureFixture[str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDIT_MODE", "same")
@@ -176,6 +180,7 @@ def test_memory_edit_of_an_unchanged_document_writes_nothing(edit_home: Path, ca
     assert (code, err) == (0, "") and out == "USER.md unchanged; nothing was written\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("document", "needle"), [
     ("NOPE.md", "no memory document 'NOPE.md'"),
     ("../config.json", "no memory document"),
@@ -189,6 +194,7 @@ def test_memory_edit_refuses_what_is_not_an_editable_document(edit_home: Path, c
     assert_one_line_error(*run(capsys, "memory", "edit", document), needle)
 
 
+@pytest.mark.slow
 def test_memory_edit_opens_a_daily_note_by_its_date(edit_home: Path, capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     code, out, _ = run(capsys, "memory", "append", "--today", "今天去了西湖 and walked the dog")

@@ -5,7 +5,6 @@ only upper bounds on a hang."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from picoclaw.storage import (
     StorageUnavailable,
     open_storage,
 )
+from tests.homes import edit_config
 from tests.test_cli import assert_one_line_error
 from tests.test_config import config_error
 from tests.test_storage_documents import Backend
@@ -117,6 +117,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 # The files backend has no other machines: "other machine" runs on PostgreSQL only.
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "where"), [("files", "same folder"), ("postgres", "same folder"),
                                                 ("postgres", "other machine")], indirect=["backend"])
 def test_a_held_memory_lock_ends_the_wait_in_one_line_and_nothing_is_written(
@@ -175,6 +176,7 @@ def test_a_failed_postgres_wait_leaves_no_half_taken_lock(backend: Backend, tmp_
     assert all(f"第{number}次 / again {number}" in (backend.stored("memory/MEMORY.md") or "") for number in range(3))
 
 
+@pytest.mark.slow
 def test_the_policy_lock_is_bounded_too(backend: Backend, tmp_path: Path) -> None:
     policy = PolicyManager(backend.root / "memory", storage=backend.storage)
     holder = Holder(backend.kind, backend.root, backend.dsn, "memory/.policy.lock")
@@ -189,6 +191,7 @@ def test_the_policy_lock_is_bounded_too(backend: Backend, tmp_path: Path) -> Non
     assert policy.read_overrides() == {"retrieve_limit": 7}
 
 
+@pytest.mark.slow
 def test_a_thread_of_the_same_process_holding_the_scope_lock_bounds_the_wait(backend: Backend) -> None:
     path = backend.root / "memory" / ".memory.lock"
     (backend.root / "memory").mkdir(parents=True, exist_ok=True)
@@ -219,6 +222,7 @@ def test_a_thread_of_the_same_process_holding_the_scope_lock_bounds_the_wait(bac
         pass
 
 
+@pytest.mark.slow
 def test_an_explicit_timeout_wins_and_none_may_be_endless(backend: Backend) -> None:
     path = backend.root / "memory" / ".memory.lock"
     (backend.root / "memory").mkdir(parents=True, exist_ok=True)
@@ -233,6 +237,7 @@ def test_an_explicit_timeout_wins_and_none_may_be_endless(backend: Backend) -> N
         backend.storage.lock(path, timeout=-1)
 
 
+@pytest.mark.slow
 def test_a_held_sessions_lock_ends_the_wait_and_the_transcript_is_unchanged(backend: Backend) -> None:
     from picoclaw.storage.sessions import LOCK_FILE
 
@@ -306,12 +311,11 @@ def test_a_bad_lock_wait_is_one_config_error_line(tmp_path: Path, value: object,
 # -- what the user sees ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_memory_append_while_another_process_holds_the_lock_is_one_error_line(
         home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config_path = home / "config.json"
-    data = json.loads(config_path.read_text(encoding="utf-8"))
-    data.setdefault("storage", {})["lock_wait_seconds"] = 1
-    config_path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as data:
+        data.setdefault("storage", {})["lock_wait_seconds"] = 1
     root = Path(os.path.expanduser(data["workspace"])) if data.get("workspace") else home / "workspace"
     assert main(["memory", "append", "第一条 / the first entry"]) == 0
     capsys.readouterr()
@@ -357,6 +361,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 def test_a_holder_frozen_past_its_lease_loses_the_lock_and_its_write_fails_in_one_line(
         backend: Backend, tmp_path: Path) -> None:

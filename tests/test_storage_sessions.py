@@ -102,6 +102,7 @@ def _append_many(root: str, dsn: str | None, worker: int, go: Event) -> None:
         storage.close()
 
 
+@pytest.mark.slow
 def test_ids_from_three_processes_are_1_to_60_none_lost_none_reused(backend: Backend) -> None:
     go = CTX.Event()
     writers = [CTX.Process(target=_append_many, args=(str(backend.root), backend.dsn, worker, go))

@@ -20,10 +20,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,6 +32,7 @@ from picoclaw.memory.entries import entry_body, long_term_entries
 from picoclaw.storage.transfer import read_layout
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.postgres import fresh_database, missing
+from tests.homes import edit_config
 from tests.test_cli import picoclaw_env, policy_rows
 from tests.test_current_reads import _entries, _in, _onboarded, homes  # noqa: F401  (homes: a fixture, used by name)
 
@@ -43,23 +43,15 @@ NOTE = "Called the sister in Lisbon today. 今天给住在里斯本的妹妹打�
 LESSON = "When the user asks about family, mention the sister in Lisbon. 问到家人时提到里斯本的妹妹。"
 
 
-def _edit_config(home: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    edit(config)
-    path.write_text(json.dumps(config), encoding="utf-8")
-
-
 def _with_index(home: Path) -> None:
     """The optional index on (keyword terms only: no embedder is configured)."""
-    _edit_config(home, lambda config: config.setdefault("memory", {}).__setitem__("index", {"enabled": True}))
+    with edit_config(home) as config:
+        config.setdefault("memory", {})["index"] = {"enabled": True}
 
 
 def _with_model(home: Path, server: FakeOpenAIServer) -> None:
-    def edit(config: dict[str, Any]) -> None:
+    with edit_config(home) as config:
         config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": server.base_url}
-
-    _edit_config(home, edit)
 
 
 def _picoclaw(home: Path, *argv: str) -> str:
@@ -101,6 +93,7 @@ def _chunks(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
 
 
 # The files backend has one folder: two folders on one database are PostgreSQL's.
+@pytest.mark.slow
 @pytest.mark.parametrize("homes", ["postgres"], indirect=True)
 @pytest.mark.parametrize("index", [False, True], ids=["without-index", "with-index"])
 def test_every_read_command_of_a_second_folder_shows_the_first_folders_writes_at_once(
@@ -170,6 +163,7 @@ def _appended(worker: int, number: int) -> str:
     return f"Fact {word}：{characters}"
 
 
+@pytest.mark.slow
 def test_three_processes_append_fifty_entries_each_and_none_is_lost_or_doubled(
         homes: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -232,6 +226,7 @@ READS = [("memory", "show"), ("memory", "search", ENGLISH_QUERY), ("memory", "se
          ("memory", "backups"), ("policy", "show"), ("policy", "history"), ("cron", "list")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("homes", ["postgres"], indirect=True)
 def test_a_new_folder_on_a_database_restored_from_pg_dump_shows_everything(
         homes: tuple[Path, Path], tmp_path: Path, request: pytest.FixtureRequest,  # noqa: F811
@@ -401,6 +396,7 @@ def _store(home: Path, user: str) -> Iterator[MemoryStore]:
         app.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("action", "user"), [("append", ""), ("rewrite", ""), ("append", "alice")],
                          ids=["append", "rewrite", "per-user-append"])
 def test_a_writer_killed_mid_write_leaves_the_old_or_the_new_document_never_a_half(

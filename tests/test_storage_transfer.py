@@ -28,6 +28,7 @@ from picoclaw.storage.switching import SWITCH_FILE
 from picoclaw.storage.transfer import read_layout
 from picoclaw.storage.work import WORK_DIR
 from tests.fakes import FakeOpenAIServer
+from tests.homes import edit_config
 from tests.test_cli import assert_one_line_error, run
 from tests.zones import onboard_in_shanghai
 
@@ -36,10 +37,8 @@ ENTRIES = ["The user's dog is called Biscuit.", "用户的猫叫小白，三岁�
 
 def set_storage(home: Path, storage: dict[str, object]) -> None:
     """Point `home`'s config.json at `storage`."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["storage"] = storage
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["storage"] = storage
 
 
 @pytest.fixture(params=["files", "postgres"])
@@ -157,6 +156,7 @@ def test_storage_status_names_backend_versions_and_rows(backend_home: Path, caps
         assert "backend: files" in out and "stored files:" in out
 
 
+@pytest.mark.slow
 def test_storage_status_of_an_unreachable_server_is_one_line_without_the_password(
         home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     set_storage(home, {"backend": "postgres",
@@ -178,9 +178,8 @@ def test_the_whole_cli_on_postgres_one_machine_after_another(home: Path, postgre
         if where == second:
             onboard_in_shanghai(second)  # the same zone as the first machine
         set_storage(where, {"backend": "postgres", "postgres": {"dsn": postgres_dsn}})
-        config = json.loads((where / "config.json").read_text(encoding="utf-8"))
-        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-        (where / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        with edit_config(where) as config:
+            config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
     fill(capsys)
     fake_openai.reply_text("好的，我记住了 Biscuit。")
     code, out, err = run(capsys, "chat", "-m", "What is my dog called? 我的狗叫什么？")
@@ -224,9 +223,8 @@ def stored(home: Path) -> dict[str, bytes]:
 
 
 def use_model(home: Path, fake_openai: FakeOpenAIServer) -> None:
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
 
 
 def fill_with_chat(capsys: pytest.CaptureFixture[str], home: Path, fake_openai: FakeOpenAIServer) -> None:
@@ -325,6 +323,7 @@ def test_a_refused_import_changes_nothing_and_says_so(home: Path, postgres_dsn: 
     assert stored(home) == read_layout(source)
 
 
+@pytest.mark.slow
 def test_the_switch_warning_is_one_line_in_every_command_until_the_import(
         home: Path, postgres_dsn: str, capsys: pytest.CaptureFixture[str], fake_openai: FakeOpenAIServer) -> None:
     """A files workspace whose config.json now says postgres: each command starts with one line naming
@@ -370,6 +369,7 @@ def test_the_switch_warning_goes_once_the_database_holds_the_folder_content(
         assert switch_warning(storage) is None
 
 
+@pytest.mark.slow
 def test_no_switch_warning_for_a_fresh_postgres_workspace_or_a_files_one(
         home: Path, postgres_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fill(capsys)

@@ -115,6 +115,7 @@ def _target(tmp_path: Path, link: Path, kind: str) -> Path:
     return tmp_path / "loop.md"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dev-null", "folder", "fifo", "dangling", "loop"])
 def test_a_link_to_no_regular_file_is_refused_in_one_line(home: Path, tmp_path: Path, kind: str) -> None:
     link = home / "workspace" / "memory" / "MEMORY.md"
@@ -149,6 +150,7 @@ def _append_through(memory_dir: str, worker: int, count: int, go: Event) -> None
         store.append_long_term(f"worker {worker} locker {number:03d} 储物柜")
 
 
+@pytest.mark.slow
 def test_two_memory_folders_linking_one_file_take_turns(tmp_path: Path) -> None:
     vault = tmp_path / "vault" / "memory.md"
     vault.parent.mkdir()

@@ -39,7 +39,7 @@ from picoclaw.channels.telegram import (
     make_bot,
     not_authorised,
 )
-from picoclaw.channels.telegram import channel as telegram_channel
+from picoclaw.channels.telegram.channel import TOLD_SIZE
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
 from picoclaw.transcripts.session_store import session_filename
@@ -56,6 +56,7 @@ from tests.agent_helpers import (
 )
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import BOT_USERNAME, ENTITY_ERROR, TOKEN, FakeTelegramServer
+from tests.homes import edit_config
 from tests.waiting import wait_until
 
 T = TypeVar("T")
@@ -67,15 +68,13 @@ STRANGER = 6666
 
 def configure(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, **settings: Any) -> Workspace:
     """Point config.json at both fakes; `settings` go into channels.telegram (allow_from: the owner)."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": API_KEY, "api_base": model.base_url}
-    # A cloud model's window: these tests are about Telegram; on the local default (8,192) a long reply in the
-    # history is summarised within the next turn, which takes a scripted answer (tests/test_prompt_budget.py).
-    config["agents"]["defaults"]["context_window"] = 128_000
-    config["channels"]["telegram"].update({"enabled": True, "token": TOKEN, "api_base": telegram.origin,
-                                          "allow_from": [OWNER], **settings})
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": API_KEY, "api_base": model.base_url}
+        # A cloud model's window: these tests are about Telegram; on the local default (8,192) a long reply in the
+        # history is summarised within the next turn, which takes a scripted answer (tests/test_prompt_budget.py).
+        config["agents"]["defaults"]["context_window"] = 128_000
+        config["channels"]["telegram"].update({"enabled": True, "token": TOKEN, "api_base": telegram.origin,
+                                              "allow_from": [OWNER], **settings})
     return App.open(home).workspace
 
 
@@ -90,7 +89,8 @@ class Sleeps:
 
 
 def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIServer,
-          body: Callable[[TelegramChannel], Awaitable[T]], *, sleeps: Sleeps | None = None) -> T:
+          body: Callable[[TelegramChannel], Awaitable[T]], *, sleeps: Sleeps | None = None,
+          told_size: int = TOLD_SIZE) -> T:
     """Run the bot until `body(channel)` returns, then stop it the way SIGTERM does and wait for it."""
     async def main() -> T:
         settings = workspace.config.channels.telegram
@@ -100,7 +100,7 @@ def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIS
         async with app:
             channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
                                       transcriber=app.transcriber(), typing_interval=0.05,
-                                      sleep=sleeps or Sleeps())
+                                      sleep=sleeps or Sleeps(), told_size=told_size)
             running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
             await until(telegram, lambda: bool(telegram.calls("getUpdates")))
             try:
@@ -220,10 +220,8 @@ def test_an_allow_from_entry_that_would_match_everyone_is_a_config_error(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
         capsys: pytest.CaptureFixture[str], allow_from: list[int | str]) -> None:
     configure(home, fake_telegram, fake_openai)  # written valid, then broken: configure() opens the App
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["channels"]["telegram"]["allow_from"] = allow_from
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["channels"]["telegram"]["allow_from"] = allow_from
     assert main(["telegram"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "channels.telegram.allow_from" in err and "Traceback" not in err, err
@@ -694,6 +692,7 @@ def test_a_disabled_channel_refuses_to_start(home: Path, fake_telegram: FakeTele
     assert not fake_telegram.calls()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_telegram, fake_openai)
@@ -967,10 +966,8 @@ def test_per_chat_locks_exist_only_while_a_chat_is_busy(home: Path, fake_telegra
 
 
 def test_strangers_told_their_id_are_remembered_within_a_bound(home: Path, fake_telegram: FakeTelegramServer,
-                                                                fake_openai: FakeOpenAIServer,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                fake_openai: FakeOpenAIServer) -> None:
     workspace = configure(home, fake_telegram, fake_openai)
-    monkeypatch.setattr(telegram_channel, "TOLD_SIZE", 2)
     strangers = [7001, 7002, 7003]
 
     async def body(channel: TelegramChannel) -> None:
@@ -980,7 +977,7 @@ def test_strangers_told_their_id_are_remembered_within_a_bound(home: Path, fake_
         fake_telegram.send_text(7003, 7003, "hello again")  # still remembered: not told twice
         fake_telegram.send_text(7001, 7001, "hello again")  # forgotten (the oldest of three): told again
         await until(fake_telegram, replied(fake_telegram, 7001, 2))
-    serve(workspace, fake_telegram, fake_openai, body)
+    serve(workspace, fake_telegram, fake_openai, body, told_size=2)
 
     assert fake_telegram.sent_texts(7001) == [not_authorised(7001)] * 2
     assert fake_telegram.sent_texts(7003) == [not_authorised(7003)]

@@ -6,7 +6,6 @@ Polling here; webhook workers (the press an update in the inbox, taken by any wo
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ from picoclaw.storage import ASK_NOT_YOURS, ASK_STALE, ASK_TAKEN
 from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer, free_port
+from tests.homes import edit_config
 from tests.test_telegram import FRIEND, OWNER, STRANGER, Sleeps, configure, replied, until
 from tests.test_telegram_webhook import backend_dsn, hook_settings, inbox_rows
 
@@ -46,12 +46,10 @@ class Clock:
 
 def set_up(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, **tools: Any) -> Workspace:
     workspace = configure(home, telegram, model, allow_from=[OWNER, FRIEND])
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["tools"]["exec"] = {"enabled": True}
-    config["tools"]["approval"] = {"timeout_seconds": TIMEOUT}
-    config["tools"].update(tools)
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["tools"]["exec"] = {"enabled": True}
+        config["tools"]["approval"] = {"timeout_seconds": TIMEOUT}
+        config["tools"].update(tools)
     return App.open(workspace.home).workspace
 
 
@@ -310,10 +308,8 @@ def test_with_webhook_workers_a_press_reaches_the_waiting_turn_whichever_worker_
     # One turn at a time per worker: on PostgreSQL the press must be taken by the worker whose turn is not waiting.
     ports = [free_port()] + ([free_port()] if backend == "postgres" else [])
     workspace = set_up(home, fake_telegram, fake_openai, **{})
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["channels"]["telegram"].update(hook_settings(ports[0], max_parallel=1 if backend == "postgres" else 4))
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["channels"]["telegram"].update(hook_settings(ports[0], max_parallel=1 if backend == "postgres" else 4))
     workspace = App.open(home).workspace
     fake_openai.reply_tool_calls([("exec", {"command": command})])
     fake_openai.reply_text("Done. / 好了。")

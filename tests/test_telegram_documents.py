@@ -6,7 +6,6 @@ never fetched."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import session_records
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer
+from tests.homes import edit_config
 from tests.test_documents import ZH_CODES, make_pdf, text_page
 from tests.test_telegram import OWNER, STRANGER, configure, refused_with_nothing_kept, replied, serve, until
 from tests.test_telegram_media import turns
@@ -31,10 +31,8 @@ ZH = "购物清单\n- 鸡蛋\n- 面粉\n- 牛奶\n"
 def reading(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, **media: Any) -> Workspace:
     """config.json pointed at both fakes, with `media` settings (document_kilobytes, document_chars)."""
     configure(home, telegram, model)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["media"] = media
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["media"] = media
     return App.open(home).workspace
 
 

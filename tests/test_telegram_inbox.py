@@ -4,7 +4,6 @@ each chat's order, leases that run out, replies recorded, a summary and a heartb
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,6 +20,7 @@ from picoclaw.storage.inbox import DONE_KEEP
 from picoclaw.storage.postgres.storage import PostgresStorage
 from tests.agent_helpers import SUMMARY_EN, is_flush_request, is_summary_request, set_policy
 from tests.fakes import FakeOpenAIServer, Text
+from tests.homes import edit_config
 from tests.test_scheduler import open_app
 from tests.waiting import wait_until
 from tests.zones import onboard_in_shanghai
@@ -118,6 +118,7 @@ def test_an_update_stored_late_waits_for_the_chats_update_under_way(inbox: Inbox
     assert ids(inbox.claim("w2", 30, 10)) == [10]
 
 
+@pytest.mark.slow
 def test_workers_claiming_at_once_take_each_update_once_and_one_per_chat_at_a_time(inbox: Inbox,
                                                                                    storage: Storage) -> None:
     stored(inbox, *((n, f"chat{n % 40}") for n in range(1, 401)))
@@ -242,9 +243,8 @@ def worker_homes(request: pytest.FixtureRequest, home: Path, tmp_path: Path) -> 
     second = tmp_path / "home2"
     onboard_in_shanghai(second)  # the same zone as the first worker
     for each in (home, second):
-        config = json.loads((each / "config.json").read_text(encoding="utf-8"))
-        config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}
-        (each / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        with edit_config(each) as config:
+            config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}
     return [home, second]
 
 

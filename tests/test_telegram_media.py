@@ -5,7 +5,6 @@ stored; a stranger's file is never fetched."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import contents, session_path, session_records
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import FakeTelegramServer
+from tests.homes import edit_config
 from tests.test_telegram import OWNER, STRANGER, configure, refused_with_nothing_kept, replied, serve, until
 
 OGG = b"OggS\x00\x02" + bytes(200)  # what a voice note's file starts with; the fake transcriber never decodes it
@@ -28,11 +28,9 @@ KEY = f"telegram:{OWNER}"
 def listening(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, **settings: Any) -> Workspace:
     """config.json pointed at both fakes, with a `transcription` entry (the fake server's "openai" provider)."""
     configure(home, telegram, model)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["transcription"] = {"provider": "openai", "model": "whisper-1", **settings}
-    config["providers"]["openai"]["max_retries"] = 0  # a failure scripted once is the transcriber's answer
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["transcription"] = {"provider": "openai", "model": "whisper-1", **settings}
+        config["providers"]["openai"]["max_retries"] = 0  # a failure scripted once is the transcriber's answer
     return App.open(home).workspace
 
 
@@ -152,10 +150,8 @@ def test_a_voice_note_that_cannot_be_heard_is_one_line_and_nothing_is_stored(
 def test_a_transcriber_that_does_not_answer_in_time_is_one_line(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     listening(home, fake_telegram, fake_openai)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["transcription"]["timeout"] = 1.0  # its own, not the chat provider's
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["transcription"]["timeout"] = 1.0  # its own, not the chat provider's
     workspace = App.open(home).workspace
     fake_openai.reply_transcript("too late / 太晚了", delay=5)
 

@@ -19,6 +19,7 @@ from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import contents, session_path
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.telegram_server import BOT_USERNAME, FakeTelegramServer
+from tests.homes import edit_config
 from tests.test_telegram import FRIEND, OWNER, STRANGER, configure, replied, serve, until
 
 SMALL = b"\xff\xd8\xff\xe0" + b"small" + bytes(32)
@@ -30,11 +31,9 @@ def seeing(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, *,
            telegram_settings: dict[str, Any] | None = None, **media: Any) -> Workspace:
     """config.json pointed at both fakes, with agents.defaults.vision and `media` settings."""
     configure(home, telegram, model, **(telegram_settings or {}))
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["agents"]["defaults"]["vision"] = vision
-    config["media"] = media
-    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    with edit_config(home) as config:
+        config["agents"]["defaults"]["vision"] = vision
+        config["media"] = media
     return App.open(home).workspace
 
 

@@ -111,6 +111,7 @@ def test_a_proxy_page_quoting_the_token_when_sending_is_logged_and_stored_withou
 # -- one poller per bot -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_poller_of_the_same_bot_is_refused_in_one_line(home: Path, telegram: FakeTelegramServer,
                                                                  fake_openai: FakeOpenAIServer) -> None:
     workspace = configure(home, telegram, fake_openai, token=TOKEN)
@@ -155,6 +156,7 @@ def test_two_workspaces_may_each_run_a_bot_of_their_own(home: Path, tmp_path: Pa
         assert one.telegram_lock_path(TOKEN) != one.telegram_lock_path("1:other-bot-token")
 
 
+@pytest.mark.slow
 def test_telegrams_409_conflict_stops_polling_with_one_clear_line(home: Path, telegram: FakeTelegramServer,
                                                                   fake_openai: FakeOpenAIServer) -> None:
     configure(home, telegram, fake_openai, token=TOKEN)

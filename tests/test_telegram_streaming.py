@@ -214,6 +214,7 @@ def test_in_webhook_mode_a_reply_is_drafted_then_sent_whole(home: Path, fake_tel
     assert fake_telegram.sent_texts(OWNER) == [answer]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("first", "more"), [("The first part", " and more."), ("第一部分", "，还有更多。")])
 def test_a_worker_that_lost_its_update_shows_no_more_previews(fake_telegram: FakeTelegramServer, first: str,
                                                               more: str) -> None:

@@ -42,6 +42,7 @@ from picoclaw.storage.inbox import SqliteInbox
 from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import BOT_USERNAME, TOKEN, FakeTelegramServer, free_port
+from tests.homes import edit_config
 from tests.test_telegram import OWNER, STRANGER, configure, echo, picoclaw_telegram, replied, serve, until
 from tests.test_telegram_reliability import finished
 from tests.waiting import wait_until
@@ -70,8 +71,9 @@ def hook_settings(port: int, **settings: Any) -> dict[str, Any]:
 
 
 def serve_webhook(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIServer,
-                  body: Callable[[TelegramChannel, Webhook], Awaitable[T]]) -> T:
-    """Run one webhook worker in this process until `body` returns, then stop it as SIGTERM does."""
+                  body: Callable[[TelegramChannel, Webhook], Awaitable[T]], **timings: float) -> T:
+    """Run one webhook worker in this process until `body` returns, then stop it as SIGTERM does; `timings` go to
+    the Webhook (body_timeout, idle_timeout, fallback_poll)."""
     async def run() -> T:
         settings = workspace.config.channels.telegram
         bot = make_bot(settings, workspace.config.telegram_token())
@@ -79,7 +81,8 @@ def serve_webhook(workspace: Workspace, telegram: FakeTelegramServer, model: Fak
         async with app:
             channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
                                       transcriber=app.transcriber(), typing_interval=0.05)
-            webhook = Webhook(settings.webhook, app.storage, worker="w1", secret_token=webhook_secret(bot.token))
+            webhook = Webhook(settings.webhook, app.storage, worker="w1", secret_token=webhook_secret(bot.token),
+                              **timings)
             running = asyncio.create_task(channel.run(handle_signals=False, webhook=webhook))
             await until(telegram, lambda: telegram.webhook is not None)  # the port opened before it was set
             try:
@@ -120,10 +123,8 @@ def inbox_rows(home: Path, dsn: str | None = None, columns: str = "update_id, ch
 
 def on_postgres(home: Path, dsn: str) -> None:
     """The home's storage on PostgreSQL (before `configure`, which keeps it)."""
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}
 
 
 def backend_dsn(request: pytest.FixtureRequest, home: Path, backend: str) -> str | None:
@@ -262,10 +263,8 @@ def test_an_id_that_does_not_fit_64_bits_is_a_400_not_a_503_retried_for_ever(
 
 
 def test_a_body_that_drips_in_or_never_ends_is_cut_off_and_an_aborted_one_is_one_log_line(
-        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, caplog: pytest.LogCaptureFixture,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(webhook_module, "BODY_TIMEOUT", 1.0)
-    monkeypatch.setattr(webhook_module, "IDLE_TIMEOUT", 2.0)
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
+        caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()
     workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
     fake_openai.responder = echo
@@ -315,7 +314,8 @@ def test_a_body_that_drips_in_or_never_ends_is_cut_off_and_an_aborted_one_is_one
         status = await post(port, update(2, OWNER, "still served / 照常服务"),
                             {"X-Telegram-Bot-Api-Secret-Token": webhook_secret(TOKEN)})
         return list(await asyncio.gather(*bodies)), await headers, garbage, status
-    cut_bodies, cut_headers, garbage, status = serve_webhook(workspace, fake_telegram, fake_openai, run)
+    cut_bodies, cut_headers, garbage, status = serve_webhook(workspace, fake_telegram, fake_openai, run,
+                                                             body_timeout=1.0, idle_timeout=2.0)
     assert status == 200 and fake_telegram.sent_texts(OWNER) == ["echo: still served / 照常服务"]
     # Each closed by the worker: with a 408 (the log below says each was one), and no request began for the last.
     assert all(answer.startswith(b"HTTP/1.1 408 ") or answer == b"" for answer in cut_bodies), cut_bodies
@@ -329,6 +329,7 @@ def test_a_body_that_drips_in_or_never_ends_is_cut_off_and_an_aborted_one_is_one
     assert all("\n" not in line for line in logged)
 
 
+@pytest.mark.slow
 def test_a_flood_of_one_update_is_stored_once_and_answered_once(home: Path, fake_telegram: FakeTelegramServer,
                                                                 fake_openai: FakeOpenAIServer) -> None:
     port = free_port()
@@ -452,11 +453,9 @@ def test_a_voice_note_whose_turn_cannot_reach_the_storage_is_not_heard_twice(
         monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
     configure(home, fake_telegram, fake_openai, **hook_settings(port))
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["transcription"] = {"provider": "openai", "model": "whisper-1"}
-    config["providers"]["openai"]["max_retries"] = 0
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["transcription"] = {"provider": "openai", "model": "whisper-1"}
+        config["providers"]["openai"]["max_retries"] = 0
     workspace = App.open(home).workspace
     fake_openai.reply_transcript("remember my locker is 317 / 我的柜子是317号")
     failures = [StorageUnavailable("PostgreSQL at db.example:5432 cannot be reached: server closed the connection")]
@@ -543,6 +542,7 @@ def test_a_reply_whose_record_fails_is_recorded_at_a_retry(home: Path, fake_tele
     assert "reply sent but not recorded" not in caplog.text
 
 
+@pytest.mark.slow
 def test_a_worker_paused_past_its_lease_sends_nothing_for_an_update_another_took_over(tmp_path: Path) -> None:
     async def run() -> tuple[list[bool], list[str]]:
         inbox = SqliteInbox(tmp_path / "inbox.sqlite3", 123456)
@@ -578,6 +578,7 @@ def test_a_worker_paused_past_its_lease_sends_nothing_for_an_update_another_took
     assert sent == [] and checks[0] is True  # its renewal may have learnt it first and stopped the turn
 
 
+@pytest.mark.slow
 def test_an_update_finished_while_its_lease_is_renewed_is_not_reported_lost(tmp_path: Path,
                                                                             caplog: pytest.LogCaptureFixture) -> None:
     renewed = threading.Event()
@@ -632,6 +633,7 @@ def test_polling_takes_down_a_webhook_left_by_webhook_mode(home: Path, fake_tele
 # -- the command ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_one_worker_on_files_keeps_its_inbox_across_a_kill_and_a_second_is_refused(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     port = free_port()

@@ -30,7 +30,6 @@ import pytest
 from picoclaw import clock
 from picoclaw.app import App
 from picoclaw.channels.telegram import MEMORY_BUSY, TelegramChannel, Webhook, webhook_secret
-from picoclaw.channels.telegram import webhook as webhook_module
 from picoclaw.config import load_config, workspace_dir
 from picoclaw.jobs import add_session_job
 from picoclaw.storage import StorageError
@@ -38,6 +37,7 @@ from picoclaw.storage.postgres.storage import PostgresStorage
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.postgres import StoppableServer, fresh_database, missing, stoppable_server
 from tests.fakes.telegram_server import BOT_ID, TOKEN, FakeTelegramServer, free_port, worker_healthy
+from tests.homes import edit_config
 from tests.test_telegram import OWNER, REPO, configure, echo, picoclaw_telegram, replied, until
 from tests.test_telegram_webhook import (
     LEASE,
@@ -51,16 +51,17 @@ from tests.test_telegram_webhook import (
 )
 from tests.waiting import Deadline, wait_until_sync
 
+# Every test here runs on PostgreSQL, most with worker processes of their own.
+pytestmark = pytest.mark.slow
+
 
 def set_up(home: Path, telegram: FakeTelegramServer, model: FakeOpenAIServer, dsn: str, chats: list[int]) -> None:
     configure(home, telegram, model, allow_from=chats,
               webhook={"url": URL, "lease_seconds": LEASE, "max_parallel": 16})
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 8}}
-    # Twelve turns a chat stay under the summary threshold: this test is about updates, not summaries.
-    config["memory"]["session_summary_message_threshold"] = 40
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["storage"] = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 8}}
+        # Twelve turns a chat stay under the summary threshold: this test is about updates, not summaries.
+        config["memory"]["session_summary_message_threshold"] = 40
 
 
 @contextmanager
@@ -265,9 +266,9 @@ def reachable(storage: PostgresStorage) -> bool:
 
 def test_postgres_going_down_is_a_quick_503_and_one_warning_and_answers_resume_as_it_returns(
         home: Path, stoppable: StoppableServer, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer,
-        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # No polling at all: after the outage only its return, and NOTIFY on a LISTEN made again, wake the worker.
-    monkeypatch.setattr(webhook_module, "FALLBACK_POLL", 3600.0)
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    # No polling at all (fallback_poll below): after the outage only its return, and NOTIFY on a LISTEN made
+    # again, wake the worker.
     caplog.set_level(logging.INFO)
     with fresh_database(stoppable.dsn) as dsn:
         on_postgres(home, dsn)
@@ -299,7 +300,7 @@ def test_postgres_going_down_is_a_quick_503_and_one_warning_and_answers_resume_a
             await asyncio.to_thread(store_elsewhere, tmp_path / "elsewhere", dsn, update(3, OWNER, "after / 之后"))
             await until(fake_telegram, replied(fake_telegram, OWNER, 3))
             return during, warned
-        during, warned = serve_webhook(workspace, fake_telegram, fake_openai, run)
+        during, warned = serve_webhook(workspace, fake_telegram, fake_openai, run, fallback_poll=3600.0)
 
     assert [status for status, _ in during] == [503] * 4
     assert max(seconds for _, seconds in during) < 10, during  # a pool connection was waited for 30 s each
@@ -366,10 +367,8 @@ def test_a_process_frozen_holding_the_memory_lock_stops_no_chat_past_the_bound_a
         tmp_path: Path, where: str) -> None:
     chats = [8001 + n for n in range(6)]
     set_up(home, fake_telegram, fake_openai, postgres_dsn, chats)
-    path = home / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["storage"]["lock_wait_seconds"] = 3  # the workers' bound on every lock wait, and their own leases
-    path.write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["storage"]["lock_wait_seconds"] = 3  # the workers' bound on every lock wait, and their own leases
     fake_openai.responder = echo
     root = workspace_dir(load_config(home), home) if where == "this machine" else tmp_path / "machine1"
     root.mkdir(parents=True, exist_ok=True)

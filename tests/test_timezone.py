@@ -18,6 +18,7 @@ from picoclaw.agent.context import ContextBuilder
 from picoclaw.app import App
 from picoclaw.onboard import onboard
 from tests.fakes.console import Console
+from tests.homes import edit_config
 from tests.test_web_console import logged_in
 from tests.zones import SHANGHAI, in_zone
 
@@ -98,8 +99,8 @@ def test_describe_timezone(machine_tz: pytest.MonkeyPatch) -> None:
 
 
 def test_console_status_page_shows_the_resolved_zone(home: Path, machine_tz: pytest.MonkeyPatch) -> None:
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    (home / "config.json").write_text(json.dumps({**config, "timezone": "local"}), encoding="utf-8")
+    with edit_config(home) as config:
+        config["timezone"] = "local"
     machine_tz.setenv("TZ", "Europe/Berlin")
     app = App.open(home)
     try:
@@ -114,8 +115,8 @@ def test_console_status_page_shows_the_resolved_zone(home: Path, machine_tz: pyt
 
 
 def test_the_models_today_line_names_the_zone(home: Path, machine_tz: pytest.MonkeyPatch) -> None:
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    (home / "config.json").write_text(json.dumps({**config, "timezone": "local"}), encoding="utf-8")
+    with edit_config(home) as config:
+        config["timezone"] = "local"
     machine_tz.setenv("TZ", "Europe/Berlin")
     app = App.open(home)
     try:

@@ -213,6 +213,7 @@ def _start(cache: Path) -> subprocess.CompletedProcess[str]:
                           encoding="utf-8", timeout=60, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_a_second_process_makes_no_network_attempt_and_logs_nothing(tmp_path: Path) -> None:
     cache = tmp_path / "tiktoken-cache"
     first, second = _start(cache), _start(cache)
@@ -225,6 +226,7 @@ def test_a_second_process_makes_no_network_attempt_and_logs_nothing(tmp_path: Pa
     assert "picoclaw.tokens" not in second.stderr
 
 
+@pytest.mark.slow
 def test_a_remembered_failure_is_tried_again_after_a_day(tmp_path: Path) -> None:
     cache = tmp_path / "tiktoken-cache"
     _start(cache)

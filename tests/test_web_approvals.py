@@ -16,6 +16,7 @@ import pytest
 from picoclaw.app import App
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.console import Console, csrf_of, logged_in
+from tests.homes import edit_config
 from tests.test_web_console import CHROMIUM, CHROMIUM_FLAGS
 
 NOTES = [("todo.md", "buy milk and eggs", "Done: todo.md is written."),
@@ -25,10 +26,9 @@ NOTES = [("todo.md", "buy milk and eggs", "Done: todo.md is written."),
 @pytest.fixture
 def asking(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[tuple[Console, FakeOpenAIServer]]:
     """The console over a home whose model is the fake server, and where write_file asks first."""
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    config["tools"]["approval"] = {"ask_first": ["write_file"], "timeout_seconds": 300}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
+        config["tools"]["approval"] = {"ask_first": ["write_file"], "timeout_seconds": 300}
     app = App.open(home)
     try:
         with Console(app) as console:
@@ -119,6 +119,7 @@ def test_a_decision_that_is_not_the_open_questions_own_changes_nothing(
     assert not (console.app.workspace.root / "x.md").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("locale", "approve", "approved"), [("en-US", "Approve", "Approved"),
                                                               ("zh-CN", "批准", "已批准")])
 def test_in_a_browser_the_call_waits_for_the_approve_button(asking: tuple[Console, FakeOpenAIServer], locale: str,

@@ -19,6 +19,7 @@ import pytest
 from picoclaw.channels import NO_VISION, NOT_LISTENING, SPOKEN_MARK
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.console import Console, console_of, csrf_of, logged_in
+from tests.homes import edit_config
 from tests.test_attachments import OGG, PNG, ZH
 from tests.test_web_console import CHROMIUM, CHROMIUM_FLAGS
 
@@ -27,13 +28,13 @@ from tests.test_web_console import CHROMIUM, CHROMIUM_FLAGS
 def console(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[Console]:
     """The console over a home whose model (which does not see) and transcriber are the fake server, taking
     images up to 1 MB and documents up to 64 KB, and audio up to 2 MB."""
-    def edit(config: dict[str, Any]) -> None:
+    with edit_config(home) as config:
         config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url,
                                          "max_retries": 0}
         config["agents"]["defaults"]["vision"] = False
         config["media"] = {"image_megabytes": 1, "document_kilobytes": 64}
         config["transcription"] = {"provider": "openai", "model": "whisper-1", "max_megabytes": 2}
-    with console_of(home, edit) as running:
+    with console_of(home) as running:
         yield running
 
 
@@ -131,9 +132,9 @@ def test_an_upload_without_the_csrf_token_or_a_file_it_cannot_take_changes_nothi
 
 
 def test_audio_without_a_transcriber_is_one_line(home: Path, fake_openai: FakeOpenAIServer) -> None:
-    def edit(config: dict[str, Any]) -> None:
+    with edit_config(home) as config:
         config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    with console_of(home, edit) as console:
+    with console_of(home) as console:
         client = logged_in(console)
         token = csrf_of(client.get("/memory").text)
         refused = upload(client, token, "voice.ogg", OGG, "听一下")
@@ -141,6 +142,7 @@ def test_audio_without_a_transcriber_is_one_line(home: Path, fake_openai: FakeOp
     assert fake_openai.chat_requests() == []
 
 
+@pytest.mark.slow
 def test_in_a_browser_attach_sends_the_file_and_shows_the_note(console: Console, fake_openai: FakeOpenAIServer,
                                                                tmp_path: Path) -> None:
     if not CHROMIUM.exists():

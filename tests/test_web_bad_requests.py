@@ -3,7 +3,6 @@ traceback (in the test's log and in the terminal of a real `picoclaw web`)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import socket
@@ -17,15 +16,15 @@ import pytest
 from picoclaw.app import App
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.console import Console, csrf_of, logged_in, login_link_of, picoclaw_web, stopped
+from tests.homes import edit_config
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 @pytest.fixture
 def chatting(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[tuple[Console, FakeOpenAIServer]]:
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
     app = App.open(home)
     try:
         with Console(app) as running:
@@ -172,6 +171,7 @@ def test_every_bad_request_is_one_log_line_and_never_a_traceback(
     assert store.long_term_path.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_the_terminal_of_picoclaw_web_shows_one_line_a_bad_request(home: Path) -> None:
     process = picoclaw_web(home, "--port", str(_free_port()))
     try:

@@ -51,6 +51,7 @@ def test_the_answer_is_rendered_markdown_live_and_after_a_reload_and_its_html_is
     assert "<p>好的：<strong>豆豆</strong></p>" in client.get("/chat").text  # the kept page saw the new turn
 
 
+@pytest.mark.slow
 def test_in_a_browser_the_answer_is_rendered_its_script_inert_and_the_labels_match_a_reload(
         chatting: tuple[Console, FakeOpenAIServer]) -> None:  # noqa: F811  (the fixture imported)
     if not CHROMIUM.exists():

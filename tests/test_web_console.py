@@ -22,6 +22,7 @@ from picoclaw.web import Gate
 from picoclaw.web.security import COOKIE
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.console import Console, csrf_of, free_port, logged_in
+from tests.homes import edit_config
 
 XSS = '<img src=x onerror=alert(1)> <a href="javascript:alert(2)">click</a>'
 
@@ -125,6 +126,7 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-network
                   "--disable-sync", "--no-first-run"]  # the machine's network is closed: no background calls
 
 
+@pytest.mark.slow
 def test_in_a_browser_log_in_markup_stays_text_memory_is_written_and_the_policy_set_and_rolled_back(
         console: Console, capsys: pytest.CaptureFixture[str]) -> None:
     import os
@@ -192,9 +194,8 @@ def test_why_this_answer_lists_the_injected_blocks_with_scores_and_the_replys_to
         home: Path, fake_openai: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
     from picoclaw.cli import main
 
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
     assert main(["memory", "append", "My corgi is called Doudou and loves the park"]) == 0
     assert main(["memory", "append", "我的柯基叫豆豆，最喜欢去公园"]) == 0
     fake_openai.reply_text("Doudou, and the park.", usage={"prompt_tokens": 900, "completion_tokens": 5},
@@ -364,12 +365,11 @@ def test_a_reminder_added_in_the_console_is_listed_by_cron_and_removed(
 def test_status_masks_every_secret_and_skill_drafts_are_accepted_or_rejected(home: Path) -> None:
     from picoclaw.tools import SkillDrafts
 
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"]["api_key"] = "sk-secret-0123456789"
-    config["tools"] = {"mcp": {"servers": {
-        "files": {"command": ["npx", "-y", "server-files"], "env": {"FILES_TOKEN": "tok-secret-42"}},
-        "remote": {"url": "https://mcp.example/x", "headers": {"Authorization": "Bearer hdr-secret-7"}}}}}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"]["api_key"] = "sk-secret-0123456789"
+        config["tools"] = {"mcp": {"servers": {
+            "files": {"command": ["npx", "-y", "server-files"], "env": {"FILES_TOKEN": "tok-secret-42"}},
+            "remote": {"url": "https://mcp.example/x", "headers": {"Authorization": "Bearer hdr-secret-7"}}}}}
     app = App.open(home)
     skills = app.workspace.layout.skills_dir
     drafts = SkillDrafts(skills)
@@ -403,9 +403,8 @@ def test_status_masks_every_secret_and_skill_drafts_are_accepted_or_rejected(hom
 @pytest.fixture
 def chatting(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[tuple[Console, FakeOpenAIServer]]:
     """The console over a home whose model is the fake server."""
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
     app = App.open(home)
     try:
         with Console(app) as console:
@@ -520,6 +519,7 @@ def test_a_reminder_for_a_web_session_appears_while_its_page_is_open(
         deliver("after the page's stream ended")
 
 
+@pytest.mark.slow
 def test_in_a_browser_a_chat_answer_streams_in_and_why_this_answer_shows_its_memory(
         chatting: tuple[Console, FakeOpenAIServer]) -> None:
     import os
@@ -628,10 +628,9 @@ def test_the_console_works_the_same_on_postgresql(home: Path, postgres_dsn: str,
                                                   tmp_path: Path) -> None:
     from picoclaw.storage import export_workspace
 
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["storage"] = {"backend": "postgres", "postgres": {"dsn": postgres_dsn, "pool_size": 4}}
-    config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["storage"] = {"backend": "postgres", "postgres": {"dsn": postgres_dsn, "pool_size": 4}}
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
     app = App.open(home)
     try:
         with Console(app) as console:
@@ -658,16 +657,16 @@ def test_the_console_works_the_same_on_postgresql(home: Path, postgres_dsn: str,
         "recent_days": 5}
 
 
+@pytest.mark.slow
 def test_the_status_page_shows_the_state_and_tools_of_the_mcp_servers_started_for_the_chat(home: Path) -> None:
     import sys
 
     from picoclaw.web.status_page import MCP_KEY
 
     script = Path(__file__).parent / "fakes" / "mcp_server.py"
-    config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-    config["tools"] = {"mcp": {"servers": {"helper": {"command": [sys.executable, str(script)],
-                                                      "env": {"HELPER_TOKEN": "tok-secret-1"}, "tools": ["echo"]}}}}
-    (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with edit_config(home) as config:
+        config["tools"] = {"mcp": {"servers": {"helper": {"command": [sys.executable, str(script)],
+                                                          "env": {"HELPER_TOKEN": "tok-secret-1"}, "tools": ["echo"]}}}}
     app = App.open(home)
     try:
         with Console(app) as console:

@@ -128,6 +128,7 @@ def chromium_or_skip() -> None:
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("locale", ["en", "zh-CN"])
 def test_in_a_browser_two_open_editors_both_save_a_refused_save_keeps_its_text_and_delete_undoes(
         console: Console, locale: str) -> None:

@@ -9,6 +9,7 @@ import re
 from datetime import timedelta
 
 import httpx2
+import pytest
 
 from picoclaw import clock
 from picoclaw.app import App
@@ -112,6 +113,7 @@ def test_the_language_switch_returns_to_the_page_it_was_pressed_on(console: Cons
     assert '<input type="hidden" name="back" value="/policy?x=1">' in page
 
 
+@pytest.mark.slow
 def test_in_a_browser_jobs_are_edited_switched_and_run_and_no_page_scrolls_sideways_on_a_phone(
         console: Console) -> None:
     chromium_or_skip()

@@ -81,6 +81,7 @@ def test_a_new_link_is_made_for_the_script_token_only(console: Console) -> None:
     assert anonymous(console).post("/login/new", headers=bearer(stale)).status_code == 401
 
 
+@pytest.mark.slow
 def test_picoclaw_web_writes_its_script_token_for_the_user_only_and_new_link_works_without_a_restart(
         home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from picoclaw.cli import main

@@ -16,6 +16,7 @@ import pytest
 from picoclaw.app import App
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.console import Console, logged_in
+from tests.homes import edit_config
 from tests.test_web_editing import CHROMIUM, CHROMIUM_FLAGS, chromium_or_skip
 
 KEY = "sk-test-0123456789abcdef"
@@ -26,9 +27,8 @@ def windowed(home: Path) -> Iterator[tuple[Console, FakeOpenAIServer]]:
     """The console over a model served "locally" with a 16k window it reports (llama.cpp's /props): the fake
     counts each prompt as it refuses by, and reports that count as the prompt's tokens."""
     with FakeOpenAIServer(kind="llama.cpp", window=16_384) as fake:
-        config = json.loads((home / "config.json").read_text(encoding="utf-8"))
-        config["providers"]["openai"] = {"api_key": KEY, "api_base": fake.base_url}
-        (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        with edit_config(home) as config:
+            config["providers"]["openai"] = {"api_key": KEY, "api_base": fake.base_url}
         app = App.open(home)
         try:
             with Console(app) as console:
@@ -118,6 +118,7 @@ def test_a_turn_recorded_by_an_older_version_says_what_it_lacks(console: Console
     assert "没有保存窗口的划分" in zh and "没有保存被略去的记忆块" in zh
 
 
+@pytest.mark.slow
 def test_in_a_browser_the_window_bar_and_the_request_toggle(windowed: tuple[Console, FakeOpenAIServer]) -> None:
     chromium_or_skip()
     from playwright.sync_api import sync_playwright

@@ -19,6 +19,7 @@ import pytest
 from picoclaw.web.chat_page import channel
 from tests.fakes import FakeOpenAIServer, Text, ToolCalls
 from tests.fakes.console import Console, console_of, csrf_of, logged_in
+from tests.homes import edit_config
 from tests.test_memory_grounding import model
 from tests.test_web_console import CHROMIUM, CHROMIUM_FLAGS
 
@@ -29,9 +30,9 @@ EVENT_DEADLINE = 120.0  # seconds: a generous bound, so a missing event fails th
 @pytest.fixture
 def chatting(home: Path, fake_openai: FakeOpenAIServer) -> Iterator[tuple[Console, FakeOpenAIServer]]:
     """The console over a home whose model is the fake server."""
-    def edit(config: dict[str, Any]) -> None:
+    with edit_config(home) as config:
         config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
-    with console_of(home, edit) as console:
+    with console_of(home) as console:
         yield console, fake_openai
 
 
@@ -107,6 +108,7 @@ def test_a_receipt_with_no_page_open_is_not_shown_but_listed(chatting: tuple[Con
         assert next_event(lines) == {"kind": "delivered", "text": "end"}
 
 
+@pytest.mark.slow
 def test_in_a_browser_a_chat_turns_memory_append_shows_its_receipt_as_text(
         chatting: tuple[Console, FakeOpenAIServer]) -> None:
     if not CHROMIUM.exists():

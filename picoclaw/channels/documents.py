@@ -73,12 +73,12 @@ def check_document_size(size: int | None, max_bytes: int) -> None:
                            f"{max_bytes // KILOBYTE:,} KB (media.document_kilobytes).")
 
 
-def read_document(name: str, data: bytes, *, max_bytes: int) -> DocumentText:
+def read_document(name: str, data: bytes, *, max_bytes: int, max_pages: int = MAX_PDF_PAGES) -> DocumentText:
     """The text of the file `name` holding `data`; MediaRefused (one line for the person) when it is too large,
     empty, not text or a PDF, a PDF without text or a broken one; ImageDocument (a MediaRefused) for an image."""
     check_document_size(len(data), max_bytes)
     if data.startswith(b"%PDF-"):
-        return _pdf(name, data)
+        return _pdf(name, data, max_pages)
     image = image_type(data)
     if image is not None:
         raise ImageDocument(f"That is a {image.removeprefix('image/').upper()} image sent as a file, not a "
@@ -124,7 +124,7 @@ def _decode(data: bytes) -> tuple[str, str | None] | None:
     return text.replace("\r\n", "\n"), note
 
 
-def _pdf(name: str, data: bytes) -> DocumentText:
+def _pdf(name: str, data: bytes, max_pages: int) -> DocumentText:
     """The text of a PDF's pages, each after a `[page N]` line when there are several."""
     from pypdf import PdfReader  # here: only a PDF needs it
 
@@ -132,8 +132,8 @@ def _pdf(name: str, data: bytes) -> DocumentText:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise MediaRefused(f"{name} is a password-protected PDF; I cannot open it.")
-        if len(reader.pages) > MAX_PDF_PAGES:  # a hostile or huge PDF would keep a thread busy for minutes
-            raise MediaRefused(f"{name} has {len(reader.pages):,} pages; I read PDFs of up to {MAX_PDF_PAGES:,}.")
+        if len(reader.pages) > max_pages:  # a hostile or huge PDF would keep a thread busy for minutes
+            raise MediaRefused(f"{name} has {len(reader.pages):,} pages; I read PDFs of up to {max_pages:,}.")
         pages = [(page.extract_text() or "").strip() for page in reader.pages]
     except MediaRefused:
         raise

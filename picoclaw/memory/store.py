@@ -107,8 +107,10 @@ class Replacement:
 class MemoryStore:
     """MEMORY.md, daily notes `YYYYMM/YYYYMMDD.md` and backups inside one memory folder."""
 
-    def __init__(self, memory_dir: Path, tz: tzinfo, backup_keep: int = 50, *, storage: Storage):
+    def __init__(self, memory_dir: Path, tz: tzinfo, backup_keep: int = 50, *, storage: Storage,
+                 update_window: int = UPDATE_WINDOW):
         self.memory_dir = Path(memory_dir)
+        self.update_window = update_window  # how many newest entries an append looks among for one it updates
         self.tz = tz
         self.storage = storage  # the workspace's backend: its locks, and the index's table on PostgreSQL
         self.documents, _ = document_of(storage, self.memory_dir / LONG_TERM_FILE)  # every write goes through it
@@ -229,7 +231,7 @@ class MemoryStore:
         heading = f"## {self.today().isoformat()}"
         with self.locked():
             appended = append_in_place(self.local(self.long_term_path), self._name(self.long_term_path), heading,
-                                       body, UPDATE_WINDOW, self.documents)
+                                       body, self.update_window, self.documents)
             if appended is not None:
                 if appended.new:
                     self._changed(self.long_term_path)
@@ -246,7 +248,7 @@ class MemoryStore:
             # The backup holds the file's bytes as they were: if some were not UTF-8, the rewrite below
             # has U+FFFD in their place, and the backup is where the originals can be recovered.
             backup = self._backup_long_term()
-            older = updated_by(body, list(long_term_entries(current))[-UPDATE_WINDOW:])
+            older = updated_by(body, list(long_term_entries(current))[-self.update_window:])
             if older:  # kept, never deleted: a wrong guess costs one line, a deleted fact would be lost
                 summary = " ".join(without_source(body).split())
                 marker = f"{SUPERSEDED} by the {self.today().isoformat()} entry: {summary[:80]}"

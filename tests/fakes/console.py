@@ -12,13 +12,11 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx2
-import orjson
 from aiohttp import web
 
 from picoclaw.app import App
@@ -132,13 +130,8 @@ def stopped(process: subprocess.Popen[str]) -> tuple[str, str]:
 
 
 @contextmanager
-def console_of(home: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Iterator[Console]:
-    """The web console of `home` serving on 127.0.0.1, its config.json changed by `edit` first."""
-    if edit is not None:
-        path = home / "config.json"
-        config = orjson.loads(path.read_bytes())
-        edit(config)
-        path.write_bytes(orjson.dumps(config))
+def console_of(home: Path) -> Iterator[Console]:
+    """The web console of `home` serving on 127.0.0.1."""
     app = App.open(home)
     try:
         with Console(app) as running:

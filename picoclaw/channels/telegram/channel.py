@@ -168,7 +168,7 @@ class TelegramChannel:
     def __init__(self, settings: TelegramConfig, bot: Bot, agent_for: AgentFor, *,
                  replies: Callable[[int], ReplyLog], transcriber: Transcriber | None = None,
                  typing_interval: float = TYPING_INTERVAL, shutdown_timeout: float = 30.0,
-                 sleep: Sleep = asyncio.sleep, approval_timer: Timer = asyncio.sleep):
+                 sleep: Sleep = asyncio.sleep, approval_timer: Timer = asyncio.sleep, told_size: int = TOLD_SIZE):
         self.settings = settings
         self.bot = bot
         self.agent_for = agent_for
@@ -191,7 +191,7 @@ class TelegramChannel:
         self._agents_used: weakref.WeakSet[AgentLoop] = weakref.WeakSet()
         # One lock per session key while a turn holds or awaits it: an idle chat costs nothing.
         self._chat_locks: KeyedLocks[str] = KeyedLocks()
-        self._told: LruCache[int, bool] = LruCache(TOLD_SIZE)  # strangers told their id (in memory only)
+        self._told: LruCache[int, bool] = LruCache(told_size)  # strangers told their id (in memory only)
         self._in_flight: set[asyncio.Task[object]] = set()
         self._webhook: Webhook | None = None
         # The replies sent, by message, for reactions (storage/telegram_replies.py): opened for the bot's id.

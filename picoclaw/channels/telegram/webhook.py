@@ -191,7 +191,7 @@ class InboxRequestHandler(SimpleRequestHandler):
     """aiogram's webhook handler for one bot, storing what the gate keeps of each update before the 200."""
 
     def __init__(self, dispatcher: Dispatcher, bot: Bot, secret_token: str, inbox: Inbox, *, gate: Gate,
-                 watch: StorageWatch, stored: Callable[[], None], offload: Offload):
+                 watch: StorageWatch, stored: Callable[[], None], offload: Offload, body_timeout: float = BODY_TIMEOUT):
         super().__init__(dispatcher, bot, handle_in_background=False, secret_token=secret_token)
         self._secret = secret_token.encode("utf-8")
         self.inbox = inbox
@@ -199,6 +199,7 @@ class InboxRequestHandler(SimpleRequestHandler):
         self.watch = watch
         self.stored = stored
         self.offload = offload
+        self.body_timeout = body_timeout
 
     def verify_secret(self, telegram_secret_token: str, bot: Bot) -> bool:
         # As bytes: a header that is not ASCII is a wrong token, not a TypeError (compare_digest refuses such str).
@@ -245,13 +246,13 @@ class InboxRequestHandler(SimpleRequestHandler):
     async def _read_body(self, request: web.Request, peer: str) -> bytes | web.Response:
         """The whole body, or the refusal when it is too big, too slow, or cut off."""
         try:
-            return await asyncio.wait_for(request.read(), BODY_TIMEOUT)  # client_max_size caps its length
+            return await asyncio.wait_for(request.read(), self.body_timeout)  # client_max_size caps its length
         except web.HTTPRequestEntityTooLarge:
             log.warning("telegram webhook: refused a request from %s: body over %d bytes", peer, MAX_UPDATE_BYTES)
             return web.Response(status=413, text="Payload Too Large")
         except TimeoutError:
             log.warning("telegram webhook: refused a request from %s: its body did not arrive within %g s", peer,
-                        BODY_TIMEOUT)
+                        self.body_timeout)
             response = web.Response(status=408, text="Request Timeout")
             response.force_close()
             return response
@@ -287,7 +288,7 @@ class InboxWorker:
 
     def __init__(self, inbox: Inbox, feed: Callable[[dict[str, Any]], Awaitable[object]], *, worker: str,
                  lease: float, parallel: int, watch: StorageWatch, offload: Offload | None = None,
-                 fallback_poll: float | None = None):
+                 fallback_poll: float = FALLBACK_POLL):
         self.inbox = inbox
         self.feed = feed
         self.worker = worker
@@ -295,7 +296,7 @@ class InboxWorker:
         self.parallel = parallel
         self.watch = watch
         self.offload = offload or Offload(2)
-        self.fallback_poll = FALLBACK_POLL if fallback_poll is None else fallback_poll
+        self.fallback_poll = fallback_poll
         self._wake = asyncio.Event()
         self._renew_now = asyncio.Event()
         self._stopping = False
@@ -540,11 +541,14 @@ class InboxWorker:
 class Webhook:
     """One worker in webhook mode: the HTTP server Telegram (or a load balancer) posts to, and the inbox worker."""
 
-    def __init__(self, settings: WebhookConfig, storage: Storage, *, worker: str, secret_token: str):
+    def __init__(self, settings: WebhookConfig, storage: Storage, *, worker: str, secret_token: str,
+                 body_timeout: float = BODY_TIMEOUT, idle_timeout: float = IDLE_TIMEOUT,
+                 fallback_poll: float = FALLBACK_POLL):
         self.settings = settings
         self.storage = storage
         self.worker = worker
         self.secret_token = secret_token
+        self.body_timeout, self.idle_timeout, self.fallback_poll = body_timeout, idle_timeout, fallback_poll
         self.host, self.port = listen_address(settings.listen)
         self._stopped = asyncio.Event()
         self.inbox: Inbox | None = None
@@ -568,14 +572,15 @@ class Webhook:
         self.watch = StorageWatch(self.storage.ping, on_back=self._storage_back)
         self._worker = InboxWorker(inbox, _feeder(bot, dispatcher, gate), worker=self.worker,
                                    lease=self.settings.lease_seconds, parallel=self.settings.max_parallel,
-                                   watch=self.watch, offload=offload)
+                                   watch=self.watch, offload=offload, fallback_poll=self.fallback_poll)
         app = web.Application(client_max_size=MAX_UPDATE_BYTES)
         InboxRequestHandler(dispatcher, bot, self.secret_token, inbox, gate=gate, watch=self.watch,
-                            stored=self._worker.wake, offload=offload).register(app, path=self.settings.route())
+                            stored=self._worker.wake, offload=offload,
+                            body_timeout=self.body_timeout).register(app, path=self.settings.route())
         app.router.add_get(HEALTH_PATH, self._health)
         # A store takes milliseconds: a request still open this long after the stop gets no 200, so is retried.
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=STORE_GRACE,
-                                     keepalive_timeout=IDLE_TIMEOUT, lingering_time=LINGER, logger=http_log)
+                                     keepalive_timeout=self.idle_timeout, lingering_time=LINGER, logger=http_log)
         await self._runner.setup()
         try:
             await web.TCPSite(self._runner, self.host, self.port).start()

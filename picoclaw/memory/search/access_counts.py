@@ -34,8 +34,10 @@ _VERSION = 1
 class AccessCounts:
     """The injection counts of one memory folder: read with a stat-keyed cache, updated under a file lock."""
 
-    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
+    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS,
+                 max_keys: int = MAX_KEYS):
         self.path = Path(memory_dir) / ACCESS_COUNTS_FILE
+        self.max_keys = max_keys
         self._lock = storage.lock(Path(memory_dir) / ".access_counts.lock", timeout=lock_wait)
         self.documents, self.name = document_of(storage, self.path)
         self._cache_key: FileKey | None = None
@@ -65,10 +67,10 @@ class AccessCounts:
                 for key in wanted:
                     used, _ = entries.get(key, (0, ""))
                     entries[key] = (used + 1, day.isoformat())
-                if len(entries) > MAX_KEYS:
+                if len(entries) > self.max_keys:
                     # ISO dates sort as days do; among blocks last used the same day, the less used go first.
                     newest = sorted(entries.items(), key=lambda item: (item[1][1], item[1][0]), reverse=True)
-                    entries = dict(newest[:MAX_KEYS])
+                    entries = dict(newest[:self.max_keys])
                 record = {"version": _VERSION, "blocks": {key: [used, last] for key, (used, last) in entries.items()}}
                 # Not fsynced: losing the last counts to a power cut is harmless, a sync every turn is not free.
                 self.documents.replace(self.name, orjson.dumps(record), durable=False)

@@ -63,8 +63,9 @@ def _index_learnings(path: Path, file: Path) -> FileIndex:
 class KeywordSearch:
     """Searches one memory folder's MEMORY.md (and optionally its daily notes) with a warm cache."""
 
-    def __init__(self, store: MemoryStore):
+    def __init__(self, store: MemoryStore, *, neighbour_weight: float = NEIGHBOUR_WEIGHT):
         self.store = store
+        self.neighbour_weight = neighbour_weight  # the share of an adjacent block's score a block gains (bm25.py)
         self.cache: FileCache[FileIndex] = FileCache(_index_long_term)  # MEMORY.md
         self.notes_cache: FileCache[FileIndex] = FileCache(_index_note)
         self.learnings_cache: FileCache[FileIndex] = FileCache(_index_learnings)
@@ -112,14 +113,16 @@ class KeywordSearch:
             self.store.repair()
             path = self.store.long_term_path
             file = self.store.local(path)
-            found = [large_index(path, query, limit, file) if self._large(file) else self.cache.get(path, file)]
+            weight = self.neighbour_weight
+            found = [large_index(path, query, limit, file, neighbours=weight) if self._large(file)
+                     else self.cache.get(path, file)]
             if include_notes:
                 for note, note_file in self.store.notes():
                     try:
                         found.append(self.notes_cache.get(note, note_file))
                     except NotAFileError as exc:  # a note linked to a device or a FIFO: the other notes still count
                         log.warning("%s", exc)
-            return rank([index for index in found if index is not None], query, limit, neighbours=NEIGHBOUR_WEIGHT,
+            return rank([index for index in found if index is not None], query, limit, neighbours=weight,
                         feedback=True)
 
     async def search_async(self, query: str, limit: int, *, include_notes: bool = False,

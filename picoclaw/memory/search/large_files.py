@@ -133,17 +133,18 @@ class _Scan:
             line += data.count(b"\n")
 
 
-def large_index(path: Path, query: str, limit: int, file: Path | None = None) -> FileIndex | None:
+def large_index(path: Path, query: str, limit: int, file: Path | None = None, *,
+                neighbours: float = NEIGHBOUR_WEIGHT) -> FileIndex | None:
     """The index of the blocks of a large MEMORY.md most likely to be the best `limit` for `query`, with
     estimated statistics for the whole file (see the module docstring); None when the file is gone. Blocks are
     labelled `path`, read from `file` (default: `path`), as everywhere here.
 
     A first pass finds the `## ` sections holding a needle of a query term and scores each by the terms it
-    holds (BM25 as if each were there once, its bytes standing for its length, plus its neighbours' share);
-    only the best CANDIDATES_PER_HIT × `limit` of them and their neighbours are then read again, split and
-    tokenised for the exact scores of their blocks. A term in many sections (COMMON_SHARE) weighs little and
-    would cost a look-up per section: it only scores the sections the other terms find, unless they find too
-    few, when a second pass looks for it too. A CJK pair is looked for in the sections of its characters.
+    holds (BM25 as if each were there once, its bytes standing for its length, plus `neighbours` × its
+    neighbours'); only the best CANDIDATES_PER_HIT × `limit` of them and their neighbours are then read again,
+    split and tokenised for the exact scores of their blocks. A term in many sections (COMMON_SHARE) weighs
+    little and would cost a look-up per section: it only scores the sections the other terms find, unless they
+    find too few, when a second pass looks for it too. A CJK pair is looked for in the sections of its characters.
     """
     terms = _byte_needles(query)
     groups = set(terms.values())
@@ -179,7 +180,7 @@ def large_index(path: Path, query: str, limit: int, file: Path | None = None) ->
         around = {start: [near for near in (before.get(start), scan.where[start][0]) if near in rough]
                   for start in rough}
         best = heapq.nlargest(need, rough, key=lambda start: (
-            rough[start] + NEIGHBOUR_WEIGHT * sum(rough[near] for near in around[start]), start))
+            rough[start] + neighbours * sum(rough[near] for near in around[start]), start))
         blocks: list[Block] = []
         breaks: set[int] = set()
         previous_end = -1
