@@ -10,7 +10,6 @@ pool belongs to that loop). The agent stack and the openai client are imported o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,10 +20,11 @@ from picoclaw.config import Config, home_dir, load_config, workspace_dir
 from picoclaw.hosts import is_local_host
 from picoclaw.memory import Workspace
 from picoclaw.per_key import LruCache
-from picoclaw.providers import ProviderError
 from picoclaw.storage import open_storage, switch_warning
 
 if TYPE_CHECKING:
+    import asyncio
+
     from picoclaw.agent import AgentLoop, Allowance
     from picoclaw.channels import Channel, Transcriber
     from picoclaw.jobs import JobStore, Scheduler, Sleep
@@ -102,6 +102,8 @@ class App:
     def use_threads(self) -> ThreadPoolExecutor:
         """Make this app's sized executor (executor_threads) the running event loop's default one, where
         asyncio.to_thread runs storage calls; once per loop. The loop shuts it down when it closes, App.close too."""
+        import asyncio  # not at the top: the short commands never start an event loop
+
         loop = asyncio.get_running_loop()
         if self.executor is None or self._executor_loop is not loop:
             # A loop before this one (an earlier asyncio.run of the same app) shut its own down as it closed.
@@ -164,9 +166,9 @@ class App:
         if settings is None:
             return None
         from picoclaw.channels import MediaRefused, Transcriber
+        from picoclaw.providers import ProviderError, from_config
 
         if self._transcription is None:
-            from picoclaw.providers import from_config
 
             # Its own timeout, and no re-sending of a whole upload the server may still be working on.
             self._transcription = from_config(self.config, settings.provider, timeout=settings.timeout, max_retries=0)
@@ -290,6 +292,8 @@ class App:
         self._provider = self._transcription = self._background = None
         # The embedder's close waits for its own thread's loop. The executor stays: the loop may still use it, and
         # shuts it down itself as it closes.
+        import asyncio
+
         await asyncio.to_thread(self._close_parts)
 
     def close(self) -> None:

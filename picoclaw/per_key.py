@@ -7,11 +7,13 @@ used values up to a size and forgets the rest (their owner can always rebuild th
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from contextlib import asynccontextmanager
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -27,6 +29,8 @@ class KeyedLocks(Generic[K]):
     @asynccontextmanager
     async def hold(self, key: K) -> AsyncIterator[None]:
         """Hold `key`'s lock for the block; callers for the same key run one at a time, first come first."""
+        import asyncio  # not at the top: the App's LruCache is here too, and short commands run no event loop
+
         lock = self._locks.setdefault(key, asyncio.Lock())
         self._users[key] = self._users.get(key, 0) + 1
         try:

@@ -2,8 +2,8 @@
 
 Each case runs the real command line in a fresh process and lists `sys.modules` as the command ends. Help
 (`picoclaw --help`, a group's `--help`) must load no config (no pydantic) and no layer of the runtime; a
-command that reads memory must load neither the model client, Telegram, MCP, nor the agent, channel and tool
-layers. bench/startup.py measures what this costs; this file only keeps the imports from creeping back.
+command that reads memory must load neither the model client, Telegram, MCP, numpy, the console, nor the agent,
+channel and tool layers; and, as it only reads, no event loop (asyncio) and no lock library (filelock). bench/startup.py measures what this costs; this file only keeps the imports from creeping back.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ with open(sys.argv[1], "w", encoding="utf-8") as out:
     out.write("\\n".join(loaded))
 sys.exit(code)
 """
-LIBRARIES_NOT_FOR_MEMORY = ("aiogram", "openai", "mcp", "httpx", "numpy")
-LAYERS_ABOVE_MEMORY = ("picoclaw.agent", "picoclaw.channels", "picoclaw.tools")
+LIBRARIES_NOT_FOR_MEMORY = ("aiogram", "openai", "mcp", "httpx", "numpy", "aiohttp", "jinja2")
+LAYERS_ABOVE_MEMORY = ("picoclaw.agent", "picoclaw.channels", "picoclaw.tools", "picoclaw.web")
+NOT_FOR_READING = ("asyncio", "filelock")  # a command that only reads runs no event loop and takes no lock
 NOT_FOR_HELP = ("pydantic", "picoclaw.config", "picoclaw.app", "picoclaw.memory", "picoclaw.jobs",
                 "picoclaw.providers", *LIBRARIES_NOT_FOR_MEMORY, *LAYERS_ABOVE_MEMORY)
 
@@ -97,7 +98,7 @@ def test_memory_search_loads_no_model_client_and_no_agent(
     code, out, modules = run_picoclaw(tmp_path, "memory", "search", query)
     assert code == 0
     assert out.startswith("1. score ") and found in out  # the search really ran
-    assert loaded_from(modules, LIBRARIES_NOT_FOR_MEMORY + LAYERS_ABOVE_MEMORY) == []
+    assert loaded_from(modules, LIBRARIES_NOT_FOR_MEMORY + LAYERS_ABOVE_MEMORY + NOT_FOR_READING) == []
     assert "picoclaw.providers.openai_compat" not in modules
 
 
@@ -112,7 +113,9 @@ def test_reading_commands_load_no_model_client_and_no_agent(
     code, out, modules = run_picoclaw(tmp_path, *argv)
     assert code == 0
     assert shown in out
-    assert loaded_from(modules, LIBRARIES_NOT_FOR_MEMORY + LAYERS_ABOVE_MEMORY) == []
+    assert loaded_from(modules, LIBRARIES_NOT_FOR_MEMORY + LAYERS_ABOVE_MEMORY + NOT_FOR_READING) == []
+    if argv[0] == "policy":  # the policy needs no search: the workspace opens its search at first use
+        assert loaded_from(modules, ("picoclaw.memory.search",)) == []
 
 
 def test_loaded_from_matches_packages_and_their_modules_only() -> None:

@@ -30,14 +30,14 @@ from pathlib import PurePath
 
 import snowballstemmer  # type: ignore[import-untyped]
 
-from picoclaw.cjk import LETTER, LETTERS, is_cjk, runs
+from picoclaw.cjk import LETTERS, is_cjk, pattern, runs
 
 # Bumped whenever the terms of a text change: the index stores terms, and re-tokenises every file when this
 # differs from what it was built with (2: Snowball stems, number+CJK pairs, date words).
 TERMS_VERSION = 2
 
 _WORD = rf"[^\W{LETTERS}]+"
-_TOKEN = re.compile(rf"(?P<cjk>[{LETTERS}]+)|(?P<word>{_WORD}(?:[.@/:\-]{_WORD})*)")
+_TOKEN = rf"(?P<cjk>[{LETTERS}]+)|(?P<word>{_WORD}(?:[.@/:\-]{_WORD})*)"  # compiled at first use
 _PART_SPLIT = re.compile(r"[.@/:\-_]+")
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _STEMMABLE = re.compile(r"[a-z]+")
@@ -115,7 +115,7 @@ def _cjk_terms(run: str) -> list[str]:
 
 def _terms(text: str, word_terms: Callable[[str], tuple[str, ...]]) -> list[str]:
     out: list[str] = []
-    for match in _TOKEN.finditer(text):
+    for match in pattern(_TOKEN).finditer(text):
         run, word = match.groups()
         if run is not None:
             out.extend(_cjk_terms(run))
@@ -124,7 +124,7 @@ def _terms(text: str, word_terms: Callable[[str], tuple[str, ...]]) -> list[str]
         # "5月", "3个": the number with its unit, so 2023年5月 does not also match every 5th of a month.
         if word.isdigit():
             end = match.end()
-            if end < len(text) and LETTER.match(text, end):
+            if end < len(text) and is_cjk(text[end]):
                 out.append(word + text[end])
     return out
 

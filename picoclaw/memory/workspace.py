@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import tzinfo
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,13 +13,13 @@ from picoclaw.config import Config
 from picoclaw.layout import WorkspaceLayout
 from picoclaw.memory.media_folder import MediaFolder
 from picoclaw.memory.policy import PolicyManager
-from picoclaw.memory.search import MemorySearch, open_search
 from picoclaw.memory.store import MemoryStore
 from picoclaw.storage import Storage
 from picoclaw.transcripts import LOCK_FILE, SessionStore
 
 if TYPE_CHECKING:
     from picoclaw.memory.index.embedders import Embedder
+    from picoclaw.memory.search import MemorySearch
 
 
 @dataclass
@@ -32,13 +33,18 @@ class Workspace:
     policy: PolicyManager
     storage: Storage  # opened and closed by the composition root; every scope of the workspace shares it
     embedder: Embedder | None = None  # for the optional index; one model serves every scope
-    # What to search with: the index when enabled, else the memory files directly. Derived, so that a copy
-    # made with dataclasses.replace for another scope (per-user memory) gets that scope's own search.
-    searcher: MemorySearch = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.searcher = open_search(self.config.memory.index, self.store, self.embedder,
-                                    sessions_dir=self.layout.sessions_dir, policy=self.policy.current)
+    @cached_property
+    def searcher(self) -> MemorySearch:
+        """What to search with: the index when enabled, else the memory files directly.
+
+        Made at first use, so a command that never searches (`policy show`) never loads search; and per
+        instance, so a copy made with dataclasses.replace for another scope (per-user memory) gets its own.
+        """
+        from picoclaw.memory.search import open_search
+
+        return open_search(self.config.memory.index, self.store, self.embedder,
+                           sessions_dir=self.layout.sessions_dir, policy=self.policy.current)
 
     @classmethod
     def from_config(cls, config: Config, home: Path, storage: Storage, embedder: Embedder | None = None
@@ -86,5 +92,7 @@ class Workspace:
                             lock_path=self.layout.memory_dir / LOCK_FILE)
 
     def close(self) -> None:
-        """Close the index's database, if this scope has one."""
-        self.searcher.close()
+        """Close the index's database, if this scope has one (and opened its search)."""
+        searcher = self.__dict__.get("searcher")  # what cached_property keeps; absent when never searched
+        if searcher is not None:
+            searcher.close()

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from types import TracebackType
-
-from filelock import FileLock, Timeout
+from typing import TYPE_CHECKING
 
 from picoclaw.storage.errors import StorageUnavailable
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 # storage.lock_wait_seconds' default (picoclaw/config.py, kept equal by a test): what a backend built without a
 # config (tests, tools) waits. This module must not import the config, which imports half of picoclaw.
 LOCK_WAIT_SECONDS = 30.0
 
 ANOTHER_PROCESS = "another picoclaw process holds it"
+
+_MAKING = threading.Lock()  # two threads' first acquire of one BoundedFileLock must share one FileLock
 
 
 class LockWaitExpired(StorageUnavailable):
@@ -49,24 +54,38 @@ class BoundedFileLock:
         self.lock_file = str(path)
         self.timeout = check_bound(timeout)
         self.root = root  # the workspace root, for the lock's name in a failed wait
-        self._lock = FileLock(str(path))
+        # Made at the first acquire: importing filelock costs a read-only command (`memory search`) a twentieth
+        # of its start, and reading takes no lock.
+        self._lock: FileLock | None = None
 
     @property
     def is_locked(self) -> bool:
-        return self._lock.is_locked
+        return self._lock is not None and self._lock.is_locked
+
+    def _file_lock(self) -> FileLock:
+        with _MAKING:
+            if self._lock is None:
+                from filelock import FileLock
+
+                self._lock = FileLock(self.lock_file)
+            return self._lock
 
     def acquire(self, timeout: float | None = None) -> BoundedFileLock:
         """Take the lock within `timeout` s (default: this lock's bound), else LockWaitExpired."""
         wait = self.timeout if timeout is None else check_bound(timeout)
+        lock = self._file_lock()
+        from filelock import Timeout
+
         try:
-            self._lock.acquire(timeout=wait)
+            lock.acquire(timeout=wait)
         except Timeout:
             # One line naming the lock, never filelock's traceback: the caller shows it to the user as it is.
             raise lock_wait_expired(Path(self.lock_file), self.root, wait) from None
         return self
 
     def release(self) -> None:
-        self._lock.release()
+        if self._lock is not None:  # never acquired: nothing to release
+            self._lock.release()
 
     def __enter__(self) -> BoundedFileLock:
         return self.acquire()

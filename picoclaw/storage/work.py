@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Protocol
 
 import orjson
-from filelock import FileLock, Timeout
 
 from picoclaw import clock
 from picoclaw.disk.atomic import atomic_write
@@ -49,9 +48,13 @@ class FileWorkLock:
     def __init__(self, root: Path, name: str):
         folder = root / WORK_DIR
         folder.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock  # here, as in storage/waits.py: a read-only command never loads filelock
+
         self._lock = FileLock(str(folder / f"{work_name(name)}.lock"), thread_local=False)
 
     def try_acquire(self) -> bool:
+        from filelock import Timeout
+
         try:
             self._lock.acquire(timeout=0)
         except Timeout:

@@ -24,13 +24,12 @@ from collections.abc import Hashable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import orjson
 
 from picoclaw import clock
-from picoclaw.providers.base import Message
 from picoclaw.storage import (
     ARCHIVE_DIR,
     LOCK_FILE,
@@ -39,6 +38,9 @@ from picoclaw.storage import (
     Storage,
     transcript_files,
 )
+
+if TYPE_CHECKING:
+    from picoclaw.providers.base import Message
 
 log = logging.getLogger(__name__)
 

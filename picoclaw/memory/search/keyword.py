@@ -15,7 +15,6 @@ scoring run in a worker thread. Sync callers (the CLI) use `search`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
@@ -129,6 +128,8 @@ class KeywordSearch:
                            below_floor: list[Hit] | None = None) -> list[Hit]:
         """`search` in a worker thread, so the caller's event loop serves others meanwhile (BM25 ranks with no
         score floor: `below_floor` gets nothing)."""
+        import asyncio  # not at the top: a short command that only reads memory never starts an event loop
+
         return await asyncio.to_thread(self.search, query, limit, include_notes=include_notes)
 
     def search_learnings(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
@@ -157,6 +158,8 @@ class KeywordSearch:
 
     async def search_learnings_async(self, query: str, limit: int, *, standing: bool = False) -> list[Hit]:
         """`search_learnings` in a worker thread."""
+        import asyncio
+
         return await asyncio.to_thread(self.search_learnings, query, limit, standing=standing)
 
     def close(self) -> None:

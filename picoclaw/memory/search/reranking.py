@@ -23,7 +23,6 @@ guess wrong, its mark already tells the model it is old, and "where did she live
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -119,6 +118,8 @@ class RerankedSearch:
         """`search` without blocking the event loop (the counts file is read in a worker thread)."""
         hits = await self.inner.search_async(query, limit * CANDIDATES_PER_RESULT, include_notes=include_notes,
                                              below_floor=below_floor)
+        import asyncio  # not at the top: a short command that only reads memory never starts an event loop
+
         return await asyncio.to_thread(self.rerank, query, hits, limit)
 
     def rerank(self, query: str, hits: Sequence[Hit], limit: int) -> list[Hit]:

@@ -11,7 +11,6 @@ weighs use (`CountsUse`, search/reranking.py) is told which of the blocks it fou
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field, replace
@@ -119,6 +118,8 @@ async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: M
     floored = floored[:max(0, policy.retrieve_limit - len(hits))]  # those that would have been results
     lessons = (await search.search_learnings_async(query, LESSONS_PER_TURN)
                if lesson_share(policy) and query.strip() else [])
+    import asyncio  # not at the top: a short command that only reads memory never starts an event loop
+
     # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
     memory = await asyncio.to_thread(_fit_memory, search, store, policy, hits, lessons, present,
                                      bool(query.strip()), count_use)
