@@ -258,6 +258,40 @@ def test_a_large_memory_ranks_as_its_whole_index_does(memory: Path, home: Path) 
         assert streamed[0].score == pytest.approx(exact[0].score, rel=0.2)
 
 
+@pytest.mark.parametrize(("first", "asked", "added", "asked_added"), [
+    ("The quokka at the zoo is called Quentin.", "What is the quokka called?",
+     "The wombat at the zoo is called Wally.", "What is the wombat called?"),
+    ("我的柯基犬叫豆豆，三岁了。", "柯基叫什么", "我的鹦鹉叫小绿，会说你好。", "鹦鹉叫什么"),
+], ids=["english", "chinese"])
+def test_a_large_memory_is_kept_between_searches_until_it_changes(
+    memory: Path, home: Path, first: str, asked: str, added: str, asked_added: str
+) -> None:
+    with open(memory, "a", encoding="utf-8") as handle:
+        handle.write(f"\n## 2025-03-01\n{first}\n")
+    retriever = KeywordSearch(App.open(home).workspace.store)
+    found = retriever.search(asked, 5)
+    assert found[0].block.text == f"## 2025-03-01\n{first}"
+    kept = retriever.large_cache.get(memory)
+    assert kept is not None and kept.holders  # the sections of the query's terms are kept
+    # The same question again reads no section anew: what it found is kept, by the file's identity.
+    sections = dict(kept._sections)
+    assert retriever.search(asked, 5) == found
+    assert retriever.large_cache.get(memory) is kept and dict(kept._sections) == sections
+    # An append is a new file identity: the new entry is found, at its own line.
+    with open(memory, "a", encoding="utf-8") as handle:
+        handle.write(f"\n## 2025-03-02\n{added}\n")
+    lines = memory.read_text(encoding="utf-8").count("\n")
+    found = retriever.search(asked_added, 5)
+    assert retriever.large_cache.get(memory) is not kept
+    assert found[0].block.text == f"## 2025-03-02\n{added}" and found[0].block.start_line == lines - 1
+    # An edit in the middle moves every later line: the old entry is found at its new line.
+    text = memory.read_text(encoding="utf-8")
+    middle = text.index("## ", len(text) // 2)
+    memory.write_text(text[:middle] + "## 2021-06-01\nAn entry added by hand.\n\n" + text[middle:], encoding="utf-8")
+    found = retriever.search(asked_added, 5)
+    assert found[0].block.text == f"## 2025-03-02\n{added}" and found[0].block.start_line == lines + 2
+
+
 PEAK = """
 import re, sys
 from pathlib import Path

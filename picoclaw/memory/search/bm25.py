@@ -82,11 +82,14 @@ class FileIndex:
         return found if found is not None and self.blocks[found] == block else None
 
     @classmethod
-    def build(cls, blocks: list[Block], *, with_previous: bool = False) -> FileIndex:
-        """Index `blocks`; `with_previous`: each block is indexed under its own and the previous block's terms."""
+    def build(cls, blocks: list[Block], *, with_previous: bool = False,
+              own: list[list[str]] | None = None) -> FileIndex:
+        """Index `blocks`; `with_previous`: each block is indexed under its own and the previous block's terms.
+        `own`: each block's `block_terms`, when the caller kept them."""
         postings: dict[str, list[tuple[int, int]]] = {}
         lengths = []
-        own = [block_terms(block.text, block.heading, block.path) for block in blocks]
+        if own is None:
+            own = [block_terms(block.text, block.heading, block.path) for block in blocks]
         for number, found in enumerate(own):
             counts = Counter(found)
             if with_previous and number:

@@ -27,7 +27,7 @@ from picoclaw.memory.learnings import stands
 from picoclaw.memory.reading import decode, warn_unreadable
 from picoclaw.memory.search.blocks import Block, Hit, entry_blocks, is_title, lesson_blocks, split_blocks
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, FileIndex, rank
-from picoclaw.memory.search.large_files import LARGE_FILE, large_index, large_neighbours, large_tail
+from picoclaw.memory.search.large_files import LARGE_FILE, LargeMemory, large_neighbours, large_tail
 from picoclaw.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class KeywordSearch:
         self.cache: FileCache[FileIndex] = FileCache(_index_long_term)  # MEMORY.md
         self.notes_cache: FileCache[FileIndex] = FileCache(_index_note)
         self.learnings_cache: FileCache[FileIndex] = FileCache(_index_learnings)
+        self.large_cache: FileCache[LargeMemory | None] = FileCache(LargeMemory.scan)  # MEMORY.md over LARGE_FILE
         self._lock = threading.Lock()  # the caches are filled by whichever thread searches first
 
     def _large(self, file: Path) -> bool:
@@ -79,6 +80,8 @@ class KeywordSearch:
             return False
         if large:
             self.cache.discard(self.store.long_term_path)
+        else:
+            self.large_cache.discard(self.store.long_term_path)
         return large
 
     def long_term_blocks(self) -> list[Block]:
@@ -113,8 +116,11 @@ class KeywordSearch:
             path = self.store.long_term_path
             file = self.store.local(path)
             weight = self.neighbour_weight
-            found = [large_index(path, query, limit, file, neighbours=weight) if self._large(file)
-                     else self.cache.get(path, file)]
+            if self._large(file):
+                large = self.large_cache.get(path, file)
+                found = [large.index(query, limit, neighbours=weight) if large is not None else None]
+            else:
+                found = [self.cache.get(path, file)]
             if include_notes:
                 for note, note_file in self.store.notes():
                     try:

@@ -1,13 +1,16 @@
 """Searching a MEMORY.md larger than LARGE_FILE as a stream, never indexed whole (at 50 MB that took 24 s
 and 800 MB).
 
-Each search reads the file a MiB at a time, finds the `## ` sections holding a needle of a query term
-(`prefilter.needle`, looked up in the raw bytes, ASCII case folded), ranks them roughly, and tokenises and
-scores exactly only the best few hundred (`large_index`), so memory stays bounded. What BM25 needs from
-every block (the block count, the average length, a common term's frequency) is estimated from a sample of
-every MiB, so scores differ a little from the whole index's: on the 20 queries of bench/retrieval.py at
-50 MB, the exact scores of the hits are 99.4% of those of the whole index's hits. A non-ASCII letter in a
-needle is matched in lower, upper or title case only.
+A search finds the `## ` sections holding a needle of a query term (`prefilter.needle`, looked up in the raw
+bytes, ASCII case folded), ranks them roughly, and tokenises and scores exactly only the best few hundred
+(`LargeMemory.index`), so memory stays bounded. What BM25 needs from every block (the block count, the average
+length) is estimated from a sample of every MiB, so scores differ a little from the whole index's. A non-ASCII
+letter in a needle is matched in lower, upper or title case only.
+
+While the file is unchanged (its `file_key`), KeywordSearch keeps its `LargeMemory`: the section table and
+samples (one pass over the file after each change), the sections holding each needle group an earlier query
+looked for, and the last sections read and tokenised. A query then reads the file once only for terms no
+earlier query had (bench/retrieval.py, 4.5 MB: 10 ms warm, against 46 ms when every query read it all).
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from __future__ import annotations
 import heapq
 import math
 import os
-from collections import Counter
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from picoclaw.disk.file_identity import FileKey
 from picoclaw.memory.entry_table import whole_sections
 from picoclaw.memory.prefilter import needle
 from picoclaw.memory.search.blocks import Block, entry_blocks, split_blocks
@@ -35,6 +39,8 @@ LARGE_FILE_TAIL = 1 << 20
 _SAMPLE = 2048  # bytes of each MiB of a large MEMORY.md whose blocks are counted and tokenised for the statistics
 CANDIDATES_PER_HIT = 10  # sections of a large MEMORY.md scored exactly, per hit asked for (at least 100)
 COMMON_SHARE = 0.05  # a term in more of a large MEMORY.md's sections than this does not pick sections itself
+SECTIONS_KEPT = 8_192  # sections kept read, split and tokenised: the candidates of the last queries
+HELD_KEPT = 200_000  # section offsets kept for the needle groups of earlier queries (some 20 MB at most)
 
 
 def _byte_needles(query: str) -> dict[str, frozenset[bytes]]:
@@ -67,136 +73,201 @@ def _next_heading(data: bytes, at: int) -> int:
 
 
 @dataclass
-class _Scan:
-    """What one search learns of a large MEMORY.md: the sections holding each term's needles (by the byte
-    offset of their heading, with their end and the heading's line), and a sample of each MiB (its bytes,
-    blocks, terms, sections, and how often each term's needles occur in it) for the statistics."""
+class LargeMemory:
+    """What searching a large MEMORY.md keeps while the file is unchanged (`file_key`): a sample of each MiB (for
+    the statistics), per needle group the sections holding it (by the byte offset of their heading), where each
+    of those sections ends and its first line, and the last sections read and tokenised. A query reads the file
+    only for terms no earlier query had.
 
-    holders: dict[frozenset[bytes], set[int]]
-    where: dict[int, tuple[int, int]] = field(default_factory=dict)
-    skipped: set[frozenset[bytes]] = field(default_factory=set)  # terms too common to pick sections themselves
+    The sections of the groups are kept up to HELD_KEPT offsets in all, the least recently used group dropped
+    first; the ends and lines of sections, up to HELD_KEPT sections, then all are dropped at once.
+    """
+
+    path: Path  # what blocks are labelled with
+    file: Path  # what is read
+    key: FileKey
     sampled_bytes: int = 0
     sampled_blocks: int = 0
     sampled_terms: int = 0
     sampled_sections: int = 0
-    in_sample: Counter[frozenset[bytes]] = field(default_factory=Counter)
+    samples: list[bytes] = field(default_factory=list)  # each MiB's sample, ASCII lower-cased
+    holders: OrderedDict[frozenset[bytes], frozenset[int]] = field(default_factory=OrderedDict)
+    where: dict[int, tuple[int, int]] = field(default_factory=dict)  # a section's heading offset: (end, line)
+    _held: int = 0
+    _sections: OrderedDict[int, tuple[list[Block], list[list[str]]]] = field(default_factory=OrderedDict)
 
-    def share(self, group: frozenset[bytes]) -> float:
-        return self.in_sample[group] / max(self.sampled_sections, 1)
+    @classmethod
+    def scan(cls, path: Path, file: Path | None = None) -> LargeMemory | None:
+        """One pass over the file for its samples; None when the file is gone."""
+        try:
+            handle = open(file or path, "rb")
+        except FileNotFoundError:
+            return None
+        with handle:
+            return cls._scan(path, file or path, handle)
 
-    def sample(self, path: Path, data: bytes) -> None:
+    @classmethod
+    def _scan(cls, path: Path, file: Path, handle: BinaryIO) -> LargeMemory:
+        st = os.fstat(handle.fileno())
+        kept = cls(path, file, (st.st_mtime_ns, st.st_size, st.st_ino))
+        for _, data in whole_sections(handle, 0):
+            kept._sample(data)
+        return kept
+
+    def _sample(self, data: bytes) -> None:
         sample = data[:_next_heading(data, min(_SAMPLE, len(data)))]
-        for block in entry_blocks(sample.decode("utf-8", errors="replace"), path):
+        for block in entry_blocks(sample.decode("utf-8", errors="replace"), self.path):
             self.sampled_blocks += 1
-            self.sampled_terms += len(block_terms(block.text, block.heading, path))
+            self.sampled_terms += len(block_terms(block.text, block.heading, self.path))
         self.sampled_bytes += len(sample)
         self.sampled_sections += sample.count(_HEADING) + sample.startswith(_HEADING[1:])
-        low = sample.lower()
-        for group in self.holders:
-            self.in_sample[group] += sum(low.count(form) for form in group)
+        self.samples.append(sample.lower())
 
-    def find(self, handle: BinaryIO, path: Path, mapped: set[frozenset[bytes]], checked: set[frozenset[bytes]],
-             sampling: bool) -> None:
-        """One pass over the file: the sections holding a needle of a `mapped` term, and which of the `checked`
-        terms (whose sections are among them, or which only score them) they hold. `sampling`: the first pass,
-        which samples every MiB and leaves a term that the samples so far show in many sections to be checked
-        only (all but the rarest term: some term always picks sections)."""
-        line = 1
-        for offset, data in whole_sections(handle, 0):
-            picking, looking = mapped, checked
-            if sampling:
-                self.sample(path, data)
-                rarest = min((self.share(group) for group in mapped), default=0.0)
-                common = {group for group in mapped if self.share(group) > max(COMMON_SHARE, rarest)}
-                self.skipped |= common
-                picking, looking = mapped - common, checked | common
-            low = data.lower()
-            found: dict[int, int] = {}
-            for group in picking:
-                for form in group:
-                    at = low.find(form)
-                    while at >= 0:
-                        start, end = _heading_before(data, at), _next_heading(data, at)
-                        if start >= 0:
-                            self.holders[group].add(offset + start)
-                            found[start] = end
-                        at = low.find(form, end)
-            for group in looking:
-                for form in group:
-                    self.holders[group].update(offset + start for start, end in found.items()
-                                               if low.find(form, start, end) >= 0)
-            counted, lines_before = 0, line - 1
-            for start in sorted(found):
-                lines_before += data.count(b"\n", counted, start)
-                counted = start
-                self.where.setdefault(offset + start, (offset + found[start], lines_before + 1))
-            line += data.count(b"\n")
+    def share(self, group: frozenset[bytes]) -> float:
+        """How many needles of `group` the samples hold, per sampled section."""
+        found = sum(sample.count(form) for sample in self.samples for form in group)
+        return found / max(self.sampled_sections, 1)
+
+    def held(self, groups: set[frozenset[bytes]], handle: BinaryIO) -> dict[frozenset[bytes], frozenset[int]]:
+        """The sections holding a needle of each of `groups`: those kept, the others found in one pass."""
+        missing = [group for group in groups if group not in self.holders]
+        if missing:
+            if len(self.where) > HELD_KEPT:
+                self.where.clear()
+                self.holders.clear()
+                self._held = 0
+                missing = list(groups)
+            found: dict[frozenset[bytes], set[int]] = {group: set() for group in missing}
+            line = 1
+            for offset, data in whole_sections(handle, 0):
+                self._find(offset, line, data, found)
+                line += data.count(b"\n")
+            for group, starts in found.items():
+                self._keep(group, frozenset(starts))
+        for group in groups:
+            self.holders.move_to_end(group)
+        return {group: self.holders[group] for group in groups}
+
+    def _find(self, offset: int, line: int, data: bytes, found: dict[frozenset[bytes], set[int]]) -> None:
+        """Into `found`, the sections of the piece `data` (at `offset`, its first line `line`) holding a needle
+        of each group; into `where`, their ends and lines."""
+        low = data.lower()
+        ends: dict[int, int] = {}
+        for group, into in found.items():
+            for form in group:
+                at = low.find(form)
+                while at >= 0:
+                    start, end = _heading_before(data, at), _next_heading(data, at)
+                    if start >= 0:  # else the title, before the first heading: in no section
+                        into.add(offset + start)
+                        ends[start] = end
+                    at = low.find(form, end)
+        counted, lines_before = 0, line - 1
+        for start in sorted(ends):
+            lines_before += data.count(b"\n", counted, start)
+            counted = start
+            self.where.setdefault(offset + start, (offset + ends[start], lines_before + 1))
+
+    def _keep(self, group: frozenset[bytes], starts: frozenset[int]) -> None:
+        self.holders[group] = starts
+        self._held += len(starts)
+        while self._held > HELD_KEPT and len(self.holders) > 1:
+            _, dropped = self.holders.popitem(last=False)
+            self._held -= len(dropped)
+
+    def _read_section(self, start: int, handle: BinaryIO) -> tuple[list[Block], list[list[str]]]:
+        """The blocks of the section at `start` and their terms: kept for the last SECTIONS_KEPT sections read."""
+        kept = self._sections.get(start)
+        if kept is None:
+            end, line = self.where[start]
+            handle.seek(start)
+            blocks = split_blocks(handle.read(end - start).decode("utf-8", errors="replace"), self.path, line)
+            kept = (blocks, [block_terms(block.text, block.heading, block.path) for block in blocks])
+            self._sections[start] = kept
+            if len(self._sections) > SECTIONS_KEPT:
+                self._sections.popitem(last=False)
+        else:
+            self._sections.move_to_end(start)
+        return kept
+
+    def index(self, query: str, limit: int, *, neighbours: float = NEIGHBOUR_WEIGHT) -> FileIndex | None:
+        """The index of the blocks most likely to be the best `limit` for `query` (see `large_index`)."""
+        try:
+            handle = open(self.file, "rb")
+        except FileNotFoundError:
+            return None
+        with handle:
+            st = os.fstat(handle.fileno())
+            if (st.st_mtime_ns, st.st_size, st.st_ino) != self.key:  # changed since its table was made
+                return LargeMemory._scan(self.path, self.file, handle).index_from(handle, query, limit, neighbours)
+            return self.index_from(handle, query, limit, neighbours)
+
+    def index_from(self, handle: BinaryIO, query: str, limit: int, neighbours: float) -> FileIndex:
+        terms = _byte_needles(query)
+        groups = set(terms.values())
+        singles = {next(iter(group)) for group in groups if len(group) == 1}
+        derived = {group for group in groups if len(group) == 1
+                   and any(part != form and part in form for form in group for part in singles)}
+        mapped = groups - derived
+        shares = {group: self.share(group) for group in groups}
+        rarest = min((shares[group] for group in mapped), default=0.0)
+        common = {group for group in mapped if shares[group] > max(COMMON_SHARE, rarest)}
+        need = max(CANDIDATES_PER_HIT * limit, 100)
+        held = self.held(groups, handle)
+        picked: set[int] = set().union(*(held[group] for group in mapped - common))
+        if common and len(picked) < need:
+            picked.update(*(held[group] for group in common))
+        blocks_in_file = max(round(self.sampled_blocks * self.key[1] / max(self.sampled_bytes, 1)), 1)
+        frequency = {group: len(starts) for group, starts in held.items()}
+        rough = dict.fromkeys(picked, 0.0)
+        for group, starts in held.items():
+            weight = math.log(1 + (blocks_in_file - frequency[group] + 0.5) / (frequency[group] + 0.5))
+            for start in starts & picked if len(starts) > len(picked) else starts:
+                if start in rough:
+                    rough[start] += weight
+        average = self.sampled_bytes / max(self.sampled_blocks, 1)
+        where = self.where
+        for start in rough:
+            rough[start] *= (K1 + 1) / (1 + K1 * (1 - B + B * (where[start][0] - start) / average))
+        before = {where[start][0]: start for start in rough}
+        around = {start: [near for near in (before.get(start), where[start][0]) if near in rough] for start in rough}
+        best = heapq.nlargest(need, rough, key=lambda start: (
+            rough[start] + neighbours * sum(rough[near] for near in around[start]), start))
+        blocks: list[Block] = []
+        own: list[list[str]] = []
+        breaks: set[int] = set()
+        previous_end = -1
+        for start in sorted({*best, *(near for start in best for near in around[start])}):
+            if start != previous_end:
+                breaks.add(len(blocks))
+            read, read_terms = self._read_section(start, handle)
+            blocks += read
+            own += read_terms
+            previous_end = where[start][0]
+        index = FileIndex.build(blocks, own=own)
+        index.total_blocks = max(blocks_in_file, len(blocks))
+        index.total_length = round(index.total_blocks * self.sampled_terms / max(self.sampled_blocks, 1))
+        index.breaks = frozenset(breaks)
+        index.doc_freqs = {term: frequency[group] for term, group in terms.items()}
+        return index
 
 
 def large_index(path: Path, query: str, limit: int, file: Path | None = None, *,
                 neighbours: float = NEIGHBOUR_WEIGHT) -> FileIndex | None:
     """The index of the blocks of a large MEMORY.md most likely to be the best `limit` for `query`, with
-    estimated statistics for the whole file (see the module docstring); None when the file is gone. Blocks are
-    labelled `path`, read from `file` (default: `path`), as everywhere here.
+    statistics for the whole file (see the module docstring); None when the file is gone. Blocks are labelled
+    `path`, read from `file` (default: `path`), as everywhere here. KeywordSearch keeps the `LargeMemory` of a
+    file between searches; this makes a new one.
 
-    A first pass finds the `## ` sections holding a needle of a query term and scores each by the terms it
-    holds (BM25 as if each were there once, its bytes standing for its length, plus `neighbours` × its
-    neighbours'); only the best CANDIDATES_PER_HIT × `limit` of them and their neighbours are then read again,
-    split and tokenised for the exact scores of their blocks. A term in many sections (COMMON_SHARE) weighs
-    little and would cost a look-up per section: it only scores the sections the other terms find, unless they
-    find too few, when a second pass looks for it too. A CJK pair is looked for in the sections of its characters.
+    The sections holding a needle of a query term are scored by the terms they hold (BM25 as if each were there
+    once, its bytes standing for its length, plus `neighbours` × its neighbours'); only the best
+    CANDIDATES_PER_HIT × `limit` of them and their neighbours are read again, split and tokenised for the exact
+    scores of their blocks. A term in many sections (COMMON_SHARE of the samples) weighs little: it only scores
+    the sections the other terms find, unless they find too few. A CJK pair only scores the sections of its
+    characters.
     """
-    terms = _byte_needles(query)
-    groups = set(terms.values())
-    singles = {next(iter(group)) for group in groups if len(group) == 1}
-    derived = {group for group in groups if len(group) == 1
-               and any(part != form and part in form for form in group for part in singles)}
-    scan = _Scan({group: set() for group in groups})
-    need = max(CANDIDATES_PER_HIT * limit, 100)
-    try:
-        handle = open(file or path, "rb")
-    except FileNotFoundError:
-        return None
-    with handle:
-        total = os.fstat(handle.fileno()).st_size
-        scan.find(handle, path, groups - derived, derived, sampling=True)
-        if scan.skipped and len(scan.where) < need:
-            scan.find(handle, path, set(scan.skipped), derived, sampling=False)
-            scan.skipped.clear()
-        blocks_in_file = max(round(scan.sampled_blocks * total / max(scan.sampled_bytes, 1)), 1)
-        sections_in_file = scan.sampled_sections * total / max(scan.sampled_bytes, 1)
-        frequency = {group: max(len(held), round(scan.share(group) * sections_in_file)) if group in scan.skipped
-                     else len(held) for group, held in scan.holders.items()}
-        weight = {group: math.log(1 + (blocks_in_file - frequency[group] + 0.5) / (frequency[group] + 0.5))
-                  for group in groups}
-        rough = dict.fromkeys(scan.where, 0.0)
-        for group, held in scan.holders.items():
-            for start in held:
-                rough[start] += weight[group]
-        average = scan.sampled_bytes / max(scan.sampled_blocks, 1)
-        for start, (end, _) in scan.where.items():
-            rough[start] *= (K1 + 1) / (1 + K1 * (1 - B + B * (end - start) / average))
-        before = {end: start for start, (end, _) in scan.where.items()}
-        around = {start: [near for near in (before.get(start), scan.where[start][0]) if near in rough]
-                  for start in rough}
-        best = heapq.nlargest(need, rough, key=lambda start: (
-            rough[start] + neighbours * sum(rough[near] for near in around[start]), start))
-        blocks: list[Block] = []
-        breaks: set[int] = set()
-        previous_end = -1
-        for start in sorted({*best, *(near for start in best for near in around[start])}):
-            end, first_line = scan.where[start]
-            handle.seek(start)
-            if start != previous_end:
-                breaks.add(len(blocks))
-            blocks.extend(split_blocks(handle.read(end - start).decode("utf-8", errors="replace"), path, first_line))
-            previous_end = end
-    index = FileIndex.build(blocks)
-    index.total_blocks = max(blocks_in_file, len(blocks))
-    index.total_length = round(index.total_blocks * scan.sampled_terms / max(scan.sampled_blocks, 1))
-    index.breaks = frozenset(breaks)
-    index.doc_freqs = {term: frequency[group] for term, group in terms.items()}
-    return index
+    table = LargeMemory.scan(path, file)
+    return None if table is None else table.index(query, limit, neighbours=neighbours)
 
 
 def large_tail(path: Path, file: Path | None = None) -> list[Block]:
