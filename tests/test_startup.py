@@ -3,7 +3,8 @@
 Each case runs the real command line in a fresh process and lists `sys.modules` as the command ends. Help
 (`picoclaw --help`, a group's `--help`) must load no config (no pydantic) and no layer of the runtime; a
 command that reads memory must load neither the model client, Telegram, MCP, numpy, the console, nor the agent,
-channel and tool layers; and, as it only reads, no event loop (asyncio) and no lock library (filelock). bench/startup.py measures what this costs; this file only keeps the imports from creeping back.
+channel and tool layers; and, as it only reads, no event loop (asyncio) and no lock library (filelock).
+bench/startup.py measures what this costs; this file only keeps the imports from creeping back.
 """
 
 from __future__ import annotations
