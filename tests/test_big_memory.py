@@ -292,6 +292,19 @@ def test_a_large_memory_is_kept_between_searches_until_it_changes(
     assert found[0].block.text == f"## 2025-03-02\n{added}" and found[0].block.start_line == lines + 2
 
 
+def test_what_is_kept_answers_as_a_fresh_search_when_its_bounds_drop_some(memory: Path) -> None:
+    kept = large_files.LargeMemory.scan(memory)
+    assert kept is not None
+    kept.held_kept, kept.sections_kept = 2_000, 50  # far below what the queries below find
+    queries = ["a trip for review 31001", "第 31002 次聚餐花了多少", "Who moved the build server to Lisbon?",
+               "Hannah booked a trip to Oslo", "王芳在成都吃了火锅"]
+    for query in queries * 2:
+        again = bm25.rank([kept.index(query, 5)], query, 5, neighbours=bm25.NEIGHBOUR_WEIGHT)
+        fresh = bm25.rank([large_files.large_index(memory, query, 5)], query, 5, neighbours=bm25.NEIGHBOUR_WEIGHT)
+        assert [(hit.block, hit.score) for hit in again] == [(hit.block, hit.score) for hit in fresh], query
+    assert (kept._held <= 2_000 or len(kept.holders) == 1) and len(kept._sections) <= 50  # the bounds held
+
+
 PEAK = """
 import re, sys
 from pathlib import Path

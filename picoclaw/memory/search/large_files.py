@@ -93,6 +93,8 @@ class LargeMemory:
     samples: list[bytes] = field(default_factory=list)  # each MiB's sample, ASCII lower-cased
     holders: OrderedDict[frozenset[bytes], frozenset[int]] = field(default_factory=OrderedDict)
     where: dict[int, tuple[int, int]] = field(default_factory=dict)  # a section's heading offset: (end, line)
+    held_kept: int = HELD_KEPT
+    sections_kept: int = SECTIONS_KEPT
     _held: int = 0
     _sections: OrderedDict[int, tuple[list[Block], list[list[str]]]] = field(default_factory=OrderedDict)
 
@@ -131,22 +133,25 @@ class LargeMemory:
     def held(self, groups: set[frozenset[bytes]], handle: BinaryIO) -> dict[frozenset[bytes], frozenset[int]]:
         """The sections holding a needle of each of `groups`: those kept, the others found in one pass."""
         missing = [group for group in groups if group not in self.holders]
+        if missing and len(self.where) > self.held_kept:
+            self.where.clear()
+            self.holders.clear()
+            self._held = 0
+            missing = list(groups)
+        # The groups of this query, kept ones first made the most recent: keeping the new ones drops others.
+        result = {group: self.holders[group] for group in groups if group in self.holders}
+        for group in result:
+            self.holders.move_to_end(group)
         if missing:
-            if len(self.where) > HELD_KEPT:
-                self.where.clear()
-                self.holders.clear()
-                self._held = 0
-                missing = list(groups)
             found: dict[frozenset[bytes], set[int]] = {group: set() for group in missing}
             line = 1
             for offset, data in whole_sections(handle, 0):
                 self._find(offset, line, data, found)
                 line += data.count(b"\n")
             for group, starts in found.items():
-                self._keep(group, frozenset(starts))
-        for group in groups:
-            self.holders.move_to_end(group)
-        return {group: self.holders[group] for group in groups}
+                result[group] = frozenset(starts)
+                self._keep(group, result[group])
+        return result
 
     def _find(self, offset: int, line: int, data: bytes, found: dict[frozenset[bytes], set[int]]) -> None:
         """Into `found`, the sections of the piece `data` (at `offset`, its first line `line`) holding a needle
@@ -171,7 +176,7 @@ class LargeMemory:
     def _keep(self, group: frozenset[bytes], starts: frozenset[int]) -> None:
         self.holders[group] = starts
         self._held += len(starts)
-        while self._held > HELD_KEPT and len(self.holders) > 1:
+        while self._held > self.held_kept and len(self.holders) > 1:
             _, dropped = self.holders.popitem(last=False)
             self._held -= len(dropped)
 
@@ -184,7 +189,7 @@ class LargeMemory:
             blocks = split_blocks(handle.read(end - start).decode("utf-8", errors="replace"), self.path, line)
             kept = (blocks, [block_terms(block.text, block.heading, block.path) for block in blocks])
             self._sections[start] = kept
-            if len(self._sections) > SECTIONS_KEPT:
+            if len(self._sections) > self.sections_kept:
                 self._sections.popitem(last=False)
         else:
             self._sections.move_to_end(start)
@@ -198,7 +203,7 @@ class LargeMemory:
             return None
         with handle:
             st = os.fstat(handle.fileno())
-            if (st.st_mtime_ns, st.st_size, st.st_ino) != self.key:  # changed since its table was made
+            if (st.st_mtime_ns, st.st_size, st.st_ino) != self.key:  # changed since it was kept
                 return LargeMemory._scan(self.path, self.file, handle).index_from(handle, query, limit, neighbours)
             return self.index_from(handle, query, limit, neighbours)
 
