@@ -169,7 +169,6 @@ class App:
         from picoclaw.providers import ProviderError, from_config
 
         if self._transcription is None:
-
             # Its own timeout, and no re-sending of a whole upload the server may still be working on.
             self._transcription = from_config(self.config, settings.provider, timeout=settings.timeout, max_retries=0)
         client, model, language = self._transcription, settings.model, settings.language

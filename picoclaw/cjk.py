@@ -29,7 +29,10 @@ def pattern(source: str, flags: int = 0) -> re.Pattern[str]:
     return re.compile(source, flags)
 
 
+# The patterns' sources, made once: `pattern` looks each up by its text, and these keep their hash.
 _LETTER = f"[{LETTERS}]"
+_RUN = f"[{LETTERS}]+"
+_LETTER_OR_PUNCTUATION = f"[{LETTERS}{PUNCTUATION}]"
 
 
 def has_cjk(text: str) -> bool:
@@ -49,9 +52,9 @@ def letters(text: str) -> list[str]:
 
 def runs(text: str) -> list[str]:
     """The runs of CJK letters in `text` ("我的猫 Tom 很乖" → 我的猫, 很乖)."""
-    return pattern(f"[{LETTERS}]+").findall(text)
+    return pattern(_RUN).findall(text)
 
 
 def count_cjk(text: str) -> int:
     """How many characters of `text` are CJK letters, punctuation or full-width forms."""
-    return len(pattern(f"[{LETTERS}{PUNCTUATION}]").findall(text))
+    return len(pattern(_LETTER_OR_PUNCTUATION).findall(text))
