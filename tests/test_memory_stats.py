@@ -353,6 +353,36 @@ def test_the_metrics_file_stays_bounded_and_keeps_the_newest_turns(tmp_path: Pat
     assert [turn.retrieval_ms for turn in read.turns] == sorted(turn.retrieval_ms for turn in read.turns)
 
 
+def test_an_agents_turns_share_a_write_and_nothing_waits_past_a_flush(tmp_path: Path) -> None:
+    metrics = TurnMetrics(tmp_path, storage=FilesStorage(tmp_path), settle_after=3600)  # longer than any test
+    at = datetime.fromisoformat("2025-03-12T10:00:00+08:00")
+
+    def written() -> list[float]:  # what another process (`memory stats`) reads
+        return [turn.retrieval_ms for turn in TurnMetrics(tmp_path, storage=FilesStorage(tmp_path)).read().turns]
+
+    metrics.record(1.0, at)  # the first turn after a quiet spell: written at once
+    assert written() == [1.0]
+    metrics.record(2.0, at)
+    metrics.record(3.0, at)  # these two wait for one shared write
+    assert written() == [1.0]
+    metrics.flush()
+    assert written() == [1.0, 2.0, 3.0]
+    metrics.flush()  # nothing waiting: nothing written twice
+    assert written() == [1.0, 2.0, 3.0]
+
+
+def test_waiting_turns_are_written_by_the_timer_without_a_flush(tmp_path: Path) -> None:
+    metrics = TurnMetrics(tmp_path, storage=FilesStorage(tmp_path), settle_after=0.5)
+    at = datetime.fromisoformat("2025-03-12T10:00:00+08:00")
+    for turn in range(3):
+        metrics.record(float(turn), at)
+    timer = metrics._timer  # None only on a machine so slow that half a second passed between two records
+    if timer is not None:
+        timer.join(timeout=60)  # how long it waits is the timer's; the test only waits for it to have run
+    assert [turn.retrieval_ms for turn in metrics.read().turns] == [0.0, 1.0, 2.0]
+    assert metrics._timer is None
+
+
 def test_a_garbage_metrics_file_heals_at_the_next_trim(tmp_path: Path) -> None:
     (tmp_path / TURN_METRICS_FILE).write_bytes(b"\xff" * (TRIM_BYTES + 10))  # one long damaged line
     metrics = TurnMetrics(tmp_path, storage=FilesStorage(tmp_path))

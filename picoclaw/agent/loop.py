@@ -163,6 +163,7 @@ log = logging.getLogger(__name__)
 # evicted session is read again from its file (a few ms) when its chat next speaks.
 SESSION_CACHE_SIZE = 256
 SHOWN_REQUESTS = 8  # sessions whose last turn's first request is kept for the console's why page
+METRICS_SETTLE_SECONDS = 1.0  # how long a turn's metrics line waits, at most, to share a write with the next turns'
 
 ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSON text)
 
@@ -299,7 +300,9 @@ class AgentLoop:
         self.reflector = Reflector(workspace.policy, beside(REFLECTION),
                                    check=lambda changes: check_change(workspace, changes))
         self.learner = Learner(workspace, beside(LESSON), self._offered)
-        self.metrics = TurnMetrics(workspace.memory_dir, storage=workspace.storage)  # retrieval ms, `memory stats`
+        # retrieval ms for `memory stats`: a bot answering many chats writes them about once a second, not at every
+        # turn (a lock and an append each; on PostgreSQL, transactions)
+        self.metrics = TurnMetrics(workspace.memory_dir, storage=workspace.storage, settle_after=METRICS_SETTLE_SECONDS)
         self.written = WriteLog(workspace.memory_dir, storage=workspace.storage)  # automatic writes, `/memory recent`
         self._locks: KeyedLocks[str] = KeyedLocks()
         self._summarizing: set[str] = set()
@@ -824,10 +827,12 @@ class AgentLoop:
         task.add_done_callback(_log_failure)
 
     async def wait_background(self) -> None:
-        """Wait until every background job (summaries …) has finished, and every call's count is in the ledger."""
+        """Wait until every background job (summaries …) has finished, and every call's count is in the ledger
+        and every turn's metrics in their file."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         await self.allowance.drain()
+        await asyncio.to_thread(self.metrics.flush)
 
     async def _after_turn(self, key: str, receipts: Receipts, finished: FinishedTurn,
                           written: list[MemoryWrite]) -> None:

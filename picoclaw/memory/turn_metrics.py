@@ -2,7 +2,9 @@
 
 The file (`memory/.turn_metrics.jsonl`) holds one JSON line a turn: its time and `retrieval_ms`, the time the
 turn spent choosing its memory and building its prompt. Appends take a file lock (so two processes never
-lose each other's lines to a trim) and are not fsynced: a turn pays a lock, one write and one stat. Past
+lose each other's lines to a trim) and are not fsynced. An agent's turns share one append a second (the lines
+wait up to `settle_after`; AgentLoop.wait_background writes what waits): a busy bot pays a lock and one write
+a second, not at every turn. Past
 TRIM_BYTES the file is trimmed to its newest KEEP_TURNS lines. It is soft state: a damaged line is
 skipped, a damaged file is trimmed to its good lines on the next trim, and no turn ever fails for it.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -54,18 +58,52 @@ class MetricsRead:
 class TurnMetrics:
     """The per-turn metrics of one memory folder."""
 
-    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS):
+    def __init__(self, memory_dir: Path, *, storage: Storage, lock_wait: float = LOCK_WAIT_SECONDS,
+                 settle_after: float = 0.0):
         self.path = Path(memory_dir) / TURN_METRICS_FILE
         self._lock = storage.lock(Path(memory_dir) / ".turn_metrics.lock", timeout=lock_wait)
         self.documents, self.name = document_of(storage, self.path)
         self._warned = False
+        # Seconds a turn's line may wait to share a write with the turns after it (0: written at once). The first
+        # line after a quiet spell is written at once; the lines of the next `settle_after` s by a timer, together.
+        self.settle_after = settle_after
+        self._due: list[TurnMetric] = []
+        self._due_lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._written_at = -math.inf  # time.monotonic() of the last write
 
     def record(self, retrieval_ms: float, at: datetime) -> None:
-        """Add one turn's measurements; problems are logged (once), never raised."""
-        turn = TurnMetric(at.isoformat(timespec="seconds"), round(retrieval_ms, 3))
+        """Add one turn's measurements, now or with the next ones (`settle_after`); problems are logged (once),
+        never raised."""
+        with self._due_lock:
+            self._due.append(TurnMetric(at.isoformat(timespec="seconds"), round(retrieval_ms, 3)))
+            if self._timer is not None:  # a write is due soon: it takes this line too
+                return
+            wait = self._written_at + self.settle_after - time.monotonic()
+            if wait > 0:
+                self._timer = threading.Timer(wait, self.flush)
+                self._timer.daemon = True  # the agent flushes as it closes (AgentLoop.wait_background)
+                self._timer.start()
+                return
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the lines waiting for their shared write, if any."""
+        with self._due_lock:
+            due, self._due = self._due, []
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if due:
+                self._written_at = time.monotonic()
+        if due:
+            self._write(due)
+
+    def _write(self, turns: list[TurnMetric]) -> None:
         try:
             with self._lock:
-                if self.documents.append_records(self.name, [asdict(turn)], durable=False) > TRIM_BYTES:
+                size = self.documents.append_records(self.name, [asdict(turn) for turn in turns], durable=False)
+                if size > TRIM_BYTES:
                     self._trim()
         except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             if not self._warned:
