@@ -276,6 +276,15 @@ class App:
     def _loops(self) -> list[AgentLoop]:
         return ([self._shared] if self._shared is not None else []) + self._agents.values()
 
+    async def write_waiting(self) -> None:
+        """Write what this process holds back to share a write (the calls' counts, the agents' turn metrics), for
+        a page that shows them: the console's stats."""
+        import asyncio
+
+        await self.allowance().drain()
+        for loop in self._loops():
+            await asyncio.to_thread(loop.metrics.flush)
+
     async def aclose(self) -> None:
         """Let background work (summaries …) finish, then stop the MCP servers and close the model client,
         indexes and embedder."""

@@ -14,7 +14,7 @@ import pytest
 from picoclaw.memory.search.access_counts import ACCESS_COUNTS_FILE, AccessCounts
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.reranking import RerankedSearch
-from picoclaw.memory.search.turn_memory import block_key, select_turn_memory
+from picoclaw.memory.search.turn_memory import block_key, record_use, select_turn_memory
 from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.storage import FilesStorage
@@ -103,8 +103,10 @@ def test_a_turn_counts_the_blocks_its_prompt_carries(tmp_path: Path, query: str,
     memory = asyncio.run(select_turn_memory(search, store, MemoryPolicy(), query))
     injected = [hit.block for hit in memory.blocks]
     assert any(found in block.text for block in injected)
+    assert dict(search.counts.counts()) == {}  # the agent counts them beside the model call (record_use)
+    record_use(search, memory)
     assert dict(search.counts.counts()) == {block_key(block): 1 for block in injected}
-    asyncio.run(select_turn_memory(search, store, MemoryPolicy(), query))
+    record_use(search, asyncio.run(select_turn_memory(search, store, MemoryPolicy(), query)))
     assert set(search.counts.counts().values()) == {2}
     assert "Mimi" in store.read_long_term() and ACCESS_COUNTS_FILE not in store.read_long_term()
 
@@ -114,10 +116,14 @@ def test_a_present_block_or_the_no_hit_fallback_is_not_counted(tmp_path: Path) -
     policy = MemoryPolicy(memory_fallback_blocks=2)
     memory = asyncio.run(select_turn_memory(search, store, policy, "quantum chromodynamics"))
     assert not memory.ranked and memory.blocks  # the newest blocks came, but nothing was found
+    assert memory.used == ()
+    record_use(search, memory)
     assert dict(search.counts.counts()) == {}
     first = asyncio.run(select_turn_memory(search, store, policy, "my cat Mimi"))
+    record_use(search, first)
     again = asyncio.run(select_turn_memory(search, store, policy, "my cat Mimi", frozenset(first.keys())))
-    assert not again.blocks  # already in the conversation: not injected, not counted again
+    record_use(search, again)
+    assert not again.blocks and again.used == ()  # already in the conversation: not injected, not counted again
     assert set(search.counts.counts().values()) == {1}
 
 
@@ -125,4 +131,5 @@ def test_a_present_block_or_the_no_hit_fallback_is_not_counted(tmp_path: Path) -
 def test_a_selection_that_is_not_a_use_is_not_counted(tmp_path: Path, query: str) -> None:
     store, search = standing(tmp_path)
     memory = asyncio.run(select_turn_memory(search, store, MemoryPolicy(), query, count_use=False))
-    assert memory.blocks and dict(search.counts.counts()) == {}
+    record_use(search, memory)
+    assert memory.blocks and memory.used == () and dict(search.counts.counts()) == {}

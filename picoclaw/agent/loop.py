@@ -123,6 +123,7 @@ from picoclaw.memory import (
     WriteLog,
     check_change,
     current_turn,
+    record_use,
     same_words,
     user_texts,
 )
@@ -583,6 +584,9 @@ class AgentLoop:
         shape = RequestShape(await self.windows.current(), self.tools.schemas(),
                              self.workspace.config.agents.defaults.max_tokens, images=turn_images.get())
         built = await self.context.build(policy, session, text, now, query, count_use=count_use, shape=shape)
+        if built.memory.used:
+            # Beside the model call, not before it: the reply does not wait for the counts' lock and write.
+            self._spawn(asyncio.to_thread(record_use, self.workspace.searcher, built.memory))
         if not built.fits and built.split is not None:
             raise ProviderError("context_too_long", refusal(built.split))
         return built

@@ -86,6 +86,7 @@ if TYPE_CHECKING:
         index_of,
         open_search,
         rank_blocks,
+        record_use,
         search_method,
         select_turn_memory,
         split_blocks,

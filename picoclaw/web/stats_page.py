@@ -157,7 +157,7 @@ def _taken(name: str) -> float:
 async def stats_page(request: web.Request) -> web.Response:
     """The numbers and the charts (measured again when what they come from changed, or the day did)."""
     app = request.app[APP_KEY]
-    await app.allowance().drain()  # the console chat's latest calls count in the chart too
+    await app.write_waiting()  # the console chat's latest calls and turns count in the charts too
     found = await asyncio.to_thread(request.app[STATS_KEY].get, app.workspace.store.today(),
                                     lambda: _stats_version(app), lambda: _stats(app))
     return render(request, "stats.html", width=WIDTH, height=HEIGHT, **found)

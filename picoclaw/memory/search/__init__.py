@@ -20,8 +20,9 @@ from picoclaw.memory.search.indexed import IndexedSearch, index_of, open_search,
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.protocol import MemorySearch
 from picoclaw.memory.search.reranking import RerankedSearch
-from picoclaw.memory.search.turn_memory import InjectedMemory, select_turn_memory, standing_lessons
+from picoclaw.memory.search.turn_memory import InjectedMemory, record_use, select_turn_memory, standing_lessons
 
 __all__ = ["Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch", "index_of",
            "search_method",
-           "RerankedSearch", "open_search", "rank_blocks", "select_turn_memory", "split_blocks", "standing_lessons"]
+           "RerankedSearch", "open_search", "rank_blocks", "record_use", "select_turn_memory", "split_blocks",
+           "standing_lessons"]

@@ -71,6 +71,9 @@ class InjectedMemory:
     lessons: list[Hit] = field(default_factory=list)
     standing: list[Hit] = field(default_factory=list)
     left_out: list[LeftOut] = field(default_factory=list)
+    # The blocks this turn counts as used (what the search found and the prompt carries, and its lessons), for
+    # `record_use`: the agent records them beside the model call, so the reply does not wait for the write.
+    used: tuple[Block, ...] = ()
 
     def leaving_out(self, blocks: Sequence[Block], reason: str) -> InjectedMemory:
         """This memory with `blocks` (of its own) recorded as left out for `reason`, with their scores."""
@@ -129,6 +132,12 @@ async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: M
                                                          for hit in floored)])
 
 
+def record_use(search: MemorySearch, memory: InjectedMemory) -> None:
+    """Count `memory.used` as used once more, when the search weighs use (CountsUse)."""
+    if memory.used and isinstance(search, CountsUse):
+        search.record_injected(memory.used)
+
+
 def lesson_share(policy: MemoryPolicy) -> int:
     """The tokens of the memory budget kept for lessons."""
     return policy.memory_token_budget * policy.learning_token_percent // 100
@@ -171,6 +180,7 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
     budget = policy.memory_token_budget - standing_cost - used
     ranked = bool(hits)
     chosen: list[Hit] = []
+    counted: list[Block] = []  # the blocks to count as used
     taken = set(present)
     recent = store.read_recent_notes(policy.recent_days)
     if ranked:
@@ -189,7 +199,7 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
         if count_use and isinstance(search, CountsUse):
             # What the search found and the prompt carries; a note entry's neighbours were not found.
             found = {block_key(hit.block) for hit in hits}
-            search.record_injected([hit.block for hit in chosen if block_key(hit.block) in found])
+            counted += [hit.block for hit in chosen if block_key(hit.block) in found]
     else:
         # No query: the whole file if it fits, else its newest contiguous run of blocks. A message that
         # matches nothing gets at most `memory_fallback_blocks` of the newest (none by default): a small
@@ -208,7 +218,7 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
             budget -= cost
         chosen.reverse()
     if count_use and chosen_lessons and isinstance(search, CountsUse):
-        search.record_injected([hit.block for hit in chosen_lessons])
+        counted += [hit.block for hit in chosen_lessons]
     notes: list[Block] = []
     for note in reversed(recent):
         for block in reversed(_note_blocks(note)):
@@ -223,7 +233,7 @@ def _fit_memory(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, 
             continue
         break
     notes.reverse()
-    return InjectedMemory(chosen, notes, ranked, chosen_lessons, standing, left_out)
+    return InjectedMemory(chosen, notes, ranked, chosen_lessons, standing, left_out, used=tuple(counted))
 
 
 def _fit_hit(search: MemorySearch, store: MemoryStore, hit: Hit, taken: set[str], budget: int
