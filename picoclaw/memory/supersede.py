@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from picoclaw import cjk
 from picoclaw.memory.terms import CJK_STOP_CHARS, terms
@@ -53,7 +54,7 @@ class Statement:
     numbers: frozenset[str]
     says_update: bool
 
-    @property
+    @cached_property  # a search compares one statement with dozens of others
     def subject_share(self) -> float:
         """How much of the subject an update must repeat: half of its words, but two thirds when it is
         counted in characters (Chinese, Japanese, Korean), a character being weaker evidence than a word."""
