@@ -15,6 +15,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 
 from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.query_expansion import FEEDBACK_BLOCKS, FEEDBACK_MIN_BLOCKS, FEEDBACK_WEIGHT, feedback_terms
@@ -126,26 +127,32 @@ def _own_scores(indexes: list[FileIndex], words: Iterable[str], weight: float, t
         scores: dict[int, float] = {}
         get = scores.get
         for term, term_weight in idf.items():
-            for block_number, part in ix.tf_parts(term, avg_length):
+            parts = ix.tf_parts(term, avg_length)
+            if not scores:  # 0.0 + x is x: the first term's scores need no lookups
+                scores = {block_number: term_weight * part for block_number, part in parts}
+                get = scores.get
+                continue
+            for block_number, part in parts:
                 scores[block_number] = get(block_number, 0.0) + term_weight * part
         found.append(scores)
     return found
 
 
-def _in_context(indexes: list[FileIndex], own: list[dict[int, float]],
-                neighbours: float) -> list[tuple[float, int, int]]:
-    """(score, file, block) of every block of `own`, plus `neighbours` × its adjacent blocks' scores."""
-    raw: list[tuple[float, int, int]] = []
-    for file_number, (ix, scores) in enumerate(zip(indexes, own)):
-        if neighbours:
-            breaks, get = ix.breaks, scores.get
-            raw.extend((score + neighbours * ((0.0 if block in breaks else get(block - 1, 0.0))
-                                              + (0.0 if block + 1 in breaks else get(block + 1, 0.0))),
-                        file_number, block)
-                       for block, score in scores.items())
+def _in_context(indexes: list[FileIndex], own: list[dict[int, float]], neighbours: float) -> list[dict[int, float]]:
+    """Per file, each block of `own` with its score plus `neighbours` × its adjacent blocks' scores."""
+    if not neighbours:
+        return own
+    found: list[dict[int, float]] = []
+    for ix, scores in zip(indexes, own):
+        breaks, get = ix.breaks, scores.get
+        if breaks:
+            found.append({block: score + neighbours * ((0.0 if block in breaks else get(block - 1, 0.0))
+                                                       + (0.0 if block + 1 in breaks else get(block + 1, 0.0)))
+                          for block, score in scores.items()})
         else:
-            raw.extend((score, file_number, block) for block, score in scores.items())
-    return raw
+            found.append({block: score + neighbours * (get(block - 1, 0.0) + get(block + 1, 0.0))
+                          for block, score in scores.items()})
+    return found
 
 
 def _spread(indexes: list[FileIndex], own: list[dict[int, float]], neighbours: float) -> list[dict[int, float]]:
@@ -154,28 +161,32 @@ def _spread(indexes: list[FileIndex], own: list[dict[int, float]], neighbours: f
     for ix, scores in zip(indexes, own):
         added = dict(scores)
         if neighbours:
-            breaks = ix.breaks
+            breaks, get = ix.breaks, added.get
             for block, score in scores.items():
+                share = neighbours * score
                 if block + 1 not in breaks:
-                    added[block + 1] = added.get(block + 1, 0.0) + neighbours * score
+                    added[block + 1] = get(block + 1, 0.0) + share
                 if block not in breaks:
-                    added[block - 1] = added.get(block - 1, 0.0) + neighbours * score
+                    added[block - 1] = get(block - 1, 0.0) + share
         found.append(added)
     return found
 
 
-def _phrase_scored(indexes: list[FileIndex], raw: list[tuple[float, int, int]], wanted: list[str],
+def _phrase_scored(indexes: list[FileIndex], context: list[dict[int, float]], wanted: list[str],
                    limit: int) -> list[tuple[float, int, int]]:
-    """The blocks of `raw` that may be among the best `limit` once a phrase hit earns its bonus, bonus given."""
+    """(score, file, block) of the blocks of `context` that may be among the best `limit` once a phrase hit
+    earns its bonus, bonus given."""
     # No block below the limit-th score can reach the top `limit` but by the bonus, so only blocks that
     # could are looked at again (the phrase check scans the block's text).
-    floor = heapq.nlargest(limit, raw)[-1][0] if len(raw) >= limit else 0.0
+    scores = context[0].values() if len(context) == 1 else chain.from_iterable(c.values() for c in context)
+    best = heapq.nlargest(limit, scores)
+    floor = best[-1] if len(best) >= limit else 0.0
     bonus = 1 + PHRASE_BONUS
     scored: list[tuple[float, int, int]] = []
-    for score, file_number, block_number in raw:
-        if score * bonus >= floor:
-            text = indexes[file_number].normalized[block_number]
-            if any(phrase in text for phrase in wanted):
+    for file_number, blocks in enumerate(context):
+        normalized = indexes[file_number].normalized
+        for block_number, score in [(b, s) for b, s in blocks.items() if s * bonus >= floor]:
+            if any(phrase in normalized[block_number] for phrase in wanted):
                 score *= bonus
             # On equal scores the later block wins: newer memories are likelier to be current.
             scored.append((score, file_number, block_number))
@@ -199,8 +210,8 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
     avg_length = (sum(ix.total_length for ix in indexes) / total_blocks) or 1.0
     wanted = phrases(query)
     feedback = feedback and total_blocks >= FEEDBACK_MIN_BLOCKS and all(ix.doc_freqs is None for ix in indexes)
-    raw = _in_context(indexes, _own_scores(indexes, wanted_terms, 1.0, total_blocks, avg_length), neighbours)
-    scored = _phrase_scored(indexes, raw, wanted, max(limit, FEEDBACK_BLOCKS) if feedback else limit)
+    context = _in_context(indexes, _own_scores(indexes, wanted_terms, 1.0, total_blocks, avg_length), neighbours)
+    scored = _phrase_scored(indexes, context, wanted, max(limit, FEEDBACK_BLOCKS) if feedback else limit)
     if feedback and scored:
         best = heapq.nlargest(FEEDBACK_BLOCKS, scored)
         extra = feedback_terms(frozenset(wanted_terms), [indexes[f].own_terms(b) for _, f, b in best],
@@ -208,8 +219,9 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
         more = _spread(indexes, _own_scores(indexes, extra, FEEDBACK_WEIGHT, total_blocks, avg_length), neighbours)
         # Only the blocks that match the query itself are ranked again: the added terms re-order, they
         # never add a hit (a neighbour's share still takes in its added terms' score).
-        raw = [(score + more[f].get(b, 0.0), f, b) for score, f, b in raw]
-        scored = _phrase_scored(indexes, raw, wanted, limit)
+        context = [{b: score + added.get(b, 0.0) for b, score in scores.items()}
+                   for scores, added in zip(context, more)]
+        scored = _phrase_scored(indexes, context, wanted, limit)
     return [Hit(indexes[f].blocks[b], s) for s, f, b in heapq.nlargest(limit, scored)]
 
 
