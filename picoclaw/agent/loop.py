@@ -404,7 +404,7 @@ class AgentLoop:
                 command = parse_command(text)
                 if command is not None:
                     return Reply(await self.command(key, command, receipts))
-                writes = TurnWrites(key, ())
+                writes = TurnWrites(key)
                 try:
                     answer, finished = await self._turn(key, text, on_text, on_tool, writes, ask_again, images)
                 except StorageError as exc:  # a summary or set-aside inside the turn could not be recorded
@@ -478,7 +478,7 @@ class AgentLoop:
         session = await self.session(key)
         self.window = await self.windows.current()  # the first turn of a process may ask the server
         # What the user said in the conversation so far: the ground of a fact memory_append saves.
-        writes.said = (*user_texts([m.message for m in session.active()]), text)
+        writes.heard([m.message for m in session.active()], text)
         token, counted = current_turn.set(writes), turn_images.set(len(images))
         try:
             return await self._answer(session, key, text, on_text, on_tool, ask_again, images)

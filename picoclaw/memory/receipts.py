@@ -14,15 +14,19 @@ also carries what the user said in the conversation so far, which `memory_append
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from picoclaw import clock
 from picoclaw.errors import ConfigError
 from picoclaw.jsonio import read_json_object
+from picoclaw.memory.grounding import user_texts
 from picoclaw.storage import Storage, StorageError, document_of
 
 log = logging.getLogger(__name__)
@@ -69,8 +73,23 @@ class TurnWrites:
     """One turn's automatic writes, and what the user said in the conversation so far (the ground of a fact)."""
 
     session: str
-    said: tuple[str, ...]
     writes: list[MemoryWrite] = field(default_factory=list)
+    # The conversation before this turn and the turn's message (`heard`), kept as they were when the turn began;
+    # read into `said` only when a tool saves a fact, which most turns do not.
+    conversation: tuple[dict[str, Any], ...] | None = field(default=None, repr=False)
+    text: str = ""
+
+    def heard(self, conversation: Iterable[dict[str, Any]], text: str) -> None:
+        """The conversation so far (as stored) and the message this turn answers."""
+        self.conversation, self.text = tuple(conversation), text
+        self.__dict__.pop("said", None)
+
+    @cached_property
+    def said(self) -> tuple[str, ...]:
+        """What the user typed in the conversation so far, this turn's message last; () before `heard`."""
+        if self.conversation is None:
+            return ()
+        return (*user_texts(self.conversation), self.text)
 
 
 # Set by the agent for the length of a turn; tools read it (a worker thread gets a copy of the context, and the
