@@ -35,6 +35,8 @@ class IndexedSearch:
     """Answers from the index; from the keyword search when the index cannot (locked, unwritable disk, its
     PostgreSQL table out of reach)."""
 
+    blocking = False  # a search may wait for the query's embedding
+
     def __init__(self, files: KeywordSearch, index: MemoryIndex):
         self.files = files
         self.index = index

@@ -62,6 +62,8 @@ def _index_learnings(path: Path, file: Path) -> FileIndex:
 class KeywordSearch:
     """Searches one memory folder's MEMORY.md (and optionally its daily notes) with a warm cache."""
 
+    blocking = True  # search_async is search in a worker thread
+
     def __init__(self, store: MemoryStore, *, neighbour_weight: float = NEIGHBOUR_WEIGHT):
         self.store = store
         self.neighbour_weight = neighbour_weight  # the share of an adjacent block's score a block gains (bm25.py)

@@ -15,6 +15,12 @@ class MemorySearch(Protocol):
     """search(query, limit) → hits, best first; MEMORY.md only unless include_notes. Lessons (LEARNINGS.md)
     are searched apart, with search_learnings: they are not facts, and have their own share of a prompt."""
 
+    @property
+    def blocking(self) -> bool:
+        """True when search_async only runs search in a worker thread (nothing else is awaited): a caller may then
+        run search together with its other blocking work in one thread, one hand-over instead of several."""
+        ...
+
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]: ...
 
     async def search_async(self, query: str, limit: int, *, include_notes: bool = False,

@@ -108,6 +108,10 @@ class RerankedSearch:
         self.policy = policy  # read at each search, so a `policy set` applies on the next turn
         self.counts = AccessCounts(store.memory_dir, storage=store.storage)
 
+    @property
+    def blocking(self) -> bool:
+        return self.inner.blocking
+
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         """The best `limit` blocks for `query` by relevance and standing, best first."""
         hits = self.inner.search(query, limit * CANDIDATES_PER_RESULT, include_notes=include_notes)
@@ -116,10 +120,12 @@ class RerankedSearch:
     async def search_async(self, query: str, limit: int, *, include_notes: bool = False,
                            below_floor: list[Hit] | None = None) -> list[Hit]:
         """`search` without blocking the event loop (the counts file is read in a worker thread)."""
-        hits = await self.inner.search_async(query, limit * CANDIDATES_PER_RESULT, include_notes=include_notes,
-                                             below_floor=below_floor)
         import asyncio  # not at the top: a short command that only reads memory never starts an event loop
 
+        if self.inner.blocking:  # one worker thread for the search and the re-ranking
+            return await asyncio.to_thread(self.search, query, limit, include_notes=include_notes)
+        hits = await self.inner.search_async(query, limit * CANDIDATES_PER_RESULT, include_notes=include_notes,
+                                             below_floor=below_floor)
         return await asyncio.to_thread(self.rerank, query, hits, limit)
 
     def rerank(self, query: str, hits: Sequence[Hit], limit: int) -> list[Hit]:

@@ -115,14 +115,16 @@ async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: M
     Blocks whose keys are in `present` (already in the conversation) are left out and cost nothing. With
     `count_use` off (a `/memory` preview, a turn's prompt built again) the found blocks are not counted as used.
     """
+    import asyncio  # not at the top: a short command that only reads memory never starts an event loop
+
+    if search.blocking:  # nothing to wait for but the CPU and the disk: the whole choice in one worker thread
+        return await asyncio.to_thread(_select_now, search, store, policy, query, present, count_use)
     floored: list[Hit] = []
     hits = (await search.search_async(query, policy.retrieve_limit, include_notes=True, below_floor=floored)
             if query.strip() else [])
     floored = floored[:max(0, policy.retrieve_limit - len(hits))]  # those that would have been results
     lessons = (await search.search_learnings_async(query, LESSONS_PER_TURN)
                if lesson_share(policy) and query.strip() else [])
-    import asyncio  # not at the top: a short command that only reads memory never starts an event loop
-
     # Reading notes (and MEMORY.md for the fallback) waits for the disk: in a worker thread.
     memory = await asyncio.to_thread(_fit_memory, search, store, policy, hits, lessons, present,
                                      bool(query.strip()), count_use)
@@ -130,6 +132,15 @@ async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: M
         return memory
     return replace(memory, left_out=[*memory.left_out, *(LeftOut(hit.block, "below_floor", hit.score)
                                                          for hit in floored)])
+
+
+def _select_now(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, query: str, present: Set[str],
+                count_use: bool) -> InjectedMemory:
+    """`select_turn_memory` for a blocking search (which has no score floor), in the calling thread."""
+    queried = bool(query.strip())
+    hits = search.search(query, policy.retrieve_limit, include_notes=True) if queried else []
+    lessons = search.search_learnings(query, LESSONS_PER_TURN) if lesson_share(policy) and queried else []
+    return _fit_memory(search, store, policy, hits, lessons, present, queried, count_use)
 
 
 def record_use(search: MemorySearch, memory: InjectedMemory) -> None:
