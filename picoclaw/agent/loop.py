@@ -28,7 +28,7 @@ import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -489,7 +489,9 @@ class AgentLoop:
     async def _answer(self, session: Session, key: str, text: str, on_text: TextSink | None,
                       on_tool: ToolSink | None, ask_again: bool = True, images: Sequence[bytes] = ()
                       ) -> tuple[str, FinishedTurn]:
-        policy = self.workspace.policy.current()
+        # In a worker thread: on PostgreSQL the turn's first read lists the scope's documents (the read round's one
+        # statement), which must not hold up the event loop's other chats.
+        policy = await asyncio.to_thread(self.workspace.policy.current)
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
         notice = ""
@@ -841,6 +843,8 @@ class AgentLoop:
     async def _after_turn(self, key: str, receipts: Receipts, finished: FinishedTurn,
                           written: list[MemoryWrite]) -> None:
         with self.workspace.storage.read_round():  # the work after a reply reads in one round of its own
+            with suppress(Exception):  # each job reads the policy again, and answers for what that raises
+                await asyncio.to_thread(self.workspace.policy.current)  # the round's first read off the event loop
             await self._after_turn_jobs(key, receipts, finished, written)
 
     async def _after_turn_jobs(self, key: str, receipts: Receipts, finished: FinishedTurn,
