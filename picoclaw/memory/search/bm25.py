@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -83,10 +83,11 @@ class FileIndex:
         return found if found is not None and self.blocks[found] == block else None
 
     @classmethod
-    def build(cls, blocks: list[Block], *, with_previous: bool = False,
-              own: list[list[str]] | None = None) -> FileIndex:
+    def build(cls, blocks: list[Block], *, with_previous: bool = False, own: list[list[str]] | None = None,
+              only: Collection[str] | None = None) -> FileIndex:
         """Index `blocks`; `with_previous`: each block is indexed under its own and the previous block's terms.
-        `own`: each block's `block_terms`, when the caller kept them."""
+        `own`: each block's `block_terms`, when the caller kept them. `only`: postings for these terms alone (an
+        index made for one query; lengths still count every term)."""
         postings: dict[str, list[tuple[int, int]]] = {}
         lengths = []
         if own is None:
@@ -96,8 +97,13 @@ class FileIndex:
             if with_previous and number:
                 counts.update(own[number - 1])
             lengths.append(sum(counts.values()))
-            for term, tf in counts.items():
-                postings.setdefault(term, []).append((number, tf))
+            if only is None:
+                for term, tf in counts.items():
+                    postings.setdefault(term, []).append((number, tf))
+                continue
+            for term in only:
+                if term in counts:
+                    postings.setdefault(term, []).append((number, counts[term]))
         return cls(blocks, lengths, postings, [normalize(b.text) for b in blocks], sum(lengths))
 
 

@@ -234,22 +234,26 @@ class LargeMemory:
         where = self.where
         for start in rough:
             rough[start] *= (K1 + 1) / (1 + K1 * (1 - B + B * (where[start][0] - start) / average))
-        before = {where[start][0]: start for start in rough}
-        around = {start: [near for near in (before.get(start), where[start][0]) if near in rough] for start in rough}
-        best = heapq.nlargest(need, rough, key=lambda start: (
-            rough[start] + neighbours * sum(rough[near] for near in around[start]), start))
+        before = {where[start][0]: start for start in rough}.get
+
+        def around(start: int) -> list[int]:  # the adjacent sections that hold a query word too
+            return [near for near in (before(start), where[start][0]) if near in rough]
+
+        in_context = ((score + neighbours * sum([rough[near] for near in around(start)]), start)
+                      for start, score in rough.items())
+        best = [start for _, start in heapq.nlargest(need, in_context)]
         blocks: list[Block] = []
         own: list[list[str]] = []
         breaks: set[int] = set()
         previous_end = -1
-        for start in sorted({*best, *(near for start in best for near in around[start])}):
+        for start in sorted({*best, *(near for start in best for near in around(start))}):
             if start != previous_end:
                 breaks.add(len(blocks))
             read, read_terms = self._read_section(start, handle)
             blocks += read
             own += read_terms
             previous_end = where[start][0]
-        index = FileIndex.build(blocks, own=own)
+        index = FileIndex.build(blocks, own=own, only=terms)  # the query's terms: no other is ever looked up
         index.total_blocks = max(blocks_in_file, len(blocks))
         index.total_length = round(index.total_blocks * self.sampled_terms / max(self.sampled_blocks, 1))
         index.breaks = frozenset(breaks)
