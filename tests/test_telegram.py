@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 import orjson
 import pytest
 from aiogram import loggers as aiogram_loggers
+from aiogram.methods import Response
 from aiogram.types import Chat, Message, User
 
 from picoclaw.agent.loop import SUMMARY_NOTICE
@@ -32,6 +34,7 @@ from picoclaw.channels.telegram import (
     AddressedToBot,
     AllowedUser,
     BestEffortChatActions,
+    KeptResponseModels,
     RetryAfterMiddleware,
     SlashCommand,
     TelegramChannel,
@@ -39,6 +42,7 @@ from picoclaw.channels.telegram import (
     make_bot,
     not_authorised,
 )
+from picoclaw.channels.telegram.bot import install_middlewares
 from picoclaw.channels.telegram.channel import TOLD_SIZE
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
@@ -938,7 +942,28 @@ def test_the_retry_middleware_is_installed_once_per_bot(home: Path, fake_telegra
             await bot.session.close()
     middlewares = asyncio.run(main())
 
-    assert [type(m) for m in middlewares] == [BestEffortChatActions, RetryAfterMiddleware]
+    assert [type(m) for m in middlewares] == [KeptResponseModels, BestEffortChatActions, RetryAfterMiddleware]
+
+
+def test_the_model_a_reply_is_parsed_with_outlives_the_garbage_collector(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
+    # pydantic keeps Response[Message] only weakly; rebuilding it stalls the event loop for 100 ms and more.
+    workspace = configure(home, fake_telegram, fake_openai)
+    settings = workspace.config.channels.telegram
+
+    async def main() -> bool:
+        bot = make_bot(settings, TOKEN)
+        install_middlewares(bot)
+        try:
+            await bot.send_message(42, "hello / 你好")
+            model = weakref.ref(Response[Message])
+            gc.collect()
+            return model() is not None
+        finally:
+            await bot.session.close()
+
+    assert asyncio.run(main())
+    assert fake_telegram.sent_texts(42) == ["hello / 你好"]
 
 
 def test_per_chat_locks_exist_only_while_a_chat_is_busy(home: Path, fake_telegram: FakeTelegramServer,

@@ -150,12 +150,29 @@ class RetryAfterMiddleware(BaseRequestMiddleware):
         raise AssertionError("unreachable")
 
 
+class KeptResponseModels(BaseRequestMiddleware):
+    """Keeps the model aiogram parses each method's answer with (`Response[Message]`, …) for the bot's life.
+    pydantic holds parametrised generic models only weakly: once the garbage collector frees one, the next
+    call builds it again, and `Response[Message]` takes the event loop for a tenth of a second or more."""
+
+    def __init__(self) -> None:
+        self._models: dict[type[TelegramMethod[Any]], type[Response[Any]]] = {}
+
+    async def __call__(self, make_request: NextRequestMiddlewareType[TelegramType], bot: Bot,
+                       method: TelegramMethod[TelegramType]) -> Response[TelegramType]:
+        kind = type(method)
+        if kind not in self._models:
+            self._models[kind] = Response[method.__returning__]  # type: ignore[name-defined]
+        return await make_request(bot, method)
+
+
 def install_middlewares(bot: Bot, sleep: Sleep = asyncio.sleep) -> RetryAfterMiddleware:
     """Give `bot` exactly one of each request middleware (replacing those installed before), waiting out a
     429 with `sleep`. Best-effort typing goes outside the retry: a chat action is retried before given up."""
     for middleware in list(bot.session.middleware):
-        if isinstance(middleware, BestEffortChatActions | RetryAfterMiddleware):
+        if isinstance(middleware, KeptResponseModels | BestEffortChatActions | RetryAfterMiddleware):
             bot.session.middleware.unregister(middleware)
+    bot.session.middleware(KeptResponseModels())
     bot.session.middleware(BestEffortChatActions())
     retry = RetryAfterMiddleware(sleep)
     bot.session.middleware(retry)
