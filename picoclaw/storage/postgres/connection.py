@@ -150,11 +150,25 @@ def transaction(pool: ConnectionPool, dsn: str, what: str, wait: float | None = 
     """A pool connection in a transaction; a lost server is StorageUnavailable, any other failure a StorageError
     naming `what` (the jobs, the inbox) and saying nothing was changed. `wait`: the most seconds to wait for a
     connection (default: the pool's 30)."""
+    with _pooled(pool, dsn, what, wait) as conn, conn.transaction():
+        yield conn
+
+
+@contextmanager
+def statement(pool: ConnectionPool, dsn: str, what: str, wait: float | None = None) -> Iterator[psycopg.Connection]:
+    """A pool connection for one statement, which is atomic by itself: no BEGIN and COMMIT, two round trips
+    fewer than `transaction`. Errors as there."""
+    with _pooled(pool, dsn, what, wait) as conn:
+        yield conn
+
+
+@contextmanager
+def _pooled(pool: ConnectionPool, dsn: str, what: str, wait: float | None) -> Iterator[psycopg.Connection]:
     import psycopg
     from psycopg_pool import PoolClosed, PoolTimeout
 
     try:
-        with pool.connection(timeout=wait) as conn, conn.transaction():
+        with pool.connection(timeout=wait) as conn:
             yield conn
     except (psycopg.OperationalError, PoolTimeout, PoolClosed) as exc:
         raise unreachable(dsn, exc) from None

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from picoclaw.storage.inbox import ASK_NOT_YOURS, ASK_STALE, ASK_TAKEN, CLAIMABLE, CLOSED, DONE_KEEP, InboxUpdate
-from picoclaw.storage.postgres.connection import CONNECT_TIMEOUT_SECONDS, transaction
+from picoclaw.storage.postgres.connection import CONNECT_TIMEOUT_SECONDS, statement, transaction
 
 if TYPE_CHECKING:
     import psycopg
@@ -98,6 +98,9 @@ class PostgresInbox:
     def _transaction(self) -> AbstractContextManager[psycopg.Connection]:
         return transaction(self.pool, self.dsn, "inbox", wait=POOL_WAIT)
 
+    def _statement(self) -> AbstractContextManager[psycopg.Connection]:
+        return statement(self.pool, self.dsn, "inbox", wait=POOL_WAIT)
+
     def _notify(self, conn: psycopg.Connection) -> None:
         conn.execute("select pg_notify(%s, '')", (self.channel,))
 
@@ -122,14 +125,14 @@ class PostgresInbox:
     def renew(self, worker: str, update_ids: Sequence[int], lease: float) -> set[int]:
         if not update_ids:
             return set()
-        with self._transaction() as conn:
+        with self._statement() as conn:
             rows = conn.execute("update telegram_inbox set lease_until = now() + make_interval(secs => %s) "
                                 "where bot = %s and update_id = any(%s) and worker = %s and done_at is null "
                                 "returning update_id", (lease, self.bot, list(update_ids), worker)).fetchall()
         return {int(row[0]) for row in rows}
 
     def mark_replied(self, update_id: int) -> None:
-        with self._transaction() as conn:
+        with self._statement() as conn:
             conn.execute("update telegram_inbox set replied_at = now() where bot = %s and update_id = %s",
                          (self.bot, update_id))
 
@@ -162,7 +165,7 @@ class PostgresInbox:
                 self._notify(conn)
 
     def next_lease_end(self, lease: float) -> float | None:
-        with self._transaction() as conn:
+        with self._statement() as conn:
             row = conn.execute(f"select extract(epoch from min({TAKEOVER_AT}) - now()) from telegram_inbox "
                                f"where bot = %s and done_at is null and {TAKEOVER_AT} >= now()",
                                (lease, self.bot, lease)).fetchone()
@@ -192,7 +195,7 @@ class PostgresInbox:
             await asyncio.sleep(LISTEN_RETRY)
 
     def counts(self) -> dict[str, int]:
-        with self._transaction() as conn:
+        with self._statement() as conn:
             row = conn.execute(
                 "select count(*) filter (where done_at is null and (lease_until is null or lease_until < now())), "
                 "count(*) filter (where done_at is null and lease_until >= now()), "
@@ -202,7 +205,7 @@ class PostgresInbox:
         return {"open": int(row[0]), "claimed": int(row[1]), "done": int(row[2])}
 
     def open_ask(self, token: str, user_id: int) -> None:
-        with self._transaction() as conn:
+        with self._statement() as conn:
             conn.execute("insert into telegram_asks (bot, token, user_id) values (%s, %s, %s)",
                          (self.bot, token, user_id))
 
@@ -219,7 +222,7 @@ class PostgresInbox:
         return ASK_NOT_YOURS if row is not None and row[1] is None else ASK_STALE
 
     def ask_answer(self, token: str) -> str | None:
-        with self._transaction() as conn:
+        with self._statement() as conn:
             row = conn.execute("select answer from telegram_asks where bot = %s and token = %s",
                                (self.bot, token)).fetchone()
         return None if row is None else row[0]

@@ -132,6 +132,18 @@ class PostgresSessionLog:
                 with self._pool.connection() as conn, conn.transaction():
                     yield conn
 
+    @contextmanager
+    def _reading(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection for one read statement: the lock's own (a read leaves nothing to undo, so no savepoint),
+        else a pool connection without BEGIN and COMMIT (one statement is atomic by itself)."""
+        held = getattr(self._held, "conn", None)
+        with storage_errors(self._dsn):
+            if held is not None:
+                yield held
+            else:
+                with self._pool.connection() as conn:
+                    yield conn
+
     def _locate(self, path: Path) -> tuple[str, str]:
         """(scope, name) of the transcript at `path` (in this folder, its archive, or another scope's folder)."""
         folder, name = path.parent, path.name
@@ -140,7 +152,7 @@ class PostgresSessionLog:
         return scope_of(self._root, folder), name
 
     def read(self, path: Path) -> Transcript:
-        with self._transaction() as conn:
+        with self._reading() as conn:
             rows = conn.execute(
                 "select s.revision, m.line from sessions s left join messages m on m.session_id = s.id "
                 "where s.scope = %s and s.name = %s order by m.seq", self._locate(path)).fetchall()
@@ -149,7 +161,7 @@ class PostgresSessionLog:
         return Transcript([bytes(line) for _, line in rows if line is not None], rows[0][0])
 
     def marker(self, path: Path) -> Hashable | None:
-        with self._transaction() as conn:
+        with self._reading() as conn:
             row = conn.execute("select revision from sessions where scope = %s and name = %s",
                                self._locate(path)).fetchone()
         return row[0] if row else None
@@ -212,12 +224,12 @@ class PostgresSessionLog:
         return self.folder / target
 
     def transcripts(self) -> list[Path]:
-        with self._transaction() as conn:
+        with self._reading() as conn:
             names = [row[0] for row in conn.execute("select name from sessions where scope = %s", (self.scope,))]
         return sorted(self.folder / name for name in names)
 
     def modified(self, path: Path) -> float:
-        with self._transaction() as conn:
+        with self._reading() as conn:
             row = conn.execute("select extract(epoch from updated_at)::float8 from sessions "
                                "where scope = %s and name = %s", self._locate(path)).fetchone()
         return float(row[0]) if row else 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from picoclaw.storage.postgres.connection import transaction
+from picoclaw.storage.postgres.connection import statement
 from picoclaw.storage.telegram_replies import PRUNE_EVERY, REPLY_KEEP, SentReply
 
 if TYPE_CHECKING:
@@ -38,23 +38,24 @@ class PostgresReplyLog:
         self.bot = bot
         self._since_prune = 0
 
-    def _transaction(self) -> AbstractContextManager[psycopg.Connection]:
-        return transaction(self.pool, self.dsn, "reply log", wait=POOL_WAIT)
+    def _statement(self) -> AbstractContextManager[psycopg.Connection]:
+        return statement(self.pool, self.dsn, "reply log", wait=POOL_WAIT)
 
     def remember(self, chat: int, message_id: int, reply: SentReply) -> None:
-        with self._transaction() as conn:
+        with self._statement() as conn:
             conn.execute("insert into telegram_replies (bot, chat, message_id, session, turn) "
                          "values (%s, %s, %s, %s, %s) on conflict (bot, chat, message_id) do update "
                          "set session = excluded.session, turn = excluded.turn, sent_at = now()",
                          (self.bot, chat, message_id, reply.session, reply.turn))
-            self._since_prune += 1
-            if self._since_prune >= PRUNE_EVERY:
-                self._since_prune = 0
+        self._since_prune += 1
+        if self._since_prune >= PRUNE_EVERY:
+            self._since_prune = 0
+            with self._statement() as conn:
                 conn.execute("delete from telegram_replies where bot = %s and sent_at < now() - %s",
                              (self.bot, REPLY_KEEP))
 
     def find(self, chat: int, message_id: int) -> SentReply | None:
-        with self._transaction() as conn:
+        with self._statement() as conn:
             row = conn.execute("select session, turn from telegram_replies where bot = %s and chat = %s and "
                                "message_id = %s and sent_at >= now() - %s",
                                (self.bot, chat, message_id, REPLY_KEEP)).fetchone()
