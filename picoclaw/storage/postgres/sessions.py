@@ -122,24 +122,27 @@ class PostgresSessionLog:
 
     @contextmanager
     def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
-        """A transaction of its own, or a savepoint in the lock's: a failed step leaves nothing behind."""
-        held = getattr(self._held, "conn", None)
-        with storage_errors(self._dsn):
-            if held is not None:
-                with held.transaction():
-                    yield held
-            else:
-                with self._pool.connection() as conn, conn.transaction():
-                    yield conn
+        """A transaction of its own, or the lock's when this thread holds it: a failed step then fails the lock's
+        whole block (nothing of it is kept), so no savepoint is needed, and none is paid for."""
+        with self._connection(own_transaction=True) as conn:
+            yield conn
 
     @contextmanager
     def _reading(self) -> Iterator[psycopg.Connection[Any]]:
-        """A connection for one read statement: the lock's own (a read leaves nothing to undo, so no savepoint),
-        else a pool connection without BEGIN and COMMIT (one statement is atomic by itself)."""
+        """A connection for one read statement (atomic by itself): the lock's, or a pool connection without BEGIN
+        and COMMIT."""
+        with self._connection(own_transaction=False) as conn:
+            yield conn
+
+    @contextmanager
+    def _connection(self, *, own_transaction: bool) -> Iterator[psycopg.Connection[Any]]:
         held = getattr(self._held, "conn", None)
         with storage_errors(self._dsn):
             if held is not None:
                 yield held
+            elif own_transaction:
+                with self._pool.connection() as conn, conn.transaction():
+                    yield conn
             else:
                 with self._pool.connection() as conn:
                     yield conn
