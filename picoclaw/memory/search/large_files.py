@@ -231,16 +231,18 @@ class LargeMemory:
                 if start in rough:
                     rough[start] += weight
         average = self.sampled_bytes / max(self.sampled_blocks, 1)
-        where = self.where
-        for start in rough:
-            rough[start] *= (K1 + 1) / (1 + K1 * (1 - B + B * (where[start][0] - start) / average))
-        before = {where[start][0]: start for start in rough}.get
+        ends = {start: self.where[start][0] for start in rough}
+        for start, end in ends.items():
+            rough[start] *= (K1 + 1) / (1 + K1 * (1 - B + B * (end - start) / average))
+        before = {end: start for start, end in ends.items()}.get
 
         def around(start: int) -> list[int]:  # the adjacent sections that hold a query word too
-            return [near for near in (before(start), where[start][0]) if near in rough]
+            return [near for near in (before(start, -1), ends[start]) if near in rough]
 
-        in_context = ((score + neighbours * sum([rough[near] for near in around(start)]), start)
-                      for start, score in rough.items())
+        # -1: no section ends there. A neighbour not scored adds 0: the same sum, term by term, as over those that are.
+        score_of = rough.get
+        in_context = [(score + neighbours * (score_of(before(start, -1), 0) + score_of(ends[start], 0)), start)
+                      for start, score in rough.items()]
         best = [start for _, start in heapq.nlargest(need, in_context)]
         blocks: list[Block] = []
         own: list[list[str]] = []
@@ -252,7 +254,7 @@ class LargeMemory:
             read, read_terms = self._read_section(start, handle)
             blocks += read
             own += read_terms
-            previous_end = where[start][0]
+            previous_end = ends[start]
         index = FileIndex.build(blocks, own=own, only=terms)  # the query's terms: no other is ever looked up
         index.total_blocks = max(blocks_in_file, len(blocks))
         index.total_length = round(index.total_blocks * self.sampled_terms / max(self.sampled_blocks, 1))
