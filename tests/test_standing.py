@@ -57,6 +57,19 @@ def test_the_newer_of_two_unmarked_entries_ranks_above_the_older(tmp_path: Path,
     assert after[-1] == "I like green tea. 我喜欢绿茶。" or "I like green tea. 我喜欢绿茶。" not in after
 
 
+@pytest.mark.parametrize(("question", "old", "new"), UPDATES)
+def test_an_entry_edited_between_searches_is_read_again(tmp_path: Path, question: str, old: str,
+                                                        new: str) -> None:
+    # What re-ranking reads from a block is kept between searches; an edit must not meet a stale reading.
+    store = memory(tmp_path, [("2025-02-10", old), ("2025-09-03", new)])
+    search = standing(store)
+    assert texts(search.search(question, 10)).index(new) == 0
+    # The same text now dated before the older entry: it no longer replaces it, relevance decides again.
+    store.rewrite_long_term(f"# Memory\n\n## 2025-02-10\n{old}\n\n## 2025-01-05\n{new}\n")
+    assert texts(search.search(question, 10)) == texts(KeywordSearch(store).search(question, 10))
+    assert texts(search.search(question, 10)).index(old) == 0
+
+
 @pytest.mark.parametrize(("question", "old", "new"), [UPDATES[0], UPDATES[1]])
 def test_an_entry_the_store_marked_superseded_ranks_below_its_replacement(tmp_path: Path, question: str,
                                                                          old: str, new: str) -> None:

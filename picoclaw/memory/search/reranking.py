@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from picoclaw.memory.entries import SUPERSEDED, fingerprint
@@ -71,17 +72,26 @@ def use(count: int) -> float:
     return min(math.log1p(count) / math.log1p(SATURATION), 1.0)
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What re-ranking reads from a block's text, worked out once per block (see `_reading`)."""
+
+    day: date | None
+    key: str  # turn_memory.block_key, what the access counts are kept under
+    body: str  # the block's text without its heading line
+    statement: Statement | None  # for a MEMORY.md block that is one statement (see _statement_line)
+    words: frozenset[str]  # that statement's words as a query's are (terms.words), when it is one
+
+
 @dataclass(frozen=True, eq=False)  # compared by identity: the re-ordering looks candidates up in a list
 class _Candidate:
     hit: Hit
-    day: date | None
-    body: str  # the block's text without its heading line
-    statement: Statement | None = None  # for a MEMORY.md block that is one statement (see _statement_line)
-    words: frozenset[str] = frozenset()  # that statement's words as a query's are (terms.words), when it is one
+    reading: _Reading
 
     @property
     def marked(self) -> re.Match[str] | None:
-        return _MARK.search(self.body) if SUPERSEDED in self.body else None
+        body = self.reading.body
+        return _MARK.search(body) if SUPERSEDED in body else None
 
 
 def _statement_line(body: str) -> str | None:
@@ -93,10 +103,15 @@ def _statement_line(body: str) -> str | None:
     return lines[0] if len(lines) == 1 and len(lines[0]) <= STATEMENT_CHARS else None
 
 
-@lru_cache(maxsize=4096)  # the same entries come back turn after turn, and tokenising them is the cost here
-def _read(line: str) -> tuple[Statement, frozenset[str]]:
-    """A one-line entry as the update rule sees it, and its words (terms.words) to compare with a query's."""
-    return Statement.of(line), words(line)
+# The same blocks come back query after query while the file is unchanged (the index keeps them), and reading
+# them (dates, hash, tokenising) was most of re-ranking's cost. A block is its text and place, so an edited
+# block is a new key, never a stale reading.
+@lru_cache(maxsize=4096)
+def _reading(block: Block, long_term_path: Path) -> _Reading:
+    body = block.text.removeprefix(block.heading).lstrip("\n")
+    line = _statement_line(body) if block.path == long_term_path else None
+    statement, said = (Statement.of(line), words(line)) if line is not None else (None, frozenset[str]())
+    return _Reading(block_date(block), block_key(block), body, statement, said)
 
 
 class RerankedSearch:
@@ -135,15 +150,13 @@ class RerankedSearch:
         use_boost = policy.memory_access_boost_percent / 100
         counts = self.counts.counts() if use_boost else {}
         today = self.store.today()
+        long_term = self.store.long_term_path
         candidates = []
         for hit in hits:
-            day = block_date(hit.block)
-            used = counts.get(block_key(hit.block), 0)
-            prior = (1 + recency_boost * recency(day, today)) * (1 + use_boost * use(used))
-            body = hit.block.text.removeprefix(hit.block.heading).lstrip("\n")
-            line = _statement_line(body) if hit.block.path == self.store.long_term_path else None
-            candidates.append(_Candidate(Hit(hit.block, hit.score * prior), day, body,
-                                         *(_read(line) if line is not None else ())))
+            reading = _reading(hit.block, long_term)
+            used = counts.get(reading.key, 0)
+            prior = (1 + recency_boost * recency(reading.day, today)) * (1 + use_boost * use(used))
+            candidates.append(_Candidate(Hit(hit.block, hit.score * prior), reading))
         # sorted() is stable: equal scores keep the inner search's order.
         ranked = sorted(candidates, key=lambda c: c.hit.score, reverse=True)
         return [c.hit for c in self._replacements_first(ranked, words(query))][:limit]
@@ -191,8 +204,7 @@ class RerankedSearch:
         for candidate in reversed(order):
             floor = result[-1].hit.score if result else -math.inf
             if candidate.hit.score < floor:
-                candidate = _Candidate(Hit(candidate.hit.block, floor), candidate.day, candidate.body,
-                                       candidate.statement, candidate.words)
+                candidate = _Candidate(Hit(candidate.hit.block, floor), candidate.reading)
             result.append(candidate)
         return result[::-1]
 
@@ -203,18 +215,17 @@ class RerankedSearch:
         what the query asks (they share two words, and both hold one of `asked`, the query's words)."""
         long_term = sorted((c for c in ranked if c.hit.block.path == self.store.long_term_path),
                            key=lambda c: c.hit.block.start_line)
-        newer = [(c, c.statement, c.day) for c in long_term]  # read once, not once per pair
+        newer = [(c, c.reading.statement, c.reading.day, c.reading.words) for c in long_term]  # read once
         pairs: list[tuple[_Candidate, _Candidate]] = []
-        for n, old in enumerate(long_term):
+        for n, (old, before, day, old_words) in enumerate(newer):
             mark = old.marked
             if mark is not None:
                 pairs.extend((old, new) for new in long_term[n + 1:] if _named_by(mark, new))
                 continue
-            before = old.statement
             if before is None:
                 continue
-            before_words, day, asked_old = before.words, old.day, old.words & asked
-            for new, after, new_day in newer[n + 1:]:
+            before_words, asked_old = before.words, old_words & asked
+            for new, after, new_day, new_words in newer[n + 1:]:
                 # Later in the file is newer (entries are appended), unless a date heading says otherwise.
                 if after is None or (day is not None and new_day is not None and new_day < day):
                     continue
@@ -222,7 +233,7 @@ class RerankedSearch:
                 # 住 are words), but what is asked for must be a word both hold: for 护照, 用户的护照… and
                 # 用户的妹妹…护士 share 用, 户 and 护, and are not about one thing. Both tests need two shared
                 # words, so a pair with fewer is left at once (most pairs, and the update rule costs more).
-                if len(before_words & after.words) >= 2 and (asked_old & new.words or after.updates(before)):
+                if len(before_words & after.words) >= 2 and (asked_old & new_words or after.updates(before)):
                     pairs.append((old, new))
         return pairs
 
@@ -230,5 +241,6 @@ class RerankedSearch:
 def _named_by(mark: re.Match[str], new: _Candidate) -> bool:
     """Whether `new` is the entry a superseded mark names: its date, and the text the mark quotes."""
     quoted = fingerprint(mark[2])
-    return (new.day is not None and new.day.isoformat() == mark[1] and bool(quoted)
-            and fingerprint(new.body).startswith(quoted))
+    day = new.reading.day
+    return (day is not None and day.isoformat() == mark[1] and bool(quoted)
+            and fingerprint(new.reading.body).startswith(quoted))
