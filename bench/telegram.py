@@ -25,6 +25,11 @@ open
     have several messages in flight, so each carries a sequence number that the fake model echoes, and an
     answer is matched to its message by it. One warm-up message (not counted) goes first, so that lazy
     imports and the first index sync are not in the figures. Goal: added p95 < 50 ms.
+    The bot runs in a child process of its own (as in rss); the fakes and the pacer stay in this one, as
+    Telegram and the model are elsewhere for a real bot. Also reported: the bot process's CPU time
+    (``time.process_time``, every thread) from the first message to the last turn's end, per message:
+    the cost of a message, steadier than latency on a busy machine. At 30 msg/s a process that spends
+    more than 33 ms of CPU on each message cannot keep up.
 slow
     The same open loop with the memory index on (MEMORY.md seeded with English and Chinese entries, remote
     embeddings from the fake model server), twice: embeddings answering at once, then with every embedding
@@ -53,8 +58,8 @@ minute each, so they run once by default (``--open-runs`` for more; the rows are
 part runs once: it is one process's memory over time. ``--quick`` (closed 1 run, open loops 10 s, rss 2,000
 chats) for a fast look; explicit options override it.
 
-In the closed, open and slow parts the two fake servers run in threads of this same process, so they share
-its GIL (and the machine's cores) with the bot: the figures are an upper bound on what the channel costs.
+In the closed and stream parts the two fake servers run in threads of this same process, so they share its
+GIL (and the machine's cores) with the bot: the figures are an upper bound on what the channel costs.
 
 Run (from the repository root):
     python bench/telegram.py                        # everything, ~10 minutes
@@ -195,6 +200,80 @@ async def polled(telegram: FakeTelegramServer) -> None:
     await asyncio.to_thread(telegram.wait_until, lambda: bool(telegram.calls("getUpdates")))
 
 
+def footprint(app: App, channel: TelegramChannel) -> dict[str, int]:
+    """This process's resident memory after a full collection, and the per-chat structures' sizes."""
+    gc.collect()
+    status = Path("/proc/self/status").read_text()
+    kib = {name: int(re.search(rf"^{name}:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
+           for name in ("VmRSS", "VmHWM")}
+    agent = app.agent()
+    # Private attributes, read only: the bench shows they stay bounded, no public API needs them.
+    return {"rss_kib": kib["VmRSS"], "peak_kib": kib["VmHWM"], "sessions_loaded": len(agent._loaded),
+            "session_locks": len(agent._locks), "chat_locks": len(channel._chat_locks),
+            "in_flight": len(channel._in_flight)}
+
+
+async def settled(channel: TelegramChannel, timeout: float = 10.0) -> None:
+    """Until the last turns have returned: the fake hears a sendMessage before its handler is done."""
+    deadline = time.monotonic() + timeout
+    while channel._in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def bot_process(home: str, model_url: str, conn: Connection) -> None:
+    """The child process: serves the bot and answers the parent's commands until "stop" (see BotProcess)."""
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(_bot_process(Path(home), model_url, conn))
+
+
+async def _bot_process(home: Path, model_url: str, conn: Connection) -> None:
+    async with serving(load_config(home), home, model_url) as (app, channel):
+        conn.send("ready")
+        while (command := await asyncio.to_thread(conn.recv)) != "stop":
+            if command == "bare":
+                conn.send(await bare_round_trip(app.provider()))
+            elif command == "cpu":  # this process's CPU seconds (every thread) once the last turns returned
+                await settled(channel)
+                conn.send(time.process_time())
+            else:  # "footprint"
+                await settled(channel)
+                conn.send(footprint(app, channel))
+
+
+class BotProcess:
+    """The bot in a child process of its own, so that its CPU and memory are its alone: the fakes (and the
+    pacer) stay in this process, as Telegram and the model are elsewhere for a real bot."""
+
+    def __init__(self, home: Path, model_url: str):
+        # spawn, not fork: this process has threads (the fakes'), and the child should start from a clean slate.
+        context = multiprocessing.get_context("spawn")
+        self.conn, theirs = context.Pipe()
+        self.child = context.Process(target=bot_process, args=(str(home), model_url, theirs), name="bench-bot")
+
+    def __enter__(self) -> BotProcess:
+        self.child.start()
+        self.receive()  # "ready"
+        return self
+
+    def ask(self, command: str) -> Any:
+        self.conn.send(command)
+        return self.receive()
+
+    def receive(self, timeout: float = 120.0) -> Any:
+        if not self.conn.poll(timeout):
+            raise RuntimeError(f"the bot process did not answer in {timeout:g} s (exit code {self.child.exitcode})")
+        return self.conn.recv()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.child.is_alive():
+                self.conn.send("stop")
+        finally:
+            self.child.join(60)
+            if self.child.is_alive():
+                self.child.kill()
+
+
 def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(name), *(len(row[i]) for row in rows)) for i, name in enumerate(header)]
     print("| " + " | ".join(name.rjust(w) for name, w in zip(header, widths)) + " |")
@@ -300,6 +379,7 @@ class OpenResult:
     max_slip_ms: float  # how late the worst send left against its schedule
     latencies_ms: dict[int, float]  # sequence number → latency, for the answered messages
     slow_sequences: set[int]
+    bot_cpu_ms: float  # the bot process's CPU per message, from the first message to the last turn's end
 
     def others(self) -> list[float]:
         return [ms for seq, ms in self.latencies_ms.items() if seq not in self.slow_sequences]
@@ -383,7 +463,7 @@ async def warm_up(telegram: FakeTelegramServer) -> None:
     await asyncio.to_thread(telegram.wait_until, lambda: bool(telegram.sent_texts(WARM_UP_CHAT)), 60)
 
 
-async def open_run(variant: OpenVariant, rate: float, seconds: float, chats: int) -> OpenResult:
+def open_run(variant: OpenVariant, rate: float, seconds: float, chats: int) -> OpenResult:
     ids = [FIRST_CHAT + n for n in range(chats)]
     with FakeTelegramServer() as telegram, FakeOpenAIServer() as model, \
             tempfile.TemporaryDirectory(prefix="picoclaw-bench-telegram-") as tmp:
@@ -391,28 +471,30 @@ async def open_run(variant: OpenVariant, rate: float, seconds: float, chats: int
         if variant.slow_delay:
             model.delay_embeddings = slow_inputs(variant.slow_delay)
         home = Path(tmp) / "home"
-        config = prepare_home(home, telegram.origin, model.base_url, [WARM_UP_CHAT, *ids], index=variant.index)
-        async with serving(config, home, model.base_url) as (app, _):
-            bare = await bare_round_trip(app.provider())
-            await polled(telegram)
-            await warm_up(telegram)
+        prepare_home(home, telegram.origin, model.base_url, [WARM_UP_CHAT, *ids], index=variant.index)
+        with BotProcess(home, model.base_url) as bot:
+            bare = bot.ask("bare")
+            telegram.wait_until(lambda: bool(telegram.calls("getUpdates")), 60)
+            # One message from a chat outside the measurement, answered before the clock starts.
+            telegram.send_text(WARM_UP_CHAT, WARM_UP_CHAT, f"{TEXTS[0]} #0")
+            telegram.wait_until(lambda: bool(telegram.sent_texts(WARM_UP_CHAT)), 60)
             loop = OpenLoop(telegram, ids, rate, seconds, slow_chat=ids[0])
             telegram.on_sent = loop.on_sent
-            pacer = threading.Thread(target=loop.pace, name="bench-pacer", daemon=True)
-            pacer.start()
-            await asyncio.to_thread(pacer.join)
+            cpu_before = bot.ask("cpu")
+            loop.pace()
             # Answers still under way get a grace period; a message still unanswered after it is reported.
-            await asyncio.to_thread(loop.done.wait, 30 + 2 * variant.slow_delay)
+            loop.done.wait(30 + 2 * variant.slow_delay)
+            cpu = bot.ask("cpu") - cpu_before
             telegram.on_sent = None
     return OpenResult(variant, loop.planned, bare, 1000 * loop.max_slip, dict(loop.latencies_ms),
-                      loop.slow_sequences())
+                      loop.slow_sequences(), 1000 * cpu / loop.planned)
 
 
 def open_row(results: list[OpenResult]) -> list[float]:
     """One result's figures, or the median of each over several runs of one variant."""
     figures = [[r.planned, len(r.latencies_ms), r.max_slip_ms, r.bare_ms, median(r.others()), p95(r.others()),
                 median(r.added(r.others())), p95(r.added(r.others())), median(r.slow()),
-                max(r.slow(), default=float("nan"))] for r in results]
+                max(r.slow(), default=float("nan")), r.bot_cpu_ms] for r in results]
     return [statistics.median(column) for column in zip(*figures)]
 
 
@@ -421,7 +503,7 @@ def print_open_table(variants: list[tuple[OpenVariant, list[OpenResult]]], rate:
     print(f"open loop: {rate:g} messages/s for {seconds:g} s over {chats} chats; 'others' = every chat but "
           f"the one whose messages carry {SLOW_MARKER!r}; medians over {len(variants[0][1])} run(s)")
     header = ("variant", "sent", "answered", "max slip ms", "bare model ms", "others p50 ms", "others p95 ms",
-              "others added p50", "others added p95", "slow chat p50 ms", "slow chat max ms")
+              "others added p50", "others added p95", "slow chat p50 ms", "slow chat max ms", "bot CPU ms/msg")
     rows = []
     for variant, results in variants:
         sent, answered, slip, bare, *rest = open_row(results)
@@ -577,40 +659,6 @@ class ChatPool:
             self.done.set()
 
 
-def footprint(app: App, channel: TelegramChannel) -> dict[str, int]:
-    """This process's resident memory after a full collection, and the per-chat structures' sizes."""
-    gc.collect()
-    status = Path("/proc/self/status").read_text()
-    kib = {name: int(re.search(rf"^{name}:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
-           for name in ("VmRSS", "VmHWM")}
-    agent = app.agent()
-    # Private attributes, read only: the bench shows they stay bounded, no public API needs them.
-    return {"rss_kib": kib["VmRSS"], "peak_kib": kib["VmHWM"], "sessions_loaded": len(agent._loaded),
-            "session_locks": len(agent._locks), "chat_locks": len(channel._chat_locks),
-            "in_flight": len(channel._in_flight)}
-
-
-def rss_bot(home: str, model_url: str, conn: Connection) -> None:
-    """The child process: serves the bot, sends its footprint when ready and on every "measure"."""
-    logging.basicConfig(level=logging.WARNING)
-    asyncio.run(_rss_bot(Path(home), model_url, conn))
-
-
-async def _rss_bot(home: Path, model_url: str, conn: Connection) -> None:
-    async with serving(load_config(home), home, model_url) as (app, channel):
-        conn.send(footprint(app, channel))
-        while await asyncio.to_thread(conn.recv) == "measure":
-            await settled(channel)
-            conn.send(footprint(app, channel))
-
-
-async def settled(channel: TelegramChannel, timeout: float = 10.0) -> None:
-    """Until the last turns have returned: the fake hears a sendMessage before its handler is done."""
-    deadline = time.monotonic() + timeout
-    while channel._in_flight and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-
-
 @dataclass
 class RssResult:
     checkpoints: list[tuple[int, dict[str, int]]]  # (chats done, footprint)
@@ -619,17 +667,12 @@ class RssResult:
 
 def rss_run(chats: int, first: int, per_chat: int, width: int) -> RssResult:
     ids = range(FIRST_CHAT, FIRST_CHAT + chats)
-    # spawn, not fork: this process has threads (the fakes'), and the child should start from a clean slate.
-    context = multiprocessing.get_context("spawn")
     with FakeTelegramServer() as telegram, FakeOpenAIServer() as model, \
             tempfile.TemporaryDirectory(prefix="picoclaw-bench-telegram-") as tmp:
         home = Path(tmp) / "home"
         prepare_home(home, telegram.origin, model.base_url, ids)
-        ours, theirs = context.Pipe()
-        child = context.Process(target=rss_bot, args=(str(home), model.base_url, theirs), name="bench-bot")
-        child.start()
-        try:
-            checkpoints = [(0, ours.recv())]
+        with BotProcess(home, model.base_url) as bot:
+            checkpoints = [(0, bot.ask("footprint"))]
             telegram.wait_until(lambda: bool(telegram.calls("getUpdates")), 60)
             started = time.perf_counter()
             for batch in (ids[:first], ids[first:]):
@@ -638,14 +681,8 @@ def rss_run(chats: int, first: int, per_chat: int, width: int) -> RssResult:
                 pool.start()
                 if not pool.done.wait(600):
                     raise RuntimeError(f"{pool.left} of {len(batch)} chats did not get all their answers")
-                ours.send("measure")
-                checkpoints.append((batch.stop - FIRST_CHAT, ours.recv()))
+                checkpoints.append((batch.stop - FIRST_CHAT, bot.ask("footprint")))
             seconds = time.perf_counter() - started
-            ours.send("stop")
-        finally:
-            child.join(60)
-            if child.is_alive():
-                child.kill()
     return RssResult(checkpoints, seconds)
 
 
@@ -713,7 +750,7 @@ def run_open(args: argparse.Namespace, variants: list[OpenVariant]) -> None:
     for variant in variants:
         results = []
         for i in range(args.open_runs):
-            results.append(asyncio.run(open_run(variant, args.rate, args.seconds, args.open_chats)))
+            results.append(open_run(variant, args.rate, args.seconds, args.open_chats))
             print(f"{variant.label}: run {i + 1}/{args.open_runs} done", file=sys.stderr)
         measured.append((variant, results))
     print_open_table(measured, args.rate, args.seconds, args.open_chats)
