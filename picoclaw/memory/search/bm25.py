@@ -28,6 +28,7 @@ PHRASE_BONUS = 0.5  # relative boost for a block containing the query (or a quot
 # are best for both layouts (bench/retrieval_quality.py); from 0.4 up neighbours start to outrank the match.
 NEIGHBOUR_WEIGHT = 0.25
 _OWN_TERMS_KEPT = 256  # blocks whose terms a FileIndex keeps for query expansion: the hits of recent queries
+_PARTS_KEPT = 8192  # (term, weight) entries a FileIndex keeps: recent queries' terms and their added ones
 
 
 @dataclass
@@ -45,24 +46,25 @@ class FileIndex:
     total_blocks: int = 0
     breaks: frozenset[int] = frozenset()
     doc_freqs: dict[str, int] | None = None  # for such a part: how many blocks of the whole file hold a term
-    # Per term, each posting's length-normalised tf part of BM25, for the corpus average length it was
-    # made with: a warm query then does one multiply-add per posting instead of the whole formula.
-    _parts: dict[str, list[tuple[int, float]]] = field(default_factory=dict, repr=False)
+    # Per term and weight (its idf, times FEEDBACK_WEIGHT for an added term), each posting's share of BM25 for
+    # the corpus average length it was made with: a warm query then does one addition per posting instead of
+    # the whole formula. The weight is part of the key as the float it is, so a weight that moved is a new entry.
+    _parts: dict[tuple[str, float], list[tuple[int, float]]] = field(default_factory=dict, repr=False)
     _parts_average: float = 0.0
     _positions: dict[tuple[int, int], int] | None = field(default=None, repr=False)
     _own_terms: dict[int, Counter[str]] = field(default_factory=dict, repr=False)
 
-    def tf_parts(self, term: str, average: float) -> list[tuple[int, float]]:
-        """(block, tf·(K1+1) / (tf + K1·(1 − B + B·length/average))) for every block holding `term`."""
-        if average != self._parts_average:
+    def weighted_parts(self, term: str, average: float, weight: float) -> list[tuple[int, float]]:
+        """(block, weight · tf·(K1+1) / (tf + K1·(1 − B + B·length/average))) for every block holding `term`."""
+        if average != self._parts_average or len(self._parts) >= _PARTS_KEPT:
             self._parts.clear()
             self._parts_average = average
-        parts = self._parts.get(term)
+        parts = self._parts.get((term, weight))
         if parts is None:
             base, per_length, lengths = K1 * (1 - B), K1 * B / average, self.lengths
-            parts = [(block, tf * (K1 + 1) / (tf + base + per_length * lengths[block]))
+            parts = [(block, weight * (tf * (K1 + 1) / (tf + base + per_length * lengths[block])))
                      for block, tf in self.postings.get(term, ())]
-            self._parts[term] = parts
+            self._parts[(term, weight)] = parts
         return parts
 
     def own_terms(self, number: int) -> Counter[str]:
@@ -133,13 +135,13 @@ def _own_scores(indexes: list[FileIndex], words: Iterable[str], weight: float, t
         scores: dict[int, float] = {}
         get = scores.get
         for term, term_weight in idf.items():
-            parts = ix.tf_parts(term, avg_length)
+            parts = ix.weighted_parts(term, avg_length, term_weight)
             if not scores:  # 0.0 + x is x: the first term's scores need no lookups
-                scores = {block_number: term_weight * part for block_number, part in parts}
+                scores = dict(parts)
                 get = scores.get
                 continue
             for block_number, part in parts:
-                scores[block_number] = get(block_number, 0.0) + term_weight * part
+                scores[block_number] = get(block_number, 0.0) + part
         found.append(scores)
     return found
 
