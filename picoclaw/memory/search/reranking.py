@@ -78,7 +78,7 @@ class _Reading:
 
     day: date | None
     key: str  # turn_memory.block_key, what the access counts are kept under
-    body: str  # the block's text without its heading line
+    mark: re.Match[str] | None  # its superseded mark, if it carries one
     statement: Statement | None  # for a MEMORY.md block that is one statement (see _statement_line)
     words: frozenset[str]  # that statement's words as a query's are (terms.words), when it is one
 
@@ -88,10 +88,10 @@ class _Candidate:
     hit: Hit
     reading: _Reading
 
-    @property
-    def marked(self) -> re.Match[str] | None:
-        body = self.reading.body
-        return _MARK.search(body) if SUPERSEDED in body else None
+
+def _body(block: Block) -> str:
+    """The block's text without its heading line."""
+    return block.text.removeprefix(block.heading).lstrip("\n")
 
 
 def _statement_line(body: str) -> str | None:
@@ -105,13 +105,15 @@ def _statement_line(body: str) -> str | None:
 
 # The same blocks come back query after query while the file is unchanged (the index keeps them), and reading
 # them (dates, hash, tokenising) was most of re-ranking's cost. A block is its text and place, so an edited
-# block is a new key, never a stale reading.
+# block is a new key, never a stale reading. No copy of a block's text is kept: a long one's would stay in
+# memory as long as the cache holds its reading.
 @lru_cache(maxsize=4096)
 def _reading(block: Block, long_term_path: Path) -> _Reading:
-    body = block.text.removeprefix(block.heading).lstrip("\n")
+    body = _body(block)
     line = _statement_line(body) if block.path == long_term_path else None
     statement, said = (Statement.of(line), words(line)) if line is not None else (None, frozenset[str]())
-    return _Reading(block_date(block), block_key(block), body, statement, said)
+    mark = _MARK.search(body) if SUPERSEDED in body else None
+    return _Reading(block_date(block), block_key(block), mark, statement, said)
 
 
 class RerankedSearch:
@@ -218,7 +220,7 @@ class RerankedSearch:
         newer = [(c, c.reading.statement, c.reading.day, c.reading.words) for c in long_term]  # read once
         pairs: list[tuple[_Candidate, _Candidate]] = []
         for n, (old, before, day, old_words) in enumerate(newer):
-            mark = old.marked
+            mark = old.reading.mark
             if mark is not None:
                 pairs.extend((old, new) for new in long_term[n + 1:] if _named_by(mark, new))
                 continue
@@ -243,4 +245,4 @@ def _named_by(mark: re.Match[str], new: _Candidate) -> bool:
     quoted = fingerprint(mark[2])
     day = new.reading.day
     return (day is not None and day.isoformat() == mark[1] and bool(quoted)
-            and fingerprint(new.reading.body).startswith(quoted))
+            and fingerprint(_body(new.hit.block)).startswith(quoted))
