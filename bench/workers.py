@@ -9,8 +9,11 @@ load
     ``--chats`` chats (50) each send ``--messages`` messages (10, English and Chinese in turn), each as soon as
     the answer to the previous one arrived (closed loop), after one warm-up message per chat that is not
     counted. Throughput = messages answered / wall time; latency = from the update being queued at the fake
-    Bot API to the answer's sendMessage arriving there. Once with 1 worker, once with 3, ``--runs`` times
-    (3) each; the rows are medians, and the last column is 3 workers / 1 worker.
+    Bot API to the answer's sendMessage arriving there; the workers' CPU per answer = the CPU time (user +
+    system, every thread, from /proc) the worker processes used over the timed part / messages answered:
+    steadier than throughput on a busy machine (N answers/s at C ms each keep N·C/1000 cores busy). Once
+    with 1 worker, once with 3, ``--runs`` times (3) each; the rows are medians, and the last column is
+    3 workers / 1 worker.
 kill
     3 workers with a lease of ``--lease`` seconds (10; the default of channels.telegram.webhook is 30) under
     the same closed loop; once every chat has had an answer, one worker is SIGKILLed. Reported: how long
@@ -188,8 +191,15 @@ class ClosedLoop:
             return [self.answered[key] - self.queued[key] for key in self.answered if key[1] >= since]
 
 
-def load_run(admin: str, count: int, chats: Sequence[int], messages: int, delay: float) -> tuple[float, float, float]:
-    """(answers/s, p50 ms, p95 ms) of one closed-loop run on `count` workers."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) the process `pid` has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_run(admin: str, count: int, chats: Sequence[int], messages: int,
+             delay: float) -> tuple[float, float, float, float]:
+    """(answers/s, p50 ms, p95 ms, the workers' CPU ms per answer) of one closed-loop run on `count` workers."""
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-workers-") as tmp, fresh_database(admin) as dsn, \
             FakeTelegramServer() as telegram, FakeOpenAIServer() as model:
         model.responder = lambda body: Text(_echo(body), delay=delay)
@@ -201,11 +211,15 @@ def load_run(admin: str, count: int, chats: Sequence[int], messages: int, delay:
             loop.start(0)  # message 0 of each chat warms up (first session, first connections); not counted
             while len([k for k in loop.answered if k[1] == 0]) < len(chats):
                 time.sleep(0.05)
+            pids = [process.pid for _, process in running.values()]
+            cpu_before = sum(map(cpu_seconds, pids))
             started = time.monotonic()
             loop.wait()
             wall = time.monotonic() - started
+            cpu = sum(map(cpu_seconds, pids)) - cpu_before
             latencies = loop.latencies(since=1)
-    return len(latencies) / wall, statistics.median(latencies) * 1000, p95(latencies) * 1000
+    return (len(latencies) / wall, statistics.median(latencies) * 1000, p95(latencies) * 1000,
+            1000 * cpu / len(latencies))
 
 
 def kill_run(admin: str, chats: Sequence[int], lease: float, delay: float) -> list[float]:
@@ -395,14 +409,15 @@ def main() -> None:
             rows = {}
             for count in (1, 3):
                 runs = [load_run(admin, count, chats, args.messages, args.model_delay) for _ in range(args.runs)]
-                rows[count] = tuple(statistics.median(run[i] for run in runs) for i in range(3))
+                rows[count] = tuple(statistics.median(run[i] for run in runs) for i in range(4))
                 for run in runs:
-                    print(f"  {count} worker(s): {run[0]:.1f} answers/s, p50 {run[1]:.0f} ms, p95 {run[2]:.0f} ms",
-                          flush=True)
+                    print(f"  {count} worker(s): {run[0]:.1f} answers/s, p50 {run[1]:.0f} ms, p95 {run[2]:.0f} ms, "
+                          f"CPU {run[3]:.1f} ms/answer", flush=True)
             print(f"\n{args.chats} chats × {args.messages} messages, closed loop, model {args.model_delay * 1000:.0f} "
                   f"ms, median of {args.runs} runs\n")
             print("| measure | 1 worker | 3 workers | 3 / 1 |\n|---|---|---|---|")
-            for i, name in enumerate(("answers/s", "latency p50 (ms)", "latency p95 (ms)")):
+            for i, name in enumerate(("answers/s", "latency p50 (ms)", "latency p95 (ms)",
+                                      "workers' CPU per answer (ms)")):
                 one, three = rows[1][i], rows[3][i]
                 print(f"| {name} | {one:.1f} | {three:.1f} | {three / one:.2f} |")
         if args.part in ("all", "kill"):
