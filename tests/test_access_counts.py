@@ -39,6 +39,26 @@ def test_counts_are_recorded_and_read_back_by_another_instance(tmp_path: Path) -
     assert dict(counts.counts()) == {"a": 2, "b": 1}
 
 
+def test_the_file_is_read_again_only_when_someone_else_changed_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A full counts file took milliseconds to parse: after this process's own write, the next turn's ranking and
+    # the next count take what it wrote; another writer's change (or a hand edit) is read.
+    ours, theirs = (AccessCounts(tmp_path, storage=FilesStorage(tmp_path)) for _ in range(2))
+    reads = []
+    real_read = AccessCounts.read
+    monkeypatch.setattr(AccessCounts, "read", lambda self: reads.append(self) or real_read(self))
+    ours.record(["猫", "cat"], DAY)
+    assert dict(ours.counts()) == {"猫": 1, "cat": 1}
+    ours.record(["cat"], DAY)
+    assert dict(ours.counts()) == {"猫": 1, "cat": 2}
+    assert reads.count(ours) == 1  # the first record's, from a missing file
+    theirs.record(["猫"], DAY)
+    assert dict(ours.counts()) == {"猫": 2, "cat": 2} and reads.count(ours) == 2
+    (tmp_path / ACCESS_COUNTS_FILE).write_text('{"version": 1, "blocks": {"tea 茶": [7, "2025-03-09"]}}')
+    ours.record(["cat"], DAY)
+    assert dict(ours.counts()) == {"tea 茶": 7, "cat": 1}
+
+
 @pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"version": 99, "blocks": {}}', b"\xff\xfe"])
 def test_a_corrupt_file_is_logged_once_and_counting_starts_afresh(tmp_path: Path, content: bytes,
                                                                   caplog: pytest.LogCaptureFixture) -> None:

@@ -40,8 +40,10 @@ class AccessCounts:
         self.max_keys = max_keys
         self._lock = storage.lock(Path(memory_dir) / ".access_counts.lock", timeout=lock_wait)
         self.documents, self.name = document_of(storage, self.path)
-        self._cache_key: FileKey | None = None
-        self._cached: dict[str, int] = {}
+        # The file's entries and counts as of its identity, in one tuple so a reader in another thread never
+        # sees one without the other. Kept after this process's own write too: the next turn's ranking and the
+        # next count then read nothing (a file of MAX_KEYS entries took milliseconds to parse and check).
+        self._known: tuple[FileKey | None, dict[str, tuple[int, str]], dict[str, int]] | None = None
         self._warned = False
 
     def counts(self) -> Mapping[str, int]:
@@ -51,10 +53,10 @@ class AccessCounts:
         except OSError as exc:  # the memory folder is gone or unreadable: nothing counted
             self._warn(str(exc))
             return {}
-        if key != self._cache_key:
-            self._cached = {block: used for block, (used, _) in self._load().items()}
-            self._cache_key = key
-        return self._cached
+        known = self._known
+        if known is None or known[0] != key:
+            known = self._remember(key, self._load())
+        return known[2]
 
     def record(self, keys: Iterable[str], day: date) -> None:
         """Count one more injection on `day` for each of `keys`; problems are logged, never raised."""
@@ -63,7 +65,7 @@ class AccessCounts:
             return
         try:
             with self._lock:
-                entries = self._load()
+                entries = dict(self._entries())  # a copy: the kept one may be in a reader's hands
                 for key in wanted:
                     used, _ = entries.get(key, (0, ""))
                     entries[key] = (used + 1, day.isoformat())
@@ -74,6 +76,7 @@ class AccessCounts:
                 record = {"version": _VERSION, "blocks": {key: [used, last] for key, (used, last) in entries.items()}}
                 # Not fsynced: losing the last counts to a power cut is harmless, a sync every turn is not free.
                 self.documents.replace(self.name, orjson.dumps(record), durable=False)
+                self._remember(file_key(self.documents.local(self.name)), entries)  # under the lock: our file
         except (OSError, StorageError) as exc:  # a held lock past its wait, a lost server: skipped, not fatal
             self._warn(f"cannot update {self.path}: {exc}")
 
@@ -97,6 +100,19 @@ class AccessCounts:
                     and isinstance(value[1], str)):
                 entries[key] = (value[0], value[1])
         return entries
+
+    def _entries(self) -> dict[str, tuple[int, str]]:
+        """The file's entries: the kept ones while the file is the one last read or written here."""
+        known = self._known
+        key = file_key(self.documents.local(self.name))
+        if known is not None and known[0] == key:
+            return known[1]
+        return self._remember(key, self._load())[1]
+
+    def _remember(self, key: FileKey | None, entries: dict[str, tuple[int, str]]
+                  ) -> tuple[FileKey | None, dict[str, tuple[int, str]], dict[str, int]]:
+        self._known = (key, entries, {block: used for block, (used, _) in entries.items()})
+        return self._known
 
     def _load(self) -> dict[str, tuple[int, str]]:
         """The file's entries; {} for a missing file, and for a corrupt one (logged once)."""
