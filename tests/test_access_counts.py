@@ -19,6 +19,7 @@ from picoclaw.memory.store import MemoryStore
 from picoclaw.policy_schema import MemoryPolicy
 from picoclaw.storage import FilesStorage
 from tests.stores import memory_store
+from tests.test_storage_documents import Backend, _open, backend  # noqa: F401 - the fixture, on both backends
 
 DAY = date(2025, 3, 10)
 MEMORY = ("# Memory\n\n## 2025-03-01\nMy cat is called Mimi.\n\n## 2025-03-02\n我的猫叫咪咪，是一只橘猫。\n\n"
@@ -57,6 +58,23 @@ def test_the_file_is_read_again_only_when_someone_else_changed_it(tmp_path: Path
     (tmp_path / ACCESS_COUNTS_FILE).write_text('{"version": 1, "blocks": {"tea 茶": [7, "2025-03-09"]}}')
     ours.record(["cat"], DAY)
     assert dict(ours.counts()) == {"tea 茶": 7, "cat": 1}
+
+
+def test_what_another_machine_counted_is_seen_after_our_own_writes(backend: Backend) -> None:  # noqa: F811
+    # On PostgreSQL each machine keeps its own copy of the file: ours must not stand for theirs once they wrote.
+    other = _open(backend.kind, backend.folder(1), backend.dsn)
+    try:
+        ours = AccessCounts(backend.root / "memory", storage=backend.storage)
+        theirs = AccessCounts(backend.folder(1) / "memory", storage=other)
+        ours.record(["猫", "cat"], DAY)
+        ours.record(["cat"], DAY)
+        assert dict(ours.counts()) == {"猫": 1, "cat": 2}
+        theirs.record(["猫", "tea 茶"], DAY)
+        assert dict(ours.counts()) == {"猫": 2, "cat": 2, "tea 茶": 1}
+        ours.record(["cat"], DAY)
+        assert dict(theirs.counts()) == {"猫": 2, "cat": 3, "tea 茶": 1}
+    finally:
+        other.close()
 
 
 @pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"version": 99, "blocks": {}}', b"\xff\xfe"])
