@@ -9,11 +9,12 @@ load
     ``--chats`` chats (50) each send ``--messages`` messages (10, English and Chinese in turn), each as soon as
     the answer to the previous one arrived (closed loop), after one warm-up message per chat that is not
     counted. Throughput = messages answered / wall time; latency = from the update being queued at the fake
-    Bot API to the answer's sendMessage arriving there; the workers' CPU per answer = the CPU time (user +
-    system, every thread, from /proc) the worker processes used over the timed part / messages answered:
-    steadier than throughput on a busy machine (N answers/s at C ms each keep N·C/1000 cores busy). Once
-    with 1 worker, once with 3, ``--runs`` times (3) each; the rows are medians, and the last column is
-    3 workers / 1 worker.
+    Bot API to the answer's sendMessage arriving there; CPU per answer = the CPU time (user + system, every
+    thread, from /proc) used over the timed part / messages answered, by the worker processes, by the
+    PostgreSQL server (when it runs here), by this process (the fakes and the pacer) and by the whole machine:
+    steadier than throughput on a busy machine (N answers/s at C ms each keep N·C/1000 cores busy, so the
+    machine's figure bounds what its cores can answer a second). Once with 1 worker, once with 3
+    (``--workers``), ``--runs`` times (3) each; the rows are medians, and the last column is 3 workers / 1.
 kill
     3 workers with a lease of ``--lease`` seconds (10; the default of channels.telegram.webhook is 30) under
     the same closed loop; once every chat has had an answer, one worker is SIGKILLed. Reported: how long
@@ -35,6 +36,7 @@ what one small machine does, not what a bot's workers on separate machines would
 
     python bench/workers.py                 # load and kill, ~4 minutes
     python bench/workers.py --part load --runs 1
+    python bench/workers.py --part load --workers 1 --runs 5   # one worker's throughput and CPU, ~3 minutes
     python bench/workers.py --part faults   # ~4 minutes
 """
 
@@ -55,6 +57,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -192,14 +195,62 @@ class ClosedLoop:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system, every thread) the process `pid` has used so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    """CPU time (user + system, every thread) the process `pid` has used so far, from /proc; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> float:
+    """CPU time the machine's cores have spent working so far (every process and the kernel), from /proc/stat."""
+    ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user, nice, system, idle, iowait, irq, softirq: steal (a virtual machine's neighbours) is not this machine's
+    return (sum(ticks[:7]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids(admin: str) -> list[int]:
+    """The PostgreSQL server's processes (postmaster and its children) when it runs on this machine, else []."""
+    try:
+        with psycopg.connect(admin) as conn:
+            row = conn.execute("SELECT setting FROM pg_settings WHERE name = 'data_directory'").fetchone()
+        postmaster = int((Path(row[0]) / "postmaster.pid").read_text().split()[0]) if row else 0
+    except (psycopg.Error, OSError, ValueError):
+        return []
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == postmaster:
+            children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+@dataclass(frozen=True)
+class CpuShares:
+    """CPU milliseconds per answer: the workers, PostgreSQL, this process (the fakes and the pacer), the machine."""
+
+    workers: float
+    postgres: float
+    bench: float
+    machine: float
+
+    @classmethod
+    def sample(cls, workers: Sequence[int], postgres: Sequence[int]) -> CpuShares:
+        """Seconds used so far by each (subtract two samples for a span)."""
+        return cls(sum(map(cpu_seconds, workers)), sum(map(cpu_seconds, postgres)), time.process_time(),
+                   machine_busy_seconds())
+
+    def per_answer(self, before: CpuShares, answers: int) -> CpuShares:
+        return CpuShares(*(1000 * (now - then) / answers for now, then in zip(astuple(self), astuple(before))))
+
+
 def load_run(admin: str, count: int, chats: Sequence[int], messages: int,
-             delay: float) -> tuple[float, float, float, float]:
-    """(answers/s, p50 ms, p95 ms, the workers' CPU ms per answer) of one closed-loop run on `count` workers."""
+             delay: float) -> tuple[float, float, float, CpuShares]:
+    """(answers/s, p50 ms, p95 ms, CPU ms per answer) of one closed-loop run on `count` workers."""
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-workers-") as tmp, fresh_database(admin) as dsn, \
             FakeTelegramServer() as telegram, FakeOpenAIServer() as model:
         model.responder = lambda body: Text(_echo(body), delay=delay)
@@ -211,15 +262,15 @@ def load_run(admin: str, count: int, chats: Sequence[int], messages: int,
             loop.start(0)  # message 0 of each chat warms up (first session, first connections); not counted
             while len([k for k in loop.answered if k[1] == 0]) < len(chats):
                 time.sleep(0.05)
-            pids = [process.pid for _, process in running.values()]
-            cpu_before = sum(map(cpu_seconds, pids))
+            pids, postgres = [process.pid for _, process in running.values()], server_pids(admin)
+            before = CpuShares.sample(pids, postgres)
             started = time.monotonic()
             loop.wait()
             wall = time.monotonic() - started
-            cpu = sum(map(cpu_seconds, pids)) - cpu_before
+            cpu = CpuShares.sample(pids, postgres)
             latencies = loop.latencies(since=1)
     return (len(latencies) / wall, statistics.median(latencies) * 1000, p95(latencies) * 1000,
-            1000 * cpu / len(latencies))
+            cpu.per_answer(before, len(latencies)))
 
 
 def kill_run(admin: str, chats: Sequence[int], lease: float, delay: float) -> list[float]:
@@ -397,6 +448,7 @@ def main() -> None:
     parser.add_argument("--model-delay", type=float, default=0.2)
     parser.add_argument("--lease", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 3], help="load: the worker counts (1 3)")
     parser.add_argument("--outage", type=float, default=20.0)
     parser.add_argument("--keep", type=Path, help="faults: copy each run's logs, inbox and timeline here")
     args = parser.parse_args()
@@ -406,20 +458,29 @@ def main() -> None:
         return
     with database() as admin:
         if args.part in ("all", "load"):
-            rows = {}
-            for count in (1, 3):
+            rows: dict[int, list[float]] = {}
+            for count in args.workers:
                 runs = [load_run(admin, count, chats, args.messages, args.model_delay) for _ in range(args.runs)]
-                rows[count] = tuple(statistics.median(run[i] for run in runs) for i in range(4))
+                columns = [[*run[:3], *astuple(run[3])] for run in runs]
+                rows[count] = [statistics.median(column[i] for column in columns) for i in range(len(columns[0]))]
                 for run in runs:
                     print(f"  {count} worker(s): {run[0]:.1f} answers/s, p50 {run[1]:.0f} ms, p95 {run[2]:.0f} ms, "
-                          f"CPU {run[3]:.1f} ms/answer", flush=True)
+                          f"CPU ms/answer: workers {run[3].workers:.1f}, PostgreSQL {run[3].postgres:.1f}, "
+                          f"fakes {run[3].bench:.1f}, machine {run[3].machine:.1f}", flush=True)
             print(f"\n{args.chats} chats × {args.messages} messages, closed loop, model {args.model_delay * 1000:.0f} "
-                  f"ms, median of {args.runs} runs\n")
-            print("| measure | 1 worker | 3 workers | 3 / 1 |\n|---|---|---|---|")
+                  f"ms, median of {args.runs} runs; {os.cpu_count()} cores = {1000 * (os.cpu_count() or 1):.0f} ms "
+                  f"of CPU a second\n")
+            first, last = args.workers[0], args.workers[-1]
+            ratio = f" {last} / {first} |" if len(rows) > 1 else ""
+            print("| measure |" + "".join(f" {count} worker(s) |" for count in rows) + ratio)
+            print("|---|" + "---|" * (len(rows) + (len(rows) > 1)))
             for i, name in enumerate(("answers/s", "latency p50 (ms)", "latency p95 (ms)",
-                                      "workers' CPU per answer (ms)")):
-                one, three = rows[1][i], rows[3][i]
-                print(f"| {name} | {one:.1f} | {three:.1f} | {three / one:.2f} |")
+                                      "workers' CPU per answer (ms)", "PostgreSQL's CPU per answer (ms)",
+                                      "the fakes' CPU per answer (ms)", "the machine's CPU per answer (ms)")):
+                cells = "".join(f" {row[i]:.1f} |" for row in rows.values())
+                if len(rows) > 1:
+                    cells += f" {rows[last][i] / rows[first][i] if rows[first][i] else float('nan'):.2f} |"
+                print(f"| {name} |{cells}")
         if args.part in ("all", "kill"):
             results = [kill_run(admin, chats, args.lease, args.model_delay) for _ in range(args.runs)]
             print(f"\n3 workers, one SIGKILLed under load, lease {args.lease:g} s: seconds from the kill to the "
