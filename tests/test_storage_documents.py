@@ -215,7 +215,7 @@ def test_a_server_gone_is_one_line_and_changes_nothing(postgres_dsn: str, tmp_pa
         with store.locked():
             store.append_long_term("Kept too: written before the server dropped us. 也保留。")
             with psycopg.connect(postgres_dsn, autocommit=True) as admin:
-                admin.execute("select pg_terminate_backend(pid) from pg_stat_activity "
+                admin.execute("select pg_terminate_backend(pid, 30000) from pg_stat_activity "
                               "where datname = current_database() and pid <> pg_backend_pid()")
         before = stored()
         assert "Kept too" in before.decode() and store.read_long_term() == before.decode()

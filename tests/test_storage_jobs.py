@@ -255,10 +255,11 @@ def test_a_server_gone_is_one_clear_error_and_the_rows_stay(tmp_path: Path, post
     try:
         jobs = jobs_at(tmp_path, storage)
         add_reminder(jobs, TEXTS[1], every=3600)
-        # Connections the server dropped (a restart) are replaced when the pool hands them out.
+        # Connections the server dropped (a restart) are replaced when the pool hands them out; the pool sees a
+        # dropped one by its closed socket, so each is waited for until it has ended.
         name = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
         with psycopg.connect(postgres_dsn, dbname="postgres", autocommit=True) as admin:
-            admin.execute("select pg_terminate_backend(pid) from pg_stat_activity where datname = %s "
+            admin.execute("select pg_terminate_backend(pid, 30000) from pg_stat_activity where datname = %s "
                           "and pid <> pg_backend_pid()", (name,))
         add_reminder(jobs, "Check the oven 看看烤箱", every=7200)
         before = stored_state("postgres", jobs, postgres_dsn)

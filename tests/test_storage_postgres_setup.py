@@ -1,13 +1,17 @@
-"""Opening the PostgreSQL backend: schema created once, a newer schema refused, a wrong DSN one clear line."""
+"""Opening the PostgreSQL backend: schema created once, a newer schema refused, a wrong DSN one clear line, and
+the pool's check of the connections it hands out."""
 
 from __future__ import annotations
 
+import select
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg_pool import ConnectionPool
 
 from picoclaw.storage import SchemaTooNew, StorageError, StorageUnavailable
+from picoclaw.storage.postgres.connection import open_pool
 from picoclaw.storage.postgres.schema import SCHEMA_VERSION, STEPS, ensure_schema
 from picoclaw.storage.postgres.storage import PostgresStorage
 
@@ -61,3 +65,32 @@ def test_a_wrong_password_names_host_and_port_but_not_the_password(postgres_dsn:
 def test_no_dsn_says_where_to_write_one(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="PICOCLAW_POSTGRES_DSN"):
         PostgresStorage(tmp_path, "")
+
+
+def test_the_pool_asks_the_server_only_about_a_connection_that_heard_from_it(
+        postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int] = []
+    check = ConnectionPool.check_connection
+
+    def counted(conn: psycopg.Connection) -> None:
+        asked.append(conn.info.backend_pid)
+        check(conn)
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", counted)
+    pool = open_pool(postgres_dsn, 2)  # one connection made; used one at a time, the pool keeps to it
+    try:
+        for _ in range(3):  # idle and quiet: handed out again without a round trip
+            with pool.connection() as conn:
+                kept, backend = conn, conn.info.backend_pid
+        assert asked == []
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            admin.execute("select pg_terminate_backend(%s, 30000)", (backend,))  # returns once it ended
+        poller = select.poll()
+        poller.register(kept.fileno(), select.POLLIN)
+        assert poller.poll(30_000), "the server's goodbye never arrived"
+        with pool.connection() as conn:  # the dead one was asked about, dropped, and replaced
+            assert conn.execute("select 1").fetchone() == (1,)
+            assert conn.info.backend_pid != backend
+        assert asked == [backend]
+    finally:
+        pool.close()

@@ -210,7 +210,7 @@ def test_a_server_gone_mid_write_is_one_line_and_the_transaction_is_undone(postg
     with pytest.raises(StorageUnavailable) as raised, log.lock():
         log.append(path, [{"type": "reflection", "through": 1}])
         with psycopg.connect(postgres_dsn, autocommit=True) as admin:
-            admin.execute("select pg_terminate_backend(pid) from pg_stat_activity "
+            admin.execute("select pg_terminate_backend(pid, 30000) from pg_stat_activity "
                           "where datname = current_database() and pid <> pg_backend_pid()")
         log.append(path, [{"type": "reflection", "through": 2}])
     assert "cannot be reached" in str(raised.value) and "\n" not in str(raised.value)

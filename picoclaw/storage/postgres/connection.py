@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import select
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -98,6 +99,24 @@ def _bound_lock_waits(setting: str, conn: psycopg.Connection) -> None:
     conn.execute("select set_config('lock_timeout', %s, false)", (setting,))
 
 
+def _check(conn: psycopg.Connection) -> None:
+    """The pool's check of a connection it hands out: a round trip only if the idle connection's socket has
+    something to read, as it has once the server closed it (a restart, a terminated backend)."""
+    from psycopg_pool import ConnectionPool
+
+    if conn.closed or _spoke(conn.fileno()):
+        ConnectionPool.check_connection(conn)
+
+
+def _spoke(fd: int) -> bool:
+    """Whether the socket `fd` can be read without waiting (data, an error or the peer's close)."""
+    if not hasattr(select, "poll"):  # Windows: no poll, and select's limits; always ask
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def open_pool(dsn: str, size: int, lock_wait: float = LOCK_WAIT_SECONDS) -> ConnectionPool:
     """A connection pool of up to `size` connections, its first connection made (or StorageUnavailable); each
     connection waits at most `lock_wait` s for any lock."""
@@ -110,11 +129,12 @@ def open_pool(dsn: str, size: int, lock_wait: float = LOCK_WAIT_SECONDS) -> Conn
                            "config.json or set PICOCLAW_POSTGRES_DSN")
     # min_size 1: one connection is made at once, so a wrong DSN fails here and not in the middle of a turn.
     # check: a connection the server closed while it sat idle (a restart, a failover) is replaced when handed
-    # out, instead of failing the lock or turn that took it.
+    # out, instead of failing the lock or turn that took it; `_check` spares the round trip otherwise (a worker
+    # takes a dozen connections an answer).
     for name in ("psycopg.pool", "psycopg"):
         logging.getLogger(name).addFilter(_NOISE)  # once: a filter already there is not added again
     pool = ConnectionPool(dsn, min_size=1, max_size=max(size, 2), open=False, name="picoclaw",
-                          check=ConnectionPool.check_connection, reconnect_timeout=RECONNECT_SECONDS,
+                          check=_check, reconnect_timeout=RECONNECT_SECONDS,
                           configure=partial(_bound_lock_waits, lock_timeout(lock_wait)),
                           kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_SECONDS})
     try:
