@@ -12,6 +12,7 @@ import pytest
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.memory.workspace import Workspace
+from picoclaw.transcripts.session_store import Session, SessionStore
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_ZH,
@@ -48,6 +49,37 @@ def test_restart_mid_conversation_keeps_the_session(home: Path, fake_openai: Fak
         "my name is 李雷", "re: my name is 李雷", "my locker is number 42", "re: my locker is number 42",
         "what is my locker? 我的柜子是几号？"]
     assert [r["id"] for r in records_of(App.open(home).workspace, "message")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_checks_after_a_reply_ask_storage_nothing_and_still_find_a_summary_due(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whether a summary or a reflection is due is first looked at on the session as this process just wrote it;
+    # only work found due reads it again, under its lock (on PostgreSQL each read is a round trip).
+    set_policy(workspace, session_summary_message_threshold=5)
+    fake_openai.responder = lambda body: SUMMARY_ZH if is_summary_request(body) else f"好的：{last_user(body)}"
+    reads: list[str] = []
+    refresh, jobs = SessionStore.refresh, AgentLoop._after_turn_jobs
+
+    def counted(self: SessionStore, session: Session) -> bool:
+        reads.append(session.key)
+        return refresh(self, session)
+
+    after_reply: list[int] = []
+
+    async def watched(self: AgentLoop, *args: Any) -> None:
+        before = len(reads)
+        await jobs(self, *args)
+        after_reply.append(len(reads) - before)
+
+    monkeypatch.setattr(SessionStore, "refresh", counted)
+    monkeypatch.setattr(AgentLoop, "_after_turn_jobs", watched)
+    chat(workspace, fake_openai, ["first 第一", "second 第二", "third 第三"])
+
+    assert after_reply[:2] == [0, 0]  # nothing due: no read
+    assert after_reply[2] >= 1  # the third turn passed the threshold: the summary read the session again
+    assert sum(map(is_summary_request, fake_openai.chat_requests())) == 1
+    chat(workspace, fake_openai, ["fourth 第四"])
+    assert summary_sent(turn_requests(fake_openai)[-1]) == SUMMARY_ZH
 
 
 def test_restart_after_a_summary_continues_from_the_summary(home: Path, fake_openai: FakeOpenAIServer) -> None:

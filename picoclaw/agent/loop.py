@@ -336,6 +336,12 @@ class AgentLoop:
             await asyncio.to_thread(self.sessions.refresh, session)
         return session
 
+    async def _as_last_seen(self, key: str) -> Session:
+        """The session as this process last read or wrote it, storage not asked (loaded if it left the cache): for
+        a first look whether background work is due, which that work looks at again, up to date, under its lock."""
+        session = self._loaded.get(key)
+        return session if session is not None else await self.session(key)
+
     def hold(self, key: str) -> AbstractAsyncContextManager[None]:
         """The lock that keeps one session's turns in order (`async with loop.hold(key):`)."""
         return self._locks.hold(key)
@@ -890,7 +896,7 @@ class AgentLoop:
         self._spawn(self.learner.learn_disliked(finished, self.last_requests.for_turn(finished)))
 
     async def _reflect_if_due(self, key: str) -> None:
-        if not reflection_due(self.workspace.policy.current(), await self.session(key)):
+        if not reflection_due(self.workspace.policy.current(), await self._as_last_seen(key)):
             return
         async with self._alone(f"reflection:{key}") as ours:
             if ours:  # looked at again, brought up to date: another worker may have just reflected on it
@@ -920,7 +926,8 @@ class AgentLoop:
     async def _summarize_if_needed(self, key: str, receipts: Receipts) -> None:
         # A summary already being written covers this turn's check too: no second notice, no second call.
         # So does a failed summary not long ago (see SummaryBackoff): no attempt, so no notice either.
-        session = await self.session(key)
+        # Storage is not asked here: what another process appended since is its own turn's to check.
+        session = await self._as_last_seen(key)
         backoff = self._summary_backoff.get(key)
         if backoff is not None and session.last_id < backoff.retry_at:
             return
