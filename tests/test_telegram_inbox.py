@@ -296,3 +296,43 @@ def test_a_claim_that_waited_for_a_finish_does_not_take_the_finished_update(post
         assert inbox.counts()["done"] == 1
     finally:
         storage.close()
+
+
+def test_a_store_and_a_finish_wake_the_workers_only_when_there_is_work_for_them(postgres_dsn: str,
+                                                                                 tmp_path: Path) -> None:
+    # A new update wakes every listening worker; a repeated one does not; a finish does when its chat has its next
+    # update waiting (now free to be taken), and not when the chat has nothing more.
+    import psycopg
+
+    storage = PostgresStorage(tmp_path, postgres_dsn)
+    inbox = storage.telegram_inbox(BOT)
+    channel = f"telegram_inbox_{BOT}"
+    try:
+        with psycopg.connect(postgres_dsn, autocommit=True) as listener, \
+                psycopg.connect(postgres_dsn, autocommit=True) as marker:
+            listener.execute(f'listen "{channel}"')
+
+            def wakes() -> int:
+                """The wake-ups sent since the last call: those that arrive before a mark sent now."""
+                marker.execute("select pg_notify(%s, 'mark')", (channel,))
+                count = 0
+                for note in listener.notifies(timeout=60):
+                    if note.payload == "mark":
+                        return count
+                    count += 1
+                raise AssertionError("the mark never arrived")
+
+            stored(inbox, (1, "甲"), (2, "甲"), (3, "chat b"))
+            assert wakes() == 3
+            assert not inbox.store(1, "甲", '{"update_id": 1, "text": "again 又一次"}') and wakes() == 0
+            assert ids(inbox.claim("w1", 30, 10)) == [1, 3]
+            inbox.finish("w1", 1)  # 甲's update 2 may be taken now
+            assert wakes() == 1
+            inbox.finish("w1", 3)  # chat b has nothing more
+            inbox.finish("w2", 2)  # not w2's: nothing finished, nobody woken
+            assert wakes() == 0
+            assert inbox.counts()["done"] == 2
+            assert ids(inbox.claim("w2", 30, 10)) == [2]
+    finally:
+        inbox.close()
+        storage.close()

@@ -86,6 +86,24 @@ CLAIM = f"""
 """
 
 
+# Each one statement (atomic without BEGIN and COMMIT, one round trip). A stored update wakes the listening workers
+# (pg_notify, sent at commit); a row comes back only when the update was new.
+STORE = """
+    with stored as (insert into telegram_inbox (bot, update_id, chat, body) values (%s, %s, %s, %s)
+                    on conflict do nothing returning 1)
+    select pg_notify(%s, '') from stored
+"""
+# A finished update wakes them when its chat has another waiting, which may be taken now, by any worker. The
+# statement's snapshot is from before its own update, so the finished row itself is left out by its id.
+FINISH = """
+    with done as (update telegram_inbox set done_at = now(), lease_until = null
+                  where bot = %(bot)s and update_id = %(update)s and worker = %(worker)s returning chat)
+    select pg_notify(%(channel)s, '') from done where exists (
+        select 1 from telegram_inbox waiting where waiting.bot = %(bot)s and waiting.chat = done.chat
+        and waiting.update_id <> %(update)s and waiting.done_at is null)
+"""
+
+
 class PostgresInbox:
     """One bot's inbox in the `telegram_inbox` table."""
 
@@ -105,13 +123,8 @@ class PostgresInbox:
         conn.execute("select pg_notify(%s, '')", (self.channel,))
 
     def store(self, update_id: int, chat: str, body: str) -> bool:
-        with self._transaction() as conn:
-            cursor = conn.execute("insert into telegram_inbox (bot, update_id, chat, body) values (%s, %s, %s, %s) "
-                                  "on conflict do nothing", (self.bot, update_id, chat, body))
-            if cursor.rowcount != 1:
-                return False
-            self._notify(conn)
-            return True
+        with self._statement() as conn:
+            return bool(conn.execute(STORE, (self.bot, update_id, chat, body, self.channel)).fetchall())
 
     def claim(self, worker: str, lease: float, limit: int) -> list[InboxUpdate]:
         with self._transaction() as conn:
@@ -137,14 +150,8 @@ class PostgresInbox:
                          (self.bot, update_id))
 
     def finish(self, worker: str, update_id: int) -> None:
-        with self._transaction() as conn:
-            row = conn.execute("update telegram_inbox set done_at = now(), lease_until = null "
-                               "where bot = %s and update_id = %s and worker = %s returning chat",
-                               (self.bot, update_id, worker)).fetchone()
-            if row is not None and conn.execute(
-                    "select exists (select 1 from telegram_inbox where bot = %s and chat = %s and done_at is null)",
-                    (self.bot, row[0])).fetchone() == (True,):
-                self._notify(conn)  # the chat's next update may be taken now, by any worker
+        with self._statement() as conn:
+            conn.execute(FINISH, {"bot": self.bot, "update": update_id, "worker": worker, "channel": self.channel})
 
     def prune(self) -> int:
         with self._transaction() as conn:
