@@ -168,6 +168,34 @@ def test_request_carries_model_temperature_max_tokens_and_tools(fake_openai: Fak
     assert fake_openai.requests[0].headers["authorization"] == f"Bearer {KEY}"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_the_body_is_compact_utf8_json_as_the_client_would_send_it(fake_openai: FakeOpenAIServer,
+                                                                     stream: bool) -> None:
+    """The provider encodes the body itself (orjson); the bytes are the client's own encoding's: compact, UTF-8,
+    keys in order; a number orjson refuses (past 64 bits, in a tool's schema) is sent all the same."""
+    huge: dict[str, Any] = json.loads(json.dumps(MEMORY_TOOL))
+    huge["function"]["parameters"] = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 2**64}}}
+    said = [{"role": "user", "content": "我住在杭州 🍵"}, {"role": "assistant", "content": "Noted: Hangzhou."},
+            {"role": "user", "content": "And the tea?"}]
+    provider = make_provider(fake_openai, temperature=0.25)
+
+    async def calls(p: OpenAICompatProvider) -> None:
+        for tools in ([MEMORY_TOOL], [huge]):
+            if stream:
+                await p.chat(said, tools, on_text=lambda piece: asyncio.sleep(0))
+            else:
+                await p.chat(said, tools)
+
+    run(provider, calls)
+    for request, tools in zip(fake_openai.requests, ([MEMORY_TOOL], [huge])):
+        sent = json.loads(request.raw)
+        assert request.raw == json.dumps(sent, ensure_ascii=False, separators=(",", ":")).encode()
+        assert "杭州 🍵".encode() in request.raw
+        assert list(sent)[-1] == "messages" and sent["messages"] == said and sent["tools"] == tools
+        assert sent["temperature"] == 0.25 and sent.get("stream", False) is stream
+        assert request.headers["content-type"] == "application/json"
+
+
 def test_a_tool_round_trip_is_accepted_by_a_strict_server(fake_openai: FakeOpenAIServer) -> None:
     fake_openai.reply_tool_calls([("memory_append", {"content": "likes tea"})])
     fake_openai.reply_text("Noted.")
