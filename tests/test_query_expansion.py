@@ -82,14 +82,16 @@ def test_added_terms_never_add_a_block_that_matches_none_of_the_query(tmp_path: 
     assert topic_only not in bodies(KeywordSearch(store).search(query, 50))
 
 
+@pytest.mark.parametrize("side", ["above", "below"])
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_a_block_next_to_the_added_terms_gains_its_neighbours_share(tmp_path: Path, lang: str) -> None:
+def test_a_block_next_to_the_added_terms_gains_its_neighbours_share(tmp_path: Path, lang: str, side: str) -> None:
     query, best, answer, topic_only, others = CASES[lang]
     twin = others[0]
     filler = FILLER[lang]
     # Two equal entries matching the query, each between entries that do not: only the first has the best
-    # hit's topic words next to it. On equal scores the later one would come first.
-    store = memory(tmp_path, [best, filler, *others[1:10], answer, filler, topic_only, twin, filler, *others[10:],
+    # hit's topic words next to it (above it or below). On equal scores the later one would come first.
+    near = [topic_only, twin, filler] if side == "above" else [filler, twin, topic_only]
+    store = memory(tmp_path, [best, filler, *others[1:10], answer, filler, *near, filler, *others[10:],
                               filler, twin, filler])
     twins = [hit.block.start_line for hit in KeywordSearch(store).search(query, 50) if hit.block.text.endswith(twin)]
     assert len(twins) == 2 and twins[0] < twins[1]

@@ -163,20 +163,18 @@ def _in_context(indexes: list[FileIndex], own: list[dict[int, float]], neighbour
     return found
 
 
-def _spread(indexes: list[FileIndex], own: list[dict[int, float]], neighbours: float) -> list[dict[int, float]]:
-    """What `own` adds to each block's score in context: its own part and its neighbours' shares."""
+def _added_in_context(context: list[dict[int, float]], own: list[dict[int, float]],
+                      neighbours: float) -> list[dict[int, float]]:
+    """Per file, each block of `context` with what `own` (another set of terms' scores) adds to its score in
+    context: its own part and `neighbours` × its adjacent blocks'. Only `context`'s blocks are looked at, not
+    every block `own` scores (query expansion's terms are common ones, held by many blocks that never match).
+    For whole files' indexes: `rank` expands no part of a large file, whose blocks are not all adjacent."""
     found: list[dict[int, float]] = []
-    for ix, scores in zip(indexes, own):
-        added = dict(scores)
-        if neighbours:
-            breaks, get = ix.breaks, added.get
-            for block, score in scores.items():
-                share = neighbours * score
-                if block + 1 not in breaks:
-                    added[block + 1] = get(block + 1, 0.0) + share
-                if block not in breaks:
-                    added[block - 1] = get(block - 1, 0.0) + share
-        found.append(added)
+    for scores, added in zip(context, own):
+        get = added.get
+        found.append({block: score + ((get(block, 0.0) + neighbours * get(block - 1, 0.0))
+                                      + neighbours * get(block + 1, 0.0))
+                      for block, score in scores.items()})
     return found
 
 
@@ -224,11 +222,10 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
         best = heapq.nlargest(FEEDBACK_BLOCKS, scored)
         extra = feedback_terms(frozenset(wanted_terms), [indexes[f].own_terms(b) for _, f, b in best],
                                _doc_freq_of(indexes), total_blocks)
-        more = _spread(indexes, _own_scores(indexes, extra, FEEDBACK_WEIGHT, total_blocks, avg_length), neighbours)
         # Only the blocks that match the query itself are ranked again: the added terms re-order, they
         # never add a hit (a neighbour's share still takes in its added terms' score).
-        context = [{b: score + added.get(b, 0.0) for b, score in scores.items()}
-                   for scores, added in zip(context, more)]
+        context = _added_in_context(context, _own_scores(indexes, extra, FEEDBACK_WEIGHT, total_blocks, avg_length),
+                                    neighbours)
         scored = _phrase_scored(indexes, context, wanted, limit)
     return [Hit(indexes[f].blocks[b], s) for s, f, b in heapq.nlargest(limit, scored)]
 
