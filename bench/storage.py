@@ -42,13 +42,12 @@ for folder in (REPO, REPO / "bench"):  # run as `python bench/storage.py` withou
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
-from turn import RunTimes, one_run, p95  # noqa: E402
+from turn import RunTimes, model_server, one_run, p95  # noqa: E402
 
 from picoclaw.app import App  # noqa: E402
 from picoclaw.memory.entries import long_term_entries  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.storage import export_workspace  # noqa: E402
-from tests.fakes import FakeOpenAIServer  # noqa: E402
 from tests.fakes.postgres import TEST_DSN_ENV, embedded_server, fresh_database  # noqa: E402
 
 WRITERS = 3
@@ -135,8 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with server() as admin:
         for run in range(args.runs):
             for backend in ("files", "postgres"):
-                with fresh_database(admin) as dsn, FakeOpenAIServer() as fake:
-                    turns[backend].append(asyncio.run(one_run(fake, args.turns, storage_block(backend, dsn))))
+                with fresh_database(admin) as dsn, model_server() as base_url:
+                    turns[backend].append(asyncio.run(one_run(base_url, args.turns, storage_block(backend, dsn))))
                 with fresh_database(admin) as dsn:
                     appends[backend].append(append_run(backend, dsn, args.appends))
             print(f"run {run + 1}/{args.runs} done", file=sys.stderr)

@@ -5,7 +5,8 @@ What is measured
     A temporary home is onboarded; MEMORY.md gets 10,000 synthetic ``## YYYY-MM-DD`` entries (the
     generator of ``bench/retrieval.py``: half Chinese, half English, seeded) and the session a history of
     200 messages (100 user/assistant pairs, English and Chinese). The fake OpenAI-compatible server of the
-    tests (``tests/fakes``, a real aiohttp server on 127.0.0.1) answers every request at once with "ok".
+    tests (``tests/fakes``, a real aiohttp server on 127.0.0.1, in a child process as a model server is)
+    answers every request at once with "ok".
     Summaries, compression and reflection are kept from firing (thresholds at their maximum, evolution
     off) so that every turn does the same work.
 
@@ -33,11 +34,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,13 +57,12 @@ from retrieval import QUERIES, synthetic_memory  # noqa: E402
 
 from picoclaw.agent.loop import AgentLoop  # noqa: E402
 from picoclaw.app import App  # noqa: E402
-from picoclaw.transcripts.session_store import StoredMessage  # noqa: E402
 from picoclaw.memory.workspace import Workspace  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.base import Message  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402
 from picoclaw.tools.registry import build_tools  # noqa: E402
-from tests.fakes import FakeOpenAIServer  # noqa: E402
+from picoclaw.transcripts.session_store import StoredMessage  # noqa: E402
 
 SESSION = "cli:bench"
 MEMORY_BLOCKS = 10_000
@@ -115,17 +118,44 @@ def history() -> list[Message]:
             messages += [{"role": "user", "content": f"第 {i} 个问题：明天杭州的天气怎么样？要带伞吗？"},
                          {"role": "assistant", "content": f"第 {i} 个回答：可能有小雨，建议带伞。"}]
         else:
-            messages += [{"role": "user", "content": f"Question {i}: can you remind me what we decided about the deploy?"},
-                         {"role": "assistant", "content": f"Answer {i}: we deploy on Thursdays after the review."}]
+            messages += [
+                {"role": "user", "content": f"Question {i}: can you remind me what we decided about the deploy?"},
+                {"role": "assistant", "content": f"Answer {i}: we deploy on Thursdays after the review."}]
     return messages
 
 
-async def one_run(server: FakeOpenAIServer, turns: int, storage: dict[str, Any] | None = None) -> RunTimes:
+@contextmanager
+def model_server() -> Iterator[str]:
+    """The fake OpenAI-compatible server in a child process, as a model server is; yields its base URL.
+
+    Not a thread of this process: its reading of each request (a 200-message one is ~30 KB of JSON) would take
+    the GIL the turn is timed on, which no real model server does."""
+    code = ("import sys; from tests.fakes import FakeOpenAIServer; server = FakeOpenAIServer().start(); "
+            "print(server.base_url, flush=True); sys.stdin.read()")  # serves until the bench closes stdin
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             cwd=REPO, env=env, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        base_url = child.stdout.readline().strip()
+        if not base_url:
+            raise RuntimeError("the fake model server did not start")
+        yield base_url
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+async def one_run(base_url: str, turns: int, storage: dict[str, Any] | None = None) -> RunTimes:
+    """`turns` timed turns against the model server at `base_url`, in a fresh home."""
     times = RunTimes([], [], [])
     with tempfile.TemporaryDirectory(prefix="picoclaw-bench-turn-") as tmp:
-        workspace = prepare_home(Path(tmp) / "home", server.base_url, storage)
+        workspace = prepare_home(Path(tmp) / "home", base_url, storage)
         defaults = workspace.config.agents.defaults
-        async with OpenAICompatProvider(name="openai", api_base=server.base_url, api_key="sk-bench",
+        async with OpenAICompatProvider(name="openai", api_base=base_url, api_key="sk-bench",
                                         defaults=defaults, timeout=10.0, max_retries=0) as provider:
             loop = AgentLoop(workspace, provider, build_tools(workspace))
             loop.sessions.append_messages(await loop.session(SESSION), [StoredMessage(0, m) for m in history()])
@@ -142,9 +172,10 @@ async def one_run(server: FakeOpenAIServer, turns: int, storage: dict[str, Any] 
                 times.turn.append(1000 * (time.perf_counter() - t0))
                 await loop.wait_background()
 
-                sent = server.chat_requests()[-1]
+                shown = loop.shown_requests.get(SESSION)  # the turn's request as it was sent
+                assert shown is not None
                 t0 = time.perf_counter()
-                await provider.chat(sent["messages"], sent.get("tools"))
+                await provider.chat(list(shown.prefix.messages), list(shown.prefix.tools) or None)
                 times.payload.append(1000 * (time.perf_counter() - t0))
             assert len((await loop.session(SESSION)).active()) == HISTORY_MESSAGES + 2 * (turns + 1), "a summary fired"
     return times
@@ -179,8 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     runs = []
     for i in range(args.runs):
-        with FakeOpenAIServer() as server:
-            runs.append(asyncio.run(one_run(server, args.turns)))
+        with model_server() as base_url:
+            runs.append(asyncio.run(one_run(base_url, args.turns)))
         print(f"run {i + 1}/{args.runs} done", file=sys.stderr)
     print_table(runs)
     return 0
