@@ -268,6 +268,22 @@ def test_relevant_history_fallback_zero_sends_no_history(workspace: Workspace, f
     assert [m["role"] for m in sent] == ["user"] and contents(sent) == ["xyzzy 咕噜"]
 
 
+@pytest.mark.parametrize("text, block", [
+    ("What did I say about the deploy?", "<context>\n- Deploy on Thursdays.\n</context>"),
+    ("我上次说部署什么时候？", "<context>\n- 周四部署。\n</context>")])
+def test_a_stored_message_is_joined_to_its_data_block_once_and_again_when_either_changes(text: str,
+                                                                                         block: str) -> None:
+    stored = StoredMessage(1, {"role": "user", "content": text}, context=block)
+
+    sent = stored.as_sent()
+    assert sent == {"role": "user", "content": f"{block}\n\n{text}"}
+    assert stored.as_sent() is sent  # every turn sends the history again: not joined anew
+    stored.context = block.replace("</context>", "- 2\n</context>")
+    assert stored.as_sent()["content"] == f"{stored.context}\n\n{text}"
+    stored.message = {"role": "user", "content": text + "!"}
+    assert stored.as_sent()["content"] == f"{stored.context}\n\n{text}!"
+
+
 def test_relevant_turn_never_starts_with_an_orphaned_tool_result(workspace: Workspace) -> None:
     call = {"role": "assistant", "content": "",
             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}}]}

@@ -78,6 +78,9 @@ class StoredMessage:
     why: dict[str, Any] | None = None  # a user message: what memory it carried and why (InjectedMemory.explained)
     # Its tokens as sent, counted once by the prompt budget (agent/budget.py); never stored in the file.
     tokens: int | None = field(default=None, repr=False, compare=False)
+    # `as_sent` of a message with a data block, with the message and block it was made of: every turn sends the
+    # whole history again, and joining each block to its text anew copied it all.
+    _sent: tuple[Message, str, Message] | None = field(default=None, init=False, repr=False, compare=False)
 
     def mark_undelivered(self, reason: str) -> None:
         """Note in this message that it never reached the user (its record in the file stays as it was)."""
@@ -92,7 +95,12 @@ class StoredMessage:
     def as_sent(self) -> Message:
         """The message as the model is sent it: a user message with its data block in front of the text."""
         if self.context:
-            return {**self.message, "content": with_context(self.context, str(self.message.get("content") or ""))}
+            made = self._sent
+            if made is not None and made[0] is self.message and made[1] is self.context:
+                return made[2]
+            sent = {**self.message, "content": with_context(self.context, str(self.message.get("content") or ""))}
+            self._sent = (self.message, self.context, sent)
+            return sent
         if self.message.get("content") is None:
             return {**self.message, "content": ""}  # older files; llama.cpp's server refuses null content
         return self.message
