@@ -68,11 +68,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from picoclaw.agent.cache_prefix import LastRequests  # noqa: E402
-from picoclaw.curation.lesson_drafting import LESSON_INSTRUCTIONS, LESSON_ROLE  # noqa: E402
-from picoclaw.curation.session_summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK  # noqa: E402
 from picoclaw.app import App  # noqa: E402
 from picoclaw.config import Config, load_config  # noqa: E402
 from picoclaw.curation.flush import FLUSH_INSTRUCTIONS, FLUSH_ROLE  # noqa: E402
+from picoclaw.curation.lesson_drafting import LESSON_INSTRUCTIONS, LESSON_ROLE  # noqa: E402
+from picoclaw.curation.session_summary import SUMMARY_INSTRUCTIONS, SUMMARY_TASK  # noqa: E402
 from picoclaw.onboard import onboard  # noqa: E402
 from picoclaw.providers.base import BETWEEN_TURNS  # noqa: E402
 from picoclaw.providers.openai_compat import OpenAICompatProvider  # noqa: E402

@@ -27,11 +27,11 @@ What is measured
     N chunks (default 10,000 and 100,000) as daily notes of 100 entries each, so that "one changed file"
     means what it does for a user: one day's note. Timed, median over ``--reps`` runs of the query set:
     ``MemoryIndex.search_async(q, 10)`` (in one event loop, as a turn searches) keyword-only (FTS5) and
-    hybrid, where the hybrid's vectors come from a deterministic hash embedder (384 dimensions, like all-MiniLM-L6-v2) so the numbers are the index's
-    own cost (SQLite, numpy, the sync check before every search) and not a model's; a real model adds its
-    own time to embed the query. Also timed: building the index from nothing (keyword-only, and hybrid
-    with the hash embedder), and the sync after one entry is appended to one day's note through the store
-    (median of ``--reps`` appends; the changed chunk is the only one embedded).
+    hybrid, where the hybrid's vectors come from a deterministic hash embedder (384 dimensions, like
+    all-MiniLM-L6-v2) so the numbers are the index's own cost (SQLite, numpy, the sync check before every
+    search) and not a model's; a real model adds its own time to embed the query. Also timed: building the index
+    from nothing (keyword-only, and hybrid with the hash embedder), and the sync after one entry is appended to
+    one day's note through the store (median of ``--reps`` appends; the changed chunk is the only one embedded).
 
 Run (from the repository root):
     python bench/retrieval.py
@@ -105,13 +105,14 @@ ZH_PEOPLE = """张伟 王芳 李娜 刘洋 陈静 杨磊 赵敏 黄勇 周杰 �
 梁宇 宋佳 郑凯 谢晨 韩雪 唐亮 冯涛 董洁 萧然 程远""".split()
 EN_PLACES = """Lisbon Tokyo Berlin Nairobi Montreal Oslo Seoul Lima Prague Dublin Austin Porto Kyoto Vienna
 Melbourne Reykjavik Marrakesh Hanoi Zurich Denver""".split()
-ZH_PLACES = """成都 杭州 西安 厦门 青岛 大理 苏州 南京 重庆 长沙 昆明 哈尔滨 桂林 拉萨 深圳 武汉 天津 三亚 丽江 洛阳""".split()
+ZH_PLACES = """成都 杭州 西安 厦门 青岛 大理 苏州 南京 重庆 长沙
+昆明 哈尔滨 桂林 拉萨 深圳 武汉 天津 三亚 丽江 洛阳""".split()
 ADJ = """Silver Amber Crimson Quiet Rapid Hidden Northern Golden Iron Velvet Electric Frozen Lunar Copper Wild
 Hollow Bright Misty Solar Cobalt""".split()
 ANIMALS = """Falcon Otter Badger Heron Lynx Panda Marlin Raven Bison Gecko Puffin Walrus Jackal Moose Ibis
 Koala Narwhal Osprey Tapir Yak""".split()
-ZH_PROJECTS = """支付网关 会员系统 推荐引擎 数据中台 风控平台 客服机器人 搜索服务 日志平台 订单中心 消息队列 监控告警 报表系统
-权限中心 营销活动 物流跟踪 库存管理 内容审核 用户画像 计费系统 灰度发布""".split()
+ZH_PROJECTS = """支付网关 会员系统 推荐引擎 数据中台 风控平台 客服机器人 搜索服务 日志平台
+订单中心 消息队列 监控告警 报表系统 权限中心 营销活动 物流跟踪 库存管理 内容审核 用户画像 计费系统 灰度发布""".split()
 TOOLS = """Jenkins GitLab Terraform Ansible Grafana Prometheus Kafka RabbitMQ PostgreSQL MySQL Redis MongoDB
 Elasticsearch ClickHouse Airflow Docker Kubernetes Nginx Envoy Sentry Vault Consul Spark Flink Celery
 FastAPI Django React Svelte Webpack""".split()
@@ -198,7 +199,8 @@ def chinese_entry(rng: random.Random) -> str:
     p, q = rng.sample(ZH_PEOPLE, 2)
     kind = rng.randrange(10)
     if kind == 0:
-        return f"{rng.choice(ZH_PROJECTS)}项目的截止日期是 {rng.randint(1, 12)} 月 {rng.randint(1, 28)} 日，{p}负责发布说明。"
+        return (f"{rng.choice(ZH_PROJECTS)}项目的截止日期是 {rng.randint(1, 12)} 月 {rng.randint(1, 28)} 日，"
+                f"{p}负责发布说明。")
     if kind == 1:
         new, old = rng.sample(TOOLS, 2)
         return f"{p}建议用 {new} 替代 {old}，理由是{rng.choice(REASONS_ZH)}。"

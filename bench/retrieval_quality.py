@@ -520,7 +520,8 @@ def standing_search(ws: Workspace, blocks: list[Block]) -> RerankedSearch:
     """The keyword search as the runtime wraps it (memory/search/reranking.py), with the default policy."""
     days = [day for day in map(block_date, blocks) if day is not None]
     day = max(days) + timedelta(days=1) if days else date.today()
-    return RerankedSearch(KeywordSearch(ws.store), StoreOnDay(ws.store.memory_dir, UTC, day, ws.store.storage), MemoryPolicy)
+    on_day = StoreOnDay(ws.store.memory_dir, UTC, day, ws.store.storage)
+    return RerankedSearch(KeywordSearch(ws.store), on_day, MemoryPolicy)
 
 
 def rank_all(mode: str, layout: str, ws: Workspace, blocks: list[Block], questions: list[Question],

@@ -21,8 +21,10 @@ What is measured
 
     overhead = turn − bare round trip (the issue's measure); compute = turn − same-payload round trip
     (what picoclaw itself spends: context, retrieval, session write). The background work after each
-    turn is awaited outside the timed region. ``--runs`` runs (default 3) each use a fresh home; the
-    table shows each run's median and p95 and, last, the median over the runs.
+    turn is awaited outside the timed region. The CPU rows are this process's CPU time (all its threads:
+    the search runs in a worker thread) over the same spans: steadier than wall time on a busy machine.
+    ``--runs`` runs (default 3) each use a fresh home; the table shows each run's median and p95 and,
+    last, the median over the runs.
 
 Run (from the repository root):
     python bench/turn.py
@@ -42,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,8 @@ class RunTimes:
     turn: list[float]
     bare: list[float]
     payload: list[float]
+    turn_cpu: list[float] = field(default_factory=list)  # CPU time of this process (every thread) in the turn
+    bare_cpu: list[float] = field(default_factory=list)
 
     def overhead(self) -> list[float]:
         return [t - b for t, b in zip(self.turn, self.bare)]
@@ -163,13 +167,15 @@ async def one_run(base_url: str, turns: int, storage: dict[str, Any] | None = No
             await loop.handle(SESSION, "warm up")  # builds the retrieval index and opens the connection
             await loop.wait_background()
             for i in range(turns):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 await provider.chat(ping)
                 times.bare.append(1000 * (time.perf_counter() - t0))
+                times.bare_cpu.append(1000 * (time.process_time() - c0))
 
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 await loop.handle(SESSION, QUERIES[i % len(QUERIES)])
                 times.turn.append(1000 * (time.perf_counter() - t0))
+                times.turn_cpu.append(1000 * (time.process_time() - c0))
                 await loop.wait_background()
 
                 shown = loop.shown_requests.get(SESSION)  # the turn's request as it was sent
@@ -184,7 +190,8 @@ async def one_run(base_url: str, turns: int, storage: dict[str, Any] | None = No
 def print_table(runs: list[RunTimes]) -> None:
     rows = [("bare round trip", [r.bare for r in runs]), ("same-payload round trip", [r.payload for r in runs]),
             ("whole turn", [r.turn for r in runs]), ("overhead = turn − bare", [r.overhead() for r in runs]),
-            ("compute = turn − same payload", [r.compute() for r in runs])]
+            ("compute = turn − same payload", [r.compute() for r in runs]),
+            ("CPU: bare round trip", [r.bare_cpu for r in runs]), ("CPU: whole turn", [r.turn_cpu for r in runs])]
     runs_header = " | ".join(f"run {i + 1} median / p95" for i in range(len(runs)))
     print(f"| {'ms per turn':<29} | {runs_header} | median of runs (median / p95) |")
     print("|" + "|".join("-" * (len(c) + 2) for c in ["x" * 29, *runs_header.split(" | "), "x" * 29]) + "|")
