@@ -187,7 +187,9 @@ def test_the_body_is_compact_utf8_json_as_the_client_would_send_it(fake_openai: 
                 await p.chat(said, tools)
 
     run(provider, calls)
-    for request, tools in zip(fake_openai.requests, ([MEMORY_TOOL], [huge])):
+    chats = [request for request in fake_openai.requests if request.path.endswith("/chat/completions")]
+    assert len(chats) == 2
+    for request, tools in zip(chats, ([MEMORY_TOOL], [huge])):
         sent = json.loads(request.raw)
         assert request.raw == json.dumps(sent, ensure_ascii=False, separators=(",", ":")).encode()
         assert "杭州 🍵".encode() in request.raw

@@ -294,8 +294,7 @@ class OpenAICompatProvider:
         streamed = {key: value for key, value in body.items() if key != "messages"}
         streamed.update(stream=True, stream_options={"include_usage": True}, messages=body["messages"])
         stream = await self._client.post("/chat/completions", content=request_json(streamed), cast_to=ChatCompletion,
-                                         stream=True,
-                                         stream_cls=openai.AsyncStream[ChatCompletionChunk])
+                                         stream=True, stream_cls=openai.AsyncStream[ChatCompletionChunk])
         async with stream:
             state.answering = True
             content_type = stream.response.headers.get("content-type", "")
