@@ -6,6 +6,9 @@ A matching block's score also takes in a share of its adjacent blocks' scores in
 "Paris, in May"). A block holding the query (or a quoted part of it) verbatim gets PHRASE_BONUS more.
 The keyword search then ranks the matching blocks again with the query expanded by terms of its best hits
 (`rank(..., feedback=True)`, query_expansion.py).
+
+The sums are made per posting in dicts (`DictScores`), or in numpy arrays (array_scores.py, which the keyword
+search picks for a large corpus): the same numbers in the same order, so the same ranking.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Protocol
 
 from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.query_expansion import FEEDBACK_BLOCKS, FEEDBACK_MIN_BLOCKS, FEEDBACK_WEIGHT, feedback_terms
@@ -28,7 +32,7 @@ PHRASE_BONUS = 0.5  # relative boost for a block containing the query (or a quot
 # are best for both layouts (bench/retrieval_quality.py); from 0.4 up neighbours start to outrank the match.
 NEIGHBOUR_WEIGHT = 0.25
 _OWN_TERMS_KEPT = 256  # blocks whose terms a FileIndex keeps for query expansion: the hits of recent queries
-_PARTS_KEPT = 8192  # (term, weight) entries a FileIndex keeps: recent queries' terms and their added ones
+PARTS_KEPT = 8192  # (term, weight) entries a FileIndex keeps: recent queries' terms and their added ones
 
 
 @dataclass
@@ -53,10 +57,12 @@ class FileIndex:
     _parts_average: float = 0.0
     _positions: dict[tuple[int, int], int] | None = field(default=None, repr=False)
     _own_terms: dict[int, Counter[str]] = field(default_factory=dict, repr=False)
+    searches: int = field(default=0, repr=False)  # how often a keyword search ranked this index
+    arrays: object | None = field(default=None, repr=False)  # array_scores.TermArrays, once arrays score it
 
     def weighted_parts(self, term: str, average: float, weight: float) -> list[tuple[int, float]]:
         """(block, weight · tf·(K1+1) / (tf + K1·(1 − B + B·length/average))) for every block holding `term`."""
-        if average != self._parts_average or len(self._parts) >= _PARTS_KEPT:
+        if average != self._parts_average or len(self._parts) >= PARTS_KEPT:
             self._parts.clear()
             self._parts_average = average
         parts = self._parts.get((term, weight))
@@ -122,14 +128,18 @@ def _doc_freq_of(indexes: list[FileIndex]) -> Callable[[str], int]:
     return lambda term: _doc_freq(indexes, term)
 
 
-def _own_scores(indexes: list[FileIndex], words: Iterable[str], weight: float, total_blocks: int,
-                avg_length: float) -> list[dict[int, float]]:
-    """Per file, the BM25 score of every block holding one of the terms `words` (each `weight`), by block."""
+def _idf(indexes: list[FileIndex], words: Iterable[str], weight: float, total_blocks: int) -> dict[str, float]:
+    """Each of `words` that some block holds, with its inverse document frequency times `weight`."""
     idf = {}
     for term in words:
         df = _doc_freq(indexes, term)
         if df:
             idf[term] = weight * math.log(1 + (total_blocks - df + 0.5) / (df + 0.5))
+    return idf
+
+
+def _own_scores(indexes: list[FileIndex], idf: dict[str, float], avg_length: float) -> list[dict[int, float]]:
+    """Per file, the BM25 score of every block holding one of the terms of `idf`, by block."""
     found: list[dict[int, float]] = []
     for ix in indexes:
         scores: dict[int, float] = {}
@@ -178,6 +188,14 @@ def _added_in_context(context: list[dict[int, float]], own: list[dict[int, float
     return found
 
 
+def holds_phrase(wanted: list[str]) -> Callable[[str], bool]:
+    """Whether a block's normalized text holds one of the phrases `wanted` (usually one: the query)."""
+    if len(wanted) == 1:
+        phrase = wanted[0]
+        return lambda text: phrase in text
+    return lambda text: any(phrase in text for phrase in wanted)
+
+
 def _phrase_scored(indexes: list[FileIndex], context: list[dict[int, float]], wanted: list[str],
                    limit: int) -> list[tuple[float, int, int]]:
     """(score, file, block) of the blocks of `context` that may be among the best `limit` once a phrase hit
@@ -188,26 +206,59 @@ def _phrase_scored(indexes: list[FileIndex], context: list[dict[int, float]], wa
     best = heapq.nlargest(limit, scores)
     floor = best[-1] if len(best) >= limit else 0.0
     bonus = 1 + PHRASE_BONUS
+    holds = holds_phrase(wanted)
     scored: list[tuple[float, int, int]] = []
     for file_number, blocks in enumerate(context):
         normalized = indexes[file_number].normalized
         for block_number, score in [(b, s) for b, s in blocks.items() if s * bonus >= floor]:
-            if any(phrase in normalized[block_number] for phrase in wanted):
-                score *= bonus
             # On equal scores the later block wins: newer memories are likelier to be current.
-            scored.append((score, file_number, block_number))
+            scored.append((score * bonus if holds(normalized[block_number]) else score, file_number, block_number))
     return scored
 
 
+class BlockScores(Protocol):
+    """One query's scores over the blocks of `rank`'s indexes: the matching blocks' BM25 in context."""
+
+    def match(self, idf: dict[str, float]) -> None:
+        """Score the blocks holding a term of `idf` (each with its weight), each with its neighbours' share."""
+
+    def add(self, idf: dict[str, float]) -> None:
+        """Add to each matching block what the terms of `idf` give it in context; no block starts to match."""
+
+    def scored(self, wanted: list[str], limit: int) -> list[tuple[float, int, int]]:
+        """(score, file, block) of the matching blocks that may be among the best `limit`, phrase bonus given."""
+
+
+class DictScores:
+    """BlockScores in a dict per file: one lookup per posting, nothing to set up."""
+
+    def __init__(self, indexes: list[FileIndex], avg_length: float, neighbours: float):
+        self.indexes, self.avg_length, self.neighbours = indexes, avg_length, neighbours
+        self.context: list[dict[int, float]] = []
+
+    def match(self, idf: dict[str, float]) -> None:
+        self.context = _in_context(self.indexes, _own_scores(self.indexes, idf, self.avg_length), self.neighbours)
+
+    def add(self, idf: dict[str, float]) -> None:
+        self.context = _added_in_context(self.context, _own_scores(self.indexes, idf, self.avg_length),
+                                         self.neighbours)
+
+    def scored(self, wanted: list[str], limit: int) -> list[tuple[float, int, int]]:
+        return _phrase_scored(self.indexes, self.context, wanted, limit)
+
+
+ScoresKind = Callable[[list[FileIndex], float, float], BlockScores]  # (indexes, average length, neighbours)
+
+
 def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float = 0.0,
-         feedback: bool = False) -> list[Hit]:
+         feedback: bool = False, scores: ScoresKind = DictScores) -> list[Hit]:
     """BM25 over all blocks of `indexes` as one corpus, plus a bonus for an exact phrase hit; with
     `neighbours`, each matching block also gets that share of its adjacent blocks' scores (a block that
     matches nothing itself is never returned: in MEMORY.md the entry next to a match is often unrelated).
 
     With `feedback`, the matching blocks are ranked again with the query expanded by terms of its best
     FEEDBACK_BLOCKS hits (query_expansion.py); not over part of a large MEMORY.md, whose index lacks them,
-    nor over fewer than FEEDBACK_MIN_BLOCKS blocks.
+    nor over fewer than FEEDBACK_MIN_BLOCKS blocks. `scores`: what the sums are made in (the ranking is the same).
     """
     wanted_terms = query_terms(query)
     total_blocks = sum(ix.total_blocks or len(ix.blocks) for ix in indexes)
@@ -216,17 +267,17 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
     avg_length = (sum(ix.total_length for ix in indexes) / total_blocks) or 1.0
     wanted = phrases(query)
     feedback = feedback and total_blocks >= FEEDBACK_MIN_BLOCKS and all(ix.doc_freqs is None for ix in indexes)
-    context = _in_context(indexes, _own_scores(indexes, wanted_terms, 1.0, total_blocks, avg_length), neighbours)
-    scored = _phrase_scored(indexes, context, wanted, max(limit, FEEDBACK_BLOCKS) if feedback else limit)
+    sums = scores(indexes, avg_length, neighbours)
+    sums.match(_idf(indexes, wanted_terms, 1.0, total_blocks))
+    scored = sums.scored(wanted, max(limit, FEEDBACK_BLOCKS) if feedback else limit)
     if feedback and scored:
         best = heapq.nlargest(FEEDBACK_BLOCKS, scored)
         extra = feedback_terms(frozenset(wanted_terms), [indexes[f].own_terms(b) for _, f, b in best],
                                _doc_freq_of(indexes), total_blocks)
         # Only the blocks that match the query itself are ranked again: the added terms re-order, they
         # never add a hit (a neighbour's share still takes in its added terms' score).
-        context = _added_in_context(context, _own_scores(indexes, extra, FEEDBACK_WEIGHT, total_blocks, avg_length),
-                                    neighbours)
-        scored = _phrase_scored(indexes, context, wanted, limit)
+        sums.add(_idf(indexes, extra, FEEDBACK_WEIGHT, total_blocks))
+        scored = sums.scored(wanted, limit)
     return [Hit(indexes[f].blocks[b], s) for s, f, b in heapq.nlargest(limit, scored)]
 
 

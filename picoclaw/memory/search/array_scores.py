@@ -1,0 +1,109 @@
+"""BlockScores in numpy arrays, one per file: what bm25.py's dicts do per posting, done per term.
+
+Every sum is the dicts' own, term by term in the same order (0.0 + x is x; a block's neighbours are added
+before their share is taken, as there), so each score is the same float and the ranking the same: only the
+speed differs. The keyword search ranks in them a corpus large enough to gain from it (keyword.ARRAYS_FROM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from picoclaw.memory.search.bm25 import K1, PARTS_KEPT, PHRASE_BONUS, B, FileIndex, holds_phrase
+
+Floats = npt.NDArray[np.float64]
+Numbers = npt.NDArray[np.intp]
+
+
+@dataclass
+class TermArrays:
+    """A FileIndex's postings as arrays, per term asked for so far. Block n is at n + 1 in them: a score array
+    has a 0 at either end, so every block has two neighbours to take a share of."""
+
+    lengths: Floats  # each block's length, at n + 1
+    postings: dict[str, tuple[Numbers, Floats]] = field(default_factory=dict)
+    # Per term and weight, each posting's share of BM25 for the average length `parts_average` (as
+    # FileIndex.weighted_parts keeps them), so a warm query does one addition per term.
+    parts: dict[tuple[str, float], tuple[Numbers, Floats]] = field(default_factory=dict)
+    parts_average: float = 0.0
+
+    @classmethod
+    def of(cls, index: FileIndex) -> TermArrays:
+        if not isinstance(index.arrays, cls):
+            index.arrays = cls(np.array([0, *index.lengths, 0], dtype=np.float64))
+        return index.arrays
+
+    def holding(self, index: FileIndex, term: str) -> tuple[Numbers, Floats]:
+        """Where the blocks holding `term` are (n + 1), ascending, and how often each holds it."""
+        found = self.postings.get(term)
+        if found is None:
+            if len(self.postings) >= PARTS_KEPT:
+                self.postings.clear()
+            pairs = index.postings.get(term, ())
+            found = self.postings[term] = (np.array([block + 1 for block, _ in pairs], dtype=np.intp),
+                                           np.array([tf for _, tf in pairs], dtype=np.float64))
+        return found
+
+    def weighted_parts(self, index: FileIndex, term: str, average: float, weight: float) -> tuple[Numbers, Floats]:
+        """FileIndex.weighted_parts as arrays: where the blocks holding `term` are, and each one's share."""
+        if average != self.parts_average or len(self.parts) >= PARTS_KEPT:
+            self.parts.clear()
+            self.parts_average = average
+        found = self.parts.get((term, weight))
+        if found is None:
+            at, tf = self.holding(index, term)
+            base, per_length = K1 * (1 - B), K1 * B / average
+            # FileIndex.weighted_parts' formula, its operations in its order: the same floats.
+            found = self.parts[(term, weight)] = (
+                at, weight * (tf * (K1 + 1) / (tf + base + per_length * self.lengths[at])))
+        return found
+
+
+class ArrayScores:
+    """BlockScores with every block's score in an array per file (for files whose blocks are all adjacent)."""
+
+    def __init__(self, indexes: list[FileIndex], avg_length: float, neighbours: float):
+        self.indexes, self.avg_length, self.neighbours = indexes, avg_length, neighbours
+        self.matched: list[Numbers] = []  # per file, where the blocks holding a query term are, ascending
+        self.context: list[Floats] = []  # per file, their scores in context
+
+    def _own(self, index: FileIndex, idf: dict[str, float]) -> Floats:
+        """Every block's BM25 for the terms of `idf`: above 0 exactly for the blocks holding one of them (every
+        weight is, and every share)."""
+        arrays = TermArrays.of(index)
+        scores = np.zeros(arrays.lengths.size)
+        for term, weight in idf.items():
+            at, parts = arrays.weighted_parts(index, term, self.avg_length, weight)
+            scores[at] += parts
+        return scores
+
+    def match(self, idf: dict[str, float]) -> None:
+        share = self.neighbours
+        for index in self.indexes:
+            own = self._own(index, idf)
+            at = np.flatnonzero(own)
+            self.matched.append(at)
+            self.context.append(own[at] + share * (own[at - 1] + own[at + 1]) if share else own[at])
+
+    def add(self, idf: dict[str, float]) -> None:
+        share = self.neighbours
+        for number, index in enumerate(self.indexes):
+            added = self._own(index, idf)
+            at = self.matched[number]
+            self.context[number] = self.context[number] + ((added[at] + share * added[at - 1]) + share * added[at + 1])
+
+    def scored(self, wanted: list[str], limit: int) -> list[tuple[float, int, int]]:
+        every = np.concatenate(self.context)
+        floor = float(np.partition(every, every.size - limit)[every.size - limit]) if every.size >= limit else 0.0
+        bonus = 1 + PHRASE_BONUS
+        holds = holds_phrase(wanted)
+        scored: list[tuple[float, int, int]] = []
+        for file_number, (index, at, value) in enumerate(zip(self.indexes, self.matched, self.context)):
+            near = np.flatnonzero(value * bonus >= floor)  # as the dicts: only blocks the bonus could lift
+            normalized = index.normalized
+            for block, score in zip((at[near] - 1).tolist(), value[near].tolist()):
+                scored.append((score * bonus if holds(normalized[block]) else score, file_number, block))
+        return scored

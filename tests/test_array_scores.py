@@ -1,0 +1,96 @@
+"""BM25 sums in numpy arrays (memory/search/array_scores.py): the dicts' ranking to the last bit, used only for a
+large corpus searched before."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from picoclaw.memory.search import Block, Hit, KeywordSearch
+from picoclaw.memory.search.array_scores import ArrayScores
+from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, DictScores, FileIndex, ScoresKind, rank
+from picoclaw.memory.search.keyword import ARRAYS_FROM
+from tests.stores import memory_store
+
+WORDS = {
+    "en": ("family hiking campfire marshmallows deadline project falcon silver kubernetes migration latency "
+           "dentist thursday lisbon flight budget offsite redis cache timeout postgres pool priya jenkins").split(),
+    "zh": ["家人", "徒步", "篝火", "棉花糖", "项目", "截止", "日期", "数据库", "迁移", "延迟", "牙医", "预约",
+           "成都", "高铁", "缓存", "超时", "连接池", "配置", "王芳", "火锅"],
+}
+QUERIES = {
+    "en": ["family hiking", "project falcon deadline", "kubernetes migration latency", "redis cache timeout",
+           "dentist on thursday", '"silver falcon"', "nothing matches xylophone"],
+    "zh": ["家人徒步", "项目截止日期", "数据库迁移延迟", "缓存超时", "牙医预约", "「成都高铁」", "量子色动力学"],
+}
+
+
+def corpus(lang: str, seed: int, blocks: int, path: Path) -> list[Block]:
+    """`blocks` look-alike one-line entries (so scores tie often), in one file."""
+    rng = random.Random(seed)
+    words = WORDS[lang]
+    joiner = " " if lang == "en" else "，"
+    found = []
+    for n in range(blocks):
+        heading = f"## 2025-{1 + n // 28 % 12:02d}-{1 + n % 28:02d}"
+        text = joiner.join(rng.choice(words) for _ in range(rng.randint(1, 6)))
+        found.append(Block(path, heading, f"{heading}\n{text}", 3 * n + 1, 3 * n + 2))
+    return found
+
+
+def ranked(indexes: list[FileIndex], query: str, limit: int, neighbours: float, feedback: bool,
+           scores: ScoresKind) -> list[tuple[Block, float]]:
+    return [(hit.block, hit.score)
+            for hit in rank(indexes, query, limit, neighbours=neighbours, feedback=feedback, scores=scores)]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_arrays_rank_as_the_dicts_do_to_the_last_bit(lang: str, tmp_path: Path) -> None:
+    memory = FileIndex.build(corpus(lang, 1, 400, tmp_path / "MEMORY.md"))
+    notes = [FileIndex.build(corpus(lang, seed, 30, tmp_path / f"2025-01-0{seed}.md"), with_previous=True)
+             for seed in (2, 3)]
+    compared = 0
+    for indexes in ([memory], [memory, *notes], notes[:1]):
+        for query in QUERIES[lang]:
+            for limit in (1, 10, 30, 1000):
+                for neighbours in (0.0, NEIGHBOUR_WEIGHT):
+                    for feedback in (False, True):
+                        dicts = ranked(indexes, query, limit, neighbours, feedback, DictScores)
+                        arrays = ranked(indexes, query, limit, neighbours, feedback, ArrayScores)
+                        assert arrays == dicts, (query, limit, neighbours, feedback)  # blocks, order, scores
+                        compared += bool(dicts)
+    assert compared > 200  # most cases rank something: the comparison is not between empty lists
+
+
+def search_store(tmp_path: Path, lang: str, blocks: int) -> KeywordSearch:
+    store = memory_store(tmp_path / "memory", ZoneInfo("Asia/Shanghai"))
+    store.rewrite_long_term("".join(f"{block.text}\n\n" for block in corpus(lang, 7, blocks, Path("MEMORY.md"))))
+    return KeywordSearch(store)
+
+
+def index_of(search: KeywordSearch) -> FileIndex:
+    index = search.cache.get(search.store.long_term_path, search.store.local(search.store.long_term_path))
+    assert index is not None
+    return index
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_large_memory_is_scored_in_arrays_from_its_second_search(lang: str, tmp_path: Path) -> None:
+    search = search_store(tmp_path, lang, ARRAYS_FROM)
+    query = QUERIES[lang][1]
+    first = search.search(query, 10)
+    assert first and index_of(search).arrays is None  # one search (a short command) never builds arrays
+    second = search.search(query, 10)
+    assert index_of(search).arrays is not None
+    assert second == first
+
+
+def test_a_small_memory_is_never_scored_in_arrays(tmp_path: Path) -> None:
+    search = search_store(tmp_path, "en", ARRAYS_FROM - 1)
+    hits: list[Hit] = []
+    for _ in range(3):
+        hits = search.search("project falcon deadline", 10)
+    assert hits and index_of(search).arrays is None
