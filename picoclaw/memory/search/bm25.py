@@ -269,7 +269,8 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
     feedback = feedback and total_blocks >= FEEDBACK_MIN_BLOCKS and all(ix.doc_freqs is None for ix in indexes)
     sums = scores(indexes, avg_length, neighbours)
     sums.match(_idf(indexes, wanted_terms, 1.0, total_blocks))
-    scored = sums.scored(wanted, max(limit, FEEDBACK_BLOCKS) if feedback else limit)
+    # Expanded, the first pass only names the best FEEDBACK_BLOCKS (fewer blocks for the phrase check).
+    scored = sums.scored(wanted, FEEDBACK_BLOCKS if feedback else limit)
     if feedback and scored:
         best = heapq.nlargest(FEEDBACK_BLOCKS, scored)
         extra = feedback_terms(frozenset(wanted_terms), [indexes[f].own_terms(b) for _, f, b in best],
