@@ -15,7 +15,7 @@ What is measured
       query without spaces is one keyword);
     * ours warm: ``KeywordSearch.search(q, 10)`` after one warm-up query built the cached index (the
       per-query cost on an unchanged MEMORY.md: one stat + BM25 scoring, in numpy arrays from 2,000 blocks
-      on, as a searched-again corpus is: memory/search/array_scores.py);
+      on, as a file of that size searched again is: memory/search/array_scores.py);
     * ours cold: the first ``search`` of a fresh ``KeywordSearch``: read + split + index + score (the
       cost after MEMORY.md changed). The file is in the OS page cache in every case;
     * + standing: what a turn runs, ``RerankedSearch`` around the warm ``KeywordSearch`` at the default

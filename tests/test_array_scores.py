@@ -1,9 +1,10 @@
 """BM25 sums in numpy arrays (memory/search/array_scores.py): the dicts' ranking to the last bit, used only for a
-large corpus searched before."""
+large file searched before."""
 
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -11,7 +12,7 @@ import pytest
 
 from picoclaw.memory.search import Block, Hit, KeywordSearch
 from picoclaw.memory.search.array_scores import ArrayScores
-from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, DictScores, FileIndex, ScoresKind, rank
+from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, DictScores, FileIndex, FileScores, ScoresKind, rank
 from picoclaw.memory.search.keyword import ARRAYS_FROM
 from tests.stores import memory_store
 
@@ -26,6 +27,10 @@ QUERIES = {
            "dentist on thursday", '"silver falcon"', "nothing matches xylophone"],
     "zh": ["家人徒步", "项目截止日期", "数据库迁移延迟", "缓存超时", "牙医预约", "「成都高铁」", "量子色动力学"],
 }
+
+
+NOTE = {"en": "A picnic by the lighthouse with the family.", "zh": "和家人在灯塔边野餐。"}
+NOTE_QUERY = {"en": "picnic lighthouse", "zh": "灯塔野餐"}
 
 
 def corpus(lang: str, seed: int, blocks: int, path: Path) -> list[Block]:
@@ -47,6 +52,12 @@ def ranked(indexes: list[FileIndex], query: str, limit: int, neighbours: float, 
             for hit in rank(indexes, query, limit, neighbours=neighbours, feedback=feedback, scores=scores)]
 
 
+def first_in_arrays(index: FileIndex, avg_length: float, neighbours: float) -> FileScores:
+    """Arrays for the corpus's first file (MEMORY.md), dicts for the others: a search mixes both."""
+    kind: ScoresKind = ArrayScores if index.blocks[0].path.name == "MEMORY.md" else DictScores
+    return kind(index, avg_length, neighbours)
+
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_arrays_rank_as_the_dicts_do_to_the_last_bit(lang: str, tmp_path: Path) -> None:
     memory = FileIndex.build(corpus(lang, 1, 400, tmp_path / "MEMORY.md"))
@@ -60,14 +71,20 @@ def test_arrays_rank_as_the_dicts_do_to_the_last_bit(lang: str, tmp_path: Path) 
                     for feedback in (False, True):
                         dicts = ranked(indexes, query, limit, neighbours, feedback, DictScores)
                         arrays = ranked(indexes, query, limit, neighbours, feedback, ArrayScores)
+                        mixed = ranked(indexes, query, limit, neighbours, feedback, first_in_arrays)
                         assert arrays == dicts, (query, limit, neighbours, feedback)  # blocks, order, scores
+                        assert mixed == dicts, (query, limit, neighbours, feedback)
                         compared += bool(dicts)
     assert compared > 200  # most cases rank something: the comparison is not between empty lists
 
 
-def search_store(tmp_path: Path, lang: str, blocks: int) -> KeywordSearch:
+def search_store(tmp_path: Path, lang: str, blocks: int, notes: int = 0) -> KeywordSearch:
     store = memory_store(tmp_path / "memory", ZoneInfo("Asia/Shanghai"))
     store.rewrite_long_term("".join(f"{block.text}\n\n" for block in corpus(lang, 7, blocks, Path("MEMORY.md"))))
+    for day in range(notes):
+        for entry in [*corpus(lang, day, 4, Path("note.md")), *corpus(lang, day, 1, Path("note.md"))]:
+            store.append_note(entry.text.split("\n", 1)[1], at=datetime(2025, 3, 1 + day, 9, tzinfo=UTC))
+        store.append_note(NOTE[lang], at=datetime(2025, 3, 1 + day, 10, tzinfo=UTC))
     return KeywordSearch(store)
 
 
@@ -86,6 +103,19 @@ def test_a_large_memory_is_scored_in_arrays_from_its_second_search(lang: str, tm
     second = search.search(query, 10)
     assert index_of(search).arrays is not None
     assert second == first
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_daily_notes_beside_a_large_memory_stay_in_dicts(lang: str, tmp_path: Path) -> None:
+    # Each note is a few blocks: numpy's cost per call would outweigh what it saves there.
+    search = search_store(tmp_path, lang, ARRAYS_FROM, notes=3)
+    first = search.search(NOTE_QUERY[lang], 10, include_notes=True)
+    second = search.search(NOTE_QUERY[lang], 10, include_notes=True)
+    notes = [search.notes_cache.get(note, file) for note, file in search.store.notes()]
+    assert len(notes) == 3 and all(note is not None and note.arrays is None for note in notes)
+    assert index_of(search).arrays is not None
+    assert first == second and [hit.block.path.name for hit in first][:3] == [note.blocks[0].path.name
+                                                                              for note in reversed(notes)]
 
 
 def test_a_small_memory_is_never_scored_in_arrays(tmp_path: Path) -> None:

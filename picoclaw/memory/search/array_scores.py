@@ -1,8 +1,8 @@
-"""BlockScores in numpy arrays, one per file: what bm25.py's dicts do per posting, done per term.
+"""FileScores in numpy arrays: what bm25.py's dicts do per posting, done per term.
 
 Every sum is the dicts' own, term by term in the same order (0.0 + x is x; a block's neighbours are added
 before their share is taken, as there), so each score is the same float and the ranking the same: only the
-speed differs. The keyword search ranks in them a corpus large enough to gain from it (keyword.ARRAYS_FROM).
+speed differs. The keyword search scores so a file large enough to gain from it (keyword.ARRAYS_FROM).
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from picoclaw.memory.search.bm25 import K1, PARTS_KEPT, PHRASE_BONUS, B, FileIndex, holds_phrase
+from picoclaw.memory.search.bm25 import K1, PARTS_KEPT, B, FileIndex
 
 Floats = npt.NDArray[np.float64]
 Numbers = npt.NDArray[np.intp]
+# What a term no block holds maps to: one shared pair, not a pair per term asked.
+_NOWHERE: tuple[Numbers, Floats] = (np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.float64))
 
 
 @dataclass
@@ -42,9 +44,9 @@ class TermArrays:
         if found is None:
             if len(self.postings) >= PARTS_KEPT:
                 self.postings.clear()
-            pairs = index.postings.get(term, ())
+            pairs = index.postings.get(term)
             found = self.postings[term] = (np.array([block + 1 for block, _ in pairs], dtype=np.intp),
-                                           np.array([tf for _, tf in pairs], dtype=np.float64))
+                                           np.array([tf for _, tf in pairs], dtype=np.float64)) if pairs else _NOWHERE
         return found
 
     def weighted_parts(self, index: FileIndex, term: str, average: float, weight: float) -> tuple[Numbers, Floats]:
@@ -55,6 +57,9 @@ class TermArrays:
         found = self.parts.get((term, weight))
         if found is None:
             at, tf = self.holding(index, term)
+            if not at.size:
+                self.parts[(term, weight)] = _NOWHERE
+                return _NOWHERE
             base, per_length = K1 * (1 - B), K1 * B / average
             # FileIndex.weighted_parts' formula, its operations in its order: the same floats.
             found = self.parts[(term, weight)] = (
@@ -63,47 +68,39 @@ class TermArrays:
 
 
 class ArrayScores:
-    """BlockScores with every block's score in an array per file (for files whose blocks are all adjacent)."""
+    """FileScores with every block's score in an array (for a whole file: its blocks are all adjacent)."""
 
-    def __init__(self, indexes: list[FileIndex], avg_length: float, neighbours: float):
-        self.indexes, self.avg_length, self.neighbours = indexes, avg_length, neighbours
-        self.matched: list[Numbers] = []  # per file, where the blocks holding a query term are, ascending
-        self.context: list[Floats] = []  # per file, their scores in context
+    def __init__(self, index: FileIndex, avg_length: float, neighbours: float):
+        assert not index.breaks, "arrays score whole files only"
+        self.index, self.avg_length, self.neighbours = index, avg_length, neighbours
+        self.arrays = TermArrays.of(index)
+        self.matched: Numbers = _NOWHERE[0]  # where the blocks holding a query term are, ascending
+        self.context: Floats = _NOWHERE[1]  # their scores in context
 
-    def _own(self, index: FileIndex, idf: dict[str, float]) -> Floats:
+    def _own(self, idf: dict[str, float]) -> Floats:
         """Every block's BM25 for the terms of `idf`: above 0 exactly for the blocks holding one of them (every
         weight is, and every share)."""
-        arrays = TermArrays.of(index)
-        scores = np.zeros(arrays.lengths.size)
+        scores = np.zeros(self.arrays.lengths.size)
         for term, weight in idf.items():
-            at, parts = arrays.weighted_parts(index, term, self.avg_length, weight)
+            at, parts = self.arrays.weighted_parts(self.index, term, self.avg_length, weight)
             scores[at] += parts
         return scores
 
     def match(self, idf: dict[str, float]) -> None:
-        share = self.neighbours
-        for index in self.indexes:
-            own = self._own(index, idf)
-            at = np.flatnonzero(own)
-            self.matched.append(at)
-            self.context.append(own[at] + share * (own[at - 1] + own[at + 1]) if share else own[at])
+        own, share = self._own(idf), self.neighbours
+        at = self.matched = np.flatnonzero(own)
+        self.context = own[at] + share * (own[at - 1] + own[at + 1]) if share else own[at]
 
     def add(self, idf: dict[str, float]) -> None:
-        share = self.neighbours
-        for number, index in enumerate(self.indexes):
-            added = self._own(index, idf)
-            at = self.matched[number]
-            self.context[number] = self.context[number] + ((added[at] + share * added[at - 1]) + share * added[at + 1])
+        added, share, at = self._own(idf), self.neighbours, self.matched
+        self.context = self.context + ((added[at] + share * added[at - 1]) + share * added[at + 1])
 
-    def scored(self, wanted: list[str], limit: int) -> list[tuple[float, int, int]]:
-        every = np.concatenate(self.context)
-        floor = float(np.partition(every, every.size - limit)[every.size - limit]) if every.size >= limit else 0.0
-        bonus = 1 + PHRASE_BONUS
-        holds = holds_phrase(wanted)
-        scored: list[tuple[float, int, int]] = []
-        for file_number, (index, at, value) in enumerate(zip(self.indexes, self.matched, self.context)):
-            near = np.flatnonzero(value * bonus >= floor)  # as the dicts: only blocks the bonus could lift
-            normalized = index.normalized
-            for block, score in zip((at[near] - 1).tolist(), value[near].tolist()):
-                scored.append((score * bonus if holds(normalized[block]) else score, file_number, block))
-        return scored
+    def best(self, limit: int) -> list[float]:
+        values = self.context
+        if values.size > limit:
+            values = np.partition(values, values.size - limit)[values.size - limit:]
+        return values.tolist()
+
+    def reaching(self, floor: float, bonus: float) -> list[tuple[int, float]]:
+        near = np.flatnonzero(self.context * bonus >= floor)
+        return list(zip((self.matched[near] - 1).tolist(), self.context[near].tolist()))

@@ -7,8 +7,8 @@ A matching block's score also takes in a share of its adjacent blocks' scores in
 The keyword search then ranks the matching blocks again with the query expanded by terms of its best hits
 (`rank(..., feedback=True)`, query_expansion.py).
 
-The sums are made per posting in dicts (`DictScores`), or in numpy arrays (array_scores.py, which the keyword
-search picks for a large corpus): the same numbers in the same order, so the same ranking.
+Each file's sums are made per posting in a dict (`DictScores`), or in numpy arrays (array_scores.py, which the
+keyword search picks for a large file): the same numbers in the same order, so the same ranking.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ class FileIndex:
     _parts_average: float = 0.0
     _positions: dict[tuple[int, int], int] | None = field(default=None, repr=False)
     _own_terms: dict[int, Counter[str]] = field(default_factory=dict, repr=False)
-    searches: int = field(default=0, repr=False)  # how often a keyword search ranked this index
-    arrays: object | None = field(default=None, repr=False)  # array_scores.TermArrays, once arrays score it
+    searches: int = field(default=0, repr=False, compare=False)  # how often a keyword search ranked this index
+    arrays: object | None = field(default=None, repr=False, compare=False)  # array_scores.TermArrays, once used
 
     def weighted_parts(self, term: str, average: float, weight: float) -> list[tuple[int, float]]:
         """(block, weight · tf·(K1+1) / (tf + K1·(1 − B + B·length/average))) for every block holding `term`."""
@@ -138,54 +138,41 @@ def _idf(indexes: list[FileIndex], words: Iterable[str], weight: float, total_bl
     return idf
 
 
-def _own_scores(indexes: list[FileIndex], idf: dict[str, float], avg_length: float) -> list[dict[int, float]]:
-    """Per file, the BM25 score of every block holding one of the terms of `idf`, by block."""
-    found: list[dict[int, float]] = []
-    for ix in indexes:
-        scores: dict[int, float] = {}
-        get = scores.get
-        for term, term_weight in idf.items():
-            parts = ix.weighted_parts(term, avg_length, term_weight)
-            if not scores:  # 0.0 + x is x: the first term's scores need no lookups
-                scores = dict(parts)
-                get = scores.get
-                continue
-            for block_number, part in parts:
-                scores[block_number] = get(block_number, 0.0) + part
-        found.append(scores)
-    return found
+def _own_scores(ix: FileIndex, idf: dict[str, float], avg_length: float) -> dict[int, float]:
+    """The BM25 score of every block of `ix` holding one of the terms of `idf`, by block."""
+    scores: dict[int, float] = {}
+    get = scores.get
+    for term, term_weight in idf.items():
+        parts = ix.weighted_parts(term, avg_length, term_weight)
+        if not scores:  # 0.0 + x is x: the first term's scores need no lookups
+            scores = dict(parts)
+            get = scores.get
+            continue
+        for block_number, part in parts:
+            scores[block_number] = get(block_number, 0.0) + part
+    return scores
 
 
-def _in_context(indexes: list[FileIndex], own: list[dict[int, float]], neighbours: float) -> list[dict[int, float]]:
-    """Per file, each block of `own` with its score plus `neighbours` × its adjacent blocks' scores."""
+def _in_context(ix: FileIndex, own: dict[int, float], neighbours: float) -> dict[int, float]:
+    """Each block of `own` with its score plus `neighbours` × its adjacent blocks' scores."""
     if not neighbours:
         return own
-    found: list[dict[int, float]] = []
-    for ix, scores in zip(indexes, own):
-        breaks, get = ix.breaks, scores.get
-        if breaks:
-            found.append({block: score + neighbours * ((0.0 if block in breaks else get(block - 1, 0.0))
-                                                       + (0.0 if block + 1 in breaks else get(block + 1, 0.0)))
-                          for block, score in scores.items()})
-        else:
-            found.append({block: score + neighbours * (get(block - 1, 0.0) + get(block + 1, 0.0))
-                          for block, score in scores.items()})
-    return found
+    breaks, get = ix.breaks, own.get
+    if breaks:
+        return {block: score + neighbours * ((0.0 if block in breaks else get(block - 1, 0.0))
+                                             + (0.0 if block + 1 in breaks else get(block + 1, 0.0)))
+                for block, score in own.items()}
+    return {block: score + neighbours * (get(block - 1, 0.0) + get(block + 1, 0.0)) for block, score in own.items()}
 
 
-def _added_in_context(context: list[dict[int, float]], own: list[dict[int, float]],
-                      neighbours: float) -> list[dict[int, float]]:
-    """Per file, each block of `context` with what `own` (another set of terms' scores) adds to its score in
-    context: its own part and `neighbours` × its adjacent blocks'. Only `context`'s blocks are looked at, not
-    every block `own` scores (query expansion's terms are common ones, held by many blocks that never match).
-    For whole files' indexes: `rank` expands no part of a large file, whose blocks are not all adjacent."""
-    found: list[dict[int, float]] = []
-    for scores, added in zip(context, own):
-        get = added.get
-        found.append({block: score + ((get(block, 0.0) + neighbours * get(block - 1, 0.0))
-                                      + neighbours * get(block + 1, 0.0))
-                      for block, score in scores.items()})
-    return found
+def _added_in_context(context: dict[int, float], own: dict[int, float], neighbours: float) -> dict[int, float]:
+    """Each block of `context` with what `own` (another set of terms' scores) adds to its score in context: its
+    own part and `neighbours` × its adjacent blocks'. Only `context`'s blocks are looked at, not every block
+    `own` scores (query expansion's terms are common ones, held by many blocks that never match). For whole
+    files' indexes: `rank` expands no part of a large file, whose blocks are not all adjacent."""
+    get = own.get
+    return {block: score + ((get(block, 0.0) + neighbours * get(block - 1, 0.0)) + neighbours * get(block + 1, 0.0))
+            for block, score in context.items()}
 
 
 def holds_phrase(wanted: list[str]) -> Callable[[str], bool]:
@@ -196,28 +183,8 @@ def holds_phrase(wanted: list[str]) -> Callable[[str], bool]:
     return lambda text: any(phrase in text for phrase in wanted)
 
 
-def _phrase_scored(indexes: list[FileIndex], context: list[dict[int, float]], wanted: list[str],
-                   limit: int) -> list[tuple[float, int, int]]:
-    """(score, file, block) of the blocks of `context` that may be among the best `limit` once a phrase hit
-    earns its bonus, bonus given."""
-    # No block below the limit-th score can reach the top `limit` but by the bonus, so only blocks that
-    # could are looked at again (the phrase check scans the block's text).
-    scores = context[0].values() if len(context) == 1 else chain.from_iterable(c.values() for c in context)
-    best = heapq.nlargest(limit, scores)
-    floor = best[-1] if len(best) >= limit else 0.0
-    bonus = 1 + PHRASE_BONUS
-    holds = holds_phrase(wanted)
-    scored: list[tuple[float, int, int]] = []
-    for file_number, blocks in enumerate(context):
-        normalized = indexes[file_number].normalized
-        for block_number, score in [(b, s) for b, s in blocks.items() if s * bonus >= floor]:
-            # On equal scores the later block wins: newer memories are likelier to be current.
-            scored.append((score * bonus if holds(normalized[block_number]) else score, file_number, block_number))
-    return scored
-
-
-class BlockScores(Protocol):
-    """One query's scores over the blocks of `rank`'s indexes: the matching blocks' BM25 in context."""
+class FileScores(Protocol):
+    """One query's scores over one file's blocks: the matching blocks' BM25 in context."""
 
     def match(self, idf: dict[str, float]) -> None:
         """Score the blocks holding a term of `idf` (each with its weight), each with its neighbours' share."""
@@ -225,29 +192,56 @@ class BlockScores(Protocol):
     def add(self, idf: dict[str, float]) -> None:
         """Add to each matching block what the terms of `idf` give it in context; no block starts to match."""
 
-    def scored(self, wanted: list[str], limit: int) -> list[tuple[float, int, int]]:
-        """(score, file, block) of the matching blocks that may be among the best `limit`, phrase bonus given."""
+    def best(self, limit: int) -> list[float]:
+        """The `limit` highest scores, in no order (all of them when fewer blocks match)."""
+
+    def reaching(self, floor: float, bonus: float) -> list[tuple[int, float]]:
+        """(block, score) of the matching blocks whose score × `bonus` reaches `floor`."""
 
 
 class DictScores:
-    """BlockScores in a dict per file: one lookup per posting, nothing to set up."""
+    """FileScores in a dict: one lookup per posting, nothing to set up."""
 
-    def __init__(self, indexes: list[FileIndex], avg_length: float, neighbours: float):
-        self.indexes, self.avg_length, self.neighbours = indexes, avg_length, neighbours
-        self.context: list[dict[int, float]] = []
+    def __init__(self, index: FileIndex, avg_length: float, neighbours: float):
+        self.index, self.avg_length, self.neighbours = index, avg_length, neighbours
+        self.context: dict[int, float] = {}
 
     def match(self, idf: dict[str, float]) -> None:
-        self.context = _in_context(self.indexes, _own_scores(self.indexes, idf, self.avg_length), self.neighbours)
+        self.context = _in_context(self.index, _own_scores(self.index, idf, self.avg_length), self.neighbours)
 
     def add(self, idf: dict[str, float]) -> None:
-        self.context = _added_in_context(self.context, _own_scores(self.indexes, idf, self.avg_length),
-                                         self.neighbours)
+        self.context = _added_in_context(self.context, _own_scores(self.index, idf, self.avg_length), self.neighbours)
 
-    def scored(self, wanted: list[str], limit: int) -> list[tuple[float, int, int]]:
-        return _phrase_scored(self.indexes, self.context, wanted, limit)
+    def best(self, limit: int) -> list[float]:
+        return heapq.nlargest(limit, self.context.values())
+
+    def reaching(self, floor: float, bonus: float) -> list[tuple[int, float]]:
+        return [(block, score) for block, score in self.context.items() if score * bonus >= floor]
 
 
-ScoresKind = Callable[[list[FileIndex], float, float], BlockScores]  # (indexes, average length, neighbours)
+def _phrase_scored(indexes: list[FileIndex], files: list[FileScores], wanted: list[str],
+                   limit: int) -> list[tuple[float, int, int]]:
+    """(score, file, block) of the matching blocks that may be among the best `limit` once a phrase hit earns
+    its bonus, bonus given."""
+    # No block below the limit-th score can reach the top `limit` but by the bonus, so only blocks that
+    # could are looked at again (the phrase check scans the block's text). The limit-th score of all files
+    # is that of the union of each file's best `limit`.
+    best = heapq.nlargest(limit, files[0].best(limit) if len(files) == 1
+                          else chain.from_iterable(file.best(limit) for file in files))
+    floor = best[-1] if len(best) >= limit else 0.0
+    bonus = 1 + PHRASE_BONUS
+    holds = holds_phrase(wanted)
+    scored: list[tuple[float, int, int]] = []
+    for file_number, (ix, file) in enumerate(zip(indexes, files)):
+        normalized = ix.normalized
+        for block_number, score in file.reaching(floor, bonus):
+            # On equal scores the later block wins: newer memories are likelier to be current.
+            scored.append((score * bonus if holds(normalized[block_number]) else score, file_number, block_number))
+    return scored
+
+
+# Makes one file's sums, given its index, the corpus's average block length and the neighbours' share.
+ScoresKind = Callable[[FileIndex, float, float], FileScores]
 
 
 def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float = 0.0,
@@ -258,7 +252,8 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
 
     With `feedback`, the matching blocks are ranked again with the query expanded by terms of its best
     FEEDBACK_BLOCKS hits (query_expansion.py); not over part of a large MEMORY.md, whose index lacks them,
-    nor over fewer than FEEDBACK_MIN_BLOCKS blocks. `scores`: what the sums are made in (the ranking is the same).
+    nor over fewer than FEEDBACK_MIN_BLOCKS blocks. `scores` makes each file's sums (the ranking is the same
+    whatever it makes them in).
     """
     wanted_terms = query_terms(query)
     total_blocks = sum(ix.total_blocks or len(ix.blocks) for ix in indexes)
@@ -267,18 +262,22 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
     avg_length = (sum(ix.total_length for ix in indexes) / total_blocks) or 1.0
     wanted = phrases(query)
     feedback = feedback and total_blocks >= FEEDBACK_MIN_BLOCKS and all(ix.doc_freqs is None for ix in indexes)
-    sums = scores(indexes, avg_length, neighbours)
-    sums.match(_idf(indexes, wanted_terms, 1.0, total_blocks))
+    files = [scores(ix, avg_length, neighbours) for ix in indexes]
+    idf = _idf(indexes, wanted_terms, 1.0, total_blocks)
+    for file in files:
+        file.match(idf)
     # Expanded, the first pass only names the best FEEDBACK_BLOCKS (fewer blocks for the phrase check).
-    scored = sums.scored(wanted, FEEDBACK_BLOCKS if feedback else limit)
+    scored = _phrase_scored(indexes, files, wanted, FEEDBACK_BLOCKS if feedback else limit)
     if feedback and scored:
         best = heapq.nlargest(FEEDBACK_BLOCKS, scored)
         extra = feedback_terms(frozenset(wanted_terms), [indexes[f].own_terms(b) for _, f, b in best],
                                _doc_freq_of(indexes), total_blocks)
         # Only the blocks that match the query itself are ranked again: the added terms re-order, they
         # never add a hit (a neighbour's share still takes in its added terms' score).
-        sums.add(_idf(indexes, extra, FEEDBACK_WEIGHT, total_blocks))
-        scored = sums.scored(wanted, limit)
+        added = _idf(indexes, extra, FEEDBACK_WEIGHT, total_blocks)
+        for file in files:
+            file.add(added)
+        scored = _phrase_scored(indexes, files, wanted, limit)
     return [Hit(indexes[f].blocks[b], s) for s, f, b in heapq.nlargest(limit, scored)]
 
 

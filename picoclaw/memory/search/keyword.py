@@ -26,7 +26,7 @@ from picoclaw.disk.links import NotAFileError
 from picoclaw.memory.learnings import stands
 from picoclaw.memory.reading import decode, warn_unreadable
 from picoclaw.memory.search.blocks import Block, Hit, entry_blocks, is_title, lesson_blocks, split_blocks
-from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, DictScores, FileIndex, ScoresKind, rank
+from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, DictScores, FileIndex, FileScores, rank
 from picoclaw.memory.search.large_files import LARGE_FILE, LargeMemory, large_neighbours, large_tail
 from picoclaw.memory.store import MemoryStore
 
@@ -34,9 +34,10 @@ log = logging.getLogger(__name__)
 
 # Standing lessons ("always answer in Chinese") a turn may carry whatever it is about, newest first.
 STANDING_LESSONS = 5
-# Blocks from which a corpus searched again is scored in arrays (array_scores.py): below, numpy's cost per call
-# outweighs what it saves per posting (at 1,000 blocks both take the same time, at 10,000 arrays half of it).
-# A corpus searched once, as by a short command, never imports numpy.
+# Blocks from which a file searched again is scored in arrays (array_scores.py): below, numpy's cost per call
+# outweighs what it saves per posting (a MEMORY.md of 1,000 blocks takes the same time either way, of 10,000
+# half as long with arrays; daily notes, a few dozen blocks each, are slower in arrays). A file searched once,
+# as by a short command, never imports numpy.
 ARRAYS_FROM = 2000
 
 
@@ -46,18 +47,14 @@ def _read_text(file: Path) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _scores_kind(indexes: list[FileIndex]) -> ScoresKind:
-    """Arrays for a corpus of ARRAYS_FROM blocks or more that was searched before, of whole files (not the part
-    of a large MEMORY.md made for one query); else dicts. Counts this search."""
-    searched_before = max((index.searches for index in indexes), default=0)
-    for index in indexes:
-        index.searches += 1
-    if (searched_before and sum(index.total_blocks or len(index.blocks) for index in indexes) >= ARRAYS_FROM
-            and all(index.doc_freqs is None for index in indexes)):
+def _file_scores(index: FileIndex, avg_length: float, neighbours: float) -> FileScores:
+    """A search's sums over one file: in arrays for a whole file of ARRAYS_FROM blocks or more that was searched
+    before, else in a dict."""
+    if index.searches > 1 and len(index.blocks) >= ARRAYS_FROM and index.doc_freqs is None:
         from picoclaw.memory.search.array_scores import ArrayScores  # only now: numpy
 
-        return ArrayScores
-    return DictScores
+        return ArrayScores(index, avg_length, neighbours)
+    return DictScores(index, avg_length, neighbours)
 
 
 def _index_note(path: Path, file: Path) -> FileIndex:
@@ -148,7 +145,9 @@ class KeywordSearch:
                     except NotAFileError as exc:  # a note linked to a device or a FIFO: the other notes still count
                         log.warning("%s", exc)
             indexes = [index for index in found if index is not None]
-            return rank(indexes, query, limit, neighbours=weight, feedback=True, scores=_scores_kind(indexes))
+            for index in indexes:
+                index.searches += 1
+            return rank(indexes, query, limit, neighbours=weight, feedback=True, scores=_file_scores)
 
     async def search_async(self, query: str, limit: int, *, include_notes: bool = False,
                            below_floor: list[Hit] | None = None) -> list[Hit]:
