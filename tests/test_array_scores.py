@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from picoclaw.memory.search import Block, Hit, KeywordSearch
-from picoclaw.memory.search.array_scores import ArrayScores
+from picoclaw.memory.search.array_scores import ArrayScores, TermArrays
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, DictScores, FileIndex, FileScores, ScoresKind, rank
 from picoclaw.memory.search.keyword import ARRAYS_FROM
 from tests.stores import memory_store
@@ -124,3 +124,21 @@ def test_a_small_memory_is_never_scored_in_arrays(tmp_path: Path) -> None:
     for _ in range(3):
         hits = search.search("project falcon deadline", 10)
     assert hits and index_of(search).arrays is None
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_terms_no_block_holds_are_not_kept(lang: str, tmp_path: Path) -> None:
+    # A turn searches every daily note: most terms asked are in none of a note's few blocks, and a year of notes
+    # kept an entry for each (105 MB after 150 queries over 365 notes). Only terms some block holds are kept.
+    note = FileIndex.build(corpus(lang, 3, 6, tmp_path / "2025-01-03.md"), with_previous=True)
+    memory = FileIndex.build(corpus(lang, 4, 50, tmp_path / "MEMORY.md"))
+    held = set(note.postings)
+    for kind in (DictScores, ArrayScores):
+        for n in range(40):
+            rank([memory, note], f"{QUERIES[lang][n % 5]} word{n} 词{n}", 10, neighbours=NEIGHBOUR_WEIGHT,
+                 feedback=True, scores=kind)
+    kept = {term for term, _ in note._parts}  # the dicts' per-term cache (FileIndex.weighted_parts)
+    assert isinstance(note.arrays, TermArrays)
+    kept_in_arrays = set(note.arrays.postings) | {term for term, _ in note.arrays.parts}
+    assert kept and kept <= held
+    assert kept_in_arrays and kept_in_arrays <= held

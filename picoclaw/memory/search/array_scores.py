@@ -2,7 +2,7 @@
 
 Every sum is the dicts' own, term by term in the same order (0.0 + x is x; a block's neighbours are added
 before their share is taken, as there), so each score is the same float and the ranking the same: only the
-speed differs. The keyword search scores so a file large enough to gain from it (keyword.ARRAYS_FROM).
+speed differs. The keyword search uses them for a file large enough to gain from it (keyword.ARRAYS_FROM).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from picoclaw.memory.search.bm25 import K1, PARTS_KEPT, B, FileIndex
 
 Floats = npt.NDArray[np.float64]
 Numbers = npt.NDArray[np.intp]
-# What a term no block holds maps to: one shared pair, not a pair per term asked.
+# What a term no block holds gives: one shared empty pair, kept nowhere.
 _NOWHERE: tuple[Numbers, Floats] = (np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.float64))
 
 
@@ -42,11 +42,13 @@ class TermArrays:
         """Where the blocks holding `term` are (n + 1), ascending, and how often each holds it."""
         found = self.postings.get(term)
         if found is None:
+            pairs = index.postings.get(term)
+            if not pairs:  # not kept, as FileIndex.weighted_parts keeps no term that no block holds
+                return _NOWHERE
             if len(self.postings) >= PARTS_KEPT:
                 self.postings.clear()
-            pairs = index.postings.get(term)
             found = self.postings[term] = (np.array([block + 1 for block, _ in pairs], dtype=np.intp),
-                                           np.array([tf for _, tf in pairs], dtype=np.float64)) if pairs else _NOWHERE
+                                           np.array([tf for _, tf in pairs], dtype=np.float64))
         return found
 
     def weighted_parts(self, index: FileIndex, term: str, average: float, weight: float) -> tuple[Numbers, Floats]:
@@ -58,7 +60,6 @@ class TermArrays:
         if found is None:
             at, tf = self.holding(index, term)
             if not at.size:
-                self.parts[(term, weight)] = _NOWHERE
                 return _NOWHERE
             base, per_length = K1 * (1 - B), K1 * B / average
             # FileIndex.weighted_parts' formula, its operations in its order: the same floats.

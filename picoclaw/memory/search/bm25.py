@@ -67,9 +67,12 @@ class FileIndex:
             self._parts_average = average
         parts = self._parts.get((term, weight))
         if parts is None:
+            postings = self.postings.get(term)
+            if not postings:  # not kept: over many daily notes, most terms asked are in none of a note's blocks
+                return []
             base, per_length, lengths = K1 * (1 - B), K1 * B / average, self.lengths
             parts = [(block, weight * (tf * (K1 + 1) / (tf + base + per_length * lengths[block])))
-                     for block, tf in self.postings.get(term, ())]
+                     for block, tf in postings]
             self._parts[(term, weight)] = parts
         return parts
 
