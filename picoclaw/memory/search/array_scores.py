@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from picoclaw.memory.search.bm25 import K1, PARTS_KEPT, B, FileIndex
+from picoclaw.memory.search.bm25 import PARTS_KEPT, FileIndex, term_share
 
 Floats = npt.NDArray[np.float64]
 Numbers = npt.NDArray[np.intp]
@@ -61,10 +61,7 @@ class TermArrays:
             at, tf = self.holding(index, term)
             if not at.size:
                 return _NOWHERE
-            base, per_length = K1 * (1 - B), K1 * B / average
-            # FileIndex.weighted_parts' formula, its operations in its order: the same floats.
-            found = self.parts[(term, weight)] = (
-                at, weight * (tf * (K1 + 1) / (tf + base + per_length * self.lengths[at])))
+            found = self.parts[(term, weight)] = (at, term_share(tf, self.lengths[at], weight, average))
         return found
 
 

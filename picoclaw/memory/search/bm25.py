@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Protocol
+from typing import Any, Protocol
 
 from picoclaw.memory.search.blocks import Block, Hit
 from picoclaw.memory.search.query_expansion import FEEDBACK_BLOCKS, FEEDBACK_MIN_BLOCKS, FEEDBACK_WEIGHT, feedback_terms
@@ -33,6 +33,12 @@ PHRASE_BONUS = 0.5  # relative boost for a block containing the query (or a quot
 NEIGHBOUR_WEIGHT = 0.25
 _OWN_TERMS_KEPT = 256  # blocks whose terms a FileIndex keeps for query expansion: the hits of recent queries
 PARTS_KEPT = 8192  # (term, weight) entries a FileIndex keeps: recent queries' terms and their added ones
+
+
+def term_share(tf: Any, length: Any, weight: float, average: float) -> Any:
+    """A posting's share of BM25: weight · tf·(K1+1) / (tf + K1·(1 − B + B·length/average)); of numbers, or of
+    numpy arrays of them (array_scores.py), by the same operations in the same order: the same floats."""
+    return weight * (tf * (K1 + 1) / (tf + K1 * (1 - B) + K1 * B / average * length))
 
 
 @dataclass
@@ -70,9 +76,8 @@ class FileIndex:
             postings = self.postings.get(term)
             if not postings:  # not kept: over many daily notes, most terms asked are in none of a note's blocks
                 return []
-            base, per_length, lengths = K1 * (1 - B), K1 * B / average, self.lengths
-            parts = [(block, weight * (tf * (K1 + 1) / (tf + base + per_length * lengths[block])))
-                     for block, tf in postings]
+            lengths = self.lengths
+            parts = [(block, term_share(tf, lengths[block], weight, average)) for block, tf in postings]
             self._parts[(term, weight)] = parts
         return parts
 
