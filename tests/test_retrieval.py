@@ -7,6 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import orjson
 import pytest
 from freezegun import freeze_time
 
@@ -385,6 +386,26 @@ def test_unchanged_file_is_not_reread_or_resplit(retriever: KeywordSearch, count
     third = retriever.search("我的狗叫什么", 3)
     assert counters == {"split": 1, "read": 1}
     assert third == first and last_line(second[0]) == "My pet dog is called Bob, a corgi."
+
+
+def test_a_warm_search_repairs_only_a_file_that_changed(
+    store: MemoryStore, retriever: KeywordSearch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repairs: list[int] = []
+    real_repair = store.repair
+    monkeypatch.setattr(store, "repair", lambda: repairs.append(1) or real_repair())
+    assert retriever.search("corgi", 3) and repairs == [1]  # read for the first time
+    assert retriever.search("柯基", 3) and retriever.search("Bob", 3) and repairs == [1]  # unchanged: one stat
+    # An append cut off by a crash: its journal beside the file, half its bytes written.
+    path = store.long_term_path
+    before = path.read_bytes()
+    entry = "\n## 2025-03-10\n养了一只猫，叫 Mimi。Adopted a cat named Mimi.\n".encode()
+    (path.parent / ".MEMORY.md.append").write_bytes(orjson.dumps(
+        {"inode": os.stat(path).st_ino, "size": len(before), "entry": entry.decode()}))
+    with open(path, "ab") as fh:
+        fh.write(entry[:len(entry) // 2 + 12])  # "猫" and "Mimi" written, "cat" not
+    assert retriever.search("猫", 3) == [] and retriever.search("Mimi", 3) == []  # never half an entry
+    assert repairs == [1, 1] and path.read_bytes() == before
 
 
 @freeze_time("2025-03-10 02:00:00")

@@ -16,12 +16,11 @@ scoring run in a worker thread. Sync callers (the CLI) use `search`.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 
 from picoclaw.disk.bounded_read import read_regular
-from picoclaw.disk.file_identity import FileCache
+from picoclaw.disk.file_identity import FileCache, FileKey, file_key
 from picoclaw.disk.links import NotAFileError
 from picoclaw.memory.learnings import stands
 from picoclaw.memory.reading import decode, warn_unreadable
@@ -88,28 +87,26 @@ class KeywordSearch:
         self.large_cache: FileCache[LargeMemory | None] = FileCache(LargeMemory.scan)  # MEMORY.md over LARGE_FILE
         self._lock = threading.Lock()  # the caches are filled by whichever thread searches first
 
-    def _large(self, file: Path) -> bool:
-        """Whether MEMORY.md (held by `file`) is searched as a stream (larger than LARGE_FILE); its index, if it
-        was cached while the file was smaller, is dropped then."""
-        try:
-            large = os.stat(file).st_size > LARGE_FILE
-        except OSError:
-            return False
-        if large:
-            self.cache.discard(self.store.long_term_path)
-        else:
-            self.large_cache.discard(self.store.long_term_path)
+    def _is_large(self, path: Path, key: FileKey | None) -> bool:
+        """Whether MEMORY.md (`path`; `key`, its file's) is searched as a stream (larger than LARGE_FILE); its
+        index, if it was cached while the file was smaller, is dropped then (and the other way round)."""
+        large = key is not None and key[1] > LARGE_FILE
+        (self.cache if large else self.large_cache).discard(path)
         return large
+
+    # MEMORY.md is repaired (an append cut off by a crash: MemoryStore.repair) before it is read again, which is
+    # only when its file changed: a whole file that did not change needs nothing, so a warm search stats it once.
 
     def long_term_blocks(self) -> list[Block]:
         """MEMORY.md's blocks in file order (of a MEMORY.md larger than LARGE_FILE, the newest ones)."""
         with self._lock:
-            self.store.repair()
             path = self.store.long_term_path
             file = self.store.local(path)
-            if self._large(file):
+            key = file_key(file)
+            if self._is_large(path, key):
+                self.store.repair()
                 return large_tail(path, file)
-            index = self.cache.get(path, file)
+            index = self.cache.get_known(path, file, key, settle=self.store.repair)
             return list(index.blocks) if index else []
 
     def neighbours(self, block: Block, before: int = 1, after: int = 1) -> list[Block]:
@@ -117,10 +114,13 @@ class KeywordSearch:
         (a daily note's title left out); [] when the block is no longer in its file as it is now."""
         with self._lock:
             file = self.store.local(block.path)
-            if block.path == self.store.long_term_path and self._large(file):
-                return large_neighbours(block.path, block, before, after, file)
-            cache = self.cache if block.path == self.store.long_term_path else self.notes_cache
-            index = cache.get(block.path, file)
+            if block.path != self.store.long_term_path:
+                index = self.notes_cache.get(block.path, file)
+            else:
+                key = file_key(file)
+                if self._is_large(block.path, key):
+                    return large_neighbours(block.path, block, before, after, file)
+                index = self.cache.get_known(block.path, file, key, settle=self.store.repair)
             at = index.position(block) if index is not None else None
             if index is None or at is None:
                 return []
@@ -129,15 +129,15 @@ class KeywordSearch:
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         """The best `limit` blocks for `query`, best first; daily notes join when `include_notes`."""
         with self._lock:
-            self.store.repair()
             path = self.store.long_term_path
             file = self.store.local(path)
+            key = file_key(file)
             weight = self.neighbour_weight
-            if self._large(file):
-                large = self.large_cache.get(path, file)
+            if self._is_large(path, key):
+                large = self.large_cache.get_known(path, file, key, settle=self.store.repair)
                 found = [large.index(query, limit, neighbours=weight) if large is not None else None]
             else:
-                found = [self.cache.get(path, file)]
+                found = [self.cache.get_known(path, file, key, settle=self.store.repair)]
             if include_notes:
                 for note, note_file in self.store.notes():
                     try:
