@@ -7,6 +7,7 @@ speed differs. The keyword search uses them for a file large enough to gain from
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,6 +100,11 @@ class ArrayScores:
             values = np.partition(values, values.size - limit)[values.size - limit:]
         return values.tolist()
 
-    def reaching(self, floor: float, bonus: float) -> list[tuple[int, float]]:
+    def top(self, limit: int, floor: float, bonus: float, holds: Callable[[str], bool],
+            texts: list[str]) -> list[tuple[float, int]]:
         near = np.flatnonzero(self.context * bonus >= floor)
-        return list(zip((self.matched[near] - 1).tolist(), self.context[near].tolist()))
+        blocks, scores = self.matched[near] - 1, self.context[near]
+        held = np.fromiter((holds(texts[block]) for block in blocks.tolist()), dtype=bool, count=blocks.size)
+        scores = np.where(held, scores * bonus, scores)
+        best = np.lexsort((blocks, scores))[-limit:]  # by score, then block: as (score, block) tuples compare
+        return list(zip(scores[best].tolist(), blocks[best].tolist()))

@@ -203,8 +203,11 @@ class FileScores(Protocol):
     def best(self, limit: int) -> list[float]:
         """The `limit` highest scores, in no order (all of them when fewer blocks match)."""
 
-    def reaching(self, floor: float, bonus: float) -> list[tuple[int, float]]:
-        """(block, score) of the matching blocks whose score × `bonus` reaches `floor`."""
+    def top(self, limit: int, floor: float, bonus: float, holds: Callable[[str], bool],
+            texts: list[str]) -> list[tuple[float, int]]:
+        """The best `limit` (score, block) of the matching blocks whose score × `bonus` reaches `floor`, each
+        score × `bonus` when `holds` its block's text (of `texts`): best by score, then the later block first;
+        in no order."""
 
 
 class DictScores:
@@ -223,29 +226,27 @@ class DictScores:
     def best(self, limit: int) -> list[float]:
         return heapq.nlargest(limit, self.context.values())
 
-    def reaching(self, floor: float, bonus: float) -> list[tuple[int, float]]:
-        return [(block, score) for block, score in self.context.items() if score * bonus >= floor]
+    def top(self, limit: int, floor: float, bonus: float, holds: Callable[[str], bool],
+            texts: list[str]) -> list[tuple[float, int]]:
+        scored = [(score * bonus if holds(texts[block]) else score, block)
+                  for block, score in self.context.items() if score * bonus >= floor]
+        return scored if len(scored) <= limit else heapq.nlargest(limit, scored)
 
 
 def _phrase_scored(indexes: list[FileIndex], files: list[FileScores], wanted: list[str],
                    limit: int) -> list[tuple[float, int, int]]:
-    """(score, file, block) of the matching blocks that may be among the best `limit` once a phrase hit earns
-    its bonus, bonus given."""
+    """The best `limit` (score, file, block) once a phrase hit earns its bonus, best first."""
     # No block below the limit-th score can reach the top `limit` but by the bonus, so only blocks that
     # could are looked at again (the phrase check scans the block's text). The limit-th score of all files
     # is that of the union of each file's best `limit`.
     best = heapq.nlargest(limit, files[0].best(limit) if len(files) == 1
                           else chain.from_iterable(file.best(limit) for file in files))
     floor = best[-1] if len(best) >= limit else 0.0
-    bonus = 1 + PHRASE_BONUS
-    holds = holds_phrase(wanted)
-    scored: list[tuple[float, int, int]] = []
-    for file_number, (ix, file) in enumerate(zip(indexes, files)):
-        normalized = ix.normalized
-        for block_number, score in file.reaching(floor, bonus):
-            # On equal scores the later block wins: newer memories are likelier to be current.
-            scored.append((score * bonus if holds(normalized[block_number]) else score, file_number, block_number))
-    return scored
+    bonus, holds = 1 + PHRASE_BONUS, holds_phrase(wanted)
+    # On equal scores the later block wins (and the later file): newer memories are likelier to be current.
+    return heapq.nlargest(limit, [(score, file_number, block_number)
+                                  for file_number, (ix, file) in enumerate(zip(indexes, files))
+                                  for score, block_number in file.top(limit, floor, bonus, holds, ix.normalized)])
 
 
 # Makes one file's sums, given its index, the corpus's average block length and the neighbours' share.
@@ -277,8 +278,7 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
     # Expanded, the first pass only names the best FEEDBACK_BLOCKS (fewer blocks for the phrase check).
     scored = _phrase_scored(indexes, files, wanted, FEEDBACK_BLOCKS if feedback else limit)
     if feedback and scored:
-        best = heapq.nlargest(FEEDBACK_BLOCKS, scored)
-        extra = feedback_terms(frozenset(wanted_terms), [indexes[f].own_terms(b) for _, f, b in best],
+        extra = feedback_terms(frozenset(wanted_terms), [indexes[f].own_terms(b) for _, f, b in scored],
                                _doc_freq_of(indexes), total_blocks)
         # Only the blocks that match the query itself are ranked again: the added terms re-order, they
         # never add a hit (a neighbour's share still takes in its added terms' score).
@@ -286,7 +286,7 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
         for file in files:
             file.add(added)
         scored = _phrase_scored(indexes, files, wanted, limit)
-    return [Hit(indexes[f].blocks[b], s) for s, f, b in heapq.nlargest(limit, scored)]
+    return [Hit(indexes[f].blocks[b], s) for s, f, b in scored]
 
 
 def rank_blocks(blocks: list[Block], query: str, limit: int) -> list[Hit]:
