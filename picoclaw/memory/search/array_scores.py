@@ -87,7 +87,7 @@ class ArrayScores:
 
     def match(self, idf: dict[str, float]) -> None:
         own, share = self._own(idf), self.neighbours
-        at = self.matched = np.flatnonzero(own)
+        at = self.matched = (own > 0).nonzero()[0]  # of a bool array: several times faster than of floats
         self.context = own[at] + share * (own[at - 1] + own[at + 1]) if share else own[at]
 
     def add(self, idf: dict[str, float]) -> None:
@@ -102,7 +102,7 @@ class ArrayScores:
 
     def top(self, limit: int, floor: float, bonus: float, holds: Callable[[str], bool],
             texts: list[str]) -> list[tuple[float, int]]:
-        near = np.flatnonzero(self.context * bonus >= floor)
+        near = (self.context * bonus >= floor).nonzero()[0]
         blocks, scores = self.matched[near] - 1, self.context[near]
         held = np.fromiter((holds(texts[block]) for block in blocks.tolist()), dtype=bool, count=blocks.size)
         scores = np.where(held, scores * bonus, scores)

@@ -18,11 +18,17 @@ import math
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, count
 from typing import Any, Protocol
 
 from picoclaw.memory.search.blocks import Block, Hit
-from picoclaw.memory.search.query_expansion import FEEDBACK_BLOCKS, FEEDBACK_MIN_BLOCKS, FEEDBACK_WEIGHT, feedback_terms
+from picoclaw.memory.search.query_expansion import (
+    FEEDBACK_BLOCKS,
+    FEEDBACK_MIN_BLOCKS,
+    FEEDBACK_WEIGHT,
+    best_terms,
+    telling_terms,
+)
 from picoclaw.memory.terms import block_terms, normalize, phrases, query_terms, terms
 
 K1 = 1.2
@@ -33,6 +39,7 @@ PHRASE_BONUS = 0.5  # relative boost for a block containing the query (or a quot
 NEIGHBOUR_WEIGHT = 0.25
 _OWN_TERMS_KEPT = 256  # blocks whose terms a FileIndex keeps for query expansion: the hits of recent queries
 PARTS_KEPT = 8192  # (term, weight) entries a FileIndex keeps: recent queries' terms and their added ones
+_serials = count(1)  # FileIndex.serial: what an index holds never changes once searched, so its serial names it
 
 
 def term_share(tf: Any, length: Any, weight: float, average: float) -> Any:
@@ -63,6 +70,10 @@ class FileIndex:
     _parts_average: float = 0.0
     _positions: dict[tuple[int, int], int] | None = field(default=None, repr=False)
     _own_terms: dict[int, Counter[str]] = field(default_factory=dict, repr=False)
+    # Per block, its telling terms (query_expansion.telling_terms) and the serials of the indexes searched
+    # together that their weights were made for: while those are the same, so is every document frequency.
+    _telling: dict[int, tuple[tuple[int, ...], list[tuple[str, float]]]] = field(default_factory=dict, repr=False)
+    serial: int = field(default_factory=_serials.__next__, repr=False, compare=False)
     searches: int = field(default=0, repr=False, compare=False)  # how often a keyword search ranked this index
     arrays: object | None = field(default=None, repr=False, compare=False)  # array_scores.TermArrays, once used
 
@@ -90,6 +101,17 @@ class FileIndex:
                 self._own_terms.clear()
             found = self._own_terms[number] = Counter(terms(self.blocks[number].text))
         return found
+
+    def telling_terms(self, number: int, corpus: tuple[int, ...], doc_freq: Callable[[str], int],
+                      total: int) -> list[tuple[str, float]]:
+        """`telling_terms` of block `number`'s own terms in the corpus of the indexes whose serials are `corpus`
+        (`doc_freq` and `total` are that corpus's)."""
+        found = self._telling.get(number)
+        if found is None or found[0] != corpus:
+            if len(self._telling) >= _OWN_TERMS_KEPT:
+                self._telling.clear()
+            found = self._telling[number] = (corpus, telling_terms(self.own_terms(number), doc_freq, total))
+        return found[1]
 
     def position(self, block: Block) -> int | None:
         """Where `block` is in this file's blocks, or None when it is not one of them."""
@@ -271,15 +293,18 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
     avg_length = (sum(ix.total_length for ix in indexes) / total_blocks) or 1.0
     wanted = phrases(query)
     feedback = feedback and total_blocks >= FEEDBACK_MIN_BLOCKS and all(ix.doc_freqs is None for ix in indexes)
-    files = [scores(ix, avg_length, neighbours) for ix in indexes]
     idf = _idf(indexes, wanted_terms, 1.0, total_blocks)
+    if not idf:  # no block holds a term of the query
+        return []
+    files = [scores(ix, avg_length, neighbours) for ix in indexes]
     for file in files:
         file.match(idf)
     # Expanded, the first pass only names the best FEEDBACK_BLOCKS (fewer blocks for the phrase check).
     scored = _phrase_scored(indexes, files, wanted, FEEDBACK_BLOCKS if feedback else limit)
     if feedback and scored:
-        extra = feedback_terms(frozenset(wanted_terms), [indexes[f].own_terms(b) for _, f, b in scored],
-                               _doc_freq_of(indexes), total_blocks)
+        corpus, doc_freq = tuple(ix.serial for ix in indexes), _doc_freq_of(indexes)
+        extra = best_terms(frozenset(wanted_terms),
+                           [indexes[f].telling_terms(b, corpus, doc_freq, total_blocks) for _, f, b in scored])
         # Only the blocks that match the query itself are ranked again: the added terms re-order, they
         # never add a hit (a neighbour's share still takes in its added terms' score).
         added = _idf(indexes, extra, FEEDBACK_WEIGHT, total_blocks)
