@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -117,6 +118,26 @@ def test_part_of_a_large_file_is_not_expanded(tmp_path: Path, lang: str) -> None
     index.doc_freqs = {term: len(found) for term, found in index.postings.items()}
     assert rank([index], query, 5, feedback=True) != whole
     assert rank([index], query, 5, feedback=True) == rank([index], query, 5, feedback=False)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_added_terms_weights_follow_the_blocks_searched(tmp_path: Path, lang: str) -> None:
+    # The weights kept per feedback block hold while the same files are searched: daily notes that join the
+    # search, or change, make them again (their words' document frequencies move).
+    store, query, _, _, topic_only = case_store(tmp_path, lang)
+    searcher = KeywordSearch(store)
+    alone = searcher.search(query, 10)
+    assert alone == KeywordSearch(store).search(query, 10)
+    # A dozen entries of the best hit's topic words: they are no longer rare, other words are added instead.
+    note = store.append_note("\n\n".join([topic_only] * 12), at=datetime(2025, 6, 1, 9, 0, tzinfo=SHANGHAI))
+    with_notes = searcher.search(query, 10, include_notes=True)
+    assert with_notes == KeywordSearch(store).search(query, 10, include_notes=True)
+    assert [hit.score for hit in with_notes[:3]] != [hit.score for hit in alone[:3]]
+    assert searcher.search(query, 10) == alone  # MEMORY.md alone again: as before
+    note.write_text(note.read_text(encoding="utf-8").replace(topic_only, FILLER[lang]), encoding="utf-8")
+    changed = searcher.search(query, 10, include_notes=True)
+    assert changed == KeywordSearch(store).search(query, 10, include_notes=True)
+    assert [hit.score for hit in changed[:3]] != [hit.score for hit in with_notes[:3]]
 
 
 @pytest.mark.parametrize(("text", "rare", "common"),

@@ -30,24 +30,42 @@ FEEDBACK_WEIGHT = 0.3
 FEEDBACK_MIN_BLOCKS = 20
 
 
+def telling_terms(counts: Mapping[str, int], doc_freq: Callable[[str], int], total: int) -> list[tuple[str, float]]:
+    """The terms of one feedback block (its terms' counts) that may be added, each with its weight: share of the
+    block's terms × log(total / blocks holding the term); in the order of the block's terms.
+
+    `doc_freq(term)` is how many of the `total` blocks searched hold the term. The query is not looked at, so
+    a search may keep what this gives for a block while the blocks searched are the same (bm25.FileIndex).
+    """
+    size = sum(counts.values())
+    found = []
+    for term, count in counts.items():
+        # A lone CJK character (the bigrams carry the meaning) would pull in every block that happens
+        # to hold it, and a term of a single block says nothing about any other: both cost recall.
+        if len(term) == 1 and is_cjk(term):
+            continue
+        df = doc_freq(term)
+        if df >= 2:
+            found.append((term, count / size * math.log(total / df)))
+    return found
+
+
+def best_terms(query: Collection[str], told: Iterable[Iterable[tuple[str, float]]],
+               limit: int = FEEDBACK_TERMS) -> list[str]:
+    """The `limit` terms with the highest weight summed over the feedback blocks (`telling_terms` of each), query
+    terms left out. Best first; ties keep the order of first occurrence, so the result depends only on the texts."""
+    weight: dict[str, float] = {}
+    get = weight.get
+    for block in told:
+        for term, part in block:
+            if term not in query:
+                weight[term] = get(term, 0.0) + part
+    return heapq.nlargest(limit, weight, key=weight.__getitem__)
+
+
 def feedback_terms(query: Collection[str], feedback: Iterable[Mapping[str, int]], doc_freq: Callable[[str], int],
                    total: int, limit: int = FEEDBACK_TERMS) -> list[str]:
     """The `limit` terms of the `feedback` blocks (each its terms' counts) that best characterise them, by
-    share of the block's terms × log(total / blocks holding the term); query terms left out.
-
-    `doc_freq(term)` is how many of the `total` blocks searched hold the term. Best first; ties keep the
-    order of first occurrence, so the result depends only on the texts.
-    """
-    weight: dict[str, float] = {}
-    get = weight.get
-    for counts in feedback:
-        size = sum(counts.values())
-        for term, count in counts.items():
-            # A lone CJK character (the bigrams carry the meaning) would pull in every block that happens
-            # to hold it, and a term of a single block says nothing about any other: both cost recall.
-            if term in query or (len(term) == 1 and is_cjk(term)):
-                continue
-            df = doc_freq(term)
-            if df >= 2:
-                weight[term] = get(term, 0.0) + count / size * math.log(total / df)
-    return heapq.nlargest(limit, weight, key=weight.__getitem__)
+    share of the block's terms × log(total / blocks holding the term); query terms left out (`best_terms` of
+    each block's `telling_terms`)."""
+    return best_terms(query, (telling_terms(counts, doc_freq, total) for counts in feedback), limit)
