@@ -7,13 +7,12 @@ speed differs. The keyword search uses them for a file large enough to gain from
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from picoclaw.memory.search.bm25 import PARTS_KEPT, FileIndex, term_share
+from picoclaw.memory.search.bm25 import PARTS_KEPT, FileIndex, phrase_holders, term_share
 
 Floats = npt.NDArray[np.float64]
 Numbers = npt.NDArray[np.intp]
@@ -100,11 +99,15 @@ class ArrayScores:
             values = np.partition(values, values.size - limit)[values.size - limit:]
         return values.tolist()
 
-    def top(self, limit: int, floor: float, bonus: float, holds: Callable[[str], bool],
+    def top(self, limit: int, floor: float, bonus: float, wanted: list[str],
             texts: list[str]) -> list[tuple[float, int]]:
         near = (self.context * bonus >= floor).nonzero()[0]
         blocks, scores = self.matched[near] - 1, self.context[near]
-        held = np.fromiter((holds(texts[block]) for block in blocks.tolist()), dtype=bool, count=blocks.size)
-        scores = np.where(held, scores * bonus, scores)
-        best = np.lexsort((blocks, scores))[-limit:]  # by score, then block: as (score, block) tuples compare
-        return list(zip(scores[best].tolist(), blocks[best].tolist()))
+        numbers = blocks.tolist()
+        holders = phrase_holders(wanted, [texts[block] for block in numbers])
+        if holders:
+            scores[holders] *= bonus  # a copy: indexed by an array
+        if len(numbers) > limit:
+            best = np.lexsort((blocks, scores))[-limit:]  # by score, then block: as (score, block) tuples compare
+            blocks, scores = blocks[best], scores[best]
+        return list(zip(scores.tolist(), blocks.tolist()))

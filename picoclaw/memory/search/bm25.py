@@ -205,12 +205,16 @@ def _added_in_context(context: dict[int, float], own: dict[int, float], neighbou
             for block, score in context.items()}
 
 
-def holds_phrase(wanted: list[str]) -> Callable[[str], bool]:
-    """Whether a block's normalized text holds one of the phrases `wanted` (usually one: the query)."""
+def phrase_holders(wanted: list[str], texts: list[str]) -> list[int]:
+    """Where in `texts` (blocks' normalized texts) those are that hold one of the phrases `wanted` (usually one:
+    the query). One search of them all joined first: a question is seldom written down word for word."""
+    joined = "\0".join(texts)  # a phrase in none of them is in no part of it
+    if not any(phrase in joined for phrase in wanted):
+        return []
     if len(wanted) == 1:
         phrase = wanted[0]
-        return lambda text: phrase in text
-    return lambda text: any(phrase in text for phrase in wanted)
+        return [at for at, text in enumerate(texts) if phrase in text]
+    return [at for at, text in enumerate(texts) if any(phrase in text for phrase in wanted)]
 
 
 class FileScores(Protocol):
@@ -225,11 +229,11 @@ class FileScores(Protocol):
     def best(self, limit: int) -> list[float]:
         """The `limit` highest scores, in no order (all of them when fewer blocks match)."""
 
-    def top(self, limit: int, floor: float, bonus: float, holds: Callable[[str], bool],
+    def top(self, limit: int, floor: float, bonus: float, wanted: list[str],
             texts: list[str]) -> list[tuple[float, int]]:
         """The best `limit` (score, block) of the matching blocks whose score × `bonus` reaches `floor`, each
-        score × `bonus` when `holds` its block's text (of `texts`): best by score, then the later block first;
-        in no order."""
+        score × `bonus` when its block's text (of `texts`) holds a phrase of `wanted`: best by score, then the
+        later block first; in no order."""
 
 
 class DictScores:
@@ -248,10 +252,12 @@ class DictScores:
     def best(self, limit: int) -> list[float]:
         return heapq.nlargest(limit, self.context.values())
 
-    def top(self, limit: int, floor: float, bonus: float, holds: Callable[[str], bool],
+    def top(self, limit: int, floor: float, bonus: float, wanted: list[str],
             texts: list[str]) -> list[tuple[float, int]]:
-        scored = [(score * bonus if holds(texts[block]) else score, block)
-                  for block, score in self.context.items() if score * bonus >= floor]
+        scored = [(score, block) for block, score in self.context.items() if score * bonus >= floor]
+        for at in phrase_holders(wanted, [texts[block] for _, block in scored]):
+            score, block = scored[at]
+            scored[at] = (score * bonus, block)
         return scored if len(scored) <= limit else heapq.nlargest(limit, scored)
 
 
@@ -264,11 +270,11 @@ def _phrase_scored(indexes: list[FileIndex], files: list[FileScores], wanted: li
     best = heapq.nlargest(limit, files[0].best(limit) if len(files) == 1
                           else chain.from_iterable(file.best(limit) for file in files))
     floor = best[-1] if len(best) >= limit else 0.0
-    bonus, holds = 1 + PHRASE_BONUS, holds_phrase(wanted)
+    bonus = 1 + PHRASE_BONUS
     # On equal scores the later block wins (and the later file): newer memories are likelier to be current.
     return heapq.nlargest(limit, [(score, file_number, block_number)
                                   for file_number, (ix, file) in enumerate(zip(indexes, files))
-                                  for score, block_number in file.top(limit, floor, bonus, holds, ix.normalized)])
+                                  for score, block_number in file.top(limit, floor, bonus, wanted, ix.normalized)])
 
 
 # Makes one file's sums, given its index, the corpus's average block length and the neighbours' share.
