@@ -161,8 +161,9 @@ def _doc_freq_of(indexes: list[FileIndex]) -> Callable[[str], int]:
 def _idf(indexes: list[FileIndex], words: Iterable[str], weight: float, total_blocks: int) -> dict[str, float]:
     """Each of `words` that some block holds, with its inverse document frequency times `weight`."""
     idf = {}
+    doc_freq = _doc_freq_of(indexes)
     for term in words:
-        df = _doc_freq(indexes, term)
+        df = doc_freq(term)
         if df:
             idf[term] = weight * math.log(1 + (total_blocks - df + 0.5) / (df + 0.5))
     return idf

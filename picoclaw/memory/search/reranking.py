@@ -188,8 +188,8 @@ class RerankedSearch:
     def _replacements_first(self, ranked: list[_Candidate], asked: frozenset[str]) -> list[_Candidate]:
         """`ranked` with each replacement moved to just above the superseded entry it ranked below."""
         pairs = self._superseded_pairs(ranked, asked)
-        order = list(ranked)
-        at = {candidate: n for n, candidate in enumerate(order)}  # where each candidate is in `order` now
+        order = list(range(len(ranked)))  # candidates by their place in `ranked`
+        at = list(order)  # where each candidate is in `order` now
         for _ in range(len(pairs) + 1):  # a chain (A → B → C) settles in as many passes as it has links
             moved = False
             for old, new in pairs:
@@ -203,31 +203,40 @@ class RerankedSearch:
                 break
         # Scores follow the order, so a caller that merges results by score keeps it.
         result: list[_Candidate] = []
-        for candidate in reversed(order):
+        for number in reversed(order):
+            candidate = ranked[number]
             floor = result[-1].hit.score if result else -math.inf
             if candidate.hit.score < floor:
                 candidate = _Candidate(Hit(candidate.hit.block, floor), candidate.reading)
             result.append(candidate)
         return result[::-1]
 
-    def _superseded_pairs(self, ranked: list[_Candidate], asked: frozenset[str]
-                          ) -> list[tuple[_Candidate, _Candidate]]:
-        """(superseded, replacement) among the candidates: by the store's mark; or, between two statements
+    def _superseded_pairs(self, ranked: list[_Candidate], asked: frozenset[str]) -> list[tuple[int, int]]:
+        """(superseded, replacement), as places in `ranked`: by the store's mark; or, between two statements
         (short entries), when the newer updates the older by the update rule or both say something about
         what the query asks (they share two words, and both hold one of `asked`, the query's words)."""
-        long_term = sorted((c for c in ranked if c.hit.block.path == self.store.long_term_path),
-                           key=lambda c: c.hit.block.start_line)
-        newer = [(c, c.reading.statement, c.reading.day, c.reading.words) for c in long_term]  # read once
-        pairs: list[tuple[_Candidate, _Candidate]] = []
-        for n, (old, before, day, old_words) in enumerate(newer):
-            mark = old.reading.mark
+        long_term_path = self.store.long_term_path
+        long_term = sorted((n for n, c in enumerate(ranked) if c.hit.block.path == long_term_path),
+                           key=lambda n: ranked[n].hit.block.start_line)
+        # Word sets as bits of one int each (a bit per word of this search): most pairs are tested, and an
+        # int's & and bit_count cost a fraction of a set intersection.
+        bits: dict[str, int] = {}
+        asked_bits = _bits(bits, asked)
+        newer = []  # read once
+        for n in long_term:
+            reading = ranked[n].reading
+            statement = reading.statement
+            newer.append((n, statement, reading.day, _bits(bits, statement.words) if statement is not None else 0,
+                          _bits(bits, reading.words) & asked_bits))
+        pairs: list[tuple[int, int]] = []
+        for k, (old, before, day, before_words, asked_old) in enumerate(newer):
+            mark = ranked[old].reading.mark
             if mark is not None:
-                pairs.extend((old, new) for new in long_term[n + 1:] if _named_by(mark, new))
+                pairs.extend((old, new) for new in long_term[k + 1:] if _named_by(mark, ranked[new]))
                 continue
             if before is None:
                 continue
-            before_words, asked_old = before.words, old_words & asked
-            for new, after, new_day, new_words in newer[n + 1:]:
+            for new, after, new_day, after_words, asked_new in newer[k + 1:]:
                 # Later in the file is newer (entries are appended), unless a date heading says otherwise.
                 if after is None or (day is not None and new_day is not None and new_day < day):
                     continue
@@ -235,9 +244,20 @@ class RerankedSearch:
                 # 住 are words), but what is asked for must be a word both hold: for 护照, 用户的护照… and
                 # 用户的妹妹…护士 share 用, 户 and 护, and are not about one thing. Both tests need two shared
                 # words, so a pair with fewer is left at once (most pairs, and the update rule costs more).
-                if len(before_words & after.words) >= 2 and (asked_old & new_words or after.updates(before)):
+                if (before_words & after_words).bit_count() >= 2 and (asked_old & asked_new or after.updates(before)):
                     pairs.append((old, new))
         return pairs
+
+
+def _bits(bits: dict[str, int], words: frozenset[str]) -> int:
+    """`words` as an int with the bit of each set, bits given out in `bits` as words are first seen."""
+    mask = 0
+    for word in words:
+        bit = bits.get(word)
+        if bit is None:
+            bit = bits[word] = 1 << len(bits)
+        mask |= bit
+    return mask
 
 
 def _named_by(mark: re.Match[str], new: _Candidate) -> bool:
