@@ -111,6 +111,7 @@ def test_daily_notes_beside_a_large_memory_stay_in_dicts(lang: str, tmp_path: Pa
     search = search_store(tmp_path, lang, ARRAYS_FROM, notes=3)
     first = search.search(NOTE_QUERY[lang], 10, include_notes=True)
     second = search.search(NOTE_QUERY[lang], 10, include_notes=True)
+    assert search.search(f"{NOTE_QUERY[lang]} {QUERIES[lang][1]}", 10, include_notes=True)  # all files match
     notes = [search.notes_cache.get(note, file) for note, file in search.store.notes()]
     assert len(notes) == 3 and all(note is not None and note.arrays is None for note in notes)
     assert index_of(search).arrays is not None
@@ -142,3 +143,26 @@ def test_terms_no_block_holds_are_not_kept(lang: str, tmp_path: Path) -> None:
     kept_in_arrays = set(note.arrays.postings) | {term for term, _ in note.arrays.parts}
     assert kept and kept <= held
     assert kept_in_arrays and kept_in_arrays <= held
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_file_holding_no_word_of_the_query_gets_no_sums(lang: str, tmp_path: Path) -> None:
+    # A turn searches every daily note; most hold no word of a given question, and each would cost its sums.
+    memory = FileIndex.build(corpus(lang, 5, 60, tmp_path / "MEMORY.md"))
+    notes = [FileIndex.build([Block(tmp_path / f"2025010{n}.md", "## 09:00", f"## 09:00\n{NOTE[lang]}", 3, 4)],
+                             with_previous=True) for n in range(1, 4)]
+    scored: list[FileIndex] = []
+
+    def counting(index: FileIndex, avg_length: float, neighbours: float) -> FileScores:
+        scored.append(index)
+        return DictScores(index, avg_length, neighbours)
+
+    corpus_ = [memory, *notes]
+    found = ranked(corpus_, QUERIES[lang][1], 10, NEIGHBOUR_WEIGHT, True, counting)
+    assert found and scored == [memory]  # the notes hold none of its words
+    assert found == ranked(corpus_, QUERIES[lang][1], 10, NEIGHBOUR_WEIGHT, True, DictScores)
+    scored.clear()
+    hits = ranked(corpus_, NOTE_QUERY[lang], 10, NEIGHBOUR_WEIGHT, True, counting)
+    assert scored == notes and sorted(block.path.name for block, _ in hits) == ["20250101.md", "20250102.md",
+                                                                                  "20250103.md"]
+    assert hits == ranked(corpus_, NOTE_QUERY[lang], 10, NEIGHBOUR_WEIGHT, True, DictScores)

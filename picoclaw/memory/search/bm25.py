@@ -262,6 +262,26 @@ class DictScores:
         return scored if len(scored) <= limit else heapq.nlargest(limit, scored)
 
 
+class _NoMatch:
+    """FileScores of a file holding no term of the query: none of its blocks matches, and none starts to."""
+
+    def match(self, idf: dict[str, float]) -> None:
+        pass
+
+    def add(self, idf: dict[str, float]) -> None:
+        pass
+
+    def best(self, limit: int) -> list[float]:
+        return []
+
+    def top(self, limit: int, floor: float, bonus: float, wanted: list[str],
+            texts: list[str]) -> list[tuple[float, int]]:
+        return []
+
+
+_NO_MATCH = _NoMatch()
+
+
 def _phrase_scored(indexes: list[FileIndex], files: list[FileScores], wanted: list[str],
                    limit: int) -> list[tuple[float, int, int]]:
     """The best `limit` (score, file, block) once a phrase hit earns its bonus, best first."""
@@ -303,7 +323,9 @@ def rank(indexes: list[FileIndex], query: str, limit: int, *, neighbours: float 
     idf = _idf(indexes, wanted_terms, 1.0, total_blocks)
     if not idf:  # no block holds a term of the query
         return []
-    files = [scores(ix, avg_length, neighbours) for ix in indexes]
+    # A turn searches every daily note, and most hold no word of the query: those are not scored at all.
+    files = [scores(ix, avg_length, neighbours) if any(term in ix.postings for term in idf) else _NO_MATCH
+             for ix in indexes]
     for file in files:
         file.match(idf)
     # Expanded, the first pass only names the best FEEDBACK_BLOCKS (fewer blocks for the phrase check).
