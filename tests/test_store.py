@@ -183,6 +183,23 @@ def test_daily_notes_across_a_month_boundary(store: MemoryStore) -> None:
     assert store.note_files() == [january, february]
 
 
+def test_the_notes_listed_are_the_folders_as_it_is_now(store: MemoryStore) -> None:
+    march = store.append_note("三月的笔记 / a March note", at=datetime(2026, 3, 2, 9, 0, tzinfo=SHANGHAI))
+    january = store.append_note("一月的笔记 / a January note", at=datetime(2026, 1, 5, 9, 0, tzinfo=SHANGHAI))
+    # Only YYYYMM/YYYYMMDD.md counts: not a file named like a month, a note in a folder of another name, or
+    # a name of the wrong length.
+    (store.memory_dir / "202612").write_text("not a folder", encoding="utf-8")
+    (store.memory_dir / "notes").mkdir()
+    (store.memory_dir / "notes" / "20260210.md").write_text("elsewhere", encoding="utf-8")
+    (store.memory_dir / "202601" / "2026011.md").write_text("short", encoding="utf-8")
+    (store.memory_dir / "202601" / "20260106.md.bak").write_text("backup", encoding="utf-8")
+    assert store.notes() == [(january, january), (march, march)]
+    assert store.notes() == [(january, january), (march, march)]  # asked again: the same, from the folder
+    january.unlink()
+    february = store.append_note("二月 / February", at=datetime(2026, 2, 14, 9, 0, tzinfo=SHANGHAI))
+    assert store.note_files() == [february, march]  # gone and added: seen at once
+
+
 @freeze_time("2026-03-31 17:00:00")
 def test_daily_note_uses_the_local_date_of_the_configured_timezone(memory_dir: Path) -> None:
     # Still 31 March in UTC, already 1 April in Shanghai.

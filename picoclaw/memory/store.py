@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -104,6 +105,19 @@ class Replacement:
     carried_over: str
 
 
+_MONTH_DIR = re.compile(r"[0-9]{6}")  # memory/YYYYMM/
+_NOTE_FILE = re.compile(r"[0-9]{8}\.md")  # YYYYMMDD.md
+
+
+def _entries(folder: str | Path) -> list[os.DirEntry[str]]:
+    """What `folder` holds; nothing when it cannot be listed (missing, not a folder, not readable)."""
+    try:
+        with os.scandir(folder) as listed:
+            return list(listed)
+    except OSError:
+        return []
+
+
 class MemoryStore:
     """MEMORY.md, daily notes `YYYYMM/YYYYMMDD.md` and backups inside one memory folder."""
 
@@ -122,6 +136,8 @@ class MemoryStore:
         self._target_locks: dict[Path, AbstractContextManager[object]] = {}
         self._listeners: list[Callable[[Path], None]] = []
         self._names: dict[Path, str] = {}
+        self._notes_folder: Path | None = None  # `notes`' Paths, by (month, name), while its folder is the same
+        self._note_places: dict[tuple[str, str], tuple[Path, Path]] = {}
 
     def on_change(self, listener: Callable[[Path], None]) -> None:
         """Call `listener(path)` after every write of a memory file (the optional index marks it changed)."""
@@ -527,13 +543,22 @@ class MemoryStore:
         """Every daily note, oldest first: (its place in the workspace, the file on this machine that holds it
         now, as `local` gives it), all brought up to date at once."""
         folder = self.documents.local_folder(f"{self._name(self.memory_dir)}/")
-        found = [
-            path
-            for month in folder.glob("[0-9][0-9][0-9][0-9][0-9][0-9]")
-            if month.is_dir()
-            for path in month.glob("[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9].md")
-        ]
-        return [(self.memory_dir / path.relative_to(folder), path) for path in sorted(found, key=lambda p: p.name)]
+        found: list[tuple[str, str]] = []  # (YYYYMMDD.md, YYYYMM)
+        for month in _entries(folder):
+            if _MONTH_DIR.fullmatch(month.name) and month.is_dir():
+                found += [(note.name, month.name) for note in _entries(month.path) if _NOTE_FILE.fullmatch(note.name)]
+        found.sort(key=lambda note: note[0])  # by day; stable, as the months were listed
+        # A turn searches every note: the same Path objects each time (made once, their hashes kept).
+        if folder != self._notes_folder or len(self._note_places) > 2 * len(found) + 64:
+            self._notes_folder, self._note_places = folder, {}
+        places = self._note_places
+        notes = []
+        for day, month_name in found:
+            place = places.get((month_name, day))
+            if place is None:
+                place = places[(month_name, day)] = (self.memory_dir / month_name / day, folder / month_name / day)
+            notes.append(place)
+        return notes
 
     def read_note(self, path: Path, local: Path | None = None) -> str:
         """The text of a daily note (one of `note_files`; `local`, its file as `notes` gave it); bytes that are not
