@@ -13,6 +13,7 @@ from freezegun import freeze_time
 
 from picoclaw.memory.search import Block, Hit, KeywordSearch, bm25, keyword, split_blocks
 from picoclaw.memory.search import blocks as blocks_module
+from picoclaw.memory.search.large_files import LARGE_FILE
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.terms import phrases, terms
 from tests.stores import memory_store
@@ -388,24 +389,70 @@ def test_unchanged_file_is_not_reread_or_resplit(retriever: KeywordSearch, count
     assert third == first and last_line(second[0]) == "My pet dog is called Bob, a corgi."
 
 
-def test_a_warm_search_repairs_only_a_file_that_changed(
-    store: MemoryStore, retriever: KeywordSearch, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    repairs: list[int] = []
-    real_repair = store.repair
-    monkeypatch.setattr(store, "repair", lambda: repairs.append(1) or real_repair())
-    assert retriever.search("corgi", 3) and repairs == [1]  # read for the first time
-    assert retriever.search("柯基", 3) and retriever.search("Bob", 3) and repairs == [1]  # unchanged: one stat
-    # An append cut off by a crash: its journal beside the file, half its bytes written.
+def cut_off_append(store: MemoryStore) -> bytes:
+    """An append cut off by a crash: its journal beside MEMORY.md, half its bytes written ("猫" and "Mimi", not
+    "cat"); the file as it was before."""
     path = store.long_term_path
     before = path.read_bytes()
     entry = "\n## 2025-03-10\n养了一只猫，叫 Mimi。Adopted a cat named Mimi.\n".encode()
     (path.parent / ".MEMORY.md.append").write_bytes(orjson.dumps(
         {"inode": os.stat(path).st_ino, "size": len(before), "entry": entry.decode()}))
     with open(path, "ab") as fh:
-        fh.write(entry[:len(entry) // 2 + 12])  # "猫" and "Mimi" written, "cat" not
+        fh.write(entry[:len(entry) // 2 + 12])
+    return before
+
+
+def test_a_warm_search_repairs_only_a_file_that_changed(
+    store: MemoryStore, retriever: KeywordSearch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repairs: list[int] = []
+    real_repair = store.repair
+    monkeypatch.setattr(store, "repair", lambda: repairs.append(1) or real_repair())
+    assert retriever.search("corgi", 3) and len(repairs) == 2  # read for the first time: before and after
+    assert retriever.search("柯基", 3) and retriever.search("Bob", 3) and len(repairs) == 2  # unchanged: one stat
+    before = cut_off_append(store)
     assert retriever.search("猫", 3) == [] and retriever.search("Mimi", 3) == []  # never half an entry
-    assert repairs == [1, 1] and path.read_bytes() == before
+    assert len(repairs) == 4 and store.long_term_path.read_bytes() == before
+
+
+def test_an_append_cut_off_while_the_file_is_read_is_not_kept(
+    store: MemoryStore, retriever: KeywordSearch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process starts an append right after this search's repair and is killed half-way: the search
+    # may read the half entry (as it would have before), but the file is repaired after it and read again.
+    real_repair = store.repair
+    torn: list[bytes] = []
+
+    def repair_then_tear() -> None:
+        real_repair()
+        if not torn:
+            torn.append(cut_off_append(store))
+
+    monkeypatch.setattr(store, "repair", repair_then_tear)
+    retriever.search("Mimi", 3)
+    assert store.long_term_path.read_bytes() == torn[0]
+    assert retriever.search("Mimi", 3) == [] and retriever.search("猫", 3) == []
+    assert not [block for block in retriever.long_term_blocks() if "Mimi" in block.text]
+
+
+def test_a_cut_off_append_over_the_large_file_line_is_undone_before_the_file_is_sized(tmp_path: Path) -> None:
+    # A MEMORY.md just under LARGE_FILE that a torn append takes over it: repaired, it is indexed whole (a large
+    # one would be streamed, its statistics estimated), as it was before the append began.
+    store = memory_store(tmp_path / "memory", SHANGHAI)
+    parts, size = [], 0
+    while size < LARGE_FILE - 200:
+        part = f"## 2025-{1 + size % 12:02d}-{1 + size % 28:02d}\nEntry {size}: my corgi Bob 第{size}条 柯基\n\n"
+        parts.append(part)
+        size += len(part.encode())
+    parts.append("## 2025-03-01\n" + "x" * (LARGE_FILE - 30 - size - 15) + "\n")
+    store.long_term_path.parent.mkdir(parents=True)
+    store.long_term_path.write_text("".join(parts), encoding="utf-8")
+    before = cut_off_append(store)
+    assert store.long_term_path.stat().st_size > LARGE_FILE >= len(before)
+    retriever = KeywordSearch(store)
+    assert retriever.search("柯基 corgi", 3)
+    assert store.long_term_path.read_bytes() == before
+    assert store.long_term_path in retriever.cache and store.long_term_path not in retriever.large_cache
 
 
 @freeze_time("2025-03-10 02:00:00")

@@ -39,24 +39,29 @@ class FileCache(Generic[T]):
         """Forget the value of `path`."""
         self._entries.pop(path, None)
 
-    def get(self, path: Path, file: Path | None = None, *, settle: Callable[[], object] | None = None) -> T | None:
+    def holds(self, path: Path, key: FileKey | None) -> bool:
+        """Whether the value kept for `path` was loaded from a file whose `file_key` was `key`."""
+        cached = self._entries.get(path)
+        return cached is not None and cached[0] == key
+
+    def get(self, path: Path, file: Path | None = None) -> T | None:
         """The value for `path`, read from `file` (default: `path`) and loaded again only if that file changed;
-        None when it does not exist. `settle` runs before each (re)load, and the file is looked at again after it."""
+        None when it does not exist."""
         file = path if file is None else file
-        return self.get_known(path, file, file_key(file), settle=settle)
+        return self.get_known(path, file, file_key(file))
 
     def get_known(self, path: Path, file: Path, key: FileKey | None, *,
-                  settle: Callable[[], object] | None = None) -> T | None:
-        """`get` with `file`'s `file_key` just read by the caller, so that it is not read twice."""
+                  loaded: Callable[[], object] | None = None) -> T | None:
+        """`get` with `file`'s `file_key` just read by the caller, so that it is not read twice; `loaded` runs
+        after each (re)load (the value stays under `key`: a file changed meanwhile is loaded again next time)."""
         cached = self._entries.get(path)
         if cached is not None and cached[0] == key:
             return cached[1]
-        if settle is not None:
-            settle()
-            key = file_key(file)
         if key is None:
             self._entries.pop(path, None)
             return None
         cached = (key, self._load(path, file))
         self._entries[path] = cached
+        if loaded is not None:
+            loaded()
         return cached[1]

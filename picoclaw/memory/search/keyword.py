@@ -94,33 +94,38 @@ class KeywordSearch:
         (self.cache if large else self.large_cache).discard(path)
         return large
 
-    # MEMORY.md is repaired (an append cut off by a crash: MemoryStore.repair) before it is read again, which is
-    # only when its file changed: a whole file that did not change needs nothing, so a warm search stats it once.
+    def _long_term(self) -> tuple[Path, Path, FileKey | None]:
+        """MEMORY.md's path, the file holding it and that file's key; repaired first when it changed since it
+        was read (an append cut off by a crash: MemoryStore.repair), so a warm search stats it once."""
+        path = self.store.long_term_path
+        file = self.store.local(path)
+        key = file_key(file)
+        if not (self.cache.holds(path, key) or self.large_cache.holds(path, key)):
+            # A whole file that did not change needs no repair: an append changes its size.
+            self.store.repair()
+            key = file_key(file)
+        return path, file, key
 
     def long_term_blocks(self) -> list[Block]:
         """MEMORY.md's blocks in file order (of a MEMORY.md larger than LARGE_FILE, the newest ones)."""
         with self._lock:
-            path = self.store.long_term_path
-            file = self.store.local(path)
-            key = file_key(file)
+            path, file, key = self._long_term()
             if self._is_large(path, key):
-                self.store.repair()
                 return large_tail(path, file)
-            index = self.cache.get_known(path, file, key, settle=self.store.repair)
+            index = self.cache.get_known(path, file, key, loaded=self.store.repair)
             return list(index.blocks) if index else []
 
     def neighbours(self, block: Block, before: int = 1, after: int = 1) -> list[Block]:
         """`block` with up to `before` blocks above it and `after` below it in its file, in file order
         (a daily note's title left out); [] when the block is no longer in its file as it is now."""
         with self._lock:
-            file = self.store.local(block.path)
             if block.path != self.store.long_term_path:
-                index = self.notes_cache.get(block.path, file)
+                index = self.notes_cache.get(block.path, self.store.local(block.path))
             else:
-                key = file_key(file)
-                if self._is_large(block.path, key):
-                    return large_neighbours(block.path, block, before, after, file)
-                index = self.cache.get_known(block.path, file, key, settle=self.store.repair)
+                path, file, key = self._long_term()
+                if self._is_large(path, key):
+                    return large_neighbours(path, block, before, after, file)
+                index = self.cache.get_known(path, file, key, loaded=self.store.repair)
             at = index.position(block) if index is not None else None
             if index is None or at is None:
                 return []
@@ -129,15 +134,15 @@ class KeywordSearch:
     def search(self, query: str, limit: int, *, include_notes: bool = False) -> list[Hit]:
         """The best `limit` blocks for `query`, best first; daily notes join when `include_notes`."""
         with self._lock:
-            path = self.store.long_term_path
-            file = self.store.local(path)
-            key = file_key(file)
+            path, file, key = self._long_term()
             weight = self.neighbour_weight
             if self._is_large(path, key):
-                large = self.large_cache.get_known(path, file, key, settle=self.store.repair)
+                # After a load, MEMORY.md is checked again: an append begun and cut off while it was read is
+                # undone, and the file (changed) read again at the next search.
+                large = self.large_cache.get_known(path, file, key, loaded=self.store.repair)
                 found = [large.index(query, limit, neighbours=weight) if large is not None else None]
             else:
-                found = [self.cache.get_known(path, file, key, settle=self.store.repair)]
+                found = [self.cache.get_known(path, file, key, loaded=self.store.repair)]
             if include_notes:
                 for note, note_file in self.store.notes():
                     try:
