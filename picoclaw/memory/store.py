@@ -105,8 +105,17 @@ class Replacement:
     carried_over: str
 
 
+# As pathlib's glob matched them: without regard to case where the file system has none (Windows).
 _MONTH_DIR = re.compile(r"[0-9]{6}")  # memory/YYYYMM/
-_NOTE_FILE = re.compile(r"[0-9]{8}\.md")  # YYYYMMDD.md
+_NOTE_FILE = re.compile(r"[0-9]{8}\.md", re.IGNORECASE if os.name == "nt" else 0)  # YYYYMMDD.md
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    """Whether `entry` is a folder or links to one; a link to nothing, or looping, is not (as Path.is_dir)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def _entries(folder: str | Path) -> list[os.DirEntry[str]]:
@@ -545,7 +554,7 @@ class MemoryStore:
         folder = self.documents.local_folder(f"{self._name(self.memory_dir)}/")
         found: list[tuple[str, str]] = []  # (YYYYMMDD.md, YYYYMM)
         for month in _entries(folder):
-            if _MONTH_DIR.fullmatch(month.name) and month.is_dir():
+            if _MONTH_DIR.fullmatch(month.name) and _is_folder(month):
                 found += [(note.name, month.name) for note in _entries(month.path) if _NOTE_FILE.fullmatch(note.name)]
         found.sort(key=lambda note: note[0])  # by day; stable, as the months were listed
         # A turn searches every note: the same Path objects each time (made once, their hashes kept).
