@@ -113,7 +113,9 @@ def prepare_home(home: Path, dsn: str, telegram: FakeTelegramServer, model: Fake
 @contextmanager
 def workers(home: Path, count: int) -> Iterator[dict[str, tuple[int, subprocess.Popen[bytes]]]]:
     """`count` workers, ready (each answering /healthz), killed at the end; their logs go to files in `home`."""
-    env = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONPATH": str(REPO)}
+    # The caller's PYTHONPATH after the repository: a profiler's sitecustomize reaches the workers too.
+    paths = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PICOCLAW_HOME": str(home), "PYTHONPATH": paths}
     started: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
     try:
         for i in range(count):

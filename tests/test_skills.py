@@ -83,6 +83,20 @@ def test_an_unchanged_folder_is_not_parsed_again(workspace: Workspace, monkeypat
     assert parsed[len(SHIPPED):] == [path]
 
 
+def test_only_folders_holding_a_skill_md_are_skills(workspace: Workspace) -> None:
+    skills_dir = workspace.layout.skills_dir
+    write_skill(skills_dir, "weather", "每天的天气 / the weather")
+    (skills_dir / "empty-folder").mkdir()
+    (skills_dir / "notes.txt").write_text("not a skill 不是技能\n", encoding="utf-8")
+    (skills_dir / "folder-skill" / "SKILL.md").mkdir(parents=True)  # a folder named SKILL.md is no skill file
+    write_skill(skills_dir, ".hidden", "a dot folder is passed over")
+    (skills_dir / "loop").symlink_to(skills_dir / "loop")  # a link to itself: skipped, not a failure
+    (skills_dir / "nowhere").symlink_to(skills_dir / "gone")
+    scan = SkillCatalog(skills_dir).scan()
+    assert [skill.name for skill in scan.skills] == sorted([*SHIPPED, "weather"]) and scan.problems == ()
+    assert "- weather: 每天的天气 / the weather" in ContextBuilder(workspace).stable_prefix(NOW)
+
+
 def test_no_skills_no_section(workspace: Workspace) -> None:
     remove_shipped_skills(workspace)
     assert "## Skills" not in ContextBuilder(workspace).stable_prefix(NOW)

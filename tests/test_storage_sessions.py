@@ -90,6 +90,31 @@ def test_a_second_store_takes_in_what_another_appended(backend: Backend) -> None
     assert first.refresh(mine) and [m.id for m in mine.messages] == [1, 2]
 
 
+def test_the_active_history_and_its_blocks_follow_every_change_of_the_session(tmp_path: Path) -> None:
+    # Session keeps what active() and injected_blocks() worked out until the history or its compaction point
+    # changes: an append, a compaction, a reload after another process wrote, each must show at once.
+    store, other = (SessionStore(tmp_path / "sessions", storage=FilesStorage(tmp_path)) for _ in range(2))
+    session = store.load(KEY)
+    asked = StoredMessage(0, {"role": "user", "content": "Where do I live?"}, context="<context>…</context>",
+                          blocks=("a1",))
+    store.append_messages(session, [asked, _said("assistant", "In Berlin.")])
+    assert [m.id for m in session.active()] == [1, 2] and session.injected_blocks() == {"a1"}
+    session.active().clear()  # the caller's own list: the session's history is untouched
+    assert [m.id for m in session.active()] == [1, 2]
+
+    store.append_messages(session, [StoredMessage(0, {"role": "user", "content": "我住在哪里？"}, blocks=("b2",))])
+    assert [m.id for m in session.active()] == [1, 2, 3] and session.injected_blocks() == {"a1", "b2"}
+
+    store.add_compaction(session, 2, "用户住在柏林 (Berlin).", "budget")
+    assert [m.id for m in session.active()] == [3] and session.injected_blocks() == {"b2"}
+
+    theirs = other.load(KEY)
+    other.append_messages(theirs, [_said("assistant", "在柏林。")])
+    assert store.refresh(session)
+    assert [m.message["content"] for m in session.active()] == ["我住在哪里？", "在柏林。"]
+    assert session.active_messages()[-1]["content"] == "在柏林。"
+
+
 def _append_many(root: str, dsn: str | None, worker: int, go: Event) -> None:
     storage = _open(Path(root), dsn)
     try:

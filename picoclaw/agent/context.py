@@ -119,6 +119,7 @@ class ContextBuilder:
         self.workspace = workspace
         # Bootstrap documents are read once and again only when they change (through the documents port).
         self._files = FileCache(lambda _, file: bootstrap_text(file.read_text(encoding="utf-8", errors="replace")))
+        self._bootstrap = [(name, workspace.root / name) for name in BOOTSTRAP_FILES]  # each by its place
         # The skill list is part of the stable prefix: scanned again only when a SKILL.md changes. The catalog
         # is the one the skill tool reads, so a broken SKILL.md is logged once, not by each reader.
         self.skills = shared_catalog(workspace.layout.skills_dir)
@@ -168,8 +169,8 @@ class ContextBuilder:
     def _prefix_parts(self, now: datetime, standing: list[Hit] | None) -> list[tuple[str, str]]:
         """The stable prefix's pieces, each named by the budget part it counts towards (system, skills, lessons)."""
         documents = self.workspace.storage.documents("")  # the bootstrap documents are the shared scope's
-        parts = [("system", (self._files.get(self.workspace.root / name, documents.local(name)) or "").strip())
-                 for name in BOOTSTRAP_FILES]
+        parts = [("system", (self._files.get(place, documents.local(name)) or "").strip())
+                 for name, place in self._bootstrap]
         parts.append(("system", TOOL_GUIDANCE))
         if self.workspace.layout.is_per_user:
             parts.append(("system", PER_USER_GUIDANCE))

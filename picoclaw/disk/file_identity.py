@@ -18,6 +18,11 @@ def file_key(path: Path) -> FileKey | None:
         st = os.stat(path)
     except FileNotFoundError:
         return None
+    return stat_key(st)
+
+
+def stat_key(st: os.stat_result) -> FileKey:
+    """`file_key` of the file `st` was taken of."""
     return st.st_mtime_ns, st.st_size, st.st_ino
 
 

@@ -76,6 +76,7 @@ STALE_TEMP_SECONDS = 3600
 # An appended entry that updates an older one marks it (see memory/supersede.py) among this many newest entries:
 # a bound, so that an append to a MEMORY.md of half a million entries does not tokenise them all.
 UPDATE_WINDOW = 10_000
+NOTE_PATHS_KEPT = 64  # days whose note paths a store keeps made (a turn asks for the last few)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ class MemoryStore:
         self._names: dict[Path, str] = {}
         self._notes_folder: Path | None = None  # `notes`' Paths, by (month, name), while its folder is the same
         self._note_places: dict[tuple[str, str], tuple[Path, Path]] = {}
+        self._note_paths: dict[date, Path] = {}  # `note_path`'s, for the days last asked
 
     def on_change(self, listener: Callable[[Path], None]) -> None:
         """Call `listener(path)` after every write of a memory file (the optional index marks it changed)."""
@@ -508,7 +510,12 @@ class MemoryStore:
 
     def note_path(self, day: date) -> Path:
         """`memory/YYYYMM/YYYYMMDD.md` for that day."""
-        return self.memory_dir / day.strftime("%Y%m") / f"{day.strftime('%Y%m%d')}.md"
+        path = self._note_paths.get(day)
+        if path is None:  # a turn asks for the last few days' notes: the same Path objects each time
+            if len(self._note_paths) >= NOTE_PATHS_KEPT:
+                self._note_paths.clear()
+            path = self._note_paths[day] = self.memory_dir / day.strftime("%Y%m") / f"{day.strftime('%Y%m%d')}.md"
+        return path
 
     def append_note(self, content: str, at: datetime | None = None) -> Path:
         """Append `## HH:MM` + content to the daily note of `at` (default: now, local time)."""

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import re
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from picoclaw.disk.file_identity import FileCache, FileKey, file_key
+from picoclaw.disk.file_identity import FileCache, FileKey, stat_key
 from picoclaw.layout import SKILL_DRAFTS_DIR
 from picoclaw.memory import Workspace
 from picoclaw.tools.base import Tool, ToolError
@@ -135,7 +136,7 @@ class SkillCatalog:
     def __init__(self, folder: Path):
         self.folder = folder
         self._files: FileCache[Skill | SkillProblem] = FileCache(lambda path, _: _load_or_problem(path))
-        self._scan_key: tuple[tuple[str, FileKey | None], ...] | None = None
+        self._scan_key: tuple[tuple[str, FileKey], ...] | None = None
         self._scan = SkillScan((), ())
         self._offered: bool | None = None
         # The skill tool scans in a worker thread while a prompt may be built on the event loop: one scan
@@ -159,14 +160,13 @@ class SkillCatalog:
             return self._offered
 
     def _rescan(self) -> SkillScan:
-        paths = self._skill_files()
-        key = tuple((str(path), file_key(path)) for path in paths)
+        key = tuple(self._skill_files())
         if key == self._scan_key:
             return self._scan
         skills: dict[str, Skill] = {}
         problems: list[SkillProblem] = []
-        for path in paths:
-            loaded = self._files.get(path)
+        for path, _ in key:
+            loaded = self._files.get(Path(path))
             if isinstance(loaded, Skill):
                 skills[loaded.name] = loaded
             elif isinstance(loaded, SkillProblem):
@@ -175,23 +175,26 @@ class SkillCatalog:
         self._scan = SkillScan(tuple(skills[name] for name in sorted(skills)), tuple(problems))
         return self._scan
 
-    def _skill_files(self) -> list[Path]:
+    def _skill_files(self) -> list[tuple[str, FileKey]]:
+        """Each skill folder's SKILL.md by the folder's name, with its file_key: one stat a skill (a prompt is built
+        each turn)."""
         try:
             entries = sorted(os.scandir(self.folder), key=lambda entry: entry.name)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        # Drafts (skills/_drafts/, picoclaw/tools/drafts.py) wait for the user: never listed nor loaded.
-        return [Path(entry.path) / SKILL_FILE for entry in entries
-                if not entry.name.startswith(".") and entry.name != SKILL_DRAFTS_DIR
-                and _is_skill_folder(Path(entry.path))]
-
-
-def _is_skill_folder(folder: Path) -> bool:
-    """A folder holding SKILL.md; a link that loops or cannot be followed is no skill, not a failure."""
-    try:
-        return folder.is_dir() and (folder / SKILL_FILE).is_file()
-    except OSError:
-        return False
+        found = []
+        for entry in entries:
+            # Drafts (skills/_drafts/, picoclaw/tools/drafts.py) wait for the user: never listed nor loaded.
+            if entry.name.startswith(".") or entry.name == SKILL_DRAFTS_DIR:
+                continue
+            path = os.path.join(entry.path, SKILL_FILE)
+            try:
+                info = os.stat(path)
+            except OSError:  # not a folder, no SKILL.md in it, or a link that loops or leads nowhere: no skill
+                continue
+            if stat.S_ISREG(info.st_mode):
+                found.append((path, stat_key(info)))
+        return found
 
 
 _catalogs: dict[Path, SkillCatalog] = {}

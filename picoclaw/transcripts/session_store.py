@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -174,27 +174,40 @@ class Session:
     # Held by every read and write of the store on this session: they run in worker threads (off the event
     # loop), and a turn's append must not interleave with a background summary's compaction record.
     guard: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    # `active()` and `injected_blocks()` as last worked out, with what they were worked out from: a turn asks for
+    # them several times, and the history is only ever appended to (its length changes) or replaced (a new list).
+    _active: _ActiveHistory | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def last_id(self) -> int:
         return self.messages[-1].id if self.messages else 0
 
     def active(self) -> list[StoredMessage]:
-        """Messages not covered by a compaction, oldest first."""
-        through = self.compacted_through  # read once, not per message: a turn asks this of its whole history 4 times
-        return [m for m in self.messages if m.id > through]
+        """Messages not covered by a compaction, oldest first (a list of the caller's own)."""
+        return list(self._active_history().messages)
+
+    def _active_history(self) -> _ActiveHistory:
+        messages, through = self.messages, self.compacted_through
+        made = self._active
+        if made is None or made.source is not messages or made.length != len(messages) or made.through != through:
+            made = self._active = _ActiveHistory(messages, len(messages), through,
+                                                 tuple(m for m in messages if m.id > through))
+        return made
 
     def active_messages(self) -> list[Message]:
         """The active history as it is sent to the model (user messages with their data blocks)."""
-        return [m.as_sent() for m in self.active()]
+        return [m.as_sent() for m in self._active_history().messages]
 
-    def injected_blocks(self) -> set[str]:
+    def injected_blocks(self) -> frozenset[str]:
         """Keys of the memory blocks the active history already carries."""
-        return {key for m in self.active() for key in m.blocks}
+        made = self._active_history()
+        if made.blocks is None:
+            made.blocks = frozenset(key for m in made.messages for key in m.blocks)
+        return made.blocks
 
     def last_usage(self) -> StoredMessage | None:
         """The newest active reply for which the provider reported the prompt size."""
-        return next(reported_usage(self.active()), None)
+        return next(reported_usage(self._active_history().messages), None)
 
     def last_prompt_tokens(self) -> int | None:
         """Prompt tokens the provider reported for the newest active reply, if any."""
@@ -224,7 +237,18 @@ class Session:
             self.messages = self.messages[compacted - KEPT_COMPACTED:]
 
 
-def reported_usage(messages: list[StoredMessage]) -> Iterator[StoredMessage]:
+@dataclass(eq=False)
+class _ActiveHistory:
+    """A session's active messages, and the history list, its length and the compaction point they came from."""
+
+    source: list[StoredMessage]
+    length: int
+    through: int
+    messages: tuple[StoredMessage, ...]
+    blocks: frozenset[str] | None = None  # their memory blocks' keys, once asked for
+
+
+def reported_usage(messages: Sequence[StoredMessage]) -> Iterator[StoredMessage]:
     """The replies among `messages` for which the provider reported the prompt size, newest first."""
     return (m for m in reversed(messages) if m.prompt_tokens is not None)
 

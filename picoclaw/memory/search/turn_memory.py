@@ -90,11 +90,16 @@ class InjectedMemory:
     def explained(self, root: Path, policy: MemoryPolicy, method: str) -> dict[str, Any]:
         """Why the turn carries what it carries, for its record: each block with what found it, its score and its
         tokens, the blocks found but left out and why, the search, and the policy values that decided how much."""
+        places: dict[Path, str] = {}  # most blocks are of one file: its place is worked out once
+
         def item(block: Block, found_by: str, score: float | None) -> dict[str, Any]:
-            try:
-                where = block.path.relative_to(root).as_posix()
-            except ValueError:
-                where = block.path.name
+            where = places.get(block.path)
+            if where is None:
+                try:
+                    where = block.path.relative_to(root).as_posix()
+                except ValueError:
+                    where = block.path.name
+                places[block.path] = where
             return {"key": block_key(block), "found_by": found_by, "score": None if score is None else round(score, 4),
                     "path": where, "lines": [block.start_line, block.end_line], "text": block.text[:WHY_SNIPPET],
                     "tokens": count_tokens(block.text)}
