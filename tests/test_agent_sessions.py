@@ -12,7 +12,7 @@ import pytest
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.memory.workspace import Workspace
-from picoclaw.transcripts.session_store import Session, SessionStore
+from picoclaw.transcripts.session_store import Session, SessionStore, StoredMessage
 from tests.agent_helpers import (
     SESSION,
     SUMMARY_ZH,
@@ -80,6 +80,35 @@ def test_the_checks_after_a_reply_ask_storage_nothing_and_still_find_a_summary_d
     assert sum(map(is_summary_request, fake_openai.chat_requests())) == 1
     chat(workspace, fake_openai, ["fourth 第四"])
     assert summary_sent(turn_requests(fake_openai)[-1]) == SUMMARY_ZH
+
+
+def test_an_open_chat_takes_in_what_another_process_appended_before_its_next_turn(
+        workspace: Workspace, fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Files: the loop looks whether the transcript changed with one stat on the event loop, and reads it again
+    # (in a worker thread) only when it did; `chat -m` in another process appends to the same file.
+    fake_openai.responder = lambda body: f"re: {last_user(body)}"
+    reads: list[Session] = []
+    read = SessionStore._read
+
+    def counted(self: SessionStore, session: Session) -> None:
+        reads.append(session)
+        read(self, session)
+
+    monkeypatch.setattr(SessionStore, "_read", counted)
+
+    async def body(loop: AgentLoop) -> None:
+        await loop.handle(SESSION, "first 第一")
+        await loop.handle(SESSION, "second 第二")
+        mine = await loop.session(SESSION)
+        assert [session is mine for session in reads] == [True]  # loaded once; only this loop wrote since
+        other = workspace.sessions()  # as another process's store
+        other.append_messages(other.load(SESSION), [StoredMessage(0, {"role": "user", "content": "from -m 另一个"}),
+                                                    StoredMessage(0, {"role": "assistant", "content": "noted 记下了"})])
+        await loop.handle(SESSION, "third 第三")
+        assert sum(session is mine for session in reads) == 2
+
+    with_agent(workspace, fake_openai, body)
+    assert contents(history(turn_requests(fake_openai)[-1]))[-3:] == ["from -m 另一个", "noted 记下了", "third 第三"]
 
 
 def test_restart_after_a_summary_continues_from_the_summary(home: Path, fake_openai: FakeOpenAIServer) -> None:

@@ -296,6 +296,9 @@ class AgentLoop:
         self.flusher = beside(FLUSH)
         self.rewriter = QueryRewriter(beside(QUERY_REWRITE))  # used when the policy's query_rewrite_enabled is on
         self.sessions = workspace.sessions()
+        # Files: whether a transcript or the policy changed is one stat, asked on the event loop (a worker thread's
+        # hop costs more than that); on PostgreSQL it is a statement, asked in a worker thread.
+        self._local_reads = workspace.storage.backend == "files"
         self.compressor = LongTermCompressor(workspace.store, beside(COMPRESSION))
         # A change reflection proposes is first tried against the memory's eval set, when it has one.
         self.reflector = Reflector(workspace.policy, beside(REFLECTION),
@@ -332,7 +335,7 @@ class AgentLoop:
         if session is None:
             session = await asyncio.to_thread(self.sessions.load, key)
             self._loaded.put(key, session)
-        else:
+        elif not self._local_reads or self.sessions.changed(session):  # reading it again waits for the disk
             await asyncio.to_thread(self.sessions.refresh, session)
         return session
 
@@ -495,9 +498,10 @@ class AgentLoop:
     async def _answer(self, session: Session, key: str, text: str, on_text: TextSink | None,
                       on_tool: ToolSink | None, ask_again: bool = True, images: Sequence[bytes] = ()
                       ) -> tuple[str, FinishedTurn]:
-        # In a worker thread: on PostgreSQL the turn's first read lists the scope's documents (the read round's one
+        # On PostgreSQL in a worker thread: the turn's first read lists the scope's documents (the read round's one
         # statement), which must not hold up the event loop's other chats.
-        policy = await asyncio.to_thread(self.workspace.policy.current)
+        policy = (self.workspace.policy.current() if self._local_reads
+                  else await asyncio.to_thread(self.workspace.policy.current))
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
         notice = ""

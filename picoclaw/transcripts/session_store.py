@@ -289,6 +289,10 @@ class SessionStore:
         self._read(session)
         return session
 
+    def changed(self, session: Session) -> bool:
+        """Whether `session`'s file changed since it was read or written here (`refresh` reads it again)."""
+        return self.log.marker(session.path) != session.synced
+
     def refresh(self, session: Session) -> bool:
         """Read `session`'s file again if it changed since (another process appended or archived it)."""
         with session.guard:
