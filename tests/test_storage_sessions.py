@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
@@ -15,6 +16,7 @@ from freezegun import freeze_time
 
 from picoclaw.storage import FilesStorage, Storage, StorageError, StorageUnavailable
 from picoclaw.storage.postgres.storage import PostgresStorage
+from picoclaw.storage.waits import LockWaitExpired
 from picoclaw.transcripts.session_store import SessionStore, StoredMessage
 
 # "spawn": each writer is a fresh interpreter with its own pool (or FileLock), as separate processes are.
@@ -113,6 +115,31 @@ def test_the_active_history_and_its_blocks_follow_every_change_of_the_session(tm
     assert store.refresh(session)
     assert [m.message["content"] for m in session.active()] == ["我住在哪里？", "在柏林。"]
     assert session.active_messages()[-1]["content"] == "在柏林。"
+
+
+def test_the_files_lock_kept_for_every_append_still_keeps_threads_apart(tmp_path: Path) -> None:
+    # One filelock serves all of a folder's appends; each thread holds it on its own, so another waits.
+    log = SessionStore(tmp_path / "sessions", storage=FilesStorage(tmp_path)).log
+    outcome: list[str] = []
+
+    def other_thread() -> None:
+        try:
+            log.lock().acquire(timeout=0.05)
+        except LockWaitExpired as exc:
+            outcome.append(str(exc))
+        else:
+            outcome.append("taken")
+            log.lock().release()
+
+    with log.lock(), log.lock():  # reentrant within this thread
+        waiter = threading.Thread(target=other_thread)
+        waiter.start()
+        waiter.join()
+    assert len(outcome) == 1 and outcome[0].startswith("waited 0.05 s for the sessions lock")
+    waiter = threading.Thread(target=other_thread)
+    waiter.start()
+    waiter.join()
+    assert outcome[1] == "taken"
 
 
 def _append_many(root: str, dsn: str | None, worker: int, go: Event) -> None:

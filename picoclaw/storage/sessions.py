@@ -111,11 +111,14 @@ class FilesSessionLog:
         self.lock_path = Path(lock_path) if lock_path is not None else self.folder.parent / LOCK_FILE
         self.lock_wait = lock_wait
         self.root = root  # the workspace root, for the lock's name in a failed wait
+        # One for every append: making a filelock is a good part of what taking it costs (each thread holds it
+        # apart, so threads still wait for each other).
+        self._lock = BoundedFileLock(self.lock_path, self.lock_wait, self.root)
 
     def lock(self) -> BoundedFileLock:
         """The folder's lock file (reentrant within a thread), waited for at most `lock_wait` s."""
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        return BoundedFileLock(self.lock_path, self.lock_wait, self.root)
+        return self._lock
 
     def read(self, path: Path) -> Transcript:
         key = file_key(path)  # taken first: a write after it shows as a change on the next look
