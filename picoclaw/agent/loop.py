@@ -297,7 +297,8 @@ class AgentLoop:
         self.rewriter = QueryRewriter(beside(QUERY_REWRITE))  # used when the policy's query_rewrite_enabled is on
         self.sessions = workspace.sessions()
         # Files: whether a transcript or the policy changed is one stat, asked on the event loop (a worker thread's
-        # hop costs more than that); on PostgreSQL it is a statement, asked in a worker thread.
+        # hop costs more than that), and a read round lists nothing first; on PostgreSQL each is a statement, asked
+        # in a worker thread.
         self._local_reads = workspace.storage.backend == "files"
         self.compressor = LongTermCompressor(workspace.store, beside(COMPRESSION))
         # A change reflection proposes is first tried against the memory's eval set, when it has one.
@@ -853,8 +854,9 @@ class AgentLoop:
     async def _after_turn(self, key: str, receipts: Receipts, finished: FinishedTurn,
                           written: list[MemoryWrite]) -> None:
         with self.workspace.storage.read_round():  # the work after a reply reads in one round of its own
-            with suppress(Exception):  # each job reads the policy again, and answers for what that raises
-                await asyncio.to_thread(self.workspace.policy.current)  # the round's first read off the event loop
+            if not self._local_reads:  # PostgreSQL: the round's first read (its one listing) off the event loop
+                with suppress(Exception):  # each job reads the policy again, and answers for what that raises
+                    await asyncio.to_thread(self.workspace.policy.current)
             await self._after_turn_jobs(key, receipts, finished, written)
 
     async def _after_turn_jobs(self, key: str, receipts: Receipts, finished: FinishedTurn,
