@@ -6,6 +6,7 @@ import multiprocessing
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
@@ -140,6 +141,26 @@ def test_the_files_lock_kept_for_every_append_still_keeps_threads_apart(tmp_path
     waiter.start()
     waiter.join()
     assert outcome[1] == "taken"
+
+
+def _append_in_child(store: SessionStore, done: Queue) -> None:  # type: ignore[type-arg]
+    try:
+        store.append_messages(store.load(KEY), [_said("user", "from a forked child 子进程")])
+        done.put("ok")
+    except Exception as exc:
+        done.put(repr(exc))
+
+
+def test_a_store_whose_lock_was_taken_before_a_fork_still_appends_in_the_child(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "sessions", storage=FilesStorage(tmp_path))
+    store.append_messages(store.load(KEY), [_said("user", "before the fork")])  # the lock is made and taken here
+    fork = multiprocessing.get_context("fork")
+    done = fork.Queue()
+    child = fork.Process(target=_append_in_child, args=(store, done))
+    child.start()
+    child.join(30)
+    assert done.get(timeout=5) == "ok"
+    assert [m.message["content"] for m in store.load(KEY).messages] == ["before the fork", "from a forked child 子进程"]
 
 
 def _append_many(root: str, dsn: str | None, worker: int, go: Event) -> None:

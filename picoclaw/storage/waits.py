@@ -57,6 +57,7 @@ class BoundedFileLock:
         # Made at the first acquire: importing filelock costs a read-only command (`memory search`) a twentieth
         # of its start, and reading takes no lock.
         self._lock: FileLock | None = None
+        self._made_in = 0  # the process that made `_lock`: filelock refuses one inherited across a fork
 
     @property
     def is_locked(self) -> bool:
@@ -64,10 +65,10 @@ class BoundedFileLock:
 
     def _file_lock(self) -> FileLock:
         with _MAKING:
-            if self._lock is None:
+            if self._lock is None or self._made_in != os.getpid():
                 from filelock import FileLock
 
-                self._lock = FileLock(self.lock_file)
+                self._lock, self._made_in = FileLock(self.lock_file), os.getpid()
             return self._lock
 
     def acquire(self, timeout: float | None = None) -> BoundedFileLock:
