@@ -296,7 +296,7 @@ class SessionStore:
     def refresh(self, session: Session) -> bool:
         """Read `session`'s file again if it changed since (another process appended or archived it)."""
         with session.guard:
-            if self.log.marker(session.path) == session.synced:
+            if not self.changed(session):
                 return False
             self._read(session)
             return True
