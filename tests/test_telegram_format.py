@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from picoclaw.channels.telegram import MESSAGE_LIMIT, MessagePart, render_html, telegram_parts
+from picoclaw.channels.telegram import MESSAGE_LIMIT, MessagePart, render_html, split, telegram_parts
 
 TELEGRAM_TAGS = {"b", "i", "u", "s", "code", "pre", "a", "blockquote", "tg-spoiler"}
 
@@ -310,3 +310,25 @@ def test_a_huge_mixed_reply_is_split_into_well_formed_parts() -> None:
     assert len(code_parts) >= 3
     assert all(p.html.endswith("</code></pre>") for p in code_parts[:-1])
     assert all(p.plain == read(p.html) for p in parts if "<a " not in p.html)
+
+
+@pytest.mark.parametrize("text", [
+    "Deploy on **Thursday** & roll back if p95 > 300 ms; see [the board](https://g.example/d?a=1&b=2). " * 12,
+    "我们在**周四**部署；如果延迟超过 300 毫秒就回滚，详见[仪表盘](https://g.example/d)。😀👍🏽 " * 12,
+])
+def test_atoms_kept_between_replies_are_bounded_and_change_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                                  text: str) -> None:
+    """The atoms a split shares between replies (split.py) are dropped at their bound, and a reply split with
+    the store full, emptied or kept small comes out the same."""
+    expected = telegram_parts(text, 120)
+    check_parts(expected, text, 120)
+    assert len(expected) > 3
+    monkeypatch.setattr(split, "SHARED_ATOMS_KEPT", 8)
+    split._SHARED_ATOMS.clear()
+    assert telegram_parts(text, 120) == expected  # emptied, and cleared again at every 8 new atoms
+    assert 0 < len(split._SHARED_ATOMS) <= 8
+
+
+def test_utf16_length_counts_as_telegram_does() -> None:
+    assert [split.utf16_length(text) for text in ("", "abc", "中文。", "😀", "👍🏽", "e\u0301")] == [0, 3, 3, 2, 4, 2]
+    assert split.utf16_length("a\ud800b") == 3  # a lone surrogate (str allows one) is one unit, not an error

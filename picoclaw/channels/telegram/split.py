@@ -13,6 +13,7 @@ import html
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import NamedTuple
 
 MESSAGE_LIMIT = 4096  # characters (UTF-16 code units) of one Telegram message, after entities are parsed out
 # The renderer puts this between two blocks, so a cut there is preferred over a line break inside a block.
@@ -46,12 +47,12 @@ def visible_text(rendered: str) -> str:
 
 def utf16_length(text: str) -> int:
     """The length Telegram counts: characters outside the Basic Multilingual Plane (emoji) count twice."""
-    return len(text) + sum(1 for character in text if ord(character) > 0xFFFF)
+    # Counted by the codec in C: two bytes a unit (a lone surrogate, which str allows, is one unit as before).
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 
-@dataclass(frozen=True, slots=True)
-class _Atom:
+class _Atom(NamedTuple):
     """An indivisible piece of rendered HTML: a tag, an entity, one character, or a run of whitespace."""
 
     kind: str  # "block" (between blocks), "newline", "space", "char", "entity", "open", "close"
@@ -62,18 +63,44 @@ class _Atom:
     href: str = ""
 
 
+# `chars`: a run of characters none of the others can start with, each an atom of its own (matched as a run: a
+# match a character cost most of the splitting); `char`: any other one, a "<" or "&" that starts no tag or entity.
 _ATOM = re.compile(r"(?P<block>\x1e\n*)|(?P<tag><[^>]*>)|(?P<entity>&(?:[a-z]+|#[0-9]+|#x[0-9a-f]+);)"
-                   r"|(?P<newline>\n)|(?P<space>[ \t])|(?P<char>.)", re.DOTALL | re.IGNORECASE)
+                   r"|(?P<newline>\n)|(?P<space>[ \t])|(?P<chars>[^<&\n \t\x1e]+)|(?P<char>.)",
+                   re.DOTALL | re.IGNORECASE)
 _TAG = re.compile(r'<(/?)([a-z-]+)(?:\s+href="([^"]*)")?')
 _SEPARATORS = ("block", "newline", "space")
 _GLUE = {"\u200d", "\u20e3"}  # zero-width joiner, combining keycap
+SHARED_ATOMS_KEPT = 4096  # the most atoms kept by their raw text (a Chinese reply has a few hundred characters)
+
+
+class _SharedAtoms(dict[str, _Atom]):
+    """The atom of a character, a space, a line break, an entity or a block mark, by its raw text: made once and
+    shared (an atom is immutable), as making one a character was most of the splitting's cost."""
+
+    def __missing__(self, raw: str) -> _Atom:
+        if len(self) >= SHARED_ATOMS_KEPT:
+            self.clear()
+        match = _ATOM.fullmatch(raw)
+        assert match is not None and match.lastgroup != "tag", raw  # `raw` is one atom's, never a tag's
+        kind = "char" if match.lastgroup in ("chars", None) else match.lastgroup
+        text = raw.removeprefix(BLOCK_MARK) if kind == "block" else html.unescape(raw) if kind == "entity" else raw
+        atom = self[raw] = _Atom(kind, raw.removeprefix(BLOCK_MARK), text, utf16_length(text))
+        return atom
+
+
+_SHARED_ATOMS = _SharedAtoms()
 
 
 def _atoms(rendered: str, limit: int) -> list[_Atom]:
     atoms: list[_Atom] = []
+    shared = _SHARED_ATOMS.__getitem__
     for match in _ATOM.finditer(rendered):
-        kind, raw = match.lastgroup or "char", match.group()
-        if kind == "tag":
+        kind = match.lastgroup
+        if kind == "chars":
+            atoms.extend(map(shared, match.group()))
+        elif kind == "tag":
+            raw = match.group()
             tag = _TAG.match(raw)
             assert tag is not None, raw  # the renderer made every tag
             closing, name, href = tag.group(1), tag.group(2), html.unescape(tag.group(3) or "")
@@ -81,8 +108,7 @@ def _atoms(rendered: str, limit: int) -> list[_Atom]:
             cost = min(utf16_length(f" ({href})"), limit // 2) if href else 0
             atoms.append(_Atom("close" if closing else "open", raw, cost=0 if closing else cost, tag=name, href=href))
         else:
-            text = raw.removeprefix(BLOCK_MARK) if kind == "block" else html.unescape(raw) if kind == "entity" else raw
-            atoms.append(_Atom(kind, raw.removeprefix(BLOCK_MARK), text, utf16_length(text)))
+            atoms.append(shared(match.group()))
     return atoms
 
 
