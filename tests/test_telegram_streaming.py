@@ -221,11 +221,15 @@ def test_a_worker_that_lost_its_update_shows_no_more_previews(fake_telegram: Fak
     asked: list[bool] = []
     held = [True]
 
-    async def still_ours() -> bool:
-        asked.append(held[0])
-        return held[0]
-
     async def main() -> None:
+        asked_again = asyncio.Event()
+
+        async def still_ours() -> bool:
+            asked.append(held[0])
+            if len(asked) == 2:
+                asked_again.set()
+            return held[0]
+
         bot = make_bot(TelegramConfig(token=TOKEN, api_base=fake_telegram.origin), TOKEN)
         try:
             stream = ReplyStream(bot, OWNER, topic=None, draft_id=5, interval=INTERVAL, may_show=still_ours)
@@ -233,7 +237,8 @@ def test_a_worker_that_lost_its_update_shows_no_more_previews(fake_telegram: Fak
             await until(fake_telegram, lambda: len(fake_telegram.drafts(OWNER)) == 1)
             held[0] = False  # another worker took the update over
             await stream.on_text(more)
-            await until(fake_telegram, lambda: len(asked) == 2)
+            # Awaited here, not through the fake: a preview not shown makes no API call that would wake its wait.
+            await asyncio.wait_for(asked_again.wait(), 60)
             await stream.close()
         finally:
             await bot.session.close()
