@@ -4,6 +4,7 @@ the pool's check of the connections it hands out."""
 from __future__ import annotations
 
 import select
+import time
 from pathlib import Path
 
 import psycopg
@@ -11,6 +12,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from picoclaw.storage import SchemaTooNew, StorageError, StorageUnavailable
+from picoclaw.storage.postgres import connection
 from picoclaw.storage.postgres.connection import open_pool
 from picoclaw.storage.postgres.schema import SCHEMA_VERSION, STEPS, ensure_schema
 from picoclaw.storage.postgres.storage import PostgresStorage
@@ -60,6 +62,29 @@ def test_a_wrong_password_names_host_and_port_but_not_the_password(postgres_dsn:
     message = str(raised.value)
     assert "127.0.0.1:1" in message and "cannot be reached" in message
     assert "hunter2" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("refusal", ["nothing listening", "no such database / 没有这个库"])
+def test_a_server_that_refuses_is_said_at_once_not_after_the_connect_timeout(
+        postgres_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: str) -> None:
+    """The pool would try again until its connect timeout (here 600 s): its first failure is asked about directly,
+    and a refusal is one line at once, with the server's reason."""
+    monkeypatch.setattr(connection, "CONNECT_TIMEOUT_SECONDS", 600)
+    info = psycopg.conninfo.conninfo_to_dict(postgres_dsn)
+    if refusal == "nothing listening":
+        dsn, reason = "postgresql://picoclaw:hunter2-secret@127.0.0.1:1/picoclaw", "127.0.0.1:1"
+    else:
+        dsn = psycopg.conninfo.make_conninfo(postgres_dsn, dbname="picoclaw_没有这个库")
+        reason = f"{info.get('host', '')}:{info.get('port', '')}"
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable) as raised:
+        PostgresStorage(tmp_path, dsn)
+    assert time.monotonic() - started < 60  # not the 600 s: a bound on a hang, not a measure of speed
+    message = str(raised.value)
+    assert reason in message and "cannot be reached" in message and "\n" not in message
+    assert "hunter2" not in message
+    if refusal != "nothing listening":
+        assert "does not exist" in message  # the server's own reason, from the direct attempt
 
 
 def test_no_dsn_says_where_to_write_one(tmp_path: Path) -> None:

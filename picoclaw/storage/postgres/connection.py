@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import select
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -138,16 +139,38 @@ def open_pool(dsn: str, size: int, lock_wait: float = LOCK_WAIT_SECONDS) -> Conn
                           configure=partial(_bound_lock_waits, lock_timeout(lock_wait)),
                           kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_SECONDS})
     try:
-        pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+        pool.open(wait=False)
+        _first_connection(pool, dsn)
     except (PoolTimeout, psycopg.Error) as exc:
         pool.close()
-        # The pool's own timeout says nothing of why: one direct attempt gives the server's reason.
-        try:
-            psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS).close()
-        except psycopg.Error as direct:
-            raise unreachable(dsn, direct) from None
         raise unreachable(dsn, exc) from None
+    except BaseException:
+        pool.close()
+        raise
     return pool
+
+
+def _first_connection(pool: ConnectionPool, dsn: str) -> None:
+    """Until `pool` holds its first connection, for at most CONNECT_TIMEOUT_SECONDS (then PoolTimeout). At the pool's
+    first failed attempt one direct attempt is made, which gives the server's reason (psycopg.Error): a server that
+    refuses (down, a wrong password) is said at once, not after the pool's retries; one that lets it in leaves the
+    pool to go on trying."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    deadline = time.monotonic() + CONNECT_TIMEOUT_SECONDS
+    pause, asked = 0.001, False  # a connection on this machine takes milliseconds: looked at soon, then less often
+    while not pool.get_stats().get("pool_available", 0):
+        if not asked and pool.get_stats().get("connections_errors", 0):
+            asked = True
+            psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS).close()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            # The pool's timeout says nothing of why: one more direct attempt gives the server's reason, if any.
+            psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS).close()
+            raise PoolTimeout(f"no connection within {CONNECT_TIMEOUT_SECONDS} s")
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)
 
 
 @contextmanager
