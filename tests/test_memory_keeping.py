@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from picoclaw.curation.flush import parse_facts
+from picoclaw.memory import supersede
 from picoclaw.memory.entries import fingerprint
+from picoclaw.memory.supersede import Statement
 from picoclaw.memory.workspace import Workspace
 from tests.agent_helpers import (
     FAST_RETRY,
@@ -203,6 +205,24 @@ def test_an_update_of_something_else_does_not_mark_an_entry_it_shares_words_with
     store.append_long_term(old)
     store.append_long_term(unrelated)
     assert "superseded" not in store.read_long_term()
+
+
+@pytest.mark.parametrize("template", ["Project {n}: the review with Dana is on Thursday at the office.",
+                                      "项目{n}：和王芳的评审在周四，在办公室。"])
+def test_an_append_reads_each_older_entry_once_not_at_every_append(
+        workspace: Workspace, monkeypatch: pytest.MonkeyPatch, template: str) -> None:
+    """Look-alike entries (they share their terms, so the update rule compares every pair): the rule reads an
+    older entry's words once, not again at every later append, nor the new entry once per older one."""
+    read: list[str] = []
+    of = Statement.of.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(Statement, "of", classmethod(lambda cls, text: read.append(text) or of(cls, text)))
+    supersede._statement.cache_clear()
+    store = workspace.store
+    for n in range(40):
+        store.append_long_term(template.format(n=n))
+    assert len(read) == len(set(read)) == 40  # each text once: the new entry's when it was new
+    # The same verdicts: the same words with another number update the entry before (once marked, it is skipped).
+    assert store.read_long_term().count("> superseded by") == 39
 
 
 def test_what_is_not_an_update_marks_nothing(workspace: Workspace) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from picoclaw import cjk
 from picoclaw.memory.terms import CJK_STOP_CHARS, terms
@@ -79,6 +79,18 @@ class Statement:
         return old.words == self.words and old.numbers != self.numbers
 
 
+# An append compares the new entry with every older one that shares two of its terms, and the older ones are the
+# same from one append to the next: each text is read (tokenised) once while it is among the last STATEMENTS_KEPT.
+STATEMENTS_KEPT = 2048
+
+
+@lru_cache(maxsize=STATEMENTS_KEPT)
+def _statement(text: str) -> Statement:
+    return Statement.of(text)
+
+
 def supersedes(new: str, old: str) -> bool:
     """Whether the entry text `new` updates the older entry text `old` (see the module's rule)."""
-    return Statement.of(new).updates(Statement.of(old))
+    # Read without the line breaks around them (they carry no words): the new entry is the same text as it later
+    # is as an older one, with its newline.
+    return _statement(new.strip()).updates(_statement(old.strip()))
