@@ -160,8 +160,8 @@ def _first_connection(pool: ConnectionPool, dsn: str) -> None:
 
     deadline = time.monotonic() + CONNECT_TIMEOUT_SECONDS
     pause, asked = 0.001, False  # a connection on this machine takes milliseconds: looked at soon, then less often
-    while not pool.get_stats().get("pool_available", 0):
-        if not asked and pool.get_stats().get("connections_errors", 0):
+    while not (stats := pool.get_stats()).get("pool_available", 0):
+        if not asked and stats.get("connections_errors", 0):
             asked = True
             psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS).close()
         left = deadline - time.monotonic()
