@@ -64,6 +64,9 @@ TOKEN = "123456:TEST-fake-telegram-token"
 BOT_ID = 123456
 BOT_USERNAME = "picoclaw_test_bot"
 ENTITY_ERROR = "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0"
+# How often `wait_until` looks again when no API call came: a condition on the inbox or a file is seen within
+# this, not at the 60 s bound (a look costs a query or a read).
+RECHECK_SECONDS = 0.05
 DOWNLOAD_LIMIT = 20 * 1024 * 1024  # bytes: the Bot API's getFile refuses bigger files
 TOO_BIG = "Bad Request: file is too big"
 INVALID_FILE_ID = "Bad Request: invalid file_id"
@@ -501,15 +504,16 @@ class FakeTelegramServer(BackgroundHTTPServer):
                     and not self._was_deleted(c.params)]
 
     def wait_until(self, condition: Callable[[], bool], timeout: float = 60.0) -> None:
-        """Block until `condition()` holds (re-checked after every API call), or fail after `timeout` (generous:
-        it only bounds a hang, a busy machine may take seconds)."""
+        """Block until `condition()` holds (re-checked after every API call, and every RECHECK_SECONDS for what
+        no call announces: an inbox row, a file), or fail after `timeout` (generous: it only bounds a hang, a busy
+        machine may take seconds)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while not condition():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise AssertionError(f"timed out after {timeout} s waiting for the bot")
-                self._lock.wait(left)
+                self._lock.wait(min(left, RECHECK_SECONDS))
 
     # -- the API ------------------------------------------------------------------------------------
 
