@@ -275,6 +275,28 @@ def test_a_message_id_used_already_is_refused_in_the_appending_transaction(postg
     assert postgres.session_counts() == {"sessions": 1, "messages": 1}
 
 
+@pytest.mark.parametrize("said", ["one", "一条消息"])
+def test_an_append_numbers_its_records_after_the_rows_and_refuses_ids_out_of_order(postgres: PostgresStorage,
+                                                                                  said: str) -> None:
+    log = postgres.session_log(postgres.root / "sessions")
+    path = log.folder / "telegram%3A用户.jsonl"
+
+    def message(number: int) -> dict[str, object]:
+        return {"type": "message", "id": number, "message": {"role": "user", "content": f"{said} {number}"}}
+
+    first = log.append(path, [message(1), message(2)])
+    second = log.append(path, [{"type": "reflection", "through": 2}])  # no message: the last id stays 2
+    assert first != second
+    with pytest.raises(StorageError, match="message id 3 does not follow 4"):  # within the batch
+        log.append(path, [message(4), message(3)])
+    with pytest.raises(StorageError, match="message id 2 does not follow 2"):  # behind the row's
+        log.append(path, [message(2)])
+    log.append(path, [message(3), {"type": "reflection", "through": 3}])
+    assert [orjson.loads(line).get("id") for line in log.read(path).lines] == [1, 2, None, 3, None]
+    assert orjson.loads(log.read(path).lines[3])["message"]["content"] == f"{said} 3"
+    assert log.marker(path) != second and postgres.session_counts() == {"sessions": 1, "messages": 5}
+
+
 def test_a_server_gone_mid_write_is_one_line_and_the_transaction_is_undone(postgres: PostgresStorage,
                                                                            postgres_dsn: str) -> None:
     log = postgres.session_log(postgres.root / "sessions")

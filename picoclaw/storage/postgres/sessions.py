@@ -5,7 +5,7 @@ A transcript is named as the files layout names it, by its path under the scope'
 change one row's name and its records stay where they are. A record is kept as the exact JSONL line the
 files backend writes (orjson, no options), so `export_sessions` writes the files byte for byte.
 
-Appends happen in one transaction: `last_seq` of the session row moves by the number of records and their
+An append is one statement: `last_seq` of the session row moves by the number of records and their
 `seq` follow it (1, 2, 3 … per transcript, no gap, never reused: the row's update orders concurrent appends),
 and a message record's id must follow the last one (`last_message_id`), so two writers can never number two
 messages alike. Writers of one scope also share a transaction-scoped advisory lock (`lock()`), under which
@@ -62,6 +62,27 @@ create table messages (
 LOCK_CLASS = 0x73657373
 
 
+# One statement an append: the session row moves its last_seq (and last message id) and the records take the seqs
+# it made room for. A row whose last message id is not below the first one given is left alone, and then nothing
+# is inserted and no row returned: the appender numbered its messages without another writer's.
+APPEND = """
+with moved as (
+    insert into sessions as s (scope, name, last_seq, last_message_id)
+    values (%(scope)s, %(name)s, %(count)s, coalesce(%(last)s, 0))
+    on conflict (scope, name) do update set last_seq = s.last_seq + excluded.last_seq,
+        last_message_id = coalesce(%(last)s, s.last_message_id), revision = nextval('session_revision'),
+        updated_at = now()
+    where %(first)s::bigint is null or s.last_message_id < %(first)s
+    returning id, last_seq, revision
+), added as (
+    insert into messages (session_id, seq, line, message_id)
+    select moved.id, moved.last_seq - %(count)s + r.n, r.line, r.message_id
+    from moved, unnest(%(lines)s::bytea[], %(ids)s::bigint[]) with ordinality as r(line, message_id, n)
+)
+select revision from moved
+"""
+
+
 def scope_of(root: Path, folder: Path) -> str:
     """The scope of sessions folder `folder` under workspace `root`: `users/<key>/sessions` → key, else ""."""
     parts = Path(os.path.relpath(os.path.abspath(folder), os.path.abspath(root))).parts
@@ -89,6 +110,11 @@ def message_id(line: bytes) -> int | None:
         found = record.get("id")
         return found if isinstance(found, int) and not isinstance(found, bool) else None
     return None
+
+
+def _out_of_order(name: str, given: int, previous: int) -> StorageError:
+    return StorageError(f"session {name}: message id {given} does not follow {previous} "
+                        "(another writer numbered its messages first); nothing was written")
 
 
 def storage_errors(dsn: str) -> AbstractContextManager[None]:
@@ -174,30 +200,20 @@ class PostgresSessionLog:
         if not lines:
             return self.marker(path)
         scope, name = self._locate(path)
+        ids = [message_id(line) for line in lines]
+        given = [found for found in ids if found is not None]
+        for before, after in zip([0, *given], given):
+            if after <= before:
+                raise _out_of_order(name, after, before)
         with self._transaction() as conn:
-            row = conn.execute(
-                "insert into sessions as s (scope, name, last_seq) values (%s, %s, %s) "
-                "on conflict (scope, name) do update set last_seq = s.last_seq + excluded.last_seq, "
-                "revision = nextval('session_revision'), updated_at = now() "
-                "returning id, last_seq, last_message_id, revision", (scope, name, len(lines))).fetchone()
-            assert row is not None  # an upsert with returning gives its row
-            session_id, last_seq, last_message_id, revision = row
-            ids = [message_id(line) for line in lines]
-            previous = last_message_id
-            for given in ids:
-                if given is not None:
-                    if given <= previous:
-                        raise StorageError(f"session {name}: message id {given} does not follow {previous} "
-                                           "(another writer numbered its messages first); nothing was written")
-                    previous = given
-            if previous != last_message_id:
-                conn.execute("update sessions set last_message_id = %s where id = %s", (previous, session_id))
-            first = last_seq - len(lines) + 1
-            with conn.cursor() as cur:
-                cur.executemany("insert into messages (session_id, seq, line, message_id) values (%s, %s, %s, %s)",
-                                [(session_id, first + offset, line, given)
-                                 for offset, (line, given) in enumerate(zip(lines, ids, strict=True))])
-        return revision
+            row = conn.execute(APPEND, {"scope": scope, "name": name, "count": len(lines), "lines": lines,
+                                        "ids": ids, "first": given[0] if given else None,
+                                        "last": given[-1] if given else None}).fetchone()
+            if row is None:  # the row holds a later message id: raised inside the transaction, so nothing is kept
+                last = conn.execute("select last_message_id from sessions where scope = %s and name = %s",
+                                    (scope, name)).fetchone()
+                raise _out_of_order(name, given[0], last[0] if last else 0)
+        return row[0]
 
     def exists(self, path: Path) -> bool:
         return self.marker(path) is not None
