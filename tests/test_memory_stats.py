@@ -371,6 +371,19 @@ def test_an_agents_turns_share_a_write_and_nothing_waits_past_a_flush(tmp_path: 
     assert written() == [1.0, 2.0, 3.0]
 
 
+def test_adding_a_turn_never_writes_and_says_when_its_caller_must(tmp_path: Path) -> None:
+    # What the agent loop calls on its event loop: the write, when due, is the caller's, in a thread.
+    metrics = TurnMetrics(tmp_path, storage=FilesStorage(tmp_path), settle_after=3600)
+    at = datetime.fromisoformat("2025-03-12T10:00:00+08:00")
+    assert metrics.add(1.0, at) is True  # the first after a quiet spell: due now, but not written here
+    assert not metrics.path.exists()
+    metrics.flush()
+    assert metrics.add(2.0, at) is False and metrics.add(3.0, at) is False  # the timer's shared write takes them
+    assert [turn.retrieval_ms for turn in metrics.read().turns] == [1.0]
+    metrics.flush()
+    assert [turn.retrieval_ms for turn in metrics.read().turns] == [1.0, 2.0, 3.0]
+
+
 def test_waiting_turns_are_written_by_the_timer_without_a_flush(tmp_path: Path) -> None:
     metrics = TurnMetrics(tmp_path, storage=FilesStorage(tmp_path), settle_after=0.5)
     at = datetime.fromisoformat("2025-03-12T10:00:00+08:00")

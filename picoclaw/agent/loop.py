@@ -582,8 +582,9 @@ class AgentLoop:
         self.last_requests.keep(key, messages, schemas, finished.user_id)
         self.shown_requests.keep(key, *first, finished.user_id)
         # Kept for a turn that was answered (a failed one leaves no trace), in the background: the reply does
-        # not wait for the metrics file.
-        self._spawn(asyncio.to_thread(self.metrics.record, retrieval_ms, now))
+        # not wait for the metrics file. A busy agent's lines wait for the timer's shared write: no thread here.
+        if self.metrics.add(retrieval_ms, now):
+            self._spawn(asyncio.to_thread(self.metrics.flush))
         answer = final.strip()
         notice = "\n\n".join(line for line in (fitted, notice) if line)
         return (f"{notice}\n\n{answer}" if notice else answer), finished

@@ -75,17 +75,23 @@ class TurnMetrics:
     def record(self, retrieval_ms: float, at: datetime) -> None:
         """Add one turn's measurements, now or with the next ones (`settle_after`); problems are logged (once),
         never raised."""
+        if self.add(retrieval_ms, at):
+            self.flush()
+
+    def add(self, retrieval_ms: float, at: datetime) -> bool:
+        """Queue one turn's measurements without writing; True when they are to be written now (`flush`), False
+        when a timer writes them with the next ones. Never blocks on the file: an event loop may call it."""
         with self._due_lock:
             self._due.append(TurnMetric(at.isoformat(timespec="seconds"), round(retrieval_ms, 3)))
             if self._timer is not None:  # a write is due soon: it takes this line too
-                return
+                return False
             wait = self._written_at + self.settle_after - time.monotonic()
             if wait > 0:
                 self._timer = threading.Timer(wait, self.flush)
                 self._timer.daemon = True  # the agent flushes as it closes (AgentLoop.wait_background)
                 self._timer.start()
-                return
-        self.flush()
+                return False
+        return True
 
     def flush(self) -> None:
         """Write the lines waiting for their shared write, if any."""
