@@ -3,6 +3,7 @@
 Also, for the whole run: no test reaches the network (tests/fakes/network_guard.py), tiktoken never reads
 the user's cache nor downloads (token counts use picoclaw's documented estimate), and tests marked `local`
 are skipped when the optional embedding extra is not installed. A randomised test takes the `seed` fixture.
+Ctrl-C (SIGINT) has Python's own handler in every test process, so the processes a test starts stop at it.
 
 `slow` (left out by `pytest -m "not slow"`, docs/development.md) is given here by what a test uses: a server
 fixture (SERVER_FIXTURES), the "postgres" parameter, or the `local` embedding model. Tests that start processes
@@ -14,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,6 +82,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason=LOCAL_SKIP_REASON)
         for item in local:
             item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Python's own Ctrl-C handler in every test process, pytest-xdist's workers included."""
+    # A run started in the background of a script (`.ci/run &`) ignores SIGINT, and so would every process a test
+    # starts: a `picoclaw web` that `stopped()` ends with Ctrl-C would never end. The first test running an asyncio
+    # REPL put the handler back only by chance of order.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
