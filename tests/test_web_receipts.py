@@ -108,6 +108,23 @@ def test_a_receipt_with_no_page_open_is_not_shown_but_listed(chatting: tuple[Con
         assert next_event(lines) == {"kind": "delivered", "text": "end"}
 
 
+@pytest.mark.parametrize("name", ["console", "周报"])
+def test_a_console_that_stops_ends_the_event_stream_of_a_page_still_open(home: Path, fake_openai: FakeOpenAIServer,
+                                                                        name: str) -> None:
+    # Ended by the console, not cut off when its shutdown gives up waiting for the page (it waited 2 s, then
+    # dropped the connection mid-stream).
+    with edit_config(home) as config:
+        config["providers"]["openai"] = {"api_key": "sk-test-0123456789abc", "api_base": fake_openai.base_url}
+    with console_of(home) as console:
+        client = logged_in(console)
+        with client.stream("GET", "/chat/events", params={"name": name}) as stream:
+            lines = stream.iter_lines()
+            assert next(lines) == ": open"
+            console.stop()
+            assert list(lines) == [""]  # the rest of ": open\n\n", then the end: no error for a body cut short
+    assert fake_openai.requests == []
+
+
 @pytest.mark.slow
 def test_in_a_browser_a_chat_turns_memory_append_shows_its_receipt_as_text(
         chatting: tuple[Console, FakeOpenAIServer]) -> None:

@@ -75,7 +75,15 @@ def make_console(app: App, gate: Gate) -> web.Application:
     console.router.add_post("/status/drafts", status_page.decide_draft)
     console.router.add_post("/language", set_language)
     console.router.add_static("/static/", HERE / "static", append_version=True)
+    console.on_shutdown.append(_end_conversations)
     return console
+
+
+async def _end_conversations(console: web.Application) -> None:
+    # Whoever runs the console: pages following a conversation hold a request open, and shutting down would
+    # wait out the runner's shutdown_timeout for each. Stopped here, their streams end at once.
+    for conversations in console[chat_page.CHANNEL_KEY]:
+        await conversations.stop()
 
 
 def _login_page(request: web.Request, why: str) -> web.Response:

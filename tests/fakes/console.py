@@ -44,8 +44,13 @@ class Console:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self.stop()
+
+    def stop(self) -> None:
+        """Shut the console down as `picoclaw web` does at Ctrl-C (its runner's cleanup); once only."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -125,7 +130,12 @@ def login_link_of(process: subprocess.Popen[str]) -> str:
 def stopped(process: subprocess.Popen[str]) -> tuple[str, str]:
     """Stop `process` as Ctrl-C does; the rest of its stdout, and its stderr."""
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=120)
+    try:
+        out, err = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()  # no process outlives the test that failed
+        process.communicate()
+        raise
     return out, err
 
 
