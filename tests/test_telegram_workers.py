@@ -146,7 +146,10 @@ def add_reminders(home: Path, chats: list[int], first: int, count: int, start_in
 
 def test_three_workers_answer_every_update_in_chat_order_though_one_is_killed(
         home: Path, postgres_dsn: str, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
-    chats = [5000 + n for n in range(50)]
+    # 24 chats of 10 messages: more than the 16 turns a worker runs at once, so the kill finds w1 holding claims
+    # in many chats, and each chat's order is kept across the takeover.
+    chats, messages = [5000 + n for n in range(24)], 10
+    total = len(chats) * messages
     set_up(home, fake_telegram, fake_openai, postgres_dsn, chats)
     fake_openai.responder = lambda body: Text(echo(body), delay=0.02)
     replies = lambda: [t for t in fake_telegram.sent_texts() if t.startswith("echo: ")]  # noqa: E731
@@ -154,7 +157,7 @@ def test_three_workers_answer_every_update_in_chat_order_though_one_is_killed(
     with workers(home, fake_telegram, ["w0", "w1", "w2"]) as running:
         reminders = add_reminders(home, chats, 0, 10, start_in=2)
         fake_telegram.deliver_to([port for port, _ in running.values()])
-        for n in range(12):
+        for n in range(messages):
             for chat in chats:
                 fake_telegram.send_text(chat, chat, f"{chat} 第{n}条 message {n}")
         w1 = running["w1"][1]
@@ -168,21 +171,21 @@ def test_three_workers_answer_every_update_in_chat_order_though_one_is_killed(
             w1.send_signal(signal.SIGCONT)
             return False
 
-        wait_for(lambda: len(replies()) >= 200 and stopped_holding_claims(), "200 answers with w1 busy")
+        wait_for(lambda: len(replies()) >= total // 3 and stopped_holding_claims(), "a third answered, w1 busy")
         killed_at, stuck = len(replies()), held_by(postgres_dsn, "w1")
         w1.kill()  # SIGKILL: no goodbye, its claims simply stop being renewed
         w1.wait(60)
         reminders += add_reminders(home, chats, 10, 10, start_in=1)
-        wait_for(lambda: len(set(replies())) == 600 and all(
+        wait_for(lambda: len(set(replies())) == total and all(
             fake_telegram.sent_texts().count(text) >= 1 for text in reminders), "every update and reminder")
         fake_telegram.send_text(chats[0], chats[0], "/status")
         wait_for(lambda: any("worker: w" in text for text in fake_telegram.sent_texts(chats[0])), "/status")
         for name in ("w0", "w2"):
             stopped(running[name][1], home.parent / f"{name}.log")
 
-    assert killed_at < 600  # the kill came mid-run
+    assert killed_at < total  # the kill came mid-run
     rows = inbox(postgres_dsn)
-    assert len(rows) == 601 and all(done for _, _, done in rows.values())
+    assert len(rows) == total + 1 and all(done for _, _, done in rows.values())
     taken_over = {update_id for update_id, (attempts, _, _) in rows.items() if attempts > 1}
     assert len(taken_over) >= stuck > 0  # w1 died holding claims, and the others answered them
     status = [text for text in fake_telegram.sent_texts(chats[0]) if "worker: " in text]
@@ -193,7 +196,7 @@ def test_three_workers_answer_every_update_in_chat_order_though_one_is_killed(
     duplicates = 0
     for chat in chats:
         said = [int(t.rsplit(" ", 1)[1]) for t in fake_telegram.sent_texts(chat) if t.startswith("echo: ")]
-        assert sorted(said) == said and sorted(set(said)) == list(range(12)), (chat, said)
+        assert sorted(said) == said and sorted(set(said)) == list(range(messages)), (chat, said)
         for n, times in Counter(said).items():
             if times > 1:
                 duplicates += times - 1
