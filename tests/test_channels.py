@@ -80,7 +80,7 @@ async def telegram(app: App, server: FakeTelegramServer) -> AsyncIterator[Served
     settings = app.config.channels.telegram
     channel = TelegramChannel(settings, make_bot(settings, app.config.telegram_token()), app.agent,
                               replies=app.storage.telegram_replies,
-                              typing_interval=0.05)
+                              typing_interval=0.05, typing_delay=0)
     running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
     await asyncio.to_thread(server.wait_until, lambda: bool(server.calls("getUpdates")))
 

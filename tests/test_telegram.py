@@ -43,7 +43,7 @@ from picoclaw.channels.telegram import (
     not_authorised,
 )
 from picoclaw.channels.telegram.bot import install_middlewares
-from picoclaw.channels.telegram.channel import TOLD_SIZE
+from picoclaw.channels.telegram.channel import TOLD_SIZE, TYPING_DELAY
 from picoclaw.cli import main
 from picoclaw.memory.workspace import Workspace
 from picoclaw.transcripts.session_store import session_filename
@@ -94,8 +94,9 @@ class Sleeps:
 
 def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIServer,
           body: Callable[[TelegramChannel], Awaitable[T]], *, sleeps: Sleeps | None = None,
-          told_size: int = TOLD_SIZE) -> T:
-    """Run the bot until `body(channel)` returns, then stop it the way SIGTERM does and wait for it."""
+          told_size: int = TOLD_SIZE, typing_delay: float = 0) -> T:
+    """Run the bot until `body(channel)` returns, then stop it the way SIGTERM does and wait for it. "typing…"
+    starts at once (`typing_delay`), so a test sees it even with a model that answers at once."""
     async def main() -> T:
         settings = workspace.config.channels.telegram
         bot = make_bot(settings, workspace.config.telegram_token())
@@ -104,7 +105,7 @@ def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIS
         async with app:
             channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
                                       transcriber=app.transcriber(), typing_interval=0.05,
-                                      sleep=sleeps or Sleeps(), told_size=told_size)
+                                      typing_delay=typing_delay, sleep=sleeps or Sleeps(), told_size=told_size)
             running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
             await until(telegram, lambda: bool(telegram.calls("getUpdates")))
             try:
@@ -700,7 +701,8 @@ def test_a_disabled_channel_refuses_to_start(home: Path, fake_telegram: FakeTele
 def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(
         home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
     configure(home, fake_telegram, fake_openai)
-    fake_openai.reply_text("answered before exiting / 退出前已回答", delay=0.5)
+    answering = threading.Event()  # the model answers once SIGTERM was sent, so the turn is under way at it
+    fake_openai.enqueue(Text("answered before exiting / 退出前已回答", until=answering))
     process = picoclaw_telegram(home)
     try:
         # Generous bounds, for hangs only: the child imports aiogram (20 s on a busy 2-core machine).
@@ -708,6 +710,7 @@ def test_sigterm_stops_polling_and_the_turn_under_way_still_answers(
         fake_telegram.send_text(OWNER, OWNER, "one last question")
         fake_telegram.wait_until(lambda: bool(fake_telegram.calls("sendChatAction")), timeout=60)
         process.send_signal(signal.SIGTERM)
+        answering.set()
         out, err = process.communicate(timeout=60)
     finally:
         process.kill()
@@ -840,6 +843,33 @@ def test_per_user_scope_in_a_group_keeps_each_member_apart(home: Path, fake_tele
     # The friend's question went to the model with the friend's memory only.
     question = fake_openai.chat_requests()[-1]
     assert "oolong" not in json.dumps(question, ensure_ascii=False)
+
+
+@pytest.mark.parametrize(("question", "answer"), [("what is 2+2?", "4"), ("二加二等于几？", "等于四")])
+def test_typing_is_shown_only_once_a_turn_runs_past_the_typing_delay(
+        home: Path, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, question: str,
+        answer: str) -> None:
+    # The Bot API asks for a chat action only when a reply takes a while: each is a call against the bot's limit.
+    workspace = configure(home, fake_telegram, fake_openai)
+    fake_openai.reply_text(answer)
+    typed = threading.Event()  # the second answer waits for "typing…"
+    fake_openai.enqueue(Text(answer, until=typed))
+
+    async def body(channel: TelegramChannel) -> None:
+        fake_telegram.send_text(OWNER, OWNER, question)
+        await until(fake_telegram, replied(fake_telegram, OWNER))
+        assert fake_telegram.calls("sendChatAction") == []  # answered within the delay: nothing shown
+        channel.typing_delay = 0.05  # a delay this turn outlasts
+        fake_telegram.send_text(OWNER, OWNER, question)
+        await until(fake_telegram, lambda: bool(fake_telegram.calls("sendChatAction")))
+        assert fake_telegram.sent_texts(OWNER) == [answer]  # shown while the model still works
+        typed.set()
+        await until(fake_telegram, replied(fake_telegram, OWNER, 2))
+    # A delay no turn of this test comes near, however busy the machine: the first answer is always sooner.
+    serve(workspace, fake_telegram, fake_openai, body, typing_delay=600)
+
+    assert fake_telegram.sent_texts(OWNER) == [answer, answer]
+    assert TelegramChannel.__init__.__kwdefaults__["typing_delay"] == TYPING_DELAY > 0  # what picoclaw runs
 
 
 def test_a_429_on_send_chat_action_is_waited_out_and_retried(home: Path, fake_telegram: FakeTelegramServer,

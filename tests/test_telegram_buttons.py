@@ -62,7 +62,7 @@ def serve(workspace: Workspace, telegram: FakeTelegramServer, model: FakeOpenAIS
         app = App(workspace.config, workspace.home, make_provider=lambda _config: make_provider(workspace, model))
         async with app:
             channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
-                                      typing_interval=0.05, sleep=Sleeps(), approval_timer=clock)
+                                      typing_interval=0.05, typing_delay=0, sleep=Sleeps(), approval_timer=clock)
             running = asyncio.create_task(channel.run(handle_signals=False, polling_timeout=1))
             await until(telegram, lambda: bool(telegram.calls("getUpdates")))
             try:
@@ -281,7 +281,7 @@ def serve_workers(workspace: Workspace, telegram: FakeTelegramServer, model: Fak
             hook = settings.webhook.model_copy(update={"listen": f"127.0.0.1:{port}"})
             bot = make_bot(settings, workspace.config.telegram_token())
             channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
-                                      typing_interval=0.05, sleep=Sleeps(), approval_timer=clock)
+                                      typing_interval=0.05, typing_delay=0, sleep=Sleeps(), approval_timer=clock)
             webhook = Webhook(hook, app.storage, worker=f"w{number}", secret_token=webhook_secret(bot.token))
             running.append((app, asyncio.create_task(channel.run(handle_signals=False, webhook=webhook))))
             channels.append(channel)

@@ -80,7 +80,7 @@ def serve_webhook(workspace: Workspace, telegram: FakeTelegramServer, model: Fak
         app = App(workspace.config, workspace.home, make_provider=lambda _config: make_provider(workspace, model))
         async with app:
             channel = TelegramChannel(settings, bot, app.agent, replies=app.storage.telegram_replies,
-                                      transcriber=app.transcriber(), typing_interval=0.05)
+                                      transcriber=app.transcriber(), typing_interval=0.05, typing_delay=0)
             webhook = Webhook(settings.webhook, app.storage, worker="w1", secret_token=webhook_secret(bot.token),
                               **timings)
             running = asyncio.create_task(channel.run(handle_signals=False, webhook=webhook))

@@ -113,6 +113,9 @@ NOT_TEXT = "I can only read text messages, voice notes, photos and documents (te
 # Strangers already told their id: enough to cover any real crowd of unknown users, and small (ints).
 TOLD_SIZE = 10_000
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
+# "typing…" starts once a turn has run this long: the Bot API asks for a chat action only when a reply takes
+# noticeably long, and each one is a call against the bot's rate limit. A command, or a quick model, needs none.
+TYPING_DELAY = 0.5
 RECEIPT = "✍"  # the reaction on a user's message whose words were remembered (in Telegram's reaction list)
 # Chats where a reaction could not be set (reactions turned off, an older server): receipts there are lines.
 NO_REACTIONS_KEPT = 10_000
@@ -167,7 +170,8 @@ class TelegramChannel:
 
     def __init__(self, settings: TelegramConfig, bot: Bot, agent_for: AgentFor, *,
                  replies: Callable[[int], ReplyLog], transcriber: Transcriber | None = None,
-                 typing_interval: float = TYPING_INTERVAL, shutdown_timeout: float = 30.0,
+                 typing_interval: float = TYPING_INTERVAL, typing_delay: float = TYPING_DELAY,
+                 shutdown_timeout: float = 30.0,
                  sleep: Sleep = asyncio.sleep, approval_timer: Timer = asyncio.sleep, told_size: int = TOLD_SIZE):
         self.settings = settings
         self.bot = bot
@@ -175,6 +179,7 @@ class TelegramChannel:
         self.transcriber = transcriber  # None: voice notes and audio are answered with how to turn it on
         self.allowed = AllowedUser(settings.allow_from)
         self.typing_interval = typing_interval
+        self.typing_delay = typing_delay
         self.shutdown_timeout = shutdown_timeout
         # Every call this bot makes, polling included, waits out a 429 instead of failing.
         install_middlewares(bot, sleep)
@@ -448,7 +453,7 @@ class TelegramChannel:
         stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
         turn: int | None = None  # the stored id of the turn's user message, for feedback on the reply
         try:
-            async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
+            async with self._typing(chat_id, topic):
                 answer = await run_turn(agent, inbound, hooks)
             if isinstance(answer.error, StorageUnavailable):
                 raise answer.error  # the agent's apology for its memory: a storage failure like any other
@@ -503,6 +508,11 @@ class TelegramChannel:
         """The words sent with a photo, voice note or document, without the mention that addressed the bot."""
         return without_mention(message.caption, self.me) if message.caption else None
 
+    def _typing(self, chat_id: int, topic: int | None) -> ChatActionSender:
+        """"typing…" in the chat (and topic) while a `with` block runs past `typing_delay`, refreshed meanwhile."""
+        return ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval,
+                                       initial_sleep=self.typing_delay)
+
     async def _say(self, chat_id: int, line: str, topic: int | None) -> None:
         """One line of the bot's own (no turn, nothing kept), sent only while this worker holds the update."""
         if not await _claim_kept():
@@ -520,7 +530,7 @@ class TelegramChannel:
             await self._say(chat_id, NOT_LISTENING, topic)
             return None
         try:
-            async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
+            async with self._typing(chat_id, topic):
                 heard = await transcript_of(self.bot, audio, self.transcriber)
         except MediaRefused as exc:
             log.info("telegram: chat %s user %s: a %s not transcribed: %s", chat_id, user.id, audio.kind, exc)
@@ -542,7 +552,7 @@ class TelegramChannel:
         try:
             picture = picture_of(message, max_bytes)
             assert picture is not None  # _answer asked for a photo or an image document
-            async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
+            async with self._typing(chat_id, topic):
                 data = await picture_bytes(self.bot, picture, max_bytes)
                 saved_as = await asyncio.to_thread(agent.workspace.media().save, data, picture.name)
         except MediaRefused as exc:
@@ -570,7 +580,7 @@ class TelegramChannel:
         settings = workspace.config.media
         max_bytes = settings.document_kilobytes * KILOBYTE
         try:
-            async with ChatActionSender.typing(chat_id, self.bot, topic, interval=self.typing_interval):
+            async with self._typing(chat_id, topic):
                 data = await document_bytes(self.bot, document, max_bytes)
                 doc = await asyncio.to_thread(read_document, document.name, data, max_bytes=max_bytes)
                 media = workspace.media()
