@@ -34,7 +34,6 @@ import picoclaw
 from picoclaw.cli import main
 from tests.fakes import FakeOpenAIServer
 from tests.homes import edit_config
-from tests.zones import onboard_in_shanghai
 
 FROZEN = "2025-03-10 02:00:00"  # 10:00 in Asia/Shanghai, the test homes' timezone (tests/zones.py)
 API_KEY = "sk-probe-7f3a9c1e5b2d8046"
@@ -503,24 +502,11 @@ def run_in_process(probe: Case, capsys: pytest.CaptureFixture[str]) -> tuple[int
     return code, out, err
 
 
-@pytest.fixture(scope="module")
-def onboarded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One onboarded home, copied for each case (ten times faster than onboarding each)."""
-    path = tmp_path_factory.mktemp("onboarded") / "home"
-    onboard_in_shanghai(path)  # the zone FROZEN's dates are written for, not the machine's
-    return path
-
-
 @pytest.fixture
-def home(onboarded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A copy of the onboarded home as PICOCLAW_HOME; write permission is given back when the case ends."""
-    path = tmp_path / "home"
-    shutil.copytree(onboarded, path, symlinks=True)
-    config(workspace=str(path / "workspace"))(path)
-    monkeypatch.setenv("PICOCLAW_HOME", str(path))
-    for name in ("OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    yield path
+def home(home: Path, tmp_path: Path) -> Iterator[Path]:
+    """conftest.py's home (in the zone FROZEN's dates are written for); write permission is given back when the
+    case ends."""
+    yield home
     for each in [tmp_path, *tmp_path.rglob("*")]:
         if not each.is_symlink():
             each.chmod(stat.S_IMODE(each.stat().st_mode) | 0o200)

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import stat
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import copy_home
+from tests.homes import CONFIG_FILE
+from tests.zones import onboard_in_shanghai
 
 HANDLER_OF_SIGINT = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
 
@@ -14,3 +23,28 @@ def test_a_process_a_test_starts_stops_at_ctrl_c() -> None:
     done = subprocess.run([sys.executable, "-c", HANDLER_OF_SIGINT], capture_output=True, text=True, timeout=60,
                           check=True)
     assert done.stdout == "True\n"
+
+
+@pytest.mark.parametrize("where", ["home", "家 home"])
+def test_the_home_a_test_gets_is_what_onboarding_writes_there(home: Path, tmp_path: Path, where: str) -> None:
+    # `home` is a copy of a home onboarded once per process: it must not differ from onboarding's own, file for
+    # file, byte for byte, permissions included, and name its own workspace.
+    fresh = tmp_path / "elsewhere" / where / "fresh"
+    onboard_in_shanghai(fresh)
+    copied = tmp_path / "elsewhere" / where / "copied"
+    copy_home(home, copied)
+
+    def files(root: Path) -> dict[str, tuple[bytes, int]]:
+        return {str(path.relative_to(root)): (path.read_bytes(), stat.S_IMODE(path.stat().st_mode))
+                for path in sorted(root.rglob("*")) if path.is_file()}
+
+    expected = files(fresh)
+    got = files(copied)
+    assert got.keys() == expected.keys() and len(got) >= 9
+    config = json.loads(got.pop(CONFIG_FILE)[0])
+    assert config["workspace"] == str(copied / "workspace") and config["timezone"] == "Asia/Shanghai"
+    assert got == {name: value for name, value in expected.items() if name != CONFIG_FILE}
+    assert files(copied)[CONFIG_FILE][0] == expected[CONFIG_FILE][0].replace(
+        json.dumps(str(fresh / "workspace"), ensure_ascii=False).encode(),
+        json.dumps(str(copied / "workspace"), ensure_ascii=False).encode())
+    assert files(copied)[CONFIG_FILE][1] == expected[CONFIG_FILE][1] == 0o600
