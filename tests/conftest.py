@@ -146,7 +146,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, onboarded_home: Path) 
 
 def copy_home(onboarded: Path, path: Path) -> None:
     """`onboarded` copied to `path` as onboarding would have written it there: the files new (copied, not their
-    times), config.json's workspace the new one. A sixth of onboarding's CPU, for the thousands of tests on a home."""
+    times), config.json's workspace the new one. Under half of onboarding's CPU, for the thousands of tests on a
+    home."""
     shutil.copytree(onboarded, path, copy_function=shutil.copy)
     config = path / CONFIG_FILE
     data = read_json_object(config)
