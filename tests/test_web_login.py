@@ -5,6 +5,7 @@ new link from the running console without a restart."""
 from __future__ import annotations
 
 import re
+import signal
 import stat
 from pathlib import Path
 
@@ -119,6 +120,26 @@ def test_picoclaw_web_writes_its_script_token_for_the_user_only_and_new_link_wor
     assert main(["web", "--new-link", "--port", str(port)]) == 1  # no console there any more
     _, err = capsys.readouterr()
     assert err.count("\n") == 1 and "no console token file" in err and "picoclaw web" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("token_name", [None, "控制台.token"])
+def test_sigterm_stops_picoclaw_web_as_ctrl_c_does(home: Path, token_name: str | None) -> None:
+    # What a service manager (systemd, docker stop) sends: before, the console died on it with its token file left
+    # behind and its app (MCP servers, reminders) never closed.
+    port = free_port()
+    token_file = home / (token_name or f"console-127.0.0.1-{port}.token")
+    extra = ["--token-file", str(token_file)] if token_name else []
+    process = picoclaw_web(home, "--port", str(port), *extra)
+    try:
+        login_link_of(process)
+        assert token_file.is_file()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0 and "Traceback" not in err, err
+    assert not token_file.exists()
 
 
 def test_new_link_names_what_is_wrong_in_one_line(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

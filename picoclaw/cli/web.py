@@ -8,8 +8,11 @@ import asyncio
 import contextlib
 import logging
 import re
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from picoclaw.cli.command import UsageError, opened_app
 from picoclaw.cli.output import echo
@@ -97,11 +100,31 @@ def cmd_web(args: argparse.Namespace) -> int:
 
         token_file = args.token_file or default_path(app.home, host, port)
         try:
-            asyncio.run(serve(app, host, port, token_file, announce=announce))
+            asyncio.run(until_sigterm(serve(app, host, port, token_file, announce=announce)))
         except OSError as exc:
             shown = f"[{host}]" if ":" in host else host
             raise UsageError(f"cannot listen on {shown}:{port}: {exc.strerror or exc}") from None
     return 0
+
+
+async def until_sigterm(serving: Coroutine[Any, Any, None]) -> None:
+    """Run `serving` until it returns, Ctrl-C, or SIGTERM (what a service manager sends to stop it): SIGTERM
+    cancels it as Ctrl-C does, so it stops the same way, its `finally` run (token file removed, app closed)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(serving)
+
+    def stop() -> None:
+        loop.add_signal_handler(signal.SIGTERM, lambda: None)  # a second SIGTERM must not cut the stopping short
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not task.cancelled():
+            raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _same_console(args: argparse.Namespace) -> str:
