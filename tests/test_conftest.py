@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -14,15 +15,26 @@ from tests.conftest import copy_home
 from tests.homes import CONFIG_FILE
 from tests.zones import onboard_in_shanghai
 
+REPO = Path(__file__).resolve().parents[1]
 HANDLER_OF_SIGINT = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
 
 
-def test_a_process_a_test_starts_stops_at_ctrl_c() -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("ignored", [False, True])
+def test_a_process_a_test_starts_stops_at_ctrl_c(ignored: bool) -> None:
     # A run started in the background of a script ignores SIGINT, and its processes inherit that: a `picoclaw web`
     # that a test ends with Ctrl-C hung for its 120 s bound (three such failures in one run on 4 xdist workers).
-    done = subprocess.run([sys.executable, "-c", HANDLER_OF_SIGINT], capture_output=True, text=True, timeout=60,
-                          check=True)
-    assert done.stdout == "True\n"
+    # Here a test process is started either way, configured as conftest.py configures one, and starts another.
+    disposition = "SIG_IGN" if ignored else "SIG_DFL"
+    run = "; ".join([
+        f"import signal, subprocess, sys; signal.signal(signal.SIGINT, signal.{disposition})",
+        "from tests.conftest import pytest_configure; pytest_configure(None)",
+        f"child = subprocess.run([sys.executable, '-c', {HANDLER_OF_SIGINT!r}], capture_output=True, text=True)",
+        "print(child.stdout, end='')",
+    ])
+    done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120, check=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout == "True\n", done.stderr
 
 
 @pytest.mark.parametrize("where", ["home", "家 home"])

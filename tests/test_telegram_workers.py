@@ -146,8 +146,8 @@ def add_reminders(home: Path, chats: list[int], first: int, count: int, start_in
 
 def test_three_workers_answer_every_update_in_chat_order_though_one_is_killed(
         home: Path, postgres_dsn: str, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer) -> None:
-    # 24 chats of 10 messages: more than the 16 turns a worker runs at once, so the kill finds w1 holding claims
-    # in many chats, and each chat's order is kept across the takeover.
+    # 24 chats of 10 messages: more than the 16 turns a worker runs at once, so w1 holds claims when it is killed,
+    # and each chat's order must be kept across the takeover.
     chats, messages = [5000 + n for n in range(24)], 10
     total = len(chats) * messages
     set_up(home, fake_telegram, fake_openai, postgres_dsn, chats)

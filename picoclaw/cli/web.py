@@ -121,7 +121,10 @@ async def until_sigterm(serving: Coroutine[Any, Any, None]) -> None:
     try:
         await task
     except asyncio.CancelledError:
-        if not task.cancelled():
+        # Ctrl-C (asyncio.run cancels this task, and makes it KeyboardInterrupt) goes on as before, also after a
+        # SIGTERM; SIGTERM alone cancelled only `task`, and is a normal end.
+        current = asyncio.current_task()
+        if not task.cancelled() or (current is not None and current.cancelling()):
             raise
     finally:
         loop.remove_signal_handler(signal.SIGTERM)

@@ -80,8 +80,9 @@ def make_console(app: App, gate: Gate) -> web.Application:
 
 
 async def _end_conversations(console: web.Application) -> None:
-    # Whoever runs the console: pages following a conversation hold a request open, and shutting down would
-    # wait out the runner's shutdown_timeout for each. Stopped here, their streams end at once.
+    # Whoever runs the console (`serve` stops them itself first): pages following a conversation hold a request
+    # open, and shutting down would wait out the runner's shutdown_timeout, then cut them off. Stopped here,
+    # their streams end whole, at once.
     for conversations in console[chat_page.CHANNEL_KEY]:
         await conversations.stop()
 

@@ -37,6 +37,7 @@ class Console:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="console", daemon=True)
+        self._stopping = False
 
     def __enter__(self) -> Console:
         self._thread.start()
@@ -48,9 +49,11 @@ class Console:
 
     def stop(self) -> None:
         """Shut the console down as `picoclaw web` does at Ctrl-C (its runner's cleanup); once only."""
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
+        if self._stopping or not self._thread.is_alive():
+            return
+        self._stopping = True  # a second stop must not stop the loop in the middle of the first one's cleanup
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
