@@ -53,10 +53,11 @@ def test_the_home_a_test_gets_is_what_onboarding_writes_there(home: Path, tmp_pa
     expected = files(fresh)
     got = files(copied)
     assert got.keys() == expected.keys() and len(got) >= 9
-    config = json.loads(got.pop(CONFIG_FILE)[0])
+    config_text, config_mode = got.pop(CONFIG_FILE)
+    config = json.loads(config_text)
     assert config["workspace"] == str(copied / "workspace") and config["timezone"] == "Asia/Shanghai"
     assert got == {name: value for name, value in expected.items() if name != CONFIG_FILE}
-    assert files(copied)[CONFIG_FILE][0] == expected[CONFIG_FILE][0].replace(
+    assert config_text == expected[CONFIG_FILE][0].replace(
         json.dumps(str(fresh / "workspace"), ensure_ascii=False).encode(),
         json.dumps(str(copied / "workspace"), ensure_ascii=False).encode())
-    assert files(copied)[CONFIG_FILE][1] == expected[CONFIG_FILE][1] == 0o600
+    assert config_mode == expected[CONFIG_FILE][1] == 0o600
