@@ -39,6 +39,7 @@ from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.storage import LockWaitExpired, StorageUnavailable
 from picoclaw.storage.inbox import SqliteInbox
+from picoclaw.storage.telegram_replies import SentReply, SqliteReplyLog
 from tests.agent_helpers import make_provider
 from tests.fakes import FakeOpenAIServer, Text
 from tests.fakes.telegram_server import BOT_USERNAME, TOKEN, FakeTelegramServer, free_port
@@ -542,6 +543,30 @@ def test_a_reply_whose_record_fails_is_recorded_at_a_retry(home: Path, fake_tele
     assert "reply sent but not recorded" not in caplog.text
 
 
+def test_a_reply_is_recorded_as_sent_before_it_is_noted_for_feedback(home: Path, fake_telegram: FakeTelegramServer,
+                                                                    fake_openai: FakeOpenAIServer,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that dies between the two has answered: no other worker answers the update again."""
+    port = free_port()
+    workspace = configure(home, fake_telegram, fake_openai, **hook_settings(port))
+    fake_openai.responder = echo
+    seen: list[list[tuple[Any, ...]]] = []
+    remember = SqliteReplyLog.remember
+
+    def looking(log: SqliteReplyLog, chat: int, message_id: int, reply: SentReply) -> None:
+        seen.append(inbox_rows(home, columns="update_id, replied_at is not null"))
+        remember(log, chat, message_id, reply)
+    monkeypatch.setattr(SqliteReplyLog, "remember", looking)
+
+    async def run(channel: TelegramChannel, webhook: Webhook) -> None:
+        fake_telegram.deliver_to([port])
+        fake_telegram.send_text(OWNER, OWNER, "note my answer / 记下我的回答")
+        await inbox_done(webhook, 1)
+    serve_webhook(workspace, fake_telegram, fake_openai, run)
+    assert fake_telegram.sent_texts(OWNER) == ["echo: note my answer / 记下我的回答"]
+    assert seen == [[(1, 1)]]
+
+
 @pytest.mark.slow
 def test_a_worker_paused_past_its_lease_sends_nothing_for_an_update_another_took_over(tmp_path: Path) -> None:
     async def run() -> tuple[list[bool], list[str]]:
@@ -576,6 +601,45 @@ def test_a_worker_paused_past_its_lease_sends_nothing_for_an_update_another_took
         return checks, sent
     checks, sent = asyncio.run(run())
     assert sent == [] and checks[0] is True  # its renewal may have learnt it first and stopped the turn
+
+
+def test_an_update_whose_reply_went_out_leaves_its_room_to_another_chat_while_it_finishes(tmp_path: Path) -> None:
+    """max_parallel counts the updates being answered: one whose reply went out, with only its bookkeeping left,
+    makes room for another chat's update at once; its own chat's next update still waits for it to finish."""
+    events: list[str] = []
+
+    async def run() -> None:
+        inbox = SqliteInbox(tmp_path / "inbox.sqlite3", 123456)
+        for update_id, chat in ((1, "42"), (2, "42"), (3, "43")):
+            assert inbox.store(update_id, chat, json.dumps({"update_id": update_id}))
+        finishing = {1: asyncio.Event(), 3: asyncio.Event()}
+        replying = asyncio.Event()
+
+        async def feed(update: dict[str, Any]) -> None:
+            n = update["update_id"]
+            turn = webhook_module.inbox_turn.get()
+            assert turn is not None
+            events.append(f"fed {n}")
+            if n == 3:
+                await replying.wait()  # a turn under way: its room is taken until its reply goes out
+            await turn.replied()
+            events.append(f"replied {n}")
+            if n in finishing:
+                await finishing[n].wait()  # what a turn does after its reply (a preview deleted …)
+        worker = webhook_module.InboxWorker(inbox, feed, worker="w1", lease=30, parallel=1,
+                                            watch=StorageWatch(lambda: None))
+        running = asyncio.create_task(worker.run())
+        await wait_until(lambda: "fed 3" in events, what="update 3 taken while update 1 still finishes")
+        finishing[1].set()
+        await wait_until(lambda: inbox.counts()["done"] == 1, what="update 1 finished")
+        replying.set()
+        await wait_until(lambda: "replied 2" in events, what="update 2 answered")
+        finishing[3].set()
+        await worker.drain(30)
+        await running
+        inbox.close()
+    asyncio.run(run())
+    assert events == ["fed 1", "replied 1", "fed 3", "replied 3", "fed 2", "replied 2"]
 
 
 @pytest.mark.slow

@@ -485,8 +485,9 @@ class TelegramChannel:
             if stored:
                 await self._mark_undelivered(agent, key, reply, "not sent: another worker answered this message")
             raise ClaimLost
-        failure = await self.send_reply(chat_id, reply, topic=topic, reply_of=SentReply(key, turn))
-        await _record_reply_sent()
+        sent, failure = await self._send_parts(chat_id, reply, topic=topic)
+        await _record_reply_sent()  # first: from now on no worker answers the update again
+        await self._note_reply(chat_id, sent, SentReply(key, turn))
         if failure is not None and stored:
             await self._mark_undelivered(agent, key, reply, failure)
 
@@ -709,49 +710,49 @@ class TelegramChannel:
         await self.send_reply(chat_id, markdown, strict=True, topic=topic_in(session_key))
 
     async def send_reply(self, chat_id: int, markdown: str, *, strict: bool = False,
-                         topic: int | None = None, reply_of: SentReply | None = None) -> str | None:
+                         topic: int | None = None) -> str | None:
         """The model's Markdown as HTML messages of at most 4,096 characters each, in order (into a forum's
-        `topic` when given). Given the turn answered (`reply_of`), each message sent is remembered as that turn's
-        reply, so a reaction on it is feedback on the turn.
+        `topic` when given).
 
         None when every part arrived, else what went wrong, for the session's record (one line, no token).
         """
+        return (await self._send_parts(chat_id, markdown, strict=strict, topic=topic))[1]
+
+    async def _send_parts(self, chat_id: int, markdown: str, *, strict: bool = False,
+                          topic: int | None = None) -> tuple[list[int], str | None]:
+        """What `send_reply` does, with the ids of the messages that arrived."""
         parts = telegram_parts(markdown) or [MessagePart(EMPTY_REPLY, EMPTY_REPLY)]
-        sent, failure = 0, None
+        sent: list[int] = []
+        failure = None
         for part in parts:
-            why = await self._send(chat_id, part.plain, html=part.html, strict=strict, topic=topic, reply_of=reply_of)
-            if why is None:
-                sent += 1
+            outcome = await self._send(chat_id, part.plain, html=part.html, strict=strict, topic=topic)
+            if isinstance(outcome, Message):
+                sent.append(outcome.message_id)
             elif failure is None:
-                failure = why
+                failure = outcome
         if failure is None:
-            return None
-        if sent == 0:
-            return f"sending failed ({failure}); the user has not seen this reply"
-        return f"only {sent} of {len(parts)} parts reached the user; sending the rest failed ({failure})"
+            return sent, None
+        if not sent:
+            return sent, f"sending failed ({failure}); the user has not seen this reply"
+        return sent, f"only {len(sent)} of {len(parts)} parts reached the user; sending the rest failed ({failure})"
 
     async def _send(self, chat_id: int, plain: str, *, html: str | None = None, strict: bool = False,
-                    topic: int | None = None, reply_of: SentReply | None = None) -> str | None:
+                    topic: int | None = None) -> Message | str:
         """`html` if given, else (or when Telegram refuses the HTML) `plain`, into the forum's `topic` when given;
-        None when sent, else why not.
+        the message sent, else why not.
 
         A failure is logged, and raised again when `strict`.
         """
         try:
             if html is not None:
                 try:
-                    message = await self.bot.send_message(chat_id, html, message_thread_id=topic,
-                                                          parse_mode="HTML")
-                    await self._sent_reply(message, reply_of)
-                    return None
+                    return await self.bot.send_message(chat_id, html, message_thread_id=topic, parse_mode="HTML")
                 except TelegramBadRequest as exc:
                     if "parse entities" not in exc.message.lower():
                         raise
                     log.warning("telegram: chat %s: Telegram refused the HTML (%s); sent as plain text",
                                 chat_id, exc.message)
-            message = await self.bot.send_message(chat_id, plain, message_thread_id=topic, parse_mode=None)
-            await self._sent_reply(message, reply_of)
-            return None
+            return await self.bot.send_message(chat_id, plain, message_thread_id=topic, parse_mode=None)
         except TelegramAPIError as exc:
             log.error("telegram: chat %s: could not send a reply: %s", chat_id, exc)
             if strict:
@@ -764,13 +765,18 @@ class TelegramChannel:
                 raise
             return f"not a Bot API answer: {page}"
 
-    async def _sent_reply(self, message: Message, reply_of: SentReply | None) -> None:
-        """Remember a message sent as (part of) the reply `reply_of` (nothing for any other message); a failure
-        is logged: the reply went out, only a reaction on it would not count."""
-        if reply_of is None or self._replies is None:
+    async def _note_reply(self, chat_id: int, message_ids: list[int], reply: SentReply) -> None:
+        """Remember the messages sent as the turn's reply, so a reaction on one is feedback on the turn; a
+        failure is logged: the reply went out, only a reaction on it would not count."""
+        if not message_ids or self._replies is None:
             return
         try:
-            await asyncio.to_thread(self._replies.remember, message.chat.id, message.message_id, reply_of)
+            await asyncio.to_thread(self._remember_reply, self._replies, chat_id, message_ids, reply)
         except StorageError as exc:
-            log.warning("telegram: chat %s: reply %s not noted for feedback: %s", message.chat.id,
-                        message.message_id, exc)
+            log.warning("telegram: chat %s: reply %s not noted for feedback: %s", chat_id,
+                        ", ".join(map(str, message_ids)), exc)
+
+    @staticmethod
+    def _remember_reply(replies: ReplyLog, chat_id: int, message_ids: list[int], reply: SentReply) -> None:
+        for message_id in message_ids:
+            replies.remember(chat_id, message_id, reply)

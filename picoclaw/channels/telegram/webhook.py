@@ -284,7 +284,8 @@ class InboxRequestHandler(SimpleRequestHandler):
 
 
 class InboxWorker:
-    """Answers the inbox's updates, up to `parallel` at once, until `stop()`."""
+    """Answers the inbox's updates, up to `parallel` at once (one whose reply went out no longer counts), until
+    `stop()`."""
 
     def __init__(self, inbox: Inbox, feed: Callable[[dict[str, Any]], Awaitable[object]], *, worker: str,
                  lease: float, parallel: int, watch: StorageWatch, offload: Offload | None = None,
@@ -306,6 +307,8 @@ class InboxWorker:
         self._renewed: dict[int, float] = {}  # update held → when its lease was last taken or renewed (loop time)
         # Updates being finished or given back: a renewal that no longer finds them has not lost them.
         self._letting_go: set[int] = set()
+        # Updates whose reply went out: their turns only record that and end, so they take no room of `parallel`.
+        self._answered: set[int] = set()
 
     def wake(self) -> None:
         """Look at the inbox now (an update was stored, or a chat's update finished)."""
@@ -352,7 +355,7 @@ class InboxWorker:
 
     async def _claim_some(self) -> float | None:
         """Claim as many updates as there is room for: None when any was, else how long to wait at most."""
-        free = self.parallel - len(self._held)
+        free = self.parallel - len(self._held) + len(self._answered)
         if free <= 0:
             return self.fallback_poll  # a turn ending wakes the worker
         ends = None
@@ -382,6 +385,7 @@ class InboxWorker:
         if update_id is not None and update_id not in self._held.values():
             self._renewed.pop(update_id, None)
             self._letting_go.discard(update_id)
+            self._answered.discard(update_id)
         self._wake.set()  # room for one more, and the chat's next update may now be claimed
 
     async def _answer(self, update: InboxUpdate) -> None:
@@ -442,6 +446,9 @@ class InboxWorker:
         return update_id in held
 
     async def _record_reply(self, update_id: int) -> None:
+        if update_id in self._renewed:  # still held: its room goes to the next update at once
+            self._answered.add(update_id)
+            self._wake.set()
         error = await self._write(self.inbox.mark_replied, update_id)
         if error is not None:
             log.error("telegram inbox: update %d: reply sent but not recorded: %s", update_id, error)
