@@ -340,6 +340,25 @@ class AgentLoop:
             await asyncio.to_thread(self.sessions.refresh, session)
         return session
 
+    async def _session_and_policy(self, key: str) -> tuple[Session, MemoryPolicy]:
+        """What a turn starts from: the session, as `session` gives it, and the policy. On PostgreSQL each is a
+        statement: both in one worker-thread call, as a thread call costs the turn more than its statement."""
+        if self._local_reads:
+            return await self.session(key), self.workspace.policy.current()
+        cached = self._loaded.get(key)
+
+        def read() -> tuple[Session, MemoryPolicy]:
+            if cached is None:
+                session = self.sessions.load(key)
+            else:
+                session = cached
+                self.sessions.refresh(session)
+            return session, self.workspace.policy.current()
+        session, policy = await asyncio.to_thread(read)
+        if cached is None:
+            self._loaded.put(key, session)
+        return session, policy
+
     async def _as_last_seen(self, key: str) -> Session:
         """The session as this process last read or wrote it, storage not asked (loaded if it left the cache): for
         a first look whether background work is due, which that work looks at again, up to date, under its lock."""
@@ -485,24 +504,20 @@ class AgentLoop:
                     ) -> tuple[str, FinishedTurn]:
         """The answer to `text`, and the turn as stored (for the review after the reply); what memory_append
         wrote is added to `writes`."""
-        session = await self.session(key)
+        session, policy = await self._session_and_policy(key)
         self.window = await self.windows.current()  # the first turn of a process may ask the server
         # What the user said in the conversation so far: the ground of a fact memory_append saves.
         writes.heard([m.message for m in session.active()], text)
         token, counted = current_turn.set(writes), turn_images.set(len(images))
         try:
-            return await self._answer(session, key, text, on_text, on_tool, ask_again, images)
+            return await self._answer(session, policy, key, text, on_text, on_tool, ask_again, images)
         finally:
             current_turn.reset(token)
             turn_images.reset(counted)
 
-    async def _answer(self, session: Session, key: str, text: str, on_text: TextSink | None,
+    async def _answer(self, session: Session, policy: MemoryPolicy, key: str, text: str, on_text: TextSink | None,
                       on_tool: ToolSink | None, ask_again: bool = True, images: Sequence[bytes] = ()
                       ) -> tuple[str, FinishedTurn]:
-        # On PostgreSQL in a worker thread: the turn's first read lists the scope's documents (the read round's one
-        # statement), which must not hold up the event loop's other chats.
-        policy = (self.workspace.policy.current() if self._local_reads
-                  else await asyncio.to_thread(self.workspace.policy.current))
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
         notice = ""
