@@ -543,6 +543,41 @@ def test_a_reply_whose_record_fails_is_recorded_at_a_retry(home: Path, fake_tele
     assert "reply sent but not recorded" not in caplog.text
 
 
+def test_answered_updates_still_finishing_are_bounded_by_max_parallel(tmp_path: Path) -> None:
+    """What answered updates have left (a preview deleted behind Telegram's back-off …) takes no room, but at most
+    max_parallel of them wait at once: the worker claims nothing more until one ends."""
+    events: list[str] = []
+
+    async def run() -> None:
+        inbox = SqliteInbox(tmp_path / "inbox.sqlite3", 123456)
+        for update_id in (1, 2, 3):
+            assert inbox.store(update_id, str(40 + update_id), json.dumps({"update_id": update_id}))
+        finishing = {n: asyncio.Event() for n in (1, 2, 3)}
+
+        async def feed(update: dict[str, Any]) -> None:
+            n = update["update_id"]
+            turn = webhook_module.inbox_turn.get()
+            assert turn is not None
+            events.append(f"fed {n}")
+            await turn.replied()
+            events.append(f"replied {n}")
+            await finishing[n].wait()
+        worker = webhook_module.InboxWorker(inbox, feed, worker="w1", lease=30, parallel=1,
+                                            watch=StorageWatch(lambda: None))
+        running = asyncio.create_task(worker.run())
+        await wait_until(lambda: "replied 2" in events, what="update 2 answered while update 1 finishes")
+        events.append("1 finishes")
+        finishing[1].set()
+        await wait_until(lambda: "replied 3" in events, what="update 3 answered")
+        finishing[2].set()
+        finishing[3].set()
+        await worker.drain(30)
+        await running
+        inbox.close()
+    asyncio.run(run())
+    assert events == ["fed 1", "replied 1", "fed 2", "replied 2", "1 finishes", "fed 3", "replied 3"]
+
+
 def test_a_reply_is_recorded_as_sent_before_it_is_noted_for_feedback(home: Path, fake_telegram: FakeTelegramServer,
                                                                     fake_openai: FakeOpenAIServer,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:

@@ -284,8 +284,8 @@ class InboxRequestHandler(SimpleRequestHandler):
 
 
 class InboxWorker:
-    """Answers the inbox's updates, up to `parallel` at once (one whose reply went out no longer counts), until
-    `stop()`."""
+    """Answers the inbox's updates, up to `parallel` at once (one whose reply went out no longer counts, up to
+    `parallel` of those), until `stop()`."""
 
     def __init__(self, inbox: Inbox, feed: Callable[[dict[str, Any]], Awaitable[object]], *, worker: str,
                  lease: float, parallel: int, watch: StorageWatch, offload: Offload | None = None,
@@ -307,7 +307,8 @@ class InboxWorker:
         self._renewed: dict[int, float] = {}  # update held → when its lease was last taken or renewed (loop time)
         # Updates being finished or given back: a renewal that no longer finds them has not lost them.
         self._letting_go: set[int] = set()
-        # Updates whose reply went out: their turns only record that and end, so they take no room of `parallel`.
+        # Updates whose reply went out: what their turns have left (recording it, a preview deleted, the inbox's
+        # finish) takes no room of `parallel`, though at most `parallel` of them are kept waiting at once.
         self._answered: set[int] = set()
 
     def wake(self) -> None:
@@ -355,7 +356,7 @@ class InboxWorker:
 
     async def _claim_some(self) -> float | None:
         """Claim as many updates as there is room for: None when any was, else how long to wait at most."""
-        free = self.parallel - len(self._held) + len(self._answered)
+        free = min(self.parallel - (len(self._held) - len(self._answered)), 2 * self.parallel - len(self._held))
         if free <= 0:
             return self.fallback_poll  # a turn ending wakes the worker
         ends = None
