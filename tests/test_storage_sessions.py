@@ -19,6 +19,7 @@ from picoclaw.storage import FilesStorage, Storage, StorageError, StorageUnavail
 from picoclaw.storage.postgres.storage import PostgresStorage
 from picoclaw.storage.waits import LockWaitExpired
 from picoclaw.transcripts.session_store import SessionStore, StoredMessage
+from tests.waiting import wait_until_sync
 
 # "spawn": each writer is a fresh interpreter with its own pool (or FileLock), as separate processes are.
 CTX = multiprocessing.get_context("spawn")
@@ -91,6 +92,19 @@ def test_a_second_store_takes_in_what_another_appended(backend: Backend) -> None
     assert not second.refresh(theirs)  # nothing new since
     second.append_messages(theirs, [_said("assistant", "你好")])
     assert first.refresh(mine) and [m.id for m in mine.messages] == [1, 2]
+
+
+@pytest.mark.parametrize("said", ["hello", "你好"])
+def test_an_append_from_a_session_read_before_another_writer_follows_that_writer(backend: Backend,
+                                                                                 said: str) -> None:
+    first, second = backend.store(), backend.store()
+    mine, theirs = first.load(KEY), second.load(KEY)
+    first.append_messages(mine, [_said("user", said)])
+    second.append_messages(theirs, [_said("assistant", f"{said}!")])  # `theirs` was read before that first append
+    first.append_messages(mine, [_said("user", f"{said}?")])
+    again = backend.store().load(KEY)
+    assert [(m.id, m.message["content"]) for m in again.messages] == [(1, said), (2, f"{said}!"), (3, f"{said}?")]
+    assert [m.id for m in mine.messages] == [1, 2, 3] and [m.id for m in theirs.messages] == [1, 2]
 
 
 def test_the_active_history_and_its_blocks_follow_every_change_of_the_session(tmp_path: Path) -> None:
@@ -295,6 +309,53 @@ def test_an_append_numbers_its_records_after_the_rows_and_refuses_ids_out_of_ord
     assert [orjson.loads(line).get("id") for line in log.read(path).lines] == [1, 2, None, 3, None]
     assert orjson.loads(log.read(path).lines[3])["message"]["content"] == f"{said} 3"
     assert log.marker(path) != second and postgres.session_counts() == {"sessions": 1, "messages": 5}
+
+
+@pytest.mark.parametrize("said", ["mine", "我的"])
+def test_an_append_waits_for_a_writer_holding_the_lock_and_follows_what_it_wrote(postgres: PostgresStorage,
+                                                                                 postgres_dsn: str, said: str) -> None:
+    """An append takes no lock when none is held and nothing changed; one held is waited for, as before."""
+    other = PostgresStorage(postgres.root, postgres_dsn)  # another process's pool
+    try:
+        mine_store = SessionStore(postgres.root / "sessions", storage=postgres)
+        their_store = SessionStore(postgres.root / "sessions", storage=other)
+        mine = mine_store.load(KEY)
+        mine_store.append_messages(mine, [_said("user", "hello 你好")])
+        theirs = their_store.load(KEY)
+        held, go = threading.Event(), threading.Event()
+        failures: list[BaseException] = []
+
+        def holder() -> None:  # a writer between its read and its write (a summary, a compaction …)
+            try:
+                with their_store.lock():
+                    held.set()
+                    assert go.wait(60)
+                    their_store.append_messages(theirs, [_said("assistant", "theirs 他们的")])
+            except BaseException as exc:  # noqa: BLE001 - reported by the test below
+                failures.append(exc)
+
+        def appender() -> None:
+            try:
+                mine_store.append_messages(mine, [_said("user", said)])
+            except BaseException as exc:  # noqa: BLE001
+                failures.append(exc)
+        threads = [threading.Thread(target=holder), threading.Thread(target=appender)]
+        threads[0].start()
+        assert held.wait(60)
+        threads[1].start()
+        with psycopg.connect(postgres_dsn, autocommit=True) as watch:
+            wait_until_sync(lambda: watch.execute("select count(*) from pg_locks where locktype = 'advisory' "
+                                                  "and not granted").fetchone() == (1,),
+                            what="the append waiting for the lock")
+        go.set()
+        for thread in threads:
+            thread.join(60)
+        assert failures == []
+        again = mine_store.load(KEY)
+        assert [(m.id, m.message["content"]) for m in again.messages] == [
+            (1, "hello 你好"), (2, "theirs 他们的"), (3, said)]
+    finally:
+        other.close()
 
 
 def test_a_server_gone_mid_write_is_one_line_and_the_transaction_is_undone(postgres: PostgresStorage,

@@ -68,6 +68,11 @@ class SessionLog(Protocol):
         """
         ...
 
+    def append_unchanged(self, path: Path, records: list[dict[str, Any]], marker: Hashable) -> Hashable | None:
+        """`append` without taking the lock, when no writer holds it and the transcript is still at `marker`
+        (a writer that read it at `marker` numbers right); the new marker, or None when nothing was written."""
+        ...
+
     def exists(self, path: Path) -> bool:
         """Whether a transcript is at `path`."""
         ...
@@ -149,6 +154,9 @@ class FilesSessionLog:
             atomic_write(path, raw[: raw.rfind(b"\n") + 1])
         append_jsonl(path, records)
         return file_key(path)
+
+    def append_unchanged(self, path: Path, records: list[dict[str, Any]], marker: Hashable) -> Hashable | None:
+        return None  # taking the lock file is what makes the check and the write one step: always taken
 
     def exists(self, path: Path) -> bool:
         return path.exists()

@@ -374,13 +374,28 @@ class SessionStore:
     def append_messages(self, session: Session, messages: list[StoredMessage]) -> None:
         """Number and append messages (one write, fsynced) and add them to `session`.
 
-        Under the lock, after taking in what another process appended meanwhile: the ids follow its.
+        Under the lock, after taking in what another process appended meanwhile: the ids follow its. Where the
+        storage can tell in the same write that no one holds the lock and nothing changed since `session` was
+        read (PostgreSQL), without taking it: the ids follow `session`'s.
         """
-        with session.guard, self.lock():
-            self._catch_up(session)
-            stored = [replace(message, id=session.last_id + 1 + offset) for offset, message in enumerate(messages)]
-            self._locked_append(session, [message.record() for message in stored])
-            session.messages.extend(stored)
+        with session.guard:
+            if session.synced is not None:
+                stored = self._numbered(session, messages)
+                marker = self.log.append_unchanged(session.path, [m.record() for m in stored], session.synced)
+                if marker is not None:
+                    session.synced = marker
+                    session.messages.extend(stored)
+                    return
+            with self.lock():
+                self._catch_up(session)
+                stored = self._numbered(session, messages)
+                self._locked_append(session, [message.record() for message in stored])
+                session.messages.extend(stored)
+
+    @staticmethod
+    def _numbered(session: Session, messages: list[StoredMessage]) -> list[StoredMessage]:
+        """`messages` with the ids that follow `session`'s last."""
+        return [replace(message, id=session.last_id + 1 + offset) for offset, message in enumerate(messages)]
 
     def add_compaction(self, session: Session, through: int, summary: str | None, reason: str) -> None:
         """Mark messages up to `through` as compacted, with the summary that replaces them (if any)."""

@@ -82,6 +82,27 @@ with moved as (
 select revision from moved
 """
 
+# An append without the lock: only while no writer holds it (tried, not waited for; let go as the statement ends)
+# and while the row is still at the revision the appender read (checked on the row's newest version, as an
+# UPDATE does under READ COMMITTED). Else nothing is written and no row returned.
+APPEND_UNCHANGED = """
+with free as (select pg_try_advisory_xact_lock(%(class)s, hashtext(%(scope)s)) as ok),
+moved as (
+    update sessions as s set last_seq = s.last_seq + %(count)s,
+        last_message_id = coalesce(%(last)s, s.last_message_id), revision = nextval('session_revision'),
+        updated_at = now()
+    from free
+    where free.ok and s.scope = %(scope)s and s.name = %(name)s and s.revision = %(revision)s
+      and (%(first)s::bigint is null or s.last_message_id < %(first)s)
+    returning s.id, s.last_seq, s.revision
+), added as (
+    insert into messages (session_id, seq, line, message_id)
+    select moved.id, moved.last_seq - %(count)s + r.n, r.line, r.message_id
+    from moved, unnest(%(lines)s::bytea[], %(ids)s::bigint[]) with ordinality as r(line, message_id, n)
+)
+select revision from moved
+"""
+
 
 def scope_of(root: Path, folder: Path) -> str:
     """The scope of sessions folder `folder` under workspace `root`: `users/<key>/sessions` → key, else ""."""
@@ -214,6 +235,22 @@ class PostgresSessionLog:
                                     (scope, name)).fetchone()
                 raise _out_of_order(name, given[0], last[0] if last else 0)
         return row[0]
+
+    def append_unchanged(self, path: Path, records: list[dict[str, Any]], marker: Hashable) -> Hashable | None:
+        if getattr(self._held, "conn", None) is not None:  # this thread holds the lock: `append` under it
+            return None
+        lines = record_lines(records)
+        if not lines:
+            return None
+        scope, name = self._locate(path)
+        ids = [message_id(line) for line in lines]
+        given = [found for found in ids if found is not None]
+        with self._reading() as conn:  # one statement: atomic by itself
+            row = conn.execute(APPEND_UNCHANGED, {
+                "class": LOCK_CLASS, "scope": scope, "name": name, "revision": marker, "count": len(lines),
+                "lines": lines, "ids": ids, "first": given[0] if given else None,
+                "last": given[-1] if given else None}).fetchone()
+        return None if row is None else row[0]
 
     def exists(self, path: Path) -> bool:
         return self.marker(path) is not None
