@@ -13,7 +13,8 @@ One writer at a time, across processes (an open `chat` and a `chat -m` on the sa
 the CLI): every append happens under the backend's lock on the sessions folder (a file lock, or an advisory
 lock on PostgreSQL), after reading what other processes appended since this one last read the transcript.
 Ids are assigned under that lock, so they stay unique and increasing, and the in-memory Session includes the
-other process's messages too.
+other process's messages too. On PostgreSQL an append whose statement finds the lock free and the transcript
+unchanged since it was read is as good as one under the lock, and takes none (`SessionLog.append_unchanged`).
 """
 
 from __future__ import annotations

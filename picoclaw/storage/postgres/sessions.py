@@ -9,7 +9,8 @@ An append is one statement: `last_seq` of the session row moves by the number of
 `seq` follow it (1, 2, 3 … per transcript, no gap, never reused: the row's update orders concurrent appends),
 and a message record's id must follow the last one (`last_message_id`), so two writers can never number two
 messages alike. Writers of one scope also share a transaction-scoped advisory lock (`lock()`), under which
-transcripts/session_store.py reads what others appended and numbers its messages.
+transcripts/session_store.py reads what others appended and numbers its messages; an append of a session read
+since the last write skips it when the statement finds it free (`APPEND_UNCHANGED`).
 """
 
 from __future__ import annotations
