@@ -16,6 +16,7 @@ import pytest
 from freezegun import freeze_time
 
 from picoclaw.storage import FilesStorage, Storage, StorageError, StorageUnavailable
+from picoclaw.storage.postgres.sessions import LOCK_CLASS, PostgresSessionLog
 from picoclaw.storage.postgres.storage import PostgresStorage
 from picoclaw.storage.waits import LockWaitExpired
 from picoclaw.transcripts.session_store import SessionStore, StoredMessage
@@ -100,8 +101,8 @@ def test_an_append_from_a_session_read_before_another_writer_follows_that_writer
     first, second = backend.store(), backend.store()
     mine, theirs = first.load(KEY), second.load(KEY)
     first.append_messages(mine, [_said("user", said)])
-    second.append_messages(theirs, [_said("assistant", f"{said}!")])  # `theirs` was read before that first append
-    first.append_messages(mine, [_said("user", f"{said}?")])
+    second.append_messages(theirs, [_said("assistant", f"{said}!")])  # `theirs` was read before any transcript
+    first.append_messages(mine, [_said("user", f"{said}?")])  # `mine` was read at its own append, before that
     again = backend.store().load(KEY)
     assert [(m.id, m.message["content"]) for m in again.messages] == [(1, said), (2, f"{said}!"), (3, f"{said}?")]
     assert [m.id for m in mine.messages] == [1, 2, 3] and [m.id for m in theirs.messages] == [1, 2]
@@ -311,6 +312,21 @@ def test_an_append_numbers_its_records_after_the_rows_and_refuses_ids_out_of_ord
     assert log.marker(path) != second and postgres.session_counts() == {"sessions": 1, "messages": 5}
 
 
+@pytest.mark.parametrize("said", ["again", "再来"])
+def test_an_append_to_a_session_nothing_changed_since_takes_no_lock(postgres: PostgresStorage, said: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SessionStore(postgres.root / "sessions", storage=postgres)
+    session = store.load(KEY)
+    store.append_messages(session, [_said("user", "hello 你好")])  # a new transcript: under the lock
+
+    def taken(log: PostgresSessionLog) -> None:
+        raise AssertionError("the lock was taken")
+    monkeypatch.setattr(PostgresSessionLog, "lock", taken)
+    store.append_messages(session, [_said("assistant", said)])
+    assert [(m.id, m.message["content"]) for m in SessionStore(postgres.root / "sessions", storage=postgres)
+            .load(KEY).messages] == [(1, "hello 你好"), (2, said)]
+
+
 @pytest.mark.parametrize("said", ["mine", "我的"])
 def test_an_append_waits_for_a_writer_holding_the_lock_and_follows_what_it_wrote(postgres: PostgresStorage,
                                                                                  postgres_dsn: str, said: str) -> None:
@@ -325,7 +341,7 @@ def test_an_append_waits_for_a_writer_holding_the_lock_and_follows_what_it_wrote
         held, go = threading.Event(), threading.Event()
         failures: list[BaseException] = []
 
-        def holder() -> None:  # a writer between its read and its write (a summary, a compaction …)
+        def holder() -> None:  # a writer holding the lock for a read and a write (a summary, a compaction …)
             try:
                 with their_store.lock():
                     held.set()
@@ -344,13 +360,15 @@ def test_an_append_waits_for_a_writer_holding_the_lock_and_follows_what_it_wrote
         assert held.wait(60)
         threads[1].start()
         with psycopg.connect(postgres_dsn, autocommit=True) as watch:
-            wait_until_sync(lambda: watch.execute("select count(*) from pg_locks where locktype = 'advisory' "
-                                                  "and not granted").fetchone() == (1,),
-                            what="the append waiting for the lock")
+            # The sessions' lock of this database only: a server shared by the test workers has others.
+            wait_until_sync(lambda: watch.execute(
+                "select count(*) from pg_locks where locktype = 'advisory' and not granted and classid = %s::oid "
+                "and database = (select oid from pg_database where datname = current_database())",
+                (LOCK_CLASS,)).fetchone() == (1,), what="the append waiting for the lock")
         go.set()
         for thread in threads:
             thread.join(60)
-        assert failures == []
+        assert not any(thread.is_alive() for thread in threads) and failures == []
         again = mine_store.load(KEY)
         assert [(m.id, m.message["content"]) for m in again.messages] == [
             (1, "hello 你好"), (2, "theirs 他们的"), (3, said)]

@@ -46,7 +46,8 @@ class SessionLog(Protocol):
     folder: Path
 
     def lock(self) -> AbstractContextManager[object]:
-        """The lock every writer of this folder holds while it reads what is new, appends, archives or renames.
+        """The lock every writer of this folder holds while it reads what is new, appends, archives or renames
+        (an `append_unchanged` holds it for its one statement, or writes nothing).
 
         Held across processes (and machines, on PostgreSQL); reentrant within a thread; waits at most the
         storage's bound (storage.lock_wait_seconds), then LockWaitExpired.

@@ -361,7 +361,8 @@ class SessionStore:
                 stored.mark_undelivered(reason)
 
     def lock(self) -> AbstractContextManager[object]:
-        """The cross-process lock every writer of this folder's sessions holds while it appends or archives."""
+        """The cross-process lock every writer of this folder's sessions holds while it appends or archives (an
+        append that finds it free and the session unchanged holds it only for its one write)."""
         return self.log.lock()
 
     def transcripts(self) -> list[Path]:

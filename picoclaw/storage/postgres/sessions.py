@@ -217,24 +217,28 @@ class PostgresSessionLog:
                                self._locate(path)).fetchone()
         return row[0] if row else None
 
-    def append(self, path: Path, records: list[dict[str, Any]]) -> Hashable | None:
-        lines = record_lines(records)
-        if not lines:
-            return self.marker(path)
+    def _append_params(self, path: Path, lines: list[bytes]) -> dict[str, Any]:
+        """APPEND's (and APPEND_UNCHANGED's) parameters; StorageError for message ids out of order in `lines`."""
         scope, name = self._locate(path)
         ids = [message_id(line) for line in lines]
         given = [found for found in ids if found is not None]
         for before, after in zip([0, *given], given):
             if after <= before:
                 raise _out_of_order(name, after, before)
+        return {"scope": scope, "name": name, "count": len(lines), "lines": lines, "ids": ids,
+                "first": given[0] if given else None, "last": given[-1] if given else None}
+
+    def append(self, path: Path, records: list[dict[str, Any]]) -> Hashable | None:
+        lines = record_lines(records)
+        if not lines:
+            return self.marker(path)
+        params = self._append_params(path, lines)
         with self._transaction() as conn:
-            row = conn.execute(APPEND, {"scope": scope, "name": name, "count": len(lines), "lines": lines,
-                                        "ids": ids, "first": given[0] if given else None,
-                                        "last": given[-1] if given else None}).fetchone()
+            row = conn.execute(APPEND, params).fetchone()
             if row is None:  # the row holds a later message id: raised inside the transaction, so nothing is kept
                 last = conn.execute("select last_message_id from sessions where scope = %s and name = %s",
-                                    (scope, name)).fetchone()
-                raise _out_of_order(name, given[0], last[0] if last else 0)
+                                    (params["scope"], params["name"])).fetchone()
+                raise _out_of_order(params["name"], params["first"], last[0] if last else 0)
         return row[0]
 
     def append_unchanged(self, path: Path, records: list[dict[str, Any]], marker: Hashable) -> Hashable | None:
@@ -243,14 +247,9 @@ class PostgresSessionLog:
         lines = record_lines(records)
         if not lines:
             return None
-        scope, name = self._locate(path)
-        ids = [message_id(line) for line in lines]
-        given = [found for found in ids if found is not None]
+        params = {**self._append_params(path, lines), "class": LOCK_CLASS, "revision": marker}
         with self._reading() as conn:  # one statement: atomic by itself
-            row = conn.execute(APPEND_UNCHANGED, {
-                "class": LOCK_CLASS, "scope": scope, "name": name, "revision": marker, "count": len(lines),
-                "lines": lines, "ids": ids, "first": given[0] if given else None,
-                "last": given[-1] if given else None}).fetchone()
+            row = conn.execute(APPEND_UNCHANGED, params).fetchone()
         return None if row is None else row[0]
 
     def exists(self, path: Path) -> bool:
