@@ -515,6 +515,16 @@ def test_a_turn_whose_lock_wait_ran_out_is_answered_in_one_line_and_healthz_is_5
     assert all(r.exc_info is None for r in caplog.records)
 
 
+def answer_one(workspace: Workspace, fake_telegram: FakeTelegramServer, fake_openai: FakeOpenAIServer, port: int,
+               text: str) -> None:
+    """Serve a webhook worker on `port` until the owner's one message `text` is answered and finished."""
+    async def run(channel: TelegramChannel, webhook: Webhook) -> None:
+        fake_telegram.deliver_to([port])
+        fake_telegram.send_text(OWNER, OWNER, text)
+        await inbox_done(webhook, 1)
+    serve_webhook(workspace, fake_telegram, fake_openai, run)
+
+
 def test_a_reply_whose_record_fails_is_recorded_at_a_retry(home: Path, fake_telegram: FakeTelegramServer,
                                                            fake_openai: FakeOpenAIServer,
                                                            monkeypatch: pytest.MonkeyPatch,
@@ -532,11 +542,7 @@ def test_a_reply_whose_record_fails_is_recorded_at_a_retry(home: Path, fake_tele
         mark_replied(inbox, update_id)
     monkeypatch.setattr(SqliteInbox, "mark_replied", flaky)
 
-    async def run(channel: TelegramChannel, webhook: Webhook) -> None:
-        fake_telegram.deliver_to([port])
-        fake_telegram.send_text(OWNER, OWNER, "record my answer / 记下回答")
-        await inbox_done(webhook, 1)
-    serve_webhook(workspace, fake_telegram, fake_openai, run)
+    answer_one(workspace, fake_telegram, fake_openai, port, "record my answer / 记下回答")
     assert fake_telegram.sent_texts(OWNER) == ["echo: record my answer / 记下回答"] and not failures
     # Recorded: had this worker died before finishing, the worker taking over would not have answered again.
     assert inbox_rows(home) == [(1, str(OWNER), 1, 1, 1)]
@@ -593,11 +599,7 @@ def test_a_reply_is_recorded_as_sent_before_it_is_noted_for_feedback(home: Path,
         remember(log, chat, message_id, reply)
     monkeypatch.setattr(SqliteReplyLog, "remember", looking)
 
-    async def run(channel: TelegramChannel, webhook: Webhook) -> None:
-        fake_telegram.deliver_to([port])
-        fake_telegram.send_text(OWNER, OWNER, "note my answer / 记下我的回答")
-        await inbox_done(webhook, 1)
-    serve_webhook(workspace, fake_telegram, fake_openai, run)
+    answer_one(workspace, fake_telegram, fake_openai, port, "note my answer / 记下我的回答")
     assert fake_telegram.sent_texts(OWNER) == ["echo: note my answer / 记下我的回答"]
     assert seen == [[(1, 1)]]
 
