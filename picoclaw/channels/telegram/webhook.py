@@ -356,7 +356,8 @@ class InboxWorker:
 
     async def _claim_some(self) -> float | None:
         """Claim as many updates as there is room for: None when any was, else how long to wait at most."""
-        free = min(self.parallel - (len(self._held) - len(self._answered)), 2 * self.parallel - len(self._held))
+        answering = len(self._held) - len(self._answered)
+        free = min(self.parallel - answering, 2 * self.parallel - len(self._held))  # see `_answered`
         if free <= 0:
             return self.fallback_poll  # a turn ending wakes the worker
         ends = None
