@@ -4,6 +4,7 @@ nothing refreshed first; the workspace folder is never read as memory, and nothi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -205,3 +206,50 @@ def test_on_files_the_port_reads_the_files_themselves(tmp_path: Path) -> None:
     with storage.read_round():  # on files a round keeps nothing: a file read is always current
         store.long_term_path.write_text(f"## 2026-12-02\n{FACT_ZH}\n", encoding="utf-8")
         assert store.read_long_term() == f"## 2026-12-02\n{FACT_ZH}\n"
+
+
+def test_the_stored_documents_are_listed_as_the_files_layout_stores_them(tmp_path: Path) -> None:
+    (tmp_path / "AGENTS.md").write_text("agents")
+    (tmp_path / "USER.md").mkdir()  # a folder by a document's name is no document
+    (tmp_path / "SOUL.md").symlink_to(tmp_path / "gone")  # nor is a broken link
+    (tmp_path / "elsewhere.md").write_text("identity")
+    (tmp_path / "IDENTITY.md").symlink_to(tmp_path / "elsewhere.md")  # a link to a file is
+    memory = tmp_path / "memory"
+    (memory / "index").mkdir(parents=True)
+    (memory / "index" / "terms.sqlite3").write_text("")  # the index: derived
+    (memory / "MEMORY.md").write_text(FACT_EN)
+    (memory / ".MEMORY.md.entries").write_text("")  # derived
+    (memory / "2026" / "12").mkdir(parents=True)
+    (memory / "2026" / "12" / "20261204.md").write_text(NOTE)
+    (memory / "2026" / "index").mkdir()
+    (memory / "2026" / "index" / "笔记.md").write_text(FACT_ZH)  # an "index" folder below the top is memory
+    (tmp_path / "vault").mkdir()
+    (tmp_path / "vault" / "kept.md").write_text("vault")
+    (memory / "vault").symlink_to(tmp_path / "vault")  # a linked folder is not entered
+    (memory / "LEARNINGS.md").symlink_to(memory / "MEMORY.md")
+    (memory / "broken.md").symlink_to(memory / "gone")
+    assert document_names(tmp_path, shared=True) == [
+        "AGENTS.md", "IDENTITY.md", "memory/2026/12/20261204.md", "memory/2026/index/笔记.md",
+        "memory/LEARNINGS.md", "memory/MEMORY.md"]
+    assert document_names(tmp_path, shared=False) == [
+        "memory/2026/12/20261204.md", "memory/2026/index/笔记.md", "memory/LEARNINGS.md", "memory/MEMORY.md"]
+    assert document_names(tmp_path / "elsewhere.md", shared=True) == []  # not a folder: nothing
+
+
+def test_listing_the_stored_documents_costs_no_stat_for_a_regular_file(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn lists them (the notes it reads): a memory of a year of daily notes is 365 files."""
+    (tmp_path / "AGENTS.md").write_text("agents")
+    for day in range(1, 31):
+        note = tmp_path / "memory" / "2026" / "11" / f"202611{day:02}.md"
+        note.parent.mkdir(parents=True, exist_ok=True)
+        note.write_text(NOTE)
+    stats: list[object] = []
+    real_stat = os.stat
+
+    def counted(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        stats.append(path)
+        return real_stat(path, *args, **kwargs)
+    monkeypatch.setattr(os, "stat", counted)
+    assert len(document_names(tmp_path, shared=True)) == 31
+    assert stats == []

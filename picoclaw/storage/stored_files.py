@@ -65,17 +65,39 @@ def scope_of(root: Path, path: Path) -> tuple[str, Path]:
 
 
 def document_names(scope_root: Path, *, shared: bool) -> list[str]:
-    """The stored documents of one scope, as "/"-separated names under its root (sorted)."""
-    names = [name for name in ROOT_DOCUMENTS if shared and (scope_root / name).is_file()]
-    memory = scope_root / MEMORY_DIR
-    if memory.is_dir():
-        for folder, subfolders, files in os.walk(memory):
-            subfolders[:] = sorted(d for d in subfolders if not (Path(folder) == memory and d == INDEX_DIR))
-            for file in files:
-                name = (Path(folder) / file).relative_to(scope_root).as_posix()
-                if not is_derived(name) and (Path(folder) / file).is_file():
-                    names.append(name)
+    """The stored documents of one scope, as "/"-separated names under its root (sorted). A turn lists them:
+    the folder's entries say which are files, so a regular file costs no stat of its own."""
+    names = []
+    if shared:
+        names = [entry.name for entry in _entries(str(scope_root)) if entry.name in ROOT_DOCUMENTS and entry.is_file()]
+    names += _memory_files(str(scope_root / MEMORY_DIR), MEMORY_DIR, top=True)
     return sorted(names)
+
+
+def _entries(folder: str) -> list[os.DirEntry[str]]:
+    """The entries of `folder`; none when it cannot be listed (missing, not a folder, not readable)."""
+    try:
+        with os.scandir(folder) as found:
+            return list(found)
+    except OSError:
+        return []
+
+
+def _memory_files(folder: str, name: str, *, top: bool) -> list[str]:
+    """The stored files under memory folder `folder` (named `name` under the scope root), the index folder left
+    out. As os.walk goes: a linked folder is not entered; a link to a file counts, a broken one does not."""
+    found = []
+    for entry in _entries(folder):
+        inner = f"{name}/{entry.name}"
+        try:
+            if entry.is_dir():
+                if not entry.is_symlink() and not (top and entry.name == INDEX_DIR):
+                    found += _memory_files(entry.path, inner, top=False)
+            elif not is_derived(inner) and entry.is_file():
+                found.append(inner)
+        except OSError:  # an entry that cannot be looked at (as os.walk: not a folder, and not a file either)
+            continue
+    return found
 
 
 def session_names(scope_root: Path) -> list[str]:
