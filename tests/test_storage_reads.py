@@ -239,7 +239,6 @@ def test_the_stored_documents_are_listed_as_the_files_layout_stores_them(tmp_pat
 def test_listing_the_stored_documents_costs_no_stat_for_a_regular_file(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A turn lists them (the notes it reads): a memory of a year of daily notes is 365 files."""
-    (tmp_path / "AGENTS.md").write_text("agents")
     for day in range(1, 31):
         note = tmp_path / "memory" / "2026" / "11" / f"202611{day:02}.md"
         note.parent.mkdir(parents=True, exist_ok=True)
@@ -251,5 +250,5 @@ def test_listing_the_stored_documents_costs_no_stat_for_a_regular_file(tmp_path:
         stats.append(path)
         return real_stat(path, *args, **kwargs)
     monkeypatch.setattr(os, "stat", counted)
-    assert len(document_names(tmp_path, shared=True)) == 31
+    assert len(document_names(tmp_path, shared=False)) == 30
     assert stats == []

@@ -66,10 +66,9 @@ def scope_of(root: Path, path: Path) -> tuple[str, Path]:
 
 def document_names(scope_root: Path, *, shared: bool) -> list[str]:
     """The stored documents of one scope, as "/"-separated names under its root (sorted). A turn lists them:
-    the folder's entries say which are files, so a regular file costs no stat of its own."""
-    names = []
-    if shared:
-        names = [entry.name for entry in _entries(str(scope_root)) if entry.name in ROOT_DOCUMENTS and entry.is_file()]
+    under memory/ the folders' entries say which are files, so a note costs no stat of its own. (The bootstrap
+    files are asked for by name: on a case-insensitive disk "agents.md" is AGENTS.md.)"""
+    names = [name for name in ROOT_DOCUMENTS if shared and (scope_root / name).is_file()]
     names += _memory_files(str(scope_root / MEMORY_DIR), MEMORY_DIR, top=True)
     return sorted(names)
 
