@@ -34,6 +34,7 @@ from pathlib import Path
 
 from picoclaw import clock
 from picoclaw.disk.bounded_read import read_regular
+from picoclaw.disk.folder_entries import folder_entries
 from picoclaw.disk.links import NotAFileError, write_target
 from picoclaw.errors import MemoryStoreError
 from picoclaw.memory.entries import (
@@ -117,15 +118,6 @@ def _is_folder(entry: os.DirEntry[str]) -> bool:
         return entry.is_dir()
     except OSError:
         return False
-
-
-def _entries(folder: str | Path) -> list[os.DirEntry[str]]:
-    """What `folder` holds; nothing when it cannot be listed (missing, not a folder, not readable)."""
-    try:
-        with os.scandir(folder) as listed:
-            return list(listed)
-    except OSError:
-        return []
 
 
 class MemoryStore:
@@ -560,9 +552,10 @@ class MemoryStore:
         now, as `local` gives it), all brought up to date at once."""
         folder = self.documents.local_folder(f"{self._name(self.memory_dir)}/")
         found: list[tuple[str, str]] = []  # (YYYYMMDD.md, YYYYMM)
-        for month in _entries(folder):
+        for month in folder_entries(folder):
             if _MONTH_DIR.fullmatch(month.name) and _is_folder(month):
-                found += [(note.name, month.name) for note in _entries(month.path) if _NOTE_FILE.fullmatch(note.name)]
+                found += [(note.name, month.name) for note in folder_entries(month.path)
+                          if _NOTE_FILE.fullmatch(note.name)]
         found.sort(key=lambda note: note[0])  # by day; stable, as the months were listed
         # A turn searches every note: the same Path objects each time (made once, their hashes kept).
         if folder != self._notes_folder or len(self._note_places) > 2 * len(found) + 64:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
+from picoclaw.disk.folder_entries import folder_entries
 from picoclaw.layout import (
     BOOTSTRAP_FILES,
     CRON_DIR,
@@ -73,20 +74,11 @@ def document_names(scope_root: Path, *, shared: bool) -> list[str]:
     return sorted(names)
 
 
-def _entries(folder: str) -> list[os.DirEntry[str]]:
-    """The entries of `folder`; none when it cannot be listed (missing, not a folder, not readable)."""
-    try:
-        with os.scandir(folder) as found:
-            return list(found)
-    except OSError:
-        return []
-
-
 def _memory_files(folder: str, name: str, *, top: bool) -> list[str]:
     """The stored files under memory folder `folder` (named `name` under the scope root), the index folder left
     out. As os.walk goes: a linked folder is not entered; a link to a file counts, a broken one does not."""
     found = []
-    for entry in _entries(folder):
+    for entry in folder_entries(folder):
         inner = f"{name}/{entry.name}"
         try:
             if entry.is_dir():
