@@ -381,17 +381,19 @@ class SessionStore:
         read (PostgreSQL), without taking it: the ids follow `session`'s.
         """
         with session.guard:
+            stored = self._numbered(session, messages)
+            records = [message.record() for message in stored]
             if session.synced is not None:
-                stored = self._numbered(session, messages)
-                marker = self.log.append_unchanged(session.path, [m.record() for m in stored], session.synced)
+                marker = self.log.append_unchanged(session.path, records, session.synced)
                 if marker is not None:
                     session.synced = marker
                     session.messages.extend(stored)
                     return
             with self.lock():
-                self._catch_up(session)
-                stored = self._numbered(session, messages)
-                self._locked_append(session, [message.record() for message in stored])
+                if self._catch_up(session):  # numbered again after what the other process appended
+                    stored = self._numbered(session, messages)
+                    records = [message.record() for message in stored]
+                self._locked_append(session, records)
                 session.messages.extend(stored)
 
     @staticmethod
@@ -455,10 +457,13 @@ class SessionStore:
         if self.log.move(old, path):
             log.info("session %s: moved its transcript from %s to %s", key, old, path)
 
-    def _catch_up(self, session: Session) -> None:
-        """Take in what another process wrote since `session` last read its file (call under the lock)."""
+    def _catch_up(self, session: Session) -> bool:
+        """Take in what another process wrote since `session` last read its file (call under the lock); whether
+        there was any."""
         if self.refresh(session):
             log.info("session %s: took in what another process wrote to %s", session.key, session.path)
+            return True
+        return False
 
     def _locked_append(self, session: Session, records: list[dict[str, Any]]) -> None:
         """Append records to the session's transcript (under the lock)."""
