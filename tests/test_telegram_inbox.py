@@ -22,7 +22,7 @@ from tests.agent_helpers import SUMMARY_EN, is_flush_request, is_summary_request
 from tests.fakes import FakeOpenAIServer, Text
 from tests.homes import edit_config
 from tests.test_scheduler import open_app
-from tests.waiting import wait_until
+from tests.waiting import wait_until, wait_until_sync
 from tests.zones import onboard_in_shanghai
 
 BOT = 123456
@@ -294,6 +294,41 @@ def test_a_claim_that_waited_for_a_finish_does_not_take_the_finished_update(post
         claiming.join(60)
         assert claimed in ([[]], [[2]])  # never update 1 again; chat a's next only if w2 saw the finish first
         assert inbox.counts()["done"] == 1
+    finally:
+        storage.close()
+
+
+def test_a_claim_that_waited_for_another_sees_the_lease_it_took(postgres_dsn: str, tmp_path: Path) -> None:
+    # Another worker's claim holds the bot's claim lock and is taking update 11 of chat a. Update 10 of chat a,
+    # stored late (Telegram retried it), was committed before this claim began. Once the other commits, this
+    # claim must see 11 under way and leave 10 waiting: a snapshot taken before the lock was granted would not.
+    import psycopg
+
+    from picoclaw.storage.postgres.inbox import CLAIM_LOCK
+
+    storage = PostgresStorage(tmp_path, postgres_dsn)
+    try:
+        inbox = storage.telegram_inbox(BOT)
+        stored(inbox, (11, "a"), (20, "b"))
+        other = psycopg.connect(postgres_dsn)
+        other.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (CLAIM_LOCK, str(BOT)))
+        other.execute("update telegram_inbox set worker = 'w1', lease_until = now() + interval '30 seconds', "
+                      "attempts = 1 where update_id = 11")
+        stored(inbox, (10, "a"))
+        claimed: list[list[int]] = []
+        claiming = threading.Thread(target=lambda: claimed.append(ids(inbox.claim("w2", 30, 10))))
+        claiming.start()
+        with psycopg.connect(postgres_dsn, autocommit=True) as watch:
+            wait_until_sync(lambda: watch.execute(
+                "select count(*) from pg_locks where locktype = 'advisory' and not granted and classid = %s::oid "
+                "and database = (select oid from pg_database where datname = current_database())",
+                (CLAIM_LOCK,)).fetchone() == (1,),
+                what="the claim waiting for the lock")
+        other.commit()
+        other.close()
+        claiming.join(60)
+        assert claimed == [[20]]  # chat b's; chat a's 10 waits for 11, which w1 holds
+        assert inbox.counts()["claimed"] == 2
     finally:
         storage.close()
 
