@@ -23,7 +23,7 @@ from picoclaw.disk.stamped import stamped_files, write_new, write_stamped
 from picoclaw.layout import MEMORY_DIR
 from picoclaw.storage.documents import MISSING, Changes, Document, StaleRevision
 from picoclaw.storage.errors import StorageError
-from picoclaw.storage.stored_files import document_names
+from picoclaw.storage.stored_files import document_names, memory_document_names
 from picoclaw.storage.waits import LOCK_WAIT_SECONDS, BoundedFileLock
 
 BACKUPS = "backups"
@@ -119,7 +119,11 @@ class FilesDocuments:
         self.path(name).unlink(missing_ok=True)
 
     def names(self, prefix: str = "") -> list[str]:
-        return [name for name in document_names(self.root, shared=self.shared) if name.startswith(prefix)]
+        # Under memory/ (the notes' folder, listed every turn) only that folder is walked: no stat of the
+        # bootstrap files beside it.
+        found = (sorted(memory_document_names(self.root)) if prefix.startswith(f"{MEMORY_DIR}/")
+                 else document_names(self.root, shared=self.shared))
+        return [name for name in found if name.startswith(prefix)]
 
     def changes_since(self, mark: str) -> Changes:
         """Files modified after the mark (a modification time in ns; MISSING: all)."""

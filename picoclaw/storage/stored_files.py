@@ -70,8 +70,12 @@ def document_names(scope_root: Path, *, shared: bool) -> list[str]:
     under memory/ the folders' entries say which are files, so a note costs no stat of its own. (The bootstrap
     files are asked for by name: on a case-insensitive disk "agents.md" is AGENTS.md.)"""
     names = [name for name in ROOT_DOCUMENTS if shared and (scope_root / name).is_file()]
-    names += _memory_files(str(scope_root / MEMORY_DIR), MEMORY_DIR, top=True)
-    return sorted(names)
+    return sorted(names + memory_document_names(scope_root))
+
+
+def memory_document_names(scope_root: Path) -> list[str]:
+    """The stored documents under the scope's memory/ folder (as `document_names` lists them, in no order)."""
+    return _memory_files(str(scope_root / MEMORY_DIR), MEMORY_DIR, top=True)
 
 
 def _memory_files(folder: str, name: str, *, top: bool) -> list[str]:
