@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from picoclaw.agent.context import MEMORY_FRAME, TOOL_GUIDANCE, ContextBuilder
+from picoclaw.agent.context import MEMORY_FRAME, TOOL_GUIDANCE, ContextBuilder, RequestShape
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.agent.query_rewrite import REWRITE_INSTRUCTIONS
 from picoclaw.app import App
 from picoclaw.memory.workspace import Workspace
+from picoclaw.providers.base import ContextWindow
 from picoclaw.tokens import count_tokens
 from picoclaw.transcripts.session_store import Session, StoredMessage
 from tests.agent_helpers import (
@@ -384,3 +386,26 @@ def test_neighbours_of_a_note_hit_fit_the_budget_nearest_first(workspace: Worksp
         nearest = blocks[at - 1:at + 2]
         assert _injected(workspace, query, sum(count_tokens(text) for text in nearest)) == nearest
         assert _injected(workspace, query, count_tokens(blocks[at])) == [blocks[at]]
+
+
+def test_memory_chosen_ahead_is_taken_only_for_its_query_and_window(workspace: Workspace) -> None:
+    # On PostgreSQL a turn chooses its memory in the thread call that reads its session (AgentLoop._turn_start):
+    # the prompt takes it when built for the same message on the same window, and chooses again otherwise.
+    write_memory(workspace, FACTS)
+    builder, policy = ContextBuilder(workspace), workspace.policy.current()
+    session = Session(SESSION, Path("unused.jsonl"), [])
+    now = datetime.now(workspace.tz)
+    shape = RequestShape(ContextWindow(8192, "config", "test"), [], 512)
+    chosen = builder.select_memory_now(policy, 8192, "What is my dog called?", set())
+    assert chosen is not None and [hit.block.text for hit in chosen.memory.blocks] == [FACTS[0]]
+
+    def built(text: str, window: int = 8192, *, count_use: bool = True) -> list[str]:
+        fitted = replace(shape, window=ContextWindow(window, "config", "test"))
+        context = asyncio.run(builder.build(policy, session, text, now, count_use=count_use, shape=fitted,
+                                            chosen=chosen))
+        return [hit.block.text for hit in context.memory.blocks]
+    chosen = replace(chosen, memory=replace(chosen.memory, blocks=[]))  # so that taking it shows
+    assert built("What is my dog called?") == []  # taken
+    assert built("我的猫叫什么？") == [FACTS[1]]  # another message: chosen for it
+    assert built("What is my dog called?", window=16384) == [FACTS[0]]  # another window: chosen again
+    assert built("What is my dog called?", count_use=False) == [FACTS[0]]  # a rebuild counts no use

@@ -14,7 +14,7 @@ from picoclaw.app import App
 from picoclaw.errors import ConfigError
 from picoclaw.jobs import make_schedule
 from picoclaw.transcripts.session_store import StoredMessage, session_filename
-from tests.agent_helpers import contents, is_flush_request, turn_requests
+from tests.agent_helpers import contents, is_flush_request, turn_context, turn_requests
 from tests.fakes import FakeOpenAIServer
 from tests.homes import edit_config
 from tests.test_repl import configure
@@ -221,3 +221,38 @@ def test_storage_calls_run_on_the_apps_own_threads_and_a_stuck_lock_cannot_take_
     assert app.executor is None
     with pytest.raises(RuntimeError):  # App.close shut it down
         executor.submit(print)
+
+
+@pytest.mark.parametrize(("fact", "question"), [("The office door code is 4711.", "What is the office door code?"),
+                                                ("办公室门禁密码是 4711。", "办公室门禁密码是多少？")],
+                         ids=["english", "chinese"])
+def test_a_postgres_turn_reads_its_session_policy_and_memory_in_one_thread_call(
+        tmp_path: Path, fake_openai: FakeOpenAIServer, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch, fact: str, question: str) -> None:
+    # Each thread call costs a turn far more than its work under load (it waits for the GIL and the event loop):
+    # the memory the prompt carries is chosen in the call that reads the session and the policy.
+    home = tmp_path / "home"
+    onboard_in_shanghai(home)
+    configure(home, fake_openai)
+    with edit_config(home) as config:
+        config["storage"] = {"backend": "postgres", "postgres": {"dsn": request.getfixturevalue("postgres_dsn")}}
+    onboard_in_shanghai(home)
+    fake_openai.responder = lambda body: "NONE" if is_flush_request(body) else "4711."
+    called: list[str] = []
+    to_thread = asyncio.to_thread
+
+    async def counted(func: Callable[..., T], /, *args: object, **kwargs: object) -> T:
+        if not fake_openai.chat_requests():  # the turn's calls before its model call
+            called.append(getattr(func, "__name__", repr(func)))
+        return await to_thread(func, *args, **kwargs)
+
+    async def body(app: App) -> str:
+        app.agent(OWNER).workspace.store.append_long_term(fact)
+        monkeypatch.setattr(asyncio, "to_thread", counted)
+        return (await app.agent(OWNER).handle(KEY, question)).text
+
+    assert run(home, body) == "4711."
+    # The session, the policy and the memory in the first call; then none for memory (only the model client's
+    # own, and the count of the blocks' use set off beside the model call).
+    assert called[0] == "read" and "select_turn_memory_now" not in called, called
+    assert fact in turn_context(turn_requests(fake_openai)[0])

@@ -47,6 +47,7 @@ from picoclaw.memory import (
     rank_blocks,
     search_method,
     select_turn_memory,
+    select_turn_memory_now,
     standing_lessons,
 )
 from picoclaw.policy_schema import MemoryPolicy
@@ -112,6 +113,16 @@ class BuiltContext:
     cut_through: int | None = None
 
 
+@dataclass(frozen=True)
+class ChosenMemory:
+    """Memory chosen before the prompt is built (`ContextBuilder.select_memory_now`), its use counted: for
+    `query`, on a window of `window` tokens."""
+
+    query: str
+    window: int
+    memory: InjectedMemory
+
+
 class ContextBuilder:
     """Builds the prompt for one workspace (one memory scope)."""
 
@@ -135,6 +146,16 @@ class ContextBuilder:
         """
         return await select_turn_memory(self.workspace.searcher, self.workspace.store, policy, query, present,
                                         count_use=count_use)
+
+    def select_memory_now(self, policy: MemoryPolicy, window: int, query: str, present: Set[str] = frozenset()
+                          ) -> ChosenMemory | None:
+        """What `build` chooses for `query` on a window of `window` tokens (`present`: the session's blocks),
+        chosen in the calling thread (a worker thread's: it reads files); None when the search waits on the
+        event loop (the memory index's), and `build` chooses it there."""
+        if not self.workspace.searcher.blocking:
+            return None
+        return ChosenMemory(query, window, select_turn_memory_now(
+            self.workspace.searcher, self.workspace.store, memory_policy(policy, window), query, present))
 
     # -- history selection -------------------------------------------------------------------------
 
@@ -188,21 +209,23 @@ class ContextBuilder:
         return [(name, text) for name, text in parts if text]
 
     async def build(self, policy: MemoryPolicy, session: Session, user_text: str, now: datetime,
-                    query: str | None = None, *, count_use: bool = True, shape: RequestShape | None = None
-                    ) -> BuiltContext:
+                    query: str | None = None, *, count_use: bool = True, shape: RequestShape | None = None,
+                    chosen: ChosenMemory | None = None) -> BuiltContext:
         """System prompt + history as sent + this turn's user message with its data block, fitted to `shape`'s
         window (agent/budget.py); without a shape, nothing is fitted (the split is still counted).
 
-        Memory (and relevant history) is searched with `query`, the message itself unless the loop rewrote it.
+        Memory (and relevant history) is searched with `query`, the message itself unless the loop rewrote it;
+        `chosen`: what `select_memory_now` chose for this session, taken when it was for this query and window.
         """
         query = user_text if query is None else query
         shape = shape or RequestShape(ContextWindow(UNBOUNDED, "config", "no budget"), [], UNBOUNDED)
         shares = Shares.of(policy)
         window = shape.window.tokens
-        cap = memory_cap(window, policy.memory_token_budget, shares)
-        # The window's share caps memory; standing lessons follow the same cap, the same on every turn of a window.
-        fitted = policy if cap >= policy.memory_token_budget else policy.model_copy(update={"memory_token_budget": cap})
-        memory = await self.select_memory(fitted, query, session.injected_blocks(), count_use=count_use)
+        fitted = memory_policy(policy, window)
+        if chosen is not None and count_use and (chosen.query, chosen.window) == (query, window):
+            memory = chosen.memory
+        else:
+            memory = await self.select_memory(fitted, query, session.injected_blocks(), count_use=count_use)
         prefix_parts = self._prefix_parts(now, memory.standing)  # the same lessons the budget counted
         prefix = "\n\n".join(text for _, text in prefix_parts)
         system = prefix
@@ -302,6 +325,13 @@ def turn_start(history: list[Message], index: int) -> int:
     while index < len(history) and history[index].get("role") != "user":
         index += 1
     return index
+
+
+def memory_policy(policy: MemoryPolicy, window: int) -> MemoryPolicy:
+    """The policy memory is chosen by on a window of `window` tokens: its memory budget capped by the window's
+    share, so standing lessons follow the same cap, the same on every turn of a window."""
+    cap = memory_cap(window, policy.memory_token_budget, Shares.of(policy))
+    return policy if cap >= policy.memory_token_budget else policy.model_copy(update={"memory_token_budget": cap})
 
 
 def _priority(memory: InjectedMemory) -> list[Block]:

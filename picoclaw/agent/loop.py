@@ -66,7 +66,7 @@ from picoclaw.agent.budget import (
     usable,
 )
 from picoclaw.agent.cache_prefix import LAST_REQUESTS_KEPT, LastRequests
-from picoclaw.agent.context import BuiltContext, ContextBuilder, RequestShape, turn_start
+from picoclaw.agent.context import BuiltContext, ChosenMemory, ContextBuilder, RequestShape, turn_start
 from picoclaw.agent.context_echo import without_context_echo
 from picoclaw.agent.empty_reply import (
     EmptyAnswer,
@@ -340,24 +340,31 @@ class AgentLoop:
             await asyncio.to_thread(self.sessions.refresh, session)
         return session
 
-    async def _session_and_policy(self, key: str) -> tuple[Session, MemoryPolicy]:
-        """What a turn starts from: the session, as `session` gives it, and the policy. On PostgreSQL each is a
-        statement: both in one worker-thread call, as a thread call costs the turn more than its statement."""
+    async def _turn_start(self, key: str, text: str) -> tuple[Session, MemoryPolicy, ChosenMemory | None]:
+        """What a turn starts from: the session, as `session` gives it, the policy and, on PostgreSQL, the memory
+        its prompt carries when memory is searched with the message itself (None: chosen when the prompt is
+        built). There the session and the policy are a statement each, and memory is read from this machine's
+        cached files: all in one worker-thread call, as a thread call costs the turn more than that work."""
+        self.window = await self.windows.current()  # the first turn of a process may ask the server
         if self._local_reads:
-            return await self.session(key), self.workspace.policy.current()
+            return await self.session(key), self.workspace.policy.current(), None
         cached = self._loaded.get(key)
+        window = self.window.tokens
 
-        def read() -> tuple[Session, MemoryPolicy]:
+        def read() -> tuple[Session, MemoryPolicy, ChosenMemory | None]:
             if cached is None:
                 session = self.sessions.load(key)
             else:
                 session = cached
                 self.sessions.refresh(session)
-            return session, self.workspace.policy.current()
-        session, policy = await asyncio.to_thread(read)
+            policy = self.workspace.policy.current()
+            chosen = (None if policy.query_rewrite_enabled  # searched with the rewrite, made by a model call
+                      else self.context.select_memory_now(policy, window, text, session.injected_blocks()))
+            return session, policy, chosen
+        session, policy, chosen = await asyncio.to_thread(read)
         if cached is None:
             self._loaded.put(key, session)
-        return session, policy
+        return session, policy, chosen
 
     async def _as_last_seen(self, key: str) -> Session:
         """The session as this process last read or wrote it, storage not asked (loaded if it left the cache): for
@@ -504,26 +511,25 @@ class AgentLoop:
                     ) -> tuple[str, FinishedTurn]:
         """The answer to `text`, and the turn as stored (for the review after the reply); what memory_append
         wrote is added to `writes`."""
-        session, policy = await self._session_and_policy(key)
-        self.window = await self.windows.current()  # the first turn of a process may ask the server
+        session, policy, chosen = await self._turn_start(key, text)
         # What the user said in the conversation so far: the ground of a fact memory_append saves.
         writes.heard([m.message for m in session.active()], text)
         token, counted = current_turn.set(writes), turn_images.set(len(images))
         try:
-            return await self._answer(session, policy, key, text, on_text, on_tool, ask_again, images)
+            return await self._answer(session, policy, key, text, on_text, on_tool, ask_again, images, chosen)
         finally:
             current_turn.reset(token)
             turn_images.reset(counted)
 
     async def _answer(self, session: Session, policy: MemoryPolicy, key: str, text: str, on_text: TextSink | None,
-                      on_tool: ToolSink | None, ask_again: bool = True, images: Sequence[bytes] = ()
-                      ) -> tuple[str, FinishedTurn]:
+                      on_tool: ToolSink | None, ask_again: bool = True, images: Sequence[bytes] = (),
+                      chosen: ChosenMemory | None = None) -> tuple[str, FinishedTurn]:
         now = clock.now(self.workspace.tz)
         defaults = self.workspace.config.agents.defaults
         notice = ""
         query = await self._search_query(session, policy, text)
         started = time.perf_counter()  # after the query rewrite: a model call is not retrieval
-        built = await self._build(session, policy, text, now, query)
+        built = await self._build(session, policy, text, now, query, chosen=chosen)
         retrieval_ms = (time.perf_counter() - started) * 1000
         built, fitted = await self._fit_history(session, built, policy, text, now, query)
         if fitted and on_text is not None:
@@ -607,12 +613,14 @@ class AgentLoop:
     # -- the request's budget (agent/budget.py) ---------------------------------------------------------------
 
     async def _build(self, session: Session, policy: MemoryPolicy, text: str, now: datetime, query: str | None = None,
-                     *, count_use: bool = True) -> BuiltContext:
+                     *, count_use: bool = True, chosen: ChosenMemory | None = None) -> BuiltContext:
         """This turn's request fitted to the model's window; a user message that alone leaves no room for a reply
-        is refused in one line (ProviderError "context_too_long") rather than sent."""
+        is refused in one line (ProviderError "context_too_long") rather than sent. `chosen`: the memory
+        `_turn_start` chose, taken when it is still for this query and window."""
         shape = RequestShape(await self.windows.current(), self.tools.schemas(),
                              self.workspace.config.agents.defaults.max_tokens, images=turn_images.get())
-        built = await self.context.build(policy, session, text, now, query, count_use=count_use, shape=shape)
+        built = await self.context.build(policy, session, text, now, query, count_use=count_use, shape=shape,
+                                         chosen=chosen)
         if built.memory.used:
             # Beside the model call, not before it: the reply does not wait for the counts' lock and write.
             self._spawn(asyncio.to_thread(record_use, self.workspace.searcher, built.memory))

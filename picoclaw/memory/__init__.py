@@ -89,6 +89,7 @@ if TYPE_CHECKING:
         record_use,
         search_method,
         select_turn_memory,
+        select_turn_memory_now,
         split_blocks,
         standing_lessons,
     )

@@ -20,9 +20,15 @@ from picoclaw.memory.search.indexed import IndexedSearch, index_of, open_search,
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.memory.search.protocol import MemorySearch
 from picoclaw.memory.search.reranking import RerankedSearch
-from picoclaw.memory.search.turn_memory import InjectedMemory, record_use, select_turn_memory, standing_lessons
+from picoclaw.memory.search.turn_memory import (
+    InjectedMemory,
+    record_use,
+    select_turn_memory,
+    select_turn_memory_now,
+    standing_lessons,
+)
 
 __all__ = ["Block", "Hit", "IndexedSearch", "InjectedMemory", "KeywordSearch", "MemorySearch", "index_of",
            "search_method",
-           "RerankedSearch", "open_search", "rank_blocks", "record_use", "select_turn_memory", "split_blocks",
-           "standing_lessons"]
+           "RerankedSearch", "open_search", "rank_blocks", "record_use", "select_turn_memory", "select_turn_memory_now",
+           "split_blocks", "standing_lessons"]

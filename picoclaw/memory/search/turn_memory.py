@@ -123,7 +123,7 @@ async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: M
     import asyncio  # not at the top: a short command that only reads memory never starts an event loop
 
     if search.blocking:  # nothing to wait for but the CPU and the disk: the whole choice in one worker thread
-        return await asyncio.to_thread(_select_now, search, store, policy, query, present, count_use)
+        return await asyncio.to_thread(select_turn_memory_now, search, store, policy, query, present, count_use)
     floored: list[Hit] = []
     hits = (await search.search_async(query, policy.retrieve_limit, include_notes=True, below_floor=floored)
             if query.strip() else [])
@@ -139,9 +139,10 @@ async def select_turn_memory(search: MemorySearch, store: MemoryStore, policy: M
                                                          for hit in floored)])
 
 
-def _select_now(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, query: str, present: Set[str],
-                count_use: bool) -> InjectedMemory:
-    """`select_turn_memory` for a blocking search (which has no score floor), in the calling thread."""
+def select_turn_memory_now(search: MemorySearch, store: MemoryStore, policy: MemoryPolicy, query: str,
+                           present: Set[str] = frozenset(), count_use: bool = True) -> InjectedMemory:
+    """`select_turn_memory` for a blocking search (`search.blocking`, which has no score floor), in the calling
+    thread (a worker thread's: it reads files)."""
     queried = bool(query.strip())
     hits = search.search(query, policy.retrieve_limit, include_notes=True) if queried else []
     lessons = search.search_learnings(query, LESSONS_PER_TURN) if lesson_share(policy) and queried else []
