@@ -2,8 +2,7 @@
 
 Leases are measured on the server's clock, so workers whose clocks disagree still agree on when a claim ran
 out. Claims of one bot are made one at a time under a transaction-level advisory lock: each sees the leases
-the ones before it took, so no chat ever has two updates claimed at once (the lock and the claim in one round
-trip). A lease that ran out while the server
+the ones before it took, so no chat ever has two updates claimed at once. A lease that ran out while the server
 was down is not taken over until a lease's length after it started again: its worker, alive but unable to
 renew, gets that long to renew it or record the answer it sent, so the message is not answered twice.
 
@@ -128,18 +127,11 @@ class PostgresInbox:
             return bool(conn.execute(STORE, (self.bot, update_id, chat, body, self.channel)).fetchall())
 
     def claim(self, worker: str, lease: float, limit: int) -> list[InboxUpdate]:
-        import psycopg
-
-        with self._statement() as conn:
+        with self._transaction() as conn:
             # One claim at a time per bot: under READ COMMITTED, two claims at once would each miss the lease
-            # the other is taking in the same chat. The lock and the claim go in one round trip: one simple
-            # query (values bound here), which the server runs as one transaction, each statement seeing what
-            # was committed before it began, so the claim sees the leases of the claims that held the lock.
-            cursor = psycopg.ClientCursor(conn)
-            cursor.execute(f"select pg_advisory_xact_lock(%s, hashtext(%s)); {CLAIM}",
-                           (CLAIM_LOCK, str(self.bot), worker, lease, self.bot, self.bot, limit, lease))
-            cursor.nextset()
-            rows = cursor.fetchall()
+            # the other is taking in the same chat. A claim is one short statement, so the wait is too.
+            conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (CLAIM_LOCK, str(self.bot)))
+            rows = conn.execute(CLAIM, (worker, lease, self.bot, self.bot, limit, lease)).fetchall()
         return sorted((InboxUpdate(int(r[0]), r[1], r[2], int(r[3]), r[4] is not None) for r in rows),
                       key=lambda update: update.update_id)
 
