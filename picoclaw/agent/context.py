@@ -14,6 +14,7 @@ Which memory blocks a turn carries is chosen in memory/search/turn_memory.py; th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -116,11 +117,16 @@ class BuiltContext:
 @dataclass(frozen=True)
 class ChosenMemory:
     """Memory chosen before the prompt is built (`ContextBuilder.select_memory_now`), its use counted: for
-    `query`, on a window of `window` tokens."""
+    `query`, on a window of `window` tokens, in `seconds`."""
 
     query: str
     window: int
     memory: InjectedMemory
+    seconds: float
+
+    def serves(self, query: str, window: int) -> bool:
+        """Whether a prompt for `query` on a window of `window` tokens takes this memory."""
+        return (self.query, self.window) == (query, window)
 
 
 class ContextBuilder:
@@ -154,8 +160,10 @@ class ContextBuilder:
         event loop (the memory index's), and `build` chooses it there."""
         if not self.workspace.searcher.blocking:
             return None
-        return ChosenMemory(query, window, select_turn_memory_now(
-            self.workspace.searcher, self.workspace.store, memory_policy(policy, window), query, present))
+        started = time.perf_counter()
+        memory = select_turn_memory_now(self.workspace.searcher, self.workspace.store, memory_policy(policy, window),
+                                        query, present)
+        return ChosenMemory(query, window, memory, time.perf_counter() - started)
 
     # -- history selection -------------------------------------------------------------------------
 
@@ -222,7 +230,7 @@ class ContextBuilder:
         shares = Shares.of(policy)
         window = shape.window.tokens
         fitted = memory_policy(policy, window)
-        if chosen is not None and count_use and (chosen.query, chosen.window) == (query, window):
+        if chosen is not None and count_use and chosen.serves(query, window):
             memory = chosen.memory
         else:
             memory = await self.select_memory(fitted, query, session.injected_blocks(), count_use=count_use)

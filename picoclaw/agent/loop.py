@@ -529,8 +529,11 @@ class AgentLoop:
         notice = ""
         query = await self._search_query(session, policy, text)
         started = time.perf_counter()  # after the query rewrite: a model call is not retrieval
-        built = await self._build(session, policy, text, now, query, chosen=chosen)
+        shape = await self._shape()
+        built = await self._build(session, policy, text, now, query, chosen=chosen, shape=shape)
         retrieval_ms = (time.perf_counter() - started) * 1000
+        if chosen is not None and chosen.serves(query, shape.window.tokens):  # chosen as the turn started
+            retrieval_ms += chosen.seconds * 1000
         built, fitted = await self._fit_history(session, built, policy, text, now, query)
         if fitted and on_text is not None:
             await on_text(f"{fitted}\n\n")
@@ -612,13 +615,18 @@ class AgentLoop:
 
     # -- the request's budget (agent/budget.py) ---------------------------------------------------------------
 
+    async def _shape(self) -> RequestShape:
+        """What this turn's request is fitted to: the model's window now, the tools, the reply, the images."""
+        return RequestShape(await self.windows.current(), self.tools.schemas(),
+                            self.workspace.config.agents.defaults.max_tokens, images=turn_images.get())
+
     async def _build(self, session: Session, policy: MemoryPolicy, text: str, now: datetime, query: str | None = None,
-                     *, count_use: bool = True, chosen: ChosenMemory | None = None) -> BuiltContext:
-        """This turn's request fitted to the model's window; a user message that alone leaves no room for a reply
-        is refused in one line (ProviderError "context_too_long") rather than sent. `chosen`: the memory
-        `_turn_start` chose, taken when it is still for this query and window."""
-        shape = RequestShape(await self.windows.current(), self.tools.schemas(),
-                             self.workspace.config.agents.defaults.max_tokens, images=turn_images.get())
+                     *, count_use: bool = True, chosen: ChosenMemory | None = None,
+                     shape: RequestShape | None = None) -> BuiltContext:
+        """This turn's request fitted to the model's window (`shape`: as `_shape` gives it); a user message that
+        alone leaves no room for a reply is refused in one line (ProviderError "context_too_long") rather than
+        sent. `chosen`: the memory `_turn_start` chose, taken when it is still for this query and window."""
+        shape = shape or await self._shape()
         built = await self.context.build(policy, session, text, now, query, count_use=count_use, shape=shape,
                                          chosen=chosen)
         if built.memory.used:
@@ -745,8 +753,7 @@ class AgentLoop:
             return context_report(split, sent=True)
         policy = self.workspace.policy.current()
         built = await self.context.build(policy, session, "", clock.now(self.workspace.tz), count_use=False,
-                                         shape=RequestShape(await self.windows.current(), self.tools.schemas(),
-                                                            self.workspace.config.agents.defaults.max_tokens))
+                                         shape=await self._shape())
         assert built.split is not None
         window, max_tokens = built.split.window.tokens, self.workspace.config.agents.defaults.max_tokens
         shares = Shares.of(policy)
