@@ -5,7 +5,6 @@ nothing refreshed first; the workspace folder is never read as memory, and nothi
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -14,7 +13,6 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from picoclaw import storage as storage_module
 from picoclaw.memory import MemoryStore, PolicyManager
 from picoclaw.memory.search.keyword import KeywordSearch
 from picoclaw.storage import FilesStorage, Storage
@@ -195,56 +193,6 @@ def test_a_read_round_lists_a_scope_once_and_ends_with_its_block(
         assert not reader.local(b.root / "memory" / "202612" / "20261202.md").exists()  # not served from the cache
         assert reader.note_files() == []
         assert not (b.root / ".picoclaw-work" / "documents" / "memory" / "202612" / "20261202.md").exists()
-
-
-def test_a_read_round_looks_at_each_cached_file_once(machines: tuple[Storage, Storage],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A turn reads MEMORY.md, the lessons, the policy and the notes several times: on PostgreSQL each read
-    checked its cached file (a stat, a thread's wait for the GIL after it). Once a round is enough; this
-    machine's own write is still read at once, and a file changed by hand is fetched again in the next round."""
-    a, b = machines
-    writer, reader = _store(a), _store(b)
-    policy = PolicyManager(b.root / "memory", {}, TZ, storage=b)
-    writer.append_long_term(FACT_EN)
-    writer.append_learning(LESSON, "the user")
-    writer.append_note(NOTE, at=datetime(2026, 12, 2, 9, 30, tzinfo=TZ))
-    cache = str(b.root / ".picoclaw-work" / "documents")
-    looked: list[str] = []  # the storage's looks at its cached files (the memory layer's own stats not counted)
-    code = Path(storage_module.__file__).parent.parent
-    helpers = (str(code / "disk"), os.path.dirname(os.__file__))  # what the storage looks through
-
-    def by_storage() -> bool:
-        frame = sys._getframe(2)
-        while frame is not None and frame.f_code.co_filename.startswith(helpers):
-            frame = frame.f_back
-        return frame is not None and frame.f_code.co_filename.startswith(str(code / "storage"))
-    for name in ("stat", "lstat"):
-        real = getattr(os, name)
-
-        def counted(path: Any, *args: Any, real: Any = real, **kwargs: Any) -> os.stat_result:
-            if str(path).startswith(cache) and by_storage():
-                looked.append(str(path))
-            return real(path, *args, **kwargs)
-        monkeypatch.setattr(os, name, counted)
-
-    def read_all() -> None:
-        assert FACT_EN in reader.local(reader.long_term_path).read_text(encoding="utf-8")
-        assert "里斯本的妹妹" in reader.read_learnings() and policy.current().retrieve_limit != 7
-        notes = reader.note_files()
-        assert len(notes) == 1 and "今天给住在里斯本的妹妹打了电话" in reader.read_note(notes[0])
-    with b.read_round():
-        read_all()
-        first = list(looked)
-        for _ in range(3):
-            read_all()
-        assert first and looked == first  # each file looked at in the first pass only
-        reader.append_long_term(FACT_ZH)  # this machine's own write: read at once
-        assert FACT_ZH in reader.read_long_term()
-    cached = Path(cache) / "memory" / "MEMORY.md"
-    cached.write_text("changed by hand 手改的\n", encoding="utf-8")
-    with b.read_round():
-        text = reader.read_long_term()
-    assert FACT_ZH in text and "手改的" not in text
 
 
 def test_on_files_the_port_reads_the_files_themselves(tmp_path: Path) -> None:

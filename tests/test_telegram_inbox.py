@@ -310,23 +310,22 @@ def test_a_claim_that_waited_for_another_sees_the_lease_it_took(postgres_dsn: st
     try:
         inbox = storage.telegram_inbox(BOT)
         stored(inbox, (11, "a"), (20, "b"))
-        other = psycopg.connect(postgres_dsn)
-        other.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (CLAIM_LOCK, str(BOT)))
-        other.execute("update telegram_inbox set worker = 'w1', lease_until = now() + interval '30 seconds', "
-                      "attempts = 1 where update_id = 11")
-        stored(inbox, (10, "a"))
         claimed: list[list[int]] = []
         claiming = threading.Thread(target=lambda: claimed.append(ids(inbox.claim("w2", 30, 10))))
-        claiming.start()
-        with psycopg.connect(postgres_dsn, autocommit=True) as watch:
-            wait_until_sync(lambda: watch.execute(
-                "select count(*) from pg_locks where locktype = 'advisory' and not granted and classid = %s::oid "
-                "and database = (select oid from pg_database where datname = current_database())",
-                (CLAIM_LOCK,)).fetchone() == (1,),
-                what="the claim waiting for the lock")
-        other.commit()
-        other.close()
+        with psycopg.connect(postgres_dsn) as other:  # closed on the way out, the lock let go even if the test fails
+            other.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (CLAIM_LOCK, str(BOT)))
+            other.execute("update telegram_inbox set worker = 'w1', lease_until = now() + interval '30 seconds', "
+                          "attempts = 1 where update_id = 11")
+            stored(inbox, (10, "a"))
+            claiming.start()
+            with psycopg.connect(postgres_dsn, autocommit=True) as watch:
+                wait_until_sync(lambda: watch.execute(
+                    "select count(*) from pg_locks where locktype = 'advisory' and not granted "
+                    "and classid = %s::oid and database = (select oid from pg_database where datname = "
+                    "current_database())", (CLAIM_LOCK,)).fetchone() == (1,), what="the claim waiting for the lock")
+            other.commit()
         claiming.join(60)
+        assert not claiming.is_alive()
         assert claimed == [[20]]  # chat b's; chat a's 10 waits for 11, which w1 holds
         assert inbox.counts()["claimed"] == 2
     finally:

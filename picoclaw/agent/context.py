@@ -116,8 +116,8 @@ class BuiltContext:
 
 @dataclass(frozen=True)
 class ChosenMemory:
-    """Memory chosen before the prompt is built (`ContextBuilder.select_memory_now`), its use counted: for
-    `query`, on a window of `window` tokens, in `seconds`."""
+    """Memory chosen before the prompt is built (`ContextBuilder.select_memory_now`), as a counted use (the
+    build records it): for `query`, on a window of `window` tokens, in `seconds`."""
 
     query: str
     window: int

@@ -23,9 +23,6 @@ class ReadRound:
         self.open = True
         self.listed: dict[str, dict[str, int]] = {}  # scope -> name -> revision, as listed at its first read
         self.folders: set[tuple[str, str]] = set()  # (scope, prefix) whose cached folder was brought to the list
-        # (scope, name) → this machine's record of the cached file when the round looked at it (storage/postgres/
-        # documents.py: LocalCopies), so each file is looked at once a round, as each scope is listed once.
-        self.checked: dict[tuple[str, str], object] = {}
 
 
 _current: ContextVar[ReadRound | None] = ContextVar("picoclaw_read_round", default=None)

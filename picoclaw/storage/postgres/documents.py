@@ -88,8 +88,6 @@ create index document_versions_suffix on document_versions (scope, suffix, id);
 LOCAL_LOCK = ".storage.lock"  # in a scope's cache folder: this machine's processes take the scope's lock in turn
 CACHE_LOCK = ".cache.lock"  # beside it: held while a cached file is written
 CACHE_DIR = "documents"  # under the work folder: this machine's cache of the rows, the files layout per scope
-# What a read round records of a document whose file this machine has not cached (LocalCopies._absent).
-_ABSENT = object()
 
 
 def scan_documents(scope_root: Path, *, shared: bool = True) -> dict[str, Path]:
@@ -117,9 +115,7 @@ class LocalCopies:
     A cached file counts only while its stat is what this process wrote or fetched (`_known`): a file another
     process rewrote, a torn write, a hand edit, is fetched again. Each file is written and its stat taken under
     one lock (`_writing`: this process's threads, and this machine's processes), so a stat recorded is always
-    that of the bytes written. Within a read round a file is looked at once (`ReadRound.checked`), as the
-    documents are listed once: a turn reads some of them several times. It is a cache: never the truth, never
-    sent.
+    that of the bytes written. It is a cache: never the truth, never sent.
     """
 
     def __init__(self, scope: str, root: Path, *, shared: bool):
@@ -136,30 +132,12 @@ class LocalCopies:
             with self._file_lock:
                 yield
 
-    def _revision(self, name: str, round_: ReadRound | None = None) -> int:
-        """The revision the cached file of `name` holds (-1: none known, or the file changed since). In round
-        `round_`, the file's stat is taken once: again only after this process wrote or fetched it meanwhile."""
+    def _revision(self, name: str) -> int:
+        """The revision the cached file of `name` holds (-1: none known, or the file changed since)."""
         known = self._known.get(name)
-        if known is None:
+        if known is None or file_key(self.files.path(name)) != known[1]:
             return -1
-        if round_ is not None and round_.checked.get((self.scope, name)) is known:
-            return known[0]
-        if file_key(self.files.path(name)) != known[1]:
-            return -1
-        if round_ is not None:
-            round_.checked[(self.scope, name)] = known
         return known[0]
-
-    def _absent(self, name: str, round_: ReadRound) -> bool:
-        """Whether no file of `name` is cached, nor known to this process (looked at once in round `round_`)."""
-        if name in self._known:
-            return False
-        if round_.checked.get((self.scope, name)) is _ABSENT:
-            return True
-        if os.path.lexists(self.files.path(name)):
-            return False
-        round_.checked[(self.scope, name)] = _ABSENT
-        return True
 
     def current(self, conn: psycopg.Connection, name: str, round_: ReadRound | None = None) -> Path:
         """The cached file of `name`, brought to its row: one statement, with the content only when it moved.
@@ -170,7 +148,7 @@ class LocalCopies:
         revision = self.listed(conn, round_).get(name)
         if revision is None:
             self._drop(name)
-        elif self._revision(name, round_) < revision:
+        elif self._revision(name) < revision:
             self._check(conn, [name])
         return self.files.path(name)
 
@@ -210,18 +188,17 @@ class LocalCopies:
         listed = round_.listed.get(self.scope)
         if listed is None:
             return None
-        revision, have, path = listed.get(name), self._revision(name, round_), self.files.path(name)
+        revision, have, path = listed.get(name), self._revision(name), self.files.path(name)
         if revision is None:
-            return path if have >= 0 or self._absent(name, round_) else None
+            return path if have >= 0 or not os.path.lexists(path) else None
         return path if have >= revision else None
 
-    def cached(self, name: str, round_: ReadRound | None = None) -> Document | None:
+    def cached(self, name: str) -> Document | None:
         """The cached document `name` with the revision it holds (data None: no document); None: not known."""
         path = self.files.path(name)
-        revision = self._revision(name, round_)
+        revision = self._revision(name)
         if revision < 0:
-            absent = self._absent(name, round_) if round_ is not None else not os.path.lexists(path)
-            return Document(name, None, MISSING) if absent else None
+            return None if os.path.lexists(path) else Document(name, None, MISSING)
         try:
             return Document(name, path.read_bytes(), str(revision))
         except OSError:
@@ -236,7 +213,7 @@ class LocalCopies:
             live = {name: int(revision) for name, revision in rows if not is_version(name)}
         else:
             live = {name: revision for name, revision in self.listed(conn, round_).items() if name.startswith(prefix)}
-        moved = [name for name, revision in live.items() if self._revision(name, round_) < revision]
+        moved = [name for name, revision in live.items() if self._revision(name) < revision]
         if moved:
             for name, revision, content in conn.execute(
                     "select name, revision, content from documents where scope = %s and name = any(%s) "
@@ -412,7 +389,7 @@ class PostgresDocuments:
         round_ = self._round()
         if round_ is not None:  # within a read round, from this machine's cache like `local`
             self.local(name)
-            found = self.copies.cached(name, round_)
+            found = self.copies.cached(name)
             if found is not None:
                 return found
         with self._statement(f"reading {name}") as conn:
