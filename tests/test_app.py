@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
+from picoclaw.agent.context import ChosenMemory, ContextBuilder
 from picoclaw.app import App
 from picoclaw.errors import ConfigError
 from picoclaw.jobs import make_schedule
@@ -246,13 +248,26 @@ def test_a_postgres_turn_reads_its_session_policy_and_memory_in_one_thread_call(
             called.append(getattr(func, "__name__", repr(func)))
         return await to_thread(func, *args, **kwargs)
 
-    async def body(app: App) -> str:
-        app.agent(OWNER).workspace.store.append_long_term(fact)
-        monkeypatch.setattr(asyncio, "to_thread", counted)
-        return (await app.agent(OWNER).handle(KEY, question)).text
+    real_select = ContextBuilder.select_memory_now
 
-    assert run(home, body) == "4711."
+    def slow_select(builder: ContextBuilder, *args: Any, **kwargs: Any) -> ChosenMemory | None:
+        chosen = real_select(builder, *args, **kwargs)  # as if choosing had taken a minute
+        return None if chosen is None else dataclasses.replace(chosen, seconds=chosen.seconds + 60)
+
+    monkeypatch.setattr(ContextBuilder, "select_memory_now", slow_select)
+
+    async def body(app: App) -> tuple[str, list[float]]:
+        agent = app.agent(OWNER)
+        agent.workspace.store.append_long_term(fact)
+        monkeypatch.setattr(asyncio, "to_thread", counted)
+        answer = (await agent.handle(KEY, question)).text
+        await agent.wait_background()  # the turn's metrics written
+        return answer, [turn.retrieval_ms for turn in agent.metrics.read().turns]
+
+    answer, retrieval = run(home, body)
+    assert answer == "4711."
     # The session, the policy and the memory in the first call; then none for memory (only the model client's
     # own, and the count of the blocks' use set off beside the model call).
-    assert called[0] == "read" and "select_turn_memory_now" not in called, called
+    assert [name for name in called if name not in ("get_platform", "record_use")] == ["read"], called
     assert fact in turn_context(turn_requests(fake_openai)[0])
+    assert len(retrieval) == 1 and retrieval[0] >= 60_000  # the time memory took to choose counts as retrieval

@@ -350,6 +350,8 @@ class AgentLoop:
             return await self.session(key), self.workspace.policy.current(), None
         cached = self._loaded.get(key)
         window = self.window.tokens
+        # Made at its first use: here, on the event loop, so that two first turns at once never make two.
+        searcher = self.workspace.searcher
 
         def read() -> tuple[Session, MemoryPolicy, ChosenMemory | None]:
             if cached is None:
@@ -358,7 +360,8 @@ class AgentLoop:
                 session = cached
                 self.sessions.refresh(session)
             policy = self.workspace.policy.current()
-            chosen = (None if policy.query_rewrite_enabled  # searched with the rewrite, made by a model call
+            # Not chosen ahead of a query rewrite (a model call), nor by a search that waits on the event loop.
+            chosen = (None if policy.query_rewrite_enabled or not searcher.blocking
                       else self.context.select_memory_now(policy, window, text, session.injected_blocks()))
             return session, policy, chosen
         session, policy, chosen = await asyncio.to_thread(read)
