@@ -19,7 +19,10 @@ What is measured
     * ours cold: the first ``search`` of a fresh ``KeywordSearch``: read + split + index + score (the
       cost after MEMORY.md changed). The file is in the OS page cache in every case;
     * + standing: what a turn runs, ``RerankedSearch`` around the warm ``KeywordSearch`` at the default
-      policy (30 candidates, each one-line entry tokenised to compare it with the others, priors).
+      policy (30 candidates, each one-line entry tokenised to compare it with the others, priors);
+    * ours after an append: the first search after one new entry was appended through
+      ``MemoryStore.append_long_term`` (what a memory written in a turn leaves the next turn), on the warm
+      ``KeywordSearch``; a new entry each of ``--reps`` times, median.
 
     Baseline, warm and + standing: the median over all queries of ``--reps`` repetitions of the query set (>= 5).
     Cold: the median over ``--reps`` fresh retrievers, each timed on one query of the set in turn.
@@ -274,9 +277,9 @@ def ms(seconds: float) -> float:
 
 
 def measure(size: int, seed: int, reps: int, details: list[str] | None
-            ) -> tuple[float, float, float, float, float, float]:
-    """(file MB, baseline median ms, warm median ms, cold median ms, warm p95 ms, + standing median ms) for one
-    size.
+            ) -> tuple[float, float, float, float, float, float, float]:
+    """(file MB, baseline median ms, warm median ms, cold median ms, warm p95 ms, + standing median ms, after an
+    append median ms) for one size.
 
     With `details`, appends one line per query: hits of ours and of the baseline, ours warm ms.
     """
@@ -322,10 +325,18 @@ def measure(size: int, seed: int, reps: int, details: list[str] | None
                 took = time.perf_counter() - t0
                 details.append(f"  {len(ours):>2} / {len(baseline_search(path, q, 10)):>2}  {ms(took):7.3f}  {q}")
 
+        appended: list[float] = []
+        rng = random.Random(seed + 1)  # entries of the same kinds as the file's, new ones
+        for rep in range(reps):
+            store.append_long_term((english_entry if rep % 2 else chinese_entry)(rng))
+            t0 = time.perf_counter()
+            retriever.search(QUERIES[rep % len(QUERIES)], 10)
+            appended.append(time.perf_counter() - t0)
+
     warm_sorted = sorted(warm)
     p95 = warm_sorted[min(len(warm_sorted) - 1, int(0.95 * len(warm_sorted)))]
     return (megabytes, ms(statistics.median(baseline)), ms(statistics.median(warm)),
-            ms(statistics.median(cold)), ms(p95), ms(statistics.median(turn)))
+            ms(statistics.median(cold)), ms(p95), ms(statistics.median(turn)), ms(statistics.median(appended)))
 
 
 class HashEmbedder:
@@ -449,14 +460,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"KeywordSearch.search(q, 10) on a synthetic MEMORY.md, {len(QUERIES)} queries x {args.reps} reps")
     header = (f"| {'blocks':>7} | {'MB':>5} | {'baseline median ms':>18} | {'ours warm median ms':>19} | "
               f"{'ours warm p95 ms':>16} | {'ours cold ms':>12} | {'baseline/warm':>13} | "
-              f"{'+ standing median ms':>20} |")
+              f"{'+ standing median ms':>20} | {'ours after an append ms':>23} |")
     print(header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
     details: list[str] | None = [] if args.show_queries else None
     for size in args.sizes:
-        mb, base, warm, cold, p95, turn = measure(size, args.seed, args.reps, details)
+        mb, base, warm, cold, p95, turn, after = measure(size, args.seed, args.reps, details)
         print(f"| {size:>7,} | {mb:>5.1f} | {base:>18.2f} | {warm:>19.3f} | {p95:>16.3f} | {cold:>12.1f} | "
-              f"{base / warm:>12.0f}x | {turn:>20.3f} |", flush=True)
+              f"{base / warm:>12.0f}x | {turn:>20.3f} | {after:>23.1f} |", flush=True)
     if details:
         print("\n".join(details))
     if args.index_sizes:

@@ -23,6 +23,7 @@ import picoclaw
 from picoclaw.app import App
 from picoclaw.cli import main
 from picoclaw.memory.search import KeywordSearch, bm25, keyword, large_files
+from picoclaw.memory.search.blocks import entry_blocks
 from picoclaw.memory.terms import stem
 from tests.stores import memory_store
 from tests.zones import SHANGHAI
@@ -249,7 +250,7 @@ def test_a_large_memory_is_searched_without_indexing_it_whole(memory: Path, home
 
 def test_a_large_memory_ranks_as_its_whole_index_does(memory: Path, home: Path) -> None:
     path = memory
-    whole = keyword._index_long_term(path, path)
+    whole = bm25.FileIndex.build(entry_blocks(keyword._read_text(path), path))  # as a search of a smaller file makes it
     # Queries with one best answer (the synthetic entries are otherwise alike: their order is a matter of ties).
     for query in ("a trip for review 31001", "第 31002 次聚餐花了多少", "Who moved the build server to Lisbon?"):
         exact = bm25.rank([whole], query, 5, neighbours=bm25.NEIGHBOUR_WEIGHT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -362,13 +363,13 @@ def counters(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count split_blocks calls and reads of MEMORY.md made by the keyword search."""
     counts = {"split": 0, "read": 0}
     real_split = blocks_module.split_blocks
-    real_read = keyword._read_text
+    real_read = keyword.read_regular
 
     def counting_split(text: str, path: Path, first_line: int = 1) -> list[Block]:
         counts["split"] += 1
         return real_split(text, path, first_line)
 
-    def counting_read(path: Path) -> str:
+    def counting_read(path: Path) -> bytes:
         if path.name == "MEMORY.md":
             counts["read"] += 1
         return real_read(path)
@@ -376,7 +377,7 @@ def counters(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     # A note is split in keyword.py, MEMORY.md by blocks.entry_blocks.
     monkeypatch.setattr(keyword, "split_blocks", counting_split)
     monkeypatch.setattr(blocks_module, "split_blocks", counting_split)
-    monkeypatch.setattr(keyword, "_read_text", counting_read)
+    monkeypatch.setattr(keyword, "read_regular", counting_read)
     return counts
 
 
@@ -466,6 +467,71 @@ def test_append_is_picked_up_on_next_query(
     assert [h.block.heading for h in hits] == ["## 2025-03-10"]
     assert last_line(retriever.search("cat", 5)[0]) == "Adopted a cat named Mimi."
     assert counters["split"] == 2
+
+
+def fresh_index(store: MemoryStore) -> bm25.FileIndex:
+    """MEMORY.md's index made from nothing, as a new search makes it."""
+    text = keyword._read_text(store.long_term_path)
+    return bm25.FileIndex.build(blocks_module.entry_blocks(text, store.long_term_path))
+
+
+def same_index(kept: bm25.FileIndex | None, made: bm25.FileIndex) -> bool:
+    return kept is not None and (kept.blocks, kept.lengths, kept.postings, kept.normalized, kept.total_length) == (
+        made.blocks, made.lengths, made.postings, made.normalized, made.total_length)
+
+
+@freeze_time("2025-03-10 02:00:00")
+@pytest.mark.parametrize(("entry", "query"), [
+    ("Adopted a cat named Mimi; she sleeps on the windowsill.", "Where does Mimi sleep?"),
+    ("新养了一只猫，叫 Mimi，喜欢睡在窗台上。", "Mimi 睡在哪里"),
+])
+def test_an_append_indexes_only_the_new_entry(
+    store: MemoryStore, retriever: KeywordSearch, monkeypatch: pytest.MonkeyPatch, entry: str, query: str
+) -> None:
+    # A memory written is an entry appended: the next search tokenises that entry, not the whole file again.
+    tokenised: list[str] = []
+    real = bm25.block_terms
+    monkeypatch.setattr(bm25, "block_terms", lambda text, *rest: tokenised.append(text) or real(text, *rest))
+    assert retriever.search("corgi", 3) and len(tokenised) == 9
+    store.append_long_term(entry)
+    hits = retriever.search(query, 3)
+    assert tokenised[9:] == [f"## 2025-03-10\n{entry}"]
+    assert hits[0].block.text.endswith(entry) and hits[0].block.start_line == 33
+    assert same_index(retriever.cache.held(store.long_term_path), fresh_index(store))
+    assert hits == KeywordSearch(store).search(query, 3)
+
+
+def test_the_index_kept_is_the_file_s_after_any_append_or_edit(tmp_path: Path) -> None:
+    # Whatever is added to MEMORY.md (an entry, text continuing the last one, a heading after an open fence, CRLF,
+    # bytes that are not UTF-8) or changed above its end, the index a warm search keeps is the one a new search makes.
+    store = memory_store(tmp_path / "memory", SHANGHAI)
+    store.rewrite_long_term(MEMORY)
+    retriever, path = KeywordSearch(store), store.long_term_path
+    changes: list[Callable[[], object]] = [
+        lambda: store.append_long_term("Bought a red kettle from the market."),
+        lambda: store.append_long_term("在成都买了一个红色的水壶。"),
+        lambda: append(path, b"Still about the kettle: it whistles.\n"),  # no heading: continues the last entry
+        lambda: append(path, b"\n\n## 2025-04-01\n```\nan unclosed fence\n\n"),
+        lambda: append(path, b"## 2025-04-02\r\nWindows line ends \xe7\x8c\xab\r\n\r\n"),
+        lambda: append(path, b"## 2025-04-03\nbad bytes \xff\xfe here"),  # and no line break at the end
+        lambda: append(path, b"\n## 2025-04-04\nafter a line without its break\n"),
+        lambda: store.append_long_term("Kettle number two, 第二个水壶。"),
+        lambda: path.write_bytes(path.read_bytes().replace("柯基".encode(), "柴犬犬".encode())),  # an edit above
+        lambda: store.append_long_term("A third kettle arrived on Friday."),
+        lambda: path.write_bytes(path.read_bytes()[:-40]),  # cut short
+        lambda: append(path, b"\n## 2025-04-05\nthe last words\n"),
+    ]
+    for number, change in enumerate(changes):
+        retriever.search("kettle 水壶", 3)
+        change()
+        for query in ("kettle 水壶", "fence", "柴犬", "last words", "Windows 猫"):
+            assert retriever.search(query, 5) == KeywordSearch(store).search(query, 5), (number, query)
+        assert same_index(retriever.cache.held(path), fresh_index(store)), number
+
+
+def append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as fh:
+        fh.write(data)
 
 
 def test_in_place_edit_keeping_size_is_picked_up(

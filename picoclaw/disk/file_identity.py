@@ -49,6 +49,11 @@ class FileCache(Generic[T]):
         cached = self._entries.get(path)
         return cached is not None and cached[0] == key
 
+    def held(self, path: Path) -> T | None:
+        """The value kept for `path`, whether or not its file changed since (None: none is kept)."""
+        cached = self._entries.get(path)
+        return None if cached is None else cached[1]
+
     def get(self, path: Path, file: Path | None = None) -> T | None:
         """The value for `path`, read from `file` (default: `path`) and loaded again only if that file changed;
         None when it does not exist."""

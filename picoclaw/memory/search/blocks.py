@@ -108,6 +108,16 @@ def entry_blocks(text: str, path: Path) -> list[Block]:
     return [block for block in split_blocks(text, path) if block.heading]
 
 
+def appended_entry_blocks(tail: str, path: Path, first_line: int) -> list[Block] | None:
+    """The entry blocks of `tail`, text appended to a MEMORY.md that ended with a line break, its first line
+    `first_line`: what `entry_blocks` of the whole file gives after the blocks it gave before. None unless the tail
+    begins (blank lines aside) with a section heading: else its first lines may belong to the file's last block."""
+    opening = tail.lstrip("\n")
+    if not (opening and _is_section_heading(_lines(opening)[0])):
+        return None
+    return [block for block in split_blocks(tail, path, first_line) if block.heading]
+
+
 def is_title(block: Block) -> bool:
     """A lone `# Title` line (a daily note's `# YYYY-MM-DD`): it carries nothing to find."""
     return not block.heading and "\n" not in block.text and block.text.startswith("# ")

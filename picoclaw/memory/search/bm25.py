@@ -144,6 +144,21 @@ class FileIndex:
                     postings.setdefault(term, []).append((number, counts[term]))
         return cls(blocks, lengths, postings, [normalize(b.text) for b in blocks], sum(lengths))
 
+    def extended(self, blocks: list[Block]) -> FileIndex:
+        """A new index of this one's blocks and then `blocks`, as `build` of them all would make it, indexing only
+        `blocks` (a file appended to). For whole files indexed block by block (not `with_previous`, nor `only`)."""
+        assert not (self.total_blocks or self.breaks or self.doc_freqs), "extended: a whole file's index only"
+        added, offset = FileIndex.build(blocks), len(self.blocks)
+        postings = dict(self.postings)  # the lists of the terms the new blocks hold are new ones: this index stays
+        for term, found in added.postings.items():
+            moved = [(number + offset, tf) for number, tf in found]
+            before = postings.get(term)
+            postings[term] = before + moved if before else moved
+        grown = FileIndex(self.blocks + added.blocks, self.lengths + added.lengths, postings,
+                          self.normalized + added.normalized, self.total_length + added.total_length)
+        grown.searches = self.searches  # the same file, searched as often (keyword.py picks its sums by it)
+        return grown
+
 
 def _doc_freq(indexes: list[FileIndex], term: str) -> int:
     return sum(len(ix.postings.get(term, ())) if ix.doc_freqs is None else ix.doc_freqs.get(term, 0)

@@ -4,7 +4,8 @@ cannot answer).
 Each document is parsed and indexed once and reused until its file (`MemoryStore.local`: on files the file
 itself, on PostgreSQL this machine's cache of the row, checked against its revision) changes size, mtime or
 inode, so a query on an unchanged MEMORY.md costs one stat per file (and on PostgreSQL one small statement per
-document, one for all the notes) plus the scoring. A daily-note entry is indexed together with
+document, one for all the notes) plus the scoring. A MEMORY.md that only grew by entries (a memory written)
+has those entries indexed alone. A daily-note entry is indexed together with
 the entry before it, since an entry so often answers what came just before it. The matching blocks are
 ranked again with the query expanded by its best hits' telling terms (search/query_expansion.py). A
 MEMORY.md larger than LARGE_FILE is searched as a stream instead (memory/search/large_files.py).
@@ -15,8 +16,10 @@ scoring run in a worker thread. Sync callers (the CLI) use `search`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from picoclaw.disk.bounded_read import read_regular
@@ -24,7 +27,15 @@ from picoclaw.disk.file_identity import FileCache, FileKey, file_key
 from picoclaw.disk.links import NotAFileError
 from picoclaw.memory.learnings import stands
 from picoclaw.memory.reading import decode, warn_unreadable
-from picoclaw.memory.search.blocks import Block, Hit, entry_blocks, is_title, lesson_blocks, split_blocks
+from picoclaw.memory.search.blocks import (
+    Block,
+    Hit,
+    appended_entry_blocks,
+    entry_blocks,
+    is_title,
+    lesson_blocks,
+    split_blocks,
+)
 from picoclaw.memory.search.bm25 import NEIGHBOUR_WEIGHT, DictScores, FileIndex, FileScores, rank
 from picoclaw.memory.search.large_files import LARGE_FILE, LargeMemory, large_neighbours, large_tail
 from picoclaw.memory.store import MemoryStore
@@ -40,10 +51,41 @@ STANDING_LESSONS = 5
 ARRAYS_FROM = 2000
 
 
-def _read_text(file: Path) -> str:
+def _text(data: bytes) -> str:
     # As open() in text mode reads it: bad bytes as U+FFFD, every line break as "\n".
-    text = read_regular(file).decode("utf-8", errors="replace")
+    text = data.decode("utf-8", errors="replace")
     return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _read_text(file: Path) -> str:
+    return _text(read_regular(file))
+
+
+def _digest(data: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What MEMORY.md's cached index was made from, as much as telling an append from another change needs: the
+    bytes' length and digest, and the text's line count."""
+
+    size: int
+    digest: bytes
+    lines: int
+
+
+def _appended(before: FileIndex, source: _Source, data: bytes, path: Path) -> tuple[FileIndex, int] | None:
+    """`before` (made from `source`) extended by the entries appended since, and the file's line count, when
+    `data`, the file now, is `source`'s bytes, ending in a line break, and then entries; else None."""
+    size = source.size
+    if not (0 < size < len(data) and data[size - 1:size] == b"\n"):
+        return None
+    if _digest(memoryview(data)[:size]) != source.digest:
+        return None
+    tail = _text(data[size:])
+    blocks = appended_entry_blocks(tail, path, source.lines + 1)
+    return None if blocks is None else (before.extended(blocks), source.lines + tail.count("\n"))
 
 
 def _file_scores(index: FileIndex, avg_length: float, neighbours: float) -> FileScores:
@@ -63,10 +105,6 @@ def _index_note(path: Path, file: Path) -> FileIndex:
     return FileIndex.build([block for block in blocks if not is_title(block)], with_previous=True)
 
 
-def _index_long_term(path: Path, file: Path) -> FileIndex:
-    return FileIndex.build(entry_blocks(_read_text(file), path))
-
-
 def _index_learnings(path: Path, file: Path) -> FileIndex:
     read = decode(read_regular(file))
     warn_unreadable(path, read)  # once per version of the file: the cache calls this only when it changed
@@ -81,11 +119,25 @@ class KeywordSearch:
     def __init__(self, store: MemoryStore, *, neighbour_weight: float = NEIGHBOUR_WEIGHT):
         self.store = store
         self.neighbour_weight = neighbour_weight  # the share of an adjacent block's score a block gains (bm25.py)
-        self.cache: FileCache[FileIndex] = FileCache(_index_long_term)  # MEMORY.md
+        self.cache: FileCache[FileIndex] = FileCache(self._index_long_term)  # MEMORY.md
+        self._sources: dict[Path, _Source] = {}  # what each index of `cache` was made from
         self.notes_cache: FileCache[FileIndex] = FileCache(_index_note)
         self.learnings_cache: FileCache[FileIndex] = FileCache(_index_learnings)
         self.large_cache: FileCache[LargeMemory | None] = FileCache(LargeMemory.scan)  # MEMORY.md over LARGE_FILE
         self._lock = threading.Lock()  # the caches are filled by whichever thread searches first
+
+    def _index_long_term(self, path: Path, file: Path) -> FileIndex:
+        """MEMORY.md's index. When the file only grew by entries since its index was made (a memory was written),
+        the new entries alone are indexed: the next search does not tokenise every entry again."""
+        data = read_regular(file)
+        source, before = self._sources.get(path), self.cache.held(path)
+        grown = _appended(before, source, data, path) if source is not None and before is not None else None
+        if grown is None:
+            text = _text(data)
+            grown = FileIndex.build(entry_blocks(text, path)), text.count("\n")
+        index, lines = grown
+        self._sources[path] = _Source(len(data), _digest(data), lines)
+        return index
 
     def _is_large(self, path: Path, key: FileKey | None) -> bool:
         """Whether MEMORY.md (`path`; `key`, its file's) is searched as a stream (larger than LARGE_FILE); its
