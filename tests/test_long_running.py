@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import picoclaw.agent.loop as agent_loop
 from picoclaw.agent.loop import AgentLoop
 from picoclaw.app import App
 from picoclaw.config import load_config
@@ -211,3 +212,29 @@ def test_per_user_agents_beyond_the_cache_are_closed_and_made_again(
 
     kept, same, closed, found = asyncio.run(main())
     assert (kept, same, closed) == (2, False, True) and "512" in found
+
+
+def test_a_per_user_agent_whose_metrics_line_waits_is_kept_until_it_is_written(
+        home: Path, fake_openai: FakeOpenAIServer, monkeypatch: Any) -> None:
+    # A line waits for its shared write by a timer (1 s); an agent let go of meanwhile is never flushed at close,
+    # and the timer's thread dies with the process. Here the wait outlasts the test: only the close writes it.
+    monkeypatch.setattr(agent_loop, "METRICS_SETTLE_SECONDS", 3600.0)
+    with edit_config(home) as data:  # no index: an agent still embedding is kept for that alone
+        data["providers"]["openai"] = {"api_key": API_KEY, "api_base": fake_openai.base_url}
+    fake_openai.responder = lambda body: "ok"
+
+    async def main() -> tuple[AgentLoop, bool, int]:
+        async with App(load_config(home), home, agent_cache_size=1) as app:
+            first = app.agent("user-0")
+            await first.handle("telegram:100", "hello")
+            await first.wait_background()  # the first line is written at once
+            await first.handle("telegram:100", "我的房间号是多少")  # this one waits for the timer
+            while first._background:  # the work after the reply (not the line: the timer's), done
+                await asyncio.gather(*list(first._background), return_exceptions=True)
+            waiting = len(first.metrics.read().turns)
+            await app.agent("user-1").handle("telegram:101", "hi 你好")  # one agent fits: user-0 would go
+            return first, app._agents.peek("user-0") is first, waiting
+
+    first, kept, waiting = asyncio.run(main())
+    assert (waiting, kept) == (1, True)
+    assert len(first.metrics.read().turns) == 2  # written as the app closed

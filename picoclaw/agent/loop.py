@@ -380,8 +380,9 @@ class AgentLoop:
         return self._locks.hold(key)
 
     def idle(self) -> bool:
-        """No turn, summary or other background work under way."""
-        return not self._locks and not self._summarizing and not self._background
+        """No turn, summary or other background work under way, and no turn's metrics line waiting for its write
+        (an agent let go of now would never write it: its timer's thread dies with the process)."""
+        return not self._locks and not self._summarizing and not self._background and not self.metrics.waiting()
 
     async def reset_session(self, key: str) -> str | None:
         """Archive the session's file and start it afresh; returns the archive's name."""

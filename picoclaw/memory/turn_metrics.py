@@ -93,6 +93,11 @@ class TurnMetrics:
                 return False
         return True
 
+    def waiting(self) -> bool:
+        """Whether lines wait for their shared write (a timer's): whoever holds this must `flush` before letting go."""
+        with self._due_lock:
+            return bool(self._due)
+
     def flush(self) -> None:
         """Write the lines waiting for their shared write, if any."""
         with self._due_lock:
