@@ -142,6 +142,32 @@ def test_sigterm_stops_picoclaw_web_as_ctrl_c_does(home: Path, token_name: str |
     assert not token_file.exists()
 
 
+def test_the_console_serves_where_its_loop_takes_no_signals() -> None:
+    # Not the main thread (or Windows): SIGTERM cannot be heard there, and the console serves as it did before.
+    import asyncio
+    import threading
+
+    from picoclaw.cli.web import until_sigterm
+
+    served: list[str] = []
+
+    async def serve() -> None:
+        served.append("控制台 served")
+
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(until_sigterm(serve()))
+        except BaseException as exc:  # noqa: BLE001 - the test reports whatever came out
+            failed.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert (served, failed) == (["控制台 served"], [])
+
+
 def test_new_link_names_what_is_wrong_in_one_line(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from picoclaw.cli import main
 

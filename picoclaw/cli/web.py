@@ -117,7 +117,11 @@ async def until_sigterm(serving: Coroutine[Any, Any, None]) -> None:
         loop.add_signal_handler(signal.SIGTERM, lambda: None)  # a second SIGTERM must not cut the stopping short
         task.cancel()
 
-    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        loop.add_signal_handler(signal.SIGTERM, stop)
+    except (NotImplementedError, RuntimeError):  # a loop that takes no signals (Windows, not the main thread)
+        await task
+        return
     try:
         await task
     except asyncio.CancelledError:
