@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import select
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -25,6 +27,11 @@ CONNECT_TIMEOUT_SECONDS = 10
 # connects again only when asked. Short: after its default of 5 minutes of doubling pauses, a server back from
 # a 20 s outage waited up to 16 s more for the pool's next attempt.
 RECONNECT_SECONDS = 3.0
+# A connection not taken for longer is asked about when handed out even if its socket is quiet: a server gone
+# without a word (a failover to another host) leaves nothing to read until the next statement fails on it. A busy
+# process takes its connections back within milliseconds, and asks nothing.
+QUIET_CHECK_SECONDS = 1.0
+_taken: weakref.WeakKeyDictionary[psycopg.Connection, float] = weakref.WeakKeyDictionary()  # when made or handed out
 
 
 class _LostConnectionNoise(logging.Filter):
@@ -98,14 +105,19 @@ def lock_timeout(seconds: float) -> str:
 def _bound_lock_waits(setting: str, conn: psycopg.Connection) -> None:
     """Every pool connection's lock waits (advisory and row locks) end after `setting`, never hang."""
     conn.execute("select set_config('lock_timeout', %s, false)", (setting,))
+    _taken[conn] = time.monotonic()
 
 
 def _check(conn: psycopg.Connection) -> None:
     """The pool's check of a connection it hands out: a round trip only if the idle connection's socket has
-    something to read, as it has once the server closed it (a restart, a terminated backend)."""
+    something to read, as it has once the server closed it (a restart, a terminated backend), or if it was last
+    taken over QUIET_CHECK_SECONDS ago."""
     from psycopg_pool import ConnectionPool
 
-    if conn.closed or _spoke(conn.fileno()):
+    now = time.monotonic()
+    quiet_long = now - _taken.get(conn, -math.inf) > QUIET_CHECK_SECONDS
+    _taken[conn] = now
+    if conn.closed or quiet_long or _spoke(conn.fileno()):
         ConnectionPool.check_connection(conn)
 
 
@@ -130,8 +142,8 @@ def open_pool(dsn: str, size: int, lock_wait: float = LOCK_WAIT_SECONDS) -> Conn
                            "config.json or set PICOCLAW_POSTGRES_DSN")
     # min_size 1: one connection is made at once, so a wrong DSN fails here and not in the middle of a turn.
     # check: a connection the server closed while it sat idle (a restart, a failover) is replaced when handed
-    # out, instead of failing the lock or turn that took it; `_check` spares the round trip otherwise (a worker
-    # takes a dozen connections an answer).
+    # out, instead of failing the lock or turn that took it; `_check` spares the round trip for a connection taken
+    # within the last second whose socket is quiet (a worker takes a dozen connections an answer).
     for name in ("psycopg.pool", "psycopg"):
         logging.getLogger(name).addFilter(_NOISE)  # once: a filter already there is not added again
     pool = ConnectionPool(dsn, min_size=1, max_size=max(size, 2), open=False, name="picoclaw",
