@@ -304,6 +304,13 @@ def test_what_is_kept_answers_as_a_fresh_search_when_its_bounds_drop_some(memory
         fresh = bm25.rank([large_files.large_index(memory, query, 5)], query, 5, neighbours=bm25.NEIGHBOUR_WEIGHT)
         assert [(hit.block, hit.score) for hit in again] == [(hit.block, hit.score) for hit in fresh], query
     assert (kept._held <= 2_000 or len(kept.holders) == 1) and len(kept._sections) <= 50  # the bounds held
+    kept.sections_kept, kept.section_bytes_kept = large_files.SECTIONS_KEPT, 4_000  # few bytes, many sections
+    for query in queries:
+        again = bm25.rank([kept.index(query, 5)], query, 5, neighbours=bm25.NEIGHBOUR_WEIGHT)
+        fresh = bm25.rank([large_files.large_index(memory, query, 5)], query, 5, neighbours=bm25.NEIGHBOUR_WEIGHT)
+        assert [(hit.block, hit.score) for hit in again] == [(hit.block, hit.score) for hit in fresh], query
+    assert kept._section_bytes == sum(size for _, _, size in kept._sections.values())
+    assert kept._section_bytes <= 4_000 or len(kept._sections) == 1
 
 
 PEAK = """

@@ -40,6 +40,9 @@ _SAMPLE = 2048  # bytes of each MiB of a large MEMORY.md whose blocks are counte
 CANDIDATES_PER_HIT = 10  # sections of a large MEMORY.md scored exactly, per hit asked for (at least 100)
 COMMON_SHARE = 0.05  # a term in more of a large MEMORY.md's sections than this does not pick sections itself
 SECTIONS_KEPT = 8_192  # sections kept read, split and tokenised: the candidates of the last queries
+# ... and their text up to this many bytes (some 90 MB tokenised): of long sections (a day of entries under one
+# heading), fewer are kept.
+SECTION_BYTES_KEPT = 4 << 20
 HELD_KEPT = 200_000  # section offsets kept for the needle groups of earlier queries (some 20 MB at most)
 
 
@@ -95,8 +98,11 @@ class LargeMemory:
     where: dict[int, tuple[int, int]] = field(default_factory=dict)  # a section's heading offset: (end, line)
     held_kept: int = HELD_KEPT
     sections_kept: int = SECTIONS_KEPT
+    section_bytes_kept: int = SECTION_BYTES_KEPT
     _held: int = 0
-    _sections: OrderedDict[int, tuple[list[Block], list[list[str]]]] = field(default_factory=OrderedDict)
+    _section_bytes: int = 0
+    # A section's heading offset: its blocks, their terms and its length in bytes.
+    _sections: OrderedDict[int, tuple[list[Block], list[list[str]], int]] = field(default_factory=OrderedDict)
 
     @classmethod
     def scan(cls, path: Path, file: Path | None = None) -> LargeMemory | None:
@@ -181,19 +187,22 @@ class LargeMemory:
             self._held -= len(dropped)
 
     def _read_section(self, start: int, handle: BinaryIO) -> tuple[list[Block], list[list[str]]]:
-        """The blocks of the section at `start` and their terms: kept for the last SECTIONS_KEPT sections read."""
+        """The blocks of the section at `start` and their terms: kept for the last sections read, up to
+        SECTIONS_KEPT of them and SECTION_BYTES_KEPT of their text."""
         kept = self._sections.get(start)
         if kept is None:
             end, line = self.where[start]
             handle.seek(start)
             blocks = split_blocks(handle.read(end - start).decode("utf-8", errors="replace"), self.path, line)
-            kept = (blocks, [block_terms(block.text, block.heading, block.path) for block in blocks])
+            kept = (blocks, [block_terms(block.text, block.heading, block.path) for block in blocks], end - start)
             self._sections[start] = kept
-            if len(self._sections) > self.sections_kept:
-                self._sections.popitem(last=False)
+            self._section_bytes += end - start
+            while len(self._sections) > 1 and (len(self._sections) > self.sections_kept
+                                               or self._section_bytes > self.section_bytes_kept):
+                self._section_bytes -= self._sections.popitem(last=False)[1][2]
         else:
             self._sections.move_to_end(start)
-        return kept
+        return kept[0], kept[1]
 
     def index(self, query: str, limit: int, *, neighbours: float = NEIGHBOUR_WEIGHT) -> FileIndex | None:
         """The index of the blocks most likely to be the best `limit` for `query` (see `large_index`)."""
