@@ -164,15 +164,18 @@ def test_the_packaged_sentence_transformers_model_without_its_extra_names_the_ex
 @pytest.mark.parametrize(("preset", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
 def test_the_engines_idle_threads_sleep_unless_the_user_says_otherwise(preset: str | None, expected: str) -> None:
     # Spinning threads wait for each other on a busy CPU (embedders.E5Embedder.QUERY_THREADS): the policy must be
-    # in the environment before the engine's OpenMP runtime loads, so a fresh process is asked.
+    # in the environment before the engine's OpenMP runtime loads, so a fresh process is asked; OMP_DISPLAY_ENV has
+    # the runtime print what it read. The commands started afterwards get the environment as it was.
     import os
     import subprocess
 
     env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    env["OMP_DISPLAY_ENV"] = "TRUE"
     if preset is not None:
         env["OMP_WAIT_POLICY"] = preset
     code = ("import asyncio, os; from picoclaw.memory.index import E5Embedder; e = E5Embedder(); "
-            "asyncio.run(e.embed(['猫 cat'], query=True)); print(os.environ['OMP_WAIT_POLICY'])")
+            "asyncio.run(e.embed(['猫 cat'], query=True)); print(os.environ.get('OMP_WAIT_POLICY'))")
     shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.strip() == expected
+    assert f"OMP_WAIT_POLICY = '{expected}'" in shown.stderr
+    assert shown.stdout.strip() == str(preset)

