@@ -105,8 +105,8 @@ def _statement_line(body: str) -> str | None:
 
 # The same blocks come back query after query while the file is unchanged (the index keeps them), and reading
 # them (dates, hash, tokenising) was most of re-ranking's cost. A block is its text and place, so an edited
-# block is a new key, never a stale reading. No copy of a block's text is kept: a long one's would stay in
-# memory as long as the cache holds its reading.
+# block is a new key, never a stale reading. The key holds its block (and so the block's text) while the reading
+# is kept, 4,096 blocks at most; the reading itself keeps nothing of the text but what it read from it.
 @lru_cache(maxsize=4096)
 def _reading(block: Block, long_term_path: Path) -> _Reading:
     body = _body(block)
