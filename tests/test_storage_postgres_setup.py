@@ -87,50 +87,28 @@ def test_a_server_that_refuses_is_said_at_once_not_after_the_connect_timeout(
         assert "does not exist" in message  # the server's own reason, from the direct attempt
 
 
-def test_the_pool_asks_about_a_connection_that_sat_unused_though_its_socket_is_quiet(
-        postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A server gone without a word (a failover to another host) leaves the socket quiet: only a round trip tells.
-    asked: list[int] = []
-    check = ConnectionPool.check_connection
-
-    def counted(conn: psycopg.Connection) -> None:
-        asked.append(conn.info.backend_pid)
-        check(conn)
-
-    monkeypatch.setattr(ConnectionPool, "check_connection", counted)
-    monkeypatch.setattr(connection, "QUIET_CHECK_SECONDS", 3600.0)
-    pool = open_pool(postgres_dsn, 2)
-    try:
-        with pool.connection() as conn:
-            kept, backend = conn, conn.info.backend_pid
-        assert asked == []
-        connection._taken[kept] = time.monotonic() - 7200  # as if it sat unused for two hours
-        with pool.connection() as conn:
-            assert conn is kept and conn.execute("select 1").fetchone() == (1,)
-        assert asked == [backend]
-        with pool.connection() as conn:  # taken just now: not asked again
-            assert conn is kept
-        assert asked == [backend]
-    finally:
-        pool.close()
-
-
 def test_no_dsn_says_where_to_write_one(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="PICOCLAW_POSTGRES_DSN"):
         PostgresStorage(tmp_path, "")
 
 
-def test_the_pool_asks_the_server_only_about_a_connection_that_heard_from_it(
-        postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    asked: list[int] = []
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The backends the pool asks about (a round trip) as it hands their connections out, in order."""
+    backends: list[int] = []
     check = ConnectionPool.check_connection
 
     def counted(conn: psycopg.Connection) -> None:
-        asked.append(conn.info.backend_pid)
+        backends.append(conn.info.backend_pid)
         check(conn)
 
     monkeypatch.setattr(ConnectionPool, "check_connection", counted)
-    monkeypatch.setattr(connection, "QUIET_CHECK_SECONDS", 3600.0)  # however slow the machine, none sat that long
+    monkeypatch.setattr(connection, "QUIET_CHECK_SECONDS", 3600.0)  # however slow the machine, none sits that long
+    return backends
+
+
+def test_the_pool_asks_the_server_only_about_a_connection_that_heard_from_it(postgres_dsn: str,
+                                                                             asked: list[int]) -> None:
     pool = open_pool(postgres_dsn, 2)  # one connection made; used one at a time, the pool keeps to it
     try:
         for _ in range(3):  # idle and quiet: handed out again without a round trip
@@ -145,6 +123,25 @@ def test_the_pool_asks_the_server_only_about_a_connection_that_heard_from_it(
         with pool.connection() as conn:  # the dead one was asked about, dropped, and replaced
             assert conn.execute("select 1").fetchone() == (1,)
             assert conn.info.backend_pid != backend
+        assert asked == [backend]
+    finally:
+        pool.close()
+
+
+def test_the_pool_asks_about_a_connection_that_sat_unused_though_its_socket_is_quiet(postgres_dsn: str,
+                                                                                     asked: list[int]) -> None:
+    # A server gone without a word (a failover to another host) leaves the socket quiet: only a round trip tells.
+    pool = open_pool(postgres_dsn, 2)
+    try:
+        with pool.connection() as conn:
+            kept, backend = conn, conn.info.backend_pid
+        assert asked == []
+        connection._taken[kept] = time.monotonic() - 7200  # as if it sat unused for two hours
+        with pool.connection() as conn:
+            assert conn is kept and conn.execute("select 1").fetchone() == (1,)
+        assert asked == [backend]
+        with pool.connection() as conn:  # taken just now: not asked again
+            assert conn is kept
         assert asked == [backend]
     finally:
         pool.close()
