@@ -162,8 +162,9 @@ class WebhookConfig(_Strict):
     lease_seconds: float = Field(
         30.0, ge=3, le=3600, description="how long a worker's claim on an update lasts unless renewed: a dead "
                                          "worker's chats are answered by another after at most this long")
-    max_parallel: int = Field(16, ge=1, le=256, description="updates one worker answers at once (different "
-                                                           "chats); one whose reply went out no longer counts")
+    max_parallel: int = Field(16, ge=1, le=256, description="model calls one worker makes at once, for as many "
+                                                           "chats and a quarter more, whose other work goes on "
+                                                           "meanwhile; a chat whose reply went out no longer counts")
 
     @field_validator("url")
     @classmethod

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,28 @@ def test_tool_loop_runs_each_call_and_feeds_the_result_back(
     turn = ["user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
     assert message_roles(workspace) == turn + ["user", "assistant"]
     assert [m["role"] for m in history(fourth)] == turn + ["user"]
+
+
+def test_each_model_call_of_a_turn_waits_for_the_channels_model_room_and_its_tools_run_outside_it(
+        workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    """A webhook worker bounds its model calls so (max_parallel): held around each call, let go while a tool runs."""
+    set_policy(workspace, learning_enabled=False)
+    fake_openai.reply_tool_calls([("memory_append", {"content": "Tea: 龙井 (Longjing), no sugar"})])
+    fake_openai.reply_text("Saved: 龙井.")
+    memory = workspace.memory_dir / "MEMORY.md"
+    seen: list[tuple[str, int, bool]] = []  # (enter/exit, requests the model had, whether the tea is remembered)
+
+    @asynccontextmanager
+    async def room() -> AsyncIterator[None]:
+        seen.append(("enter", len(fake_openai.chat_requests()), "龙井" in memory.read_text(encoding="utf-8")))
+        yield
+        seen.append(("exit", len(fake_openai.chat_requests()), "龙井" in memory.read_text(encoding="utf-8")))
+
+    async def body(loop: AgentLoop) -> Reply:
+        return await loop.handle(SESSION, "remember my tea: 龙井, no sugar", model_room=room)
+    assert with_agent(workspace, fake_openai, body).text == "Saved: 龙井."
+    # Two calls, each in a room of its own; the tool wrote between them, in none.
+    assert seen == [("enter", 0, False), ("exit", 1, False), ("enter", 1, True), ("exit", 2, True)]
 
 
 def test_iteration_cap_stops_the_loop_and_the_session_stays_usable(home: Path, fake_openai: FakeOpenAIServer) -> None:

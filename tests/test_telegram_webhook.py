@@ -584,6 +584,74 @@ def test_answered_updates_still_finishing_are_bounded_by_max_parallel(tmp_path: 
     assert events == ["fed 1", "replied 1", "fed 2", "replied 2", "1 finishes", "fed 3", "replied 3"]
 
 
+def test_max_parallel_bounds_the_model_calls_while_a_quarter_more_turns_are_held(tmp_path: Path) -> None:
+    """Four rooms hold five turns: the fifth reads and builds while the four wait on the model, and takes the first
+    room let go; its model call never makes a fifth at once."""
+    events: list[str] = []
+
+    async def run() -> None:
+        inbox = SqliteInbox(tmp_path / "inbox.sqlite3", 123456)
+        for update_id in range(1, 7):
+            assert inbox.store(update_id, str(40 + update_id), json.dumps({"update_id": update_id}))
+        answered = {n: asyncio.Event() for n in range(1, 7)}
+
+        async def feed(update: dict[str, Any]) -> None:
+            n = update["update_id"]
+            turn = webhook_module.inbox_turn.get()
+            assert turn is not None
+            events.append(f"fed {n}")
+            async with turn.model_room():  # what the agent holds around each model call
+                events.append(f"room {n}")
+                await answered[n].wait()
+            await turn.replied()
+        worker = webhook_module.InboxWorker(inbox, feed, worker="w1", lease=30, parallel=4,
+                                            watch=StorageWatch(lambda: None))
+        assert worker.turns == webhook_module.turns_held(4) == 5
+        running = asyncio.create_task(worker.run())
+        await wait_until(lambda: "fed 5" in events, what="a fifth turn taken")
+        # A free room is entered without a pause: the fifth turn would be in one by now.
+        assert sorted(e for e in events if e.startswith("room")) == ["room 1", "room 2", "room 3", "room 4"]
+        assert "fed 6" not in events
+        answered[1].set()
+        await wait_until(lambda: "room 5" in events and "fed 6" in events, what="update 1's room to update 5")
+        assert "room 6" not in events
+        for n in range(2, 7):
+            answered[n].set()
+        await wait_until(lambda: inbox.counts()["done"] == 6, what="all answered")
+        await worker.drain(30)
+        await running
+        inbox.close()
+    asyncio.run(run())
+    assert events.index("room 5") > events.index("fed 5") and len(events) == 12
+
+
+def test_a_worker_with_max_parallel_four_asks_the_model_four_at_a_time(home: Path, fake_telegram: FakeTelegramServer,
+                                                                    fake_openai: FakeOpenAIServer) -> None:
+    """Five chats at once: five turns run, four model calls; the fifth is asked once a room is let go."""
+    port = free_port()
+    chats = [2000 + n for n in range(5)]
+    workspace = configure(home, fake_telegram, fake_openai, allow_from=chats, **hook_settings(port, max_parallel=4))
+    answering = threading.Event()
+    fake_openai.responder = lambda body: Text(echo(body), until=answering)
+
+    def typing_in(chat: int) -> int:
+        return sum(int(c.params["chat_id"]) == chat for c in fake_telegram.calls("sendChatAction"))
+
+    async def body(channel: TelegramChannel, webhook: Webhook) -> int:
+        fake_telegram.deliver_to([port])
+        for n, chat in enumerate(chats):
+            fake_telegram.send_text(chat, chat, f"chat {n} / 第{n}个")
+        # Every chat's turn has run a while ("typing…" shown and refreshed every 0.05 s): four calls wait.
+        await until(fake_telegram, lambda: len(fake_openai.chat_requests()) >= 4
+                    and all(typing_in(chat) >= 3 for chat in chats))
+        asked = len(fake_openai.chat_requests())
+        answering.set()
+        await inbox_done(webhook, 5)
+        return asked
+    assert serve_webhook(workspace, fake_telegram, fake_openai, body) == 4
+    assert [fake_telegram.sent_texts(chat) for chat in chats] == [[f"echo: chat {n} / 第{n}个"] for n in range(5)]
+
+
 def test_a_reply_is_recorded_as_sent_before_it_is_noted_for_feedback(home: Path, fake_telegram: FakeTelegramServer,
                                                                     fake_openai: FakeOpenAIServer,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:

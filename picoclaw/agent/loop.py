@@ -28,7 +28,7 @@ import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -167,6 +167,9 @@ SHOWN_REQUESTS = 8  # sessions whose last turn's first request is kept for the c
 METRICS_SETTLE_SECONDS = 1.0  # how long a turn's metrics line waits, at most, to share a write with the next turns'
 
 ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSON text)
+# Held around each of a turn's model calls: what bounds the model calls a channel makes at once (a webhook
+# worker's max_parallel); the turn's other work (its reads, tools, transcript, reply) waits for none.
+ModelRoom = Callable[[], AbstractAsyncContextManager[object]]
 
 SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
 TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
@@ -179,6 +182,8 @@ SET_ASIDE_NOTICE = "(The conversation had outgrown the model's window, so I set 
 # What the turn under way is for ("chat", or "heartbeat" and "agent_job" for the scheduler's turns): the budget its
 # model calls are claimed against (agent/allowance.py).
 turn_purpose: contextvars.ContextVar[str] = contextvars.ContextVar("turn_purpose", default=CHAT)
+# The room the turn under way takes for each model call (`handle`'s `model_room`); None: no bound.
+turn_model_room: contextvars.ContextVar[ModelRoom | None] = contextvars.ContextVar("turn_model_room", default=None)
 
 # How a flush went: its messages read; the model call failed; or the day's budget had no room (it waits).
 FlushStatus = str
@@ -407,7 +412,7 @@ class AgentLoop:
                      on_text: TextSink | None = None, on_tool: ToolSink | None = None,
                      remembered: MemorySink | None = None, ask_again: bool = True,
                      images: Sequence[bytes] = (), purpose: str = CHAT, approver: Approver | None = None,
-                     chooser: Chooser | None = None) -> Reply:
+                     chooser: Chooser | None = None, model_room: ModelRoom | None = None) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
@@ -419,15 +424,18 @@ class AgentLoop:
         `purpose`: what the turn is for, the budget its calls count against ("chat"; the scheduler's "heartbeat",
         "agent_job"). `approver` asks the user before an ask-first tool call runs (tools/approval.py; None: no one
         to ask), and `chooser` shows ask_user's options (tools/choices.py; None: the model asks in its reply).
+        `model_room`: held around each of the turn's model calls (None: none is waited for).
         Channels call this through `picoclaw.channels.run_turn`.
         """
         if purpose not in TURN_PURPOSES:
             raise ValueError(f"a turn's purpose is one of {', '.join(TURN_PURPOSES)}, not {purpose!r}")
-        token = turn_purpose.set(purpose)  # the turn's own calls read it (`_ask`)
+        token = turn_purpose.set(purpose)  # the turn's own calls read these two (`_ask`)
+        room_token = turn_model_room.set(model_room)
         try:
             return await self._handle(key, text, notify, on_text, on_tool, remembered, ask_again, images, approver,
                                       chooser)
         finally:
+            turn_model_room.reset(room_token)
             turn_purpose.reset(token)
 
     async def _handle(self, key: str, text: str, notify: NoticeSink | None, on_text: TextSink | None,
@@ -837,8 +845,10 @@ class AgentLoop:
         gate = (StreamGate(on_text, hold_calls=text_calls, previous=previous_answer(conversation))
                 if on_text is not None else None)
         provider = self._turn_providers[turn_purpose.get()]
-        reply = await provider.chat(messages, schemas, max_tokens=max_tokens,
-                                    on_text=gate.feed if gate is not None else None)
+        room = turn_model_room.get()
+        async with room() if room is not None else nullcontext():
+            reply = await provider.chat(messages, schemas, max_tokens=max_tokens,
+                                        on_text=gate.feed if gate is not None else None)
         if reply.content and (shown := without_context_echo(reply.content)) != reply.content:
             log.info("the model's reply began by echoing the <context> block; the echo is removed")
             reply = replace(reply, content=shown)

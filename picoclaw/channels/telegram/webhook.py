@@ -10,7 +10,9 @@ every worker answers updates from the inbox (storage/inbox.py).
   503 at once, which Telegram retries.
 - `InboxWorker`: claims updates (the oldest open one of each chat, so one chat is answered in order and
   different chats at once, across all workers), renews the leases while the turns run, and hands each update
-  to the dispatcher: the handlers are those of long polling. It looks at the inbox when woken (another
+  to the dispatcher: the handlers are those of long polling. `max_parallel` bounds the model calls under way;
+  a quarter more turns are held (`turns_held`), so while some read their session, write their transcript or
+  send their reply, the model's rooms stay full. It looks at the inbox when woken (another
   worker's NOTIFY, its own stores, a turn ending, the next lease running out) and otherwise only every
   FALLBACK_POLL seconds: an idle worker costs the database nothing.
 - `Webhook`: the HTTP server (the webhook route and `/healthz`), the worker and the `StorageWatch`, started
@@ -34,6 +36,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -93,6 +96,8 @@ class InboxTurn:
     # Whether the turn got its storage: None when it did, else why not (a lock past its bound, the server gone).
     # What /healthz says of this worker's turns.
     storage: Callable[[StorageUnavailable | None], None] = lambda error: None
+    # Held around each of the turn's model calls: one of the worker's max_parallel rooms.
+    model_room: Callable[[], AbstractAsyncContextManager[object]] = nullcontext
 
 
 class ClaimLost(Exception):
@@ -283,9 +288,15 @@ class InboxRequestHandler(SimpleRequestHandler):
         """The channel closes the bot's session, after the turns under way: not this handler, at shutdown."""
 
 
+def turns_held(parallel: int) -> int:
+    """The turns a worker answers at once for `parallel` model calls: a quarter more, whose session reads, prompt
+    building, transcript writes and replies fill the moments a room would otherwise stand empty."""
+    return parallel + parallel // 4
+
+
 class InboxWorker:
-    """Answers the inbox's updates, up to `parallel` at once (one whose reply went out no longer counts, up to
-    `parallel` of those), until `stop()`."""
+    """Answers the inbox's updates, until `stop()`: `turns_held(parallel)` at once (one whose reply went out no
+    longer counts, up to `parallel` of those), with at most `parallel` model calls under way."""
 
     def __init__(self, inbox: Inbox, feed: Callable[[dict[str, Any]], Awaitable[object]], *, worker: str,
                  lease: float, parallel: int, watch: StorageWatch, offload: Offload | None = None,
@@ -295,6 +306,8 @@ class InboxWorker:
         self.worker = worker
         self.lease = lease
         self.parallel = parallel
+        self.turns = turns_held(parallel)
+        self._rooms = asyncio.Semaphore(parallel)
         self.watch = watch
         self.offload = offload or Offload(2)
         self.fallback_poll = fallback_poll
@@ -308,7 +321,7 @@ class InboxWorker:
         # Updates being finished or given back: a renewal that no longer finds them has not lost them.
         self._letting_go: set[int] = set()
         # Updates whose reply went out: what their turns have left (recording it, a preview deleted, the inbox's
-        # finish) takes no room of `parallel`, though at most `parallel` of them are kept waiting at once.
+        # finish) counts in no turn held, though at most `parallel` of them are kept waiting at once.
         self._answered: set[int] = set()
 
     def wake(self) -> None:
@@ -357,7 +370,7 @@ class InboxWorker:
     async def _claim_some(self) -> float | None:
         """Claim as many updates as there is room for: None when any was, else how long to wait at most."""
         answering = len(self._held) - len(self._answered)
-        free = min(self.parallel - answering, 2 * self.parallel - len(self._held))  # see `_answered`
+        free = min(self.turns - answering, self.turns + self.parallel - len(self._held))  # see `_answered`
         if free <= 0:
             return self.fallback_poll  # a turn ending wakes the worker
         ends = None
@@ -402,7 +415,8 @@ class InboxWorker:
                 log.info("telegram inbox: update %d: attempt %d (the one before stopped, or could not reach the "
                          "storage)", update.update_id, update.attempts)
             token = inbox_turn.set(InboxTurn(lambda: self._still_ours(update.update_id),
-                                             lambda: self._record_reply(update.update_id), self.watch.turn))
+                                             lambda: self._record_reply(update.update_id), self.watch.turn,
+                                             lambda: self._rooms))
             try:
                 await self.feed(orjson.loads(update.body))
             except ClaimLost:
