@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from picoclaw.config import Config, home_dir, load_config, workspace_dir
+from picoclaw.config import Config, home_dir, load_config, turns_held, workspace_dir
 from picoclaw.hosts import is_local_host
 from picoclaw.memory import Workspace
 from picoclaw.per_key import LruCache
@@ -50,14 +50,14 @@ log = logging.getLogger(__name__)
 # for a storage lock whose holder was stuck (each wait ends only after storage.lock_wait_seconds) took every
 # thread, and no other chat's turn, no reply's DNS lookup could run. A turn waits on one thread at a time, and so
 # does each background job it leaves (summary, flush, lessons, reflection, metrics): THREADS_PER_TURN for each of
-# the turns a worker answers at once leaves threads free while all of them wait for the same lock.
+# the turns a worker answers at once (`turns_held`) leaves threads free while all of them wait for the same lock.
 THREADS_PER_TURN = 4
 MIN_THREADS = 32
 
 
 def executor_threads(config: Config) -> int:
     """How many threads the app's executor has: enough that turns waiting for a stuck lock cannot take them all."""
-    return max(MIN_THREADS, THREADS_PER_TURN * config.channels.telegram.webhook.max_parallel)
+    return max(MIN_THREADS, THREADS_PER_TURN * turns_held(config.channels.telegram.webhook.max_parallel))
 
 
 class App:

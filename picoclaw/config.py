@@ -199,6 +199,12 @@ class WebhookConfig(_Strict):
         return self.path or urlsplit(self.url).path or "/"
 
 
+def turns_held(max_parallel: int) -> int:
+    """The turns one webhook worker answers at once for `max_parallel` model calls: a quarter more, whose session
+    reads, prompt building, transcript writes and replies fill the moments a model's room would stand empty."""
+    return max_parallel + max_parallel // 4
+
+
 def listen_address(listen: str) -> tuple[str, int]:
     """("host", port) of "host:port" or "[v6 address]:port"; ValueError for anything else."""
     match = re.fullmatch(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9.-]+)):(\d{1,5})", listen)

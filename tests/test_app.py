@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import pytest
 
 from picoclaw.agent.context import ChosenMemory, ContextBuilder
-from picoclaw.app import App
+from picoclaw.app import App, executor_threads
 from picoclaw.errors import ConfigError
 from picoclaw.jobs import make_schedule
 from picoclaw.transcripts.session_store import StoredMessage, session_filename
@@ -271,3 +271,12 @@ def test_a_postgres_turn_reads_its_session_policy_and_memory_in_one_thread_call(
     assert [name for name in called if name not in ("get_platform", "record_use")] == ["read"], called
     assert fact in turn_context(turn_requests(fake_openai)[0])
     assert len(retrieval) == 1 and retrieval[0] >= 60_000  # the time memory took to choose counts as retrieval
+
+
+@pytest.mark.parametrize(("max_parallel", "threads"), [(1, 32), (16, 80), (256, 1280)])
+def test_the_executor_has_four_threads_for_each_turn_a_webhook_worker_holds(home: Path, max_parallel: int,
+                                                                           threads: int) -> None:
+    """Turns held (max_parallel and a quarter more) each waiting on a stuck lock leave threads for the rest."""
+    with edit_config(home) as config:
+        config["channels"]["telegram"]["webhook"] = {"max_parallel": max_parallel}
+    assert executor_threads(App.open(home).config) == threads

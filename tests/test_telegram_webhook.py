@@ -34,7 +34,7 @@ from picoclaw.channels.telegram import channel as channel_module
 from picoclaw.channels.telegram import webhook as webhook_module
 from picoclaw.channels.telegram.storage_watch import StorageWatch
 from picoclaw.cli import main
-from picoclaw.config import WebhookConfig
+from picoclaw.config import WebhookConfig, turns_held
 from picoclaw.memory.store import MemoryStore
 from picoclaw.memory.workspace import Workspace
 from picoclaw.storage import LockWaitExpired, StorageUnavailable
@@ -606,7 +606,7 @@ def test_max_parallel_bounds_the_model_calls_while_a_quarter_more_turns_are_held
             await turn.replied()
         worker = webhook_module.InboxWorker(inbox, feed, worker="w1", lease=30, parallel=4,
                                             watch=StorageWatch(lambda: None))
-        assert worker.turns == webhook_module.turns_held(4) == 5
+        assert worker.turns == turns_held(4) == 5
         running = asyncio.create_task(worker.run())
         await wait_until(lambda: "fed 5" in events, what="a fifth turn taken")
         # A free room is entered without a pause: the fifth turn would be in one by now.

@@ -54,7 +54,7 @@ from picoclaw.channels.telegram.access import Refusal
 from picoclaw.channels.telegram.buttons import press_order
 from picoclaw.channels.telegram.storage_watch import StorageWatch
 from picoclaw.channels.telegram.waits import first_of
-from picoclaw.config import WebhookConfig, listen_address
+from picoclaw.config import WebhookConfig, listen_address, turns_held
 from picoclaw.storage import Inbox, InboxUpdate, Storage, StorageError, StorageUnavailable
 
 log = logging.getLogger(__name__)
@@ -286,12 +286,6 @@ class InboxRequestHandler(SimpleRequestHandler):
 
     async def close(self) -> None:
         """The channel closes the bot's session, after the turns under way: not this handler, at shutdown."""
-
-
-def turns_held(parallel: int) -> int:
-    """The turns a worker answers at once for `parallel` model calls: a quarter more, whose session reads, prompt
-    building, transcript writes and replies fill the moments a room would otherwise stand empty."""
-    return parallel + parallel // 4
 
 
 class InboxWorker:
