@@ -162,9 +162,10 @@ class WebhookConfig(_Strict):
     lease_seconds: float = Field(
         30.0, ge=3, le=3600, description="how long a worker's claim on an update lasts unless renewed: a dead "
                                          "worker's chats are answered by another after at most this long")
-    max_parallel: int = Field(16, ge=1, le=256, description="model calls one worker makes at once, for as many "
-                                                           "chats and a quarter more, whose other work goes on "
-                                                           "meanwhile; a chat whose reply went out no longer counts")
+    max_parallel: int = Field(16, ge=1, le=256, description="model calls one worker's turns make at once, for as "
+                                                           "many chats and a quarter more, whose other work goes "
+                                                           "on meanwhile; a chat whose reply went out no longer "
+                                                           "counts")
 
     @field_validator("url")
     @classmethod
@@ -201,7 +202,7 @@ class WebhookConfig(_Strict):
 
 def turns_held(max_parallel: int) -> int:
     """The turns one webhook worker answers at once for `max_parallel` model calls: a quarter more, whose session
-    reads, prompt building, transcript writes and replies fill the moments a model's room would stand empty."""
+    reads, prompt building, transcript writes and replies fill the moments a model's slot would stand empty."""
     return max_parallel + max_parallel // 4
 
 

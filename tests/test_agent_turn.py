@@ -3,6 +3,7 @@ and a provider that is down. The fake server checks every request the way the re
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from picoclaw.agent.loop import AgentLoop, Reply
+from picoclaw.agent.query_rewrite import REWRITE_INSTRUCTIONS
 from picoclaw.memory.workspace import Workspace
 from picoclaw.storage import StorageError
 from tests.agent_helpers import (
@@ -65,7 +67,7 @@ def test_tool_loop_runs_each_call_and_feeds_the_result_back(
     assert [m["role"] for m in history(fourth)] == turn + ["user"]
 
 
-def test_each_model_call_of_a_turn_waits_for_the_channels_model_room_and_its_tools_run_outside_it(
+def test_each_model_call_of_a_turn_holds_the_channels_model_slot_and_its_tools_run_outside_it(
         workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
     """A webhook worker bounds its model calls so (max_parallel): held around each call, let go while a tool runs."""
     set_policy(workspace, learning_enabled=False)
@@ -75,16 +77,49 @@ def test_each_model_call_of_a_turn_waits_for_the_channels_model_room_and_its_too
     seen: list[tuple[str, int, bool]] = []  # (enter/exit, requests the model had, whether the tea is remembered)
 
     @asynccontextmanager
-    async def room() -> AsyncIterator[None]:
+    async def slot() -> AsyncIterator[None]:
         seen.append(("enter", len(fake_openai.chat_requests()), "龙井" in memory.read_text(encoding="utf-8")))
         yield
         seen.append(("exit", len(fake_openai.chat_requests()), "龙井" in memory.read_text(encoding="utf-8")))
 
     async def body(loop: AgentLoop) -> Reply:
-        return await loop.handle(SESSION, "remember my tea: 龙井, no sugar", model_room=room)
+        return await loop.handle(SESSION, "remember my tea: 龙井, no sugar", model_slot=slot)
     assert with_agent(workspace, fake_openai, body).text == "Saved: 龙井."
-    # Two calls, each in a room of its own; the tool wrote between them, in none.
+    # Two calls, each in a slot of its own; the tool wrote between them, in none.
     assert seen == [("enter", 0, False), ("exit", 1, False), ("enter", 1, True), ("exit", 2, True)]
+
+
+@pytest.mark.parametrize(("first", "correction"), [
+    ("Where do I keep my tea notes?", "No, they are in memory/, not notes/."),
+    ("我的茶叶笔记放在哪里？", "不对，在 memory/ 里，不是 notes/。"),
+])
+def test_a_turns_query_rewrite_holds_the_model_slot_and_the_lesson_review_after_the_reply_does_not(
+        first: str, correction: str, workspace: Workspace, fake_openai: FakeOpenAIServer) -> None:
+    set_policy(workspace, query_rewrite_enabled=True)
+    fake_openai.reply_text("In notes/.")
+    fake_openai.reply_text("tea notes location / 茶叶笔记的位置")  # the second turn's query rewrite
+    fake_openai.reply_text("Noted: memory/.")
+    fake_openai.reply_text("LESSON: Tea notes are kept in memory/, not notes/.")  # the correction's review
+    held: list[tuple[int, int]] = []  # each slot's requests, as (first, last + 1) indices
+
+    @asynccontextmanager
+    async def slot() -> AsyncIterator[None]:
+        start = len(fake_openai.chat_requests())
+        yield
+        held.append((start, len(fake_openai.chat_requests())))
+
+    async def body(loop: AgentLoop) -> list[str]:
+        replies = []
+        for text in (first, correction):
+            replies.append((await loop.handle(SESSION, text, model_slot=slot)).text)
+            await loop.wait_background()
+        return replies
+    assert with_agent(workspace, fake_openai, body) == ["In notes/.", "Noted: memory/."]
+    answer, rewrite, second, review = fake_openai.chat_requests()
+    assert rewrite["messages"][0]["content"] == REWRITE_INSTRUCTIONS
+    assert "LESSON" in json.dumps(review["messages"]) and fake_openai.pending() == 0
+    # The answers and the rewrite each in a slot; the review, after the reply, in none.
+    assert held == [(0, 1), (1, 2), (2, 3)]
 
 
 def test_iteration_cap_stops_the_loop_and_the_session_stays_usable(home: Path, fake_openai: FakeOpenAIServer) -> None:

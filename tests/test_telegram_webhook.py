@@ -585,8 +585,8 @@ def test_answered_updates_still_finishing_are_bounded_by_max_parallel(tmp_path: 
 
 
 def test_max_parallel_bounds_the_model_calls_while_a_quarter_more_turns_are_held(tmp_path: Path) -> None:
-    """Four rooms hold five turns: the fifth reads and builds while the four wait on the model, and takes the first
-    room let go; its model call never makes a fifth at once."""
+    """Four slots for five turns: the fifth reads and builds while the four wait on the model, and takes the first
+    slot let go; its model call never makes a fifth at once."""
     events: list[str] = []
 
     async def run() -> None:
@@ -600,8 +600,8 @@ def test_max_parallel_bounds_the_model_calls_while_a_quarter_more_turns_are_held
             turn = webhook_module.inbox_turn.get()
             assert turn is not None
             events.append(f"fed {n}")
-            async with turn.model_room():  # what the agent holds around each model call
-                events.append(f"room {n}")
+            async with turn.model_slot():  # what the agent holds around each model call
+                events.append(f"slot {n}")
                 await answered[n].wait()
             await turn.replied()
         worker = webhook_module.InboxWorker(inbox, feed, worker="w1", lease=30, parallel=4,
@@ -609,12 +609,12 @@ def test_max_parallel_bounds_the_model_calls_while_a_quarter_more_turns_are_held
         assert worker.turns == turns_held(4) == 5
         running = asyncio.create_task(worker.run())
         await wait_until(lambda: "fed 5" in events, what="a fifth turn taken")
-        # A free room is entered without a pause: the fifth turn would be in one by now.
-        assert sorted(e for e in events if e.startswith("room")) == ["room 1", "room 2", "room 3", "room 4"]
+        # A free slot is taken without a pause: the fifth turn would be in one by now.
+        assert sorted(e for e in events if e.startswith("slot")) == ["slot 1", "slot 2", "slot 3", "slot 4"]
         assert "fed 6" not in events
         answered[1].set()
-        await wait_until(lambda: "room 5" in events and "fed 6" in events, what="update 1's room to update 5")
-        assert "room 6" not in events
+        await wait_until(lambda: "slot 5" in events and "fed 6" in events, what="update 1's slot to update 5")
+        assert "slot 6" not in events
         for n in range(2, 7):
             answered[n].set()
         await wait_until(lambda: inbox.counts()["done"] == 6, what="all answered")
@@ -622,12 +622,12 @@ def test_max_parallel_bounds_the_model_calls_while_a_quarter_more_turns_are_held
         await running
         inbox.close()
     asyncio.run(run())
-    assert events.index("room 5") > events.index("fed 5") and len(events) == 12
+    assert events.index("slot 5") > events.index("fed 5") and len(events) == 12
 
 
 def test_a_worker_with_max_parallel_four_asks_the_model_four_at_a_time(home: Path, fake_telegram: FakeTelegramServer,
                                                                     fake_openai: FakeOpenAIServer) -> None:
-    """Five chats at once: five turns run, four model calls; the fifth is asked once a room is let go."""
+    """Five chats at once: five turns run, four model calls; the fifth is asked once a slot is let go."""
     port = free_port()
     chats = [2000 + n for n in range(5)]
     workspace = configure(home, fake_telegram, fake_openai, allow_from=chats, **hook_settings(port, max_parallel=4))

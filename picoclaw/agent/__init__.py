@@ -2,7 +2,7 @@
 
 What the agent layer offers the channels and the face (the imports of the block below): `AgentLoop` (where a message
 becomes a model call), its `Reply`, the sinks a channel passes for streamed text, tool calls, notices and
-memory writes, the room a channel may have each model call wait for (`ModelRoom`), the approver and chooser a
+memory writes, the slot a channel may have each model call wait for (`ModelSlot`), the approver and chooser a
 channel supplies (from the tools layer: channels do not import it), the slash-command table (/help's text and
 Telegram's menu) and parser, and `WindowedProvider` (a provider whose replies fit the window).
 Each is imported on first use (picoclaw/lazy_exports.py).
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
         spend_line,
     )
     from picoclaw.agent.background_room import WindowedProvider
-    from picoclaw.agent.loop import AgentLoop, ModelRoom, Reply, ToolSink
+    from picoclaw.agent.loop import AgentLoop, Reply, ToolSink
+    from picoclaw.agent.model_slots import ModelSlot
     from picoclaw.agent.receipt_delivery import MemorySink, NoticeSink
     from picoclaw.agent.slash_commands import SLASH_COMMANDS, Command, CommandEntry, parse_command
     from picoclaw.agent.streaming import TextSink

@@ -27,8 +27,8 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -80,6 +80,7 @@ from picoclaw.agent.empty_reply import (
 )
 from picoclaw.agent.history import keep_last
 from picoclaw.agent.images import turn_images, with_images
+from picoclaw.agent.model_slots import ModelSlot, SlottedProvider, turn_model_slot
 from picoclaw.agent.query_rewrite import QueryRewriter
 from picoclaw.agent.receipt_delivery import MemorySink, NoticeSink, Receipts
 from picoclaw.agent.slash_commands import (
@@ -167,9 +168,6 @@ SHOWN_REQUESTS = 8  # sessions whose last turn's first request is kept for the c
 METRICS_SETTLE_SECONDS = 1.0  # how long a turn's metrics line waits, at most, to share a write with the next turns'
 
 ToolSink = Callable[[str, str], Awaitable[None]]  # (tool name, arguments as JSON text)
-# Held around each of a turn's model calls: what bounds the model calls a channel makes at once (a webhook
-# worker's max_parallel); the turn's other work (its reads, tools, transcript, reply) waits for none.
-ModelRoom = Callable[[], AbstractAsyncContextManager[object]]
 
 SUMMARY_NOTICE = "Memory threshold reached. Optimizing conversation history..."
 TRIMMED_NOTICE = "(The conversation was too long for the model, so I set aside its oldest half.)"
@@ -182,8 +180,6 @@ SET_ASIDE_NOTICE = "(The conversation had outgrown the model's window, so I set 
 # What the turn under way is for ("chat", or "heartbeat" and "agent_job" for the scheduler's turns): the budget its
 # model calls are claimed against (agent/allowance.py).
 turn_purpose: contextvars.ContextVar[str] = contextvars.ContextVar("turn_purpose", default=CHAT)
-# The room the turn under way takes for each model call (`handle`'s `model_room`); None: no bound.
-turn_model_room: contextvars.ContextVar[ModelRoom | None] = contextvars.ContextVar("turn_model_room", default=None)
 
 # How a flush went: its messages read; the model call failed; or the day's budget had no room (it waits).
 FlushStatus = str
@@ -274,7 +270,8 @@ class AgentLoop:
         # Every call is claimed against the day's budget, tagged with what it is for (agent/allowance.py).
         self.allowance = allowance if allowance is not None else Allowance.of(workspace)
         max_tokens = workspace.config.agents.defaults.max_tokens
-        self._turn_providers = {purpose: MeteredProvider(provider, self.allowance, purpose, max_tokens)
+        # Each call in the turn's model slot (agent/model_slots.py), claimed against the budget before it waits there.
+        self._turn_providers = {purpose: MeteredProvider(SlottedProvider(provider), self.allowance, purpose, max_tokens)
                                 for purpose in TURN_PURPOSES}
         self.deferred = DeferredFlushes(workspace.memory_dir, storage=workspace.storage)
         # The model's context window (providers: asked of the server); None: config.json's number as it stands
@@ -295,7 +292,8 @@ class AgentLoop:
         side_windows = background_windows if background is not None and background_windows is not None else self.windows
 
         def beside(purpose: str) -> WindowedProvider:
-            return WindowedProvider(MeteredProvider(side, self.allowance, purpose, max_tokens), side_windows)
+            return WindowedProvider(MeteredProvider(SlottedProvider(side), self.allowance, purpose, max_tokens),
+                                    side_windows)
 
         self.background = beside(SUMMARY)
         self.flusher = beside(FLUSH)
@@ -412,7 +410,7 @@ class AgentLoop:
                      on_text: TextSink | None = None, on_tool: ToolSink | None = None,
                      remembered: MemorySink | None = None, ask_again: bool = True,
                      images: Sequence[bytes] = (), purpose: str = CHAT, approver: Approver | None = None,
-                     chooser: Chooser | None = None, model_room: ModelRoom | None = None) -> Reply:
+                     chooser: Chooser | None = None, model_slot: ModelSlot | None = None) -> Reply:
         """Answer one user message of session `key` (slash commands included).
 
         `on_text` receives the answer as it is written (streamed), `on_tool(name, arguments)` each tool call
@@ -424,18 +422,18 @@ class AgentLoop:
         `purpose`: what the turn is for, the budget its calls count against ("chat"; the scheduler's "heartbeat",
         "agent_job"). `approver` asks the user before an ask-first tool call runs (tools/approval.py; None: no one
         to ask), and `chooser` shows ask_user's options (tools/choices.py; None: the model asks in its reply).
-        `model_room`: held around each of the turn's model calls (None: none is waited for).
+        `model_slot`: held around each model call the turn makes (agent/model_slots.py; None: none waited for).
         Channels call this through `picoclaw.channels.run_turn`.
         """
         if purpose not in TURN_PURPOSES:
             raise ValueError(f"a turn's purpose is one of {', '.join(TURN_PURPOSES)}, not {purpose!r}")
-        token = turn_purpose.set(purpose)  # the turn's own calls read these two (`_ask`)
-        room_token = turn_model_room.set(model_room)
+        token = turn_purpose.set(purpose)  # the turn's own calls read it (`_ask`)
+        slot_token = turn_model_slot.set(model_slot)  # and every call it makes, this (SlottedProvider)
         try:
             return await self._handle(key, text, notify, on_text, on_tool, remembered, ask_again, images, approver,
                                       chooser)
         finally:
-            turn_model_room.reset(room_token)
+            turn_model_slot.reset(slot_token)
             turn_purpose.reset(token)
 
     async def _handle(self, key: str, text: str, notify: NoticeSink | None, on_text: TextSink | None,
@@ -845,10 +843,8 @@ class AgentLoop:
         gate = (StreamGate(on_text, hold_calls=text_calls, previous=previous_answer(conversation))
                 if on_text is not None else None)
         provider = self._turn_providers[turn_purpose.get()]
-        room = turn_model_room.get()
-        async with room() if room is not None else nullcontext():
-            reply = await provider.chat(messages, schemas, max_tokens=max_tokens,
-                                        on_text=gate.feed if gate is not None else None)
+        reply = await provider.chat(messages, schemas, max_tokens=max_tokens,
+                                    on_text=gate.feed if gate is not None else None)
         if reply.content and (shown := without_context_echo(reply.content)) != reply.content:
             log.info("the model's reply began by echoing the <context> block; the echo is removed")
             reply = replace(reply, content=shown)
@@ -882,8 +878,12 @@ class AgentLoop:
 
     # -- background work ---------------------------------------------------------------------------
 
-    def _spawn(self, job: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(job)
+    def _spawn(self, job: Coroutine[Any, Any, Any]) -> None:
+        # Background work holds no model slot of the turn that set it off (agent/model_slots.py): its calls were
+        # never bounded by the channel's, and a slot waited for there would delay the next turns' answers.
+        context = contextvars.copy_context()
+        context.run(turn_model_slot.set, None)
+        task = asyncio.get_running_loop().create_task(job, context=context)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_log_failure)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
         Approver,
         Chooser,
         MemorySink,
-        ModelRoom,
+        ModelSlot,
         NoticeSink,
         Reply,
         TextSink,
@@ -56,13 +56,13 @@ class TurnHooks:
     approver: Approver | None = None
     # Shows ask_user's question and options (buttons, a numbered list); None: the model asks in its reply instead.
     chooser: Chooser | None = None
-    # Taken around each model call of the turn: a webhook worker's room (at most max_parallel calls at once). None:
+    # Held around each model call of the turn: a webhook worker's slot (at most max_parallel calls at once). None:
     # no bound on this channel's side.
-    model_room: ModelRoom | None = None
+    model_slot: ModelSlot | None = None
 
 
 async def run_turn(agent: AgentLoop, message: Inbound, hooks: TurnHooks = TurnHooks()) -> Reply:
     """The one place a channel's message becomes a model call: one `AgentLoop.handle` of its session."""
     return await agent.handle(message.session_key, message.text, notify=hooks.on_notice, on_text=hooks.on_text,
                               on_tool=hooks.on_tool, remembered=hooks.on_memory, images=message.images,
-                              approver=hooks.approver, chooser=hooks.chooser, model_room=hooks.model_room)
+                              approver=hooks.approver, chooser=hooks.chooser, model_slot=hooks.model_slot)

@@ -43,7 +43,7 @@ from aiogram.exceptions import (
 from aiogram.types import Message, MessageReactionUpdated, ReactionTypeEmoji, Update, User
 from aiogram.utils.chat_action import ChatActionSender
 
-from picoclaw.agent import AgentLoop, ModelRoom
+from picoclaw.agent import AgentLoop, ModelSlot
 from picoclaw.channels.documents import KILOBYTE, document_turn, read_document, save_document
 from picoclaw.channels.message_turn import Inbound, TurnHooks, run_turn
 from picoclaw.channels.telegram.access import (
@@ -140,11 +140,11 @@ def _turn_storage(error: StorageUnavailable | None) -> None:
         turn.storage(error)
 
 
-def _model_room() -> ModelRoom | None:
-    """What each model call of the update being answered waits for: one of its worker's rooms (webhook mode; None
+def _model_slot() -> ModelSlot | None:
+    """What each model call of the update being answered waits for: one of its worker's slots (webhook mode; None
     when polling)."""
     turn = inbox_turn.get()
-    return None if turn is None else turn.model_room
+    return None if turn is None else turn.model_slot
 
 
 async def _record_reply_sent() -> None:
@@ -456,7 +456,7 @@ class TelegramChannel:
         # Asked of the user who sent the message, in its chat and topic (buttons.py).
         hooks = replace(hooks, approver=TelegramApprover(self.bot, chat_id, topic, user.id, self.buttons.asks,
                                                          self.approval_timer, _claim_kept),
-                        chooser=TelegramChooser(self.bot, chat_id, topic, user.id), model_room=_model_room())
+                        chooser=TelegramChooser(self.bot, chat_id, topic, user.id), model_slot=_model_slot())
         stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
         turn: int | None = None  # the stored id of the turn's user message, for feedback on the reply
         try:

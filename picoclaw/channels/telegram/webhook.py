@@ -10,11 +10,11 @@ every worker answers updates from the inbox (storage/inbox.py).
   503 at once, which Telegram retries.
 - `InboxWorker`: claims updates (the oldest open one of each chat, so one chat is answered in order and
   different chats at once, across all workers), renews the leases while the turns run, and hands each update
-  to the dispatcher: the handlers are those of long polling. `max_parallel` bounds the model calls under way;
-  a quarter more turns are held (`turns_held`), so while some read their session, write their transcript or
-  send their reply, the model's rooms stay full. It looks at the inbox when woken (another
-  worker's NOTIFY, its own stores, a turn ending, the next lease running out) and otherwise only every
-  FALLBACK_POLL seconds: an idle worker costs the database nothing.
+  to the dispatcher: the handlers are those of long polling. `max_parallel` bounds the model calls under way
+  (agent/model_slots.py); a quarter more turns are held (`turns_held`), so while some read their session, run
+  a tool, write their transcript or send their reply, the others' calls keep the model's slots full. It looks
+  at the inbox when woken (another worker's NOTIFY, its own stores, a turn ending, the next lease running out)
+  and otherwise only every FALLBACK_POLL seconds: an idle worker costs the database nothing.
 - `Webhook`: the HTTP server (the webhook route and `/healthz`), the worker and the `StorageWatch`, started
   and stopped together.
 
@@ -96,8 +96,8 @@ class InboxTurn:
     # Whether the turn got its storage: None when it did, else why not (a lock past its bound, the server gone).
     # What /healthz says of this worker's turns.
     storage: Callable[[StorageUnavailable | None], None] = lambda error: None
-    # Held around each of the turn's model calls: one of the worker's max_parallel rooms.
-    model_room: Callable[[], AbstractAsyncContextManager[object]] = nullcontext
+    # Held around each of the turn's model calls: one of the worker's max_parallel slots.
+    model_slot: Callable[[], AbstractAsyncContextManager[object]] = nullcontext
 
 
 class ClaimLost(Exception):
@@ -289,8 +289,8 @@ class InboxRequestHandler(SimpleRequestHandler):
 
 
 class InboxWorker:
-    """Answers the inbox's updates, until `stop()`: `turns_held(parallel)` at once (one whose reply went out no
-    longer counts, up to `parallel` of those), with at most `parallel` model calls under way."""
+    """Answers the inbox's updates, until `stop()`: `turns_held(parallel)` at once, with at most `parallel` model
+    calls under way. One whose reply went out no longer counts, though at most `parallel` more are held."""
 
     def __init__(self, inbox: Inbox, feed: Callable[[dict[str, Any]], Awaitable[object]], *, worker: str,
                  lease: float, parallel: int, watch: StorageWatch, offload: Offload | None = None,
@@ -301,7 +301,7 @@ class InboxWorker:
         self.lease = lease
         self.parallel = parallel
         self.turns = turns_held(parallel)
-        self._rooms = asyncio.Semaphore(parallel)
+        self._slots = asyncio.Semaphore(parallel)  # the model calls under way
         self.watch = watch
         self.offload = offload or Offload(2)
         self.fallback_poll = fallback_poll
@@ -315,7 +315,7 @@ class InboxWorker:
         # Updates being finished or given back: a renewal that no longer finds them has not lost them.
         self._letting_go: set[int] = set()
         # Updates whose reply went out: what their turns have left (recording it, a preview deleted, the inbox's
-        # finish) counts in no turn held, though at most `parallel` of them are kept waiting at once.
+        # finish) takes no turn's place, though the worker holds at most `parallel` updates beyond its turns.
         self._answered: set[int] = set()
 
     def wake(self) -> None:
@@ -410,7 +410,7 @@ class InboxWorker:
                          "storage)", update.update_id, update.attempts)
             token = inbox_turn.set(InboxTurn(lambda: self._still_ours(update.update_id),
                                              lambda: self._record_reply(update.update_id), self.watch.turn,
-                                             lambda: self._rooms))
+                                             lambda: self._slots))
             try:
                 await self.feed(orjson.loads(update.body))
             except ClaimLost:
@@ -456,7 +456,7 @@ class InboxWorker:
         return update_id in held
 
     async def _record_reply(self, update_id: int) -> None:
-        if update_id in self._renewed:  # still held: its room goes to the next update at once
+        if update_id in self._renewed:  # still held: its place goes to the next update at once
             self._answered.add(update_id)
             self._wake.set()
         error = await self._write(self.inbox.mark_replied, update_id)
