@@ -22,6 +22,7 @@ import html
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Protocol
 
 from aiogram import Bot, Router
@@ -176,7 +177,8 @@ class TelegramApprover:
     """The Approve / Deny question of one turn, to the user who started it, in the turn's chat and topic."""
 
     def __init__(self, bot: Bot, chat_id: int, topic: int | None, user_id: int, asks: Asks, timer: Timer,
-                 may_send: Callable[[], Awaitable[bool]]):
+                 may_send: Callable[[], Awaitable[bool]],
+                 waiting: Callable[[], AbstractAsyncContextManager[object]] = nullcontext):
         self.bot = bot
         self.chat_id = chat_id
         self.topic = topic
@@ -184,6 +186,7 @@ class TelegramApprover:
         self.asks = asks
         self.timer = timer
         self.may_send = may_send  # webhook mode: whether this worker still holds the update (else it shows nothing)
+        self.waiting = waiting  # held while the press is waited for (webhook mode: the turn takes no place then)
 
     async def approve(self, request: ApprovalRequest) -> Verdict:
         token = secrets.token_hex(8)
@@ -201,7 +204,8 @@ class TelegramApprover:
                         request.tool, type(exc).__name__)
             await self.asks.wait(token, 0, _no_wait)  # closed: a press from now on is stale
             return Verdict.NOT_SHOWN
-        answer = await self.asks.wait(token, request.timeout, self.timer)
+        async with self.waiting():
+            answer = await self.asks.wait(token, request.timeout, self.timer)
         verdict = {YES: Verdict.APPROVED, NO: Verdict.DENIED}.get(answer or "", Verdict.TIMED_OUT)
         log.info("telegram: chat %s user %s: %s call %s", self.chat_id, self.user_id, request.tool, verdict)
         try:  # the buttons go, the outcome stays in view

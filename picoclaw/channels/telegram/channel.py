@@ -28,6 +28,7 @@ import gc
 import logging
 import weakref
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from contextvars import ContextVar
 from dataclasses import replace
 
@@ -145,6 +146,13 @@ def _model_slot() -> ModelSlot | None:
     when polling)."""
     turn = inbox_turn.get()
     return None if turn is None else turn.model_slot
+
+
+def _waiting_for_user() -> Callable[[], AbstractAsyncContextManager[object]]:
+    """What a turn holds while it waits for its user's press: its worker's place given up meanwhile, for the press
+    to be claimed (webhook mode; nothing when polling)."""
+    turn = inbox_turn.get()
+    return nullcontext if turn is None else turn.waiting_for_user
 
 
 async def _record_reply_sent() -> None:
@@ -455,7 +463,7 @@ class TelegramChannel:
                                                              on_tool=stream.on_tool)
         # Asked of the user who sent the message, in its chat and topic (buttons.py).
         hooks = replace(hooks, approver=TelegramApprover(self.bot, chat_id, topic, user.id, self.buttons.asks,
-                                                         self.approval_timer, _claim_kept),
+                                                         self.approval_timer, _claim_kept, _waiting_for_user()),
                         chooser=TelegramChooser(self.bot, chat_id, topic, user.id), model_slot=_model_slot())
         stored = False  # whether the session keeps this reply: a model's answer, not a command's or an apology
         turn: int | None = None  # the stored id of the turn's user message, for feedback on the reply

@@ -34,9 +34,9 @@ import hashlib
 import hmac
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -98,6 +98,9 @@ class InboxTurn:
     storage: Callable[[StorageUnavailable | None], None] = lambda error: None
     # Held around each of the turn's model calls: one of the worker's max_parallel slots.
     model_slot: Callable[[], AbstractAsyncContextManager[object]] = nullcontext
+    # Held while the turn waits for its user (an approval's press): it takes no turn's place meanwhile, so the
+    # worker can still claim the press, another update in the inbox.
+    waiting_for_user: Callable[[], AbstractAsyncContextManager[object]] = nullcontext
 
 
 class ClaimLost(Exception):
@@ -317,6 +320,8 @@ class InboxWorker:
         # Updates whose reply went out: what their turns have left (recording it, a preview deleted, the inbox's
         # finish) takes no turn's place, though the worker holds at most `parallel` updates beyond its turns.
         self._answered: set[int] = set()
+        # Updates whose turns wait for their user's press: they take no place at all (see `InboxTurn`).
+        self._with_user: set[int] = set()
 
     def wake(self) -> None:
         """Look at the inbox now (an update was stored, or a chat's update finished)."""
@@ -363,8 +368,10 @@ class InboxWorker:
 
     async def _claim_some(self) -> float | None:
         """Claim as many updates as there is room for: None when any was, else how long to wait at most."""
-        answering = len(self._held) - len(self._answered)
-        free = min(self.turns - answering, self.turns + self.parallel - len(self._held))  # see `_answered`
+        waiting = len(self._with_user - self._answered)
+        answering = len(self._held) - len(self._answered) - waiting
+        # See `_answered` and `_with_user`.
+        free = min(self.turns - answering, self.turns + self.parallel - (len(self._held) - waiting))
         if free <= 0:
             return self.fallback_poll  # a turn ending wakes the worker
         ends = None
@@ -410,7 +417,8 @@ class InboxWorker:
                          "storage)", update.update_id, update.attempts)
             token = inbox_turn.set(InboxTurn(lambda: self._still_ours(update.update_id),
                                              lambda: self._record_reply(update.update_id), self.watch.turn,
-                                             lambda: self._slots))
+                                             lambda: self._slots,
+                                             lambda: self._waiting_for_user(update.update_id)))
             try:
                 await self.feed(orjson.loads(update.body))
             except ClaimLost:
@@ -437,6 +445,15 @@ class InboxWorker:
         error = await self._write(self.inbox.finish, self.worker, update.update_id)
         if error is not None:  # its lease runs out and another worker takes it: replied, so not re-answered
             log.error("telegram inbox: update %d not marked done: %s", update.update_id, error)
+
+    @asynccontextmanager
+    async def _waiting_for_user(self, update_id: int) -> AsyncIterator[None]:
+        self._with_user.add(update_id)
+        self._wake.set()  # its place is free: the press it waits for may be claimed
+        try:
+            yield
+        finally:
+            self._with_user.discard(update_id)
 
     async def _still_ours(self, update_id: int) -> bool:
         """Whether this worker still holds the update's claim, asked before a reply goes out. Known without asking
