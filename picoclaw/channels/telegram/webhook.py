@@ -293,7 +293,8 @@ class InboxRequestHandler(SimpleRequestHandler):
 
 class InboxWorker:
     """Answers the inbox's updates, until `stop()`: `turns_held(parallel)` at once, with at most `parallel` model
-    calls under way. One whose reply went out no longer counts, though at most `parallel` more are held."""
+    calls under way. One whose reply went out no longer counts, though at most `parallel` more are held; one
+    whose turn waits for its user's press counts in neither (the press is another update to claim)."""
 
     def __init__(self, inbox: Inbox, feed: Callable[[dict[str, Any]], Awaitable[object]], *, worker: str,
                  lease: float, parallel: int, watch: StorageWatch, offload: Offload | None = None,
