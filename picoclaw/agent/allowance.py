@@ -30,7 +30,16 @@ from picoclaw.cjk import letters
 from picoclaw.config import BudgetConfig, ModelPrice
 from picoclaw.errors import ConfigError
 from picoclaw.memory import Day, Hold, SpendLedger, Spent, Workspace
-from picoclaw.providers.base import ChatProvider, ChatReply, Message, ProviderError, TextSink, ToolChoice, Usage
+from picoclaw.providers.base import (
+    ChatProvider,
+    ChatReply,
+    Message,
+    ProviderError,
+    TextSink,
+    ToolChoice,
+    Usage,
+    WrappedProvider,
+)
 from picoclaw.storage import StorageError
 from picoclaw.tokens import count_tokens
 
@@ -427,20 +436,14 @@ def spend_line(today: Day, budget: BudgetConfig) -> str:
 # -- the wrapper ----------------------------------------------------------------------------------------------------
 
 
-class MeteredProvider:
+class MeteredProvider(WrappedProvider):
     """`inner`, with every call of `purpose` claimed from `allowance` before it is made and settled after."""
 
     def __init__(self, inner: ChatProvider, allowance: Allowance, purpose: str, default_max_tokens: int):
-        self.inner = inner
+        super().__init__(inner)
         self.allowance = allowance
         self.purpose = purpose
         self.default_max_tokens = default_max_tokens  # what the provider sends when no max_tokens is given
-        self.name = inner.name
-        self.model = inner.model
-        self.text_tool_calls = inner.text_tool_calls
-
-    async def sees_images(self) -> bool:
-        return await self.inner.sees_images()
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
                    *, max_tokens: int | None = None, on_text: TextSink | None = None,

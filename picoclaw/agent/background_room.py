@@ -17,6 +17,7 @@ from picoclaw.providers.base import (
     ProviderError,
     TextSink,
     ToolChoice,
+    WrappedProvider,
 )
 
 # A summary, a flush's facts, a lesson: a few hundred tokens; config's max_tokens (4,096) would not fit a 4k window.
@@ -28,19 +29,13 @@ FLUSH_PROMPT_ALLOWANCE = 400
 BACKGROUND_REPLY_FLOOR = 128
 
 
-class WindowedProvider:
+class WindowedProvider(WrappedProvider):
     """`provider` with each request's max_tokens fitted to the window `windows` says (see the module doc)."""
 
     def __init__(self, provider: ChatProvider, windows: ContextWindows, cap: int = BACKGROUND_REPLY_CAP):
-        self.inner = provider
+        super().__init__(provider)
         self.windows = windows
         self.cap = cap
-        self.name = provider.name
-        self.model = provider.model
-        self.text_tool_calls = provider.text_tool_calls
-
-    async def sees_images(self) -> bool:
-        return await self.inner.sees_images()
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
                    *, max_tokens: int | None = None, on_text: TextSink | None = None,

@@ -12,7 +12,7 @@ from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from typing import Any
 
-from picoclaw.providers.base import ChatProvider, ChatReply, Message, TextSink, ToolChoice
+from picoclaw.providers.base import ChatReply, Message, TextSink, ToolChoice, WrappedProvider
 
 ModelSlot = Callable[[], AbstractAsyncContextManager[object]]
 
@@ -20,17 +20,8 @@ ModelSlot = Callable[[], AbstractAsyncContextManager[object]]
 turn_model_slot: ContextVar[ModelSlot | None] = ContextVar("turn_model_slot", default=None)
 
 
-class SlottedProvider:
+class SlottedProvider(WrappedProvider):
     """`inner`, each call made holding the slot of the turn under way, if any."""
-
-    def __init__(self, inner: ChatProvider):
-        self.inner = inner
-        self.name = inner.name
-        self.model = inner.model
-        self.text_tool_calls = inner.text_tool_calls
-
-    async def sees_images(self) -> bool:
-        return await self.inner.sees_images()
 
     async def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
                    *, max_tokens: int | None = None, on_text: TextSink | None = None,

@@ -231,6 +231,20 @@ class ChatProvider(Protocol):
         ...
 
 
+class WrappedProvider:
+    """A ChatProvider that hands each call to `inner`, doing something around it (a subclass's `chat`): the name,
+    the model and whether tool calls written as text are run are `inner`'s."""
+
+    def __init__(self, inner: ChatProvider):
+        self.inner = inner
+        self.name = inner.name
+        self.model = inner.model
+        self.text_tool_calls = inner.text_tool_calls
+
+    async def sees_images(self) -> bool:
+        return await self.inner.sees_images()
+
+
 class EmbeddingClient(Protocol):
     """Anything that turns texts into vectors through an `/embeddings` endpoint (the index's remote embedder)."""
 
