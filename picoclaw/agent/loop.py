@@ -428,7 +428,7 @@ class AgentLoop:
         if purpose not in TURN_PURPOSES:
             raise ValueError(f"a turn's purpose is one of {', '.join(TURN_PURPOSES)}, not {purpose!r}")
         token = turn_purpose.set(purpose)  # the turn's own calls read it (`_ask`)
-        slot_token = turn_model_slot.set(model_slot)  # and every call it makes, this (SlottedProvider)
+        slot_token = turn_model_slot.set(model_slot)  # every model call of the turn holds it (SlottedProvider)
         try:
             return await self._handle(key, text, notify, on_text, on_tool, remembered, ask_again, images, approver,
                                       chooser)
