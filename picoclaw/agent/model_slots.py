@@ -8,7 +8,7 @@ it there).
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -27,9 +27,6 @@ class SlottedProvider(WrappedProvider):
                    *, max_tokens: int | None = None, on_text: TextSink | None = None,
                    tool_choice: ToolChoice = "auto") -> ChatReply:
         slot = turn_model_slot.get()
-        if slot is None:
-            return await self.inner.chat(messages, tools, max_tokens=max_tokens, on_text=on_text,
-                                         tool_choice=tool_choice)
-        async with slot():
+        async with slot() if slot is not None else nullcontext():
             return await self.inner.chat(messages, tools, max_tokens=max_tokens, on_text=on_text,
                                          tool_choice=tool_choice)
